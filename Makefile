@@ -1,0 +1,36 @@
+# `make demo` and `make test` do all set-up on a fresh machine: they create .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-slow bench bench-overhead lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: a CPU wheel; nothing after this may pull another torch.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/plain_torch_onnx.py || true
+	$(VENV)/bin/onnxmedic export examples/gaussian_copula.py:GaussianCopulaHead \
+		--input 4x16:float32 -o build/demo/gaussian_copula.onnx --report build/demo/report.html
+
+test: $(STAMP)
+	$(PY) -m pytest -n auto -m "not slow" $(PYTEST_ARGS)
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -n auto -m slow $(PYTEST_ARGS)
+
+bench-overhead: $(STAMP)
+	$(PY) bench/overhead.py
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests bench
+
+clean:
+	rm -rf build .pytest_cache

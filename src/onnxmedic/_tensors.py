@@ -1,0 +1,43 @@
+"""Conversions between torch tensors, numpy arrays and nested Python structures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+
+def to_numpy(t: Any) -> np.ndarray:
+    """A torch tensor (any dtype ONNX Runtime knows, bfloat16 included) as a numpy array."""
+    if isinstance(t, np.ndarray):
+        return t
+    if not isinstance(t, torch.Tensor):
+        return np.asarray(t)
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.contiguous().view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    if t.is_conj():
+        t = t.resolve_conj()
+    return t.contiguous().numpy()
+
+
+def flatten_tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in a nested output, in pytree order (the order torch.onnx uses)."""
+    leaves = pytree.tree_leaves(obj)
+    out = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif isinstance(leaf, (int, float, bool)) and not isinstance(leaf, torch.SymInt):
+            out.append(torch.tensor(leaf))
+    return out
+
+
+def describe(t: Any) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"{str(t.dtype).replace('torch.', '')}[{'x'.join(map(str, t.shape)) or 'scalar'}]"
+    return type(t).__name__

@@ -1,0 +1,256 @@
+"""Findings: what onnxmedic found, with a stable code, where, and what to do next.
+
+Codes are stable (other tools match on them) and documented in docs/findings.md; the catalogue
+below is the single source of truth and a test keeps the document in step with it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Severity(str, enum.Enum):
+    """How bad a finding is. ``error`` findings make the result not ok."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class CodeInfo:
+    title: str
+    exit_code: int  # what the CLI exits with when this is the deciding error
+    doc: str
+
+
+# code -> (title, exit code, one-line documentation). Exit 1: a problem with the user's model or
+# input; 2: bad command-line usage; 3: an internal error of onnxmedic.
+CODES: dict[str, CodeInfo] = {
+    # OM0xx: inputs, usage and onnxmedic itself
+    "OM001": CodeInfo("model file not found", 1, "The model spec names a file that does not exist."),
+    "OM002": CodeInfo(
+        "model spec names nothing", 1,
+        "The module or attribute named by the model spec cannot be imported or found.",
+    ),
+    "OM003": CodeInfo(
+        "not a model", 1,
+        "The attribute is not an nn.Module, a class with a no-argument constructor, a factory "
+        "function returning a module, or an ExportedProgram.",
+    ),
+    "OM004": CodeInfo(
+        "malformed spec", 2,
+        "A model, input or dynamic-shape spec on the command line cannot be parsed.",
+    ),
+    "OM005": CodeInfo(
+        "input file unusable", 1,
+        "An input file (.npz, .pt, make_inputs function) is missing, unreadable, unsafe "
+        "(a pickle carrying code) or returns something that is not tensors.",
+    ),
+    "OM006": CodeInfo(
+        "output not writable", 1,
+        "The output or report path cannot be written (missing folder, no permission).",
+    ),
+    "OM007": CodeInfo(
+        "ONNX file unreadable", 1,
+        "The ONNX file given is missing, truncated, corrupt or not ONNX at all.",
+    ),
+    "OM008": CodeInfo(
+        "inputs do not match the ONNX model", 1,
+        "The inputs given do not fit the ONNX model's inputs (count, dtype or rank).",
+    ),
+    "OM009": CodeInfo(
+        "internal error", 3,
+        "onnxmedic itself failed; the traceback is kept in the report. Please file a bug.",
+    ),
+    "OM010": CodeInfo(
+        "output not written", 1,
+        "The model was not verified, so the output file was not written (or kept unchanged).",
+    ),
+    # OM1xx: preflight and capture
+    "OM100": CodeInfo(
+        "model fails in PyTorch", 1,
+        "forward() raised when run eagerly on the example inputs: the model must work in "
+        "PyTorch before it can be exported.",
+    ),
+    "OM101": CodeInfo(
+        "input dtype does not match the model", 1,
+        "forward() failed because an input's dtype does not match the parameters it meets "
+        "(e.g. an int32 or float16 tensor fed to a float32 Linear).",
+    ),
+    "OM110": CodeInfo(
+        "capture strategy failed", 1,
+        "One torch.export strategy failed; onnxmedic tried the next one.",
+    ),
+    "OM111": CodeInfo(
+        "model cannot be captured", 1,
+        "Every capture strategy failed: torch.export cannot trace the model.",
+    ),
+    "OM112": CodeInfo(
+        "data-dependent control flow", 1,
+        "Python control flow depends on tensor values (if x.sum() > 0, .item()); rewrite it "
+        "with torch.cond or torch.where.",
+    ),
+    "OM113": CodeInfo(
+        "unsupported input or output type", 1,
+        "forward() takes or returns a type torch.export cannot flatten.",
+    ),
+    # OM2xx: operators
+    "OM201": CodeInfo(
+        "operator has no ONNX translation", 1,
+        "An ATen operator in the model has no translation in torchlib or onnxmedic.",
+    ),
+    "OM202": CodeInfo(
+        "translation failed", 1,
+        "A translation exists but failed for these arguments (dtype, rank, attribute).",
+    ),
+    "OM203": CodeInfo(
+        "decomposition failed", 1,
+        "Running torch's decompositions on the captured program failed.",
+    ),
+    "OM204": CodeInfo(
+        "onnxmedic translation used", 0,
+        "An operator was translated by onnxmedic's own registry (not torchlib).",
+    ),
+    "OM210": CodeInfo(
+        "translation registry entry rejected", 1,
+        "A translation registration was invalid or its module failed to import; the other "
+        "translations are unaffected.",
+    ),
+    # OM4xx: dynamic shapes
+    "OM401": CodeInfo(
+        "dynamic shape constraint violated", 1,
+        "A dimension declared dynamic is specialised or constrained by the model.",
+    ),
+    # OM5xx: ONNX checks and ONNX Runtime
+    "OM501": CodeInfo("ONNX checker failed", 1, "onnx.checker rejected the model."),
+    "OM502": CodeInfo(
+        "shape inference failed", 1,
+        "ONNX shape inference found inconsistent types or shapes.",
+    ),
+    "OM510": CodeInfo(
+        "ONNX Runtime cannot load the model", 1,
+        "InferenceSession creation failed (missing kernel, bad graph, unsupported opset).",
+    ),
+    "OM511": CodeInfo(
+        "ONNX Runtime run failed", 1, "The session loaded but run() raised an error."
+    ),
+    "OM512": CodeInfo(
+        "ONNX Runtime hung", 1,
+        "Loading or running did not finish within the timeout; the process was killed.",
+    ),
+    "OM513": CodeInfo(
+        "ONNX Runtime crashed", 1,
+        "The ONNX Runtime process died (abort, segmentation fault) while loading or running.",
+    ),
+    "OM514": CodeInfo(
+        "ONNX Runtime ran out of memory", 1,
+        "Loading or running exceeded the sandbox memory cap.",
+    ),
+    # OM6xx: numbers
+    "OM601": CodeInfo(
+        "output values differ from PyTorch", 1,
+        "ONNX Runtime computed values outside the tolerance for the output's dtype.",
+    ),
+    "OM602": CodeInfo(
+        "output structure differs from PyTorch", 1,
+        "Output count, shape or dtype differs between ONNX Runtime and PyTorch.",
+    ),
+    "OM603": CodeInfo(
+        "output not verified at all input sets", 0,
+        "Some further input sets could not be generated; verification used fewer.",
+    ),
+}
+
+
+@dataclass
+class Location:
+    """Where in the user's code something happened."""
+
+    file: str | None = None
+    line: int | None = None
+    function: str | None = None
+    module_path: str | None = None  # e.g. "encoder.layer.3.attention"
+    code: str | None = None  # the source line
+
+    def __str__(self) -> str:
+        parts = []
+        if self.module_path:
+            parts.append(f"module {self.module_path}")
+        if self.file:
+            parts.append(f"{self.file}:{self.line}" if self.line else self.file)
+        return ", ".join(parts) or "unknown location"
+
+
+@dataclass
+class Finding:
+    """One thing onnxmedic found. ``code`` is stable; see docs/findings.md."""
+
+    code: str
+    stage: str
+    severity: Severity
+    message: str
+    op: str | None = None
+    location: Location | None = None
+    suggestion: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.code not in CODES:
+            raise ValueError(f"unknown finding code {self.code!r}; add it to findings.CODES")
+        self.severity = Severity(self.severity)
+
+    @property
+    def title(self) -> str:
+        return CODES[self.code].title
+
+    @property
+    def exit_code(self) -> int:
+        return CODES[self.code].exit_code
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["severity"] = self.severity.value
+        d["title"] = self.title
+        return d
+
+    def one_paragraph(self) -> str:
+        """The message a user sees: what, where, and the next step."""
+        text = f"{self.code} {self.title}: {self.message}"
+        if self.op:
+            text += f" [op: {self.op}]"
+        if self.location is not None and (self.location.file or self.location.module_path):
+            text += f" (at {self.location})"
+        if self.suggestion:
+            text += f"\n  Next step: {self.suggestion}"
+        return text
+
+
+def error(code: str, stage: str, message: str, **kw: Any) -> Finding:
+    return Finding(code, stage, Severity.ERROR, message, **kw)
+
+
+def warning(code: str, stage: str, message: str, **kw: Any) -> Finding:
+    return Finding(code, stage, Severity.WARNING, message, **kw)
+
+
+def info(code: str, stage: str, message: str, **kw: Any) -> Finding:
+    return Finding(code, stage, Severity.INFO, message, **kw)
+
+
+class OnnxMedicError(Exception):
+    """A user-facing failure carrying a finding. Raised inside onnxmedic, caught by the API."""
+
+    def __init__(self, finding: Finding) -> None:
+        super().__init__(finding.one_paragraph())
+        self.finding = finding
+
+
+class InputError(OnnxMedicError):
+    """Model or input specs cannot be resolved (stage: inputs)."""
+
+
+class OutputError(OnnxMedicError):
+    """An output or report cannot be written."""

@@ -1,0 +1,47 @@
+"""Small helpers shared by the translation families (traced ONNX Script functions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript import opset18 as op
+
+FLOAT_DTYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def const(value: Any, like: Any) -> Any:
+    """A constant with ``like``'s element type (a float32 constant cast like the input)."""
+    if isinstance(value, bool):
+        return op.CastLike(op.Constant(value_int=int(value)), like)
+    if isinstance(value, int):
+        return op.CastLike(op.Constant(value_int=value), like)
+    return op.CastLike(op.Constant(value_float=float(value)), like)
+
+
+def const_f64(value: float, like: Any) -> Any:
+    """Like :func:`const` but exact for float64 inputs (the constant is stored as double)."""
+    return op.CastLike(op.Constant(value=ir.tensor(np.array(value, dtype=np.float64))), like)
+
+
+def ints(values: list[int] | tuple[int, ...]) -> Any:
+    """A 1-D int64 constant (for shapes, axes, indices)."""
+    return op.Constant(value_ints=list(values))
+
+
+def static_shape(x: Any) -> tuple[int, ...] | None:
+    """The input's shape if every dim is known at export time, else None."""
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        return None
+    dims = []
+    for d in shape:
+        if not isinstance(d, int):
+            return None
+        dims.append(d)
+    return tuple(dims)
+
+
+def is_float(x: Any) -> bool:
+    return getattr(x, "dtype", None) in FLOAT_DTYPES

@@ -1,0 +1,205 @@
+"""The translation registry: ATen op overload -> ONNX Script translation.
+
+Entries are keyed by the real op object (``torch.ops.aten.linalg_inv.default``), like torch.onnx's
+``onnx_impl`` and onnxscript's ``torch_op``. The registry becomes torch.onnx's
+``custom_translation_table``, so its entries win over torchlib's and keep torch's decompositions
+from splitting the op before it is translated.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Modules holding onnxmedic's own translations, one per op family. Each is imported on first use;
+# one that fails to import is reported (OM210) and the others still load.
+BUILTIN_FAMILIES: tuple[str, ...] = (
+    "onnxmedic.ops.special",
+    "onnxmedic.ops.elementwise",
+    "onnxmedic.ops.linalg",
+    "onnxmedic.ops.selection",
+    "onnxmedic.ops.cumulative",
+    "onnxmedic.ops.indexing",
+    "onnxmedic.ops.pooling",
+    "onnxmedic.ops.distance",
+    "onnxmedic.ops.miscompiles",
+)
+
+
+class RegistrationError(TypeError):
+    """A translation was registered with a key that is not an operator."""
+
+
+@dataclass(frozen=True)
+class TranslationMeta:
+    """What the registry knows about one translation."""
+
+    target: torch._ops.OpOverload
+    function: Callable[..., Any]
+    family: str
+    source: str  # "builtin" or "user"
+    static_shapes: bool = False  # needs some input sizes known at export time
+    overrides_torchlib: bool = False  # replaces a torchlib translation that is wrong
+    note: str = ""
+
+    @property
+    def name(self) -> str:
+        return str(self.target)
+
+
+def resolve_target(target: Any) -> torch._ops.OpOverload:
+    """Turn a registration key into an OpOverload, or say exactly what is wrong with it."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        overloads = target.overloads()
+        if overloads == ["default"] or "default" in overloads and len(overloads) == 1:
+            return target.default
+        raise RegistrationError(
+            f"{target} has several overloads ({', '.join(overloads)}); register each one, e.g. "
+            f"@translation({target}.{overloads[0]})"
+        )
+    if isinstance(target, str):
+        name = target.replace("::", ".")
+        parts = name.split(".")
+        if len(parts) not in (2, 3):
+            raise RegistrationError(
+                f"cannot read {target!r} as an operator name; use 'namespace::op' or "
+                f"'namespace::op.overload', e.g. 'mylib::my_op' or 'aten::add.Tensor'"
+            )
+        ns, opname = parts[0], parts[1]
+        overload = parts[2] if len(parts) == 3 else "default"
+        try:
+            packet = getattr(getattr(torch.ops, ns), opname)
+            return getattr(packet, overload)
+        except (AttributeError, RuntimeError) as e:
+            raise RegistrationError(
+                f"no operator {ns}::{opname}.{overload} is defined; define it first (e.g. "
+                f"with torch.library.custom_op) or check the spelling"
+            ) from e
+    hint = ""
+    if callable(target) and getattr(target, "__module__", "").startswith("torch"):
+        hint = " (a Python function like torch.linalg.inv is not an operator: use " \
+               "torch.ops.aten.linalg_inv.default)"
+    raise RegistrationError(
+        f"a translation must be keyed by an operator overload such as "
+        f"torch.ops.aten.linalg_inv.default or a name like 'aten::linalg_inv', not "
+        f"{type(target).__name__} {target!r}{hint}"
+    )
+
+
+@dataclass
+class TranslationRegistry:
+    """All translations onnxmedic passes to torch.onnx. User registrations win over builtin."""
+
+    _entries: dict[torch._ops.OpOverload, TranslationMeta] = field(default_factory=dict)
+    load_errors: dict[str, str] = field(default_factory=dict)
+    _loaded: bool = False
+
+    def register(self, meta: TranslationMeta) -> None:
+        old = self._entries.get(meta.target)
+        if old is not None:
+            if old.source == "user" and meta.source == "builtin":
+                logger.debug("keeping user translation for %s", meta.target)
+                return
+            warnings.warn(
+                f"onnxmedic: translation for {meta.target} registered twice "
+                f"({old.function.__qualname__} then {meta.function.__qualname__}); the later wins",
+                stacklevel=3,
+            )
+        self._entries[meta.target] = meta
+
+    def unregister(self, target: Any) -> None:
+        self._entries.pop(resolve_target(target), None)
+
+    def load_builtin(self, families: Iterable[str] = BUILTIN_FAMILIES) -> None:
+        """Import the family modules (each registers its entries). Failures are recorded."""
+        if self._loaded:
+            return
+        self._loaded = True
+        for mod in families:
+            try:
+                importlib.import_module(mod)
+            except ModuleNotFoundError as e:
+                if e.name == mod:
+                    continue  # family not written yet
+                self.load_errors[mod] = f"{type(e).__name__}: {e}"
+                logger.warning("onnxmedic: translations in %s failed to load: %s", mod, e)
+            except Exception as e:  # one broken family never breaks the rest
+                self.load_errors[mod] = f"{type(e).__name__}: {e}"
+                logger.warning("onnxmedic: translations in %s failed to load: %s", mod, e)
+
+    def entries(self) -> list[TranslationMeta]:
+        self.load_builtin()
+        return sorted(self._entries.values(), key=lambda m: m.name)
+
+    def get(self, target: Any) -> TranslationMeta | None:
+        self.load_builtin()
+        try:
+            return self._entries.get(resolve_target(target))
+        except RegistrationError:
+            return None
+
+    def __contains__(self, target: Any) -> bool:
+        return self.get(target) is not None
+
+    def table(self) -> dict[torch._ops.OpOverload, Callable[..., Any]]:
+        """The ``custom_translation_table`` for torch.onnx.export."""
+        return {m.target: m.function for m in self.entries()}
+
+
+REGISTRY = TranslationRegistry()
+
+
+def translation(
+    target: Any,
+    *,
+    static_shapes: bool = False,
+    overrides_torchlib: bool = False,
+    note: str = "",
+    registry: TranslationRegistry | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register an ONNX Script translation for an ATen or custom operator.
+
+    ``target`` is an operator overload (``torch.ops.aten.hypot.default``) or its name
+    (``"aten::hypot"``, ``"mylib::my_op.default"``). The function is called by torch.onnx with
+    the op's arguments as ONNX values (tensors) and Python values (ints, floats, lists), and
+    returns ONNX values built with ``onnxscript.opset18`` ops::
+
+        @onnxmedic.translation("mylib::scale")
+        def scale(x, factor: float):
+            return op.Mul(x, op.Constant(value_float=factor))
+
+    Translations registered from outside onnxmedic are "user" entries and win over builtin ones.
+    """
+    resolved = resolve_target(target)
+    reg = registry or REGISTRY
+
+    def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(fn):
+            raise RegistrationError(f"@translation({resolved}) must decorate a function")
+        module = getattr(fn, "__module__", "") or ""
+        source = "builtin" if module.startswith("onnxmedic.ops.") else "user"
+        family = module.rsplit(".", 1)[-1] if source == "builtin" else "user"
+        reg.register(
+            TranslationMeta(
+                target=resolved,
+                function=fn,
+                family=family,
+                source=source,
+                static_shapes=static_shapes,
+                overrides_torchlib=overrides_torchlib,
+                note=note,
+            )
+        )
+        return fn
+
+    return decorator

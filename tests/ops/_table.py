@@ -1,0 +1,124 @@
+"""Op-test tables: one entry per op, samples from PyTorch's OpInfo database plus edge values.
+
+A family's test module declares ``ENTRIES = [OpEntry(...), ...]`` and calls
+``make_tests(ENTRIES, globals())``: one parametrised test per (entry, dtype, sample). Each sample
+is exported through onnxmedic's registry, run in ONNX Runtime and compared with PyTorch using the
+entry's tolerance for the dtype. ``xfail`` maps a dtype name (or "*") to a required reason; it is
+strict, so an op that starts passing shows up.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from onnxmedic.ops.testing import check_call
+
+Sample = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@functools.cache
+def _op_db() -> dict[tuple[str, str], Any]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return {(o.name, o.variant_test_name): o for o in op_db}
+
+
+def opinfo(name: str, variant: str = "") -> Any:
+    try:
+        return _op_db()[(name, variant)]
+    except KeyError:
+        raise KeyError(f"no OpInfo named {name!r} (variant {variant!r})") from None
+
+
+def opinfo_samples(name: str, variant: str, dtype: torch.dtype, limit: int) -> list[Sample]:
+    info = opinfo(name, variant)
+    torch.manual_seed(0)
+    out: list[Sample] = []
+    for s in info.sample_inputs("cpu", dtype, requires_grad=False):
+        out.append(((s.input, *s.args), dict(s.kwargs)))
+        if len(out) >= limit:
+            break
+    return out
+
+
+@dataclass
+class OpEntry:
+    """One op in a test table."""
+
+    name: str  # OpInfo name ("linalg.inv"); also the test id
+    variant: str = ""  # OpInfo variant_test_name
+    fn: Callable[..., Any] | None = None  # defaults to the OpInfo's op
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    tolerance: dict[str, tuple[float, float]] = field(default_factory=dict)  # dtype -> (rtol, atol)
+    use_opinfo: bool = True
+    max_samples: int = 12
+    # extra samples (edge values): a function of dtype returning [(args, kwargs), ...]
+    edge: Callable[[torch.dtype], list[Sample]] | None = None
+    # sample filter: return a reason to skip a sample PyTorch itself rejects in export
+    skip_sample: Callable[[Sample], str | None] | None = None
+    xfail: dict[str, str] = field(default_factory=dict)  # dtype name or "*" -> reason
+
+    @property
+    def callable(self) -> Callable[..., Any]:
+        return self.fn if self.fn is not None else opinfo(self.name, self.variant).op
+
+    def samples(self, dtype: torch.dtype) -> list[Sample]:
+        out: list[Sample] = []
+        if self.use_opinfo:
+            out += opinfo_samples(self.name, self.variant, dtype, self.max_samples)
+        if self.edge is not None:
+            out += self.edge(dtype)
+        return out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _cases(entries: Iterable[OpEntry]) -> list[Any]:
+    cases = []
+    for e in entries:
+        for dtype in e.dtypes:
+            dn = _dtype_name(dtype)
+            reason = e.xfail.get(dn) or e.xfail.get("*")
+            marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+            test_id = f"{e.name}{'.' + e.variant if e.variant else ''}-{dn}"
+            cases.append(pytest.param(e, dtype, id=test_id, marks=marks))
+    return cases
+
+
+def run_entry(entry: OpEntry, dtype: torch.dtype) -> None:
+    """Check every sample; fail with a per-sample table of what went wrong."""
+    dn = _dtype_name(dtype)
+    tol = entry.tolerance.get(dn)
+    failures = []
+    samples = entry.samples(dtype)
+    assert samples, f"{entry.name}: no samples for {dn}"
+    checked = 0
+    for i, (args, kwargs) in enumerate(samples):
+        if entry.skip_sample is not None and entry.skip_sample((args, kwargs)):
+            continue
+        checked += 1
+        res = check_call(entry.callable, args, kwargs, tolerance=tol)
+        if not res.ok and res.stage != "eager":
+            shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+            failures.append(f"  sample {i} {shapes} {kwargs}: [{res.stage}] {res.error}")
+    assert checked, f"{entry.name}: every sample was skipped"
+    assert not failures, f"{entry.name} ({dn}): {len(failures)}/{checked} samples failed\n" + \
+        "\n".join(failures)
+
+
+def make_tests(entries: list[OpEntry], namespace: dict[str, Any]) -> None:
+    """Define ``test_op`` in the calling test module, parametrised over the table."""
+
+    @pytest.mark.parametrize(("entry", "dtype"), _cases(entries))
+    def test_op(entry: OpEntry, dtype: torch.dtype) -> None:
+        run_entry(entry, dtype)
+
+    namespace["test_op"] = test_op
