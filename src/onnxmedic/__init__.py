@@ -1,9 +1,29 @@
-"""onnxmedic: get any PyTorch model into ONNX Runtime, verified, or say exactly why not."""
+"""onnxmedic: get any PyTorch model into ONNX Runtime, verified, or say exactly why not.
+
+    import onnxmedic
+    result = onnxmedic.export(model, (x,), "model.onnx")
+    if not result.ok:
+        for finding in result.findings:
+            print(finding.one_paragraph())
+"""
 
 from __future__ import annotations
 
+from onnxmedic.api import ExportResult, VerifyResult, export, verify
+from onnxmedic.findings import CODES, Finding, Location, Severity
 from onnxmedic.ops import translation
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "translation"]
+__all__ = [
+    "CODES",
+    "ExportResult",
+    "Finding",
+    "Location",
+    "Severity",
+    "VerifyResult",
+    "__version__",
+    "export",
+    "translation",
+    "verify",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from onnxmedic.cli import main
+
+sys.exit(main())

@@ -1,0 +1,90 @@
+"""Find the user's line: in a traceback, in an FX node's stack trace, in ONNX node metadata."""
+
+from __future__ import annotations
+
+import linecache
+import re
+import traceback
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from onnxmedic.findings import Location
+
+_PKG_DIR = str(Path(__file__).resolve().parent).replace("\\", "/") + "/"
+_LIB_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", _PKG_DIR)
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def is_user_file(path: str) -> bool:
+    p = path.replace("\\", "/")
+    if p.startswith("<"):
+        return False
+    return not any(m in p for m in _LIB_MARKERS)
+
+
+def location_from_traceback(tb: TracebackType | None) -> Location | None:
+    """The innermost frame of the user's own code in a traceback."""
+    best = None
+    for frame in traceback.extract_tb(tb):
+        if is_user_file(frame.filename):
+            best = frame
+    if best is None:
+        return None
+    return Location(file=best.filename, line=best.lineno, function=best.name,
+                    code=(best.line or "").strip() or None)
+
+
+def location_from_exception(exc: BaseException) -> Location | None:
+    """Search the exception, its causes and its message for the user's line."""
+    seen = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        loc = location_from_traceback(e.__traceback__)
+        if loc is not None:
+            return loc
+        e = e.__cause__ or e.__context__
+    return location_from_stack_text(str(exc))
+
+
+def location_from_stack_text(text: str | None, module_path: str | None = None) -> Location | None:
+    """The innermost user frame in a formatted stack ('File "x.py", line 3, in forward')."""
+    if not text:
+        return Location(module_path=module_path) if module_path else None
+    frames = [(f, int(n), fn) for f, n, fn in _FRAME_RE.findall(text)]
+    user = [fr for fr in frames if is_user_file(fr[0])]
+    if not user:
+        return Location(module_path=module_path) if module_path else None
+    f, n, fn = user[-1]
+    code = linecache.getline(f, n).strip() or None
+    return Location(file=f, line=n, function=fn, module_path=module_path, code=code)
+
+
+def module_path_from_node_meta(meta: dict[str, Any]) -> str | None:
+    """'encoder.layer.3.attention' from an FX node's nn_module_stack."""
+    stack = meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    path = re.sub(r"L\['self'\]\.?", "", str(path))
+    path = re.sub(r"\[(\d+)\]", r".\1", path).strip(".")
+    return path or None
+
+
+def location_from_node(node: Any) -> Location | None:
+    meta = getattr(node, "meta", {}) or {}
+    return location_from_stack_text(meta.get("stack_trace"), module_path_from_node_meta(meta))
+
+
+def snippet(loc: Location | None, context: int = 3) -> list[tuple[int, str, bool]]:
+    """Source lines around a location: (line number, text, is_the_line)."""
+    if loc is None or not loc.file or not loc.line:
+        return []
+    lines = []
+    for n in range(max(1, loc.line - context), loc.line + context + 1):
+        text = linecache.getline(loc.file, n)
+        if not text and n > loc.line:
+            break
+        lines.append((n, text.rstrip("\n"), n == loc.line))
+    return lines

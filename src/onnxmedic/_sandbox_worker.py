@@ -1,0 +1,163 @@
+"""The child side of the sandbox: load an ONNX model in ONNX Runtime, run it, write results.
+
+Run as ``python -m onnxmedic._sandbox_worker REQUEST_DIR``. Imports only numpy and onnxruntime
+(never torch), writes its phase to ``phase`` before each step so the parent can tell where a hang
+or crash happened, and outputs as .npz files (no pickles) plus ``result.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when the parent dies: no orphans, whatever happens."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except Exception:
+        pass
+
+
+def _phase(req_dir: str, text: str) -> None:
+    with open(os.path.join(req_dir, "phase"), "w") as f:
+        f.write(text)
+
+
+def _fault(phase: str) -> None:
+    """Fault injection for onnxmedic's own tests of the sandbox (ONNXMEDIC_SANDBOX_FAULT)."""
+    want = os.environ.get("ONNXMEDIC_SANDBOX_FAULT", "")
+    if not want or not want.endswith(":" + phase):
+        return
+    kind = want.split(":", 1)[0]
+    if kind == "abort":
+        os.abort()
+    if kind == "segv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if kind == "hang":
+        while True:
+            time.sleep(1)
+    if kind == "oom":
+        hog = []
+        while True:
+            hog.append(bytearray(256 * 1024 * 1024))
+
+
+def _to_saveable(a):
+    import numpy as np
+
+    a = np.asarray(a)
+    if a.dtype.kind == "V" or "bfloat16" in str(a.dtype) or "float8" in str(a.dtype):
+        return a.view(np.uint8 if a.dtype.itemsize == 1 else np.uint16), str(a.dtype)
+    return a, str(a.dtype)
+
+
+def _from_saved(a, dtype: str):
+    import numpy as np
+
+    if dtype == str(a.dtype):
+        return a
+    import ml_dtypes
+
+    return a.view(getattr(ml_dtypes, dtype)) if hasattr(ml_dtypes, dtype) else a.astype(np.dtype(dtype))
+
+
+def main(req_dir: str) -> int:
+    _die_with_parent()
+    with open(os.path.join(req_dir, "request.json")) as f:
+        req = json.load(f)
+    result: dict = {"status": "ok", "phase": "import"}
+
+    def finish(code: int = 0) -> int:
+        tmp = os.path.join(req_dir, "result.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(result, f)
+        os.replace(tmp, os.path.join(req_dir, "result.json"))
+        return code
+
+    _phase(req_dir, "import")
+    import numpy as np
+    import onnxruntime as ort
+
+    result["ort_version"] = ort.__version__
+    _phase(req_dir, "load")
+    _fault("load")
+    t0 = time.perf_counter()
+    try:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if req.get("threads"):
+            opts.intra_op_num_threads = int(req["threads"])
+        if req.get("disable_optimizations"):
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        providers = req.get("providers") or ["CPUExecutionProvider"]
+        sess = ort.InferenceSession(req["model"], opts, providers=providers)
+    except MemoryError:
+        result.update(status="oom", phase="load", error="MemoryError while loading")
+        return finish()
+    except Exception as e:
+        msg = f"{type(e).__name__}: {e}"
+        oom = "bad_alloc" in msg or "Failed to allocate" in msg
+        result.update(status="oom" if oom else "load_error", phase="load", error=msg[:4000])
+        return finish()
+    result["load_seconds"] = time.perf_counter() - t0
+    result["inputs"] = [
+        {"name": i.name, "type": i.type, "shape": [d if isinstance(d, int) else str(d)
+                                                   for d in (i.shape or [])]}
+        for i in sess.get_inputs()
+    ]
+    result["outputs"] = [
+        {"name": o.name, "type": o.type, "shape": [d if isinstance(d, int) else str(d)
+                                                    for d in (o.shape or [])]}
+        for o in sess.get_outputs()
+    ]
+    result["providers"] = sess.get_providers()
+    runs = []
+    for i in range(int(req.get("n_feeds", 0))):
+        _phase(req_dir, f"run:{i}")
+        _fault("run")
+        with np.load(os.path.join(req_dir, f"feed_{i}.npz"), allow_pickle=False) as data:
+            dtypes = req["feed_dtypes"][i]
+            feeds = {k: _from_saved(data[k], dtypes[k]) for k in data.files}
+        t0 = time.perf_counter()
+        try:
+            outs = sess.run(None, feeds)
+        except MemoryError:
+            result.update(status="oom", phase=f"run:{i}", error="MemoryError while running")
+            result["runs"] = runs
+            return finish()
+        except Exception as e:
+            msg = f"{type(e).__name__}: {e}"
+            oom = "bad_alloc" in msg or "Failed to allocate" in msg
+            result.update(status="oom" if oom else "run_error", phase=f"run:{i}",
+                          error=msg[:4000])
+            result["runs"] = runs
+            return finish()
+        elapsed = time.perf_counter() - t0
+        saved, dts = {}, []
+        for j, o in enumerate(outs):
+            arr, dt = _to_saveable(o)
+            saved[f"o{j}"] = arr
+            dts.append(dt)
+        np.savez(os.path.join(req_dir, f"out_{i}.npz"), **saved)
+        runs.append({"seconds": elapsed, "dtypes": dts})
+    result["runs"] = runs
+    result["phase"] = "done"
+    _phase(req_dir, "done")
+    return finish()
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1]))
+    except Exception:
+        traceback.print_exc()
+        sys.exit(70)

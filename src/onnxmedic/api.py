@@ -1,0 +1,502 @@
+"""The public API: export() and verify(). The CLI is a thin shell over these."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from onnxmedic import checks, inputs as inputs_mod, preflight, sandbox
+from onnxmedic._tensors import flatten_tensors, to_numpy
+from onnxmedic.capture import capture, classify_capture_error
+from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
+from onnxmedic.verify.compare import OutputComparison, compare_outputs
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("preflight", "capture", "translate", "check", "runtime", "compare", "write")
+NOT_RUN, PASSED, FAILED = "not run", "passed", "failed"
+
+# Models whose initializers exceed this many bytes are saved with external data (protobuf
+# cannot hold more than 2 GiB). A module attribute so tests can lower it.
+EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2
+
+# How many input sets beyond the example verification uses.
+EXTRA_INPUT_SETS = 2
+
+
+@dataclass
+class ExportResult:
+    """The outcome of export() or verify(). ``ok``: exported *and* verified."""
+
+    ok: bool = False
+    path: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+    stages: dict[str, str] = field(default_factory=lambda: {s: NOT_RUN for s in STAGES})
+    verification: list[OutputComparison] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    command: str = "export"
+    model: str | None = None
+    inputs: list[str] = field(default_factory=list)
+    used_translations: list[str] = field(default_factory=list)
+    opset: int | None = None
+    traceback: str | None = None
+    onnx_model: Any = None  # the onnx.ModelProto (in memory; not serialised)
+    program: Any = None  # the captured ExportedProgram, when there is one
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == Severity.ERROR]
+
+    @property
+    def exit_code(self) -> int:
+        if self.ok:
+            return 0
+        codes = [f.exit_code for f in self.errors]
+        if 3 in codes:
+            return 3
+        if 2 in codes:
+            return 2
+        return 1
+
+    @property
+    def failed_stage(self) -> str | None:
+        return next((s for s, v in self.stages.items() if v == FAILED), None)
+
+    def verification_summary(self) -> dict[str, dict[str, float]]:
+        """Per output: the worst max abs / rel error over all input sets."""
+        out: dict[str, dict[str, float]] = {}
+        for c in self.verification:
+            d = out.setdefault(c.name, {"max_abs": 0.0, "max_rel": 0.0, "ok": True})
+            d["max_abs"] = max(d["max_abs"], c.max_abs)
+            d["max_rel"] = max(d["max_rel"], c.max_rel)
+            d["ok"] = d["ok"] and c.ok
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "command": self.command,
+            "path": self.path,
+            "model": self.model,
+            "inputs": self.inputs,
+            "opset": self.opset,
+            "stages": dict(self.stages),
+            "failed_stage": self.failed_stage,
+            "findings": [f.to_dict() for f in self.findings],
+            "verification": [c.to_dict() for c in self.verification],
+            "verification_summary": self.verification_summary(),
+            "capture_attempts": self.attempts,
+            "used_translations": self.used_translations,
+            "timings": {k: round(v, 4) for k, v in self.timings.items()},
+            "traceback": self.traceback,
+        }
+
+
+VerifyResult = ExportResult
+
+
+@contextmanager
+def _stage(result: ExportResult, name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        result.timings[name] = result.timings.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _fail(result: ExportResult, stage: str, *findings: Finding) -> ExportResult:
+    result.stages[stage] = FAILED
+    result.findings.extend(findings)
+    result.ok = False
+    return result
+
+
+def _check_args(model: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
+        raise TypeError(f"onnxmedic.export: model must be a torch.nn.Module or an "
+                        f"ExportedProgram, not {type(model).__name__}")
+    if isinstance(args, torch.Tensor):
+        args = (args,)
+    if isinstance(args, list):
+        args = tuple(args)
+    if not isinstance(args, tuple):
+        raise TypeError(f"onnxmedic.export: args must be a tuple of example inputs, e.g. (x,), "
+                        f"not {type(args).__name__}")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"onnxmedic.export: kwargs must be a dict, not {type(kwargs).__name__}")
+    return args, kwargs
+
+
+def _check_output_path(f: str | os.PathLike[str] | None, stage: str = "write") -> Finding | None:
+    """Fail fast (before the slow stages) when the output cannot be written."""
+    if f is None:
+        return None
+    p = Path(f)
+    if p.is_dir():
+        return error("OM006", stage, f"output path {str(f)!r} is a folder.",
+                     suggestion="Give a file name such as model.onnx.")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        return error("OM006", stage, f"the folder {str(folder)!r} for the output does not exist.",
+                     suggestion=f"Create it first (mkdir -p {folder}) or choose another path.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return error("OM006", stage, f"the folder {str(folder)!r} is not writable.",
+                     suggestion="Choose an output path you can write to.")
+    if p.exists() and not os.access(p, os.W_OK):
+        return error("OM006", stage, f"the existing file {str(f)!r} is not writable.")
+    return None
+
+
+def _feeds(onnx_inputs: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]
+           ) -> dict[str, np.ndarray]:
+    """Flatten (args, kwargs) like torch.onnx does and map them onto the ONNX inputs."""
+    leaves = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if x is not None]
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    values = leaves if len(leaves) == len(onnx_inputs) else tensors
+    if len(values) != len(onnx_inputs):
+        raise OnnxMedicError(error(
+            "OM008", "runtime", f"the ONNX model has {len(onnx_inputs)} input(s) "
+            f"({', '.join(onnx_inputs)}) but {len(tensors)} tensor(s) were given.",
+            suggestion="Give one --input per model input, in the order of forward()'s "
+            "parameters."))
+    return {n: to_numpy(v) for n, v in zip(onnx_inputs, values)}
+
+
+def _expected(model: Any, sets: list[inputs_mod.Inputs]) -> list[list[np.ndarray]]:
+    fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+    out = []
+    with torch.no_grad():
+        for s in sets:
+            out.append([to_numpy(t) for t in flatten_tensors(fn(*s.args, **s.kwargs))])
+    return out
+
+
+def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path,
+                     onnx_inputs: list[str], onnx_outputs: list[str],
+                     example: inputs_mod.Inputs, example_expected: list[np.ndarray] | None,
+                     timeout: float, tolerance: tuple[float, float] | None) -> None:
+    """runtime + compare stages: the example and further input sets, in one sandboxed session."""
+    sets = [example] + inputs_mod.derived_input_sets(example, EXTRA_INPUT_SETS)
+    with _stage(result, "compare"):
+        expected = ([example_expected] if example_expected is not None else
+                    _expected(model, sets[:1]))
+        try:
+            expected += _expected(model, sets[1:])
+        except Exception as e:  # the derived data may be out of the model's domain
+            result.findings.append(warning(
+                "OM603", "compare", f"PyTorch rejected the generated input sets "
+                f"({type(e).__name__}: {str(e)[:200]}); verifying on the example only."))
+            sets = sets[:1]
+    with _stage(result, "runtime"):
+        try:
+            feeds = [_feeds(onnx_inputs, s.args, s.kwargs) for s in sets]
+        except OnnxMedicError as e:
+            _fail(result, "runtime", e.finding)
+            return
+        sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout)
+    if not sbx.ok:
+        _fail(result, "runtime", sbx.finding("runtime", timeout))
+        return
+    result.stages["runtime"] = PASSED
+    with _stage(result, "compare"):
+        names = sbx.output_names or onnx_outputs
+        labels = ["example"] + [f"random#{i}" for i in range(1, len(sets))]
+        for label, exp, act in zip(labels, expected, sbx.outputs):
+            result.verification.extend(
+                compare_outputs(names, exp, act, input_set=label, tolerance=tolerance))
+    structural = [c for c in result.verification if not c.ok and c.reason and (
+        "shape" in c.reason or "dtype" in c.reason or "missing" in c.reason or "extra" in
+        c.reason)]
+    values = [c for c in result.verification if not c.ok and c not in structural]
+    if structural:
+        c = structural[0]
+        _fail(result, "compare", error(
+            "OM602", "compare", f"output {c.name} ({c.input_set}): {c.reason}.",
+            suggestion="An output's shape or dtype differs from PyTorch: check dynamic dims "
+            "and dtype casts around this output.",
+            details={"comparison": c.to_dict()}))
+    if values:
+        worst = max(values, key=lambda c: c.max_rel)
+        sets_bad = sorted({c.input_set for c in values})
+        _fail(result, "compare", error(
+            "OM601", "compare",
+            f"output {worst.name} differs from PyTorch on input set(s) {', '.join(sets_bad)}: "
+            f"{worst.mismatched} of {worst.total} elements outside rtol={worst.rtol:g}, "
+            f"atol={worst.atol:g} (max abs error {worst.max_abs:.3g}, max rel error "
+            f"{worst.max_rel:.3g}).",
+            suggestion="Run `onnxmedic verify --localize` to find the first operator whose "
+            "output diverges.", details={"comparison": worst.to_dict()}))
+    if not structural and not values:
+        result.stages["compare"] = PASSED
+
+
+def _save_program(prog: Any, folder: Path, name: str) -> Path:
+    from torch.onnx._internal.exporter import _onnx_program
+
+    size = _onnx_program._count_initializer_size(prog.model.graph)
+    target = folder / name
+    prog.save(str(target), external_data=size > EXTERNAL_DATA_THRESHOLD)
+    return target
+
+
+def _publish(tmp_dir: Path, name: str, dest: Path) -> None:
+    """Move the model (and its external data) into place; the model file goes last."""
+    files = sorted(tmp_dir.iterdir(), key=lambda p: p.name == name)
+    for p in files:
+        os.replace(p, dest.parent / p.name if p.name != name else dest)
+
+
+def export(
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    args: tuple[Any, ...] = (),
+    f: str | os.PathLike[str] | None = None,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    dynamic_shapes: Any = None,
+    target: str = "cpu",
+    opset: int | None = None,
+    verify: bool = True,
+    report: str | os.PathLike[str] | None = None,
+    keep_unverified: bool = False,
+    timeout: float = sandbox.DEFAULT_TIMEOUT,
+    tolerance: tuple[float, float] | None = None,
+    model_spec: str | None = None,
+    input_specs: list[str] | None = None,
+) -> ExportResult:
+    """Export ``model`` to ONNX, verify it in an isolated ONNX Runtime, and report.
+
+    Problems of the model become findings in the returned :class:`ExportResult` (``ok`` is True
+    only when the model was exported *and* verified). With ``f``, the file is written atomically
+    and only when verified (or when ``keep_unverified``); an existing file is never replaced by
+    an unverified model. ``report`` writes a .json or .html report, whatever the outcome.
+    """
+    args, kwargs = _check_args(model, args, kwargs)
+    if target not in ("cpu", "cuda"):
+        raise ValueError(f"onnxmedic.export: target must be 'cpu' or 'cuda', not {target!r}")
+    result = ExportResult(command="export", model=model_spec or type(model).__name__,
+                          inputs=list(input_specs or []))
+    try:
+        _export(result, model, args, kwargs, f, dynamic_shapes=dynamic_shapes, target=target,
+                opset=opset, verify=verify, keep_unverified=keep_unverified, timeout=timeout,
+                tolerance=tolerance)
+    except OnnxMedicError as e:
+        result.findings.append(e.finding)
+        result.ok = False
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # onnxmedic's own bug: keep the traceback for the report
+        result.traceback = traceback.format_exc()
+        result.findings.append(error("OM009", result.failed_stage or "internal",
+                                     f"onnxmedic failed internally: {type(e).__name__}: {e}",
+                                     suggestion="Please file a bug with the report attached."))
+        result.ok = False
+    if report is not None:
+        from onnxmedic.report import write_report
+
+        write_report(result, report)
+    return result
+
+
+def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+            f: Any, *, dynamic_shapes: Any, target: str, opset: int | None, verify: bool,
+            keep_unverified: bool, timeout: float, tolerance: tuple[float, float] | None) -> None:
+    from onnxmedic import translate as translate_mod
+
+    bad_out = _check_output_path(f)
+    if bad_out is not None:
+        _fail(result, "write", bad_out)
+        return
+    example = inputs_mod.Inputs(args, kwargs)
+
+    with _stage(result, "preflight"):
+        pre = preflight.run(model, args, kwargs)
+    if not pre.ok:
+        _fail(result, "preflight", pre.finding)
+        return
+    result.stages["preflight"] = PASSED
+    example_expected = [to_numpy(t) for t in flatten_tensors(pre.outputs)]
+
+    str_dims = None
+    with _stage(result, "capture"):
+        if isinstance(model, torch.export.ExportedProgram):
+            program = model
+            result.attempts = [{"strategy": "given ExportedProgram", "ok": True,
+                                "seconds": 0.0, "error": None}]
+        else:
+            from torch.onnx._internal.exporter import _dynamic_shapes
+
+            export_dims, need_rename = _dynamic_shapes.convert_str_to_export_dim(dynamic_shapes)
+            str_dims = dynamic_shapes if need_rename else None
+            attempts = capture(model, args, kwargs, export_dims)
+            result.attempts = [a.summary() for a in attempts]
+            program = attempts[-1].program
+            if program is None:
+                _fail(result, "capture", classify_capture_error(attempts))
+                return
+            for a in attempts[:-1]:
+                result.findings.append(info(
+                    "OM110", "capture", f"{a.strategy} failed ({a.summary()['error']}); "
+                    f"{attempts[-1].strategy} worked."))
+    result.stages["capture"] = PASSED
+    result.program = program
+
+    with _stage(result, "translate"):
+        tr = translate_mod.translate(program, args, kwargs, opset=opset)
+    result.findings.extend(tr.findings)
+    if not tr.ok:
+        result.stages["translate"] = FAILED
+        result.ok = False
+        return
+    result.stages["translate"] = PASSED
+    result.used_translations = tr.used_translations
+    prog = tr.onnx_program
+    if str_dims is not None:
+        try:
+            prog._rename_dynamic_axes(str_dims)
+        except Exception:
+            logger.debug("could not rename dynamic axes", exc_info=True)
+    result.onnx_model = prog.model_proto
+    result.opset = next((o.version for o in result.onnx_model.opset_import if o.domain in
+                         ("", "ai.onnx")), None)
+
+    dest = Path(f) if f is not None else None
+    parent = dest.parent if dest is not None else None
+    tmp_dir = Path(tempfile.mkdtemp(prefix=".onnxmedic-", dir=parent))
+    try:
+        name = dest.name if dest is not None else "model.onnx"
+        with _stage(result, "write"):
+            try:
+                onnx_path = _save_program(prog, tmp_dir, name)
+            except OSError as e:
+                _fail(result, "write", error("OM006", "write", f"cannot write the model: {e}"))
+                return
+        with _stage(result, "check"):
+            check_findings = checks.check_file(onnx_path)
+        result.findings.extend(check_findings)
+        if any(x.severity == Severity.ERROR for x in check_findings):
+            result.stages["check"] = FAILED
+            _not_written(result, f)
+            return
+        result.stages["check"] = PASSED
+        if verify:
+            onnx_inputs = [i.name for i in result.onnx_model.graph.input]
+            onnx_outputs = [o.name for o in result.onnx_model.graph.output]
+            _run_and_compare(result, model, onnx_path, onnx_inputs, onnx_outputs, example,
+                             example_expected, timeout, tolerance)
+            verified = result.stages["compare"] == PASSED
+        else:
+            verified = True  # verification not asked for: exported is all we can say
+            result.findings.append(warning(
+                "OM603", "compare", "verification was turned off (verify=False); the model "
+                "was not run in ONNX Runtime."))
+        result.ok = verified
+        if dest is not None:
+            if verified or keep_unverified:
+                with _stage(result, "write"):
+                    _publish(tmp_dir, name, dest)
+                result.path = str(dest)
+                result.stages["write"] = PASSED
+                if not verified:
+                    result.findings.append(warning(
+                        "OM010", "write", f"{dest} was written although verification failed "
+                        "(keep_unverified=True)."))
+            else:
+                _not_written(result, f)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _not_written(result: ExportResult, f: Any) -> None:
+    if f is None:
+        return
+    existed = Path(f).exists()
+    result.findings.append(Finding(
+        "OM010", "write", Severity.INFO,
+        f"{f} was not written because the model is not verified"
+        + ("; the existing file was left unchanged." if existed else "."),
+        suggestion="Fix the findings above, or pass keep_unverified=True to keep the "
+        "unverified model."))
+
+
+def verify(
+    onnx_path: str | os.PathLike[str],
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    args: tuple[Any, ...] = (),
+    *,
+    kwargs: dict[str, Any] | None = None,
+    report: str | os.PathLike[str] | None = None,
+    timeout: float = sandbox.DEFAULT_TIMEOUT,
+    tolerance: tuple[float, float] | None = None,
+    model_spec: str | None = None,
+    input_specs: list[str] | None = None,
+) -> ExportResult:
+    """Compare an existing ONNX file with the PyTorch model on the example inputs and further
+    seeded input sets, with ONNX Runtime in the sandbox."""
+    args, kwargs = _check_args(model, args, kwargs)
+    result = ExportResult(command="verify", path=str(onnx_path),
+                          model=model_spec or type(model).__name__,
+                          inputs=list(input_specs or []))
+    for s in ("capture", "translate", "write"):
+        result.stages.pop(s, None)
+    try:
+        with _stage(result, "check"):
+            proto, bad = checks.load_onnx(onnx_path)
+        if bad is not None:
+            _fail(result, "check", bad)
+        else:
+            result.onnx_model = proto
+            result.opset = next((o.version for o in proto.opset_import if o.domain in
+                                 ("", "ai.onnx")), None)
+            _verify(result, proto, Path(onnx_path), model, args, kwargs, timeout, tolerance)
+    except OnnxMedicError as e:
+        result.findings.append(e.finding)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        result.traceback = traceback.format_exc()
+        result.findings.append(error("OM009", result.failed_stage or "internal",
+                                     f"onnxmedic failed internally: {type(e).__name__}: {e}"))
+    if report is not None:
+        from onnxmedic.report import write_report
+
+        write_report(result, report)
+    return result
+
+
+def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tuple[Any, ...],
+            kwargs: dict[str, Any], timeout: float, tolerance: tuple[float, float] | None) -> None:
+    check_findings = checks.check_file(path)
+    result.findings.extend(check_findings)
+    if any(x.severity == Severity.ERROR for x in check_findings):
+        result.stages["check"] = FAILED
+        return
+    result.stages["check"] = PASSED
+    with _stage(result, "preflight"):
+        pre = preflight.run(model, args, kwargs)
+    if not pre.ok:
+        _fail(result, "preflight", pre.finding)
+        return
+    result.stages["preflight"] = PASSED
+    initializers = {i.name for i in proto.graph.initializer}
+    onnx_inputs = [i.name for i in proto.graph.input if i.name not in initializers]
+    onnx_outputs = [o.name for o in proto.graph.output]
+    _run_and_compare(result, model, path, onnx_inputs, onnx_outputs,
+                     inputs_mod.Inputs(args, kwargs),
+                     [to_numpy(t) for t in flatten_tensors(pre.outputs)], timeout, tolerance)
+    result.ok = result.stages["compare"] == PASSED

@@ -1,0 +1,154 @@
+"""Capture strategies: each returns Result(program | None, strategy, error).
+
+Like torch.onnx's own capture strategies, every attempt is recorded so the report can list what
+was tried and why it failed; unlike them, the failure is classified into a finding that points at
+the user's line and says what to change.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from onnxmedic._locate import location_from_exception
+from onnxmedic.findings import Finding, error
+
+logger = logging.getLogger(__name__)
+STAGE = "capture"
+
+
+@dataclass
+class Result:
+    program: torch.export.ExportedProgram | None
+    strategy: str
+    error: BaseException | None = None
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.program is not None
+
+    def summary(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "ok": self.ok, "seconds": round(self.seconds, 3),
+                "error": _short_error(self.error) if self.error else None}
+
+
+def _short_error(e: BaseException) -> str:
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(e).__name__}: {first}"[:500]
+
+
+class CaptureStrategy:
+    name = "base"
+
+    def __call__(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 dynamic_shapes: Any) -> Result:
+        t0 = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                program = self._capture(model, args, kwargs, dynamic_shapes)
+        except Exception as e:
+            return Result(None, self.name, e, time.perf_counter() - t0)
+        return Result(program, self.name, None, time.perf_counter() - t0)
+
+    def _capture(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 dynamic_shapes: Any) -> torch.export.ExportedProgram:
+        raise NotImplementedError
+
+
+class TorchExportNonStrict(CaptureStrategy):
+    """torch.export.export(strict=False): Python runs as-is, tensors are traced."""
+
+    name = "torch.export(strict=False)"
+
+    def _capture(self, model, args, kwargs, dynamic_shapes):
+        return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+                                   strict=False)
+
+
+class TorchExportStrict(CaptureStrategy):
+    """torch.export.export(strict=True): TorchDynamo traces the bytecode."""
+
+    name = "torch.export(strict=True)"
+
+    def _capture(self, model, args, kwargs, dynamic_shapes):
+        return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+                                   strict=True)
+
+
+CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, TorchExportStrict]
+
+
+def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+            dynamic_shapes: Any = None,
+            strategies: list[type[CaptureStrategy]] | None = None) -> list[Result]:
+    """Try each strategy in turn; stop at the first that works. Returns every attempt."""
+    results = []
+    for cls in strategies or CAPTURE_STRATEGIES:
+        res = cls()(model, args, kwargs, dynamic_shapes)
+        results.append(res)
+        logger.debug("capture %s: %s", res.strategy, "ok" if res.ok else res.error)
+        if res.ok:
+            break
+    return results
+
+
+_DATA_DEPENDENT = re.compile(
+    r"data.dependent|GuardOnDataDependentSymNode|Could not guard on data-dependent|"
+    r"Could not extract specialized integer from data-dependent|\.item\(\)|"
+    r"Dynamic control flow is not supported|generic_jump", re.IGNORECASE)
+_TYPES = re.compile(r"pytree|not a supported (?:input|output)|Unsupported (?:input|output) type|"
+                    r"register_(?:pytree_node|dataclass)|is not a.*Tensor", re.IGNORECASE)
+_DYNAMIC = re.compile(r"Constraints violated|specialized|not in range|Dim\(", re.IGNORECASE)
+
+
+def classify_capture_error(results: list[Result]) -> Finding:
+    """One finding for a failed capture: the most telling attempt, classified."""
+    failed = [r for r in results if r.error is not None]
+    first = failed[0].error if failed else RuntimeError("no capture strategy ran")
+    texts = " \n".join(f"{type(r.error).__name__}: {r.error}" for r in failed)
+    loc = None
+    for r in failed:
+        loc = location_from_exception(r.error)
+        if loc is not None:
+            break
+    tried = "; ".join(r.summary()["error"] and f"{r.strategy}: {r.summary()['error']}"
+                      for r in failed)
+    details = {"attempts": [r.summary() for r in results]}
+    if _DYNAMIC.search(texts) and "Constraints violated" in texts:
+        return error("OM401", STAGE,
+                     "a dimension declared dynamic is specialised or constrained by the model: "
+                     f"{_short_error(first)}", location=loc,
+                     suggestion="Apply the fix torch.export suggests (in the details), or "
+                     "declare that dimension static.", details=details)
+    if _DATA_DEPENDENT.search(texts):
+        where = f" at {loc.file}:{loc.line} (`{loc.code}`)" if loc and loc.code else ""
+        return error("OM112", STAGE,
+                     f"Python control flow depends on tensor values{where}; torch.export "
+                     f"cannot trace it. Tried: {tried}", location=loc,
+                     suggestion="Rewrite the branch with torch.cond or torch.where, e.g. "
+                     "`if x.sum() > 0: y = f(x) else: y = g(x)` becomes "
+                     "`y = torch.cond(x.sum() > 0, lambda x: f(x), lambda x: g(x), (x,))`; "
+                     "a value-dependent shape needs torch._check on the value's range.",
+                     details=details)
+    if _TYPES.search(texts):
+        return error("OM113", STAGE,
+                     f"forward() takes or returns a type torch.export cannot flatten. "
+                     f"Tried: {tried}", location=loc,
+                     suggestion="Return tensors, tuples, lists or dicts of tensors, or register "
+                     "the class with torch.utils._pytree.register_pytree_node.",
+                     details=details)
+    return error("OM111", STAGE, f"torch.export could not capture the model. Tried: {tried}",
+                 location=loc,
+                 suggestion="Read the first failing line below; make forward() traceable "
+                 "(no data-dependent Python control flow, no unsupported Python objects).",
+                 details=details)

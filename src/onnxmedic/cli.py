@@ -1,0 +1,124 @@
+"""The command line: a thin shell over onnxmedic.api. Exit codes: 0 ok, 1 a problem with the
+user's model or input, 2 bad command-line usage, 3 an internal error of onnxmedic."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import traceback
+from typing import Any
+
+from onnxmedic import __version__
+
+EPILOG = ("exit codes: 0 verified; 1 a problem with the model or inputs (findings printed); "
+          "2 bad command-line usage; 3 internal error of onnxmedic. Finding codes: docs/findings.md")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # exit 2 with a one-paragraph message
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"onnxmedic: error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="onnxmedic", description="Get a PyTorch model into ONNX Runtime: "
+                "exported, verified, or an exact account of what failed.", epilog=EPILOG)
+    p.add_argument("--version", action="version", version=f"onnxmedic {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--input", "-i", action="append", default=[], metavar="SPEC",
+                        help="example input: a shape 2x3x224x224:float32 (optionally @LOW,HIGH), "
+                        "file.py:make_inputs, inputs.npz or inputs.pt; repeat per argument")
+        sp.add_argument("--report", metavar="FILE", help="write a .json or .html report")
+        sp.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                        help="seconds ONNX Runtime may take to load and run (default 120)")
+        sp.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+        sp.add_argument("--rtol", type=float, help="override the relative tolerance")
+        sp.add_argument("--atol", type=float, help="override the absolute tolerance")
+        sp.add_argument("--seed", type=int, default=0, help="seed for generated inputs")
+        sp.add_argument("-v", "--verbose", action="store_true", help="also show info findings")
+
+    e = sub.add_parser("export", help="export a model to ONNX and verify it", epilog=EPILOG)
+    e.add_argument("model", metavar="MODEL",
+                   help="path/file.py:Attr, pkg.module:Attr or model.pt2")
+    e.add_argument("-o", "--output", metavar="OUT.onnx", help="where to write the verified model")
+    e.add_argument("--dynamic", action="append", default=[], metavar="SPEC",
+                   help="dynamic dims: INPUT:DIM=NAME[,DIM=NAME], e.g. x:0=batch")
+    e.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    e.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default: torch.onnx's)")
+    e.add_argument("--no-verify", action="store_true", help="skip running in ONNX Runtime")
+    e.add_argument("--keep-unverified", action="store_true",
+                   help="write the output even when verification fails")
+    common(e)
+
+    v = sub.add_parser("verify", help="compare an existing ONNX file with the PyTorch model",
+                       epilog=EPILOG)
+    v.add_argument("onnx", metavar="OUT.onnx")
+    v.add_argument("model", metavar="MODEL")
+    common(v)
+    return p
+
+
+def _tolerance(ns: argparse.Namespace) -> tuple[float, float] | None:
+    if ns.rtol is None and ns.atol is None:
+        return None
+    return (ns.rtol if ns.rtol is not None else 1e-4, ns.atol if ns.atol is not None else 1e-5)
+
+
+def _run(ns: argparse.Namespace) -> Any:
+    from onnxmedic import api, inputs
+    from onnxmedic.findings import OnnxMedicError
+
+    result = api.ExportResult(command=ns.command, model=ns.model, inputs=list(ns.input))
+    try:
+        model, _source = inputs.load_model(ns.model)
+        ex = inputs.load_inputs(ns.input, seed=ns.seed)
+        if ns.command == "export":
+            dyn = inputs.complete_dynamic_shapes(
+                model, inputs.parse_dynamic_specs(ns.dynamic), ex.args, ex.kwargs)
+            return api.export(model, ex.args, ns.output, kwargs=ex.kwargs, dynamic_shapes=dyn,
+                              target=ns.target, opset=ns.opset, verify=not ns.no_verify,
+                              report=ns.report, keep_unverified=ns.keep_unverified,
+                              timeout=ns.timeout, tolerance=_tolerance(ns),
+                              model_spec=ns.model, input_specs=ns.input)
+        return api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
+                          timeout=ns.timeout, tolerance=_tolerance(ns), model_spec=ns.model,
+                          input_specs=ns.input)
+    except OnnxMedicError as err:
+        result.findings.append(err.finding)
+        result.stages = {"inputs": "failed"}
+    if ns.report:
+        from onnxmedic.report import write_report
+
+        write_report(result, ns.report)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    try:
+        result = _run(ns)
+    except KeyboardInterrupt:
+        sys.stderr.write("onnxmedic: interrupted; nothing was written.\n")
+        return 130
+    except Exception as exc:
+        sys.stderr.write(f"onnxmedic: OM009 internal error: {type(exc).__name__}: {exc}\n"
+                         "This is a bug in onnxmedic; please report it with this traceback:\n")
+        traceback.print_exc(file=sys.stderr)
+        return 3
+    from onnxmedic.report import render_terminal
+
+    render_terminal(result, verbose=ns.verbose)
+    if ns.json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

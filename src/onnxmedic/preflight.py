@@ -1,0 +1,112 @@
+"""Stage 1: run the model eagerly on the example inputs.
+
+A model that fails in PyTorch cannot be exported; say so plainly, and recognise the common case
+of inputs whose dtype does not match the model's parameters.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from onnxmedic._locate import location_from_exception
+from onnxmedic._tensors import describe
+from onnxmedic.findings import Finding, error
+
+STAGE = "preflight"
+
+_DTYPE_PATTERNS = (
+    r"mat1 and mat2 must have the same dtype",
+    r"expected (?:scalar type|m1 and m2 to have the same dtype)",
+    r"Input type \(.*\) and (?:weight|bias) type \(.*\) should be the same",
+    r"expected .* to have the same dtype",
+    r"not implemented for '(?:Int|Long|Short|Char|Byte|Bool|Half|BFloat16)'",
+    r"found dtype \w+ but expected \w+",
+    r"Expected .* dtype",
+    r"must have the same dtype",
+)
+
+
+@dataclass
+class PreflightResult:
+    outputs: Any = None
+    finding: Finding | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.finding is None
+
+
+def _param_dtypes(model: torch.nn.Module) -> set[torch.dtype]:
+    return {p.dtype for p in model.parameters() if p.is_floating_point()}
+
+
+def _input_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    named = [(f"args[{i}]", a) for i, a in enumerate(args)]
+    named += [(k, v) for k, v in kwargs.items()]
+    return [(n, t) for n, t in named if isinstance(t, torch.Tensor)]
+
+
+def dtype_suggestion(model: torch.nn.Module, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> tuple[str, str] | None:
+    """(what is wrong, the fix) when an input's dtype does not fit the parameters' dtype."""
+    pdt = _param_dtypes(model)
+    if len(pdt) != 1:
+        return None
+    want = next(iter(pdt))
+    want_name = str(want).replace("torch.", "")
+    bad = [(n, t) for n, t in _input_tensors(args, kwargs)
+           if t.dtype != want and (t.is_floating_point() or t.dtype in (
+               torch.int32, torch.int16, torch.int8, torch.uint8))]
+    if not bad:
+        return None
+    what = ", ".join(f"{n} is {describe(t)}" for n, t in bad)
+    cast = {torch.float32: ".float()", torch.float16: ".half()", torch.float64: ".double()",
+            torch.bfloat16: ".bfloat16()"}.get(want, f".to(torch.{want_name})")
+    fix = (f"the model's parameters are {want_name}: feed {want_name} inputs (e.g. "
+           f"`x{cast}` before calling the model, or --input SHAPE:{want_name}), or convert the "
+           f"model with `model.to(torch.{str(bad[0][1].dtype).replace('torch.', '')})` if that "
+           f"dtype is what you deploy.")
+    if any(not t.is_floating_point() for _, t in bad):
+        fix += (" Integer tensors fed to a Linear or Conv are usually a bug in the data "
+                "pipeline: cast them to float where they enter the model.")
+    return what, fix
+
+
+def run(model: torch.nn.Module | torch.export.ExportedProgram, args: tuple[Any, ...],
+        kwargs: dict[str, Any]) -> PreflightResult:
+    """Run forward() once under no_grad; classify a failure."""
+    fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+    try:
+        with torch.no_grad():
+            out = fn(*args, **kwargs)
+    except Exception as e:
+        loc = location_from_exception(e)
+        msg = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        inputs = ", ".join(f"{n}: {describe(t)}" for n, t in _input_tensors(args, kwargs))
+        is_dtype = any(re.search(p, str(e), re.IGNORECASE) for p in _DTYPE_PATTERNS)
+        sugg = dtype_suggestion(fn, args, kwargs) if isinstance(fn, torch.nn.Module) else None
+        if is_dtype or (sugg and isinstance(e, RuntimeError) and "type" in str(e).lower()):
+            what = sugg[0] if sugg else inputs
+            return PreflightResult(finding=error(
+                "OM101", STAGE,
+                f"forward() failed in PyTorch because an input's dtype does not match the model "
+                f"({what}): {msg}",
+                location=loc,
+                suggestion=sugg[1] if sugg else "Cast the inputs to the dtype of the model's "
+                "parameters.",
+                details={"inputs": inputs, "exception": msg},
+            ))
+        return PreflightResult(finding=error(
+            "OM100", STAGE,
+            f"forward() raised in PyTorch itself on the example inputs ({inputs or 'no inputs'}): "
+            f"{msg}",
+            location=loc,
+            suggestion="Fix the model or the inputs so that model(*inputs) runs in PyTorch; "
+            "check the input shapes the model expects.",
+            details={"exception": msg, "inputs": inputs},
+        ))
+    return PreflightResult(outputs=out)

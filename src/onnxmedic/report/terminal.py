@@ -1,0 +1,48 @@
+"""The terminal summary: a stage checklist, the findings, the error table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+_MARK = {"passed": "[green]✔[/]", "failed": "[red]✘[/]", "not run": "[dim]·[/]"}
+_SEV = {"error": "red", "warning": "yellow", "info": "blue"}
+
+
+def render_terminal(result: Any, console: Console | None = None, verbose: bool = False) -> None:
+    console = console or Console(stderr=True)
+    verdict = ("[bold green]verified[/]" if result.ok else "[bold red]not verified[/]")
+    head = f"onnxmedic {result.command}: {escape(str(result.model))} — {verdict}"
+    if result.path and result.ok:
+        head += f" → {escape(result.path)}"
+    console.print(head)
+    line = "  ".join(f"{_MARK.get(status, status)} {stage}"
+                     for stage, status in result.stages.items())
+    console.print(line)
+    for f in result.findings:
+        if f.severity.value == "info" and not verbose and f.code not in ("OM010",):
+            continue
+        color = _SEV[f.severity.value]
+        console.print(f"[{color}]{f.code}[/] [bold]{escape(f.title)}[/]: {escape(f.message)}")
+        if f.location is not None and (f.location.file or f.location.module_path):
+            console.print(f"    at {escape(str(f.location))}")
+            if f.location.code:
+                console.print(f"    [dim]{escape(f.location.code)}[/]")
+        if f.suggestion:
+            console.print(f"    [cyan]Next step:[/] {escape(f.suggestion)}")
+    if result.verification:
+        t = Table(title="verification against PyTorch", title_justify="left")
+        for col in ("output", "input set", "shape", "dtype", "max abs", "max rel", "status"):
+            t.add_column(col)
+        for c in result.verification:
+            t.add_row(escape(c.name), c.input_set, str(c.expected_shape), c.expected_dtype,
+                      f"{c.max_abs:.3g}", f"{c.max_rel:.3g}",
+                      "[green]ok[/]" if c.ok else f"[red]{escape(c.reason)}[/]")
+        console.print(t)
+    if result.used_translations:
+        console.print("translated by onnxmedic: " + ", ".join(result.used_translations))
+    if result.traceback:
+        console.print("[red]internal error[/] (traceback in the --report file)")

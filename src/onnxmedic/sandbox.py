@@ -1,0 +1,225 @@
+"""ONNX Runtime in a separate process, with a timeout and a memory cap.
+
+A hang, a crash (abort, segfault) or an out-of-memory of ONNX Runtime becomes a
+:class:`SandboxResult` with a status, never a hang or a crash of onnxmedic. The child runs in its
+own process group and is killed with it; it also dies if onnxmedic dies (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxmedic.findings import Finding, error
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 120.0
+
+
+def default_memory_limit() -> int | None:
+    """Three quarters of the machine's memory, in bytes (None where it cannot be read)."""
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES")
+        size = os.sysconf("SC_PAGE_SIZE")
+        return int(pages * size * 0.75)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@dataclass
+class SandboxResult:
+    """What happened in the child. ``status``: ok, load_error, run_error, timeout, crash, oom."""
+
+    status: str
+    phase: str = ""
+    error: str = ""
+    outputs: list[list[np.ndarray]] = field(default_factory=list)  # per feed set
+    output_names: list[str] = field(default_factory=list)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    outputs_meta: list[dict[str, Any]] = field(default_factory=list)
+    run_seconds: list[float] = field(default_factory=list)
+    load_seconds: float = 0.0
+    signal: str | None = None
+    wall_seconds: float = 0.0
+    stderr: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def finding(self, stage: str = "runtime", timeout: float | None = None) -> Finding | None:
+        """The finding for a failed run (None when ok)."""
+        where = "loading the model" if self.phase.startswith(("load", "import")) else (
+            f"running input set {self.phase.split(':')[1]}" if self.phase.startswith("run:")
+            else self.phase or "starting")
+        if self.status == "ok":
+            return None
+        if self.status == "load_error":
+            return error("OM510", stage, f"ONNX Runtime could not load the model: "
+                         f"{_first_lines(self.error)}",
+                         suggestion="A missing kernel for an op/dtype or an opset newer than "
+                         "the runtime are the usual causes; run `onnxmedic doctor` on the file.",
+                         details={"error": self.error})
+        if self.status == "run_error":
+            return error("OM511", stage, f"ONNX Runtime failed while {where}: "
+                         f"{_first_lines(self.error)}", details={"error": self.error})
+        if self.status == "timeout":
+            return error("OM512", stage, f"ONNX Runtime did not finish {where} within "
+                         f"{timeout or '?'} s and was killed.",
+                         suggestion="Look for a Loop or Scan with a huge trip count or a "
+                         "data-dependent loop; raise --timeout if the model is just slow.",
+                         details={"phase": self.phase})
+        if self.status == "crash":
+            return error("OM513", stage, f"ONNX Runtime crashed ({self.signal}) while {where}.",
+                         suggestion="This is a bug of ONNX Runtime or a corrupt model; "
+                         "`onnxmedic reduce` can shrink it to a minimal repro for a bug report.",
+                         details={"signal": self.signal, "stderr": self.stderr[-2000:]})
+        if self.status == "oom":
+            return error("OM514", stage, f"ONNX Runtime ran out of memory while {where}.",
+                         suggestion="Try smaller example inputs or check for a shape that "
+                         "explodes (an Expand or Tile to a huge size).",
+                         details={"error": self.error})
+        return error("OM009", stage, f"the sandbox failed: {self.error}")
+
+
+def _first_lines(text: str, n: int = 3) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return " ".join(lines[:n])[:600]
+
+
+def _save_feed(path: Path, feed: dict[str, np.ndarray]) -> dict[str, str]:
+    saved, dtypes = {}, {}
+    for name, arr in feed.items():
+        a = np.asarray(arr)
+        dtypes[name] = str(a.dtype)
+        if a.dtype.kind == "V" or "bfloat16" in str(a.dtype) or "float8" in str(a.dtype):
+            a = a.view(np.uint8 if a.dtype.itemsize == 1 else np.uint16)
+        saved[name] = a
+    np.savez(path, **saved)
+    return dtypes
+
+
+def _restore(a: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == str(a.dtype):
+        return a
+    import ml_dtypes
+
+    return a.view(getattr(ml_dtypes, dtype))
+
+
+def _limit_memory(limit: int | None) -> Any:
+    def preexec() -> None:
+        if limit:
+            import resource
+
+            try:
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            except (ValueError, OSError):
+                pass
+
+    return preexec
+
+
+def run_model(
+    model_path: str | os.PathLike[str],
+    feeds: list[dict[str, np.ndarray]],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    memory_limit: int | None = -1,
+    providers: list[str] | None = None,
+    threads: int | None = None,
+    disable_optimizations: bool = False,
+) -> SandboxResult:
+    """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
+    failures of the model or of ONNX Runtime."""
+    if memory_limit == -1:
+        memory_limit = default_memory_limit()
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-sbx-") as tmp:
+        req_dir = Path(tmp)
+        feed_dtypes = [_save_feed(req_dir / f"feed_{i}.npz", f) for i, f in enumerate(feeds)]
+        request = {
+            "model": str(Path(model_path).resolve()),
+            "n_feeds": len(feeds),
+            "feed_dtypes": feed_dtypes,
+            "providers": providers or ["CPUExecutionProvider"],
+            "threads": threads,
+            "disable_optimizations": disable_optimizations,
+        }
+        (req_dir / "request.json").write_text(json.dumps(request))
+        env = dict(os.environ)
+        # make sure the child imports this very onnxmedic (also from a source checkout)
+        pkg_root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"]
+                                        if env.get("PYTHONPATH") else "")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "onnxmedic._sandbox_worker", str(req_dir)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env, start_new_session=True, preexec_fn=_limit_memory(memory_limit),
+        )
+        timed_out = False
+        try:
+            _, stderr_b = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            _, stderr_b = proc.communicate()
+        except BaseException:  # KeyboardInterrupt: never leave the child behind
+            _kill_group(proc)
+            proc.wait()
+            raise
+        finally:
+            _kill_group(proc)  # grandchildren, if any
+        stderr = stderr_b.decode("utf-8", "replace") if stderr_b else ""
+        phase_file = req_dir / "phase"
+        phase = phase_file.read_text() if phase_file.exists() else "start"
+        wall = time.perf_counter() - t_start
+        if timed_out:
+            return SandboxResult("timeout", phase=phase, wall_seconds=wall, stderr=stderr)
+        result_file = req_dir / "result.json"
+        if proc.returncode and proc.returncode < 0 or not result_file.exists():
+            sig = None
+            if proc.returncode is not None and proc.returncode < 0:
+                try:
+                    sig = signal.Signals(-proc.returncode).name
+                except ValueError:
+                    sig = f"signal {-proc.returncode}"
+            else:
+                sig = f"exit code {proc.returncode}"
+            status = "crash"
+            if "MemoryError" in stderr or "bad_alloc" in stderr:
+                status = "oom"
+            return SandboxResult(status, phase=phase, signal=sig, wall_seconds=wall,
+                                 stderr=stderr, error=_first_lines(stderr[-2000:]))
+        res = json.loads(result_file.read_text())
+        out = SandboxResult(
+            res["status"], phase=res.get("phase", phase), error=res.get("error", ""),
+            inputs=res.get("inputs", []), outputs_meta=res.get("outputs", []),
+            output_names=[o["name"] for o in res.get("outputs", [])],
+            load_seconds=res.get("load_seconds", 0.0), wall_seconds=wall, stderr=stderr,
+        )
+        for i, run in enumerate(res.get("runs", [])):
+            with np.load(req_dir / f"out_{i}.npz", allow_pickle=False) as data:
+                out.outputs.append([_restore(data[f"o{j}"], dt)
+                                    for j, dt in enumerate(run["dtypes"])])
+            out.run_seconds.append(run["seconds"])
+        return out
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass

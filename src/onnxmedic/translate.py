@@ -1,0 +1,200 @@
+"""Stage 3: translate the captured program to ONNX with torchlib plus onnxmedic's registry.
+
+On failure, every operator without a translation is collected in one pass (not only the first
+one torch.onnx tripped on), each with its module path and the user's line.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from onnxmedic._locate import location_from_exception, location_from_node
+from onnxmedic.findings import Finding, error, info, warning
+from onnxmedic.ops import REGISTRY, TranslationRegistry
+
+logger = logging.getLogger(__name__)
+STAGE = "translate"
+
+# torch.onnx warns about each torchvision op it cannot register when torchvision is absent.
+logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+
+
+@dataclass
+class TranslateResult:
+    onnx_program: Any = None  # torch.onnx.ONNXProgram
+    findings: list[Finding] = field(default_factory=list)
+    used_translations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.onnx_program is not None
+
+
+def _torch_registry(table: dict[Any, Any], opset: int | None) -> Any:
+    from torch.onnx._internal.exporter import _constants, _registration
+
+    version = max(opset or _constants.TORCHLIB_OPSET, _constants.TORCHLIB_OPSET)
+    reg = _registration.ONNXRegistry.from_torchlib(opset_version=version)
+    for target, fn in table.items():
+        reg.register_op(target, fn, is_complex=False)
+    return reg
+
+
+def _op_name(target: Any) -> str:
+    return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(
+        target, "__name__", str(target))
+
+
+def _node_signature(node: torch.fx.Node) -> str:
+    """'float32[2, 3], float32[3]' from the node's fake-tensor arguments."""
+    parts = []
+    for a in node.args:
+        val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if isinstance(val, torch.Tensor):
+            parts.append(f"{str(val.dtype).replace('torch.', '')}{list(val.shape)}")
+        elif isinstance(a, torch.fx.Node):
+            parts.append(type(val).__name__)
+        else:
+            parts.append(repr(a)[:40])
+    return ", ".join(parts)
+
+
+def unsupported_ops(program: torch.export.ExportedProgram, table: dict[Any, Any],
+                    opset: int | None) -> tuple[list[torch.fx.Node], BaseException | None]:
+    """Nodes (after torch.onnx's decompositions) that no translation covers."""
+    from torch.onnx._internal.exporter import _core
+
+    reg = _torch_registry(table, opset)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            decomposed = _core._prepare_exported_program_for_export(program, registry=reg)
+    except Exception as e:
+        return [], e
+    missing = []
+    for node in decomposed.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if target is getattr(__import__("operator"), "getitem"):
+            continue
+        if isinstance(target, torch._ops.OpOverload) and not reg.is_registered(target):
+            missing.append(node)
+    return missing, None
+
+
+def op_inventory(program: torch.export.ExportedProgram,
+                 registry: TranslationRegistry = REGISTRY) -> Counter[str]:
+    """How many times each ATen op appears in the captured program."""
+    return Counter(_op_name(n.target) for n in program.graph.nodes if n.op == "call_function")
+
+
+def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
+              kwargs: dict[str, Any], *, opset: int | None = None,
+              registry: TranslationRegistry = REGISTRY,
+              dynamic_shapes: Any = None) -> TranslateResult:
+    table = registry.table()
+    result = TranslateResult()
+    for mod, err in registry.load_errors.items():
+        result.findings.append(warning(
+            "OM210", STAGE, f"onnxmedic's translations in {mod} failed to load ({err}); the "
+            "other translations are used."))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prog = torch.onnx.export(
+                program, args, kwargs=kwargs, dynamo=True, custom_translation_table=table,
+                opset_version=opset, verbose=False, optimize=True, report=False,
+            )
+    except Exception as e:
+        result.findings.extend(_diagnose(program, table, opset, e))
+        return result
+    result.onnx_program = prog
+    used = set()
+    decomposed = getattr(prog, "exported_program", None) or program
+    for node in decomposed.graph.nodes:
+        if node.op == "call_function" and node.target in table:
+            used.add(_op_name(node.target))
+    result.used_translations = sorted(used)
+    for name in result.used_translations:
+        result.findings.append(info("OM204", STAGE, f"{name} translated by onnxmedic.",
+                                    op=name))
+    return result
+
+
+_NO_FUNCTION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', "
+                          r"overload='([^']+)'\)>")
+
+
+def _innermost(e: BaseException) -> BaseException:
+    seen = set()
+    while e.__cause__ is not None and id(e) not in seen:
+        seen.add(id(e))
+        e = e.__cause__
+    return e
+
+
+def _diagnose(program: torch.export.ExportedProgram, table: dict[Any, Any], opset: int | None,
+              exc: BaseException) -> list[Finding]:
+    """Findings for a failed torch.onnx translation."""
+    text = str(exc)
+    missing, decomp_error = unsupported_ops(program, table, opset)
+    if decomp_error is not None:
+        inner = _innermost(decomp_error)
+        return [error(
+            "OM203", STAGE, f"torch's decompositions failed on the captured program: "
+            f"{type(inner).__name__}: {str(inner).strip().splitlines()[0][:400] if str(inner).strip() else ''}",
+            location=location_from_exception(decomp_error),
+            suggestion="A `view` on a non-contiguous tensor inside a decomposition is the usual "
+            "cause: replace `.view(...)` with `.reshape(...)` at the line shown.",
+        )]
+    if missing:
+        by_op: dict[str, list[torch.fx.Node]] = {}
+        for node in missing:
+            by_op.setdefault(_op_name(node.target), []).append(node)
+        findings = []
+        for name, nodes in by_op.items():
+            node = nodes[0]
+            loc = location_from_node(node)
+            ns = name.split(".")[0]
+            if ns == "aten" or ns == "prims":
+                sugg = (f"onnxmedic has no translation for {name} yet. Register one with "
+                        f"@onnxmedic.translation(torch.ops.{name}) (an ONNX Script function), "
+                        "or rewrite the line shown with ops ONNX supports.")
+            else:
+                sugg = (f"{name} is a custom operator. Register its ONNX translation with "
+                        f"@onnxmedic.translation('{ns}::{name.split('.')[1]}'), e.g.\n"
+                        f"    from onnxscript import opset18 as op\n"
+                        f"    @onnxmedic.translation('{ns}::{name.split('.')[1]}')\n"
+                        f"    def {name.split('.')[1]}(x):\n"
+                        f"        return op.Identity(x)  # build the op from ONNX ops here")
+            findings.append(error(
+                "OM201", STAGE,
+                f"{name} has no ONNX translation (torchlib and onnxmedic lack one); used "
+                f"{len(nodes)} time(s), first with ({_node_signature(node)}).",
+                op=name, location=loc, suggestion=sugg,
+                details={"count": len(nodes), "signature": _node_signature(node)},
+            ))
+        return findings
+    inner = _innermost(exc)
+    m = _NO_FUNCTION.search(text)
+    op = f"{m.group(1)}.{m.group(2)}" if m else None
+    node_m = re.search(r"call_function\[target=([\w.]+)\]", text)
+    if op is None and node_m:
+        op = node_m.group(1).replace("torch.ops.", "")
+    return [error(
+        "OM202", STAGE,
+        f"translating {op or 'the program'} to ONNX failed: {type(inner).__name__}: "
+        f"{str(inner).strip().splitlines()[0][:400] if str(inner).strip() else ''}",
+        op=op, location=location_from_exception(exc),
+        suggestion="The op's arguments (dtype, rank or an attribute) are outside what its "
+        "translation supports; the details hold the full error.",
+        details={"error": text[-4000:]},
+    )]
