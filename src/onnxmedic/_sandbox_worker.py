@@ -70,6 +70,38 @@ def _from_saved(a, dtype: str):
     return a.view(getattr(ml_dtypes, dtype)) if hasattr(ml_dtypes, dtype) else a.astype(np.dtype(dtype))
 
 
+# numpy dtype name -> (ONNX element type, storage dtype) for types numpy cannot hand to ORT
+_ODD = {"bfloat16": (16, "uint16"), "float8_e4m3fn": (17, "uint8"), "float8_e4m3fnuz": (18, "uint8"),
+        "float8_e5m2": (19, "uint8"), "float8_e5m2fnuz": (20, "uint8")}
+_ODD_BY_ORT = {"tensor(bfloat16)": "bfloat16", "tensor(float8e4m3fn)": "float8_e4m3fn",
+               "tensor(float8e4m3fnuz)": "float8_e4m3fnuz", "tensor(float8e5m2)": "float8_e5m2",
+               "tensor(float8e5m2fnuz)": "float8_e5m2fnuz"}
+
+
+def _to_ortvalue(ort, np, a):
+    name = str(a.dtype)
+    if name in _ODD:
+        code, storage = _ODD[name]
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+            np.ascontiguousarray(a).view(storage), code)
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+
+
+def _from_ortvalue(np, v):
+    try:
+        return v.numpy()
+    except Exception:
+        name = _ODD_BY_ORT.get(v.data_type())
+        if name is None:
+            raise
+        import ctypes
+
+        import ml_dtypes
+
+        raw = ctypes.string_at(v.data_ptr(), v.tensor_size_in_bytes())
+        return np.frombuffer(raw, dtype=getattr(ml_dtypes, name)).reshape(v.shape()).copy()
+
+
 def main(req_dir: str) -> int:
     _die_with_parent()
     with open(os.path.join(req_dir, "request.json")) as f:
@@ -129,7 +161,8 @@ def main(req_dir: str) -> int:
             feeds = {k: _from_saved(data[k], dtypes[k]) for k in data.files}
         t0 = time.perf_counter()
         try:
-            outs = sess.run(None, feeds)
+            ort_feeds = {k: _to_ortvalue(ort, np, v) for k, v in feeds.items()}
+            outs = [_from_ortvalue(np, v) for v in sess.run_with_ort_values(None, ort_feeds)]
         except MemoryError:
             result.update(status="oom", phase=f"run:{i}", error="MemoryError while running")
             result["runs"] = runs

@@ -249,9 +249,14 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path,
 def _save_program(prog: Any, folder: Path, name: str) -> Path:
     from torch.onnx._internal.exporter import _onnx_program
 
+    import onnx_ir as ir
+
     size = _onnx_program._count_initializer_size(prog.model.graph)
     target = folder / name
-    prog.save(str(target), external_data=size > EXTERNAL_DATA_THRESHOLD)
+    if size > EXTERNAL_DATA_THRESHOLD:
+        ir.save(prog.model, target, external_data=f"{name}.data")
+    else:
+        ir.save(prog.model, target)
     return target
 
 
@@ -291,7 +296,13 @@ def export(
         raise ValueError(f"onnxmedic.export: target must be 'cpu' or 'cuda', not {target!r}")
     result = ExportResult(command="export", model=model_spec or type(model).__name__,
                           inputs=list(input_specs or []))
+    was_training = isinstance(model, torch.nn.Module) and model.training
     try:
+        if was_training:
+            model.eval()
+            result.findings.append(info(
+                "OM011", "preflight", "the model was in training mode; it is exported and "
+                "verified in eval mode (call model.eval() first to silence this)."))
         _export(result, model, args, kwargs, f, dynamic_shapes=dynamic_shapes, target=target,
                 opset=opset, verify=verify, keep_unverified=keep_unverified, timeout=timeout,
                 tolerance=tolerance)
@@ -306,6 +317,9 @@ def export(
                                      f"onnxmedic failed internally: {type(e).__name__}: {e}",
                                      suggestion="Please file a bug with the report attached."))
         result.ok = False
+    finally:
+        if was_training:
+            model.train(True)
     if report is not None:
         from onnxmedic.report import write_report
 

@@ -69,6 +69,11 @@ CODES: dict[str, CodeInfo] = {
         "output not written", 1,
         "The model was not verified, so the output file was not written (or kept unchanged).",
     ),
+    "OM011": CodeInfo(
+        "model switched to eval mode", 0,
+        "The model was in training mode; onnxmedic exported and verified it in eval mode "
+        "(dropout off, batch-norm running statistics) and restored the mode afterwards.",
+    ),
     # OM1xx: preflight and capture
     "OM100": CodeInfo(
         "model fails in PyTorch", 1,

@@ -61,9 +61,12 @@ class SandboxResult:
 
     def finding(self, stage: str = "runtime", timeout: float | None = None) -> Finding | None:
         """The finding for a failed run (None when ok)."""
-        where = "loading the model" if self.phase.startswith(("load", "import")) else (
-            f"running input set {self.phase.split(':')[1]}" if self.phase.startswith("run:")
-            else self.phase or "starting")
+        if self.phase.startswith("run:"):
+            where = f"running input set {self.phase.split(':')[1]}"
+        elif self.phase == "load":
+            where = "loading the model"
+        else:
+            where = "starting ONNX Runtime"
         if self.status == "ok":
             return None
         if self.status == "load_error":
@@ -76,8 +79,9 @@ class SandboxResult:
             return error("OM511", stage, f"ONNX Runtime failed while {where}: "
                          f"{_first_lines(self.error)}", details={"error": self.error})
         if self.status == "timeout":
-            return error("OM512", stage, f"ONNX Runtime did not finish {where} within "
-                         f"{timeout or '?'} s and was killed.",
+            limit = f"{timeout:g} s" if timeout else "the timeout"
+            return error("OM512", stage, f"ONNX Runtime did not finish {where} within {limit} "
+                         "and was killed.",
                          suggestion="Look for a Loop or Scan with a huge trip count or a "
                          "data-dependent loop; raise --timeout if the model is just slow.",
                          details={"phase": self.phase})

@@ -13,7 +13,7 @@ _SEV = {"error": "red", "warning": "yellow", "info": "blue"}
 
 
 def render_terminal(result: Any, console: Console | None = None, verbose: bool = False) -> None:
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)
     verdict = ("[bold green]verified[/]" if result.ok else "[bold red]not verified[/]")
     head = f"onnxmedic {result.command}: {escape(str(result.model))} — {verdict}"
     if result.path and result.ok:

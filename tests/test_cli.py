@@ -1,0 +1,146 @@
+"""The command line: exit codes, one-paragraph messages, no tracebacks, no partial output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import onnx_models as om
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = "tests/models.py"
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run([sys.executable, "-m", "onnxmedic", *args], cwd=ROOT, env=e,
+                       capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in p.stderr, p.stderr
+    return p
+
+
+def test_export_success_json_and_report(tmp_path):
+    out = tmp_path / "m.onnx"
+    p = cli("export", f"{MODELS}:Erfinv", "--input", "3x4:float32", "-o", str(out),
+            "--report", str(tmp_path / "r.html"), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["ok"] and d["path"] == str(out) and out.is_file()
+    assert d["stages"]["compare"] == "passed"
+    assert "aten.special_erfinv.default" in d["used_translations"]
+    assert "verified" in p.stderr
+    assert (tmp_path / "r.html").read_text().count("OM") >= 1
+
+
+def test_export_dynamic_batch(tmp_path):
+    p = cli("export", f"{MODELS}:PoolView", "--input", "2x3x8x8", "--dynamic", "x:0=batch",
+            "-o", str(tmp_path / "m.onnx"), "--json")
+    assert p.returncode == 0, p.stderr
+    import onnx
+
+    m = onnx.load(tmp_path / "m.onnx")
+    assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+
+@pytest.mark.parametrize(("args", "code", "exit_code", "words"), [
+    (["export", "nope/missing.py:M", "--input", "2"], "OM001", 1, "does not exist"),
+    (["export", f"{MODELS}:Missing", "--input", "2"], "OM002", 1, "no attribute"),
+    (["export", f"{MODELS}:not_a_model", "--input", "2"], "OM003", 1, "not a model"),
+    (["export", f"{MODELS}:ConvLog1p", "--input", "2x:float32"], "OM004", 2, "cannot read"),
+    (["export", f"{MODELS}:Raises", "--input", "2"], "OM100", 1, "broken on purpose"),
+    (["export", f"{MODELS}:TwoLinear", "--input", "2x10:int32"], "OM101", 1, "int32"),
+    (["export", f"{MODELS}:TwoLinear", "--input", "2x10:float16"], "OM101", 1, "float16"),
+    (["export", f"{MODELS}:DataDependentIf", "--input", "3"], "OM112", 1, "torch.cond"),
+    (["export", f"{MODELS}:PoolView", "--input", "2x3x8x8", "--dynamic", "y:0=b"], "OM004", 2,
+     "not among forward"),
+])
+def test_bad_inputs_give_codes_and_exit_codes(args, code, exit_code, words, tmp_path):
+    p = cli(*args, "--json", "--report", str(tmp_path / "r.json"))
+    assert p.returncode == exit_code, p.stderr
+    d = json.loads(p.stdout)
+    codes = [f["code"] for f in d["findings"]]
+    assert code in codes
+    assert words in p.stderr
+    assert code in p.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["exit_code"] == exit_code
+
+
+def test_unwritable_output_path(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o500)
+    try:
+        if os.access(ro, os.W_OK):
+            target = tmp_path / "missing-dir" / "m.onnx"  # running as root: use a missing folder
+        else:
+            target = ro / "m.onnx"
+        p = cli("export", f"{MODELS}:ConvLog1p", "--input", "1x3x8x8", "-o", str(target))
+    finally:
+        os.chmod(ro, 0o700)
+    assert p.returncode == 1
+    assert "OM006" in p.stderr
+    assert not target.exists()
+
+
+def test_existing_output_not_clobbered_on_failure(tmp_path):
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"keep me")
+    p = cli("export", f"{MODELS}:DataDependentIf", "--input", "3", "-o", str(out))
+    assert p.returncode == 1
+    assert out.read_bytes() == b"keep me"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_usage_errors_exit_2():
+    p = cli("export")
+    assert p.returncode == 2 and "usage" in p.stderr
+    p = cli("frobnicate")
+    assert p.returncode == 2
+    p = cli("export", f"{MODELS}:ConvLog1p", "--target", "tpu")
+    assert p.returncode == 2 and "invalid choice" in p.stderr
+
+
+def test_verify_ok_and_mismatch(tmp_path):
+    good = om.identity_model(tmp_path / "id.onnx")
+    p = cli("verify", str(good), f"{MODELS}:Identity", "--input", "2x3", "--json")
+    assert p.returncode == 0, p.stderr
+    bad = om.scaled_model(tmp_path / "sc.onnx", 1.5)
+    p = cli("verify", str(bad), f"{MODELS}:Identity", "--input", "2x3", "--json")
+    assert p.returncode == 1 and "OM601" in p.stderr
+    d = json.loads(p.stdout)
+    assert d["verification_summary"]["y"]["max_abs"] > 0
+
+
+@pytest.mark.parametrize("kind", ["corrupt", "truncated", "missing", "empty"])
+def test_verify_bad_onnx_files(tmp_path, kind):
+    f = tmp_path / "m.onnx"
+    if kind == "corrupt":
+        f.write_bytes(os.urandom(64))
+    elif kind == "truncated":
+        good = om.identity_model(tmp_path / "good.onnx").read_bytes()
+        f.write_bytes(good[: len(good) // 2])
+    elif kind == "empty":
+        f.write_bytes(b"")
+    p = cli("verify", str(f), f"{MODELS}:Identity", "--input", "2x3")
+    assert p.returncode == 1, p.stderr
+    assert "OM007" in p.stderr
+
+
+def test_verify_hang(tmp_path):
+    p = cli("verify", str(om.endless_loop_model(tmp_path / "h.onnx")), f"{MODELS}:Identity",
+            "--input", "2x3", "--timeout", "8")
+    assert p.returncode == 1
+    assert "OM512" in p.stderr and "within 8" in p.stderr
+
+
+def test_verify_abort(tmp_path):
+    p = cli("verify", str(om.identity_model(tmp_path / "id.onnx")), f"{MODELS}:Identity",
+            "--input", "2x3", env={"ONNXMEDIC_SANDBOX_FAULT": "abort:run"})
+    assert p.returncode == 1
+    assert "OM513" in p.stderr and "SIGABRT" in p.stderr

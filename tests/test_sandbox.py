@@ -1,0 +1,107 @@
+"""The sandbox turns ONNX Runtime hangs, crashes and out-of-memory into results, never hangs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from onnxmedic import sandbox
+from tests import onnx_models as om
+
+X = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+
+
+def _workers_alive() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if "onnxmedic._sandbox_worker" in ln
+            and str(os.getpid()) not in ln]
+
+
+def test_runs_model_on_several_feeds(tmp_path):
+    p = om.scaled_model(tmp_path / "m.onnx", 2.0)
+    r = sandbox.run_model(p, [X, {"x": X["x"] + 1}])
+    assert r.ok, r.error
+    assert r.output_names == ["y"]
+    np.testing.assert_array_equal(r.outputs[0][0], X["x"] * 2)
+    np.testing.assert_array_equal(r.outputs[1][0], (X["x"] + 1) * 2)
+    assert r.inputs[0]["name"] == "x" and r.inputs[0]["shape"] == [2, 3]
+    assert len(r.run_seconds) == 2
+
+
+def test_load_error_is_a_finding(tmp_path):
+    p = tmp_path / "bad.onnx"
+    p.write_bytes(b"\x08\x07garbage that is not a model")
+    r = sandbox.run_model(p, [X])
+    assert r.status == "load_error"
+    assert r.finding().code == "OM510"
+
+
+def test_run_error_is_a_finding(tmp_path):
+    p = om.identity_model(tmp_path / "m.onnx")
+    r = sandbox.run_model(p, [{"x": np.zeros((5, 7), np.float32)}])
+    assert r.status == "run_error"
+    f = r.finding()
+    assert f.code == "OM511" and "input set 0" in f.message
+
+
+def test_hang_is_killed_and_reported(tmp_path):
+    p = om.endless_loop_model(tmp_path / "hang.onnx")
+    t0 = time.perf_counter()
+    r = sandbox.run_model(p, [X], timeout=8)
+    elapsed = time.perf_counter() - t0
+    assert r.status == "timeout"
+    assert elapsed < 8 + 30  # killed at the timeout (slack for a loaded CI machine)
+    f = r.finding(timeout=8)
+    assert f.code == "OM512" and "8" in f.message and "Loop" in f.suggestion
+    assert not _workers_alive()
+
+
+@pytest.mark.parametrize(("fault", "code", "signal"), [
+    ("abort:run", "OM513", "SIGABRT"),
+    ("segv:load", "OM513", "SIGSEGV"),
+])
+def test_crash_is_reported_with_signal(tmp_path, monkeypatch, fault, code, signal):
+    monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", fault)
+    p = om.identity_model(tmp_path / "m.onnx")
+    r = sandbox.run_model(p, [X])
+    assert r.status == "crash" and r.signal == signal
+    f = r.finding()
+    assert f.code == code and signal in f.message
+    expected_phase = "loading the model" if fault.endswith("load") else "running input set 0"
+    assert expected_phase in f.message
+
+
+def test_memory_cap_turns_allocation_failure_into_oom(tmp_path):
+    p = om.huge_expand_model(tmp_path / "oom.onnx")
+    r = sandbox.run_model(p, [X], memory_limit=3 * 1024**3, timeout=60)
+    assert r.status == "oom"
+    assert r.finding().code == "OM514"
+
+
+def test_python_oom_in_child(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "oom:run")
+    p = om.identity_model(tmp_path / "m.onnx")
+    r = sandbox.run_model(p, [X], memory_limit=2 * 1024**3, timeout=60)
+    assert r.status == "oom"
+
+
+def test_bfloat16_feeds_round_trip(tmp_path):
+    import ml_dtypes
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [3])
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    onnx.save(m, tmp_path / "bf.onnx")
+    a = np.array([1.5, -2.0, 3.25], dtype=ml_dtypes.bfloat16)
+    r = sandbox.run_model(tmp_path / "bf.onnx", [{"x": a}])
+    assert r.ok, r.error
+    assert r.outputs[0][0].dtype == a.dtype
+    np.testing.assert_array_equal(r.outputs[0][0].astype(np.float32), a.astype(np.float32))
