@@ -17,7 +17,7 @@ X = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
 
 def _workers_alive() -> list[str]:
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines() if "onnxmedic._sandbox_worker" in ln
+    return [ln for ln in out.splitlines() if "_sandbox_worker" in ln
             and str(os.getpid()) not in ln]
 
 

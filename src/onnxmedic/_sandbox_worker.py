@@ -102,10 +102,25 @@ def _from_ortvalue(np, v):
         return np.frombuffer(raw, dtype=getattr(ml_dtypes, name)).reshape(v.shape()).copy()
 
 
+def _wait_for_request(req_dir: str) -> dict:
+    """The parent starts this process early and writes request.json (atomically) later."""
+    path = os.path.join(req_dir, "request.json")
+    delay = 0.002
+    while not os.path.exists(path):
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.02)
+    with open(path) as f:
+        return json.load(f)
+
+
 def main(req_dir: str) -> int:
     _die_with_parent()
-    with open(os.path.join(req_dir, "request.json")) as f:
-        req = json.load(f)
+    _phase(req_dir, "import")
+    import numpy as np
+    import onnxruntime as ort
+
+    _phase(req_dir, "wait")
+    req = _wait_for_request(req_dir)
     result: dict = {"status": "ok", "phase": "import"}
 
     def finish(code: int = 0) -> int:
@@ -114,10 +129,6 @@ def main(req_dir: str) -> int:
             json.dump(result, f)
         os.replace(tmp, os.path.join(req_dir, "result.json"))
         return code
-
-    _phase(req_dir, "import")
-    import numpy as np
-    import onnxruntime as ort
 
     result["ort_version"] = ort.__version__
     _phase(req_dir, "load")
@@ -189,6 +200,10 @@ def main(req_dir: str) -> int:
 
 
 if __name__ == "__main__":
+    # Run as a script: drop this package's folder from the path so that none of onnxmedic's
+    # module names (inputs, report, ...) can shadow what numpy or onnxruntime import.
+    _here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     try:
         sys.exit(main(sys.argv[1]))
     except Exception:

@@ -125,6 +125,11 @@ def _fail(result: ExportResult, stage: str, *findings: Finding) -> ExportResult:
     return result
 
 
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
+
+
 def _check_args(model: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if not isinstance(model, (torch.nn.Module, torch.export.ExportedProgram)):
         raise TypeError(f"onnxmedic.export: model must be a torch.nn.Module or an "
@@ -190,7 +195,8 @@ def _expected(model: Any, sets: list[inputs_mod.Inputs]) -> list[list[np.ndarray
 def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path,
                      onnx_inputs: list[str], onnx_outputs: list[str],
                      example: inputs_mod.Inputs, example_expected: list[np.ndarray] | None,
-                     timeout: float, tolerance: tuple[float, float] | None) -> None:
+                     timeout: float, tolerance: tuple[float, float] | None,
+                     worker: sandbox.Worker | None = None) -> None:
     """runtime + compare stages: the example and further input sets, in one sandboxed session."""
     sets = [example] + inputs_mod.derived_input_sets(example, EXTRA_INPUT_SETS)
     with _stage(result, "compare"):
@@ -209,7 +215,10 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path,
         except OnnxMedicError as e:
             _fail(result, "runtime", e.finding)
             return
-        sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout)
+        if worker is None:
+            sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout)
+        else:
+            sbx = worker.run(onnx_path, feeds, timeout=timeout)
     if not sbx.ok:
         _fail(result, "runtime", sbx.finding("runtime", timeout))
         return
@@ -303,9 +312,12 @@ def export(
             result.findings.append(info(
                 "OM011", "preflight", "the model was in training mode; it is exported and "
                 "verified in eval mode (call model.eval() first to silence this)."))
-        _export(result, model, args, kwargs, f, dynamic_shapes=dynamic_shapes, target=target,
-                opset=opset, verify=verify, keep_unverified=keep_unverified, timeout=timeout,
-                tolerance=tolerance)
+        # the sandbox child imports ONNX Runtime while capture and translation run
+        with sandbox.Worker() if verify else _nothing() as worker:
+            _export(result, model, args, kwargs, f, dynamic_shapes=dynamic_shapes,
+                    target=target, opset=opset, verify=verify,
+                    keep_unverified=keep_unverified, timeout=timeout, tolerance=tolerance,
+                    worker=worker)
     except OnnxMedicError as e:
         result.findings.append(e.finding)
         result.ok = False
@@ -329,7 +341,8 @@ def export(
 
 def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             f: Any, *, dynamic_shapes: Any, target: str, opset: int | None, verify: bool,
-            keep_unverified: bool, timeout: float, tolerance: tuple[float, float] | None) -> None:
+            keep_unverified: bool, timeout: float, tolerance: tuple[float, float] | None,
+            worker: sandbox.Worker | None) -> None:
     from onnxmedic import translate as translate_mod
 
     bad_out = _check_output_path(f)
@@ -412,7 +425,7 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             onnx_inputs = [i.name for i in result.onnx_model.graph.input]
             onnx_outputs = [o.name for o in result.onnx_model.graph.output]
             _run_and_compare(result, model, onnx_path, onnx_inputs, onnx_outputs, example,
-                             example_expected, timeout, tolerance)
+                             example_expected, timeout, tolerance, worker)
             verified = result.stages["compare"] == PASSED
         else:
             verified = True  # verification not asked for: exported is all we can say
@@ -477,7 +490,9 @@ def verify(
             result.onnx_model = proto
             result.opset = next((o.version for o in proto.opset_import if o.domain in
                                  ("", "ai.onnx")), None)
-            _verify(result, proto, Path(onnx_path), model, args, kwargs, timeout, tolerance)
+            with sandbox.Worker() as worker:
+                _verify(result, proto, Path(onnx_path), model, args, kwargs, timeout,
+                        tolerance, worker)
     except OnnxMedicError as e:
         result.findings.append(e.finding)
     except KeyboardInterrupt:
@@ -494,7 +509,8 @@ def verify(
 
 
 def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tuple[Any, ...],
-            kwargs: dict[str, Any], timeout: float, tolerance: tuple[float, float] | None) -> None:
+            kwargs: dict[str, Any], timeout: float, tolerance: tuple[float, float] | None,
+            worker: sandbox.Worker) -> None:
     check_findings = checks.check_file(path)
     result.findings.extend(check_findings)
     if any(x.severity == Severity.ERROR for x in check_findings):
@@ -512,5 +528,6 @@ def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tupl
     onnx_outputs = [o.name for o in proto.graph.output]
     _run_and_compare(result, model, path, onnx_inputs, onnx_outputs,
                      inputs_mod.Inputs(args, kwargs),
-                     [to_numpy(t) for t in flatten_tensors(pre.outputs)], timeout, tolerance)
+                     [to_numpy(t) for t in flatten_tensors(pre.outputs)], timeout, tolerance,
+                     worker)
     result.ok = result.stages["compare"] == PASSED

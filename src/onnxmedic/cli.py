@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import traceback
 from typing import Any
@@ -108,9 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("onnxmedic: interrupted; nothing was written.\n")
         return 130
     except Exception as exc:
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="onnxmedic-internal-error-", suffix=".txt")
+        with os.fdopen(fd, "w") as fh:
+            traceback.print_exc(file=fh)
         sys.stderr.write(f"onnxmedic: OM009 internal error: {type(exc).__name__}: {exc}\n"
-                         "This is a bug in onnxmedic; please report it with this traceback:\n")
-        traceback.print_exc(file=sys.stderr)
+                         f"This is a bug in onnxmedic; please report it with the traceback "
+                         f"saved in {path}\n")
         return 3
     from onnxmedic.report import render_terminal
 

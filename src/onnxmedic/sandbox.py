@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from onnxmedic.findings import Finding, error
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 120.0
+WORKER = Path(__file__).resolve().parent / "_sandbox_worker.py"
 
 
 def default_memory_limit() -> int | None:
@@ -136,23 +138,54 @@ def _limit_memory(limit: int | None) -> Any:
     return preexec
 
 
-def run_model(
-    model_path: str | os.PathLike[str],
-    feeds: list[dict[str, np.ndarray]],
-    *,
-    timeout: float = DEFAULT_TIMEOUT,
-    memory_limit: int | None = -1,
-    providers: list[str] | None = None,
-    threads: int | None = None,
-    disable_optimizations: bool = False,
-) -> SandboxResult:
-    """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
-    failures of the model or of ONNX Runtime."""
-    if memory_limit == -1:
-        memory_limit = default_memory_limit()
-    t_start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="onnxmedic-sbx-") as tmp:
-        req_dir = Path(tmp)
+class Worker:
+    """A sandbox child started ahead of time: it imports ONNX Runtime while the caller is still
+    capturing and translating, then waits for one request. Use as a context manager."""
+
+    def __init__(self, memory_limit: int | None = -1) -> None:
+        if memory_limit == -1:
+            memory_limit = default_memory_limit()
+        self.dir = Path(tempfile.mkdtemp(prefix="onnxmedic-sbx-"))
+        # The worker runs as a plain script (not -m onnxmedic...): importing the onnxmedic
+        # package would import torch, which the child never needs and which costs seconds.
+        self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+            [sys.executable, str(WORKER), str(self.dir)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, preexec_fn=_limit_memory(memory_limit),
+        )
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.proc is not None:
+            _kill_group(self.proc)
+            try:
+                self.proc.communicate(timeout=10)
+            except (subprocess.TimeoutExpired, ValueError, OSError):
+                pass
+            self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def run(
+        self,
+        model_path: str | os.PathLike[str],
+        feeds: list[dict[str, np.ndarray]],
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        providers: list[str] | None = None,
+        threads: int | None = None,
+        disable_optimizations: bool = False,
+    ) -> SandboxResult:
+        """Send the one request and wait for it, at most ``timeout`` seconds."""
+        proc = self.proc
+        if proc is None:
+            raise RuntimeError("sandbox worker already used")
+        t_start = time.perf_counter()
+        req_dir = self.dir
         feed_dtypes = [_save_feed(req_dir / f"feed_{i}.npz", f) for i, f in enumerate(feeds)]
         request = {
             "model": str(Path(model_path).resolve()),
@@ -162,17 +195,9 @@ def run_model(
             "threads": threads,
             "disable_optimizations": disable_optimizations,
         }
-        (req_dir / "request.json").write_text(json.dumps(request))
-        env = dict(os.environ)
-        # make sure the child imports this very onnxmedic (also from a source checkout)
-        pkg_root = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"]
-                                        if env.get("PYTHONPATH") else "")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "onnxmedic._sandbox_worker", str(req_dir)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, start_new_session=True, preexec_fn=_limit_memory(memory_limit),
-        )
+        tmp = req_dir / "request.json.tmp"
+        tmp.write_text(json.dumps(request))
+        os.replace(tmp, req_dir / "request.json")  # the worker waits for this name
         timed_out = False
         try:
             _, stderr_b = proc.communicate(timeout=timeout)
@@ -186,6 +211,7 @@ def run_model(
             raise
         finally:
             _kill_group(proc)  # grandchildren, if any
+        self.proc = None
         stderr = stderr_b.decode("utf-8", "replace") if stderr_b else ""
         phase_file = req_dir / "phase"
         phase = phase_file.read_text() if phase_file.exists() else "start"
@@ -194,7 +220,6 @@ def run_model(
             return SandboxResult("timeout", phase=phase, wall_seconds=wall, stderr=stderr)
         result_file = req_dir / "result.json"
         if proc.returncode and proc.returncode < 0 or not result_file.exists():
-            sig = None
             if proc.returncode is not None and proc.returncode < 0:
                 try:
                     sig = signal.Signals(-proc.returncode).name
@@ -220,6 +245,23 @@ def run_model(
                                     for j, dt in enumerate(run["dtypes"])])
             out.run_seconds.append(run["seconds"])
         return out
+
+
+def run_model(
+    model_path: str | os.PathLike[str],
+    feeds: list[dict[str, np.ndarray]],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    memory_limit: int | None = -1,
+    providers: list[str] | None = None,
+    threads: int | None = None,
+    disable_optimizations: bool = False,
+) -> SandboxResult:
+    """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
+    failures of the model or of ONNX Runtime."""
+    with Worker(memory_limit) as w:
+        return w.run(model_path, feeds, timeout=timeout, providers=providers, threads=threads,
+                     disable_optimizations=disable_optimizations)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
