@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/plain_torch_onnx.py || true
+	@mkdir -p build/demo
+	$(PY) examples/plain_torch_onnx.py
 	$(VENV)/bin/onnxmedic export examples/gaussian_copula.py:GaussianCopulaHead \
 		--input 4x16:float32 -o build/demo/gaussian_copula.onnx --report build/demo/report.html
 
