@@ -144,3 +144,26 @@ def test_verify_abort(tmp_path):
             "--input", "2x3", env={"ONNXMEDIC_SANDBOX_FAULT": "abort:run"})
     assert p.returncode == 1
     assert "OM513" in p.stderr and "SIGABRT" in p.stderr
+
+
+def test_internal_error_exits_3_with_traceback_in_report(tmp_path, monkeypatch, capsys):
+    from onnxmedic import cli, translate
+
+    def broken(*a, **k):
+        raise RuntimeError("simulated onnxmedic bug")
+
+    monkeypatch.setattr(translate, "translate", broken)
+    rc = cli.main(["export", f"{MODELS}:ConvLog1p", "--input", "1x3x8x8",
+                   "--report", str(tmp_path / "r.json")])
+    assert rc == 3
+    err = capsys.readouterr().err
+    assert "OM009" in err and "simulated onnxmedic bug" in err and "Traceback" not in err
+    d = json.loads((tmp_path / "r.json").read_text())
+    assert d["exit_code"] == 3 and "simulated onnxmedic bug" in d["traceback"]
+
+
+def test_demo_example_is_verified_by_onnxmedic(tmp_path):
+    p = cli("export", "examples/gaussian_copula.py:GaussianCopulaHead", "--input",
+            "examples/gaussian_copula.py:make_inputs", "-o", str(tmp_path / "d.onnx"), "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["used_translations"] == ["aten.special_erfinv.default"]
