@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 # torch.onnx logs a warning per torchvision op when torchvision is absent; it is noise here.
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 
-
-import pytest
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from onnxmedic.api import ExportResult, VerifyResult, export, verify
+from onnxmedic.api import ExportResult, RunResult, VerifyResult, doctor, export, run, verify
 from onnxmedic.findings import CODES, Finding, Location, Severity
 from onnxmedic.ops import translation
 
@@ -18,12 +18,15 @@ __version__ = "0.1.0"
 __all__ = [
     "CODES",
     "ExportResult",
+    "RunResult",
     "Finding",
     "Location",
     "Severity",
     "VerifyResult",
     "__version__",
+    "doctor",
     "export",
+    "run",
     "translation",
     "verify",
 ]

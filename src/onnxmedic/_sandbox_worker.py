@@ -102,6 +102,29 @@ def _from_ortvalue(np, v):
         return np.frombuffer(raw, dtype=getattr(ml_dtypes, name)).reshape(v.shape()).copy()
 
 
+def _probe_opset(ort) -> int | None:
+    """The highest default-domain opset this ONNX Runtime loads (a one-Relu model per try)."""
+    try:
+        import onnx
+        from onnx import TensorProto, helper
+    except ImportError:
+        return None
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    for version in range(onnx.defs.onnx_opset_version() + 2, 6, -1):
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", version)])
+        m.ir_version = 10
+        try:
+            ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            return version
+        except Exception:
+            continue
+    return None
+
+
 def _wait_for_request(req_dir: str) -> dict:
     """The parent starts this process early and writes request.json (atomically) later."""
     path = os.path.join(req_dir, "request.json")
@@ -131,6 +154,8 @@ def main(req_dir: str) -> int:
         return code
 
     result["ort_version"] = ort.__version__
+    if req.get("probe_opset"):
+        result["max_opset"] = _probe_opset(ort)
     _phase(req_dir, "load")
     _fault("load")
     t0 = time.perf_counter()

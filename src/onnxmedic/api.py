@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnxmedic import checks, inputs as inputs_mod, preflight, sandbox
+from onnxmedic import checks, preflight, sandbox
+from onnxmedic import inputs as inputs_mod
 from onnxmedic._tensors import flatten_tensors, to_numpy
 from onnxmedic.capture import capture, classify_capture_error
 from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
@@ -256,9 +257,8 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path,
 
 
 def _save_program(prog: Any, folder: Path, name: str) -> Path:
-    from torch.onnx._internal.exporter import _onnx_program
-
     import onnx_ir as ir
+    from torch.onnx._internal.exporter import _onnx_program
 
     size = _onnx_program._count_initializer_size(prog.model.graph)
     target = folder / name
@@ -531,3 +531,154 @@ def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tupl
                      [to_numpy(t) for t in flatten_tensors(pre.outputs)], timeout, tolerance,
                      worker)
     result.ok = result.stages["compare"] == PASSED
+
+
+def doctor(
+    onnx_path: str | os.PathLike[str],
+    *,
+    target: str = "cpu",
+    timeout: float = sandbox.DEFAULT_TIMEOUT,
+    smoke_test: bool = True,
+    report: str | os.PathLike[str] | None = None,
+) -> ExportResult:
+    """Lint an ONNX file for a target runtime, without PyTorch: external data, opset against
+    the runtime, unused initializers, dynamic dims, shape information, and a load-and-run smoke
+    test with random inputs in the sandbox."""
+    from onnxmedic import doctor as doc
+
+    if target not in ("cpu", "cuda"):
+        raise ValueError(f"onnxmedic.doctor: target must be 'cpu' or 'cuda', not {target!r}")
+    result = ExportResult(command="doctor", path=str(onnx_path), model=str(onnx_path),
+                          stages={"load": NOT_RUN, "check": NOT_RUN, "lint": NOT_RUN,
+                                  "runtime": NOT_RUN})
+    try:
+        _doctor(result, doc, Path(onnx_path), target, timeout, smoke_test)
+    except OnnxMedicError as e:
+        result.findings.append(e.finding)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        result.traceback = traceback.format_exc()
+        result.findings.append(error("OM009", "internal", f"onnxmedic failed internally: "
+                                     f"{type(e).__name__}: {e}"))
+    result.ok = not result.errors
+    if report is not None:
+        from onnxmedic.report import write_report
+
+        write_report(result, report)
+    return result
+
+
+def _providers(target: str) -> list[str]:
+    return (["CUDAExecutionProvider", "CPUExecutionProvider"] if target == "cuda"
+            else ["CPUExecutionProvider"])
+
+
+def _doctor(result: ExportResult, doc: Any, path: Path, target: str, timeout: float,
+            smoke_test: bool) -> None:
+    with _stage(result, "load"):
+        proto, bad = checks.load_onnx(path, stage="load")
+    if bad is not None:
+        _fail(result, "load", bad)
+        return
+    result.onnx_model = proto
+    result.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
+                        None)
+    ext = doc.external_data_findings(proto, path, stage="load")
+    if ext:
+        _fail(result, "load", *ext)
+        return  # never hand a file with escaping or missing external data to anything else
+    result.stages["load"] = PASSED
+    with _stage(result, "check"):
+        found = checks.check_file(path)
+    result.findings.extend(found)
+    result.stages["check"] = FAILED if any(f.severity == Severity.ERROR for f in found) \
+        else PASSED
+    feeds, problems = doc.random_feeds(proto)
+    sbx = None
+    if smoke_test and not problems:
+        with _stage(result, "runtime"):
+            sbx = sandbox.run_model(path, [feeds], timeout=timeout, providers=_providers(target),
+                                    probe_opset=True)
+    with _stage(result, "lint"):
+        lint = doc.lint(proto, ort_opset=sbx.max_opset if sbx is not None else None)
+    result.findings.extend(lint)
+    result.stages["lint"] = FAILED if any(f.severity == Severity.ERROR for f in lint) \
+        else PASSED
+    if problems:
+        result.findings.append(warning("OM603", "runtime", "no smoke test: " +
+                                       "; ".join(problems)))
+        return
+    if sbx is None:
+        return
+    if not sbx.ok:
+        _fail(result, "runtime", sbx.finding("runtime", timeout))
+        return
+    result.stages["runtime"] = PASSED
+    shapes = ", ".join(f"{n}{list(a.shape)}" for n, a in zip(sbx.output_names, sbx.outputs[0]))
+    result.findings.append(info("OM534", "runtime", f"smoke test ran with random inputs in "
+                                f"{sbx.run_seconds[0] * 1000:.1f} ms (ONNX Runtime "
+                                f"{sbx.ort_version}); outputs: {shapes}"))
+
+
+@dataclass
+class RunResult(ExportResult):
+    """The outcome of run(): ``outputs`` maps output names to arrays."""
+
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def run(
+    onnx_path: str | os.PathLike[str],
+    feeds: dict[str, np.ndarray] | list[np.ndarray],
+    *,
+    cast: str = "no",
+    target: str = "cpu",
+    timeout: float = sandbox.DEFAULT_TIMEOUT,
+) -> RunResult:
+    """Safe inference: check ``feeds`` against the model's input contract (names, dtypes,
+    ranks, fixed dims), cast when ``cast`` is "safe" (lossless only) or "all", then run in the
+    sandbox with a timeout."""
+    from onnxmedic import doctor as doc
+
+    if cast not in ("no", "safe", "all"):
+        raise ValueError(f"onnxmedic.run: cast must be 'no', 'safe' or 'all', not {cast!r}")
+    result = RunResult(command="run", path=str(onnx_path), model=str(onnx_path),
+                       stages={"load": NOT_RUN, "inputs": NOT_RUN, "runtime": NOT_RUN})
+    try:
+        proto, bad = checks.load_onnx(onnx_path, stage="load")
+        if bad is not None:
+            return _fail(result, "load", bad)
+        ext = doc.external_data_findings(proto, onnx_path, stage="load")
+        if ext:
+            return _fail(result, "load", *ext)
+        result.stages["load"] = PASSED
+        if isinstance(feeds, (list, tuple)):
+            init = {i.name for i in proto.graph.initializer}
+            names = [v.name for v in proto.graph.input if v.name not in init]
+            if len(feeds) != len(names):
+                return _fail(result, "inputs", error(
+                    "OM008", "inputs", f"the model has {len(names)} input(s) "
+                    f"({', '.join(names)}) but {len(feeds)} were given."))
+            feeds = dict(zip(names, feeds))
+        checked, found = doc.check_feeds(proto, {k: np.asarray(v) for k, v in feeds.items()},
+                                         cast=cast)
+        result.findings.extend(found)
+        if any(f.severity == Severity.ERROR for f in found):
+            result.stages["inputs"] = FAILED
+            return result
+        result.stages["inputs"] = PASSED
+        sbx = sandbox.run_model(onnx_path, [checked], timeout=timeout,
+                                providers=_providers(target))
+        if not sbx.ok:
+            return _fail(result, "runtime", sbx.finding("runtime", timeout))
+        result.stages["runtime"] = PASSED
+        result.outputs = dict(zip(sbx.output_names, sbx.outputs[0]))
+        result.ok = True
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        result.traceback = traceback.format_exc()
+        result.findings.append(error("OM009", "internal", f"onnxmedic failed internally: "
+                                     f"{type(e).__name__}: {e}"))
+    return result

@@ -61,6 +61,32 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("onnx", metavar="OUT.onnx")
     v.add_argument("model", metavar="MODEL")
     common(v)
+
+    d = sub.add_parser("doctor", help="lint an ONNX file for a target runtime (no PyTorch)",
+                       epilog=EPILOG)
+    d.add_argument("onnx", metavar="OUT.onnx")
+    d.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    d.add_argument("--no-smoke-test", action="store_true", help="do not load and run the model")
+    d.add_argument("--report", metavar="FILE", help="write a .json or .html report")
+    d.add_argument("--timeout", type=float, default=120.0, metavar="S")
+    d.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    d.add_argument("-v", "--verbose", action="store_true", help="also show info findings")
+
+    r = sub.add_parser("run", help="safe inference with input-contract checks", epilog=EPILOG)
+    r.add_argument("onnx", metavar="OUT.onnx")
+    r.add_argument("--input", "-i", action="append", default=[], metavar="SPEC",
+                   help="a shape 2x3:float32 (random data), inputs.npz (named after the model's "
+                   "inputs, or arr_0..), inputs.pt; repeat per input")
+    r.add_argument("--cast", action="store_const", const="safe", default="no",
+                   help="cast inputs to the model's dtypes where lossless")
+    r.add_argument("--cast-lossy", dest="cast", action="store_const", const="all",
+                   help="cast inputs to the model's dtypes even when values may change")
+    r.add_argument("--save", metavar="OUT.npz", help="save the outputs to an .npz file")
+    r.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    r.add_argument("--timeout", type=float, default=120.0, metavar="S")
+    r.add_argument("--seed", type=int, default=0, help="seed for generated inputs")
+    r.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    r.add_argument("-v", "--verbose", action="store_true", help="also show info findings")
     return p
 
 
@@ -74,6 +100,11 @@ def _run(ns: argparse.Namespace) -> Any:
     from onnxmedic import api, inputs
     from onnxmedic.findings import OnnxMedicError
 
+    if ns.command == "doctor":
+        return api.doctor(ns.onnx, target=ns.target, timeout=ns.timeout,
+                          smoke_test=not ns.no_smoke_test, report=ns.report)
+    if ns.command == "run":
+        return _run_command(ns)
     result = api.ExportResult(command=ns.command, model=ns.model, inputs=list(ns.input))
     try:
         model, _source = inputs.load_model(ns.model)
@@ -96,6 +127,39 @@ def _run(ns: argparse.Namespace) -> Any:
         from onnxmedic.report import write_report
 
         write_report(result, ns.report)
+    return result
+
+
+def _run_command(ns: argparse.Namespace) -> Any:
+    from onnxmedic import api, inputs
+    from onnxmedic.findings import OnnxMedicError
+
+    try:
+        ex = inputs.load_inputs(ns.input, seed=ns.seed)
+    except OnnxMedicError as err:
+        result = api.RunResult(command="run", path=ns.onnx, model=ns.onnx,
+                               stages={"inputs": "failed"})
+        result.findings.append(err.finding)
+        return result
+    from onnxmedic._tensors import to_numpy
+
+    feeds: Any = ({k: to_numpy(v) for k, v in ex.kwargs.items()} if ex.kwargs and not ex.args
+                  else [to_numpy(a) for a in ex.args])
+    result = api.run(ns.onnx, feeds, cast=ns.cast, target=ns.target, timeout=ns.timeout)
+    if result.ok:
+        import numpy as np
+
+        if ns.save:
+            import io
+
+            from onnxmedic.report.files import atomic_write_bytes
+
+            buf = io.BytesIO()
+            np.savez(buf, **result.outputs)
+            atomic_write_bytes(ns.save, buf.getvalue())
+        elif not ns.json:
+            for name, arr in result.outputs.items():
+                sys.stdout.write(f"{name}: {arr.dtype}{list(arr.shape)}\n{arr}\n")
     return result
 
 

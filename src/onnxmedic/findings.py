@@ -154,6 +154,36 @@ CODES: dict[str, CodeInfo] = {
         "ONNX Runtime ran out of memory", 1,
         "Loading or running exceeded the sandbox memory cap.",
     ),
+    "OM520": CodeInfo(
+        "external data outside the model folder", 1,
+        "A tensor's external-data location is absolute, climbs out with '..', or resolves (via "
+        "symlinks) outside the model's folder; the file is refused before any runtime reads it.",
+    ),
+    "OM521": CodeInfo(
+        "external data missing", 1,
+        "A tensor's external-data file is not next to the model.",
+    ),
+    "OM530": CodeInfo(
+        "unused initializers", 0,
+        "Initializers that no node uses: they only make the file bigger.",
+    ),
+    "OM531": CodeInfo(
+        "dynamic dimensions", 0,
+        "The model's inputs and outputs have these dynamic (named or unknown) dimensions.",
+    ),
+    "OM532": CodeInfo(
+        "missing shape information", 0,
+        "Some intermediate values have no type or shape after ONNX shape inference.",
+    ),
+    "OM533": CodeInfo(
+        "opset newer than the runtime", 1,
+        "The model's opset is higher than the ONNX Runtime in use supports.",
+    ),
+    "OM534": CodeInfo(
+        "smoke test ran", 0,
+        "The model loaded and ran in the sandbox on random inputs; the finding gives the time "
+        "and output shapes.",
+    ),
     # OM6xx: numbers
     "OM601": CodeInfo(
         "output values differ from PyTorch", 1,

@@ -54,6 +54,8 @@ class SandboxResult:
     run_seconds: list[float] = field(default_factory=list)
     load_seconds: float = 0.0
     signal: str | None = None
+    max_opset: int | None = None  # with probe_opset: the highest opset the runtime loads
+    ort_version: str | None = None
     wall_seconds: float = 0.0
     stderr: str = ""
 
@@ -179,6 +181,7 @@ class Worker:
         providers: list[str] | None = None,
         threads: int | None = None,
         disable_optimizations: bool = False,
+        probe_opset: bool = False,
     ) -> SandboxResult:
         """Send the one request and wait for it, at most ``timeout`` seconds."""
         proc = self.proc
@@ -194,6 +197,7 @@ class Worker:
             "providers": providers or ["CPUExecutionProvider"],
             "threads": threads,
             "disable_optimizations": disable_optimizations,
+            "probe_opset": probe_opset,
         }
         tmp = req_dir / "request.json.tmp"
         tmp.write_text(json.dumps(request))
@@ -238,6 +242,7 @@ class Worker:
             inputs=res.get("inputs", []), outputs_meta=res.get("outputs", []),
             output_names=[o["name"] for o in res.get("outputs", [])],
             load_seconds=res.get("load_seconds", 0.0), wall_seconds=wall, stderr=stderr,
+            max_opset=res.get("max_opset"), ort_version=res.get("ort_version"),
         )
         for i, run in enumerate(res.get("runs", [])):
             with np.load(req_dir / f"out_{i}.npz", allow_pickle=False) as data:
@@ -256,12 +261,13 @@ def run_model(
     providers: list[str] | None = None,
     threads: int | None = None,
     disable_optimizations: bool = False,
+    probe_opset: bool = False,
 ) -> SandboxResult:
     """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
     failures of the model or of ONNX Runtime."""
     with Worker(memory_limit) as w:
         return w.run(model_path, feeds, timeout=timeout, providers=providers, threads=threads,
-                     disable_optimizations=disable_optimizations)
+                     disable_optimizations=disable_optimizations, probe_opset=probe_opset)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

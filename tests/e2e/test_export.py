@@ -164,7 +164,6 @@ def test_unsupported_ops_are_all_reported_with_location(registry_snapshot):
 def test_wrong_translation_is_caught_and_existing_file_kept(tmp_path, registry_snapshot):
     from onnxscript import opset18 as op
 
-    from onnxmedic.ops import REGISTRY
 
     out = tmp_path / "m.onnx"
     out.write_bytes(b"previous good model")
@@ -185,7 +184,6 @@ def test_wrong_translation_is_caught_and_existing_file_kept(tmp_path, registry_s
 def test_keep_unverified(tmp_path, registry_snapshot):
     from onnxscript import opset18 as op
 
-    from onnxmedic.ops import REGISTRY
 
     with pytest.warns(UserWarning, match="registered twice"):
         @onnxmedic.translation(torch.ops.aten.special_erfinv.default)

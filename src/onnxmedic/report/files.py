@@ -24,11 +24,16 @@ _ENV = jinja2.Environment(
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write via a temp file in the same folder and rename: never a half-written file."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write via a temp file in the same folder and rename: never a half-written file."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or ".")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
@@ -76,4 +81,4 @@ def write_report(result: Any, path: str | os.PathLike[str]) -> None:
         result.ok = False
 
 
-__all__ = ["OutputError", "atomic_write_text", "render_html", "render_json", "write_report"]
+__all__ = ["OutputError", "atomic_write_bytes", "atomic_write_text", "render_html", "render_json", "write_report"]
