@@ -71,3 +71,33 @@ def huge_expand_model(path: Path) -> Path:
     m.ir_version = 10
     onnx.save(m, path)
     return path
+
+
+def baked_reshape_model(path: Path) -> Path:
+    """Input x[batch, 3] declared dynamic, but a Reshape to the constant [2, 3] bakes batch=2 in
+    (what a traced x.view(2, -1) leaves behind). Matches tests/models.py:Identity at batch 2."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    shape = numpy_helper.from_array(np.array([2, 3], dtype=np.int64), "shape")
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="node_view")
+    node.metadata_props.add(key="pkg.torch.onnx.stack_trace",
+                            value=f'File "{Path(__file__).parent / "models.py"}", line 1, in forward')
+    g = helper.make_graph([node], "baked", [x], [y], [shape])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    onnx.save(m, path)
+    return path
+
+
+def first_two_rows_model(path: Path) -> Path:
+    """y = x[:2] with x[batch, 3] dynamic: right at batch 2, wrong shape elsewhere."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])
+    inits = [numpy_helper.from_array(np.array([0], dtype=np.int64), "starts"),
+             numpy_helper.from_array(np.array([2], dtype=np.int64), "ends")]
+    g = helper.make_graph([helper.make_node("Slice", ["x", "starts", "ends"], ["y"])], "slice",
+                          [x], [y], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    onnx.save(m, path)
+    return path

@@ -88,3 +88,30 @@ def snippet(loc: Location | None, context: int = 3) -> list[tuple[int, str, bool
             break
         lines.append((n, text.rstrip("\n"), n == loc.line))
     return lines
+
+
+def location_from_onnx_node(node: Any) -> Location | None:
+    """The user's line from the metadata torch.onnx leaves on each ONNX node."""
+    meta = {p.key: p.value for p in getattr(node, "metadata_props", [])}
+    scopes = meta.get("pkg.torch.onnx.name_scopes")
+    module_path = None
+    if scopes:
+        try:
+            import ast
+
+            parts = [s for s in ast.literal_eval(scopes) if s][:-1]
+            module_path = ".".join(parts) or None
+        except (ValueError, SyntaxError):
+            module_path = None
+    return location_from_stack_text(meta.get("pkg.torch.onnx.stack_trace"), module_path)
+
+
+_ORT_NODE_RE = re.compile(r"Name:'([^']*)'")
+
+
+def onnx_node_in_error(model: Any, message: str) -> Any:
+    """The ONNX node an ONNX Runtime error message names ("... node. Name:'node_view'")."""
+    m = _ORT_NODE_RE.search(message or "")
+    if not m or model is None:
+        return None
+    return next((n for n in model.graph.node if n.name == m.group(1)), None)

@@ -189,6 +189,7 @@ def main(req_dir: str) -> int:
     ]
     result["providers"] = sess.get_providers()
     runs = []
+    n_required = int(req.get("n_required", req.get("n_feeds", 0)))
     for i in range(int(req.get("n_feeds", 0))):
         _phase(req_dir, f"run:{i}")
         _fault("run")
@@ -206,10 +207,14 @@ def main(req_dir: str) -> int:
         except Exception as e:
             msg = f"{type(e).__name__}: {e}"
             oom = "bad_alloc" in msg or "Failed to allocate" in msg
-            result.update(status="oom" if oom else "run_error", phase=f"run:{i}",
-                          error=msg[:4000])
-            result["runs"] = runs
-            return finish()
+            if oom or i < n_required:
+                result.update(status="oom" if oom else "run_error", phase=f"run:{i}",
+                              error=msg[:4000])
+                result["runs"] = runs
+                return finish()
+            # an optional input set (another shape): record its error and go on
+            runs.append({"seconds": 0.0, "dtypes": [], "error": msg[:4000]})
+            continue
         elapsed = time.perf_counter() - t0
         saved, dts = {}, []
         for j, o in enumerate(outs):

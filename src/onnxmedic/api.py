@@ -193,13 +193,27 @@ def _expected(model: Any, sets: list[inputs_mod.Inputs]) -> list[list[np.ndarray
     return out
 
 
-def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path,
-                     onnx_inputs: list[str], onnx_outputs: list[str],
+def _graph_io(proto: Any) -> tuple[list[str], list[list[int | str | None]], list[str]]:
+    """ONNX input names, their dims (int, dim_param or None), and output names."""
+    inits = {i.name for i in proto.graph.initializer}
+    ins = [v for v in proto.graph.input if v.name not in inits]
+    dims = []
+    for v in ins:
+        shape = v.type.tensor_type.shape.dim if v.type.HasField("tensor_type") else []
+        dims.append([d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                     for d in shape])
+    return [v.name for v in ins], dims, [o.name for o in proto.graph.output]
+
+
+def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: Any,
                      example: inputs_mod.Inputs, example_expected: list[np.ndarray] | None,
                      timeout: float, tolerance: tuple[float, float] | None,
                      worker: sandbox.Worker | None = None) -> None:
-    """runtime + compare stages: the example and further input sets, in one sandboxed session."""
+    """runtime + compare stages, in one sandboxed session: the example, two further input sets
+    of the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x."""
+    onnx_inputs, onnx_dims, onnx_outputs = _graph_io(proto)
     sets = [example] + inputs_mod.derived_input_sets(example, EXTRA_INPUT_SETS)
+    labels = ["example"] + [f"random#{i}" for i in range(1, len(sets))]
     with _stage(result, "compare"):
         expected = ([example_expected] if example_expected is not None else
                     _expected(model, sets[:1]))
@@ -209,7 +223,18 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path,
             result.findings.append(warning(
                 "OM603", "compare", f"PyTorch rejected the generated input sets "
                 f"({type(e).__name__}: {str(e)[:200]}); verifying on the example only."))
-            sets = sets[:1]
+            sets, labels = sets[:1], labels[:1]
+        n_required = len(sets)
+        for label, variant in inputs_mod.shape_variants(example, onnx_dims):
+            try:
+                expected += _expected(model, [variant])
+            except Exception as e:
+                result.findings.append(info(
+                    "OM403", "compare", f"not checked at {label}: PyTorch itself rejects that "
+                    f"size ({type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''})."))
+                continue
+            sets.append(variant)
+            labels.append(label)
     with _stage(result, "runtime"):
         try:
             feeds = [_feeds(onnx_inputs, s.args, s.kwargs) for s in sets]
@@ -219,21 +244,36 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path,
         if worker is None:
             sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout)
         else:
-            sbx = worker.run(onnx_path, feeds, timeout=timeout)
+            sbx = worker.run(onnx_path, feeds, timeout=timeout, n_required=n_required)
     if not sbx.ok:
         _fail(result, "runtime", sbx.finding("runtime", timeout))
         return
     result.stages["runtime"] = PASSED
+    shape_failures: list[Finding] = []
     with _stage(result, "compare"):
         names = sbx.output_names or onnx_outputs
-        labels = ["example"] + [f"random#{i}" for i in range(1, len(sets))]
-        for label, exp, act in zip(labels, expected, sbx.outputs):
-            result.verification.extend(
-                compare_outputs(names, exp, act, input_set=label, tolerance=tolerance))
-    structural = [c for c in result.verification if not c.ok and c.reason and (
-        "shape" in c.reason or "dtype" in c.reason or "missing" in c.reason or "extra" in
-        c.reason)]
-    values = [c for c in result.verification if not c.ok and c not in structural]
+        for i, (label, exp, act) in enumerate(zip(labels, expected, sbx.outputs)):
+            if i in sbx.run_errors:
+                shape_failures.append(_shape_finding(proto, label, sbx.run_errors[i]))
+                continue
+            comps = compare_outputs(names, exp, act, input_set=label, tolerance=tolerance)
+            result.verification.extend(comps)
+            bad = [c for c in comps if not c.ok]
+            if i >= n_required and bad:
+                shape_failures.append(error(
+                    "OM402", "compare", f"at {label} the ONNX model computes output "
+                    f"{bad[0].name} wrong ({bad[0].reason}; max abs error "
+                    f"{bad[0].max_abs:.3g}) although it is right at the example's size.",
+                    suggestion="An op baked the example's size in (a constant shape in a "
+                    "Reshape/Expand, a size read with int()); use x.shape[...] arithmetic "
+                    "or -1 in view/reshape.", details={"comparison": bad[0].to_dict()}))
+    if shape_failures:
+        _fail(result, "compare", *shape_failures)
+    req = [c for c in result.verification
+           if c.input_set in labels[:n_required] and not c.ok]
+    structural = [c for c in req if c.reason and any(
+        w in c.reason for w in ("shape", "dtype", "missing", "extra"))]
+    values = [c for c in req if c not in structural]
     if structural:
         c = structural[0]
         _fail(result, "compare", error(
@@ -252,8 +292,31 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path,
             f"{worst.max_rel:.3g}).",
             suggestion="Run `onnxmedic verify --localize` to find the first operator whose "
             "output diverges.", details={"comparison": worst.to_dict()}))
-    if not structural and not values:
+    if not structural and not values and not shape_failures:
         result.stages["compare"] = PASSED
+
+
+def _shape_finding(proto: Any, label: str, message: str) -> Finding:
+    """OM402 for a run that fails at another size, pointing at the op that baked it in."""
+    from onnxmedic._locate import location_from_onnx_node, onnx_node_in_error
+
+    node = onnx_node_in_error(proto, message)
+    op = None
+    loc = None
+    if node is not None:
+        meta = {p.key: p.value for p in node.metadata_props}
+        op = meta.get("namespace", "").rsplit(": ", 1)[-1] or node.op_type
+        loc = location_from_onnx_node(node)
+    first = " ".join(message.strip().splitlines()[:2])[:400]
+    return error(
+        "OM402", "runtime", f"the model was exported with a dynamic dimension but fails in ONNX "
+        f"Runtime at {label}"
+        + (f", in {node.op_type} node {node.name!r}" if node is not None else "")
+        + f": {first}", op=op, location=loc,
+        suggestion="This op baked the example's size in. Typical causes: view/reshape with a "
+        "size computed by int() or .item(), a Python int taken from x.shape and used as a "
+        "constant, or torch.export specialising the dim (see its constraint messages).",
+        details={"error": message[:4000], "input_set": label})
 
 
 def _save_program(prog: Any, folder: Path, name: str) -> Path:
@@ -422,9 +485,7 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             return
         result.stages["check"] = PASSED
         if verify:
-            onnx_inputs = [i.name for i in result.onnx_model.graph.input]
-            onnx_outputs = [o.name for o in result.onnx_model.graph.output]
-            _run_and_compare(result, model, onnx_path, onnx_inputs, onnx_outputs, example,
+            _run_and_compare(result, model, onnx_path, result.onnx_model, example,
                              example_expected, timeout, tolerance, worker)
             verified = result.stages["compare"] == PASSED
         else:
@@ -523,10 +584,7 @@ def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tupl
         _fail(result, "preflight", pre.finding)
         return
     result.stages["preflight"] = PASSED
-    initializers = {i.name for i in proto.graph.initializer}
-    onnx_inputs = [i.name for i in proto.graph.input if i.name not in initializers]
-    onnx_outputs = [o.name for o in proto.graph.output]
-    _run_and_compare(result, model, path, onnx_inputs, onnx_outputs,
+    _run_and_compare(result, model, path, proto,
                      inputs_mod.Inputs(args, kwargs),
                      [to_numpy(t) for t in flatten_tensors(pre.outputs)], timeout, tolerance,
                      worker)

@@ -129,6 +129,16 @@ CODES: dict[str, CodeInfo] = {
         "dynamic shape constraint violated", 1,
         "A dimension declared dynamic is specialised or constrained by the model.",
     ),
+    "OM402": CodeInfo(
+        "dynamic dimension does not work at other sizes", 1,
+        "A dimension the ONNX model declares dynamic fails in ONNX Runtime, or computes wrong "
+        "numbers, at a size other than the example's: an op baked the example's size in.",
+    ),
+    "OM403": CodeInfo(
+        "shape variant skipped", 0,
+        "PyTorch itself rejects the model at this size of a dynamic dimension, so it was not "
+        "checked there.",
+    ),
     # OM5xx: ONNX checks and ONNX Runtime
     "OM501": CodeInfo("ONNX checker failed", 1, "onnx.checker rejected the model."),
     "OM502": CodeInfo(

@@ -419,3 +419,57 @@ def complete_dynamic_shapes(model: Any, dyn: dict[str, dict[int, str]], args: tu
             raise _err("OM004", f"--dynamic {name}: dim {bad[0]} does not exist ({name} has "
                        f"rank {rank}).")
     return {n: dyn.get(n) for n in given}
+
+
+def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
+                   seed: int = DEFAULT_SEED) -> list[tuple[str, Inputs]]:
+    """Input sets where one dynamic dimension of the ONNX model takes another size.
+
+    ``onnx_dims`` holds, per ONNX graph input (in the flattened order of the example's tensors),
+    its dims: an int for a static dim, a name (dim_param) or None for a dynamic one. Inputs that
+    share a name share the size. For each name: size 1 and twice the example's size (2 and 3
+    when the example has 1). Values are drawn within each tensor's own range.
+    """
+    leaves, spec = torch.utils._pytree.tree_flatten((example.args, example.kwargs))
+    tensor_idx = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if len(tensor_idx) != len(onnx_dims):
+        return []
+    symbols: dict[str, tuple[int, list[tuple[int, int]]]] = {}
+    for k, (li, dims) in enumerate(zip(tensor_idx, onnx_dims)):
+        t = leaves[li]
+        for d, v in enumerate(dims):
+            if isinstance(v, int) or d >= t.dim():
+                continue
+            name = v if v else f"input{k}.dim{d}"
+            size, uses = symbols.setdefault(name, (int(t.shape[d]), []))
+            uses.append((li, d))
+    gen = torch.Generator().manual_seed(seed + 101)
+    out = []
+    for name, (n, uses) in symbols.items():
+        for size in ([1, 2 * n] if n != 1 else [2, 3]):
+            new = list(leaves)
+            for li in {li for li, _ in uses}:
+                t = leaves[li]
+                shape = list(t.shape)
+                for li2, d in uses:
+                    if li2 == li:
+                        shape[d] = size
+                new[li] = _like(t, tuple(shape), gen)
+            args, kwargs = torch.utils._pytree.tree_unflatten(new, spec)
+            out.append((f"{name}={size}", Inputs(tuple(args), dict(kwargs), [f"{name}={size}"])))
+    return out
+
+
+def _like(t: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """A new tensor of ``shape`` with values in ``t``'s range and ``t``'s dtype."""
+    if t.dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    flat = t.reshape(-1)
+    if t.dtype.is_floating_point:
+        finite = flat[torch.isfinite(flat)].double()
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
+        return (torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).to(t.dtype)
+    if t.is_complex() or flat.numel() == 0:
+        return torch.zeros(shape, dtype=t.dtype)
+    lo, hi = int(flat.min()), int(flat.max())
+    return torch.randint(lo, hi + 1, shape, generator=gen, dtype=torch.int64).to(t.dtype)

@@ -48,6 +48,7 @@ class SandboxResult:
     phase: str = ""
     error: str = ""
     outputs: list[list[np.ndarray]] = field(default_factory=list)  # per feed set
+    run_errors: dict[int, str] = field(default_factory=dict)  # optional sets that failed
     output_names: list[str] = field(default_factory=list)
     inputs: list[dict[str, Any]] = field(default_factory=list)
     outputs_meta: list[dict[str, Any]] = field(default_factory=list)
@@ -182,8 +183,11 @@ class Worker:
         threads: int | None = None,
         disable_optimizations: bool = False,
         probe_opset: bool = False,
+        n_required: int | None = None,
     ) -> SandboxResult:
-        """Send the one request and wait for it, at most ``timeout`` seconds."""
+        """Send the one request and wait for it, at most ``timeout`` seconds. Feeds after the
+        first ``n_required`` are optional: a run error there is recorded in ``run_errors`` and
+        the other feeds still run."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("sandbox worker already used")
@@ -198,6 +202,7 @@ class Worker:
             "threads": threads,
             "disable_optimizations": disable_optimizations,
             "probe_opset": probe_opset,
+            "n_required": len(feeds) if n_required is None else n_required,
         }
         tmp = req_dir / "request.json.tmp"
         tmp.write_text(json.dumps(request))
@@ -245,6 +250,11 @@ class Worker:
             max_opset=res.get("max_opset"), ort_version=res.get("ort_version"),
         )
         for i, run in enumerate(res.get("runs", [])):
+            if "error" in run:
+                out.run_errors[i] = run["error"]
+                out.outputs.append([])
+                out.run_seconds.append(0.0)
+                continue
             with np.load(req_dir / f"out_{i}.npz", allow_pickle=False) as data:
                 out.outputs.append([_restore(data[f"o{j}"], dt)
                                     for j, dt in enumerate(run["dtypes"])])
