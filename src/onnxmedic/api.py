@@ -602,7 +602,7 @@ def doctor(
     """Lint an ONNX file for a target runtime, without PyTorch: external data, opset against
     the runtime, unused initializers, dynamic dims, shape information, and a load-and-run smoke
     test with random inputs in the sandbox."""
-    from onnxmedic import doctor as doc
+    from onnxmedic import lint as doc
 
     if target not in ("cpu", "cuda"):
         raise ValueError(f"onnxmedic.doctor: target must be 'cpu' or 'cuda', not {target!r}")
@@ -697,7 +697,7 @@ def run(
     """Safe inference: check ``feeds`` against the model's input contract (names, dtypes,
     ranks, fixed dims), cast when ``cast`` is "safe" (lossless only) or "all", then run in the
     sandbox with a timeout."""
-    from onnxmedic import doctor as doc
+    from onnxmedic import lint as doc
 
     if cast not in ("no", "safe", "all"):
         raise ValueError(f"onnxmedic.run: cast must be 'no', 'safe' or 'all', not {cast!r}")

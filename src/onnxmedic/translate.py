@@ -37,14 +37,28 @@ class TranslateResult:
         return self.onnx_program is not None
 
 
-def _torch_registry(table: dict[Any, Any], opset: int | None) -> Any:
-    from torch.onnx._internal.exporter import _constants, _registration
+def onnx_export(program: torch.export.ExportedProgram, args: tuple[Any, ...],
+                kwargs: dict[str, Any] | None, *, registry: TranslationRegistry | None,
+                opset: int | None = None) -> Any:
+    """torch.onnx.export(program, dynamo=True) with the registry built once, not per call.
 
-    version = max(opset or _constants.TORCHLIB_OPSET, _constants.TORCHLIB_OPSET)
-    reg = _registration.ONNXRegistry.from_torchlib(opset_version=version)
-    for target, fn in table.items():
-        reg.register_op(target, fn, is_complex=False)
-    return reg
+    Does what torch.onnx.export's compatibility layer does for an ExportedProgram (default
+    opset, registry for that opset) and calls its core exporter; ``registry=None`` gives plain
+    torchlib, as torch.onnx.export would.
+    """
+    from torch.onnx import _constants as onnx_constants
+    from torch.onnx._internal.exporter import _core
+
+    if opset is None:
+        opset = onnx_constants.ONNX_DEFAULT_OPSET
+    reg = (registry if registry is not None else _PLAIN).onnx_registry(opset)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _core.export(program, args, kwargs, registry=reg, verbose=False, optimize=True,
+                            opset_version=opset, report=False, verify=False)
+
+
+_PLAIN = TranslationRegistry(_loaded=True)  # no onnxmedic entries: plain torchlib
 
 
 def _op_name(target: Any) -> str:
@@ -66,12 +80,12 @@ def _node_signature(node: torch.fx.Node) -> str:
     return ", ".join(parts)
 
 
-def unsupported_ops(program: torch.export.ExportedProgram, table: dict[Any, Any],
+def unsupported_ops(program: torch.export.ExportedProgram, registry: TranslationRegistry,
                     opset: int | None) -> tuple[list[torch.fx.Node], BaseException | None]:
     """Nodes (after torch.onnx's decompositions) that no translation covers."""
     from torch.onnx._internal.exporter import _core
 
-    reg = _torch_registry(table, opset)
+    reg = registry.onnx_registry(opset)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -90,16 +104,14 @@ def unsupported_ops(program: torch.export.ExportedProgram, table: dict[Any, Any]
     return missing, None
 
 
-def op_inventory(program: torch.export.ExportedProgram,
-                 registry: TranslationRegistry = REGISTRY) -> Counter[str]:
+def op_inventory(program: torch.export.ExportedProgram) -> Counter[str]:
     """How many times each ATen op appears in the captured program."""
     return Counter(_op_name(n.target) for n in program.graph.nodes if n.op == "call_function")
 
 
 def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
               kwargs: dict[str, Any], *, opset: int | None = None,
-              registry: TranslationRegistry = REGISTRY,
-              dynamic_shapes: Any = None) -> TranslateResult:
+              registry: TranslationRegistry = REGISTRY) -> TranslateResult:
     table = registry.table()
     result = TranslateResult()
     for mod, err in registry.load_errors.items():
@@ -107,14 +119,9 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
             "OM210", STAGE, f"onnxmedic's translations in {mod} failed to load ({err}); the "
             "other translations are used."))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            prog = torch.onnx.export(
-                program, args, kwargs=kwargs, dynamo=True, custom_translation_table=table,
-                opset_version=opset, verbose=False, optimize=True, report=False,
-            )
+        prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
     except Exception as e:
-        result.findings.extend(_diagnose(program, table, opset, e))
+        result.findings.extend(_diagnose(program, registry, opset, e))
         return result
     result.onnx_program = prog
     used = set()
@@ -141,11 +148,12 @@ def _innermost(e: BaseException) -> BaseException:
     return e
 
 
-def _diagnose(program: torch.export.ExportedProgram, table: dict[Any, Any], opset: int | None,
+def _diagnose(program: torch.export.ExportedProgram, registry: TranslationRegistry,
+              opset: int | None,
               exc: BaseException) -> list[Finding]:
     """Findings for a failed torch.onnx translation."""
     text = str(exc)
-    missing, decomp_error = unsupported_ops(program, table, opset)
+    missing, decomp_error = unsupported_ops(program, registry, opset)
     if decomp_error is not None:
         inner = _innermost(decomp_error)
         return [error(

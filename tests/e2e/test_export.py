@@ -20,7 +20,7 @@ def _codes(result) -> list[str]:
 def _assert_verified(r):
     assert r.ok, [f.one_paragraph() for f in r.findings]
     assert all(v == "passed" for k, v in r.stages.items() if k != "write" or r.path)
-    assert {c.input_set for c in r.verification} == {"example", "random#1", "random#2"}
+    assert {"example", "random#1", "random#2"} <= {c.input_set for c in r.verification}
     for c in r.verification:
         assert c.ok and c.max_abs < 1e-3
 

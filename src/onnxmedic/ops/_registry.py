@@ -103,6 +103,7 @@ class TranslationRegistry:
     _entries: dict[torch._ops.OpOverload, TranslationMeta] = field(default_factory=dict)
     load_errors: dict[str, str] = field(default_factory=dict)
     _loaded: bool = False
+    _cache: dict[Any, Any] = field(default_factory=dict)  # torch.onnx registries built from us
 
     def register(self, meta: TranslationMeta) -> None:
         old = self._entries.get(meta.target)
@@ -116,9 +117,11 @@ class TranslationRegistry:
                 stacklevel=3,
             )
         self._entries[meta.target] = meta
+        self._cache.clear()
 
     def unregister(self, target: Any) -> None:
         self._entries.pop(resolve_target(target), None)
+        self._cache.clear()
 
     def load_builtin(self, families: Iterable[str] = BUILTIN_FAMILIES) -> None:
         """Import the family modules (each registers its entries). Failures are recorded."""
@@ -154,6 +157,26 @@ class TranslationRegistry:
     def table(self) -> dict[torch._ops.OpOverload, Callable[..., Any]]:
         """The ``custom_translation_table`` for torch.onnx.export."""
         return {m.target: m.function for m in self.entries()}
+
+    def onnx_registry(self, opset: int | None = None) -> Any:
+        """torch.onnx's registry (torchlib plus our entries) for ``opset``, built once.
+
+        Building it from torchlib takes about a second; torch.onnx.export rebuilds it on every
+        call, onnxmedic keeps it until its own entries change.
+        """
+        from torch.onnx._internal.exporter import _constants, _registration
+
+        version = max(opset or _constants.TORCHLIB_OPSET, _constants.TORCHLIB_OPSET)
+        table = self.table()
+        key = (version, tuple(sorted((str(k), id(v)) for k, v in table.items())))
+        reg = self._cache.get(key)
+        if reg is None:
+            reg = _registration.ONNXRegistry.from_torchlib(opset_version=version)
+            for target, fn in table.items():
+                reg.register_op(target, fn, is_complex=False)
+            self._cache.clear()
+            self._cache[key] = reg
+        return reg
 
 
 REGISTRY = TranslationRegistry()

@@ -59,15 +59,13 @@ def export_call(
     opset: int | None = None,
 ) -> tuple[onnx.ModelProto, tuple[torch.Tensor, ...]]:
     """Export ``fn(*args, **kwargs)``; ``registry=None`` exports with plain torch.onnx."""
+    from onnxmedic.translate import onnx_export
+
     module, tensors = wrap_call(fn, args, kwargs)
-    ep = torch.export.export(module, tensors, strict=False)
-    table = registry.table() if registry is not None else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            ep, tensors, dynamo=True, custom_translation_table=table, verbose=False,
-            opset_version=opset, optimize=True,
-        )
+        ep = torch.export.export(module, tensors, strict=False)
+    program = onnx_export(ep, tensors, None, registry=registry, opset=opset)
     return program.model_proto, tensors
 
 
