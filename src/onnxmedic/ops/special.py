@@ -291,6 +291,23 @@ def _unary(fn, self):
     return _from_d(fn(_to_d(self)), _out_type(self))
 
 
+def _compute_type(x) -> ir.DataType:
+    """The type PyTorch's CPU kernel computes in: float64 for double, else float32."""
+    return ir.DataType.DOUBLE if _out_type(x) == ir.DataType.DOUBLE else ir.DataType.FLOAT
+
+
+def _rt(v, ct: ir.DataType):
+    """Round a double value through PyTorch's compute type (float32 rounding/overflow)."""
+    if ct == ir.DataType.DOUBLE:
+        return v
+    return _to_d(op.Cast(v, to=ct))
+
+
+def _unary_ct(fn, self):
+    """Like _unary, for kernels that reproduce a float32 rounding step of PyTorch's kernel."""
+    return _from_d(fn(_to_d(self), _compute_type(self)), _out_type(self))
+
+
 @translation(aten.lgamma.default)
 def aten_lgamma(self):
     """lgamma(Tensor self) -> Tensor
@@ -496,11 +513,12 @@ def _i1e_abs(ax):
     return op.Where(op.LessOrEqual(ax, _d(8.0)), lo, hi)
 
 
-def _i0(x):
+def _i0(x, ct=_DOUBLE):
     ax = op.Abs(x)
-    lo = op.Mul(op.Exp(ax), _chbevl(op.Sub(op.Div(ax, _d(2.0)), _d(2.0)), _I0_A))
+    ex = _rt(op.Exp(ax), ct)  # exp(|x|) overflows in PyTorch's float32 kernel above ~88.7
+    lo = op.Mul(ex, _chbevl(op.Sub(op.Div(ax, _d(2.0)), _d(2.0)), _I0_A))
     # exp(x) * chbevl / sqrt(x): at +-inf this is inf/inf = NaN, as in PyTorch
-    hi = op.Div(op.Mul(op.Exp(ax), _chbevl(op.Sub(op.Div(_d(32.0), ax), _d(2.0)), _I0_B)),
+    hi = op.Div(op.Mul(ex, _chbevl(op.Sub(op.Div(_d(32.0), ax), _d(2.0)), _I0_B)),
                 op.Sqrt(ax))
     return op.Where(op.LessOrEqual(ax, _d(8.0)), lo, hi)
 
@@ -513,10 +531,11 @@ def _signed(x, v):
     return op.Where(op.Less(x, _d(0.0)), op.Neg(v), v)
 
 
-def _i1(x):
+def _i1(x, ct=_DOUBLE):
     ax = op.Abs(x)
-    lo = op.Mul(op.Mul(op.Exp(ax), ax), _chbevl(op.Sub(op.Div(ax, _d(2.0)), _d(2.0)), _I1_A))
-    hi = op.Div(op.Mul(op.Exp(ax), _chbevl(op.Sub(op.Div(_d(32.0), ax), _d(2.0)), _I1_B)),
+    ex = _rt(op.Exp(ax), ct)
+    lo = op.Mul(op.Mul(ex, ax), _chbevl(op.Sub(op.Div(ax, _d(2.0)), _d(2.0)), _I1_A))
+    hi = op.Div(op.Mul(ex, _chbevl(op.Sub(op.Div(_d(32.0), ax), _d(2.0)), _I1_B)),
                 op.Sqrt(ax))
     return _signed(x, op.Where(op.LessOrEqual(ax, _d(8.0)), lo, hi))
 
@@ -560,7 +579,7 @@ def aten_i0(self):
 
     Cephes Chebyshev expansions on [0, 8] and (8, inf) in float64 (NaN at +-inf, like PyTorch).
     """
-    return _unary(_i0, self)
+    return _unary_ct(_i0, self)
 
 
 @translation(aten.special_i0e.default)
@@ -576,7 +595,7 @@ def aten_special_i1(self):
     Cephes in float64 with the full double coefficient set (PyTorch's float32 kernel uses a
     truncated set, accurate to ~1e-7 relative).
     """
-    return _unary(_i1, self)
+    return _unary_ct(_i1, self)
 
 
 @translation(aten.special_i1e.default)
@@ -588,13 +607,13 @@ def aten_special_i1e(self):
 @translation(aten.special_modified_bessel_i0.default)
 def aten_special_modified_bessel_i0(self):
     """special_modified_bessel_i0(Tensor self) -> Tensor"""
-    return _unary(_i0, self)
+    return _unary_ct(_i0, self)
 
 
 @translation(aten.special_modified_bessel_i1.default)
 def aten_special_modified_bessel_i1(self):
     """special_modified_bessel_i1(Tensor self) -> Tensor"""
-    return _unary(_i1, self)
+    return _unary_ct(_i1, self)
 
 
 @translation(aten.special_modified_bessel_k0.default)
@@ -683,12 +702,14 @@ def _polevl0(x, coeffs):
     return _polevl(x, coeffs)
 
 
-def _asym(x, pp, pq, qp, qq, phase, y_kind: bool):
+def _asym(x, pp, pq, qp, qq, phase, y_kind: bool, ct=_DOUBLE):
     """Hankel asymptotic form for x > 5: (P cos/sin - 5/x Q sin/cos) sqrt(2/pi)/sqrt(x)."""
     z = op.Div(_d(25.0), op.Mul(x, x))
     p = op.Div(_polevl0(z, pp), _polevl0(z, pq))
     q = op.Div(_polevl0(z, qp), _polevl0(z, qq))
-    xn = op.Sub(x, _d(phase))
+    # PyTorch forms x - phase in the input's precision; for large float32 x that rounding
+    # dominates the result, so reproduce it
+    xn = _rt(op.Sub(x, _rt(_d(phase), ct)), ct)
     fq = op.Mul(op.Div(_d(5.0), x), q)
     if y_kind:
         v = op.Add(op.Mul(p, op.Sin(xn)), op.Mul(fq, op.Cos(xn)))
@@ -697,50 +718,50 @@ def _asym(x, pp, pq, qp, qq, phase, y_kind: bool):
     return op.Div(op.Mul(v, _d(_SQ2OPI)), op.Sqrt(x))
 
 
-def _j0_abs(x):
+def _j0_abs(x, ct=_DOUBLE):
     x2 = op.Mul(x, x)
     small = op.Div(op.Mul(op.Mul(op.Sub(x2, _d(5.78318596294678452118e+00)),
                                  op.Sub(x2, _d(3.04712623436620863991e+01))),
                           _polevl0(x2, _J0_RP)), _polevl0(x2, _J0_RQ))
     tiny = op.Sub(_d(1.0), op.Div(x2, _d(4.0)))
     small = op.Where(op.Less(x, _d(1e-5)), tiny, small)
-    big = _asym(x, _J0_PP, _J0_PQ, _J0_QP, _J0_QQ, _PIO4, False)
+    big = _asym(x, _J0_PP, _J0_PQ, _J0_QP, _J0_QQ, _PIO4, False, ct)
     return op.Where(op.LessOrEqual(x, _d(5.0)), small, big)
 
 
-def _j0(x):
-    return _j0_abs(op.Abs(x))
+def _j0(x, ct=_DOUBLE):
+    return _j0_abs(op.Abs(x), ct)
 
 
-def _j1_abs(x):
+def _j1_abs(x, ct=_DOUBLE):
     x2 = op.Mul(x, x)
     small = op.Mul(op.Mul(op.Mul(op.Div(_polevl0(x2, _J1_RP), _polevl0(x2, _J1_RQ)), x),
                           op.Sub(x2, _d(1.46819706421238932572e+01))),
                    op.Sub(x2, _d(4.92184563216946036703e+01)))
-    big = _asym(x, _J1_PP, _J1_PQ, _J1_QP, _J1_QQ, _THPIO4, False)
+    big = _asym(x, _J1_PP, _J1_PQ, _J1_QP, _J1_QQ, _THPIO4, False, ct)
     return op.Where(op.LessOrEqual(x, _d(5.0)), small, big)
 
 
-def _j1(x):
-    return _signed(x, _j1_abs(op.Abs(x)))
+def _j1(x, ct=_DOUBLE):
+    return _signed(x, _j1_abs(op.Abs(x), ct))
 
 
-def _y0(x):
+def _y0(x, ct=_DOUBLE):
     x2 = op.Mul(x, x)
     small = op.Add(op.Div(_polevl0(x2, _Y0_YP), _polevl0(x2, _Y0_YQ)),
-                   op.Mul(op.Mul(_d(_TWO_OPI), op.Log(x)), _j0_abs(x)))
-    big = _asym(x, _J0_PP, _J0_PQ, _J0_QP, _J0_QQ, _PIO4, True)
+                   op.Mul(op.Mul(_d(_TWO_OPI), op.Log(x)), _j0_abs(x, ct)))
+    big = _asym(x, _J0_PP, _J0_PQ, _J0_QP, _J0_QQ, _PIO4, True, ct)
     y = op.Where(op.LessOrEqual(x, _d(5.0)), small, big)
     y = op.Where(op.Less(x, _d(0.0)), _d(_NAN), y)
     return op.Where(op.Equal(x, _d(0.0)), _d(-_INF), y)
 
 
-def _y1(x):
+def _y1(x, ct=_DOUBLE):
     x2 = op.Mul(x, x)
     small = op.Add(op.Mul(x, op.Div(_polevl0(x2, _Y1_YP), _polevl0(x2, _Y1_YQ))),
-                   op.Mul(_d(_TWO_OPI), op.Sub(op.Mul(_j1_abs(x), op.Log(x)),
+                   op.Mul(_d(_TWO_OPI), op.Sub(op.Mul(_j1_abs(x, ct), op.Log(x)),
                                                op.Reciprocal(x))))
-    big = _asym(x, _J1_PP, _J1_PQ, _J1_QP, _J1_QQ, _THPIO4, True)
+    big = _asym(x, _J1_PP, _J1_PQ, _J1_QP, _J1_QQ, _THPIO4, True, ct)
     y = op.Where(op.LessOrEqual(x, _d(5.0)), small, big)
     y = op.Where(op.Less(x, _d(0.0)), _d(_NAN), y)
     return op.Where(op.Equal(x, _d(0.0)), _d(-_INF), y)
@@ -754,13 +775,13 @@ def aten_special_bessel_j0(self):
     the zeros of J0 PyTorch's float32 kernel (sin/cos of a float32 argument) has absolute
     error ~1e-7, so relative comparisons there need an atol.
     """
-    return _unary(_j0, self)
+    return _unary_ct(_j0, self)
 
 
 @translation(aten.special_bessel_j1.default)
 def aten_special_bessel_j1(self):
     """special_bessel_j1(Tensor self) -> Tensor"""
-    return _unary(_j1, self)
+    return _unary_ct(_j1, self)
 
 
 @translation(aten.special_bessel_y0.default)
@@ -769,13 +790,13 @@ def aten_special_bessel_y0(self):
 
     -inf at 0, NaN for x < 0 (as PyTorch).
     """
-    return _unary(_y0, self)
+    return _unary_ct(_y0, self)
 
 
 @translation(aten.special_bessel_y1.default)
 def aten_special_bessel_y1(self):
     """special_bessel_y1(Tensor self) -> Tensor"""
-    return _unary(_y1, self)
+    return _unary_ct(_y1, self)
 
 
 # --- error-function family ---------------------------------------------------------------------
