@@ -80,8 +80,15 @@ _FLOATS = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataTy
 
 
 def _d(value: float):
-    """A float64 scalar constant."""
-    return op.Constant(value=ir.tensor(np.array(value, dtype=np.float64)))
+    """A float64 constant of shape [1].
+
+    Not a 0-d scalar on purpose: onnxscript's optimizer (0.7) removes ``x + c`` and ``x - c``
+    for any *scalar* constant with |c| < 1e-8 and ``x * c`` / ``x / c`` for |c - 1| < 1e-5
+    (its no-op rules match with a tolerance), which silently drops the small Chebyshev and
+    rational coefficients. Shape-[1] constants are not matched; :func:`_from_d` restores the
+    rank of 0-d results.
+    """
+    return op.Constant(value=ir.tensor(np.array([value], dtype=np.float64)))
 
 
 def _out_type(*xs) -> ir.DataType:
@@ -99,7 +106,12 @@ def _to_d(x):
     return op.Cast(x, to=_DOUBLE)
 
 
-def _from_d(y, dtype: ir.DataType):
+def _from_d(y, dtype: ir.DataType, *refs):
+    """Cast the double result back; drop the [1] dim the constants added when all inputs are 0-d."""
+    ranks = [len(r.shape) if getattr(r, "shape", None) is not None else None
+             for r in refs if hasattr(r, "dtype")]
+    if ranks and all(rk == 0 for rk in ranks):
+        y = op.Squeeze(y, op.Constant(value_ints=[0]))
     return op.Cast(y, to=dtype)
 
 
@@ -150,6 +162,33 @@ def _log1p(u):
     r = op.Mul(op.Log(w), op.Div(u, safe_den))
     r = op.Where(op.Equal(den, _d(0.0)), u, r)
     return op.Where(op.IsInf(u, detect_negative=0), u, r)
+
+
+# pi split in three (fdlibm's pio2_1, pio2_2, pio2_2t doubled): the first two have 33 significant
+# bits, so k * part is exact for |k| < 2^20
+_PI_1 = 2 * 1.57079632673412561417e+00
+_PI_2 = 2 * 6.07710050630396597660e-11
+_PI_3 = 2 * 2.02226624879595063154e-21
+
+
+def _reduce_pi(a):
+    """(r, k) with a = k*pi + r, |r| <= pi/2 (Cody-Waite, three-part pi), so that sin/cos of r are
+    accurate: ONNX Runtime's double Sin loses relative accuracy near multiples of pi."""
+    k = op.Round(op.Div(a, _d(math.pi)))
+    r = op.Sub(op.Sub(op.Sub(a, op.Mul(k, _d(_PI_1))), op.Mul(k, _d(_PI_2))), op.Mul(k, _d(_PI_3)))
+    return r, k
+
+
+def _sin_accurate(a):
+    r, k = _reduce_pi(a)
+    odd = op.Equal(op.Sub(k, op.Mul(_d(2.0), op.Floor(op.Div(k, _d(2.0))))), _d(1.0))
+    sr = op.Sin(r)
+    return op.Where(odd, op.Neg(sr), sr)
+
+
+def _tan_accurate(a):
+    r, _ = _reduce_pi(a)  # tan has period pi
+    return op.Div(op.Sin(r), op.Cos(r))
 
 
 _INF = float("inf")
@@ -208,8 +247,7 @@ def _digamma(x):
     """Cephes psi as in ATen calc_digamma, in double."""
     neg = op.Less(x, _d(0.0))
     r = op.Sub(x, _trunc(x))  # modf fractional part
-    pr = op.Mul(_d(_PI), r)
-    refl = op.Div(op.Mul(_d(_PI), op.Cos(pr)), op.Sin(pr))  # pi / tan(pi r)
+    refl = op.Div(_d(_PI), _tan_accurate(op.Mul(_d(_PI), r)))  # pi / tan(pi r)
     xr = op.Where(neg, op.Sub(_d(1.0), x), x)
     res = _d(0.0)
     for _ in range(10):  # push x to >= 10
@@ -230,7 +268,7 @@ def _digamma(x):
 def _trigamma(x, sin_arg):
     """ATen's trigamma in double; ``sin_arg`` is pi*x as PyTorch forms it (in the input type)."""
     small = op.Less(x, _d(0.5))
-    s = op.Sin(sin_arg)
+    s = _sin_accurate(sin_arg)
     res = op.Where(small, op.Neg(op.Div(_d(_PI * _PI), op.Mul(s, s))), _d(0.0))
     xr = op.Where(small, op.Sub(_d(1.0), x), x)
     for _ in range(6):
@@ -288,7 +326,7 @@ def _zeta(x, q):
 
 def _unary(fn, self):
     """Apply a double-precision kernel to a tensor and cast to its float result type."""
-    return _from_d(fn(_to_d(self)), _out_type(self))
+    return _from_d(fn(_to_d(self)), _out_type(self), self)
 
 
 def _compute_type(x) -> ir.DataType:
@@ -305,7 +343,7 @@ def _rt(v, ct: ir.DataType):
 
 def _unary_ct(fn, self):
     """Like _unary, for kernels that reproduce a float32 rounding step of PyTorch's kernel."""
-    return _from_d(fn(_to_d(self), _compute_type(self)), _out_type(self))
+    return _from_d(fn(_to_d(self), _compute_type(self)), _out_type(self), self)
 
 
 @translation(aten.lgamma.default)
@@ -333,17 +371,17 @@ def _polygamma(n: int, self):
     out = _out_type(self)
     x = _to_d(self)
     if n == 0:
-        return _from_d(_digamma(x), out)
+        return _from_d(_digamma(x), out, self)
     if n == 1:
         # PyTorch forms pi*x in the input's precision before sin(): reproduce that so the
         # huge finite values it returns at the non-positive integers match.
         xin = op.Cast(self, to=out)
         sin_arg = _to_d(op.Mul(op.CastLike(op.Constant(value_float=math.pi), xin), xin)) \
             if out != ir.DataType.DOUBLE else op.Mul(_d(math.pi), x)
-        return _from_d(_trigamma(x, sin_arg), out)
+        return _from_d(_trigamma(x, sin_arg), out, self)
     sign = 1.0 if n % 2 else -1.0
     y = op.Mul(_d(sign * float(math.factorial(n))), _zeta(_d(float(n + 1)), x))
-    return _from_d(y, out)
+    return _from_d(y, out, self)
 
 
 @translation(aten.polygamma.default)
@@ -369,7 +407,7 @@ def _mvlgamma(self, p: int):
     acc = _d(p * (p - 1) / 4.0 * math.log(math.pi))
     for j in range(p):
         acc = op.Add(acc, _lgamma(op.Sub(x, _d(j / 2.0))))
-    return _from_d(acc, out)
+    return _from_d(acc, out, self)
 
 
 @translation(aten.mvlgamma.default)
@@ -388,8 +426,8 @@ def aten_special_multigammaln(self, p: int):
     return _mvlgamma(self, p)
 
 
-def _zeta_call(x, q, out):
-    return _from_d(_zeta(x, q), out)
+def _zeta_call(x, q, out, *refs):
+    return _from_d(_zeta(x, q), out, *refs)
 
 
 @translation(aten.special_zeta.default)
@@ -400,19 +438,19 @@ def aten_special_zeta(self, other):
     Euler-Maclaurin with 12 Bernoulli terms) in float64. The direct sum is unrolled for
     q >= -31; below that the result is NaN.
     """
-    return _zeta_call(_to_d(self), _to_d(other), _out_type(self, other))
+    return _zeta_call(_to_d(self), _to_d(other), _out_type(self, other), self, other)
 
 
 @translation(aten.special_zeta.self_scalar)
 def aten_special_zeta_self_scalar(self: float, other):
     """special_zeta.self_scalar(Scalar self, Tensor other) -> Tensor"""
-    return _zeta_call(_d(float(self)), _to_d(other), _out_type(other))
+    return _zeta_call(_d(float(self)), _to_d(other), _out_type(other), other)
 
 
 @translation(aten.special_zeta.other_scalar)
 def aten_special_zeta_other_scalar(self, other: float):
     """special_zeta.other_scalar(Tensor self, Scalar other) -> Tensor"""
-    return _zeta_call(_to_d(self), _d(float(other)), _out_type(self))
+    return _zeta_call(_to_d(self), _d(float(other)), _out_type(self), self)
 
 
 # --- modified Bessel functions (Cephes Chebyshev expansions, as in ATen) ----------------------
@@ -982,19 +1020,19 @@ def aten_xlogy_tensor(self, other):
 
     torchlib returns 0 for xlogy(0, NaN); PyTorch returns NaN. Computed in float64.
     """
-    return _from_d(_xlogy_core(_to_d(self), _to_d(other), op.Log), _out_type(self, other))
+    return _from_d(_xlogy_core(_to_d(self), _to_d(other), op.Log), _out_type(self, other), self, other)
 
 
 @translation(aten.xlogy.Scalar_Self, overrides_torchlib=True)
 def aten_xlogy_scalar_self(self: float, other):
     """xlogy.Scalar_Self(Scalar self, Tensor other) -> Tensor"""
-    return _from_d(_xlogy_core(_scalar(self), _to_d(other), op.Log), _out_type(other))
+    return _from_d(_xlogy_core(_scalar(self), _to_d(other), op.Log), _out_type(other), other)
 
 
 @translation(aten.xlogy.Scalar_Other, overrides_torchlib=True)
 def aten_xlogy_scalar_other(self, other: float):
     """xlogy.Scalar_Other(Tensor self, Scalar other) -> Tensor"""
-    return _from_d(_xlogy_core(_to_d(self), _scalar(other), op.Log), _out_type(self))
+    return _from_d(_xlogy_core(_to_d(self), _scalar(other), op.Log), _out_type(self), self)
 
 
 @translation(aten.special_xlog1py.default, overrides_torchlib=True)
@@ -1004,16 +1042,16 @@ def aten_special_xlog1py(self, other):
     x * log1p(y) with an accurate log1p (torchlib's log(1 + y) is 0 for |y| < 6e-8 in float32),
     0 where x == 0, NaN where y is NaN. Computed in float64.
     """
-    return _from_d(_xlogy_core(_to_d(self), _to_d(other), _log1p), _out_type(self, other))
+    return _from_d(_xlogy_core(_to_d(self), _to_d(other), _log1p), _out_type(self, other), self, other)
 
 
 @translation(aten.special_xlog1py.self_scalar)
 def aten_special_xlog1py_self_scalar(self: float, other):
     """special_xlog1py.self_scalar(Scalar self, Tensor other) -> Tensor"""
-    return _from_d(_xlogy_core(_scalar(self), _to_d(other), _log1p), _out_type(other))
+    return _from_d(_xlogy_core(_scalar(self), _to_d(other), _log1p), _out_type(other), other)
 
 
 @translation(aten.special_xlog1py.other_scalar)
 def aten_special_xlog1py_other_scalar(self, other: float):
     """special_xlog1py.other_scalar(Tensor self, Scalar other) -> Tensor"""
-    return _from_d(_xlogy_core(_to_d(self), _scalar(other), _log1p), _out_type(self))
+    return _from_d(_xlogy_core(_to_d(self), _scalar(other), _log1p), _out_type(self), self)
