@@ -200,15 +200,21 @@ def aten_kthvalue(self, k: int, dim: int = -1, keepdim: bool = False):
 def aten_mode(self, dim: int = -1, keepdim: bool = False):
     """mode(Tensor self, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)
 
-    The most frequent value (ties: the smallest; NaN counts as distinct singletons, as in
-    PyTorch) and the index of its last occurrence. Pairwise counting: O(n^2) memory per row."""
+    The most frequent value (ties: the smallest) and the index of its last occurrence; pairwise
+    counting, O(n^2) memory per row. Matches PyTorch's CPU kernel exactly for rows of up to 16
+    elements; for longer rows PyTorch's index is whichever occurrence its unstable std::sort
+    leaves last (the value still matches, and our index points at an equal element). With NaN,
+    PyTorch's result depends on how std::sort happens to place NaN (it is not ordered by <);
+    here each NaN is its own value, counted once, ranked above +inf."""
     if _rank(self) == 0:
         _axis(dim, 0)
         return op.Identity(self), _index_zero()
     rank = _rank(self)
     axis = _axis(dim, rank)
     key, nan = _key(self)
-    eq = op.Equal(op.Unsqueeze(key, ints([axis + 1])), op.Unsqueeze(key, ints([axis])))
+    raw = self if self.dtype in _TOPK_NATIVE else op.Cast(
+        self, to=ir.DataType.FLOAT if is_float(self) else ir.DataType.INT64)
+    eq = op.Equal(op.Unsqueeze(raw, ints([axis + 1])), op.Unsqueeze(raw, ints([axis])))
     count = op.ReduceSum(op.Cast(eq, to=ir.DataType.INT64), ints([axis + 1]), keepdims=0)
     if nan is not None:
         count = op.Add(count, op.Cast(nan, to=ir.DataType.INT64))
