@@ -88,7 +88,7 @@ def test_scan_dim_must_be_static():
     from onnxmedic.ops.testing import wrap_call
 
     m, t = wrap_call(lambda a: torch.cummax(a, 1), (torch.randn(2, 5),))
-    ep = torch.export.export(m, t, dynamic_shapes=({1: torch.export.Dim("n", min=2)},),
+    ep = torch.export.export(m, t, dynamic_shapes=(({1: torch.export.Dim("n", min=2)},),),
                              strict=False)
     from onnxmedic.ops import REGISTRY
 

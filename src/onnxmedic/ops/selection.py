@@ -324,3 +324,93 @@ def aten_searchsorted_scalar(sorted_sequence, self, *, out_int32: bool = False,
     if is_float(sorted_sequence) or not isinstance(self, float):
         v = op.CastLike(v, sorted_sequence)
     return _searchsorted(sorted_sequence, v, out_int32, right, side, sorter)
+
+
+def _quantile(self, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool):
+    """PyTorch's quantile_compute: stable sort (NaN last), ranks, gather, lerp."""
+    if interpolation not in ("linear", "lower", "higher", "midpoint", "nearest"):
+        raise ValueError(f"quantile: unknown interpolation {interpolation!r}")
+    rank = _rank(self)
+    q_scalar = isinstance(q, (int, float))
+    if q_scalar:
+        qv = op.CastLike(op.Constant(value_floats=[float(q)]), self)
+    else:
+        qv = op.Reshape(q, ints([-1]))
+    if dim is None or rank == 0:
+        x = op.Reshape(self, ints([-1]))
+        x.shape, x.dtype = ir.Shape(["numel"]), self.dtype
+        axis, out_rank = 0, 1
+    else:
+        x, axis, out_rank = self, _axis(dim, rank), rank
+    idx = _stable_argsort(x, axis, False)
+    srt = op.GatherElements(x, idx, axis=axis)
+    perm = [i for i in range(out_rank) if i != axis] + [axis]
+    if perm != list(range(out_rank)):
+        srt = op.Transpose(srt, perm=perm)
+    n = op.CastLike(op.Shape(x, start=axis, end=axis + 1), x)  # [1]
+    one = const(1.0, x)
+    last = op.Sub(n, one)
+    cnt = op.CastLike(op.ReduceSum(op.Cast(op.Not(op.IsNaN(srt)), to=ir.DataType.INT64),
+                                   ints([-1]), keepdims=1), x)  # [..., 1]
+    if ignore_nan:
+        ranks = op.Mul(qv, op.Sub(cnt, one))
+        ranks = op.Where(op.Equal(cnt, const(0.0, x)), op.Expand(last, op.Shape(ranks)), ranks)
+    else:
+        ranks = op.Mul(qv, op.Expand(last, op.Shape(cnt)))
+        ranks = op.Where(op.Less(cnt, n), op.Expand(last, op.Shape(ranks)), ranks)
+    to_idx = lambda r: op.Cast(r, to=ir.DataType.INT64)  # noqa: E731
+    if interpolation in ("lower", "higher", "nearest"):
+        r = {"lower": op.Floor, "higher": op.Ceil, "nearest": op.Round}[interpolation](ranks)
+        res = op.GatherElements(srt, to_idx(r), axis=-1)
+    else:
+        below = op.Floor(ranks)
+        v_lo = op.GatherElements(srt, to_idx(below), axis=-1)
+        v_hi = op.GatherElements(srt, to_idx(op.Ceil(ranks)), axis=-1)
+        if interpolation == "linear":
+            w = op.Sub(ranks, below)
+        else:  # midpoint
+            w = op.Expand(const(0.5, x), op.Shape(ranks))
+        diff = op.Sub(v_hi, v_lo)
+        # torch.lerp: weight < 0.5 ? lo + w * (hi - lo) : hi - (hi - lo) * (1 - w)
+        res = op.Where(op.Less(w, const(0.5, x)), op.Add(v_lo, op.Mul(w, diff)),
+                       op.Sub(v_hi, op.Mul(diff, op.Sub(one, w))))
+    # res: [...rest, Q] -> [Q, ...rest] (keepdim: a 1 where the reduced dim(s) were)
+    rest = out_rank - 1
+    if rest > 0:
+        res = op.Transpose(res, perm=[rest] + list(range(rest)))
+    if keepdim:
+        if dim is None:
+            res = op.Reshape(res, op.Concat(ints([-1]), ints([1] * rank), axis=0)) if rank else res
+        else:
+            res = op.Unsqueeze(res, ints([axis + 1]))
+    if q_scalar:
+        res = op.Squeeze(res, ints([0]))
+    return res
+
+
+@translation(aten.quantile.scalar, overrides_torchlib=True)
+def aten_quantile_scalar(self, q: float, dim=None, keepdim: bool = False, *,
+                         interpolation: str = "linear"):
+    """quantile.scalar(Tensor self, float q, int? dim=None, bool keepdim=False, *, str interpolation="linear") -> Tensor
+
+    Overrides torchlib, which ignores NaN (PyTorch's quantile is NaN for a slice with NaN)."""
+    return _quantile(self, q, dim, keepdim, interpolation, ignore_nan=False)
+
+
+@translation(aten.quantile.default, overrides_torchlib=True)
+def aten_quantile(self, q, dim=None, keepdim: bool = False, *, interpolation: str = "linear"):
+    """quantile(Tensor self, Tensor q, int? dim=None, bool keepdim=False, *, str interpolation="linear") -> Tensor"""
+    return _quantile(self, q, dim, keepdim, interpolation, ignore_nan=False)
+
+
+@translation(aten.nanquantile.scalar, overrides_torchlib=True)
+def aten_nanquantile_scalar(self, q: float, dim=None, keepdim: bool = False, *,
+                            interpolation: str = "linear"):
+    """nanquantile.scalar(Tensor self, float q, int? dim=None, bool keepdim=False, *, str interpolation="linear") -> Tensor"""
+    return _quantile(self, q, dim, keepdim, interpolation, ignore_nan=True)
+
+
+@translation(aten.nanquantile.default, overrides_torchlib=True)
+def aten_nanquantile(self, q, dim=None, keepdim: bool = False, *, interpolation: str = "linear"):
+    """nanquantile(Tensor self, Tensor q, int? dim=None, bool keepdim=False, *, str interpolation="linear") -> Tensor"""
+    return _quantile(self, q, dim, keepdim, interpolation, ignore_nan=True)
