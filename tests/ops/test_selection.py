@@ -100,6 +100,16 @@ def _int_searchsorted_edges(dtype):
     return [((seq, torch.tensor([[0, 3], [7, 8]], dtype=dtype)), {"right": True})]
 
 
+def _quantile_edges(dtype):
+    x = _mix(dtype)  # a row with NaN, an all-NaN row, +-inf, ties
+    qs = torch.tensor([0.0, 0.25, 0.5, 0.61, 1.0], dtype=dtype)
+    out = [((x[[1, 2, 3]], qs), {"dim": 1, "interpolation": m}) for m in
+           ("linear", "lower", "higher", "midpoint", "nearest")]
+    out += [((x, 0.37), {"dim": 1, "keepdim": True}), ((x.T.contiguous(), qs), {"dim": 0}),
+            ((x[1:4], 0.5), {"keepdim": True, "interpolation": "nearest"})]
+    return out
+
+
 ENTRIES = [
     OpEntry("sort", tolerance=F32, edge=_sort_edges, max_samples=4),
     OpEntry("sort", fn=torch.sort, dtypes=(torch.float64, torch.int64, torch.uint8),
@@ -120,9 +130,21 @@ ENTRIES = [
     OpEntry("searchsorted", edge=_searchsorted_edges, max_samples=4),
     OpEntry("searchsorted", fn=torch.searchsorted, dtypes=(torch.int64,), use_opinfo=False,
             edge=_int_searchsorted_edges),
+    OpEntry("quantile", tolerance=F32, edge=_quantile_edges, max_samples=3),
+    OpEntry("nanquantile", tolerance=F32, edge=_quantile_edges, max_samples=3),
 ]
 
 make_tests(ENTRIES, globals())
+
+
+def test_quantile_torchlib_is_wrong():
+    """Why quantile overrides torchlib: PyTorch's quantile is NaN for a row holding NaN; with
+    interpolation lower/higher/nearest torchlib returns a number (here 3.0)."""
+    x = torch.tensor([[1.0, nan, 3.0, 0.5], [2.0, 1.0, 4.0, 3.0]])
+    fn = lambda a: torch.quantile(a, 0.37, dim=1, interpolation="lower")  # noqa: E731
+    assert not check_call(fn, (x,), registry=None).ok
+    res = check_call(fn, (x,))
+    assert res.ok, res.error
 
 
 def test_kthvalue_ties():
@@ -189,6 +211,7 @@ def test_module_sort_median_mode_searchsorted():
         pos = torch.searchsorted(torch.sort(y[0]).values, y, right=True)
         return (s.values, s.indices, torch.argsort(y, dim=0, stable=True), med.values,
                 med.indices, nmed.values, nmed.indices, torch.median(y), torch.nanmedian(y),
-                mo.values, mo.indices, kth.values, kth.indices, pos)
+                mo.values, mo.indices, kth.values, kth.indices, pos,
+                torch.quantile(y, 0.3, dim=1), torch.nanquantile(y, torch.tensor([0.2, 0.8]), 0))
 
     _module_check(f)

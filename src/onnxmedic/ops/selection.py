@@ -393,7 +393,8 @@ def aten_quantile_scalar(self, q: float, dim=None, keepdim: bool = False, *,
                          interpolation: str = "linear"):
     """quantile.scalar(Tensor self, float q, int? dim=None, bool keepdim=False, *, str interpolation="linear") -> Tensor
 
-    Overrides torchlib, which ignores NaN (PyTorch's quantile is NaN for a slice with NaN)."""
+    Overrides torchlib, which with interpolation lower/higher/nearest returns a number for a
+    slice holding NaN (PyTorch: NaN). Exact: same sort, ranks and lerp as PyTorch."""
     return _quantile(self, q, dim, keepdim, interpolation, ignore_nan=False)
 
 
