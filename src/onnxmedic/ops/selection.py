@@ -15,7 +15,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from onnxmedic.ops._common import const, ints, is_float
+from onnxmedic.ops._common import const, const_f64, ints, is_float
 from onnxmedic.ops._registry import translation
 
 aten = torch.ops.aten
@@ -34,6 +34,21 @@ def _axis(dim: int, rank: int) -> int:
     return dim + r if dim < 0 else dim
 
 
+def _sort_key(x):
+    """A TopK key ordering x exactly as PyTorch's sort (NaN greatest, -0 == 0), and a NaN mask
+    that still needs a second stable pass (only for float64, which has no wider type)."""
+    wider = {ir.DataType.FLOAT: ir.DataType.DOUBLE, ir.DataType.FLOAT16: ir.DataType.FLOAT,
+             ir.DataType.BFLOAT16: ir.DataType.FLOAT}.get(x.dtype)
+    if wider is None:
+        return _key(x)
+    # In the wider type every value of x is exact and there is room above x's +inf:
+    # +inf -> a finite value above x's range, NaN -> +inf. One TopK pass, no NaN pass.
+    w = op.Cast(x, to=wider)
+    above = 1e300 if wider == ir.DataType.DOUBLE else 1e38 * 3
+    w = op.Where(op.IsInf(w, detect_negative=0), const_f64(above, w), w)
+    return op.Where(op.IsNaN(w), const(math.inf, w), w), None
+
+
 def _key(x):
     """A TopK-sortable key with the same order as x, and x's NaN mask (None for non-floats).
 
@@ -50,9 +65,13 @@ def _key(x):
     return op.Where(nan, const(math.inf, key), key), nan
 
 
-def _stable_argsort(x, axis: int, descending: bool):
-    """int64 indices that sort x stably along ``axis`` (rank >= 1), NaN greatest."""
-    key, nan = _key(x)
+def _stable_argsort(x, axis: int, descending: bool, k: int | None = None):
+    """int64 indices that sort x stably along ``axis`` (rank >= 1), NaN greatest; only the
+    first ``k`` when given (a partial sort, ascending float32/16 and integers only)."""
+    key, nan = _sort_key(x)
+    if k is not None and nan is None:
+        _, idx = op.TopK(key, ints([k]), axis=axis, largest=int(descending), sorted=1)
+        return idx
     n = op.Shape(x, start=axis, end=axis + 1)
     _, idx = op.TopK(key, n, axis=axis, largest=int(descending), sorted=1)
     if nan is not None:
@@ -193,7 +212,19 @@ def aten_kthvalue(self, k: int, dim: int = -1, keepdim: bool = False):
         return op.Identity(self), _index_zero()
     if not isinstance(k, int):
         raise ValueError(f"kthvalue: k must be known at export time (got {k!r})")
-    return _pick(self, _axis(dim, _rank(self)), keepdim, ints([k - 1]))
+    axis = _axis(dim, _rank(self))
+    if self.dtype != ir.DataType.DOUBLE:  # partial sort: the k smallest, take the last
+        idx = _stable_argsort(self, axis, False, k=k)
+        idx = _sl_axis(idx, k - 1, k, axis)
+        val = op.GatherElements(self, idx, axis=axis)
+        if not keepdim:
+            val, idx = op.Squeeze(val, ints([axis])), op.Squeeze(idx, ints([axis]))
+        return val, idx
+    return _pick(self, axis, keepdim, ints([k - 1]))
+
+
+def _sl_axis(x, start: int, end: int, axis: int):
+    return op.Slice(x, ints([start]), ints([end]), ints([axis]))
 
 
 @translation(aten.mode.default)
