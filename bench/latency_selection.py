@@ -10,9 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from _oplatency import main  # noqa: E402
+import torch
+from _oplatency import main
 
 torch.manual_seed(0)
 X = torch.randn(64, 256)

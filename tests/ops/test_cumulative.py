@@ -77,7 +77,7 @@ make_tests(ENTRIES, globals())
 def test_logcumsumexp_torchlib_is_wrong():
     """Why this translation overrides torchlib's: torchlib gives inf/NaN where PyTorch is finite."""
     x = torch.tensor([[0.0, 1000.0, -1000.0, 3.0], [-inf, -inf, 1.0, 2.0]])
-    fn = lambda a: torch.logcumsumexp(a, 1)  # noqa: E731
+    fn = lambda a: torch.logcumsumexp(a, 1)
     assert not check_call(fn, (x,), registry=None).ok
     res = check_call(fn, (x,), tolerance=(1e-5, 1e-6))
     assert res.ok, res.error
@@ -94,7 +94,7 @@ def test_scan_dim_must_be_static():
 
     try:
         torch.onnx.export(ep, t, dynamo=True, custom_translation_table=REGISTRY.table())
-    except Exception as e:  # torch.onnx wraps it
+    except Exception as e:  # noqa: BLE001 - torch.onnx wraps it in its own error types
         msg = str(e) + "".join(str(c) for c in (e.__cause__, getattr(e.__cause__, "__cause__", None)))
         assert "must be static at export time" in msg
     else:

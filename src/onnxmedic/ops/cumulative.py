@@ -9,7 +9,6 @@ log/exp, so zeros, negatives, inf and NaN behave exactly as in PyTorch.
 
 from __future__ import annotations
 
-
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
@@ -37,7 +36,7 @@ def _axis_and_len(name: str, x, dim: int) -> tuple[int, int]:
     axis = dim + r if dim < 0 else dim
     n = x.shape[axis] if rank else 1
     if not isinstance(n, int):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 - the brief's message contract: ValueError
             f"{name}: the size of the scanned dim must be static at export time (got {n})"
         )
     return axis, n

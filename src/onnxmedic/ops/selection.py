@@ -211,7 +211,7 @@ def aten_kthvalue(self, k: int, dim: int = -1, keepdim: bool = False):
         _axis(dim, 0)
         return op.Identity(self), _index_zero()
     if not isinstance(k, int):
-        raise ValueError(f"kthvalue: k must be known at export time (got {k!r})")
+        raise ValueError(f"kthvalue: k must be known at export time (got {k!r})")  # noqa: TRY004
     axis = _axis(dim, _rank(self))
     if self.dtype != ir.DataType.DOUBLE:  # partial sort: the k smallest, take the last
         idx = _stable_argsort(self, axis, False, k=k)
@@ -346,7 +346,7 @@ def aten_searchsorted_tensor(sorted_sequence, self, *, out_int32: bool = False,
 def aten_searchsorted_scalar(sorted_sequence, self, *, out_int32: bool = False,
                              right: bool = False, side=None, sorter=None):
     """searchsorted.Scalar(Tensor sorted_sequence, Scalar self, *, bool out_int32=False, bool right=False, str? side=None, Tensor? sorter=None) -> Tensor"""
-    if isinstance(self, bool) or isinstance(self, int):
+    if isinstance(self, (bool, int)):
         v = op.Constant(value=ir.tensor(int(self), dtype=ir.DataType.INT64))
     else:
         v = op.Constant(value=ir.tensor(float(self), dtype=ir.DataType.DOUBLE))
@@ -389,7 +389,7 @@ def _quantile(self, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool)
     else:
         ranks = op.Mul(qv, op.Expand(last, op.Shape(cnt)))
         ranks = op.Where(op.Less(cnt, n), op.Expand(last, op.Shape(ranks)), ranks)
-    to_idx = lambda r: op.Cast(r, to=ir.DataType.INT64)  # noqa: E731
+    to_idx = lambda r: op.Cast(r, to=ir.DataType.INT64)
     if interpolation in ("lower", "higher", "nearest"):
         r = {"lower": op.Floor, "higher": op.Ceil, "nearest": op.Round}[interpolation](ranks)
         res = op.GatherElements(srt, to_idx(r), axis=-1)
