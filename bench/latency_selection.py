@@ -28,6 +28,8 @@ CASES = [
     ("kthvalue k=10 64x256", lambda a: torch.kthvalue(a, 10, 1), (X,)),
     ("mode 64x256 (O(n^2))", lambda a: torch.mode(a, 1), (TIES,)),
     ("searchsorted 1024 x 64x256", lambda s, v: torch.searchsorted(s, v), (SEQ, VALS)),
+    ("quantile 3 qs linear 64x256", lambda a: torch.quantile(a, torch.tensor([0.1, 0.5, 0.9]), 1),
+     (X,)),
     ("cumprod 64x256", lambda a: torch.cumprod(a, 1), (X,)),
     ("cummax 64x256", lambda a: torch.cummax(a, 1), (X,)),
     ("cummin 64x256", lambda a: torch.cummin(a, 1), (X,)),
