@@ -52,6 +52,7 @@ class ExportResult:
     model: str | None = None
     inputs: list[str] = field(default_factory=list)
     used_translations: list[str] = field(default_factory=list)
+    inventory: list[dict[str, Any]] = field(default_factory=list)  # with explain=True
     opset: int | None = None
     traceback: str | None = None
     onnx_model: Any = None  # the onnx.ModelProto (in memory; not serialised)
@@ -102,6 +103,7 @@ class ExportResult:
             "verification_summary": self.verification_summary(),
             "capture_attempts": self.attempts,
             "used_translations": self.used_translations,
+            "inventory": self.inventory,
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "traceback": self.traceback,
         }
@@ -353,6 +355,7 @@ def export(
     keep_unverified: bool = False,
     timeout: float = sandbox.DEFAULT_TIMEOUT,
     tolerance: tuple[float, float] | None = None,
+    explain: bool = False,
     model_spec: str | None = None,
     input_specs: list[str] | None = None,
 ) -> ExportResult:
@@ -380,7 +383,7 @@ def export(
             _export(result, model, args, kwargs, f, dynamic_shapes=dynamic_shapes,
                     target=target, opset=opset, verify=verify,
                     keep_unverified=keep_unverified, timeout=timeout, tolerance=tolerance,
-                    worker=worker)
+                    worker=worker, explain=explain)
     except OnnxMedicError as e:
         result.findings.append(e.finding)
         result.ok = False
@@ -405,7 +408,7 @@ def export(
 def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             f: Any, *, dynamic_shapes: Any, target: str, opset: int | None, verify: bool,
             keep_unverified: bool, timeout: float, tolerance: tuple[float, float] | None,
-            worker: sandbox.Worker | None) -> None:
+            worker: sandbox.Worker | None, explain: bool = False) -> None:
     from onnxmedic import translate as translate_mod
 
     bad_out = _check_output_path(f)
@@ -445,6 +448,12 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
                     f"{attempts[-1].strategy} worked."))
     result.stages["capture"] = PASSED
     result.program = program
+    if explain:
+        with _stage(result, "explain"):
+            try:
+                result.inventory = translate_mod.op_inventory(program, opset=opset)
+            except Exception as e:  # the translate stage reports decomposition failures
+                logger.debug("op inventory failed: %s", e)
 
     with _stage(result, "translate"):
         tr = translate_mod.translate(program, args, kwargs, opset=opset)

@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-verify", action="store_true", help="skip running in ONNX Runtime")
     e.add_argument("--keep-unverified", action="store_true",
                    help="write the output even when verification fails")
+    e.add_argument("--explain", action="store_true",
+                   help="print the op inventory: every ATen op, count, and who translates it")
     common(e)
 
     v = sub.add_parser("verify", help="compare an existing ONNX file with the PyTorch model",
@@ -116,7 +118,7 @@ def _run(ns: argparse.Namespace) -> Any:
                               target=ns.target, opset=ns.opset, verify=not ns.no_verify,
                               report=ns.report, keep_unverified=ns.keep_unverified,
                               timeout=ns.timeout, tolerance=_tolerance(ns),
-                              model_spec=ns.model, input_specs=ns.input)
+                              explain=ns.explain, model_spec=ns.model, input_specs=ns.input)
         return api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
                           timeout=ns.timeout, tolerance=_tolerance(ns), model_spec=ns.model,
                           input_specs=ns.input)

@@ -7,6 +7,7 @@ one torch.onnx tripped on), each with its module path and the user's line.
 from __future__ import annotations
 
 import logging
+import operator
 import re
 import warnings
 from collections import Counter
@@ -97,16 +98,50 @@ def unsupported_ops(program: torch.export.ExportedProgram, registry: Translation
         if node.op != "call_function":
             continue
         target = node.target
-        if target is getattr(__import__("operator"), "getitem"):
+        if target is operator.getitem:
             continue
         if isinstance(target, torch._ops.OpOverload) and not reg.is_registered(target):
             missing.append(node)
     return missing, None
 
 
-def op_inventory(program: torch.export.ExportedProgram) -> Counter[str]:
-    """How many times each ATen op appears in the captured program."""
-    return Counter(_op_name(n.target) for n in program.graph.nodes if n.op == "call_function")
+def op_inventory(program: torch.export.ExportedProgram, registry: TranslationRegistry = REGISTRY,
+                 opset: int | None = None) -> list[dict[str, Any]]:
+    """Every ATen op the ONNX translation will see (after torch.onnx's decompositions), with
+    its count, who translates it at ``opset`` (onnxmedic, torchlib or nothing) and where it
+    is first used."""
+    from torch.onnx._internal.exporter import _core
+
+    reg = registry.onnx_registry(opset)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        decomposed = _core._prepare_exported_program_for_export(program, registry=reg)
+    counts: Counter[str] = Counter()
+    first: dict[str, torch.fx.Node] = {}
+    targets: dict[str, Any] = {}
+    for node in decomposed.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        name = _op_name(node.target)
+        counts[name] += 1
+        first.setdefault(name, node)
+        targets[name] = node.target
+    rows = []
+    for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        target = targets[name]
+        if registry.get(target) is not None if isinstance(target, torch._ops.OpOverload) \
+                else False:
+            by = "onnxmedic"
+        elif isinstance(target, torch._ops.OpOverload) and reg.is_registered(target):
+            by = "torchlib"
+        elif not isinstance(target, torch._ops.OpOverload):
+            by = "torchlib"  # Python-level helpers torch.onnx handles itself (e.g. sym ops)
+        else:
+            by = "none"
+        loc = location_from_node(first[name])
+        rows.append({"op": name, "count": count, "translated_by": by,
+                     "first_use": str(loc) if loc is not None else None})
+    return rows
 
 
 def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],

@@ -285,3 +285,26 @@ def test_verify_hang_is_a_finding(tmp_path):
     r = onnxmedic.verify(p, models.Identity(), (torch.randn(2, 3),), timeout=8)
     assert not r.ok and r.stages["runtime"] == "failed"
     assert r.errors[0].code == "OM512"
+
+
+def test_explain_inventory_names_who_translates_each_op(registry_snapshot):
+    @torch.library.custom_op("omtest::explained", mutates_args=())
+    def explained(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    @explained.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.omtest.explained(torch.special.erfinv(torch.tanh(x))) * 2
+
+    r = onnxmedic.export(M(), (torch.randn(3, 4),), explain=True)
+    assert not r.ok and r.stages["translate"] == "failed"
+    by = {row["op"]: row for row in r.inventory}
+    assert by["aten.special_erfinv.default"]["translated_by"] == "onnxmedic"
+    assert by["aten.tanh.default"]["translated_by"] == "torchlib"
+    assert by["omtest.explained.default"]["translated_by"] == "none"
+    assert by["omtest.explained.default"]["count"] == 1
+    assert "test_export.py" in by["omtest.explained.default"]["first_use"]

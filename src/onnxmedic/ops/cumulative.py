@@ -80,7 +80,7 @@ def aten_cumprod(self, dim: int, *, dtype=None):
         x = op.Cast(x, to=ir.DataType.INT64)  # PyTorch accumulates integers in int64
     if len(self.shape) == 0 or n <= 1:
         return op.Identity(x)
-    (y,) = _scan((x,), n, axis, lambda l, r: (op.Mul(l[0], r[0]),))
+    (y,) = _scan((x,), n, axis, lambda a, b: (op.Mul(a[0], b[0]),))
     return y
 
 
@@ -111,7 +111,7 @@ def _cum_extreme(name: str, x, dim: int, greater: bool):
         return op.Where(better, vr, vl), op.Where(better, ir_, il)
 
     if n > 1:
-        key, idx = _scan((key, idx), n, axis, lambda l, r: combine((l[0], l[1]), (r[0], r[1])))
+        key, idx = _scan((key, idx), n, axis, lambda a, b: combine((a[0], a[1]), (b[0], b[1])))
     return op.GatherElements(x, idx, axis=axis), idx
 
 
@@ -165,7 +165,7 @@ def aten_logcumsumexp(self, dim: int):
     low = self.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
     if low:
         x = op.Cast(x, to=ir.DataType.FLOAT)
-    (y,) = _scan((x,), n, axis, lambda l, r: (_log_add_exp(l[0], r[0]),))
+    (y,) = _scan((x,), n, axis, lambda a, b: (_log_add_exp(a[0], b[0]),))
     if low:
         y = op.CastLike(y, self)
     return y

@@ -389,7 +389,9 @@ def _quantile(self, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool)
     else:
         ranks = op.Mul(qv, op.Expand(last, op.Shape(cnt)))
         ranks = op.Where(op.Less(cnt, n), op.Expand(last, op.Shape(ranks)), ranks)
-    to_idx = lambda r: op.Cast(r, to=ir.DataType.INT64)
+    def to_idx(r):
+        return op.Cast(r, to=ir.DataType.INT64)
+
     if interpolation in ("lower", "higher", "nearest"):
         r = {"lower": op.Floor, "higher": op.Ceil, "nearest": op.Round}[interpolation](ranks)
         res = op.GatherElements(srt, to_idx(r), axis=-1)

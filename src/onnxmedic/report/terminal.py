@@ -42,6 +42,16 @@ def render_terminal(result: Any, console: Console | None = None, verbose: bool =
                       f"{c.max_abs:.3g}", f"{c.max_rel:.3g}",
                       "[green]ok[/]" if c.ok else f"[red]{escape(c.reason)}[/]")
         console.print(t)
+    if getattr(result, "inventory", None):
+        t = Table(title="op inventory (after torch.onnx's decompositions)", title_justify="left")
+        for col in ("ATen op", "count", "translated by", "first use"):
+            t.add_column(col)
+        color = {"onnxmedic": "cyan", "torchlib": "green", "none": "red"}
+        for row in result.inventory:
+            by = row["translated_by"]
+            t.add_row(escape(row["op"]), str(row["count"]), f"[{color[by]}]{by}[/]",
+                      escape(row["first_use"] or ""))
+        console.print(t)
     if result.used_translations:
         console.print("translated by onnxmedic: " + ", ".join(result.used_translations))
     if result.traceback:
