@@ -265,3 +265,318 @@ def aten_linalg_solve_default(A, B, left: bool = True):
 def aten_linalg_solve_ex_default(A, B, left: bool = True, check_errors: bool = False):
     """linalg_solve_ex(Tensor A, Tensor B, *, bool left=True, bool check_errors=False) -> (Tensor result, Tensor info)"""
     return _solve(A, B, left, "linalg_solve_ex")
+
+
+# ----------------------------------------------------------------------------- LU (getrf)
+
+
+def _lu(A, n: int):
+    """LAPACK getrf: returns (LU [..., n, n], pivots int32 [..., n] 1-based, info int32, diag list).
+
+    Row swaps are real (GatherElements with a swap index), so LU and pivots match PyTorch.
+    A zero pivot skips the scaling of the column, as getrf does.
+    """
+    rng = _i64_const(np.arange(n))
+    zero = const(0.0, A)
+    one = const(1.0, A)
+    neg1 = const(-1.0, A)
+    full_shape = op.Shape(A)
+    pivs = []
+    diag = []
+    for k in range(n):
+        col = op.Gather(A, _k(k), axis=-1)  # [..., n]
+        score = op.Where(_bool_const(np.arange(n) < k), neg1, op.Abs(col))
+        p = op.ArgMax(score, axis=-1, keepdims=1)  # [..., 1]
+        pivs.append(p)
+        kk = op.Constant(value_int=k)
+        idx = op.Where(op.Equal(rng, kk), p, op.Where(op.Equal(rng, p), kk, rng))  # [..., n]
+        A = op.GatherElements(A, op.Expand(op.Unsqueeze(idx, ints([-1])), full_shape), axis=-2)
+        if k == n - 1:
+            diag.append(op.Gather(op.Gather(A, _k(k), axis=-1), _k(k), axis=-1))
+            break
+        colk = op.Gather(A, _k(k), axis=-1)  # [..., n]
+        rowk = op.Gather(A, _k(k), axis=-2)  # [..., n]
+        piv = op.Gather(colk, _k(k), axis=-1)  # [...]
+        diag.append(piv)
+        safe = op.Unsqueeze(op.Where(op.Equal(piv, zero), one, piv), ints([-1]))
+        below = _np_const((np.arange(n) > k).astype(np.float64), A)
+        right = _np_const((np.arange(n) > k).astype(np.float64), A)
+        l = op.Mul(op.Div(colk, safe), below)  # multipliers, zero at rows <= k
+        upd = op.Mul(op.Unsqueeze(l, ints([-1])), op.Unsqueeze(op.Mul(rowk, right), ints([-2])))
+        A = op.Sub(A, upd)
+        colmask = _bool_const((np.arange(n)[:, None] > k) & (np.arange(n)[None, :] == k))
+        A = op.Where(colmask, op.Unsqueeze(l, ints([-1])), A)
+    pivots = _int32(op.Add(op.Concat(*pivs, axis=-1), op.Constant(value_int=1)))
+    d = op.Concat(*[op.Unsqueeze(x, ints([-1])) for x in diag], axis=-1)  # [..., n]
+    info = _first_true_1based(op.Equal(d, zero), n)
+    return A, pivots, info, d
+
+
+def _perm_sign(pivots1, n: int, like):
+    """(-1)^(number of real swaps) from 1-based getrf pivots, as ``like``'s dtype."""
+    ident = op.Constant(value=ir.tensor(np.arange(1, n + 1, dtype=np.int32)))
+    swaps = op.Cast(op.Not(op.Equal(pivots1, ident)), to=_INT64)
+    cnt = op.ReduceSum(swaps, ints([-1]), keepdims=0)
+    odd = op.Equal(op.Mod(cnt, op.Constant(value_int=2)), op.Constant(value_int=1))
+    return op.Where(odd, const(-1.0, like), const(1.0, like))
+
+
+def _slogdet(A, opname: str):
+    n = _square(A, opname)
+    if n == 0:
+        b = _batch_shape(A)
+        onev = op.Expand(const(1.0, A), b)
+        return onev, op.Expand(const(0.0, A), b), A, _zeros_i32(op.Concat(b, ints([0]), axis=0))
+    LU, pivots, info, d = _lu(A, n)
+    sign = op.Mul(_perm_sign(pivots, n, A), op.ReduceProd(op.Sign(d), ints([-1]), keepdims=0))
+    logabs = op.ReduceSum(op.Log(op.Abs(d)), ints([-1]), keepdims=0)
+    return sign, logabs, LU, pivots
+
+
+@translation(aten.linalg_slogdet.default, static_shapes=True)
+def aten_linalg_slogdet_default(A):
+    """linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet)
+
+    A singular matrix gives sign 0 and logabsdet -inf, as in PyTorch.
+    """
+    sign, logabs, _, _ = _slogdet(A, "linalg_slogdet")
+    return sign, logabs
+
+
+@translation(aten._linalg_slogdet.default, static_shapes=True)
+def aten__linalg_slogdet_default(A):
+    """_linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet, Tensor LU, Tensor pivots)"""
+    return _slogdet(A, "_linalg_slogdet")
+
+
+def _lu_factor(A, opname: str, pivot: bool):
+    if not pivot:
+        raise ValueError(f"{opname}: pivot=False is not supported (LU without pivoting is only "
+                         f"implemented by PyTorch on CUDA)")
+    m, n = _matrix_size(A, opname)
+    if m != n:
+        raise ValueError(f"{opname}: only square matrices are supported (got {m} x {n})")
+    if n == 0:
+        b = _batch_shape(A)
+        return A, _zeros_i32(op.Concat(b, ints([0]), axis=0)), _zeros_i32(b)
+    LU, pivots, info, _ = _lu(A, n)
+    return LU, pivots, info
+
+
+@translation(aten.linalg_lu_factor.default, static_shapes=True)
+def aten_linalg_lu_factor_default(A, pivot: bool = True):
+    """linalg_lu_factor(Tensor A, *, bool pivot=True) -> (Tensor LU, Tensor pivots)
+
+    Square matrices only (LAPACK getrf semantics: int32 1-based pivots).
+    """
+    LU, pivots, _ = _lu_factor(A, "linalg_lu_factor", pivot)
+    return LU, pivots
+
+
+@translation(aten.linalg_lu_factor_ex.default, static_shapes=True)
+def aten_linalg_lu_factor_ex_default(A, pivot: bool = True, check_errors: bool = False):
+    """linalg_lu_factor_ex(Tensor A, *, bool pivot=True, bool check_errors=False) -> (Tensor LU, Tensor pivots, Tensor info)"""
+    return _lu_factor(A, "linalg_lu_factor_ex", pivot)
+
+
+def _apply_pivots(B, pivots, n: int):
+    """Apply getrf's row interchanges (1-based, in order) to the rows of [..., n, k] B."""
+    rng = _i64_const(np.arange(n))
+    p0 = op.Sub(op.Cast(pivots, to=_INT64), op.Constant(value_int=1))
+    shape = op.Shape(B)
+    for k in range(n):
+        p = op.Gather(p0, ints([k]), axis=-1)  # [..., 1]
+        kk = op.Constant(value_int=k)
+        idx = op.Where(op.Equal(rng, kk), p, op.Where(op.Equal(rng, p), kk, rng))
+        B = op.GatherElements(B, op.Expand(op.Unsqueeze(idx, ints([-1])), shape), axis=-2)
+    return B
+
+
+# ----------------------------------------------------------------------------- triangular
+
+
+def _trsolve(T, B, n: int, lower: bool, unit: bool):
+    """Solve T X = B for triangular [..., n, n] T and [..., n, k] B by substitution."""
+    xs = [None] * n
+    order = range(n) if lower else range(n - 1, -1, -1)
+    for k in order:
+        bk = op.Gather(B, ints([k]), axis=-2)  # [..., 1, k]
+        colk = op.Gather(T, _k(k), axis=-1)  # [..., n]
+        if unit:
+            xk = bk
+        else:
+            tkk = op.Gather(colk, ints([k]), axis=-1)  # [..., 1]
+            xk = op.Div(bk, op.Unsqueeze(tkk, ints([-1])))
+        xs[k] = xk
+        rows = (np.arange(n) > k) if lower else (np.arange(n) < k)
+        if rows.any():
+            c = op.Mul(colk, _np_const(rows.astype(np.float64), T))
+            B = op.Sub(B, op.Mul(op.Unsqueeze(c, ints([-1])), xk))
+    return op.Concat(*xs, axis=-2) if n > 1 else xs[0]
+
+
+def _solve_triangular(A, B, upper: bool, left: bool, unit: bool, opname: str):
+    n = _square(A, opname)
+    ra, rb = len(A.shape), len(B.shape)
+    if n == 0:
+        return B
+    same = list(A.shape)[:-2] == list(B.shape)[:-2]
+    if left:
+        A2, B2 = _broadcast_batch(A, B, same)
+        return _trsolve(A2, B2, n, not upper, unit)
+    # X A = B  <=>  A^T X^T = B^T
+    A2, B2 = _broadcast_batch(_mT(A, ra), _mT(B, rb), same)
+    return _mT(_trsolve(A2, B2, n, upper, unit), max(ra, rb))
+
+
+@translation(aten.linalg_solve_triangular.default, static_shapes=True)
+def aten_linalg_solve_triangular_default(self, B, upper: bool, left: bool = True,
+                                         unitriangular: bool = False):
+    """linalg_solve_triangular(Tensor self, Tensor B, *, bool upper, bool left=True, bool unitriangular=False) -> Tensor"""
+    return _solve_triangular(self, B, upper, left, unitriangular, "linalg_solve_triangular")
+
+
+@translation(aten.triangular_solve.default, static_shapes=True)
+def aten_triangular_solve_default(self, A, upper: bool = True, transpose: bool = False,
+                                  unitriangular: bool = False):
+    """triangular_solve(Tensor self, Tensor A, bool upper=True, bool transpose=False, bool unitriangular=False) -> (Tensor solution, Tensor cloned_coefficient)"""
+    n = _square(A, "triangular_solve")
+    ra = len(A.shape)
+    T = _mT(A, ra) if transpose else A
+    up = upper != transpose
+    if n == 0:
+        X = self
+    else:
+        same = list(A.shape)[:-2] == list(self.shape)[:-2]
+        T2, B2 = _broadcast_batch(T, self, same)
+        X = _trsolve(T2, B2, n, not up, unitriangular)
+    A_out = A if same_or_true(A, self) else op.Mul(
+        A, op.Expand(const(1.0, A), op.Concat(_batch_shape(self), ints([1, 1]), axis=0)))
+    return X, A_out
+
+
+def same_or_true(A, B) -> bool:
+    return list(A.shape)[:-2] == list(B.shape)[:-2]
+
+
+@translation(aten.linalg_lu_solve.default, static_shapes=True)
+def aten_linalg_lu_solve_default(LU, pivots, B, left: bool = True, adjoint: bool = False):
+    """linalg_lu_solve(Tensor LU, Tensor pivots, Tensor B, *, bool left=True, bool adjoint=False) -> Tensor"""
+    n = _square(LU, "linalg_lu_solve")
+    if n == 0:
+        return B
+    rl, rb = len(LU.shape), len(B.shape)
+    same = list(LU.shape)[:-2] == list(B.shape)[:-2]
+    if left and not adjoint:
+        # A = P L U: X = U^-1 L^-1 P^T B
+        LU2, B2 = _broadcast_batch(LU, B, same)
+        Bp = _apply_pivots(B2, pivots, n)
+        Y = _trsolve(LU2, Bp, n, lower=True, unit=True)
+        return _trsolve(LU2, Y, n, lower=False, unit=False)
+    if left and adjoint:
+        # A^T X = B: U^T L^T P^T X = B -> X = P L^-T U^-T B
+        LUt = _mT(LU, rl)
+        LU2, B2 = _broadcast_batch(LUt, B, same)
+        Y = _trsolve(LU2, B2, n, lower=True, unit=False)  # U^T Y = B
+        Z = _trsolve(LU2, Y, n, lower=False, unit=True)  # L^T Z = Y
+        return _apply_pivots_inverse(Z, pivots, n)
+    raise ValueError("linalg_lu_solve: left=False is not supported yet")
+
+
+def _apply_pivots_inverse(B, pivots, n: int):
+    """P B for getrf pivots: the interchanges applied in reverse order."""
+    rng = _i64_const(np.arange(n))
+    p0 = op.Sub(op.Cast(pivots, to=_INT64), op.Constant(value_int=1))
+    shape = op.Shape(B)
+    for k in range(n - 1, -1, -1):
+        p = op.Gather(p0, ints([k]), axis=-1)
+        kk = op.Constant(value_int=k)
+        idx = op.Where(op.Equal(rng, kk), p, op.Where(op.Equal(rng, p), kk, rng))
+        B = op.GatherElements(B, op.Expand(op.Unsqueeze(idx, ints([-1])), shape), axis=-2)
+    return B
+
+
+# ----------------------------------------------------------------------------- Cholesky
+
+
+def _cholesky(A, n: int):
+    """Right-looking Cholesky of the lower triangle. Returns (L, info)."""
+    zero = const(0.0, A)
+    cols = []
+    diag = []
+    for k in range(n):
+        colk = op.Gather(A, _k(k), axis=-1)  # [..., n]
+        akk = op.Gather(colk, ints([k]), axis=-1)  # [..., 1]
+        diag.append(akk)
+        d = op.Sqrt(akk)
+        rows = _np_const((np.arange(n) >= k).astype(np.float64), A)
+        l = op.Mul(op.Div(colk, d), rows)  # [..., n]
+        cols.append(op.Unsqueeze(l, ints([-1])))
+        if k < n - 1:
+            A = op.Sub(A, op.Mul(op.Unsqueeze(l, ints([-1])), op.Unsqueeze(l, ints([-2]))))
+    L = op.Concat(*cols, axis=-1) if n > 1 else cols[0]
+    dd = op.Concat(*diag, axis=-1) if n > 1 else diag[0]
+    bad = op.Not(op.Greater(dd, zero))  # also true for NaN
+    return L, _first_true_1based(bad, n)
+
+
+def _chol(self, upper: bool, opname: str):
+    n = _square(self, opname)
+    if n == 0:
+        return self, _zeros_i32(_batch_shape(self))
+    # Read only the lower triangle (upper=True reads the upper one: chol of A^T then transpose).
+    r = len(self.shape)
+    A = _mT(self, r) if upper else self
+    A = op.Trilu(A, upper=0)
+    A = op.Add(A, _mT(op.Trilu(A, op.Constant(value_int=-1), upper=0), r))
+    L, info = _cholesky(A, n)
+    return (_mT(L, r) if upper else L), info
+
+
+@translation(aten.linalg_cholesky.default, static_shapes=True)
+def aten_linalg_cholesky_default(self, upper: bool = False):
+    """linalg_cholesky(Tensor self, *, bool upper=False) -> Tensor"""
+    return _chol(self, upper, "linalg_cholesky")[0]
+
+
+@translation(aten.linalg_cholesky_ex.default, static_shapes=True)
+def aten_linalg_cholesky_ex_default(self, upper: bool = False, check_errors: bool = False):
+    """linalg_cholesky_ex(Tensor self, *, bool upper=False, bool check_errors=False) -> (Tensor L, Tensor info)
+
+    For a matrix that is not positive definite, ``info`` matches PyTorch but L does not (LAPACK
+    leaves a partial factor; here the failed column and the ones after it are NaN).
+    """
+    return _chol(self, upper, "linalg_cholesky_ex")
+
+
+@translation(aten.cholesky.default, static_shapes=True)
+def aten_cholesky_default(self, upper: bool = False):
+    """cholesky(Tensor self, bool upper=False) -> Tensor"""
+    return _chol(self, upper, "cholesky")[0]
+
+
+@translation(aten.cholesky_solve.default, static_shapes=True)
+def aten_cholesky_solve_default(self, input2, upper: bool = False):
+    """cholesky_solve(Tensor self, Tensor input2, bool upper=False) -> Tensor"""
+    n = _square(input2, "cholesky_solve")
+    if n == 0:
+        return self
+    r2, rb = len(input2.shape), len(self.shape)
+    same = list(input2.shape)[:-2] == list(self.shape)[:-2]
+    L = _mT(input2, r2) if upper else input2  # A = L L^T
+    L2, B2 = _broadcast_batch(L, self, same)
+    Y = _trsolve(L2, B2, n, lower=True, unit=False)
+    return _trsolve(_mT(L2, max(r2, rb)), Y, n, lower=False, unit=False)
+
+
+@translation(aten.cholesky_inverse.default, static_shapes=True)
+def aten_cholesky_inverse_default(self, upper: bool = False):
+    """cholesky_inverse(Tensor self, bool upper=False) -> Tensor"""
+    n = _square(self, "cholesky_inverse")
+    if n == 0:
+        return self
+    r = len(self.shape)
+    L = _mT(self, r) if upper else self
+    eye = op.Expand(_eye(n, self), op.Concat(_batch_shape(self), ints([n, n]), axis=0))
+    Y = _trsolve(L, eye, n, lower=True, unit=False)  # L^-1
+    return op.MatMul(_mT(Y, r), Y)  # (L L^T)^-1 = L^-T L^-1
