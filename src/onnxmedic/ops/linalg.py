@@ -580,3 +580,202 @@ def aten_cholesky_inverse_default(self, upper: bool = False):
     eye = op.Expand(_eye(n, self), op.Concat(_batch_shape(self), ints([n, n]), axis=0))
     Y = _trsolve(L, eye, n, lower=True, unit=False)  # L^-1
     return op.MatMul(_mT(Y, r), Y)  # (L L^T)^-1 = L^-T L^-1
+
+
+# ----------------------------------------------------------------------------- QR (geqrf)
+
+
+def _qr(A, m: int, n: int, want_q: bool, complete: bool):
+    """Householder QR with LAPACK's conventions. Returns (Q or None, R full [..., m, n])."""
+    K = min(m, n)
+    zero = const(0.0, A)
+    one = const(1.0, A)
+    Q = _eye(m, A) if want_q else None
+    for k in range(K if m > 1 else 0):
+        if k == m - 1:
+            break  # a 1-element column: H = I (LAPACK's tau = 0)
+        col = op.Gather(A, _k(k), axis=-1)  # [..., m]
+        alpha = op.Gather(col, ints([k]), axis=-1)  # [..., 1]
+        below = _np_const((np.arange(m) > k).astype(np.float64), A)
+        x = op.Mul(col, below)
+        xnorm2 = op.ReduceSum(op.Mul(x, x), ints([-1]), keepdims=1)
+        norm = op.Sqrt(op.Add(op.Mul(alpha, alpha), xnorm2))
+        sgn = op.Where(op.Less(alpha, zero), const(-1.0, A), one)
+        beta = op.Neg(op.Mul(sgn, norm))
+        noop = op.Equal(xnorm2, zero)
+        beta_s = op.Where(noop, one, beta)
+        tau = op.Where(noop, zero, op.Div(op.Sub(beta, alpha), beta_s))
+        denom = op.Where(noop, one, op.Sub(alpha, beta))
+        ek = _np_const((np.arange(m) == k).astype(np.float64), A)
+        v = op.Add(op.Div(x, denom), ek)  # [..., m], v_k = 1
+        vc = op.Unsqueeze(v, ints([-1]))  # [..., m, 1]
+        vr = op.Unsqueeze(v, ints([-2]))  # [..., 1, m]
+        t = op.Unsqueeze(tau, ints([-1]))  # [..., 1, 1]
+        # A <- (I - tau v v^T) A
+        A = op.Sub(A, op.Mul(op.Mul(vc, t), op.MatMul(vr, A)))
+        if want_q:
+            # Q <- Q (I - tau v v^T)
+            Q = op.Sub(Q, op.Mul(op.MatMul(Q, vc), op.Mul(t, vr)))
+    R = op.Trilu(A, upper=1)
+    return Q, R
+
+
+@translation(aten.linalg_qr.default, static_shapes=True)
+def aten_linalg_qr_default(A, mode: str = "reduced"):
+    """linalg_qr(Tensor A, str mode="reduced") -> (Tensor Q, Tensor R)
+
+    Householder QR with LAPACK geqrf/orgqr's sign convention, so Q and R match PyTorch.
+    """
+    m, n = _matrix_size(A, "linalg_qr")
+    K = min(m, n)
+    r = len(A.shape)
+    if mode not in ("reduced", "complete", "r"):
+        raise ValueError(f"linalg_qr: unknown mode {mode!r}")
+    want_q = mode != "r"
+    bshape = _batch_shape(A)
+    Q, R = _qr(A, m, n, want_q, mode == "complete")
+    if want_q:
+        Q = op.Mul(Q, op.Expand(const(1.0, A), op.Concat(bshape, ints([1, 1]), axis=0)))
+    if mode == "complete":
+        return Q, R
+    R = op.Slice(R, ints([0]), ints([K]), ints([-2]))
+    if mode == "r":
+        return _empty_like_dtype(A), R
+    return op.Slice(Q, ints([0]), ints([K]), ints([-1])), R
+
+
+# ----------------------------------------------------------------------------- Jacobi
+
+
+def _round_robin(n: int) -> list[tuple[list[int], list[int]]]:
+    """n-1 rounds of n/2 disjoint pairs (p < q) covering every pair once (n even)."""
+    players = list(range(n))
+    rounds = []
+    for _ in range(n - 1):
+        ps, qs = [], []
+        for i in range(n // 2):
+            a, b = players[i], players[n - 1 - i]
+            ps.append(min(a, b))
+            qs.append(max(a, b))
+        rounds.append((ps, qs))
+        players = [players[0]] + [players[-1]] + players[1:-1]
+    return rounds
+
+
+def _rotation_basis(n: int, ps: list[int], qs: list[int]) -> np.ndarray:
+    """[n, n*n]: (c ; s) @ basis = the rotation matrix J with J_pp = J_qq = c, J_pq = s, J_qp = -s."""
+    h = len(ps)
+    basis = np.zeros((2 * h, n, n))
+    for i, (p, q) in enumerate(zip(ps, qs)):
+        basis[i, p, p] = 1
+        basis[i, q, q] = 1
+        basis[h + i, p, q] = 1
+        basis[h + i, q, p] = -1
+    return basis.reshape(2 * h, n * n)
+
+
+def _jacobi_angle(a_pp, a_qq, a_pq, like):
+    """(c, s) zeroing a_pq of [[a_pp, a_pq], [a_pq, a_qq]] (Golub & Van Loan 8.4.2)."""
+    zero = const(0.0, like)
+    one = const(1.0, like)
+    skip = op.Equal(a_pq, zero)
+    tau = op.Div(op.Sub(a_qq, a_pp), op.Mul(const(2.0, like), op.Where(skip, one, a_pq)))
+    sgn = op.Where(op.Less(tau, zero), const(-1.0, like), one)
+    t = op.Div(sgn, op.Add(op.Abs(tau), op.Sqrt(op.Add(one, op.Mul(tau, tau)))))
+    t = op.Where(skip, zero, t)  # also covers tau = inf (t = 0 already)
+    c = op.Div(one, op.Sqrt(op.Add(one, op.Mul(t, t))))
+    return c, op.Mul(t, c)
+
+
+def _sweeps(n: int, like) -> int:
+    return (10 if like.dtype == ir.DataType.DOUBLE else 8) + (2 if n > 16 else 0)
+
+
+def _eigh(A, n: int, uplo: str, want_v: bool):
+    """Symmetric eigen-decomposition by parallel cyclic Jacobi. Eigenvalues ascending."""
+    r = len(A.shape)
+    lower = uplo.upper() == "L"
+    T = op.Trilu(A, upper=0 if lower else 1)
+    off = op.Trilu(A, op.Constant(value_int=-1 if lower else 1), upper=0 if lower else 1)
+    A = op.Add(T, _mT(off, r))
+    N = n + (n % 2)
+    if N != n:  # pad with a decoupled zero row/column (never rotated: its a_pq stays 0)
+        pads = [0] * (2 * r)
+        pads[r - 1] = 0
+        pads[2 * r - 2] = 1
+        pads[2 * r - 1] = 1
+        A = op.Pad(A, _i64_const(pads))
+    shape_nn = op.Concat(_batch_shape(A), ints([N, N]), axis=0)
+    V = None
+    for _ in range(_sweeps(n, A)):
+        for ps, qs in _round_robin(N):
+            d = _diag_n(A, N)
+            a_pp = op.Gather(d, _i64_const(ps), axis=-1)
+            a_qq = op.Gather(d, _i64_const(qs), axis=-1)
+            flat = op.Reshape(A, op.Concat(_batch_shape(A), ints([N * N]), axis=0))
+            a_pq = op.Gather(flat, _i64_const([p * N + q for p, q in zip(ps, qs)]), axis=-1)
+            c, s = _jacobi_angle(a_pp, a_qq, a_pq, A)
+            J = op.Reshape(op.MatMul(op.Concat(c, s, axis=-1),
+                                     _np_const(_rotation_basis(N, ps, qs), A)), shape_nn)
+            A = op.MatMul(op.MatMul(_mT(J, r), A), J)
+            if want_v:
+                V = J if V is None else op.MatMul(V, J)
+    w = _diag_n(A, N)
+    if N != n:
+        w = op.Slice(w, ints([0]), ints([n]), ints([-1]))
+        if want_v:
+            V = op.Slice(V, ints([0, 0]), ints([n, n]), ints([-2, -1]))
+    w_sorted, idx = op.TopK(w, ints([n]), axis=-1, largest=0, sorted=1)
+    if not want_v:
+        return w_sorted, None
+    V = op.GatherElements(V, op.Expand(op.Unsqueeze(idx, ints([-2])),
+                                       op.Concat(_batch_shape(A), ints([n, n]), axis=0)), axis=-1)
+    return w_sorted, V
+
+
+def _diag_n(x, n: int):
+    return op.ReduceSum(op.Mul(x, _eye(n, x)), ints([-1]), keepdims=0)
+
+
+def _eigh_checked(A, UPLO: str, want_v: bool, opname: str):
+    n = _square(A, opname)
+    if n == 0:
+        return op.ReduceSum(A, ints([-1]), keepdims=0), A
+    if n == 1:
+        return op.Squeeze(A, ints([-1])), op.Add(op.Mul(A, const(0.0, A)), const(1.0, A))
+    return _eigh(A, n, UPLO, want_v)
+
+
+_EIGH_DOC = """
+
+    Parallel cyclic Jacobi (8 sweeps for float32, 10 for float64; +2 above 16x16). Eigenvalues
+    match PyTorch to ~1e-6 of the largest |eigenvalue|. Eigenvectors are orthonormal and satisfy
+    A V = V diag(w), but their signs (and their basis inside a repeated eigenvalue) are not
+    LAPACK's: compare them sign-invariantly.
+"""
+
+
+@translation(aten.linalg_eigh.default, static_shapes=True)
+def aten_linalg_eigh_default(self, UPLO: str = "L"):
+    w, V = _eigh_checked(self, UPLO, True, "linalg_eigh")
+    return w, V
+
+
+aten_linalg_eigh_default.__doc__ = str(aten.linalg_eigh.default._schema) + _EIGH_DOC
+
+
+@translation(aten._linalg_eigh.default, static_shapes=True)
+def aten__linalg_eigh_default(A, UPLO: str = "L", compute_v: bool = True):
+    w, V = _eigh_checked(A, UPLO, compute_v, "_linalg_eigh")
+    return w, (V if compute_v else _empty_like_dtype(A))
+
+
+aten__linalg_eigh_default.__doc__ = str(aten._linalg_eigh.default._schema) + _EIGH_DOC
+
+
+@translation(aten.linalg_eigvalsh.default, static_shapes=True)
+def aten_linalg_eigvalsh_default(self, UPLO: str = "L"):
+    return _eigh_checked(self, UPLO, False, "linalg_eigvalsh")[0]
+
+
+aten_linalg_eigvalsh_default.__doc__ = str(aten.linalg_eigvalsh.default._schema) + _EIGH_DOC
