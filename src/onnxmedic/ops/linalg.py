@@ -779,3 +779,205 @@ def aten_linalg_eigvalsh_default(self, UPLO: str = "L"):
 
 
 aten_linalg_eigvalsh_default.__doc__ = str(aten.linalg_eigvalsh.default._schema) + _EIGH_DOC
+
+
+# ----------------------------------------------------------------------------- SVD
+
+
+def _svd_tall(A, m: int, n: int, want_uv: bool, r: int):
+    """One-sided Jacobi SVD of rank-r [..., m, n] with m >= n. Returns (U, S descending, V)."""
+    N = n + (n % 2)
+    if N != n:  # a zero column is never rotated (its dot products are 0)
+        pads = [0] * (2 * r)
+        pads[2 * r - 1] = 1
+        A = op.Pad(A, _i64_const(pads))
+    bshape = _batch_shape(A)
+    shape_nn = op.Concat(bshape, ints([N, N]), axis=0)
+    V = None
+    for _ in range(_sweeps(n, A)):
+        for ps, qs in _round_robin(N):
+            Ap = op.Gather(A, _i64_const(ps), axis=-1)  # [..., m, h]
+            Aq = op.Gather(A, _i64_const(qs), axis=-1)
+            alpha = op.ReduceSum(op.Mul(Ap, Ap), ints([-2]), keepdims=0)
+            beta = op.ReduceSum(op.Mul(Aq, Aq), ints([-2]), keepdims=0)
+            gamma = op.ReduceSum(op.Mul(Ap, Aq), ints([-2]), keepdims=0)
+            c, s = _jacobi_angle(alpha, beta, gamma, A)
+            J = op.Reshape(op.MatMul(op.Concat(c, s, axis=-1),
+                                     _np_const(_rotation_basis(N, ps, qs), A)), shape_nn)
+            A = op.MatMul(A, J)
+            if want_uv:
+                V = J if V is None else op.MatMul(V, J)
+    if N != n:
+        A = op.Slice(A, ints([0]), ints([n]), ints([-1]))
+        if want_uv:
+            V = op.Slice(V, ints([0, 0]), ints([n, n]), ints([-2, -1]))
+    sv = op.Sqrt(op.ReduceSum(op.Mul(A, A), ints([-2]), keepdims=0))  # [..., n]
+    S, idx = op.TopK(sv, ints([n]), axis=-1, largest=1, sorted=1)
+    if not want_uv:
+        return None, S, None
+    idx_c = op.Unsqueeze(idx, ints([-2]))
+    A = op.GatherElements(A, op.Expand(idx_c, op.Concat(bshape, ints([m, n]), axis=0)), axis=-1)
+    V = op.GatherElements(V, op.Expand(idx_c, op.Concat(bshape, ints([n, n]), axis=0)), axis=-1)
+    zero = const(0.0, A)
+    U = op.Div(A, op.Unsqueeze(op.Where(op.Equal(S, zero), const(1.0, A), S), ints([-2])))
+    return U, S, V
+
+
+def _svd(A, full_matrices: bool, compute_uv: bool, opname: str):
+    m, n = _matrix_size(A, opname)
+    r = len(A.shape)
+    if compute_uv and full_matrices and m != n:
+        raise ValueError(f"{opname}: full_matrices=True is only supported for square matrices "
+                         f"(got {m} x {n}); use full_matrices=False")
+    K = min(m, n)
+    if K == 0:
+        raise ValueError(f"{opname}: empty matrices are not supported (got {m} x {n})")
+    if m >= n:
+        U, S, V = _svd_tall(A, m, n, compute_uv, r)
+        Vh = _mT(V, r) if compute_uv else None
+    else:  # A^T = V S U^T
+        V, S, U = _svd_tall(_mT(A, r), n, m, compute_uv, r)
+        Vh = _mT(V, r) if compute_uv else None
+    if not compute_uv:
+        return _empty_like_dtype(A), S, _empty_like_dtype(A)
+    return U, S, Vh
+
+
+_SVD_DOC = """
+
+    One-sided Jacobi (8 sweeps for float32, 10 for float64; +2 above 16 columns). Singular
+    values match PyTorch to ~1e-6 relative, small ones included. Singular vectors are unique up
+    to sign (and a rotation inside repeated singular values); the signs are not LAPACK's, so
+    compare U diag(S) Vh or |U|, |Vh|. full_matrices=True needs a square matrix. Column norms are
+    computed from sums of squares, so entries above ~1e19 (float32) overflow.
+"""
+
+
+@translation(aten.linalg_svd.default, static_shapes=True)
+def aten_linalg_svd_default(A, full_matrices: bool = True, driver=None):
+    return _svd(A, full_matrices, True, "linalg_svd")
+
+
+aten_linalg_svd_default.__doc__ = str(aten.linalg_svd.default._schema) + _SVD_DOC
+
+
+@translation(aten._linalg_svd.default, static_shapes=True)
+def aten__linalg_svd_default(A, full_matrices: bool = False, compute_uv: bool = True,
+                             driver=None):
+    return _svd(A, full_matrices, compute_uv, "_linalg_svd")
+
+
+aten__linalg_svd_default.__doc__ = str(aten._linalg_svd.default._schema) + _SVD_DOC
+
+
+@translation(aten.linalg_svdvals.default, static_shapes=True)
+def aten_linalg_svdvals_default(A, driver=None):
+    return _svd(A, False, False, "linalg_svdvals")[1]
+
+
+aten_linalg_svdvals_default.__doc__ = str(aten.linalg_svdvals.default._schema) + _SVD_DOC
+
+
+def _pinv(self, atol, rtol, hermitian: bool, opname: str):
+    m, n = _matrix_size(self, opname)
+    r = len(self.shape)
+    eps = float(np.finfo(np.float64 if self.dtype == ir.DataType.DOUBLE else np.float32).eps)
+    if hermitian:
+        w, V = _eigh_checked(self, "L", True, opname)
+        absw = op.Abs(w)
+        smax = op.ReduceMax(absw, ints([-1]), keepdims=1)
+    else:
+        U, S, Vh = _svd(self, False, True, opname)
+        absw = S
+        smax = op.ReduceMax(S, ints([-1]), keepdims=1)
+    zero = const(0.0, self)
+    if rtol is None:
+        rtol_v = const(eps * max(m, n), self) if (atol is None) else zero
+    else:
+        rtol_v = op.CastLike(rtol, self) if not isinstance(rtol, (int, float)) else const(rtol, self)
+        if not isinstance(rtol, (int, float)):
+            rtol_v = op.Unsqueeze(rtol_v, ints([-1]))
+    if atol is None:
+        atol_v = zero
+    else:
+        atol_v = op.CastLike(atol, self) if not isinstance(atol, (int, float)) else const(atol, self)
+        if not isinstance(atol, (int, float)):
+            atol_v = op.Unsqueeze(atol_v, ints([-1]))
+    tol = op.Max(atol_v, op.Mul(rtol_v, smax))
+    keep = op.Greater(absw, tol)
+    inv = op.Where(keep, op.Div(const(1.0, self), op.Where(keep, absw if not hermitian else w,
+                                                            const(1.0, self))), zero)
+    if hermitian:
+        return op.MatMul(op.Mul(V, op.Unsqueeze(inv, ints([-2]))), _mT(V, r))
+    return op.MatMul(op.Mul(_mT(Vh, r), op.Unsqueeze(inv, ints([-2]))), _mT(U, r))
+
+
+@translation(aten.linalg_pinv.atol_rtol_tensor, static_shapes=True)
+def aten_linalg_pinv_atol_rtol_tensor(self, atol=None, rtol=None, hermitian: bool = False):
+    """linalg_pinv.atol_rtol_tensor(Tensor self, *, Tensor? atol=None, Tensor? rtol=None, bool hermitian=False) -> Tensor
+
+    Via the Jacobi SVD (or eigh when hermitian=True); singular values at or below
+    max(atol, rtol * largest) are dropped, as in PyTorch.
+    """
+    return _pinv(self, atol, rtol, hermitian, "linalg_pinv")
+
+
+@translation(aten.linalg_pinv.atol_rtol_float, static_shapes=True)
+def aten_linalg_pinv_atol_rtol_float(self, atol=None, rtol=None, hermitian: bool = False):
+    """linalg_pinv.atol_rtol_float(Tensor self, *, float? atol=None, float? rtol=None, bool hermitian=False) -> Tensor"""
+    return _pinv(self, atol, rtol, hermitian, "linalg_pinv")
+
+
+# ----------------------------------------------------------------------------- matrix_exp
+
+# Taylor degree 18 is accurate to float64 rounding for ||A||_1 <= 1 (1/19! ~ 8e-18).
+_EXP_DEGREE = 18
+_EXP_MAX_SQUARINGS = 40
+
+
+@translation(aten.linalg_matrix_exp.default, static_shapes=True)
+def aten_linalg_matrix_exp_default(self):
+    """linalg_matrix_exp(Tensor self) -> Tensor
+
+    Scaling and squaring: A is scaled by 2^-s with s = ceil(log2 ||A||_1) (data dependent,
+    0 <= s <= 40), exp(A / 2^s) comes from a degree-18 Taylor polynomial evaluated with
+    Paterson-Stockmeyer (about 8 MatMuls), then s squarings (40 unrolled squarings, each kept
+    or skipped with Where). Norms above 2^40 are not scaled further (the result overflows
+    float32 long before that unless A is, e.g., skew-symmetric; then accuracy drops).
+    """
+    n = _square(self, "linalg_matrix_exp")
+    if n == 0:
+        return self
+    A = self
+    norm = op.ReduceMax(op.ReduceSum(op.Abs(A), ints([-2]), keepdims=0), ints([-1]),
+                        keepdims=1)  # [..., 1] 1-norm
+    one = const(1.0, A)
+    s = op.Ceil(op.Div(op.Log(op.Max(norm, one)), const(math.log(2.0), A)))
+    s = op.Min(s, const(float(_EXP_MAX_SQUARINGS), A))  # [..., 1]
+    scale = op.Pow(const(2.0, A), op.Neg(s))
+    X = op.Mul(A, op.Unsqueeze(scale, ints([-1])))
+    eye = _eye(n, A)
+    # Paterson-Stockmeyer with block size 6: powers I, X, ..., X^6.
+    coeffs = [1.0 / math.factorial(k) for k in range(_EXP_DEGREE + 1)]
+    q = 6
+    pw = [None, X]
+    for _k2 in range(2, q + 1):
+        pw.append(op.MatMul(pw[-1], X))
+
+    def block(j: int):
+        acc = op.Mul(eye, const(coeffs[j * q], A))
+        for i in range(1, q):
+            idx = j * q + i
+            if idx <= _EXP_DEGREE:
+                acc = op.Add(acc, op.Mul(pw[i], const(coeffs[idx], A)))
+        return acc
+
+    nblocks = _EXP_DEGREE // q  # 3 -> blocks 0..2 plus the x^18 term
+    P = op.Mul(eye, const(coeffs[_EXP_DEGREE], A))  # highest block: c18 I
+    for j in range(nblocks - 1, -1, -1):
+        P = op.Add(op.MatMul(P, pw[q]), block(j))
+    E = P
+    s_m = op.Unsqueeze(s, ints([-1]))
+    for i in range(_EXP_MAX_SQUARINGS):
+        E = op.Where(op.Less(const(float(i), A), s_m), op.MatMul(E, E), E)
+    return E
