@@ -195,9 +195,14 @@ def _gauss_jordan(A, B, n: int, m: int, same_batch: bool = False):
     return X, info
 
 
+def _empty_batch(*xs) -> bool:
+    """True when some input has a batch dim statically 0 (ORT's ArgMax mis-shapes those)."""
+    return any(isinstance(d, int) and d == 0 for x in xs for d in list(x.shape)[:-2])
+
+
 def _inverse(A, opname: str):
     n = _square(A, opname)
-    if n == 0:
+    if n == 0 or _empty_batch(A):
         return A, _zeros_i32(_batch_shape(A))
     eye = op.Expand(_eye(n, A), op.Concat(_batch_shape(A), ints([n, n]), axis=0))
     return _gauss_jordan(A, eye, n, n, same_batch=True)
@@ -242,7 +247,7 @@ def _solve(A, B, left: bool, opname: str):
     if not left:
         A = _mT(A, ra)
         B = _mT(B, rb) if not vector else B
-    if n == 0:
+    if n == 0 or (_empty_batch(A) and same):
         X, info = B, None
     else:
         X, info = _gauss_jordan(A, B, n, nrhs, same_batch=same)
