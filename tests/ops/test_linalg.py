@@ -40,23 +40,26 @@ def _not_square(sample) -> str | None:
 
 
 def _square_edges(dtype):
-    """Batched, dynamic-ish batch shapes, empty batch, 1x1, permutation (pivoting), scaled."""
-    perm = torch.tensor([[0.0, 1, 0], [0, 0, 1], [1, 0, 0]], dtype=dtype)
+    """Batched 4-D input; empty batch; one batch of 2x2 edge matrices (pivoting needed,
+    -0.0 entries, huge and tiny scales, a permutation); 1x1."""
+    edge2 = torch.tensor([
+        [[1e-30, 1.0], [1.0, 1e-30]],  # needs pivoting
+        [[-0.0, 2.0], [3.0, -0.0]],
+        [[3e15, 1e15], [-2e15, 5e15]],
+        [[3e-15, 1e-15], [-2e-15, 5e-15]],
+        [[0.0, 1.0], [1.0, 0.0]],
+        [[-2.0, 0.0], [0.0, -2.0]],
+    ], dtype=dtype)
     return [
         ((_rand(3, 2, 4, 4, dtype=dtype),), {}),
         ((_rand(0, 5, 5, dtype=dtype),), {}),
+        ((edge2,), {}),
         ((_rand(1, 1, dtype=dtype),), {}),
-        ((perm,), {}),
-        ((torch.tensor([[1e-30, 1.0], [1.0, 1e-30]], dtype=dtype),), {}),  # needs pivoting
-        ((_rand(4, 4, dtype=dtype) * 1e15,), {}),
-        ((_rand(4, 4, dtype=dtype) * 1e-15,), {}),
-        ((torch.eye(6, dtype=dtype) * -2.0,), {}),
-        ((torch.tensor([[-0.0, 2.0], [3.0, -0.0]], dtype=dtype),), {}),
     ]
 
 
 def _inv_ex_edges(dtype):
-    return _square_edges(dtype) + [((torch.zeros(2, 2, dtype=dtype),), {})]
+    return _square_edges(dtype)[:3] + [((torch.zeros(2, 2, dtype=dtype),), {})]
 
 
 def _inv_ex_info(a):
@@ -78,27 +81,26 @@ def _solve_edges(dtype):
         ((a[0], _rand(4, 5, 2, dtype=dtype, seed=1)), {}),  # broadcast A
         ((a, _rand(2, 3, 5, dtype=dtype, seed=1)), {"left": False}),
         ((_rand(0, 3, 3, dtype=dtype), _rand(0, 3, 1, dtype=dtype)), {}),
-        ((_rand(4, 4, dtype=dtype) * 1e15, _rand(4, 2, dtype=dtype)), {}),
     ]
 
 
 def _slogdet_edges(dtype):
+    sing = torch.stack([torch.zeros(3, 3), torch.tensor([[1.0, 2, 3], [2, 4, 6], [1, 0, 1]]),
+                        torch.eye(3)[[1, 0, 2]]]).to(dtype)  # sign 0 / 0 / -1
     return _square_edges(dtype) + [
-        ((torch.zeros(2, 3, 3, dtype=dtype),), {}),  # singular: sign 0, logabsdet -inf
-        ((torch.tensor([[1.0, 2.0], [2.0, 4.0]], dtype=dtype),), {}),
-        ((torch.tensor([[0.0, 1.0], [1.0, 0.0]], dtype=dtype),), {}),  # sign -1
+        ((sing,), {}),
         ((_rand(3, 6, 6, dtype=dtype) * 1e10,), {}),  # det overflows, slogdet does not
     ]
 
 
 def _spd_edges(dtype):
+    s = _spd(3, 3, dtype=torch.float64)
+    scaled = torch.stack([s * 1e20, s * 1e-20, torch.diag(torch.tensor([1e-6, 1.0, 1e6],
+                                                                      dtype=torch.float64))])
     return [
         ((_spd(3, 2, 5, 5, dtype=dtype),), {}),
         ((_spd(0, 4, 4, dtype=dtype),), {}),
-        ((torch.tensor([[4.0]], dtype=dtype),), {}),
-        ((_spd(4, 4, dtype=dtype) * 1e20,), {}),
-        ((_spd(4, 4, dtype=dtype) * 1e-20,), {}),
-        ((torch.diag(torch.tensor([1e-6, 1.0, 1e6], dtype=dtype)),), {}),
+        ((scaled.to(dtype),), {}),
         ((_spd(4, 4, dtype=dtype),), {"upper": True}),
     ]
 
@@ -113,20 +115,18 @@ def _chol_ex_info(a):
 
 def _chol_info_edges(dtype):
     notpd = torch.tensor([[1.0, 2.0], [2.0, 1.0]], dtype=dtype)
-    return [((notpd,), {}), ((-torch.eye(3, dtype=dtype),), {}),
-            ((torch.stack([_spd(3, 3, dtype=dtype), -torch.eye(3, dtype=dtype)]),), {})]
+    return [((torch.stack([_spd(2, 2, dtype=dtype), notpd, -torch.eye(2, dtype=dtype)]),), {})]
 
 
 def _chol_solve_edges(dtype):
     L = torch.linalg.cholesky(_spd(2, 5, 5, dtype=dtype))
     return [((_rand(2, 5, 3, dtype=dtype), L), {}),
-            ((_rand(3, 2, 5, 1, dtype=dtype), L), {}),
             ((_rand(2, 5, 3, dtype=dtype), L.mT), {"upper": True})]
 
 
 def _chol_inv_edges(dtype):
     L = torch.linalg.cholesky(_spd(2, 5, 5, dtype=dtype))
-    return [((L,), {}), ((L.mT,), {"upper": True}), ((torch.tensor([[2.0]], dtype=dtype),), {})]
+    return [((L,), {}), ((L.mT,), {"upper": True})]
 
 
 def _tri_edges(dtype):
@@ -134,7 +134,6 @@ def _tri_edges(dtype):
     B = _rand(2, 5, 3, dtype=dtype, seed=1)
     return [
         ((A, B), {"upper": True}),
-        ((A.mT, B), {"upper": False}),
         ((A, B.mT), {"upper": True, "left": False}),
         ((A.mT, B), {"upper": False, "unitriangular": True}),
         ((A[0], _rand(4, 5, 2, dtype=dtype)), {"upper": True}),
@@ -144,8 +143,7 @@ def _tri_edges(dtype):
 def _trisolve_edges(dtype):
     A = torch.triu(_rand(2, 5, 5, dtype=dtype)) + 3 * torch.eye(5, dtype=dtype)
     B = _rand(2, 5, 3, dtype=dtype, seed=1)
-    return [((B, A), {}), ((B, A.mT), {"upper": False}), ((B, A), {"transpose": True}),
-            ((B, A), {"unitriangular": True})]
+    return [((B, A), {}), ((B, A.mT), {"upper": False, "transpose": True})]
 
 
 def _lu_solve_edges(dtype):
@@ -156,10 +154,10 @@ def _lu_solve_edges(dtype):
 
 def _qr_edges(dtype):
     a = _rand(2, 6, 4, dtype=dtype)
-    return [((a,), {}), ((a.mT,), {}), ((a,), {"mode": "complete"}), ((a.mT,), {"mode": "r"}),
-            ((torch.eye(4, dtype=dtype),), {}),  # zero sub-columns: LAPACK skips the reflector
-            ((torch.tensor([[0.0, 1.0], [0.0, 2.0]], dtype=dtype),), {}),
-            ((_rand(0, 3, 3, dtype=dtype),), {})]
+    # eye / zero column: zero sub-columns, where LAPACK skips the reflector (tau = 0)
+    special = torch.stack([torch.eye(2), torch.tensor([[0.0, 1.0], [0.0, 2.0]])]).to(dtype)
+    return [((a,), {}), ((a.mT,), {"mode": "complete"}), ((a,), {"mode": "r"}),
+            ((special,), {})]
 
 
 def _sym(a):
@@ -168,11 +166,9 @@ def _sym(a):
 
 def _eigh_edges(dtype):
     return [((_sym(_rand(3, 6, 6, dtype=dtype)),), {}),
-            ((_sym(_rand(5, 5, dtype=dtype)),), {"UPLO": "U"}),
-            ((_rand(5, 5, dtype=dtype),), {}),  # not symmetric: only the lower triangle is read
+            ((_rand(5, 5, dtype=dtype),), {"UPLO": "U"}),  # not symmetric: one triangle read
             ((_sym(_rand(12, 12, dtype=dtype)),), {}),
-            ((torch.diag(torch.tensor([3.0, -1.0, 2.0], dtype=dtype)),), {}),
-            ((_sym(_rand(4, 4, dtype=dtype)) * 1e10,), {})]
+            ((torch.diag(torch.tensor([3.0, -1.0, 2.0], dtype=dtype)),), {})]
 
 
 def _eigh_check(a, UPLO="L"):
@@ -181,7 +177,8 @@ def _eigh_check(a, UPLO="L"):
 
 
 def _eigvalsh_edges(dtype):
-    return _eigh_edges(dtype) + [((torch.eye(4, dtype=dtype),), {})]
+    return _eigh_edges(dtype)[:2] + [((torch.eye(4, dtype=dtype),), {}),
+                                      ((_sym(_rand(4, 4, dtype=dtype)) * 1e10,), {})]
 
 
 def _svd_check(a, full_matrices=True):
@@ -192,43 +189,39 @@ def _svd_check(a, full_matrices=True):
 def _svd_edges(dtype):
     return [((_rand(2, 6, 4, dtype=dtype),), {"full_matrices": False}),
             ((_rand(2, 3, 7, dtype=dtype),), {"full_matrices": False}),
-            ((_rand(5, 5, dtype=dtype),), {}),
             ((_rand(5, 5, dtype=dtype) * 1e-10,), {})]
 
 
 def _svdvals_edges(dtype):
     d = torch.diag(torch.tensor([1e-6, 1.0, 1e3, 0.0], dtype=dtype))
-    return [((_rand(2, 6, 4, dtype=dtype),), {}), ((_rand(3, 7, dtype=dtype),), {}),
-            ((d,), {}), ((torch.zeros(3, 3, dtype=dtype),), {}),
+    return [((_rand(3, 7, dtype=dtype),), {}),
+            ((torch.stack([d, torch.zeros(4, 4, dtype=dtype)]),), {}),
             ((_rand(2, 10, 10, dtype=dtype) * 1e8,), {})]
 
 
 def _pinv_edges(dtype):
     low = _rand(5, 2, dtype=dtype) @ _rand(2, 4, dtype=dtype, seed=1)  # rank 2
-    return [((_rand(2, 6, 4, dtype=dtype),), {}), ((low,), {}),
-            ((_sym(_rand(4, 4, dtype=dtype)),), {"hermitian": True}),
+    return [((low,), {}), ((_sym(_rand(4, 4, dtype=dtype)),), {"hermitian": True}),
             ((low,), {"atol": 1e-3, "rtol": 0.0})]
 
 
 def _matrix_norm_edges(dtype):
     a = _rand(2, 5, 3, dtype=dtype)
-    return [((a, 2), {}), ((a, "nuc"), {}), ((a, -2), {}), ((a, 2), {"keepdim": True}),
-            ((a, "nuc"), {"dim": (0, 2)})]
+    return [((a, 2), {}), ((a, "nuc"), {}), ((a, -2), {"keepdim": True})]
 
 
 def _rank_edges(dtype):
     low = _rand(6, 2, dtype=dtype) @ _rand(2, 5, dtype=dtype, seed=1)
-    return [((low,), {}), ((torch.zeros(2, 3, 3, dtype=dtype),), {}),
-            ((_rand(3, 4, 4, dtype=dtype),), {}), ((low,), {"hermitian": False, "atol": 1.0})]
+    return [((low,), {}), ((torch.zeros(2, 3, 3, dtype=dtype),), {})]
 
 
 def _mexp_edges(dtype):
     a = _rand(3, 5, 5, dtype=dtype)
     skew = a - a.mT
+    special = torch.stack([torch.zeros(2, 2), torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
+                           torch.tensor([[-50.0, 0.0], [0.0, 3.0]])]).to(dtype)  # nilpotent...
     return [((a,), {}), ((a * 1e-8,), {}), ((a * 8,), {}), ((skew * 20,), {}),
-            ((torch.zeros(4, 4, dtype=dtype),), {}), ((_rand(0, 3, 3, dtype=dtype),), {}),
-            ((torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=dtype),), {}),  # nilpotent
-            ((torch.tensor([[-50.0]], dtype=dtype),), {})]
+            ((special,), {})]
 
 
 # ------------------------------------------------------------------ the table

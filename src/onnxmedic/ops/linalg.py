@@ -197,7 +197,8 @@ def _gauss_jordan(A, B, n: int, m: int, same_batch: bool = False):
 
 def _empty_batch(*xs) -> bool:
     """True when some input has a batch dim statically 0 (ORT's ArgMax mis-shapes those)."""
-    return any(isinstance(d, int) and d == 0 for x in xs for d in list(x.shape)[:-2])
+    return any(isinstance(d, int) and d == 0
+               for x in xs for d in list(getattr(x, "shape", None) or [])[:-2])
 
 
 def _inverse(A, opname: str):
@@ -229,6 +230,7 @@ def aten_linalg_inv_ex_default(A, check_errors: bool = False):
 
 def _solve(A, B, left: bool, opname: str):
     n = _square(A, opname)
+    empty = _empty_batch(A)
     # B is a batch of vectors when B.ndim == 1 or (B.ndim == A.ndim - 1 and the shapes agree).
     a_shape, b_shape = list(A.shape), list(B.shape)
     vector = len(b_shape) == 1 or (len(b_shape) == len(a_shape) - 1
@@ -247,7 +249,7 @@ def _solve(A, B, left: bool, opname: str):
     if not left:
         A = _mT(A, ra)
         B = _mT(B, rb) if not vector else B
-    if n == 0 or (_empty_batch(A) and same):
+    if n == 0 or (empty and same):
         X, info = B, None
     else:
         X, info = _gauss_jordan(A, B, n, nrhs, same_batch=same)
@@ -328,10 +330,10 @@ def _perm_sign(pivots1, n: int, like):
 
 def _slogdet(A, opname: str):
     n = _square(A, opname)
-    if n == 0:
+    if n == 0 or _empty_batch(A):
         b = _batch_shape(A)
         onev = op.Expand(const(1.0, A), b)
-        return onev, op.Expand(const(0.0, A), b), A, _zeros_i32(op.Concat(b, ints([0]), axis=0))
+        return onev, op.Expand(const(0.0, A), b), A, _zeros_i32(op.Concat(b, ints([n]), axis=0))
     LU, pivots, info, d = _lu(A, n)
     sign = op.Mul(_perm_sign(pivots, n, A), op.ReduceProd(op.Sign(d), ints([-1]), keepdims=0))
     logabs = op.ReduceSum(op.Log(op.Abs(d)), ints([-1]), keepdims=0)
@@ -361,9 +363,9 @@ def _lu_factor(A, opname: str, pivot: bool):
     m, n = _matrix_size(A, opname)
     if m != n:
         raise ValueError(f"{opname}: only square matrices are supported (got {m} x {n})")
-    if n == 0:
+    if n == 0 or _empty_batch(A):
         b = _batch_shape(A)
-        return A, _zeros_i32(op.Concat(b, ints([0]), axis=0)), _zeros_i32(b)
+        return A, _zeros_i32(op.Concat(b, ints([n]), axis=0)), _zeros_i32(b)
     LU, pivots, info, _ = _lu(A, n)
     return LU, pivots, info
 
