@@ -1,0 +1,990 @@
+"""Linear algebra torchlib does not translate: inv, solve, slogdet, cholesky, LU, QR, eigh, SVD, ...
+
+Every translation here unrolls a direct algorithm over the matrix size, so the matrix size
+(the last two dims) must be static at export time; batch dims may be dynamic. All work is
+vectorised over the batch: each unrolled step is a handful of whole-tensor ops on [..., n, n].
+
+Algorithms (standard ONNX ops only, opset 18):
+
+* inv / solve: Gauss-Jordan elimination with partial pivoting. Rows are *selected* (the pivot is
+  the largest |entry| among rows not used yet, exactly the row LAPACK's getrf picks) instead of
+  swapped; the result rows are permuted once at the end with a permutation matrix.
+* slogdet / det / lu_factor / lu / lu_solve: LU with partial pivoting and real row swaps
+  (LAPACK ``getrf`` semantics: 1-based int32 pivots, first zero pivot reported in ``info``).
+* cholesky (+ solve / inverse): right-looking Cholesky; triangular solves by substitution.
+* qr: Householder QR with LAPACK's ``geqrf`` sign convention (R's diagonal is
+  ``-sign(alpha) * norm``), so Q and R match PyTorch, not just up to signs.
+* eigh / eigvalsh: cyclic Jacobi with a round-robin (parallel) ordering: each step applies n/2
+  disjoint rotations as one orthogonal matrix. Eigenvectors are unique only up to sign (and
+  within repeated eigenvalues up to rotation): they do not match PyTorch's sign choice.
+* svd / svdvals (and pinv, matrix_rank, matrix norms ord=2/'nuc', cond through ``_linalg_svd``):
+  one-sided (Hestenes) Jacobi on the columns, which keeps small singular values accurate
+  (unlike an eigen-decomposition of A^T A). Singular vectors are unique only up to sign.
+* matrix_exp: scaling and squaring with a degree-18 Taylor polynomial (Paterson-Stockmeyer).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+
+from onnxmedic.ops._common import const, ints, static_shape
+from onnxmedic.ops._registry import translation
+
+aten = torch.ops.aten
+
+_INT32 = ir.DataType.INT32
+_INT64 = ir.DataType.INT64
+_BOOL = ir.DataType.BOOL
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _matrix_size(x, opname: str) -> tuple[int, int]:
+    """The static (rows, cols) of a [..., m, n] input, or a ValueError the user can act on."""
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) < 2:
+        raise ValueError(f"{opname}: expected a [..., m, n] matrix input (got shape {shape})")
+    m, n = shape[-2], shape[-1]
+    if not isinstance(m, int) or not isinstance(n, int):
+        raise ValueError(
+            f"{opname}: the matrix size must be static at export time (got {m} x {n}); "
+            f"export with static matrix dims (batch dims may stay dynamic)"
+        )
+    return m, n
+
+
+def _square(x, opname: str) -> int:
+    m, n = _matrix_size(x, opname)
+    if m != n:
+        raise ValueError(f"{opname}: expected square matrices (got {m} x {n})")
+    return n
+
+
+def _rank(x) -> int:
+    return len(x.shape)
+
+
+def _k(i: int):
+    """A 0-d int64 index (Gather with it drops the axis)."""
+    return op.Constant(value_int=i)
+
+
+def _np_const(arr: np.ndarray, like):
+    """A float constant from numpy, cast like ``like``; stored as float64 for exactness."""
+    return op.CastLike(op.Constant(value=ir.tensor(np.asarray(arr, dtype=np.float64))), like)
+
+
+def _bool_const(arr: np.ndarray):
+    return op.Constant(value=ir.tensor(np.asarray(arr, dtype=np.bool_)))
+
+
+def _i64_const(arr) -> object:
+    return op.Constant(value=ir.tensor(np.asarray(arr, dtype=np.int64)))
+
+
+def _mT(x, r: int):
+    """Swap the last two dims of a rank-r tensor (intermediate values carry no shape)."""
+    perm = list(range(r - 2)) + [r - 1, r - 2]
+    return op.Transpose(x, perm=perm)
+
+
+def _batch_shape(x):
+    """The dynamic batch shape (all dims but the last two) as a 1-D int64 tensor."""
+    return op.Shape(x, start=0, end=-2)
+
+
+def _split_last(x, k: int):
+    """(x[..., :k], x[..., k:])."""
+    return (op.Slice(x, ints([0]), ints([k]), ints([-1])),
+            op.Slice(x, ints([k]), ints([2**62]), ints([-1])))
+
+
+def _eye(n: int, like):
+    return _np_const(np.eye(n), like)
+
+
+def _diag(x):
+    """The diagonal of a square [..., n, n] as [..., n]."""
+    n = x.shape[-1]
+    return op.ReduceSum(op.Mul(x, _eye(n, x)), ints([-1]), keepdims=0)
+
+
+def _diag_embed(d, n: int):
+    """[..., n] -> [..., n, n] diagonal matrix."""
+    return op.Mul(op.Unsqueeze(d, ints([-1])), _eye(n, d))
+
+
+def _int32(x):
+    return op.Cast(x, to=_INT32)
+
+
+def _first_true_1based(flags, n: int):
+    """info-style output: 1 + index of the first True along the last axis, 0 if none. int32."""
+    any_ = op.ReduceMax(op.Cast(flags, to=_INT32), ints([-1]), keepdims=0)
+    first = op.ArgMax(op.Cast(flags, to=_INT32), axis=-1, keepdims=0)
+    info = op.Where(op.Cast(any_, to=_BOOL), op.Add(first, op.Constant(value_int=1)),
+                    op.Constant(value_int=0))
+    return _int32(info)
+
+
+def _zeros_i32(shape):
+    return op.ConstantOfShape(shape, value=ir.tensor(np.zeros((1,), dtype=np.int32)))
+
+
+def _broadcast_batch(A, B, same: bool):
+    """Broadcast the batch dims of [..., m, n] A and [..., m, k] B against each other."""
+    if same:
+        return A, B
+    one = const(1.0, A)
+    A2 = op.Mul(A, op.Expand(one, op.Concat(_batch_shape(B), ints([1, 1]), axis=0)))
+    B2 = op.Mul(B, op.Expand(one, op.Concat(_batch_shape(A), ints([1, 1]), axis=0)))
+    return A2, B2
+
+
+def _empty_like_dtype(like):
+    """A 1-D empty tensor of ``like``'s dtype (PyTorch returns these for outputs not computed)."""
+    return op.CastLike(op.Constant(value=ir.tensor(np.zeros((0,), dtype=np.float32))), like)
+
+
+# ----------------------------------------------------------------------------- Gauss-Jordan
+
+
+def _gauss_jordan(A, B, n: int, m: int, same_batch: bool = False):
+    """Solve A X = B for square [..., n, n] A and [..., n, m] B (broadcast batch dims).
+
+    Returns (X, pivots [..., n] as the list of pivot values, 1-based info int32).
+    Pivot choice = LAPACK partial pivoting (largest |entry| among rows not yet used; first on
+    ties). A singular matrix divides by a zero pivot (inf/nan results, as LAPACK's getri would
+    refuse); ``info`` is the 1-based step of the first zero pivot, like getrf's.
+    """
+    rng_r = _i64_const(np.arange(n).reshape(1, n))
+    rng_c = _i64_const(np.arange(n).reshape(n, 1))
+    neg1 = const(-1.0, A)
+    zero = const(0.0, A)
+    A, B = _broadcast_batch(A, B, same_batch)
+    M = op.Concat(A, B, axis=-1)  # [..., n, n + m]; one column is retired per step
+    width = n + m
+    used = _bool_const(np.zeros((n, 1), dtype=bool))
+    onehots = []
+    pivots = []
+    for _ in range(n):
+        col, rest = _split_last(M, 1)  # [..., n, 1]
+        width -= 1
+        score = op.Where(used, neg1, op.Abs(col))
+        p = op.ArgMax(score, axis=-2, keepdims=1)  # [..., 1, 1]
+        ohc_b = op.Equal(rng_c, p)  # [..., n, 1]
+        ohr = op.CastLike(op.Equal(rng_r, p), M)  # [..., 1, n]
+        row = op.MatMul(ohr, M)  # [..., 1, w]: the pivot row
+        piv, rowrest = _split_last(row, 1)  # [..., 1, 1]
+        pivots.append(piv)
+        rown = op.Div(rowrest, piv)
+        f = op.Sub(col, op.CastLike(ohc_b, M))  # the pivot row ends up as rown
+        M = op.Sub(rest, op.Mul(f, rown))
+        used = op.Or(used, ohc_b)
+        onehots.append(ohr)
+    perm = op.Concat(*onehots, axis=-2) if n > 1 else onehots[0]  # perm[k, p_k] = 1
+    X = op.MatMul(perm, M)
+    piv_all = op.Concat(*pivots, axis=-1) if n > 1 else pivots[0]  # [..., 1, n]
+    info = _first_true_1based(op.Squeeze(op.Equal(piv_all, zero), ints([-2])), n)
+    return X, info
+
+
+def _empty_batch(*xs) -> bool:
+    """True when some input has a batch dim statically 0 (ORT's ArgMax mis-shapes those)."""
+    return any(isinstance(d, int) and d == 0
+               for x in xs for d in list(getattr(x, "shape", None) or [])[:-2])
+
+
+def _inverse(A, opname: str):
+    n = _square(A, opname)
+    if n == 0 or _empty_batch(A):
+        return A, _zeros_i32(_batch_shape(A))
+    eye = op.Expand(_eye(n, A), op.Concat(_batch_shape(A), ints([n, n]), axis=0))
+    return _gauss_jordan(A, eye, n, n, same_batch=True)
+
+
+@translation(aten.linalg_inv.default, static_shapes=True)
+def aten_linalg_inv_default(A):
+    """linalg_inv(Tensor A) -> Tensor"""
+    return _inverse(A, "linalg_inv")[0]
+
+
+@translation(aten.inverse.default, static_shapes=True)
+def aten_inverse_default(self):
+    """inverse(Tensor self) -> Tensor"""
+    return _inverse(self, "inverse")[0]
+
+
+@translation(aten.linalg_inv_ex.default, static_shapes=True)
+def aten_linalg_inv_ex_default(A, check_errors: bool = False):
+    """linalg_inv_ex(Tensor A, *, bool check_errors=False) -> (Tensor inverse, Tensor info)"""
+    X, info = _inverse(A, "linalg_inv_ex")
+    return X, info
+
+
+def _solve(A, B, left: bool, opname: str):
+    n = _square(A, opname)
+    empty = _empty_batch(A)
+    # B is a batch of vectors when B.ndim == 1 or (B.ndim == A.ndim - 1 and the shapes agree).
+    a_shape, b_shape = list(A.shape), list(B.shape)
+    vector = len(b_shape) == 1 or (len(b_shape) == len(a_shape) - 1
+                                   and b_shape == a_shape[:-1])
+    same = (a_shape[:-2] == b_shape[:-1]) if vector else (a_shape[:-2] == b_shape[:-2])
+    ra, rb = len(a_shape), len(b_shape) + (1 if vector else 0)
+    if vector:
+        nrhs = 1
+    else:
+        nrhs = b_shape[-2] if not left else b_shape[-1]
+        if not isinstance(nrhs, int):
+            raise ValueError(f"{opname}: the number of right-hand sides must be static at "
+                             f"export time (got {nrhs})")
+    if vector:
+        B = op.Unsqueeze(B, ints([-1]))
+    if not left:
+        A = _mT(A, ra)
+        B = _mT(B, rb) if not vector else B
+    if n == 0 or (empty and same):
+        X, info = B, None
+    else:
+        X, info = _gauss_jordan(A, B, n, nrhs, same_batch=same)
+    if not left and not vector:
+        X = _mT(X, max(ra, rb))
+    if vector:
+        X = op.Squeeze(X, ints([-1]))
+    if info is None:
+        info = _zeros_i32(_batch_shape(A))
+    return X, info
+
+
+@translation(aten.linalg_solve.default, static_shapes=True)
+def aten_linalg_solve_default(A, B, left: bool = True):
+    """linalg_solve(Tensor A, Tensor B, *, bool left=True) -> Tensor"""
+    return _solve(A, B, left, "linalg_solve")[0]
+
+
+@translation(aten.linalg_solve_ex.default, static_shapes=True)
+def aten_linalg_solve_ex_default(A, B, left: bool = True, check_errors: bool = False):
+    """linalg_solve_ex(Tensor A, Tensor B, *, bool left=True, bool check_errors=False) -> (Tensor result, Tensor info)"""
+    return _solve(A, B, left, "linalg_solve_ex")
+
+
+# ----------------------------------------------------------------------------- LU (getrf)
+
+
+def _lu(A, n: int):
+    """LAPACK getrf: returns (LU [..., n, n], pivots int32 [..., n] 1-based, info int32, diag list).
+
+    Row swaps are real (GatherElements with a swap index), so LU and pivots match PyTorch.
+    A zero pivot skips the scaling of the column, as getrf does.
+    """
+    rng = _i64_const(np.arange(n))
+    zero = const(0.0, A)
+    one = const(1.0, A)
+    neg1 = const(-1.0, A)
+    full_shape = op.Shape(A)
+    pivs = []
+    diag = []
+    for k in range(n):
+        col = op.Gather(A, _k(k), axis=-1)  # [..., n]
+        score = op.Where(_bool_const(np.arange(n) < k), neg1, op.Abs(col))
+        p = op.ArgMax(score, axis=-1, keepdims=1)  # [..., 1]
+        pivs.append(p)
+        kk = op.Constant(value_int=k)
+        idx = op.Where(op.Equal(rng, kk), p, op.Where(op.Equal(rng, p), kk, rng))  # [..., n]
+        A = op.GatherElements(A, op.Expand(op.Unsqueeze(idx, ints([-1])), full_shape), axis=-2)
+        if k == n - 1:
+            diag.append(op.Gather(op.Gather(A, _k(k), axis=-1), _k(k), axis=-1))
+            break
+        colk = op.Gather(A, _k(k), axis=-1)  # [..., n]
+        rowk = op.Gather(A, _k(k), axis=-2)  # [..., n]
+        piv = op.Gather(colk, _k(k), axis=-1)  # [...]
+        diag.append(piv)
+        safe = op.Unsqueeze(op.Where(op.Equal(piv, zero), one, piv), ints([-1]))
+        below = _np_const((np.arange(n) > k).astype(np.float64), A)
+        right = _np_const((np.arange(n) > k).astype(np.float64), A)
+        l = op.Mul(op.Div(colk, safe), below)  # multipliers, zero at rows <= k
+        upd = op.Mul(op.Unsqueeze(l, ints([-1])), op.Unsqueeze(op.Mul(rowk, right), ints([-2])))
+        A = op.Sub(A, upd)
+        colmask = _bool_const((np.arange(n)[:, None] > k) & (np.arange(n)[None, :] == k))
+        A = op.Where(colmask, op.Unsqueeze(l, ints([-1])), A)
+    pivots = _int32(op.Add(op.Concat(*pivs, axis=-1), op.Constant(value_int=1)))
+    d = op.Concat(*[op.Unsqueeze(x, ints([-1])) for x in diag], axis=-1)  # [..., n]
+    info = _first_true_1based(op.Equal(d, zero), n)
+    return A, pivots, info, d
+
+
+def _perm_sign(pivots1, n: int, like):
+    """(-1)^(number of real swaps) from 1-based getrf pivots, as ``like``'s dtype."""
+    ident = op.Constant(value=ir.tensor(np.arange(1, n + 1, dtype=np.int32)))
+    swaps = op.Cast(op.Not(op.Equal(pivots1, ident)), to=_INT64)
+    cnt = op.ReduceSum(swaps, ints([-1]), keepdims=0)
+    odd = op.Equal(op.Mod(cnt, op.Constant(value_int=2)), op.Constant(value_int=1))
+    return op.Where(odd, const(-1.0, like), const(1.0, like))
+
+
+def _slogdet(A, opname: str):
+    n = _square(A, opname)
+    if n == 0 or _empty_batch(A):
+        b = _batch_shape(A)
+        onev = op.Expand(const(1.0, A), b)
+        return onev, op.Expand(const(0.0, A), b), A, _zeros_i32(op.Concat(b, ints([n]), axis=0))
+    LU, pivots, info, d = _lu(A, n)
+    sign = op.Mul(_perm_sign(pivots, n, A), op.ReduceProd(op.Sign(d), ints([-1]), keepdims=0))
+    logabs = op.ReduceSum(op.Log(op.Abs(d)), ints([-1]), keepdims=0)
+    return sign, logabs, LU, pivots
+
+
+@translation(aten.linalg_slogdet.default, static_shapes=True)
+def aten_linalg_slogdet_default(A):
+    """linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet)
+
+    A singular matrix gives sign 0 and logabsdet -inf, as in PyTorch.
+    """
+    sign, logabs, _, _ = _slogdet(A, "linalg_slogdet")
+    return sign, logabs
+
+
+@translation(aten._linalg_slogdet.default, static_shapes=True)
+def aten__linalg_slogdet_default(A):
+    """_linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet, Tensor LU, Tensor pivots)"""
+    return _slogdet(A, "_linalg_slogdet")
+
+
+def _lu_factor(A, opname: str, pivot: bool):
+    if not pivot:
+        raise ValueError(f"{opname}: pivot=False is not supported (LU without pivoting is only "
+                         f"implemented by PyTorch on CUDA)")
+    m, n = _matrix_size(A, opname)
+    if m != n:
+        raise ValueError(f"{opname}: only square matrices are supported (got {m} x {n})")
+    if n == 0 or _empty_batch(A):
+        b = _batch_shape(A)
+        return A, _zeros_i32(op.Concat(b, ints([n]), axis=0)), _zeros_i32(b)
+    LU, pivots, info, _ = _lu(A, n)
+    return LU, pivots, info
+
+
+@translation(aten.linalg_lu_factor.default, static_shapes=True)
+def aten_linalg_lu_factor_default(A, pivot: bool = True):
+    """linalg_lu_factor(Tensor A, *, bool pivot=True) -> (Tensor LU, Tensor pivots)
+
+    Square matrices only (LAPACK getrf semantics: int32 1-based pivots).
+    """
+    LU, pivots, _ = _lu_factor(A, "linalg_lu_factor", pivot)
+    return LU, pivots
+
+
+@translation(aten.linalg_lu_factor_ex.default, static_shapes=True)
+def aten_linalg_lu_factor_ex_default(A, pivot: bool = True, check_errors: bool = False):
+    """linalg_lu_factor_ex(Tensor A, *, bool pivot=True, bool check_errors=False) -> (Tensor LU, Tensor pivots, Tensor info)"""
+    return _lu_factor(A, "linalg_lu_factor_ex", pivot)
+
+
+def _apply_pivots(B, pivots, n: int):
+    """Apply getrf's row interchanges (1-based, in order) to the rows of [..., n, k] B."""
+    rng = _i64_const(np.arange(n))
+    p0 = op.Sub(op.Cast(pivots, to=_INT64), op.Constant(value_int=1))
+    shape = op.Shape(B)
+    for k in range(n):
+        p = op.Gather(p0, ints([k]), axis=-1)  # [..., 1]
+        kk = op.Constant(value_int=k)
+        idx = op.Where(op.Equal(rng, kk), p, op.Where(op.Equal(rng, p), kk, rng))
+        B = op.GatherElements(B, op.Expand(op.Unsqueeze(idx, ints([-1])), shape), axis=-2)
+    return B
+
+
+# ----------------------------------------------------------------------------- triangular
+
+
+def _trsolve(T, B, n: int, lower: bool, unit: bool):
+    """Solve T X = B for triangular [..., n, n] T and [..., n, k] B by substitution."""
+    xs = [None] * n
+    order = range(n) if lower else range(n - 1, -1, -1)
+    for k in order:
+        bk = op.Gather(B, ints([k]), axis=-2)  # [..., 1, k]
+        colk = op.Gather(T, _k(k), axis=-1)  # [..., n]
+        if unit:
+            xk = bk
+        else:
+            tkk = op.Gather(colk, ints([k]), axis=-1)  # [..., 1]
+            xk = op.Div(bk, op.Unsqueeze(tkk, ints([-1])))
+        xs[k] = xk
+        rows = (np.arange(n) > k) if lower else (np.arange(n) < k)
+        if rows.any():
+            c = op.Mul(colk, _np_const(rows.astype(np.float64), T))
+            B = op.Sub(B, op.Mul(op.Unsqueeze(c, ints([-1])), xk))
+    return op.Concat(*xs, axis=-2) if n > 1 else xs[0]
+
+
+def _solve_triangular(A, B, upper: bool, left: bool, unit: bool, opname: str):
+    n = _square(A, opname)
+    ra, rb = len(A.shape), len(B.shape)
+    if n == 0:
+        return B
+    same = list(A.shape)[:-2] == list(B.shape)[:-2]
+    if left:
+        A2, B2 = _broadcast_batch(A, B, same)
+        return _trsolve(A2, B2, n, not upper, unit)
+    # X A = B  <=>  A^T X^T = B^T
+    A2, B2 = _broadcast_batch(_mT(A, ra), _mT(B, rb), same)
+    return _mT(_trsolve(A2, B2, n, upper, unit), max(ra, rb))
+
+
+@translation(aten.linalg_solve_triangular.default, static_shapes=True)
+def aten_linalg_solve_triangular_default(self, B, upper: bool, left: bool = True,
+                                         unitriangular: bool = False):
+    """linalg_solve_triangular(Tensor self, Tensor B, *, bool upper, bool left=True, bool unitriangular=False) -> Tensor"""
+    return _solve_triangular(self, B, upper, left, unitriangular, "linalg_solve_triangular")
+
+
+@translation(aten.triangular_solve.default, static_shapes=True)
+def aten_triangular_solve_default(self, A, upper: bool = True, transpose: bool = False,
+                                  unitriangular: bool = False):
+    """triangular_solve(Tensor self, Tensor A, bool upper=True, bool transpose=False, bool unitriangular=False) -> (Tensor solution, Tensor cloned_coefficient)"""
+    n = _square(A, "triangular_solve")
+    ra = len(A.shape)
+    T = _mT(A, ra) if transpose else A
+    up = upper != transpose
+    if n == 0:
+        X = self
+    else:
+        same = list(A.shape)[:-2] == list(self.shape)[:-2]
+        T2, B2 = _broadcast_batch(T, self, same)
+        X = _trsolve(T2, B2, n, not up, unitriangular)
+    A_out = A if same_or_true(A, self) else op.Mul(
+        A, op.Expand(const(1.0, A), op.Concat(_batch_shape(self), ints([1, 1]), axis=0)))
+    return X, A_out
+
+
+def same_or_true(A, B) -> bool:
+    return list(A.shape)[:-2] == list(B.shape)[:-2]
+
+
+@translation(aten.linalg_lu_solve.default, static_shapes=True)
+def aten_linalg_lu_solve_default(LU, pivots, B, left: bool = True, adjoint: bool = False):
+    """linalg_lu_solve(Tensor LU, Tensor pivots, Tensor B, *, bool left=True, bool adjoint=False) -> Tensor"""
+    n = _square(LU, "linalg_lu_solve")
+    if n == 0:
+        return B
+    rl, rb = len(LU.shape), len(B.shape)
+    same = list(LU.shape)[:-2] == list(B.shape)[:-2]
+    if left and not adjoint:
+        # A = P L U: X = U^-1 L^-1 P^T B
+        LU2, B2 = _broadcast_batch(LU, B, same)
+        Bp = _apply_pivots(B2, pivots, n)
+        Y = _trsolve(LU2, Bp, n, lower=True, unit=True)
+        return _trsolve(LU2, Y, n, lower=False, unit=False)
+    if left and adjoint:
+        # A^T X = B: U^T L^T P^T X = B -> X = P L^-T U^-T B
+        LUt = _mT(LU, rl)
+        LU2, B2 = _broadcast_batch(LUt, B, same)
+        Y = _trsolve(LU2, B2, n, lower=True, unit=False)  # U^T Y = B
+        Z = _trsolve(LU2, Y, n, lower=False, unit=True)  # L^T Z = Y
+        return _apply_pivots_inverse(Z, pivots, n)
+    raise ValueError("linalg_lu_solve: left=False is not supported yet")
+
+
+def _apply_pivots_inverse(B, pivots, n: int):
+    """P B for getrf pivots: the interchanges applied in reverse order."""
+    rng = _i64_const(np.arange(n))
+    p0 = op.Sub(op.Cast(pivots, to=_INT64), op.Constant(value_int=1))
+    shape = op.Shape(B)
+    for k in range(n - 1, -1, -1):
+        p = op.Gather(p0, ints([k]), axis=-1)
+        kk = op.Constant(value_int=k)
+        idx = op.Where(op.Equal(rng, kk), p, op.Where(op.Equal(rng, p), kk, rng))
+        B = op.GatherElements(B, op.Expand(op.Unsqueeze(idx, ints([-1])), shape), axis=-2)
+    return B
+
+
+# ----------------------------------------------------------------------------- Cholesky
+
+
+def _cholesky(A, n: int):
+    """Right-looking Cholesky of the lower triangle. Returns (L, info)."""
+    zero = const(0.0, A)
+    cols = []
+    diag = []
+    for k in range(n):
+        colk = op.Gather(A, _k(k), axis=-1)  # [..., n]
+        akk = op.Gather(colk, ints([k]), axis=-1)  # [..., 1]
+        diag.append(akk)
+        d = op.Sqrt(akk)
+        rows = _np_const((np.arange(n) >= k).astype(np.float64), A)
+        l = op.Mul(op.Div(colk, d), rows)  # [..., n]
+        cols.append(op.Unsqueeze(l, ints([-1])))
+        if k < n - 1:
+            A = op.Sub(A, op.Mul(op.Unsqueeze(l, ints([-1])), op.Unsqueeze(l, ints([-2]))))
+    L = op.Concat(*cols, axis=-1) if n > 1 else cols[0]
+    dd = op.Concat(*diag, axis=-1) if n > 1 else diag[0]
+    bad = op.Not(op.Greater(dd, zero))  # also true for NaN
+    return L, _first_true_1based(bad, n)
+
+
+def _chol(self, upper: bool, opname: str):
+    n = _square(self, opname)
+    if n == 0:
+        return self, _zeros_i32(_batch_shape(self))
+    # Read only the lower triangle (upper=True reads the upper one: chol of A^T then transpose).
+    r = len(self.shape)
+    A = _mT(self, r) if upper else self
+    A = op.Trilu(A, upper=0)
+    A = op.Add(A, _mT(op.Trilu(A, op.Constant(value_int=-1), upper=0), r))
+    L, info = _cholesky(A, n)
+    return (_mT(L, r) if upper else L), info
+
+
+@translation(aten.linalg_cholesky.default, static_shapes=True)
+def aten_linalg_cholesky_default(self, upper: bool = False):
+    """linalg_cholesky(Tensor self, *, bool upper=False) -> Tensor"""
+    return _chol(self, upper, "linalg_cholesky")[0]
+
+
+@translation(aten.linalg_cholesky_ex.default, static_shapes=True)
+def aten_linalg_cholesky_ex_default(self, upper: bool = False, check_errors: bool = False):
+    """linalg_cholesky_ex(Tensor self, *, bool upper=False, bool check_errors=False) -> (Tensor L, Tensor info)
+
+    For a matrix that is not positive definite, ``info`` matches PyTorch but L does not (LAPACK
+    leaves a partial factor; here the failed column and the ones after it are NaN).
+    """
+    return _chol(self, upper, "linalg_cholesky_ex")
+
+
+@translation(aten.cholesky.default, static_shapes=True)
+def aten_cholesky_default(self, upper: bool = False):
+    """cholesky(Tensor self, bool upper=False) -> Tensor"""
+    return _chol(self, upper, "cholesky")[0]
+
+
+@translation(aten.cholesky_solve.default, static_shapes=True)
+def aten_cholesky_solve_default(self, input2, upper: bool = False):
+    """cholesky_solve(Tensor self, Tensor input2, bool upper=False) -> Tensor"""
+    n = _square(input2, "cholesky_solve")
+    if n == 0:
+        return self
+    r2, rb = len(input2.shape), len(self.shape)
+    same = list(input2.shape)[:-2] == list(self.shape)[:-2]
+    L = _mT(input2, r2) if upper else input2  # A = L L^T
+    L2, B2 = _broadcast_batch(L, self, same)
+    Y = _trsolve(L2, B2, n, lower=True, unit=False)
+    return _trsolve(_mT(L2, max(r2, rb)), Y, n, lower=False, unit=False)
+
+
+@translation(aten.cholesky_inverse.default, static_shapes=True)
+def aten_cholesky_inverse_default(self, upper: bool = False):
+    """cholesky_inverse(Tensor self, bool upper=False) -> Tensor"""
+    n = _square(self, "cholesky_inverse")
+    if n == 0:
+        return self
+    r = len(self.shape)
+    L = _mT(self, r) if upper else self
+    eye = op.Expand(_eye(n, self), op.Concat(_batch_shape(self), ints([n, n]), axis=0))
+    Y = _trsolve(L, eye, n, lower=True, unit=False)  # L^-1
+    return op.MatMul(_mT(Y, r), Y)  # (L L^T)^-1 = L^-T L^-1
+
+
+# ----------------------------------------------------------------------------- QR (geqrf)
+
+
+def _qr(A, m: int, n: int, want_q: bool, complete: bool):
+    """Householder QR with LAPACK's conventions. Returns (Q or None, R full [..., m, n])."""
+    K = min(m, n)
+    zero = const(0.0, A)
+    one = const(1.0, A)
+    Q = _eye(m, A) if want_q else None
+    for k in range(K if m > 1 else 0):
+        if k == m - 1:
+            break  # a 1-element column: H = I (LAPACK's tau = 0)
+        col = op.Gather(A, _k(k), axis=-1)  # [..., m]
+        alpha = op.Gather(col, ints([k]), axis=-1)  # [..., 1]
+        below = _np_const((np.arange(m) > k).astype(np.float64), A)
+        x = op.Mul(col, below)
+        xnorm2 = op.ReduceSum(op.Mul(x, x), ints([-1]), keepdims=1)
+        norm = op.Sqrt(op.Add(op.Mul(alpha, alpha), xnorm2))
+        sgn = op.Where(op.Less(alpha, zero), const(-1.0, A), one)
+        beta = op.Neg(op.Mul(sgn, norm))
+        noop = op.Equal(xnorm2, zero)
+        beta_s = op.Where(noop, one, beta)
+        tau = op.Where(noop, zero, op.Div(op.Sub(beta, alpha), beta_s))
+        denom = op.Where(noop, one, op.Sub(alpha, beta))
+        ek = _np_const((np.arange(m) == k).astype(np.float64), A)
+        v = op.Add(op.Div(x, denom), ek)  # [..., m], v_k = 1
+        vc = op.Unsqueeze(v, ints([-1]))  # [..., m, 1]
+        vr = op.Unsqueeze(v, ints([-2]))  # [..., 1, m]
+        t = op.Unsqueeze(tau, ints([-1]))  # [..., 1, 1]
+        # A <- (I - tau v v^T) A
+        A = op.Sub(A, op.Mul(op.Mul(vc, t), op.MatMul(vr, A)))
+        if want_q:
+            # Q <- Q (I - tau v v^T)
+            Q = op.Sub(Q, op.Mul(op.MatMul(Q, vc), op.Mul(t, vr)))
+    R = op.Trilu(A, upper=1)
+    return Q, R
+
+
+@translation(aten.linalg_qr.default, static_shapes=True)
+def aten_linalg_qr_default(A, mode: str = "reduced"):
+    """linalg_qr(Tensor A, str mode="reduced") -> (Tensor Q, Tensor R)
+
+    Householder QR with LAPACK geqrf/orgqr's sign convention, so Q and R match PyTorch.
+    """
+    m, n = _matrix_size(A, "linalg_qr")
+    K = min(m, n)
+    r = len(A.shape)
+    if mode not in ("reduced", "complete", "r"):
+        raise ValueError(f"linalg_qr: unknown mode {mode!r}")
+    want_q = mode != "r"
+    bshape = _batch_shape(A)
+    Q, R = _qr(A, m, n, want_q, mode == "complete")
+    if want_q:
+        Q = op.Mul(Q, op.Expand(const(1.0, A), op.Concat(bshape, ints([1, 1]), axis=0)))
+    if mode == "complete":
+        return Q, R
+    R = op.Slice(R, ints([0]), ints([K]), ints([-2]))
+    if mode == "r":
+        return _empty_like_dtype(A), R
+    return op.Slice(Q, ints([0]), ints([K]), ints([-1])), R
+
+
+# ----------------------------------------------------------------------------- Jacobi
+
+
+def _round_robin(n: int) -> list[tuple[list[int], list[int]]]:
+    """n-1 rounds of n/2 disjoint pairs (p < q) covering every pair once (n even)."""
+    players = list(range(n))
+    rounds = []
+    for _ in range(n - 1):
+        ps, qs = [], []
+        for i in range(n // 2):
+            a, b = players[i], players[n - 1 - i]
+            ps.append(min(a, b))
+            qs.append(max(a, b))
+        rounds.append((ps, qs))
+        players = [players[0]] + [players[-1]] + players[1:-1]
+    return rounds
+
+
+def _rotation_basis(n: int, ps: list[int], qs: list[int]) -> np.ndarray:
+    """[n, n*n]: (c ; s) @ basis = the rotation matrix J with J_pp = J_qq = c, J_pq = s, J_qp = -s."""
+    h = len(ps)
+    basis = np.zeros((2 * h, n, n))
+    for i, (p, q) in enumerate(zip(ps, qs)):
+        basis[i, p, p] = 1
+        basis[i, q, q] = 1
+        basis[h + i, p, q] = 1
+        basis[h + i, q, p] = -1
+    return basis.reshape(2 * h, n * n)
+
+
+def _jacobi_angle(a_pp, a_qq, a_pq, like):
+    """(c, s) zeroing a_pq of [[a_pp, a_pq], [a_pq, a_qq]] (Golub & Van Loan 8.4.2)."""
+    zero = const(0.0, like)
+    one = const(1.0, like)
+    skip = op.Equal(a_pq, zero)
+    tau = op.Div(op.Sub(a_qq, a_pp), op.Mul(const(2.0, like), op.Where(skip, one, a_pq)))
+    sgn = op.Where(op.Less(tau, zero), const(-1.0, like), one)
+    t = op.Div(sgn, op.Add(op.Abs(tau), op.Sqrt(op.Add(one, op.Mul(tau, tau)))))
+    t = op.Where(skip, zero, t)  # also covers tau = inf (t = 0 already)
+    c = op.Div(one, op.Sqrt(op.Add(one, op.Mul(t, t))))
+    return c, op.Mul(t, c)
+
+
+def _sweeps(n: int, like) -> int:
+    return (10 if like.dtype == ir.DataType.DOUBLE else 8) + (2 if n > 16 else 0)
+
+
+def _eigh(A, n: int, uplo: str, want_v: bool):
+    """Symmetric eigen-decomposition by parallel cyclic Jacobi. Eigenvalues ascending."""
+    r = len(A.shape)
+    lower = uplo.upper() == "L"
+    T = op.Trilu(A, upper=0 if lower else 1)
+    off = op.Trilu(A, op.Constant(value_int=-1 if lower else 1), upper=0 if lower else 1)
+    A = op.Add(T, _mT(off, r))
+    N = n + (n % 2)
+    if N != n:  # pad with a decoupled zero row/column (never rotated: its a_pq stays 0)
+        pads = [0] * (2 * r)
+        pads[r - 1] = 0
+        pads[2 * r - 2] = 1
+        pads[2 * r - 1] = 1
+        A = op.Pad(A, _i64_const(pads))
+    shape_nn = op.Concat(_batch_shape(A), ints([N, N]), axis=0)
+    V = None
+    for _ in range(_sweeps(n, A)):
+        for ps, qs in _round_robin(N):
+            d = _diag_n(A, N)
+            a_pp = op.Gather(d, _i64_const(ps), axis=-1)
+            a_qq = op.Gather(d, _i64_const(qs), axis=-1)
+            flat = op.Reshape(A, op.Concat(_batch_shape(A), ints([N * N]), axis=0))
+            a_pq = op.Gather(flat, _i64_const([p * N + q for p, q in zip(ps, qs)]), axis=-1)
+            c, s = _jacobi_angle(a_pp, a_qq, a_pq, A)
+            J = op.Reshape(op.MatMul(op.Concat(c, s, axis=-1),
+                                     _np_const(_rotation_basis(N, ps, qs), A)), shape_nn)
+            A = op.MatMul(op.MatMul(_mT(J, r), A), J)
+            if want_v:
+                V = J if V is None else op.MatMul(V, J)
+    w = _diag_n(A, N)
+    if N != n:
+        w = op.Slice(w, ints([0]), ints([n]), ints([-1]))
+        if want_v:
+            V = op.Slice(V, ints([0, 0]), ints([n, n]), ints([-2, -1]))
+    w_sorted, idx = op.TopK(w, ints([n]), axis=-1, largest=0, sorted=1)
+    if not want_v:
+        return w_sorted, None
+    V = op.GatherElements(V, op.Expand(op.Unsqueeze(idx, ints([-2])),
+                                       op.Concat(_batch_shape(A), ints([n, n]), axis=0)), axis=-1)
+    return w_sorted, V
+
+
+def _diag_n(x, n: int):
+    return op.ReduceSum(op.Mul(x, _eye(n, x)), ints([-1]), keepdims=0)
+
+
+def _eigh_checked(A, UPLO: str, want_v: bool, opname: str):
+    n = _square(A, opname)
+    if n == 0:
+        return op.ReduceSum(A, ints([-1]), keepdims=0), A
+    if n == 1:
+        return op.Squeeze(A, ints([-1])), op.Add(op.Mul(A, const(0.0, A)), const(1.0, A))
+    return _eigh(A, n, UPLO, want_v)
+
+
+_EIGH_DOC = """
+
+    Parallel cyclic Jacobi (8 sweeps for float32, 10 for float64; +2 above 16x16). Eigenvalues
+    match PyTorch to ~1e-6 of the largest |eigenvalue|. Eigenvectors are orthonormal and satisfy
+    A V = V diag(w), but their signs (and their basis inside a repeated eigenvalue) are not
+    LAPACK's: compare them sign-invariantly.
+"""
+
+
+@translation(aten.linalg_eigh.default, static_shapes=True)
+def aten_linalg_eigh_default(self, UPLO: str = "L"):
+    w, V = _eigh_checked(self, UPLO, True, "linalg_eigh")
+    return w, V
+
+
+aten_linalg_eigh_default.__doc__ = str(aten.linalg_eigh.default._schema) + _EIGH_DOC
+
+
+@translation(aten._linalg_eigh.default, static_shapes=True)
+def aten__linalg_eigh_default(A, UPLO: str = "L", compute_v: bool = True):
+    w, V = _eigh_checked(A, UPLO, compute_v, "_linalg_eigh")
+    return w, (V if compute_v else _empty_like_dtype(A))
+
+
+aten__linalg_eigh_default.__doc__ = str(aten._linalg_eigh.default._schema) + _EIGH_DOC
+
+
+@translation(aten.linalg_eigvalsh.default, static_shapes=True)
+def aten_linalg_eigvalsh_default(self, UPLO: str = "L"):
+    return _eigh_checked(self, UPLO, False, "linalg_eigvalsh")[0]
+
+
+aten_linalg_eigvalsh_default.__doc__ = str(aten.linalg_eigvalsh.default._schema) + _EIGH_DOC
+
+
+# ----------------------------------------------------------------------------- SVD
+
+
+def _svd_tall(A, m: int, n: int, want_uv: bool, r: int):
+    """One-sided Jacobi SVD of rank-r [..., m, n] with m >= n. Returns (U, S descending, V)."""
+    N = n + (n % 2)
+    if N != n:  # a zero column is never rotated (its dot products are 0)
+        pads = [0] * (2 * r)
+        pads[2 * r - 1] = 1
+        A = op.Pad(A, _i64_const(pads))
+    bshape = _batch_shape(A)
+    shape_nn = op.Concat(bshape, ints([N, N]), axis=0)
+    V = None
+    for _ in range(_sweeps(n, A)):
+        for ps, qs in _round_robin(N):
+            Ap = op.Gather(A, _i64_const(ps), axis=-1)  # [..., m, h]
+            Aq = op.Gather(A, _i64_const(qs), axis=-1)
+            alpha = op.ReduceSum(op.Mul(Ap, Ap), ints([-2]), keepdims=0)
+            beta = op.ReduceSum(op.Mul(Aq, Aq), ints([-2]), keepdims=0)
+            gamma = op.ReduceSum(op.Mul(Ap, Aq), ints([-2]), keepdims=0)
+            c, s = _jacobi_angle(alpha, beta, gamma, A)
+            J = op.Reshape(op.MatMul(op.Concat(c, s, axis=-1),
+                                     _np_const(_rotation_basis(N, ps, qs), A)), shape_nn)
+            A = op.MatMul(A, J)
+            if want_uv:
+                V = J if V is None else op.MatMul(V, J)
+    if N != n:
+        A = op.Slice(A, ints([0]), ints([n]), ints([-1]))
+        if want_uv:
+            V = op.Slice(V, ints([0, 0]), ints([n, n]), ints([-2, -1]))
+    sv = op.Sqrt(op.ReduceSum(op.Mul(A, A), ints([-2]), keepdims=0))  # [..., n]
+    S, idx = op.TopK(sv, ints([n]), axis=-1, largest=1, sorted=1)
+    if not want_uv:
+        return None, S, None
+    idx_c = op.Unsqueeze(idx, ints([-2]))
+    A = op.GatherElements(A, op.Expand(idx_c, op.Concat(bshape, ints([m, n]), axis=0)), axis=-1)
+    V = op.GatherElements(V, op.Expand(idx_c, op.Concat(bshape, ints([n, n]), axis=0)), axis=-1)
+    zero = const(0.0, A)
+    U = op.Div(A, op.Unsqueeze(op.Where(op.Equal(S, zero), const(1.0, A), S), ints([-2])))
+    return U, S, V
+
+
+def _svd(A, full_matrices: bool, compute_uv: bool, opname: str):
+    m, n = _matrix_size(A, opname)
+    r = len(A.shape)
+    if compute_uv and full_matrices and m != n:
+        raise ValueError(f"{opname}: full_matrices=True is only supported for square matrices "
+                         f"(got {m} x {n}); use full_matrices=False")
+    K = min(m, n)
+    if K == 0:
+        raise ValueError(f"{opname}: empty matrices are not supported (got {m} x {n})")
+    if m >= n:
+        U, S, V = _svd_tall(A, m, n, compute_uv, r)
+        Vh = _mT(V, r) if compute_uv else None
+    else:  # A^T = V S U^T
+        V, S, U = _svd_tall(_mT(A, r), n, m, compute_uv, r)
+        Vh = _mT(V, r) if compute_uv else None
+    if not compute_uv:
+        return _empty_like_dtype(A), S, _empty_like_dtype(A)
+    return U, S, Vh
+
+
+_SVD_DOC = """
+
+    One-sided Jacobi (8 sweeps for float32, 10 for float64; +2 above 16 columns). Singular
+    values match PyTorch to ~1e-6 relative, small ones included. Singular vectors are unique up
+    to sign (and a rotation inside repeated singular values); the signs are not LAPACK's, so
+    compare U diag(S) Vh or |U|, |Vh|. full_matrices=True needs a square matrix. Column norms are
+    computed from sums of squares, so entries above ~1e19 (float32) overflow.
+"""
+
+
+@translation(aten.linalg_svd.default, static_shapes=True)
+def aten_linalg_svd_default(A, full_matrices: bool = True, driver=None):
+    return _svd(A, full_matrices, True, "linalg_svd")
+
+
+aten_linalg_svd_default.__doc__ = str(aten.linalg_svd.default._schema) + _SVD_DOC
+
+
+@translation(aten._linalg_svd.default, static_shapes=True)
+def aten__linalg_svd_default(A, full_matrices: bool = False, compute_uv: bool = True,
+                             driver=None):
+    return _svd(A, full_matrices, compute_uv, "_linalg_svd")
+
+
+aten__linalg_svd_default.__doc__ = str(aten._linalg_svd.default._schema) + _SVD_DOC
+
+
+@translation(aten.linalg_svdvals.default, static_shapes=True)
+def aten_linalg_svdvals_default(A, driver=None):
+    return _svd(A, False, False, "linalg_svdvals")[1]
+
+
+aten_linalg_svdvals_default.__doc__ = str(aten.linalg_svdvals.default._schema) + _SVD_DOC
+
+
+def _pinv(self, atol, rtol, hermitian: bool, opname: str):
+    m, n = _matrix_size(self, opname)
+    r = len(self.shape)
+    eps = float(np.finfo(np.float64 if self.dtype == ir.DataType.DOUBLE else np.float32).eps)
+    if hermitian:
+        w, V = _eigh_checked(self, "L", True, opname)
+        absw = op.Abs(w)
+        smax = op.ReduceMax(absw, ints([-1]), keepdims=1)
+    else:
+        U, S, Vh = _svd(self, False, True, opname)
+        absw = S
+        smax = op.ReduceMax(S, ints([-1]), keepdims=1)
+    zero = const(0.0, self)
+    if rtol is None:
+        rtol_v = const(eps * max(m, n), self) if (atol is None) else zero
+    else:
+        rtol_v = op.CastLike(rtol, self) if not isinstance(rtol, (int, float)) else const(rtol, self)
+        if not isinstance(rtol, (int, float)):
+            rtol_v = op.Unsqueeze(rtol_v, ints([-1]))
+    if atol is None:
+        atol_v = zero
+    else:
+        atol_v = op.CastLike(atol, self) if not isinstance(atol, (int, float)) else const(atol, self)
+        if not isinstance(atol, (int, float)):
+            atol_v = op.Unsqueeze(atol_v, ints([-1]))
+    tol = op.Max(atol_v, op.Mul(rtol_v, smax))
+    keep = op.Greater(absw, tol)
+    inv = op.Where(keep, op.Div(const(1.0, self), op.Where(keep, absw if not hermitian else w,
+                                                            const(1.0, self))), zero)
+    if hermitian:
+        return op.MatMul(op.Mul(V, op.Unsqueeze(inv, ints([-2]))), _mT(V, r))
+    return op.MatMul(op.Mul(_mT(Vh, r), op.Unsqueeze(inv, ints([-2]))), _mT(U, r))
+
+
+@translation(aten.linalg_pinv.atol_rtol_tensor, static_shapes=True)
+def aten_linalg_pinv_atol_rtol_tensor(self, atol=None, rtol=None, hermitian: bool = False):
+    """linalg_pinv.atol_rtol_tensor(Tensor self, *, Tensor? atol=None, Tensor? rtol=None, bool hermitian=False) -> Tensor
+
+    Via the Jacobi SVD (or eigh when hermitian=True); singular values at or below
+    max(atol, rtol * largest) are dropped, as in PyTorch.
+    """
+    return _pinv(self, atol, rtol, hermitian, "linalg_pinv")
+
+
+@translation(aten.linalg_pinv.atol_rtol_float, static_shapes=True)
+def aten_linalg_pinv_atol_rtol_float(self, atol=None, rtol=None, hermitian: bool = False):
+    """linalg_pinv.atol_rtol_float(Tensor self, *, float? atol=None, float? rtol=None, bool hermitian=False) -> Tensor"""
+    return _pinv(self, atol, rtol, hermitian, "linalg_pinv")
+
+
+# ----------------------------------------------------------------------------- matrix_exp
+
+# Taylor degree 18 is accurate to float64 rounding for ||A||_1 <= 1 (1/19! ~ 8e-18).
+_EXP_DEGREE = 18
+_EXP_MAX_SQUARINGS = 40
+
+
+@translation(aten.linalg_matrix_exp.default, static_shapes=True)
+def aten_linalg_matrix_exp_default(self):
+    """linalg_matrix_exp(Tensor self) -> Tensor
+
+    Scaling and squaring: A is scaled by 2^-s with s = ceil(log2 ||A||_1) (data dependent,
+    0 <= s <= 40), exp(A / 2^s) comes from a degree-18 Taylor polynomial evaluated with
+    Paterson-Stockmeyer (about 8 MatMuls), then s squarings (40 unrolled squarings, each kept
+    or skipped with Where). Norms above 2^40 are not scaled further (the result overflows
+    float32 long before that unless A is, e.g., skew-symmetric; then accuracy drops).
+    """
+    n = _square(self, "linalg_matrix_exp")
+    if n == 0:
+        return self
+    A = self
+    norm = op.ReduceMax(op.ReduceSum(op.Abs(A), ints([-2]), keepdims=0), ints([-1]),
+                        keepdims=1)  # [..., 1] 1-norm
+    one = const(1.0, A)
+    s = op.Ceil(op.Div(op.Log(op.Max(norm, one)), const(math.log(2.0), A)))
+    s = op.Min(s, const(float(_EXP_MAX_SQUARINGS), A))  # [..., 1]
+    scale = op.Pow(const(2.0, A), op.Neg(s))
+    X = op.Mul(A, op.Unsqueeze(scale, ints([-1])))
+    eye = _eye(n, A)
+    # Paterson-Stockmeyer with block size 6: powers I, X, ..., X^6.
+    coeffs = [1.0 / math.factorial(k) for k in range(_EXP_DEGREE + 1)]
+    q = 6
+    pw = [None, X]
+    for _k2 in range(2, q + 1):
+        pw.append(op.MatMul(pw[-1], X))
+
+    def block(j: int):
+        acc = op.Mul(eye, const(coeffs[j * q], A))
+        for i in range(1, q):
+            idx = j * q + i
+            if idx <= _EXP_DEGREE:
+                acc = op.Add(acc, op.Mul(pw[i], const(coeffs[idx], A)))
+        return acc
+
+    nblocks = _EXP_DEGREE // q  # 3 -> blocks 0..2 plus the x^18 term
+    P = op.Mul(eye, const(coeffs[_EXP_DEGREE], A))  # highest block: c18 I
+    for j in range(nblocks - 1, -1, -1):
+        P = op.Add(op.MatMul(P, pw[q]), block(j))
+    E = P
+    s_m = op.Unsqueeze(s, ints([-1]))
+    for i in range(_EXP_MAX_SQUARINGS):
+        E = op.Where(op.Less(const(float(i), A), s_m), op.MatMul(E, E), E)
+    return E
