@@ -31,7 +31,7 @@ bench-overhead: $(STAMP)
 	$(PY) bench/overhead.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff check src tests bench tools examples
 
 clean:
 	rm -rf build .pytest_cache

@@ -32,7 +32,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from onnxmedic.ops._common import const, ints, static_shape
+from onnxmedic.ops._common import const, ints
 from onnxmedic.ops._registry import translation
 
 aten = torch.ops.aten
@@ -472,7 +472,7 @@ def aten_linalg_lu_solve_default(LU, pivots, B, left: bool = True, adjoint: bool
     n = _square(LU, "linalg_lu_solve")
     if n == 0:
         return B
-    rl, rb = len(LU.shape), len(B.shape)
+    rl, _rb = len(LU.shape), len(B.shape)
     same = list(LU.shape)[:-2] == list(B.shape)[:-2]
     if left and not adjoint:
         # A = P L U: X = U^-1 L^-1 P^T B
@@ -635,7 +635,7 @@ def aten_linalg_qr_default(A, mode: str = "reduced"):
     """
     m, n = _matrix_size(A, "linalg_qr")
     K = min(m, n)
-    r = len(A.shape)
+    len(A.shape)
     if mode not in ("reduced", "complete", "r"):
         raise ValueError(f"linalg_qr: unknown mode {mode!r}")
     want_q = mode != "r"
