@@ -167,3 +167,38 @@ def test_demo_example_is_verified_by_onnxmedic(tmp_path):
             "examples/gaussian_copula.py:make_inputs", "-o", str(tmp_path / "d.onnx"), "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["used_translations"] == ["aten.special_erfinv.default"]
+
+
+def test_ctrl_c_leaves_no_partial_output_or_child(tmp_path):
+    """SIGINT while ONNX Runtime runs: exit 130, no output, no temp files, no sandbox child."""
+    import signal
+    import time
+
+    p = subprocess.Popen(
+        [sys.executable, "-m", "onnxmedic", "verify", str(om.endless_loop_model(
+            tmp_path / "hang.onnx")), f"{MODELS}:Identity", "--input", "2x3", "--timeout", "120"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        child = None
+        while child is None and time.time() < deadline:  # wait for the sandbox child
+            ps = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True,
+                                text=True).stdout
+            for line in ps.splitlines()[1:]:
+                pid, ppid, args = line.split(None, 2)
+                if ppid == str(p.pid) and "_sandbox_worker" in args:
+                    child = (pid, args.split()[-1])  # its pid and request folder
+            time.sleep(0.2)
+        assert child is not None
+        time.sleep(2)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    time.sleep(0.5)
+    ps = subprocess.run(["ps", "-eo", "pid"], capture_output=True, text=True).stdout.split()
+    assert child[0] not in ps  # the sandbox child is gone
+    assert not os.path.exists(child[1])  # and its request folder
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["hang.onnx"]
