@@ -321,6 +321,18 @@ def _shape_finding(proto: Any, label: str, message: str) -> Finding:
         details={"error": message[:4000], "input_set": label})
 
 
+def _preflight(result: ExportResult, model: Any, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> list[np.ndarray] | None:
+    """The preflight stage: the example's outputs in PyTorch, or None (and a finding)."""
+    with _stage(result, "preflight"):
+        pre = preflight.run(model, args, kwargs)
+    if not pre.ok:
+        _fail(result, "preflight", pre.finding)
+        return None
+    result.stages["preflight"] = PASSED
+    return [to_numpy(t) for t in flatten_tensors(pre.outputs)]
+
+
 def _save_program(prog: Any, folder: Path, name: str) -> Path:
     import onnx_ir as ir
     from torch.onnx._internal.exporter import _onnx_program
@@ -416,14 +428,9 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
         _fail(result, "write", bad_out)
         return
     example = inputs_mod.Inputs(args, kwargs)
-
-    with _stage(result, "preflight"):
-        pre = preflight.run(model, args, kwargs)
-    if not pre.ok:
-        _fail(result, "preflight", pre.finding)
+    example_expected = _preflight(result, model, args, kwargs)
+    if example_expected is None:
         return
-    result.stages["preflight"] = PASSED
-    example_expected = [to_numpy(t) for t in flatten_tensors(pre.outputs)]
 
     str_dims = None
     with _stage(result, "capture"):
@@ -587,16 +594,11 @@ def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tupl
         result.stages["check"] = FAILED
         return
     result.stages["check"] = PASSED
-    with _stage(result, "preflight"):
-        pre = preflight.run(model, args, kwargs)
-    if not pre.ok:
-        _fail(result, "preflight", pre.finding)
+    expected = _preflight(result, model, args, kwargs)
+    if expected is None:
         return
-    result.stages["preflight"] = PASSED
-    _run_and_compare(result, model, path, proto,
-                     inputs_mod.Inputs(args, kwargs),
-                     [to_numpy(t) for t in flatten_tensors(pre.outputs)], timeout, tolerance,
-                     worker)
+    _run_and_compare(result, model, path, proto, inputs_mod.Inputs(args, kwargs), expected,
+                     timeout, tolerance, worker)
     result.ok = result.stages["compare"] == PASSED
 
 
