@@ -13,6 +13,8 @@ Overridden because torchlib's translation silently differs from PyTorch:
   and loses all precision when ``a / b`` is large; PyTorch uses fmod plus a sign fix-up.
 * fmod (int64): ONNX Runtime's ``Mod(fmod=1)`` goes through ``std::fmod`` on doubles, so int64
   values above 2**53 come out wrong; integers use ``a - trunc(a / b) * b`` instead.
+* fmod / remainder (signed ints): ``MIN % -1`` kills the process with SIGFPE in ONNX Runtime
+  (x86 idiv overflow); PyTorch returns 0. The divisor -1 is replaced by 1 (same result).
 * bitwise shifts: ONNX Runtime has no 16-bit BitShift kernel, and shift counts at or above the
   bit width (or negative) are undefined in C++; PyTorch defines them (0 for left shifts, the
   sign fill for right shifts).
@@ -86,15 +88,17 @@ def _promote_float(*xs):
 
 
 def _common(*xs):
-    """Cast the inputs to their common dtype by PyTorch's promotion rules (usually a no-op)."""
-    dts = [x.dtype for x in xs]
+    """Cast the inputs to their common dtype by PyTorch's promotion rules (usually a no-op).
+
+    Values without a recorded dtype are constants this module made in the right dtype."""
+    dts = [x.dtype for x in xs if x.dtype is not None]
     if all(d == dts[0] for d in dts):
         return dts[0], list(xs)
     target_t = _TORCH_DTYPE[dts[0]]
     for d in dts[1:]:
         target_t = torch.promote_types(target_t, _TORCH_DTYPE[d])
     target = next(k for k, v in _TORCH_DTYPE.items() if v == target_t)
-    return target, [x if x.dtype == target else op.Cast(x, to=target) for x in xs]
+    return target, [x if x.dtype in (target, None) else op.Cast(x, to=target) for x in xs]
 
 
 _TORCH_DTYPE = {
@@ -102,6 +106,21 @@ _TORCH_DTYPE = {
     ir.DataType.INT8: torch.int8, ir.DataType.INT16: torch.int16, ir.DataType.INT32: torch.int32,
     ir.DataType.INT64: torch.int64, ir.DataType.UINT8: torch.uint8, ir.DataType.BOOL: torch.bool,
 }
+
+
+_NARROW = (ir.DataType.INT8, ir.DataType.INT16)
+
+
+def _widen(dt, *xs):
+    """int8/int16 are computed as int32 (ONNX Runtime has no int16 Where/Max/BitShift kernels);
+    returns the working dtype and the values. Narrow results are cast back modulo 2**bits."""
+    if dt in _NARROW:
+        return ir.DataType.INT32, [op.Cast(x, to=ir.DataType.INT32) for x in xs]
+    return dt, list(xs)
+
+
+def _narrow(r, dt, wdt):
+    return r if dt == wdt else op.Cast(r, to=dt)
 
 
 def _scalar_like(value, like):
@@ -240,10 +259,10 @@ def _nextafter(x, y):
                  op.Where(op.Greater(y64, zero), _k(tiny, F64), _k(-tiny, F64)), r)
     r = op.Where(op.IsInf(x64),
                  op.Where(op.Greater(x64, zero), _k(fmax, F64), _k(-fmax, F64)), r)
-    if dt != F64:
-        r = op.Cast(r, to=dt)
-    r = op.Where(op.Equal(x, y), y, r)
-    return op.Where(op.Or(op.IsNaN(x), op.IsNaN(y)), _k(float("nan"), dt), r)
+    r = op.Where(op.Equal(x64, y64), y64, r)
+    r = op.Where(op.Or(op.IsNaN(x64), op.IsNaN(y64)), _k(float("nan"), F64), r)
+    # Every candidate is representable in dt (or overflows to inf), so the cast is exact.
+    return r if dt == F64 else op.Cast(r, to=dt)
 
 
 @translation(aten.nextafter.default)
@@ -281,6 +300,35 @@ def aten_frexp_tensor(self):
         m = op.Cast(m, to=dt)
     exp = op.Where(ok, op.Cast(e, to=ir.DataType.INT32), _k(0, ir.DataType.INT32))
     return m, exp
+
+
+# ----------------------------------------------------------------------------- ldexp
+
+@translation(aten.ldexp.Tensor, overrides_torchlib=True)
+def aten_ldexp_tensor(self, other):
+    """ldexp.Tensor(Tensor self, Tensor other) -> Tensor
+
+    ``self * 2**other`` rounded once. PyTorch's decomposition (``self * pow(2., other)``) builds
+    2**other in float32, which is inf/0 for |other| > 127/149 even when the product is finite
+    (ldexp(1e-30, 200) = 1.6e30 eagerly, inf after export). float32/float16/bfloat16 and ints
+    are scaled exactly in float64 (exponent clamped to +-400, beyond which every result is
+    already 0 or inf) and cast back; float64 uses three power-of-two factors (exponent clamped
+    to +-2200), which can round twice only when the result is a float64 denormal.
+    """
+    dt = self.dtype
+    if dt not in _FLOATS:
+        dt = F32
+    x64 = self if self.dtype == F64 else op.Cast(self, to=F64)
+    e = op.Cast(other, to=F64) if other.dtype != F64 else other
+    if dt == F64:
+        e = op.Max(op.Min(e, _k(2200.0, F64)), _k(-2200.0, F64))
+        a = op.Floor(op.Div(e, _k(3.0, F64)))
+        b = op.Floor(op.Div(op.Sub(e, a), _k(2.0, F64)))
+        c = op.Sub(op.Sub(e, a), b)
+        return op.Mul(op.Mul(op.Mul(x64, op.Pow(_k(2.0, F64), a)), op.Pow(_k(2.0, F64), b)),
+                      op.Pow(_k(2.0, F64), c))
+    e = op.Max(op.Min(e, _k(400.0, F64)), _k(-400.0, F64))
+    return op.Cast(op.Mul(x64, op.Pow(_k(2.0, F64), e)), to=dt)
 
 
 # ----------------------------------------------------------------------------- gcd / lcm
@@ -335,9 +383,11 @@ _EUCLID_TRIPS = {8: 16, 16: 28, 32: 52, 64: 100}
 
 
 def _gcd(a, b):
+    """gcd in the working dtype (int32 for int8/int16); returns (g, working dtype)."""
     dt, (a, b) = _common(a, b)
     if dt in _FLOATS or dt == ir.DataType.BOOL:
         raise ValueError(f"gcd: integer inputs only (got {dt})")
+    dt, (a, b) = _widen(dt, a, b)
     if dt.is_signed():
         a, b = op.Abs(a), op.Abs(b)
     shape = op.Shape(op.Add(a, b))
@@ -345,7 +395,7 @@ def _gcd(a, b):
     trips = op.Constant(value=ir.tensor(np.array(_EUCLID_TRIPS[dt.bitwidth], dtype=np.int64)))
     cond = op.Constant(value=ir.tensor(np.array(True)))
     _, g = _loop(trips, cond, [a, b], _euclid_body(dt))
-    return g
+    return g, dt
 
 
 @translation(aten.gcd.default)
@@ -356,7 +406,9 @@ def aten_gcd(self, other):
     element is done); exact. gcd(0, 0) = 0; like PyTorch, a result involving the dtype's most
     negative value (whose abs overflows) is not meaningful.
     """
-    return _gcd(self, other)
+    dt, _ = _common(self, other)
+    g, wdt = _gcd(self, other)
+    return _narrow(g, dt, wdt)
 
 
 @translation(aten.lcm.default)
@@ -366,13 +418,14 @@ def aten_lcm(self, other):
     |a / gcd(a, b) * b| with integer wrap-around like PyTorch; lcm(x, 0) = 0.
     """
     dt, (a, b) = _common(self, other)
-    g = _gcd(self, other)
-    zero = _k(0, dt)
+    g, wdt = _gcd(self, other)
+    _, (a, b) = _widen(dt, a, b)
+    zero = _k(0, wdt)
     gz = op.Equal(g, zero)
-    q = op.Mul(op.Div(a, op.Where(gz, _k(1, dt), g)), b)
-    if dt.is_signed():
+    q = op.Mul(op.Div(a, op.Where(gz, _k(1, wdt), g)), b)
+    if wdt.is_signed():
         q = op.Abs(q)
-    return op.Where(gz, zero, q)
+    return _narrow(op.Where(gz, zero, q), dt, wdt)
 
 
 # ----------------------------------------------------------------------------- logaddexp(2)
@@ -395,7 +448,7 @@ def _logaddexp(a, b, base2: bool):
     d = op.Neg(op.Abs(op.Sub(a, b)))
     if base2:
         t = op.Pow(_k(2.0, work), d)
-        r = op.Add(m, op.Mul(_log1p(t, work), _k(1.0 / math.log(2.0), work)))
+        r = op.Add(m, op.Div(_log1p(t, work), _k(math.log(2.0), work)))
     else:
         r = op.Add(m, _log1p(op.Exp(d), work))
     r = op.Where(op.And(op.IsInf(a), op.Equal(a, b)), a, r)
@@ -433,14 +486,24 @@ def aten_heaviside(self, values):
     dt, (x, v) = _common(self, values)
     if dt == ir.DataType.BOOL:
         return op.Where(x, x, v)  # True -> True, False (== 0) -> values
-    step = op.Cast(op.Greater(x, _k(0, dt)), to=dt)
-    return op.Where(op.Equal(x, _k(0, dt)), v, step)
+    wdt, (x, v) = _widen(dt, x, v)
+    step = op.Cast(op.Greater(x, _k(0, wdt)), to=wdt)
+    return _narrow(op.Where(op.Equal(x, _k(0, wdt)), v, step), dt, wdt)
 
 
 # ----------------------------------------------------------------------------- fmod / remainder
 
-def _trunc_mod_int(a, b):
+def _no_minus_one(b, dt):
+    """x % -1 is 0 for every x, but MIN % -1 (and MIN / -1) traps (SIGFPE) in x86 integer
+    division inside ONNX Runtime: divide by 1 instead, which gives the same 0."""
+    if not dt.is_signed():
+        return b
+    return op.Where(op.Equal(b, _k(-1, dt)), _k(1, dt), b)
+
+
+def _trunc_mod_int(a, b, dt):
     """C-style a % b for integers, exact for every width (a - trunc(a / b) * b)."""
+    b = _no_minus_one(b, dt)
     return op.Sub(a, op.Mul(op.Div(a, b), b))
 
 
@@ -448,13 +511,16 @@ def _fmod(a, b):
     dt, (a, b) = _common(a, b)
     if dt in _FLOATS:
         return op.Mod(a, b, fmod=1)
-    return _trunc_mod_int(a, b)
+    wdt, (a, b) = _widen(dt, a, b)
+    return _narrow(_trunc_mod_int(a, b, wdt), dt, wdt)
 
 
 def _remainder(a, b):
     dt, (a, b) = _common(a, b)
     if dt not in _FLOATS:
-        return op.Mod(a, b)  # Python-style modulo for integers, exact
+        wdt, (a, b) = _widen(dt, a, b)
+        # Python-style modulo for integers, exact
+        return _narrow(op.Mod(a, _no_minus_one(b, wdt)), dt, wdt)
     mod = op.Mod(a, b, fmod=1)
     zero = _k(0.0, dt)
     fix = op.And(op.Not(op.Equal(mod, zero)),
@@ -502,25 +568,21 @@ def aten_remainder_scalar_tensor(self, other):
 
 # ----------------------------------------------------------------------------- shifts
 
-def _wide(x, dt):
-    """8- and 16-bit integers are shifted as int32 (ONNX Runtime lacks 16-bit BitShift)."""
-    if dt in (ir.DataType.INT8, ir.DataType.INT16):
-        return op.Cast(x, to=ir.DataType.INT32), ir.DataType.INT32
-    return x, dt
-
-
 def _shift_left(a, b):
     dt, (a, b) = _common(a, b)
     width = dt.bitwidth
-    wa, wdt = _wide(a, dt)
-    wb, _ = _wide(b, dt)
+    wdt, (wa, wb) = _widen(dt, a, b)
     udt = _UNSIGNED[wdt.bitwidth]
+    # Where is evaluated in the signed/working dtype: ONNX Runtime lacks uint64 Where.
+    too_far = op.GreaterOrEqual(wb, _k(width, wdt))
+    if wdt.is_signed():
+        too_far = op.Or(too_far, op.Less(wb, _k(0, wdt)))  # PyTorch: unsigned(count) >= width
+    count = op.Where(too_far, _k(0, wdt), wb)
     ua = wa if wdt == udt else op.Cast(wa, to=udt)
-    ub = wb if wdt == udt else op.Cast(wb, to=udt)  # negative counts become huge: result 0
-    too_far = op.GreaterOrEqual(ub, _k(width, udt))
-    count = op.Where(too_far, _k(0, udt), ub)
-    r = op.Where(too_far, _k(0, udt), op.BitShift(ua, count, direction="LEFT"))
-    return r if udt == dt else op.Cast(r, to=dt)  # wraps modulo 2**width
+    uc = count if wdt == udt else op.Cast(count, to=udt)
+    s = op.BitShift(ua, uc, direction="LEFT")
+    s = s if wdt == udt else op.Cast(s, to=wdt)
+    return _narrow(op.Where(too_far, _k(0, wdt), s), dt, wdt)  # wraps modulo 2**width
 
 
 def _shift_right(a, b):
@@ -530,8 +592,7 @@ def _shift_right(a, b):
         count_ok = op.Less(b, _k(width, dt))  # counts >= width (>= 128 too, as int8 < 0) -> 0
         r = op.BitShift(a, op.Where(count_ok, b, _k(0, dt)), direction="RIGHT")
         return op.Where(count_ok, r, _k(0, dt))
-    wa, wdt = _wide(a, dt)
-    wb, _ = _wide(b, dt)
+    wdt, (wa, wb) = _widen(dt, a, b)
     udt = _UNSIGNED[wdt.bitwidth]
     max_shift = _k(width - 1, wdt)
     # PyTorch: a negative count or one >= width - 1 shifts by width - 1 (all sign bits).
@@ -541,8 +602,7 @@ def _shift_right(a, b):
     # Arithmetic shift from logical shifts: for negative a, ~((~a) >>> n).
     u = op.Cast(op.Where(neg, op.BitwiseNot(wa), wa), to=udt)
     s = op.Cast(op.BitShift(u, count, direction="RIGHT"), to=wdt)
-    r = op.Where(neg, op.BitwiseNot(s), s)
-    return r if wdt == dt else op.Cast(r, to=dt)
+    return _narrow(op.Where(neg, op.BitwiseNot(s), s), dt, wdt)
 
 
 @translation(aten.bitwise_left_shift.Tensor, overrides_torchlib=True)
