@@ -235,8 +235,8 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _assert_bit_exact(fn, args):
-    model, tensors = export_call(fn, args)
+def _assert_bit_exact(fn, args, **export_kwargs):
+    model, tensors = export_call(fn, args, **export_kwargs)
     actual = run_onnx(model, tensors)
     expected = fn(*args)
     expected = list(expected) if isinstance(expected, tuple) else [expected]
@@ -292,6 +292,10 @@ def test_signed_zeros_bit_exact(fn, dtype):
     b = torch.cat([x.flip(0), torch.tensor([3.0, -3.0, 3.0, -3.0, -0.0], dtype=dtype)])
     if fn is not torch.copysign:
         b = torch.where(b == 0, torch.ones_like(b), b)
+    if fn in (torch.fmod, torch.remainder):
+        # PyTorch's vectorized fmod gives NaN where a / b overflows (its scalar path does not):
+        # keep the quotient finite so eager PyTorch is itself exact.
+        b = torch.where((a / b).abs() < 1e30, b, torch.ones_like(b))
     _assert_bit_exact(fn, (a, b))
 
 
@@ -335,22 +339,40 @@ TORCHLIB_WRONG = [
                                              torch.tensor([3, 10]))),
     ("right-shift-int16", torch.bitwise_right_shift, (torch.tensor([-100, 100], dtype=_I16),
                                                       torch.tensor([2, 3], dtype=_I16))),
-    ("left-shift-count>=width", torch.bitwise_left_shift,
-     (torch.tensor([5, 7, 1], dtype=torch.int64), torch.tensor([64, 70, -1]))),
+    # torchlib returns int8 for uint8 shifts
+    ("left-shift-uint8", torch.bitwise_left_shift,
+     (torch.tensor([5, 200, 1], dtype=torch.uint8), torch.tensor([1, 1, 9], dtype=torch.uint8))),
+    ("right-shift-uint8", torch.bitwise_right_shift,
+     (torch.tensor([5, 200, 255], dtype=torch.uint8), torch.tensor([1, 0, 3], dtype=torch.uint8))),
+    # torchlib: Where with int16 has no ONNX Runtime kernel
+    ("heaviside-int16", torch.heaviside, (torch.tensor([0, 3, -2], dtype=_I16),
+                                          torch.tensor([7], dtype=_I16))),
+    # torchlib: MIN % -1 traps in ONNX Runtime (SIGFPE) - not run here, it kills the process.
+    ("signed-zero-remainder", torch.remainder, (torch.tensor([-6.0, 0.0]),
+                                                torch.tensor([3.0, 3.0]))),
     ("ldexp-large-exponent", torch.ldexp, (torch.tensor([1e-30, 3.0]), torch.tensor([200, -150]))),
-    ("right-shift-negative-count", torch.bitwise_right_shift,
-     (torch.tensor([-5, 7, 9]), torch.tensor([-1, -3, 64]))),
 ]
 
 
-@pytest.mark.parametrize(("fn", "args"), [c[1:] for c in TORCHLIB_WRONG],
-                         ids=[c[0] for c in TORCHLIB_WRONG])
-def test_torchlib_differs_and_onnxmedic_matches(fn, args):
-    tol = EXACT if args[0].dtype == torch.float32 else None
-    plain = check_call(fn, args, registry=None, tolerance=tol)
-    assert not plain.ok, "torchlib now matches PyTorch: the override may be unnecessary"
-    ours = check_call(fn, args, tolerance=tol)
-    assert ours.ok, ours.error
+@pytest.mark.parametrize("case", TORCHLIB_WRONG, ids=[c[0] for c in TORCHLIB_WRONG])
+def test_torchlib_differs_and_onnxmedic_matches(case):
+    name, fn, args = case
+
+    def matches(**registry):
+        if name.startswith("signed-zero"):  # the table's comparison ignores zero signs
+            try:
+                _assert_bit_exact(fn, args, **registry)
+            except AssertionError as e:
+                return False, str(e)
+            return True, ""
+        tol = EXACT if args[0].is_floating_point() else None
+        res = check_call(fn, args, tolerance=tol, **registry)
+        return res.ok, res.error
+
+    plain_ok, _ = matches(registry=None)
+    assert not plain_ok, "torchlib now matches PyTorch: the override may be unnecessary"
+    ok, error = matches()
+    assert ok, error
 
 
 # ----------------------------------------------------------------------------- in a model
@@ -381,17 +403,18 @@ class _IntModel(torch.nn.Module):
 
 
 MODELS = [
-    ("hypot", _FloatModel(torch.hypot), EXACT),
-    ("copysign", _FloatModel(torch.copysign), EXACT),
-    ("nextafter", _FloatModel(torch.nextafter), EXACT),
-    ("frexp", _FloatModel(lambda h, x: torch.frexp(h * x)), EXACT),
+    # F32 tolerance: the Linear before the op is itself not bit-exact in ONNX Runtime.
+    ("hypot", _FloatModel(torch.hypot), F32),
+    ("copysign", _FloatModel(torch.copysign), F32),
+    ("nextafter", _FloatModel(torch.nextafter), F32),
+    ("frexp", _FloatModel(lambda h, x: torch.frexp(h * x)[0]), F32),
     ("logaddexp", _FloatModel(lambda h, x: torch.logaddexp(h * 60, x * 60)), F32),
     ("logaddexp2", _FloatModel(lambda h, x: torch.logaddexp2(h * 90, x)), F32),
     ("heaviside", _FloatModel(lambda h, x: torch.heaviside(torch.relu(h), x)), EXACT),
-    ("fmod", _FloatModel(torch.fmod), EXACT),
-    ("remainder", _FloatModel(lambda h, x: h % x), EXACT),
+    ("fmod", _FloatModel(torch.fmod), F32),
+    ("remainder", _FloatModel(lambda h, x: h % x), F32),
     ("signbit", _FloatModel(lambda h, x: torch.signbit(h * torch.relu(-x))), None),
-    ("ldexp", _FloatModel(lambda h, x: torch.ldexp(h, (x * 50).round().int())), EXACT),
+    ("ldexp", _FloatModel(lambda h, x: torch.ldexp(h, (x * 50).round().int())), F32),
     ("gcd", _IntModel(torch.gcd), None),
     ("lcm", _IntModel(torch.lcm), None),
     ("left_shift", _IntModel(lambda h, k: h << k), None),

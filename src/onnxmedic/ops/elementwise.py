@@ -142,6 +142,19 @@ def _signbit(x):
     return op.Less(x, _k(0, x.dtype))
 
 
+def _with_sign(mag, negative, dt):
+    """|mag| with the sign given by a bool tensor, -0.0 included.
+
+    ONNX Runtime's Where (and float Mod) return +0.0 for a -0.0 input, so a result whose zero
+    sign matters is selected as a magnitude and then signed by a product with +-1."""
+    return op.Mul(op.Abs(mag), op.Where(negative, _k(-1.0, dt), _k(1.0, dt)))
+
+
+def _bsel(cond, a, b):
+    """Where for bool tensors (ONNX Runtime has no bool Where kernel)."""
+    return op.Or(op.And(cond, a), op.And(op.Not(cond), b))
+
+
 def _pow2(e):
     """2**e for a float64 tensor of integral values in [-1074, 1023] (exact)."""
     return op.Pow(_k(2.0, F64), e)
@@ -200,8 +213,7 @@ def aten_hypot(self, other):
 def _copysign(a, b):
     neg = _signbit(b)  # from the original dtype: the sign survives any promotion
     dt, (a, _) = _promote_float(a, b)
-    mag = op.Abs(a)
-    return op.Where(neg, op.Neg(mag), mag)
+    return _with_sign(a, neg, dt)
 
 
 @translation(aten.copysign.Tensor)
@@ -252,15 +264,19 @@ def _nextafter(x, y):
     e_down = op.Where(is_pow2, op.Sub(e, one), e)
     down = _pow2(op.Sub(op.Max(e_down, emin_k), shift))  # spacing below |x|
     away = op.Equal(op.Greater(y64, x64), op.Greater(x64, zero))
+    # Magnitude and sign are chosen separately (Where drops the sign of -0.0).
     mag = op.Where(away, op.Add(safe, up), op.Sub(safe, down))
-    r = op.Where(op.Less(x64, zero), op.Neg(mag), mag)
+    neg = op.Less(x64, zero)
     tiny = float(2.0 ** (emin - (p - 1)))
-    r = op.Where(op.Equal(x64, zero),
-                 op.Where(op.Greater(y64, zero), _k(tiny, F64), _k(-tiny, F64)), r)
-    r = op.Where(op.IsInf(x64),
-                 op.Where(op.Greater(x64, zero), _k(fmax, F64), _k(-fmax, F64)), r)
-    r = op.Where(op.Equal(x64, y64), y64, r)
-    r = op.Where(op.Or(op.IsNaN(x64), op.IsNaN(y64)), _k(float("nan"), F64), r)
+    x_zero = op.Equal(x64, zero)
+    mag = op.Where(x_zero, _k(tiny, F64), mag)
+    neg = _bsel(x_zero, op.Less(y64, zero), neg)
+    mag = op.Where(op.IsInf(x64), _k(fmax, F64), mag)
+    same = op.Equal(x64, y64)
+    mag = op.Where(same, y64, mag)
+    neg = _bsel(same, _float_signbit(y64, F64), neg)
+    mag = op.Where(op.Or(op.IsNaN(x64), op.IsNaN(y64)), _k(float("nan"), F64), mag)
+    r = _with_sign(mag, neg, F64)
     # Every candidate is representable in dt (or overflows to inf), so the cast is exact.
     return r if dt == F64 else op.Cast(r, to=dt)
 
@@ -294,8 +310,9 @@ def aten_frexp_tensor(self):
     e = op.Add(_exponent(safe), one)  # |x| = m * 2**e, m in [0.5, 1)
     # Scale by 2**-e in two steps so neither factor over/underflows in float64.
     h = op.Floor(op.Div(e, _k(2.0, F64)))
+    # For 0, inf and NaN (safe = 1, e = 1) this is x / 2 = x, signed zeros included; no Where
+    # (ONNX Runtime's Where drops the sign of -0.0).
     m = op.Mul(op.Mul(x64, _pow2(op.Neg(h))), _pow2(op.Sub(h, e)))
-    m = op.Where(ok, m, x64)
     if dt != F64:
         m = op.Cast(m, to=dt)
     exp = op.Where(ok, op.Cast(e, to=ir.DataType.INT32), _k(0, ir.DataType.INT32))
@@ -488,7 +505,11 @@ def aten_heaviside(self, values):
         return op.Where(x, x, v)  # True -> True, False (== 0) -> values
     wdt, (x, v) = _widen(dt, x, v)
     step = op.Cast(op.Greater(x, _k(0, wdt)), to=wdt)
-    return _narrow(op.Where(op.Equal(x, _k(0, wdt)), v, step), dt, wdt)
+    at_zero = op.Equal(x, _k(0, wdt))
+    r = op.Where(at_zero, v, step)
+    if dt in _FLOATS:  # values = -0.0 at x == 0 gives -0.0 (Where would drop the sign)
+        r = _with_sign(r, op.And(at_zero, _float_signbit(v, dt)), dt)
+    return _narrow(r, dt, wdt)
 
 
 # ----------------------------------------------------------------------------- fmod / remainder
@@ -523,9 +544,11 @@ def _remainder(a, b):
         return _narrow(op.Mod(a, _no_minus_one(b, wdt)), dt, wdt)
     mod = op.Mod(a, b, fmod=1)
     zero = _k(0.0, dt)
-    fix = op.And(op.Not(op.Equal(mod, zero)),
-                 op.Not(op.Equal(op.Less(b, zero), op.Less(mod, zero))))
-    return op.Where(fix, op.Add(mod, b), mod)
+    mod_zero = op.Equal(mod, zero)
+    fix = op.And(op.Not(mod_zero), op.Not(op.Equal(op.Less(b, zero), op.Less(mod, zero))))
+    r = op.Where(fix, op.Add(mod, b), mod)
+    # A zero result is fmod's, signed like a (ORT's Where returns +0.0 for -0.0).
+    return _with_sign(r, _bsel(mod_zero, _float_signbit(a, dt), op.Less(r, zero)), dt)
 
 
 @translation(aten.fmod.Tensor, overrides_torchlib=True)
@@ -533,7 +556,9 @@ def aten_fmod_tensor(self, other):
     """fmod.Tensor(Tensor self, Tensor other) -> Tensor
 
     Floats: ONNX ``Mod(fmod=1)`` (std::fmod: exact, NaN for a zero divisor or infinite
-    dividend). Integers: ``a - trunc(a / b) * b`` so int64 beyond 2**53 stays exact.
+    dividend). Note PyTorch's own vectorized CPU kernel (contiguous inputs of 8+ elements)
+    returns NaN when a / b overflows (e.g. fmod(1, 1e-39)); its scalar path and this
+    translation return the exact std::fmod value. Integers: ``a - trunc(a / b) * b`` so int64 beyond 2**53 stays exact.
     """
     return _fmod(self, other)
 
