@@ -174,6 +174,8 @@ def _exponent(ax):
 
     A log2 estimate, corrected by one step against exact powers of two (one table Gather)."""
     e = op.Floor(op.Mul(op.Log(ax), _k(1.0 / math.log(2.0), F64)))
+    # the estimate may round up to 1024 just below DBL_MAX: keep it inside the table
+    e = op.Max(op.Min(e, _k(float(_POW2_MAX), F64)), _k(float(_POW2_MIN), F64))
     p = _pow2(e)
     one = _k(1.0, F64)
     dec = op.Greater(p, ax)
