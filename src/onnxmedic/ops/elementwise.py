@@ -434,8 +434,9 @@ def aten_gcd(self, other):
     """gcd(Tensor self, Tensor other) -> Tensor
 
     Euclid's algorithm in an ONNX Loop (trip bound from the bit width, early exit when every
-    element is done); exact. gcd(0, 0) = 0; like PyTorch, a result involving the dtype's most
-    negative value (whose abs overflows) is not meaningful.
+    element is done); exact. gcd(0, 0) = 0. Known difference: when an input is the dtype's most
+    negative value (whose abs overflows), PyTorch's int8 result can be negative (gcd(-128, 68)
+    = -4) while this gives the positive gcd computed in int32 (4); int16/int32/int64 agree.
     """
     dt, _ = _common(self, other)
     g, wdt = _gcd(self, other)
