@@ -11,7 +11,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-
 from _oplatency import main  # noqa: E402
 
 N = 1 << 16  # 64k elements per input
