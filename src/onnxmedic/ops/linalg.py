@@ -837,8 +837,17 @@ def _svd(A, full_matrices: bool, compute_uv: bool, opname: str):
         raise ValueError(f"{opname}: full_matrices=True is only supported for square matrices "
                          f"(got {m} x {n}); use full_matrices=False")
     K = min(m, n)
-    if K == 0:
-        raise ValueError(f"{opname}: empty matrices are not supported (got {m} x {n})")
+    if K == 0:  # an m x 0 or 0 x n matrix: no singular values, empty factors
+        batch = op.Shape(A, end=-2)
+        zero = const(0.0, A)
+
+        def empty(*dims):
+            return op.Expand(zero, op.Concat(batch, ints(list(dims)), axis=0))
+
+        S = empty(0)
+        if not compute_uv:
+            return _empty_like_dtype(A), S, _empty_like_dtype(A)
+        return empty(m, 0), S, empty(0, n)
     if m >= n:
         U, S, V = _svd_tall(A, m, n, compute_uv, r)
         Vh = _mT(V, r) if compute_uv else None
