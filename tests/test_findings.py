@@ -37,3 +37,22 @@ def test_one_paragraph_names_what_where_and_next_step():
     text = f.one_paragraph()
     assert text.startswith("OM201 operator has no ONNX translation")
     assert "module enc.layer.0, m.py:3" in text and "Next step: register one" in text
+
+
+def test_supported_ops_doc_is_current():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gen_ops_doc", Path(__file__).resolve().parents[1] / "tools" / "gen_ops_doc.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.DOC.read_text() == mod.render(), "run: python tools/gen_ops_doc.py"
+
+
+def test_every_builtin_family_loads():
+    from onnxmedic.ops import REGISTRY
+
+    REGISTRY.load_builtin()
+    assert REGISTRY.load_errors == {}
+    families = {m.family for m in REGISTRY.entries()}
+    assert {"special", "linalg", "elementwise", "selection", "cumulative"} <= families

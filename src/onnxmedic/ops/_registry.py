@@ -61,7 +61,8 @@ def resolve_target(target: Any) -> torch._ops.OpOverload:
         return target
     if isinstance(target, torch._ops.OpOverloadPacket):
         overloads = target.overloads()
-        if overloads == ["default"] or "default" in overloads and len(overloads) == 1:
+        functional = [o for o in overloads if o != "out" and not o.endswith("_out")]
+        if functional == ["default"]:  # out= variants never appear in exported programs
             return target.default
         raise RegistrationError(
             f"{target} has several overloads ({', '.join(overloads)}); register each one, e.g. "
