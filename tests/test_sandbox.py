@@ -105,3 +105,22 @@ def test_bfloat16_feeds_round_trip(tmp_path):
     assert r.ok, r.error
     assert r.outputs[0][0].dtype == a.dtype
     np.testing.assert_array_equal(r.outputs[0][0].astype(np.float32), a.astype(np.float32))
+
+
+def test_zero_d_inputs_keep_their_shape(tmp_path):
+    """A 0-d feed must reach ONNX Runtime as 0-d (np.ascontiguousarray would make it (1,))."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [1])
+    g = helper.make_graph([helper.make_node("Shape", ["x"], ["s"]),
+                           helper.make_node("Size", ["s"], ["y0"]),
+                           helper.make_node("Unsqueeze", ["y0", "axes"], ["y"])], "g", [x], [y],
+                          [onnx.numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    onnx.save(m, tmp_path / "rank.onnx")
+    r = sandbox.run_model(tmp_path / "rank.onnx", [{"x": np.array(2.0, np.float32)}])
+    assert r.ok, r.error
+    assert r.outputs[0][0].tolist() == [0]  # rank 0

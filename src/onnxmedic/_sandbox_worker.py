@@ -79,12 +79,13 @@ _ODD_BY_ORT = {"tensor(bfloat16)": "bfloat16", "tensor(float8e4m3fn)": "float8_e
 
 
 def _to_ortvalue(ort, np, a):
+    # np.ascontiguousarray would turn a 0-d array into shape (1,): copy only when needed
+    a = a if a.flags.c_contiguous else a.copy(order="C")
     name = str(a.dtype)
     if name in _ODD:
         code, storage = _ODD[name]
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
-            np.ascontiguousarray(a).view(storage), code)
-    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(a.view(storage), code)
+    return ort.OrtValue.ortvalue_from_numpy(a)
 
 
 def _from_ortvalue(np, v):
