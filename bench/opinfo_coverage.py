@@ -419,8 +419,13 @@ def run_coverage(
     startup_timeout: float = 300.0,
     max_ops_per_worker: int = 150,
     progress: bool = False,
+    partial: Path | None = None,
 ) -> CoverageResult:
-    """Run the harness over the selected OpInfo entries (all float32 ones when ``ops`` is None)."""
+    """Run the harness over the selected OpInfo entries (all float32 ones when ``ops`` is None).
+
+    ``partial``: a JSON-lines file that gets each op's record as soon as it finishes, so a long
+    run that is interrupted still leaves its results.
+    """
     t_start = time.monotonic()
     todo = select_ops(ops)
     results = {t: OpResult(*t) for t in todo}
@@ -465,6 +470,9 @@ def run_coverage(
     def _finish(task: tuple[str, str]) -> None:
         nonlocal done_ops
         done_ops += 1
+        if partial is not None:
+            with open(partial, "a") as f:
+                f.write(json.dumps(results[task].to_dict(), default=str) + "\n")
         if progress:
             r = results[task]
             print(f"[{done_ops}/{len(todo)} {time.monotonic() - t_start:6.0f}s] {r.key}: "
@@ -589,7 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         worker_main()
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", type=Path, help="write every sample's result here")
+    p.add_argument("--json", type=Path, help="write every sample's result here (and each op's "
+                   "as it finishes to OUT.partial.jsonl)")
     p.add_argument("--ops", help="comma-separated OpInfo names (or name.variant)")
     p.add_argument("--limit-samples", type=int, default=4)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -597,8 +606,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no per-op progress lines")
     ns = p.parse_args(argv)
     ops = [s.strip() for s in ns.ops.split(",") if s.strip()] if ns.ops else None
+    partial = None
+    if ns.json:
+        partial = ns.json.with_suffix(".partial.jsonl")
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.unlink(missing_ok=True)
     result = run_coverage(ops, limit_samples=ns.limit_samples, jobs=ns.jobs,
-                          timeout=ns.timeout, progress=not ns.quiet)
+                          timeout=ns.timeout, progress=not ns.quiet, partial=partial)
     print_report(result)
     if ns.json:
         ns.json.parent.mkdir(parents=True, exist_ok=True)
