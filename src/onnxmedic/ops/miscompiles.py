@@ -1,0 +1,97 @@
+"""Ops torchlib translates *silently wrong*: the model exports and runs, the numbers are wrong.
+
+Found by the OpInfo coverage harness (bench/opinfo_coverage.py, "silent mismatch" column) and
+listed in docs/miscompiles.md with the inputs that show each one. Every translation here
+replaces torchlib's (``overrides_torchlib=True``); tests/ops/test_miscompiles.py proves both
+that torchlib's result is wrong and that this one matches PyTorch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+
+from onnxmedic.ops._common import FLOAT_DTYPES, const, ints, static_shape
+from onnxmedic.ops._registry import translation
+
+aten = torch.ops.aten
+
+_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
+
+def _filled_like(value, like):
+    """A tensor of ``like``'s shape and type filled with ``value``."""
+    return op.Expand(const(value, like), op.Shape(like))
+
+
+def _extreme(like, lowest: bool):
+    """-inf / +inf for floats, the type's min / max for integers (amax / amin's identity)."""
+    dtype = like.dtype
+    if dtype in FLOAT_DTYPES or dtype is None:
+        return const(float("-inf") if lowest else float("inf"), like)
+    if dtype == ir.DataType.BOOL:
+        return const(not lowest, like)
+    info = np.iinfo(dtype.numpy())
+    value = info.min if lowest else info.max
+    return op.Constant(value=ir.tensor(np.array(value, dtype=dtype.numpy())))
+
+
+@translation(aten.scatter_reduce.two, overrides_torchlib=True)
+def aten_scatter_reduce_two(self, dim: int, index, src, reduce: str, include_self: bool = True):
+    """scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
+
+    torchlib maps ``reduce="mean"`` to ScatterElements(reduction="none") (last write wins, no
+    average), makes amax/amin with ``include_self=False`` start from the largest finite value
+    instead of -inf/+inf (an all -inf group gives -3.4e38), and drops NaNs in amax/amin (ONNX
+    Runtime's max/min reductions keep the other operand). Here: mean = scatter-add of the
+    values divided by a scatter-add of counts (floor division for integers, like PyTorch);
+    amax/amin start from -inf/+inf and a scatter-max of ``isnan`` puts NaN back wherever
+    PyTorch propagates it; ``src`` is cut to ``index``'s shape (PyTorch reads only that part).
+    """
+    if reduce not in _REDUCTIONS:
+        raise ValueError(f"scatter_reduce: unknown reduce={reduce!r} (expected one of "
+                         f"{', '.join(_REDUCTIONS)})")
+    self_shape = static_shape(self)
+    src_shape, index_shape = static_shape(src), static_shape(index)
+    scalar = self_shape is not None and len(self_shape) == 0
+    rank = 1 if scalar else len(index.shape)
+    if scalar:  # ScatterElements needs rank >= 1
+        flat = ints([-1])
+        out_shape = op.Shape(self)
+        self, index, src = op.Reshape(self, flat), op.Reshape(index, flat), op.Reshape(src, flat)
+    if src_shape is None or index_shape is None or src_shape != index_shape:
+        src = op.Slice(src, ints([0] * rank), op.Shape(index), ints(list(range(rank))))
+
+    def scatter(data, updates, reduction):
+        return op.ScatterElements(data, index, updates, axis=dim, reduction=reduction)
+
+    if reduce in ("sum", "prod", "mean"):
+        identity = 1 if reduce == "prod" else 0
+        base = self if include_self else scatter(self, _filled_like(identity, src), "none")
+        result = scatter(base, src, "mul" if reduce == "prod" else "add")
+        if reduce == "mean":
+            one = const(1, self)
+            counts0 = _filled_like(1 if include_self else 0, self)
+            counts = op.Max(scatter(counts0, _filled_like(1, src), "add"), one)
+            if self.dtype in FLOAT_DTYPES:
+                result = op.Div(result, counts)
+            else:  # floor division like PyTorch (counts > 0, so Mod has the divisor's sign)
+                result = op.Div(op.Sub(result, op.Mod(result, counts)), counts)
+    else:
+        lowest = reduce == "amax"
+        base = self if include_self else scatter(
+            self, op.Expand(_extreme(src, lowest), op.Shape(src)), "none")
+        result = scatter(base, src, "max" if lowest else "min")
+        if self.dtype in FLOAT_DTYPES:
+            nan_self = op.Cast(op.IsNaN(self), to=ir.DataType.FLOAT)
+            if not include_self:  # the scattered positions forget self's value
+                nan_self = scatter(nan_self, op.Expand(op.Constant(value_float=0.0),
+                                                       op.Shape(src)), "none")
+            has_nan = scatter(nan_self, op.Cast(op.IsNaN(src), to=ir.DataType.FLOAT), "max")
+            result = op.Where(op.Greater(has_nan, op.Constant(value_float=0.0)),
+                              const(float("nan"), result), result)
+    if scalar:
+        result = op.Reshape(result, out_shape)
+    return result

@@ -1,0 +1,127 @@
+"""Ops torchlib exports silently wrong: onnxmedic's translations against PyTorch, and proof that
+plain torch.onnx (torchlib) is wrong on the same inputs. See docs/miscompiles.md."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from onnxmedic.ops import REGISTRY
+from onnxmedic.ops.testing import check_call
+from tests.ops._table import OpEntry, make_tests
+
+inf, nan = math.inf, math.nan
+
+
+def _scatter_reduce_edges(reduce: str):
+    def edges(dtype: torch.dtype):
+        g = torch.Generator().manual_seed(0)
+        # NaN and +-inf in self and src, duplicate indices, a group that is all -inf, and
+        # positions nothing is scattered to.
+        self_ = torch.tensor([1.0, 2.0, 3.0, nan, 5.0, -inf, 0.0, -0.0], dtype=dtype)
+        index = torch.tensor([0, 0, 1, 3, 4, 2, 5, 5])
+        src = torch.tensor([nan, 1.0, -inf, 2.0, inf, 7.0, -inf, -inf], dtype=dtype)
+        batched = torch.randn(2, 3, 4, generator=g, dtype=dtype)
+        b_index = torch.randint(0, 3, (2, 5, 4), generator=g)
+        b_src = torch.randn(2, 6, 5, generator=g, dtype=dtype)  # larger than index: cut
+        big = torch.tensor([1e30, -1e30, 1e-30, 3.0], dtype=dtype)
+        return [
+            ((self_, 0, index, src, reduce), {"include_self": True}),
+            ((self_, 0, index, src, reduce), {"include_self": False}),
+            ((batched, 1, b_index, b_src, reduce), {"include_self": False}),
+            ((batched, -1, b_index[:, :3, :2], b_src, reduce), {"include_self": True}),
+            ((big, 0, torch.tensor([0, 0, 2, 2, 1]), big.repeat(2)[:5] * 0.5, reduce), {}),
+            ((torch.tensor(3.0, dtype=dtype), 0, torch.tensor(0), torch.tensor(5.0, dtype=dtype),
+              reduce), {"include_self": False}),
+            ((torch.randn(3, 4, generator=g, dtype=dtype), 0,
+              torch.zeros(0, 4, dtype=torch.long), torch.randn(0, 4, dtype=dtype), reduce), {}),
+        ]
+
+    return edges
+
+
+ENTRIES = [
+    OpEntry("scatter_reduce", variant=reduce, max_samples=4, edge=_scatter_reduce_edges(reduce),
+            dtypes=(torch.float32, torch.float64) if reduce == "mean" else (torch.float32,),
+            tolerance={"float32": (1e-5, 1e-6)})
+    for reduce in ("sum", "prod", "mean", "amax", "amin")
+]
+
+make_tests(ENTRIES, globals())
+
+
+# Inputs on which torchlib's scatter_reduce is wrong (see docs/miscompiles.md).
+_G = torch.Generator().manual_seed(1)
+_SELF = torch.randn(5, 4, generator=_G)
+_INDEX = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3], [4, 4, 0, 0], [1, 1, 1, 1]])
+_SRC = torch.randn(4, 4, generator=_G)
+_WRONG = {
+    "mean-include_self": ((_SELF, 0, _INDEX, _SRC, "mean"), {"include_self": True}),
+    "mean-exclude_self": ((_SELF, 0, _INDEX, _SRC, "mean"), {"include_self": False}),
+    "amax-exclude_self-all_-inf": (
+        (torch.zeros(3), 0, torch.tensor([0, 0, 1]), torch.tensor([-inf, -inf, 2.0]), "amax"),
+        {"include_self": False}),
+    "amin-exclude_self-all_+inf": (
+        (torch.zeros(3), 0, torch.tensor([0, 0, 1]), torch.tensor([inf, inf, 2.0]), "amin"),
+        {"include_self": False}),
+    "amax-nan_in_src": (
+        (torch.zeros(2), 0, torch.tensor([0, 0, 1, 1]), torch.tensor([1.0, nan, nan, 1.0]),
+         "amax"), {}),
+    "amin-nan_in_self": (
+        (torch.tensor([nan, 1.0]), 0, torch.tensor([0, 1]), torch.tensor([2.0, 0.5]), "amin"), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(_WRONG))
+def test_scatter_reduce_torchlib_is_wrong(case: str) -> None:
+    args, kwargs = _WRONG[case]
+    plain = check_call(torch.scatter_reduce, args, kwargs, registry=None)
+    assert plain.stage == "compare", f"torchlib is no longer wrong on {case}: {plain.stage}"
+    fixed = check_call(torch.scatter_reduce, args, kwargs, tolerance=(1e-5, 1e-6))
+    assert fixed.ok, fixed.error
+    assert fixed.max_rel <= 1e-5
+
+
+def test_scatter_reduce_is_registered_as_override() -> None:
+    meta = REGISTRY.get(torch.ops.aten.scatter_reduce.two)
+    assert meta is not None and meta.overrides_torchlib and meta.family == "miscompiles"
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_scatter_reduce_mean_integer_floors(dtype: torch.dtype) -> None:
+    # PyTorch floor-divides integer means: -7 / 2 -> -4, not -3.
+    self_ = torch.tensor([-7, 5, 0, 9], dtype=dtype)
+    index = torch.tensor([0, 1, 1, 2, 2])
+    src = torch.tensor([0, -3, 4, -10, 2], dtype=dtype)
+    for include_self in (True, False):
+        res = check_call(torch.scatter_reduce, (self_, 0, index, src, "mean"),
+                         {"include_self": include_self})
+        assert res.ok, res.error
+
+
+class _PoolByGroup(torch.nn.Module):
+    """Linear features averaged per group with scatter_reduce(mean): segment pooling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.proj(x))  # [N, 4]
+        out = torch.zeros(3, 4, dtype=h.dtype)
+        idx = group.unsqueeze(1).expand(-1, 4)
+        mean = out.scatter_reduce(0, idx, h, "mean", include_self=False)
+        peak = out.scatter_reduce(0, idx, h, "amax", include_self=False)
+        return mean + peak
+
+
+def test_scatter_reduce_in_module() -> None:
+    torch.manual_seed(0)
+    model = _PoolByGroup().eval()
+    x = torch.randn(10, 8)
+    group = torch.tensor([0, 2, 2, 1, 0, 0, 2, 1, 1, 0])
+    assert check_call(model, (x, group), registry=None).stage == "compare"
+    res = check_call(model, (x, group), tolerance=(1e-5, 1e-6))
+    assert res.ok, res.error
