@@ -49,7 +49,6 @@ ENTRIES = [
     for reduce in ("sum", "prod", "mean", "amax", "amin")
 ]
 
-make_tests(ENTRIES, globals())
 
 
 # Inputs on which torchlib's scatter_reduce is wrong (see docs/miscompiles.md).
@@ -125,3 +124,65 @@ def test_scatter_reduce_in_module() -> None:
     assert check_call(model, (x, group), registry=None).stage == "compare"
     res = check_call(model, (x, group), tolerance=(1e-5, 1e-6))
     assert res.ok, res.error
+
+
+# aten.copy: torchlib ignores the broadcast of src into self's shape.
+def _copy_edges(dtype: torch.dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, generator=g, dtype=dtype)
+    return [
+        ((x, torch.tensor(2.5, dtype=dtype)), {}),
+        ((x, torch.randn(3, generator=g, dtype=dtype)), {}),
+        ((x, torch.randn(2, 1, generator=g, dtype=dtype)), {}),
+        ((x, torch.tensor([1, -2, 3])), {}),  # int64 into float: cast and broadcast
+        ((x, torch.tensor([nan, inf, -0.0], dtype=dtype)), {}),
+        ((torch.empty(0, 3, dtype=dtype), torch.randn(3, generator=g, dtype=dtype)), {}),
+        ((torch.tensor(1.0, dtype=dtype), torch.tensor(-4.0, dtype=dtype)), {}),
+    ]
+
+
+ENTRIES_COPY = [
+    OpEntry("aten.copy", fn=torch.ops.aten.copy.default, use_opinfo=False, edge=_copy_edges,
+            dtypes=(torch.float32, torch.float64)),
+    # torch decomposes linspace/logspace(Tensor, Tensor, steps=1) into aten.copy
+    OpEntry("linspace", variant="tensor_overload", max_samples=6),
+    OpEntry("logspace", variant="tensor_overload", max_samples=3,
+            edge=lambda dt: [((torch.tensor(0.5), torch.tensor(3), 1), {"dtype": dt}),
+                             ((torch.tensor(2), torch.tensor(3), 1, 2.0), {"dtype": dt})],
+            tolerance={"float32": (1e-5, 1e-6)}),
+]
+
+
+def test_copy_torchlib_is_wrong() -> None:
+    args = (torch.tensor(1.0), torch.tensor(3), 1)
+    kwargs = {"dtype": torch.float32}
+    plain = check_call(torch.linspace, args, kwargs, registry=None)
+    assert plain.stage == "compare" and "shape [] != expected [1]" in plain.error
+    assert check_call(torch.linspace, args, kwargs).ok
+
+
+class _ResetBuffer(torch.nn.Module):
+    """A Linear whose output is overwritten in place with a broadcast row (x.copy_(row))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x)
+        z = torch.empty_like(y)
+        z.copy_(row)
+        return y * z
+
+
+def test_copy_in_module() -> None:
+    torch.manual_seed(0)
+    model = _ResetBuffer().eval()
+    args = (torch.randn(5, 4), torch.randn(3))
+    plain = check_call(model, args, registry=None)
+    assert plain.stage == "compare", plain.stage
+    res = check_call(model, args, tolerance=(1e-5, 1e-6))
+    assert res.ok, res.error
+
+
+make_tests(ENTRIES + ENTRIES_COPY, globals())

@@ -26,9 +26,8 @@ def _filled_like(value, like):
     return op.Expand(const(value, like), op.Shape(like))
 
 
-def _extreme(like, lowest: bool):
+def _extreme(like, dtype, lowest: bool):
     """-inf / +inf for floats, the type's min / max for integers (amax / amin's identity)."""
-    dtype = like.dtype
     if dtype in FLOAT_DTYPES or dtype is None:
         return const(float("-inf") if lowest else float("inf"), like)
     if dtype == ir.DataType.BOOL:
@@ -53,6 +52,8 @@ def aten_scatter_reduce_two(self, dim: int, index, src, reduce: str, include_sel
     if reduce not in _REDUCTIONS:
         raise ValueError(f"scatter_reduce: unknown reduce={reduce!r} (expected one of "
                          f"{', '.join(_REDUCTIONS)})")
+    dtype = self.dtype  # read before the reshapes below: traced values may lose it
+    is_float = dtype in FLOAT_DTYPES
     self_shape = static_shape(self)
     src_shape, index_shape = static_shape(src), static_shape(index)
     scalar = self_shape is not None and len(self_shape) == 0
@@ -75,16 +76,16 @@ def aten_scatter_reduce_two(self, dim: int, index, src, reduce: str, include_sel
             one = const(1, self)
             counts0 = _filled_like(1 if include_self else 0, self)
             counts = op.Max(scatter(counts0, _filled_like(1, src), "add"), one)
-            if self.dtype in FLOAT_DTYPES:
+            if is_float:
                 result = op.Div(result, counts)
             else:  # floor division like PyTorch (counts > 0, so Mod has the divisor's sign)
                 result = op.Div(op.Sub(result, op.Mod(result, counts)), counts)
     else:
         lowest = reduce == "amax"
         base = self if include_self else scatter(
-            self, op.Expand(_extreme(src, lowest), op.Shape(src)), "none")
+            self, op.Expand(_extreme(src, dtype, lowest), op.Shape(src)), "none")
         result = scatter(base, src, "max" if lowest else "min")
-        if self.dtype in FLOAT_DTYPES:
+        if is_float:
             nan_self = op.Cast(op.IsNaN(self), to=ir.DataType.FLOAT)
             if not include_self:  # the scattered positions forget self's value
                 nan_self = scatter(nan_self, op.Expand(op.Constant(value_float=0.0),
@@ -95,3 +96,16 @@ def aten_scatter_reduce_two(self, dim: int, index, src, reduce: str, include_sel
     if scalar:
         result = op.Reshape(result, out_shape)
     return result
+
+
+@translation(aten.copy.default, overrides_torchlib=True)
+def aten_copy(self, src, non_blocking: bool = False):
+    """copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
+
+    The result has ``self``'s shape and dtype with ``src`` broadcast into it. torchlib returns
+    ``CastLike(src, self)``, i.e. ``src``'s shape: a 0-d or size-1 ``src`` copied into a larger
+    ``self`` comes out with the wrong shape. torch's own decompositions emit this op, e.g.
+    ``torch.linspace(start_tensor, end_tensor, steps=1)`` (and logspace) gives shape [] instead
+    of [1]; ``buffer.copy_(scalar_tensor)`` in a module does the same.
+    """
+    return op.Expand(op.CastLike(src, self), op.Shape(self))
