@@ -566,6 +566,27 @@ def run_coverage(
     )
 
 
+def load_result(path: Path) -> CoverageResult:
+    """A result back from ``--json`` output, or from its ``.partial.jsonl`` (an unfinished run)."""
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        records, meta = [json.loads(line) for line in text.splitlines() if line.strip()], {}
+    else:
+        meta = json.loads(text)
+        records = meta["ops"]
+    ops = []
+    for rec in records:
+        o = OpResult(rec["name"], rec["variant"], error=rec.get("error", ""))
+        for s in rec["samples"]:
+            o.samples[s["idx"]] = {k: s[k] for k in ("sample", "seconds", *COLUMNS)}
+        ops.append(o)
+    return CoverageResult(ops=ops, seconds=meta.get("seconds", 0.0), jobs=meta.get("jobs", 0),
+                          limit_samples=meta.get("limit_samples", 0),
+                          registry=meta.get("registry", []),
+                          load_errors=meta.get("load_errors", {}))
+
+
 def print_report(result: CoverageResult, console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -619,7 +640,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per sample")
     p.add_argument("--quiet", action="store_true", help="no per-op progress lines")
+    p.add_argument("--report", type=Path, metavar="JSON",
+                   help="only print the report of an earlier run (its --json file or "
+                        ".partial.jsonl)")
     ns = p.parse_args(argv)
+    if ns.report:
+        print_report(load_result(ns.report))
+        return 0
     ops = [s.strip() for s in ns.ops.split(",") if s.strip()] if ns.ops else None
     partial = None
     if ns.json:

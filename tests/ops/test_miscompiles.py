@@ -185,4 +185,44 @@ def test_copy_in_module() -> None:
     assert res.ok, res.error
 
 
-make_tests(ENTRIES + ENTRIES_COPY, globals())
+
+# Training-mode batch norm: torchlib normalises with the running statistics.
+ENTRIES_BN = [
+    OpEntry(name, max_samples=4, tolerance={"float32": (1e-5, 1e-5)})
+    for name in ("native_batch_norm", "_native_batch_norm_legit")
+]
+
+
+def test_batch_norm_training_torchlib_is_wrong() -> None:
+    def fn(x, w, b, rm, rv):
+        return torch.nn.functional.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1)
+
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(2, 3, 4, 4, generator=g) * 3 + 1, torch.randn(3, generator=g),
+            torch.randn(3, generator=g), torch.zeros(3), torch.ones(3))
+    assert check_call(fn, args, registry=None).stage == "compare"
+    res = check_call(fn, args, tolerance=(1e-5, 1e-5))
+    assert res.ok, res.error
+
+
+class _TrainBN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(6, 4)
+        self.bn = torch.nn.BatchNorm1d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.proj(x))
+
+
+def test_batch_norm_module_in_train_mode() -> None:
+    torch.manual_seed(0)
+    model = _TrainBN().train()
+    x = torch.randn(8, 6) * 2 + 0.5
+    assert check_call(model, (x,), registry=None).stage == "compare"
+    res = check_call(model, (x,), tolerance=(1e-5, 1e-5))
+    assert res.ok, res.error
+    assert check_call(model.eval(), (x,), tolerance=(1e-5, 1e-5)).ok  # eval path unchanged
+
+
+make_tests(ENTRIES + ENTRIES_COPY + ENTRIES_BN, globals())

@@ -109,3 +109,51 @@ def aten_copy(self, src, non_blocking: bool = False):
     of [1]; ``buffer.copy_(scalar_tensor)`` in a module does the same.
     """
     return op.Expand(op.CastLike(src, self), op.Shape(self))
+
+
+@translation(aten._native_batch_norm_legit_functional.default, overrides_torchlib=True)
+def aten__native_batch_norm_legit_functional(
+    input, weight, bias, running_mean, running_var, training: bool, momentum: float, eps: float
+):
+    """_native_batch_norm_legit_functional(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor, Tensor running_mean_out, Tensor running_var_out)
+
+    torch.onnx lowers every training-mode batch norm (``F.batch_norm(training=True)``, a
+    BatchNorm module exported in train mode, ``torch.native_batch_norm``) to this op. torchlib
+    hard-codes ``training = False`` ("temporary fix") and normalises with the *running*
+    statistics: every output element is wrong. Here, in training mode the batch mean and biased
+    variance over all dims but 1 normalise the input; ``save_mean``/``save_rstd`` are the batch
+    statistics and the running statistics are updated with ``momentum`` (unbiased variance),
+    like PyTorch.
+    """
+    rank = len(input.shape)
+    axes = ints([a for a in range(rank) if a != 1])
+    bshape = [1] * rank
+    bshape[1] = -1
+    to_b = ints(bshape)
+    eps_c = const(eps, input)
+    if training:
+        mean_k = op.ReduceMean(input, axes, keepdims=1)
+        centered = op.Sub(input, mean_k)
+        var_k = op.ReduceMean(op.Mul(centered, centered), axes, keepdims=1)
+        rstd_k = op.Reciprocal(op.Sqrt(op.Add(var_k, eps_c)))
+        out = op.Mul(centered, rstd_k)
+        save_mean = op.Reshape(mean_k, ints([-1]))
+        save_rstd = op.Reshape(rstd_k, ints([-1]))
+        # unbiased variance for the running estimate: var * n / (n - 1)
+        n = op.CastLike(op.ReduceProd(op.Gather(op.Shape(input), axes), keepdims=0), input)
+        var_u = op.Div(op.Mul(op.Reshape(var_k, ints([-1])), n), op.Sub(n, const(1.0, input)))
+        m = const(momentum, input)
+        keep = const(1.0 - momentum, input)
+        new_mean = op.Add(op.Mul(keep, running_mean), op.Mul(m, save_mean))
+        new_var = op.Add(op.Mul(keep, running_var), op.Mul(m, var_u))
+    else:
+        rstd = op.Reciprocal(op.Sqrt(op.Add(running_var, eps_c)))
+        out = op.Mul(op.Sub(input, op.Reshape(running_mean, to_b)), op.Reshape(rstd, to_b))
+        save_mean = op.Slice(running_mean, ints([0]), ints([0]))  # empty, as on CPU
+        save_rstd = op.Slice(running_var, ints([0]), ints([0]))
+        new_mean, new_var = op.Identity(running_mean), op.Identity(running_var)
+    if weight is not None:
+        out = op.Mul(out, op.Reshape(weight, to_b))
+    if bias is not None:
+        out = op.Add(out, op.Reshape(bias, to_b))
+    return out, save_mean, save_rstd, new_mean, new_var
