@@ -514,6 +514,10 @@ def run_coverage(
                     w.ready = True
                     info.setdefault("registry", ev["registry"])
                     info.setdefault("load_errors", ev["load_errors"])
+                    if ev["registry"] != info["registry"]:  # the source changed mid-run
+                        info.setdefault("registry_changes", []).append(ev["registry"])
+                        print("warning: a restarted worker loaded a different onnxmedic "
+                              "registry; results of later ops use it", file=sys.stderr)
                     assign(w)
                 elif kind == "start":
                     w.idx, w.phase, w.since = ev["idx"], ev["phase"], time.monotonic()

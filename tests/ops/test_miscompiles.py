@@ -184,8 +184,18 @@ def test_copy_in_module() -> None:
 
 
 # Training-mode batch norm: torchlib normalises with the running statistics.
+def _eval_mode(sample) -> str | None:
+    # In eval mode torch.onnx lowers to _native_batch_norm_legit_no_training (torchlib, not
+    # changed here), whose save_mean/save_rstd outputs are the running stats where PyTorch CPU
+    # returns empty placeholders: no defined content to compare. The main output in eval mode
+    # is checked by test_batch_norm_module_in_train_mode (model.eval()).
+    args, kwargs = sample
+    training = args[5] if len(args) > 5 else kwargs.get("training")
+    return None if training else "eval mode: auxiliary outputs are placeholders"
+
+
 ENTRIES_BN = [
-    OpEntry(name, max_samples=2, tolerance={"float32": (1e-5, 1e-5)})
+    OpEntry(name, max_samples=4, skip_sample=_eval_mode, tolerance={"float32": (1e-5, 1e-5)})
     for name in ("native_batch_norm", "_native_batch_norm_legit")
 ]
 
