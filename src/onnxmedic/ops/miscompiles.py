@@ -1,0 +1,159 @@
+"""Ops torchlib translates *silently wrong*: the model exports and runs, the numbers are wrong.
+
+Found by the OpInfo coverage harness (bench/opinfo_coverage.py, "silent mismatch" column) and
+listed in docs/miscompiles.md with the inputs that show each one. Every translation here
+replaces torchlib's (``overrides_torchlib=True``); tests/ops/test_miscompiles.py proves both
+that torchlib's result is wrong and that this one matches PyTorch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+
+from onnxmedic.ops._common import FLOAT_DTYPES, const, ints, static_shape
+from onnxmedic.ops._registry import translation
+
+aten = torch.ops.aten
+
+_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
+
+
+def _filled_like(value, like):
+    """A tensor of ``like``'s shape and type filled with ``value``."""
+    return op.Expand(const(value, like), op.Shape(like))
+
+
+def _extreme(like, dtype, lowest: bool):
+    """-inf / +inf for floats, the type's min / max for integers (amax / amin's identity)."""
+    if dtype in FLOAT_DTYPES or dtype is None:
+        return const(float("-inf") if lowest else float("inf"), like)
+    if dtype == ir.DataType.BOOL:
+        return const(not lowest, like)
+    info = np.iinfo(dtype.numpy())
+    value = info.min if lowest else info.max
+    return op.Constant(value=ir.tensor(np.array(value, dtype=dtype.numpy())))
+
+
+@translation(aten.scatter_reduce.two, overrides_torchlib=True)
+def aten_scatter_reduce_two(self, dim: int, index, src, reduce: str, include_self: bool = True):
+    """scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor
+
+    torchlib maps ``reduce="mean"`` to ScatterElements(reduction="none") (last write wins, no
+    average), makes amax/amin with ``include_self=False`` start from the largest finite value
+    instead of -inf/+inf (an all -inf group gives -3.4e38), and drops NaNs in amax/amin (ONNX
+    Runtime's max/min reductions keep the other operand). Here: mean = scatter-add of the
+    values divided by a scatter-add of counts (floor division for integers, like PyTorch);
+    amax/amin start from -inf/+inf and a scatter-max of ``isnan`` puts NaN back wherever
+    PyTorch propagates it; ``src`` is cut to ``index``'s shape (PyTorch reads only that part).
+    """
+    if reduce not in _REDUCTIONS:
+        raise ValueError(f"scatter_reduce: unknown reduce={reduce!r} (expected one of "
+                         f"{', '.join(_REDUCTIONS)})")
+    dtype = self.dtype  # read before the reshapes below: traced values may lose it
+    is_float = dtype in FLOAT_DTYPES
+    self_shape = static_shape(self)
+    src_shape, index_shape = static_shape(src), static_shape(index)
+    scalar = self_shape is not None and len(self_shape) == 0
+    rank = 1 if scalar else len(index.shape)
+    if scalar:  # ScatterElements needs rank >= 1
+        flat = ints([-1])
+        out_shape = op.Shape(self)
+        self, index, src = op.Reshape(self, flat), op.Reshape(index, flat), op.Reshape(src, flat)
+    if src_shape is None or index_shape is None or src_shape != index_shape:
+        src = op.Slice(src, ints([0] * rank), op.Shape(index), ints(list(range(rank))))
+
+    def scatter(data, updates, reduction):
+        return op.ScatterElements(data, index, updates, axis=dim, reduction=reduction)
+
+    if reduce in ("sum", "prod", "mean"):
+        identity = 1 if reduce == "prod" else 0
+        base = self if include_self else scatter(self, _filled_like(identity, src), "none")
+        result = scatter(base, src, "mul" if reduce == "prod" else "add")
+        if reduce == "mean":
+            one = const(1, self)
+            counts0 = _filled_like(1 if include_self else 0, self)
+            counts = op.Max(scatter(counts0, _filled_like(1, src), "add"), one)
+            if is_float:
+                result = op.Div(result, counts)
+            else:  # floor division like PyTorch (counts > 0, so Mod has the divisor's sign)
+                result = op.Div(op.Sub(result, op.Mod(result, counts)), counts)
+    else:
+        lowest = reduce == "amax"
+        base = self if include_self else scatter(
+            self, op.Expand(_extreme(src, dtype, lowest), op.Shape(src)), "none")
+        result = scatter(base, src, "max" if lowest else "min")
+        if is_float:
+            nan_self = op.Cast(op.IsNaN(self), to=ir.DataType.FLOAT)
+            if not include_self:  # the scattered positions forget self's value
+                nan_self = scatter(nan_self, op.Expand(op.Constant(value_float=0.0),
+                                                       op.Shape(src)), "none")
+            has_nan = scatter(nan_self, op.Cast(op.IsNaN(src), to=ir.DataType.FLOAT), "max")
+            result = op.Where(op.Greater(has_nan, op.Constant(value_float=0.0)),
+                              const(float("nan"), result), result)
+    if scalar:
+        result = op.Reshape(result, out_shape)
+    return result
+
+
+@translation(aten.copy.default, overrides_torchlib=True)
+def aten_copy(self, src, non_blocking: bool = False):
+    """copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor
+
+    The result has ``self``'s shape and dtype with ``src`` broadcast into it. torchlib returns
+    ``CastLike(src, self)``, i.e. ``src``'s shape: a 0-d or size-1 ``src`` copied into a larger
+    ``self`` comes out with the wrong shape. torch's own decompositions emit this op, e.g.
+    ``torch.linspace(start_tensor, end_tensor, steps=1)`` (and logspace) gives shape [] instead
+    of [1]; ``buffer.copy_(scalar_tensor)`` in a module does the same.
+    """
+    return op.Expand(op.CastLike(src, self), op.Shape(self))
+
+
+@translation(aten._native_batch_norm_legit_functional.default, overrides_torchlib=True)
+def aten__native_batch_norm_legit_functional(
+    input, weight, bias, running_mean, running_var, training: bool, momentum: float, eps: float
+):
+    """_native_batch_norm_legit_functional(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor, Tensor running_mean_out, Tensor running_var_out)
+
+    torch.onnx lowers every training-mode batch norm (``F.batch_norm(training=True)``, a
+    BatchNorm module exported in train mode, ``torch.native_batch_norm``) to this op. torchlib
+    hard-codes ``training = False`` ("temporary fix") and normalises with the *running*
+    statistics: every output element is wrong. Here, in training mode the batch mean and biased
+    variance over all dims but 1 normalise the input; ``save_mean``/``save_rstd`` are the batch
+    statistics and the running statistics are updated with ``momentum`` (unbiased variance),
+    like PyTorch.
+    """
+    rank = len(input.shape)
+    axes = ints([a for a in range(rank) if a != 1])
+    bshape = [1] * rank
+    bshape[1] = -1
+    to_b = ints(bshape)
+    eps_c = const(eps, input)
+    if training:
+        mean_k = op.ReduceMean(input, axes, keepdims=1)
+        centered = op.Sub(input, mean_k)
+        var_k = op.ReduceMean(op.Mul(centered, centered), axes, keepdims=1)
+        rstd_k = op.Reciprocal(op.Sqrt(op.Add(var_k, eps_c)))
+        out = op.Mul(centered, rstd_k)
+        save_mean = op.Reshape(mean_k, ints([-1]))
+        save_rstd = op.Reshape(rstd_k, ints([-1]))
+        # unbiased variance for the running estimate: var * n / (n - 1)
+        n = op.CastLike(op.ReduceProd(op.Gather(op.Shape(input), axes), keepdims=0), input)
+        var_u = op.Div(op.Mul(op.Reshape(var_k, ints([-1])), n), op.Sub(n, const(1.0, input)))
+        m = const(momentum, input)
+        keep = const(1.0 - momentum, input)
+        new_mean = op.Add(op.Mul(keep, running_mean), op.Mul(m, save_mean))
+        new_var = op.Add(op.Mul(keep, running_var), op.Mul(m, var_u))
+    else:
+        rstd = op.Reciprocal(op.Sqrt(op.Add(running_var, eps_c)))
+        out = op.Mul(op.Sub(input, op.Reshape(running_mean, to_b)), op.Reshape(rstd, to_b))
+        save_mean = op.Slice(running_mean, ints([0]), ints([0]))  # empty, as on CPU
+        save_rstd = op.Slice(running_var, ints([0]), ints([0]))
+        new_mean, new_var = op.Identity(running_mean), op.Identity(running_var)
+    if weight is not None:
+        out = op.Mul(out, op.Reshape(weight, to_b))
+    if bias is not None:
+        out = op.Add(out, op.Reshape(bias, to_b))
+    return out, save_mean, save_rstd, new_mean, new_var
