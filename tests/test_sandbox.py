@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import numpy as np
@@ -13,12 +12,6 @@ from onnxmedic import sandbox
 from tests import onnx_models as om
 
 X = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
-
-
-def _workers_alive() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines() if "_sandbox_worker" in ln
-            and str(os.getpid()) not in ln]
 
 
 def test_runs_model_on_several_feeds(tmp_path):
@@ -51,13 +44,16 @@ def test_run_error_is_a_finding(tmp_path):
 def test_hang_is_killed_and_reported(tmp_path):
     p = om.endless_loop_model(tmp_path / "hang.onnx")
     t0 = time.perf_counter()
-    r = sandbox.run_model(p, [X], timeout=8)
+    with sandbox.Worker() as w:
+        pid, folder = w.proc.pid, w.dir
+        r = w.run(p, [X], timeout=8)
     elapsed = time.perf_counter() - t0
     assert r.status == "timeout"
     assert elapsed < 8 + 30  # killed at the timeout (slack for a loaded CI machine)
     f = r.finding(timeout=8)
     assert f.code == "OM512" and "8" in f.message and "Loop" in f.suggestion
-    assert not _workers_alive()
+    assert not os.path.exists(f"/proc/{pid}")  # killed and reaped: no orphan, no zombie
+    assert not folder.exists()
 
 
 @pytest.mark.parametrize(("fault", "code", "signal"), [
