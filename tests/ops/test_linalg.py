@@ -399,3 +399,14 @@ def test_dynamic_batch_dims():
     np.testing.assert_allclose(x, torch.linalg.solve(a5, b5).numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ld, torch.linalg.slogdet(a5)[1].numpy(), rtol=1e-5, atol=1e-5)
     assert not math.isnan(float(ld.sum()))
+
+
+@pytest.mark.parametrize("fn", [torch.linalg.eigvalsh, torch.linalg.pinv, torch.linalg.svdvals,
+                                lambda a: torch.linalg.pinv(a, hermitian=True),
+                                lambda a: torch.linalg.eigh(a)[1]],
+                         ids=["eigvalsh", "pinv", "svdvals", "pinv_hermitian", "eigh_vectors"])
+@pytest.mark.parametrize("shape", [(0, 5, 5), (0, 0), (3, 0, 0)])
+def test_empty_batch_and_empty_matrices(fn, shape):
+    """OpInfo's empty samples: a 0-size batch or a 0 x 0 matrix gives empty outputs."""
+    res = check_call(fn, (torch.randn(shape),))
+    assert res.ok, res.error

@@ -744,10 +744,23 @@ def _diag_n(x, n: int):
     return op.ReduceSum(op.Mul(x, _eye(n, x)), ints([-1]), keepdims=0)
 
 
+def _empty_batch(A) -> bool:
+    """True when a batch dim is statically 0 (the Jacobi sweeps cannot broadcast over it)."""
+    return any(isinstance(d, int) and d == 0 for d in list(A.shape)[:-2])
+
+
+def _zeros(A, *dims):
+    """Zeros of A's dtype with A's batch dims followed by ``dims``."""
+    return op.Expand(const(0.0, A), op.Concat(op.Shape(A, end=-2), ints(list(dims)), axis=0))
+
+
 def _eigh_checked(A, UPLO: str, want_v: bool, opname: str):
     n = _square(A, opname)
-    if n == 0:
-        return op.ReduceSum(A, ints([-1]), keepdims=0), A
+    if _empty_batch(A):
+        return _zeros(A, n), _zeros(A, n, n)
+    if n == 0:  # [..., 0, 0]: empty eigenvalues [..., 0] (ReduceSum over the empty axis
+        # gives ONNX Runtime's [..., 0, 0])
+        return op.Expand(const(0.0, A), op.Shape(A, end=-1)), A
     if n == 1:
         return op.Squeeze(A, ints([-1])), op.Add(op.Mul(A, const(0.0, A)), const(1.0, A))
     return _eigh(A, n, UPLO, want_v)
@@ -837,6 +850,10 @@ def _svd(A, full_matrices: bool, compute_uv: bool, opname: str):
         raise ValueError(f"{opname}: full_matrices=True is only supported for square matrices "
                          f"(got {m} x {n}); use full_matrices=False")
     K = min(m, n)
+    if _empty_batch(A) and K > 0:
+        if not compute_uv:
+            return _empty_like_dtype(A), _zeros(A, K), _empty_like_dtype(A)
+        return _zeros(A, m, K), _zeros(A, K), _zeros(A, K, n)
     if K == 0:  # an m x 0 or 0 x n matrix: no singular values, empty factors
         batch = op.Shape(A, end=-2)
         zero = const(0.0, A)
@@ -897,6 +914,8 @@ aten_linalg_svdvals_default.__doc__ = str(aten.linalg_svdvals.default._schema) +
 def _pinv(self, atol, rtol, hermitian: bool, opname: str):
     m, n = _matrix_size(self, opname)
     r = len(self.shape)
+    if m == 0 or n == 0 or _empty_batch(self):  # empty in, empty n x m out
+        return _zeros(self, n, m)
     eps = float(np.finfo(np.float64 if self.dtype == ir.DataType.DOUBLE else np.float32).eps)
     if hermitian:
         w, V = _eigh_checked(self, "L", True, opname)

@@ -411,9 +411,9 @@ def _quantile(self, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool)
     rest = out_rank - 1
     if rest > 0:
         res = op.Transpose(res, perm=[rest] + list(range(rest)))
-    if keepdim:
+    if keepdim and rank > 0:  # a 0-d input keeps no dim to keep
         if dim is None:
-            res = op.Reshape(res, op.Concat(ints([-1]), ints([1] * rank), axis=0)) if rank else res
+            res = op.Reshape(res, op.Concat(ints([-1]), ints([1] * rank), axis=0))
         else:
             res = op.Unsqueeze(res, ints([axis + 1]))
     if q_scalar:
