@@ -129,6 +129,23 @@ def _fail(result: ExportResult, stage: str, *findings: Finding) -> ExportResult:
 
 
 @contextmanager
+def _guard(result: ExportResult) -> Iterator[None]:
+    """Problems become findings: an OnnxMedicError its own, any other exception (onnxmedic's
+    bug) OM009 with the traceback kept for the report. Ctrl-C is not caught."""
+    try:
+        yield
+    except OnnxMedicError as e:
+        result.findings.append(e.finding)
+        result.ok = False
+    except Exception as e:
+        result.traceback = traceback.format_exc()
+        result.findings.append(error("OM009", result.failed_stage or "internal",
+                                     f"onnxmedic failed internally: {type(e).__name__}: {e}",
+                                     suggestion="Please file a bug with the report attached."))
+        result.ok = False
+
+
+@contextmanager
 def _nothing() -> Iterator[None]:
     yield None
 
@@ -385,28 +402,18 @@ def export(
                           inputs=list(input_specs or []))
     was_training = isinstance(model, torch.nn.Module) and model.training
     try:
-        if was_training:
-            model.eval()
-            result.findings.append(info(
-                "OM011", "preflight", "the model was in training mode; it is exported and "
-                "verified in eval mode (call model.eval() first to silence this)."))
-        # the sandbox child imports ONNX Runtime while capture and translation run
-        with sandbox.Worker() if verify else _nothing() as worker:
-            _export(result, model, args, kwargs, f, dynamic_shapes=dynamic_shapes,
-                    target=target, opset=opset, verify=verify,
-                    keep_unverified=keep_unverified, timeout=timeout, tolerance=tolerance,
-                    worker=worker, explain=explain)
-    except OnnxMedicError as e:
-        result.findings.append(e.finding)
-        result.ok = False
-    except KeyboardInterrupt:
-        raise
-    except Exception as e:  # onnxmedic's own bug: keep the traceback for the report
-        result.traceback = traceback.format_exc()
-        result.findings.append(error("OM009", result.failed_stage or "internal",
-                                     f"onnxmedic failed internally: {type(e).__name__}: {e}",
-                                     suggestion="Please file a bug with the report attached."))
-        result.ok = False
+        with _guard(result):
+            if was_training:
+                model.eval()
+                result.findings.append(info(
+                    "OM011", "preflight", "the model was in training mode; it is exported and "
+                    "verified in eval mode (call model.eval() first to silence this)."))
+            # the sandbox child imports ONNX Runtime while capture and translation run
+            with sandbox.Worker() if verify else _nothing() as worker:
+                _export(result, model, args, kwargs, f, dynamic_shapes=dynamic_shapes,
+                        target=target, opset=opset, verify=verify,
+                        keep_unverified=keep_unverified, timeout=timeout, tolerance=tolerance,
+                        worker=worker, explain=explain)
     finally:
         if was_training:
             model.train(True)
@@ -558,7 +565,7 @@ def verify(
                           inputs=list(input_specs or []))
     for s in ("capture", "translate", "write"):
         result.stages.pop(s, None)
-    try:
+    with _guard(result):
         with _stage(result, "check"):
             proto, bad = checks.load_onnx(onnx_path)
         if bad is not None:
@@ -570,14 +577,6 @@ def verify(
             with sandbox.Worker() as worker:
                 _verify(result, proto, Path(onnx_path), model, args, kwargs, timeout,
                         tolerance, worker)
-    except OnnxMedicError as e:
-        result.findings.append(e.finding)
-    except KeyboardInterrupt:
-        raise
-    except Exception as e:
-        result.traceback = traceback.format_exc()
-        result.findings.append(error("OM009", result.failed_stage or "internal",
-                                     f"onnxmedic failed internally: {type(e).__name__}: {e}"))
     if report is not None:
         from onnxmedic.report import write_report
 
@@ -620,16 +619,8 @@ def doctor(
     result = ExportResult(command="doctor", path=str(onnx_path), model=str(onnx_path),
                           stages={"load": NOT_RUN, "check": NOT_RUN, "lint": NOT_RUN,
                                   "runtime": NOT_RUN})
-    try:
+    with _guard(result):
         _doctor(result, doc, Path(onnx_path), target, timeout, smoke_test)
-    except OnnxMedicError as e:
-        result.findings.append(e.finding)
-    except KeyboardInterrupt:
-        raise
-    except Exception as e:
-        result.traceback = traceback.format_exc()
-        result.findings.append(error("OM009", "internal", f"onnxmedic failed internally: "
-                                     f"{type(e).__name__}: {e}"))
     result.ok = not result.errors
     if report is not None:
         from onnxmedic.report import write_report
@@ -714,40 +705,44 @@ def run(
         raise ValueError(f"onnxmedic.run: cast must be 'no', 'safe' or 'all', not {cast!r}")
     result = RunResult(command="run", path=str(onnx_path), model=str(onnx_path),
                        stages={"load": NOT_RUN, "inputs": NOT_RUN, "runtime": NOT_RUN})
-    try:
-        proto, bad = checks.load_onnx(onnx_path, stage="load")
-        if bad is not None:
-            return _fail(result, "load", bad)
-        ext = doc.external_data_findings(proto, onnx_path, stage="load")
-        if ext:
-            return _fail(result, "load", *ext)
-        result.stages["load"] = PASSED
-        if isinstance(feeds, (list, tuple)):
-            init = {i.name for i in proto.graph.initializer}
-            names = [v.name for v in proto.graph.input if v.name not in init]
-            if len(feeds) != len(names):
-                return _fail(result, "inputs", error(
-                    "OM008", "inputs", f"the model has {len(names)} input(s) "
-                    f"({', '.join(names)}) but {len(feeds)} were given."))
-            feeds = dict(zip(names, feeds))
-        checked, found = doc.check_feeds(proto, {k: np.asarray(v) for k, v in feeds.items()},
-                                         cast=cast)
-        result.findings.extend(found)
-        if any(f.severity == Severity.ERROR for f in found):
-            result.stages["inputs"] = FAILED
-            return result
-        result.stages["inputs"] = PASSED
-        sbx = sandbox.run_model(onnx_path, [checked], timeout=timeout,
-                                providers=_providers(target))
-        if not sbx.ok:
-            return _fail(result, "runtime", sbx.finding("runtime", timeout))
-        result.stages["runtime"] = PASSED
-        result.outputs = dict(zip(sbx.output_names, sbx.outputs[0]))
-        result.ok = True
-    except KeyboardInterrupt:
-        raise
-    except Exception as e:
-        result.traceback = traceback.format_exc()
-        result.findings.append(error("OM009", "internal", f"onnxmedic failed internally: "
-                                     f"{type(e).__name__}: {e}"))
+    with _guard(result):
+        _run(result, doc, onnx_path, feeds, cast, target, timeout)
     return result
+
+
+def _run(result: RunResult, doc: Any, onnx_path: Any, feeds: Any, cast: str, target: str,
+         timeout: float) -> None:
+    proto, bad = checks.load_onnx(onnx_path, stage="load")
+    if bad is not None:
+        _fail(result, "load", bad)
+        return
+    ext = doc.external_data_findings(proto, onnx_path, stage="load")
+    if ext:
+        _fail(result, "load", *ext)
+        return
+    result.stages["load"] = PASSED
+    if isinstance(feeds, (list, tuple)):
+        init = {i.name for i in proto.graph.initializer}
+        names = [v.name for v in proto.graph.input if v.name not in init]
+        if len(feeds) != len(names):
+            _fail(result, "inputs", error(
+                "OM008", "inputs", f"the model has {len(names)} input(s) "
+                f"({', '.join(names)}) but {len(feeds)} were given."))
+            return
+        feeds = dict(zip(names, feeds))
+    checked, found = doc.check_feeds(proto, {k: np.asarray(v) for k, v in feeds.items()},
+                                     cast=cast)
+    result.findings.extend(found)
+    if any(f.severity == Severity.ERROR for f in found):
+        result.stages["inputs"] = FAILED
+        return
+    result.stages["inputs"] = PASSED
+    sbx = sandbox.run_model(onnx_path, [checked], timeout=timeout,
+                            providers=_providers(target))
+    if not sbx.ok:
+        _fail(result, "runtime", sbx.finding("runtime", timeout))
+        return
+    result.stages["runtime"] = PASSED
+    result.outputs = dict(zip(sbx.output_names, sbx.outputs[0]))
+    result.ok = True
+
