@@ -182,7 +182,7 @@ def test_ctrl_c_leaves_no_partial_output_or_child(tmp_path):
         deadline = time.time() + 120
         child = None
         while child is None and time.time() < deadline:  # wait for the sandbox child
-            ps = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True,
+            ps = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True,
                                 text=True).stdout
             for line in ps.splitlines()[1:]:
                 pid, ppid, args = line.split(None, 2)
