@@ -202,3 +202,22 @@ def test_ctrl_c_leaves_no_partial_output_or_child(tmp_path):
     assert child[0] not in ps  # the sandbox child is gone
     assert not os.path.exists(child[1])  # and its request folder
     assert sorted(x.name for x in tmp_path.iterdir()) == ["hang.onnx"]
+
+
+def test_repro_folder_reproduces_the_failure(tmp_path):
+    p = cli("export", f"{MODELS}:DataDependentIf", "--input", "3", "--repro",
+            str(tmp_path / "rp"))
+    assert p.returncode == 1
+    assert "def forward" not in p.stderr  # torch.export's graph dumps are kept out
+    assert sorted(x.name for x in (tmp_path / "rp").iterdir()) == ["inputs.pt", "repro.py"]
+    r = subprocess.run([sys.executable, str(tmp_path / "rp" / "repro.py")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "OM112" in r.stdout
+
+    bad = om.scaled_model(tmp_path / "sc.onnx", 1.5)
+    p = cli("verify", str(bad), f"{MODELS}:Identity", "--input", "2x3", "--repro",
+            str(tmp_path / "rv"))
+    assert p.returncode == 1 and (tmp_path / "rv" / "model.onnx").is_file()
+    r = subprocess.run([sys.executable, str(tmp_path / "rv" / "repro.py")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "OM601" in r.stdout

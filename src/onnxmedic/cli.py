@@ -42,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--atol", type=float, help="override the absolute tolerance")
         sp.add_argument("--seed", type=int, default=0, help="seed for generated inputs")
         sp.add_argument("-v", "--verbose", action="store_true", help="also show info findings")
+        sp.add_argument("--repro", metavar="DIR", help="on failure, write a standalone "
+                        "reproduction there: repro.py, inputs.pt and model.onnx")
 
     e = sub.add_parser("export", help="export a model to ONNX and verify it", epilog=EPILOG)
     e.add_argument("model", metavar="MODEL",
@@ -114,14 +116,23 @@ def _run(ns: argparse.Namespace) -> Any:
         if ns.command == "export":
             dyn = inputs.complete_dynamic_shapes(
                 model, inputs.parse_dynamic_specs(ns.dynamic), ex.args, ex.kwargs)
-            return api.export(model, ex.args, ns.output, kwargs=ex.kwargs, dynamic_shapes=dyn,
-                              target=ns.target, opset=ns.opset, verify=not ns.no_verify,
-                              report=ns.report, keep_unverified=ns.keep_unverified,
-                              timeout=ns.timeout, tolerance=_tolerance(ns),
-                              explain=ns.explain, model_spec=ns.model, input_specs=ns.input)
-        return api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
-                          timeout=ns.timeout, tolerance=_tolerance(ns), model_spec=ns.model,
-                          input_specs=ns.input)
+            options = {"dynamic_shapes": dyn, "target": ns.target, "opset": ns.opset,
+                       "timeout": ns.timeout, "tolerance": _tolerance(ns)}
+            res = api.export(model, ex.args, ns.output, kwargs=ex.kwargs,
+                             verify=not ns.no_verify, report=ns.report,
+                             keep_unverified=ns.keep_unverified, explain=ns.explain,
+                             model_spec=ns.model, input_specs=ns.input, **options)
+        else:
+            options = {"timeout": ns.timeout, "tolerance": _tolerance(ns)}
+            res = api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
+                             model_spec=ns.model, input_specs=ns.input, **options)
+        if ns.repro and not res.ok:
+            from onnxmedic.report.repro import write_repro
+
+            path = write_repro(ns.repro, res, ns.model, ex.args, ex.kwargs, options=options,
+                               onnx_path=ns.onnx if ns.command == "verify" else None)
+            sys.stderr.write(f"reproduction written: python {path}\n")
+        return res
     except OnnxMedicError as err:
         result.findings.append(err.finding)
         result.stages = {"inputs": "failed"}
@@ -168,7 +179,8 @@ def _run_command(ns: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    # torch.export logs graph dumps and guard warnings for failures onnxmedic reports itself
+    logging.getLogger("torch").setLevel(logging.ERROR)
     try:
         result = _run(ns)
     except KeyboardInterrupt:

@@ -7,6 +7,8 @@ the user's line and says what to change.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import re
 import time
@@ -52,12 +54,16 @@ class CaptureStrategy:
     def __call__(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                  dynamic_shapes: Any) -> Result:
         t0 = time.perf_counter()
+        # torch.export writes graph dumps to stderr when it fails; keep them for the report
+        # instead of burying onnxmedic's own message under them
+        buf = io.StringIO()
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), contextlib.redirect_stderr(buf):
                 warnings.simplefilter("ignore")
                 program = self._capture(model, args, kwargs, dynamic_shapes)
         except Exception as e:
-            return Result(None, self.name, e, time.perf_counter() - t0)
+            return Result(None, self.name, e, time.perf_counter() - t0,
+                          notes=[buf.getvalue()[-4000:]] if buf.getvalue() else [])
         return Result(program, self.name, None, time.perf_counter() - t0)
 
     def _capture(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
