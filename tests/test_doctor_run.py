@@ -146,3 +146,14 @@ def test_cli_doctor_and_run(tmp_path):
     assert out.returncode == 0 and "y: float32[2, 3]" in out.stdout
     out = cli("doctor", str(om.endless_loop_model(tmp_path / "h.onnx")), "--timeout", "8")
     assert out.returncode == 1 and "OM512" in out.stderr
+
+
+def test_doctor_and_run_report_the_cpu_fallback_for_cuda(tmp_path):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has CUDA: nothing falls back")
+    p = om.identity_model(tmp_path / "id.onnx")
+    assert "OM535" in _codes(api.doctor(p, target="cuda"))
+    r = api.run(p, [np.ones((2, 3), np.float32)], target="cuda")
+    assert r.ok and "OM535" in _codes(r)

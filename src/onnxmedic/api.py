@@ -227,7 +227,7 @@ def _graph_io(proto: Any) -> tuple[list[str], list[list[int | str | None]], list
 def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: Any,
                      example: inputs_mod.Inputs, example_expected: list[np.ndarray] | None,
                      timeout: float, tolerance: tuple[float, float] | None,
-                     worker: sandbox.Worker | None = None) -> None:
+                     worker: sandbox.Worker | None = None, target: str = "cpu") -> None:
     """runtime + compare stages, in one sandboxed session: the example, two further input sets
     of the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x."""
     onnx_inputs, onnx_dims, onnx_outputs = _graph_io(proto)
@@ -260,14 +260,19 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
         except OnnxMedicError as e:
             _fail(result, "runtime", e.finding)
             return
+        providers = _providers(target)
         if worker is None:
-            sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout)
+            sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout, providers=providers)
         else:
-            sbx = worker.run(onnx_path, feeds, timeout=timeout, n_required=n_required)
+            sbx = worker.run(onnx_path, feeds, timeout=timeout, n_required=n_required,
+                             providers=providers)
     if not sbx.ok:
         _fail(result, "runtime", sbx.finding("runtime", timeout))
         return
     result.stages["runtime"] = PASSED
+    fallback = sbx.provider_finding(providers)
+    if fallback is not None:
+        result.findings.append(fallback)
     shape_failures: list[Finding] = []
     with _stage(result, "compare"):
         names = sbx.output_names or onnx_outputs
@@ -509,7 +514,7 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
         result.stages["check"] = PASSED
         if verify:
             _run_and_compare(result, model, onnx_path, result.onnx_model, example,
-                             example_expected, timeout, tolerance, worker)
+                             example_expected, timeout, tolerance, worker, target)
             verified = result.stages["compare"] == PASSED
         else:
             verified = True  # verification not asked for: exported is all we can say
@@ -675,6 +680,9 @@ def _doctor(result: ExportResult, doc: Any, path: Path, target: str, timeout: fl
         _fail(result, "runtime", sbx.finding("runtime", timeout))
         return
     result.stages["runtime"] = PASSED
+    fallback = sbx.provider_finding(_providers(target))
+    if fallback is not None:
+        result.findings.append(fallback)
     shapes = ", ".join(f"{n}{list(a.shape)}" for n, a in zip(sbx.output_names, sbx.outputs[0]))
     result.findings.append(info("OM534", "runtime", f"smoke test ran with random inputs in "
                                 f"{sbx.run_seconds[0] * 1000:.1f} ms (ONNX Runtime "
@@ -743,6 +751,9 @@ def _run(result: RunResult, doc: Any, onnx_path: Any, feeds: Any, cast: str, tar
         _fail(result, "runtime", sbx.finding("runtime", timeout))
         return
     result.stages["runtime"] = PASSED
+    fallback = sbx.provider_finding(_providers(target))
+    if fallback is not None:
+        result.findings.append(fallback)
     result.outputs = dict(zip(sbx.output_names, sbx.outputs[0]))
     result.ok = True
 

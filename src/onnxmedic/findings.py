@@ -194,6 +194,12 @@ CODES: dict[str, CodeInfo] = {
         "The model loaded and ran in the sandbox on random inputs; the finding gives the time "
         "and output shapes.",
     ),
+    "OM535": CodeInfo(
+        "target execution provider not available", 0,
+        "The target's execution provider (e.g. CUDAExecutionProvider) is not in this ONNX "
+        "Runtime or found no device; ONNX Runtime fell back to the CPU, so the model was "
+        "verified on the CPU only.",
+    ),
     # OM6xx: numbers
     "OM601": CodeInfo(
         "output values differ from PyTorch", 1,

@@ -57,12 +57,25 @@ class SandboxResult:
     signal: str | None = None
     max_opset: int | None = None  # with probe_opset: the highest opset the runtime loads
     ort_version: str | None = None
+    providers: list[str] = field(default_factory=list)  # what the session really uses
     wall_seconds: float = 0.0
     stderr: str = ""
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    def provider_finding(self, wanted: list[str], stage: str = "runtime") -> Finding | None:
+        """OM535 when the session does not use the first provider asked for."""
+        if not wanted or not self.providers or wanted[0] in self.providers:
+            return None
+        from onnxmedic.findings import warning
+
+        return warning("OM535", stage, f"{wanted[0]} is not available (ONNX Runtime "
+                       f"{self.ort_version} uses {', '.join(self.providers)}); the model was "
+                       "run and verified on the CPU only.",
+                       suggestion="Install onnxruntime-gpu matching your CUDA, and run on a "
+                       "machine with a GPU, to verify on the target.")
 
     def finding(self, stage: str = "runtime", timeout: float | None = None) -> Finding | None:
         """The finding for a failed run (None when ok)."""
@@ -248,6 +261,7 @@ class Worker:
             output_names=[o["name"] for o in res.get("outputs", [])],
             load_seconds=res.get("load_seconds", 0.0), wall_seconds=wall, stderr=stderr,
             max_opset=res.get("max_opset"), ort_version=res.get("ort_version"),
+            providers=res.get("providers", []),
         )
         for i, run in enumerate(res.get("runs", [])):
             if "error" in run:

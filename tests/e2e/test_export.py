@@ -308,3 +308,17 @@ def test_explain_inventory_names_who_translates_each_op(registry_snapshot):
     assert by["omtest.explained.default"]["translated_by"] == "none"
     assert by["omtest.explained.default"]["count"] == 1
     assert "test_export.py" in by["omtest.explained.default"]["first_use"]
+
+
+def test_cuda_target_without_cuda_says_it_verified_on_cpu():
+    import onnxruntime as ort
+
+    r = onnxmedic.export(models.CustomNorm(), (torch.randn(4, 8),), target="cuda")
+    assert r.ok
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has CUDA: nothing falls back")
+    (f,) = [f for f in r.findings if f.code == "OM535"]
+    assert "CUDAExecutionProvider" in f.message and "CPU" in f.message
+    assert f.severity.value == "warning"
+    r = onnxmedic.export(models.CustomNorm(), (torch.randn(4, 8),))
+    assert "OM535" not in _codes(r)
