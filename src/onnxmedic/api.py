@@ -224,6 +224,20 @@ def _graph_io(proto: Any) -> tuple[list[str], list[list[int | str | None]], list
     return [v.name for v in ins], dims, [o.name for o in proto.graph.output]
 
 
+def _runtime_stage(result: ExportResult, sbx: sandbox.SandboxResult, target: str,
+                   timeout: float) -> bool:
+    """Record the runtime stage from a sandbox result: failed (with its finding), or passed
+    (with OM535 when ONNX Runtime fell back from the target's provider). True when passed."""
+    if not sbx.ok:
+        _fail(result, "runtime", sbx.finding("runtime", timeout))
+        return False
+    result.stages["runtime"] = PASSED
+    fallback = sbx.provider_finding(_providers(target))
+    if fallback is not None:
+        result.findings.append(fallback)
+    return True
+
+
 def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: Any,
                      example: inputs_mod.Inputs, example_expected: list[np.ndarray] | None,
                      timeout: float, tolerance: tuple[float, float] | None,
@@ -266,13 +280,8 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
         else:
             sbx = worker.run(onnx_path, feeds, timeout=timeout, n_required=n_required,
                              providers=providers)
-    if not sbx.ok:
-        _fail(result, "runtime", sbx.finding("runtime", timeout))
+    if not _runtime_stage(result, sbx, target, timeout):
         return
-    result.stages["runtime"] = PASSED
-    fallback = sbx.provider_finding(providers)
-    if fallback is not None:
-        result.findings.append(fallback)
     shape_failures: list[Finding] = []
     with _stage(result, "compare"):
         names = sbx.output_names or onnx_outputs
@@ -676,13 +685,8 @@ def _doctor(result: ExportResult, doc: Any, path: Path, target: str, timeout: fl
         return
     if sbx is None:
         return
-    if not sbx.ok:
-        _fail(result, "runtime", sbx.finding("runtime", timeout))
+    if not _runtime_stage(result, sbx, target, timeout):
         return
-    result.stages["runtime"] = PASSED
-    fallback = sbx.provider_finding(_providers(target))
-    if fallback is not None:
-        result.findings.append(fallback)
     shapes = ", ".join(f"{n}{list(a.shape)}" for n, a in zip(sbx.output_names, sbx.outputs[0]))
     result.findings.append(info("OM534", "runtime", f"smoke test ran with random inputs in "
                                 f"{sbx.run_seconds[0] * 1000:.1f} ms (ONNX Runtime "
@@ -747,13 +751,8 @@ def _run(result: RunResult, doc: Any, onnx_path: Any, feeds: Any, cast: str, tar
     result.stages["inputs"] = PASSED
     sbx = sandbox.run_model(onnx_path, [checked], timeout=timeout,
                             providers=_providers(target))
-    if not sbx.ok:
-        _fail(result, "runtime", sbx.finding("runtime", timeout))
+    if not _runtime_stage(result, sbx, target, timeout):
         return
-    result.stages["runtime"] = PASSED
-    fallback = sbx.provider_finding(_providers(target))
-    if fallback is not None:
-        result.findings.append(fallback)
     result.outputs = dict(zip(sbx.output_names, sbx.outputs[0]))
     result.ok = True
 
