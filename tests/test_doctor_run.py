@@ -157,3 +157,15 @@ def test_doctor_and_run_report_the_cpu_fallback_for_cuda(tmp_path):
     assert "OM535" in _codes(api.doctor(p, target="cuda"))
     r = api.run(p, [np.ones((2, 3), np.float32)], target="cuda")
     assert r.ok and "OM535" in _codes(r)
+
+
+def test_doctor_huge_dims_skip_the_smoke_test(tmp_path):
+    for i, dims in enumerate(([2**40, 3], [0, 2**62])):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)
+        g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+        m.ir_version = 10
+        onnx.save(m, tmp_path / f"h{i}.onnx")
+        r = api.doctor(tmp_path / f"h{i}.onnx")
+        assert r.ok and any(f.code == "OM603" and "too large" in f.message for f in r.findings)

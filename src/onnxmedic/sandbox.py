@@ -31,11 +31,23 @@ WORKER = Path(__file__).resolve().parent / "_sandbox_worker.py"
 
 
 def default_memory_limit() -> int | None:
-    """Three quarters of the machine's memory, in bytes (None where it cannot be read)."""
+    """The child's address-space cap, in bytes: 70% of the memory available now (at most 75%
+    of the machine's). A cap on total memory alone let a runaway child push the machine into
+    the kernel's OOM killer, which may pick onnxmedic itself. None where it cannot be read."""
     try:
-        pages = os.sysconf("SC_PHYS_PAGES")
         size = os.sysconf("SC_PAGE_SIZE")
-        return int(pages * size * 0.75)
+        total = os.sysconf("SC_PHYS_PAGES") * size
+        avail = os.sysconf("SC_AVPHYS_PAGES") * size
+        # free pages undercount (page cache is reclaimable); MemAvailable is the kernel's view
+        try:
+            with open("/proc/meminfo") as fh:
+                for line in fh:
+                    if line.startswith("MemAvailable:"):
+                        avail = int(line.split()[1]) * 1024
+                        break
+        except OSError:
+            pass
+        return int(min(total * 0.75, avail * 0.7))
     except (ValueError, OSError, AttributeError):
         return None
 
