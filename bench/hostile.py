@@ -178,17 +178,7 @@ def main() -> None:
 
 
 def _external(tmp: Path, loc: str) -> Path:
-    xi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
-    yi = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
-    w = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[2, 3])
-    w.data_location = onnx.TensorProto.EXTERNAL
-    w.external_data.add(key="location", value=loc)
-    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [xi], [yi], [w])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    m.ir_version = 10
-    p = tmp / f"ext{abs(hash(loc))}.onnx"
-    onnx.save(m, p)
-    return p
+    return om.external_data_model(tmp / f"ext{abs(hash(loc))}.onnx", loc)
 
 
 def _nested_if(path: Path, depth: int) -> Path:

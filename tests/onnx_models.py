@@ -101,3 +101,17 @@ def first_two_rows_model(path: Path) -> Path:
     m.ir_version = 10
     onnx.save(m, path)
     return path
+
+
+def external_data_model(path: Path, location: str) -> Path:
+    """y = x + w, with w's data declared external at ``location`` (no data file written)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    w = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[2, 3])
+    w.data_location = onnx.TensorProto.EXTERNAL
+    w.external_data.add(key="location", value=location)
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [x], [y], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    onnx.save(m, path)
+    return path

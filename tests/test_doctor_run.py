@@ -20,17 +20,7 @@ def _codes(r):
 
 
 def _model_with_external(tmp_path, location: str):
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
-    w = onnx.TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[2, 3])
-    w.data_location = onnx.TensorProto.EXTERNAL
-    w.external_data.add(key="location", value=location)
-    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [x], [y], [w])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    m.ir_version = 10
-    p = tmp_path / "ext.onnx"
-    onnx.save(m, p)
-    return p
+    return om.external_data_model(tmp_path / "ext.onnx", location)
 
 
 def test_doctor_clean_model(tmp_path):
