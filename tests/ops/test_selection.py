@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import onnxruntime as ort
 import torch
 
 from onnxmedic.ops.testing import check_call
@@ -144,7 +145,9 @@ def test_quantile_torchlib_is_wrong():
                       [0.4455, 1.3253, -1.6293, -0.5497, -0.4798, -0.4997, -1.0670]])
     def fn(a):
         return torch.quantile(a, 0.37, dim=1, interpolation="lower")
-    assert not check_call(fn, (x,), registry=None).ok
+    # ONNX Runtime 1.32 fixed this for torchlib's graph; the override stays for older runtimes
+    if tuple(int(v) for v in ort.__version__.split(".")[:2]) < (1, 32):
+        assert not check_call(fn, (x,), registry=None).ok
     res = check_call(fn, (x,))
     assert res.ok, res.error
 
