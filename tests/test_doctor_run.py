@@ -159,3 +159,47 @@ def test_doctor_huge_dims_skip_the_smoke_test(tmp_path):
         onnx.save(m, tmp_path / f"h{i}.onnx")
         r = api.doctor(tmp_path / f"h{i}.onnx")
         assert r.ok and any(f.code == "OM603" and "too large" in f.message for f in r.findings)
+
+
+def test_file_over_protobuf_limit_is_refused_unread(tmp_path):
+    """A single .onnx over 2 GiB cannot be a valid protobuf: refuse it before reading it
+    (a sparse file, so the test costs no disk)."""
+    import time
+
+    import torch
+
+    from tests import models
+    p = tmp_path / "huge.onnx"
+    with open(p, "wb") as fh:
+        fh.truncate(2**31 + 10)
+    t0 = time.monotonic()
+    for r in (api.doctor(p), api.run(p, [np.zeros((2, 3), np.float32)]),
+              api.verify(p, models.Identity(), (torch.randn(2, 3),))):
+        assert not r.ok and [f.code for f in r.errors] == ["OM007"]
+        assert "2 GiB" in r.errors[0].message and "external data" in r.errors[0].suggestion
+    assert time.monotonic() - t0 < 30
+
+
+def test_verify_and_doctor_models_with_external_data(tmp_path, monkeypatch):
+    """Models over 2 GiB are written with external data; verify, doctor and run read them by
+    path (the weights never pass through protobuf). Threshold lowered so the test is small."""
+    import torch
+
+    import onnxmedic
+    from tests import models
+    monkeypatch.setattr(api, "EXTERNAL_DATA_THRESHOLD", 100)
+    x = torch.randn(1, 3, 8, 8)
+    out = tmp_path / "big.onnx"
+    assert onnxmedic.export(models.ConvLog1p(), (x,), out).ok
+    assert (tmp_path / "big.onnx.data").stat().st_size > 100
+    r = api.verify(out, models.ConvLog1p(), (x,))
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert api.doctor(out).ok
+    rr = api.run(out, [x.numpy()])
+    assert rr.ok and np.allclose(next(iter(rr.outputs.values())), models.ConvLog1p()(x).detach().numpy(),
+                                 rtol=1e-4, atol=1e-5)
+    # the weights really come from the .data file: damage it and verification fails
+    data = bytearray((tmp_path / "big.onnx.data").read_bytes())
+    data[:64] = b"\x7f" * 64
+    (tmp_path / "big.onnx.data").write_bytes(bytes(data))
+    assert not api.verify(out, models.ConvLog1p(), (x,)).ok

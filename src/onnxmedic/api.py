@@ -168,6 +168,19 @@ def _check_args(model: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], di
     return args, kwargs
 
 
+def _report_problem(result: ExportResult, report: str | os.PathLike[str] | None) -> bool:
+    """Fail fast when the report cannot be written where asked (nothing else runs)."""
+    if report is None:
+        return False
+    from onnxmedic.report.files import report_path_problem
+
+    bad = report_path_problem(report)
+    if bad is not None:
+        result.findings.append(bad)
+        result.ok = False
+    return bad is not None
+
+
 def _check_output_path(f: str | os.PathLike[str] | None, stage: str = "write") -> Finding | None:
     """Fail fast (before the slow stages) when the output cannot be written."""
     if f is None:
@@ -414,6 +427,8 @@ def export(
         raise ValueError(f"onnxmedic.export: target must be 'cpu' or 'cuda', not {target!r}")
     result = ExportResult(command="export", model=model_spec or type(model).__name__,
                           inputs=list(input_specs or []))
+    if _report_problem(result, report):
+        return result
     was_training = isinstance(model, torch.nn.Module) and model.training
     try:
         with _guard(result):
@@ -579,6 +594,8 @@ def verify(
                           inputs=list(input_specs or []))
     for s in ("capture", "translate", "write"):
         result.stages.pop(s, None)
+    if _report_problem(result, report):
+        return result
     with _guard(result):
         with _stage(result, "check"):
             proto, bad = checks.load_onnx(onnx_path)
@@ -633,6 +650,8 @@ def doctor(
     result = ExportResult(command="doctor", path=str(onnx_path), model=str(onnx_path),
                           stages={"load": NOT_RUN, "check": NOT_RUN, "lint": NOT_RUN,
                                   "runtime": NOT_RUN})
+    if _report_problem(result, report):
+        return result
     with _guard(result):
         _doctor(result, doc, Path(onnx_path), target, timeout, smoke_test)
     result.ok = not result.errors

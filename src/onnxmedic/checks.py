@@ -34,14 +34,25 @@ def check_file(path: str | Path) -> list[Finding]:
     return findings
 
 
+PROTOBUF_LIMIT = 2**31  # bytes: protobuf cannot serialise or parse a larger message
+
+
 def load_onnx(path: str | Path, stage: str = "check") -> tuple[onnx.ModelProto | None,
                                                               Finding | None]:
     """Load an ONNX file given by the user (without external data) or explain why not."""
     p = Path(path)
     if not p.is_file():
         return None, error("OM007", stage, f"ONNX file {str(path)!r} does not exist.")
-    if p.stat().st_size == 0:
+    size = p.stat().st_size
+    if size == 0:
         return None, error("OM007", stage, f"{str(path)!r} is empty.")
+    if size >= PROTOBUF_LIMIT:  # refuse before reading gigabytes that protobuf cannot parse
+        return None, error("OM007", stage, f"{str(path)!r} is {size / 2**30:.1f} GiB, over "
+                           "protobuf's 2 GiB limit for one message, so no ONNX reader can parse "
+                           "it (it is truncated, corrupt, or was written wrongly).",
+                           suggestion="Keep the weights in external data: onnx.save(model, path, "
+                           "save_as_external_data=True, location='weights.bin'); onnxmedic "
+                           "export does this itself for models over 2 GiB.")
     try:
         model = onnx.load(str(p), load_external_data=False)
     except Exception as e:

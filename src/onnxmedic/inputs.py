@@ -8,12 +8,15 @@ function returning args or (args, kwargs)), ``.npz`` and ``.pt`` (loaded with we
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import os
 import re
 import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,6 +175,56 @@ def _instantiate(obj: Any, spec: str) -> torch.nn.Module | torch.export.Exported
                "constructor, or a function returning a module.")
 
 
+class UnsafePickleError(RuntimeError):
+    """A .pt2 archive asked for an unrestricted unpickle; it was refused."""
+
+
+@contextlib.contextmanager
+def _weights_only_unpickling() -> Iterator[None]:
+    """Make torch.export.load safe: torch 2.13's PT2 reader unpickles tensor-subclass weights
+    and constants with ``torch.load(weights_only=False)``, opaque objects with ``pickle.loads``
+    and torchbind objects with ``torch._C._pickle_load_obj`` -- any of which runs code from the
+    file. Inside this context torch.load is forced to ``weights_only=True`` and the other two
+    refuse. Not thread-safe (it swaps module attributes); loads are serialised by a lock."""
+    from torch.export.pt2_archive import _package
+
+    orig_load, orig_obj, orig_pickle = torch.load, torch._C._pickle_load_obj, _package.pickle
+
+    def load(f: Any, *a: Any, weights_only: Any = None, **k: Any) -> Any:
+        try:
+            return orig_load(f, *a, weights_only=True, **k)
+        except Exception as e:
+            if "weights_only" in str(e) or "Unsupported global" in str(e):
+                raise UnsafePickleError("a weight or constant is not a plain tensor pickle") from e
+            raise
+
+    def refuse(*a: Any, **k: Any) -> Any:
+        raise UnsafePickleError("an opaque or torchbind object would be unpickled")
+
+    class _NoPickle:
+        loads = load_obj = staticmethod(refuse)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(orig_pickle, name)
+
+    with _PT2_LOCK:
+        torch.load, torch._C._pickle_load_obj, _package.pickle = load, refuse, _NoPickle()
+        try:
+            yield
+        finally:
+            torch.load, torch._C._pickle_load_obj, _package.pickle = (
+                orig_load, orig_obj, orig_pickle)
+
+
+_PT2_LOCK = threading.Lock()
+
+
+def safe_export_load(path: str | os.PathLike[str]) -> torch.export.ExportedProgram:
+    """``torch.export.load`` with every unpickle restricted to plain tensors (see above)."""
+    with _weights_only_unpickling():
+        return torch.export.load(path)
+
+
 def load_model(spec: str) -> tuple[torch.nn.Module | torch.export.ExportedProgram, ModelSource]:
     """Resolve a model spec (see module docstring)."""
     if not isinstance(spec, str) or not spec.strip():
@@ -182,7 +235,13 @@ def load_model(spec: str) -> tuple[torch.nn.Module | torch.export.ExportedProgra
         if not Path(spec).is_file():
             raise _err("OM001", f"model file {spec!r} does not exist.")
         try:
-            ep = torch.export.load(spec)
+            ep = safe_export_load(spec)
+        except UnsafePickleError as e:
+            raise _err("OM003", f"{spec!r} holds a pickle that torch.export.load would unpickle "
+                       f"with code execution allowed ({e}); onnxmedic refused it and ran "
+                       "nothing from it.",
+                       "Only load .pt2 files from sources you trust; re-save the program with "
+                       "plain tensors (no tensor subclasses or opaque objects).") from e
         except Exception as e:
             raise _err("OM003", f"{spec!r} is not a loadable torch.export program "
                        f"({type(e).__name__}: {str(e)[:300]}).",

@@ -58,18 +58,32 @@ def render_html(result: Any) -> str:
     return _ENV.get_template("report.html.j2").render(r=data)
 
 
+def report_path_problem(path: str | os.PathLike[str]) -> Any:
+    """The finding that stops a report from being written at ``path``, or None. Checked before
+    the slow stages so that a typo costs nothing; the report is written exactly at ``path``
+    (a symlink there is replaced, never followed) with only a same-folder temp file on the way."""
+    p = Path(path)
+    if p.suffix.lower() not in (".json", ".html", ".htm"):
+        return error("OM004", "report", f"report path {str(path)!r} must end in .json or .html.")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        return error("OM006", "report", f"the folder {str(folder)!r} for the report does not "
+                     "exist.", suggestion=f"Create it first (mkdir -p {folder}).")
+    if p.is_dir() and not p.is_symlink():
+        return error("OM006", "report", f"report path {str(path)!r} is a folder.",
+                     suggestion="Give a file name such as report.html.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return error("OM006", "report", f"the folder {str(folder)!r} is not writable.")
+    return None
+
+
 def write_report(result: Any, path: str | os.PathLike[str]) -> None:
     """Write ``result`` as .json or .html (by extension). Failures become a finding (OM006)."""
     p = Path(path)
     suffix = p.suffix.lower()
-    if suffix not in (".json", ".html", ".htm"):
-        result.findings.append(error("OM004", "report", f"report path {str(path)!r} must end in "
-                                     ".json or .html."))
-        result.ok = False
-        return
-    if not p.parent.is_dir() if str(p.parent) else False:
-        result.findings.append(error("OM006", "report", f"the folder {str(p.parent)!r} for the "
-                                     "report does not exist."))
+    bad = report_path_problem(path)
+    if bad is not None:
+        result.findings.append(bad)
         result.ok = False
         return
     try:
