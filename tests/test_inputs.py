@@ -236,6 +236,7 @@ def test_pt2_with_code_is_refused_and_not_run(tmp_path, attack):
     """torch.export.load itself unpickles these with code execution allowed (torch 2.13
     pt2_archive/_package.py uses weights_only=False / pickle.loads); onnxmedic must not."""
     import json
+
     from torch.export.pt2_archive.constants import OPAQUE_OBJ_FILENAME_PREFIX
     marker = tmp_path / "pwned"
     evil = pickle.dumps(_EvilTo(marker))
