@@ -3,7 +3,8 @@ how many hung, crashed or leaked an exception (must be 0).
 
 Families: truncated / random / bit-flipped ONNX files (doctor, verify), external data escaping
 the model folder, ONNX Runtime hangs / aborts / segfaults / out-of-memory, huge-dimension and
-deeply nested models, pickles carrying code, and fuzzed spec strings.
+deeply nested models, pickles carrying code, hostile and damaged .pt2 archives, a protobuf over
+2 GiB, report paths that are symlinks or folders, and fuzzed spec strings.
 Usage: python bench/hostile.py [--seed 0] [--json out.json]
 """
 
@@ -160,7 +161,42 @@ def main() -> None:
     if marker.exists():
         tally.rows["pickle with code (.pt input)"]["code ran"] += 1
 
-    # 8. fuzzed spec strings
+    # 8. hostile and damaged .pt2 archives (torch.export.load alone would run their code)
+    from tests import hostile_files as hf
+    pt2_marker = tmp / "pt2-pwned"
+    for attack in hf.PT2_ATTACKS:
+        bad = hf.hostile_pt2(tmp / f"{attack}.pt2", attack, pt2_marker)
+        tally.attempt(".pt2 with code", lambda b=bad: (inputs.load_model(str(b)), "accepted")[1])
+    if pt2_marker.exists():
+        tally.rows[".pt2 with code"]["code ran"] += 1
+    plain = hf.plain_pt2(tmp / "plain.pt2").read_bytes()
+    for i in range(10):
+        b = bytearray(plain[: rng.randrange(0, len(plain))] if i % 2 else plain)
+        if i % 2 == 0:
+            for _ in range(rng.randrange(1, 8)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+        p = tmp / f"damaged{i}.pt2"
+        p.write_bytes(bytes(b))
+        tally.attempt("damaged .pt2", lambda p=p: (inputs.load_model(str(p)), "accepted")[1])
+
+    # 9. a single protobuf over 2 GiB (sparse: costs no disk) and report paths that attack
+    huge = tmp / "over2gib.onnx"
+    with open(huge, "wb") as fh:
+        fh.truncate(2**31 + 1)
+    for call in (lambda: api.doctor(huge, timeout=10),
+                 lambda: api.verify(huge, models.Identity(), x, timeout=10)):
+        tally.attempt("over-2 GiB protobuf", lambda call=call: _result_outcome(call()))
+    victim = tmp / "victim.txt"
+    victim.write_text("precious")
+    (tmp / "link.json").symlink_to(victim)
+    (tmp / "dir.json").mkdir()
+    for rep in [tmp / "link.json", tmp / "dir.json", tmp / "missing" / "r.html", tmp / "r.exe"]:
+        tally.attempt("report path attacks", lambda rep=rep: _result_outcome(
+            api.doctor(good, timeout=10, report=rep)))
+    if victim.read_text() != "precious":
+        tally.rows["report path attacks"]["code ran"] += 1
+
+    # 10. fuzzed spec strings
     alphabet = "0123456789x:@,=.-_ abcdefnoprstu/\\\x00é"
     for _ in range(400):
         s = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 25)))

@@ -123,3 +123,15 @@ def make_kwargs_inputs():
 
 
 not_a_model = 42
+
+
+class Bf16Linear(nn.Module):
+    """A bfloat16 Linear: torch.onnx exports a bf16 Gemm that ONNX Runtime's CPU cannot load."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3).to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)

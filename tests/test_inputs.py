@@ -11,6 +11,7 @@ import torch
 
 from onnxmedic import inputs
 from onnxmedic.findings import InputError
+from tests import hostile_files as hf
 
 HERE = os.path.dirname(__file__)
 MODELS = os.path.join(HERE, "models.py")
@@ -202,65 +203,12 @@ def test_dynamic_names_checked_against_forward():
 
 # ------------------------------------------------------------------ hostile .pt2 archives
 
-class _EvilTo:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-def _rewrite_pt2(src, dst, edit):
-    """Copy a .pt2 zip, letting edit(name, data) -> data replace members (None drops them)
-    and return extra members to add."""
-    import zipfile
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
-        extra = {}
-        for info in zin.infolist():
-            data = edit(info.filename, zin.read(info.filename), extra)
-            if data is not None:
-                zout.writestr(info.filename, data)
-        for name, data in extra.items():
-            zout.writestr(name, data)
-
-
-def _pt2(tmp_path):
-    ep = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
-    p = tmp_path / "good.pt2"
-    torch.export.save(ep, p)
-    return p
-
-
-@pytest.mark.parametrize("attack", ["pickled-weight", "sample-inputs", "opaque-constant"])
+@pytest.mark.parametrize("attack", hf.PT2_ATTACKS)
 def test_pt2_with_code_is_refused_and_not_run(tmp_path, attack):
     """torch.export.load itself unpickles these with code execution allowed (torch 2.13
     pt2_archive/_package.py uses weights_only=False / pickle.loads); onnxmedic must not."""
-    import json
-
-    from torch.export.pt2_archive.constants import OPAQUE_OBJ_FILENAME_PREFIX
     marker = tmp_path / "pwned"
-    evil = pickle.dumps(_EvilTo(marker))
-
-    def edit(name, data, extra):
-        if attack == "pickled-weight":
-            if name.endswith("model_weights_config.json"):
-                cfg = json.loads(data)
-                cfg["config"]["weight"]["use_pickle"] = True
-                return json.dumps(cfg).encode()
-            if name.endswith("weights/weight_0"):
-                return evil
-        if attack == "sample-inputs" and name.endswith("sample_inputs/model.pt"):
-            return evil
-        if attack == "opaque-constant" and name.endswith("model_constants_config.json"):
-            folder = name.rsplit("/", 1)[0]
-            extra[f"{folder}/{OPAQUE_OBJ_FILENAME_PREFIX}0"] = evil
-            return json.dumps({"config": {"c": {"path_name": f"{OPAQUE_OBJ_FILENAME_PREFIX}0",
-                                                "is_param": False, "use_pickle": True,
-                                                "tensor_meta": None}}}).encode()
-        return data
-
-    bad = tmp_path / "bad.pt2"
-    _rewrite_pt2(_pt2(tmp_path), bad, edit)
+    bad = hf.hostile_pt2(tmp_path / "bad.pt2", attack, marker)
     with pytest.raises(InputError) as ei:
         inputs.load_model(str(bad))
     assert code_of(ei) == "OM003"
@@ -276,7 +224,7 @@ def test_pt2_with_code_is_refused_and_not_run(tmp_path, attack):
 
 
 def test_pt2_plain_archive_still_loads(tmp_path):
-    ep, src = inputs.load_model(str(_pt2(tmp_path)))
+    ep, src = inputs.load_model(str(hf.plain_pt2(tmp_path / "good.pt2")))
     assert src.kind == "pt2"
     x = torch.randn(1, 2)
     assert ep.module()(x).shape == (1, 2)
@@ -284,7 +232,7 @@ def test_pt2_plain_archive_still_loads(tmp_path):
 
 @pytest.mark.parametrize("damage", ["truncated", "not-a-zip", "empty"])
 def test_damaged_pt2_is_a_finding(tmp_path, damage):
-    data = _pt2(tmp_path).read_bytes()
+    data = hf.plain_pt2(tmp_path / "good.pt2").read_bytes()
     bad = tmp_path / "bad.pt2"
     bad.write_bytes({"truncated": data[: len(data) // 2], "not-a-zip": b"hello" * 50,
                      "empty": b""}[damage])

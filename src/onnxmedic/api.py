@@ -26,7 +26,7 @@ from onnxmedic.verify.compare import OutputComparison, compare_outputs
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("preflight", "capture", "translate", "check", "runtime", "compare", "write")
+STAGES = ("preflight", "capture", "translate", "check", "fix", "runtime", "compare", "write")
 NOT_RUN, PASSED, FAILED = "not run", "passed", "failed"
 
 # Models whose initializers exceed this many bytes are saved with external data (protobuf
@@ -414,6 +414,7 @@ def export(
     explain: bool = False,
     model_spec: str | None = None,
     input_specs: list[str] | None = None,
+    dtype_policy: str = "upcast",
 ) -> ExportResult:
     """Export ``model`` to ONNX, verify it in an isolated ONNX Runtime, and report.
 
@@ -421,10 +422,15 @@ def export(
     only when the model was exported *and* verified). With ``f``, the file is written atomically
     and only when verified (or when ``keep_unverified``); an existing file is never replaced by
     an unverified model. ``report`` writes a .json or .html report, whatever the outcome.
+    ``dtype_policy`` (upcast, boundary or keep) says how nodes without a kernel on ``target``
+    for their dtype (bfloat16 Gemm on CPU) are repaired; see :mod:`onnxmedic.fixes.dtypes`.
     """
     args, kwargs = _check_args(model, args, kwargs)
     if target not in ("cpu", "cuda"):
         raise ValueError(f"onnxmedic.export: target must be 'cpu' or 'cuda', not {target!r}")
+    if dtype_policy not in ("keep", "upcast", "boundary"):
+        raise ValueError("onnxmedic.export: dtype_policy must be 'keep', 'upcast' or "
+                         f"'boundary', not {dtype_policy!r}")
     result = ExportResult(command="export", model=model_spec or type(model).__name__,
                           inputs=list(input_specs or []))
     if _report_problem(result, report):
@@ -442,7 +448,7 @@ def export(
                 _export(result, model, args, kwargs, f, dynamic_shapes=dynamic_shapes,
                         target=target, opset=opset, verify=verify,
                         keep_unverified=keep_unverified, timeout=timeout, tolerance=tolerance,
-                        worker=worker, explain=explain)
+                        worker=worker, explain=explain, dtype_policy=dtype_policy)
     finally:
         if was_training:
             model.train(True)
@@ -456,7 +462,8 @@ def export(
 def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             f: Any, *, dynamic_shapes: Any, target: str, opset: int | None, verify: bool,
             keep_unverified: bool, timeout: float, tolerance: tuple[float, float] | None,
-            worker: sandbox.Worker | None, explain: bool = False) -> None:
+            worker: sandbox.Worker | None, explain: bool = False,
+            dtype_policy: str = "upcast") -> None:
     from onnxmedic import translate as translate_mod
 
     bad_out = _check_output_path(f)
@@ -536,6 +543,9 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             _not_written(result, f)
             return
         result.stages["check"] = PASSED
+        if not _fix_dtypes(result, prog, tmp_dir, name, target, dtype_policy):
+            _not_written(result, f)
+            return
         if verify:
             _run_and_compare(result, model, onnx_path, result.onnx_model, example,
                              example_expected, timeout, tolerance, worker, target)
@@ -560,6 +570,96 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
                 _not_written(result, f)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+_DTYPE_FIX = ("Export with dtype_policy='upcast' (--dtype-policy upcast: these nodes compute in "
+              "float32 between casts) or 'boundary' (the whole graph in float32, casts at its "
+              "inputs and outputs), or cast the model to float32 yourself.")
+
+
+def kernel_gap_finding(g: Any, target: str, node: Any, stage: str) -> Finding:
+    """OM301 (no kernel) or OM303 (mixed int/float) for one node, with the user's line."""
+    from onnxmedic._locate import location_from_onnx_node
+
+    what = (f"ONNX Runtime has no {target} kernel for it." if g.kind == "no-kernel"
+            else "its inputs mix integer and float types.")
+    return Finding("OM301" if g.kind == "no-kernel" else "OM303", stage, Severity.ERROR,
+                   f"{g.describe()}: {what}", op=g.op, location=location_from_onnx_node(node),
+                   suggestion=_DTYPE_FIX if g.kind == "no-kernel" else
+                   "Cast the integer operand to the float dtype in the model (x.float()), or "
+                   "export with onnxmedic, which inserts the cast (dtype policy upcast).",
+                   details={"node": g.node, "types": g.types, "kind": g.kind})
+
+
+def soft_kernel_finding(gaps: list[Any], stage: str) -> Finding:
+    """One OM302 warning for all float16 nodes ONNX Runtime will wrap in casts on the CPU."""
+    names = ", ".join(g.describe() for g in gaps[:8]) + (" ..." if len(gaps) > 8 else "")
+    return warning("OM302", stage, f"{len(gaps)} float16 node(s) have no CPU kernel; ONNX "
+                   f"Runtime inserts float32 casts around them itself (slower): {names}.",
+                   suggestion="dtype_policy='boundary' (--dtype-policy boundary) computes the "
+                   "graph in float32 with casts only at its inputs and outputs.",
+                   details={"nodes": [g.node for g in gaps]})
+
+
+def _kernel_lint(proto: Any, target: str) -> list[Finding]:
+    """doctor: every node without a kernel on ``target`` as typed (nothing is changed)."""
+    from onnxmedic.fixes import dtypes as fx
+
+    gaps = fx.kernel_gaps(proto, target) or []
+    nodes = {n.name: n for n in proto.graph.node}
+    found = [kernel_gap_finding(g, target, nodes.get(g.node), "lint")
+             for g in gaps if g.kind != "soft"]
+    soft = [g for g in gaps if g.kind == "soft"]
+    return found + ([soft_kernel_finding(soft, "lint")] if soft else [])
+
+
+def _fix_dtypes(result: ExportResult, prog: Any, folder: Path, name: str, target: str,
+                policy: str) -> bool:
+    """Fix stage: find every node ONNX Runtime has no kernel for on ``target`` (from its own
+    kernel registrations) and repair it with casts per ``policy``. False when the model cannot
+    run there and was not repaired."""
+    from onnxmedic.fixes import dtypes as fx
+
+    with _stage(result, "fix"):
+        gaps = fx.kernel_gaps(result.onnx_model, target)
+    if not gaps:  # None: this onnxruntime has no kernel table for the target (the runtime
+        # stage still loads the model there and reports what fails)
+        result.stages["fix"] = PASSED
+        return True
+    nodes = {n.name: n for n in result.onnx_model.graph.node}
+    with _stage(result, "fix"):
+        report = fx.apply_policy(prog.model, gaps, policy)
+        if report.fixed:
+            _save_program(prog, folder, name)
+            result.onnx_model = prog.model_proto
+    ok = True
+    soft = [g for g, _ in report.not_fixed if g.kind == "soft"]
+    if soft:
+        result.findings.append(soft_kernel_finding(soft, "fix"))
+    for g, reason in report.not_fixed:
+        if g.kind == "soft":
+            continue
+        ok = False
+        f = kernel_gap_finding(g, target, nodes.get(g.node), "fix")
+        if not reason.startswith("dtype policy"):
+            f.code = "OM311"
+            f.message += f" Not repaired: {reason}."
+        result.findings.append(f)
+    if report.fixed:
+        ops = sorted({g.op for g in report.fixed})
+        result.findings.append(info(
+            "OM310", "fix", f"dtype policy {policy!r}: {len(report.fixed)} node(s) "
+            f"({', '.join(ops)}) had no {target} kernel as typed; {report.casts_added} cast(s) "
+            "inserted" + (" at the graph's inputs and outputs" if policy == "boundary" else
+                          " around them") + "; the repaired model is verified below.",
+            details={"nodes": [g.describe() for g in report.fixed], "policy": policy,
+                     "casts": report.casts_added}))
+        check_findings = checks.check_file(folder / name)
+        result.findings.extend(check_findings)
+        ok &= not any(x.severity == Severity.ERROR for x in check_findings)
+    result.stages["fix"] = PASSED if ok else FAILED
+    result.ok = result.ok and ok
+    return ok
 
 
 def _not_written(result: ExportResult, f: Any) -> None:
@@ -695,6 +795,7 @@ def _doctor(result: ExportResult, doc: Any, path: Path, target: str, timeout: fl
                                     probe_opset=True)
     with _stage(result, "lint"):
         lint = doc.lint(proto, ort_opset=sbx.max_opset if sbx is not None else None)
+        lint.extend(_kernel_lint(proto, target))
     result.findings.extend(lint)
     result.stages["lint"] = FAILED if any(f.severity == Severity.ERROR for f in lint) \
         else PASSED

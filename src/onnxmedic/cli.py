@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dynamic", action="append", default=[], metavar="SPEC",
                    help="dynamic dims: INPUT:DIM=NAME[,DIM=NAME], e.g. x:0=batch")
     e.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    e.add_argument("--dtype-policy", choices=["upcast", "boundary", "keep"], default="upcast",
+                   help="nodes with no kernel on the target for their dtype (bfloat16 Gemm on "
+                   "CPU): compute them in float32 between casts (upcast, default), compute the "
+                   "whole graph in float32 with casts at its inputs/outputs (boundary), or "
+                   "report only (keep)")
     e.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default: torch.onnx's)")
     e.add_argument("--no-verify", action="store_true", help="skip running in ONNX Runtime")
     e.add_argument("--keep-unverified", action="store_true",
@@ -117,7 +122,8 @@ def _run(ns: argparse.Namespace) -> Any:
             dyn = inputs.complete_dynamic_shapes(
                 model, inputs.parse_dynamic_specs(ns.dynamic), ex.args, ex.kwargs)
             options = {"dynamic_shapes": dyn, "target": ns.target, "opset": ns.opset,
-                       "timeout": ns.timeout, "tolerance": _tolerance(ns)}
+                       "timeout": ns.timeout, "tolerance": _tolerance(ns),
+                       "dtype_policy": ns.dtype_policy}
             res = api.export(model, ex.args, ns.output, kwargs=ex.kwargs,
                              verify=not ns.no_verify, report=ns.report,
                              keep_unverified=ns.keep_unverified, explain=ns.explain,

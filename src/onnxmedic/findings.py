@@ -124,6 +124,40 @@ CODES: dict[str, CodeInfo] = {
         "A translation registration was invalid or its module failed to import; the other "
         "translations are unaffected.",
     ),
+    # OM3xx: dtypes for the target runtime
+    "OM301": CodeInfo(
+        "no kernel for this op and dtype on the target", 1,
+        "ONNX Runtime has no kernel for these nodes as typed (e.g. bfloat16 Gemm on CPU), so "
+        "it cannot load the model; found from ONNX Runtime's own kernel registrations.",
+    ),
+    "OM302": CodeInfo(
+        "runs through casts ONNX Runtime inserts", 0,
+        "float16 nodes without a CPU kernel: ONNX Runtime inserts float32 casts around them "
+        "itself; they run, more slowly.",
+    ),
+    "OM303": CodeInfo(
+        "mixed integer and float inputs", 1,
+        "One node binds a type variable to two types (e.g. int64 and float in one Add); ONNX "
+        "Runtime rejects it.",
+    ),
+    "OM310": CodeInfo(
+        "dtypes repaired for the target", 0,
+        "onnxmedic inserted casts (dtype policy upcast or boundary) so that every node has a "
+        "kernel on the target; the repaired model was verified.",
+    ),
+    "OM311": CodeInfo(
+        "dtype repair not possible", 1,
+        "A node without a kernel could not be repaired with casts (the reason is given).",
+    ),
+    "OM320": CodeInfo(
+        "opset converted", 0,
+        "The model was converted to the requested opset with the ONNX version converter and "
+        "verified again.",
+    ),
+    "OM321": CodeInfo(
+        "opset conversion failed", 1,
+        "The ONNX version converter could not convert the model to the requested opset.",
+    ),
     # OM4xx: dynamic shapes
     "OM401": CodeInfo(
         "dynamic shape constraint violated", 1,

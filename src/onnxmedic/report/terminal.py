@@ -23,7 +23,7 @@ def render_terminal(result: Any, console: Console | None = None, verbose: bool =
                      for stage, status in result.stages.items())
     console.print(line)
     for f in result.findings:
-        if f.severity.value == "info" and not verbose and f.code not in ("OM010",):
+        if f.severity.value == "info" and not verbose and f.code not in ("OM010", "OM310", "OM320"):
             continue
         color = _SEV[f.severity.value]
         console.print(f"[{color}]{f.code}[/] [bold]{escape(f.title)}[/]: {escape(f.message)}")

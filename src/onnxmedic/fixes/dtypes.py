@@ -1,0 +1,360 @@
+"""Dtypes that fit the target runtime.
+
+ONNX Runtime answers "Could not find an implementation for Gemm(13)" at load time for an
+op/dtype pair it has no kernel for (bfloat16 Gemm on CPU is the common one), and it refuses
+nodes whose inputs bind one type variable to two types (int64 and float in one Add). This module
+finds every such node at once from ONNX Runtime's own kernel registrations
+(``onnxruntime.capi._pybind_state.get_all_opkernel_def``: the table of the installed build, not
+a copy of its documentation) and the ONNX schemas, and repairs them with casts:
+
+- ``upcast``: each offending node runs in float32 between casts (PyTorch's own rounding of every
+  intermediate to the low dtype is kept, so results stay close to PyTorch);
+- ``boundary``: the whole graph computes in float32, with casts only at the graph's inputs and
+  outputs (fewest casts, fastest; intermediates are more precise than PyTorch's);
+- ``keep``: nothing is changed; the gaps are reported.
+
+float16 nodes without a CPU kernel are a soft gap: ONNX Runtime inserts float32 casts around them
+itself (InsertCastTransformer), so they load and run; ``boundary`` still removes them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("keep", "upcast", "boundary")
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+LOW_FLOATS = {"tensor(bfloat16)", "tensor(float16)"}
+_LOW_IR = {ir.DataType.BFLOAT16, ir.DataType.FLOAT16}
+_FLOAT_RANK = ["tensor(double)", "tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+
+
+@dataclass(frozen=True)
+class KernelGap:
+    """A node ONNX Runtime has no kernel for on the provider, as typed in the model."""
+
+    node: str
+    op: str
+    domain: str
+    since_version: int
+    types: dict[str, str]  # type variable -> bound type, e.g. {"T": "tensor(bfloat16)"}
+    kind: str  # "no-kernel" (load fails), "soft" (ORT inserts casts), "mixed" (T bound twice)
+    detail: str = ""
+    clashing: tuple[str, ...] = ()  # for "mixed": the two types bound to one variable
+
+    def describe(self) -> str:
+        ts = ", ".join(f"{k}={v[7:-1] if v.startswith('tensor(') else v}"
+                       for k, v in sorted(self.types.items()))
+        return f"{self.op} '{self.node}' ({ts}){': ' + self.detail if self.detail else ''}"
+
+
+@dataclass
+class FixReport:
+    policy: str
+    fixed: list[KernelGap] = field(default_factory=list)
+    not_fixed: list[tuple[KernelGap, str]] = field(default_factory=list)  # gap, reason
+    casts_added: int = 0
+
+
+@functools.lru_cache(maxsize=4)
+def kernel_table(provider: str) -> dict[tuple[str, str], list[tuple[int, int, dict[str, set[str]]]]] | None:
+    """(domain, op) -> [(since lo, since hi, {type var: allowed types})] registered by the
+    installed onnxruntime for ``provider``; None when that provider is not in this build."""
+    try:
+        from onnxruntime.capi import _pybind_state as C
+
+        defs = C.get_all_opkernel_def()
+    except Exception as e:  # an onnxruntime without the query: no table, no static check
+        logger.debug("no kernel registrations: %s", e)
+        return None
+    table: dict[tuple[str, str], list[tuple[int, int, dict[str, set[str]]]]] = {}
+    for k in defs:
+        if k.provider != provider:
+            continue
+        dom = "" if k.domain in ("", "ai.onnx") else k.domain
+        lo, hi = k.version_range
+        table.setdefault((dom, k.op_name), []).append(
+            (lo, hi, {c: set(v) for c, v in k.type_constraints.items()}))
+    return table or None
+
+
+def _type_str(tp: onnx.TypeProto) -> str | None:
+    if tp.HasField("tensor_type") and tp.tensor_type.elem_type:
+        return f"tensor({onnx.helper.tensor_dtype_to_string(tp.tensor_type.elem_type)[len('TensorProto.'):].lower()})"
+    return None
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, str]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=False)
+    except Exception:  # a model the checker rejected: work with what is declared
+        inferred = model
+    g = inferred.graph
+    types: dict[str, str] = {}
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        t = _type_str(vi.type)
+        if t:
+            types[vi.name] = t
+    for init in g.initializer:
+        types[init.name] = _type_str(onnx.helper.make_tensor_type_proto(init.data_type, None)) or ""
+    for node in g.node:  # Constant nodes: shape inference may not list their outputs
+        if node.op_type == "Constant" and node.output[0] not in types:
+            for a in node.attribute:
+                if a.name == "value":
+                    types[node.output[0]] = _type_str(
+                        onnx.helper.make_tensor_type_proto(a.t.data_type, None)) or ""
+    return types
+
+
+def _bind(schema: Any, node: onnx.NodeProto,
+          types: dict[str, str]) -> tuple[dict[str, str], str, tuple[str, ...]]:
+    """Type variable -> bound type for ``node``, and the first conflict (text, both types)."""
+    bound: dict[str, str] = {}
+    conflict = ""
+    clashing: tuple[str, ...] = ()
+
+    def visit(params: Any, names: Any, check: bool = True) -> None:
+        nonlocal conflict, clashing
+        for i, name in enumerate(names):
+            if not name or name not in types:
+                continue
+            p = params[min(i, len(params) - 1)] if params else None
+            if p is None or (i >= len(params) and
+                             p.option != onnx.defs.OpSchema.FormalParameterOption.Variadic):
+                continue
+            tv = p.type_str
+            if tv.startswith(("tensor(", "seq(", "optional(")):
+                continue
+            t = types[name]
+            if check and tv in bound and bound[tv] != t and not conflict:
+                conflict = f"{tv} is both {bound[tv][7:-1]} and {t[7:-1]}"
+                clashing = (bound[tv], t)
+            bound.setdefault(tv, t)
+
+    visit(schema.inputs, node.input)
+    visit(schema.outputs, node.output, check=False)  # declared outputs may be the victims
+    return bound, conflict, clashing
+
+
+def kernel_gaps(model: onnx.ModelProto, target: str = "cpu") -> list[KernelGap] | None:
+    """Every top-level node of ``model`` that ONNX Runtime cannot run as typed on ``target``
+    (None when the installed onnxruntime has no kernel table for it)."""
+    table = kernel_table(PROVIDERS.get(target, target))
+    if table is None:
+        return None
+    opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version
+              for o in model.opset_import}
+    local = {(f.domain, f.name) for f in model.functions}
+    types = _value_types(model)
+    gaps: list[KernelGap] = []
+    tainted: set[str] = set()  # values downstream of mixed types: unknowable until repaired
+    for node in model.graph.node:
+        dom = "" if node.domain in ("", "ai.onnx") else node.domain
+        if tainted.intersection(node.input):
+            tainted.update(node.output)
+            continue
+        if (node.domain, node.op_type) in local or dom not in ("", "com.microsoft"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opsets.get(dom, 1), dom)
+        except Exception:
+            continue  # an unknown op is the checker's business
+        bound, conflict, clashing = _bind(schema, node, types)
+        name = node.name or node.output[0]
+        if conflict:
+            tainted.update(node.output)
+            gaps.append(KernelGap(name, node.op_type, dom, schema.since_version, bound, "mixed",
+                                  conflict, clashing))
+            continue
+        kernels = table.get((dom, node.op_type))
+        if kernels is None:
+            continue  # no kernel at all: a function op ONNX Runtime expands, or not ours to judge
+        ok = any(lo <= schema.since_version <= hi and
+                 all(c not in bound or bound[c] in allowed for c, allowed in cons.items())
+                 for lo, hi, cons in kernels)
+        if ok:
+            continue
+        low = {t for t in bound.values() if t in LOW_FLOATS}
+        as_float = {c: ("tensor(float)" if t in LOW_FLOATS else t) for c, t in bound.items()}
+        float_ok = low and any(
+            lo <= schema.since_version <= hi and
+            all(c not in as_float or as_float[c] in allowed for c, allowed in cons.items())
+            for lo, hi, cons in kernels)
+        soft = bool(float_ok) and low == {"tensor(float16)"} and target == "cpu"
+        gaps.append(KernelGap(name, node.op_type, dom, schema.since_version, bound,
+                              "soft" if soft else "no-kernel"))
+    return gaps
+
+
+def _cast(graph: ir.Graph, value: ir.Value, to: ir.DataType, name: str) -> ir.Node:
+    node = ir.node("Cast", [value], {"to": to}, name=name)
+    out = node.outputs[0]
+    out.name = name + "_out"
+    out.dtype = to
+    out.shape = value.shape
+    return node
+
+
+def _unique(graph: ir.Graph, base: str, taken: set[str]) -> str:
+    name, i = base, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    taken.add(name)
+    return name
+
+
+def _upcast_node(graph: ir.Graph, node: ir.Node, taken: set[str],
+                 int_to: ir.DataType | None = None) -> int:
+    """Run ``node`` in float32: cast its low-float inputs to float32 and its low-float outputs
+    back. With ``int_to`` (mixed int/float inputs) its integer inputs are cast to that float
+    type instead, as PyTorch's type promotion would. Returns the number of casts added."""
+    added = 0
+    for i, v in enumerate(list(node.inputs)):
+        if v is None or v.dtype is None:
+            continue
+        if int_to is not None:
+            if v.dtype.is_floating_point() or v.dtype == ir.DataType.BOOL:
+                continue
+            to = int_to
+        elif v.dtype in _LOW_IR:
+            to = ir.DataType.FLOAT
+        else:
+            continue
+        c = _cast(graph, v, to, _unique(graph, f"{node.name}_in{i}_{to.name.lower()}", taken))
+        graph.insert_before(node, c)
+        node.replace_input_with(i, c.outputs[0])
+        added += 1
+    if int_to is not None:
+        for o in node.outputs:
+            if o.dtype is not None and not o.dtype.is_floating_point() and \
+                    o.dtype != ir.DataType.BOOL:
+                o.dtype = int_to
+        return added
+    for o in node.outputs:
+        if o.dtype not in _LOW_IR:
+            continue
+        orig, name = o.dtype, o.name
+        uses = list(o.uses())
+        c = _cast(graph, o, orig, _unique(graph, f"{node.name}_out_back", taken))
+        back = c.outputs[0]
+        for user, idx in uses:
+            user.replace_input_with(idx, back)
+        for k, out in enumerate(graph.outputs):
+            if out is o:
+                graph.outputs[k] = back
+        o.name, back.name = _unique(graph, f"{name}_f32", taken), name
+        o.dtype = ir.DataType.FLOAT
+        graph.insert_after(node, c)
+        added += 1
+    return added
+
+
+def _boundary(graph: ir.Graph, taken: set[str]) -> int:
+    """Compute the whole graph in float32: initializers, constants, casts to a low float and
+    every low-float value become float32; graph inputs and outputs keep their dtypes."""
+    added = 0
+    for v in list(graph.initializers.values()):
+        if v.dtype in _LOW_IR and v.const_value is not None:
+            arr = v.const_value.numpy().astype("float32")
+            v.const_value = ir.tensor(arr, name=v.name)
+            v.dtype = ir.DataType.FLOAT
+    for node in graph.all_nodes():
+        if node.op_type == "Cast" and node.attributes.get("to") is not None and \
+                node.attributes["to"].as_int() in (int(t) for t in _LOW_IR):
+            node.attributes["to"] = ir.AttrInt64("to", int(ir.DataType.FLOAT))
+        for a in list(node.attributes.values()):
+            if a.type == ir.AttributeType.TENSOR and a.value.dtype in _LOW_IR:
+                node.attributes[a.name] = ir.AttrTensor(
+                    a.name, ir.tensor(a.value.numpy().astype("float32"), name=a.value.name))
+            elif a.type == ir.AttributeType.INT and a.name in ("dtype", "to") and \
+                    a.as_int() in (int(t) for t in _LOW_IR):
+                node.attributes[a.name] = ir.AttrInt64(a.name, int(ir.DataType.FLOAT))
+        for o in node.outputs:
+            if o.dtype in _LOW_IR:
+                o.dtype = ir.DataType.FLOAT
+    for i, inp in enumerate(list(graph.inputs)):
+        if inp.dtype in _LOW_IR:
+            uses = list(inp.uses())
+            c = _cast(graph, inp, ir.DataType.FLOAT, _unique(graph, f"{inp.name}_f32", taken))
+            if graph.num_nodes():
+                graph.insert_before(graph.node(0), c)
+            else:
+                graph.append(c)
+            for user, idx in uses:
+                user.replace_input_with(idx, c.outputs[0])
+            added += 1
+    return added
+
+
+def _boundary_outputs(graph: ir.Graph, want: dict[str, ir.DataType], taken: set[str]) -> int:
+    added = 0
+    for k, out in enumerate(list(graph.outputs)):
+        orig = want.get(out.name)
+        if orig is None or out.dtype == orig:
+            continue
+        name = out.name
+        c = _cast(graph, out, orig, _unique(graph, f"{name}_back", taken))
+        graph.append(c)
+        out.name = _unique(graph, f"{name}_f32", taken)
+        c.outputs[0].name = name
+        graph.outputs[k] = c.outputs[0]
+        added += 1
+    return added
+
+
+def apply_policy(model: ir.Model, gaps: list[KernelGap], policy: str) -> FixReport:
+    """Repair ``gaps`` in ``model`` (changed in place) according to ``policy`` (see the module
+    docstring); soft gaps are repaired only by ``boundary``."""
+    if policy not in POLICIES:
+        raise ValueError(f"dtype policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+    report = FixReport(policy)
+    if policy == "keep":
+        report.not_fixed = [(g, "dtype policy 'keep'") for g in gaps]
+        return report
+    if policy == "upcast":
+        report.not_fixed = [(g, "ONNX Runtime inserts casts itself") for g in gaps
+                            if g.kind == "soft"]
+        gaps = [g for g in gaps if g.kind != "soft"]
+    if not gaps:
+        return report
+    graph = model.graph
+    taken = {v.name for n in graph.all_nodes() for v in n.outputs if v.name}
+    taken |= {v.name for v in graph.inputs if v.name} | set(graph.initializers)
+    by_name = {n.name: n for n in graph if n.name}
+    by_output = {n.outputs[0].name: n for n in graph if n.outputs}
+    if policy == "boundary" and any(g.kind != "mixed" for g in gaps):
+        want = {o.name: o.dtype for o in graph.outputs}
+        report.casts_added += _boundary(graph, taken)
+        report.casts_added += _boundary_outputs(graph, want, taken)
+        report.fixed.extend(g for g in gaps if g.kind != "mixed")
+        gaps = [g for g in gaps if g.kind == "mixed"]
+    for g in gaps:
+        node = by_name.get(g.node) or by_output.get(g.node)
+        if node is None:
+            report.not_fixed.append((g, "node not found"))
+            continue
+        floats = {t for t in (*g.types.values(), *g.clashing) if t in _FLOAT_RANK}
+        if g.kind == "mixed" and not floats:
+            report.not_fixed.append((g, "no floating-point input to cast the integers to"))
+            continue
+        if g.kind != "mixed" and not floats & LOW_FLOATS:
+            report.not_fixed.append((g, "no bfloat16/float16 value to compute in float32"))
+            continue
+        int_to = None
+        if g.kind == "mixed":  # the widest float among the inputs, as torch promotes
+            widest = next(t for t in _FLOAT_RANK if t in floats)
+            int_to = {"tensor(double)": ir.DataType.DOUBLE, "tensor(float)": ir.DataType.FLOAT,
+                      "tensor(float16)": ir.DataType.FLOAT16,
+                      "tensor(bfloat16)": ir.DataType.BFLOAT16}[widest]
+        report.casts_added += _upcast_node(graph, node, taken, int_to)
+        report.fixed.append(g)
+    graph.sort()
+    return report

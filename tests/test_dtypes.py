@@ -1,0 +1,151 @@
+"""Dtypes that fit the target: nodes without an ONNX Runtime kernel for their dtype are found
+from ONNX Runtime's own kernel registrations and repaired with casts (fixes/dtypes.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import onnxmedic
+from onnxmedic import api, sandbox
+from onnxmedic.fixes import dtypes as fx
+from tests.test_cli import MODELS, cli
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.l1 = torch.nn.Linear(8, 16)
+        self.l2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x))) * 2
+
+
+def _bf16():
+    return MLP().to(torch.bfloat16).eval(), (torch.randn(3, 8, dtype=torch.bfloat16),)
+
+
+def test_kernel_table_is_onnxruntimes_own():
+    t = fx.kernel_table("CPUExecutionProvider")
+    gemm = t[("", "Gemm")]
+    allowed = set().union(*(c["T"] for lo, hi, c in gemm if lo <= 13 <= hi))
+    assert "tensor(float)" in allowed and "tensor(bfloat16)" not in allowed
+    assert fx.kernel_table("NoSuchExecutionProvider") is None
+
+
+def test_plain_export_of_bf16_model_does_not_load():
+    """The failure onnxmedic fixes: torch.onnx's bf16 model is refused by ONNX Runtime."""
+    m, x = _bf16()
+    prog = torch.onnx.export(m, x, dynamo=True, verbose=False)
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        prog.save(f"{d}/m.onnx")
+        r = sandbox.run_model(f"{d}/m.onnx", [{"x": x[0].float().numpy()}])
+    assert not r.ok and "Could not find an implementation" in (r.error or "")
+
+
+def test_keep_reports_every_node_without_a_kernel():
+    m, x = _bf16()
+    r = onnxmedic.export(m, x, dtype_policy="keep")
+    assert not r.ok and r.stages["fix"] == "failed" and r.stages["runtime"] == "not run"
+    errs = [f for f in r.errors if f.code == "OM301"]
+    assert sorted(f.op for f in errs) == ["Gemm", "Gemm", "Mul", "Relu"]  # all at once
+    gemm = next(f for f in errs if f.op == "Gemm")
+    assert gemm.details["types"] == {"T": "tensor(bfloat16)"}
+    assert gemm.location and gemm.location.file.endswith("test_dtypes.py")
+    assert "--dtype-policy upcast" in gemm.suggestion
+
+
+@pytest.mark.parametrize("policy,casts", [("upcast", 13), ("boundary", 2)])
+def test_bf16_model_repaired_and_verified(tmp_path, policy, casts):
+    m, x = _bf16()
+    out = tmp_path / "m.onnx"
+    r = onnxmedic.export(m, x, out, dtype_policy=policy)
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    (f310,) = [f for f in r.findings if f.code == "OM310"]
+    assert f310.details["casts"] == casts and len(f310.details["nodes"]) == 4
+    model = onnx.load(out)
+    assert fx.kernel_gaps(model) == []
+    assert model.graph.input[0].type.tensor_type.elem_type == TensorProto.BFLOAT16
+    assert model.graph.output[0].type.tensor_type.elem_type == TensorProto.BFLOAT16
+    assert r.stages["compare"] == "passed"
+
+
+def test_float16_on_cpu_is_a_soft_gap():
+    m = MLP().half().eval()
+    x = (torch.randn(3, 8, dtype=torch.float16),)
+    r = onnxmedic.export(m, x)
+    assert r.ok
+    (w,) = [f for f in r.findings if f.code == "OM302"]
+    assert w.severity.value == "warning" and len(w.details["nodes"]) == 4
+    rb = onnxmedic.export(m, x, dtype_policy="boundary")
+    assert rb.ok and "OM302" not in [f.code for f in rb.findings]
+    assert any(f.code == "OM310" for f in rb.findings)
+
+
+def _mixed_model(path):
+    x = helper.make_tensor_value_info("x", TensorProto.INT64, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3])
+    g = helper.make_graph([helper.make_node("Add", ["x", "y"], ["s"], name="add"),
+                           helper.make_node("Relu", ["s"], ["z"], name="relu")], "g", [x, y], [z])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    onnx.save(m, path)  # unchecked on purpose: the exporter left the types inconsistent
+    return path
+
+
+def test_mixed_int_float_found_by_doctor_and_repaired(tmp_path):
+    p = _mixed_model(tmp_path / "mixed.onnx")
+    feeds = {"x": np.array([[1, -2, 3], [4, 5, -6]], np.int64),
+             "y": np.full((2, 3), 0.5, np.float32)}
+    before = sandbox.run_model(p, [feeds])
+    assert not before.ok  # ONNX Runtime refuses it
+    r = api.doctor(p)
+    assert "OM303" in [f.code for f in r.errors]
+    model = onnx.load(p)
+    (g,) = fx.kernel_gaps(model)
+    assert g.kind == "mixed" and g.node == "add" and "int64" in g.detail
+    irm = ir.from_proto(model)
+    rep = fx.apply_policy(irm, [g], "upcast")
+    assert rep.fixed == [g] and rep.casts_added == 1
+    fixed = tmp_path / "fixed.onnx"
+    ir.save(irm, fixed)
+    onnx.checker.check_model(onnx.load(fixed), full_check=True)
+    after = sandbox.run_model(fixed, [feeds])
+    assert after.ok, after.error
+    np.testing.assert_array_equal(after.outputs[0][0],
+                                  np.maximum(feeds["x"].astype(np.float32) + feeds["y"], 0))
+
+
+def test_doctor_lists_bf16_nodes_without_kernels(tmp_path):
+    m, x = _bf16()
+    torch.onnx.export(m, x, dynamo=True, verbose=False).save(tmp_path / "bf16.onnx")
+    r = api.doctor(tmp_path / "bf16.onnx")
+    assert not r.ok
+    assert sorted(f.op for f in r.findings if f.code == "OM301") == ["Gemm", "Gemm", "Mul",
+                                                                       "Relu"]
+
+
+def test_cli_dtype_policy(tmp_path):
+    p = cli("export", f"{MODELS}:Bf16Linear", "--input", "2x4:bfloat16", "--dtype-policy", "keep")
+    assert p.returncode == 1 and "OM301" in p.stderr
+    p = cli("export", f"{MODELS}:Bf16Linear", "--input", "2x4:bfloat16",
+            "-o", str(tmp_path / "m.onnx"), "--json")
+    assert p.returncode == 0, p.stderr
+    assert "OM310" in [f["code"] for f in json.loads(p.stdout)["findings"]]
+    p = cli("export", f"{MODELS}:Bf16Linear", "--input", "2x4:bfloat16", "--dtype-policy", "x")
+    assert p.returncode == 2
+
+
+def test_bad_policy_is_a_caller_error():
+    with pytest.raises(ValueError, match="dtype_policy"):
+        onnxmedic.export(MLP(), (torch.randn(1, 8),), dtype_policy="fast")
