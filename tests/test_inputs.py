@@ -239,3 +239,21 @@ def test_damaged_pt2_is_a_finding(tmp_path, damage):
     with pytest.raises(InputError) as ei:
         inputs.load_model(str(bad))
     assert code_of(ei) == "OM003"
+
+
+@pytest.mark.parametrize("spec,expected", [
+    (["auto"], "auto"),
+    (["{'x': [0, 2]}"], {"x": {0: "x_dim0", 2: "x_dim2"}}),
+    (['{"x": {0: "batch"}, "m": [1]}'], {"x": {0: "batch"}, "m": {1: "m_dim1"}}),
+    (["{'x': [0]}", "y:1=seq"], {"x": {0: "x_dim0"}, "y": {1: "seq"}}),
+])
+def test_dynamic_spec_forms(spec, expected):
+    assert inputs.parse_dynamic_specs(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["{'x': [-1]}", "{'x': 'batch'}", "{1: [0]}", "{'x': [0]",
+                                  "{'x': {0: 'a b'}}", "{'x': [True]}", "{" * 500])
+def test_bad_dynamic_axes(spec):
+    with pytest.raises(InputError) as ei:
+        inputs.parse_dynamic_specs([spec])
+    assert code_of(ei) == "OM004"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 
 from onnxmedic import checks, preflight, sandbox
@@ -476,6 +477,7 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
         return
 
     str_dims = None
+    auto = dynamic_shapes == inputs_mod.AUTO
     with _stage(result, "capture"):
         if isinstance(model, torch.export.ExportedProgram):
             program = model
@@ -484,6 +486,10 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
         else:
             from torch.onnx._internal.exporter import _dynamic_shapes
 
+            if dynamic_shapes == inputs_mod.AUTO or inputs_mod.is_dynamic_axes(dynamic_shapes):
+                dynamic_shapes = inputs_mod.complete_dynamic_shapes(
+                    model, dynamic_shapes if dynamic_shapes == inputs_mod.AUTO else
+                    inputs_mod.dynamic_axes_to_specs(dynamic_shapes), args, kwargs)
             export_dims, need_rename = _dynamic_shapes.convert_str_to_export_dim(dynamic_shapes)
             str_dims = dynamic_shapes if need_rename else None
             attempts = capture(model, args, kwargs, export_dims)
@@ -520,9 +526,17 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             prog._rename_dynamic_axes(str_dims)
         except Exception:
             logger.debug("could not rename dynamic axes", exc_info=True)
+    from onnxmedic.fixes.shapes import static_dim_params
+
+    if static_dim_params(prog.model):
+        logger.debug("numeric dim_params made static")
     result.onnx_model = prog.model_proto
     result.opset = next((o.version for o in result.onnx_model.opset_import if o.domain in
                          ("", "ai.onnx")), None)
+    if opset is not None and not _opset_stage(result, opset):
+        return
+    if auto:
+        _report_auto_dims(result, args, kwargs)
 
     dest = Path(f) if f is not None else None
     parent = dest.parent if dest is not None else None
@@ -660,6 +674,49 @@ def _fix_dtypes(result: ExportResult, prog: Any, folder: Path, name: str, target
     result.stages["fix"] = PASSED if ok else FAILED
     result.ok = result.ok and ok
     return ok
+
+
+def _report_auto_dims(result: ExportResult, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """dynamic_shapes='auto': say which dims stayed dynamic, which the model fixed, and which
+    torch.export fixed only because the example had size 0 or 1 there."""
+    names, dims, _ = _graph_io(result.onnx_model)
+    leaves = [t for t in flatten_tensors((args, kwargs))]
+    dynamic, static, tiny = [], [], []
+    for name, ds, t in zip(names, dims, leaves):
+        for i, d in enumerate(ds):
+            label = f"{name}[{i}]"
+            if isinstance(d, int):
+                (tiny if t.shape[i] in (0, 1) else static).append(f"{label}={d}")
+            else:
+                dynamic.append(label)
+    result.findings.append(info(
+        "OM404", "capture", "dynamic_shapes='auto': dynamic: " + (", ".join(dynamic) or "none")
+        + "; static (the model fixes them): " + (", ".join(static) or "none") + ".",
+        details={"dynamic": dynamic, "static": static, "size_0_or_1": tiny}))
+    if tiny:
+        result.findings.append(warning(
+            "OM405", "capture", f"{', '.join(tiny)}: the example has size 0 or 1 there, and "
+            "torch.export always treats such sizes as static.",
+            suggestion="Give an example with size 2 or more in those dims to make them "
+            "dynamic."))
+
+
+def _opset_stage(result: ExportResult, wanted: int) -> bool:
+    """torch.onnx converts its opset-18 translation to the requested opset with the version
+    converter and, when that fails, only logs a warning and keeps 18: say so, and stop."""
+    native = 18  # torchlib's translations are written for opset 18
+    if result.opset == wanted:
+        if wanted != native:
+            result.findings.append(info(
+                "OM320", "translate", f"converted from opset {native} to {wanted} with the "
+                "version converter; the converted model is checked and verified below."))
+        return True
+    _fail(result, "translate", error(
+        "OM321", "translate", f"opset {wanted} was asked for, but the version converter could "
+        f"not convert the model (it stayed at opset {result.opset}).",
+        suggestion=f"Use an opset the converter supports (about 18 to {onnx.defs.onnx_opset_version()} "
+        "with this onnx), or drop --opset to keep 18."))
+    return False
 
 
 def _not_written(result: ExportResult, f: Any) -> None:

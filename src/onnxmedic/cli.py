@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="path/file.py:Attr, pkg.module:Attr or model.pt2")
     e.add_argument("-o", "--output", metavar="OUT.onnx", help="where to write the verified model")
     e.add_argument("--dynamic", action="append", default=[], metavar="SPEC",
-                   help="dynamic dims: INPUT:DIM=NAME[,DIM=NAME], e.g. x:0=batch")
+                   help="dynamic dims: INPUT:DIM=NAME[,DIM=NAME], e.g. x:0=batch; or "
+                   "torch.onnx's dynamic_axes dict, e.g. \"{'x': [0, 1]}\"; or auto (every "
+                   "dim dynamic where the model allows it)")
     e.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
     e.add_argument("--dtype-policy", choices=["upcast", "boundary", "keep"], default="upcast",
                    help="nodes with no kernel on the target for their dtype (bfloat16 Gemm on "
@@ -119,8 +121,9 @@ def _run(ns: argparse.Namespace) -> Any:
         model, _source = inputs.load_model(ns.model)
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
         if ns.command == "export":
-            dyn = inputs.complete_dynamic_shapes(
-                model, inputs.parse_dynamic_specs(ns.dynamic), ex.args, ex.kwargs)
+            specs = inputs.parse_dynamic_specs(ns.dynamic)
+            dyn = specs if specs == inputs.AUTO else inputs.complete_dynamic_shapes(
+                model, specs, ex.args, ex.kwargs)
             options = {"dynamic_shapes": dyn, "target": ns.target, "opset": ns.opset,
                        "timeout": ns.timeout, "tolerance": _tolerance(ns),
                        "dtype_policy": ns.dtype_policy}

@@ -173,6 +173,16 @@ CODES: dict[str, CodeInfo] = {
         "PyTorch itself rejects the model at this size of a dynamic dimension, so it was not "
         "checked there.",
     ),
+    "OM404": CodeInfo(
+        "dynamic dims chosen automatically", 0,
+        "dynamic_shapes='auto' (--dynamic auto): which input dims stayed dynamic and which the "
+        "model fixed.",
+    ),
+    "OM405": CodeInfo(
+        "example size 0 or 1 makes a dim static", 0,
+        "torch.export specialises dims whose example size is 0 or 1; they cannot become "
+        "dynamic from that example.",
+    ),
     # OM5xx: ONNX checks and ONNX Runtime
     "OM501": CodeInfo("ONNX checker failed", 1, "onnx.checker rejected the model."),
     "OM502": CodeInfo(

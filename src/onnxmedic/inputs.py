@@ -436,10 +436,22 @@ def derived_input_sets(inputs: Inputs, count: int, seed: int = DEFAULT_SEED) -> 
 _DYN_RE = re.compile(r"^([A-Za-z_][\w.]*):((?:\d+=[A-Za-z_]\w*)(?:,\d+=[A-Za-z_]\w*)*)$")
 
 
-def parse_dynamic_specs(specs: list[str] | tuple[str, ...]) -> dict[str, dict[int, str]]:
-    """['x:0=batch,2=h', 'mask:0=batch'] -> {'x': {0: 'batch', 2: 'h'}, 'mask': {0: 'batch'}}."""
+AUTO = "auto"
+
+
+def parse_dynamic_specs(specs: list[str] | tuple[str, ...]) -> dict[str, dict[int, str]] | str:
+    """['x:0=batch,2=h', 'mask:0=batch'] -> {'x': {0: 'batch', 2: 'h'}, 'mask': {0: 'batch'}}.
+
+    Also ``auto`` (every dim of every input dynamic where the model allows it) and the old
+    torch.onnx ``dynamic_axes`` dict, e.g. ``{'x': [0, 1]}`` or ``{'x': {0: 'batch'}}``."""
+    if [s.strip() for s in specs] == [AUTO]:
+        return AUTO
     out: dict[str, dict[int, str]] = {}
     for spec in specs:
+        if spec.strip().startswith("{"):
+            for name, dims in dynamic_axes_to_specs(_literal(spec)).items():
+                out.setdefault(name, {}).update(dims)
+            continue
         m = _DYN_RE.match(spec.strip())
         if not m:
             raise _err("OM004", f"cannot read dynamic-shape spec {spec!r}.",
@@ -452,11 +464,76 @@ def parse_dynamic_specs(specs: list[str] | tuple[str, ...]) -> dict[str, dict[in
     return out
 
 
-def complete_dynamic_shapes(model: Any, dyn: dict[str, dict[int, str]], args: tuple[Any, ...],
-                            kwargs: dict[str, Any]) -> dict[str, Any] | None:
+def _literal(spec: str) -> Any:
+    import ast
+
+    try:
+        return ast.literal_eval(spec.strip())  # literals only: nothing is evaluated
+    except (ValueError, SyntaxError, MemoryError, RecursionError) as e:
+        raise _err("OM004", f"cannot read dynamic_axes dict {spec!r} ({type(e).__name__}).",
+                   "Write it like torch.onnx's dynamic_axes: {'x': [0, 1]} or "
+                   "{'x': {0: 'batch'}}.") from e
+
+
+def dynamic_axes_to_specs(axes: Any) -> dict[str, dict[int, str]]:
+    """torch.onnx's old ``dynamic_axes`` ({'x': [0, 1]} or {'x': {0: 'batch'}}) as
+    {'x': {0: 'x_dim0', 1: 'x_dim1'}} / {'x': {0: 'batch'}}."""
+    ok = isinstance(axes, dict) and all(
+        isinstance(k, str) and (
+            (isinstance(v, (list, tuple)) and all(isinstance(d, int) and not isinstance(d, bool)
+                                                  and d >= 0 for d in v))
+            or (isinstance(v, dict) and all(isinstance(d, int) and not isinstance(d, bool)
+                                            and d >= 0 and isinstance(n, str)
+                                            and re.fullmatch(r"[A-Za-z_]\w*", n)
+                                            for d, n in v.items())))
+        for k, v in axes.items())
+    if not ok:
+        raise _err("OM004", f"cannot read dynamic_axes {axes!r}.",
+                   "Map input names to a list of dims or to {dim: name}: {'x': [0, 1]}.")
+    return {k: (dict(v) if isinstance(v, dict) else {d: f"{k}_dim{d}" for d in v})
+            for k, v in axes.items()}
+
+
+def is_dynamic_axes(dyn: Any) -> bool:
+    """True for torch.onnx's old dynamic_axes form (lists of ints), which torch.export's
+    dynamic_shapes would misread as per-dim specs."""
+    return isinstance(dyn, dict) and bool(dyn) and all(
+        isinstance(v, (list, tuple)) and v and all(isinstance(d, int) and not isinstance(d, bool)
+                                                   for d in v) for v in dyn.values())
+
+
+def auto_dynamic_shapes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """``dynamic_shapes='auto'``: every dim of every tensor input is torch.export.Dim.AUTO,
+    i.e. dynamic unless the model specialises it (torch.export then keeps it static without
+    failing); what stayed dynamic is read back from the ONNX model and reported."""
+    fn = model.forward if isinstance(model, torch.nn.Module) else None
+    if fn is None:
+        raise _err("OM004", "dynamic_shapes='auto' needs an nn.Module (an ExportedProgram's "
+                   "shapes are fixed at capture).")
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    values = dict(zip([p.name for p in params[:len(args)]], args)) | dict(kwargs)
+    auto = torch.export.Dim.AUTO
+
+    def spec(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return {d: auto for d in range(v.dim())} if v.dim() else None
+        if isinstance(v, (list, tuple)):
+            return type(v)(spec(x) for x in v)
+        if isinstance(v, dict):
+            return {k: spec(x) for k, x in v.items()}
+        return None
+
+    return {n: spec(v) for n, v in values.items()}
+
+
+def complete_dynamic_shapes(model: Any, dyn: dict[str, dict[int, str]] | str,
+                            args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """A torch.export dynamic_shapes dict naming every forward() argument given."""
     if not dyn:
         return None
+    if dyn == AUTO:
+        return auto_dynamic_shapes(model, args, kwargs)
     fn = model.forward if isinstance(model, torch.nn.Module) else None
     if fn is None:
         raise _err("OM004", "--dynamic needs an nn.Module (an ExportedProgram's shapes are fixed "

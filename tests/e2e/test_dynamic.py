@@ -58,3 +58,62 @@ def test_variant_pytorch_rejects_is_skipped_not_failed():
     assert r.ok, [f.one_paragraph() for f in r.findings]
     assert any(f.code == "OM403" and "n=1" in f.message for f in r.findings)
     assert "n=6" in {c.input_set for c in r.verification}
+
+
+class _LinearSum(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 3)
+
+    def forward(self, x, y):
+        return self.lin(x).sum(-1) + y
+
+
+def _input_dims(r):
+    return [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+            for i in r.onnx_model.graph.input]
+
+
+def test_dynamic_auto_keeps_what_the_model_allows_and_says_so():
+    """auto: x[1] (and y[0], tied to it) dynamic; x[2] fixed by the Linear; x[0] is 1 in the
+    example, which torch.export always makes static (OM405). Verified at the other sizes."""
+    r = onnxmedic.export(_LinearSum(), (torch.randn(1, 5, 4), torch.randn(5)),
+                         dynamic_shapes="auto")
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    (f404,) = [f for f in r.findings if f.code == "OM404"]
+    assert f404.details["dynamic"] == ["x[1]", "y[0]"]
+    assert f404.details["static"] == ["x[2]=4"]
+    assert f404.details["size_0_or_1"] == ["x[0]=1"]
+    assert any(f.code == "OM405" for f in r.findings)
+    x_dims, y_dims = _input_dims(r)
+    assert x_dims[0] == 1 and isinstance(x_dims[1], str) and x_dims[2] == 4  # no "4" names
+    assert y_dims[0] == x_dims[1]
+    assert len({c.input_set for c in r.verification}) > 3  # shape variants were run
+
+
+def test_dynamic_axes_dict_form(tmp_path):
+    r = onnxmedic.export(_LinearSum(), (torch.randn(2, 5, 4), torch.randn(5)),
+                         dynamic_shapes={"x": [0, 1], "y": [0]})
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    x_dims, y_dims = _input_dims(r)
+    assert x_dims[:2] == ["x_dim0", "x_dim1"] and x_dims[2] == 4 and y_dims == ["x_dim1"]
+
+
+def test_cli_dynamic_auto_and_dynamic_axes(tmp_path):
+    import json
+
+    from tests.test_cli import MODELS, cli
+    p = cli("export", f"{MODELS}:PoolView", "--input", "2x3x8x8:float32", "--dynamic", "auto",
+            "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    (f404,) = [f for f in d["findings"] if f["code"] == "OM404"]
+    assert "x[0]" in f404["details"]["dynamic"]
+    p = cli("export", f"{MODELS}:PoolView", "--input", "2x3x8x8:float32", "--dynamic",
+            "{'x': {0: 'batch'}}", "--json")
+    assert p.returncode == 0, p.stderr
+    assert any(c["input_set"] == "batch=4" for c in json.loads(p.stdout)["verification"])
+    p = cli("export", f"{MODELS}:PoolView", "--input", "2x3x8x8:float32", "--dynamic",
+            "{'x': __import__('os')}")
+    assert p.returncode == 2 and "OM004" in p.stderr

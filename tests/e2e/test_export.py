@@ -322,3 +322,16 @@ def test_cuda_target_without_cuda_says_it_verified_on_cpu():
     assert f.severity.value == "warning"
     r = onnxmedic.export(models.CustomNorm(), (torch.randn(4, 8),))
     assert "OM535" not in _codes(r)
+
+
+def test_opset_conversion_is_verified_and_failure_is_not_silent():
+    """torch.onnx keeps opset 18 with only a log warning when its version converter fails;
+    onnxmedic says so (OM321) instead of returning a model of another opset."""
+    x = (torch.randn(1, 3, 8, 8),)
+    r = onnxmedic.export(models.ConvLog1p(), x, opset=21)
+    assert r.ok and r.opset == 21 and "OM320" in [f.code for f in r.findings]
+    assert r.onnx_model.opset_import[0].version == 21 or any(
+        o.version == 21 for o in r.onnx_model.opset_import if o.domain == "")
+    bad = onnxmedic.export(models.ConvLog1p(), x, opset=40)
+    assert not bad.ok and [f.code for f in bad.errors] == ["OM321"]
+    assert bad.stages["translate"] == "failed" and bad.stages["runtime"] == "not run"
