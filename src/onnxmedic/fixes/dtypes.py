@@ -280,6 +280,12 @@ def _boundary(graph: ir.Graph, taken: set[str]) -> int:
         for o in node.outputs:
             if o.dtype in _LOW_IR:
                 o.dtype = ir.DataType.FLOAT
+    for node in list(graph):  # casts to the low float are now float->float: drop them
+        if node.op_type == "Cast" and node.inputs[0] is not None and \
+                node.inputs[0].dtype == node.outputs[0].dtype == ir.DataType.FLOAT and \
+                not node.outputs[0].is_graph_output():
+            node.outputs[0].replace_all_uses_with(node.inputs[0])
+            graph.remove(node, safe=True)
     for i, inp in enumerate(list(graph.inputs)):
         if inp.dtype in _LOW_IR:
             uses = list(inp.uses())
