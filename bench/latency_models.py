@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _oplatency import _median_time  # noqa: E402
 
 import onnxmedic  # noqa: E402
-from _oplatency import _median_time  # noqa: E402
 
 
 class MLP(torch.nn.Module):
