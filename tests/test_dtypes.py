@@ -149,3 +149,42 @@ def test_cli_dtype_policy(tmp_path):
 def test_bad_policy_is_a_caller_error():
     with pytest.raises(ValueError, match="dtype_policy"):
         onnxmedic.export(MLP(), (torch.randn(1, 8),), dtype_policy="fast")
+
+
+# ----------------------------------------------------------------------- --ort-version
+
+@pytest.mark.parametrize("version,opset,ir_version", [("1.14", 18, 8), ("1.17", 20, 9),
+                                                      ("1.20", 20, 10)])
+def test_export_fitted_to_an_older_onnxruntime(tmp_path, version, opset, ir_version):
+    """torch.onnx writes opset 20 / IR 10, which ONNX Runtime < 1.18 cannot load."""
+    from tests import models
+    out = tmp_path / "m.onnx"
+    r = onnxmedic.export(models.ConvLog1p(), (torch.randn(1, 3, 8, 8),), out,
+                         ort_version=version)
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    m = onnx.load(out)
+    assert m.ir_version == ir_version
+    assert next(o.version for o in m.opset_import if o.domain == "") == opset
+    assert ("OM323" in [f.code for f in r.findings]) == (version != "1.20")
+    assert api.doctor(out, ort_version=version).ok
+
+
+def test_ort_version_conflicts_and_doctor():
+    from tests import models
+    x = (torch.randn(1, 3, 8, 8),)
+    r = onnxmedic.export(models.ConvLog1p(), x, ort_version="1.14", opset=20)
+    assert [f.code for f in r.errors] == ["OM322"] and r.stages["capture"] == "not run"
+    with pytest.raises(ValueError, match="ort_version"):
+        onnxmedic.export(models.ConvLog1p(), x, ort_version="latest")
+
+
+def test_doctor_ort_version_names_opset_and_ir(tmp_path):
+    from tests import models
+    out = tmp_path / "m.onnx"
+    assert onnxmedic.export(models.ConvLog1p(), (torch.randn(1, 3, 8, 8),), out).ok
+    r = api.doctor(out, ort_version="1.15")
+    msgs = [f.message for f in r.errors if f.code == "OM322"]
+    assert len(msgs) == 2 and "opset 20" in msgs[0] and "IR version 10" in msgs[1]
+    p = cli("doctor", str(out), "--ort-version", "1.15")
+    assert p.returncode == 1 and "OM322" in p.stderr
+    assert cli("doctor", str(out), "--ort-version", "one").returncode == 2

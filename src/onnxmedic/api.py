@@ -416,6 +416,7 @@ def export(
     model_spec: str | None = None,
     input_specs: list[str] | None = None,
     dtype_policy: str = "upcast",
+    ort_version: str | None = None,
 ) -> ExportResult:
     """Export ``model`` to ONNX, verify it in an isolated ONNX Runtime, and report.
 
@@ -432,6 +433,7 @@ def export(
     if dtype_policy not in ("keep", "upcast", "boundary"):
         raise ValueError("onnxmedic.export: dtype_policy must be 'keep', 'upcast' or "
                          f"'boundary', not {dtype_policy!r}")
+    ort = _ort_version(ort_version, "export")
     result = ExportResult(command="export", model=model_spec or type(model).__name__,
                           inputs=list(input_specs or []))
     if _report_problem(result, report):
@@ -449,7 +451,8 @@ def export(
                 _export(result, model, args, kwargs, f, dynamic_shapes=dynamic_shapes,
                         target=target, opset=opset, verify=verify,
                         keep_unverified=keep_unverified, timeout=timeout, tolerance=tolerance,
-                        worker=worker, explain=explain, dtype_policy=dtype_policy)
+                        worker=worker, explain=explain, dtype_policy=dtype_policy,
+                        ort_version=ort)
     finally:
         if was_training:
             model.train(True)
@@ -464,13 +467,30 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             f: Any, *, dynamic_shapes: Any, target: str, opset: int | None, verify: bool,
             keep_unverified: bool, timeout: float, tolerance: tuple[float, float] | None,
             worker: sandbox.Worker | None, explain: bool = False,
-            dtype_policy: str = "upcast") -> None:
+            dtype_policy: str = "upcast", ort_version: tuple[int, int] | None = None) -> None:
+    from onnxmedic.fixes import opset as opset_fix
+
     from onnxmedic import translate as translate_mod
 
     bad_out = _check_output_path(f)
     if bad_out is not None:
         _fail(result, "write", bad_out)
         return
+    if ort_version is not None:
+        lim = opset_fix.limits(ort_version)
+        if lim is None:
+            _fail(result, "translate", error(
+                "OM322", "translate", f"ONNX Runtime {'.'.join(map(str, ort_version))} is "
+                "older than 1.0; onnxmedic cannot target it."))
+            return
+        if opset is not None and opset > lim[0]:
+            _fail(result, "translate", error(
+                "OM322", "translate", f"opset {opset} was asked for, but ONNX Runtime "
+                f"{'.'.join(map(str, ort_version))} loads opsets up to {lim[0]}.",
+                suggestion=f"Use --opset {lim[0]} or lower, or a newer ONNX Runtime."))
+            return
+        if opset is None and opset_fix.export_opset(ort_version) != opset_fix.default_opset():
+            opset = opset_fix.export_opset(ort_version)
     example = inputs_mod.Inputs(args, kwargs)
     example_expected = _preflight(result, model, args, kwargs)
     if example_expected is None:
@@ -530,6 +550,8 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
 
     if static_dim_params(prog.model):
         logger.debug("numeric dim_params made static")
+    if ort_version is not None:
+        _fit_ir_version(result, prog, ort_version, opset)
     result.onnx_model = prog.model_proto
     result.opset = next((o.version for o in result.onnx_model.opset_import if o.domain in
                          ("", "ai.onnx")), None)
@@ -613,6 +635,30 @@ def soft_kernel_finding(gaps: list[Any], stage: str) -> Finding:
                    suggestion="dtype_policy='boundary' (--dtype-policy boundary) computes the "
                    "graph in float32 with casts only at its inputs and outputs.",
                    details={"nodes": [g.node for g in gaps]})
+
+
+def _ort_version_lint(proto: Any, ort: tuple[int, int] | None) -> list[Finding]:
+    """doctor --ort-version: opset and IR version against that release's compatibility row."""
+    from onnxmedic.fixes.opset import limits
+
+    if ort is None:
+        return []
+    name = f"ONNX Runtime {ort[0]}.{ort[1]}"
+    lim = limits(ort)
+    if lim is None:
+        return [error("OM322", "lint", f"{name} is older than 1.0; onnxmedic has no data on it.")]
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    found = []
+    if opset is not None and opset > lim[0]:
+        found.append(error("OM322", "lint", f"the model uses opset {opset}; {name} loads opsets "
+                           f"up to {lim[0]}.", suggestion=f"Re-export with onnxmedic export "
+                           f"--ort-version {ort[0]}.{ort[1]} (or --opset {lim[0]})."))
+    if proto.ir_version > lim[1]:
+        found.append(error("OM322", "lint", f"the model has IR version {proto.ir_version}; "
+                           f"{name} loads IR versions up to {lim[1]}.",
+                           suggestion=f"Re-export with onnxmedic export --ort-version "
+                           f"{ort[0]}.{ort[1]}, which lowers it and verifies the result."))
+    return found
 
 
 def _kernel_lint(proto: Any, target: str) -> list[Finding]:
@@ -701,10 +747,45 @@ def _report_auto_dims(result: ExportResult, args: tuple[Any, ...], kwargs: dict[
             "dynamic."))
 
 
+def _ort_version(text: str | None, fn: str) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    from onnxmedic.fixes.opset import parse_version
+
+    v = parse_version(str(text))
+    if v is None:
+        raise ValueError(f"onnxmedic.{fn}: ort_version must look like '1.17' or '1.17.3', not "
+                         f"{text!r}")
+    return v
+
+
+def _fit_ir_version(result: ExportResult, prog: Any, ort: tuple[int, int],
+                    opset: int | None) -> None:
+    """Lower the IR version to what that ONNX Runtime loads (the checker then says whether the
+    model used anything newer); say what was fitted."""
+    from onnxmedic.fixes.opset import limits
+
+    max_opset, max_ir = limits(ort)  # type: ignore[misc]
+    changes = []
+    if prog.model.ir_version > max_ir:
+        changes.append(f"IR version {prog.model.ir_version} -> {max_ir}")
+        prog.model.ir_version = max_ir
+    from onnxmedic.fixes.opset import default_opset
+
+    if opset is not None and opset < default_opset():
+        changes.append(f"opset {default_opset()} -> {opset}")
+    if changes:
+        result.findings.append(info(
+            "OM323", "translate", f"fitted to ONNX Runtime {ort[0]}.{ort[1]} (opsets up to "
+            f"{max_opset}, IR up to {max_ir}): {', '.join(changes)}; verified below.",
+            details={"changes": changes}))
+
+
 def _opset_stage(result: ExportResult, wanted: int) -> bool:
     """torch.onnx converts its opset-18 translation to the requested opset with the version
     converter and, when that fails, only logs a warning and keeps 18: say so, and stop."""
-    native = 18  # torchlib's translations are written for opset 18
+    from onnxmedic.fixes.opset import NATIVE_OPSET as native
+
     if result.opset == wanted:
         if wanted != native:
             result.findings.append(info(
@@ -796,11 +877,15 @@ def doctor(
     timeout: float = sandbox.DEFAULT_TIMEOUT,
     smoke_test: bool = True,
     report: str | os.PathLike[str] | None = None,
+    ort_version: str | None = None,
 ) -> ExportResult:
     """Lint an ONNX file for a target runtime, without PyTorch: external data, opset against
-    the runtime, unused initializers, dynamic dims, shape information, and a load-and-run smoke
-    test with random inputs in the sandbox."""
+    the runtime, unused initializers, dynamic dims, shape information, ops and dtypes without
+    kernels, and a load-and-run smoke test with random inputs in the sandbox. ``ort_version``
+    also checks opset and IR version against that ONNX Runtime release."""
     from onnxmedic import lint as doc
+
+    ort = _ort_version(ort_version, "doctor")
 
     if target not in ("cpu", "cuda"):
         raise ValueError(f"onnxmedic.doctor: target must be 'cpu' or 'cuda', not {target!r}")
@@ -810,7 +895,7 @@ def doctor(
     if _report_problem(result, report):
         return result
     with _guard(result):
-        _doctor(result, doc, Path(onnx_path), target, timeout, smoke_test)
+        _doctor(result, doc, Path(onnx_path), target, timeout, smoke_test, ort)
     result.ok = not result.errors
     if report is not None:
         from onnxmedic.report import write_report
@@ -825,7 +910,7 @@ def _providers(target: str) -> list[str]:
 
 
 def _doctor(result: ExportResult, doc: Any, path: Path, target: str, timeout: float,
-            smoke_test: bool) -> None:
+            smoke_test: bool, ort: tuple[int, int] | None = None) -> None:
     with _stage(result, "load"):
         proto, bad = checks.load_onnx(path, stage="load")
     if bad is not None:
@@ -853,6 +938,7 @@ def _doctor(result: ExportResult, doc: Any, path: Path, target: str, timeout: fl
     with _stage(result, "lint"):
         lint = doc.lint(proto, ort_opset=sbx.max_opset if sbx is not None else None)
         lint.extend(_kernel_lint(proto, target))
+        lint.extend(_ort_version_lint(proto, ort))
     result.findings.extend(lint)
     result.stages["lint"] = FAILED if any(f.severity == Severity.ERROR for f in lint) \
         else PASSED

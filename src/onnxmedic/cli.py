@@ -24,6 +24,14 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _ort_arg(text: str) -> str:
+    from onnxmedic.fixes.opset import parse_version
+
+    if parse_version(text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ONNX Runtime version like 1.17")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="onnxmedic", description="Get a PyTorch model into ONNX Runtime: "
                 "exported, verified, or an exact account of what failed.", epilog=EPILOG)
@@ -54,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "torch.onnx's dynamic_axes dict, e.g. \"{'x': [0, 1]}\"; or auto (every "
                    "dim dynamic where the model allows it)")
     e.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    e.add_argument("--ort-version", metavar="X.Y", type=_ort_arg,
+                   help="the ONNX Runtime release the model must load in (opset and IR version "
+                   "are fitted to it and verified)")
     e.add_argument("--dtype-policy", choices=["upcast", "boundary", "keep"], default="upcast",
                    help="nodes with no kernel on the target for their dtype (bfloat16 Gemm on "
                    "CPU): compute them in float32 between casts (upcast, default), compute the "
@@ -77,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG)
     d.add_argument("onnx", metavar="OUT.onnx")
     d.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    d.add_argument("--ort-version", metavar="X.Y", type=_ort_arg,
+                   help="also check opset and IR version against this ONNX Runtime release")
     d.add_argument("--no-smoke-test", action="store_true", help="do not load and run the model")
     d.add_argument("--report", metavar="FILE", help="write a .json or .html report")
     d.add_argument("--timeout", type=float, default=120.0, metavar="S")
@@ -113,7 +126,8 @@ def _run(ns: argparse.Namespace) -> Any:
 
     if ns.command == "doctor":
         return api.doctor(ns.onnx, target=ns.target, timeout=ns.timeout,
-                          smoke_test=not ns.no_smoke_test, report=ns.report)
+                          smoke_test=not ns.no_smoke_test, report=ns.report,
+                          ort_version=ns.ort_version)
     if ns.command == "run":
         return _run_command(ns)
     result = api.ExportResult(command=ns.command, model=ns.model, inputs=list(ns.input))
@@ -126,7 +140,7 @@ def _run(ns: argparse.Namespace) -> Any:
                 model, specs, ex.args, ex.kwargs)
             options = {"dynamic_shapes": dyn, "target": ns.target, "opset": ns.opset,
                        "timeout": ns.timeout, "tolerance": _tolerance(ns),
-                       "dtype_policy": ns.dtype_policy}
+                       "dtype_policy": ns.dtype_policy, "ort_version": ns.ort_version}
             res = api.export(model, ex.args, ns.output, kwargs=ex.kwargs,
                              verify=not ns.no_verify, report=ns.report,
                              keep_unverified=ns.keep_unverified, explain=ns.explain,

@@ -158,6 +158,16 @@ CODES: dict[str, CodeInfo] = {
         "opset conversion failed", 1,
         "The ONNX version converter could not convert the model to the requested opset.",
     ),
+    "OM322": CodeInfo(
+        "model too new for the target ONNX Runtime", 1,
+        "The opset or IR version is higher than the ONNX Runtime release named by "
+        "--ort-version can load (ONNX Runtime's compatibility matrix).",
+    ),
+    "OM323": CodeInfo(
+        "fitted to the target ONNX Runtime", 0,
+        "The opset and/or IR version were lowered to what the --ort-version release loads; "
+        "the model was verified afterwards.",
+    ),
     # OM4xx: dynamic shapes
     "OM401": CodeInfo(
         "dynamic shape constraint violated", 1,
