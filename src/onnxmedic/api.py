@@ -468,9 +468,8 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             keep_unverified: bool, timeout: float, tolerance: tuple[float, float] | None,
             worker: sandbox.Worker | None, explain: bool = False,
             dtype_policy: str = "upcast", ort_version: tuple[int, int] | None = None) -> None:
-    from onnxmedic.fixes import opset as opset_fix
-
     from onnxmedic import translate as translate_mod
+    from onnxmedic.fixes import opset as opset_fix
 
     bad_out = _check_output_path(f)
     if bad_out is not None:
