@@ -119,6 +119,11 @@ CODES: dict[str, CodeInfo] = {
         "onnxmedic translation used", 0,
         "An operator was translated by onnxmedic's own registry (not torchlib).",
     ),
+    "OM205": CodeInfo(
+        "custom op inlined", 0,
+        "A torch.library custom op without an ONNX translation was replaced by its Python "
+        "implementation, traced into PyTorch ops that have translations.",
+    ),
     "OM210": CodeInfo(
         "translation registry entry rejected", 1,
         "A translation registration was invalid or its module failed to import; the other "

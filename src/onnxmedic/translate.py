@@ -153,10 +153,17 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
         result.findings.append(warning(
             "OM210", STAGE, f"onnxmedic's translations in {mod} failed to load ({err}); the "
             "other translations are used."))
+    program, not_inlined = _inline_custom_ops(program, table, result)
     try:
         prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
     except Exception as e:
-        result.findings.extend(_diagnose(program, registry, opset, e))
+        found = _diagnose(program, registry, opset, e)
+        for f in found:  # say why a custom op was not inlined
+            reason = not_inlined.get((f.op or "").rsplit(".", 1)[0].replace(".", "::", 1))
+            if f.code == "OM201" and reason:
+                f.message += (f" Its Python implementation could not be inlined ({reason}), so "
+                              "it needs a translation.")
+        result.findings.extend(found)
         return result
     result.onnx_program = prog
     used = set()
@@ -169,6 +176,25 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
         result.findings.append(info("OM204", STAGE, f"{name} translated by onnxmedic.",
                                     op=name))
     return result
+
+
+def _inline_custom_ops(program: torch.export.ExportedProgram, table: Any,
+                      result: TranslateResult) -> tuple[torch.export.ExportedProgram, dict[str, str]]:
+    """Custom ops without a translation are replaced by their PyTorch implementation."""
+    from onnxmedic.fixes.custom_ops import inline_custom_ops
+
+    try:
+        inl = inline_custom_ops(program, table)
+    except Exception as e:  # never let the fix break translation
+        logger.debug("custom-op inlining failed: %s", e)
+        return program, {}
+    for name in inl.inlined:
+        result.findings.append(info(
+            "OM205", STAGE, f"custom op {name} has no ONNX translation; its Python implementation "
+            "was inlined (traced into PyTorch ops), and those were translated.", op=name,
+            suggestion=f"To keep it one node, register a translation: "
+            f"@onnxmedic.translation('{name}')."))
+    return inl.program, inl.failed
 
 
 _NO_FUNCTION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', "

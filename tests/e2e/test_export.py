@@ -112,9 +112,10 @@ def test_data_dependent_control_flow_points_at_the_line():
 
 def test_unsupported_ops_are_all_reported_with_location(registry_snapshot):
 
+    # implementations that leave PyTorch (numpy): they cannot be inlined, only translated
     @torch.library.custom_op("omtest::twice", mutates_args=())
     def twice(x: torch.Tensor) -> torch.Tensor:
-        return x * 2
+        return torch.from_numpy(x.numpy() * 2)
 
     @twice.register_fake
     def _(x):
@@ -122,7 +123,7 @@ def test_unsupported_ops_are_all_reported_with_location(registry_snapshot):
 
     @torch.library.custom_op("omtest::thrice", mutates_args=())
     def thrice(x: torch.Tensor) -> torch.Tensor:
-        return x * 3
+        return torch.from_numpy(x.numpy() * 3)
 
     @thrice.register_fake
     def _(x):
@@ -142,6 +143,7 @@ def test_unsupported_ops_are_all_reported_with_location(registry_snapshot):
     assert "float32[2, 3]" in errs["omtest.twice.default"].message
     assert errs["omtest.thrice.default"].location.file.endswith("test_export.py")
     assert "@onnxmedic.translation('omtest::thrice')" in errs["omtest.thrice.default"].suggestion
+    assert "could not be inlined" in errs["omtest.thrice.default"].message
 
     # a user translation makes it export
     from onnxscript import opset18 as op
@@ -335,3 +337,48 @@ def test_opset_conversion_is_verified_and_failure_is_not_silent():
     bad = onnxmedic.export(models.ConvLog1p(), x, opset=40)
     assert not bad.ok and [f.code for f in bad.errors] == ["OM321"]
     assert bad.stages["translate"] == "failed" and bad.stages["runtime"] == "not run"
+
+
+def test_custom_op_made_of_torch_ops_is_inlined(registry_snapshot):
+    """A torch.library custom op has no ONNX translation, so plain torch.onnx fails on it; its
+    implementation is PyTorch ops, so onnxmedic inlines it (OM205) and the export verifies.
+    An untraceable one next to it is still reported, with the reason."""
+
+    @torch.library.custom_op("omtest::softclip", mutates_args=())
+    def softclip(x: torch.Tensor, limit: float) -> torch.Tensor:
+        return limit * torch.tanh(x / limit)
+
+    @softclip.register_fake
+    def _(x, limit):
+        return torch.empty_like(x)
+
+    @torch.library.custom_op("omtest::opaque", mutates_args=())
+    def opaque(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(x.numpy().copy())
+
+    @opaque.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    class Soft(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.omtest.softclip(x * 3, 2.0) + 1
+
+    x = (torch.randn(4, 5),)
+    with pytest.raises(Exception):
+        torch.onnx.export(Soft(), x, dynamo=True, verbose=False)
+    r = onnxmedic.export(Soft(), x)
+    _assert_verified(r)
+    (f,) = [f for f in r.findings if f.code == "OM205"]
+    assert f.op == "omtest::softclip"
+
+    class Both(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.omtest.opaque(torch.ops.omtest.softclip(x, 2.0))
+
+    r = onnxmedic.export(Both(), x)
+    assert not r.ok
+    assert [f.op for f in r.findings if f.code == "OM205"] == ["omtest::softclip"]
+    (err,) = r.errors
+    assert err.code == "OM201" and err.op == "omtest.opaque.default"
+    assert "could not be inlined" in err.message
