@@ -283,11 +283,18 @@ def _lu(A, n: int):
     Row swaps are real (GatherElements with a swap index), so LU and pivots match PyTorch.
     A zero pivot skips the scaling of the column, as getrf does.
     """
+    LU, pivots, info, d, _ = _lu_with_order(A, n)
+    return LU, pivots, info, d
+
+
+def _lu_with_order(A, n: int):
+    """_lu plus ``order`` [..., n] int64: row i of L U is row order[i] of A (P[order[i], i] = 1)."""
     rng = _i64_const(np.arange(n))
     zero = const(0.0, A)
     one = const(1.0, A)
     neg1 = const(-1.0, A)
     full_shape = op.Shape(A)
+    order = None
     pivs = []
     diag = []
     for k in range(n):
@@ -298,6 +305,7 @@ def _lu(A, n: int):
         kk = op.Constant(value_int=k)
         idx = op.Where(op.Equal(rng, kk), p, op.Where(op.Equal(rng, p), kk, rng))  # [..., n]
         A = op.GatherElements(A, op.Expand(op.Unsqueeze(idx, ints([-1])), full_shape), axis=-2)
+        order = idx if order is None else op.GatherElements(order, idx, axis=-1)
         if k == n - 1:
             diag.append(op.Gather(op.Gather(A, _k(k), axis=-1), _k(k), axis=-1))
             break
@@ -316,7 +324,7 @@ def _lu(A, n: int):
     pivots = _int32(op.Add(op.Concat(*pivs, axis=-1), op.Constant(value_int=1)))
     d = op.Concat(*[op.Unsqueeze(x, ints([-1])) for x in diag], axis=-1)  # [..., n]
     info = _first_true_1based(op.Equal(d, zero), n)
-    return A, pivots, info, d
+    return A, pivots, info, d, order
 
 
 def _perm_sign(pivots1, n: int, like):
@@ -354,6 +362,28 @@ def aten_linalg_slogdet_default(A):
 def aten__linalg_slogdet_default(A):
     """_linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet, Tensor LU, Tensor pivots)"""
     return _slogdet(A, "_linalg_slogdet")
+
+
+@translation(aten.linalg_lu.default, static_shapes=True)
+def aten_linalg_lu_default(A, pivot: bool = True):
+    """linalg_lu(Tensor A, *, bool pivot=True) -> (Tensor P, Tensor L, Tensor U)
+
+    Square matrices of a size static at export (getrf's partial pivoting, unrolled)."""
+    if not pivot:
+        raise ValueError("linalg_lu: pivot=False is not supported (LU without pivoting is only "
+                         "implemented by PyTorch on CUDA)")
+    m, n = _matrix_size(A, "linalg_lu")
+    if m != n:
+        raise ValueError(f"linalg_lu: only square matrices are supported (got {m} x {n})")
+    if n == 0 or _empty_batch(A):
+        return A, A, A
+    LU, _, _, _, order = _lu_with_order(A, n)
+    lower = _np_const(np.tril(np.ones((n, n)), -1), A)
+    L = op.Add(op.Mul(LU, lower), _np_const(np.eye(n), A))
+    U = op.Mul(LU, _np_const(np.triu(np.ones((n, n))), A))
+    rng = _i64_const(np.arange(n))
+    Pt = op.CastLike(op.Equal(op.Unsqueeze(order, ints([-1])), rng), A)  # Pt[i, order[i]] = 1
+    return _mT(Pt, len(list(A.shape))), L, U
 
 
 def _lu_factor(A, opname: str, pivot: bool):
