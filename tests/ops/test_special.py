@@ -113,8 +113,9 @@ T64 = (1e-9, 1e-12)
 TOL = {"float32": T32, "float64": T64}
 
 ENTRIES = [
-    # erfinv: Giles' single-precision polynomials only, so float64 is not at double accuracy
-    OpEntry("erfinv", edge=_erfinv_edges, tolerance={"float32": (1e-5, 1e-6)}, max_samples=N),
+    # erfinv float64: Giles' start refined by two Newton steps on a double erf/erfc
+    OpEntry("erfinv", edge=_erfinv_edges, dtypes=BOTH,
+            tolerance={"float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}, max_samples=N),
     OpEntry("lgamma", max_samples=N, dtypes=BOTH, tolerance=TOL,
             edge=lambda dt: _real(dt) + _small(dt)),
     OpEntry("digamma", max_samples=N, dtypes=BOTH, tolerance=TOL, edge=_real),

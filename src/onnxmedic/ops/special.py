@@ -54,16 +54,37 @@ def _erfinv(x):
     return op.Where(op.Greater(ax, one), nan, y)
 
 
+def _erfinv_any(x):
+    """float64: Giles' single-precision start, then two Newton steps on Cephes' double erf/erfc
+    (ONNX Runtime has no double Erf kernel); the residual uses 1 - |y| - erfc(|x|), which is
+    exact near +-1 where erf(x) - y would cancel. Other float types: Giles alone."""
+    if x.dtype != _DOUBLE:
+        return _erfinv(x)
+    y = x
+    x0 = _erfinv(y)
+    ay = op.Abs(y)
+    sgn = op.Where(op.Less(y, _d(0.0)), _d(-1.0), _d(1.0))
+    for _ in range(2):
+        ax0 = op.Abs(x0)
+        tail = op.Mul(sgn, op.Sub(op.Sub(_d(1.0), ay), _erfc(ax0)))
+        r = op.Where(op.Greater(ay, _d(0.5)), tail, op.Sub(_erf(x0), y))
+        deriv = op.Mul(_d(2.0 * _INV_SQRT_PI), op.Exp(op.Neg(op.Mul(x0, x0))))
+        step = op.Div(r, deriv)
+        finite = op.And(op.Less(ay, _d(1.0)), op.Not(op.IsNaN(step)))
+        x0 = op.Where(finite, op.Sub(x0, step), x0)
+    return _from_d(x0, _DOUBLE, x)
+
+
 @translation(aten.erfinv.default)
 def aten_erfinv(self):
     """erfinv(Tensor self) -> Tensor"""
-    return _erfinv(self)
+    return _erfinv_any(self)
 
 
 @translation(aten.special_erfinv.default)
 def aten_special_erfinv(self):
     """special_erfinv(Tensor self) -> Tensor"""
-    return _erfinv(self)
+    return _erfinv_any(self)
 
 
 # ---------------------------------------------------------------------------------------------
