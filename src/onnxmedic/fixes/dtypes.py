@@ -15,11 +15,19 @@ a copy of its documentation) and the ONNX schemas, and repairs them with casts:
 
 float16 nodes without a CPU kernel are a soft gap: ONNX Runtime inserts float32 casts around them
 itself (InsertCastTransformer), so they load and run; ``boundary`` still removes them.
+
+A CPU-only onnxruntime registers no CUDA kernels; for ``--target cuda`` the table then comes from
+``data/cuda_kernels.json``, parsed by tools/gen_cuda_kernels.py from the CUDAExecutionProvider
+section of ONNX Runtime's generated docs/OperatorKernels.md (the commit is in the file's
+``source``). That is a copy of a documentation page, so it can lag the onnxruntime-gpu release the
+model will run on.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.resources
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,18 +71,25 @@ class FixReport:
     casts_added: int = 0
 
 
+KernelTable = dict[tuple[str, str], list[tuple[int, int, dict[str, set[str]]]]]
+# kernel tables shipped with onnxmedic for providers a CPU-only onnxruntime does not register
+_SHIPPED_TABLES = {"CUDAExecutionProvider": "cuda_kernels.json"}
+
+
 @functools.lru_cache(maxsize=4)
-def kernel_table(provider: str) -> dict[tuple[str, str], list[tuple[int, int, dict[str, set[str]]]]] | None:
+def kernel_table(provider: str) -> KernelTable | None:
     """(domain, op) -> [(since lo, since hi, {type var: allowed types})] registered by the
-    installed onnxruntime for ``provider``; None when that provider is not in this build."""
+    installed onnxruntime for ``provider``. When this build registers none for it (CUDA on a
+    CPU-only onnxruntime), the table shipped in ``data/`` for that provider (see the module
+    docstring); None when there is neither."""
     try:
         from onnxruntime.capi import _pybind_state as C
 
         defs = C.get_all_opkernel_def()
-    except Exception as e:  # an onnxruntime without the query: no table, no static check
+    except Exception as e:  # an onnxruntime without the query: no table of its own
         logger.debug("no kernel registrations: %s", e)
-        return None
-    table: dict[tuple[str, str], list[tuple[int, int, dict[str, set[str]]]]] = {}
+        defs = []
+    table: KernelTable = {}
     for k in defs:
         if k.provider != provider:
             continue
@@ -82,6 +97,26 @@ def kernel_table(provider: str) -> dict[tuple[str, str], list[tuple[int, int, di
         lo, hi = k.version_range
         table.setdefault((dom, k.op_name), []).append(
             (lo, hi, {c: set(v) for c, v in k.type_constraints.items()}))
+    return table or shipped_kernel_table(provider)
+
+
+@functools.lru_cache(maxsize=2)
+def shipped_kernel_table(provider: str) -> KernelTable | None:
+    """The kernel table onnxmedic ships for ``provider`` (same form as :func:`kernel_table`),
+    or None when it ships none."""
+    name = _SHIPPED_TABLES.get(provider)
+    if name is None:
+        return None
+    res = importlib.resources.files("onnxmedic.fixes") / "data" / name
+    doc = json.loads(res.read_text(encoding="utf-8"))
+    if doc.get("provider") != provider:
+        raise ValueError(f"{name} is a table for {doc.get('provider')}, not {provider}")
+    table: KernelTable = {}
+    for k in doc["kernels"]:
+        lo, hi = k["since"]
+        table.setdefault((k["domain"], k["op"]), []).append(
+            (lo, hi, {c: set(v) for c, v in k["types"].items()}))
+    logger.debug("kernel table for %s from %s (%s)", provider, name, doc.get("source"))
     return table or None
 
 
