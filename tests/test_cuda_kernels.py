@@ -172,7 +172,7 @@ def test_bf16_ceil_is_a_cuda_gap():
 def test_uint8_matmul_integer_is_a_cuda_gap_not_a_cpu_one():
     # CUDA MatMulInteger 10+: T1 = T2 = int8 only
     (g,) = fx.kernel_gaps(_matmul_integer(TensorProto.UINT8), target="cuda")
-    assert g.op == "MatMulInteger" and g.kind == "no-kernel"
+    assert g.op == "MatMulInteger" and g.kind == "cpu-fallback"  # the CPU has one
     assert g.types["T1"] == "tensor(uint8)"
     assert fx.kernel_gaps(_matmul_integer(TensorProto.INT8), target="cuda") == []
     assert fx.kernel_gaps(_matmul_integer(TensorProto.UINT8), target="cpu") == []
@@ -184,3 +184,18 @@ def test_bf16_gemm_runs_on_cuda_but_not_on_cpu():
     assert fx.kernel_gaps(m, target="cuda") == []
     (g,) = fx.kernel_gaps(m, target="cpu")
     assert g.op == "Gemm" and g.kind == "no-kernel"
+
+
+def test_cuda_gap_with_a_cpu_kernel_is_a_cpu_fallback_warning(tmp_path):
+    """uint8 MatMulInteger: no CUDA kernel, but a CPU one -> ONNX Runtime runs it on the CPU.
+    On a GPU target that is a warning (OM304), never a failed export or doctor."""
+    from onnxmedic import api
+
+    m = _matmul_integer(TensorProto.UINT8)
+    (g,) = fx.kernel_gaps(m, target="cuda")
+    assert g.kind == "cpu-fallback"
+    onnx.save(m, tmp_path / "mmi.onnx")
+    r = api.doctor(tmp_path / "mmi.onnx", target="cuda", smoke_test=False)
+    (w,) = [f for f in r.findings if f.code == "OM304"]
+    assert w.severity.value == "warning" and "MatMulInteger" in w.message
+    assert not [f for f in r.errors if f.code in ("OM301", "OM311")]

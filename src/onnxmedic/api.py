@@ -626,6 +626,16 @@ def kernel_gap_finding(g: Any, target: str, node: Any, stage: str) -> Finding:
                    details={"node": g.node, "types": g.types, "kind": g.kind})
 
 
+def cpu_fallback_finding(gaps: list[Any], target: str, stage: str) -> Finding:
+    """One OM304 warning for nodes the target provider has no kernel for (they run on CPU)."""
+    names = ", ".join(g.describe() for g in gaps[:8]) + (" ..." if len(gaps) > 8 else "")
+    return warning("OM304", stage, f"{len(gaps)} node(s) have no {target} kernel as typed; ONNX "
+                   f"Runtime runs them on the CPU, with copies to and from the device: {names}.",
+                   suggestion="Cast them to a dtype the target has kernels for (see ONNX "
+                   "Runtime's OperatorKernels.md), or accept the CPU fallback.",
+                   details={"nodes": [g.node for g in gaps]})
+
+
 def soft_kernel_finding(gaps: list[Any], stage: str) -> Finding:
     """One OM302 warning for all float16 nodes ONNX Runtime will wrap in casts on the CPU."""
     names = ", ".join(g.describe() for g in gaps[:8]) + (" ..." if len(gaps) > 8 else "")
@@ -667,9 +677,11 @@ def _kernel_lint(proto: Any, target: str) -> list[Finding]:
     gaps = fx.kernel_gaps(proto, target) or []
     nodes = {n.name: n for n in proto.graph.node}
     found = [kernel_gap_finding(g, target, nodes.get(g.node), "lint")
-             for g in gaps if g.kind != "soft"]
+             for g in gaps if g.kind not in ("soft", "cpu-fallback")]
     soft = [g for g in gaps if g.kind == "soft"]
-    return found + ([soft_kernel_finding(soft, "lint")] if soft else [])
+    moved = [g for g in gaps if g.kind == "cpu-fallback"]
+    return (found + ([soft_kernel_finding(soft, "lint")] if soft else [])
+            + ([cpu_fallback_finding(moved, target, "lint")] if moved else []))
 
 
 def _fix_dtypes(result: ExportResult, prog: Any, folder: Path, name: str, target: str,
@@ -695,8 +707,11 @@ def _fix_dtypes(result: ExportResult, prog: Any, folder: Path, name: str, target
     soft = [g for g, _ in report.not_fixed if g.kind == "soft"]
     if soft:
         result.findings.append(soft_kernel_finding(soft, "fix"))
+    moved = [g for g, _ in report.not_fixed if g.kind == "cpu-fallback"]
+    if moved:
+        result.findings.append(cpu_fallback_finding(moved, target, "fix"))
     for g, reason in report.not_fixed:
-        if g.kind == "soft":
+        if g.kind in ("soft", "cpu-fallback"):
             continue
         ok = False
         f = kernel_gap_finding(g, target, nodes.get(g.node), "fix")

@@ -145,6 +145,11 @@ CODES: dict[str, CodeInfo] = {
         "One node binds a type variable to two types (e.g. int64 and float in one Add); ONNX "
         "Runtime rejects it.",
     ),
+    "OM304": CodeInfo(
+        "no kernel on the target device: runs on the CPU", 0,
+        "Nodes the target execution provider (e.g. CUDA) has no kernel for as typed; ONNX "
+        "Runtime places them on the CPU, with copies between devices.",
+    ),
     "OM310": CodeInfo(
         "dtypes repaired for the target", 0,
         "onnxmedic inserted casts (dtype policy upcast or boundary) so that every node has a "

@@ -53,7 +53,9 @@ class KernelGap:
     domain: str
     since_version: int
     types: dict[str, str]  # type variable -> bound type, e.g. {"T": "tensor(bfloat16)"}
-    kind: str  # "no-kernel" (load fails), "soft" (ORT inserts casts), "mixed" (T bound twice)
+    # "no-kernel" (load fails), "soft" (ORT inserts casts), "mixed" (T bound twice),
+    # "cpu-fallback" (no kernel on the GPU provider: ONNX Runtime runs the node on the CPU)
+    kind: str
     detail: str = ""
     clashing: tuple[str, ...] = ()  # for "mixed": the two types bound to one variable
 
@@ -178,12 +180,21 @@ def _bind(schema: Any, node: onnx.NodeProto,
     return bound, conflict, clashing
 
 
+def _has_kernel(kernels: list[tuple[int, int, dict[str, set[str]]]], since: int,
+                bound: dict[str, str]) -> bool:
+    return any(lo <= since <= hi and
+               all(c not in bound or bound[c] in allowed for c, allowed in cons.items())
+               for lo, hi, cons in kernels)
+
+
 def kernel_gaps(model: onnx.ModelProto, target: str = "cpu") -> list[KernelGap] | None:
     """Every top-level node of ``model`` that ONNX Runtime cannot run as typed on ``target``
     (None when the installed onnxruntime has no kernel table for it)."""
     table = kernel_table(PROVIDERS.get(target, target))
     if table is None:
         return None
+    # on a GPU provider a node without a kernel there runs on the CPU (slower), not a failure
+    cpu_table = kernel_table(PROVIDERS["cpu"]) if target != "cpu" else None
     opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version
               for o in model.opset_import}
     local = {(f.domain, f.name) for f in model.functions}
@@ -211,10 +222,12 @@ def kernel_gaps(model: onnx.ModelProto, target: str = "cpu") -> list[KernelGap] 
         kernels = table.get((dom, node.op_type))
         if kernels is None:
             continue  # no kernel at all: a function op ONNX Runtime expands, or not ours to judge
-        ok = any(lo <= schema.since_version <= hi and
-                 all(c not in bound or bound[c] in allowed for c, allowed in cons.items())
-                 for lo, hi, cons in kernels)
-        if ok:
+        if _has_kernel(kernels, schema.since_version, bound):
+            continue
+        if cpu_table is not None and _has_kernel(cpu_table.get((dom, node.op_type)) or [],
+                                                 schema.since_version, bound):
+            gaps.append(KernelGap(name, node.op_type, dom, schema.since_version, bound,
+                                  "cpu-fallback"))
             continue
         low = {t for t in bound.values() if t in LOW_FLOATS}
         as_float = {c: ("tensor(float)" if t in LOW_FLOATS else t) for c, t in bound.items()}
@@ -360,9 +373,12 @@ def apply_policy(model: ir.Model, gaps: list[KernelGap], policy: str) -> FixRepo
     if policy == "keep":
         report.not_fixed = [(g, "dtype policy 'keep'") for g in gaps]
         return report
+    report.not_fixed = [(g, "ONNX Runtime runs it on the CPU") for g in gaps
+                        if g.kind == "cpu-fallback"]
+    gaps = [g for g in gaps if g.kind != "cpu-fallback"]
     if policy == "upcast":
-        report.not_fixed = [(g, "ONNX Runtime inserts casts itself") for g in gaps
-                            if g.kind == "soft"]
+        report.not_fixed += [(g, "ONNX Runtime inserts casts itself") for g in gaps
+                             if g.kind == "soft"]
         gaps = [g for g in gaps if g.kind != "soft"]
     if not gaps:
         return report
