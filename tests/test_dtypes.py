@@ -188,3 +188,22 @@ def test_doctor_ort_version_names_opset_and_ir(tmp_path):
     p = cli("doctor", str(out), "--ort-version", "1.15")
     assert p.returncode == 1 and "OM322" in p.stderr
     assert cli("doctor", str(out), "--ort-version", "one").returncode == 2
+
+
+def test_runtime_failures_point_at_the_node_and_its_neighbourhood(tmp_path):
+    """doctor on torch.onnx's bf16 model: ONNX Runtime's load error names one node; the
+    finding carries its op, the user's line and the graph around it, and the HTML report shows
+    that neighbourhood."""
+    m, x = _bf16()
+    torch.onnx.export(m, x, dynamo=True, verbose=False).save(tmp_path / "bf16.onnx")
+    r = api.doctor(tmp_path / "bf16.onnx", report=tmp_path / "r.html")
+    (load,) = [f for f in r.errors if f.code == "OM510"]
+    assert load.op in ("Gemm", "Relu", "Mul")
+    nb = load.details["neighbourhood"]
+    assert nb["node"].startswith(load.op) and nb["inputs"] and nb["outputs"]
+    gemm = next(f for f in r.errors if f.code == "OM301" and f.op == "Gemm")
+    gnb = gemm.details["neighbourhood"]
+    assert {i["from"] for i in gnb["inputs"]} >= {"initializer"}
+    assert any("bfloat16" in i["type"] for i in gnb["inputs"])
+    html = (tmp_path / "r.html").read_text()
+    assert "graph around" in html and "node_linear" in html

@@ -106,12 +106,56 @@ def location_from_onnx_node(node: Any) -> Location | None:
     return location_from_stack_text(meta.get("pkg.torch.onnx.stack_trace"), module_path)
 
 
-_ORT_NODE_RE = re.compile(r"Name:'([^']*)'")
+_ORT_NODE_RE = re.compile(r"Name:'([^']*)'|node with name '([^']*)'")
 
 
 def onnx_node_in_error(model: Any, message: str) -> Any:
-    """The ONNX node an ONNX Runtime error message names ("... node. Name:'node_view'")."""
+    """The ONNX node an ONNX Runtime error message names ("... node. Name:'node_view'", or
+    "... for Gemm(13) node with name 'node_linear'")."""
     m = _ORT_NODE_RE.search(message or "")
     if not m or model is None:
         return None
-    return next((n for n in model.graph.node if n.name == m.group(1)), None)
+    name = m.group(1) if m.group(1) is not None else m.group(2)
+    return next((n for n in model.graph.node if n.name == name), None)
+
+
+def _value_type(vi: Any) -> str:
+    t = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+    if t is None or not t.elem_type:
+        return "?"
+    import onnx
+
+    dt = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type != 16 else \
+        "bfloat16"
+    dims = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?")
+            for d in t.shape.dim] if t.HasField("shape") else ["..."]
+    return f"{dt}[{', '.join(dims)}]"
+
+
+def onnx_neighbourhood(model: Any, node: Any, limit: int = 6) -> dict[str, Any]:
+    """The node, the producers of its inputs and the consumers of its outputs, with the values'
+    types: enough of the graph around a failing node to see where its inputs come from."""
+    g = model.graph
+    types: dict[str, str] = {}
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        types[vi.name] = _value_type(vi)
+    for init in g.initializer:
+        types.setdefault(init.name, f"initializer[{', '.join(map(str, init.dims))}]")
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+
+    def label(n: Any) -> str:
+        return f"{n.op_type} {n.name!r}"
+
+    inputs = [{"value": v, "type": types.get(v, "?"),
+               "from": label(producer[v]) if v in producer else
+               ("graph input" if any(i.name == v for i in g.input) else "initializer")}
+              for v in node.input if v]
+    outputs = [{"value": v, "type": types.get(v, "?"),
+                "to": [label(c) for c in consumers.get(v, [])[:limit]]
+                + (["graph output"] if any(o.name == v for o in g.output) else [])}
+               for v in node.output if v]
+    return {"node": label(node), "inputs": inputs[:limit * 2], "outputs": outputs[:limit]}

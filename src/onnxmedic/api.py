@@ -238,12 +238,31 @@ def _graph_io(proto: Any) -> tuple[list[str], list[list[int | str | None]], list
     return [v.name for v in ins], dims, [o.name for o in proto.graph.output]
 
 
+def _attach_node(proto: Any, finding: Finding, message: str) -> None:
+    """Point a runtime finding at the ONNX node its message names: op, the user's line, and the
+    node's neighbourhood in the graph (for the report)."""
+    from onnxmedic._locate import location_from_onnx_node, onnx_neighbourhood, onnx_node_in_error
+
+    node = onnx_node_in_error(proto, message)
+    if node is None:
+        return
+    finding.op = finding.op or node.op_type
+    finding.location = finding.location or location_from_onnx_node(node)
+    try:
+        finding.details["neighbourhood"] = onnx_neighbourhood(proto, node)
+    except Exception:  # a report nicety: never fail the run for it
+        logger.debug("no neighbourhood", exc_info=True)
+
+
 def _runtime_stage(result: ExportResult, sbx: sandbox.SandboxResult, target: str,
                    timeout: float) -> bool:
     """Record the runtime stage from a sandbox result: failed (with its finding), or passed
     (with OM535 when ONNX Runtime fell back from the target's provider). True when passed."""
     if not sbx.ok:
-        _fail(result, "runtime", sbx.finding("runtime", timeout))
+        finding = sbx.finding("runtime", timeout)
+        if finding is not None and finding.code in ("OM510", "OM511"):
+            _attach_node(result.onnx_model, finding, finding.details.get("error", ""))
+        _fail(result, "runtime", finding)
         return False
     result.stages["runtime"] = PASSED
     fallback = sbx.provider_finding(_providers(target))
@@ -345,7 +364,7 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
 
 def _shape_finding(proto: Any, label: str, message: str) -> Finding:
     """OM402 for a run that fails at another size, pointing at the op that baked it in."""
-    from onnxmedic._locate import location_from_onnx_node, onnx_node_in_error
+    from onnxmedic._locate import location_from_onnx_node, onnx_neighbourhood, onnx_node_in_error
 
     node = onnx_node_in_error(proto, message)
     op = None
@@ -363,7 +382,9 @@ def _shape_finding(proto: Any, label: str, message: str) -> Finding:
         suggestion="This op baked the example's size in. Typical causes: view/reshape with a "
         "size computed by int() or .item(), a Python int taken from x.shape and used as a "
         "constant, or torch.export specialising the dim (see its constraint messages).",
-        details={"error": message[:4000], "input_set": label})
+        details={"error": message[:4000], "input_set": label,
+                 **({"neighbourhood": onnx_neighbourhood(proto, node)} if node is not None
+                    else {})})
 
 
 def _preflight(result: ExportResult, model: Any, args: tuple[Any, ...],
@@ -612,9 +633,10 @@ _DTYPE_FIX = ("Export with dtype_policy='upcast' (--dtype-policy upcast: these n
               "inputs and outputs), or cast the model to float32 yourself.")
 
 
-def kernel_gap_finding(g: Any, target: str, node: Any, stage: str) -> Finding:
+def kernel_gap_finding(g: Any, target: str, node: Any, stage: str,
+                       model: Any = None) -> Finding:
     """OM301 (no kernel) or OM303 (mixed int/float) for one node, with the user's line."""
-    from onnxmedic._locate import location_from_onnx_node
+    from onnxmedic._locate import location_from_onnx_node, onnx_neighbourhood
 
     what = (f"ONNX Runtime has no {target} kernel for it." if g.kind == "no-kernel"
             else "its inputs mix integer and float types.")
@@ -623,7 +645,9 @@ def kernel_gap_finding(g: Any, target: str, node: Any, stage: str) -> Finding:
                    suggestion=_DTYPE_FIX if g.kind == "no-kernel" else
                    "Cast the integer operand to the float dtype in the model (x.float()), or "
                    "export with onnxmedic, which inserts the cast (dtype policy upcast).",
-                   details={"node": g.node, "types": g.types, "kind": g.kind})
+                   details={"node": g.node, "types": g.types, "kind": g.kind,
+                            **({"neighbourhood": onnx_neighbourhood(model, node)}
+                               if model is not None and node is not None else {})})
 
 
 def cpu_fallback_finding(gaps: list[Any], target: str, stage: str) -> Finding:
@@ -676,7 +700,7 @@ def _kernel_lint(proto: Any, target: str) -> list[Finding]:
 
     gaps = fx.kernel_gaps(proto, target) or []
     nodes = {n.name: n for n in proto.graph.node}
-    found = [kernel_gap_finding(g, target, nodes.get(g.node), "lint")
+    found = [kernel_gap_finding(g, target, nodes.get(g.node), "lint", proto)
              for g in gaps if g.kind not in ("soft", "cpu-fallback")]
     soft = [g for g in gaps if g.kind == "soft"]
     moved = [g for g in gaps if g.kind == "cpu-fallback"]
@@ -714,7 +738,7 @@ def _fix_dtypes(result: ExportResult, prog: Any, folder: Path, name: str, target
         if g.kind in ("soft", "cpu-fallback"):
             continue
         ok = False
-        f = kernel_gap_finding(g, target, nodes.get(g.node), "fix")
+        f = kernel_gap_finding(g, target, nodes.get(g.node), "fix", result.onnx_model)
         if not reason.startswith("dtype policy"):
             f.code = "OM311"
             f.message += f" Not repaired: {reason}."

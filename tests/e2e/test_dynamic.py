@@ -35,6 +35,10 @@ def test_baked_in_size_is_found_with_the_node(tmp_path):
     e = errs[0]
     assert "Reshape node 'node_view'" in e.message
     assert e.location is not None and e.location.file.endswith("models.py")
+    nb = e.details["neighbourhood"]  # the graph around the node, for the report
+    assert nb["node"] == "Reshape 'node_view'"
+    assert [i["from"] for i in nb["inputs"]][0] == "graph input"
+    assert nb["outputs"][0]["to"]
     # at the example's own size it is right
     assert all(c.ok for c in r.verification if c.input_set in ("example", "random#1"))
 
