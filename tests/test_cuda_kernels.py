@@ -137,28 +137,25 @@ def _unary(op, dtype, opset=18):
     return m
 
 
-def _gemm(dtype):
+def _binary(op, dtype, out_dtype=None):
+    """One ``op(a[2, 3], b[3, 4]) -> y[2, 4]`` node (Gemm, MatMulInteger)."""
     a = helper.make_tensor_value_info("a", dtype, [2, 3])
     b = helper.make_tensor_value_info("b", dtype, [3, 4])
-    y = helper.make_tensor_value_info("y", dtype, [2, 4])
-    g = helper.make_graph([helper.make_node("Gemm", ["a", "b"], ["y"], name="gemm")],
+    y = helper.make_tensor_value_info("y", out_dtype or dtype, [2, 4])
+    g = helper.make_graph([helper.make_node(op, ["a", "b"], ["y"], name=op.lower())],
                           "g", [a, b], [y])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
     m.ir_version = 10
     onnx.checker.check_model(m)
     return m
+
+
+def _gemm(dtype):
+    return _binary("Gemm", dtype)
 
 
 def _matmul_integer(dtype):
-    a = helper.make_tensor_value_info("a", dtype, [2, 3])
-    b = helper.make_tensor_value_info("b", dtype, [3, 4])
-    y = helper.make_tensor_value_info("y", TensorProto.INT32, [2, 4])
-    g = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b"], ["y"], name="mmi")],
-                          "g", [a, b], [y])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
-    m.ir_version = 10
-    onnx.checker.check_model(m)
-    return m
+    return _binary("MatMulInteger", dtype, TensorProto.INT32)
 
 
 def test_bf16_ceil_is_a_cuda_gap():

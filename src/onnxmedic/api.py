@@ -650,24 +650,29 @@ def kernel_gap_finding(g: Any, target: str, node: Any, stage: str,
                                if model is not None and node is not None else {})})
 
 
+def _grouped_gap_warning(code: str, gaps: list[Any], stage: str, what: str,
+                         suggestion: str) -> Finding:
+    names = ", ".join(g.describe() for g in gaps[:8]) + (" ..." if len(gaps) > 8 else "")
+    return warning(code, stage, f"{len(gaps)} {what}: {names}.", suggestion=suggestion,
+                   details={"nodes": [g.node for g in gaps]})
+
+
 def cpu_fallback_finding(gaps: list[Any], target: str, stage: str) -> Finding:
     """One OM304 warning for nodes the target provider has no kernel for (they run on CPU)."""
-    names = ", ".join(g.describe() for g in gaps[:8]) + (" ..." if len(gaps) > 8 else "")
-    return warning("OM304", stage, f"{len(gaps)} node(s) have no {target} kernel as typed; ONNX "
-                   f"Runtime runs them on the CPU, with copies to and from the device: {names}.",
-                   suggestion="Cast them to a dtype the target has kernels for (see ONNX "
-                   "Runtime's OperatorKernels.md), or accept the CPU fallback.",
-                   details={"nodes": [g.node for g in gaps]})
+    return _grouped_gap_warning(
+        "OM304", gaps, stage, f"node(s) have no {target} kernel as typed; ONNX Runtime runs "
+        "them on the CPU, with copies to and from the device",
+        "Cast them to a dtype the target has kernels for (see ONNX Runtime's "
+        "OperatorKernels.md), or accept the CPU fallback.")
 
 
 def soft_kernel_finding(gaps: list[Any], stage: str) -> Finding:
     """One OM302 warning for all float16 nodes ONNX Runtime will wrap in casts on the CPU."""
-    names = ", ".join(g.describe() for g in gaps[:8]) + (" ..." if len(gaps) > 8 else "")
-    return warning("OM302", stage, f"{len(gaps)} float16 node(s) have no CPU kernel; ONNX "
-                   f"Runtime inserts float32 casts around them itself (slower): {names}.",
-                   suggestion="dtype_policy='boundary' (--dtype-policy boundary) computes the "
-                   "graph in float32 with casts only at its inputs and outputs.",
-                   details={"nodes": [g.node for g in gaps]})
+    return _grouped_gap_warning(
+        "OM302", gaps, stage, "float16 node(s) have no CPU kernel; ONNX Runtime inserts "
+        "float32 casts around them itself (slower)",
+        "dtype_policy='boundary' (--dtype-policy boundary) computes the graph in float32 with "
+        "casts only at its inputs and outputs.")
 
 
 def _ort_version_lint(proto: Any, ort: tuple[int, int] | None) -> list[Finding]:
