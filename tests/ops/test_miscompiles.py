@@ -232,4 +232,56 @@ def test_batch_norm_module_in_train_mode() -> None:
     assert check_call(model.eval(), (x,), tolerance=(1e-5, 1e-5)).ok  # eval path unchanged
 
 
-make_tests(ENTRIES + ENTRIES_COPY + ENTRIES_BN, globals())
+
+
+# ------------------------------------------------------------- reductions over empty sets
+
+def _reduction_edges(dtype: torch.dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, 5, generator=g, dtype=dtype)
+    return [
+        ((torch.empty(3, 0, dtype=dtype),), {"dim": 1}),
+        ((torch.empty(0, 4, dtype=dtype),), {"dim": (0, 1), "keepdim": True}),
+        ((torch.empty(0, 4, dtype=dtype),), {}),
+        ((x,), {"dim": (-1, 0)}),
+        ((x,), {"dim": 1, "keepdim": True}),
+        ((torch.tensor([[nan, 1.0], [inf, -inf]], dtype=dtype),), {"dim": 1}),
+        ((torch.tensor(2.5, dtype=dtype),), {}),
+    ]
+
+
+def _var_edges(dtype: torch.dtype):
+    out = _reduction_edges(dtype)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 1, 3, generator=g, dtype=dtype)
+    out += [((x,), {"dim": 1}),  # one element: 0/0 with correction 1
+            ((x,), {"dim": 2, "correction": 0}), ((x,), {"dim": 2, "correction": 5})]
+    return out
+
+
+ENTRIES_EMPTY = [
+    OpEntry("mean", max_samples=4, edge=_reduction_edges, dtypes=(torch.float32, torch.float64)),
+    *[OpEntry(name, max_samples=4, edge=_var_edges, tolerance={"float32": (1e-5, 1e-6)})
+      for name in ("var", "std", "var_mean", "std_mean")],
+]
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.mean(dim=1), lambda x: x.mean(), lambda x: x.var(1),
+                                lambda x: x.std(1), lambda x: torch.var_mean(x, 1)[0]],
+                         ids=["mean.dim", "mean", "var", "std", "var_mean"])
+def test_empty_reduction_torchlib_is_wrong(fn) -> None:
+    """ONNX Runtime's ReduceMean of nothing is 0; PyTorch's is NaN (0/0)."""
+    x = torch.empty(3, 0)
+    assert not check_call(fn, (x,), registry=None).ok
+    assert check_call(fn, (x,)).ok
+
+
+def test_mean_with_nonempty_static_shape_is_plain_reducemean() -> None:
+    """No guard where the shape proves the set is not empty: ONNX Runtime's RMSNorm/LayerNorm
+    fusions match ReduceMean patterns, so the graph stays what torchlib emits."""
+    from onnxmedic.ops.testing import export_call
+    model, _ = export_call(lambda x: x.mean(dim=-1, keepdim=True), (torch.randn(2, 8),))
+    assert [n.op_type for n in model.graph.node] == ["ReduceMean"]
+
+
+make_tests(ENTRIES + ENTRIES_COPY + ENTRIES_BN + ENTRIES_EMPTY, globals())

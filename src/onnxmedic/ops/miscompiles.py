@@ -157,3 +157,88 @@ def aten__native_batch_norm_legit_functional(
     if bias is not None:
         out = op.Add(out, op.Reshape(bias, to_b))
     return out, save_mean, save_rstd, new_mean, new_var
+
+
+# ----------------------------------------------------------------- reductions over empty sets
+# torchlib lowers mean/var/std to ReduceMean, which ONNX Runtime evaluates to 0 over an empty
+# set; PyTorch's mean of nothing is NaN (0/0), and so are var/std. Sum / count keeps the 0/0.
+
+
+def _axes_and_count(x, dim):
+    """(axes constant or None for all, number of reduced elements as x's dtype)."""
+    if dim is None or len(dim) == 0 or static_shape(x) == ():  # 0-d: dim 0 / -1 is itself
+        return None, op.CastLike(op.Size(x), x)
+    axes = ints(list(dim))
+    return axes, op.CastLike(op.ReduceProd(op.Gather(op.Shape(x), axes), keepdims=0), x)
+
+
+def _sum(x, axes, keepdim: bool):
+    if axes is None:
+        return op.ReduceSum(x, keepdims=1 if keepdim else 0)
+    return op.ReduceSum(x, axes, keepdims=1 if keepdim else 0)
+
+
+def _mean(x, dim, keepdim: bool):
+    """ReduceMean (the op ONNX Runtime's RMSNorm / LayerNorm fusions look for), guarded to NaN
+    when the reduced extent is empty; no guard when the shape proves it is not."""
+    axes, n = _axes_and_count(x, dim)
+    k = 1 if keepdim else 0
+    mean = op.ReduceMean(x, keepdims=k) if axes is None else op.ReduceMean(x, axes, keepdims=k)
+    shape = static_shape(x)
+    if shape is not None and all(isinstance(d, int) for d in shape):
+        reduced = range(len(shape)) if axes is None else [d % len(shape) for d in dim]
+        if not shape:
+            return mean  # a 0-d tensor: ReduceMean over no axes is itself
+        if all(shape[d] > 0 for d in reduced):
+            return mean
+    return op.Where(op.Equal(n, const(0.0, x)), const(float("nan"), x), mean)
+
+
+def _var(x, dim, correction, keepdim: bool):
+    axes, n = _axes_and_count(x, dim)
+    mean = op.Div(_sum(x, axes, True), n)
+    d = op.Sub(x, mean)
+    c = 1.0 if correction is None else float(correction)
+    dof = op.Max(op.Sub(n, const(c, x)), const(0.0, x))  # PyTorch: max(0, N - correction)
+    return op.Div(_sum(op.Mul(d, d), axes, keepdim), dof), op.Div(_sum(x, axes, keepdim), n)
+
+
+def _as(x, dtype):
+    return x if dtype is None else op.Cast(x, to=dtype)
+
+
+@translation(aten.mean.dim, overrides_torchlib=True)
+def aten_mean_dim(self, dim=None, keepdim: bool = False, dtype: int | None = None):
+    """mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"""
+    return _mean(_as(self, dtype), dim, keepdim)
+
+
+@translation(aten.mean.default, overrides_torchlib=True)
+def aten_mean_default(self, dtype: int | None = None):
+    """mean(Tensor self, *, ScalarType? dtype=None) -> Tensor"""
+    return _mean(_as(self, dtype), None, False)
+
+
+@translation(aten.var.correction, overrides_torchlib=True)
+def aten_var_correction(self, dim=None, correction=None, keepdim: bool = False):
+    """var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor"""
+    return _var(self, dim, correction, keepdim)[0]
+
+
+@translation(aten.std.correction, overrides_torchlib=True)
+def aten_std_correction(self, dim=None, correction=None, keepdim: bool = False):
+    """std.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor"""
+    return op.Sqrt(_var(self, dim, correction, keepdim)[0])
+
+
+@translation(aten.var_mean.correction, overrides_torchlib=True)
+def aten_var_mean_correction(self, dim=None, correction=None, keepdim: bool = False):
+    """var_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> (Tensor, Tensor)"""
+    return _var(self, dim, correction, keepdim)
+
+
+@translation(aten.std_mean.correction, overrides_torchlib=True)
+def aten_std_mean_correction(self, dim=None, correction=None, keepdim: bool = False):
+    """std_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> (Tensor, Tensor)"""
+    var, mean = _var(self, dim, correction, keepdim)
+    return op.Sqrt(var), mean
