@@ -57,6 +57,7 @@ class ExportResult:
     traceback: str | None = None
     onnx_model: Any = None  # the onnx.ModelProto (in memory; not serialised)
     program: Any = None  # the captured ExportedProgram, when there is one
+    localization: Any = None  # verify.localize.Localization, when localisation ran
 
     @property
     def errors(self) -> list[Finding]:
@@ -106,6 +107,7 @@ class ExportResult:
             "inventory": self.inventory,
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "traceback": self.traceback,
+            "localization": self.localization.to_dict() if self.localization else None,
         }
 
 
@@ -241,9 +243,13 @@ def _runtime_stage(result: ExportResult, sbx: sandbox.SandboxResult, target: str
 def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: Any,
                      example: inputs_mod.Inputs, example_expected: list[np.ndarray] | None,
                      timeout: float, tolerance: tuple[float, float] | None,
-                     worker: sandbox.Worker | None = None, target: str = "cpu") -> None:
+                     worker: sandbox.Worker | None = None, target: str = "cpu",
+                     localizer: Any = None) -> None:
     """runtime + compare stages, in one sandboxed session: the example, two further input sets
-    of the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x."""
+    of the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x.
+
+    ``localizer``: ``(always, get_program)``; localisation runs on a value mismatch (OM601), or
+    always when ``always``, with the program ``get_program()`` returns (None: skipped)."""
     onnx_inputs, onnx_dims, onnx_outputs = _graph_io(proto)
     sets = [example] + inputs_mod.derived_input_sets(example, EXTRA_INPUT_SETS)
     labels = ["example"] + [f"random#{i}" for i in range(1, len(sets))]
@@ -327,6 +333,38 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
             "output diverges.", details={"comparison": worst.to_dict()}))
     if not structural and not values and not shape_failures:
         result.stages["compare"] = PASSED
+    if localizer is not None and (values or localizer[0]):
+        label = ("example" if not values or "example" in {c.input_set for c in values}
+                 else worst.input_set)
+        k = labels.index(label) if label in labels else 0
+        _localize_stage(result, proto, localizer[1], sets[k], feeds[k], timeout, tolerance,
+                        labels[k])
+
+
+def _localize_stage(result: ExportResult, proto: Any, get_program: Any,
+                    inputs: inputs_mod.Inputs, feeds: dict[str, np.ndarray], timeout: float,
+                    tolerance: tuple[float, float] | None, label: str) -> None:
+    """Localise the divergence on one input set; its findings join the result's."""
+    from onnxmedic.verify import localize as loc_mod
+
+    with _stage(result, "localize"):
+        got = get_program()
+        if got is None:
+            result.findings.append(warning(
+                "OM611", "localize", "no localisation: the model could not be captured with "
+                "torch.export, so there are no FX nodes to compare with.",
+                suggestion="Fix the capture findings first (onnxmedic export MODEL)."))
+            return
+        program, decomposed = got
+        loc = loc_mod.localize(proto, program, inputs.args, inputs.kwargs, feeds=feeds,
+                               tolerance=tolerance, timeout=timeout, input_set=label,
+                               decomposed=decomposed)
+    result.localization = loc
+    # OM610 is an error only where the result already failed: it explains the mismatch
+    for f in loc.findings:
+        if f.code == "OM610" and result.stages.get("compare") == PASSED:
+            f.severity = Severity.WARNING
+        result.findings.append(f)
 
 
 def _shape_finding(proto: Any, label: str, message: str) -> Finding:
@@ -401,8 +439,12 @@ def export(
     explain: bool = False,
     model_spec: str | None = None,
     input_specs: list[str] | None = None,
+    localize: bool = True,
 ) -> ExportResult:
     """Export ``model`` to ONNX, verify it in an isolated ONNX Runtime, and report.
+
+    When the outputs differ from PyTorch (OM601) and ``localize`` is on, the first divergent
+    node is localised (OM610); this costs nothing when the model verifies.
 
     Problems of the model become findings in the returned :class:`ExportResult` (``ok`` is True
     only when the model was exported *and* verified). With ``f``, the file is written atomically
@@ -427,7 +469,7 @@ def export(
                 _export(result, model, args, kwargs, f, dynamic_shapes=dynamic_shapes,
                         target=target, opset=opset, verify=verify,
                         keep_unverified=keep_unverified, timeout=timeout, tolerance=tolerance,
-                        worker=worker, explain=explain)
+                        worker=worker, explain=explain, localize=localize)
     finally:
         if was_training:
             model.train(True)
@@ -441,7 +483,8 @@ def export(
 def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
             f: Any, *, dynamic_shapes: Any, target: str, opset: int | None, verify: bool,
             keep_unverified: bool, timeout: float, tolerance: tuple[float, float] | None,
-            worker: sandbox.Worker | None, explain: bool = False) -> None:
+            worker: sandbox.Worker | None, explain: bool = False, localize: bool = True
+            ) -> None:
     from onnxmedic import translate as translate_mod
 
     bad_out = _check_output_path(f)
@@ -522,8 +565,12 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             return
         result.stages["check"] = PASSED
         if verify:
+            decomposed = getattr(prog, "exported_program", None)
             _run_and_compare(result, model, onnx_path, result.onnx_model, example,
-                             example_expected, timeout, tolerance, worker, target)
+                             example_expected, timeout, tolerance, worker, target,
+                             localizer=(False, lambda: (decomposed or program,
+                                                        decomposed is not None))
+                             if localize else None)
             verified = result.stages["compare"] == PASSED
         else:
             verified = True  # verification not asked for: exported is all we can say
@@ -570,9 +617,14 @@ def verify(
     tolerance: tuple[float, float] | None = None,
     model_spec: str | None = None,
     input_specs: list[str] | None = None,
+    localize: bool = False,
 ) -> ExportResult:
     """Compare an existing ONNX file with the PyTorch model on the example inputs and further
-    seeded input sets, with ONNX Runtime in the sandbox."""
+    seeded input sets, with ONNX Runtime in the sandbox.
+
+    ``localize``: also compare every intermediate value the ONNX file shares (by name) with the
+    model's torch.export program, and name the first divergent node (OM610) and the nodes that
+    grow the error most (``result.localization``)."""
     args, kwargs = _check_args(model, args, kwargs)
     result = ExportResult(command="verify", path=str(onnx_path),
                           model=model_spec or type(model).__name__,
@@ -590,7 +642,7 @@ def verify(
                                  ("", "ai.onnx")), None)
             with sandbox.Worker() as worker:
                 _verify(result, proto, Path(onnx_path), model, args, kwargs, timeout,
-                        tolerance, worker)
+                        tolerance, worker, localize)
     if report is not None:
         from onnxmedic.report import write_report
 
@@ -600,7 +652,7 @@ def verify(
 
 def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tuple[Any, ...],
             kwargs: dict[str, Any], timeout: float, tolerance: tuple[float, float] | None,
-            worker: sandbox.Worker) -> None:
+            worker: sandbox.Worker, localize: bool = False) -> None:
     check_findings = checks.check_file(path)
     result.findings.extend(check_findings)
     if any(x.severity == Severity.ERROR for x in check_findings):
@@ -611,8 +663,20 @@ def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tupl
     if expected is None:
         return
     _run_and_compare(result, model, path, proto, inputs_mod.Inputs(args, kwargs), expected,
-                     timeout, tolerance, worker)
+                     timeout, tolerance, worker,
+                     localizer=(True, lambda: _program_for(model, args, kwargs))
+                     if localize else None)
     result.ok = result.stages["compare"] == PASSED
+
+
+def _program_for(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                 ) -> tuple[Any, bool] | None:
+    """(ExportedProgram, already decomposed?) of ``model`` for localisation, or None."""
+    if isinstance(model, torch.export.ExportedProgram):
+        return model, False
+    attempts = capture(model, args, kwargs, None)
+    program = attempts[-1].program if attempts else None
+    return (program, False) if program is not None else None
 
 
 def doctor(

@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG)
     v.add_argument("onnx", metavar="OUT.onnx")
     v.add_argument("model", metavar="MODEL")
+    v.add_argument("--localize", action="store_true",
+                   help="compare intermediate values too: name the first node whose value "
+                   "leaves tolerance and the nodes that grow the error most")
     common(v)
 
     d = sub.add_parser("doctor", help="lint an ONNX file for a target runtime (no PyTorch)",
@@ -125,7 +128,8 @@ def _run(ns: argparse.Namespace) -> Any:
         else:
             options = {"timeout": ns.timeout, "tolerance": _tolerance(ns)}
             res = api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
-                             model_spec=ns.model, input_specs=ns.input, **options)
+                             model_spec=ns.model, input_specs=ns.input,
+                             localize=ns.localize, **options)
         if ns.repro and not res.ok:
             from onnxmedic.report.repro import write_repro
 

@@ -42,6 +42,19 @@ def render_terminal(result: Any, console: Console | None = None, verbose: bool =
                       f"{c.max_abs:.3g}", f"{c.max_rel:.3g}",
                       "[green]ok[/]" if c.ok else f"[red]{escape(c.reason)}[/]")
         console.print(t)
+    loc = getattr(result, "localization", None)
+    if loc is not None and loc.top:
+        t = Table(title=f"divergence localisation ({loc.input_set}): top nodes by error growth",
+                  title_justify="left")
+        for col in ("FX node", "ATen op", "ONNX node", "where", "max abs", "err/tol",
+                    "inputs' err/tol", "growth"):
+            t.add_column(col)
+        for n in loc.top:
+            t.add_row(escape(n.fx_node), escape(n.aten_op), escape(f"{n.onnx_op} {n.onnx_node}"),
+                      escape(str(n.location) if n.location else ""), f"{n.max_abs:.3g}",
+                      f"[red]{n.score:.3g}[/]" if n.exceeds else f"{n.score:.3g}",
+                      f"{n.input_score:.3g}", f"{n.growth:.3g}")
+        console.print(t)
     if getattr(result, "inventory", None):
         t = Table(title="op inventory (after torch.onnx's decompositions)", title_justify="left")
         for col in ("ATen op", "count", "translated by", "first use"):
