@@ -820,3 +820,132 @@ def _run(result: RunResult, doc: Any, onnx_path: Any, feeds: Any, cast: str, tar
     result.outputs = dict(zip(sbx.output_names, sbx.outputs[0]))
     result.ok = True
 
+
+
+def reduce(
+    onnx_path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    until: str = "crash",
+    timeout: float = 30.0,
+    feeds: dict[str, np.ndarray] | str | os.PathLike[str] | None = None,
+    reference: dict[str, np.ndarray] | str | os.PathLike[str] | None = None,
+    tolerance: tuple[float, float] | None = None,
+    max_runs: int = 200,
+    seed: int = 0,
+) -> ExportResult:
+    """Shrink a failing ONNX model to a minimal subgraph that still fails, and write it to
+    ``out`` with its inputs (``out``'s stem + .inputs.npz) and a standalone repro script
+    (stem + .repro.py).
+
+    ``until``: "crash" (ONNX Runtime dies), "hang" (does not finish within ``timeout``),
+    "mismatch" (outputs differ from ``reference``: expected values by ONNX value name, a dict
+    or .npz; by default onnx's ReferenceEvaluator), or a shell command containing ``{model}``
+    (and optionally ``{inputs}``, an .npz of the feeds) that exits non-zero while the failure
+    is there. ``feeds``: the model's inputs (dict or .npz); random ones by default. Every
+    candidate runs in the sandbox (or as the command) with ``timeout``; at most ``max_runs``.
+    """
+    from onnxmedic import lint as doc
+    from onnxmedic import reduction as red
+
+    result = ExportResult(command="reduce", path=None, model=str(onnx_path),
+                          stages={"load": NOT_RUN, "reduce": NOT_RUN, "write": NOT_RUN})
+    with _guard(result):
+        mode = red.parse_until(until)
+        if mode is None:
+            _fail(result, "reduce", error(
+                "OM543", "reduce", f"--until {until!r} is not a criterion.",
+                suggestion="Use crash, hang, mismatch, or a shell command with {model} in it, "
+                "e.g. --until \"python check.py {model}\" (non-zero exit = still failing)."))
+            return result
+        bad_out = _check_output_path(out)
+        if bad_out is not None:
+            _fail(result, "write", bad_out)
+            return result
+        with _stage(result, "load"):
+            proto, bad = checks.load_onnx(onnx_path, stage="load")
+        if bad is not None:
+            _fail(result, "load", bad)
+            return result
+        ext = doc.external_data_findings(proto, Path(onnx_path), stage="load")
+        if ext:
+            _fail(result, "load", *ext)
+            return result
+        if any(i.data_location == 1 for i in proto.graph.initializer):
+            import onnx
+
+            proto = onnx.load(str(onnx_path), load_external_data=True)
+        result.onnx_model = proto
+        result.stages["load"] = PASSED
+        if feeds is None:
+            feeds, problems = doc.random_feeds(proto, seed=seed)
+            if problems:
+                _fail(result, "load", error("OM008", "load", "cannot make inputs for the "
+                                            "model: " + "; ".join(problems),
+                                            suggestion="Pass the inputs (feeds=... or "
+                                            "--input inputs.npz)."))
+                return result
+        elif not isinstance(feeds, dict):
+            feeds = _load_npz(feeds)
+        if reference is not None and not isinstance(reference, dict):
+            reference = _load_npz(reference)
+        with _stage(result, "reduce"):
+            small, small_feeds, stats, why = red.reduce_model(
+                proto, dict(feeds), mode, timeout=timeout, max_runs=max_runs,
+                reference=reference, tolerance=tolerance)
+        result.timings["reduce_runs"] = float(stats.runs)
+        if small is None:
+            _fail(result, "reduce", error(
+                "OM541", "reduce", f"{onnx_path} does not show the failure asked for "
+                f"(--until {until}): {why}.",
+                suggestion="Check the criterion on the whole model first (onnxmedic doctor / "
+                "run, or the command by hand); raise --timeout for a slow hang."))
+            return result
+        result.stages["reduce"] = PASSED
+        with _stage(result, "write"):
+            inputs_path, script = red.write_outputs(
+                Path(out), small, small_feeds, until=mode, timeout=timeout,
+                source=str(onnx_path), stats=stats, tolerance=tolerance)
+        result.stages["write"] = PASSED
+        result.path = str(out)
+        ops = ", ".join(f"{n.op_type} {n.name!r}" for n in small.graph.node[:8])
+        result.findings.append(info(
+            "OM540", "reduce", f"reduced {stats.nodes_in} nodes to {stats.nodes_out} ({ops}) in "
+            f"{stats.runs} runs, {stats.seconds:.1f} s; still fails (--until {mode}). Wrote "
+            f"{out}, {inputs_path.name} and {script.name}.",
+            suggestion=f"python {script} reproduces it; attach the three files to a bug "
+            "report.", details={"nodes_in": stats.nodes_in, "nodes_out": stats.nodes_out,
+                                "runs": stats.runs, "phases": stats.phases}))
+        if stats.exhausted:
+            result.findings.append(warning(
+                "OM542", "reduce", f"stopped after {stats.runs} candidate runs (max_runs); "
+                f"{out} still fails but may not be minimal.",
+                suggestion="Run reduce again on the written model, or raise --max-runs."))
+        result.ok = True
+    return result
+
+
+def localize(
+    onnx_path: str | os.PathLike[str],
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    args: tuple[Any, ...] = (),
+    *,
+    kwargs: dict[str, Any] | None = None,
+    report: str | os.PathLike[str] | None = None,
+    timeout: float = sandbox.DEFAULT_TIMEOUT,
+    tolerance: tuple[float, float] | None = None,
+) -> ExportResult:
+    """verify() with localisation: ``result.localization`` holds the first node whose value in
+    ONNX Runtime leaves tolerance (also finding OM610) and the top nodes by error growth."""
+    return verify(onnx_path, model, args, kwargs=kwargs, report=report, timeout=timeout,
+                  tolerance=tolerance, localize=True)
+
+
+def _load_npz(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as d:
+            return {k: d[k] for k in d.files}
+    except (OSError, ValueError) as e:
+        raise OnnxMedicError(error("OM005", "load", f"cannot read {str(path)!r} as an .npz of "
+                                   f"arrays: {e}", suggestion="Give an .npz written by "
+                                   "numpy.savez, arrays named after the model's inputs.")) from e

@@ -14,7 +14,9 @@ _SEV = {"error": "red", "warning": "yellow", "info": "blue"}
 
 def render_terminal(result: Any, console: Console | None = None, verbose: bool = False) -> None:
     console = console or Console(stderr=True, soft_wrap=True)
-    verdict = ("[bold green]verified[/]" if result.ok else "[bold red]not verified[/]")
+    good, bad = (("reduced", "not reduced") if result.command == "reduce"
+                 else ("verified", "not verified"))
+    verdict = (f"[bold green]{good}[/]" if result.ok else f"[bold red]{bad}[/]")
     head = f"onnxmedic {result.command}: {escape(str(result.model))} — {verdict}"
     if result.path and result.ok:
         head += f" → {escape(result.path)}"
@@ -23,7 +25,7 @@ def render_terminal(result: Any, console: Console | None = None, verbose: bool =
                      for stage, status in result.stages.items())
     console.print(line)
     for f in result.findings:
-        if f.severity.value == "info" and not verbose and f.code not in ("OM010",):
+        if f.severity.value == "info" and not verbose and f.code not in ("OM010", "OM540"):
             continue
         color = _SEV[f.severity.value]
         console.print(f"[{color}]{f.code}[/] [bold]{escape(f.title)}[/]: {escape(f.message)}")
