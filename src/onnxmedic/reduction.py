@@ -144,10 +144,7 @@ class _Graph:
         outputs = []
         for o in self.outputs_of(keep):
             v = self.vinfo.get(o)
-            if v is not None and v.type.HasField("tensor_type"):
-                outputs.append(helper.make_tensor_value_info(
-                    o, v.type.tensor_type.elem_type, None))
-            elif v is not None:
+            if v is not None:
                 outputs.append(v)
             else:
                 outputs.append(helper.make_tensor_value_info(o, 0, None))
