@@ -348,8 +348,14 @@ def _localize_stage(result: ExportResult, proto: Any, get_program: Any,
     from onnxmedic.verify import localize as loc_mod
 
     with _stage(result, "localize"):
-        got = get_program()
+        worker = sandbox.Worker()  # imports ONNX Runtime while the program is captured
+        try:
+            got = get_program()
+        except BaseException:
+            worker.close()
+            raise
         if got is None:
+            worker.close()
             result.findings.append(warning(
                 "OM611", "localize", "no localisation: the model could not be captured with "
                 "torch.export, so there are no FX nodes to compare with.",
@@ -358,7 +364,7 @@ def _localize_stage(result: ExportResult, proto: Any, get_program: Any,
         program, decomposed = got
         loc = loc_mod.localize(proto, program, inputs.args, inputs.kwargs, feeds=feeds,
                                tolerance=tolerance, timeout=timeout, input_set=label,
-                               decomposed=decomposed)
+                               decomposed=decomposed, worker=worker)
     result.localization = loc
     # OM610 is an error only where the result already failed: it explains the mismatch
     for f in loc.findings:

@@ -37,6 +37,8 @@ STAGE = "localize"
 DEFAULT_CHUNK_BYTES = 256 * 1024**2
 # Never more than this many extra outputs per run (ONNX Runtime's per-output overhead).
 MAX_CHUNK_VALUES = 4096
+# Below this share of FX nodes matched by name, the program is decomposed as torch.onnx does.
+MIN_COVERAGE = 0.8
 
 
 @dataclass
@@ -173,6 +175,11 @@ def _candidates(program: torch.export.ExportedProgram, proto: Any
     return nodes, producer
 
 
+def _tensor_nodes(program: torch.export.ExportedProgram) -> int:
+    return sum(1 for n in program.graph_module.graph.nodes if n.op == "call_function"
+               and isinstance(n.meta.get("val"), torch.Tensor))
+
+
 def _chunks(nodes: list[torch.fx.Node], chunk_bytes: int) -> list[list[torch.fx.Node]]:
     out: list[list[torch.fx.Node]] = [[]]
     size = 0
@@ -275,11 +282,12 @@ def localize(
     feeds: dict[str, np.ndarray],
     tolerance: tuple[float, float] | None = None,
     timeout: float = sandbox.DEFAULT_TIMEOUT,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     top_k: int = 10,
     full: bool = True,
     input_set: str = "example",
     decomposed: bool = False,
+    worker: sandbox.Worker | None = None,
 ) -> Localization:
     """Find the first FX node (in topological order) whose ONNX Runtime value is outside
     tolerance, with its inputs' errors, and the ``top_k`` nodes by error growth.
@@ -287,20 +295,25 @@ def localize(
     ``program`` is the ExportedProgram the ONNX model was translated from (``decomposed``: it
     is already the decomposed one torch.onnx used); ``feeds`` the ONNX inputs for
     ``args``/``kwargs``. With ``full=False`` the sandbox stops at the chunk holding the first
-    divergence. Never raises for problems of the model: they become findings.
+    divergence. ``worker``: a sandbox worker started ahead (it imports ONNX Runtime while the
+    caller captures), used for the first chunk. Never raises for problems of the model: they
+    become findings. ``program`` not ``decomposed``: used as is when most of its nodes match
+    ONNX values by name, else decomposed as torch.onnx does first.
     """
     t0 = time.perf_counter()
     kwargs = kwargs or {}
     loc = Localization(input_set=input_set, onnx_nodes=len(proto.graph.node))
-    if not decomposed:
+    nodes, producer = _candidates(program, proto)
+    if not decomposed and len(nodes) < MIN_COVERAGE * _tensor_nodes(program):
+        # torch.onnx decomposed ops of this program; its decomposed program has the names.
+        # Only then: decomposing costs more than the whole localisation of a mapped program.
         try:
             program = decomposed_program(program)
-        except Exception as e:  # fall back to the program as given: fewer names match
+            nodes, producer = _candidates(program, proto)
+        except Exception as e:  # go on with the program as given: fewer names match
             logger.debug("decomposition for localisation failed: %s", e)
     gm = program.graph_module
-    nodes, producer = _candidates(program, proto)
-    loc.fx_nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function"
-                       and isinstance(n.meta.get("val"), torch.Tensor))
+    loc.fx_nodes = _tensor_nodes(program)
     if not nodes:
         loc.findings.append(warning(
             "OM611", STAGE, "no ONNX value could be matched to a PyTorch (FX) node: the ONNX "
@@ -310,7 +323,7 @@ def localize(
         loc.seconds = time.perf_counter() - t0
         return loc
     loc.bad_initializers = _compare_initializers(proto, program, tolerance)
-    chunks = _chunks(nodes, chunk_bytes)
+    chunks = _chunks(nodes, chunk_bytes or DEFAULT_CHUNK_BYTES)
     chunk_of = {n.name: i for i, c in enumerate(chunks) for n in c}
     types = _value_types(proto)
     for n in nodes:
@@ -323,12 +336,18 @@ def localize(
     errors: list[NodeError] = []
     state: dict[str, Any] = {"chunk": -1, "values": {}, "stop": False, "failed": None}
     tmp = Path(tempfile.mkdtemp(prefix="onnxmedic-localize-"))
+    spare: dict[str, sandbox.Worker | None] = {"worker": worker}
 
     def load_chunk(i: int) -> None:
         state["values"] = {}
         names = [n.name for n in chunks[i]]
         path = _save(_with_outputs(proto, names, types), tmp)
-        sbx = sandbox.run_model(path, [feeds], timeout=timeout)
+        if spare["worker"] is not None:
+            w, spare["worker"] = spare["worker"], None
+            with w:
+                sbx = w.run(path, [feeds], timeout=timeout)
+        else:
+            sbx = sandbox.run_model(path, [feeds], timeout=timeout)
         loc.chunks += 1
         state["chunk"] = i
         if not sbx.ok:
@@ -377,20 +396,31 @@ def localize(
             return
         rtol, atol = tolerance_for(str(exp.dtype), tolerance)
         s = score(exp, act, rtol, atol)
-        cmp = compare_arrays(n.name, exp, act, tolerance=(rtol, atol), check_dtype=False)
         scores[n.name] = s
+        loc.compared += 1
+        if s == 0:
+            return  # exact: nothing to report, and its inputs' errors are not needed
+        if s > 1:  # the full comparison (counts, relative error) only where it fails
+            cmp = compare_arrays(n.name, exp, act, tolerance=(rtol, atol), check_dtype=False)
+            max_abs, max_rel, mismatched = cmp.max_abs, cmp.max_rel, cmp.mismatched
+        else:  # within tolerance: no special values differ, no element is out
+            with np.errstate(invalid="ignore"):
+                wide = np.complex128 if "c" in (exp.dtype.kind, act.dtype.kind) else np.float64
+                diff = np.abs(exp.astype(wide) - np.asarray(act).astype(wide))
+            max_abs = float(np.nanmax(diff)) if diff.size else 0.0
+            max_rel = float("nan")
+            mismatched = 0
         best, ins = in_score(n)
         onode = producer.get(n.name)
         ne = NodeError(
             fx_node=n.name, aten_op=_aten(n), onnx_node=onode.name if onode else None,
             onnx_op=onode.op_type if onode else None, shape=list(exp.shape),
-            dtype=str(exp.dtype), max_abs=cmp.max_abs, max_rel=cmp.max_rel,
-            mismatched=cmp.mismatched, total=cmp.total, score=s, input_score=best,
-            inputs=ins, onnx_inputs=list(onode.input) if onode else [], location=location_from_node(n)
+            dtype=str(exp.dtype), max_abs=max_abs, max_rel=max_rel,
+            mismatched=mismatched, total=int(exp.size), score=s, input_score=best,
+            inputs=ins, onnx_inputs=list(onode.input) if onode else [],
+            location=location_from_node(n)
             or Location(module_path=module_path_from_node_meta(n.meta)))
-        loc.compared += 1
-        if s > 0:
-            errors.append(ne)
+        errors.append(ne)
         if ne.exceeds and loc.first is None:
             loc.first = ne
             if not full:
@@ -407,6 +437,8 @@ def localize(
             suggestion="Report it to onnxmedic with the model; the verification result "
             "itself is unaffected."))
     finally:
+        if spare["worker"] is not None:
+            spare["worker"].close()
         shutil.rmtree(tmp, ignore_errors=True)
     failed = state["failed"]
     if failed is not None:

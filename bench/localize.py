@@ -1,0 +1,173 @@
+"""Localisation and reduce on a model of >= 2,000 ONNX nodes, against one plain verify, in the
+same run.
+
+The model is a deep stack of small residual blocks (Linear, LayerNorm, GELU, add); it is
+exported with onnxmedic, then one Add in the middle is turned into a Sub, so that verification
+fails and localisation has a divergence to find. Each measurement runs in a fresh Python
+process, so its peak RSS (self + children: the sandbox's ONNX Runtime) is its own.
+
+    PYTHONPATH=src python bench/localize.py [--blocks 400] [--width 32] [--batch 16]
+                                            [--chunk-mb MB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+
+
+class DeepStack(nn.Module):
+    """``blocks`` residual blocks x + gelu(layer_norm(linear(x))) * 0.5: 5 ONNX nodes each."""
+
+    def __init__(self, blocks: int = 400, width: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.ModuleList(nn.Linear(width, width) for _ in range(blocks))
+        self.norm = nn.ModuleList(nn.LayerNorm(width) for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for lin, norm in zip(self.lin, self.norm):
+            x = x + torch.nn.functional.gelu(norm(lin(x))) * 0.5
+        return x
+
+
+def _peak_mib() -> tuple[float, float]:
+    """Peak RSS of this process and of its largest child (the sandbox), in MiB."""
+    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return self_kb / 1024, child_kb / 1024
+
+
+def child(mode: str, work: Path, blocks: int, width: int, batch: int) -> None:
+    """One measurement in this fresh process; prints a JSON line."""
+    import onnxmedic
+    from onnxmedic.verify import localize as loc_mod
+
+    if os.environ.get("BENCH_CHUNK_MB"):
+        loc_mod.DEFAULT_CHUNK_BYTES = int(float(os.environ["BENCH_CHUNK_MB"]) * 2**20)
+    x = torch.load(work / "x.pt", weights_only=True)
+    model = DeepStack(blocks, width).eval()
+    t0 = time.perf_counter()
+    if mode == "verify":
+        res = onnxmedic.verify(work / "bad.onnx", model, (x,))
+        extra = {}
+    elif mode in ("localize", "localize_ep"):
+        if mode == "localize_ep":  # the program at hand, as in export (capture not timed)
+            model = torch.export.export(model, (x,))
+            t0 = time.perf_counter()
+        res = onnxmedic.verify(work / "bad.onnx", model, (x,), localize=True)
+        loc = res.localization
+        extra = {"first": loc.first.fx_node if loc.first else None, "compared": loc.compared,
+                 "chunks": loc.chunks, "localize_s": res.timings.get("localize", 0.0)}
+    else:
+        res = onnxmedic.reduce(work / "bad.onnx", work / "min.onnx", until="mismatch",
+                               feeds=work / "feeds.npz", reference=work / "ref.npz",
+                               timeout=60)
+        import onnx
+
+        extra = {"nodes_out": len(onnx.load(work / "min.onnx").graph.node) if res.ok else None,
+                 "runs": res.timings.get("reduce_runs")}
+    seconds = time.perf_counter() - t0
+    peak_self, peak_child = _peak_mib()
+    print(json.dumps({"mode": mode, "seconds": seconds, "peak_self": peak_self,
+                      "peak_child": peak_child,
+                      "codes": sorted({f.code for f in res.findings}), **extra}))
+
+
+def prepare(work: Path, blocks: int, width: int, batch: int) -> tuple[int, str]:
+    """Export the model, corrupt one Add in the middle; returns (ONNX nodes, its FX name)."""
+    import numpy as np
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    import onnxmedic
+
+    x = torch.randn(batch, width, generator=torch.Generator().manual_seed(0))
+    torch.save(x, work / "x.pt")
+    res = onnxmedic.export(DeepStack(blocks, width).eval(), (x,), work / "good.onnx")
+    assert res.ok, [f.one_paragraph() for f in res.findings]
+    m = onnx.load(work / "good.onnx")
+    adds = [n for n in m.graph.node if n.op_type == "Add"]
+    target = adds[len(adds) // 2]
+    target.op_type = "Sub"
+    onnx.save(m, work / "bad.onnx")
+    feeds = {"x": x.numpy()}
+    np.savez(work / "feeds.npz", **feeds)
+    ref = ReferenceEvaluator(onnx.load(work / "good.onnx")).run(None, feeds, intermediate=True)
+    np.savez(work / "ref.npz", **{k: v for k, v in ref.items()
+                                  if isinstance(v, np.ndarray) and v.dtype != object})
+    return len(m.graph.node), target.output[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--blocks", type=int, default=400)
+    ap.add_argument("--width", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--child", choices=["verify", "localize", "localize_ep", "reduce"])
+    ap.add_argument("--work")
+    ap.add_argument("--chunk-mb", type=float,
+                    help="bytes of exposed values per sandbox run (default: localize's 256 MiB)")
+    ns = ap.parse_args()
+    if ns.child:
+        child(ns.child, Path(ns.work), ns.blocks, ns.width, ns.batch)
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-localize-") as d:
+        work = Path(d)
+        t0 = time.perf_counter()
+        n_nodes, target = prepare(work, ns.blocks, ns.width, ns.batch)
+        export_s = time.perf_counter() - t0
+        rows = {}
+        env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"))
+        if ns.chunk_mb:
+            env["BENCH_CHUNK_MB"] = str(ns.chunk_mb)
+        for mode in ("verify", "localize", "localize_ep", "reduce"):
+            p = subprocess.run([sys.executable, __file__, "--child", mode, "--work", str(work),
+                                "--blocks", str(ns.blocks), "--width", str(ns.width),
+                                "--batch", str(ns.batch)], capture_output=True, text=True,
+                               env=env)
+            line = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+            if p.returncode != 0 or not line:
+                sys.exit(f"{mode} failed:\n{p.stderr[-3000:]}")
+            rows[mode] = json.loads(line[-1])
+    v, lo, r = rows["verify"], rows["localize"], rows["reduce"]
+    print(f"model: DeepStack(blocks={ns.blocks}, width={ns.width}), batch {ns.batch}: "
+          f"{n_nodes} ONNX nodes, {n_nodes * ns.batch * ns.width * 4 / 2**20:.0f} MiB of "
+          f"intermediate values; corrupted node {target} (export + setup {export_s:.1f} s); "
+          f"chunk {ns.chunk_mb or 256:g} MiB")
+    for key in ("localize", "localize_ep"):
+        lo = rows[key]
+        print(f"{key}: named {lo['first']} ({'right' if lo['first'] == target else 'WRONG'}); "
+              f"{lo['compared']} values compared in {lo['chunks']} sandbox run(s)")
+    print(f"reduce: {r['nodes_out']} node(s) in {r['runs']:.0f} runs")
+    head = ("run", "nodes", "seconds", "x verify", "localise stage s", "peak MiB self",
+            "peak MiB sandbox")
+    table = [head]
+    names = {"verify": "verify", "localize": "verify --localize (captures)",
+             "localize_ep": "verify --localize (program given, as export)",
+             "reduce": "reduce --until mismatch"}
+    for key, row in rows.items():
+        table.append((names[key], str(n_nodes), f"{row['seconds']:.2f}",
+                      f"{row['seconds'] / v['seconds']:.2f}x",
+                      f"{row['localize_s']:.2f}" if "localize_s" in row else "",
+                      f"{row['peak_self']:.0f}", f"{row['peak_child']:.0f}"))
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    for r in table:
+        print(" | ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths))))
+
+
+if __name__ == "__main__":
+    main()
