@@ -55,6 +55,7 @@ def child(mode: str, work: Path, blocks: int, width: int, batch: int) -> None:
     import onnxmedic
     from onnxmedic.verify import localize as loc_mod
 
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     if os.environ.get("BENCH_CHUNK_MB"):
         loc_mod.DEFAULT_CHUNK_BYTES = int(float(os.environ["BENCH_CHUNK_MB"]) * 2**20)
     x = torch.load(work / "x.pt", weights_only=True)
@@ -118,6 +119,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--child", choices=["verify", "localize", "localize_ep", "reduce"])
     ap.add_argument("--work")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads in every measured process (default 1: on a shared "
+                    "machine, spinning OpenMP threads make tiny ops erratic)")
     ap.add_argument("--chunk-mb", type=float,
                     help="bytes of exposed values per sandbox run (default: localize's 256 MiB)")
     ns = ap.parse_args()
@@ -131,6 +135,7 @@ def main() -> None:
         export_s = time.perf_counter() - t0
         rows = {}
         env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"))
+        env["BENCH_THREADS"] = str(ns.threads)
         if ns.chunk_mb:
             env["BENCH_CHUNK_MB"] = str(ns.chunk_mb)
         for mode in ("verify", "localize", "localize_ep", "reduce"):
@@ -146,7 +151,7 @@ def main() -> None:
     print(f"model: DeepStack(blocks={ns.blocks}, width={ns.width}), batch {ns.batch}: "
           f"{n_nodes} ONNX nodes, {n_nodes * ns.batch * ns.width * 4 / 2**20:.0f} MiB of "
           f"intermediate values; corrupted node {target} (export + setup {export_s:.1f} s); "
-          f"chunk {ns.chunk_mb or 256:g} MiB")
+          f"chunk {ns.chunk_mb or 256:g} MiB; torch threads {ns.threads}")
     for key in ("localize", "localize_ep"):
         lo = rows[key]
         print(f"{key}: named {lo['first']} ({'right' if lo['first'] == target else 'WRONG'}); "

@@ -334,6 +334,7 @@ def localize(
     scores: dict[str, float] = {}  # every compared node's score (floats only: small)
     upstream: dict[str, float] = {}  # for nodes not compared: the max score feeding them
     errors: list[NodeError] = []
+    fx_of: dict[str, torch.fx.Node] = {}
     state: dict[str, Any] = {"chunk": -1, "values": {}, "stop": False, "failed": None}
     tmp = Path(tempfile.mkdtemp(prefix="onnxmedic-localize-"))
     spare: dict[str, sandbox.Worker | None] = {"worker": worker}
@@ -417,9 +418,8 @@ def localize(
             onnx_op=onode.op_type if onode else None, shape=list(exp.shape),
             dtype=str(exp.dtype), max_abs=max_abs, max_rel=max_rel,
             mismatched=mismatched, total=int(exp.size), score=s, input_score=best,
-            inputs=ins, onnx_inputs=list(onode.input) if onode else [],
-            location=location_from_node(n)
-            or Location(module_path=module_path_from_node_meta(n.meta)))
+            inputs=ins, onnx_inputs=list(onode.input) if onode else [])
+        fx_of[n.name] = n
         errors.append(ne)
         if ne.exceeds and loc.first is None:
             loc.first = ne
@@ -449,6 +449,10 @@ def localize(
             f"covers {loc.compared} node(s) only."))
     errors.sort(key=lambda e: (-(e.growth if e.exceeds else 0.0), -e.score))
     loc.top = [e for e in errors if e.score > 0][:top_k]
+    for e in loc.top + ([loc.first] if loc.first else []):  # only what is reported
+        n = fx_of[e.fx_node]
+        e.location = location_from_node(n) or Location(
+            module_path=module_path_from_node_meta(n.meta))
     loc.seconds = time.perf_counter() - t0
     loc.findings.extend(_findings(loc))
     return loc
