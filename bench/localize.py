@@ -26,6 +26,11 @@ import torch
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
+NAMES = {"verify": "verify", "localize": "verify --localize (captures)",
+         "localize_ep": "verify --localize (ExportedProgram given)",
+         "reduce": "reduce --until mismatch",
+         "export": "export, mismatching (localize=False)",
+         "export_localize": "export, mismatching (localises itself)"}
 
 
 class DeepStack(nn.Module):
@@ -64,6 +69,22 @@ def child(mode: str, work: Path, blocks: int, width: int, batch: int) -> None:
     if mode == "verify":
         res = onnxmedic.verify(work / "bad.onnx", model, (x,))
         extra = {}
+    elif mode in ("export", "export_localize"):
+        # export with a deliberately wrong gelu translation: it mismatches (OM601), and with
+        # localize on, export localises by itself; the difference is what localising adds
+        from onnxscript import opset18 as op
+
+        from onnxmedic.ops import translation
+
+        @translation(torch.ops.aten.gelu.default)
+        def aten_gelu_default(self, approximate="none"):
+            return op.Sigmoid(self)
+
+        t0 = time.perf_counter()
+        res = onnxmedic.export(model, (x,), localize=mode == "export_localize")
+        loc = res.localization
+        extra = {"localize_s": res.timings.get("localize", 0.0),
+                 "first": loc.first.aten_op if loc and loc.first else None}
     elif mode in ("localize", "localize_ep"):
         if mode == "localize_ep":  # the program at hand, as in export (capture not timed)
             model = torch.export.export(model, (x,))
@@ -117,7 +138,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=400)
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--child", choices=["verify", "localize", "localize_ep", "reduce"])
+    ap.add_argument("--child", choices=list(NAMES))
     ap.add_argument("--work")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads in every measured process (default 1: on a shared "
@@ -138,7 +159,7 @@ def main() -> None:
         env["BENCH_THREADS"] = str(ns.threads)
         if ns.chunk_mb:
             env["BENCH_CHUNK_MB"] = str(ns.chunk_mb)
-        for mode in ("verify", "localize", "localize_ep", "reduce"):
+        for mode in NAMES:
             p = subprocess.run([sys.executable, __file__, "--child", mode, "--work", str(work),
                                 "--blocks", str(ns.blocks), "--width", str(ns.width),
                                 "--batch", str(ns.batch)], capture_output=True, text=True,
@@ -147,7 +168,7 @@ def main() -> None:
             if p.returncode != 0 or not line:
                 sys.exit(f"{mode} failed:\n{p.stderr[-3000:]}")
             rows[mode] = json.loads(line[-1])
-    v, lo, r = rows["verify"], rows["localize"], rows["reduce"]
+    v, r = rows["verify"], rows["reduce"]
     print(f"model: DeepStack(blocks={ns.blocks}, width={ns.width}), batch {ns.batch}: "
           f"{n_nodes} ONNX nodes, {n_nodes * ns.batch * ns.width * 4 / 2**20:.0f} MiB of "
           f"intermediate values; corrupted node {target} (export + setup {export_s:.1f} s); "
@@ -157,14 +178,14 @@ def main() -> None:
         print(f"{key}: named {lo['first']} ({'right' if lo['first'] == target else 'WRONG'}); "
               f"{lo['compared']} values compared in {lo['chunks']} sandbox run(s)")
     print(f"reduce: {r['nodes_out']} node(s) in {r['runs']:.0f} runs")
+    print(f"export with a wrong gelu translation localised: {rows['export_localize']['first']};"
+          f" export adds {rows['export_localize']['seconds'] - rows['export']['seconds']:.2f} s"
+          f" for it (its localise stage: {rows['export_localize']['localize_s']:.2f} s)")
     head = ("run", "nodes", "seconds", "x verify", "localise stage s", "peak MiB self",
             "peak MiB sandbox")
     table = [head]
-    names = {"verify": "verify", "localize": "verify --localize (captures)",
-             "localize_ep": "verify --localize (program given, as export)",
-             "reduce": "reduce --until mismatch"}
     for key, row in rows.items():
-        table.append((names[key], str(n_nodes), f"{row['seconds']:.2f}",
+        table.append((NAMES[key], str(n_nodes), f"{row['seconds']:.2f}",
                       f"{row['seconds'] / v['seconds']:.2f}x",
                       f"{row['localize_s']:.2f}" if "localize_s" in row else "",
                       f"{row['peak_self']:.0f}", f"{row['peak_child']:.0f}"))
