@@ -665,12 +665,15 @@ def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tupl
         result.stages["check"] = FAILED
         return
     result.stages["check"] = PASSED
+    program = model
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()  # unlifted once, not once per input set (slow for big graphs)
     expected = _preflight(result, model, args, kwargs)
     if expected is None:
         return
     _run_and_compare(result, model, path, proto, inputs_mod.Inputs(args, kwargs), expected,
                      timeout, tolerance, worker,
-                     localizer=(True, lambda: _program_for(model, args, kwargs))
+                     localizer=(True, lambda: _program_for(program, args, kwargs))
                      if localize else None)
     result.ok = result.stages["compare"] == PASSED
 
