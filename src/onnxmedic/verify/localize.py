@@ -37,6 +37,10 @@ STAGE = "localize"
 DEFAULT_CHUNK_BYTES = 256 * 1024**2
 # Never more than this many extra outputs per run (ONNX Runtime's per-output overhead).
 MAX_CHUNK_VALUES = 4096
+# A node out of tolerance that multiplies its inputs' error by at least this much makes the
+# error; below, it carries rounding drift (deep stacks of float32 matmuls cross the tolerance by
+# accumulation alone). The first node that makes the error is reported, else the first out.
+BORN_GROWTH = 10.0
 # Below this share of FX nodes matched by name, the program is decomposed as torch.onnx does.
 MIN_COVERAGE = 0.8
 
@@ -88,6 +92,9 @@ class Localization:
     """What localisation found: the first divergent node and the top nodes by error growth."""
 
     first: NodeError | None = None
+    # the first value out of tolerance, when it is not ``first``: rounding drift (growth below
+    # BORN_GROWTH) that crossed the tolerance before the error ``first`` makes
+    drift: NodeError | None = None
     top: list[NodeError] = field(default_factory=list)
     compared: int = 0  # FX nodes compared with an ONNX value
     fx_nodes: int = 0  # FX call_function nodes with a tensor value
@@ -101,6 +108,7 @@ class Localization:
     def to_dict(self) -> dict[str, Any]:
         return {
             "first": self.first.to_dict() if self.first else None,
+            "drift": self.drift.to_dict() if self.drift else None,
             "top": [n.to_dict() for n in self.top],
             "compared": self.compared, "fx_nodes": self.fx_nodes, "onnx_nodes": self.onnx_nodes,
             "chunks": self.chunks, "input_set": self.input_set,
@@ -335,6 +343,7 @@ def localize(
     upstream: dict[str, float] = {}  # for nodes not compared: the max score feeding them
     errors: list[NodeError] = []
     fx_of: dict[str, torch.fx.Node] = {}
+    first_exceeding: list[NodeError | None] = [None]
     state: dict[str, Any] = {"chunk": -1, "values": {}, "stop": False, "failed": None}
     tmp = Path(tempfile.mkdtemp(prefix="onnxmedic-localize-"))
     spare: dict[str, sandbox.Worker | None] = {"worker": worker}
@@ -421,7 +430,9 @@ def localize(
             inputs=ins, onnx_inputs=list(onode.input) if onode else [])
         fx_of[n.name] = n
         errors.append(ne)
-        if ne.exceeds and loc.first is None:
+        if ne.exceeds and first_exceeding[0] is None:
+            first_exceeding[0] = ne
+        if ne.exceeds and ne.growth >= BORN_GROWTH and loc.first is None:
             loc.first = ne
             if not full:
                 state["stop"] = True
@@ -447,9 +458,13 @@ def localize(
             "OM611", STAGE, "ONNX Runtime failed on the model with intermediate values "
             f"exposed ({f.title if f else failed.status}: {failed.error[:300]}); localisation "
             f"covers {loc.compared} node(s) only."))
+    if loc.first is None:  # only gradual growth: the first value out of tolerance
+        loc.first = first_exceeding[0]
+    elif first_exceeding[0] is not loc.first:
+        loc.drift = first_exceeding[0]
     errors.sort(key=lambda e: (-(e.growth if e.exceeds else 0.0), -e.score))
     loc.top = [e for e in errors if e.score > 0][:top_k]
-    for e in loc.top + ([loc.first] if loc.first else []):  # only what is reported
+    for e in loc.top + [x for x in (loc.first, loc.drift) if x]:  # only what is reported
         n = fx_of[e.fx_node]
         e.location = location_from_node(n) or Location(
             module_path=module_path_from_node_meta(n.meta))
@@ -498,13 +513,20 @@ def _findings(loc: Localization) -> list[Finding]:
         ins = ", ".join(f"{i['name']} {_fmt(i['score'])}" for i in n.inputs) or "none compared"
         born = ("its inputs are within tolerance, so the error is born here"
                 if n.input_score <= 1.0 else
+                f"it multiplies its inputs' error by {_fmt(n.growth)}, so the error is born here"
+                if n.growth >= BORN_GROWTH else
                 "its inputs are already outside tolerance (error inherited and grown)")
         bad_inits = {b["name"] for b in loc.bad_initializers}
         init_names = ", ".join(sorted(bad_inits & set(n.onnx_inputs)))
         init_note = ""
+        if loc.drift is not None:
+            init_note += (f" (Values drift out of tolerance by accumulated rounding earlier, "
+                          f"from {loc.drift.fx_node}, error/tolerance {_fmt(loc.drift.score)} "
+                          f"with growth {_fmt(loc.drift.growth)}; {n.fx_node} is where the "
+                          f"error jumps.)")
         if loc.bad_initializers:
             names = ", ".join(b["name"] for b in loc.bad_initializers[:5])
-            init_note = f" The ONNX initializer(s) {names} differ from the PyTorch parameters."
+            init_note += f" The ONNX initializer(s) {names} differ from the PyTorch parameters."
         out.append(error(
             "OM610", STAGE,
             f"the first value to leave tolerance (input set {loc.input_set}) is FX node "
