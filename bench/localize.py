@@ -108,7 +108,43 @@ def child(mode: str, work: Path, blocks: int, width: int, batch: int) -> None:
                       "codes": sorted({f.code for f in res.findings}), **extra}))
 
 
-def prepare(work: Path, blocks: int, width: int, batch: int) -> tuple[int, str]:
+_ORT_PEAK = """
+import sys, numpy as np, onnxruntime as ort
+sess = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+feeds = dict(np.load(sys.argv[2]))
+outs = [np.asarray(o) for o in sess.run(None, feeds)]
+np.savez(sys.argv[3], **{f"o{i}": o for i, o in enumerate(outs)})
+hwm = next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM"))
+print(int(hwm.split()[1]) // 1024, sum(o.nbytes for o in outs) // 2**20)
+"""
+
+
+def ort_peak(work: Path, model: Path) -> tuple[int, int]:
+    """Peak RSS (MiB, VmHWM: ru_maxrss of a child counts its parent's pages at exec) of a
+    process doing what the sandbox worker does with ``model``, and MiB of outputs."""
+    p = subprocess.run([sys.executable, "-c", _ORT_PEAK, str(model), str(work / "feeds.npz"),
+                        str(work / "out.npz")], capture_output=True, text=True, check=True)
+    peak, out_mib = p.stdout.split()
+    return int(peak), int(out_mib)
+
+
+def exposed_largest_chunk(work: Path, program: object, chunk_mb: float | None) -> Path:
+    """bad.onnx with the largest chunk localisation exposes as its outputs."""
+    import onnx
+
+    from onnxmedic.verify import localize as loc_mod
+
+    proto = onnx.load(work / "bad.onnx")
+    nodes, _ = loc_mod._candidates(program, proto)
+    chunk = int(chunk_mb * 2**20) if chunk_mb else loc_mod.DEFAULT_CHUNK_BYTES
+    chunks = loc_mod._chunks(nodes, chunk)
+    biggest = max(chunks, key=lambda c: sum(n.meta["val"].numel() for n in c))
+    m = loc_mod._with_outputs(proto, [n.name for n in biggest], loc_mod._value_types(proto))
+    onnx.save(m, work / "exposed.onnx")
+    return work / "exposed.onnx"
+
+
+def prepare(work: Path, blocks: int, width: int, batch: int) -> tuple[int, str, object]:
     """Export the model, corrupt one Add in the middle; returns (ONNX nodes, its FX name)."""
     import numpy as np
     import onnx
@@ -130,7 +166,7 @@ def prepare(work: Path, blocks: int, width: int, batch: int) -> tuple[int, str]:
     ref = ReferenceEvaluator(onnx.load(work / "good.onnx")).run(None, feeds, intermediate=True)
     np.savez(work / "ref.npz", **{k: v for k, v in ref.items()
                                   if isinstance(v, np.ndarray) and v.dtype != object})
-    return len(m.graph.node), target.output[0]
+    return len(m.graph.node), target.output[0], res.program
 
 
 def main() -> None:
@@ -154,8 +190,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-localize-") as d:
         work = Path(d)
         t0 = time.perf_counter()
-        n_nodes, target = prepare(work, ns.blocks, ns.width, ns.batch)
+        n_nodes, target, program = prepare(work, ns.blocks, ns.width, ns.batch)
         export_s = time.perf_counter() - t0
+        ort_plain = ort_peak(work, work / "bad.onnx")
+        ort_exposed = ort_peak(work, exposed_largest_chunk(work, program, ns.chunk_mb))
         rows = {}
         env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"))
         env["BENCH_THREADS"] = str(ns.threads)
@@ -201,6 +239,10 @@ def main() -> None:
     for r in table:
         print(" | ".join(c.ljust(w) if i == 0 else c.rjust(w)
                          for i, (c, w) in enumerate(zip(r, widths))))
+    print("('peak MiB sandbox' is ru_maxrss of children, which counts the parent's pages at "
+          "fork+exec; the ONNX Runtime side measured alone, VmHWM:)")
+    print(f"ONNX Runtime run of the model: {ort_plain[0]} MiB peak; with localisation's "
+          f"largest chunk exposed ({ort_exposed[1]} MiB of outputs): {ort_exposed[0]} MiB peak")
 
 
 if __name__ == "__main__":
