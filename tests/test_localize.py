@@ -186,3 +186,18 @@ def test_score_is_relative_to_tolerance():
     a[2] = 0.0
     assert loc_mod.score(e, a, 1e-4, 1e-5) == float("inf")
     assert loc_mod.score(np.array([1, 2]), np.array([1, 5]), 0, 0) > 1
+
+
+def test_localisation_failure_never_changes_the_verdict(tmp_path, monkeypatch):
+    model = Stack(depth=1)
+    res = onnxmedic.export(model, (X,), tmp_path / "m.onnx")
+    assert res.ok
+
+    def broken(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(loc_mod, "localize", broken)
+    out = onnxmedic.verify(tmp_path / "m.onnx", model, (X,), localize=True)
+    assert out.ok and out.exit_code == 0
+    f = next(f for f in out.findings if f.code == "OM611")
+    assert "boom" in f.message and f.severity.value == "warning"

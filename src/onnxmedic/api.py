@@ -362,9 +362,18 @@ def _localize_stage(result: ExportResult, proto: Any, get_program: Any,
                 suggestion="Fix the capture findings first (onnxmedic export MODEL)."))
             return
         program, decomposed = got
-        loc = loc_mod.localize(proto, program, inputs.args, inputs.kwargs, feeds=feeds,
-                               tolerance=tolerance, timeout=timeout, input_set=label,
-                               decomposed=decomposed, worker=worker)
+        try:
+            loc = loc_mod.localize(proto, program, inputs.args, inputs.kwargs, feeds=feeds,
+                                   tolerance=tolerance, timeout=timeout, input_set=label,
+                                   decomposed=decomposed, worker=worker)
+        except Exception as e:  # localisation explains; it must never break the verdict
+            worker.close()
+            logger.debug("localisation failed", exc_info=True)
+            result.findings.append(warning(
+                "OM611", "localize", f"localisation failed ({type(e).__name__}: "
+                f"{str(e)[:300]}); the verification result stands.",
+                suggestion="Please report it to onnxmedic with the model."))
+            return
     result.localization = loc
     # OM610 is an error only where the result already failed: it explains the mismatch
     for f in loc.findings:
