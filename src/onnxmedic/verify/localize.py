@@ -335,6 +335,8 @@ def localize(
             "file was not exported by torch.onnx from this model, or its names were changed.",
             suggestion="Localise on the model as onnxmedic exports it: `onnxmedic export "
             "MODEL -o out.onnx`, then `onnxmedic verify out.onnx MODEL --localize`."))
+        if worker is not None:
+            worker.close()
         loc.seconds = time.perf_counter() - t0
         return loc
     loc.bad_initializers = _compare_initializers(proto, program, tolerance)
