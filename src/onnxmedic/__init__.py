@@ -9,7 +9,17 @@
 
 from __future__ import annotations
 
-from onnxmedic.api import ExportResult, RunResult, VerifyResult, doctor, export, run, verify
+from onnxmedic.api import (
+    ExportResult,
+    RunResult,
+    VerifyResult,
+    doctor,
+    export,
+    localize,
+    reduce,
+    run,
+    verify,
+)
 from onnxmedic.findings import CODES, Finding, Location, Severity
 from onnxmedic.ops import translation
 
@@ -26,6 +36,8 @@ __all__ = [
     "__version__",
     "doctor",
     "export",
+    "localize",
+    "reduce",
     "run",
     "translation",
     "verify",

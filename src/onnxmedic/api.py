@@ -58,6 +58,7 @@ class ExportResult:
     traceback: str | None = None
     onnx_model: Any = None  # the onnx.ModelProto (in memory; not serialised)
     program: Any = None  # the captured ExportedProgram, when there is one
+    localization: Any = None  # verify.localize.Localization, when localisation ran
 
     @property
     def errors(self) -> list[Finding]:
@@ -107,6 +108,7 @@ class ExportResult:
             "inventory": self.inventory,
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "traceback": self.traceback,
+            "localization": self.localization.to_dict() if self.localization else None,
         }
 
 
@@ -274,9 +276,13 @@ def _runtime_stage(result: ExportResult, sbx: sandbox.SandboxResult, target: str
 def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: Any,
                      example: inputs_mod.Inputs, example_expected: list[np.ndarray] | None,
                      timeout: float, tolerance: tuple[float, float] | None,
-                     worker: sandbox.Worker | None = None, target: str = "cpu") -> None:
+                     worker: sandbox.Worker | None = None, target: str = "cpu",
+                     localizer: Any = None) -> None:
     """runtime + compare stages, in one sandboxed session: the example, two further input sets
-    of the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x."""
+    of the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x.
+
+    ``localizer``: ``(always, get_program)``; localisation runs on a value mismatch (OM601), or
+    always when ``always``, with the program ``get_program()`` returns (None: skipped)."""
     onnx_inputs, onnx_dims, onnx_outputs = _graph_io(proto)
     sets = [example] + inputs_mod.derived_input_sets(example, EXTRA_INPUT_SETS)
     labels = ["example"] + [f"random#{i}" for i in range(1, len(sets))]
@@ -360,6 +366,53 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
             "output diverges.", details={"comparison": worst.to_dict()}))
     if not structural and not values and not shape_failures:
         result.stages["compare"] = PASSED
+    if localizer is not None and (values or localizer[0]):
+        label = ("example" if not values or "example" in {c.input_set for c in values}
+                 else worst.input_set)
+        k = labels.index(label) if label in labels else 0
+        _localize_stage(result, proto, localizer[1], sets[k], feeds[k], timeout, tolerance,
+                        labels[k])
+
+
+def _localize_stage(result: ExportResult, proto: Any, get_program: Any,
+                    inputs: inputs_mod.Inputs, feeds: dict[str, np.ndarray], timeout: float,
+                    tolerance: tuple[float, float] | None, label: str) -> None:
+    """Localise the divergence on one input set; its findings join the result's."""
+    from onnxmedic.verify import localize as loc_mod
+
+    with _stage(result, "localize"):
+        worker = sandbox.Worker()  # imports ONNX Runtime while the program is captured
+        try:
+            got = get_program()
+        except BaseException:
+            worker.close()
+            raise
+        if got is None:
+            worker.close()
+            result.findings.append(warning(
+                "OM611", "localize", "no localisation: the model could not be captured with "
+                "torch.export, so there are no FX nodes to compare with.",
+                suggestion="Fix the capture findings first (onnxmedic export MODEL)."))
+            return
+        program, decomposed = got
+        try:
+            loc = loc_mod.localize(proto, program, inputs.args, inputs.kwargs, feeds=feeds,
+                                   tolerance=tolerance, timeout=timeout, input_set=label,
+                                   decomposed=decomposed, worker=worker)
+        except Exception as e:  # localisation explains; it must never break the verdict
+            worker.close()
+            logger.debug("localisation failed", exc_info=True)
+            result.findings.append(warning(
+                "OM611", "localize", f"localisation failed ({type(e).__name__}: "
+                f"{str(e)[:300]}); the verification result stands.",
+                suggestion="Please report it to onnxmedic with the model."))
+            return
+    result.localization = loc
+    # OM610 is an error only where the result already failed: it explains the mismatch
+    for f in loc.findings:
+        if f.code == "OM610" and result.stages.get("compare") == PASSED:
+            f.severity = Severity.WARNING
+        result.findings.append(f)
 
 
 def _shape_finding(proto: Any, label: str, message: str) -> Finding:
@@ -438,8 +491,12 @@ def export(
     input_specs: list[str] | None = None,
     dtype_policy: str = "upcast",
     ort_version: str | None = None,
+    localize: bool = True,
 ) -> ExportResult:
     """Export ``model`` to ONNX, verify it in an isolated ONNX Runtime, and report.
+
+    When the outputs differ from PyTorch (OM601) and ``localize`` is on, the first divergent
+    node is localised (OM610); this costs nothing when the model verifies.
 
     Problems of the model become findings in the returned :class:`ExportResult` (``ok`` is True
     only when the model was exported *and* verified). With ``f``, the file is written atomically
@@ -473,7 +530,7 @@ def export(
                         target=target, opset=opset, verify=verify,
                         keep_unverified=keep_unverified, timeout=timeout, tolerance=tolerance,
                         worker=worker, explain=explain, dtype_policy=dtype_policy,
-                        ort_version=ort)
+                        ort_version=ort, localize=localize)
     finally:
         if was_training:
             model.train(True)
@@ -488,7 +545,8 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             f: Any, *, dynamic_shapes: Any, target: str, opset: int | None, verify: bool,
             keep_unverified: bool, timeout: float, tolerance: tuple[float, float] | None,
             worker: sandbox.Worker | None, explain: bool = False,
-            dtype_policy: str = "upcast", ort_version: tuple[int, int] | None = None) -> None:
+            dtype_policy: str = "upcast", ort_version: tuple[int, int] | None = None,
+            localize: bool = True) -> None:
     from onnxmedic import translate as translate_mod
     from onnxmedic.fixes import opset as opset_fix
 
@@ -603,8 +661,12 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             _not_written(result, f)
             return
         if verify:
+            decomposed = getattr(prog, "exported_program", None)
             _run_and_compare(result, model, onnx_path, result.onnx_model, example,
-                             example_expected, timeout, tolerance, worker, target)
+                             example_expected, timeout, tolerance, worker, target,
+                             localizer=(False, lambda: (decomposed or program,
+                                                        decomposed is not None))
+                             if localize else None)
             verified = result.stages["compare"] == PASSED
         else:
             verified = True  # verification not asked for: exported is all we can say
@@ -866,9 +928,14 @@ def verify(
     tolerance: tuple[float, float] | None = None,
     model_spec: str | None = None,
     input_specs: list[str] | None = None,
+    localize: bool = False,
 ) -> ExportResult:
     """Compare an existing ONNX file with the PyTorch model on the example inputs and further
-    seeded input sets, with ONNX Runtime in the sandbox."""
+    seeded input sets, with ONNX Runtime in the sandbox.
+
+    ``localize``: also compare every intermediate value the ONNX file shares (by name) with the
+    model's torch.export program, and name the first divergent node (OM610) and the nodes that
+    grow the error most (``result.localization``)."""
     args, kwargs = _check_args(model, args, kwargs)
     result = ExportResult(command="verify", path=str(onnx_path),
                           model=model_spec or type(model).__name__,
@@ -888,7 +955,7 @@ def verify(
                                  ("", "ai.onnx")), None)
             with sandbox.Worker() as worker:
                 _verify(result, proto, Path(onnx_path), model, args, kwargs, timeout,
-                        tolerance, worker)
+                        tolerance, worker, localize)
     if report is not None:
         from onnxmedic.report import write_report
 
@@ -898,19 +965,34 @@ def verify(
 
 def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tuple[Any, ...],
             kwargs: dict[str, Any], timeout: float, tolerance: tuple[float, float] | None,
-            worker: sandbox.Worker) -> None:
+            worker: sandbox.Worker, localize: bool = False) -> None:
     check_findings = checks.check_file(path)
     result.findings.extend(check_findings)
     if any(x.severity == Severity.ERROR for x in check_findings):
         result.stages["check"] = FAILED
         return
     result.stages["check"] = PASSED
+    program = model
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()  # unlifted once, not once per input set (slow for big graphs)
     expected = _preflight(result, model, args, kwargs)
     if expected is None:
         return
     _run_and_compare(result, model, path, proto, inputs_mod.Inputs(args, kwargs), expected,
-                     timeout, tolerance, worker)
+                     timeout, tolerance, worker,
+                     localizer=(True, lambda: _program_for(program, args, kwargs))
+                     if localize else None)
     result.ok = result.stages["compare"] == PASSED
+
+
+def _program_for(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                 ) -> tuple[Any, bool] | None:
+    """(ExportedProgram, already decomposed?) of ``model`` for localisation, or None."""
+    if isinstance(model, torch.export.ExportedProgram):
+        return model, False
+    attempts = capture(model, args, kwargs, None)
+    program = attempts[-1].program if attempts else None
+    return (program, False) if program is not None else None
 
 
 def doctor(
@@ -1062,3 +1144,132 @@ def _run(result: RunResult, doc: Any, onnx_path: Any, feeds: Any, cast: str, tar
     result.outputs = dict(zip(sbx.output_names, sbx.outputs[0]))
     result.ok = True
 
+
+
+def reduce(
+    onnx_path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    until: str = "crash",
+    timeout: float = 30.0,
+    feeds: dict[str, np.ndarray] | str | os.PathLike[str] | None = None,
+    reference: dict[str, np.ndarray] | str | os.PathLike[str] | None = None,
+    tolerance: tuple[float, float] | None = None,
+    max_runs: int = 200,
+    seed: int = 0,
+) -> ExportResult:
+    """Shrink a failing ONNX model to a minimal subgraph that still fails, and write it to
+    ``out`` with its inputs (``out``'s stem + .inputs.npz) and a standalone repro script
+    (stem + .repro.py).
+
+    ``until``: "crash" (ONNX Runtime dies), "hang" (does not finish within ``timeout``),
+    "mismatch" (outputs differ from ``reference``: expected values by ONNX value name, a dict
+    or .npz; by default onnx's ReferenceEvaluator), or a shell command containing ``{model}``
+    (and optionally ``{inputs}``, an .npz of the feeds) that exits non-zero while the failure
+    is there. ``feeds``: the model's inputs (dict or .npz); random ones by default. Every
+    candidate runs in the sandbox (or as the command) with ``timeout``; at most ``max_runs``.
+    """
+    from onnxmedic import lint as doc
+    from onnxmedic import reduction as red
+
+    result = ExportResult(command="reduce", path=None, model=str(onnx_path),
+                          stages={"load": NOT_RUN, "reduce": NOT_RUN, "write": NOT_RUN})
+    with _guard(result):
+        mode = red.parse_until(until)
+        if mode is None:
+            _fail(result, "reduce", error(
+                "OM543", "reduce", f"--until {until!r} is not a criterion.",
+                suggestion="Use crash, hang, mismatch, or a shell command with {model} in it, "
+                "e.g. --until \"python check.py {model}\" (non-zero exit = still failing)."))
+            return result
+        bad_out = _check_output_path(out)
+        if bad_out is not None:
+            _fail(result, "write", bad_out)
+            return result
+        with _stage(result, "load"):
+            proto, bad = checks.load_onnx(onnx_path, stage="load")
+        if bad is not None:
+            _fail(result, "load", bad)
+            return result
+        ext = doc.external_data_findings(proto, Path(onnx_path), stage="load")
+        if ext:
+            _fail(result, "load", *ext)
+            return result
+        if any(i.data_location == 1 for i in proto.graph.initializer):
+            import onnx
+
+            proto = onnx.load(str(onnx_path), load_external_data=True)
+        result.onnx_model = proto
+        result.stages["load"] = PASSED
+        if feeds is None:
+            feeds, problems = doc.random_feeds(proto, seed=seed)
+            if problems:
+                _fail(result, "load", error("OM008", "load", "cannot make inputs for the "
+                                            "model: " + "; ".join(problems),
+                                            suggestion="Pass the inputs (feeds=... or "
+                                            "--input inputs.npz)."))
+                return result
+        elif not isinstance(feeds, dict):
+            feeds = _load_npz(feeds)
+        if reference is not None and not isinstance(reference, dict):
+            reference = _load_npz(reference)
+        with _stage(result, "reduce"):
+            small, small_feeds, stats, why = red.reduce_model(
+                proto, dict(feeds), mode, timeout=timeout, max_runs=max_runs,
+                reference=reference, tolerance=tolerance)
+        result.timings["reduce_runs"] = float(stats.runs)
+        if small is None:
+            _fail(result, "reduce", error(
+                "OM541", "reduce", f"{onnx_path} does not show the failure asked for "
+                f"(--until {until}): {why}.",
+                suggestion="Check the criterion on the whole model first (onnxmedic doctor / "
+                "run, or the command by hand); raise --timeout for a slow hang."))
+            return result
+        result.stages["reduce"] = PASSED
+        with _stage(result, "write"):
+            inputs_path, script = red.write_outputs(
+                Path(out), small, small_feeds, until=mode, timeout=timeout,
+                source=str(onnx_path), stats=stats, tolerance=tolerance)
+        result.stages["write"] = PASSED
+        result.path = str(out)
+        ops = ", ".join(f"{n.op_type} {n.name!r}" for n in small.graph.node[:8])
+        result.findings.append(info(
+            "OM540", "reduce", f"reduced {stats.nodes_in} nodes to {stats.nodes_out} ({ops}) in "
+            f"{stats.runs} runs, {stats.seconds:.1f} s; still fails (--until {mode}). Wrote "
+            f"{out}, {inputs_path.name} and {script.name}.",
+            suggestion=f"python {script} reproduces it; attach the three files to a bug "
+            "report.", details={"nodes_in": stats.nodes_in, "nodes_out": stats.nodes_out,
+                                "runs": stats.runs, "phases": stats.phases}))
+        if stats.exhausted:
+            result.findings.append(warning(
+                "OM542", "reduce", f"stopped after {stats.runs} candidate runs (max_runs); "
+                f"{out} still fails but may not be minimal.",
+                suggestion="Run reduce again on the written model, or raise --max-runs."))
+        result.ok = True
+    return result
+
+
+def localize(
+    onnx_path: str | os.PathLike[str],
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    args: tuple[Any, ...] = (),
+    *,
+    kwargs: dict[str, Any] | None = None,
+    report: str | os.PathLike[str] | None = None,
+    timeout: float = sandbox.DEFAULT_TIMEOUT,
+    tolerance: tuple[float, float] | None = None,
+) -> ExportResult:
+    """verify() with localisation: ``result.localization`` holds the first node whose value in
+    ONNX Runtime leaves tolerance (also finding OM610) and the top nodes by error growth."""
+    return verify(onnx_path, model, args, kwargs=kwargs, report=report, timeout=timeout,
+                  tolerance=tolerance, localize=True)
+
+
+def _load_npz(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as d:
+            return {k: d[k] for k in d.files}
+    except (OSError, ValueError) as e:
+        raise OnnxMedicError(error("OM005", "load", f"cannot read {str(path)!r} as an .npz of "
+                                   f"arrays: {e}", suggestion="Give an .npz written by "
+                                   "numpy.savez, arrays named after the model's inputs.")) from e

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=EPILOG)
     v.add_argument("onnx", metavar="OUT.onnx")
     v.add_argument("model", metavar="MODEL")
+    v.add_argument("--localize", action="store_true",
+                   help="compare intermediate values too: name the first node whose value "
+                   "leaves tolerance and the nodes that grow the error most")
     common(v)
 
     d = sub.add_parser("doctor", help="lint an ONNX file for a target runtime (no PyTorch)",
@@ -95,6 +98,30 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--timeout", type=float, default=120.0, metavar="S")
     d.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     d.add_argument("-v", "--verbose", action="store_true", help="also show info findings")
+
+    rd = sub.add_parser("reduce", help="shrink a failing ONNX model to a minimal repro",
+                        epilog=EPILOG)
+    rd.add_argument("onnx", metavar="IN.onnx")
+    rd.add_argument("-o", "--output", required=True, metavar="MIN.onnx",
+                    help="the reduced model; MIN.inputs.npz and MIN.repro.py go next to it")
+    rd.add_argument("--until", default="crash", metavar="CRITERION",
+                    help='crash, hang, mismatch (against onnx\'s reference evaluator or '
+                    '--reference), or a shell command with {model} (and optionally {inputs}) '
+                    'that exits non-zero while the failure is there, e.g. "python check.py '
+                    '{model}"')
+    rd.add_argument("--input", "-i", metavar="INPUTS.npz",
+                    help="the model's inputs by name (random ones by default)")
+    rd.add_argument("--reference", metavar="VALUES.npz",
+                    help="for --until mismatch: expected values by ONNX value name")
+    rd.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                    help="seconds per candidate run (default 30); a hang is a run past it")
+    rd.add_argument("--max-runs", type=int, default=200, metavar="N")
+    rd.add_argument("--rtol", type=float, help="override the relative tolerance")
+    rd.add_argument("--atol", type=float, help="override the absolute tolerance")
+    rd.add_argument("--seed", type=int, default=0, help="seed for generated inputs")
+    rd.add_argument("--report", metavar="FILE", help="write a .json or .html report")
+    rd.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    rd.add_argument("-v", "--verbose", action="store_true", help="also show info findings")
 
     r = sub.add_parser("run", help="safe inference with input-contract checks", epilog=EPILOG)
     r.add_argument("onnx", metavar="OUT.onnx")
@@ -130,6 +157,15 @@ def _run(ns: argparse.Namespace) -> Any:
                           ort_version=ns.ort_version)
     if ns.command == "run":
         return _run_command(ns)
+    if ns.command == "reduce":
+        res = api.reduce(ns.onnx, ns.output, until=ns.until, timeout=ns.timeout,
+                         feeds=ns.input, reference=ns.reference, tolerance=_tolerance(ns),
+                         max_runs=ns.max_runs, seed=ns.seed)
+        if ns.report:
+            from onnxmedic.report import write_report
+
+            write_report(res, ns.report)
+        return res
     result = api.ExportResult(command=ns.command, model=ns.model, inputs=list(ns.input))
     try:
         model, _source = inputs.load_model(ns.model)
@@ -148,7 +184,8 @@ def _run(ns: argparse.Namespace) -> Any:
         else:
             options = {"timeout": ns.timeout, "tolerance": _tolerance(ns)}
             res = api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
-                             model_spec=ns.model, input_specs=ns.input, **options)
+                             model_spec=ns.model, input_specs=ns.input,
+                             localize=ns.localize, **options)
         if ns.repro and not res.ok:
             from onnxmedic.report.repro import write_repro
 

@@ -264,6 +264,25 @@ CODES: dict[str, CodeInfo] = {
         "Runtime or found no device; ONNX Runtime fell back to the CPU, so the model was "
         "verified on the CPU only.",
     ),
+    "OM540": CodeInfo(
+        "reduced model written", 0,
+        "`onnxmedic reduce` shrank the model to a smaller one that still fails the same way; "
+        "the finding names the file, its node count, the inputs (.npz) and the repro script.",
+    ),
+    "OM541": CodeInfo(
+        "failure not reproduced", 1,
+        "`onnxmedic reduce` ran the input model and it does not show the failure asked for "
+        "(--until), so there is nothing to reduce.",
+    ),
+    "OM542": CodeInfo(
+        "reduce budget exhausted", 0,
+        "`onnxmedic reduce` stopped at its limit of candidate runs (or time); the model written "
+        "still fails but may not be minimal.",
+    ),
+    "OM543": CodeInfo(
+        "bad --until criterion", 2,
+        "The --until value is not crash, hang, mismatch or a shell command containing {model}.",
+    ),
     # OM6xx: numbers
     "OM601": CodeInfo(
         "output values differ from PyTorch", 1,
@@ -276,6 +295,22 @@ CODES: dict[str, CodeInfo] = {
     "OM603": CodeInfo(
         "output not verified at all input sets", 0,
         "Some further input sets could not be generated; verification used fewer.",
+    ),
+    "OM610": CodeInfo(
+        "first divergent node", 1,
+        "Localisation: the first PyTorch (FX) node, in topological order, whose value in ONNX "
+        "Runtime is outside tolerance, with its ATen op, the ONNX node, module path and file:line, "
+        "and its inputs' errors (to tell an error born there from an inherited one).",
+    ),
+    "OM611": CodeInfo(
+        "localisation incomplete", 0,
+        "Localisation could not match ONNX values to PyTorch nodes, or could not run one side "
+        "node by node; the verification result itself stands.",
+    ),
+    "OM612": CodeInfo(
+        "no divergent intermediate value", 0,
+        "Localisation compared the intermediate values it could match and none is outside "
+        "tolerance.",
     ),
 }
 

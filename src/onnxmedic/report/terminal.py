@@ -14,7 +14,9 @@ _SEV = {"error": "red", "warning": "yellow", "info": "blue"}
 
 def render_terminal(result: Any, console: Console | None = None, verbose: bool = False) -> None:
     console = console or Console(stderr=True, soft_wrap=True)
-    verdict = ("[bold green]verified[/]" if result.ok else "[bold red]not verified[/]")
+    good, bad = (("reduced", "not reduced") if result.command == "reduce"
+                 else ("verified", "not verified"))
+    verdict = (f"[bold green]{good}[/]" if result.ok else f"[bold red]{bad}[/]")
     head = f"onnxmedic {result.command}: {escape(str(result.model))} — {verdict}"
     if result.path and result.ok:
         head += f" → {escape(result.path)}"
@@ -23,7 +25,8 @@ def render_terminal(result: Any, console: Console | None = None, verbose: bool =
                      for stage, status in result.stages.items())
     console.print(line)
     for f in result.findings:
-        if f.severity.value == "info" and not verbose and f.code not in ("OM010", "OM310", "OM320"):
+        if f.severity.value == "info" and not verbose and f.code not in (
+                "OM010", "OM310", "OM320", "OM540"):
             continue
         color = _SEV[f.severity.value]
         console.print(f"[{color}]{f.code}[/] [bold]{escape(f.title)}[/]: {escape(f.message)}")
@@ -41,6 +44,19 @@ def render_terminal(result: Any, console: Console | None = None, verbose: bool =
             t.add_row(escape(c.name), c.input_set, str(c.expected_shape), c.expected_dtype,
                       f"{c.max_abs:.3g}", f"{c.max_rel:.3g}",
                       "[green]ok[/]" if c.ok else f"[red]{escape(c.reason)}[/]")
+        console.print(t)
+    loc = getattr(result, "localization", None)
+    if loc is not None and loc.top:
+        t = Table(title=f"divergence localisation ({loc.input_set}): top nodes by error growth",
+                  title_justify="left")
+        for col in ("FX node", "ATen op", "ONNX node", "where", "max abs", "err/tol",
+                    "inputs' err/tol", "growth"):
+            t.add_column(col)
+        for n in loc.top:
+            t.add_row(escape(n.fx_node), escape(n.aten_op), escape(f"{n.onnx_op} {n.onnx_node}"),
+                      escape(str(n.location) if n.location else ""), f"{n.max_abs:.3g}",
+                      f"[red]{n.score:.3g}[/]" if n.exceeds else f"{n.score:.3g}",
+                      f"{n.input_score:.3g}", f"{n.growth:.3g}")
         console.print(t)
     if getattr(result, "inventory", None):
         t = Table(title="op inventory (after torch.onnx's decompositions)", title_justify="left")

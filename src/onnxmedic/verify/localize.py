@@ -1,0 +1,559 @@
+"""Divergence localisation: the first node where ONNX Runtime and PyTorch part ways.
+
+The ONNX model is run in the sandbox with intermediate values exposed as extra graph outputs,
+the (decomposed) ExportedProgram is run node by node with an FX interpreter on the same inputs,
+and the two are matched by name: torch.onnx names each ONNX value after the FX node it comes
+from. Memory stays bounded: the exposed values are split into chunks by bytes, each chunk is one
+sandbox run, and the FX interpreter (which frees each value after its last use) compares a value
+the moment it is produced and keeps only its error. The FX side runs once; the ONNX side runs
+once per chunk, and only up to the chunk that holds the first divergence when ``full=False``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from onnxmedic import sandbox
+from onnxmedic._locate import location_from_node, module_path_from_node_meta
+from onnxmedic._tensors import to_numpy
+from onnxmedic.findings import Finding, Location, error, info, warning
+from onnxmedic.verify.compare import compare_arrays, tolerance_for
+
+logger = logging.getLogger(__name__)
+
+STAGE = "localize"
+# Bytes of exposed intermediate values per sandbox run (both sides hold about this much).
+DEFAULT_CHUNK_BYTES = 256 * 1024**2
+# Never more than this many extra outputs per run (ONNX Runtime's per-output overhead).
+MAX_CHUNK_VALUES = 4096
+# A node out of tolerance that multiplies its inputs' error by at least this much makes the
+# error; below, it carries rounding drift (deep stacks of float32 matmuls cross the tolerance by
+# accumulation alone). The first node that makes the error is reported, else the first out.
+BORN_GROWTH = 10.0
+# Below this share of FX nodes matched by name, the program is decomposed as torch.onnx does.
+MIN_COVERAGE = 0.8
+
+
+@dataclass
+class NodeError:
+    """The error of one FX node's value in ONNX Runtime against PyTorch."""
+
+    fx_node: str
+    aten_op: str
+    onnx_node: str | None
+    onnx_op: str | None
+    shape: list[int]
+    dtype: str
+    max_abs: float
+    max_rel: float
+    mismatched: int
+    total: int
+    score: float  # max over elements of |onnx - torch| / (atol + rtol * |torch|); > 1 fails
+    input_score: float  # the largest score among the values it consumes (0: exact inputs)
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # name and score per input
+    onnx_inputs: list[str] = field(default_factory=list)
+    location: Location | None = None
+
+    @property
+    def exceeds(self) -> bool:
+        return self.score > 1.0
+
+    @property
+    def growth(self) -> float:
+        """How much worse this node makes the error: its score over its inputs' score."""
+        if self.score == 0:
+            return 0.0
+        if self.input_score <= 0:
+            return math.inf
+        return self.score / self.input_score
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["growth"] = self.growth
+        d["exceeds"] = self.exceeds
+        d["location"] = asdict(self.location) if self.location else None
+        d["where"] = str(self.location) if self.location else None
+        return d
+
+
+@dataclass
+class Localization:
+    """What localisation found: the first divergent node and the top nodes by error growth."""
+
+    first: NodeError | None = None
+    # the first value out of tolerance, when it is not ``first``: rounding drift (growth below
+    # BORN_GROWTH) that crossed the tolerance before the error ``first`` makes
+    drift: NodeError | None = None
+    top: list[NodeError] = field(default_factory=list)
+    compared: int = 0  # FX nodes compared with an ONNX value
+    fx_nodes: int = 0  # FX call_function nodes with a tensor value
+    onnx_nodes: int = 0
+    chunks: int = 0  # sandbox runs
+    input_set: str = "example"
+    seconds: float = 0.0
+    bad_initializers: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "first": self.first.to_dict() if self.first else None,
+            "drift": self.drift.to_dict() if self.drift else None,
+            "top": [n.to_dict() for n in self.top],
+            "compared": self.compared, "fx_nodes": self.fx_nodes, "onnx_nodes": self.onnx_nodes,
+            "chunks": self.chunks, "input_set": self.input_set,
+            "seconds": round(self.seconds, 3), "bad_initializers": self.bad_initializers,
+        }
+
+
+def decomposed_program(program: torch.export.ExportedProgram, opset: int | None = None
+                       ) -> torch.export.ExportedProgram:
+    """The program as torch.onnx translates it (after its decompositions), whose node names
+    are the ONNX value names."""
+    from torch.onnx._internal.exporter import _core
+
+    from onnxmedic.ops import REGISTRY
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _core._prepare_exported_program_for_export(
+            program, registry=REGISTRY.onnx_registry(opset))
+
+
+def score(expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float) -> float:
+    """max |actual - expected| / (atol + rtol * max |expected|): above 1 the value is out of
+    tolerance. The tolerance is scaled to the tensor's magnitude, not to each element's: at a
+    cancellation (a matmul output near 0) an element's own relative error means nothing, and
+    deep float32 stacks would leave tolerance there without any fault. NaN against NaN and
+    equal infinities count as exact; other special values as inf. Integers must be equal."""
+    e, a = np.asarray(expected), np.asarray(actual)
+    if e.size == 0:
+        return 0.0
+    if e.dtype.kind in "biu" and a.dtype.kind in "biu":
+        diff = np.abs(e.astype(np.int64) - a.astype(np.int64))
+        m = int(diff.max())
+        return 0.0 if m == 0 else 1.0 + float(m)
+    cplx = e.dtype.kind == "c" or a.dtype.kind == "c"
+    e = e.astype(np.complex128 if cplx else np.float64)
+    a = a.astype(np.complex128 if cplx else np.float64)
+    nan_e, nan_a = np.isnan(e), np.isnan(a)
+    inf_e, inf_a = np.isinf(e), np.isinf(a)
+    if ((nan_e ^ nan_a) | ((inf_e | inf_a) & ~(inf_e & inf_a & (e == a)) & ~(nan_e | nan_a))
+            ).any():
+        return math.inf
+    finite = ~(nan_e | nan_a | inf_e | inf_a)
+    if not finite.any():
+        return 0.0
+    max_diff = float(np.abs(e[finite] - a[finite]).max())
+    scale = float(np.abs(e[finite]).max())
+    if max_diff == 0.0:
+        return 0.0
+    tol = atol + rtol * scale
+    return math.inf if tol == 0 else max_diff / tol
+
+
+def _onnx_dtype(t: torch.dtype) -> int | None:
+    from onnx import helper
+
+    try:
+        return helper.np_dtype_to_tensor_dtype(np.dtype(str(t).replace("torch.", "")))
+    except Exception:
+        return None
+
+
+def _candidates(program: torch.export.ExportedProgram, proto: Any
+                ) -> tuple[list[torch.fx.Node], dict[str, Any]]:
+    """FX nodes (in order) whose value torch.onnx left under the same name in the ONNX graph,
+    and, per name, the ONNX node producing it."""
+    producer = {}
+    for n in proto.graph.node:
+        for o in n.output:
+            if o:
+                producer[o] = n
+    nodes = []
+    for node in program.graph_module.graph.nodes:
+        if node.op != "call_function" or node.name not in producer:
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            nodes.append(node)
+    return nodes, producer
+
+
+def _tensor_nodes(program: torch.export.ExportedProgram) -> int:
+    return sum(1 for n in program.graph_module.graph.nodes if n.op == "call_function"
+               and isinstance(n.meta.get("val"), torch.Tensor))
+
+
+def _chunks(nodes: list[torch.fx.Node], chunk_bytes: int) -> list[list[torch.fx.Node]]:
+    out: list[list[torch.fx.Node]] = [[]]
+    size = 0
+    for node in nodes:
+        val = node.meta["val"]
+        try:
+            nbytes = int(val.numel()) * val.element_size()
+        except Exception:  # symbolic sizes: count a nominal amount
+            nbytes = 1 << 20
+        if out[-1] and (size + nbytes > chunk_bytes or len(out[-1]) >= MAX_CHUNK_VALUES):
+            out.append([])
+            size = 0
+        out[-1].append(node)
+        size += nbytes
+    return [c for c in out if c]
+
+
+def _with_outputs(proto: Any, names: list[str], types: dict[str, int]) -> Any:
+    """A copy of ``proto`` whose graph outputs are ``names`` (the original outputs dropped)."""
+    import onnx
+    from onnx import helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    del m.graph.output[:]
+    for n in names:
+        m.graph.output.append(helper.make_tensor_value_info(n, types.get(n, 0), None))
+    return m
+
+
+def _value_types(proto: Any) -> dict[str, int]:
+    types = {}
+    for vi in list(proto.graph.value_info) + list(proto.graph.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    return types
+
+
+def _save(model: Any, folder: Path) -> Path:
+    import onnx
+
+    path = folder / "exposed.onnx"
+    if model.ByteSize() > 2**31 - 2**26:
+        onnx.save(model, path, save_as_external_data=True, location="exposed.onnx.data")
+    else:
+        onnx.save(model, path)
+    return path
+
+
+def _flat_inputs(program: torch.export.ExportedProgram, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> list[Any]:
+    """The graph module's placeholders in order: lifted parameters, buffers and constants,
+    then the user's inputs flattened as torch.export does."""
+    from torch.export.graph_signature import InputKind
+
+    user = [x for x in torch.utils._pytree.tree_leaves((args, kwargs))]
+    user_iter = iter(user)
+    flat = []
+    state = program.state_dict
+    for spec in program.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            flat.append(next(user_iter, None))
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            flat.append(state[spec.target] if spec.target in state
+                        else program.constants[spec.target])
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            flat.append(program.constants[spec.target])
+        else:
+            flat.append(None)
+    return flat
+
+
+def _aten(node: torch.fx.Node) -> str:
+    t = node.target
+    name = getattr(t, "name", None)
+    if callable(name):
+        return str(name())
+    return str(getattr(t, "__name__", t))
+
+
+class _Comparer(torch.fx.Interpreter):
+    """Runs the program node by node; each mapped value is compared when produced."""
+
+    def __init__(self, gm: torch.fx.GraphModule, on_value: Any) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.on_value = on_value
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        out = super().run_node(n)
+        self.on_value(n, out)
+        return out
+
+
+def localize(
+    proto: Any,
+    program: torch.export.ExportedProgram,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None = None,
+    *,
+    feeds: dict[str, np.ndarray],
+    tolerance: tuple[float, float] | None = None,
+    timeout: float = sandbox.DEFAULT_TIMEOUT,
+    chunk_bytes: int | None = None,
+    top_k: int = 10,
+    full: bool = True,
+    input_set: str = "example",
+    decomposed: bool = False,
+    worker: sandbox.Worker | None = None,
+) -> Localization:
+    """Find the first FX node (in topological order) whose ONNX Runtime value is outside
+    tolerance, with its inputs' errors, and the ``top_k`` nodes by error growth.
+
+    ``program`` is the ExportedProgram the ONNX model was translated from (``decomposed``: it
+    is already the decomposed one torch.onnx used); ``feeds`` the ONNX inputs for
+    ``args``/``kwargs``. With ``full=False`` the sandbox stops at the chunk holding the first
+    divergence. ``worker``: a sandbox worker started ahead (it imports ONNX Runtime while the
+    caller captures), used for the first chunk. Never raises for problems of the model: they
+    become findings. ``program`` not ``decomposed``: used as is when most of its nodes match
+    ONNX values by name, else decomposed as torch.onnx does first.
+    """
+    t0 = time.perf_counter()
+    kwargs = kwargs or {}
+    loc = Localization(input_set=input_set, onnx_nodes=len(proto.graph.node))
+    nodes, producer = _candidates(program, proto)
+    if not decomposed and len(nodes) < MIN_COVERAGE * _tensor_nodes(program):
+        # torch.onnx decomposed ops of this program; its decomposed program has the names.
+        # Only then: decomposing costs more than the whole localisation of a mapped program.
+        try:
+            program = decomposed_program(program)
+            nodes, producer = _candidates(program, proto)
+        except Exception as e:  # go on with the program as given: fewer names match
+            logger.debug("decomposition for localisation failed: %s", e)
+    gm = program.graph_module
+    loc.fx_nodes = _tensor_nodes(program)
+    if not nodes:
+        loc.findings.append(warning(
+            "OM611", STAGE, "no ONNX value could be matched to a PyTorch (FX) node: the ONNX "
+            "file was not exported by torch.onnx from this model, or its names were changed.",
+            suggestion="Localise on the model as onnxmedic exports it: `onnxmedic export "
+            "MODEL -o out.onnx`, then `onnxmedic verify out.onnx MODEL --localize`."))
+        if worker is not None:
+            worker.close()
+        loc.seconds = time.perf_counter() - t0
+        return loc
+    loc.bad_initializers = _compare_initializers(proto, program, tolerance)
+    chunks = _chunks(nodes, chunk_bytes or DEFAULT_CHUNK_BYTES)
+    chunk_of = {n.name: i for i, c in enumerate(chunks) for n in c}
+    types = _value_types(proto)
+    for n in nodes:
+        if n.name not in types:
+            t = _onnx_dtype(n.meta["val"].dtype)
+            if t is not None:
+                types[n.name] = t
+    scores: dict[str, float] = {}  # every compared node's score (floats only: small)
+    upstream: dict[str, float] = {}  # for nodes not compared: the max score feeding them
+    errors: list[NodeError] = []
+    fx_of: dict[str, torch.fx.Node] = {}
+    first_exceeding: list[NodeError | None] = [None]
+    state: dict[str, Any] = {"chunk": -1, "values": {}, "stop": False, "failed": None}
+    tmp = Path(tempfile.mkdtemp(prefix="onnxmedic-localize-"))
+    spare: dict[str, sandbox.Worker | None] = {"worker": worker}
+
+    def load_chunk(i: int) -> None:
+        state["values"] = {}
+        names = [n.name for n in chunks[i]]
+        path = _save(_with_outputs(proto, names, types), tmp)
+        if spare["worker"] is not None:
+            w, spare["worker"] = spare["worker"], None
+            with w:
+                sbx = w.run(path, [feeds], timeout=timeout)
+        else:
+            sbx = sandbox.run_model(path, [feeds], timeout=timeout)
+        loc.chunks += 1
+        state["chunk"] = i
+        if not sbx.ok:
+            state["failed"] = sbx
+            state["stop"] = True
+            return
+        state["values"] = dict(zip(sbx.output_names, sbx.outputs[0]))
+
+    def in_score(n: torch.fx.Node) -> tuple[float, list[dict[str, Any]]]:
+        ins = []
+        best = 0.0
+        for a in n.all_input_nodes:
+            s = scores.get(a.name, upstream.get(a.name, 0.0))
+            if a.name in scores:
+                ins.append({"name": a.name, "score": s})
+            elif s > 0:
+                ins.append({"name": a.name, "score": s, "via": "upstream"})
+            best = max(best, s)
+        return best, ins
+
+    def on_value(n: torch.fx.Node, out: Any) -> None:
+        if n.op != "call_function":
+            return
+        if n.name not in chunk_of or state["stop"] and state["failed"] is not None:
+            upstream[n.name] = in_score(n)[0]
+            return
+        if not isinstance(out, torch.Tensor):
+            upstream[n.name] = in_score(n)[0]
+            return
+        i = chunk_of[n.name]
+        if i != state["chunk"]:
+            if state["stop"]:
+                upstream[n.name] = in_score(n)[0]
+                return
+            load_chunk(i)
+            if state["failed"] is not None:
+                upstream[n.name] = in_score(n)[0]
+                return
+        act = state["values"].pop(n.name, None)
+        if act is None:
+            upstream[n.name] = in_score(n)[0]
+            return
+        exp = to_numpy(out.detach())
+        if tuple(exp.shape) != tuple(np.asarray(act).shape):
+            upstream[n.name] = in_score(n)[0]
+            return
+        rtol, atol = tolerance_for(str(exp.dtype), tolerance)
+        s = score(exp, act, rtol, atol)
+        scores[n.name] = s
+        loc.compared += 1
+        if s == 0:
+            return  # exact: nothing to report, and its inputs' errors are not needed
+        if s > 1:  # the full comparison (counts, relative error) only where it fails
+            cmp = compare_arrays(n.name, exp, act, tolerance=(rtol, atol), check_dtype=False)
+            max_abs, max_rel, mismatched = cmp.max_abs, cmp.max_rel, cmp.mismatched
+        else:  # within tolerance: no special values differ, no element is out
+            with np.errstate(invalid="ignore"):
+                wide = np.complex128 if "c" in (exp.dtype.kind, act.dtype.kind) else np.float64
+                diff = np.abs(exp.astype(wide) - np.asarray(act).astype(wide))
+            max_abs = float(np.nanmax(diff)) if diff.size else 0.0
+            max_rel = float("nan")
+            mismatched = 0
+        best, ins = in_score(n)
+        onode = producer.get(n.name)
+        ne = NodeError(
+            fx_node=n.name, aten_op=_aten(n), onnx_node=onode.name if onode else None,
+            onnx_op=onode.op_type if onode else None, shape=list(exp.shape),
+            dtype=str(exp.dtype), max_abs=max_abs, max_rel=max_rel,
+            mismatched=mismatched, total=int(exp.size), score=s, input_score=best,
+            inputs=ins, onnx_inputs=list(onode.input) if onode else [])
+        fx_of[n.name] = n
+        errors.append(ne)
+        if ne.exceeds and first_exceeding[0] is None:
+            first_exceeding[0] = ne
+        if ne.exceeds and ne.growth >= BORN_GROWTH and loc.first is None:
+            loc.first = ne
+            if not full:
+                state["stop"] = True
+
+    try:
+        flat = _flat_inputs(program, args, kwargs)
+        with torch.no_grad():
+            _Comparer(gm, on_value).run(*flat)
+    except Exception as e:
+        loc.findings.append(warning(
+            "OM611", STAGE, f"running the PyTorch program node by node failed "
+            f"({type(e).__name__}: {str(e)[:300]}); localisation is incomplete.",
+            suggestion="Report it to onnxmedic with the model; the verification result "
+            "itself is unaffected."))
+    finally:
+        if spare["worker"] is not None:
+            spare["worker"].close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    failed = state["failed"]
+    if failed is not None:
+        f = failed.finding(STAGE, timeout)
+        loc.findings.append(warning(
+            "OM611", STAGE, "ONNX Runtime failed on the model with intermediate values "
+            f"exposed ({f.title if f else failed.status}: {failed.error[:300]}); localisation "
+            f"covers {loc.compared} node(s) only."))
+    if loc.first is None:  # only gradual growth: the first value out of tolerance
+        loc.first = first_exceeding[0]
+    elif first_exceeding[0] is not loc.first:
+        loc.drift = first_exceeding[0]
+    errors.sort(key=lambda e: (-(e.growth if e.exceeds else 0.0), -e.score))
+    loc.top = [e for e in errors if e.score > 0][:top_k]
+    for e in loc.top + [x for x in (loc.first, loc.drift) if x]:  # only what is reported
+        n = fx_of[e.fx_node]
+        e.location = location_from_node(n) or Location(
+            module_path=module_path_from_node_meta(n.meta))
+    loc.seconds = time.perf_counter() - t0
+    loc.findings.extend(_findings(loc))
+    return loc
+
+
+def _compare_initializers(proto: Any, program: torch.export.ExportedProgram,
+                          tolerance: tuple[float, float] | None) -> list[dict[str, Any]]:
+    """ONNX initializers named after a parameter or buffer whose values differ from it."""
+    from onnx import numpy_helper
+
+    state = program.state_dict
+    bad = []
+    for init in proto.graph.initializer:
+        t = state.get(init.name)
+        if not isinstance(t, torch.Tensor) or init.data_location == 1:  # external: skip
+            continue
+        try:
+            arr = numpy_helper.to_array(init)
+        except Exception:
+            continue
+        exp = to_numpy(t.detach())
+        if tuple(arr.shape) != tuple(exp.shape):
+            continue
+        rtol, atol = tolerance_for(str(exp.dtype), tolerance)
+        s = score(exp, arr, rtol, atol)
+        if s > 1.0:
+            cmp = compare_arrays(init.name, exp, arr, tolerance=(rtol, atol), check_dtype=False)
+            bad.append({"name": init.name, "score": s, "max_abs": cmp.max_abs,
+                        "mismatched": cmp.mismatched, "total": cmp.total})
+    return bad
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.3g}"
+
+
+def _findings(loc: Localization) -> list[Finding]:
+    out = []
+    coverage = (f"{loc.compared} of {loc.fx_nodes} PyTorch nodes compared in {loc.chunks} "
+                f"ONNX Runtime run(s)")
+    if loc.first is not None:
+        n = loc.first
+        ins = ", ".join(f"{i['name']} {_fmt(i['score'])}" for i in n.inputs) or "none compared"
+        born = ("its inputs are within tolerance, so the error is born here"
+                if n.input_score <= 1.0 else
+                f"it multiplies its inputs' error by {_fmt(n.growth)}, so the error is born here"
+                if n.growth >= BORN_GROWTH else
+                "its inputs are already outside tolerance (error inherited and grown)")
+        bad_inits = {b["name"] for b in loc.bad_initializers}
+        init_names = ", ".join(sorted(bad_inits & set(n.onnx_inputs)))
+        init_note = ""
+        if loc.drift is not None:
+            init_note += (f" (Values drift out of tolerance by accumulated rounding earlier, "
+                          f"from {loc.drift.fx_node}, error/tolerance {_fmt(loc.drift.score)} "
+                          f"with growth {_fmt(loc.drift.growth)}; {n.fx_node} is where the "
+                          f"error jumps.)")
+        if loc.bad_initializers:
+            names = ", ".join(b["name"] for b in loc.bad_initializers[:5])
+            init_note += f" The ONNX initializer(s) {names} differ from the PyTorch parameters."
+        out.append(error(
+            "OM610", STAGE,
+            f"the first value to leave tolerance (input set {loc.input_set}) is FX node "
+            f"{n.fx_node} ({n.aten_op}, ONNX {n.onnx_op} node {n.onnx_node!r}, "
+            f"{n.dtype}{n.shape}): max abs error {_fmt(n.max_abs)}, {n.mismatched} of "
+            f"{n.total} elements outside tolerance, error/tolerance {_fmt(n.score)}; inputs' "
+            f"error/tolerance: {ins} — {born}.{init_note} ({coverage}.)",
+            op=n.aten_op, location=n.location,
+            suggestion=(f"The ONNX file's weights ({init_names}) feed this node and differ "
+                        "from the model's: the file is stale or was exported from other "
+                        "weights; export it again." if init_names else
+                        f"Check the translation of {n.aten_op} (ONNX {n.onnx_op}) for these "
+                        "dtypes and shapes; rewrite that line with other ops or cast around "
+                        "it, and `onnxmedic reduce` the ONNX file for a bug report."),
+            details={"node": n.to_dict()}))
+    else:
+        out.append(info(
+            "OM612", STAGE, f"no intermediate value left tolerance ({coverage}); the output "
+            "mismatch comes from values onnxmedic could not match by name, or from the "
+            "outputs only." if loc.compared else f"nothing could be compared ({coverage})."))
+    return out
