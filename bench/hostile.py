@@ -102,10 +102,12 @@ def main() -> None:
     os.symlink("/etc/passwd", tmp / "link.bin")
     for loc in ["../../etc/passwd", "/etc/passwd", "a/../../x", "link.bin", "../" * 20 + "etc"]:
         p = _external(tmp, loc)
-        tally.attempt("external data escaping (doctor, run)", lambda p=p: _result_outcome(
+        tally.attempt("external data escaping (doctor, run, verify)", lambda p=p: _result_outcome(
             api.doctor(p, timeout=10)))
-        tally.attempt("external data escaping (doctor, run)", lambda p=p: _result_outcome(
+        tally.attempt("external data escaping (doctor, run, verify)", lambda p=p: _result_outcome(
             api.run(p, [np.zeros((2, 3), np.float32)], timeout=10)))
+        tally.attempt("external data escaping (doctor, run, verify)", lambda p=p: _result_outcome(
+            api.verify(p, models.Identity(), x, timeout=10)))
 
     # 5. runtime faults: hang, abort, segfault, out of memory
     hang = om.endless_loop_model(tmp / "hang.onnx")

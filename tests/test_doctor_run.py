@@ -60,6 +60,11 @@ def test_doctor_refuses_escaping_external_data(tmp_path, location):
     assert f.code == "OM520" and location in f.message
     rr = api.run(p, [np.zeros((2, 3), np.float32)])
     assert not rr.ok and rr.errors[0].code == "OM520" and rr.stages["runtime"] == "not run"
+    import torch
+
+    from tests import models
+    rv = api.verify(p, models.Identity(), (torch.randn(2, 3),))
+    assert not rv.ok and rv.errors[0].code == "OM520" and rv.stages["runtime"] == "not run"
 
 
 def test_doctor_missing_external_data(tmp_path):

@@ -945,10 +945,13 @@ def verify(
     if _report_problem(result, report):
         return result
     with _guard(result):
+        from onnxmedic.lint import external_data_findings
+
         with _stage(result, "check"):
             proto, bad = checks.load_onnx(onnx_path)
-        if bad is not None:
-            _fail(result, "check", bad)
+        ext = external_data_findings(proto, Path(onnx_path), stage="check") if bad is None else []
+        if bad is not None or ext:
+            _fail(result, "check", *([bad] if bad is not None else ext))
         else:
             result.onnx_model = proto
             result.opset = next((o.version for o in proto.opset_import if o.domain in
