@@ -14,27 +14,36 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from onnxmedic.ops._common import const, ints, static_shape
+from onnxmedic.ops._common import const, const_f64, ints, static_shape
 from onnxmedic.ops._registry import translation
 
 aten = torch.ops.aten
 
 
-def _reduce_norm(diff, p: float, axis: int):
-    """The p-norm of ``diff`` over ``axis`` (removed), PyTorch's cdist/pdist definition."""
+def _reduce_norm(diff, p: float, axis: int, nan_max: bool):
+    """The p-norm of ``diff`` over ``axis`` (removed), PyTorch's cdist/pdist definition.
+
+    NaN propagates, except for p = inf with ``nan_max`` False: cdist's CPU kernel takes
+    max(agg, |d|) starting from 0, which skips NaN (pdist's propagates it)."""
     ax = ints([axis])
-    if p == 0:
+    nan = op.IsNaN(diff)
+    if p == 0:  # PyTorch: min(ceil(|d|), 1), NaN for NaN
         nz = op.CastLike(op.Not(op.Equal(diff, const(0, diff))), diff)
-        return op.ReduceSum(nz, ax, keepdims=0)
+        return op.ReduceSum(op.Where(nan, diff, nz), ax, keepdims=0)
     a = op.Abs(diff)
     if p == 1:
         return op.ReduceSum(a, ax, keepdims=0)
     if p == 2:
         return op.Sqrt(op.ReduceSum(op.Mul(a, a), ax, keepdims=0))
     if math.isinf(p):
-        return op.ReduceMax(a, ax, keepdims=0)
-    s = op.ReduceSum(op.Pow(a, const(float(p), a)), ax, keepdims=0)
-    return op.Pow(s, const(1.0 / p, s))
+        m = op.ReduceMax(op.Where(nan, const(0, a), a), ax, keepdims=0)
+        if not nan_max:
+            return m
+        any_nan = op.Cast(op.ReduceMax(op.Cast(nan, to=ir.DataType.INT32), ax, keepdims=0),
+                          to=ir.DataType.BOOL)
+        return op.Where(any_nan, const(math.nan, m), m)
+    s = op.ReduceSum(op.Pow(a, const_f64(float(p), a)), ax, keepdims=0)
+    return op.Pow(s, const_f64(1.0 / p, s))
 
 
 def _zero_features(x1, x2):
@@ -71,7 +80,7 @@ def aten__cdist_forward(x1, x2, p: float, compute_mode=None):
     then be known at export time; a dynamic count uses the direct form)."""
     if p < 0:
         raise ValueError(f"cdist: p must be >= 0 (got {p})")
-    s1, s2 = static_shape(x1), static_shape(x2)
+    s1 = static_shape(x1)
     if s1 is not None and s1[-1] == 0:
         return _zero_features(x1, x2)
     if p == 2:
@@ -83,7 +92,7 @@ def aten__cdist_forward(x1, x2, p: float, compute_mode=None):
         if mode == 1 or (mode == 0 and big):
             return _euclid_mm(x1, x2)
     diff = op.Sub(op.Unsqueeze(x1, ints([-2])), op.Unsqueeze(x2, ints([-3])))
-    return _reduce_norm(diff, p, -1)
+    return _reduce_norm(diff, p, -1, nan_max=False)
 
 
 @translation(aten._pdist_forward.default)
@@ -99,7 +108,7 @@ def aten__pdist_forward(self, p: float = 2.0):
         n = shape[0]
         return op.Expand(const(0, self), ints([n * (n - 1) // 2]))
     diff = op.Sub(op.Unsqueeze(self, ints([1])), op.Unsqueeze(self, ints([0])))
-    dist = _reduce_norm(diff, p, -1)
+    dist = _reduce_norm(diff, p, -1, nan_max=True)
     n = op.Squeeze(op.Shape(self, start=0, end=1), ints([0]))
     pos = op.Range(op.Constant(value=ir.tensor(0, dtype=ir.DataType.INT64)), n,
                    op.Constant(value=ir.tensor(1, dtype=ir.DataType.INT64)))

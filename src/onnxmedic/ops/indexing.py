@@ -86,9 +86,10 @@ def aten_index_reduce(self, dim: int, index, source, reduce: str, *, include_sel
         raise ValueError(f"index_reduce: reduce must be prod, mean, amax or amin (got {reduce!r})")
     rank = _rank(self)
     if rank == 0:
-        out = aten_index_reduce(op.Reshape(self, ints([1])), 0, index,
-                                op.Reshape(source, ints([-1])), reduce,
-                                include_self=include_self)
+        s1, src1 = op.Reshape(self, ints([1])), op.Reshape(source, ints([-1]))
+        s1.shape, s1.dtype = ir.Shape([1]), self.dtype  # traced values carry no type
+        src1.shape, src1.dtype = ir.Shape(["n"]), source.dtype
+        out = aten_index_reduce(s1, 0, index, src1, reduce, include_self=include_self)
         return op.Reshape(out, ints([]))
     axis = _axis(dim, rank)
     idx = _index_full(index, source, axis, rank)
@@ -145,7 +146,12 @@ def aten_bincount(self, weights=None, minlength: int = 0):
 
     torchlib rejects weights. The result has max(self)+1 bins (0 for an empty input), at least
     ``minlength``; with weights it is float32 for float32 weights and float64 otherwise, as
-    PyTorch's CPU kernel."""
+    PyTorch's CPU kernel, except for an empty input: int64 zeros (told apart only when the
+    input size is known at export time)."""
+    shape = static_shape(self)
+    if shape is not None and math.prod(shape) == 0:  # PyTorch: int64 zeros, even with weights
+        return op.ConstantOfShape(ints([max(int(minlength), 0)]),
+                                  value=ir.tensor([0], dtype=_I64))
     x = op.Cast(_flat(self), to=_I64)
     top = op.ReduceMax(op.Concat(x, ints([-1]), axis=0), keepdims=1)  # -1 when empty
     depth = op.Add(top, ints([1]))
