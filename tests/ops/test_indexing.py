@@ -12,6 +12,7 @@ What plain torch.onnx 2.13 does (checked with check_call(..., registry=None)):
   unique with NaN: silently wrong (ONNX Unique merges NaNs; PyTorch keeps each NaN)
   unique_consecutive: fails for floats, rank > 1, dim, empty input
   bincount with weights, histc with min == max (the default: range from the data): fails
+  histc with a given range: silently wrong for values next to a bin edge
   tril_indices/triu_indices with an empty result: fails
   masked_scatter, take, index_fill, index_copy, embedding_bag, unique_dim: correct
   vander: fails (prims.prod; onnxmedic's cumprod translation fixes it)
@@ -54,7 +55,8 @@ def _masked_select_all(x, row_mask, big_mask):
             torch.masked_select(x[:, :1], row_mask),  # both broadcast
             torch.masked_select(x[0, 0], row_mask[0]),  # 0-d
             torch.masked_select(x, x != x),  # nothing selected (or the NaN)
-            torch.masked_select(x[:0], row_mask))  # empty
+            torch.masked_select(x[:0], row_mask),  # empty
+            torch.masked_select(big_mask.float().expand(300, 2, 3, 4), big_mask))  # large
 
 
 def _masked_select_edges(dtype):
@@ -111,20 +113,23 @@ def _nonzero_edges(dtype):
     return [((x,), {})]
 
 
-def _bincount_all(x, w, wi):
+def _bincount_all(x, w, wi, big):
     return (torch.bincount(x, w), torch.bincount(x, w.double(), minlength=12),
             torch.bincount(x, wi),  # integer weights: float64
             torch.bincount(x, minlength=4), torch.bincount(x[:0]),
-            torch.bincount(x[:0], minlength=3), torch.bincount(x[:0], w[:0], minlength=2))
+            torch.bincount(x[:0], minlength=3), torch.bincount(x[:0], w[:0], minlength=2),
+            torch.bincount(big, minlength=5), torch.bincount(big, big.double()))
 
 
 def _bincount_edges(dtype):
     x = torch.tensor([0, 3, 3, 1, 7, 3, 0]).to(dtype)
-    return [((x, torch.rand(7, generator=_g(3)), torch.arange(7)), {})]
+    big = torch.randint(0, 1000, (50000,), generator=_g(12)).to(dtype)
+    return [((x, torch.rand(7, generator=_g(3)), torch.arange(7), big), {})]
 
 
-def _histc_all(edges, data):
-    return (torch.histc(edges, 4, 0, 1),  # == max in the last bin; outside; NaN
+def _histc_all(edges, data, near):
+    return (torch.histc(near, 7, -1.3, 2.9),  # values on and next to float32 bin edges
+            torch.histc(edges, 4, 0, 1),  # == max in the last bin; outside; NaN
             torch.histc(edges, 3, 0, 1), torch.histc(edges, 10, -0.5, 0.7),
             torch.histc(data, 7),  # min == max == 0: range from the data
             torch.histc(data.reshape(5, 10), 5, 2, 2),  # min == max != 0: the data's too
@@ -135,14 +140,20 @@ def _histc_all(edges, data):
 def _histc_edges(dtype):
     edges = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0000001, -1e-7, nan, inf, -inf,
                           1 / 3, 2 / 3, 0.9999999, 0.1, 0.7], dtype=dtype)
-    return [((edges, torch.randn(50, generator=_g(4)).to(dtype)), {})]
+    return [((edges, torch.randn(50, generator=_g(4)).to(dtype), _near_edges(dtype)), {})]
 
 
-def _unique_all(x):
+def _near_edges(dtype, lo=-1.3, hi=2.9, bins=7, n=3000):
+    e = torch.linspace(lo, hi, bins + 1, dtype=dtype)
+    up, down = torch.nextafter(e, e + 1), torch.nextafter(e, e - 1)
+    return torch.cat([e, up, down, torch.rand(n, generator=_g(10)).to(dtype) * (hi - lo) + lo])
+
+
+def _unique_all(x, big):
     kw = {"return_inverse": True, "return_counts": True}
     return (*torch.unique(x, **kw), *torch.unique(x.reshape(2, 5), **kw),
             *torch.unique(x, sorted=False, **kw), *torch.unique(x[:0], **kw),
-            *torch.unique(x[0], **kw), torch.unique(x))
+            *torch.unique(x[0], **kw), torch.unique(x), *torch.unique(big, **kw))
 
 
 def _unique_edges(dtype):
@@ -150,7 +161,8 @@ def _unique_edges(dtype):
         x = torch.tensor([3.0, nan, 1, -0.0, 0.0, inf, 1, nan, -inf, 3], dtype=dtype)
     else:
         x = torch.tensor([3, -1, 1, 0, 0, 7, 1, -1, 5, 3]).to(dtype)
-    return [((x,), {})]
+    big = torch.randint(-300, 300, (20000,), generator=_g(11)).to(dtype)  # large, many ties
+    return [((x, big), {})]
 
 
 def _unique_consecutive_all(x, m):
@@ -207,6 +219,21 @@ def _pdist_edges(dtype):
 
 
 # -- ops torchlib already handles (guards) -----------------------------------------------------
+def _torchlib_guards_all(x, idx, src):
+    m = x > x.flatten()[5]
+    return (x.masked_scatter(m, src), x.masked_scatter(m[0], src),  # mask broadcast
+            torch.take(x, torch.tensor([[0, -1], [11, -12]])), torch.take(x, idx[:0]),
+            x.index_fill(1, torch.tensor([-1, 0, -1]), 7), x.index_fill(-2, idx[:2], 5),
+            x[0, 0].index_fill(0, idx[:1] * 0, 3),  # 0-d
+            x.index_copy(-1, torch.tensor([3, 0]), src[:6].reshape(3, 2)),
+            x[0, 0].index_copy(0, idx[:1] * 0, src[0]))
+
+
+def _torchlib_guards_edges(dtype):
+    x = torch.randint(-5, 6, (3, 4), generator=_g(13)).to(dtype)
+    return [((x, torch.tensor([2, 0, 1]), torch.arange(20, 32).to(dtype)), {})]
+
+
 def _embedding_bag_all(idx, w, off, psw):
     return (*(F.embedding_bag(idx, w, off, mode=m) for m in ("sum", "mean", "max")),
             F.embedding_bag(idx, w, off, mode="sum", per_sample_weights=psw),
@@ -267,6 +294,8 @@ ENTRIES = [
     OpEntry("take", max_samples=3, skip_sample=_not_0d),
     OpEntry("index_fill", max_samples=2),
     OpEntry("index_copy", max_samples=1),
+    _edges("torchlib_guards", _torchlib_guards_all, _torchlib_guards_edges,
+           (torch.float32, torch.int64)),
     _edges("embedding_bag", _embedding_bag_all, _embedding_bag_edges, tolerance=F32),
     _edges("vander", _vander_all, _vander_edges, tolerance=F32),
     # torch.export fails before any translation is looked up
@@ -300,6 +329,18 @@ def test_torchlib_silently_wrong():
     args = (torch.tensor(1.0), torch.tensor([3.0, nan, 1.0, nan]))
     res = check_call(fn, args, registry=None)
     assert res.stage == "compare", res.error
+    assert check_call(fn, args).ok
+
+
+def test_torchlib_histc_bin_edges():
+    """torchlib's histc compares with bin edges precomputed in float64 then rounded; PyTorch
+    computes (x - min) * bins / (max - min) in the input type: values next to an edge land in
+    different bins (3 of 7 bins off here)."""
+    def fn(x):
+        return torch.histc(x, 7, -1.3, 2.9)
+
+    args = (_near_edges(torch.float32),)
+    assert check_call(fn, args, registry=None).stage == "compare"
     assert check_call(fn, args).ok
 
 

@@ -211,7 +211,7 @@ def _tri_indices(fn, row: int, col: int, offset: int, dtype):
     raise ValueError(f"{fn.__name__}: dtype must be int32 or int64 (got ScalarType {dtype})")
 
 
-@translation(aten.tril_indices.default, static_shapes=True, overrides_torchlib=True)
+@translation(aten.tril_indices.default, static_shapes=True)
 def aten_tril_indices(row: int, col: int, offset: int = 0, *, dtype=4, layout=None, device=None,
                       pin_memory=None):
     """tril_indices(int row, int col, int offset=0, *, ScalarType? dtype=4, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
@@ -221,7 +221,7 @@ def aten_tril_indices(row: int, col: int, offset: int = 0, *, dtype=4, layout=No
     return _tri_indices(torch.tril_indices, row, col, offset, dtype)
 
 
-@translation(aten.triu_indices.default, static_shapes=True, overrides_torchlib=True)
+@translation(aten.triu_indices.default, static_shapes=True)
 def aten_triu_indices(row: int, col: int, offset: int = 0, *, dtype=4, layout=None, device=None,
                       pin_memory=None):
     """triu_indices(int row, int col, int offset=0, *, ScalarType? dtype=4, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
