@@ -389,3 +389,22 @@ def test_module_end_to_end():
     res = onnxmedic.export(m, args)
     assert res.ok, [f.message for f in res.findings]
     assert not check_call(m, args, registry=None).ok
+
+
+class _DynamicSizes(torch.nn.Module):
+    def forward(self, x, y, i):
+        return (torch.masked_select(x, x > 0), torch.cdist(x, y, p=1), torch.histc(x, 5),
+                torch.unique(x, return_counts=True)[1], torch.bincount(i, minlength=3),
+                torch.nonzero(x), torch.unique_consecutive(i, return_counts=True)[1])
+
+
+def test_dynamic_sizes():
+    """No translation here needs a static size: the sizes stay dynamic and verify."""
+    from torch.export import Dim
+
+    args = (torch.randn(5, 3), torch.randn(4, 3), torch.tensor([0, 1, 1, 4, 2]))
+    dims = {"x": {0: Dim("n", min=2)}, "y": {0: Dim("m", min=2)}, "i": {0: Dim("k", min=2)}}
+    res = onnxmedic.export(_DynamicSizes().eval(), args, dynamic_shapes=dims)
+    assert res.ok, [f.message for f in res.findings]
+    for inp in res.onnx_model.graph.input:
+        assert inp.type.tensor_type.shape.dim[0].dim_param, inp.name
