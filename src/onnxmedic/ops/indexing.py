@@ -115,7 +115,8 @@ def aten_index_reduce(self, dim: int, index, source, reduce: str, *, include_sel
     red = "max" if reduce == "amax" else "min"
     base = self
     if not include_self:
-        seed = op.ScatterElements(self, idx, source, axis=axis)  # one contribution per element
+        # any one contribution per element (which one, with duplicates, does not matter)
+        seed = op.ScatterElements(self, idx, source, axis=axis)
         base = op.Where(touched, seed, self)
     out = op.ScatterElements(base, idx, source, axis=axis, reduction=red)
     if is_float(self):
@@ -133,7 +134,8 @@ def aten_put(self, index, source, accumulate: bool = False):
     """put(Tensor self, Tensor index, Tensor source, bool accumulate=False) -> Tensor
 
     self viewed as 1-D; negative indices count from the end (ScatterElements does too).
-    Without accumulate and with duplicate indices the last write wins (PyTorch's CPU order)."""
+    Without accumulate, duplicate indices pick an arbitrary write (undefined in PyTorch and in
+    ONNX alike; the tests use distinct indices there)."""
     flat = _flat(self)
     out = op.ScatterElements(flat, _flat(index), _flat(source), axis=0,
                              reduction="add" if accumulate else "none")
