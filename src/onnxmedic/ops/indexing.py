@@ -1,0 +1,306 @@
+"""Indexing ops torchlib lacks or gets wrong: masked_select, index_reduce, put, nonzero (0-d),
+bincount (weights), histc (range from the data), unique (NaN).
+
+Data-dependent output sizes (masked_select, nonzero, unique) use ONNX's own dynamic-size ops
+(Compress, NonZero). Scatter-style ops use ScatterElements with its ``reduction`` attribute
+(opset 18: add, mul, max, min); ScatterElements ignores NaN in max/min, so NaN propagation is
+restored with a separate mask, as PyTorch propagates NaN in ``amax``/``amin``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx_ir as ir
+import torch
+from onnxscript import opset18 as op
+
+from onnxmedic.ops._common import const, ints, is_float, static_shape
+from onnxmedic.ops._registry import translation
+
+aten = torch.ops.aten
+
+_I64 = ir.DataType.INT64
+
+
+def _rank(x) -> int:
+    return len(x.shape)
+
+
+def _axis(dim: int, rank: int) -> int:
+    r = max(rank, 1)
+    if not -r <= dim < r:
+        raise ValueError(f"dim {dim} is out of range for a tensor of rank {rank}")
+    return dim + r if dim < 0 else dim
+
+
+def _flat(x):
+    return op.Reshape(x, ints([-1]))
+
+
+def _i64(value: int):
+    return op.Constant(value=ir.tensor(value, dtype=_I64))
+
+
+@translation(aten.masked_select.default)
+def aten_masked_select(self, mask):
+    """masked_select(Tensor self, Tensor mask) -> Tensor
+
+    self and mask broadcast against each other (either may be the larger); the selected
+    elements in row-major order of the broadcast shape (ONNX Compress)."""
+    s = op.Expand(self, op.Shape(mask))
+    m = op.Expand(op.Cast(mask, to=ir.DataType.BOOL), op.Shape(s))
+    return op.Compress(_flat(s), _flat(m), axis=0)
+
+
+@translation(aten.nonzero.default, overrides_torchlib=True)
+def aten_nonzero(self):
+    """nonzero(Tensor self) -> Tensor
+
+    torchlib transposes ONNX NonZero's [rank, n] output, but ONNX Runtime's NonZero treats a
+    0-d input as 1-d, so a 0-d tensor gives shape [n, 1] instead of PyTorch's [n, 0]."""
+    if _rank(self) == 0:
+        nz = op.Transpose(op.NonZero(op.Reshape(self, ints([1]))), perm=[1, 0])
+        return op.Slice(nz, ints([0]), ints([0]), ints([1]))
+    return op.Transpose(op.NonZero(self), perm=[1, 0])
+
+
+def _index_full(index, source, axis: int, rank: int):
+    """``index`` (1-D, along ``axis``) expanded to source's shape, for ScatterElements."""
+    if rank <= 1:
+        return op.Expand(op.Reshape(index, ints([-1])), op.Shape(source))
+    shape = [1] * rank
+    shape[axis] = -1
+    return op.Expand(op.Reshape(index, ints(shape)), op.Shape(source))
+
+
+@translation(aten.index_reduce.default)
+def aten_index_reduce(self, dim: int, index, source, reduce: str, *, include_self: bool = True):
+    """index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *, bool include_self=True) -> Tensor
+
+    ScatterElements with reduction mul/max/min/add. Without include_self, each touched element
+    is seeded from a source element that lands on it (max/min), with 1 (prod) or 0 (mean).
+    amax/amin propagate NaN like PyTorch (ScatterElements does not). mean divides by the count
+    (+1 with include_self), floor division for integers, as PyTorch."""
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise ValueError(f"index_reduce: reduce must be prod, mean, amax or amin (got {reduce!r})")
+    rank = _rank(self)
+    if rank == 0:
+        s1, src1 = op.Reshape(self, ints([1])), op.Reshape(source, ints([-1]))
+        s1.shape, s1.dtype = ir.Shape([1]), self.dtype  # traced values carry no type
+        src1.shape, src1.dtype = ir.Shape(["n"]), source.dtype
+        out = aten_index_reduce(s1, 0, index, src1, reduce, include_self=include_self)
+        return op.Reshape(out, ints([]))
+    axis = _axis(dim, rank)
+    idx = _index_full(index, source, axis, rank)
+    zeros = op.ConstantOfShape(op.Shape(self), value=ir.tensor([0], dtype=_I64))
+    ones = op.ConstantOfShape(op.Shape(source), value=ir.tensor([1], dtype=_I64))
+    count = op.ScatterElements(zeros, idx, ones, axis=axis, reduction="add")
+    touched = op.Greater(count, _i64(0))
+    if reduce == "prod":
+        base = self if include_self else op.Where(touched, const(1, self), self)
+        return op.ScatterElements(base, idx, source, axis=axis, reduction="mul")
+    if reduce == "mean":
+        base = self if include_self else op.Where(touched, const(0, self), self)
+        total = op.ScatterElements(base, idx, source, axis=axis, reduction="add")
+        if include_self:
+            count = op.Add(count, _i64(1))
+        count = op.Max(count, _i64(1))
+        if is_float(self):
+            return op.Div(total, op.CastLike(count, self))
+        c = op.CastLike(count, self)
+        q = op.Div(total, c)
+        rem = op.Sub(total, op.Mul(q, c))  # counts are positive: floor = trunc - (rem < 0)
+        return op.Sub(q, op.CastLike(op.Less(rem, const(0, rem)), q))
+    red = "max" if reduce == "amax" else "min"
+    base = self
+    if not include_self:
+        # any one contribution per element (which one, with duplicates, does not matter)
+        seed = op.ScatterElements(self, idx, source, axis=axis)
+        base = op.Where(touched, seed, self)
+    out = op.ScatterElements(base, idx, source, axis=axis, reduction=red)
+    if is_float(self):
+        nan_src = op.Cast(op.IsNaN(source), to=_I64)
+        nan_hit = op.ScatterElements(zeros, idx, nan_src, axis=axis, reduction="max")
+        nan = op.Greater(nan_hit, _i64(0))
+        if include_self:
+            nan = op.Or(nan, op.IsNaN(self))
+        out = op.Where(nan, const(math.nan, self), out)
+    return out
+
+
+@translation(aten.put.default)
+def aten_put(self, index, source, accumulate: bool = False):
+    """put(Tensor self, Tensor index, Tensor source, bool accumulate=False) -> Tensor
+
+    self viewed as 1-D; negative indices count from the end (ScatterElements does too).
+    Without accumulate, duplicate indices pick an arbitrary write (undefined in PyTorch and in
+    ONNX alike; the tests use distinct indices there)."""
+    flat = _flat(self)
+    out = op.ScatterElements(flat, _flat(index), _flat(source), axis=0,
+                             reduction="add" if accumulate else "none")
+    return op.Reshape(out, op.Shape(self))
+
+
+@translation(aten.bincount.default)
+def aten_bincount(self, weights=None, minlength: int = 0):
+    """bincount(Tensor self, Tensor? weights=None, SymInt minlength=0) -> Tensor
+
+    torchlib rejects weights. The result has max(self)+1 bins (0 for an empty input), at least
+    ``minlength``; with weights it is float32 for float32 weights and float64 otherwise, as
+    PyTorch's CPU kernel, except for an empty input: int64 zeros (told apart only when the
+    input size is known at export time)."""
+    shape = static_shape(self)
+    if shape is not None and math.prod(shape) == 0:  # PyTorch: int64 zeros, even with weights
+        return op.ConstantOfShape(ints([max(int(minlength), 0)]),
+                                  value=ir.tensor([0], dtype=_I64))
+    x = op.Cast(_flat(self), to=_I64)
+    top = op.ReduceMax(op.Concat(x, ints([-1]), axis=0), keepdims=1)  # -1 when empty
+    depth = op.Add(top, ints([1]))
+    if isinstance(minlength, int) and minlength > 0:
+        depth = op.Max(depth, ints([minlength]))
+    if weights is None:
+        zeros = op.Expand(_i64(0), depth)
+        w = op.Expand(_i64(1), op.Shape(x))
+    else:
+        to = ir.DataType.FLOAT if weights.dtype == ir.DataType.FLOAT else ir.DataType.DOUBLE
+        w = op.Cast(_flat(weights), to=to)
+        zeros = op.Expand(op.CastLike(_i64(0), w), depth)
+    return op.ScatterElements(zeros, x, w, axis=0, reduction="add")
+
+
+@translation(aten.histc.default, overrides_torchlib=True)
+def aten_histc(self, bins: int = 100, min: float = 0.0, max: float = 0.0):  # noqa: A002
+    """histc(Tensor self, int bins=100, Scalar min=0, Scalar max=0) -> Tensor
+
+    PyTorch's CPU formula, in the input's type: bin = int((x - min) * bins / (max - min)),
+    x == max in the last bin, x outside [min, max] and NaN ignored. With min == max the range
+    is the data's (widened by 1 each way when the data is constant); torchlib rejects that case,
+    and its precomputed bin edges can put values near an edge in the neighbouring bin."""
+    flat = _flat(self)
+    shape = static_shape(self)
+    numel = None if shape is None else math.prod(shape)
+    if min == max:
+        if numel == 0:
+            lo, hi = const(float(min) - 1, self), const(float(max) + 1, self)
+        else:
+            lo = op.ReduceMin(flat, keepdims=0)
+            hi = op.ReduceMax(flat, keepdims=0)
+            same = op.Equal(lo, hi)
+            lo = op.Where(same, op.Sub(lo, const(1, lo)), lo)
+            hi = op.Where(same, op.Add(hi, const(1, hi)), hi)
+    else:
+        lo, hi = const(float(min), self), const(float(max), self)
+    inside = op.And(op.GreaterOrEqual(flat, lo), op.LessOrEqual(flat, hi))  # False for NaN
+    safe = op.Where(inside, flat, lo)
+    pos = op.Div(op.Mul(op.Sub(safe, lo), const(bins, self)), op.Sub(hi, lo))
+    pos = op.Cast(pos, to=_I64)  # truncation, like static_cast<int64_t>
+    pos = op.Min(pos, _i64(bins - 1))
+    ones = op.CastLike(op.Cast(inside, to=_I64), self)
+    zeros = op.CastLike(op.ConstantOfShape(ints([bins]), value=ir.tensor([0], dtype=_I64)), self)
+    return op.ScatterElements(zeros, pos, ones, axis=0, reduction="add")
+
+
+def _tri_indices(fn, row: int, col: int, offset: int, dtype):
+    if not all(isinstance(v, int) for v in (row, col, offset)):
+        raise ValueError(f"{fn.__name__}: row, col and offset must be known at export time")
+    value = fn(row, col, offset).numpy()
+    out = op.Constant(value=ir.tensor(value.reshape(2, -1).astype("int64"), dtype=_I64))
+    if dtype in (None, 4):  # ScalarType Long
+        return out
+    if dtype == 3:  # Int
+        return op.Cast(out, to=ir.DataType.INT32)
+    raise ValueError(f"{fn.__name__}: dtype must be int32 or int64 (got ScalarType {dtype})")
+
+
+@translation(aten.tril_indices.default, static_shapes=True)
+def aten_tril_indices(row: int, col: int, offset: int = 0, *, dtype=4, layout=None, device=None,
+                      pin_memory=None):
+    """tril_indices(int row, int col, int offset=0, *, ScalarType? dtype=4, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+
+    A constant (all arguments are export-time integers); torchlib's fails to export when the
+    result is empty (e.g. row == 0)."""
+    return _tri_indices(torch.tril_indices, row, col, offset, dtype)
+
+
+@translation(aten.triu_indices.default, static_shapes=True)
+def aten_triu_indices(row: int, col: int, offset: int = 0, *, dtype=4, layout=None, device=None,
+                      pin_memory=None):
+    """triu_indices(int row, int col, int offset=0, *, ScalarType? dtype=4, Layout? layout=None, Device? device=None, bool? pin_memory=None) -> Tensor
+
+    A constant (all arguments are export-time integers); torchlib's fails to export when the
+    result is empty (e.g. offset >= col)."""
+    return _tri_indices(torch.triu_indices, row, col, offset, dtype)
+
+
+def _run_starts(seq, n):
+    """True where a run of equal elements starts in ``seq`` (1-D); NaN never equals NaN."""
+    differ = op.Not(op.Equal(op.Slice(seq, ints([1]), ints([2**62]), ints([0])),
+                             op.Slice(seq, ints([0]), ints([-1]), ints([0]))))
+    flag = op.Concat(op.Constant(value=ir.tensor([True], dtype=ir.DataType.BOOL)), differ, axis=0)
+    return op.Slice(flag, ints([0]), op.Reshape(n, ints([1])), ints([0]))
+
+
+def _run_counts(flag, n):
+    pos = op.Range(_i64(0), n, _i64(1))
+    starts = op.Compress(pos, flag, axis=0)
+    ends = op.Concat(op.Slice(starts, ints([1]), ints([2**62]), ints([0])),
+                     op.Reshape(n, ints([1])), axis=0)
+    return op.Sub(ends, starts)
+
+
+def _group_ids(flag):
+    return op.Sub(op.CumSum(op.Cast(flag, to=_I64), _i64(0)), _i64(1))
+
+
+@translation(aten.unique_consecutive.default)
+def aten_unique_consecutive(self, return_inverse: bool = False, return_counts: bool = False,
+                            dim=None):
+    """unique_consecutive(Tensor self, bool return_inverse=False, bool return_counts=False, int? dim=None) -> (Tensor, Tensor, Tensor)
+
+    torchlib handles only 1-D int32/int64 without dim. Any dtype and rank here; with ``dim``
+    whole slices are compared. NaN never equals NaN, as PyTorch's != comparison."""
+    if dim is None or _rank(self) == 0:
+        flat = _flat(self)
+        n = op.Squeeze(op.Shape(flat), ints([0]))
+        flag = _run_starts(flat, n)
+        values = op.Compress(flat, flag, axis=0)
+        inverse = op.Reshape(_group_ids(flag), op.Shape(self))
+        return values, inverse, _run_counts(flag, n)
+    rank = _rank(self)
+    axis = _axis(dim, rank)
+    n = op.Squeeze(op.Shape(self, start=axis, end=axis + 1), ints([0]))
+    end = ints([2**62])
+    differ = op.Not(op.Equal(op.Slice(self, ints([1]), end, ints([axis])),
+                             op.Slice(self, ints([0]), ints([-1]), ints([axis]))))
+    others = [a for a in range(rank) if a != axis]
+    if others:
+        differ = op.Cast(op.ReduceMax(op.Cast(differ, to=ir.DataType.INT32), ints(others),
+                                      keepdims=0), to=ir.DataType.BOOL)
+    flag = op.Concat(op.Constant(value=ir.tensor([True], dtype=ir.DataType.BOOL)), differ, axis=0)
+    flag = op.Slice(flag, ints([0]), op.Reshape(n, ints([1])), ints([0]))
+    values = op.Compress(self, flag, axis=axis)
+    return values, _group_ids(flag), _run_counts(flag, n)
+
+
+@translation(aten._unique2.default, overrides_torchlib=True)
+def aten__unique2(self, sorted: bool = True, return_inverse: bool = False,  # noqa: A002
+                  return_counts: bool = False):
+    """_unique2(Tensor self, bool sorted=True, bool return_inverse=False, bool return_counts=False) -> (Tensor, Tensor, Tensor)
+
+    A stable sort then run starts. Always sorted (PyTorch's CPU kernel sorts for sorted=False
+    too). Each NaN is its own value, last, as PyTorch; torchlib's ONNX Unique merges NaNs."""
+    from onnxmedic.ops.selection import _stable_argsort
+
+    flat = _flat(self)
+    shape = static_shape(self)
+    flat.shape = ir.Shape([math.prod(shape) if shape is not None else "numel"])
+    flat.dtype = self.dtype  # traced values carry no type; the helper reads it
+    n = op.Squeeze(op.Shape(flat), ints([0]))
+    idx = _stable_argsort(flat, 0, False)
+    seq = op.Gather(flat, idx, axis=0)
+    flag = _run_starts(seq, n)
+    values = op.Compress(seq, flag, axis=0)
+    zeros = op.ConstantOfShape(op.Shape(flat), value=ir.tensor([0], dtype=_I64))
+    inverse = op.ScatterElements(zeros, idx, _group_ids(flag), axis=0)
+    return values, op.Reshape(inverse, op.Shape(self)), _run_counts(flag, n)
