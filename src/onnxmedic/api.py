@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -591,6 +592,8 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             export_dims, need_rename = _dynamic_shapes.convert_str_to_export_dim(dynamic_shapes)
             str_dims = dynamic_shapes if need_rename else None
             attempts = capture(model, args, kwargs, export_dims)
+            if attempts[-1].program is None and export_dims is not None:
+                attempts += _refined_capture(result, model, args, kwargs, export_dims, attempts)
             result.attempts = [a.summary() for a in attempts]
             program = attempts[-1].program
             if program is None:
@@ -825,6 +828,62 @@ def _fix_dtypes(result: ExportResult, prog: Any, folder: Path, name: str, target
     result.stages["fix"] = PASSED if ok else FAILED
     result.ok = result.ok and ok
     return ok
+
+
+_SPECIALISED = re.compile(r"L\['([A-Za-z_]\w*)'\]\.size\(\)\[(\d+)\] as dynamic but your code "
+                          r"specialized it to be a constant \((\d+)\)")
+
+
+def _refined_capture(result: ExportResult, model: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any], dims: Any, attempts: list[Any]) -> list[Any]:
+    """When torch.export rejects the dynamic shapes, apply what it says and capture again:
+    its "Suggested fixes" (equal dims, constants, bounds; torch's own
+    refine_dynamic_shapes_from_suggested_fixes), and dims it reports the code specialises to a
+    constant (made static). Say what changed (OM406). At most three rounds."""
+    import copy
+
+    applied: list[str] = []
+    extra: list[Any] = []
+    for _ in range(3):
+        err = attempts[-1].error if attempts else None
+        text = str(err or "").split("\n\nThe error above")[0].rstrip()
+        refined = None
+        if "Suggested fixes:" in text:
+            fixes = [ln.strip() for ln in text.split("Suggested fixes:", 1)[1].splitlines()
+                     if ln.strip() and " = " in ln]
+            try:
+                from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
+
+                refined = refine_dynamic_shapes_from_suggested_fixes(text, dims)
+                applied += fixes
+            except Exception as e:  # could not be applied: OM401 stands
+                logger.debug("could not apply suggested fixes: %s", e)
+        if refined is None and isinstance(dims, dict):
+            found = _SPECIALISED.findall(text)
+            if found:
+                refined = copy.copy(dims)
+                for name, d, value in found:
+                    spec = refined.get(name)
+                    if isinstance(spec, dict) and int(d) in spec:
+                        refined[name] = {k: v for k, v in spec.items() if k != int(d)} or None
+                        applied.append(f"{name}[{d}] = {value} (the model fixes it)")
+        if refined is None:
+            break
+        dims = refined
+        attempts = capture(model, args, kwargs, dims)
+        for a in attempts:
+            a.strategy = f"{a.strategy} (dynamic shapes refined)"
+        extra += attempts
+        if attempts[-1].program is not None:
+            result.findings.append(warning(
+                "OM406", "capture", "torch.export rejected the dynamic shapes as given; what it "
+                f"said was applied: {'; '.join(applied)}. A dim fixed to a number is static "
+                "in the ONNX model.",
+                suggestion="Declare these in dynamic_shapes yourself (one Dim shared by equal "
+                "dims, no Dim for a dim the model fixes) to silence this.",
+                details={"fixes": applied}))
+            break
+    return extra
 
 
 def _report_auto_dims(result: ExportResult, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -203,6 +203,11 @@ CODES: dict[str, CodeInfo] = {
         "torch.export specialises dims whose example size is 0 or 1; they cannot become "
         "dynamic from that example.",
     ),
+    "OM406": CodeInfo(
+        "dynamic shapes refined by torch.export's suggested fixes", 0,
+        "The dynamic shapes as given violated the model's constraints; torch.export's "
+        "suggested fixes (equal dims, constants, bounds) were applied and capture retried.",
+    ),
     # OM5xx: ONNX checks and ONNX Runtime
     "OM501": CodeInfo("ONNX checker failed", 1, "onnx.checker rejected the model."),
     "OM502": CodeInfo(

@@ -121,3 +121,39 @@ def test_cli_dynamic_auto_and_dynamic_axes(tmp_path):
     p = cli("export", f"{MODELS}:PoolView", "--input", "2x3x8x8:float32", "--dynamic",
             "{'x': __import__('os')}")
     assert p.returncode == 2 and "OM004" in p.stderr
+
+
+def test_dim_the_model_fixes_is_made_static_with_a_warning():
+    """torch.export refuses a dim declared dynamic that the code fixes (Linear's in-features):
+    plain torch.onnx stops there; onnxmedic makes it static, says so (OM406) and verifies the
+    rest at several sizes."""
+    lin = torch.nn.Linear(4, 2)
+    x = (torch.randn(3, 4),)
+    ds = {"input": {0: "batch", 1: "features"}}
+    import pytest
+    with pytest.raises(Exception):
+        torch.onnx.export(lin, x, dynamic_shapes=ds, dynamo=True, verbose=False)
+    r = onnxmedic.export(lin, x, dynamic_shapes=ds)
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    (w,) = [f for f in r.findings if f.code == "OM406"]
+    assert w.details["fixes"] == ["input[1] = 4 (the model fixes it)"]
+    assert _input_dims(r) == [["batch", 4]]
+    assert {"batch=1", "batch=6"} <= {c.input_set for c in r.verification}
+
+
+def test_suggested_fixes_are_applied():
+    """Two Dims that the model forces equal: torch.export suggests `b = a`; it is applied."""
+    from torch.export import Dim
+
+    class Add(torch.nn.Module):
+        def forward(self, x, y):
+            return x + y
+
+    a, b = Dim("a"), Dim("b")
+    r = onnxmedic.export(Add(), (torch.randn(3, 4), torch.randn(3, 4)),
+                         dynamic_shapes={"x": {0: a}, "y": {0: b}})
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    (w,) = [f for f in r.findings if f.code == "OM406"]
+    assert w.details["fixes"] == ["b = a"]
+    x_dims, y_dims = _input_dims(r)
+    assert x_dims[0] == y_dims[0] and isinstance(x_dims[0], str)
