@@ -12,6 +12,7 @@ from __future__ import annotations
 from onnxmedic.api import ExportResult, RunResult, VerifyResult, doctor, export, run, verify
 from onnxmedic.findings import CODES, Finding, Location, Severity
 from onnxmedic.ops import translation
+from onnxmedic.sweep import SweepResult, ZooCase, sweep
 
 __version__ = "0.1.0"
 
@@ -19,6 +20,8 @@ __all__ = [
     "CODES",
     "ExportResult",
     "RunResult",
+    "SweepResult",
+    "ZooCase",
     "Finding",
     "Location",
     "Severity",
@@ -27,6 +30,7 @@ __all__ = [
     "doctor",
     "export",
     "run",
+    "sweep",
     "translation",
     "verify",
 ]
