@@ -322,7 +322,7 @@ def _summarise(result: SweepResult) -> None:
                else "no error finding recorded")
         result.findings.append(error(
             "OM700", "sweep", f"{e['name']}: not verified (stage {e.get('failed_stage') or '?'}"
-            f"): {why[:400]}", suggestion=f"Run it alone for the full report: its findings "
+            f"): {why[:400]}", suggestion="Run it alone for the full report: its findings "
             "are in the sweep's JSON report under entries.", details={"entry": e["name"]}))
     c = result.counts()
     result.findings.append(info(
@@ -487,8 +487,13 @@ class _progress:
         if not self.enabled:
             return lambda rec: None
         from rich.console import Console
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.bar = Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TextColumn("{task.description}"),
