@@ -470,6 +470,7 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             if program is None:
                 _fail(result, "capture", classify_capture_error(attempts))
                 return
+            _pytree_findings(result, attempts)
             for a in attempts[:-1]:
                 result.findings.append(info(
                     "OM110", "capture", f"{a.strategy} failed ({a.summary()['error']}); "
@@ -545,6 +546,24 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
                 _not_written(result, f)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _pytree_findings(result: ExportResult, attempts: list[Any]) -> None:
+    """OM120 naming the classes the capture registered with pytree; OM121 for failures."""
+    for a in attempts:
+        if a.registered:
+            names = ", ".join(f"{k} (via {v})" for k, v in a.registered.items())
+            result.findings.append(info(
+                "OM120", "capture", f"registered with torch.utils._pytree so that torch.export "
+                f"can flatten them: {names}.", suggestion="Nothing to do; to skip the failed "
+                "first attempt, register them yourself before exporting (transformers: "
+                "transformers.exporters.exporter_dynamo.register_cache_pytrees_for_model(model)) "
+                "or return tensors only (e.g. use_cache=False).",
+                details={"registered": dict(a.registered)}))
+        bad = [n for n in a.notes if n.startswith("not registered: ")]
+        if bad:
+            result.findings.append(warning(
+                "OM121", "capture", "; ".join(b[len("not registered: "):] for b in bad)))
 
 
 def _not_written(result: ExportResult, f: Any) -> None:
