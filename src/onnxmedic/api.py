@@ -470,7 +470,9 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             if program is None:
                 _fail(result, "capture", classify_capture_error(attempts))
                 return
-            _pytree_findings(result, attempts)
+            if _pytree_findings(result, attempts):
+                # the example's outputs were flattened before these types were registered
+                example_expected = None
             for a in attempts[:-1]:
                 result.findings.append(info(
                     "OM110", "capture", f"{a.strategy} failed ({a.summary()['error']}); "
@@ -548,9 +550,12 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def _pytree_findings(result: ExportResult, attempts: list[Any]) -> None:
-    """OM120 naming the classes the capture registered with pytree; OM121 for failures."""
+def _pytree_findings(result: ExportResult, attempts: list[Any]) -> bool:
+    """OM120 naming the classes the capture registered with pytree; OM121 for failures.
+    True when something was registered."""
+    any_registered = False
     for a in attempts:
+        any_registered = any_registered or bool(a.registered)
         if a.registered:
             names = ", ".join(f"{k} (via {v})" for k, v in a.registered.items())
             result.findings.append(info(
@@ -564,6 +569,7 @@ def _pytree_findings(result: ExportResult, attempts: list[Any]) -> None:
         if bad:
             result.findings.append(warning(
                 "OM121", "capture", "; ".join(b[len("not registered: "):] for b in bad)))
+    return any_registered
 
 
 def _not_written(result: ExportResult, f: Any) -> None:

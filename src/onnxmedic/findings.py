@@ -114,6 +114,12 @@ CODES: dict[str, CodeInfo] = {
         "A type that needed pytree registration could not be registered; capture went on "
         "without it.",
     ),
+    "OM122": CodeInfo(
+        "decomposition crash worked around", 0,
+        "torch's decompositions crashed on a view/reshape of a non-contiguous tensor under "
+        "symbolic shapes (T5, Swin, XLNet attention); onnxmedic made those inputs contiguous "
+        "(an Identity in ONNX) and the translation succeeded.",
+    ),
     # OM2xx: operators
     "OM201": CodeInfo(
         "operator has no ONNX translation", 1,

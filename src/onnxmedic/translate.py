@@ -156,8 +156,10 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
     try:
         prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
     except Exception as e:
-        result.findings.extend(_diagnose(program, registry, opset, e))
-        return result
+        prog = _retry_with_contiguous_views(result, program, args, kwargs, registry, opset, e)
+        if prog is None:
+            result.findings.extend(_diagnose(program, registry, opset, e))
+            return result
     result.onnx_program = prog
     used = set()
     decomposed = getattr(prog, "exported_program", None) or program
@@ -169,6 +171,37 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
         result.findings.append(info("OM204", STAGE, f"{name} translated by onnxmedic.",
                                     op=name))
     return result
+
+
+def _retry_with_contiguous_views(result: TranslateResult, program: torch.export.ExportedProgram,
+                                 args: tuple[Any, ...], kwargs: dict[str, Any],
+                                 registry: TranslationRegistry, opset: int | None,
+                                 exc: BaseException) -> Any:
+    """When torch's decompositions crash on a view of a non-contiguous tensor, make the
+    views' inputs contiguous (capture/rewrites.py) and translate again. The ONNX program, with
+    an OM122 finding, or None."""
+    from onnxmedic.capture import rewrites
+
+    _, decomp_error = unsupported_ops(program, registry, opset)
+    cause = decomp_error if decomp_error is not None else exc
+    if rewrites.check_view_crash(cause) is not None:
+        return None
+    try:  # in place: the clones change no value, so the program stays right either way
+        n = rewrites.contiguous_before_views(program)
+        prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
+    except Exception as e2:
+        logger.debug("translation after the contiguous-view rewrite failed too: %s", e2)
+        return None
+    inner = _innermost(cause)
+    first = (str(inner).strip().splitlines() or [""])[0][:300]
+    result.findings.append(info(
+        "OM122", STAGE, f"torch's decompositions crashed ({type(inner).__name__}: {first}); "
+        f"onnxmedic made the input of {n} view/reshape op(s) contiguous and the translation "
+        "then succeeded.", location=location_from_exception(cause),
+        suggestion="Nothing to do. The crash is a PyTorch limitation with symbolic shapes; "
+        "calling .contiguous() before the .view/.reshape at the line shown avoids it.",
+        details={"rewritten": n}))
+    return prog
 
 
 _NO_FUNCTION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', "
