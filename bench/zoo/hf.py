@@ -285,3 +285,108 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
     "wavlm": audio("wavlm", dict(WAV, num_buckets=16, max_bucket_distance=64)),
     "data2vec-audio": audio("data2vec-audio", WAV),
 }
+
+
+# --------------------------------------------------------------------------------------------
+# decoder-only models in deployment form: one step with past_key_values in and out
+
+
+class DecodeStep(torch.nn.Module):
+    """One decoding step over flat tensors: (input_ids, [k0, v0, k1, v1, ...]) -> (logits,
+    [new k0, new v0, ...]). The DynamicCache is built inside, so the ONNX model's inputs and
+    outputs are plain tensors with a dynamic past length."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, past: list[torch.Tensor]
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        from transformers import DynamicCache
+
+        pairs = [(past[i], past[i + 1]) for i in range(0, len(past), 2)]
+        cache = DynamicCache(pairs, config=self.model.config)
+        out = self.model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        return out.logits, flat_cache(out.past_key_values)
+
+
+def flat_cache(cache: Any) -> list[torch.Tensor]:
+    """[k0, v0, k1, v1, ...] of a DynamicCache."""
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)]
+
+
+def greedy_check(steps: int = 4, prompt: int = 5) -> Callable[[str, ZooCase], dict[str, Any]]:
+    """Greedy decoding for ``steps`` tokens: PyTorch (the model with its own cache) against the
+    ONNX step model in ONNX Runtime, fed its own past; tokens must match, logits be close."""
+
+    def check(onnx_path: str, case: ZooCase) -> dict[str, Any]:
+        import numpy as np
+        import onnxruntime as ort
+
+        model = case.model.model
+        sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+        names = [i.name for i in sess.get_inputs()]
+        ids = _ids(seq=prompt, seed=3)
+        with torch.no_grad():
+            out = model(input_ids=ids, use_cache=True)
+        cache = out.past_key_values
+        past = [t.numpy() for t in flat_cache(cache)]
+        tok_t = tok_o = out.logits[:, -1].argmax(-1, keepdim=True)
+        worst, tokens_t, tokens_o = 0.0, [], []
+        for _ in range(steps):
+            with torch.no_grad():
+                out = model(input_ids=tok_t, past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            res = sess.run(None, dict(zip(names, [tok_o.numpy()] + past)))
+            logits_o, past = res[0], res[1:]
+            worst = max(worst, float(np.abs(logits_o - out.logits.numpy()).max()))
+            tok_t = out.logits[:, -1].argmax(-1, keepdim=True)
+            tok_o = torch.from_numpy(logits_o[:, -1].argmax(-1)[:, None].astype(np.int64))
+            tokens_t.append(tok_t[:, 0].tolist())
+            tokens_o.append(tok_o[:, 0].tolist())
+        ok = tokens_t == tokens_o and worst < 1e-3
+        return {"ok": ok, "steps": steps, "past_length_end": int(past[0].shape[2]),
+                "max_abs_logits": worst, "tokens_torch": tokens_t, "tokens_onnx": tokens_o,
+                "message": "" if ok else f"greedy decoding diverges (tokens {tokens_t} vs "
+                f"{tokens_o}, max abs logits error {worst:.3g})"}
+
+    return check
+
+
+def decode(model_type: str, cfg: dict[str, Any], note: str = "") -> Callable[[], ZooCase]:
+    """A causal LM as one decoding step with its past, checked by greedy decoding."""
+
+    def make() -> ZooCase:
+        lm = _base(model_type, dict(cfg, use_cache=True), auto="AutoModelForCausalLM")
+        ids = _ids(seq=3, seed=2)
+        with torch.no_grad():
+            past = flat_cache(lm(input_ids=_ids(seq=5, seed=4), use_cache=True).past_key_values)
+        dims = [{0: "batch", 2: "past"} for _ in past]
+        return ZooCase(DecodeStep(lm).eval(), (ids, past), {},
+                       ({0: "batch", 1: "sequence"}, dims), note=note or
+                       "one step with past_key_values in/out; greedy decoding checked",
+                       check=greedy_check())
+
+    return make
+
+
+DECODE: dict[str, Callable[[], ZooCase]] = {
+    "gpt2+past": decode("gpt2", dict(n_embd=32, n_layer=2, n_head=2, n_positions=64,
+                                     vocab_size=VOCAB)),
+    "llama+past": decode("llama", SMALL_KV),
+    "mistral+past": decode("mistral", SMALL_KV),
+    "qwen2+past": decode("qwen2", SMALL_KV),
+    "phi3+past": decode("phi3", dict(SMALL_KV, pad_token_id=0)),
+    "gemma+past": decode("gemma", SMALL_KV),
+    "opt+past": decode("opt", dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                   ffn_dim=64, word_embed_proj_dim=32, vocab_size=VOCAB,
+                                   max_position_embeddings=64)),
+    "gpt_neox+past": decode("gpt_neox", SMALL),
+    "falcon+past": decode("falcon", dict(SMALL, new_decoder_architecture=False)),
+    "bloom+past": decode("bloom", dict(hidden_size=32, n_layer=2, n_head=2, vocab_size=VOCAB)),
+}
+
+# the handful the default test run exports (one encoder, one decoder step, one vision model,
+# one encoder-decoder returning its cache)
+FAST = ["bert", "llama+past", "resnet", "whisper+cache"]
+ALL: dict[str, Callable[[], ZooCase]] = {**ZOO, **DECODE}
