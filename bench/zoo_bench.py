@@ -1,6 +1,6 @@
 """The zoo benchmark: plain torch.onnx.export(dynamo=True) against onnxmedic, one table.
 
-For every entry of a zoo (default: bench/zoo/hf.py:ZOO), in its own worker process with a
+For every entry of a zoo (default: bench/zoo/hf.py:ALL), in its own worker process with a
 timeout (the same isolation as `onnxmedic sweep`):
 
 - torch.onnx: ``torch.onnx.export(..., dynamic_shapes=..., dynamo=True, verify=True)``, then the
@@ -95,7 +95,7 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
     logging.disable(logging.WARNING)
     torch.set_num_threads(threads)
     from onnxmedic._sweep_worker import _peak_rss_mb, export_case
-    from onnxmedic.sweep import Entry, as_case, import_source, load_zoo
+    from onnxmedic.sweep import as_case, import_source, load_zoo
 
     entry = next(e for e in load_zoo(zoo) if e.name == name)
     factory = getattr(import_source(entry.source), entry.attr)[name]
@@ -210,7 +210,7 @@ def table(recs: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--zoo", default=str(ROOT / "bench" / "zoo" / "hf.py"))
+    ap.add_argument("--zoo", default=str(ROOT / "bench" / "zoo" / "hf.py") + ":ALL")
     ap.add_argument("--only", default="")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--timeout", type=float, default=900)
