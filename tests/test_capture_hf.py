@@ -101,3 +101,25 @@ def test_view_crash_check_says_why_not():
     assert rewrites.check_view_crash(wrapped) is None
     assert "not a view" in rewrites.check_view_crash(RuntimeError("no kernel"))
     assert rewrites.check_view_crash(None) == "there is no error"
+
+
+class OneMinus(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (1.0 - x) * 3
+
+
+def test_rsub_as_add_keeps_the_values():
+    ep = torch.export.export(OneMinus(), (torch.randn(2, 3),), strict=False)
+    assert any(n.target is torch.ops.aten.rsub.Scalar for n in ep.graph.nodes)
+    assert rewrites.rsub_as_add(ep) == 1
+    assert not any(n.target is torch.ops.aten.rsub.Scalar for n in ep.graph.nodes)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(ep.module()(x), OneMinus()(x))
+
+
+def test_rsub_crash_check():
+    msg = ("Cannot find a compatible OpOverload for aten.sub with the provided arguments.\n"
+           "While executing %sub_8 : [num_users=1] = call_function[target=torch.ops.aten.sub."
+           "Tensor](args = (1.0, %convert_element_type_default), kwargs = {})")
+    assert rewrites.check_rsub_crash(RuntimeError(msg)) is None
+    assert "rsub" in rewrites.check_rsub_crash(RuntimeError("Cannot view a tensor with shape"))

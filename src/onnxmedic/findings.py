@@ -120,6 +120,12 @@ CODES: dict[str, CodeInfo] = {
         "symbolic shapes (T5, Swin, XLNet attention); onnxmedic made those inputs contiguous "
         "(an Identity in ONNX) and the translation succeeded.",
     ),
+    "OM123": CodeInfo(
+        "rsub decomposition crash worked around", 0,
+        "torch's decomposition of rsub(x, scalar) (`1.0 - mask`, XLNet) produced an aten.sub "
+        "call no overload accepts; onnxmedic rewrote it as add(neg(x), scalar) and the "
+        "translation succeeded.",
+    ),
     # OM2xx: operators
     "OM201": CodeInfo(
         "operator has no ONNX translation", 1,

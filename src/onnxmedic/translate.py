@@ -156,7 +156,7 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
     try:
         prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
     except Exception as e:
-        prog = _retry_with_contiguous_views(result, program, args, kwargs, registry, opset, e)
+        prog = _retry_with_rewrites(result, program, args, kwargs, registry, opset, e)
         if prog is None:
             result.findings.extend(_diagnose(program, registry, opset, e))
             return result
@@ -173,35 +173,54 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
     return result
 
 
-def _retry_with_contiguous_views(result: TranslateResult, program: torch.export.ExportedProgram,
-                                 args: tuple[Any, ...], kwargs: dict[str, Any],
-                                 registry: TranslationRegistry, opset: int | None,
-                                 exc: BaseException) -> Any:
-    """When torch's decompositions crash on a view of a non-contiguous tensor, make the
-    views' inputs contiguous (capture/rewrites.py) and translate again. The ONNX program, with
-    an OM122 finding, or None."""
+def _rewrites() -> list[tuple[str, Any, Any, str]]:
+    """(finding code, check, apply, what it does) of the program rewrites tried when torch's
+    decompositions crash."""
     from onnxmedic.capture import rewrites
 
-    _, decomp_error = unsupported_ops(program, registry, opset)
-    cause = decomp_error if decomp_error is not None else exc
-    if rewrites.check_view_crash(cause) is not None:
-        return None
-    try:  # in place: the clones change no value, so the program stays right either way
-        n = rewrites.contiguous_before_views(program)
-        prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
-    except Exception as e2:
-        logger.debug("translation after the contiguous-view rewrite failed too: %s", e2)
-        return None
-    inner = _innermost(cause)
-    first = (str(inner).strip().splitlines() or [""])[0][:300]
-    result.findings.append(info(
-        "OM122", STAGE, f"torch's decompositions crashed ({type(inner).__name__}: {first}); "
-        f"onnxmedic made the input of {n} view/reshape op(s) contiguous and the translation "
-        "then succeeded.", location=location_from_exception(cause),
-        suggestion="Nothing to do. The crash is a PyTorch limitation with symbolic shapes; "
-        "calling .contiguous() before the .view/.reshape at the line shown avoids it.",
-        details={"rewritten": n}))
-    return prog
+    return [
+        ("OM122", rewrites.check_view_crash, rewrites.contiguous_before_views,
+         "made the input of {n} view/reshape op(s) contiguous"),
+        ("OM123", rewrites.check_rsub_crash, rewrites.rsub_as_add,
+         "rewrote {n} rsub(x, scalar) as add(neg(x), scalar)"),
+    ]
+
+
+def _retry_with_rewrites(result: TranslateResult, program: torch.export.ExportedProgram,
+                         args: tuple[Any, ...], kwargs: dict[str, Any],
+                         registry: TranslationRegistry, opset: int | None,
+                         exc: BaseException) -> Any:
+    """When torch's decompositions crash in a way a rewrite of capture/rewrites.py avoids,
+    rewrite the program (in place: the rewrites change no value) and translate again, up to
+    once per rewrite. The ONNX program, with one finding per rewrite, or None."""
+    found: list[Finding] = []
+    used: set[str] = set()
+    for _ in range(len(_rewrites())):
+        _, decomp_error = unsupported_ops(program, registry, opset)
+        cause = decomp_error if decomp_error is not None else exc
+        todo = [r for r in _rewrites() if r[0] not in used and r[1](cause) is None]
+        if not todo:
+            return None
+        code, _check, apply, what = todo[0]
+        used.add(code)
+        n = apply(program)
+        inner = _innermost(cause)
+        first = (str(inner).strip().splitlines() or [""])[0][:300]
+        found.append(info(
+            code, STAGE, f"torch's decompositions crashed ({type(inner).__name__}: {first}); "
+            f"onnxmedic {what.format(n=n)} and translated again.",
+            location=location_from_exception(cause),
+            suggestion="Nothing to do: the rewrite keeps every value. The crash is a PyTorch "
+            "limitation; the line shown is where it came from.", details={"rewritten": n}))
+        try:
+            prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
+        except Exception as e2:
+            logger.debug("translation after rewrite %s failed: %s", code, e2)
+            exc = e2
+            continue
+        result.findings.extend(found)
+        return prog
+    return None
 
 
 _NO_FUNCTION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', "
