@@ -113,7 +113,7 @@ def test_rsub_as_add_keeps_the_values():
     assert any(n.target is torch.ops.aten.rsub.Scalar for n in ep.graph.nodes)
     assert rewrites.rsub_as_add(ep) == 1
     assert not any(n.target is torch.ops.aten.rsub.Scalar for n in ep.graph.nodes)
-    x = torch.randn(4, 3)
+    x = torch.randn(2, 3)
     torch.testing.assert_close(ep.module()(x), OneMinus()(x))
 
 
