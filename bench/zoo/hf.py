@@ -234,10 +234,14 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
     "starcoder2": text("starcoder2", SMALL_KV, stateless=True),
     "mamba": text("mamba", dict(hidden_size=32, num_hidden_layers=2, state_size=8,
                                 vocab_size=VOCAB, expand=2, conv_kernel=4), mask=False,
-                  stateless=True),
+                  stateless=True, dyn={0: "batch"},
+                  note="sequence static: the CPU path loops over time steps in Python, so "
+                  "torch.export specialises the length (OM401 when declared dynamic)"),
     "rwkv": text("rwkv", dict(hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
                               intermediate_size=64, vocab_size=VOCAB, context_length=64),
-                 mask=False, stateless=True),
+                 mask=False, stateless=True, dyn={0: "batch"},
+                 note="sequence static: the CPU path loops over time steps in Python, so "
+                 "torch.export specialises the length (OM401 when declared dynamic)"),
     # encoder-decoders
     "t5": seq2seq("t5", T5),
     "bart": seq2seq("bart", BARTLIKE),
@@ -266,7 +270,9 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
                                    depths=[1, 1, 1, 1])),
     "regnet": image("regnet", dict(embedding_size=8, hidden_sizes=[8, 16, 32, 64],
                                    depths=[1, 1, 1, 1], groups_width=8)),
-    "mobilenet_v2": image("mobilenet_v2", dict(depth_multiplier=0.35, image_size=32)),
+    "mobilenet_v2": image("mobilenet_v2", dict(depth_multiplier=0.35, image_size=32),
+                          dynamic_size=False, note="image size static: TF-style 'same' padding "
+                          "is computed from the input size in Python (OM401 when dynamic)"),
     "mobilevit": image("mobilevit", dict(hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
                                          image_size=64, num_attention_heads=2),
                        size=64, dynamic_size=False),
