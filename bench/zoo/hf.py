@@ -96,7 +96,7 @@ def seq2seq(model_type: str, cfg: dict[str, Any], *, stateless: bool = True,
 
 
 def image(model_type: str, cfg: dict[str, Any], *, size: int = 32, channels: int = 3,
-          dynamic_size: bool = True, auto: str = "AutoModel",
+          dynamic_size: bool = True, square: bool = False, auto: str = "AutoModel",
           note: str = "") -> Callable[[], ZooCase]:
     """A vision model taking pixel_values; dynamic batch, and image size when the model allows."""
 
@@ -105,6 +105,8 @@ def image(model_type: str, cfg: dict[str, Any], *, size: int = 32, channels: int
         g = torch.Generator().manual_seed(0)
         x = torch.randn(BATCH, channels, size, size, generator=g)
         dims = {0: "batch", 2: "height", 3: "width"} if dynamic_size else {0: "batch"}
+        if dynamic_size and square:
+            dims = {0: "batch", 2: "size", 3: "size"}
         return ZooCase(m, (), {"pixel_values": x}, {"pixel_values": dims}, note=note)
 
     return make
@@ -261,8 +263,10 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
                  note="position embeddings fixed to the config's image size"),
     "deit": image("deit", VIT, dynamic_size=False),
     "beit": image("beit", dict(VIT, use_relative_position_bias=True), dynamic_size=False),
-    "dinov2": image("dinov2", dict(VIT, patch_size=8), note="interpolates its position "
-                    "embeddings, so the image size is dynamic"),
+    "dinov2": image("dinov2", dict(VIT, patch_size=8), size=48,
+                    note="example 48 px, config 32 px: at the config's size forward() skips the "
+                    "interpolation of the position embeddings (a Python branch), and an "
+                    "export there bakes that in (OM402 at other sizes)"),
     "swin": image("swin", dict(embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4,
                                image_size=32, patch_size=2), dynamic_size=False),
     "convnext": image("convnext", dict(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1])),
