@@ -123,3 +123,32 @@ def test_rsub_crash_check():
            "Tensor](args = (1.0, %convert_element_type_default), kwargs = {})")
     assert rewrites.check_rsub_crash(RuntimeError(msg)) is None
     assert "rsub" in rewrites.check_rsub_crash(RuntimeError("Cannot view a tensor with shape"))
+
+
+class Shortcut(torch.nn.Module):
+    """RegNet's/ResNet's pattern: a strided stage plus a strided shortcut. At the example both
+    are 1x1, and adding two sizes that are both 1 is where torch.export specialises them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.main = torch.nn.Conv2d(3, 4, kernel_size=3, stride=2, padding=1)
+        self.short = torch.nn.Conv2d(3, 4, kernel_size=1, stride=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.main(x) + self.short(x)
+
+
+def test_size_one_at_the_example_is_not_baked_in(monkeypatch):
+    import contextlib
+
+    from onnxmedic.capture import strategies
+
+    x = torch.randn(2, 3, 2, 2)  # both branches are 1x1 here, 2x2 at 4 px
+    dyn = ({0: "batch", 2: "height", 3: "width"},)
+    res = onnxmedic.export(Shortcut().eval(), (x,), dynamic_shapes=dyn)
+    assert res.ok, [f.one_paragraph() for f in res.findings]
+    assert {"height=4", "width=4"} <= {c.input_set for c in res.verification}
+    # without backed_size_oblivious the 1x1 is specialised and other sizes fail
+    monkeypatch.setattr(strategies, "_size_oblivious", lambda d: contextlib.nullcontext())
+    res = onnxmedic.export(Shortcut().eval(), (x,), dynamic_shapes=dyn)
+    assert not res.ok, [f.code for f in res.findings]

@@ -72,14 +72,25 @@ class CaptureStrategy:
         raise NotImplementedError
 
 
+def _size_oblivious(dynamic_shapes: Any) -> Any:
+    """With dynamic shapes, capture like torch.onnx does: backed_size_oblivious=True, so that a
+    size computed from a dynamic dim that happens to be 1 at the example (RegNet's last stage at
+    32 px: 32 // 32) is not specialised to 1 - which bakes a static shape into the graph and
+    fails in ONNX Runtime at other sizes."""
+    if not dynamic_shapes:
+        return contextlib.nullcontext()
+    return torch.fx.experimental._config.patch(backed_size_oblivious=True)
+
+
 class TorchExportNonStrict(CaptureStrategy):
     """torch.export.export(strict=False): Python runs as-is, tensors are traced."""
 
     name = "torch.export(strict=False)"
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
-        return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
-                                   strict=False)
+        with _size_oblivious(dynamic_shapes):
+            return torch.export.export(model, args, kwargs=kwargs,
+                                       dynamic_shapes=dynamic_shapes, strict=False)
 
 
 class TorchExportStrict(CaptureStrategy):
@@ -88,8 +99,9 @@ class TorchExportStrict(CaptureStrategy):
     name = "torch.export(strict=True)"
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
-        return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
-                                   strict=True)
+        with _size_oblivious(dynamic_shapes):
+            return torch.export.export(model, args, kwargs=kwargs,
+                                       dynamic_shapes=dynamic_shapes, strict=True)
 
 
 class RegisterPytreeTypes(TorchExportNonStrict):
