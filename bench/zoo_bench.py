@@ -77,7 +77,7 @@ def _check_at_shapes(path: str, case: Any) -> tuple[bool, str, float]:
             act = sess.run(None, _feeds(names, s.args, s.kwargs))
         except Exception as e:
             return False, f"ONNX Runtime fails at {label}: {str(e).splitlines()[0][:200]}", worst
-        comps = compare_outputs(outs, exp, act, input_set=label)
+        comps = compare_outputs(outs, exp, act, input_set=label, tolerance=case.tolerance)
         worst = max([worst] + [c.max_abs for c in comps if c.max_abs == c.max_abs])
         bad = [c for c in comps if not c.ok]
         if bad:

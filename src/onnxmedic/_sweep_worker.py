@@ -70,7 +70,7 @@ def export_case(entry: Any, case: Any, payload: dict[str, Any], t0: float) -> di
         t1 = time.perf_counter()
         res = onnxmedic.export(case.model, case.args, f, kwargs=case.kwargs,
                                dynamic_shapes=case.dynamic_shapes,
-                               verify=payload.get("verify", True))
+                               verify=payload.get("verify", True), tolerance=case.tolerance)
         export_seconds = time.perf_counter() - t1
         d = res.to_dict()
         summary = d["verification_summary"]

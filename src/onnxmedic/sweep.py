@@ -50,6 +50,7 @@ class ZooCase:
     dynamic_shapes: Any = None
     note: str = ""
     check: Callable[[str, ZooCase], dict[str, Any]] | None = None
+    tolerance: tuple[float, float] | None = None
 
 
 def as_case(value: Any, name: str = "?") -> ZooCase:
