@@ -123,3 +123,44 @@ def test_ray_executor_on_a_local_instance(tmp_path):
     by = {e["name"]: e["status"] for e in res.entries}
     assert by == {"scale": "verified", "aborts": "crashed", "broken": "factory-failed"}
     assert res.executor == "ray" and "executor ray" in res.findings[-1].message
+
+
+def test_results_in_a_missing_folder_is_a_finding(tmp_path):
+    res = sweep(TINY, names=["broken"], results=tmp_path / "no" / "r.json")
+    assert res.findings[0].code == "OM006" and res.exit_code == 1 and not res.entries
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as fh:
+            out += [int(x) for x in fh.read().split()]
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs /proc")
+def test_ctrl_c_stops_the_sweep_and_its_workers(tmp_path):
+    import signal
+    import time
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    p = subprocess.Popen([sys.executable, "-m", "onnxmedic", "sweep", TINY, "--only", "hangs",
+                          "--timeout", "300", "--no-progress"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers: list[int] = []
+    deadline = time.monotonic() + 60
+    while not workers and time.monotonic() < deadline:
+        time.sleep(0.5)
+        workers = _children(p.pid)
+    assert workers, "the worker never started"
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err, err
+    time.sleep(1)
+    for w in workers:
+        try:
+            with open(f"/proc/{w}/stat") as fh:
+                state = fh.read().split(")")[-1].split()[0]
+        except FileNotFoundError:
+            continue
+        assert state == "Z", f"worker {w} still running after Ctrl-C"

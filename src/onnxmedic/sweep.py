@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -31,6 +32,8 @@ from onnxmedic.findings import Finding, InputError, Severity, error, info
 logger = logging.getLogger(__name__)
 
 RESULTS_FORMAT = "onnxmedic-sweep/1"
+_LIVE: set[subprocess.Popen[bytes]] = set()  # running workers, killed if the sweep is stopped
+_LIVE_LOCK = threading.Lock()
 DEFAULT_TIMEOUT = 600.0
 STATUSES = ("verified", "failed", "factory-failed", "crashed", "timeout")
 
@@ -183,6 +186,8 @@ def run_entry(entry: Entry, opts: _Options) -> dict[str, Any]:
                                      json.dumps(payload)], stdin=subprocess.DEVNULL,
                                     stdout=fh, stderr=subprocess.STDOUT, env=_env(opts),
                                     start_new_session=True)
+            with _LIVE_LOCK:
+                _LIVE.add(proc)
             try:
                 rc = proc.wait(timeout=opts.timeout)
             except subprocess.TimeoutExpired:
@@ -195,6 +200,8 @@ def run_entry(entry: Entry, opts: _Options) -> dict[str, Any]:
             finally:
                 if proc.poll() is None:
                     _kill_group(proc)
+                with _LIVE_LOCK:
+                    _LIVE.discard(proc)
         seconds = time.perf_counter() - t0
         if out.is_file():
             try:
@@ -366,6 +373,13 @@ def sweep(
     result = SweepResult(zoo=str(zoo), executor=executor, jobs=jobs,
                          results_path=str(results) if results is not None else None)
     t0 = time.perf_counter()
+    from onnxmedic.api import _check_output_path
+
+    bad = _check_output_path(results, stage="sweep") if results is not None else None
+    if bad is not None:
+        result.findings.append(bad)
+        result.results_path = None
+        return result
     try:
         _sweep(result, zoo, jobs, timeout, resume, executor, ray_address, names, verify,
                out_dir, progress, on_entry)
@@ -425,10 +439,19 @@ def _sweep(result: SweepResult, zoo: Any, jobs: int, timeout: float, resume: boo
 
 def _run_local(entries: list[Entry], opts: _Options, jobs: int, _address: str | None
                ) -> Iterator[dict[str, Any]]:
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sweep") as pool:
-        futures = {pool.submit(run_entry, e, opts): e for e in entries}
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sweep")
+    futures = [pool.submit(run_entry, e, opts) for e in entries]
+    try:
         for fut in as_completed(futures):
             yield fut.result()
+    finally:  # also on Ctrl-C or an error here: no worker outlives the sweep
+        for fut in futures:
+            fut.cancel()
+        with _LIVE_LOCK:
+            live = list(_LIVE)
+        for proc in live:
+            _kill_group(proc)
+        pool.shutdown(wait=True)
 
 
 def ray_missing() -> Finding:
