@@ -180,6 +180,8 @@ BARTLIKE = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attentio
                 decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
                 vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=1, bos_token_id=0,
                 eos_token_id=2, decoder_start_token_id=2)
+FIXED_SIZE = ("image size static: position embeddings are fixed to the config's size; declared "
+              "dynamic, torch.export specialises it (OM401)")
 VIT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
            image_size=32, patch_size=8)
 WAV = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -260,16 +262,18 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
     "bart+cache": seq2seq("bart", BARTLIKE, stateless=False),
     "whisper+cache": lambda: whisper(stateless=False),
     # vision
-    "vit": image("vit", VIT, dynamic_size=False,
-                 note="position embeddings fixed to the config's image size"),
-    "deit": image("deit", VIT, dynamic_size=False),
-    "beit": image("beit", dict(VIT, use_relative_position_bias=True), dynamic_size=False),
+    "vit": image("vit", VIT, dynamic_size=False, note=FIXED_SIZE),
+    "deit": image("deit", VIT, dynamic_size=False, note=FIXED_SIZE),
+    "beit": image("beit", dict(VIT, use_relative_position_bias=True), dynamic_size=False,
+                  note=FIXED_SIZE),
     "dinov2": image("dinov2", dict(VIT, patch_size=8), size=48,
                     note="example 48 px, config 32 px: at the config's size forward() skips the "
                     "interpolation of the position embeddings (a Python branch), and an "
                     "export there bakes that in (OM402 at other sizes)"),
     "swin": image("swin", dict(embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=4,
-                               image_size=32, patch_size=2), dynamic_size=False),
+                               image_size=32, patch_size=2), dynamic_size=False,
+                  note="image size static: at other sizes of this config PyTorch itself fails "
+                  "(the attention mask's broadcast), so they cannot be verified (OM403)"),
     "convnext": image("convnext", dict(hidden_sizes=[8, 16, 32, 64], depths=[1, 1, 1, 1])),
     "resnet": image("resnet", dict(embedding_size=8, hidden_sizes=[8, 16, 32, 64],
                                    depths=[1, 1, 1, 1])),
