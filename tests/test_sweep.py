@@ -80,13 +80,15 @@ def test_resume_skips_done_entries_and_adds_to_the_file(tmp_path):
 
 def test_unusable_zoo_and_results_are_findings(tmp_path):
     (tmp_path / "nozoo.py").write_text("X = 1\n")
+    (tmp_path / "empty.py").write_text("ZOO = {}\n")
     folder = tmp_path / "dup"
     folder.mkdir()
     for n in ("a.py", "b.py"):
         (folder / n).write_text("ZOO = {'same': lambda: None}\n")
     for spec, text in [(str(tmp_path / "missing.py"), "does not exist"),
                        (str(tmp_path / "nozoo.py"), "no dict named ZOO"),
-                       (str(folder), "defined twice")]:
+                       (str(folder), "defined twice"),
+                       (str(tmp_path / "empty.py"), "has no entries")]:
         res = sweep(spec)
         assert res.exit_code == 1 and res.findings[0].code == "OM704", spec
         assert text in res.findings[0].message

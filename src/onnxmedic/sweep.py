@@ -139,6 +139,8 @@ def load_zoo(spec: str | os.PathLike[str]) -> list[Entry]:
                 raise _zoo_err(f"zoo entry {name!r} is defined twice ({entries[name].source} "
                                f"and {src}).")
             entries[str(name)] = Entry(str(name), src, attr)
+    if not entries:
+        raise _zoo_err(f"the zoo {spec!r} has no entries ({attr} is empty).")
     return list(entries.values())
 
 
