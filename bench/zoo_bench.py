@@ -114,9 +114,12 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
             ok, why, err = _check_at_shapes(f"{td}/plain.onnx", case)
             rec.update(torch_onnx_ok=ok, torch_onnx_error=why, torch_onnx_max_abs=err)
         except Exception as e:
+            inner = e  # torch.onnx wraps the cause in a step banner; report the cause
+            while inner.__cause__ is not None:
+                inner = inner.__cause__
             rec.update(torch_onnx_seconds=time.perf_counter() - t0, torch_onnx_ok=False,
-                       torch_onnx_error=f"{type(e).__name__}: "
-                       f"{(str(e).strip().splitlines() or [''])[0][:300]}")
+                       torch_onnx_error=f"{type(inner).__name__}: "
+                       f"{(str(inner).strip().splitlines() or [''])[0][:300]}")
         case = as_case(factory(), name)  # a fresh model: nothing left over from torch.onnx
         med = export_case(entry, case, {"out_dir": td, "verify": True}, time.perf_counter())
         rec.update(onnxmedic_ok=med["ok"], onnxmedic_seconds=med["export_seconds"],
