@@ -196,9 +196,12 @@ def _retry_with_rewrites(result: TranslateResult, program: torch.export.Exported
     found: list[Finding] = []
     used: set[str] = set()
     for _ in range(len(_rewrites())):
-        _, decomp_error = unsupported_ops(program, registry, opset)
-        cause = decomp_error if decomp_error is not None else exc
+        cause = exc
         todo = [r for r in _rewrites() if r[0] not in used and r[1](cause) is None]
+        if not todo:  # the export error may hide the decomposition's: run that alone (slow)
+            _, decomp_error = unsupported_ops(program, registry, opset)
+            cause = decomp_error if decomp_error is not None else exc
+            todo = [r for r in _rewrites() if r[0] not in used and r[1](cause) is None]
         if not todo:
             return None
         code, _check, apply, what = todo[0]
