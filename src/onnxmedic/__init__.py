@@ -9,10 +9,20 @@
 
 from __future__ import annotations
 
-from onnxmedic.api import ExportResult, RunResult, VerifyResult, doctor, export, run, verify
+from onnxmedic.api import (
+    ExportResult,
+    RunResult,
+    SweepResult,
+    VerifyResult,
+    ZooCase,
+    doctor,
+    export,
+    run,
+    sweep,
+    verify,
+)
 from onnxmedic.findings import CODES, Finding, Location, Severity
 from onnxmedic.ops import translation
-from onnxmedic.sweep import SweepResult, ZooCase, sweep
 
 __version__ = "0.1.0"
 

@@ -22,6 +22,7 @@ from onnxmedic import inputs as inputs_mod
 from onnxmedic._tensors import flatten_tensors, to_numpy
 from onnxmedic.capture import capture, classify_capture_error
 from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
+from onnxmedic.sweep import SweepResult, ZooCase, sweep  # sweep(): a zoo, in worker processes
 from onnxmedic.verify.compare import OutputComparison, compare_outputs
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,8 @@ class ExportResult:
 
 
 VerifyResult = ExportResult
+__all__ = ["ExportResult", "RunResult", "SweepResult", "VerifyResult", "ZooCase", "doctor",
+           "export", "run", "sweep", "verify"]
 
 
 @contextmanager
