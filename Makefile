@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow bench bench-overhead lint clean
+.PHONY: demo test test-slow bench bench-overhead bench-zoo lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test-slow: $(STAMP)
 
 bench-overhead: $(STAMP)
 	$(PY) bench/overhead.py
+
+# the whole Hugging Face zoo: its slow test, then the torch.onnx-vs-onnxmedic table
+bench-zoo: $(STAMP)
+	$(PY) -m pip install -q -e '.[hf]'
+	$(PY) -m pytest -m slow tests/test_zoo.py $(PYTEST_ARGS)
+	$(PY) bench/zoo_bench.py --zoo bench/zoo/hf.py:ALL --results build/zoo_bench.json
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench tools examples

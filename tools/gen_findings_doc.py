@@ -8,7 +8,7 @@ from onnxmedic.findings import CODES
 
 GROUPS = {"OM0": "Inputs, usage and onnxmedic itself", "OM1": "Preflight and capture",
           "OM2": "Operators", "OM3": "Dtypes", "OM4": "Dynamic shapes",
-          "OM5": "ONNX checks and ONNX Runtime", "OM6": "Numbers"}
+          "OM5": "ONNX checks and ONNX Runtime", "OM6": "Numbers", "OM7": "Sweeps over a model zoo"}
 
 doc = Path(__file__).resolve().parents[1] / "docs" / "findings.md"
 head = doc.read_text().split("\n## ")[0].rstrip()

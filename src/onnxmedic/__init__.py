@@ -12,12 +12,15 @@ from __future__ import annotations
 from onnxmedic.api import (
     ExportResult,
     RunResult,
+    SweepResult,
     VerifyResult,
+    ZooCase,
     doctor,
     export,
     localize,
     reduce,
     run,
+    sweep,
     verify,
 )
 from onnxmedic.findings import CODES, Finding, Location, Severity
@@ -29,6 +32,8 @@ __all__ = [
     "CODES",
     "ExportResult",
     "RunResult",
+    "SweepResult",
+    "ZooCase",
     "Finding",
     "Location",
     "Severity",
@@ -39,6 +44,7 @@ __all__ = [
     "localize",
     "reduce",
     "run",
+    "sweep",
     "translation",
     "verify",
 ]

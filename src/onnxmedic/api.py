@@ -24,6 +24,7 @@ from onnxmedic import inputs as inputs_mod
 from onnxmedic._tensors import flatten_tensors, to_numpy
 from onnxmedic.capture import capture, classify_capture_error
 from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
+from onnxmedic.sweep import SweepResult, ZooCase, sweep  # sweep(): a zoo, in worker processes
 from onnxmedic.verify.compare import OutputComparison, compare_outputs
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,8 @@ class ExportResult:
 
 
 VerifyResult = ExportResult
+__all__ = ["ExportResult", "RunResult", "SweepResult", "VerifyResult", "ZooCase", "doctor",
+           "export", "run", "sweep", "verify"]
 
 
 @contextmanager
@@ -599,6 +602,9 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             if program is None:
                 _fail(result, "capture", classify_capture_error(attempts))
                 return
+            if _pytree_findings(result, attempts):
+                # the example's outputs were flattened before these types were registered
+                example_expected = None
             for a in attempts[:-1]:
                 result.findings.append(info(
                     "OM110", "capture", f"{a.strategy} failed ({a.summary()['error']}); "
@@ -962,6 +968,28 @@ def _opset_stage(result: ExportResult, wanted: int) -> bool:
         suggestion=f"Use an opset the converter supports (about 18 to {onnx.defs.onnx_opset_version()} "
         "with this onnx), or drop --opset to keep 18."))
     return False
+
+
+def _pytree_findings(result: ExportResult, attempts: list[Any]) -> bool:
+    """OM120 naming the classes the capture registered with pytree; OM121 for failures.
+    True when something was registered."""
+    any_registered = False
+    for a in attempts:
+        any_registered = any_registered or bool(a.registered)
+        if a.registered:
+            names = ", ".join(f"{k} (via {v})" for k, v in a.registered.items())
+            result.findings.append(info(
+                "OM120", "capture", f"registered with torch.utils._pytree so that torch.export "
+                f"can flatten them: {names}.", suggestion="Nothing to do; to skip the failed "
+                "first attempt, register them yourself before exporting (transformers: "
+                "transformers.exporters.exporter_dynamo.register_cache_pytrees_for_model(model)) "
+                "or return tensors only (e.g. use_cache=False).",
+                details={"registered": dict(a.registered)}))
+        bad = [n for n in a.notes if n.startswith("not registered: ")]
+        if bad:
+            result.findings.append(warning(
+                "OM121", "capture", "; ".join(b[len("not registered: "):] for b in bad)))
+    return any_registered
 
 
 def _not_written(result: ExportResult, f: Any) -> None:

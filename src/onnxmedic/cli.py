@@ -138,7 +138,45 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0, help="seed for generated inputs")
     r.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     r.add_argument("-v", "--verbose", action="store_true", help="also show info findings")
+    s = sub.add_parser("sweep", help="export and verify every model of a zoo, in parallel "
+                       "worker processes", epilog=EPILOG)
+    s.add_argument("zoo", metavar="ZOO", help="a .py file, module or folder defining "
+                   "ZOO = {name: factory} (file.py:ATTR for another dict name)")
+    s.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help="entries at a time (default: the CPU cores)")
+    s.add_argument("--timeout", type=float, default=600.0, metavar="S",
+                   help="seconds per entry before its worker is killed (default 600)")
+    s.add_argument("--results", metavar="RESULTS.json",
+                   help="write every entry's result there, atomically after each entry")
+    s.add_argument("--resume", metavar="RESULTS.json",
+                   help="skip the entries already in this results file, and add to it")
+    s.add_argument("--only", action="append", default=[], metavar="NAME[,NAME]",
+                   help="run only these entries")
+    s.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="worker processes here (local) or Ray tasks (ray)")
+    s.add_argument("--ray-address", metavar="ADDR",
+                   help="a running Ray cluster (default: start a local instance)")
+    s.add_argument("--keep-models", metavar="DIR", help="write each verified model to DIR")
+    s.add_argument("--no-verify", action="store_true", help="skip running in ONNX Runtime")
+    s.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    s.add_argument("--report", metavar="FILE", help="write a .json or .html summary")
+    s.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    s.add_argument("-v", "--verbose", action="store_true", help="also show info findings")
     return p
+
+
+def _sweep_command(ns: argparse.Namespace) -> Any:
+    from onnxmedic.sweep import sweep
+
+    if ns.results and ns.resume and ns.results != ns.resume:
+        build_parser().error("give either --results or --resume (which also writes), not both")
+    if ns.jobs is not None and ns.jobs < 1:
+        build_parser().error("--jobs must be at least 1")
+    names = [n for x in ns.only for n in x.split(",") if n]
+    return sweep(ns.zoo, jobs=ns.jobs, timeout=ns.timeout, results=ns.resume or ns.results,
+                 resume=bool(ns.resume), executor=ns.executor, ray_address=ns.ray_address,
+                 names=names or None, verify=not ns.no_verify, out_dir=ns.keep_models,
+                 report=ns.report, progress=not ns.no_progress and sys.stderr.isatty())
 
 
 def _tolerance(ns: argparse.Namespace) -> tuple[float, float] | None:
@@ -166,6 +204,8 @@ def _run(ns: argparse.Namespace) -> Any:
 
             write_report(res, ns.report)
         return res
+    if ns.command == "sweep":
+        return _sweep_command(ns)
     result = api.ExportResult(command=ns.command, model=ns.model, inputs=list(ns.input))
     try:
         model, _source = inputs.load_model(ns.model)
@@ -256,9 +296,14 @@ def main(argv: list[str] | None = None) -> int:
                          f"This is a bug in onnxmedic; please report it with the traceback "
                          f"saved in {path}\n")
         return 3
-    from onnxmedic.report import render_terminal
+    if ns.command == "sweep":
+        from onnxmedic.sweep import render_sweep_terminal
 
-    render_terminal(result, verbose=ns.verbose)
+        render_sweep_terminal(result)
+    else:
+        from onnxmedic.report import render_terminal
+
+        render_terminal(result, verbose=ns.verbose)
     if ns.json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     return result.exit_code

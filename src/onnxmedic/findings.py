@@ -102,6 +102,30 @@ CODES: dict[str, CodeInfo] = {
         "unsupported input or output type", 1,
         "forward() takes or returns a type torch.export cannot flatten.",
     ),
+    "OM120": CodeInfo(
+        "output types registered with pytree", 0,
+        "forward() returns (or takes) objects torch.export cannot flatten - Hugging Face cache "
+        "classes (DynamicCache, EncoderDecoderCache, ...) - and onnxmedic registered them with "
+        "torch.utils._pytree (flatten/unflatten) so that capture succeeds; the finding names "
+        "the classes.",
+    ),
+    "OM121": CodeInfo(
+        "pytree registration failed", 0,
+        "A type that needed pytree registration could not be registered; capture went on "
+        "without it.",
+    ),
+    "OM122": CodeInfo(
+        "decomposition crash worked around", 0,
+        "torch's decompositions crashed on a view/reshape of a non-contiguous tensor under "
+        "symbolic shapes (T5, Swin, XLNet attention); onnxmedic made those inputs contiguous "
+        "(an Identity in ONNX) and the translation succeeded.",
+    ),
+    "OM123": CodeInfo(
+        "rsub decomposition crash worked around", 0,
+        "torch's decomposition of rsub(x, scalar) (`1.0 - mask`, XLNet) produced an aten.sub "
+        "call no overload accepts; onnxmedic rewrote it as add(neg(x), scalar) and the "
+        "translation succeeded.",
+    ),
     # OM2xx: operators
     "OM201": CodeInfo(
         "operator has no ONNX translation", 1,
@@ -316,6 +340,56 @@ CODES: dict[str, CodeInfo] = {
         "no divergent intermediate value", 0,
         "Localisation compared the intermediate values it could match and none is outside "
         "tolerance.",
+    ),
+    # OM7xx: sweeps over a model zoo
+    "OM700": CodeInfo(
+        "zoo entry not verified", 1,
+        "One entry of the sweep did not export and verify; the entry's own findings say why.",
+    ),
+    "OM701": CodeInfo(
+        "zoo entry crashed", 1,
+        "The worker process of an entry died (abort, segmentation fault, killed) before "
+        "writing its result; the other entries went on.",
+    ),
+    "OM702": CodeInfo(
+        "zoo entry timed out", 1,
+        "An entry did not finish within the sweep's timeout; its worker process group was "
+        "killed and the other entries went on.",
+    ),
+    "OM703": CodeInfo(
+        "zoo factory failed", 1,
+        "The entry's factory raised while building the model or its inputs.",
+    ),
+    "OM704": CodeInfo(
+        "zoo unusable", 1,
+        "The zoo spec names no file, module or folder defining ZOO = {name: factory}, an "
+        "entry is not callable, a name is defined twice, or --only names an unknown entry.",
+    ),
+    "OM705": CodeInfo(
+        "Ray not installed", 2,
+        "--executor ray was asked for but the ray package is not installed (pip install "
+        "'onnxmedic[ray]').",
+    ),
+    "OM706": CodeInfo(
+        "results file unusable", 1,
+        "The file given to --resume is not a sweep results file or cannot be read.",
+    ),
+    "OM707": CodeInfo(
+        "sweep resumed", 0,
+        "Entries already in the results file were skipped.",
+    ),
+    "OM708": CodeInfo(
+        "sweep summary", 0,
+        "How many entries were verified, failed, crashed or timed out.",
+    ),
+    "OM709": CodeInfo(
+        "Ray cluster unavailable", 1,
+        "The Ray cluster could not be started or joined.",
+    ),
+    "OM710": CodeInfo(
+        "zoo entry check failed", 1,
+        "The entry's own check (e.g. greedy decoding with past_key_values in ONNX Runtime "
+        "against PyTorch) failed after a verified export.",
     ),
 }
 

@@ -157,14 +157,16 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
     try:
         prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
     except Exception as e:
-        found = _diagnose(program, registry, opset, e)
-        for f in found:  # say why a custom op was not inlined
-            reason = not_inlined.get((f.op or "").rsplit(".", 1)[0].replace(".", "::", 1))
-            if f.code == "OM201" and reason:
-                f.message += (f" Its Python implementation could not be inlined ({reason}), so "
-                              "it needs a translation.")
-        result.findings.extend(found)
-        return result
+        prog = _retry_with_rewrites(result, program, args, kwargs, registry, opset, e)
+        if prog is None:
+            found = _diagnose(program, registry, opset, e)
+            for f in found:  # say why a custom op was not inlined
+                reason = not_inlined.get((f.op or "").rsplit(".", 1)[0].replace(".", "::", 1))
+                if f.code == "OM201" and reason:
+                    f.message += (f" Its Python implementation could not be inlined ({reason}), "
+                                  "so it needs a translation.")
+            result.findings.extend(found)
+            return result
     result.onnx_program = prog
     used = set()
     decomposed = getattr(prog, "exported_program", None) or program
@@ -195,6 +197,59 @@ def _inline_custom_ops(program: torch.export.ExportedProgram, table: Any,
             suggestion=f"To keep it one node, register a translation: "
             f"@onnxmedic.translation('{name}')."))
     return inl.program, inl.failed
+
+
+def _rewrites() -> list[tuple[str, Any, Any, str]]:
+    """(finding code, check, apply, what it does) of the program rewrites tried when torch's
+    decompositions crash."""
+    from onnxmedic.capture import rewrites
+
+    return [
+        ("OM122", rewrites.check_view_crash, rewrites.contiguous_before_views,
+         "made the input of {n} view/reshape op(s) contiguous"),
+        ("OM123", rewrites.check_rsub_crash, rewrites.rsub_as_add,
+         "rewrote {n} rsub(x, scalar) as add(neg(x), scalar)"),
+    ]
+
+
+def _retry_with_rewrites(result: TranslateResult, program: torch.export.ExportedProgram,
+                         args: tuple[Any, ...], kwargs: dict[str, Any],
+                         registry: TranslationRegistry, opset: int | None,
+                         exc: BaseException) -> Any:
+    """When torch's decompositions crash in a way a rewrite of capture/rewrites.py avoids,
+    rewrite the program (in place: the rewrites change no value) and translate again, up to
+    once per rewrite. The ONNX program, with one finding per rewrite, or None."""
+    found: list[Finding] = []
+    used: set[str] = set()
+    for _ in range(len(_rewrites())):
+        cause = exc
+        todo = [r for r in _rewrites() if r[0] not in used and r[1](cause) is None]
+        if not todo:  # the export error may hide the decomposition's: run that alone (slow)
+            _, decomp_error = unsupported_ops(program, registry, opset)
+            cause = decomp_error if decomp_error is not None else exc
+            todo = [r for r in _rewrites() if r[0] not in used and r[1](cause) is None]
+        if not todo:
+            return None
+        code, _check, apply, what = todo[0]
+        used.add(code)
+        n = apply(program)
+        inner = _innermost(cause)
+        first = (str(inner).strip().splitlines() or [""])[0][:300]
+        found.append(info(
+            code, STAGE, f"torch's decompositions crashed ({type(inner).__name__}: {first}); "
+            f"onnxmedic {what.format(n=n)} and translated again.",
+            location=location_from_exception(cause),
+            suggestion="Nothing to do: the rewrite keeps every value. The crash is a PyTorch "
+            "limitation; the line shown is where it came from.", details={"rewritten": n}))
+        try:
+            prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
+        except Exception as e2:
+            logger.debug("translation after rewrite %s failed: %s", code, e2)
+            exc = e2
+            continue
+        result.findings.extend(found)
+        return prog
+    return None
 
 
 _NO_FUNCTION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)', "

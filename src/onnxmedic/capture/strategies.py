@@ -32,6 +32,7 @@ class Result:
     error: BaseException | None = None
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    registered: dict[str, str] = field(default_factory=dict)  # pytree registrations made
 
     @property
     def ok(self) -> bool:
@@ -71,14 +72,25 @@ class CaptureStrategy:
         raise NotImplementedError
 
 
+def _size_oblivious(dynamic_shapes: Any) -> Any:
+    """With dynamic shapes, capture like torch.onnx does: backed_size_oblivious=True, so that a
+    size computed from a dynamic dim that happens to be 1 at the example (RegNet's last stage at
+    32 px: 32 // 32) is not specialised to 1 - which bakes a static shape into the graph and
+    fails in ONNX Runtime at other sizes."""
+    if not dynamic_shapes:
+        return contextlib.nullcontext()
+    return torch.fx.experimental._config.patch(backed_size_oblivious=True)
+
+
 class TorchExportNonStrict(CaptureStrategy):
     """torch.export.export(strict=False): Python runs as-is, tensors are traced."""
 
     name = "torch.export(strict=False)"
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
-        return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
-                                   strict=False)
+        with _size_oblivious(dynamic_shapes):
+            return torch.export.export(model, args, kwargs=kwargs,
+                                       dynamic_shapes=dynamic_shapes, strict=False)
 
 
 class TorchExportStrict(CaptureStrategy):
@@ -87,20 +99,67 @@ class TorchExportStrict(CaptureStrategy):
     name = "torch.export(strict=True)"
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
-        return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
-                                   strict=True)
+        with _size_oblivious(dynamic_shapes):
+            return torch.export.export(model, args, kwargs=kwargs,
+                                       dynamic_shapes=dynamic_shapes, strict=True)
 
 
-CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, TorchExportStrict]
+class RegisterPytreeTypes(TorchExportNonStrict):
+    """When torch.export cannot flatten an output or input type (Hugging Face ``Cache``
+    objects): register the classes with torch.utils._pytree, then torch.export(strict=False)
+    again. Applies only after an attempt failed on such a type."""
+
+    name = "pytree registration + torch.export(strict=False)"
+
+    def __init__(self) -> None:
+        self.registered: dict[str, str] = {}
+        self.problems: list[str] = []
+
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> str | None:
+        """None when the strategy applies, else the reason it does not."""
+        from onnxmedic.capture import hf
+
+        errors = [r.error for r in previous if r.error is not None]
+        if not errors:
+            return "no earlier attempt failed"
+        if not any(hf.unknown_type_names(e) for e in errors) and not hf.unknown_types_in(
+                (args, kwargs)):
+            return "no earlier attempt failed on an unknown output or input type"
+        return None
+
+    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
+        from onnxmedic.capture import hf
+
+        err = next((r.error for r in previous if r.error is not None), None)
+        self.registered, self.problems = hf.register_unknown_types(err, args, kwargs)
+        res = super().__call__(model, args, kwargs, dynamic_shapes)
+        res.registered = dict(self.registered)
+        res.notes.extend(f"not registered: {p}" for p in self.problems)
+        return res
+
+
+CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, RegisterPytreeTypes,
+                                                   TorchExportStrict]
 
 
 def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             dynamic_shapes: Any = None,
             strategies: list[type[CaptureStrategy]] | None = None) -> list[Result]:
-    """Try each strategy in turn; stop at the first that works. Returns every attempt."""
-    results = []
+    """Try each strategy in turn; stop at the first that works. Returns every attempt; a
+    strategy whose ``check`` gives a reason not to apply is skipped."""
+    results: list[Result] = []
     for cls in strategies or CAPTURE_STRATEGIES:
-        res = cls()(model, args, kwargs, dynamic_shapes)
+        strategy = cls()
+        check = getattr(strategy, "check", None)
+        if check is not None:
+            reason = check(results, args, kwargs)
+            if reason is not None:
+                logger.debug("capture %s skipped: %s", strategy.name, reason)
+                continue
+            res = strategy(model, args, kwargs, dynamic_shapes, previous=results)
+        else:
+            res = strategy(model, args, kwargs, dynamic_shapes)
         results.append(res)
         logger.debug("capture %s: %s", res.strategy, "ok" if res.ok else res.error)
         if res.ok:

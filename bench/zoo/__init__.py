@@ -1,0 +1,1 @@
+"""Model zoos for `onnxmedic sweep`: each module exposes ``ZOO``, a dict name -> factory."""
