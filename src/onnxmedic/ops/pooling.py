@@ -344,45 +344,51 @@ def aten_avg_pool3d(self, kernel_size, stride=(), padding=(0,), ceil_mode: bool 
 
 # -- anti-aliased upsampling --------------------------------------------------------------------
 
-def _bilinear_filter(x: float) -> float:
+def _bilinear_filter(x, ft):
     x = abs(x)
-    return 1.0 - x if x < 1.0 else 0.0
+    return ft(1.0) - x if x < 1.0 else ft(0.0)
 
 
-def _bicubic_filter(x: float) -> float:
-    a = -0.5  # PIL's (and PyTorch's antialias) Keys parameter
+def _bicubic_filter(x, ft):
+    a = ft(-0.5)  # PIL's (and PyTorch's antialias) Keys parameter
     x = abs(x)
     if x < 1.0:
-        return ((a + 2) * x - (a + 3)) * x * x + 1
+        return ((a + ft(2)) * x - (a + ft(3))) * x * x + ft(1)
     if x < 2.0:
-        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-    return 0.0
+        return ((a * x - ft(5) * a) * x + ft(8) * a) * x - ft(4) * a
+    return ft(0.0)
 
 
-def _aa_scale(size: int, out: int, align_corners: bool, scale) -> float:
-    """PyTorch's area_pixel_compute_scale."""
+def _aa_scale(size: int, out: int, align_corners: bool, scale, ft):
+    """PyTorch's area_pixel_compute_scale in its opmath type ``ft``."""
     if align_corners:
-        return (size - 1) / (out - 1) if out > 1 else 0.0
+        return ft(size - 1) / ft(out - 1) if out > 1 else ft(0.0)
     if scale is not None and scale > 0:
-        return 1.0 / scale
-    return size / out
+        return ft(1.0 / scale)
+    return ft(size) / ft(out)
 
 
-def _aa_tables(size: int, out: int, align_corners: bool, scale, interp_size: int, filt):
-    """PyTorch's _compute_weights_aa: (O, K) positions, weights (normalised), validity."""
-    sc = _aa_scale(size, out, align_corners, scale)
-    support = (interp_size * 0.5) * sc if sc >= 1.0 else interp_size * 0.5
-    invscale = 1.0 / sc if sc >= 1.0 else 1.0
+def _aa_tables(size: int, out: int, align_corners: bool, scale, interp_size: int, filt, ft):
+    """PyTorch's _compute_weights_aa: (O, K) positions, normalised weights, validity.
+
+    Replays the kernel's arithmetic in its opmath type ``ft`` (float32 for float32 input, with
+    the same float/double promotions as the C++), so window bounds that sit on a rounding
+    boundary come out the same."""
+    sc = _aa_scale(size, out, align_corners, scale, ft)
+    support = ft(interp_size * 0.5 * float(sc)) if sc >= 1.0 else ft(interp_size * 0.5)
+    invscale = ft(1.0 / float(sc)) if sc >= 1.0 else ft(1.0)
     rows = []
     for i in range(out):
-        center = sc * (i + 0.5)
-        xmin = max(int(center - support + 0.5), 0)
-        xsize = min(int(center + support + 0.5), size) - xmin
-        w = [filt((j + xmin - center + 0.5) * invscale)
+        center = ft(float(sc) * (i + 0.5))
+        xmin = max(int(float(center - support) + 0.5), 0)
+        xsize = min(int(float(center + support) + 0.5), size) - xmin
+        w = [filt(ft((float(ft(j + xmin) - center) + 0.5) * float(invscale)), ft)
              for j in range(xsize)]
-        total = sum(w)
+        total = ft(0.0)
+        for v in w:
+            total = ft(total + v)
         if total != 0.0:
-            w = [v / total for v in w]
+            w = [ft(v / total) for v in w]
         rows.append((xmin, w))
     k = max(max((len(w) for _, w in rows), default=1), 1)
     idx = np.zeros((out, k), dtype=np.int64)
@@ -391,7 +397,7 @@ def _aa_tables(size: int, out: int, align_corners: bool, scale, interp_size: int
     for o, (xmin, w) in enumerate(rows):
         for j in range(k):
             if j < len(w):
-                idx[o, j], weights[o, j], valid[o, j] = xmin + j, w[j], True
+                idx[o, j], weights[o, j], valid[o, j] = xmin + j, float(w[j]), True
             else:
                 idx[o, j] = min(xmin, size - 1)
     return idx, weights, valid
@@ -404,11 +410,12 @@ def _upsample_aa(x, output_size, align_corners: bool, scales, interp_size: int, 
                          f"kernel rounds differently); got {x.dtype}")
     lead, sizes = _spatial(x, 2, name)
     outs = _expand_param(output_size, 2)
+    ft = np.float64 if x.dtype == ir.DataType.DOUBLE else np.float32
     out = x
     # PyTorch's separable kernel resamples the width first, then the height
     for d in (1, 0):
         idx, w, valid = _aa_tables(sizes[d], outs[d], bool(align_corners), scales[d],
-                                   interp_size, filt)
+                                   interp_size, filt, ft)
         out = _window_sum_axis(out, lead + 2, lead + d, idx, valid, w)
     return out
 
