@@ -98,6 +98,11 @@ def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
             dynamic_shapes: Any = None,
             strategies: list[type[CaptureStrategy]] | None = None) -> list[Result]:
     """Try each strategy in turn; stop at the first that works. Returns every attempt."""
+    from onnxmedic.ops import REGISTRY
+
+    # the op families may make ops traceable (e.g. ops.pooling's fake kernel for _ctc_loss),
+    # so they must be loaded before torch.export runs, not only before translation
+    REGISTRY.load_builtin()
     results = []
     for cls in strategies or CAPTURE_STRATEGIES:
         res = cls()(model, args, kwargs, dynamic_shapes)

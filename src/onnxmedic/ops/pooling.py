@@ -25,7 +25,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from onnxmedic.ops._common import FLOAT_DTYPES, const, ints
+from onnxmedic.ops._common import FLOAT_DTYPES, const, ints, static_shape
 from onnxmedic.ops._registry import translation
 
 aten = torch.ops.aten
@@ -441,3 +441,139 @@ def aten__upsample_bicubic2d_aa(self, output_size, align_corners: bool, scales_h
     As _upsample_bilinear2d_aa with PyTorch's antialias cubic filter (a = -0.5)."""
     return _upsample_aa(self, output_size, align_corners, (scales_h, scales_w), 4,
                         _bicubic_filter, "_upsample_bicubic2d_aa")
+
+
+# -- CTC loss -----------------------------------------------------------------------------------
+
+def _ctc_fake(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """Shapes of aten::_ctc_loss's outputs: (nll (B,), log_alpha (B, T, 2*max(S)+1))."""
+    t, b = log_probs.shape[0], log_probs.shape[1]
+    s = max(target_lengths, default=0)
+    return log_probs.new_empty((b,)), log_probs.new_empty((b, t, 2 * s + 1))
+
+
+def _register_ctc_fake() -> None:
+    """Give aten::_ctc_loss (static lengths) a fake kernel so torch.export can trace it.
+
+    PyTorch tags the op ``dynamic_output_shape`` and has no fake kernel, so FakeTensorMode
+    refuses it (DynamicOutputShapeException) before any translation is consulted. With int
+    lengths the output shapes are static; the kernel is put in torch's fake-impl registry
+    (consulted before that refusal) without a Meta registration, so nothing else changes.
+    Private torch API: if it moves, ctc_loss is simply not exportable, as before."""
+    try:
+        from torch._library.fake_impl import Kernel
+        from torch._library.simple_registry import singleton
+
+        holder = singleton.find("aten::_ctc_loss").fake_impl
+        if not any(getattr(k, "source", "") == "onnxmedic" for k in holder.kernels):
+            holder.kernels.append(Kernel(_ctc_fake, "onnxmedic"))
+    except Exception:  # pragma: no cover - depends on torch internals
+        return
+
+
+_register_ctc_fake()
+
+
+@translation(aten._ctc_loss.default, static_shapes=True)
+def aten__ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
+                   zero_infinity: bool = False):
+    """_ctc_loss(Tensor log_probs, Tensor targets, int[] input_lengths, int[] target_lengths, int blank=0, bool zero_infinity=False) -> (Tensor, Tensor)
+
+    PyTorch's forward recursion (ctc_loss_cpu_template) over the extended target
+    (blank, l1, blank, l2, ..., blank), vectorised over batch and target positions and unrolled
+    over time: T and the lengths are static (known at export). Targets may be padded
+    (B, S) or concatenated 1-D. The loss is exact up to rounding; ``log_alpha`` (only used by
+    PyTorch's backward, and partly uninitialised there) holds our recursion, frozen after each
+    sequence's input length. ``zero_infinity`` is applied by the ctc_loss composite around this
+    op, as in PyTorch. Reductions come from that composite too ('mean' cannot be captured by
+    torch.export in 2.13, see the tests)."""
+    shape = static_shape(log_probs)
+    if shape is None or len(shape) != 3:
+        raise ValueError("_ctc_loss: log_probs must be (T, B, C) with static sizes")
+    n_t, n_b, _ = shape
+    in_lens, tg_lens = [int(v) for v in input_lengths], [int(v) for v in target_lengths]
+    if len(in_lens) != n_b or len(tg_lens) != n_b:
+        raise ValueError(f"_ctc_loss: expected {n_b} input and target lengths")
+    if any(not 1 <= v <= n_t for v in in_lens):
+        raise ValueError(f"_ctc_loss: input_lengths must be in [1, {n_t}] (got {in_lens})")
+    t_shape = static_shape(targets)
+    if t_shape is None:
+        raise ValueError("_ctc_loss: targets must have static sizes")
+    s_max = max(tg_lens, default=0)
+    width = 2 * s_max + 1
+    if len(t_shape) == 2:
+        offsets = [b * t_shape[1] for b in range(n_b)]
+    else:
+        offsets = [int(v) for v in np.concatenate([[0], np.cumsum(tg_lens)[:-1]])]
+    # extended targets (B, W): blank at even positions, the label at odd ones
+    pos = np.zeros((n_b, width), dtype=np.int64)
+    odd = np.zeros((n_b, width), dtype=bool)
+    for b in range(n_b):
+        for s in range(1, 2 * tg_lens[b], 2):
+            pos[b, s], odd[b, s] = offsets[b] + s // 2, True
+    blank_c = op.Constant(value=ir.tensor(np.array(blank, dtype=np.int64)))
+    if odd.any():
+        flat = op.Reshape(op.Cast(targets, to=ir.DataType.INT64), ints([-1]))
+        ext = op.Where(op.Constant(value=ir.tensor(odd)), op.Gather(flat, _int64(pos), axis=0),
+                       blank_c)
+    else:
+        ext = op.Expand(blank_c, ints([n_b, width]))
+    neg = const(-math.inf, log_probs)
+    zero = const(0.0, log_probs)
+    # emissions E[t, b, s] = log_probs[t, b, ext[b, s]]
+    emit = op.GatherElements(log_probs, op.Expand(op.Unsqueeze(ext, ints([0])),
+                                                  ints([n_t, n_b, width])), axis=2)
+    # constants shared by all the unrolled steps (fewer nodes: faster to export)
+    c0, c1, c2 = ints([0]), ints([1]), ints([2])
+    c_w1, c_w2 = ints([width - 1]), ints([width - 2])
+
+    def at_t(t):
+        return op.Gather(emit, op.Constant(value=ir.tensor(np.array(t, dtype=np.int64))),
+                         axis=0)
+
+    init = np.zeros((n_b, width), dtype=bool)
+    init[:, 0] = True
+    for b in range(n_b):
+        if tg_lens[b] > 0:
+            init[b, 1] = True
+    alpha = op.Where(op.Constant(value=ir.tensor(init)), at_t(0), neg)
+    if width >= 3:
+        ne = op.Not(op.Equal(op.Slice(ext, c2, ints([width]), c1), op.Slice(ext, c0, c_w2, c1)))
+        skip = op.Concat(op.Constant(value=ir.tensor(np.zeros((n_b, 2), dtype=bool))), ne,
+                         axis=1)
+        neg_skip = op.Where(skip, zero, neg)  # 0 where a skip is allowed, -inf elsewhere
+    pad1 = op.Expand(neg, ints([n_b, 1]))
+    pad2 = op.Expand(neg, ints([n_b, 2]))
+    alphas = [alpha]
+    for t in range(1, n_t):
+        active = np.array([[t < v] for v in in_lens])
+        if not active.any():
+            alphas.append(alpha)
+            continue
+        terms = [alpha, op.Concat(pad1, op.Slice(alpha, c0, c_w1, c1), axis=1)]
+        if width >= 3:
+            a3 = op.Concat(pad2, op.Slice(alpha, c0, c_w2, c1), axis=1)
+            terms.append(op.Add(a3, neg_skip))
+        m = op.Max(*terms)
+        m = op.Where(op.Equal(m, neg), zero, m)
+        acc = None
+        for a in terms:
+            e = op.Exp(op.Sub(a, m))
+            acc = e if acc is None else op.Add(acc, e)
+        new = op.Add(op.Add(op.Log(acc), m), at_t(t))
+        alpha = new if active.all() else op.Where(op.Constant(value=ir.tensor(active)), new,
+                                                    alpha)
+        alphas.append(alpha)
+    last = np.array([[2 * v] for v in tg_lens], dtype=np.int64)
+    prev = np.array([[max(2 * v - 1, 0)] for v in tg_lens], dtype=np.int64)
+    l1 = op.GatherElements(alpha, _int64(last), axis=1)
+    l2 = op.GatherElements(alpha, _int64(prev), axis=1)
+    has_prev = np.array([[v > 0] for v in tg_lens])
+    if not has_prev.all():
+        l2 = op.Where(op.Constant(value=ir.tensor(has_prev)), l2, neg)
+    m = op.Max(l1, l2)
+    m = op.Where(op.Equal(m, neg), zero, m)
+    ll = op.Add(op.Log(op.Add(op.Exp(op.Sub(l1, m)), op.Exp(op.Sub(l2, m)))), m)
+    nll = op.Neg(op.Squeeze(ll, ints([1])))
+    log_alpha = op.Concat(*[op.Unsqueeze(a, ints([1])) for a in alphas], axis=1)
+    return nll, log_alpha
