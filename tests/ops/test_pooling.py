@@ -211,6 +211,11 @@ ENTRIES = [
     # OpInfo's samples are T=50 (an unrolled 50-step recursion, slow to export): take one
     OpEntry("nn.functional.ctc_loss", fn=_ctc, tolerance=TOL, max_samples=1,
             skip_sample=_ctc_captureable, edge=_ctc_edges),
+    # every 7th OpInfo sample (all modes; some are large) plus nearest/reflection
+    OpEntry("grid_sampler_3d", tolerance=TOL, use_opinfo=False,
+            edge=lambda d: opinfo_samples("grid_sampler_3d", "", d, 30)[::7] + [
+                ((torch.randn(2, 3, 5, 4, 6, dtype=d),
+                  torch.rand(2, 3, 2, 4, 3, dtype=d) * 2.6 - 1.3, 1, 2, True), {})]),
     OpEntry("nn.functional.ctc_loss", fn=_ctc, tolerance=TOL, dtypes=F64, use_opinfo=False,
             edge=lambda d: _ctc_edges(d)[:2]),
     OpEntry("ctc_loss.mean_or_tensor_lengths", fn=_ctc, use_opinfo=False,
@@ -253,6 +258,8 @@ PLAIN_FAILS = {
         lambda x: _aa("bicubic")(x, (4, 5), align_corners=True), (_x2,), "compare"),
     # torch.export fails (DynamicOutputShapeException) unless ops.pooling's fake kernel for
     # aten::_ctc_loss is loaded; with it, plain torchlib has no translation
+    "grid_sampler_3d": (lambda x, g: torch.grid_sampler_3d(x, g, 0, 1, False),
+                        (_x3, torch.rand(1, 3, 4, 2, 3) * 2.4 - 1.2), "export"),
     "ctc_loss": (lambda a, t: F.ctc_loss(a, t, [10, 9], [3, 2], reduction="none"),
                  (torch.randn(10, 2, 5).log_softmax(2), torch.tensor([[1, 2, 2], [3, 4, 0]])),
                  "export"),

@@ -1,6 +1,11 @@
 """Pooling and resampling ops torchlib lacks or gets wrong: adaptive max pooling (1-3 d, with
 indices), 3-d adaptive average pooling, fractional max pooling, average pooling with
-``divisor_override`` and anti-aliased bilinear/bicubic upsampling.
+``divisor_override``, anti-aliased bilinear/bicubic upsampling, grid_sampler_3d and CTC loss
+(static lengths).
+
+Not translated because torchlib already gets them right (tests/ops/test_pooling.py pins that):
+lp_pool1d/2d/3d (decomposed to avg_pool and pow, all norm types), max_unpool1d/2d/3d,
+adaptive_avg_pool1d/2d with any sizes, F.grid_sample on 5-D input.
 
 Every window op is built the same way: the window of each output position is a list of input
 positions (a static index table where the spatial sizes are known at export, computed from the
@@ -11,7 +16,9 @@ PyTorch. Window sums are separable and done one spatial axis at a time.
 
 What plain torch.onnx 2.13 does with these (torchlib): adaptive_max_pool2d/3d and
 _adaptive_avg_pool3d, fractional_max_pool2d/3d have no translation (export fails; adaptive max
-pooling with sizes that divide the input is decomposed to max_pool and works);
+pooling with sizes that divide the input is decomposed to max_pool and works), as has the
+explicit grid_sampler_3d overload (F.grid_sample's grid_sampler works for 5-D input) and
+_ctc_loss (torch.export already fails on it: no fake kernel);
 avg_pool2d/3d with ``divisor_override`` and _upsample_bilinear2d_aa/_upsample_bicubic2d_aa with
 ``align_corners=True`` or explicit scales export and run but compute wrong numbers.
 """
@@ -441,6 +448,28 @@ def aten__upsample_bicubic2d_aa(self, output_size, align_corners: bool, scales_h
     As _upsample_bilinear2d_aa with PyTorch's antialias cubic filter (a = -0.5)."""
     return _upsample_aa(self, output_size, align_corners, (scales_h, scales_w), 4,
                         _bicubic_filter, "_upsample_bicubic2d_aa")
+
+
+# -- grid sampling ------------------------------------------------------------------------------
+
+@translation(aten.grid_sampler_3d.default)
+def aten_grid_sampler_3d(input, grid, interpolation_mode: int, padding_mode: int,
+                         align_corners: bool):
+    """grid_sampler_3d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
+
+    torchlib translates ``grid_sampler`` (what F.grid_sample records) with ONNX GridSample for
+    4-D and 5-D inputs, but not the explicit 3-d overload (``torch.grid_sampler_3d``). Same
+    mapping here. Note: GridSample accepts 5-D input from opset 20 on; ONNX Runtime also runs it
+    at the exporter's default opset, as it does for torchlib's grid_sampler."""
+    modes = ("bilinear", "nearest")
+    if interpolation_mode not in (0, 1):
+        raise ValueError(f"grid_sampler_3d: interpolation_mode {interpolation_mode} is not "
+                         f"supported for 5-D input (PyTorch: 0 bilinear, 1 nearest)")
+    if padding_mode not in (0, 1, 2):
+        raise ValueError(f"grid_sampler_3d: unknown padding_mode {padding_mode}")
+    return op.GridSample(input, grid, align_corners=int(bool(align_corners)),
+                         mode=modes[interpolation_mode],
+                         padding_mode=("zeros", "border", "reflection")[padding_mode])
 
 
 # -- CTC loss -----------------------------------------------------------------------------------
