@@ -80,6 +80,8 @@ def _with_samples(k, seed=0):
         out.append(((x, 3), {"output_size": 1, "_random_samples": s, "return_indices": True}))
         out.append(((x[0], 2), {"output_size": sizes, "_random_samples": s[:1],
                                 "return_indices": True}))
+        out.append(((x[:0], 2), {"output_size": sizes, "_random_samples": s[:0],
+                                 "return_indices": True}))  # empty batch
         return out
     return edge
 
@@ -97,6 +99,7 @@ def _avg_pool_edges(k):
             ((smooth, 2, 3, 1, True, True, None), {}),  # windows past the padded edge
             ((smooth[0], 2, 1, 0, False, True, -3), {}),  # unbatched, negative divisor
             ((x, 3, 2, 1, False, True, 2), {}),  # inf/NaN stay in their windows
+            ((x[:0], 3, 2, 1, False, True, 2), {}),  # empty batch
         ]
     return edge
 
@@ -126,6 +129,7 @@ def _aa_edges(dtype):
             ((x, (30, 25)), {"align_corners": True}), ((x, (30, 5)), {}),
             ((x,), {"scale_factor": 0.35}), ((x,), {"scale_factor": (1.7, 0.45)}),
             ((x, (1, 1)), {"align_corners": True}), ((special, (6, 5)), {}),
+            ((torch.randn(1, 4, 64, 61, generator=g).to(dtype), (13, 100)), {}),  # larger
             ((x[0], (4, 9)), {})]
 
 

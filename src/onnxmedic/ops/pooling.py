@@ -251,7 +251,8 @@ def _fractional_max(x, kernel_size, output_size, samples, k: int, name: str):
     numel = int(np.prod(sizes))
     xf = _flatten_spatial(x, lead, numel)
     gathered = op.GatherElements(
-        xf, op.Reshape(flat, op.Concat(_lead_shape(x, lead), ints([-1]), axis=0)), axis=-1)
+        xf, op.Reshape(flat, op.Concat(_lead_shape(x, lead), ints([int(np.prod(outs)) * window]),
+                                       axis=0)), axis=-1)  # no -1: the batch may be empty
     vals = op.Reshape(gathered, op.Shape(flat))
     return _select_max(vals, flat, x.dtype)
 
