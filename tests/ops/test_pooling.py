@@ -252,6 +252,8 @@ PLAIN_FAILS = {
         (_x3, torch.rand(1, 2, 3)), "export"),
     "avg_pool2d.divisor_override": (lambda x: F.avg_pool2d(x, 3, 2, 1, divisor_override=2),
                                     (_x2,), "compare"),
+    # torchlib's AveragePool has no float64 kernel in ONNX Runtime
+    "avg_pool2d.float64": (lambda x: F.avg_pool2d(x, 3, 2, 1), (_x2.double(),), "runtime"),
     "avg_pool3d.divisor_override": (lambda x: F.avg_pool3d(x, 2, divisor_override=3), (_x3,),
                                     "compare"),
     "upsample_bilinear_aa.align_corners": (
@@ -338,3 +340,19 @@ def test_module_end_to_end():
     assert result.ok, [f.message for f in result.findings]
     plain = check_call(model, args, registry=None)
     assert not plain.ok  # torch.onnx alone cannot export it
+
+
+class _DynamicSpatial(torch.nn.Module):
+    def forward(self, x):
+        return (F.avg_pool2d(x, 3, 2, 1),
+                F.interpolate(x, size=(5, 4), mode="bilinear", antialias=True))
+
+
+def test_dynamic_spatial_sizes_keep_working():
+    """avg_pool2d and the AA upsample override torchlib; where torchlib is right (no
+    divisor_override; align_corners=False, no scales) they still export with dynamic H, W."""
+    h = torch.export.Dim("h", min=4, max=64)
+    w = torch.export.Dim("w", min=4, max=64)
+    result = onnxmedic.export(_DynamicSpatial().eval(), (torch.randn(2, 3, 11, 9),),
+                              dynamic_shapes={"x": {2: h, 3: w}})
+    assert result.ok, [f.message for f in result.findings]

@@ -288,17 +288,32 @@ def _pool_out_size(size: int, k: int, s: int, p: int, ceil_mode: bool) -> int:
     return out
 
 
+def _torchlib(name: str):
+    """torchlib's own translation (a trace-only function, callable while tracing ours)."""
+    from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
+
+    return getattr(torchlib_nn, name)
+
+
+def _has_static_spatial(x, k: int) -> bool:
+    return all(isinstance(d, int) for d in list(x.shape)[len(x.shape) - k:])
+
+
 def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override,
               k: int, name: str):
+    if divisor_override is None and not _has_static_spatial(x, k):
+        # torchlib is right without divisor_override, and handles dynamic sizes
+        return _torchlib(f"aten_{name}")(x, kernel_size, stride, padding, ceil_mode,
+                                         count_include_pad, None)
     lead, sizes = _spatial(x, k, name)
     ks = _expand_param(kernel_size, k)
     ss = _expand_param(stride, k, default=ks)
     ps = _expand_param(padding, k, default=0)
-    if divisor_override is not None and divisor_override == 0:
+    if divisor_override == 0:
         raise ValueError(f"{name}: divisor_override must be non-zero")
     out = x
-    total_pool = None  # count_include_pad divisor (outer product of per-dim sizes)
-    total_valid = None
+    total_pool = None  # count_include_pad divisor: window size clipped to the padded input
+    total_valid = None  # input elements in the window
     for d, (size, kk, s, p) in enumerate(zip(sizes, ks, ss, ps)):
         n_out = _pool_out_size(size, kk, s, p, bool(ceil_mode))
         idx = np.zeros((n_out, kk), dtype=np.int64)
@@ -306,12 +321,10 @@ def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad, div
         pool = np.zeros(n_out)
         for o in range(n_out):
             start = o * s - p
-            end = min(start + kk, size + p)
-            pool[o] = end - start
+            pool[o] = min(start + kk, size + p) - start
             for j in range(kk):
-                pos = start + j
-                valid[o, j] = 0 <= pos < size
-                idx[o, j] = min(max(pos, 0), size - 1)
+                valid[o, j] = 0 <= start + j < size  # padding adds zeros: inputs only
+                idx[o, j] = min(max(start + j, 0), size - 1)
         out = _window_sum_axis(out, lead + k, lead + d, idx, valid)
         shape = [1] * k
         shape[d] = n_out
@@ -332,10 +345,13 @@ def aten_avg_pool2d(self, kernel_size, stride=(), padding=(0,), ceil_mode: bool 
                     count_include_pad: bool = True, divisor_override=None):
     """avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor
 
-    Overrides torchlib, which ignores ``divisor_override`` (it divides by the window size).
-    Window sums per spatial axis from static window tables, then PyTorch's divisor: the
-    override, or the window size clipped to the padded input (count_include_pad), or the
-    number of input elements in the window. Spatial sizes must be static."""
+    Overrides torchlib, which ignores ``divisor_override`` (it divides by the window size), and
+    whose AveragePool has no float64 kernel in ONNX Runtime. With static spatial sizes: window
+    sums per spatial axis from static window tables, divided by PyTorch's divisor (the
+    override, the window size clipped to the padded input with count_include_pad, else the
+    number of input elements). With dynamic sizes and no divisor_override, torchlib's
+    translation is used unchanged (it is right there); with divisor_override they must be
+    static."""
     return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad,
                      divisor_override, 2, "avg_pool2d")
 
@@ -416,6 +432,11 @@ def _upsample_aa(x, output_size, align_corners: bool, scales, interp_size: int, 
     if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name}: only floating-point inputs are translated (PyTorch's uint8 "
                          f"kernel rounds differently); got {x.dtype}")
+    if not _has_static_spatial(x, 2):
+        if align_corners or any(v is not None for v in scales):
+            raise ValueError(f"{name}: with align_corners=True or explicit scales the spatial "
+                             f"sizes must be static (torchlib's Resize gets these wrong)")
+        return _torchlib(f"aten_{name}")(x, output_size, align_corners, *scales)
     lead, sizes = _spatial(x, 2, name)
     outs = _expand_param(output_size, 2)
     ft = np.float64 if x.dtype == ir.DataType.DOUBLE else np.float32
@@ -436,7 +457,9 @@ def aten__upsample_bilinear2d_aa(self, output_size, align_corners: bool, scales_
     Overrides torchlib (ONNX Resize with antialias), which is wrong with ``align_corners=True``
     and with explicit scales (PyTorch then sizes the filter from the scale, not from the
     sizes). Here PyTorch's own filter weights (support, normalisation) are computed at export
-    for the static sizes and applied as gathered, weighted window sums, width then height."""
+    for the static sizes and applied as gathered, weighted window sums, width then height.
+    With dynamic spatial sizes, torchlib's translation is used where it is right
+    (align_corners=False, no scales); otherwise the export fails with the reason."""
     return _upsample_aa(self, output_size, align_corners, (scales_h, scales_w), 2,
                         _bilinear_filter, "_upsample_bilinear2d_aa")
 
