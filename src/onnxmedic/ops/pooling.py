@@ -112,7 +112,7 @@ def _select_max(vals, flat_idx, dtype):
         any_nan = op.Cast(op.ReduceMax(nan_f, ints([-1]), keepdims=1), to=ir.DataType.BOOL)
         pos = op.Where(any_nan, last_nan, first_max)
     else:
-        key = vals if dtype in (ir.DataType.INT64, ir.DataType.INT32, ir.DataType.DOUBLE) \
+        key = vals if dtype in (ir.DataType.INT64, ir.DataType.INT32) \
             else op.Cast(vals, to=ir.DataType.INT64)
         pos = op.ArgMax(key, axis=-1, keepdims=1, select_last_index=0)
     values = op.Squeeze(op.GatherElements(vals, pos, axis=-1), ints([-1]))
