@@ -148,6 +148,11 @@ def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
             strategies: list[type[CaptureStrategy]] | None = None) -> list[Result]:
     """Try each strategy in turn; stop at the first that works. Returns every attempt; a
     strategy whose ``check`` gives a reason not to apply is skipped."""
+    from onnxmedic.ops import REGISTRY
+
+    # the op families may make ops traceable (e.g. ops.pooling's fake kernel for _ctc_loss),
+    # so they must be loaded before torch.export runs, not only before translation
+    REGISTRY.load_builtin()
     results: list[Result] = []
     for cls in strategies or CAPTURE_STRATEGIES:
         strategy = cls()

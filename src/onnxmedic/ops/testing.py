@@ -61,6 +61,8 @@ def export_call(
     """Export ``fn(*args, **kwargs)``; ``registry=None`` exports with plain torch.onnx."""
     from onnxmedic.translate import onnx_export
 
+    if registry is not None:
+        registry.load_builtin()  # before capture: a family may make an op traceable
     module, tensors = wrap_call(fn, args, kwargs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
