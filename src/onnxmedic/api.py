@@ -290,6 +290,10 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
     onnx_inputs, onnx_dims, onnx_outputs = _graph_io(proto)
     sets = [example] + inputs_mod.derived_input_sets(example, EXTRA_INPUT_SETS)
     labels = ["example"] + [f"random#{i}" for i in range(1, len(sets))]
+    if BRANCH_PROBE in (example.specs or []):  # a branch was specialised: try the others
+        probes = inputs_mod.branch_probe_sets(example)
+        sets += probes
+        labels += [p.specs[-1] for p in probes]
     with _stage(result, "compare"):
         expected = ([example_expected] if example_expected is not None else
                     _expected(model, sets[:1]))
@@ -580,6 +584,7 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
 
     str_dims = None
     auto = dynamic_shapes == inputs_mod.AUTO
+    branch_probe = False
     with _stage(result, "capture"):
         if isinstance(model, torch.export.ExportedProgram):
             program = model
@@ -602,6 +607,9 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             if program is None:
                 _fail(result, "capture", classify_capture_error(attempts))
                 return
+            if "draft_export" in attempts[-1].strategy:
+                result.findings.append(_specialised_finding(attempts))
+                branch_probe = True
             if _pytree_findings(result, attempts):
                 # the example's outputs were flattened before these types were registered
                 example_expected = None
@@ -671,6 +679,9 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             return
         if verify:
             decomposed = getattr(prog, "exported_program", None)
+            if branch_probe:
+                example = inputs_mod.Inputs(example.args, example.kwargs,
+                                            list(example.specs) + [BRANCH_PROBE])
             _run_and_compare(result, model, onnx_path, result.onnx_model, example,
                              example_expected, timeout, tolerance, worker, target,
                              localizer=(False, lambda: (decomposed or program,
@@ -838,6 +849,24 @@ def _fix_dtypes(result: ExportResult, prog: Any, folder: Path, name: str, target
 
 _SPECIALISED = re.compile(r"L\['([A-Za-z_]\w*)'\]\.size\(\)\[(\d+)\] as dynamic but your code "
                           r"specialized it to be a constant \((\d+)\)")
+
+
+BRANCH_PROBE = "branch-probe"
+
+
+def _specialised_finding(attempts: list[Any]) -> Finding:
+    """OM114: capture only worked by specialising data-dependent control flow (draft_export)."""
+    cause = classify_capture_error(attempts[:-1])
+    where = (f" at {cause.location.file}:{cause.location.line}"
+             + (f" (`{cause.location.code}`)" if cause.location.code else "")
+             if cause.location is not None and cause.location.file else "")
+    return warning(
+        "OM114", "capture", f"Python control flow depends on tensor values{where}; the model was "
+        "captured with torch.export.draft_export, which follows the branch the example takes. "
+        "The ONNX model computes THAT BRANCH FOR EVERY INPUT. Verification adds inputs meant to "
+        "take the other branches (negated, zero, scaled); a mismatch there is the divergence.",
+        location=cause.location, suggestion=cause.suggestion,
+        details={"attempts": [a.summary() for a in attempts]})
 
 
 def _refined_capture(result: ExportResult, model: Any, args: tuple[Any, ...],

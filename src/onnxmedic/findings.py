@@ -98,6 +98,12 @@ CODES: dict[str, CodeInfo] = {
         "Python control flow depends on tensor values (if x.sum() > 0, .item()); rewrite it "
         "with torch.cond or torch.where.",
     ),
+    "OM114": CodeInfo(
+        "data-dependent branch specialised", 0,
+        "Capture only worked with torch.export.draft_export, which follows the branch the "
+        "example takes: the ONNX model computes that branch for every input. Verification adds "
+        "inputs meant to take the other branches; a mismatch there shows the divergence.",
+    ),
     "OM113": CodeInfo(
         "unsupported input or output type", 1,
         "forward() takes or returns a type torch.export cannot flatten.",

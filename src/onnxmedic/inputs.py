@@ -398,6 +398,21 @@ def load_inputs(specs: list[str] | tuple[str, ...], *, seed: int = DEFAULT_SEED)
     return Inputs(tuple(args), kwargs, list(specs))
 
 
+def branch_probe_sets(inputs: Inputs) -> list[Inputs]:
+    """Input sets meant to send data-dependent branches (``if x.sum() > 0``, ``if x.max() >
+    t``) the other way: the float inputs negated, zeroed, and scaled by 100. Integer and bool
+    inputs are kept (they are often indices)."""
+    out = []
+    for label, fn in (("negated", lambda t: -t), ("zeros", torch.zeros_like),
+                      ("scaled x100", lambda t: t * 100)):
+        def vary(t: Any, fn: Any = fn) -> Any:
+            return fn(t) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else t
+        args = tuple(torch.utils._pytree.tree_map(vary, a) for a in inputs.args)
+        kwargs = {n: torch.utils._pytree.tree_map(vary, v) for n, v in inputs.kwargs.items()}
+        out.append(Inputs(args, kwargs, [label]))
+    return out
+
+
 def derived_input_sets(inputs: Inputs, count: int, seed: int = DEFAULT_SEED) -> list[Inputs]:
     """Further input sets of the same shapes and dtypes, for verification.
 

@@ -139,8 +139,38 @@ class RegisterPytreeTypes(TorchExportNonStrict):
         return res
 
 
+class DraftExportSpecialised(CaptureStrategy):
+    """Last resort for data-dependent Python control flow: torch.export.draft_export, which
+    follows the branch the example takes and keeps going. The program (and so the ONNX model)
+    computes that branch for every input: the export stage says so loudly (OM114) and
+    verification adds input sets meant to take the other branch, so a divergence shows up as
+    a mismatch instead of shipping unnoticed. Applies only after an attempt failed on
+    data-dependent control flow."""
+
+    name = "torch.export.draft_export (branch specialised to the example)"
+    specialises = True
+
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> str | None:
+        texts = " ".join(f"{type(r.error).__name__}: {r.error}" for r in previous
+                         if r.error is not None)
+        if not texts:
+            return "no earlier attempt failed"
+        if not _DATA_DEPENDENT.search(texts):
+            return "no earlier attempt failed on data-dependent control flow"
+        return None
+
+    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
+        return super().__call__(model, args, kwargs, dynamic_shapes)
+
+    def _capture(self, model, args, kwargs, dynamic_shapes):
+        with _size_oblivious(dynamic_shapes):
+            return torch.export.draft_export(model, args, kwargs=kwargs,
+                                             dynamic_shapes=dynamic_shapes)
+
+
 CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, RegisterPytreeTypes,
-                                                   TorchExportStrict]
+                                                   TorchExportStrict, DraftExportSpecialised]
 
 
 def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
