@@ -922,28 +922,18 @@ def _refined_capture(result: ExportResult, model: Any, args: tuple[Any, ...],
 
 
 def _report_auto_dims(result: ExportResult, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """dynamic_shapes='auto': say which dims stayed dynamic, which the model fixed, and which
-    torch.export fixed only because the example had size 0 or 1 there."""
+    """dynamic_shapes='auto': say which dims stayed dynamic and which the model fixed. Capture
+    is size-oblivious, so an example size of 1 does not by itself make a dim static."""
     names, dims, _ = _graph_io(result.onnx_model)
-    leaves = [t for t in flatten_tensors((args, kwargs))]
-    dynamic, static, tiny = [], [], []
-    for name, ds, t in zip(names, dims, leaves):
+    dynamic, static = [], []
+    for name, ds in zip(names, dims):
         for i, d in enumerate(ds):
-            label = f"{name}[{i}]"
-            if isinstance(d, int):
-                (tiny if t.shape[i] in (0, 1) else static).append(f"{label}={d}")
-            else:
-                dynamic.append(label)
+            (static.append(f"{name}[{i}]={d}") if isinstance(d, int)
+             else dynamic.append(f"{name}[{i}]"))
     result.findings.append(info(
         "OM404", "capture", "dynamic_shapes='auto': dynamic: " + (", ".join(dynamic) or "none")
         + "; static (the model fixes them): " + (", ".join(static) or "none") + ".",
-        details={"dynamic": dynamic, "static": static, "size_0_or_1": tiny}))
-    if tiny:
-        result.findings.append(warning(
-            "OM405", "capture", f"{', '.join(tiny)}: the example has size 0 or 1 there, and "
-            "torch.export always treats such sizes as static.",
-            suggestion="Give an example with size 2 or more in those dims to make them "
-            "dynamic."))
+        details={"dynamic": dynamic, "static": static}))
 
 
 def _ort_version(text: str | None, fn: str) -> tuple[int, int] | None:

@@ -228,11 +228,6 @@ CODES: dict[str, CodeInfo] = {
         "dynamic_shapes='auto' (--dynamic auto): which input dims stayed dynamic and which the "
         "model fixed.",
     ),
-    "OM405": CodeInfo(
-        "example size 0 or 1 makes a dim static", 0,
-        "torch.export specialises dims whose example size is 0 or 1; they cannot become "
-        "dynamic from that example.",
-    ),
     "OM406": CodeInfo(
         "dynamic shapes refined by torch.export's suggested fixes", 0,
         "The dynamic shapes as given violated the model's constraints; torch.export's "
