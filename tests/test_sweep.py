@@ -12,18 +12,10 @@ from pathlib import Path
 import pytest
 
 from onnxmedic.sweep import load_zoo, sweep
+from tests.test_cli import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "sweep_zoo" / "tiny.py")
-
-
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get(
-        "PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "onnxmedic", *args], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=timeout)
-    assert "Traceback" not in p.stderr, p.stderr
-    return p
 
 
 def test_crash_hang_and_broken_factory_do_not_stop_the_sweep(tmp_path):

@@ -23,7 +23,15 @@ from onnxmedic import checks, preflight, sandbox
 from onnxmedic import inputs as inputs_mod
 from onnxmedic._tensors import flatten_tensors, to_numpy
 from onnxmedic.capture import capture, classify_capture_error
-from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
+from onnxmedic.findings import (
+    Finding,
+    OnnxMedicError,
+    ResultCodes,
+    Severity,
+    error,
+    info,
+    warning,
+)
 from onnxmedic.sweep import SweepResult, ZooCase, sweep  # sweep(): a zoo, in worker processes
 from onnxmedic.verify.compare import OutputComparison, compare_outputs
 
@@ -41,7 +49,7 @@ EXTRA_INPUT_SETS = 2
 
 
 @dataclass
-class ExportResult:
+class ExportResult(ResultCodes):
     """The outcome of export() or verify(). ``ok``: exported *and* verified."""
 
     ok: bool = False
@@ -61,21 +69,6 @@ class ExportResult:
     onnx_model: Any = None  # the onnx.ModelProto (in memory; not serialised)
     program: Any = None  # the captured ExportedProgram, when there is one
     localization: Any = None  # verify.localize.Localization, when localisation ran
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == Severity.ERROR]
-
-    @property
-    def exit_code(self) -> int:
-        if self.ok:
-            return 0
-        codes = [f.exit_code for f in self.errors]
-        if 3 in codes:
-            return 3
-        if 2 in codes:
-            return 2
-        return 1
 
     @property
     def failed_stage(self) -> str | None:

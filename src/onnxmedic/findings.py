@@ -484,3 +484,22 @@ class InputError(OnnxMedicError):
 
 class OutputError(OnnxMedicError):
     """An output or report cannot be written."""
+
+
+class ResultCodes:
+    """``errors`` and ``exit_code`` for a result object with ``ok`` and ``findings``: 0 when
+    ok, else the most severe exit code among the errors (3 internal, 2 usage, 1 model/input)."""
+
+    ok: bool
+    findings: list[Finding]
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == Severity.ERROR]
+
+    @property
+    def exit_code(self) -> int:
+        if self.ok:
+            return 0
+        codes = [f.exit_code for f in self.errors]
+        return 3 if 3 in codes else 2 if 2 in codes else 1

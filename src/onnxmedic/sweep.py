@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnxmedic.findings import Finding, InputError, Severity, error, info
+from onnxmedic.findings import Finding, InputError, ResultCodes, Severity, error, info
 
 logger = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ def _record(entry: Entry, status: str, seconds: float, *, findings: list[Finding
 
 
 @dataclass
-class SweepResult:
+class SweepResult(ResultCodes):
     """The outcome of sweep(): one record per entry (dicts, as in the results file)."""
 
     zoo: str
@@ -266,17 +266,6 @@ class SweepResult:
     @property
     def ok(self) -> bool:
         return all(e["ok"] for e in self.entries) and not self.errors and bool(self.entries)
-
-    @property
-    def errors(self) -> list[Finding]:
-        return [f for f in self.findings if f.severity == Severity.ERROR]
-
-    @property
-    def exit_code(self) -> int:
-        if self.ok:
-            return 0
-        codes = [f.exit_code for f in self.errors] or [1]
-        return 3 if 3 in codes else 2 if 2 in codes else 1
 
     def counts(self) -> dict[str, int]:
         out = {s: 0 for s in STATUSES}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 import torch
 
@@ -37,14 +38,18 @@ def _chain_text(error: BaseException | None) -> str:
     return text
 
 
-def check_view_crash(error: BaseException | None) -> str | None:
-    """None when the rewrite applies to this decomposition error, else the reason it does not."""
-    text = _chain_text(error)
-    if not text:
-        return "there is no error"
-    if not VIEW_CRASH.search(text):
-        return "the error is not a view of a non-contiguous tensor"
-    return None
+def _error_check(pattern: re.Pattern[str], reason: str) -> Any:
+    """A rewrite's check: None when the decomposition error matches ``pattern``, else why not."""
+    def check(error: BaseException | None) -> str | None:
+        text = _chain_text(error)
+        if not text:
+            return "there is no error"
+        return None if pattern.search(text) else reason
+    return check
+
+
+# a view of a non-contiguous tensor inside a decomposition (T5, BEiT, Swin)
+check_view_crash = _error_check(VIEW_CRASH, "the error is not a view of a non-contiguous tensor")
 
 
 def contiguous_before_views(program: torch.export.ExportedProgram) -> int:
@@ -78,15 +83,9 @@ RSUB_CRASH = re.compile(r"Cannot find a compatible OpOverload for aten\.sub.*?"
                         re.DOTALL)
 
 
-def check_rsub_crash(error: BaseException | None) -> str | None:
-    """The decomposition of ``aten.rsub.Scalar`` (``1.0 - mask`` in XLNet, ...) produces
-    ``aten.sub.Tensor(1.0, x)``, which no overload accepts. None when that is the error."""
-    text = _chain_text(error)
-    if not text:
-        return "there is no error"
-    if not RSUB_CRASH.search(text):
-        return "the error is not the decomposition of rsub(scalar)"
-    return None
+# the decomposition of aten.rsub.Scalar (1.0 - mask in XLNet) produces aten.sub.Tensor(1.0, x),
+# which no overload accepts
+check_rsub_crash = _error_check(RSUB_CRASH, "the error is not the decomposition of rsub(scalar)")
 
 
 def rsub_as_add(program: torch.export.ExportedProgram) -> int:

@@ -45,3 +45,16 @@ def static_shape(x: Any) -> tuple[int, ...] | None:
 
 def is_float(x: Any) -> bool:
     return getattr(x, "dtype", None) in FLOAT_DTYPES
+
+
+def rank(x: Any) -> int:
+    """The (static) rank of an ONNX Script value."""
+    return len(x.shape)
+
+
+def norm_axis(dim: int, rank: int) -> int:
+    """``dim`` as a non-negative axis of a tensor of ``rank`` (0-d tensors take dim 0 / -1)."""
+    r = max(rank, 1)
+    if not -r <= dim < r:
+        raise ValueError(f"dim {dim} is out of range for a tensor of rank {rank}")
+    return dim + r if dim < 0 else dim

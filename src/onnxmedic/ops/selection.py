@@ -16,22 +16,13 @@ import torch
 from onnxscript import opset18 as op
 
 from onnxmedic.ops._common import const, const_f64, ints, is_float
+from onnxmedic.ops._common import norm_axis as _axis
+from onnxmedic.ops._common import rank as _rank
 from onnxmedic.ops._registry import translation
 
 aten = torch.ops.aten
 
 _TOPK_NATIVE = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.INT64, ir.DataType.INT32)
-
-
-def _rank(x) -> int:
-    return len(x.shape)
-
-
-def _axis(dim: int, rank: int) -> int:
-    r = max(rank, 1)
-    if not -r <= dim < r:
-        raise ValueError(f"dim {dim} is out of range for a tensor of rank {rank}")
-    return dim + r if dim < 0 else dim
 
 
 def _sort_key(x):
