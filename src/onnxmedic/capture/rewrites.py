@@ -52,29 +52,33 @@ def _error_check(pattern: re.Pattern[str], reason: str) -> Any:
 check_view_crash = _error_check(VIEW_CRASH, "the error is not a view of a non-contiguous tensor")
 
 
+def _calls(program: torch.export.ExportedProgram, match: Any) -> Any:
+    """(graph, node) for every call_function node whose target ``match`` accepts, in every
+    graph module of ``program``; each module is recompiled once its nodes are done."""
+    for gm in program.graph_module.modules():
+        if not isinstance(gm, torch.fx.GraphModule):
+            continue
+        for node in list(gm.graph.nodes):
+            if node.op == "call_function" and match(node.target):
+                yield gm.graph, node
+        gm.recompile()
+
+
 def contiguous_before_views(program: torch.export.ExportedProgram) -> int:
     """Insert ``aten.clone(x, memory_format=torch.contiguous_format)`` in front of every
     ``aten.view`` / ``aten.reshape`` of a computed tensor, in place; returns how many."""
     count = 0
-    for gm in program.graph_module.modules():
-        if not isinstance(gm, torch.fx.GraphModule):
+    for graph, node in _calls(program, lambda t: t in _VIEWS):
+        src = node.args[0]
+        if not isinstance(src, torch.fx.Node) or src.op == "placeholder" or (
+                src.op == "call_function" and src.target is torch.ops.aten.clone.default):
             continue
-        graph = gm.graph
-        for node in list(graph.nodes):
-            if node.op != "call_function" or node.target not in _VIEWS:
-                continue
-            src = node.args[0]
-            if not isinstance(src, torch.fx.Node) or src.op == "placeholder" or (
-                    src.op == "call_function"
-                    and src.target is torch.ops.aten.clone.default):
-                continue
-            with graph.inserting_before(node):
-                clone = graph.call_function(torch.ops.aten.clone.default, (src,),
-                                            {"memory_format": torch.contiguous_format})
-            clone.meta = dict(src.meta)
-            node.replace_input_with(src, clone)
-            count += 1
-        gm.recompile()
+        with graph.inserting_before(node):
+            clone = graph.call_function(torch.ops.aten.clone.default, (src,),
+                                        {"memory_format": torch.contiguous_format})
+        clone.meta = dict(src.meta)
+        node.replace_input_with(src, clone)
+        count += 1
     return count
 
 
@@ -92,25 +96,18 @@ def rsub_as_add(program: torch.export.ExportedProgram) -> int:
     """Rewrite ``aten.rsub.Scalar(x, other, alpha)`` (= other - alpha * x) as
     ``aten.add.Tensor(aten.neg(x), other)`` (times alpha when it is not 1), in place."""
     count = 0
-    for gm in program.graph_module.modules():
-        if not isinstance(gm, torch.fx.GraphModule):
-            continue
-        graph = gm.graph
-        for node in list(graph.nodes):
-            if node.op != "call_function" or node.target is not torch.ops.aten.rsub.Scalar:
-                continue
-            x, other = node.args[0], node.args[1]
-            alpha = node.args[2] if len(node.args) > 2 else node.kwargs.get("alpha", 1)
-            with graph.inserting_before(node):
-                neg = graph.call_function(torch.ops.aten.neg.default, (x,))
+    for graph, node in _calls(program, lambda t: t is torch.ops.aten.rsub.Scalar):
+        x, other = node.args[0], node.args[1]
+        alpha = node.args[2] if len(node.args) > 2 else node.kwargs.get("alpha", 1)
+        with graph.inserting_before(node):
+            neg = graph.call_function(torch.ops.aten.neg.default, (x,))
+            neg.meta = dict(node.meta)
+            if alpha != 1:
+                neg = graph.call_function(torch.ops.aten.mul.Tensor, (neg, alpha))
                 neg.meta = dict(node.meta)
-                if alpha != 1:
-                    neg = graph.call_function(torch.ops.aten.mul.Tensor, (neg, alpha))
-                    neg.meta = dict(node.meta)
-                new = graph.call_function(torch.ops.aten.add.Tensor, (neg, other))
-            new.meta = dict(node.meta)
-            node.replace_all_uses_with(new)
-            graph.erase_node(node)
-            count += 1
-        gm.recompile()
+            new = graph.call_function(torch.ops.aten.add.Tensor, (neg, other))
+        new.meta = dict(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        count += 1
     return count
