@@ -274,7 +274,7 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
                      example: inputs_mod.Inputs, example_expected: list[np.ndarray] | None,
                      timeout: float, tolerance: tuple[float, float] | None,
                      worker: sandbox.Worker | None = None, target: str = "cpu",
-                     localizer: Any = None) -> None:
+                     localizer: Any = None, probe_branches: bool = False) -> None:
     """runtime + compare stages, in one sandboxed session: the example, two further input sets
     of the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x.
 
@@ -283,7 +283,7 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
     onnx_inputs, onnx_dims, onnx_outputs = _graph_io(proto)
     sets = [example] + inputs_mod.derived_input_sets(example, EXTRA_INPUT_SETS)
     labels = ["example"] + [f"random#{i}" for i in range(1, len(sets))]
-    if BRANCH_PROBE in (example.specs or []):  # a branch was specialised: try the others
+    if probe_branches:  # a data-dependent branch was specialised: try to take the others
         probes = inputs_mod.branch_probe_sets(example)
         sets += probes
         labels += [p.specs[-1] for p in probes]
@@ -672,14 +672,11 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             return
         if verify:
             decomposed = getattr(prog, "exported_program", None)
-            if branch_probe:
-                example = inputs_mod.Inputs(example.args, example.kwargs,
-                                            list(example.specs) + [BRANCH_PROBE])
             _run_and_compare(result, model, onnx_path, result.onnx_model, example,
                              example_expected, timeout, tolerance, worker, target,
                              localizer=(False, lambda: (decomposed or program,
                                                         decomposed is not None))
-                             if localize else None)
+                             if localize else None, probe_branches=branch_probe)
             verified = result.stages["compare"] == PASSED
         else:
             verified = True  # verification not asked for: exported is all we can say
@@ -842,9 +839,6 @@ def _fix_dtypes(result: ExportResult, prog: Any, folder: Path, name: str, target
 
 _SPECIALISED = re.compile(r"L\['([A-Za-z_]\w*)'\]\.size\(\)\[(\d+)\] as dynamic but your code "
                           r"specialized it to be a constant \((\d+)\)")
-
-
-BRANCH_PROBE = "branch-probe"
 
 
 def _specialised_finding(attempts: list[Any]) -> Finding:

@@ -517,17 +517,22 @@ def is_dynamic_axes(dyn: Any) -> bool:
                                                    for d in v) for v in dyn.values())
 
 
+def _forward_names(model: Any, what: str) -> list[str]:
+    """forward()'s parameter names (positional, then keyword-only), for dynamic-shape specs."""
+    fn = model.forward if isinstance(model, torch.nn.Module) else None
+    if fn is None:
+        raise _err("OM004", f"{what} needs an nn.Module (an ExportedProgram's shapes are fixed "
+                   "at capture).")
+    return [p.name for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def auto_dynamic_shapes(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """``dynamic_shapes='auto'``: every dim of every tensor input is torch.export.Dim.AUTO,
     i.e. dynamic unless the model specialises it (torch.export then keeps it static without
     failing); what stayed dynamic is read back from the ONNX model and reported."""
-    fn = model.forward if isinstance(model, torch.nn.Module) else None
-    if fn is None:
-        raise _err("OM004", "dynamic_shapes='auto' needs an nn.Module (an ExportedProgram's "
-                   "shapes are fixed at capture).")
-    params = [p for p in inspect.signature(fn).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    values = dict(zip([p.name for p in params[:len(args)]], args)) | dict(kwargs)
+    names = _forward_names(model, "dynamic_shapes='auto'")
+    values = dict(zip(names[:len(args)], args)) | dict(kwargs)
     auto = torch.export.Dim.AUTO
 
     def spec(v: Any) -> Any:
@@ -549,19 +554,14 @@ def complete_dynamic_shapes(model: Any, dyn: dict[str, dict[int, str]] | str,
         return None
     if dyn == AUTO:
         return auto_dynamic_shapes(model, args, kwargs)
-    fn = model.forward if isinstance(model, torch.nn.Module) else None
-    if fn is None:
-        raise _err("OM004", "--dynamic needs an nn.Module (an ExportedProgram's shapes are fixed "
-                   "at capture).")
-    params = [p for p in inspect.signature(fn).parameters.values()
-              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    given = [p.name for p in params[:len(args)]] + [k for k in kwargs]
+    names = _forward_names(model, "--dynamic")
+    given = names[:len(args)] + [k for k in kwargs]
     unknown = set(dyn) - set(given)
     if unknown:
         raise _err("OM004", f"--dynamic names {', '.join(sorted(unknown))}, which "
                    f"{'is' if len(unknown) == 1 else 'are'} not among forward()'s inputs "
                    f"({', '.join(given) or 'none'}).")
-    values = dict(zip([p.name for p in params[:len(args)]], args)) | dict(kwargs)
+    values = dict(zip(names[:len(args)], args)) | dict(kwargs)
     for name, dims in dyn.items():
         t = values[name]
         rank = t.dim() if isinstance(t, torch.Tensor) else 0

@@ -399,13 +399,7 @@ class _FloatModel(torch.nn.Module):
         return self.fn(h, x)
 
 
-class _IntModel(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = torch.nn.Linear(4, 4)
-        self.fn = fn
-
+class _IntModel(_FloatModel):
     def forward(self, x):
         h = (self.lin(x) * 50).round().to(torch.int32)
         k = (x * 4).abs().round().to(torch.int32)

@@ -283,12 +283,13 @@ def _lu(A, n: int):
     Row swaps are real (GatherElements with a swap index), so LU and pivots match PyTorch.
     A zero pivot skips the scaling of the column, as getrf does.
     """
-    LU, pivots, info, d, _ = _lu_with_order(A, n)
+    LU, pivots, info, d, _ = _lu_with_order(A, n, with_order=False)
     return LU, pivots, info, d
 
 
-def _lu_with_order(A, n: int):
-    """_lu plus ``order`` [..., n] int64: row i of L U is row order[i] of A (P[order[i], i] = 1)."""
+def _lu_with_order(A, n: int, with_order: bool = True):
+    """_lu plus ``order`` [..., n] int64: row i of L U is row order[i] of A (P[order[i], i] = 1);
+    None unless ``with_order`` (only linalg_lu needs it)."""
     rng = _i64_const(np.arange(n))
     zero = const(0.0, A)
     one = const(1.0, A)
@@ -305,7 +306,8 @@ def _lu_with_order(A, n: int):
         kk = op.Constant(value_int=k)
         idx = op.Where(op.Equal(rng, kk), p, op.Where(op.Equal(rng, p), kk, rng))  # [..., n]
         A = op.GatherElements(A, op.Expand(op.Unsqueeze(idx, ints([-1])), full_shape), axis=-2)
-        order = idx if order is None else op.GatherElements(order, idx, axis=-1)
+        if with_order:
+            order = idx if order is None else op.GatherElements(order, idx, axis=-1)
         if k == n - 1:
             diag.append(op.Gather(op.Gather(A, _k(k), axis=-1), _k(k), axis=-1))
             break

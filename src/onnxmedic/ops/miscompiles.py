@@ -181,16 +181,16 @@ def _sum(x, axes, keepdim: bool):
 def _mean(x, dim, keepdim: bool):
     """ReduceMean (the op ONNX Runtime's RMSNorm / LayerNorm fusions look for), guarded to NaN
     when the reduced extent is empty; no guard when the shape proves it is not."""
-    axes, n = _axes_and_count(x, dim)
-    k = 1 if keepdim else 0
-    mean = op.ReduceMean(x, keepdims=k) if axes is None else op.ReduceMean(x, axes, keepdims=k)
     shape = static_shape(x)
-    if shape is not None and all(isinstance(d, int) for d in shape):
-        reduced = range(len(shape)) if axes is None else [d % len(shape) for d in dim]
-        if not shape:
-            return mean  # a 0-d tensor: ReduceMean over no axes is itself
+    all_axes = dim is None or len(dim) == 0 or shape == ()
+    k = 1 if keepdim else 0
+    mean = (op.ReduceMean(x, keepdims=k) if all_axes
+            else op.ReduceMean(x, ints(list(dim)), keepdims=k))
+    if shape is not None:  # static: no guard when the reduced extent is provably non-empty
+        reduced = range(len(shape)) if all_axes else [d % len(shape) for d in dim]
         if all(shape[d] > 0 for d in reduced):
             return mean
+    _, n = _axes_and_count(x, dim)
     return op.Where(op.Equal(n, const(0.0, x)), const(float("nan"), x), mean)
 
 
