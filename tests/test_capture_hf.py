@@ -3,6 +3,7 @@ Cache objects) and the contiguous-view rewrite for decomposition crashes."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.utils._pytree as pytree
 
@@ -152,3 +153,21 @@ def test_size_one_at_the_example_is_not_baked_in(monkeypatch):
     monkeypatch.setattr(strategies, "_size_oblivious", lambda d: contextlib.nullcontext())
     res = onnxmedic.export(Shortcut().eval(), (x,), dynamic_shapes=dyn)
     assert not res.ok, [f.code for f in res.findings]
+
+
+def test_rsub_crash_is_rewritten_during_export():
+    """`1.0 - mask` with an integer mask (XLNet): torch's decomposition of rsub builds an
+    aten.sub call no overload accepts; plain torch.onnx fails, onnxmedic rewrites it (OM123)."""
+    import onnxmedic
+
+    class Masked(torch.nn.Module):
+        def forward(self, x, mask):
+            return x * (1.0 - mask)
+
+    args = (torch.randn(2, 3), torch.ones(2, 3, dtype=torch.int64))
+    with pytest.raises(Exception):
+        torch.onnx.export(Masked(), args, dynamo=True, verbose=False)
+    r = onnxmedic.export(Masked(), args)
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    (f,) = [f for f in r.findings if f.code == "OM123"]
+    assert f.details["rewritten"] == 1

@@ -158,3 +158,18 @@ def test_ctrl_c_stops_the_sweep_and_its_workers(tmp_path):
         except FileNotFoundError:
             continue
         assert state == "Z", f"worker {w} still running after Ctrl-C"
+
+
+def test_unverified_entry_and_failed_check_are_findings(tmp_path):
+    res = sweep(TINY + ":FAILING", jobs=1, timeout=300, results=tmp_path / "r.json")
+    by = {e["name"]: e for e in res.entries}
+    assert by["wrong"]["status"] == "failed" and not by["wrong"]["ok"]
+    assert by["check_fails"]["status"] == "failed"
+    assert by["check_fails"]["check"] == {"ok": False, "message": "decoded tokens differ",
+                                          "steps": 4}
+    codes = [f.code for f in res.findings]
+    assert codes.count("OM700") == 2, codes
+    om710 = [c for e in res.entries for c in (e.get("findings") or [])
+             if c["code"] == "OM710"]
+    assert len(om710) == 1 and "decoded tokens differ" in om710[0]["message"]
+    assert res.exit_code == 1

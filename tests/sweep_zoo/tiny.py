@@ -50,3 +50,26 @@ def broken() -> ZooCase:
 
 ZOO = {"mlp": mlp, "scale": scale, "aborts": aborts, "hangs": hangs, "broken": broken}
 GOOD = {"mlp": mlp, "scale": scale}
+
+
+class SignBranch(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # specialised by capture; the zero input takes the other branch
+            return x * 2
+        return x - 1
+
+
+def wrong() -> ZooCase:
+    return ZooCase(SignBranch(), (torch.ones(3),), note="exports, does not verify")
+
+
+def _failing_check(onnx_path: str, case: ZooCase) -> dict:
+    return {"ok": False, "message": "decoded tokens differ", "steps": 4}
+
+
+def check_fails() -> ZooCase:
+    return ZooCase(Scale(), (torch.randn(3, 5),), check=_failing_check)
+
+
+# entries that run to the end but fail: not verified (OM700), own check fails (OM710)
+FAILING = {"wrong": wrong, "check_fails": check_fails}
