@@ -95,7 +95,7 @@ def kernel_table(provider: str) -> KernelTable | None:
     for k in defs:
         if k.provider != provider:
             continue
-        dom = "" if k.domain in ("", "ai.onnx") else k.domain
+        dom = _domain(k.domain)
         lo, hi = k.version_range
         table.setdefault((dom, k.op_name), []).append(
             (lo, hi, {c: set(v) for c, v in k.type_constraints.items()}))
@@ -180,6 +180,11 @@ def _bind(schema: Any, node: onnx.NodeProto,
     return bound, conflict, clashing
 
 
+def _domain(domain: str) -> str:
+    """ai.onnx spelled as ONNX Runtime's tables and onnx.defs spell it: the empty string."""
+    return "" if domain in ("", "ai.onnx") else domain
+
+
 def _has_kernel(kernels: list[tuple[int, int, dict[str, set[str]]]], since: int,
                 bound: dict[str, str]) -> bool:
     return any(lo <= since <= hi and
@@ -195,14 +200,14 @@ def kernel_gaps(model: onnx.ModelProto, target: str = "cpu") -> list[KernelGap] 
         return None
     # on a GPU provider a node without a kernel there runs on the CPU (slower), not a failure
     cpu_table = kernel_table(PROVIDERS["cpu"]) if target != "cpu" else None
-    opsets = {("" if o.domain in ("", "ai.onnx") else o.domain): o.version
+    opsets = {_domain(o.domain): o.version
               for o in model.opset_import}
     local = {(f.domain, f.name) for f in model.functions}
     types = _value_types(model)
     gaps: list[KernelGap] = []
     tainted: set[str] = set()  # values downstream of mixed types: unknowable until repaired
     for node in model.graph.node:
-        dom = "" if node.domain in ("", "ai.onnx") else node.domain
+        dom = _domain(node.domain)
         if tainted.intersection(node.input):
             tainted.update(node.output)
             continue
@@ -231,17 +236,14 @@ def kernel_gaps(model: onnx.ModelProto, target: str = "cpu") -> list[KernelGap] 
             continue
         low = {t for t in bound.values() if t in LOW_FLOATS}
         as_float = {c: ("tensor(float)" if t in LOW_FLOATS else t) for c, t in bound.items()}
-        float_ok = low and any(
-            lo <= schema.since_version <= hi and
-            all(c not in as_float or as_float[c] in allowed for c, allowed in cons.items())
-            for lo, hi, cons in kernels)
-        soft = bool(float_ok) and low == {"tensor(float16)"} and target == "cpu"
+        soft = (low == {"tensor(float16)"} and target == "cpu"
+                and _has_kernel(kernels, schema.since_version, as_float))
         gaps.append(KernelGap(name, node.op_type, dom, schema.since_version, bound,
                               "soft" if soft else "no-kernel"))
     return gaps
 
 
-def _cast(graph: ir.Graph, value: ir.Value, to: ir.DataType, name: str) -> ir.Node:
+def _cast(value: ir.Value, to: ir.DataType, name: str) -> ir.Node:
     node = ir.node("Cast", [value], {"to": to}, name=name)
     out = node.outputs[0]
     out.name = name + "_out"
@@ -250,7 +252,7 @@ def _cast(graph: ir.Graph, value: ir.Value, to: ir.DataType, name: str) -> ir.No
     return node
 
 
-def _unique(graph: ir.Graph, base: str, taken: set[str]) -> str:
+def _unique(base: str, taken: set[str]) -> str:
     name, i = base, 0
     while name in taken:
         i += 1
@@ -276,7 +278,7 @@ def _upcast_node(graph: ir.Graph, node: ir.Node, taken: set[str],
             to = ir.DataType.FLOAT
         else:
             continue
-        c = _cast(graph, v, to, _unique(graph, f"{node.name}_in{i}_{to.name.lower()}", taken))
+        c = _cast(v, to, _unique(f"{node.name}_in{i}_{to.name.lower()}", taken))
         graph.insert_before(node, c)
         node.replace_input_with(i, c.outputs[0])
         added += 1
@@ -291,14 +293,14 @@ def _upcast_node(graph: ir.Graph, node: ir.Node, taken: set[str],
             continue
         orig, name = o.dtype, o.name
         uses = list(o.uses())
-        c = _cast(graph, o, orig, _unique(graph, f"{node.name}_out_back", taken))
+        c = _cast(o, orig, _unique(f"{node.name}_out_back", taken))
         back = c.outputs[0]
         for user, idx in uses:
             user.replace_input_with(idx, back)
         for k, out in enumerate(graph.outputs):
             if out is o:
                 graph.outputs[k] = back
-        o.name, back.name = _unique(graph, f"{name}_f32", taken), name
+        o.name, back.name = _unique(f"{name}_f32", taken), name
         o.dtype = ir.DataType.FLOAT
         graph.insert_after(node, c)
         added += 1
@@ -337,7 +339,7 @@ def _boundary(graph: ir.Graph, taken: set[str]) -> int:
     for i, inp in enumerate(list(graph.inputs)):
         if inp.dtype in _LOW_IR:
             uses = list(inp.uses())
-            c = _cast(graph, inp, ir.DataType.FLOAT, _unique(graph, f"{inp.name}_f32", taken))
+            c = _cast(inp, ir.DataType.FLOAT, _unique(f"{inp.name}_f32", taken))
             if graph.num_nodes():
                 graph.insert_before(graph.node(0), c)
             else:
@@ -355,9 +357,9 @@ def _boundary_outputs(graph: ir.Graph, want: dict[str, ir.DataType], taken: set[
         if orig is None or out.dtype == orig:
             continue
         name = out.name
-        c = _cast(graph, out, orig, _unique(graph, f"{name}_back", taken))
+        c = _cast(out, orig, _unique(f"{name}_back", taken))
         graph.append(c)
-        out.name = _unique(graph, f"{name}_f32", taken)
+        out.name = _unique(f"{name}_f32", taken)
         c.outputs[0].name = name
         graph.outputs[k] = c.outputs[0]
         added += 1
