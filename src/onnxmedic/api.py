@@ -37,6 +37,7 @@ from onnxmedic.verify.compare import OutputComparison, compare_outputs
 
 logger = logging.getLogger(__name__)
 
+TARGETS = ("cpu", "cuda", "tensorrt")
 STAGES = ("preflight", "capture", "translate", "check", "fix", "runtime", "compare", "write")
 NOT_RUN, PASSED, FAILED = "not run", "passed", "failed"
 
@@ -507,8 +508,9 @@ def export(
     for their dtype (bfloat16 Gemm on CPU) are repaired; see :mod:`onnxmedic.fixes.dtypes`.
     """
     args, kwargs = _check_args(model, args, kwargs)
-    if target not in ("cpu", "cuda"):
-        raise ValueError(f"onnxmedic.export: target must be 'cpu' or 'cuda', not {target!r}")
+    if target not in TARGETS:
+        raise ValueError(f"onnxmedic.export: target must be one of {', '.join(TARGETS)}, not "
+                         f"{target!r}")
     if dtype_policy not in ("keep", "upcast", "boundary"):
         raise ValueError("onnxmedic.export: dtype_policy must be 'keep', 'upcast' or "
                          f"'boundary', not {dtype_policy!r}")
@@ -568,8 +570,11 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
                 f"{'.'.join(map(str, ort_version))} loads opsets up to {lim[0]}.",
                 suggestion=f"Use --opset {lim[0]} or lower, or a newer ONNX Runtime."))
             return
-        if opset is None and opset_fix.export_opset(ort_version) != opset_fix.default_opset():
-            opset = opset_fix.export_opset(ort_version)
+    explicit_opset = opset is not None
+    if opset is None:  # the highest opset the target supports
+        opset, opset_bound = opset_fix.choose_opset(target, ort_version)
+    else:
+        opset_bound = "asked for"
     example = inputs_mod.Inputs(args, kwargs)
     example_expected = _preflight(result, model, args, kwargs)
     if example_expected is None:
@@ -643,7 +648,7 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
     result.onnx_model = prog.model_proto
     result.opset = next((o.version for o in result.onnx_model.opset_import if o.domain in
                          ("", "ai.onnx")), None)
-    if opset is not None and not _opset_stage(result, opset):
+    if not _opset_stage(result, opset, explicit_opset, opset_bound):
         return
     if auto:
         _report_auto_dims(result, args, kwargs)
@@ -710,8 +715,13 @@ def kernel_gap_finding(g: Any, target: str, node: Any, stage: str,
     """OM301 (no kernel) or OM303 (mixed int/float) for one node, with the user's line."""
     from onnxmedic._locate import location_from_onnx_node, onnx_neighbourhood
 
-    what = (f"ONNX Runtime has no {target} kernel for it." if g.kind == "no-kernel"
-            else "its inputs mix integer and float types.")
+    if g.kind != "no-kernel":
+        what = "its inputs mix integer and float types."
+    elif target == "tensorrt":
+        what = (f"TensorRT does not take it ({g.detail}), and ONNX Runtime has no CUDA or CPU "
+                "kernel for it either.")
+    else:
+        what = f"ONNX Runtime has no {target} kernel for it."
     return Finding("OM301" if g.kind == "no-kernel" else "OM303", stage, Severity.ERROR,
                    f"{g.describe()}: {what}", op=g.op, location=location_from_onnx_node(node),
                    suggestion=_DTYPE_FIX if g.kind == "no-kernel" else
@@ -732,10 +742,27 @@ def _grouped_gap_warning(code: str, gaps: list[Any], stage: str, what: str,
 def cpu_fallback_finding(gaps: list[Any], target: str, stage: str) -> Finding:
     """One OM304 warning for nodes the target provider has no kernel for (they run on CPU)."""
     return _grouped_gap_warning(
-        "OM304", gaps, stage, f"node(s) have no {target} kernel as typed; ONNX Runtime runs "
-        "them on the CPU, with copies to and from the device",
+        "OM304", gaps, stage, f"node(s) have no {'TensorRT or CUDA' if target == 'tensorrt' else target} "
+        "kernel as typed; ONNX Runtime runs them on the CPU, with copies to and from the device",
         "Cast them to a dtype the target has kernels for (see ONNX Runtime's "
         "OperatorKernels.md), or accept the CPU fallback.")
+
+
+def trt_fallback_finding(gaps: list[Any], model: Any, stage: str) -> Finding:
+    """One OM305 warning for the nodes TensorRT's parser does not take (they run on CUDA
+    between TensorRT engines), with how many engines the graph splits into."""
+    from onnxmedic.fixes.dtypes import tensorrt_partitions, tensorrt_table
+
+    parts = tensorrt_partitions(model, gaps) if model is not None else 0
+    f = _grouped_gap_warning(
+        "OM305", gaps, stage, f"node(s) are not taken by TensorRT {tensorrt_table()['tensorrt']} "
+        f"as typed; ONNX Runtime runs them on CUDA, and the graph splits into {parts} TensorRT "
+        "engine(s) with copies between them",
+        "Rewrite or cast those ops to ones ONNX-TensorRT supports (its docs/operators.md, in "
+        "the finding's details), or accept the split; each reason is in details.reasons.")
+    f.details["reasons"] = {g.node: g.detail for g in gaps}
+    f.details["engines"] = parts
+    return f
 
 
 def soft_kernel_finding(gaps: list[Any], stage: str) -> Finding:
@@ -778,11 +805,25 @@ def _kernel_lint(proto: Any, target: str) -> list[Finding]:
     gaps = fx.kernel_gaps(proto, target) or []
     nodes = {n.name: n for n in proto.graph.node}
     found = [kernel_gap_finding(g, target, nodes.get(g.node), "lint", proto)
-             for g in gaps if g.kind not in ("soft", "cpu-fallback")]
+             for g in gaps if g.kind not in ("soft", "cpu-fallback", "trt-fallback")]
     soft = [g for g in gaps if g.kind == "soft"]
     moved = [g for g in gaps if g.kind == "cpu-fallback"]
+    off_trt = [g for g in gaps if g.kind == "trt-fallback"]
+    if target == "tensorrt":
+        from onnxmedic.fixes.dtypes import tensorrt_table
+
+        lo, hi = tensorrt_table()["opset"]
+        opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+        if opset is not None and not lo <= opset <= hi:
+            found.append(warning(
+                "OM305", "lint", f"the model uses opset {opset}; TensorRT "
+                f"{tensorrt_table()['tensorrt']}'s ONNX parser takes opsets {lo} to {hi}, so "
+                "ONNX Runtime runs the whole model on CUDA, without TensorRT.",
+                suggestion=f"Re-export with onnxmedic export --target tensorrt (opset {hi} or "
+                "lower).", details={"opset": opset, "tensorrt_opsets": [lo, hi]}))
     return (found + ([soft_kernel_finding(soft, "lint")] if soft else [])
-            + ([cpu_fallback_finding(moved, target, "lint")] if moved else []))
+            + ([cpu_fallback_finding(moved, target, "lint")] if moved else [])
+            + ([trt_fallback_finding(off_trt, proto, "lint")] if off_trt else []))
 
 
 def _fix_dtypes(result: ExportResult, prog: Any, folder: Path, name: str, target: str,
@@ -811,8 +852,11 @@ def _fix_dtypes(result: ExportResult, prog: Any, folder: Path, name: str, target
     moved = [g for g, _ in report.not_fixed if g.kind == "cpu-fallback"]
     if moved:
         result.findings.append(cpu_fallback_finding(moved, target, "fix"))
+    off_trt = [g for g, _ in report.not_fixed if g.kind == "trt-fallback"]
+    if off_trt:
+        result.findings.append(trt_fallback_finding(off_trt, result.onnx_model, "fix"))
     for g, reason in report.not_fixed:
-        if g.kind in ("soft", "cpu-fallback"):
+        if g.kind in ("soft", "cpu-fallback", "trt-fallback"):
             continue
         ok = False
         f = kernel_gap_finding(g, target, nodes.get(g.node), "fix", result.onnx_model)
@@ -946,10 +990,10 @@ def _fit_ir_version(result: ExportResult, prog: Any, ort: tuple[int, int],
     if prog.model.ir_version > max_ir:
         changes.append(f"IR version {prog.model.ir_version} -> {max_ir}")
         prog.model.ir_version = max_ir
-    from onnxmedic.fixes.opset import default_opset
+    from onnxmedic.fixes.opset import exporter_max_opset
 
-    if opset is not None and opset < default_opset():
-        changes.append(f"opset {default_opset()} -> {opset}")
+    if opset is not None and opset < exporter_max_opset():
+        changes.append(f"opset {exporter_max_opset()} -> {opset}")
     if changes:
         result.findings.append(info(
             "OM323", "translate", f"fitted to ONNX Runtime {ort[0]}.{ort[1]} (opsets up to "
@@ -957,19 +1001,31 @@ def _fit_ir_version(result: ExportResult, prog: Any, ort: tuple[int, int],
             details={"changes": changes}))
 
 
-def _opset_stage(result: ExportResult, wanted: int) -> bool:
+def _opset_stage(result: ExportResult, wanted: int, explicit: bool = True,
+                 bound: str = "asked for") -> bool:
     """torch.onnx converts its opset-18 translation to the requested opset with the version
-    converter and, when that fails, only logs a warning and keeps 18: say so, and stop."""
+    converter and, when that fails, only logs a warning and keeps 18: say so. An opset asked for
+    stops the export there (OM321); the default (the highest the target supports) falls back to
+    what the converter reached when the target loads that too (OM324)."""
     from onnxmedic.fixes.opset import NATIVE_OPSET as native
 
+    why = "asked for" if explicit else f"the highest opset {bound} supports"
     if result.opset == wanted:
         if wanted != native:
             result.findings.append(info(
-                "OM320", "translate", f"converted from opset {native} to {wanted} with the "
-                "version converter; the converted model is checked and verified below."))
+                "OM320", "translate", f"opset {wanted} ({why}): converted from opset {native} "
+                "with the version converter; the converted model is checked and verified below.",
+                details={"opset": wanted, "bound": bound}))
+        return True
+    if not explicit and result.opset is not None and result.opset < wanted:
+        result.findings.append(info(
+            "OM324", "translate", f"opset {wanted} is {why}, but the version converter could not "
+            f"convert this model to it; it stays at opset {result.opset}, which that target "
+            "loads too.", suggestion=f"Nothing to do; --opset {wanted} would stop with the "
+            "converter's error instead.", details={"opset": result.opset, "wanted": wanted}))
         return True
     _fail(result, "translate", error(
-        "OM321", "translate", f"opset {wanted} was asked for, but the version converter could "
+        "OM321", "translate", f"opset {wanted} was {why}, but the version converter could "
         f"not convert the model (it stayed at opset {result.opset}).",
         suggestion=f"Use an opset the converter supports (about 18 to {onnx.defs.onnx_opset_version()} "
         "with this onnx), or drop --opset to keep 18."))
@@ -1108,8 +1164,9 @@ def doctor(
 
     ort = _ort_version(ort_version, "doctor")
 
-    if target not in ("cpu", "cuda"):
-        raise ValueError(f"onnxmedic.doctor: target must be 'cpu' or 'cuda', not {target!r}")
+    if target not in TARGETS:
+        raise ValueError(f"onnxmedic.doctor: target must be one of {', '.join(TARGETS)}, not "
+                         f"{target!r}")
     result = ExportResult(command="doctor", path=str(onnx_path), model=str(onnx_path),
                           stages={"load": NOT_RUN, "check": NOT_RUN, "lint": NOT_RUN,
                                   "runtime": NOT_RUN})
@@ -1126,8 +1183,11 @@ def doctor(
 
 
 def _providers(target: str) -> list[str]:
-    return (["CUDAExecutionProvider", "CPUExecutionProvider"] if target == "cuda"
-            else ["CPUExecutionProvider"])
+    """ONNX Runtime's provider list for a target, most preferred first (each falls back to the
+    next for the nodes it does not take)."""
+    return {"cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+            "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider",
+                         "CPUExecutionProvider"]}.get(target, ["CPUExecutionProvider"])
 
 
 def _doctor(result: ExportResult, doc: Any, path: Path, target: str, timeout: float,

@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dynamic dims: INPUT:DIM=NAME[,DIM=NAME], e.g. x:0=batch; or "
                    "torch.onnx's dynamic_axes dict, e.g. \"{'x': [0, 1]}\"; or auto (every "
                    "dim dynamic where the model allows it)")
-    e.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    e.add_argument("--target", choices=["cpu", "cuda", "tensorrt"], default="cpu")
     e.add_argument("--ort-version", metavar="X.Y", type=_ort_arg,
                    help="the ONNX Runtime release the model must load in (opset and IR version "
                    "are fitted to it and verified)")
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="lint an ONNX file for a target runtime (no PyTorch)",
                        epilog=EPILOG)
     d.add_argument("onnx", metavar="OUT.onnx")
-    d.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    d.add_argument("--target", choices=["cpu", "cuda", "tensorrt"], default="cpu")
     d.add_argument("--ort-version", metavar="X.Y", type=_ort_arg,
                    help="also check opset and IR version against this ONNX Runtime release")
     d.add_argument("--no-smoke-test", action="store_true", help="do not load and run the model")
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cast-lossy", dest="cast", action="store_const", const="all",
                    help="cast inputs to the model's dtypes even when values may change")
     r.add_argument("--save", metavar="OUT.npz", help="save the outputs to an .npz file")
-    r.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    r.add_argument("--target", choices=["cpu", "cuda", "tensorrt"], default="cpu")
     r.add_argument("--timeout", type=float, default=120.0, metavar="S")
     r.add_argument("--seed", type=int, default=0, help="seed for generated inputs")
     r.add_argument("--json", action="store_true", help="print the result as JSON on stdout")

@@ -180,6 +180,12 @@ CODES: dict[str, CodeInfo] = {
         "Nodes the target execution provider (e.g. CUDA) has no kernel for as typed; ONNX "
         "Runtime places them on the CPU, with copies between devices.",
     ),
+    "OM305": CodeInfo(
+        "not taken by TensorRT: runs on CUDA between engines", 0,
+        "--target tensorrt: nodes ONNX-TensorRT's parser does not support as typed (its "
+        "operator support matrix); ONNX Runtime runs them on CUDA, splitting the graph into "
+        "several TensorRT engines (the count is given).",
+    ),
     "OM310": CodeInfo(
         "dtypes repaired for the target", 0,
         "onnxmedic inserted casts (dtype policy upcast or boundary) so that every node has a "
@@ -191,8 +197,9 @@ CODES: dict[str, CodeInfo] = {
     ),
     "OM320": CodeInfo(
         "opset converted", 0,
-        "The model was converted to the requested opset with the ONNX version converter and "
-        "verified again.",
+        "The model was converted from torch.onnx's native opset 18 to the requested opset, or "
+        "by default to the highest the target supports (torch.onnx, the ONNX Runtime release "
+        "and TensorRT each set a ceiling), with the ONNX version converter, and verified.",
     ),
     "OM321": CodeInfo(
         "opset conversion failed", 1,
@@ -207,6 +214,12 @@ CODES: dict[str, CodeInfo] = {
         "fitted to the target ONNX Runtime", 0,
         "The opset and/or IR version were lowered to what the --ort-version release loads; "
         "the model was verified afterwards.",
+    ),
+    "OM324": CodeInfo(
+        "default opset not reached; kept a lower one", 0,
+        "The version converter could not convert the model to the highest opset the target "
+        "supports; it was kept at the opset the converter reached, which the target loads "
+        "too.",
     ),
     # OM4xx: dynamic shapes
     "OM401": CodeInfo(

@@ -83,11 +83,15 @@ class SandboxResult:
             return None
         from onnxmedic.findings import warning
 
+        on = ("the CPU only" if self.providers[0] == "CPUExecutionProvider"
+              else ", ".join(self.providers))
+        hint = ("Install onnxruntime-gpu with TensorRT's libraries (its TensorRT execution "
+                "provider) on a machine with an NVIDIA GPU" if "Tensorrt" in wanted[0] else
+                "Install onnxruntime-gpu matching your CUDA, and run on a machine with a GPU")
         return warning("OM535", stage, f"{wanted[0]} is not available (ONNX Runtime "
                        f"{self.ort_version} uses {', '.join(self.providers)}); the model was "
-                       "run and verified on the CPU only.",
-                       suggestion="Install onnxruntime-gpu matching your CUDA, and run on a "
-                       "machine with a GPU, to verify on the target.")
+                       f"run and verified on {on}.",
+                       suggestion=f"{hint}, to verify on the target.")
 
     def finding(self, stage: str = "runtime", timeout: float | None = None) -> Finding | None:
         """The finding for a failed run (None when ok)."""

@@ -21,6 +21,13 @@ A CPU-only onnxruntime registers no CUDA kernels; for ``--target cuda`` the tabl
 section of ONNX Runtime's generated docs/OperatorKernels.md (the commit is in the file's
 ``source``). That is a copy of a documentation page, so it can lag the onnxruntime-gpu release the
 model will run on.
+
+``--target tensorrt`` (ONNX Runtime's TensorrtExecutionProvider, which hands what TensorRT's ONNX
+parser takes to TensorRT and leaves the rest to CUDA, then CPU) is checked against
+``data/tensorrt_ops.json``, ONNX-TensorRT's operator support matrix (ops, types, restrictions;
+tools/gen_trt_ops.py, the source in the file): TensorRT has no registry to query. A node it does
+not take is a ``trt-fallback`` gap (the graph is split into several TensorRT engines with CUDA
+nodes between them); below that, the CUDA table decides as for ``--target cuda``.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ import onnx_ir as ir
 logger = logging.getLogger(__name__)
 
 POLICIES = ("keep", "upcast", "boundary")
-PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
+             "tensorrt": "TensorrtExecutionProvider"}
 LOW_FLOATS = {"tensor(bfloat16)", "tensor(float16)"}
 _LOW_IR = {ir.DataType.BFLOAT16, ir.DataType.FLOAT16}
 _FLOAT_RANK = ["tensor(double)", "tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
@@ -54,7 +62,8 @@ class KernelGap:
     since_version: int
     types: dict[str, str]  # type variable -> bound type, e.g. {"T": "tensor(bfloat16)"}
     # "no-kernel" (load fails), "soft" (ORT inserts casts), "mixed" (T bound twice),
-    # "cpu-fallback" (no kernel on the GPU provider: ONNX Runtime runs the node on the CPU)
+    # "cpu-fallback" (no kernel on the GPU provider: ONNX Runtime runs the node on the CPU),
+    # "trt-fallback" (TensorRT's parser does not take it: it runs on CUDA between engines)
     kind: str
     detail: str = ""
     clashing: tuple[str, ...] = ()  # for "mixed": the two types bound to one variable
@@ -192,9 +201,108 @@ def _has_kernel(kernels: list[tuple[int, int, dict[str, set[str]]]], since: int,
                for lo, hi, cons in kernels)
 
 
+@functools.lru_cache(maxsize=1)
+def tensorrt_table() -> dict[str, Any]:
+    """ONNX-TensorRT's support matrix: {"source", "tensorrt", "opset": [lo, hi], "ops": {op:
+    {"supported", "types", "restrictions"}}} (see the module docstring)."""
+    res = importlib.resources.files("onnxmedic.fixes") / "data" / "tensorrt_ops.json"
+    return json.loads(res.read_text(encoding="utf-8"))
+
+
+def _tensorrt_reason(node: onnx.NodeProto, types: dict[str, str]) -> str:
+    """Why TensorRT's parser does not take ``node`` as typed ("" when it does). The matrix lists
+    each op's data types: the type of the first input (the data operand) is checked, and every
+    other floating-point operand; integer operands after the first are indices, axes, shapes
+    and sizes, which the parser takes as int32/int64 whatever the row lists. Cast/CastLike are
+    checked on their output type too."""
+    row = tensorrt_table()["ops"].get(node.op_type)
+    if row is None or not row["supported"]:
+        return "not in ONNX-TensorRT's supported operators"
+    allowed = set(row["types"])
+    checked: list[str] = []
+    for i, name in enumerate(node.input):
+        t = types.get(name)
+        if not name or t is None:
+            continue
+        if i == 0 or t in _FLOAT_RANK:
+            checked.append(t)
+    if node.op_type in ("Cast", "CastLike") and node.output and node.output[0] in types:
+        checked.append(types[node.output[0]])
+    bad = sorted({t for t in checked if t not in allowed})
+    if not bad:
+        return ""
+    names = ", ".join(t[7:-1] for t in bad)
+    extra = " (TensorRT casts double down to float, clamping, where it takes it at all)" \
+        if "tensor(double)" in bad else ""
+    return f"ONNX-TensorRT takes {node.op_type} for {', '.join(t[7:-1] for t in row['types'])}, " \
+           f"not {names}{extra}"
+
+
+def _tensorrt_gaps(model: onnx.ModelProto) -> list[KernelGap]:
+    cuda = {g.node: g for g in kernel_gaps(model, "cuda") or []}
+    opsets = {_domain(o.domain): o.version for o in model.opset_import}
+    types = _value_types(model)
+    gaps: list[KernelGap] = []
+    for node in model.graph.node:
+        name = node.name or node.output[0]
+        dom = _domain(node.domain)
+        below = cuda.get(name)
+        if below is not None and below.kind == "mixed":
+            gaps.append(below)  # invalid on every provider
+            continue
+        if dom != "":
+            reason = f"{node.domain} ops are not TensorRT's (ONNX Runtime runs them on CUDA)"
+            schema = None
+        else:
+            try:
+                schema = onnx.defs.get_schema(node.op_type, opsets.get(dom, 1), dom)
+            except Exception:
+                continue  # an unknown op is the checker's business
+            reason = _tensorrt_reason(node, types)
+        if not reason:
+            continue
+        if below is not None:  # not TensorRT's, and no CUDA kernel either
+            gaps.append(KernelGap(below.node, below.op, below.domain, below.since_version,
+                                  below.types, below.kind, reason, below.clashing))
+        else:
+            bound = _bind(schema, node, types)[0] if schema is not None else {}
+            gaps.append(KernelGap(name, node.op_type, dom,
+                                  schema.since_version if schema is not None else 0, bound,
+                                  "trt-fallback", reason))
+    return gaps
+
+
+def tensorrt_partitions(model: onnx.ModelProto, gaps: list[KernelGap]) -> int:
+    """How many TensorRT engines the graph splits into: connected groups of the top-level nodes
+    TensorRT takes (nodes joined by a value one produces and the other consumes)."""
+    away = {g.node for g in gaps}
+    parent: dict[int, int] = {}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    producer: dict[str, int] = {}
+    for i, node in enumerate(model.graph.node):
+        if (node.name or (node.output[0] if node.output else "")) in away:
+            continue
+        parent[i] = i
+        for v in node.output:
+            producer[v] = i
+        for v in node.input:
+            j = producer.get(v)
+            if j is not None:
+                parent[find(i)] = find(j)
+    return len({find(i) for i in parent})
+
+
 def kernel_gaps(model: onnx.ModelProto, target: str = "cpu") -> list[KernelGap] | None:
     """Every top-level node of ``model`` that ONNX Runtime cannot run as typed on ``target``
     (None when the installed onnxruntime has no kernel table for it)."""
+    if target == "tensorrt":
+        return _tensorrt_gaps(model)
     table = kernel_table(PROVIDERS.get(target, target))
     if table is None:
         return None
@@ -226,6 +334,11 @@ def kernel_gaps(model: onnx.ModelProto, target: str = "cpu") -> list[KernelGap] 
             continue
         kernels = table.get((dom, node.op_type))
         if kernels is None:
+            if cpu_table is not None and _has_kernel(cpu_table.get((dom, node.op_type)) or [],
+                                                     schema.since_version, bound):
+                gaps.append(KernelGap(name, node.op_type, dom, schema.since_version, bound,
+                                      "cpu-fallback", f"no {target} kernel for {node.op_type} "
+                                      "at all"))
             continue  # no kernel at all: a function op ONNX Runtime expands, or not ours to judge
         if _has_kernel(kernels, schema.since_version, bound):
             continue
@@ -375,9 +488,10 @@ def apply_policy(model: ir.Model, gaps: list[KernelGap], policy: str) -> FixRepo
     if policy == "keep":
         report.not_fixed = [(g, "dtype policy 'keep'") for g in gaps]
         return report
-    report.not_fixed = [(g, "ONNX Runtime runs it on the CPU") for g in gaps
-                        if g.kind == "cpu-fallback"]
-    gaps = [g for g in gaps if g.kind != "cpu-fallback"]
+    report.not_fixed = [(g, "ONNX Runtime runs it on the CPU" if g.kind == "cpu-fallback" else
+                         "ONNX Runtime runs it on CUDA, outside TensorRT") for g in gaps
+                        if g.kind in ("cpu-fallback", "trt-fallback")]
+    gaps = [g for g in gaps if g.kind not in ("cpu-fallback", "trt-fallback")]
     if policy == "upcast":
         report.not_fixed += [(g, "ONNX Runtime inserts casts itself") for g in gaps
                              if g.kind == "soft"]

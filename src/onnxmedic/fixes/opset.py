@@ -3,11 +3,17 @@
 The table is ONNX Runtime's own compatibility matrix (docs/reference/compatibility.md in
 microsoft/onnxruntime: "ONNX Runtime version | ONNX version | ONNX opset version | ONNX ML
 opset version | ONNX IR version"). Releases after the last row are given that row's figures,
-a lower bound: they load at least what it did.
+a lower bound: they load at least what it did. For the installed onnxruntime the figure is
+read from the runtime itself: the newest opset any of its ai.onnx kernels is registered for.
+
+The default export opset is the highest the target supports (:func:`choose_opset`): the lowest
+of what torch.onnx can export (``ONNX_MAX_OPSET``), what the ONNX Runtime release loads, and,
+for ``--target tensorrt``, the opset range of ONNX-TensorRT's support matrix.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 # ORT (major, minor) -> (max ai.onnx opset, max IR version)
@@ -31,6 +37,81 @@ def default_opset() -> int:
         return NATIVE_OPSET
 
 
+def exporter_max_opset() -> int:
+    """The highest opset torch.onnx exports at (23 in torch 2.13): its opset-18 translation is
+    converted up with the ONNX version converter."""
+    try:
+        from torch.onnx._constants import ONNX_MAX_OPSET
+
+        return int(ONNX_MAX_OPSET)
+    except Exception:
+        return default_opset()
+
+
+@functools.lru_cache(maxsize=1)
+def installed_max_opset() -> int | None:
+    """The newest ai.onnx opset the installed onnxruntime has a kernel for (None when it cannot
+    be asked)."""
+    try:
+        from onnxruntime.capi import _pybind_state as C
+
+        found = [k.version_range[0] for k in C.get_all_opkernel_def()
+                 if k.domain in ("", "ai.onnx")]
+    except Exception:
+        return None
+    return max(found) if found else None
+
+
+def installed_version() -> tuple[int, int] | None:
+    try:
+        import onnxruntime
+
+        return parse_version(onnxruntime.__version__)
+    except Exception:
+        return None
+
+
+def runtime_max_opset(version: tuple[int, int] | None) -> tuple[int, str] | None:
+    """(max opset, where that figure comes from) for a release, None before 1.0; ``None`` as the
+    version means the installed onnxruntime."""
+    here = installed_version()
+    if version is None or version == here:
+        found = installed_max_opset()
+        if found is not None:
+            name = ".".join(map(str, here)) if here else "installed"
+            return found, f"ONNX Runtime {name} (installed)"
+        if version is None:
+            version = here
+    if version is None:
+        return None
+    lim = limits(version)
+    if lim is None:
+        return None
+    return lim[0], f"ONNX Runtime {version[0]}.{version[1]}"
+
+
+def target_max_opset(target: str) -> tuple[int, str] | None:
+    """A target's own opset ceiling beyond ONNX Runtime's: TensorRT's parser's range."""
+    if target == "tensorrt":
+        from onnxmedic.fixes.dtypes import tensorrt_table
+
+        t = tensorrt_table()
+        return int(t["opset"][1]), f"TensorRT {t['tensorrt']}"
+    return None
+
+
+def choose_opset(target: str = "cpu", version: tuple[int, int] | None = None
+                 ) -> tuple[int, str]:
+    """The default export opset for ``target`` on ONNX Runtime ``version`` (None: the installed
+    one): the highest all of them support, and which of them sets it."""
+    bounds = [(exporter_max_opset(), "torch.onnx")]
+    for b in (runtime_max_opset(version), target_max_opset(target)):
+        if b is not None:
+            bounds.append(b)
+    best = min(b[0] for b in bounds)
+    return best, next(b[1] for b in bounds if b[0] == best)
+
+
 def parse_version(text: str) -> tuple[int, int] | None:
     m = re.fullmatch(r"\s*(\d+)\.(\d+)(?:\.\d+)?\s*", text or "")
     return (int(m.group(1)), int(m.group(2))) if m else None
@@ -44,10 +125,3 @@ def limits(version: tuple[int, int]) -> tuple[int, int] | None:
     if version > newest:
         return ORT_MATRIX[newest]
     return None
-
-
-def export_opset(version: tuple[int, int]) -> int:
-    """The opset to export at for that runtime: torch.onnx's default, or lower if the runtime
-    cannot load it."""
-    lim = limits(version)
-    return min(default_opset(), lim[0]) if lim else default_opset()
