@@ -27,6 +27,9 @@ def _die_with_parent() -> None:
         pass
 
 
+TF32_OFF = {"use_tf32": "0"}  # ONNX Runtime CUDA provider option
+
+
 def _phase(req_dir: str, text: str) -> None:
     with open(os.path.join(req_dir, "phase"), "w") as f:
         f.write(text)
@@ -168,6 +171,11 @@ def main(req_dir: str) -> int:
         if req.get("disable_optimizations"):
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         providers = req.get("providers") or ["CPUExecutionProvider"]
+        # verification compares with PyTorch, whose CUDA matmuls and convolutions are full
+        # float32 by default (torch.backends.cuda.matmul.allow_tf32 = False); ONNX Runtime's
+        # CUDA provider uses TF32 by default, 1e-4..1e-3 relative off (bench/gpu_check.py)
+        providers = [(p, dict(TF32_OFF)) if p == "CUDAExecutionProvider" else p
+                     for p in providers]
         sess = ort.InferenceSession(req["model"], opts, providers=providers)
     except MemoryError:
         result.update(status="oom", phase="load", error="MemoryError while loading")

@@ -268,6 +268,14 @@ def _runtime_stage(result: ExportResult, sbx: sandbox.SandboxResult, target: str
     fallback = sbx.provider_finding(_providers(target))
     if fallback is not None:
         result.findings.append(fallback)
+    if sbx.providers and sbx.providers[0] == "CUDAExecutionProvider":
+        result.findings.append(info(
+            "OM536", "runtime", "ran on ONNX Runtime's CUDA provider with use_tf32=0 (full "
+            "float32 MatMul/Gemm/Conv, as PyTorch computes by default). With the provider's "
+            "default TF32 math, float32 results differ from PyTorch by about 1e-4 to 1e-3 "
+            "relative.", suggestion="For PyTorch's float32 numbers in deployment, create the "
+            "session with providers=[('CUDAExecutionProvider', {'use_tf32': '0'})]; keep the "
+            "default for speed if that precision is enough."))
     return True
 
 
@@ -677,11 +685,18 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
             return
         if verify:
             decomposed = getattr(prog, "exported_program", None)
-            _run_and_compare(result, model, onnx_path, result.onnx_model, example,
-                             example_expected, timeout, tolerance, worker, target,
-                             localizer=(False, lambda: (decomposed or program,
-                                                        decomposed is not None))
-                             if localize else None, probe_branches=branch_probe)
+            stand_in_dir = Path(tempfile.mkdtemp(prefix=".onnxmedic-cpu-"))
+            try:
+                stand_in = _cpu_stand_in(result, onnx_path, stand_in_dir, target)
+                _run_and_compare(result, model, stand_in[0] if stand_in else onnx_path,
+                                 stand_in[1] if stand_in else result.onnx_model, example,
+                                 example_expected, timeout, tolerance, worker, target,
+                                 localizer=(False, lambda: (decomposed or program,
+                                                            decomposed is not None))
+                                 if localize and not stand_in else None,
+                                 probe_branches=branch_probe)
+            finally:
+                shutil.rmtree(stand_in_dir, ignore_errors=True)
             verified = result.stages["compare"] == PASSED
         else:
             verified = True  # verification not asked for: exported is all we can say
@@ -824,6 +839,48 @@ def _kernel_lint(proto: Any, target: str) -> list[Finding]:
     return (found + ([soft_kernel_finding(soft, "lint")] if soft else [])
             + ([cpu_fallback_finding(moved, target, "lint")] if moved else [])
             + ([trt_fallback_finding(off_trt, proto, "lint")] if off_trt else []))
+
+
+def _cpu_stand_in(result: ExportResult, onnx_path: Path, folder: Path,
+                  target: str) -> tuple[Path, Any] | None:
+    """For a GPU target on a machine without one: when the model has nodes with no CPU kernel as
+    typed (bfloat16 Gemm has a CUDA kernel, none on the CPU), ONNX Runtime falls back to the CPU
+    and cannot load it. Verify a copy with those nodes computed in float32 between casts instead
+    (OM537; the written model is unchanged). None when not needed or not possible."""
+    if target == "cpu":
+        return None
+    try:
+        import onnxruntime as ort
+
+        if "CUDAExecutionProvider" in ort.get_available_providers():
+            return None  # a GPU build: the target (or its CUDA fallback) runs it
+    except Exception:
+        return None
+    import onnx_ir as ir
+
+    from onnxmedic.fixes import dtypes as fx
+
+    gaps = [g for g in fx.kernel_gaps(result.onnx_model, "cpu") or [] if g.kind == "no-kernel"]
+    if not gaps:
+        return None
+    copy = ir.load(onnx_path)
+    report = fx.apply_policy(copy, gaps, "upcast")
+    if not report.fixed or report.not_fixed:
+        return None
+    path = folder / onnx_path.name
+    ir.save(copy, path, external_data=f"{onnx_path.name}.data"
+            if any(t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
+                   for t in result.onnx_model.graph.initializer) else None)
+    result.findings.append(warning(
+        "OM537", "runtime", f"{_providers(target)[0]} is not available here and "
+        f"{len(report.fixed)} node(s) have no CPU kernel as typed "
+        f"({', '.join(sorted({g.op for g in report.fixed}))}); verified a CPU stand-in with those "
+        "nodes computed in float32 between casts. The written model is unchanged (it has "
+        f"kernels on {target}) and was not run as written.",
+        suggestion=f"Verify on a machine with the {target} provider (onnxmedic doctor "
+        f"--target {target} there) before deploying.",
+        details={"nodes": [g.describe() for g in report.fixed]}))
+    return path, onnx.load(path)
 
 
 def _fix_dtypes(result: ExportResult, prog: Any, folder: Path, name: str, target: str,

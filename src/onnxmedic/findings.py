@@ -307,6 +307,18 @@ CODES: dict[str, CodeInfo] = {
         "Runtime or found no device; ONNX Runtime fell back to the CPU, so the model was "
         "verified on the CPU only.",
     ),
+    "OM536": CodeInfo(
+        "verified on CUDA with TF32 off", 0,
+        "The model ran on ONNX Runtime's CUDA provider with use_tf32=0, PyTorch's default "
+        "float32 precision; with the provider's default TF32 math its float32 results differ "
+        "from PyTorch's by about 1e-4 to 1e-3 relative.",
+    ),
+    "OM537": CodeInfo(
+        "verified a CPU stand-in of a GPU model", 0,
+        "The target's GPU provider is not available here and some nodes have no CPU kernel as "
+        "typed (e.g. bfloat16 Gemm); a copy with those nodes in float32 was verified instead. "
+        "The written model is unchanged and was not run as written.",
+    ),
     "OM540": CodeInfo(
         "reduced model written", 0,
         "`onnxmedic reduce` shrank the model to a smaller one that still fails the same way; "

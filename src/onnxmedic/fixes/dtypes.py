@@ -4,8 +4,8 @@ ONNX Runtime answers "Could not find an implementation for Gemm(13)" at load tim
 op/dtype pair it has no kernel for (bfloat16 Gemm on CPU is the common one), and it refuses
 nodes whose inputs bind one type variable to two types (int64 and float in one Add). This module
 finds every such node at once from ONNX Runtime's own kernel registrations
-(``onnxruntime.capi._pybind_state.get_all_opkernel_def``: the table of the installed build, not
-a copy of its documentation) and the ONNX schemas, and repairs them with casts:
+(``onnxruntime.capi._pybind_state.get_all_opkernel_def``, asked in a child process: the table
+of the installed build, not a copy of its documentation) and the ONNX schemas, and repairs them with casts:
 
 - ``upcast``: each offending node runs in float32 between casts (PyTorch's own rounding of every
   intermediate to the low dtype is kept, so results stay close to PyTorch);
@@ -87,27 +87,61 @@ KernelTable = dict[tuple[str, str], list[tuple[int, int, dict[str, set[str]]]]]
 _SHIPPED_TABLES = {"CUDAExecutionProvider": "cuda_kernels.json"}
 
 
+# Runs in a child process: onnxruntime-gpu's get_all_opkernel_def loads every provider library
+# it was built with, and segfaults (onnxruntime-gpu 1.31.1, seen on an H100 machine) when the
+# TensorRT provider's libnvinfer is missing -- the usual onnxruntime-gpu install without TensorRT.
+_QUERY = """
+import json, sys
+from onnxruntime.capi import _pybind_state as C
+json.dump([[k.provider, k.domain, k.op_name, list(k.version_range),
+            {c: sorted(v) for c, v in k.type_constraints.items()}]
+           for k in C.get_all_opkernel_def()], sys.stdout)
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def registered_kernels() -> list[tuple[str, str, str, tuple[int, int], dict[str, set[str]]]]:
+    """(provider, domain, op, (since lo, hi), {type var: types}) for every kernel the installed
+    onnxruntime registers, asked in a child process (see _QUERY); [] when the query is missing
+    or the child fails (logged)."""
+    import subprocess
+    import sys
+
+    try:
+        p = subprocess.run([sys.executable, "-c", _QUERY], capture_output=True, text=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as e:
+        logger.warning("could not ask onnxruntime for its kernels: %s", e)
+        return []
+    if p.returncode != 0:
+        import re
+
+        lines = [ln for ln in (re.sub(r"\x1b\[[0-9;]*m", "", ln).strip()
+                               for ln in (p.stderr or "").splitlines()) if ln]
+        how = (f"killed by signal {-p.returncode}" if p.returncode < 0
+               else f"exit {p.returncode}")
+        logger.warning("asking onnxruntime for its kernels failed (%s)%s; using the tables "
+                       "onnxmedic ships", how, f": {lines[-1][:300]}" if lines else "")
+        return []
+    try:
+        rows = json.loads(p.stdout)
+    except ValueError:
+        return []
+    return [(prov, dom, op, (int(rng[0]), int(rng[1])), {c: set(v) for c, v in cons.items()})
+            for prov, dom, op, rng, cons in rows]
+
+
 @functools.lru_cache(maxsize=4)
 def kernel_table(provider: str) -> KernelTable | None:
     """(domain, op) -> [(since lo, since hi, {type var: allowed types})] registered by the
     installed onnxruntime for ``provider``. When this build registers none for it (CUDA on a
     CPU-only onnxruntime), the table shipped in ``data/`` for that provider (see the module
     docstring); None when there is neither."""
-    try:
-        from onnxruntime.capi import _pybind_state as C
-
-        defs = C.get_all_opkernel_def()
-    except Exception as e:  # an onnxruntime without the query: no table of its own
-        logger.debug("no kernel registrations: %s", e)
-        defs = []
     table: KernelTable = {}
-    for k in defs:
-        if k.provider != provider:
+    for prov, domain, op, (lo, hi), cons in registered_kernels():
+        if prov != provider:
             continue
-        dom = _domain(k.domain)
-        lo, hi = k.version_range
-        table.setdefault((dom, k.op_name), []).append(
-            (lo, hi, {c: set(v) for c, v in k.type_constraints.items()}))
+        table.setdefault((_domain(domain), op), []).append((lo, hi, cons))
     return table or shipped_kernel_table(provider)
 
 

@@ -52,13 +52,9 @@ def exporter_max_opset() -> int:
 def installed_max_opset() -> int | None:
     """The newest ai.onnx opset the installed onnxruntime has a kernel for (None when it cannot
     be asked)."""
-    try:
-        from onnxruntime.capi import _pybind_state as C
+    from onnxmedic.fixes.dtypes import registered_kernels
 
-        found = [k.version_range[0] for k in C.get_all_opkernel_def()
-                 if k.domain in ("", "ai.onnx")]
-    except Exception:
-        return None
+    found = [rng[0] for _, dom, _, rng, _ in registered_kernels() if dom in ("", "ai.onnx")]
     return max(found) if found else None
 
 
