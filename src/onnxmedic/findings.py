@@ -232,9 +232,10 @@ CODES: dict[str, CodeInfo] = {
         "numbers, at a size other than the example's: an op baked the example's size in.",
     ),
     "OM403": CodeInfo(
-        "shape variant skipped", 0,
-        "PyTorch itself rejects the model at this size of a dynamic dimension, so it was not "
-        "checked there.",
+        "input variant skipped", 0,
+        "PyTorch itself rejects the model on a generated input variant (a size of a dynamic "
+        "dimension, or a branch probe after a specialised capture), so it was not checked "
+        "there.",
     ),
     "OM404": CodeInfo(
         "dynamic dims chosen automatically", 0,

@@ -401,8 +401,22 @@ def load_inputs(specs: list[str] | tuple[str, ...], *, seed: int = DEFAULT_SEED)
 def branch_probe_sets(inputs: Inputs) -> list[Inputs]:
     """Input sets meant to send data-dependent branches (``if x.sum() > 0``, ``if x.max() >
     t``) the other way: the float inputs negated, zeroed, and scaled by 100. Integer and bool
-    inputs are kept (they are often indices)."""
+    inputs are kept (they are often indices) -- except 0-d integer tensors, which are counts as
+    often (``for i in range(k.item())``, ``torch.split(x, k.item())``): a further set adds 1 to
+    each of them, so a loop count or size specialised to the example's value shows up."""
     out = []
+    scalars = [t for t in torch.utils._pytree.tree_leaves((inputs.args, inputs.kwargs))
+               if isinstance(t, torch.Tensor) and t.dim() == 0
+               and not t.dtype.is_floating_point and not t.dtype.is_complex
+               and t.dtype != torch.bool]
+    if scalars:
+        def plus_one(t: Any) -> Any:
+            return (t + 1 if isinstance(t, torch.Tensor) and t.dim() == 0
+                    and not t.dtype.is_floating_point and not t.dtype.is_complex
+                    and t.dtype != torch.bool else t)
+        out.append(Inputs(tuple(torch.utils._pytree.tree_map(plus_one, a) for a in inputs.args),
+                          {n: torch.utils._pytree.tree_map(plus_one, v)
+                           for n, v in inputs.kwargs.items()}, ["integer scalars +1"]))
     for label, fn in (("negated", lambda t: -t), ("zeros", torch.zeros_like),
                       ("scaled x100", lambda t: t * 100)):
         def vary(t: Any, fn: Any = fn) -> Any:

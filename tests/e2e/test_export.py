@@ -117,6 +117,45 @@ def test_data_dependent_branch_is_specialised_loudly_and_the_divergence_found():
     assert [f.code for f in r.errors] == ["OM601"]
 
 
+class _LoopOverCount(torch.nn.Module):
+    def forward(self, x, k):
+        return sum(x[i] for i in range(k.item()))  # loop count from a tensor value
+
+
+class _SplitByCount(torch.nn.Module):
+    def forward(self, x, k):
+        return torch.split(x, k.item())[0] * 2  # chunk size from a tensor value
+
+
+@pytest.mark.parametrize("model", [_LoopOverCount(), _SplitByCount()],
+                         ids=["range(k.item())", "split(x, k.item())"])
+def test_count_from_a_tensor_specialised_is_caught_by_the_integer_probe(model):
+    """torch.export gives up on these (GuardOnDataDependentSymNode); draft_export bakes the
+    example's count in. The 0-d integer input is probed at k+1: the divergence is reported."""
+    r = onnxmedic.export(model, (torch.randn(6), torch.tensor(2)))
+    assert "draft_export" in r.attempts[-1]["strategy"] and not r.ok
+    assert "OM114" in [f.code for f in r.findings]
+    bad = {c.input_set for c in r.verification if not c.ok}
+    assert bad == {"integer scalars +1"}
+    # wrong values (the loop) or a wrong shape (the split: 2 elements where k+1 gives 3)
+    assert [f.code for f in r.errors] in (["OM601"], ["OM602"])
+
+
+def test_branch_probe_pytorch_rejects_is_skipped_not_fatal():
+    class IndexByK(torch.nn.Module):
+        def forward(self, x, k):
+            y = x.index_select(0, k.reshape(1))
+            if x.sum() > 0:
+                return y * 2
+            return y
+
+    r = onnxmedic.export(IndexByK(), (torch.ones(3), torch.tensor(2)))  # k+1 = 3: out of range
+    skipped = [f for f in r.findings if f.code == "OM403"]
+    assert skipped and "integer scalars +1" in skipped[0].message
+    assert {"negated", "zeros"} <= {c.input_set for c in r.verification}
+    assert {c.input_set for c in r.verification if not c.ok} == {"negated"}
+
+
 def test_branch_specialisation_that_holds_everywhere_verifies():
     class AlwaysTrue(torch.nn.Module):
         def forward(self, x):
@@ -413,3 +452,45 @@ def test_custom_op_made_of_torch_ops_is_inlined(registry_snapshot):
     (err,) = r.errors
     assert err.code == "OM201" and err.op == "omtest.opaque.default"
     assert "could not be inlined" in err.message
+
+
+def _item_cat(x, n):
+    return torch.cat([torch.zeros(n), x]) * 2
+
+
+def _item_narrow(x, n):
+    return x.narrow(0, 0, n) * 2
+
+
+def _item_pad(x, n):
+    return torch.nn.functional.pad(x, (0, n))
+
+
+def _item_slice_max(x, n):
+    return x[: max(n, 1)] * 2
+
+
+def _item_reshape(x, n):
+    return x.reshape(n, -1).softmax(-1)
+
+
+@pytest.mark.parametrize("fn", [_item_cat, _item_narrow, _item_pad, _item_slice_max,
+                                _item_reshape], ids=lambda f: f.__name__[6:])
+def test_item_driven_shapes_stay_data_dependent(tmp_path, fn):
+    """Sizes from ``k.item()`` are captured as unbacked symbols by torch 2.13 (no specialisation,
+    no torch._check needed): the ONNX model computes the right shape for another k too."""
+    import onnxruntime as ort
+
+    class M(torch.nn.Module):
+        def forward(self, x, k):
+            return fn(x, k.item())
+
+    out = tmp_path / "m.onnx"
+    r = onnxmedic.export(M(), (torch.randn(6), torch.tensor(2)), out)
+    assert r.ok and "draft_export" not in r.attempts[-1]["strategy"]
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    for k in (2, 3):
+        x = torch.randn(6)
+        (got,) = sess.run(None, dict(zip(names, (x.numpy(), torch.tensor(k).numpy()))))
+        torch.testing.assert_close(torch.from_numpy(got), M()(x, torch.tensor(k)))
