@@ -223,13 +223,15 @@ def _gauss_jordan(A, B, n: int, m: int, r: int, same_batch: bool, panel: int = _
             c = op.Gather(Qp, ints([j]), axis=-2)  # [..., 1, n]: column j of the panel
             p = op.ArgMax(op.Abs(c), axis=-1, keepdims=1)  # [..., 1, 1]
             piv = op.GatherElements(c, p, axis=-1)
+            ps.append(p)
+            pivs.append(piv)
+            if b == 1:  # a 1-column panel: its L and U are just the pivot
+                break
             l = op.Div(c, piv)  # multipliers; exactly 1 at the pivot row
             u = op.GatherElements(Qp, op.Expand(p, col_shape), axis=-1)  # [..., b, 1]: U row
             if j < b - 1:
                 Qp = op.Sub(Qp, op.Mul(u, l))
             ls.append(l)
-            ps.append(p)
-            pivs.append(piv)
             us.append(u)
         all_p += ps
         all_piv += pivs
