@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -36,13 +37,16 @@ def _median_time(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def measure(case: Case, repeat: int = 50, threads: int = 1) -> dict[str, Any]:
+    """threads=0 keeps both libraries' own defaults (ORT's and PyTorch's intra-op pools)."""
     import onnxruntime as ort
 
     name, fn, args = case
-    torch.set_num_threads(threads)
+    if threads > 0:
+        torch.set_num_threads(threads)
     model, tensors = export_call(fn, args)
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
+    if threads > 0:
+        opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), opts,
                                 providers=["CPUExecutionProvider"])
@@ -57,9 +61,14 @@ def measure(case: Case, repeat: int = 50, threads: int = 1) -> dict[str, Any]:
 def main(cases: list[Case], title: str) -> None:
     p = argparse.ArgumentParser(description=title)
     p.add_argument("--repeat", type=int, default=50)
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads for both ORT and PyTorch; 0 = each library's default")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--only", metavar="REGEX", default=None,
+                   help="run only the cases whose name matches REGEX (re.search)")
     a = p.parse_args()
+    if a.only:
+        cases = [c for c in cases if re.search(a.only, c[0])]
     rows = []
     for case in cases:
         try:
@@ -72,7 +81,8 @@ def main(cases: list[Case], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"{title} (threads={a.threads}, median of {a.repeat})")
+    threads = a.threads if a.threads > 0 else f"default ({torch.get_num_threads()})"
+    t = Table(title=f"{title} (threads={threads}, median of {a.repeat})")
     for col in ("case", "eager µs", "ORT µs", "ORT/eager", "ONNX nodes"):
         t.add_column(col, justify="left" if col == "case" else "right")
     for r in rows:

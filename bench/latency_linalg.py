@@ -1,6 +1,6 @@
 """Latency of onnxmedic's linear-algebra translations in ONNX Runtime vs PyTorch eager (CPU).
 
-Run: PYTHONPATH=src python bench/latency_linalg.py [--threads 1] [--repeat 50]
+Run: PYTHONPATH=src python bench/latency_linalg.py [--threads 1] [--repeat 50] [--only REGEX]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _spd(b: int, n: int) -> torch.Tensor:
 def cases():
     torch.manual_seed(0)
     out = []
-    for n in (4, 16, 64):
+    for n in (4, 16, 32, 64):
         a = torch.randn(8, n, n)
         b = torch.randn(8, n, 4)
         out.append((f"inv 8x{n}x{n}", torch.linalg.inv, (a,)))

@@ -411,3 +411,112 @@ def test_empty_batch_and_empty_matrices(fn, shape):
     """OpInfo's empty samples: a 0-size batch or a 0 x 0 matrix gives empty outputs."""
     res = check_call(fn, (torch.randn(shape),))
     assert res.ok, res.error
+
+
+# ------------------------------------------------------------------ blocked Gauss-Jordan
+
+# inv / solve eliminate in panels of linalg._GJ_PANEL (16) columns; these sizes give several
+# panels, 40 and 33 not a multiple of the panel width (16 + 16 + 8, 16 + 16 + 1).
+_PANELS = {40: 3, 48: 3, 33: 3}
+
+
+def _export_run(fn, args):
+    from onnxmedic.ops.testing import export_call, run_onnx
+
+    model, tensors = export_call(fn, args)
+    return model, run_onnx(model, tensors)
+
+
+def _n_panels(model) -> int:
+    """Panels the exported Gauss-Jordan ran: each one scatters its new pivot rows into the rest
+    of the matrix once, and all but the last one mark their pivot rows as used."""
+    scatters = sum(node.op_type == "ScatterElements" for node in model.graph.node)
+    return (scatters + 1) // 2
+
+
+@pytest.mark.parametrize("n", list(_PANELS))
+def test_blocked_inverse_matches_pytorch(n):
+    from onnxmedic.ops.linalg import _GJ_PANEL
+
+    assert 2 * _GJ_PANEL < n <= 3 * _GJ_PANEL
+    a = _rand(2, 3, n, n, dtype=torch.float64, seed=n)
+    model, (x,) = _export_run(torch.linalg.inv, (a,))
+    assert _n_panels(model) == _PANELS[n]
+    torch.testing.assert_close(torch.from_numpy(x), torch.linalg.inv(a), rtol=1e-9, atol=1e-10)
+
+
+def test_blocked_inverse_float32_needs_pivoting():
+    """Pivoting matters: tiny diagonal entries (eliminating in diagonal order would divide by
+    them and lose every float32 digit), a row permutation of that matrix, a scaled copy; the
+    error stays at PyTorch's own float32 level."""
+    n = 40
+    a = _rand(n, n, dtype=torch.float64, seed=7)
+    a.diagonal().mul_(1e-8)
+    perm = torch.randperm(n, generator=_gen(3))
+    batch = torch.stack([a, a[perm], a * 1e12]).to(torch.float32)
+    model, (x,) = _export_run(torch.linalg.inv, (batch,))
+    assert _n_panels(model) == 3
+    expected = torch.linalg.inv(batch.double())
+    rel = (torch.from_numpy(x).double() - expected).abs().amax((-2, -1)) / expected.abs().amax(
+        (-2, -1))
+    ref = (torch.linalg.inv(batch).double() - expected).abs().amax((-2, -1)) / expected.abs().amax(
+        (-2, -1))
+    assert (rel < 10 * ref + 1e-5).all(), (rel, ref)
+
+
+def test_blocked_near_singular():
+    """cond ~ 1e9 in float64: both eliminations agree to ~cond * eps, like any two stable ones."""
+    n = 40
+    q1, _ = torch.linalg.qr(_rand(n, n, dtype=torch.float64, seed=1))
+    q2, _ = torch.linalg.qr(_rand(n, n, dtype=torch.float64, seed=2))
+    a = q1 @ torch.diag(torch.logspace(0, -9, n, dtype=torch.float64)) @ q2
+    b = _rand(n, 3, dtype=torch.float64, seed=3)
+    _, (x,) = _export_run(torch.linalg.solve, (a, b))
+    expected = torch.linalg.solve(a, b)
+    err = (torch.from_numpy(x) - expected).abs().max() / expected.abs().max()
+    assert err < 1e-5, err
+    # backward stable: the residual is at rounding level relative to |A| |x| (x is ~1e8 here)
+    residual = (a @ torch.from_numpy(x) - b).abs().max()
+    assert residual < n * 1e-15 * expected.abs().max(), residual
+
+
+def _zero_column(a, k):
+    a = a.clone()
+    a[..., :, k] = 0
+    return a
+
+
+@pytest.mark.parametrize("op", ["inv_ex", "solve_ex"])
+def test_blocked_singular_info(op):
+    """The first zero pivot in the first, a middle and the last panel, and the zero matrix:
+    info is getrf's (1-based step of the first zero pivot); non-singular entries still solve."""
+    n = 40
+    a = _rand(n, n, dtype=torch.float64, seed=5)
+    batch = torch.stack([a, _zero_column(a, 3), _zero_column(a, 20), _zero_column(a, n - 1),
+                         torch.zeros(n, n, dtype=torch.float64)])
+    b = _rand(5, n, 2, dtype=torch.float64, seed=6)
+    if op == "inv_ex":
+        fn, args, ref = (lambda x: torch.linalg.inv_ex(x)), (batch,), torch.linalg.inv_ex(batch)
+    else:
+        fn, args, ref = (lambda x, y: torch.linalg.solve_ex(x, y)), (batch, b), \
+            torch.linalg.solve_ex(batch, b)
+    model, (x, info) = _export_run(fn, args)
+    assert _n_panels(model) == 3
+    assert ref.info.tolist() == [0, 4, 21, 40, 1]
+    assert info.tolist() == ref.info.tolist()
+    torch.testing.assert_close(torch.from_numpy(x[0]), ref[0][0], rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("a_shape,b_shape,kwargs", [
+    ((40, 40), (2, 3, 40, 4), {}),  # A broadcast over B's batch
+    ((2, 1, 40, 40), (3, 40, 2), {}),  # both broadcast: batch [2, 3]
+    ((3, 40, 40), (3, 40), {}),  # batch of vectors
+    ((2, 1, 40, 40), (3, 5, 40), {"left": False}),
+], ids=["A_broadcast", "both_broadcast", "vectors", "right"])
+def test_blocked_solve_batch_broadcasting(a_shape, b_shape, kwargs):
+    a = _rand(*a_shape, dtype=torch.float64, seed=8)
+    b = _rand(*b_shape, dtype=torch.float64, seed=9)
+    model, (x,) = _export_run(lambda a, b: torch.linalg.solve(a, b, **kwargs), (a, b))
+    assert _n_panels(model) == 3
+    torch.testing.assert_close(torch.from_numpy(x), torch.linalg.solve(a, b, **kwargs),
+                               rtol=1e-9, atol=1e-10)

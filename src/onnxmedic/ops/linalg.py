@@ -6,9 +6,11 @@ vectorised over the batch: each unrolled step is a handful of whole-tensor ops o
 
 Algorithms (standard ONNX ops only, opset 18):
 
-* inv / solve: Gauss-Jordan elimination with partial pivoting. Rows are *selected* (the pivot is
-  the largest |entry| among rows not used yet, exactly the row LAPACK's getrf picks) instead of
-  swapped; the result rows are permuted once at the end with a permutation matrix.
+* inv / solve: Gauss-Jordan elimination with partial pivoting, blocked by 16-column panels (the
+  pivot search and the eliminations run on one panel; the rest of [A | B] is updated once per
+  panel with MatMuls). Rows are *selected* (the pivot is the largest |entry| among rows not used
+  yet, exactly the row LAPACK's getrf picks) instead of swapped; the result rows are gathered
+  in pivot order once at the end.
 * slogdet / det / lu_factor / lu / lu_solve: LU with partial pivoting and real row swaps
   (LAPACK ``getrf`` semantics: 1-based int32 pivots, first zero pivot reported in ``info``).
 * cholesky (+ solve / inverse): right-looking Cholesky; triangular solves by substitution.
@@ -155,44 +157,108 @@ def _empty_like_dtype(like):
 # ----------------------------------------------------------------------------- Gauss-Jordan
 
 
-def _gauss_jordan(A, B, n: int, m: int, same_batch: bool = False):
-    """Solve A X = B for square [..., n, n] A and [..., n, m] B (broadcast batch dims).
+def _unit_triangular_inverse(N, b: int, like):
+    """(I + N)^-1 for strictly triangular [..., b, b] N (nilpotent: N^b = 0), as
+    (I - N)(I + N^2)(I + N^4)...: 2 log2(b) small MatMuls instead of b substitution steps."""
+    eye = _eye(b, like)
+    inv = op.Sub(eye, N)
+    power, reach = N, 2  # inv covers the powers N^0 .. N^(reach - 1)
+    while reach < b:
+        power = op.MatMul(power, power)
+        inv = op.MatMul(inv, op.Add(eye, power))
+        reach *= 2
+    return inv
 
-    Returns (X, pivots [..., n] as the list of pivot values, 1-based info int32).
+
+# Panel width of the blocked Gauss-Jordan: wide enough that the rest of the matrix is touched
+# by few MatMuls, narrow enough that the per-column steps stay on small tensors (measured with
+# bench/latency_linalg.py: 16 beat 8, 12 and 32 at n = 32 and 64).
+_GJ_PANEL = 16
+
+
+def _gauss_jordan(A, B, n: int, m: int, r: int, same_batch: bool, panel: int = _GJ_PANEL):
+    """Solve A X = B for square [..., n, n] A and [..., n, m] B (broadcast batch dims; r is the
+    rank of the result). Returns (X, 1-based info int32).
+
     Pivot choice = LAPACK partial pivoting (largest |entry| among rows not yet used; first on
     ties). A singular matrix divides by a zero pivot (inf/nan results, as LAPACK's getri would
     refuse); ``info`` is the 1-based step of the first zero pivot, like getrf's.
+
+    Gauss-Jordan elimination blocked by ``panel`` columns (one panel when n <= panel).
+
+    Works on Q = [A | B]^T (rows of Q are columns of [A | B]; ONNX Runtime broadcasts much
+    faster along the last axis). For each panel of b columns:
+
+    * LU with the same partial pivoting on the panel alone (rows already chosen as pivots are
+      zeroed, so the pivot search is a plain ArgMax of |column|; each step zeroes its pivot row
+      exactly, because its multiplier is piv / piv = 1). This gives the panel's pivot rows p_k,
+      the pivot block P_pi = L U (b x b) and nothing else: what Gauss-Jordan does to the panel
+      is not needed later.
+    * Gauss-Jordan's b steps act on the columns right of the panel (R) as one block: the new
+      pivot rows are Y = P_pi^-1 R_pi = U^-1 L^-1 R_pi (both triangular inverses from
+      :func:`_unit_triangular_inverse`), every other row r becomes R_r - P_r Y.
+
+    Rows are selected, never swapped; the solution is gathered in pivot order at the end.
     """
-    rng_r = _i64_const(np.arange(n).reshape(1, n))
-    rng_c = _i64_const(np.arange(n).reshape(n, 1))
-    neg1 = const(-1.0, A)
     zero = const(0.0, A)
     A, B = _broadcast_batch(A, B, same_batch)
-    M = op.Concat(A, B, axis=-1)  # [..., n, n + m]; one column is retired per step
+    Q = op.Concat(_mT(A, r), _mT(B, r), axis=-2)  # [..., n + m, n]
+    batch = _batch_shape(Q)
+
+    def shape(*dims):
+        return op.Concat(batch, ints(list(dims)), axis=0)
+
+    avail = None  # [..., 1, n]: 0 for rows already used as pivots, else 1
+    all_p, all_piv = [], []
     width = n + m
-    used = _bool_const(np.zeros((n, 1), dtype=bool))
-    onehots = []
-    pivots = []
-    for _ in range(n):
-        col, rest = _split_last(M, 1)  # [..., n, 1]
-        width -= 1
-        score = op.Where(used, neg1, op.Abs(col))
-        p = op.ArgMax(score, axis=-2, keepdims=1)  # [..., 1, 1]
-        ohc_b = op.Equal(rng_c, p)  # [..., n, 1]
-        ohr = op.CastLike(op.Equal(rng_r, p), M)  # [..., 1, n]
-        row = op.MatMul(ohr, M)  # [..., 1, w]: the pivot row
-        piv, rowrest = _split_last(row, 1)  # [..., 1, 1]
-        pivots.append(piv)
-        rown = op.Div(rowrest, piv)
-        f = op.Sub(col, op.CastLike(ohc_b, M))  # the pivot row ends up as rown
-        M = op.Sub(rest, op.Mul(f, rown))
-        used = op.Or(used, ohc_b)
-        onehots.append(ohr)
-    perm = op.Concat(*onehots, axis=-2) if n > 1 else onehots[0]  # perm[k, p_k] = 1
-    X = op.MatMul(perm, M)
-    piv_all = op.Concat(*pivots, axis=-1) if n > 1 else pivots[0]  # [..., 1, n]
+    for start in range(0, n, panel):
+        b = min(panel, n - start)
+        width -= b
+        Qp0 = op.Slice(Q, ints([0]), ints([b]), ints([-2]))  # the panel [..., b, n]
+        Q = op.Slice(Q, ints([b]), ints([2**62]), ints([-2]))  # the rest [..., width, n]
+        Qp = Qp0 if avail is None else op.Mul(Qp0, avail)
+        col_shape = shape(b, 1)
+        ls, ps, pivs, us = [], [], [], []
+        for j in range(b):
+            c = op.Gather(Qp, ints([j]), axis=-2)  # [..., 1, n]: column j of the panel
+            p = op.ArgMax(op.Abs(c), axis=-1, keepdims=1)  # [..., 1, 1]
+            piv = op.GatherElements(c, p, axis=-1)
+            ps.append(p)
+            pivs.append(piv)
+            if b == 1:  # a 1-column panel: its L and U are just the pivot
+                break
+            l = op.Div(c, piv)  # multipliers; exactly 1 at the pivot row
+            u = op.GatherElements(Qp, op.Expand(p, col_shape), axis=-1)  # [..., b, 1]: U row
+            if j < b - 1:
+                Qp = op.Sub(Qp, op.Mul(u, l))
+            ls.append(l)
+            us.append(u)
+        all_p += ps
+        all_piv += pivs
+        idx = op.Concat(*ps, axis=-1) if b > 1 else ps[0]  # [..., 1, b]
+        piv_row = op.Concat(*pivs, axis=-1) if b > 1 else pivs[0]  # [..., 1, b]
+        Ridx = op.Expand(idx, shape(width, b))
+        Z = op.GatherElements(Q, Ridx, axis=-1)  # R_pi^T [..., width, b]
+        if b > 1:
+            Lt = op.Concat(*ls, axis=-2)  # [..., b, n]: Lt[i, row] = step i's multiplier
+            LpiT = op.GatherElements(Lt, op.Expand(idx, shape(b, b)), axis=-1)  # L_pi^T
+            Z = op.MatMul(Z, _unit_triangular_inverse(op.Sub(LpiT, _eye(b, A)), b, A))
+        Z = op.Div(Z, piv_row)
+        if b > 1:
+            UT = op.Concat(*us, axis=-1)  # [..., b, b]: U_pi^T
+            Nl = op.Mul(op.Div(UT, piv_row), _np_const(np.tril(np.ones((b, b)), -1), A))
+            Z = op.MatMul(Z, _unit_triangular_inverse(Nl, b, A))  # Y^T [..., width, b]
+        Q = op.ScatterElements(op.Sub(Q, op.MatMul(Z, Qp0)), Ridx, Z, axis=-1)
+        if start + b < n:
+            avail = op.ScatterElements(
+                avail if avail is not None else op.Expand(const(1.0, A), shape(1, n)),
+                idx, op.Expand(zero, shape(1, b)), axis=-1)
+    # Q is B^T eliminated, its columns in original row order: column p_k is row k of X
+    idx = op.Concat(*all_p, axis=-1) if n > 1 else all_p[0]  # [..., 1, n]
+    XT = op.GatherElements(Q, op.Expand(idx, shape(m, n)), axis=-1)
+    piv_all = op.Concat(*all_piv, axis=-1) if n > 1 else all_piv[0]  # [..., 1, n]
     info = _first_true_1based(op.Squeeze(op.Equal(piv_all, zero), ints([-2])), n)
-    return X, info
+    return _mT(XT, r), info
 
 
 def _empty_batch(*xs) -> bool:
@@ -206,7 +272,7 @@ def _inverse(A, opname: str):
     if n == 0 or _empty_batch(A):
         return A, _zeros_i32(_batch_shape(A))
     eye = op.Expand(_eye(n, A), op.Concat(_batch_shape(A), ints([n, n]), axis=0))
-    return _gauss_jordan(A, eye, n, n, same_batch=True)
+    return _gauss_jordan(A, eye, n, n, _rank(A), same_batch=True)
 
 
 @translation(aten.linalg_inv.default, static_shapes=True)
@@ -252,7 +318,7 @@ def _solve(A, B, left: bool, opname: str):
     if n == 0 or (empty and same):
         X, info = B, None
     else:
-        X, info = _gauss_jordan(A, B, n, nrhs, same_batch=same)
+        X, info = _gauss_jordan(A, B, n, nrhs, max(ra, rb), same_batch=same)
     if not left and not vector:
         X = _mT(X, max(ra, rb))
     if vector:
