@@ -1,5 +1,6 @@
-"""Indexing ops torchlib lacks or gets wrong: masked_select, index_reduce, put, nonzero (0-d),
-bincount (weights), histc (range from the data), unique (NaN).
+"""Indexing ops torchlib lacks or gets wrong: masked_select, index_reduce, put, take, nonzero
+(0-d), bincount (weights), histc (range from the data), unique (NaN), unique_consecutive,
+combinations (which torch.export cannot capture without the decomposition registered here).
 
 Data-dependent output sizes (masked_select, nonzero, unique) use ONNX's own dynamic-size ops
 (Compress, NonZero). Scatter-style ops use ScatterElements with its ``reduction`` attribute
@@ -9,8 +10,10 @@ restored with a separate mask, as PyTorch propagates NaN in ``amax``/``amin``.
 
 from __future__ import annotations
 
+import itertools
 import math
 
+import numpy as np
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
@@ -133,6 +136,66 @@ def aten_put(self, index, source, accumulate: bool = False):
     return op.Reshape(out, op.Shape(self))
 
 
+@translation(aten.take.default)
+def aten_take(self, index):
+    """take(Tensor self, Tensor index) -> Tensor
+
+    self viewed as 1-D, gathered at ``index`` (negative indices count from the end, as in ONNX
+    Gather). torchlib has no take, and the decomposition torch.onnx falls back to
+    (``self.reshape(-1)[index]``) reads a 0-d index as a Python int, which fails to trace
+    (GuardOnDataDependentSymNode)."""
+    return op.Gather(_flat(self), index, axis=0)
+
+
+def _scatter_reduce(self, dim: int, index, src, reduce: str):
+    if reduce not in ("add", "multiply"):
+        raise ValueError(f"scatter: reduce must be 'add' or 'multiply' (got {reduce!r})")
+    rank = _rank(self)
+    if rank == 0:  # ScatterElements needs rank >= 1; 0-d index and src come with a 0-d self
+        _axis(dim, 0)
+        out = op.ScatterElements(op.Reshape(self, ints([1])), op.Reshape(index, ints([1])),
+                                 op.Reshape(src, ints([1])), axis=0,
+                                 reduction="add" if reduce == "add" else "mul")
+        return op.Reshape(out, ints([]))
+    axis = _axis(dim, rank)
+    return op.ScatterElements(self, index, src, axis=axis,
+                              reduction="add" if reduce == "add" else "mul")
+
+
+@translation(aten.scatter.reduce)
+def aten_scatter_reduce_legacy(self, dim: int, index, src, *, reduce: str):
+    """scatter.reduce(Tensor self, int dim, Tensor index, Tensor src, *, str reduce) -> Tensor
+
+    ScatterElements with reduction add/mul. PyTorch reads src only where index reaches (src
+    may be larger in any dim), so src is cut to index's shape first."""
+    if _rank(src) > 0:
+        src = op.Slice(src, ints([0] * _rank(src)), op.Shape(index),
+                       ints(list(range(_rank(src)))))
+    return _scatter_reduce(self, dim, index, src, reduce)
+
+
+@translation(aten.scatter.value_reduce)
+def aten_scatter_value_reduce(self, dim: int, index, value, *, reduce: str):
+    """scatter.value_reduce(Tensor self, int dim, Tensor index, Scalar value, *, str reduce) -> Tensor"""
+    src = op.Expand(const(value, self), op.Shape(index))
+    return _scatter_reduce(self, dim, index, src, reduce)
+
+
+@translation(aten.nonzero_static.default)
+def aten_nonzero_static(self, *, size: int, fill_value: int = -1):
+    """nonzero_static(Tensor self, *, SymInt size, int fill_value=-1) -> Tensor
+
+    The first ``size`` rows of nonzero(self), padded with ``fill_value`` rows: (size, rank)."""
+    if not isinstance(size, int):
+        raise ValueError("nonzero_static: size must be known at export time")
+    rank = _rank(self)
+    if rank == 0:  # (size, 0): no coordinates to fill
+        return op.ConstantOfShape(ints([size, 0]), value=ir.tensor([0], dtype=_I64))
+    nz = op.Transpose(op.NonZero(self), perm=[1, 0])
+    pad = op.ConstantOfShape(ints([size, rank]), value=ir.tensor([fill_value], dtype=_I64))
+    return op.Slice(op.Concat(nz, pad, axis=0), ints([0]), ints([size]), ints([0]))
+
+
 @translation(aten.bincount.default)
 def aten_bincount(self, weights=None, minlength: int = 0):
     """bincount(Tensor self, Tensor? weights=None, SymInt minlength=0) -> Tensor
@@ -222,6 +285,59 @@ def aten_triu_indices(row: int, col: int, offset: int = 0, *, dtype=4, layout=No
     A constant (all arguments are export-time integers); torchlib's fails to export when the
     result is empty (e.g. offset >= col)."""
     return _tri_indices(torch.triu_indices, row, col, offset, dtype)
+
+
+def _combinations_static(self, r: int = 2, with_replacement: bool = False):
+    """aten::combinations for a 1-D input of export-time length: one gather by a constant index
+    table (itertools' order, which is PyTorch's: lexicographic over ascending positions)."""
+    n = self.shape[0] if self.dim() == 1 else None
+    if not isinstance(n, int) or r < 0:
+        # a symbolic length (or an input PyTorch rejects): PyTorch's own composite
+        return torch.ops.aten.combinations.default._op_dk(
+            torch._C.DispatchKey.CompositeImplicitAutograd, self, r, with_replacement)
+    if r == 0:
+        return self.new_empty((0,))
+    pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    table = list(pick(range(n), r))
+    index = torch.tensor(table, dtype=torch.long, device=self.device).reshape(len(table) * r)
+    return torch.index_select(self, 0, index).reshape(len(table), r)
+
+
+def _register_combinations_decomposition() -> None:
+    """Make aten::combinations capturable by torch.export.
+
+    PyTorch's composite masks a meshgrid once per output column (masked_select): each call
+    makes a new data-dependent size, only the first of which reaches the output, and
+    torch.export gives up (PendingUnbackedSymbolNotFound) - for every input, not only 0-d ones.
+    The output size C(n, r) is known from the static length, so a Python kernel for the
+    CompositeImplicitAutograd key (consulted only under the Python dispatcher, i.e. while
+    tracing; eager calls keep PyTorch's kernel) gathers by a constant index table instead."""
+    target = torch.ops.aten.combinations.default
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    if key not in target.py_kernels:
+        target.py_impl(key)(_combinations_static)
+
+
+_register_combinations_decomposition()
+
+
+@translation(aten.combinations.default, static_shapes=True)
+def aten_combinations(self, r: int = 2, with_replacement: bool = False):
+    """combinations(Tensor self, int r=2, bool with_replacement=False) -> Tensor
+
+    A Gather by a constant index table: the length must be known at export time (the output
+    size C(n, r) depends on it). Kept whole by torch.onnx: its decomposition (ours, above)
+    builds the table as a tensor constant, which torch.onnx's re-trace cannot lift."""
+    n = self.shape[0] if _rank(self) == 1 else None
+    if not isinstance(n, int):
+        raise ValueError("combinations: the input must be 1-D with a length known at export time")
+    if r < 0:
+        raise ValueError(f"combinations: r must be non-negative (got {r})")
+    if r == 0:
+        return op.Slice(self, ints([0]), ints([0]), ints([0]))
+    pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    table = np.array(list(pick(range(n), r)), dtype=np.int64).reshape(-1, r)
+    return op.Gather(self, op.Constant(value=ir.tensor(table)), axis=0)
 
 
 def _run_starts(seq, n):
