@@ -101,6 +101,16 @@ def _int_searchsorted_edges(dtype):
     return [((seq, torch.tensor([[0, 3], [7, 8]], dtype=dtype)), {"right": True})]
 
 
+def _bucketize_edges(dtype):
+    b = torch.tensor([-inf, -1.0, 0.0, 0.0, 2.5, 2.5, 7.0, inf], dtype=dtype)  # ties
+    v = torch.tensor([[nan, 2.5, 5.0, inf, -0.0, 0.0], [-inf, 0.0, -2.0, 2.5, 7.0, 8.0]],
+                     dtype=dtype)
+    return [((v, b), {}), ((v, b), {"right": True, "out_int32": True}),
+            ((torch.tensor(2.5, dtype=dtype), b), {"right": True}),  # 0-d
+            ((v[:, :0], b), {}), ((v, b[:0]), {}),  # empty input, empty boundaries
+            ((torch.tensor([1.0, nan, 3.0], dtype=dtype), v[0]), {})]  # NaN boundary
+
+
 def _quantile_edges(dtype):
     x = _mix(dtype)  # a row with NaN, an all-NaN row, +-inf, ties
     qs = torch.tensor([0.0, 0.25, 0.5, 0.61, 1.0], dtype=dtype)
@@ -131,6 +141,10 @@ ENTRIES = [
     OpEntry("searchsorted", edge=_searchsorted_edges, max_samples=4),
     OpEntry("searchsorted", fn=torch.searchsorted, dtypes=(torch.int64,), use_opinfo=False,
             edge=_int_searchsorted_edges),
+    OpEntry("bucketize", edge=_bucketize_edges, max_samples=4),
+    OpEntry("bucketize.scalar", fn=torch.bucketize, use_opinfo=False,
+            edge=lambda d: [((2.5, torch.tensor([0.0, 2.5, 2.5, 3.0], dtype=d)), {"right": r})
+                            for r in (False, True)]),
     OpEntry("quantile", tolerance=F32, edge=_quantile_edges, max_samples=3),
     OpEntry("nanquantile", tolerance=F32, edge=_quantile_edges, max_samples=3),
 ]

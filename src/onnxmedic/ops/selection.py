@@ -1,5 +1,5 @@
 """Selection and sorting ops torchlib lacks or gets wrong: stable sort/argsort, median, nanmedian,
-kthvalue, mode, searchsorted.
+kthvalue, mode, searchsorted, bucketize, quantile.
 
 Sorting is built on ONNX TopK, whose spec makes it stable ("given two equivalent values, the
 element with the lower index appears first"); NaN, which TopK does not order, is handled by a
@@ -346,6 +346,24 @@ def aten_searchsorted_scalar(sorted_sequence, self, *, out_int32: bool = False,
     if is_float(sorted_sequence) or not isinstance(self, float):
         v = op.CastLike(v, sorted_sequence)
     return _searchsorted(sorted_sequence, v, out_int32, right, side, sorter)
+
+
+@translation(aten.bucketize.Tensor)
+def aten_bucketize_tensor(self, boundaries, *, out_int32: bool = False, right: bool = False):
+    """bucketize.Tensor(Tensor self, Tensor boundaries, *, bool out_int32=False, bool right=False) -> Tensor
+
+    searchsorted(boundaries, self) with the same ``right``, as PyTorch computes it. torchlib
+    has no bucketize, and torch.onnx's fallback decomposition reads a 0-d input as a Python
+    number (GuardOnDataDependentSymNode)."""
+    if _rank(boundaries) != 1:
+        raise ValueError("bucketize: boundaries must be 1-D")
+    return _searchsorted(boundaries, self, out_int32, right, None, None)
+
+
+@translation(aten.bucketize.Scalar)
+def aten_bucketize_scalar(self, boundaries, *, out_int32: bool = False, right: bool = False):
+    """bucketize.Scalar(Scalar self, Tensor boundaries, *, bool out_int32=False, bool right=False) -> Tensor"""
+    return aten_searchsorted_scalar(boundaries, self, out_int32=out_int32, right=right)
 
 
 def _quantile(self, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool):
