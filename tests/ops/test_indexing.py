@@ -7,7 +7,8 @@ counts on both sides of cdist's mm switch), against PyTorch. Integer outputs mus
 Every sample costs one export (~1 s), so OpInfo samples are few and edge values are batched.
 
 What plain torch.onnx 2.13 does (checked with check_call(..., registry=None)):
-  masked_select, index_reduce, put, _cdist_forward, _pdist_forward: no translation (fails)
+  masked_select, index_reduce, put, _cdist_forward, _pdist_forward, histogram, nonzero_static,
+  scatter with reduce=: no translation (fails)
   nonzero of a 0-d tensor: silently wrong shape ([n, 1] instead of [n, 0])
   unique with NaN: silently wrong (ONNX Unique merges NaNs; PyTorch keeps each NaN)
   unique_consecutive: fails for floats, rank > 1, dim, empty input
@@ -315,6 +316,30 @@ def _scatter_reduce_edges(dtype):
     return [((x, idx, src, torch.tensor(1.5).to(dtype), torch.tensor(0)), {})]
 
 
+def _histogram_all(x, near, const, w, edges):
+    out = []
+    for r in (torch.histogram(x, 3, range=(-1.0, 2.0)),  # values on, outside, NaN, inf
+              torch.histogram(x, 4, range=(-1.0, 2.0), weight=w, density=True),
+              torch.histogram(near, 7),  # range from the data; values next to every edge
+              torch.histogram(near, 10, range=(-1.3, 2.9)),
+              torch.histogram(const, 5),  # min == max: widened by 0.5
+              torch.histogram(const[:0], 4),  # empty: [0, 1]
+              torch.histogram(x, edges),  # uneven edges, a repeated one
+              torch.histogram(x, edges, weight=w, density=True),
+              torch.histogram(x[0, 0], edges)):  # 0-d
+        out += [r.hist, r.bin_edges]
+    return tuple(out)
+
+
+def _histogram_edges(dtype):
+    x = torch.tensor([[-1.0, 0.0, 1.0, 2.0, nan, inf], [-inf, 0.5, 2.5, -1.5, 1.0, -0.0]],
+                     dtype=dtype)
+    near = _near_edges(dtype)
+    w = torch.rand(2, 6, generator=_g(13)).to(dtype)
+    edges = torch.tensor([-1.0, -0.25, 1.0, 1.0, 2.0], dtype=dtype)
+    return [((x, near, torch.full((5,), 3.0, dtype=dtype), w, edges), {})]
+
+
 def _edges(name, fn, edge, dtypes=(torch.float32,), tolerance=None, xfail=None):
     return OpEntry(f"{name}_edges", fn=fn, dtypes=dtypes, use_opinfo=False, edge=edge,
                    tolerance=tolerance or {}, xfail=xfail or {})
@@ -342,6 +367,8 @@ ENTRIES = [
     _edges("bincount", _bincount_all, _bincount_edges, (torch.int64,), {"int64": (1e-6, 1e-7)}),
     OpEntry("histc", max_samples=2),
     _edges("histc", _histc_all, _histc_edges),
+    OpEntry("histogram", tolerance=F32, max_samples=12),
+    _edges("histogram", _histogram_all, _histogram_edges, (torch.float32, torch.float64), F32),
     OpEntry("unique", max_samples=2),
     _edges("unique", _unique_all, _unique_edges, (torch.float32, torch.int64)),
     OpEntry("unique_consecutive", max_samples=2),

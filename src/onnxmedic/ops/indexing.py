@@ -1,6 +1,7 @@
 """Indexing ops torchlib lacks or gets wrong: masked_select, index_reduce, put, take, nonzero
-(0-d), bincount (weights), histc (range from the data), unique (NaN), unique_consecutive,
-combinations (which torch.export cannot capture without the decomposition registered here).
+(0-d), bincount (weights), histc (range from the data), histogram, unique (NaN),
+unique_consecutive, nonzero_static, scatter(reduce=), combinations (which torch.export cannot
+capture without the decomposition registered here).
 
 Data-dependent output sizes (masked_select, nonzero, unique) use ONNX's own dynamic-size ops
 (Compress, NonZero). Scatter-style ops use ScatterElements with its ``reduction`` attribute
@@ -253,6 +254,105 @@ def aten_histc(self, bins: int = 100, min: float = 0.0, max: float = 0.0):  # no
     ones = op.CastLike(op.Cast(inside, to=_I64), self)
     zeros = op.CastLike(op.ConstantOfShape(ints([bins]), value=ir.tensor([0], dtype=_I64)), self)
     return op.ScatterElements(zeros, pos, ones, axis=0, reduction="add")
+
+
+def _linspace(lo, hi, steps: int):
+    """PyTorch's CPU linspace in lo's type: start + step*i for the first half, end -
+    step*(steps-1-i) for the second (lo, hi: 0-d)."""
+    i = op.CastLike(op.Constant(value=ir.tensor(np.arange(steps, dtype=np.int64))), lo)
+    if steps == 1:
+        return op.Reshape(lo, ints([1]))
+    step = op.Div(op.Sub(hi, lo), const(steps - 1, lo))
+    back = op.CastLike(op.Constant(value=ir.tensor(np.arange(steps, dtype=np.int64)[::-1].copy())),
+                       lo)
+    first = op.Constant(value=ir.tensor(np.arange(steps) < steps // 2))
+    return op.Where(first, op.Add(lo, op.Mul(step, i)), op.Sub(hi, op.Mul(step, back)))
+
+
+def _histogram(flat, edges, n_edges: int, weight, density: bool, local_search: bool):
+    """PyTorch's histogramdd CPU kernel for one dim: elements outside [edges[0], edges[-1]]
+    and NaN skipped; the bin by linear interpolation then a search among the neighbouring edges
+    (``local_search``, bin_ct) or by a search among all edges (bins tensor); the last bin
+    includes its right edge."""
+    bins = n_edges - 1
+    lo = op.Gather(edges, _i64(0), axis=0)
+    hi = op.Gather(edges, _i64(n_edges - 1), axis=0)
+    inside = op.And(op.GreaterOrEqual(flat, lo), op.LessOrEqual(flat, hi))  # False for NaN
+    safe = op.Where(inside, flat, lo)
+    if local_search:
+        pos = op.Cast(op.Div(op.Mul(op.Sub(safe, lo), const(bins, flat)), op.Sub(hi, lo)),
+                      to=_I64)
+        pos_min = op.Max(op.Sub(pos, _i64(1)), _i64(0))
+        pos_max = op.Min(op.Add(pos, _i64(2)), _i64(n_edges))
+        count = None
+        for j in range(3):  # edges[pos_min + j] <= x, for the window [pos_min, pos_max)
+            at = op.Add(pos_min, _i64(j))
+            le = op.And(op.Less(at, pos_max),
+                        op.LessOrEqual(op.Gather(edges, op.Min(at, _i64(n_edges - 1)), axis=0),
+                                       safe))
+            c = op.Cast(le, to=_I64)
+            count = c if count is None else op.Add(count, c)
+        pos = op.Sub(op.Add(pos_min, count), _i64(1))
+    else:
+        le = op.LessOrEqual(op.Unsqueeze(edges, ints([0])), op.Unsqueeze(safe, ints([1])))
+        pos = op.Sub(op.ReduceSum(op.Cast(le, to=_I64), ints([1]), keepdims=0), _i64(1))
+    pos = op.Where(op.Equal(pos, _i64(bins)), _i64(bins - 1), pos)
+    pos = op.Max(pos, _i64(0))  # only for skipped elements, which add 0
+    w = op.CastLike(op.Cast(inside, to=_I64), flat)
+    if weight is not None:
+        w = op.Where(inside, op.CastLike(_flat(weight), flat), w)
+    zeros = op.CastLike(op.ConstantOfShape(ints([bins]), value=ir.tensor([0], dtype=_I64)), flat)
+    hist = op.ScatterElements(zeros, pos, w, axis=0, reduction="add")
+    if density:
+        lengths = op.Sub(op.Slice(edges, ints([1]), ints([n_edges]), ints([0])),
+                         op.Slice(edges, ints([0]), ints([bins]), ints([0])))
+        hist = op.Div(op.Div(hist, op.ReduceSum(hist, keepdims=0)), lengths)
+    return hist
+
+
+@translation(aten.histogram.bin_ct, static_shapes=True)
+def aten_histogram_bin_ct(self, bins: int = 100, *, range=None, weight=None,  # noqa: A002
+                          density: bool = False):
+    """histogram.bin_ct(Tensor self, int bins=100, *, float[]? range=None, Tensor? weight=None, bool density=False) -> (Tensor hist, Tensor bin_edges)
+
+    The range (given, or the data's min and max; widened by 0.5 each way when empty, [0, 1]
+    for an empty input) in float64 then the input's type, edges by PyTorch's linspace. The
+    vectorised CPU linspace can round some edges one ulp differently; the local search keeps
+    every count consistent with the edges returned."""
+    if not isinstance(bins, int) or bins < 1:
+        raise ValueError(f"histogram: bins must be a positive int known at export (got {bins!r})")
+    flat = _flat(self)
+    shape = static_shape(self)
+    f64 = ir.DataType.DOUBLE
+    if range is not None:
+        lo = op.Constant(value=ir.tensor(np.array(float(range[0]), dtype=np.float64)))
+        hi = op.Constant(value=ir.tensor(np.array(float(range[1]), dtype=np.float64)))
+    elif shape is not None and math.prod(shape) == 0:
+        lo = op.Constant(value=ir.tensor(np.array(0.0, dtype=np.float64)))
+        hi = op.Constant(value=ir.tensor(np.array(1.0, dtype=np.float64)))
+    else:
+        lo = op.Cast(op.ReduceMin(flat, keepdims=0), to=f64)
+        hi = op.Cast(op.ReduceMax(flat, keepdims=0), to=f64)
+    same = op.Equal(lo, hi)
+    half = op.Constant(value=ir.tensor(np.array(0.5, dtype=np.float64)))
+    lo = op.CastLike(op.Where(same, op.Sub(lo, half), lo), self)
+    hi = op.CastLike(op.Where(same, op.Add(hi, half), hi), self)
+    edges = _linspace(lo, hi, bins + 1)
+    return _histogram(flat, edges, bins + 1, weight, density, local_search=True), edges
+
+
+@translation(aten.histogram.bins_tensor, static_shapes=True)
+def aten_histogram_bins_tensor(self, bins, *, weight=None, density: bool = False):
+    """histogram.bins_tensor(Tensor self, Tensor bins, *, Tensor? weight=None, bool density=False) -> (Tensor hist, Tensor bin_edges)
+
+    ``bins`` are the edges (their count must be known at export); each element's bin by a
+    search among them, as PyTorch's BINARY_SEARCH path."""
+    n_edges = bins.shape[0] if _rank(bins) == 1 else None
+    if not isinstance(n_edges, int) or n_edges < 2:
+        raise ValueError("histogram: bins must be 1-D with at least 2 edges known at export")
+    edges = op.CastLike(bins, self)
+    return _histogram(_flat(self), edges, n_edges, weight, density, local_search=False), \
+        op.Identity(edges)
 
 
 def _tri_indices(fn, row: int, col: int, offset: int, dtype):
