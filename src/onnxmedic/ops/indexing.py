@@ -511,3 +511,77 @@ def aten__unique2(self, sorted: bool = True, return_inverse: bool = False,  # no
     zeros = op.ConstantOfShape(op.Shape(flat), value=ir.tensor([0], dtype=_I64))
     inverse = op.ScatterElements(zeros, idx, _group_ids(flag), axis=0)
     return values, op.Reshape(inverse, op.Shape(self)), _run_counts(flag, n)
+
+
+_UNIQUE_DIM_INSERTION = 16  # libstdc++'s std::sort is a plain insertion sort up to 16 elements
+
+
+def _slice_less(a):
+    """comp(i, j) of PyTorch's unique_dim sort for every pair of rows of ``a`` (n, m): the
+    first element where the rows are ordered (< or >) decides, NaN orders with nothing."""
+    if a.dtype == ir.DataType.BOOL or a.dtype == ir.DataType.BFLOAT16:
+        a = op.Cast(a, to=ir.DataType.FLOAT if is_float(a) else ir.DataType.INT32)
+    left, right = op.Unsqueeze(a, ints([1])), op.Unsqueeze(a, ints([0]))
+    lt = op.Cast(op.Less(left, right), to=ir.DataType.INT32)
+    ordered = op.Cast(op.Or(op.Less(left, right), op.Greater(left, right)), to=ir.DataType.INT32)
+    first = op.ArgMax(ordered, axis=2, keepdims=1)  # the first ordered element (0 if none)
+    decided = op.ReduceMax(ordered, ints([2]), keepdims=0)
+    lt_first = op.Squeeze(op.GatherElements(lt, first, axis=2), ints([2]))
+    less = op.Cast(op.Mul(decided, lt_first), to=ir.DataType.BOOL)
+    same = op.Cast(op.ReduceMin(op.Cast(op.Equal(left, right), to=ir.DataType.INT32), ints([2]),
+                                keepdims=0), to=ir.DataType.BOOL)
+    return less, same
+
+
+@translation(aten.unique_dim.default, overrides_torchlib=True)
+def aten_unique_dim(self, dim: int, sorted: bool = True, return_inverse: bool = False,  # noqa: A002
+                    return_counts: bool = False):
+    """unique_dim(Tensor self, int dim, bool sorted=True, bool return_inverse=False, bool return_counts=False) -> (Tensor, Tensor, Tensor)
+
+    PyTorch sorts the slices with std::sort and a lexicographic comparator under which NaN is
+    ordered with nothing, then starts a new value wherever neighbours differ (NaN != NaN): each
+    slice holding NaN stays apart, at the place the sort leaves it. For up to 16 slices
+    (static) std::sort is libstdc++'s insertion sort, replayed here step by step, so values,
+    inverse and counts match exactly, NaN included. Otherwise torchlib's ONNX Unique, exact
+    without NaN but merging slices that hold NaN in the same places (PyTorch's introsort order
+    with NaN is not reproduced)."""
+    shape = static_shape(self)
+    rank = _rank(self)
+    axis = _axis(dim, rank)
+    n = shape[axis] if shape is not None and rank > 0 else None
+    if n is None or n > _UNIQUE_DIM_INSERTION or 0 in shape:
+        from onnxscript.function_libs.torch_lib.ops import core as torchlib_core
+
+        return torchlib_core.aten_unique_dim(self, dim, sorted, True, True)
+    rows = self if axis == 0 else op.Transpose(
+        self, perm=[axis] + [i for i in range(rank) if i != axis])
+    rows = op.Reshape(rows, ints([n, -1]))
+    rows.dtype = self.dtype
+    less, same = _slice_less(rows)
+    perm = op.Constant(value=ir.tensor(np.arange(n, dtype=np.int64)))
+    for i in range(1, n):  # std::__insertion_sort, one element at a time
+        v = op.Slice(perm, ints([i]), ints([i + 1]), ints([0]))
+        c = op.Gather(op.Squeeze(op.Gather(less, v, axis=0), ints([0])),
+                      op.Slice(perm, ints([0]), ints([i]), ints([0])), axis=0)  # v < perm[j]
+        first = op.Slice(c, ints([0]), ints([1]), ints([0]))
+        j = op.Constant(value=ir.tensor(np.arange(i, dtype=np.int64)))
+        last_stop = op.ReduceMax(op.Where(c, _i64(-1), j), keepdims=1)  # top j with !c[j]
+        pos = op.Where(first, ints([0]), op.Add(last_stop, ints([1])))
+        q = op.Constant(value=ir.tensor(np.arange(i + 1, dtype=np.int64)))
+        src = op.Where(op.Less(q, pos), q, op.Where(op.Equal(q, pos), ints([i]),
+                                                    op.Sub(q, ints([1]))))
+        head = op.Gather(perm, src, axis=0)
+        perm = head if i + 1 == n else op.Concat(
+            head, op.Slice(perm, ints([i + 1]), ints([n]), ints([0])), axis=0)
+    if n > 1:
+        prev_same = op.GatherElements(
+            op.Gather(same, op.Slice(perm, ints([0]), ints([n - 1]), ints([0])), axis=0),
+            op.Unsqueeze(op.Slice(perm, ints([1]), ints([n]), ints([0])), ints([1])), axis=1)
+        flag = op.Concat(op.Constant(value=ir.tensor([True], dtype=ir.DataType.BOOL)),
+                         op.Not(op.Reshape(prev_same, ints([-1]))), axis=0)
+    else:
+        flag = op.Constant(value=ir.tensor([True] * n, dtype=ir.DataType.BOOL))
+    values = op.Gather(self, op.Compress(perm, flag, axis=0), axis=axis)
+    zeros = op.Constant(value=ir.tensor(np.zeros(n, dtype=np.int64)))
+    inverse = op.ScatterElements(zeros, perm, _group_ids(flag), axis=0)
+    return values, inverse, _run_counts(flag, _i64(n))
