@@ -358,3 +358,31 @@ def test_dynamic_spatial_sizes_keep_working():
     result = onnxmedic.export(_DynamicSpatial().eval(), (torch.randn(2, 3, 11, 9),),
                               dynamic_shapes={"x": {2: h, 3: w}})
     assert result.ok, [f.message for f in result.findings]
+
+
+def test_ctc_decomposition_keeps_gradients():
+    """The Python replays of ctc_loss (registered for tracing; torch.compile would trace them
+    too) must give PyTorch's loss and gradient: with tensor lengths the losses come from the
+    custom op onnxmedic::ctc_nll, whose backward is PyTorch's _ctc_loss_backward."""
+    import warnings
+
+    import onnxmedic.ops.pooling  # noqa: F401 - registers the replays
+
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    g = torch.Generator().manual_seed(3)
+    lp = torch.randn(8, 3, 5, generator=g, dtype=torch.float64).log_softmax(2)
+    tg = torch.tensor([[1, 2, 2], [3, 4, 0], [4, 4, 4]])
+    for target, lengths in ((torch.ops.aten.ctc_loss.IntList, ([8, 6, 5], [3, 2, 0])),
+                            (torch.ops.aten.ctc_loss.Tensor,
+                             (torch.tensor([8, 6, 5]), torch.tensor([3, 2, 0])))):
+        replay = target.py_kernels[key]
+        for reduction in (0, 1, 2):  # none, mean, sum
+            x = lp.detach().requires_grad_()
+            ref = target(x, tg, *lengths, 0, reduction, True)
+            (g_ref,) = torch.autograd.grad(ref.sum(), x)
+            with warnings.catch_warnings():  # torch warns when a custom op has no autograd
+                warnings.simplefilter("error")
+                ours = replay(x, tg, *lengths, 0, reduction, True)
+                (g_ours,) = torch.autograd.grad(ours.sum(), x)
+            torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(g_ours, g_ref, rtol=1e-12, atol=1e-12)

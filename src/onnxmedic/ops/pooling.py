@@ -540,6 +540,21 @@ def _ctc_nll_fake(log_probs, targets, input_lengths, target_lengths, blank, zero
     return log_probs.new_empty((log_probs.shape[1],))
 
 
+def _ctc_nll_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4])
+    ctx.blank, ctx.zero_infinity = inputs[4], inputs[5]
+
+
+def _ctc_nll_backward(ctx, grad):
+    """PyTorch's own ctc_loss backward (it needs log_alpha, recomputed here), so that the
+    decomposition stays differentiable wherever it is traced (e.g. torch.compile)."""
+    lp, tg, il, tl = ctx.saved_tensors
+    nll, log_alpha = torch.ops.aten._ctc_loss.Tensor(lp, tg, il, tl, ctx.blank, ctx.zero_infinity)
+    g = torch.ops.aten._ctc_loss_backward.Tensor(grad, lp, tg, il, tl, nll, log_alpha, ctx.blank,
+                                                 ctx.zero_infinity)
+    return g, None, None, None, None, None
+
+
 def _ctc_composite(log_probs, targets, input_lengths, target_lengths, blank: int,
                    reduction: int, zero_infinity: bool, nll):
     """PyTorch's ctc_loss composite (LossCTC.cpp ctc_loss_impl, non-cuDNN branch), with the
@@ -594,6 +609,8 @@ def _register_ctc_decompositions() -> None:
                        "Tensor target_lengths, int blank, bool zero_infinity) -> Tensor")
             lib.impl("ctc_nll", _ctc_nll_eager, "CompositeExplicitAutograd")
             torch.library.register_fake("onnxmedic::ctc_nll", _ctc_nll_fake, lib=lib)
+            torch.library.register_autograd("onnxmedic::ctc_nll", _ctc_nll_backward,
+                                            setup_context=_ctc_nll_setup, lib=lib)
             _CTC_LIBS.append(lib)
         key = torch._C.DispatchKey.CompositeImplicitAutograd
         for target, kernel in ((aten.ctc_loss.IntList, _ctc_loss_intlist),
