@@ -1,23 +1,27 @@
-"""Indexing and distance ops: masked_select, index_reduce, put, nonzero, bincount, histc,
-unique, unique_consecutive, tril/triu_indices, cdist, pdist; plus the ops torchlib already gets
-right (masked_scatter, take, index_fill, index_copy, embedding_bag, vander), kept as guards.
+"""Indexing and distance ops: masked_select, index_reduce, put, take, nonzero, bincount, histc,
+unique, unique_consecutive, combinations, tril/triu_indices, cdist, pdist; plus the ops torchlib
+already gets right (masked_scatter, index_fill, index_copy, embedding_bag, vander), as guards.
 
 OpInfo samples plus edge values (empty, 0-d, NaN/inf, duplicates and ties, broadcasting, row
 counts on both sides of cdist's mm switch), against PyTorch. Integer outputs must match exactly.
 Every sample costs one export (~1 s), so OpInfo samples are few and edge values are batched.
 
 What plain torch.onnx 2.13 does (checked with check_call(..., registry=None)):
-  masked_select, index_reduce, put, _cdist_forward, _pdist_forward: no translation (fails)
+  masked_select, index_reduce, put, _cdist_forward, _pdist_forward, histogram, nonzero_static,
+  scatter with reduce=: no translation (fails)
   nonzero of a 0-d tensor: silently wrong shape ([n, 1] instead of [n, 0])
   unique with NaN: silently wrong (ONNX Unique merges NaNs; PyTorch keeps each NaN)
   unique_consecutive: fails for floats, rank > 1, dim, empty input
   bincount with weights, histc with min == max (the default: range from the data): fails
   histc with a given range: silently wrong for values next to a bin edge
   tril_indices/triu_indices with an empty result: fails
-  masked_scatter, take, index_fill, index_copy, embedding_bag: correct
-  unique_dim: correct without NaN; slices holding NaN merged (xfail below)
+  masked_scatter, index_fill, index_copy, embedding_bag: correct
+  unique_dim: correct without NaN; slices holding NaN merged (onnxmedic replays PyTorch's sort
+    for up to 16 slices; more stay an xfail below)
   vander: fails (prims.prod; onnxmedic's cumprod translation fixes it)
-  combinations, take of a 0-d tensor: torch.export itself fails (xfail below)
+  combinations: torch.export itself fails (PendingUnbackedSymbolNotFound; onnxmedic registers
+    a static-length decomposition for tracing, see indexing.py)
+  take with a 0-d index: torch.onnx's decomposition fails (GuardOnDataDependentSymNode)
 """
 
 from __future__ import annotations
@@ -255,8 +259,115 @@ def _vander_edges(dtype):
     return [((torch.tensor([0.0, -1.0, nan, inf, 2.0, 0.5], dtype=dtype),), {})]
 
 
-def _not_0d(sample):
-    return "0-d input: torch.export fails (take_0d)" if sample[0][0].dim() == 0 else None
+def _combinations_all(x, empty):
+    return (torch.combinations(x), torch.combinations(x, 3, with_replacement=True),
+            torch.combinations(x, 1), torch.combinations(x, 0),
+            torch.combinations(x[:2], 3),  # r > n: (0, 3)
+            torch.combinations(empty, 2), torch.combinations(x[:1], 2, with_replacement=True))
+
+
+def _combinations_edges(dtype):
+    x = torch.tensor([2, 0, 2, 7, 1], dtype=dtype)  # a tie
+    if dtype.is_floating_point:
+        x = torch.tensor([nan, -0.0, 0.0, inf, 1.5], dtype=dtype)
+    return [((x, torch.empty(0, dtype=dtype)), {})]
+
+
+def _take_all(x, x0, idx, idx0):
+    return (torch.take(x, idx), torch.take(x0, idx0), torch.take(x0, torch.zeros(2, 3).long()),
+            torch.take(x, idx0), torch.take(x, idx[:0]), torch.take(x0, idx0 - 1))
+
+
+def _take_edges(dtype):
+    x = _special(dtype).reshape(3, 4) if dtype.is_floating_point else torch.arange(12).reshape(3, 4)
+    idx = torch.tensor([[0, -1, 11], [5, 5, -12]])  # both ends, duplicates
+    return [((x.to(dtype), torch.tensor(-2.5 if dtype.is_floating_point else 7, dtype=dtype), idx,
+              torch.tensor(0)), {})]
+
+
+def _nonzero_static_all(x, b):
+    return (torch.nonzero_static(x, size=2), torch.nonzero_static(x, size=30, fill_value=7),
+            torch.nonzero_static(x[0, 0], size=3), torch.nonzero_static(x[:0], size=2),
+            torch.nonzero_static(b, size=4, fill_value=-5), torch.nonzero_static(x, size=0))
+
+
+def _nonzero_static_edges(dtype):
+    x = torch.tensor([[0, 2, 0, -1], [3, 0, 0, 0], [0, 0, 0, 5]], dtype=dtype)
+    if dtype.is_floating_point:
+        x[0, 0], x[1, 2], x[2, 0] = nan, -0.0, inf  # NaN is nonzero, -0 is zero
+    return [((x, torch.rand(2, 3, 2, generator=_g(10)) > 0.5), {})]
+
+
+def _scatter_reduce_all(x, idx, src, x0, i0):
+    out = []
+    for r in ("add", "multiply"):
+        out += [x.scatter(0, idx, src, reduce=r),  # duplicate indices, src larger than idx
+                x.scatter(1, idx[:, :2], src, reduce=r),
+                x.scatter(-1, idx[:1], 2.5, reduce=r),  # value
+                x0.scatter(0, i0, x0 + 2, reduce=r)]  # 0-d
+    return tuple(out)
+
+
+def _scatter_reduce_edges(dtype):
+    x = torch.randn(4, 5, generator=_g(11)).to(dtype)
+    src = torch.randn(4, 6, generator=_g(12)).to(dtype)
+    if dtype.is_floating_point:
+        x[0, 1], src[1, 0] = nan, inf
+    idx = torch.tensor([[0, 3, 3], [3, 1, 0], [0, 0, 2]])
+    return [((x, idx, src, torch.tensor(1.5).to(dtype), torch.tensor(0)), {})]
+
+
+def _histogram_all(x, near, const, w, edges):
+    out = []
+    for r in (torch.histogram(x, 3, range=(-1.0, 2.0)),  # values on, outside, NaN, inf
+              torch.histogram(x, 4, range=(-1.0, 2.0), weight=w, density=True),
+              torch.histogram(near, 7),  # range from the data; values next to every edge
+              torch.histogram(near, 10, range=(-1.3, 2.9)),
+              torch.histogram(const, 5),  # min == max: widened by 0.5
+              torch.histogram(const[:0], 4),  # empty: [0, 1]
+              torch.histogram(x, edges),  # uneven edges, a repeated one
+              torch.histogram(x, edges, weight=w, density=True),
+              torch.histogram(x[0, 0], edges)):  # 0-d
+        out += [r.hist, r.bin_edges]
+    return tuple(out)
+
+
+def _histogram_edges(dtype):
+    x = torch.tensor([[-1.0, 0.0, 1.0, 2.0, nan, inf], [-inf, 0.5, 2.5, -1.5, 1.0, -0.0]],
+                     dtype=dtype)
+    near = _near_edges(dtype)
+    w = torch.rand(2, 6, generator=_g(13)).to(dtype)
+    edges = torch.tensor([-1.0, -0.25, 1.0, 1.0, 2.0], dtype=dtype)
+    return [((x, near, torch.full((5,), 3.0, dtype=dtype), w, edges), {})]
+
+
+def _tie_rows(dtype, n, m, seed, nan_frac=0.0):
+    x = torch.randint(-1, 2, (n, m), generator=_g(seed)).to(dtype)
+    if dtype.is_floating_point:
+        x[torch.rand(n, m, generator=_g(seed + 1)) < nan_frac] = nan
+        x[torch.rand(n, m, generator=_g(seed + 2)) < 0.1] = -0.0  # equal to 0
+    return x
+
+
+def _unique_dim_kw(x, dim=0):
+    return torch.unique(x, dim=dim, return_inverse=True, return_counts=True)
+
+
+def _unique_dim_all(a, b, c, d, e):
+    return (*_unique_dim_kw(a), *_unique_dim_kw(b, 1), *_unique_dim_kw(c),
+            *_unique_dim_kw(d), *_unique_dim_kw(e, -1))
+
+
+def _unique_dim_edges(dtype):
+    """Up to 16 slices with NaN (the insertion-sort replay), 3-d slices along dim 1, a single
+    slice, and 20 NaN-free slices (torchlib's path)."""
+    return [((_tie_rows(dtype, 16, 2, seed=20, nan_frac=0.2),
+              _tie_rows(dtype, 18, 2, seed=21, nan_frac=0.1).reshape(3, 6, 2),
+              torch.tensor([[1.0, nan], [1.0, nan], [0.0, 2.0], [nan, 0.0], [0.0, 2.0]],
+                           dtype=torch.float32).to(dtype) if dtype.is_floating_point
+              else _tie_rows(dtype, 5, 2, seed=22),
+              _tie_rows(dtype, 1, 3, seed=23, nan_frac=0.5),
+              _tie_rows(dtype, 20, 3, seed=24).T.contiguous()), {})]
 
 
 def _edges(name, fn, edge, dtypes=(torch.float32,), tolerance=None, xfail=None):
@@ -275,11 +386,19 @@ ENTRIES = [
     OpEntry("put", max_samples=2),
     _edges("put", _put_all, _put_edges, (torch.float32, torch.int64)),
     OpEntry("nonzero", max_samples=1),
+    OpEntry("nonzero_static", max_samples=4),
+    _edges("nonzero_static", _nonzero_static_all, _nonzero_static_edges,
+           (torch.float32, torch.int64)),
+    OpEntry("scatter", tolerance=F32, max_samples=12),  # src, value and both reduce modes
+    _edges("scatter_reduce_legacy", _scatter_reduce_all, _scatter_reduce_edges,
+           (torch.float32, torch.int64), F32),
     _edges("nonzero", _nonzero_all, _nonzero_edges, (torch.float32, torch.bool)),
     OpEntry("bincount", dtypes=(torch.int64,), max_samples=2),
     _edges("bincount", _bincount_all, _bincount_edges, (torch.int64,), {"int64": (1e-6, 1e-7)}),
     OpEntry("histc", max_samples=2),
     _edges("histc", _histc_all, _histc_edges),
+    OpEntry("histogram", tolerance=F32, max_samples=12),
+    _edges("histogram", _histogram_all, _histogram_edges, (torch.float32, torch.float64), F32),
     OpEntry("unique", max_samples=2),
     _edges("unique", _unique_all, _unique_edges, (torch.float32, torch.int64)),
     OpEntry("unique_consecutive", max_samples=2),
@@ -292,26 +411,24 @@ ENTRIES = [
     _edges("pdist", _pdist_all, _pdist_edges, (torch.float32, torch.float64), DIST),
     # torchlib's translations, checked here so a regression shows up
     OpEntry("masked_scatter", max_samples=1),
-    OpEntry("take", max_samples=3, skip_sample=_not_0d),
+    OpEntry("take", max_samples=10),  # 0-d self and index among them
+    _edges("take", _take_all, _take_edges, (torch.float32, torch.int64)),
     OpEntry("index_fill", max_samples=2),
     OpEntry("index_copy", max_samples=1),
     _edges("torchlib_guards", _torchlib_guards_all, _torchlib_guards_edges,
            (torch.float32, torch.int64)),
     _edges("embedding_bag", _embedding_bag_all, _embedding_bag_edges, tolerance=F32),
     _edges("vander", _vander_all, _vander_edges, tolerance=F32),
-    # torch.export fails before any translation is looked up
-    _edges("combinations", torch.combinations, lambda d: [((torch.arange(4).to(d),), {})],
-           xfail={"*": "torch.export: combinations' masked_select leaves an unbacked size "
-                       "(PendingUnbackedSymbolNotFound); needs a capture rewrite"}),
-    # torchlib's unique_dim merges slices holding NaN; PyTorch keeps them apart, but places
-    # them where std::sort's (NaN-inconsistent) comparator leaves them, so not translated
-    _edges("unique_dim_nan", lambda a: torch.unique(a, dim=0, return_counts=True),
-           lambda d: [((torch.tensor([[1.0, nan], [1.0, nan], [0.0, 2.0]], dtype=d),), {})],
-           xfail={"*": "unique(dim=...) with NaN: torchlib's ONNX Unique merges NaN slices "
-                       "(PyTorch keeps each apart, in an order std::sort leaves undefined)"}),
-    _edges("take_0d", torch.take, lambda d: [((torch.tensor(3.0, dtype=d), torch.tensor(0)), {})],
-           xfail={"*": "torch.export: take of a 0-d tensor guards on a data-dependent size "
-                       "(GuardOnDataDependentSymNode)"}),
+    OpEntry("combinations", max_samples=6),
+    _edges("combinations", _combinations_all, _combinations_edges, (torch.float32, torch.int64)),
+    _edges("unique_dim", _unique_dim_all, _unique_dim_edges, (torch.float32, torch.int64)),
+    # more than 16 slices: PyTorch's introsort places NaN slices where its NaN-inconsistent
+    # comparator leaves them, and torchlib's ONNX Unique (used there) merges them
+    _edges("unique_dim_nan_long", _unique_dim_kw,
+           lambda d: [((_tie_rows(d, 20, 2, seed=16, nan_frac=0.2),), {})],
+           xfail={"*": "unique(dim=...) with NaN and more than 16 slices: PyTorch's order is "
+                       "std::sort's introsort with a NaN-inconsistent comparator, not "
+                       "reproduced; torchlib merges the NaN slices"}),
 ]
 
 make_tests(ENTRIES, globals())

@@ -1,6 +1,6 @@
 """Pooling and resampling: adaptive max pooling (1-3 d, indices), 3-d adaptive average pooling,
 fractional max pooling, average pooling with divisor_override, anti-aliased bilinear/bicubic
-upsampling, CTC loss (static lengths).
+upsampling, CTC loss (int or tensor lengths, every reduction).
 
 OpInfo samples plus edge values (NaN, +-inf, ties, all -inf windows, empty batches, unbatched
 inputs, windows of uneven length, up- and downsampling), against PyTorch. Indices are compared
@@ -135,18 +135,6 @@ def _aa_edges(dtype):
 
 # -- CTC loss -----------------------------------------------------------------------------------
 
-def _ctc_captureable(sample):
-    """torch.export (2.13) itself rejects ctc_loss with tensor lengths (aten::_ctc_loss.Tensor:
-    data-dependent log_alpha shape, no fake kernel) and with reduction='mean' (the C++ composite
-    builds a tensor from target_lengths under fake mode); those are in the xfail entry."""
-    args, kwargs = sample
-    if any(isinstance(a, torch.Tensor) for a in args[2:4]):
-        return "tensor lengths"
-    if kwargs.get("reduction", "mean") == "mean":
-        return "reduction='mean'"
-    return None
-
-
 def _ctc(log_probs, targets, input_lengths, target_lengths, **kwargs):
     return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, **kwargs)
 
@@ -167,12 +155,30 @@ def _ctc_edges(dtype):
     ]
 
 
-def _ctc_uncaptureable(dtype):
+def _ctc_mean_and_tensor_lengths(dtype):
+    """reduction='mean' and tensor lengths: torch.export failed on both before onnxmedic
+    registered Python replays of ctc_loss's composite (see pooling.py)."""
     g = torch.Generator().manual_seed(12)
-    lp = torch.randn(8, 2, 5, generator=g, dtype=dtype).log_softmax(2)
-    tg = torch.tensor([[1, 2, 2], [3, 4, 0]])
-    return [((lp, tg, [8, 6], [3, 2]), {"reduction": "mean"}),
-            ((lp, tg, torch.tensor([8, 6]), torch.tensor([3, 2])), {"reduction": "none"})]
+    lp = torch.randn(8, 3, 5, generator=g, dtype=dtype).log_softmax(2)
+    tg = torch.tensor([[1, 2, 2], [3, 4, 0], [4, 4, 4]])
+    flat = torch.tensor([1, 2, 2, 3, 4, 4, 4, 4])
+
+    def lens(*v, dt=torch.long):
+        return torch.tensor(v, dtype=dt)
+
+    return [
+        ((lp, tg, [8, 6, 5], [3, 2, 0]), {"reduction": "mean"}),  # an empty target
+        ((lp, tg, [8, 2, 5], [3, 2, 3]), {"reduction": "mean", "zero_infinity": True}),
+        ((lp, tg, lens(8, 6, 5), lens(3, 2, 0)), {"reduction": "none"}),
+        ((lp, tg, lens(8, 6, 5), lens(3, 2, 0)), {"reduction": "mean"}),
+        ((lp, tg, lens(8, 2, 6), lens(3, 2, 3)), {"reduction": "none"}),  # infeasible: inf
+        ((lp, tg, lens(8, 2, 6), lens(3, 2, 3)), {"reduction": "sum", "zero_infinity": True}),
+        ((lp, tg.int(), lens(8, 7, 6, dt=torch.int32), lens(3, 1, 3, dt=torch.int32)),
+         {"reduction": "none", "blank": 4}),
+        ((lp, flat, lens(8, 6, 5), lens(3, 2, 3)), {"reduction": "none"}),  # concatenated
+        ((lp, flat[:5], lens(8, 6, 5), lens(3, 0, 2)), {"reduction": "mean"}),
+        ((lp[:, 0], tg[0], [8], [3]), {"reduction": "mean"}),  # unbatched
+    ]
 
 
 F64 = (torch.float64,)
@@ -213,8 +219,8 @@ ENTRIES = [
     OpEntry("interpolate.bicubic_aa", fn=_aa("bicubic"), tolerance=TOL, use_opinfo=False,
             edge=_aa_edges),
     # OpInfo's samples are T=50 (an unrolled 50-step recursion, slow to export): take one
-    OpEntry("nn.functional.ctc_loss", fn=_ctc, tolerance=TOL, max_samples=1,
-            skip_sample=_ctc_captureable, edge=_ctc_edges),
+    # samples 0-3: int and tensor lengths (T=50, 16 sequences)
+    OpEntry("nn.functional.ctc_loss", fn=_ctc, tolerance=TOL, max_samples=4, edge=_ctc_edges),
     # every 7th OpInfo sample (all modes; some are large) plus nearest/reflection
     OpEntry("grid_sampler_3d", tolerance=TOL, use_opinfo=False,
             edge=lambda d: opinfo_samples("grid_sampler_3d", "", d, 30)[::7] + [
@@ -222,12 +228,8 @@ ENTRIES = [
                   torch.rand(2, 3, 2, 4, 3, dtype=d) * 2.6 - 1.3, 1, 2, True), {})]),
     OpEntry("nn.functional.ctc_loss", fn=_ctc, tolerance=TOL, dtypes=F64, use_opinfo=False,
             edge=lambda d: _ctc_edges(d)[:2]),
-    OpEntry("ctc_loss.mean_or_tensor_lengths", fn=_ctc, use_opinfo=False,
-            edge=_ctc_uncaptureable, xfail={"*": (
-                "torch.export 2.13 fails before translation: reduction='mean' (ctc_loss's C++ "
-                "composite builds a tensor from target_lengths under fake mode) and tensor "
-                "lengths (aten::_ctc_loss.Tensor has a data-dependent output shape and no fake "
-                "kernel); needs a capture-stage rewrite")}),
+    OpEntry("ctc_loss.mean_or_tensor_lengths", fn=_ctc, tolerance=TOL, use_opinfo=False,
+            dtypes=(torch.float32, torch.float64), edge=_ctc_mean_and_tensor_lengths),
 ]
 
 make_tests(ENTRIES, globals())
@@ -356,3 +358,31 @@ def test_dynamic_spatial_sizes_keep_working():
     result = onnxmedic.export(_DynamicSpatial().eval(), (torch.randn(2, 3, 11, 9),),
                               dynamic_shapes={"x": {2: h, 3: w}})
     assert result.ok, [f.message for f in result.findings]
+
+
+def test_ctc_decomposition_keeps_gradients():
+    """The Python replays of ctc_loss (registered for tracing; torch.compile would trace them
+    too) must give PyTorch's loss and gradient: with tensor lengths the losses come from the
+    custom op onnxmedic::ctc_nll, whose backward is PyTorch's _ctc_loss_backward."""
+    import warnings
+
+    import onnxmedic.ops.pooling  # noqa: F401 - registers the replays
+
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    g = torch.Generator().manual_seed(3)
+    lp = torch.randn(8, 3, 5, generator=g, dtype=torch.float64).log_softmax(2)
+    tg = torch.tensor([[1, 2, 2], [3, 4, 0], [4, 4, 4]])
+    for target, lengths in ((torch.ops.aten.ctc_loss.IntList, ([8, 6, 5], [3, 2, 0])),
+                            (torch.ops.aten.ctc_loss.Tensor,
+                             (torch.tensor([8, 6, 5]), torch.tensor([3, 2, 0])))):
+        replay = target.py_kernels[key]
+        for reduction in (0, 1, 2):  # none, mean, sum
+            x = lp.detach().requires_grad_()
+            ref = target(x, tg, *lengths, 0, reduction, True)
+            (g_ref,) = torch.autograd.grad(ref.sum(), x)
+            with warnings.catch_warnings():  # torch warns when a custom op has no autograd
+                warnings.simplefilter("error")
+                ours = replay(x, tg, *lengths, 0, reduction, True)
+                (g_ours,) = torch.autograd.grad(ours.sum(), x)
+            torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(g_ours, g_ref, rtol=1e-12, atol=1e-12)

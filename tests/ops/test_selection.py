@@ -101,6 +101,28 @@ def _int_searchsorted_edges(dtype):
     return [((seq, torch.tensor([[0, 3], [7, 8]], dtype=dtype)), {"right": True})]
 
 
+def _bucketize_edges(dtype):
+    b = torch.tensor([-inf, -1.0, 0.0, 0.0, 2.5, 2.5, 7.0, inf], dtype=dtype)  # ties
+    v = torch.tensor([[nan, 2.5, 5.0, inf, -0.0, 0.0], [-inf, 0.0, -2.0, 2.5, 7.0, 8.0]],
+                     dtype=dtype)
+    return [((v, b), {}), ((v, b), {"right": True, "out_int32": True}),
+            ((torch.tensor(2.5, dtype=dtype), b), {"right": True}),  # 0-d
+            ((v[:, :0], b), {}), ((v, b[:0]), {}),  # empty input, empty boundaries
+            ((torch.tensor([1.0, nan, 3.0], dtype=dtype), v[0]), {})]  # NaN boundary
+
+
+def _topk_edges(dtype):
+    """Distinct values only (one NaN a row at most: two NaN are a tie, see test_topk_ties)."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randperm(48, generator=g).to(dtype) - 24).reshape(4, 12)
+    if dtype.is_floating_point:
+        x[0, :6] = torch.tensor([nan, inf, -inf, 1e-30, -1e30, 0.5], dtype=dtype)
+        x[2, 7] = nan
+    return [((x, 4), {}), ((x, 5, 0, False), {}), ((x, 12), {"largest": False}),
+            ((x, 0), {}), ((x[:, :0], 0), {}), ((torch.tensor(2.5, dtype=dtype), 1), {}),
+            ((torch.tensor(-1.0, dtype=dtype), 0, -1, False), {})]  # 0-d: k 1 and 0
+
+
 def _quantile_edges(dtype):
     x = _mix(dtype)  # a row with NaN, an all-NaN row, +-inf, ties
     qs = torch.tensor([0.0, 0.25, 0.5, 0.61, 1.0], dtype=dtype)
@@ -131,6 +153,13 @@ ENTRIES = [
     OpEntry("searchsorted", edge=_searchsorted_edges, max_samples=4),
     OpEntry("searchsorted", fn=torch.searchsorted, dtypes=(torch.int64,), use_opinfo=False,
             edge=_int_searchsorted_edges),
+    OpEntry("topk", edge=_topk_edges, max_samples=6),
+    OpEntry("topk", fn=torch.topk, dtypes=(torch.float64, torch.int64), use_opinfo=False,
+            edge=_topk_edges),
+    OpEntry("bucketize", edge=_bucketize_edges, max_samples=4),
+    OpEntry("bucketize.scalar", fn=torch.bucketize, use_opinfo=False,
+            edge=lambda d: [((2.5, torch.tensor([0.0, 2.5, 2.5, 3.0], dtype=d)), {"right": r})
+                            for r in (False, True)]),
     OpEntry("quantile", tolerance=F32, edge=_quantile_edges, max_samples=3),
     OpEntry("nanquantile", tolerance=F32, edge=_quantile_edges, max_samples=3),
 ]
@@ -164,6 +193,26 @@ def test_kthvalue_ties():
     picked = torch.gather(x, 1, torch.from_numpy(idx)[:, None])[:, 0]
     assert torch.equal(picked, torch.from_numpy(vals))
     assert torch.equal(torch.from_numpy(vals), torch.kthvalue(x, 4, 1).values)
+
+
+def test_topk_ties():
+    """Tied values: ONNX TopK returns the lower index first (the stable order); PyTorch's CPU
+    topk (std::partial_sort when k * 64 <= n, else std::nth_element, neither stable) returns
+    tied elements in whatever order its algorithm leaves them. Values match; each index points
+    at an element equal to its value; the indices are the stable-sort ones, not PyTorch's."""
+    from onnxmedic.ops.testing import export_call, run_onnx
+
+    x = _ties(torch.float32, (6, 16), seed=9)
+    x[0, [3, 9]] = nan  # NaN ties with NaN (NaN is the largest)
+    for largest in (True, False):
+        model, tensors = export_call(torch.topk, (x, 5), {"largest": largest})
+        vals, idx = (torch.from_numpy(a) for a in run_onnx(model, tensors))
+        expected = torch.topk(x, 5, largest=largest)
+        assert torch.equal(vals.nan_to_num(9.0), expected.values.nan_to_num(9.0))
+        assert torch.equal(torch.gather(x, 1, idx).nan_to_num(9.0), vals.nan_to_num(9.0))
+        stable = torch.sort(x, dim=1, descending=largest, stable=True).indices[:, :5]
+        assert torch.equal(idx, stable)
+        assert not torch.equal(idx, expected.indices)  # why topk's ties are not exact
 
 
 def test_mode_long_rows():

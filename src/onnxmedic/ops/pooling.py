@@ -1,7 +1,7 @@
 """Pooling and resampling ops torchlib lacks or gets wrong: adaptive max pooling (1-3 d, with
 indices), 3-d adaptive average pooling, fractional max pooling, average pooling with
 ``divisor_override``, anti-aliased bilinear/bicubic upsampling, grid_sampler_3d and CTC loss
-(static lengths).
+(int or tensor lengths, every reduction; static T and target sizes).
 
 Not translated because torchlib already gets them right (tests/ops/test_pooling.py pins that):
 lp_pool1d/2d/3d (decomposed to avg_pool and pow, all norm types), max_unpool1d/2d/3d,
@@ -18,13 +18,15 @@ What plain torch.onnx 2.13 does with these (torchlib): adaptive_max_pool2d/3d an
 _adaptive_avg_pool3d, fractional_max_pool2d/3d have no translation (export fails; adaptive max
 pooling with sizes that divide the input is decomposed to max_pool and works), as has the
 explicit grid_sampler_3d overload (F.grid_sample's grid_sampler works for 5-D input) and
-_ctc_loss (torch.export already fails on it: no fake kernel);
+_ctc_loss (torch.export already fails on it: no fake kernel; nor can it capture ctc_loss with
+reduction='mean' or tensor lengths, see _register_ctc_decompositions);
 avg_pool2d/3d with ``divisor_override`` and _upsample_bilinear2d_aa/_upsample_bicubic2d_aa with
 ``align_corners=True`` or explicit scales export and run but compute wrong numbers.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -35,6 +37,7 @@ from onnxscript import opset18 as op
 from onnxmedic.ops._common import FLOAT_DTYPES, const, ints, static_shape
 from onnxmedic.ops._registry import translation
 
+logger = logging.getLogger(__name__)
 aten = torch.ops.aten
 
 
@@ -527,50 +530,138 @@ def _register_ctc_fake() -> None:
 _register_ctc_fake()
 
 
-@translation(aten._ctc_loss.default, static_shapes=True)
-def aten__ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
-                   zero_infinity: bool = False):
-    """_ctc_loss(Tensor log_probs, Tensor targets, int[] input_lengths, int[] target_lengths, int blank=0, bool zero_infinity=False) -> (Tensor, Tensor)
+def _ctc_nll_eager(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
+                   target_lengths: torch.Tensor, blank: int, zero_infinity: bool) -> torch.Tensor:
+    return torch.ops.aten._ctc_loss.Tensor(log_probs, targets, input_lengths, target_lengths,
+                                           blank, zero_infinity)[0]
 
-    PyTorch's forward recursion (ctc_loss_cpu_template) over the extended target
-    (blank, l1, blank, l2, ..., blank), vectorised over batch and target positions and unrolled
-    over time: T and the lengths are static (known at export). Targets may be padded
-    (B, S) or concatenated 1-D. The loss is exact up to rounding; ``log_alpha`` (only used by
-    PyTorch's backward, and partly uninitialised there) holds our recursion, frozen after each
-    sequence's input length. ``zero_infinity`` is applied by the ctc_loss composite around this
-    op, as in PyTorch. Reductions come from that composite too ('mean' cannot be captured by
-    torch.export in 2.13, see the tests)."""
-    shape = static_shape(log_probs)
-    if shape is None or len(shape) != 3:
-        raise ValueError("_ctc_loss: log_probs must be (T, B, C) with static sizes")
-    n_t, n_b, _ = shape
-    in_lens, tg_lens = [int(v) for v in input_lengths], [int(v) for v in target_lengths]
-    if len(in_lens) != n_b or len(tg_lens) != n_b:
-        raise ValueError(f"_ctc_loss: expected {n_b} input and target lengths")
-    if any(not 1 <= v <= n_t for v in in_lens):
-        raise ValueError(f"_ctc_loss: input_lengths must be in [1, {n_t}] (got {in_lens})")
+
+def _ctc_nll_fake(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
+    return log_probs.new_empty((log_probs.shape[1],))
+
+
+def _ctc_nll_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4])
+    ctx.blank, ctx.zero_infinity = inputs[4], inputs[5]
+
+
+def _ctc_nll_backward(ctx, grad):
+    """PyTorch's own ctc_loss backward (it needs log_alpha, recomputed here), so that the
+    decomposition stays differentiable wherever it is traced (e.g. torch.compile)."""
+    lp, tg, il, tl = ctx.saved_tensors
+    nll, log_alpha = torch.ops.aten._ctc_loss.Tensor(lp, tg, il, tl, ctx.blank, ctx.zero_infinity)
+    g = torch.ops.aten._ctc_loss_backward.Tensor(grad, lp, tg, il, tl, nll, log_alpha, ctx.blank,
+                                                 ctx.zero_infinity)
+    return g, None, None, None, None, None
+
+
+def _ctc_composite(log_probs, targets, input_lengths, target_lengths, blank: int,
+                   reduction: int, zero_infinity: bool, nll):
+    """PyTorch's ctc_loss composite (LossCTC.cpp ctc_loss_impl, non-cuDNN branch), with the
+    per-sequence losses from ``nll(log_probs, targets)``."""
+    batched = log_probs.dim() == 3
+    lp = log_probs if batched else log_probs.unsqueeze(1)
+    res = nll(lp, targets.to(lp.device, torch.long))
+    if zero_infinity:
+        res = torch.where(res == math.inf, torch.zeros((), dtype=res.dtype), res)
+    if reduction == 1:  # mean: each loss divided by its (at least 1) target length
+        if isinstance(target_lengths, torch.Tensor):
+            return (res / target_lengths.clamp_min(1)).mean()
+        # PyTorch builds a tensor from the list, which fake tensors cannot (no constants here:
+        # torch.onnx's re-trace cannot lift them); dividing each by a number is the same
+        return torch.stack([res[i] / float(max(int(v), 1))
+                            for i, v in enumerate(target_lengths)]).mean()
+    if reduction == 2:
+        return res.sum()
+    return res if batched else res.squeeze(0)
+
+
+def _ctc_loss_intlist(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
+                      zero_infinity=False):
+    return _ctc_composite(log_probs, targets, input_lengths, target_lengths, blank, reduction,
+                          zero_infinity, lambda lp, tg: aten._ctc_loss.default(
+                              lp, tg, input_lengths, target_lengths, blank, zero_infinity)[0])
+
+
+def _ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
+                     zero_infinity=False):
+    return _ctc_composite(log_probs, targets, input_lengths, target_lengths, blank, reduction,
+                          zero_infinity, lambda lp, tg: torch.ops.onnxmedic.ctc_nll.default(
+                              lp, tg, input_lengths, target_lengths, blank, zero_infinity))
+
+
+def _register_ctc_decompositions() -> None:
+    """Make ctc_loss with reduction='mean' and with tensor lengths capturable by torch.export.
+
+    torch.export keeps ctc_loss whole and runs PyTorch's C++ composite only to propagate
+    shapes, which fails for 'mean' (it builds a tensor from the int lengths: not possible on
+    fake tensors) and for tensor lengths (aten::_ctc_loss.Tensor's log_alpha has a data-
+    dependent size that never reaches the output: PendingUnbackedSymbolNotFound). Python
+    kernels for the CompositeImplicitAutograd key (consulted only under the Python dispatcher,
+    i.e. while tracing; eager calls keep PyTorch's kernel) replay the same composite; with
+    tensor lengths the per-sequence losses come from ``onnxmedic::ctc_nll``, a custom op that
+    returns only the losses (eager: aten::_ctc_loss.Tensor), so no data-dependent size
+    appears. Private torch API: if it moves, these cases stay uncapturable, as before."""
+    try:
+        lib = torch.library.Library("onnxmedic", "FRAGMENT")
+        if not hasattr(torch.ops.onnxmedic, "ctc_nll"):
+            lib.define("ctc_nll(Tensor log_probs, Tensor targets, Tensor input_lengths, "
+                       "Tensor target_lengths, int blank, bool zero_infinity) -> Tensor")
+            lib.impl("ctc_nll", _ctc_nll_eager, "CompositeExplicitAutograd")
+            torch.library.register_fake("onnxmedic::ctc_nll", _ctc_nll_fake, lib=lib)
+            torch.library.register_autograd("onnxmedic::ctc_nll", _ctc_nll_backward,
+                                            setup_context=_ctc_nll_setup, lib=lib)
+            _CTC_LIBS.append(lib)
+        key = torch._C.DispatchKey.CompositeImplicitAutograd
+        for target, kernel in ((aten.ctc_loss.IntList, _ctc_loss_intlist),
+                               (aten.ctc_loss.Tensor, _ctc_loss_tensor)):
+            if key not in target.py_kernels:
+                target.py_impl(key)(kernel)
+    except Exception:  # pragma: no cover - depends on torch internals
+        logger.debug("ctc_loss decompositions not registered", exc_info=True)
+
+
+_CTC_LIBS: list[torch.library.Library] = []  # a Library's definitions live as long as it does
+_register_ctc_decompositions()
+
+
+def _ctc_extended(targets, tg_lens, n_b: int, width: int, blank: int):
+    """Extended targets (B, W): blank at even positions, label (s-1)//2 at odd ones. With
+    static ``tg_lens`` (a list) positions past 2*len hold blanks; with dynamic ones (a tensor)
+    they hold some label, which no result reads (alpha only flows to higher positions)."""
     t_shape = static_shape(targets)
-    if t_shape is None:
-        raise ValueError("_ctc_loss: targets must have static sizes")
-    s_max = max(tg_lens, default=0)
-    width = 2 * s_max + 1
-    if len(t_shape) == 2:
-        offsets = [b * t_shape[1] for b in range(n_b)]
-    else:
-        offsets = [int(v) for v in np.concatenate([[0], np.cumsum(tg_lens)[:-1]])]
-    # extended targets (B, W): blank at even positions, the label at odd ones
-    pos = np.zeros((n_b, width), dtype=np.int64)
     odd = np.zeros((n_b, width), dtype=bool)
-    for b in range(n_b):
-        for s in range(1, 2 * tg_lens[b], 2):
-            pos[b, s], odd[b, s] = offsets[b] + s // 2, True
+    odd[:, 1::2] = True
+    pos = np.zeros((n_b, width), dtype=np.int64)
     blank_c = op.Constant(value=ir.tensor(np.array(blank, dtype=np.int64)))
-    if odd.any():
-        flat = op.Reshape(op.Cast(targets, to=ir.DataType.INT64), ints([-1]))
-        ext = op.Where(op.Constant(value=ir.tensor(odd)), op.Gather(flat, _int64(pos), axis=0),
-                       blank_c)
-    else:
-        ext = op.Expand(blank_c, ints([n_b, width]))
+    if not odd.any():
+        return op.Expand(blank_c, ints([n_b, width]))
+    flat = op.Reshape(op.Cast(targets, to=ir.DataType.INT64), ints([-1]))
+    label = np.arange(width) // 2
+    if isinstance(tg_lens, list):
+        if len(t_shape) == 2:
+            offsets = [b * t_shape[1] for b in range(n_b)]
+        else:
+            offsets = [int(v) for v in np.concatenate([[0], np.cumsum(tg_lens)[:-1]])]
+        for b in range(n_b):
+            odd[b, 2 * tg_lens[b] + 1:] = False
+            pos[b] = np.where(odd[b], offsets[b] + label, 0)
+        idx = _int64(pos)
+    elif len(t_shape) == 2:
+        idx = _int64(np.arange(n_b)[:, None] * t_shape[1] + np.minimum(label, t_shape[1] - 1))
+    else:  # concatenated: offset of sequence b is the sum of the lengths before it
+        offsets = op.CumSum(tg_lens, op.Constant(value=ir.tensor(np.array(0, dtype=np.int64))),
+                            exclusive=1)
+        idx = op.Add(op.Unsqueeze(offsets, ints([1])), _int64(label[None, :]))
+        idx = op.Min(idx, ints([max(t_shape[0] - 1, 0)]))
+    return op.Where(op.Constant(value=ir.tensor(odd)), op.Gather(flat, idx, axis=0), blank_c)
+
+
+def _ctc_forward(log_probs, ext, n_t: int, n_b: int, width: int, active_at, tg_lens):
+    """PyTorch's forward recursion (ctc_loss_cpu_template) over the extended targets: the
+    per-sequence negative log likelihood (B,) and alpha at every step [(B, W)] * T.
+    ``active_at(t)`` is None (every sequence still runs at step t), False (none does) or a
+    (B, 1) bool value; ``tg_lens`` a list (static) or a (B,) int64 value."""
     neg = const(-math.inf, log_probs)
     zero = const(0.0, log_probs)
     # emissions E[t, b, s] = log_probs[t, b, ext[b, s]]
@@ -584,11 +675,12 @@ def aten__ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int
         return op.Gather(emit, op.Constant(value=ir.tensor(np.array(t, dtype=np.int64))),
                          axis=0)
 
+    # alpha_0: positions 0 and 1 (1 only for a non-empty target where the lengths are static;
+    # with dynamic lengths position 1 of an empty target is computed but never read)
     init = np.zeros((n_b, width), dtype=bool)
-    init[:, 0] = True
-    for b in range(n_b):
-        if tg_lens[b] > 0:
-            init[b, 1] = True
+    init[:, : min(width, 2)] = True
+    if isinstance(tg_lens, list) and width > 1:
+        init[:, 1] = [v > 0 for v in tg_lens]
     alpha = op.Where(op.Constant(value=ir.tensor(init)), at_t(0), neg)
     if width >= 3:
         ne = op.Not(op.Equal(op.Slice(ext, c2, ints([width]), c1), op.Slice(ext, c0, c_w2, c1)))
@@ -599,8 +691,8 @@ def aten__ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int
     pad2 = op.Expand(neg, ints([n_b, 2]))
     alphas = [alpha]
     for t in range(1, n_t):
-        active = np.array([[t < v] for v in in_lens])
-        if not active.any():
+        active = active_at(t)
+        if active is False:
             alphas.append(alpha)
             continue
         terms = [alpha, op.Concat(pad1, op.Slice(alpha, c0, c_w1, c1), axis=1)]
@@ -614,19 +706,86 @@ def aten__ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int
             e = op.Exp(op.Sub(a, m))
             acc = e if acc is None else op.Add(acc, e)
         new = op.Add(op.Add(op.Log(acc), m), at_t(t))
-        alpha = new if active.all() else op.Where(op.Constant(value=ir.tensor(active)), new,
-                                                    alpha)
+        alpha = new if active is None else op.Where(active, new, alpha)
         alphas.append(alpha)
-    last = np.array([[2 * v] for v in tg_lens], dtype=np.int64)
-    prev = np.array([[max(2 * v - 1, 0)] for v in tg_lens], dtype=np.int64)
-    l1 = op.GatherElements(alpha, _int64(last), axis=1)
-    l2 = op.GatherElements(alpha, _int64(prev), axis=1)
-    has_prev = np.array([[v > 0] for v in tg_lens])
-    if not has_prev.all():
-        l2 = op.Where(op.Constant(value=ir.tensor(has_prev)), l2, neg)
+    if isinstance(tg_lens, list):
+        last = _int64(np.array([[2 * v] for v in tg_lens], dtype=np.int64))
+        prev = _int64(np.array([[max(2 * v - 1, 0)] for v in tg_lens], dtype=np.int64))
+        has_prev = np.array([[v > 0] for v in tg_lens])
+        has_prev = None if has_prev.all() else op.Constant(value=ir.tensor(has_prev))
+    else:
+        tl = op.Unsqueeze(tg_lens, ints([1]))
+        last = op.Mul(tl, ints([2]))
+        prev = op.Max(op.Sub(last, ints([1])), ints([0]))
+        has_prev = op.Greater(tl, ints([0]))
+    l1 = op.GatherElements(alpha, last, axis=1)
+    l2 = op.GatherElements(alpha, prev, axis=1)
+    if has_prev is not None:
+        l2 = op.Where(has_prev, l2, neg)
     m = op.Max(l1, l2)
     m = op.Where(op.Equal(m, neg), zero, m)
     ll = op.Add(op.Log(op.Add(op.Exp(op.Sub(l1, m)), op.Exp(op.Sub(l2, m)))), m)
-    nll = op.Neg(op.Squeeze(ll, ints([1])))
+    return op.Neg(op.Squeeze(ll, ints([1]))), alphas
+
+
+def _ctc_sizes(log_probs, targets, name: str) -> tuple[int, int]:
+    shape = static_shape(log_probs)
+    if shape is None or len(shape) != 3:
+        raise ValueError(f"{name}: log_probs must be (T, B, C) with static sizes")
+    if static_shape(targets) is None:
+        raise ValueError(f"{name}: targets must have static sizes")
+    return shape[0], shape[1]
+
+
+@translation(aten._ctc_loss.default, static_shapes=True)
+def aten__ctc_loss(log_probs, targets, input_lengths, target_lengths, blank: int = 0,
+                   zero_infinity: bool = False):
+    """_ctc_loss(Tensor log_probs, Tensor targets, int[] input_lengths, int[] target_lengths, int blank=0, bool zero_infinity=False) -> (Tensor, Tensor)
+
+    PyTorch's forward recursion (ctc_loss_cpu_template) over the extended target
+    (blank, l1, blank, l2, ..., blank), vectorised over batch and target positions and unrolled
+    over time: T and the lengths are static (known at export). Targets may be padded
+    (B, S) or concatenated 1-D. The loss is exact up to rounding; ``log_alpha`` (only used by
+    PyTorch's backward, and partly uninitialised there) holds our recursion, frozen after each
+    sequence's input length. ``zero_infinity`` and the reductions are applied by the ctc_loss
+    composite around this op, as in PyTorch (for 'mean' the Python replay registered above)."""
+    n_t, n_b = _ctc_sizes(log_probs, targets, "_ctc_loss")
+    in_lens, tg_lens = [int(v) for v in input_lengths], [int(v) for v in target_lengths]
+    if len(in_lens) != n_b or len(tg_lens) != n_b:
+        raise ValueError(f"_ctc_loss: expected {n_b} input and target lengths")
+    if any(not 1 <= v <= n_t for v in in_lens):
+        raise ValueError(f"_ctc_loss: input_lengths must be in [1, {n_t}] (got {in_lens})")
+    width = 2 * max(tg_lens, default=0) + 1
+    ext = _ctc_extended(targets, tg_lens, n_b, width, blank)
+
+    def active_at(t):
+        active = np.array([[t < v] for v in in_lens])
+        if active.all():
+            return None
+        return op.Constant(value=ir.tensor(active)) if active.any() else False
+
+    nll, alphas = _ctc_forward(log_probs, ext, n_t, n_b, width, active_at, tg_lens)
     log_alpha = op.Concat(*[op.Unsqueeze(a, ints([1])) for a in alphas], axis=1)
     return nll, log_alpha
+
+
+@translation(torch.ops.onnxmedic.ctc_nll.default, static_shapes=True)
+def onnxmedic_ctc_nll(log_probs, targets, input_lengths, target_lengths, blank: int,
+                      zero_infinity: bool):
+    """onnxmedic::ctc_nll(Tensor log_probs, Tensor targets, Tensor input_lengths, Tensor target_lengths, int blank, bool zero_infinity) -> Tensor
+
+    ctc_loss with tensor lengths: the same recursion as ``_ctc_loss`` with the lengths read at
+    run time. T and the targets' size must be static; the extended target is as wide as the
+    targets allow (2S+1 for padded (B, S) targets, 2N+1 for N concatenated labels). Lengths out
+    of PyTorch's range (which PyTorch rejects) are not checked."""
+    n_t, n_b = _ctc_sizes(log_probs, targets, "ctc_loss")
+    t_shape = static_shape(targets)
+    width = 2 * (t_shape[1] if len(t_shape) == 2 else t_shape[0]) + 1
+    in_lens = op.Reshape(op.Cast(input_lengths, to=ir.DataType.INT64), ints([-1]))
+    tg_lens = op.Reshape(op.Cast(target_lengths, to=ir.DataType.INT64), ints([-1]))
+    ext = _ctc_extended(targets, tg_lens, n_b, width, blank)
+    in_col = op.Unsqueeze(in_lens, ints([1]))
+    steps = [op.Constant(value=ir.tensor(np.array(t, dtype=np.int64))) for t in range(n_t)]
+    nll, _ = _ctc_forward(log_probs, ext, n_t, n_b, width,
+                          lambda t: op.Less(steps[t], in_col), tg_lens)
+    return nll

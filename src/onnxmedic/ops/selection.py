@@ -1,5 +1,5 @@
 """Selection and sorting ops torchlib lacks or gets wrong: stable sort/argsort, median, nanmedian,
-kthvalue, mode, searchsorted.
+kthvalue, mode, searchsorted, bucketize, quantile, topk (0-d).
 
 Sorting is built on ONNX TopK, whose spec makes it stable ("given two equivalent values, the
 element with the lower index appears first"); NaN, which TopK does not order, is handled by a
@@ -96,6 +96,26 @@ def aten_argsort_stable(self, *, stable: bool, dim: int = -1, descending: bool =
         _axis(dim, 0)
         return _index_zero()
     return _stable_argsort(self, _axis(dim, _rank(self)), descending)
+
+
+@translation(aten.topk.default, overrides_torchlib=True)
+def aten_topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):  # noqa: A002
+    """topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)
+
+    ONNX TopK, as torchlib, which fails on a 0-d input (ONNX Runtime rejects TopK's axis
+    there); PyTorch returns the element and index 0 (for k 0 or 1). Tied values: ONNX TopK
+    puts the lower index first; PyTorch's CPU kernel (std::partial_sort or std::nth_element,
+    neither stable) returns tied elements in an order its algorithm leaves, so indices of tied
+    values can differ (values never do). With ``sorted=False`` PyTorch's order of the k
+    values is unspecified too."""
+    if _rank(self) == 0:
+        _axis(dim, 0)
+        if isinstance(k, int) and k not in (0, 1):
+            raise ValueError(f"topk: k must be 0 or 1 for a 0-d input (got {k})")
+        return op.Identity(self), _index_zero()
+    axis = _axis(dim, _rank(self))
+    k_value = ints([k]) if isinstance(k, int) else op.Reshape(k, ints([1]))
+    return op.TopK(self, k_value, axis=axis, largest=int(largest), sorted=int(sorted))
 
 
 def _keep_shape(x, axis: int):
@@ -346,6 +366,24 @@ def aten_searchsorted_scalar(sorted_sequence, self, *, out_int32: bool = False,
     if is_float(sorted_sequence) or not isinstance(self, float):
         v = op.CastLike(v, sorted_sequence)
     return _searchsorted(sorted_sequence, v, out_int32, right, side, sorter)
+
+
+@translation(aten.bucketize.Tensor)
+def aten_bucketize_tensor(self, boundaries, *, out_int32: bool = False, right: bool = False):
+    """bucketize.Tensor(Tensor self, Tensor boundaries, *, bool out_int32=False, bool right=False) -> Tensor
+
+    searchsorted(boundaries, self) with the same ``right``, as PyTorch computes it. torchlib
+    has no bucketize, and torch.onnx's fallback decomposition reads a 0-d input as a Python
+    number (GuardOnDataDependentSymNode)."""
+    if _rank(boundaries) != 1:
+        raise ValueError("bucketize: boundaries must be 1-D")
+    return _searchsorted(boundaries, self, out_int32, right, None, None)
+
+
+@translation(aten.bucketize.Scalar)
+def aten_bucketize_scalar(self, boundaries, *, out_int32: bool = False, right: bool = False):
+    """bucketize.Scalar(Scalar self, Tensor boundaries, *, bool out_int32=False, bool right=False) -> Tensor"""
+    return aten_searchsorted_scalar(boundaries, self, out_int32=out_int32, right=right)
 
 
 def _quantile(self, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool):
