@@ -31,11 +31,6 @@ def _spd(*shape, dtype, seed=0):
     return (a @ a.mT + n * torch.eye(n, dtype=torch.float64)).to(dtype)
 
 
-def _not_square(sample) -> str | None:
-    a = sample[0][0]
-    return "non-square" if a.shape[-1] != a.shape[-2] else None
-
-
 # ------------------------------------------------------------------ edge values
 
 
@@ -149,7 +144,31 @@ def _trisolve_edges(dtype):
 def _lu_solve_edges(dtype):
     LU, piv = torch.linalg.lu_factor(_rand(2, 5, 5, dtype=dtype))
     B = _rand(2, 5, 3, dtype=dtype, seed=1)
-    return [((LU, piv, B), {}), ((LU, piv, B), {"adjoint": True})]
+    Bt = _rand(3, 5, dtype=dtype, seed=2)  # no batch dims: broadcast against LU's
+    one = torch.linalg.lu_factor(torch.tensor([[-2.0]], dtype=dtype))
+    return [((LU, piv, B), {}), ((LU, piv, B), {"adjoint": True}),
+            ((LU, piv, B.mT), {"left": False}),
+            ((LU, piv, Bt), {"left": False, "adjoint": True}),
+            ((*one, torch.tensor([[4.0, 1.0]], dtype=dtype)), {"left": True}),
+            ((*one, torch.tensor([[4.0], [1.0]], dtype=dtype)), {"left": False})]
+
+
+def _rect_lu_edges(dtype):
+    """Non-square getrf: wide and tall, batched; ties (the first largest |entry| is the pivot);
+    a zero column (zero pivot: not scaled, info set); rank deficient; 1 x n, m x 1; an empty
+    batch and empty matrices."""
+    ties = torch.tensor([[1.0, 1.0, 2.0], [-1.0, 1.0, 0.0], [1.0, 3.0, 3.0], [0.0, 0.0, 1.0]],
+                        dtype=dtype)
+    zero_col = torch.tensor([[0.0, 1.0, 2.0, 3.0], [0.0, 4.0, 5.0, 6.0]], dtype=dtype)
+    # rank 2 (col 3 = col 1 + col 2), with power-of-two multipliers so that the elimination is
+    # exact and the last pivot is a true 0, not rounding noise (whose choice would depend on
+    # the order of operations)
+    low = torch.tensor([[2.0, 1.0, 3.0], [4.0, 2.0, 6.0], [1.0, 1.0, 2.0], [8.0, 4.0, 12.0],
+                        [2.0, 3.0, 5.0]], dtype=dtype)
+    return [((_rand(2, 3, 6, dtype=dtype),), {}), ((_rand(2, 6, 3, dtype=dtype),), {}),
+            ((ties,), {}), ((ties.mT.contiguous(),), {}), ((zero_col,), {}), ((low,), {}),
+            ((_rand(1, 4, dtype=dtype),), {}), ((_rand(4, 1, dtype=dtype),), {}),
+            ((_rand(0, 3, 5, dtype=dtype),), {}), ((_rand(2, 0, 3, dtype=dtype),), {})]
 
 
 def _qr_edges(dtype):
@@ -257,14 +276,14 @@ ENTRIES = [
             tolerance={"float32": (1e-5, 1e-4), "float64": (1e-9, 1e-10)}),
     OpEntry("triangular_solve", edge=_trisolve_edges, max_samples=3,
             tolerance={"float32": (1e-5, 1e-4)}),
-    OpEntry("linalg.lu_factor", dtypes=F64, skip_sample=_not_square, max_samples=3,
-            edge=lambda dt: _square_edges(dt)[:4],
+    OpEntry("linalg.lu_factor", dtypes=F64, max_samples=6,
+            edge=lambda dt: _square_edges(dt)[:4] + _rect_lu_edges(dt),
             tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),
-    OpEntry("linalg.lu_factor_ex", skip_sample=_not_square, max_samples=3, tolerance=F32),
-    OpEntry("linalg.lu", dtypes=F64, skip_sample=_not_square, max_samples=4,
-            edge=lambda dt: _square_edges(dt)[:4],
+    OpEntry("linalg.lu_factor_ex", max_samples=6, edge=_rect_lu_edges, tolerance=F32),
+    OpEntry("linalg.lu", dtypes=F64, max_samples=6,
+            edge=lambda dt: _square_edges(dt)[:4] + _rect_lu_edges(dt),
             tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),
-    OpEntry("linalg.lu_solve", use_opinfo=False, edge=_lu_solve_edges,
+    OpEntry("linalg.lu_solve", max_samples=8, edge=_lu_solve_edges,
             tolerance={"float32": (1e-5, 1e-4)}),
     OpEntry("linalg.qr", dtypes=F64, edge=_qr_edges, max_samples=3,
             tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),

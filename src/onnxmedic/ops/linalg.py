@@ -349,14 +349,16 @@ def _lu(A, n: int):
     Row swaps are real (GatherElements with a swap index), so LU and pivots match PyTorch.
     A zero pivot skips the scaling of the column, as getrf does.
     """
-    LU, pivots, info, d, _ = _lu_with_order(A, n, with_order=False)
+    LU, pivots, info, d, _ = _lu_with_order(A, n, n, with_order=False)
     return LU, pivots, info, d
 
 
-def _lu_with_order(A, n: int, with_order: bool = True):
-    """_lu plus ``order`` [..., n] int64: row i of L U is row order[i] of A (P[order[i], i] = 1);
-    None unless ``with_order`` (only linalg_lu needs it)."""
-    rng = _i64_const(np.arange(n))
+def _lu_with_order(A, m: int, n: int, with_order: bool = True):
+    """getrf of an m x n matrix (min(m, n) elimination steps): _lu plus ``order`` [..., m]
+    int64: row i of L U is row order[i] of A (P[order[i], i] = 1); None unless ``with_order``
+    (only linalg_lu needs it). Pivots and the diagonal have min(m, n) entries."""
+    K = min(m, n)
+    rng = _i64_const(np.arange(m))
     zero = const(0.0, A)
     one = const(1.0, A)
     neg1 = const(-1.0, A)
@@ -364,34 +366,34 @@ def _lu_with_order(A, n: int, with_order: bool = True):
     order = None
     pivs = []
     diag = []
-    for k in range(n):
-        col = op.Gather(A, _k(k), axis=-1)  # [..., n]
-        score = op.Where(_bool_const(np.arange(n) < k), neg1, op.Abs(col))
+    for k in range(K):
+        col = op.Gather(A, _k(k), axis=-1)  # [..., m]
+        score = op.Where(_bool_const(np.arange(m) < k), neg1, op.Abs(col))
         p = op.ArgMax(score, axis=-1, keepdims=1)  # [..., 1]
         pivs.append(p)
         kk = op.Constant(value_int=k)
-        idx = op.Where(op.Equal(rng, kk), p, op.Where(op.Equal(rng, p), kk, rng))  # [..., n]
+        idx = op.Where(op.Equal(rng, kk), p, op.Where(op.Equal(rng, p), kk, rng))  # [..., m]
         A = op.GatherElements(A, op.Expand(op.Unsqueeze(idx, ints([-1])), full_shape), axis=-2)
         if with_order:
             order = idx if order is None else op.GatherElements(order, idx, axis=-1)
-        if k == n - 1:
+        if k == m - 1:  # no rows below the pivot: nothing to eliminate
             diag.append(op.Gather(op.Gather(A, _k(k), axis=-1), _k(k), axis=-1))
             break
-        colk = op.Gather(A, _k(k), axis=-1)  # [..., n]
+        colk = op.Gather(A, _k(k), axis=-1)  # [..., m]
         rowk = op.Gather(A, _k(k), axis=-2)  # [..., n]
         piv = op.Gather(colk, _k(k), axis=-1)  # [...]
         diag.append(piv)
         safe = op.Unsqueeze(op.Where(op.Equal(piv, zero), one, piv), ints([-1]))
-        below = _np_const((np.arange(n) > k).astype(np.float64), A)
+        below = _np_const((np.arange(m) > k).astype(np.float64), A)
         right = _np_const((np.arange(n) > k).astype(np.float64), A)
         l = op.Mul(op.Div(colk, safe), below)  # multipliers, zero at rows <= k
         upd = op.Mul(op.Unsqueeze(l, ints([-1])), op.Unsqueeze(op.Mul(rowk, right), ints([-2])))
         A = op.Sub(A, upd)
-        colmask = _bool_const((np.arange(n)[:, None] > k) & (np.arange(n)[None, :] == k))
+        colmask = _bool_const((np.arange(m)[:, None] > k) & (np.arange(n)[None, :] == k))
         A = op.Where(colmask, op.Unsqueeze(l, ints([-1])), A)
     pivots = _int32(op.Add(op.Concat(*pivs, axis=-1), op.Constant(value_int=1)))
-    d = op.Concat(*[op.Unsqueeze(x, ints([-1])) for x in diag], axis=-1)  # [..., n]
-    info = _first_true_1based(op.Equal(d, zero), n)
+    d = op.Concat(*[op.Unsqueeze(x, ints([-1])) for x in diag], axis=-1)  # [..., K]
+    info = _first_true_1based(op.Equal(d, zero), K)
     return A, pivots, info, d, order
 
 
@@ -436,22 +438,26 @@ def aten__linalg_slogdet_default(A):
 def aten_linalg_lu_default(A, pivot: bool = True):
     """linalg_lu(Tensor A, *, bool pivot=True) -> (Tensor P, Tensor L, Tensor U)
 
-    Square matrices of a size static at export (getrf's partial pivoting, unrolled)."""
+    m x n matrices of a size static at export (getrf's partial pivoting, unrolled over
+    min(m, n) steps): P is m x m, L m x min(m, n), U min(m, n) x n."""
     if not pivot:
         raise ValueError("linalg_lu: pivot=False is not supported (LU without pivoting is only "
                          "implemented by PyTorch on CUDA)")
     m, n = _matrix_size(A, "linalg_lu")
-    if m != n:
-        raise ValueError(f"linalg_lu: only square matrices are supported (got {m} x {n})")
-    if n == 0 or _empty_batch(A):
-        return A, A, A
-    LU, _, _, _, order = _lu_with_order(A, n)
-    lower = _np_const(np.tril(np.ones((n, n)), -1), A)
-    L = op.Add(op.Mul(LU, lower), _np_const(np.eye(n), A))
-    U = op.Mul(LU, _np_const(np.triu(np.ones((n, n))), A))
-    rng = _i64_const(np.arange(n))
+    K = min(m, n)
+    if K == 0 or _empty_batch(A):
+        eye_m = op.Expand(_eye(m, A), op.Concat(_batch_shape(A), ints([m, m]), axis=0))
+        return eye_m, _zeros(A, m, K), _zeros(A, K, n)
+    LU, _, _, _, order = _lu_with_order(A, m, n)
+    r = len(list(A.shape))
+    L = op.Slice(LU, ints([0]), ints([K]), ints([-1]))  # [..., m, K]
+    L = op.Add(op.Mul(L, _np_const(np.tril(np.ones((m, K)), -1), A)),
+               _np_const(np.eye(m, K), A))
+    U = op.Slice(LU, ints([0]), ints([K]), ints([-2]))  # [..., K, n]
+    U = op.Mul(U, _np_const(np.triu(np.ones((K, n))), A))
+    rng = _i64_const(np.arange(m))
     Pt = op.CastLike(op.Equal(op.Unsqueeze(order, ints([-1])), rng), A)  # Pt[i, order[i]] = 1
-    return _mT(Pt, len(list(A.shape))), L, U
+    return _mT(Pt, r), L, U
 
 
 def _lu_factor(A, opname: str, pivot: bool):
@@ -459,12 +465,11 @@ def _lu_factor(A, opname: str, pivot: bool):
         raise ValueError(f"{opname}: pivot=False is not supported (LU without pivoting is only "
                          f"implemented by PyTorch on CUDA)")
     m, n = _matrix_size(A, opname)
-    if m != n:
-        raise ValueError(f"{opname}: only square matrices are supported (got {m} x {n})")
-    if n == 0 or _empty_batch(A):
+    K = min(m, n)
+    if K == 0 or _empty_batch(A):
         b = _batch_shape(A)
-        return A, _zeros_i32(op.Concat(b, ints([n]), axis=0)), _zeros_i32(b)
-    LU, pivots, info, _ = _lu(A, n)
+        return A, _zeros_i32(op.Concat(b, ints([K]), axis=0)), _zeros_i32(b)
+    LU, pivots, info, _, _ = _lu_with_order(A, m, n, with_order=False)
     return LU, pivots, info
 
 
@@ -472,7 +477,8 @@ def _lu_factor(A, opname: str, pivot: bool):
 def aten_linalg_lu_factor_default(A, pivot: bool = True):
     """linalg_lu_factor(Tensor A, *, bool pivot=True) -> (Tensor LU, Tensor pivots)
 
-    Square matrices only (LAPACK getrf semantics: int32 1-based pivots).
+    m x n matrices (LAPACK getrf semantics: min(m, n) int32 1-based pivots, the first largest
+    |entry| on ties).
     """
     LU, pivots, _ = _lu_factor(A, "linalg_lu_factor", pivot)
     return LU, pivots
@@ -566,26 +572,38 @@ def same_or_true(A, B) -> bool:
 
 @translation(aten.linalg_lu_solve.default, static_shapes=True)
 def aten_linalg_lu_solve_default(LU, pivots, B, left: bool = True, adjoint: bool = False):
-    """linalg_lu_solve(Tensor LU, Tensor pivots, Tensor B, *, bool left=True, bool adjoint=False) -> Tensor"""
+    """linalg_lu_solve(Tensor LU, Tensor pivots, Tensor B, *, bool left=True, bool adjoint=False) -> Tensor
+
+    A = P L U from getrf. left=False solves X A = B (X A^H = B with adjoint=True) through the
+    transposed system A^T X^T = B^T (A X^T = B^T): the same two triangular solves."""
     n = _square(LU, "linalg_lu_solve")
     if n == 0:
         return B
-    rl, _rb = len(LU.shape), len(B.shape)
+    rb = len(B.shape)
     same = list(LU.shape)[:-2] == list(B.shape)[:-2]
-    if left and not adjoint:
+    if not left:
+        X = _lu_solve_left(LU, pivots, _mT(B, rb), not adjoint, same)
+        return _mT(X, max(len(LU.shape), rb))
+    return _lu_solve_left(LU, pivots, B, adjoint, same)
+
+
+def _lu_solve_left(LU, pivots, B, adjoint: bool, same: bool):
+    """Solve A X = B (A^T X = B when ``adjoint``) for A = P L U given as getrf's LU, pivots;
+    ``same``: LU and B have the same batch dims (no broadcast needed)."""
+    n = LU.shape[-1]
+    rl = len(LU.shape)
+    if not adjoint:
         # A = P L U: X = U^-1 L^-1 P^T B
         LU2, B2 = _broadcast_batch(LU, B, same)
         Bp = _apply_pivots(B2, pivots, n)
         Y = _trsolve(LU2, Bp, n, lower=True, unit=True)
         return _trsolve(LU2, Y, n, lower=False, unit=False)
-    if left and adjoint:
-        # A^T X = B: U^T L^T P^T X = B -> X = P L^-T U^-T B
-        LUt = _mT(LU, rl)
-        LU2, B2 = _broadcast_batch(LUt, B, same)
-        Y = _trsolve(LU2, B2, n, lower=True, unit=False)  # U^T Y = B
-        Z = _trsolve(LU2, Y, n, lower=False, unit=True)  # L^T Z = Y
-        return _apply_pivots_inverse(Z, pivots, n)
-    raise ValueError("linalg_lu_solve: left=False is not supported yet")
+    # A^T X = B: U^T L^T P^T X = B -> X = P L^-T U^-T B
+    LUt = _mT(LU, rl)
+    LU2, B2 = _broadcast_batch(LUt, B, same)
+    Y = _trsolve(LU2, B2, n, lower=True, unit=False)  # U^T Y = B
+    Z = _trsolve(LU2, Y, n, lower=False, unit=True)  # L^T Z = Y
+    return _apply_pivots_inverse(Z, pivots, n)
 
 
 def _apply_pivots_inverse(B, pivots, n: int):
