@@ -234,6 +234,58 @@ def _rank_edges(dtype):
     return [((low,), {}), ((torch.zeros(2, 3, 3, dtype=dtype),), {})]
 
 
+def _lstsq(driver=None, rcond=None):
+    def fn(a, b):
+        return torch.linalg.lstsq(a, b, rcond=rcond, driver=driver)
+
+    return fn
+
+
+def _lstsq_edges(dtype):
+    """Wide, tall, square; batched with a vector b and with broadcast batch dims; exactly
+    rank-deficient (column 3 = column 1 + column 2: rank from rcond, minimum-norm solution);
+    the zero matrix (rank 0); 1 x 1; an empty batch and empty matrices."""
+    low = _rand(6, 2, dtype=dtype) @ torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]],
+                                                  dtype=dtype)
+    return [((_rand(4, 6, dtype=dtype), _rand(4, 2, dtype=dtype, seed=1)), {}),
+            ((_rand(2, 6, 4, dtype=dtype), _rand(2, 6, dtype=dtype, seed=1)), {}),
+            ((_rand(1, 5, 3, dtype=dtype), _rand(3, 5, 2, dtype=dtype, seed=1)), {}),
+            ((low, _rand(6, 2, dtype=dtype, seed=1)), {}),
+            ((low.mT.contiguous(), _rand(3, 2, dtype=dtype, seed=1)), {}),
+            ((torch.zeros(3, 3, dtype=dtype), _rand(3, 2, dtype=dtype, seed=1)), {}),
+            ((torch.tensor([[-4.0]], dtype=dtype), torch.tensor([[2.0, 1.0]], dtype=dtype)), {}),
+            ((_rand(0, 4, 3, dtype=dtype), _rand(0, 4, 2, dtype=dtype)), {}),
+            ((_rand(0, 3, dtype=dtype), _rand(0, 2, dtype=dtype)), {}),
+            ((_rand(3, 0, dtype=dtype), _rand(3, 2, dtype=dtype)), {})]
+
+
+def _gels_edges(dtype):
+    """gels (QR/LQ, full rank): tall with residuals (matrix and vector b), wide, square."""
+    return [((_rand(2, 6, 4, dtype=dtype), _rand(2, 6, 3, dtype=dtype, seed=1)), {}),
+            ((_rand(6, 4, dtype=dtype), _rand(6, dtype=dtype, seed=1)), {}),
+            ((_rand(3, 5, dtype=dtype), _rand(3, 2, dtype=dtype, seed=1)), {}),
+            ((_rand(4, 4, dtype=dtype), _rand(4, 1, dtype=dtype, seed=1)), {}),
+            ((_rand(3, 0, dtype=dtype), _rand(3, 2, dtype=dtype)), {})]
+
+
+def _gelsd_edges(dtype):
+    """gelsd/gelss: singular values and rank; a single tall matrix has residuals only when it
+    has full rank (a data-dependent length: k or 0)."""
+    low = _rand(5, 2, dtype=dtype) @ _rand(2, 5, dtype=dtype, seed=2)  # rank 2
+    tall_low = _rand(6, 2, dtype=dtype) @ _rand(2, 3, dtype=dtype, seed=2)  # rank 2 < n
+    return [((_rand(2, 3, 5, dtype=dtype), _rand(2, 3, 2, dtype=dtype, seed=1)), {}),
+            ((low, _rand(5, 2, dtype=dtype, seed=1)), {}),
+            ((_rand(6, 3, dtype=dtype), _rand(6, 2, dtype=dtype, seed=1)), {}),
+            ((_rand(6, 3, dtype=dtype), _rand(6, dtype=dtype, seed=1)), {}),
+            ((tall_low, _rand(6, 2, dtype=dtype, seed=1)), {}),
+            ((_rand(0, 3, dtype=dtype), _rand(0, 2, dtype=dtype)), {})]
+
+
+def _gelsy_rcond_edges(dtype):
+    a = torch.diag(torch.tensor([4.0, 1.0, 0.1], dtype=dtype)) + 0.01 * _rand(3, 3, dtype=dtype)
+    return [((a, _rand(3, 2, dtype=dtype, seed=1)), {})]
+
+
 def _mexp_edges(dtype):
     a = _rand(3, 5, 5, dtype=dtype)
     skew = a - a.mT
@@ -300,6 +352,23 @@ ENTRIES = [
     OpEntry("linalg.pinv", edge=_pinv_edges, max_samples=3, tolerance={"float32": (1e-4, 1e-5)}),
     OpEntry("linalg.matrix_norm", use_opinfo=False, edge=_matrix_norm_edges, tolerance=F32),
     OpEntry("linalg.matrix_rank", edge=_rank_edges, max_samples=3),
+    OpEntry("linalg.lstsq", dtypes=F64, max_samples=12, edge=_lstsq_edges,
+            # gelsy default: the SVD truncation at rcond * largest singular value
+            tolerance={"float32": (1e-4, 1e-5), "float64": (1e-9, 1e-10)}),
+    OpEntry("linalg.lstsq", "grad_oriented", max_samples=12, tolerance={"float32": (1e-4, 1e-5)}),
+    OpEntry("linalg.lstsq.gels", fn=_lstsq("gels"), use_opinfo=False, dtypes=F64,
+            edge=_gels_edges, tolerance={"float32": (1e-4, 1e-5), "float64": (1e-9, 1e-10)}),
+    OpEntry("linalg.lstsq.gelsd", fn=_lstsq("gelsd"), use_opinfo=False, edge=_gelsd_edges,
+            tolerance={"float32": (1e-4, 1e-5)}),
+    OpEntry("linalg.lstsq.gelss", fn=_lstsq("gelss"), use_opinfo=False, edge=_gelsd_edges,
+            tolerance={"float32": (1e-4, 1e-5)}),
+    OpEntry("linalg.lstsq.rcond", fn=_lstsq("gelsd", rcond=0.05), use_opinfo=False,
+            edge=_gelsy_rcond_edges, tolerance={"float32": (1e-4, 1e-5)}),
+    OpEntry("linalg.lstsq.gelsy_rcond", fn=_lstsq("gelsy", rcond=0.05), use_opinfo=False,
+            edge=_gelsy_rcond_edges,
+            xfail={"float32": "gelsy truncates a pivoted QR (rank from LAPACK's incremental "
+                              "condition estimate), onnxmedic truncates the SVD: the solutions "
+                              "differ once rcond drops singular values above rounding level"}),
     OpEntry("linalg.matrix_exp", fn=torch.linalg.matrix_exp, use_opinfo=False, dtypes=F64,
             edge=_mexp_edges,
             # Scaling and squaring with a degree-18 Taylor polynomial: each squaring doubles the
@@ -419,6 +488,36 @@ def test_dynamic_batch_dims():
     np.testing.assert_allclose(x, torch.linalg.solve(a5, b5).numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ld, torch.linalg.slogdet(a5)[1].numpy(), rtol=1e-5, atol=1e-5)
     assert not math.isnan(float(ld.sum()))
+
+
+@pytest.mark.parametrize("driver", ["gelsd", "gelss"])
+def test_lstsq_batched_residuals_of_data_dependent_shape_are_refused(driver):
+    """gelsd/gelss on a batch of tall matrices: residuals are [*batch, k] only if every matrix
+    has full rank, else [0]. Capture fails with that reason (not torch's bare
+    DynamicOutputShapeException), and the message names the drivers that work."""
+    a, b = _rand(2, 5, 3, dtype=torch.float32), _rand(2, 5, 2, dtype=torch.float32, seed=1)
+    res = check_call(lambda a, b: torch.linalg.lstsq(a, b, driver=driver), (a, b))
+    assert res.stage == "export"
+    assert "data-dependent shape" in res.error and "driver='gelsy'" in res.error
+    assert check_call(lambda a, b: torch.linalg.lstsq(a, b, driver="gelsy"), (a, b)).ok
+
+
+def test_lstsq_capture_needs_the_fake_kernel():
+    """Without onnxmedic's fake kernel torch.export refuses linalg_lstsq (no static-shape
+    kernel): the kernel is what makes the translation reachable."""
+    from torch._library.simple_registry import singleton
+
+    holder = singleton.find("aten::linalg_lstsq").fake_impl
+    ours = [k for k in holder.kernels if getattr(k, "source", "") == "onnxmedic"]
+    assert len(ours) == 1
+    a, b = _rand(4, 3, dtype=torch.float32), _rand(4, 2, dtype=torch.float32, seed=1)
+    holder.kernels.remove(ours[0])
+    try:
+        res = check_call(torch.linalg.lstsq, (a, b))
+        assert res.stage == "export" and "DynamicOutputShape" in res.error
+    finally:
+        holder.kernels.append(ours[0])
+    assert check_call(torch.linalg.lstsq, (a, b)).ok
 
 
 @pytest.mark.parametrize("fn", [torch.linalg.eigvalsh, torch.linalg.pinv, torch.linalg.svdvals,

@@ -58,3 +58,24 @@ def norm_axis(dim: int, rank: int) -> int:
     if not -r <= dim < r:
         raise ValueError(f"dim {dim} is out of range for a tensor of rank {rank}")
     return dim + r if dim < 0 else dim
+
+
+def add_fake_kernel(qualname: str, kernel: Any) -> bool:
+    """Put ``kernel`` in torch's fake-impl registry for ``qualname`` (e.g. "aten::_ctc_loss").
+
+    For ATen ops tagged ``dynamic_output_shape`` that have no fake kernel: FakeTensorMode refuses
+    them (DynamicOutputShapeException) before any translation is consulted, so torch.export
+    cannot capture them. The fake-impl registry is consulted before that refusal and adds no
+    Meta registration, so nothing else changes. The kernel may raise to refuse a case whose
+    shapes really are data dependent. Added once (idempotent). Private torch API: returns False
+    if it moved, and the op simply stays uncapturable, as before."""
+    try:
+        from torch._library.fake_impl import Kernel
+        from torch._library.simple_registry import singleton
+
+        holder = singleton.find(qualname).fake_impl
+        if not any(getattr(k, "source", "") == "onnxmedic" for k in holder.kernels):
+            holder.kernels.append(Kernel(kernel, "onnxmedic"))
+        return True
+    except Exception:  # pragma: no cover - depends on torch internals
+        return False

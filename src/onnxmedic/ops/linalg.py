@@ -34,7 +34,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from onnxmedic.ops._common import const, ints
+from onnxmedic.ops._common import add_fake_kernel, const, const_f64, ints
 from onnxmedic.ops._registry import translation
 
 aten = torch.ops.aten
@@ -1077,6 +1077,173 @@ def aten_linalg_pinv_atol_rtol_tensor(self, atol=None, rtol=None, hermitian: boo
 def aten_linalg_pinv_atol_rtol_float(self, atol=None, rtol=None, hermitian: bool = False):
     """linalg_pinv.atol_rtol_float(Tensor self, *, float? atol=None, float? rtol=None, bool hermitian=False) -> Tensor"""
     return _pinv(self, atol, rtol, hermitian, "linalg_pinv")
+
+
+# ----------------------------------------------------------------------------- lstsq
+
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def _lstsq_driver(driver, device_type: str = "cpu") -> str:
+    if driver is None:
+        return "gelsy" if device_type == "cpu" else "gels"  # PyTorch's defaults
+    if driver not in _LSTSQ_DRIVERS:
+        raise ValueError(f"linalg_lstsq: unknown driver {driver!r}; valid: {_LSTSQ_DRIVERS}")
+    return driver
+
+
+def _lstsq_dynamic_reason(driver: str, m, n, batched: bool) -> str | None:
+    """Why the output shapes cannot be captured, or None.
+
+    PyTorch fills ``residuals`` (m > n only) for gels always, for gelsy never, and for
+    gelsd/gelss only when every matrix has full rank n. For a single matrix that is a
+    data-dependent length (k or 0: an unbacked size); for a batch the rank of the output
+    changes too ([*batch, k] or [0]), which no exported shape can express."""
+    if driver in ("gelsd", "gelss") and m > n and n != 0 and batched:
+        return (f"linalg_lstsq: with driver={driver!r}, m > n ({m} x {n}) and batched input, "
+                f"PyTorch returns residuals [*batch, k] only when every matrix has full rank "
+                f"and [0] otherwise: a data-dependent shape, so it cannot be exported; use "
+                f"driver='gelsy' (no residuals) or 'gels' (full-rank A, residuals always), or "
+                f"compute the residuals from the solution")
+    return None
+
+
+def _lstsq_data_dependent_residuals(driver: str, m, n) -> bool:
+    """gelsd/gelss, one m > n matrix: residuals have k entries if A has full rank, else 0."""
+    return driver in ("gelsd", "gelss") and m > n and n != 0
+
+
+def _lstsq_fake(self, b, rcond=None, *, driver=None):
+    """Shapes of aten::linalg_lstsq's outputs where they are static (see _lstsq_dynamic_reason).
+
+    solution [*batch, n, k] ([*batch, n] for a vector b); residuals [*batch, k] (gels, m > n;
+    [*batch, 1] for a vector b) else [0]; rank [*A.batch] int64 (not gels) else [0];
+    singular_values [*A.batch, min(m, n)] (gelsd, gelss) else [0]. The batch dims of A and b
+    broadcast (rank and singular_values keep A's own)."""
+    drv = _lstsq_driver(driver, self.device.type)
+    vector = b.dim() == self.dim() - 1
+    m, n = self.shape[-2], self.shape[-1]
+    k = 1 if vector else b.shape[-1]
+    batch = torch.broadcast_shapes(self.shape[:-2], b.shape[:-1] if vector else b.shape[:-2])
+    reason = _lstsq_dynamic_reason(drv, m, n, self.dim() > 2)
+    if reason is not None:
+        raise RuntimeError(reason)
+    solution = self.new_empty((*batch, n) if vector else (*batch, n, k))
+    if _lstsq_data_dependent_residuals(drv, m, n):  # k or 0 entries
+        from torch._library.fake_impl import global_ctx_getter
+
+        residuals = self.new_empty((*batch, global_ctx_getter().new_dynamic_size(max=k)))
+    else:
+        has_res = m > n and drv in ("gels", "gelsd", "gelss")
+        residuals = self.new_empty((*batch, k) if has_res else (0,))
+    rank = self.new_empty((0,) if drv == "gels" else tuple(self.shape[:-2]), dtype=torch.int64)
+    sv = self.new_empty((*self.shape[:-2], min(m, n)) if drv in ("gelsd", "gelss") else (0,))
+    return solution, residuals, rank, sv
+
+
+add_fake_kernel("aten::linalg_lstsq", _lstsq_fake)
+
+
+def _lstsq_qr(A, B, m: int, n: int, r: int):
+    """gels on rank-r [..., m, n] A and [..., m, k] B: least squares by Householder QR
+    (m >= n) or minimum norm by LQ (m < n), as LAPACK does; A must have full rank.
+    Returns (X [..., n, k], rows n..m-1 of Q^T B, or None when m <= n)."""
+    if m >= n:
+        Q, R = _qr(A, m, n, True, True)  # Q [..., m, m], R [..., m, n]
+        QtB = op.MatMul(_mT(Q, r), B)
+        top = op.Slice(QtB, ints([0]), ints([n]), ints([-2]))
+        rest = op.Slice(QtB, ints([n]), ints([m]), ints([-2])) if m > n else None
+        Rn = op.Slice(R, ints([0]), ints([n]), ints([-2]))
+        return _trsolve(Rn, top, n, lower=False, unit=False), rest
+    # A^T = Q R, so A = R^T Q^T and the minimum-norm solution is X = Q R^-T B
+    Q, R = _qr(_mT(A, r), n, m, True, False)  # Q [..., n, n], R [..., n, m]
+    Rm = op.Slice(R, ints([0]), ints([m]), ints([-2]))  # [..., m, m] upper
+    Y = _trsolve(_mT(Rm, r), B, m, lower=True, unit=False)
+    return op.MatMul(op.Slice(Q, ints([0]), ints([m]), ints([-1])), Y), None
+
+
+def _lstsq(A, b, rcond, driver, opname: str = "linalg_lstsq"):
+    m, n = _matrix_size(A, opname)
+    drv = _lstsq_driver(driver)
+    ra = len(A.shape)
+    reason = _lstsq_dynamic_reason(drv, m, n, ra > 2)
+    if reason is not None:
+        raise ValueError(reason)
+    vector = len(b.shape) == ra - 1  # PyTorch's rule: b has A's rank, or one less (a vector)
+    B = op.Unsqueeze(b, ints([-1])) if vector else b
+    k = 1 if vector else b.shape[-1]
+    if not isinstance(k, int):
+        raise ValueError(f"{opname}: the number of right-hand sides must be static at export "
+                         f"time (got {k})")
+    b_batch = list(b.shape)[:-1] if vector else list(b.shape)[:-2]
+    A2, B2 = _broadcast_batch(A, B, list(A.shape)[:-2] == b_batch)
+    bshape = _batch_shape(B2)
+    K = min(m, n)
+    has_res = m > n and drv != "gelsy"
+    zero = const(0.0, A)
+    rank = sv = residuals = None
+    empty_batch = any(isinstance(d, int) and d == 0 for d in list(A.shape)[:-2] + b_batch)
+    if K == 0 or k == 0 or empty_batch:  # PyTorch skips LAPACK: zero solution and rank
+        X = op.Expand(zero, op.Concat(bshape, ints([n, k]), axis=0))
+        if has_res:  # only n == 0 gets here: gels sums its zero work rows, gelsd/gelss |B|^2
+            residuals = (op.Expand(zero, op.Concat(bshape, ints([k]), axis=0)) if drv == "gels"
+                         else op.ReduceSum(op.Mul(B2, B2), ints([-2]), keepdims=0))
+        if drv != "gels":
+            rank = op.ConstantOfShape(_batch_shape(A),
+                                      value=ir.tensor(np.zeros((1,), dtype=np.int64)))
+        if drv in ("gelsd", "gelss"):
+            sv = _zeros(A, K)
+    elif drv == "gels":
+        X, rest = _lstsq_qr(A2, B2, m, n, ra)
+        if has_res:
+            residuals = op.ReduceSum(op.Mul(rest, rest), ints([-2]), keepdims=0)
+    else:
+        # gelsy / gelsd / gelss: the minimum-norm solution of the rank-truncated problem from
+        # the SVD of A (singular values <= rcond * largest are dropped)
+        U, S, Vh = _svd(A, False, True, opname)
+        eps = float(np.finfo(np.float64 if A.dtype == ir.DataType.DOUBLE else np.float32).eps)
+        if rcond is None:
+            rc = eps * max(m, n)
+        else:
+            rc = float(rcond) if rcond >= 0 else eps  # LAPACK: rcond < 0 means machine eps
+        tol = op.Mul(op.ReduceMax(S, ints([-1]), keepdims=1), const_f64(rc, A))
+        keep = op.Greater(S, tol)  # NaN singular values are dropped too
+        inv = op.Where(keep, op.Div(const(1.0, A), op.Where(keep, S, const(1.0, A))), zero)
+        UtB = op.MatMul(_mT(U, ra), B2)  # [..., K, k]
+        X = op.MatMul(_mT(Vh, ra), op.Mul(op.Unsqueeze(inv, ints([-1])), UtB))
+        rank = op.ReduceSum(op.Cast(keep, to=_INT64), ints([-1]), keepdims=0)
+        if drv in ("gelsd", "gelss"):
+            sv = S
+        if has_res:  # one matrix (batches are refused): |A X - B|^2 if A has full rank, else []
+            R = op.Sub(op.MatMul(A, X), B2)
+            residuals = op.ReduceSum(op.Mul(R, R), ints([-2]), keepdims=0)  # [k]
+            full = op.Equal(rank, op.Constant(value_int=n))
+            length = op.Where(full, ints([k]), ints([0]))
+            residuals = op.Slice(residuals, ints([0]), length, ints([0]))
+    if vector:
+        X = op.Squeeze(X, ints([-1]))
+    if rank is None:
+        rank = op.Constant(value=ir.tensor(np.zeros((0,), dtype=np.int64)))
+    empty_f = _empty_like_dtype(A)
+    return (X, residuals if residuals is not None else empty_f, rank,
+            sv if sv is not None else empty_f)
+
+
+@translation(aten.linalg_lstsq.default, static_shapes=True)
+def aten_linalg_lstsq_default(self, b, rcond=None, driver=None):
+    """linalg_lstsq(Tensor self, Tensor b, float? rcond=None, *, str? driver=None) -> (Tensor solution, Tensor residuals, Tensor rank, Tensor singular_values)
+
+    CPU semantics (default driver gelsy). gels: Householder QR (m >= n; residuals from Q^T b
+    as LAPACK) or LQ (m < n, minimum norm), full-rank A as LAPACK requires. gelsy, gelsd,
+    gelss: minimum-norm solution of the problem truncated to the singular values above
+    rcond * largest (rcond=None: eps * max(m, n)), from the Jacobi SVD; ``rank`` counts those
+    values. That is gelsd/gelss's definition; gelsy estimates the rank from a pivoted QR
+    instead, which agrees except for singular values within rounding of the threshold.
+    gelsd/gelss with m > n fill residuals only for full-rank inputs (a data-dependent shape):
+    refused with that reason, as are matrix sizes unknown at export. Output shapes as
+    PyTorch's (outputs a driver does not compute are empty), made capturable by a fake kernel
+    (torch has none: the op is tagged dynamic_output_shape)."""
+    return _lstsq(self, b, rcond, driver)
 
 
 # ----------------------------------------------------------------------------- matrix_exp

@@ -34,7 +34,7 @@ import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
 
-from onnxmedic.ops._common import FLOAT_DTYPES, const, ints, static_shape
+from onnxmedic.ops._common import FLOAT_DTYPES, add_fake_kernel, const, ints, static_shape
 from onnxmedic.ops._registry import translation
 
 logger = logging.getLogger(__name__)
@@ -508,26 +508,9 @@ def _ctc_fake(log_probs, targets, input_lengths, target_lengths, blank=0, zero_i
     return log_probs.new_empty((b,)), log_probs.new_empty((b, t, 2 * s + 1))
 
 
-def _register_ctc_fake() -> None:
-    """Give aten::_ctc_loss (static lengths) a fake kernel so torch.export can trace it.
-
-    PyTorch tags the op ``dynamic_output_shape`` and has no fake kernel, so FakeTensorMode
-    refuses it (DynamicOutputShapeException) before any translation is consulted. With int
-    lengths the output shapes are static; the kernel is put in torch's fake-impl registry
-    (consulted before that refusal) without a Meta registration, so nothing else changes.
-    Private torch API: if it moves, ctc_loss is simply not exportable, as before."""
-    try:
-        from torch._library.fake_impl import Kernel
-        from torch._library.simple_registry import singleton
-
-        holder = singleton.find("aten::_ctc_loss").fake_impl
-        if not any(getattr(k, "source", "") == "onnxmedic" for k in holder.kernels):
-            holder.kernels.append(Kernel(_ctc_fake, "onnxmedic"))
-    except Exception:  # pragma: no cover - depends on torch internals
-        return
-
-
-_register_ctc_fake()
+# aten::_ctc_loss is tagged dynamic_output_shape and has no fake kernel; with int lengths its
+# output shapes are static, so torch.export can trace it once this kernel is registered.
+add_fake_kernel("aten::_ctc_loss", _ctc_fake)
 
 
 def _ctc_nll_eager(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
