@@ -12,7 +12,13 @@ sample ends as
 * ``compare``  a **silent mismatch**: exported and ran, but the numbers differ from PyTorch
 * ``crash`` / ``timeout``  the worker process died or hung on the sample (recorded, the run goes on)
 
-and is skipped when PyTorch eager rejects it (``eager``), its eager result differs between two
+Ops whose outputs PyTorch defines only up to sign (linalg.eigh, linalg.svd, svd: eigen- and
+singular vectors) are compared with the documented per-op comparator of
+:func:`onnxmedic.ops.testing.comparator_for` (values elementwise, the vectors through the
+reconstruction, orthonormality and each column up to sign), for both exporters alike; the
+report lists them under "Compared up to sign". Every other output is compared element by
+element. A sample
+is skipped when PyTorch eager rejects it (``eager``), its eager result differs between two
 runs (``nondeterministic``), its graph draws random numbers (``random``: an op tagged
 ``nondeterministic_seeded``; ONNX Runtime's generator never reproduces torch's) or returns
 uninitialised memory (``undefined``: ``empty*``). An op passes if all its checked
@@ -139,7 +145,8 @@ def _real_outputs(fn: Any) -> Any:
     return wrapped
 
 
-def _check_sample(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def _check_sample(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  comparator: Any = None) -> dict[str, Any]:
     import torch
 
     from onnxmedic._tensors import flatten_tensors
@@ -149,6 +156,8 @@ def _check_sample(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
         out = {"stage": stage, "error": error[:400]}
         if check is not None and check.comparisons:
             out["max_abs"], out["max_rel"] = check.max_abs, check.max_rel
+        if check is not None and check.comparator:
+            out["comparator"] = check.comparator
         return out
 
     # Eager twice: an op whose result is not reproducible cannot be compared.
@@ -181,7 +190,7 @@ def _check_sample(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dic
     for column, registry in (("torch_onnx", None), ("onnxmedic", "default")):
         _emit({"ev": "phase", "phase": column})
         kw = {} if registry == "default" else {"registry": None}
-        check = check_call(fn, _clone(args), _clone(kwargs), **kw)
+        check = check_call(fn, _clone(args), _clone(kwargs), comparator=comparator, **kw)
         out[column] = res(check.stage, check.error, check)
     return out
 
@@ -226,6 +235,7 @@ def worker_main() -> None:
     from torch.testing._internal.common_methods_invocations import op_db
 
     from onnxmedic.ops import REGISTRY
+    from onnxmedic.ops.testing import comparator_for
 
     _patch_registry_cache()
     ops = {(o.name, o.variant_test_name): o for o in op_db}
@@ -250,7 +260,8 @@ def worker_main() -> None:
                 _emit({"ev": "start", "idx": i, "phase": "eager"})
                 _inject_fault(info, i)
                 t0 = time.perf_counter()
-                result = _check_sample(_real_outputs(info.op), args, kwargs)
+                result = _check_sample(_real_outputs(info.op), args, kwargs,
+                                       comparator_for(info.name, info.variant_test_name))
                 _emit({"ev": "sample", "idx": i, "sample": _describe_sample(args, kwargs),
                        "seconds": round(time.perf_counter() - t0, 3), **result})
         except Exception as e:  # the sample generator itself failed
@@ -617,6 +628,16 @@ def print_report(result: CoverageResult, console: Any = None) -> None:
     reg = result.registry
     console.print(f"onnxmedic registry: {len(reg)} translations"
                   + (f"; load errors: {result.load_errors}" if result.load_errors else ""))
+    from onnxmedic.ops.testing import comparator_for
+
+    up_to_sign = [(o.key, comparator_for(o.name, o.variant)) for o in result.ops
+                  if comparator_for(o.name, o.variant) is not None]
+    if up_to_sign:
+        console.print(f"\n[bold]Compared up to sign ({len(up_to_sign)} ops; outputs defined only "
+                      f"up to sign, both exporters alike):[/bold]")
+        for key, comp in up_to_sign:
+            console.print(f"  {key}: {comp.name}: {comp.description}", markup=False,
+                          highlight=False)
     diff = result.differing()
     console.print(f"\n[bold]Ops whose status differs ({len(diff)}):[/bold]")
     for key, before, after in diff:

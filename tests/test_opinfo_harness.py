@@ -74,3 +74,36 @@ def test_select_ops(coverage) -> None:
     assert len(coverage.select_ops(["scatter_reduce"])) == 5
     with pytest.raises(KeyError, match="no_such_op"):
         coverage.select_ops(["no_such_op"])
+
+
+def test_up_to_sign_ops_use_their_comparator_in_both_columns(coverage, monkeypatch) -> None:
+    """linalg.eigh's first OpInfo sample: the eigenvectors differ from LAPACK's in sign, which
+    the harness counted as a silent mismatch; with the documented comparator it passes, the
+    result names the comparator, and torch.onnx's column gets the same treatment."""
+    import torch
+
+    from onnxmedic.ops.testing import comparator_for
+
+    monkeypatch.setattr(coverage, "_emit", lambda event: None)
+    a = torch.randn(5, 5, generator=torch.Generator().manual_seed(0))
+    plain = coverage._check_sample(torch.linalg.eigh, (a,), {"UPLO": "U"})
+    assert plain["onnxmedic"]["stage"] == "compare"
+    out = coverage._check_sample(torch.linalg.eigh, (a,), {"UPLO": "U"},
+                                 comparator_for("linalg.eigh"))
+    assert out["onnxmedic"]["stage"] == "passed"
+    assert out["onnxmedic"]["comparator"] == "eigh-up-to-sign"
+    assert out["torch_onnx"]["stage"] == "export"  # torchlib has no eigh: nothing to compare
+
+
+def test_report_lists_the_ops_compared_up_to_sign(coverage) -> None:
+    import io
+
+    from rich.console import Console
+
+    r = coverage.CoverageResult(ops=[coverage.OpResult("linalg.eigh"), coverage.OpResult("sin")],
+                                seconds=0.0, jobs=1, limit_samples=1)
+    buf = io.StringIO()
+    coverage.print_report(r, Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "Compared up to sign (1 ops" in text
+    assert "linalg.eigh: eigh-up-to-sign: eigenvalues elementwise" in text

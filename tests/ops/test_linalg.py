@@ -2,8 +2,9 @@
 
 Eigen- and singular vectors are unique only up to sign (and, for repeated values, up to a
 rotation), and onnxmedic's Jacobi solvers do not reproduce LAPACK's sign choice. Their entries
-therefore compare sign-invariant quantities: the values, the reconstruction V diag(w) V^T
-(U diag(S) Vh) and |V| (|U|, |Vh|), the latter only on samples with distinct values.
+therefore use the comparators of onnxmedic.ops.testing (the ones the OpInfo harness uses):
+the values elementwise, the reconstruction V diag(w) V^T (U diag(S) Vh), orthonormality and
+each vector of a distinct value up to sign.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 import pytest
 import torch
 
-from onnxmedic.ops.testing import check_call
+from onnxmedic.ops.testing import EIGH_COMPARATOR, SVD_COMPARATOR, check_call
 from tests.ops._table import OpEntry, make_tests
 
 
@@ -340,7 +341,7 @@ ENTRIES = [
     OpEntry("linalg.qr", dtypes=F64, edge=_qr_edges, max_samples=3,
             tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),
     # Jacobi: values to ~1e-6 of the largest |value| (absolute), hence atol scaled per sample
-    OpEntry("linalg.eigh", fn=_eigh_check, use_opinfo=False, dtypes=F64,
+    OpEntry("linalg.eigh", dtypes=F64, comparator=EIGH_COMPARATOR, max_samples=6,
             edge=lambda dt: [s for s in _eigh_edges(dt) if s[0][0].abs().max() < 1e3],
             tolerance={"float32": (1e-5, 2e-5), "float64": (1e-9, 1e-10)}),
     OpEntry("linalg.eigvalsh", dtypes=F64, edge=_eigvalsh_edges, max_samples=3,
