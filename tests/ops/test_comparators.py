@@ -10,8 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from onnxmedic.ops.testing import (EIGH_COMPARATOR, SVD_COMPARATOR, TORCH_SVD_COMPARATOR,
-                                   check_call, comparator_for)
+from onnxmedic.ops.testing import (
+    EIGH_COMPARATOR,
+    SVD_COMPARATOR,
+    TORCH_SVD_COMPARATOR,
+    check_call,
+    comparator_for,
+)
 
 
 def _ok(comps) -> bool:

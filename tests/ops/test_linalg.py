@@ -14,7 +14,12 @@ import math
 import pytest
 import torch
 
-from onnxmedic.ops.testing import EIGH_COMPARATOR, SVD_COMPARATOR, check_call
+from onnxmedic.ops.testing import (
+    EIGH_COMPARATOR,
+    SVD_COMPARATOR,
+    TORCH_SVD_COMPARATOR,
+    check_call,
+)
 from tests.ops._table import OpEntry, make_tests
 
 
@@ -207,9 +212,19 @@ def _svd_check(a, full_matrices=True):
 
 
 def _svd_edges(dtype):
+    """Tall and wide, reduced and full (the completion of the shorter factor); tiny scale;
+    rank deficient and zero (zero singular values: their vectors must still be orthonormal);
+    1 x 1, m x 1; an empty batch and empty matrices (full: the identity on the other side)."""
+    low = _rand(6, 2, dtype=dtype) @ _rand(2, 4, dtype=dtype, seed=1)
     return [((_rand(2, 6, 4, dtype=dtype),), {"full_matrices": False}),
             ((_rand(2, 3, 7, dtype=dtype),), {"full_matrices": False}),
-            ((_rand(5, 5, dtype=dtype) * 1e-10,), {})]
+            ((_rand(2, 6, 4, dtype=dtype),), {"full_matrices": True}),
+            ((_rand(3, 7, dtype=dtype),), {"full_matrices": True}),
+            ((_rand(5, 5, dtype=dtype) * 1e-10,), {}),
+            ((low,), {"full_matrices": False}), ((low.mT,), {"full_matrices": True}),
+            ((torch.zeros(2, 3, 2, dtype=dtype),), {"full_matrices": False}),
+            ((torch.tensor([[-3.0]], dtype=dtype),), {}), ((_rand(4, 1, dtype=dtype),), {}),
+            ((_rand(0, 4, 3, dtype=dtype),), {}), ((_rand(3, 0, dtype=dtype),), {})]
 
 
 def _svdvals_edges(dtype):
@@ -346,8 +361,12 @@ ENTRIES = [
             tolerance={"float32": (1e-5, 2e-5), "float64": (1e-9, 1e-10)}),
     OpEntry("linalg.eigvalsh", dtypes=F64, edge=_eigvalsh_edges, max_samples=3,
             tolerance={"float32": (1e-5, 2e-5), "float64": (1e-9, 1e-10)}),
-    OpEntry("linalg.svd", fn=_svd_check, use_opinfo=False, dtypes=F64, edge=_svd_edges,
-            tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),
+    OpEntry("linalg.svd", dtypes=F64, comparator=SVD_COMPARATOR, max_samples=8,
+            edge=_svd_edges, tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),
+    OpEntry("svd", comparator=TORCH_SVD_COMPARATOR, max_samples=8,
+            edge=lambda dt: [((_rand(5, 3, dtype=dt),), {"some": False}),
+                             ((_rand(2, 3, 5, dtype=dt),), {"compute_uv": False})],
+            tolerance={"float32": (1e-5, 1e-5)}),
     OpEntry("linalg.svdvals", dtypes=F64, edge=_svdvals_edges, max_samples=3,
             tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),
     OpEntry("linalg.pinv", edge=_pinv_edges, max_samples=3, tolerance={"float32": (1e-4, 1e-5)}),

@@ -959,16 +959,19 @@ def _svd_tall(A, m: int, n: int, want_uv: bool, r: int):
     return U, S, V
 
 
-def _svd(A, full_matrices: bool, compute_uv: bool, opname: str):
+def _svd(A, full_matrices: bool, compute_uv: bool, opname: str, exact_vectors: bool = False):
+    """(U, S, Vh). ``exact_vectors``: U (m >= n) or V (m < n) orthonormal even for zero
+    singular values (_orthonormal_vectors); pinv, lstsq and norms do not need that (those
+    columns are multiplied by 0). full_matrices=True on a non-square matrix implies it."""
     m, n = _matrix_size(A, opname)
     r = len(A.shape)
-    if compute_uv and full_matrices and m != n:
-        raise ValueError(f"{opname}: full_matrices=True is only supported for square matrices "
-                         f"(got {m} x {n}); use full_matrices=False")
+    full = compute_uv and full_matrices and m != n  # square: full and reduced are the same
     K = min(m, n)
     if _empty_batch(A) and K > 0:
         if not compute_uv:
             return _empty_like_dtype(A), _zeros(A, K), _empty_like_dtype(A)
+        if full:
+            return _zeros(A, m, m), _zeros(A, K), _zeros(A, n, n)
         return _zeros(A, m, K), _zeros(A, K), _zeros(A, K, n)
     if K == 0:  # an m x 0 or 0 x n matrix: no singular values, empty factors
         batch = op.Shape(A, end=-2)
@@ -980,16 +983,39 @@ def _svd(A, full_matrices: bool, compute_uv: bool, opname: str):
         S = empty(0)
         if not compute_uv:
             return _empty_like_dtype(A), S, _empty_like_dtype(A)
+        if full:  # PyTorch: the identity for the non-empty side
+            return (op.Expand(_eye(m, A), op.Concat(batch, ints([m, m]), axis=0)), S,
+                    op.Expand(_eye(n, A), op.Concat(batch, ints([n, n]), axis=0)))
         return empty(m, 0), S, empty(0, n)
     if m >= n:
         U, S, V = _svd_tall(A, m, n, compute_uv, r)
+        if full or (compute_uv and exact_vectors):
+            U = _orthonormal_vectors(U, m, n, full)
         Vh = _mT(V, r) if compute_uv else None
     else:  # A^T = V S U^T
         V, S, U = _svd_tall(_mT(A, r), n, m, compute_uv, r)
+        if full or (compute_uv and exact_vectors):
+            V = _orthonormal_vectors(V, n, m, full)
         Vh = _mT(V, r) if compute_uv else None
     if not compute_uv:
         return _empty_like_dtype(A), S, _empty_like_dtype(A)
     return U, S, Vh
+
+
+def _orthonormal_vectors(U, m: int, k: int, full: bool):
+    """Jacobi's [..., m, k] singular vectors (m >= k) made exactly what LAPACK returns: an
+    orthonormal set. The Householder QR U = Q R gives Q[:, j] = sign(R_jj) U[:, j] for U's
+    unit columns; a zero column (a zero singular value: U = A V / S has nothing to normalise)
+    becomes a unit vector orthogonal to the others. With ``full`` all m columns of Q are
+    returned (full_matrices=True: the trailing ones are an orthonormal basis of the
+    complement, any of which is right, as in LAPACK, whose choice differs)."""
+    Q, R = _qr(U, m, k, True, True)  # Q [..., m, m]
+    d = _diag_n(op.Slice(R, ints([0]), ints([k]), ints([-2])), k)  # [..., k]
+    sign = op.Where(op.Less(d, const(0.0, U)), const(-1.0, U), const(1.0, U))
+    if full and m > k:
+        ones = op.Expand(const(1.0, U), op.Concat(op.Shape(sign, end=-1), ints([m - k]), axis=0))
+        return op.Mul(Q, op.Unsqueeze(op.Concat(sign, ones, axis=-1), ints([-2])))
+    return op.Mul(op.Slice(Q, ints([0]), ints([k]), ints([-1])), op.Unsqueeze(sign, ints([-2])))
 
 
 _SVD_DOC = """
@@ -997,14 +1023,17 @@ _SVD_DOC = """
     One-sided Jacobi (8 sweeps for float32, 10 for float64; +2 above 16 columns). Singular
     values match PyTorch to ~1e-6 relative, small ones included. Singular vectors are unique up
     to sign (and a rotation inside repeated singular values); the signs are not LAPACK's, so
-    compare U diag(S) Vh or |U|, |Vh|. full_matrices=True needs a square matrix. Column norms are
+    compare U diag(S) Vh or |U|, |Vh|. The vectors of zero singular values (which one-sided
+    Jacobi leaves at 0) and, for full_matrices=True on an m x n matrix, the completion of the
+    shorter factor come from a Householder QR of the Jacobi vectors: orthonormal, as LAPACK's,
+    but a different choice among the valid ones. Column norms are
     computed from sums of squares, so entries above ~1e19 (float32) overflow.
 """
 
 
 @translation(aten.linalg_svd.default, static_shapes=True)
 def aten_linalg_svd_default(A, full_matrices: bool = True, driver=None):
-    return _svd(A, full_matrices, True, "linalg_svd")
+    return _svd(A, full_matrices, True, "linalg_svd", exact_vectors=True)
 
 
 aten_linalg_svd_default.__doc__ = str(aten.linalg_svd.default._schema) + _SVD_DOC
@@ -1013,7 +1042,7 @@ aten_linalg_svd_default.__doc__ = str(aten.linalg_svd.default._schema) + _SVD_DO
 @translation(aten._linalg_svd.default, static_shapes=True)
 def aten__linalg_svd_default(A, full_matrices: bool = False, compute_uv: bool = True,
                              driver=None):
-    return _svd(A, full_matrices, compute_uv, "_linalg_svd")
+    return _svd(A, full_matrices, compute_uv, "_linalg_svd", exact_vectors=True)
 
 
 aten__linalg_svd_default.__doc__ = str(aten._linalg_svd.default._schema) + _SVD_DOC
