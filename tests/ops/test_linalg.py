@@ -658,3 +658,33 @@ def test_blocked_solve_batch_broadcasting(a_shape, b_shape, kwargs):
     assert _n_panels(model) == 3
     torch.testing.assert_close(torch.from_numpy(x), torch.linalg.solve(a, b, **kwargs),
                                rtol=1e-9, atol=1e-10)
+
+
+class _LinalgFeatures(torch.nn.Module):
+    """The ops this family gained for OpInfo: lstsq (default driver gelsy), LU of a tall
+    matrix, lu_solve with left=False and adjoint=True, eigh and full-matrices svd (through
+    sign-invariant quantities: onnxmedic.export verifies outputs elementwise)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, b):
+        a = self.lin(x)  # [2, 6, 4]
+        sol = torch.linalg.lstsq(a, b).solution  # [2, 4, 3]
+        lu, piv = torch.linalg.lu_factor(a)
+        sq_lu, sq_piv = torch.linalg.lu_factor(a[:, :4] + 4 * torch.eye(4))
+        x_right = torch.linalg.lu_solve(sq_lu, sq_piv, sol.mT, left=False, adjoint=True)
+        w, v = torch.linalg.eigh(a.mT @ a)
+        u, s, vh = torch.linalg.svd(a, full_matrices=True)
+        return sol, lu, piv, x_right, w, v @ torch.diag_embed(w) @ v.mT, u @ u.mT, s
+
+
+def test_features_end_to_end_through_onnxmedic_export():
+    import onnxmedic
+
+    args = (_rand(2, 6, 4, dtype=torch.float32), _rand(2, 6, 3, dtype=torch.float32, seed=1))
+    res = onnxmedic.export(_LinalgFeatures().eval(), args, tolerance=(1e-4, 1e-4))
+    assert res.ok, [f"{f.code}: {f.message}" for f in res.findings]
+    assert res.verification
