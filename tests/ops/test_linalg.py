@@ -156,7 +156,9 @@ def _lu_solve_edges(dtype):
             ((LU, piv, B.mT), {"left": False}),
             ((LU, piv, Bt), {"left": False, "adjoint": True}),
             ((*one, torch.tensor([[4.0, 1.0]], dtype=dtype)), {"left": True}),
-            ((*one, torch.tensor([[4.0], [1.0]], dtype=dtype)), {"left": False})]
+            ((*one, torch.tensor([[4.0], [1.0]], dtype=dtype)), {"left": False}),
+            ((LU, piv, _rand(5, 0, dtype=dtype)), {}),  # no right-hand sides
+            ((LU, piv, _rand(2, 0, 5, dtype=dtype)), {"left": False, "adjoint": True})]
 
 
 def _rect_lu_edges(dtype):

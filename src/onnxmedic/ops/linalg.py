@@ -581,6 +581,8 @@ def aten_linalg_lu_solve_default(LU, pivots, B, left: bool = True, adjoint: bool
         return B
     rb = len(B.shape)
     same = list(LU.shape)[:-2] == list(B.shape)[:-2]
+    if B.shape[-1 if left else -2] == 0:  # no right-hand sides: an empty X (B's shape)
+        return _broadcast_batch(LU, B, same)[1]
     if not left:
         X = _lu_solve_left(LU, pivots, _mT(B, rb), not adjoint, same)
         return _mT(X, max(len(LU.shape), rb))
