@@ -1,4 +1,5 @@
-"""Linear algebra torchlib does not translate: inv, solve, slogdet, cholesky, LU, QR, eigh, SVD, ...
+"""Linear algebra torchlib does not translate: inv, solve, slogdet, cholesky, LU, QR, eigh, SVD,
+lstsq, ...
 
 Every translation here unrolls a direct algorithm over the matrix size, so the matrix size
 (the last two dims) must be static at export time; batch dims may be dynamic. All work is
@@ -12,7 +13,8 @@ Algorithms (standard ONNX ops only, opset 18):
   yet, exactly the row LAPACK's getrf picks) instead of swapped; the result rows are gathered
   in pivot order once at the end.
 * slogdet / det / lu_factor / lu / lu_solve: LU with partial pivoting and real row swaps
-  (LAPACK ``getrf`` semantics: 1-based int32 pivots, first zero pivot reported in ``info``).
+  (LAPACK ``getrf`` semantics: 1-based int32 pivots, first zero pivot reported in ``info``;
+  m x n matrices take min(m, n) steps). lu_solve's left=False is the transposed left solve.
 * cholesky (+ solve / inverse): right-looking Cholesky; triangular solves by substitution.
 * qr: Householder QR with LAPACK's ``geqrf`` sign convention (R's diagonal is
   ``-sign(alpha) * norm``), so Q and R match PyTorch, not just up to signs.
@@ -22,6 +24,9 @@ Algorithms (standard ONNX ops only, opset 18):
 * svd / svdvals (and pinv, matrix_rank, matrix norms ord=2/'nuc', cond through ``_linalg_svd``):
   one-sided (Hestenes) Jacobi on the columns, which keeps small singular values accurate
   (unlike an eigen-decomposition of A^T A). Singular vectors are unique only up to sign.
+  Eigen- and singular vectors are checked with onnxmedic.ops.testing's up-to-sign comparators.
+* lstsq: gels by Householder QR / LQ; gelsy, gelsd, gelss by the truncated SVD. torch has no
+  fake kernel for it (dynamic_output_shape): one is registered for the static-shape cases.
 * matrix_exp: scaling and squaring with a degree-18 Taylor polynomial (Paterson-Stockmeyer).
 """
 
