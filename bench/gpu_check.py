@@ -213,10 +213,10 @@ def run(folder: Path, out: Path | None, repeat: int) -> dict:
         scale = ref.abs().max().item() or 1.0
         row["max_abs_err_vs_cpu_f32"] = (y - ref).abs().max().item()
         if dt == "float32":  # onnxmedic's own sandbox run on CUDA, compared as verify does
+            import onnx
+
             from onnxmedic import sandbox
             from onnxmedic.verify.compare import compare_outputs
-
-            import onnx
 
             onnx_in = onnx.load(str(path), load_external_data=False).graph.input[0].name
             sb = sandbox.run_model(path, [{onnx_in: x.numpy()}],

@@ -12,8 +12,6 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import onnx
 import pytest
 import torch
