@@ -15,9 +15,10 @@ sample ends as
 Ops whose outputs PyTorch defines only up to sign (linalg.eigh, linalg.svd, svd: eigen- and
 singular vectors) are compared with the documented per-op comparator of
 :func:`onnxmedic.ops.testing.comparator_for` (values elementwise, the vectors through the
-reconstruction, orthonormality and each column up to sign), for both exporters alike; the
-report lists them under "Compared up to sign". Every other output is compared element by
-element. A sample
+reconstruction, orthonormality and each column up to sign), and ops accurate only relative to
+the size of their result (the FFTs, stft/istft, matrix_exp) with the absolute tolerance scaled
+by the output's largest magnitude, for both exporters alike; the report lists them under
+"Per-op comparators". Every other output is compared element by element. A sample
 is skipped when PyTorch eager rejects it (``eager``), its eager result differs between two
 runs (``nondeterministic``), its graph draws random numbers (``random``: an op tagged
 ``nondeterministic_seeded``; ONNX Runtime's generator never reproduces torch's) or returns
@@ -633,8 +634,8 @@ def print_report(result: CoverageResult, console: Any = None) -> None:
     up_to_sign = [(o.key, comparator_for(o.name, o.variant)) for o in result.ops
                   if comparator_for(o.name, o.variant) is not None]
     if up_to_sign:
-        console.print(f"\n[bold]Compared up to sign ({len(up_to_sign)} ops; outputs defined only "
-                      f"up to sign, both exporters alike):[/bold]")
+        console.print(f"\n[bold]Per-op comparators ({len(up_to_sign)} ops; outputs defined only "
+                      f"up to sign, or accurate only normwise; both exporters alike):[/bold]")
         for key, comp in up_to_sign:
             console.print(f"  {key}: {comp.name}: {comp.description}", markup=False,
                           highlight=False)

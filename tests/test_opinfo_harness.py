@@ -105,5 +105,5 @@ def test_report_lists_the_ops_compared_up_to_sign(coverage) -> None:
     buf = io.StringIO()
     coverage.print_report(r, Console(file=buf, width=200))
     text = buf.getvalue()
-    assert "Compared up to sign (1 ops" in text
+    assert "Per-op comparators (1 ops" in text
     assert "linalg.eigh: eigh-up-to-sign: eigenvalues elementwise" in text

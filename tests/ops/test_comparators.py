@@ -104,3 +104,24 @@ def test_check_call_labels_results_of_a_comparator():
     assert res.comparator == "eigh-up-to-sign"
     names = [c.name for c in res.comparisons]
     assert "out1: V diag(w) V^T" in names and "out1: V^T V = I" in names
+
+
+def test_normwise_comparator_scales_atol_by_the_result():
+    """An FFT/matrix_exp output element that cancels to ~0 may carry an error of the result's
+    scale: passes normwise, fails elementwise; a wrong large element still fails."""
+    from onnxmedic.ops.testing import NORMWISE_COMPARATOR, comparator_for
+
+    e = np.array([40.0, -25.0, 1e-6, 3.0], dtype=np.float32)
+    a = e.copy()
+    a[2] = 4e-5  # 4e-5 off on a ~0 element: 1e-6 of the output's scale
+    assert all(c.ok for c in NORMWISE_COMPARATOR([e], [a]))
+    from onnxmedic.verify.compare import compare_arrays
+    assert not compare_arrays("y", e, a).ok
+    b = e.copy()
+    b[0] = 40.1  # 2.5e-3 relative on the largest element
+    assert not all(c.ok for c in NORMWISE_COMPARATOR([e], [b]))
+    nan = np.array([np.nan, 1.0], dtype=np.float32)
+    assert not all(c.ok for c in NORMWISE_COMPARATOR([nan], [np.array([0.0, 1.0], np.float32)]))
+    assert comparator_for("fft.rfft2") is NORMWISE_COMPARATOR
+    assert comparator_for("matrix_exp") is NORMWISE_COMPARATOR
+    assert comparator_for("add") is None

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import onnxmedic
 from onnxmedic.ops import REGISTRY
 from onnxmedic.ops.testing import check_call
 from tests.ops._table import OpEntry, make_tests
@@ -285,3 +286,42 @@ def test_mean_with_nonempty_static_shape_is_plain_reducemean() -> None:
 
 
 make_tests(ENTRIES + ENTRIES_COPY + ENTRIES_BN + ENTRIES_EMPTY, globals())
+
+
+# ----------------------------------------------------------------------------- log_sigmoid
+
+_LOGSIG_EDGES = torch.tensor([-100.0, -88.8, -20.0, -8.5, -1e-8, -0.0, 0.0, 1e-8, 8.5, 20.0,
+                              30.0, 100.0, float("nan"), float("-inf"), float("inf")])
+
+
+def test_log_sigmoid_torchlib_is_wrong() -> None:
+    """torchlib's Log(Sigmoid(x)): -inf below about -88 (Sigmoid underflows), and ONNX
+    Runtime's Sigmoid is only ~1e-5 accurate relative for small results, so between -12 and -4
+    the log is up to 5.7e-3 off (4.7e-4 relative); OpInfo's multilabel_soft_margin_loss sample
+    came out 1.5e-4 off that way."""
+    plain = check_call(torch.nn.functional.logsigmoid, (_LOGSIG_EDGES,), registry=None)
+    assert plain.stage == "compare" and plain.max_abs == float("inf")
+    ours = check_call(torch.nn.functional.logsigmoid, (_LOGSIG_EDGES,))
+    assert ours.ok and ours.max_abs < 1e-6
+    x = torch.linspace(-12, -4, 9)
+    plain = check_call(torch.nn.functional.logsigmoid, (x,), registry=None)
+    assert plain.stage == "compare" and plain.max_abs > 1e-3
+    ours = check_call(torch.nn.functional.logsigmoid, (x,))
+    assert ours.ok and ours.max_abs < 1e-5
+    y = torch.linspace(-3, 3, 9)
+    loss = torch.nn.functional.multilabel_soft_margin_loss
+    assert not check_call(loss, (x, y), registry=None).ok
+    assert check_call(loss, (x, y)).ok
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])  # bf16: no CPU kernels
+def test_log_sigmoid_other_dtypes(dtype: torch.dtype) -> None:
+    assert check_call(torch.nn.functional.logsigmoid, (_LOGSIG_EDGES.to(dtype),)).ok
+
+
+def test_log_sigmoid_in_module() -> None:
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LogSigmoid()).eval()
+    with torch.no_grad():
+        m[0].weight.mul_(60)  # pre-activations far below -88: torchlib's model gives -inf
+    r = onnxmedic.export(m, (torch.randn(3, 4) * 3,))
+    assert r.ok, [f.one_paragraph() for f in r.findings]
