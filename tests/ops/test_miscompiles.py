@@ -325,3 +325,32 @@ def test_log_sigmoid_in_module() -> None:
         m[0].weight.mul_(60)  # pre-activations far below -88: torchlib's model gives -inf
     r = onnxmedic.export(m, (torch.randn(3, 4) * 3,))
     assert r.ok, [f.one_paragraph() for f in r.findings]
+
+
+# --------------------------------------------------------------- eval-mode batch norm outputs
+
+def _bn_eval_cases():
+    torch.manual_seed(0)
+    x, rm, rv = torch.randn(3, 2, 4), torch.randn(2), torch.rand(2) + 0.5
+    w, b = torch.randn(2), torch.randn(2)
+    return [(x, w, b, rm, rv, False, -1.2, 1e-5), (x, None, None, rm, rv, False, 0.1, 1e-3),
+            (torch.randn(5, 2), w, None, rm, rv, False, 0.1, 1e-5)]
+
+
+@pytest.mark.parametrize("args", _bn_eval_cases(), ids=["affine", "no-affine", "2d"])
+def test_batch_norm_eval_outputs_torchlib_is_wrong(args) -> None:
+    """torch.native_batch_norm(training=False) returns empty save_mean/save_rstd (the exported
+    program's metadata says [0] too); torchlib returned the running stats ([C])."""
+    plain = check_call(torch.native_batch_norm, args, registry=None)
+    assert plain.stage == "compare" and "!= expected [0]" in plain.error
+    assert check_call(torch.native_batch_norm, args).ok
+
+
+def test_batch_norm_eval_module_still_fuses_into_conv() -> None:
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                            torch.nn.ReLU()).eval()
+    with torch.no_grad():
+        m[1].running_mean.uniform_()
+        m[1].running_var.uniform_(0.5, 2)
+    r = onnxmedic.export(m, (torch.randn(2, 3, 8, 8),))
+    assert r.ok and [n.op_type for n in r.onnx_model.graph.node] == ["Conv", "Relu"]

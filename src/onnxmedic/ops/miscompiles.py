@@ -244,6 +244,27 @@ def aten_std_mean_correction(self, dim=None, correction=None, keepdim: bool = Fa
     return op.Sqrt(var), mean
 
 
+@translation(aten._native_batch_norm_legit_no_training.default, overrides_torchlib=True)
+def aten__native_batch_norm_legit_no_training(input, weight, bias, running_mean, running_var,
+                                              momentum: float, eps: float):
+    """_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)
+
+    Eval-mode batch norm (every BatchNorm module in eval mode). The normalised output is ONNX's
+    BatchNormalization, as in torchlib (ONNX Runtime fuses it into a preceding Conv); the
+    second and third outputs are empty, as PyTorch returns them and as the exported program's
+    own metadata says ([0]), where torchlib returned the running statistics ([C]): a shape
+    that contradicts the program wherever they are used."""
+    channels = op.Shape(input, start=1, end=2)
+    if weight is None:
+        weight = op.Expand(const(1.0, input), channels)
+    if bias is None:
+        bias = op.Expand(const(0.0, input), channels)
+    out = op.BatchNormalization(input, weight, bias, running_mean, running_var, epsilon=eps,
+                                training_mode=0)
+    return (out, op.Slice(running_mean, ints([0]), ints([0])),
+            op.Slice(running_var, ints([0]), ints([0])))
+
+
 @translation(aten.log_sigmoid.default, overrides_torchlib=True)
 def aten_log_sigmoid(self):
     """log_sigmoid(Tensor self) -> Tensor
