@@ -278,8 +278,10 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
     """runtime + compare stages, in one sandboxed session: the example, two further input sets
     of the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x.
 
-    ``localizer``: ``(always, get_program)``; localisation runs on a value mismatch (OM601), or
-    always when ``always``, with the program ``get_program()`` returns (None: skipped)."""
+    ``localizer``: ``(always, get_program[, module])``; localisation runs on a value mismatch
+    (OM601), or always when ``always``, with the program ``get_program()`` returns (None:
+    skipped). With ``module`` (the nn.Module verified), the program is first rebuilt from the
+    ONNX file's own metadata, and captured only where that fails (see verify/replay.py)."""
     onnx_inputs, onnx_dims, onnx_outputs = _graph_io(proto)
     sets = [example] + inputs_mod.derived_input_sets(example, EXTRA_INPUT_SETS)
     labels = ["example"] + [f"random#{i}" for i in range(1, len(sets))]
@@ -372,17 +374,29 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
                  else worst.input_set)
         k = labels.index(label) if label in labels else 0
         _localize_stage(result, proto, localizer[1], sets[k], feeds[k], timeout, tolerance,
-                        labels[k])
+                        labels[k], module=localizer[2] if len(localizer) > 2 else None,
+                        reference=expected[k])
 
 
 def _localize_stage(result: ExportResult, proto: Any, get_program: Any,
                     inputs: inputs_mod.Inputs, feeds: dict[str, np.ndarray], timeout: float,
-                    tolerance: tuple[float, float] | None, label: str) -> None:
-    """Localise the divergence on one input set; its findings join the result's."""
+                    tolerance: tuple[float, float] | None, label: str,
+                    module: Any = None, reference: list[np.ndarray] | None = None) -> None:
+    """Localise the divergence on one input set; its findings join the result's.
+
+    ``module``: the nn.Module whose outputs are ``reference`` on ``inputs``; localisation then
+    first runs on the program rebuilt from the ONNX file (no capture), and captures only when
+    that program cannot be rebuilt or does not compute ``reference``."""
     from onnxmedic.verify import localize as loc_mod
 
     with _stage(result, "localize"):
         worker = sandbox.Worker()  # imports ONNX Runtime while the program is captured
+        if module is not None and reference is not None:
+            loc, worker = _localize_replayed(proto, module, inputs, feeds, timeout, tolerance,
+                                             label, reference, worker)
+            if loc is not None:
+                _add_localization(result, loc)
+                return
         try:
             got = get_program()
         except BaseException:
@@ -408,6 +422,40 @@ def _localize_stage(result: ExportResult, proto: Any, get_program: Any,
                 f"{str(e)[:300]}); the verification result stands.",
                 suggestion="Please report it to onnxmedic with the model."))
             return
+    _add_localization(result, loc)
+
+
+def _localize_replayed(proto: Any, module: Any, inputs: inputs_mod.Inputs,
+                       feeds: dict[str, np.ndarray], timeout: float,
+                       tolerance: tuple[float, float] | None, label: str,
+                       reference: list[np.ndarray], worker: sandbox.Worker
+                       ) -> tuple[Any, sandbox.Worker]:
+    """Localisation on the program rebuilt from the ONNX file, or None (and a live worker
+    for the capture that follows) where it cannot be rebuilt or does not compute the model's
+    outputs."""
+    from onnxmedic.verify import localize as loc_mod
+    from onnxmedic.verify.replay import NotReplayable, replay_program
+
+    try:
+        replayed = replay_program(proto, module, feeds)
+    except NotReplayable as e:
+        logger.debug("localisation captures: the ONNX file's program is incomplete: %s", e)
+        return None, worker
+    except Exception as e:  # a bug of the rebuild must not cost the localisation
+        logger.debug("localisation captures: rebuilding failed: %s", e, exc_info=True)
+        return None, worker
+    try:
+        loc = loc_mod.localize(proto, replayed, inputs.args, inputs.kwargs, feeds=feeds,
+                               tolerance=tolerance, timeout=timeout, input_set=label,
+                               worker=worker, reference=reference)
+    except Exception as e:  # NotReplayable, or a bug: capture as before
+        logger.debug("localisation captures: the rebuilt program failed: %s", e)
+        worker.close()  # used (or closed) by localize(): a fresh one for the capture path
+        return None, sandbox.Worker()
+    return loc, worker
+
+
+def _add_localization(result: ExportResult, loc: Any) -> None:
     result.localization = loc
     # OM610 is an error only where the result already failed: it explains the mismatch
     for f in loc.findings:
@@ -1076,7 +1124,8 @@ def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tupl
         return
     _run_and_compare(result, model, path, proto, inputs_mod.Inputs(args, kwargs), expected,
                      timeout, tolerance, worker,
-                     localizer=(True, lambda: _program_for(program, args, kwargs))
+                     localizer=(True, lambda: _program_for(program, args, kwargs),
+                                None if program is not model else model)
                      if localize else None)
     result.ok = result.stages["compare"] == PASSED
 

@@ -101,6 +101,9 @@ class Localization:
     onnx_nodes: int = 0
     chunks: int = 0  # sandbox runs
     input_set: str = "example"
+    # where the PyTorch program came from: "torch.export" (captured or given) or "onnx
+    # metadata" (rebuilt from the FX nodes torch.onnx recorded in the file, see replay.py)
+    program: str = "torch.export"
     seconds: float = 0.0
     bad_initializers: list[dict[str, Any]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
@@ -111,7 +114,7 @@ class Localization:
             "drift": self.drift.to_dict() if self.drift else None,
             "top": [n.to_dict() for n in self.top],
             "compared": self.compared, "fx_nodes": self.fx_nodes, "onnx_nodes": self.onnx_nodes,
-            "chunks": self.chunks, "input_set": self.input_set,
+            "chunks": self.chunks, "input_set": self.input_set, "program": self.program,
             "seconds": round(self.seconds, 3), "bad_initializers": self.bad_initializers,
         }
 
@@ -303,6 +306,7 @@ def localize(
     input_set: str = "example",
     decomposed: bool = False,
     worker: sandbox.Worker | None = None,
+    reference: list[np.ndarray] | None = None,
 ) -> Localization:
     """Find the first FX node (in topological order) whose ONNX Runtime value is outside
     tolerance, with its inputs' errors, and the ``top_k`` nodes by error growth.
@@ -314,10 +318,23 @@ def localize(
     caller captures), used for the first chunk. Never raises for problems of the model: they
     become findings. ``program`` not ``decomposed``: used as is when most of its nodes match
     ONNX values by name, else decomposed as torch.onnx does first.
+
+    ``program`` may also be a ``replay.Replay`` (the program rebuilt from the ONNX file's
+    metadata, see ``replay``); then ``reference`` (the eager model's outputs on these inputs)
+    is required, and ``NotReplayable`` is raised when the rebuilt program does not compute
+    them: the file describes another program than the model's, and localising against it
+    would blame the wrong node.
     """
+    from onnxmedic.verify.replay import NotReplayable, Replay
+
+    replayed = isinstance(program, Replay)
+    if replayed and reference is None:
+        raise TypeError("localize: a Replay program needs the reference outputs")
+    decomposed = decomposed or replayed
     t0 = time.perf_counter()
     kwargs = kwargs or {}
-    loc = Localization(input_set=input_set, onnx_nodes=len(proto.graph.node))
+    loc = Localization(input_set=input_set, onnx_nodes=len(proto.graph.node),
+                       program="onnx metadata" if replayed else "torch.export")
     nodes, producer = _candidates(program, proto)
     if not decomposed and len(nodes) < MIN_COVERAGE * _tensor_nodes(program):
         # torch.onnx decomposed ops of this program; its decomposed program has the names.
@@ -447,10 +464,20 @@ def localize(
                 state["stop"] = True
 
     try:
-        flat = _flat_inputs(program, args, kwargs)
+        flat = program.flat_inputs if replayed else _flat_inputs(program, args, kwargs)
         with torch.no_grad():
-            _Comparer(gm, on_value).run(*flat)
+            outputs = _Comparer(gm, on_value).run(*flat)
+        if replayed:
+            _check_replay(outputs, reference, tolerance)
     except Exception as e:
+        if replayed:  # the rebuilt program does not run: capture takes over
+            if spare["worker"] is not None:
+                spare["worker"].close()
+                spare["worker"] = None
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, NotReplayable):
+                raise
+            raise NotReplayable(f"{type(e).__name__}: {str(e)[:300]}") from e
         loc.findings.append(warning(
             "OM611", STAGE, f"running the PyTorch program node by node failed "
             f"({type(e).__name__}: {str(e)[:300]}); localisation is incomplete.",
@@ -475,11 +502,33 @@ def localize(
     loc.top = [e for e in errors if e.score > 0][:top_k]
     for e in loc.top + [x for x in (loc.first, loc.drift) if x]:  # only what is reported
         n = fx_of[e.fx_node]
-        e.location = location_from_node(n) or Location(
-            module_path=module_path_from_node_meta(n.meta))
+        e.location = (program.locations.get(n.name) if replayed else
+                      location_from_node(n) or Location(
+                          module_path=module_path_from_node_meta(n.meta)))
     loc.seconds = time.perf_counter() - t0
     loc.findings.extend(_findings(loc))
     return loc
+
+
+def _check_replay(outputs: Any, reference: list[np.ndarray],
+                  tolerance: tuple[float, float] | None) -> None:
+    """NotReplayable unless the rebuilt program's outputs are the eager model's."""
+    from onnxmedic.verify.replay import NotReplayable
+
+    outputs = list(outputs)
+    if len(outputs) != len(reference):
+        raise NotReplayable(f"{len(outputs)} outputs, the model has {len(reference)}")
+    for i, (got, exp) in enumerate(zip(outputs, reference)):
+        if not isinstance(got, torch.Tensor):
+            raise NotReplayable(f"output {i} is not a tensor")
+        act = to_numpy(got.detach())
+        exp = np.asarray(exp)
+        if act.shape != exp.shape or act.dtype != exp.dtype:
+            raise NotReplayable(f"output {i}: {act.dtype}{list(act.shape)}, the model's "
+                                f"{exp.dtype}{list(exp.shape)}")
+        rtol, atol = tolerance_for(str(exp.dtype), tolerance)
+        if score(exp, act, rtol, atol) > 1.0:
+            raise NotReplayable(f"output {i} differs from the model's")
 
 
 def _compare_initializers(proto: Any, program: torch.export.ExportedProgram,

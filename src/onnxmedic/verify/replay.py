@@ -1,0 +1,329 @@
+"""The FX program an ONNX file was translated from, rebuilt from the file itself.
+
+torch.onnx leaves on each ONNX node the FX node it translates (``pkg.torch.onnx.fx_node``:
+``%add : [num_users=1] = call_function[target=torch.ops.aten.add.Tensor](args = (%x, %y),
+kwargs = {})``), its stack trace and module scopes. That is the decomposed program torch.onnx
+translated, node names included, which is all localisation needs: rebuilt here as an FX graph
+that runs with the nn.Module's own parameters, it replaces a capture with torch.export (about
+6 ms per op: 13 s of a 2,000-op model) by parsing (microseconds per op).
+
+The rebuild is refused (``None``: capture as before) where the file does not describe the whole
+program: no metadata, a node the optimizer removed that others still read, an argument that does
+not parse against the op's schema, a placeholder that is neither an ONNX input nor a parameter
+or buffer of the model. Its faithfulness is also checked by the caller: the rebuilt program's
+outputs must match the eager model's (see ``localize``), else capture takes over.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from onnxmedic._locate import location_from_onnx_node
+from onnxmedic.findings import Location
+
+FX_NODE = "pkg.torch.onnx.fx_node"
+_NODE_RE = re.compile(r"^%(\w+) : .*?= call_function\[target=(.+?)\]"
+                      r"\(args = (.*), kwargs = (.*)\)$", re.S)
+_SPECIAL_FLOATS = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+# ONNX element type -> torch dtype (the types ONNX Runtime's CPU provider computes in)
+_DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32,
+           7: torch.int64, 9: torch.bool, 10: torch.float16, 11: torch.float64,
+           14: torch.complex64, 15: torch.complex128, 16: torch.bfloat16}
+
+
+class NotReplayable(Exception):
+    """The ONNX file does not describe its FX program completely."""
+
+
+@dataclass
+class Ref:
+    """``%name`` in an FX node's printed arguments."""
+
+    name: str
+
+
+@dataclass
+class Replay:
+    """An FX program rebuilt from an ONNX file, with the values of its placeholders."""
+
+    graph_module: torch.fx.GraphModule
+    flat_inputs: list[Any]
+    state_dict: dict[str, torch.Tensor]  # parameters and buffers by ONNX initializer name
+    outputs: list[str]  # FX nodes returned, in the ONNX graph's output order
+    locations: dict[str, Location] = field(default_factory=dict)
+
+
+def _split(text: str) -> Any:
+    """The printed ``args``/``kwargs`` as nested lists, tuples and dicts of raw atoms (str) and
+    ``Ref``s. FX prints strings unquoted, so an atom is kept as text until the schema says what
+    it is."""
+    pos = 0
+
+    def parse() -> Any:
+        nonlocal pos
+        while pos < len(text) and text[pos] == " ":
+            pos += 1
+        if pos >= len(text):
+            raise NotReplayable("truncated arguments")
+        c = text[pos]
+        if c in "([{":
+            close = {"(": ")", "[": "]", "{": "}"}[c]
+            pos += 1
+            items: list[Any] = []
+            keys: list[str] = []
+            while True:
+                while pos < len(text) and text[pos] == " ":
+                    pos += 1
+                if pos < len(text) and text[pos] == close:
+                    pos += 1
+                    break
+                if c == "{":
+                    m = re.compile(r"(\w+): ").match(text, pos)
+                    if not m:
+                        raise NotReplayable(f"bad kwargs {text!r}")
+                    keys.append(m.group(1))
+                    pos = m.end()
+                items.append(parse())
+                while pos < len(text) and text[pos] == " ":
+                    pos += 1
+                if pos < len(text) and text[pos] == ",":
+                    pos += 1
+                elif pos >= len(text) or text[pos] != close:
+                    raise NotReplayable(f"bad arguments {text!r}")
+            if c == "{":
+                return dict(zip(keys, items))
+            return tuple(items) if c == "(" else list(items)
+        end = pos
+        while end < len(text) and text[end] not in ",)]}":
+            end += 1
+        atom = text[pos:end].strip()
+        pos = end
+        if atom.startswith("...[total_len"):
+            raise NotReplayable("a list printed truncated")
+        return Ref(atom[1:]) if atom.startswith("%") else atom
+
+    value = parse()
+    if text[pos:].strip():
+        raise NotReplayable(f"trailing text in {text!r}")
+    return value
+
+
+def _atom(tok: str, typ: str) -> Any:
+    """One printed atom as the schema type ``typ`` wants it."""
+    if tok == "None":
+        return None
+    base = typ.rstrip("?")
+    if base == "str":
+        return tok
+    if base in ("ScalarType", "Layout", "MemoryFormat"):
+        if not tok.startswith("torch."):
+            raise NotReplayable(f"{tok!r} is not a {base}")
+        return getattr(torch, tok[len("torch."):])
+    if base == "Device":
+        return torch.device(tok)
+    if tok in _SPECIAL_FLOATS:
+        return _SPECIAL_FLOATS[tok]
+    try:
+        v = ast.literal_eval(tok)
+    except (ValueError, SyntaxError) as e:
+        raise NotReplayable(f"{tok!r} as {typ}") from e
+    if not isinstance(v, (bool, int, float, complex)):
+        raise NotReplayable(f"{tok!r} as {typ}")
+    return v
+
+
+def _coerce(value: Any, typ: str) -> Any:
+    """Printed ``value`` (from ``_split``) as schema type ``typ``: refs stay refs."""
+    if isinstance(value, Ref):
+        return value
+    if isinstance(value, (list, tuple)):
+        elem = re.sub(r"\[\d*\]\??$", "", typ)
+        elem = re.sub(r"^(?:List|Optional)\[(.*)\]$", r"\1", elem)
+        return [_coerce(v, elem) for v in value]
+    if isinstance(value, dict):
+        raise NotReplayable("a dict argument")
+    return _atom(value, typ)
+
+
+def _target(text: str) -> Any:
+    if text in ("operator.getitem", "<built-in function getitem>"):
+        return operator.getitem
+    m = re.fullmatch(r"torch\.ops\.(\w+)\.(\w+)\.(\w+)", text)
+    if not m:
+        raise NotReplayable(f"target {text}")
+    try:
+        op = getattr(getattr(getattr(torch.ops, m.group(1)), m.group(2)), m.group(3))
+    except (AttributeError, RuntimeError) as e:
+        raise NotReplayable(f"target {text}") from e
+    if not isinstance(op, torch._ops.OpOverload):
+        raise NotReplayable(f"target {text}")
+    return op
+
+
+def _arguments(target: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if target is operator.getitem:
+        if len(args) != 2 or not isinstance(args[0], Ref):
+            raise NotReplayable("getitem")
+        return (args[0], _atom(args[1], "int")), {}
+    schema = target._schema.arguments
+    positional = [a for a in schema if not a.kwarg_only]
+    if len(args) > len(positional):
+        raise NotReplayable(f"{target}: too many arguments")
+    by_name = {a.name: a for a in schema}
+    out_args = tuple(_coerce(v, str(a.type)) for v, a in zip(args, positional))
+    out_kwargs = {}
+    for k, v in kwargs.items():
+        if k not in by_name:
+            raise NotReplayable(f"{target}: no argument {k}")
+        out_kwargs[k] = _coerce(v, str(by_name[k].type))
+    return out_args, out_kwargs
+
+
+def _refs(value: Any) -> list[str]:
+    if isinstance(value, Ref):
+        return [value.name]
+    if isinstance(value, (list, tuple)):
+        return [r for v in value for r in _refs(v)]
+    if isinstance(value, dict):
+        return [r for v in value.values() for r in _refs(v)]
+    return []
+
+
+def _state_names(model: torch.nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
+    """Placeholder name (as torch.export lifts it: p_/b_ + the dotted path with '_') ->
+    (dotted path, tensor). A name two paths collapse to is left out (ambiguous)."""
+    out: dict[str, tuple[str, torch.Tensor]] = {}
+    clash: set[str] = set()
+    for prefix, items in (("p_", model.named_parameters(remove_duplicate=False)),
+                          ("b_", model.named_buffers(remove_duplicate=False))):
+        for fqn, t in items:
+            name = prefix + fqn.replace(".", "_")
+            if name in out and out[name][1] is not t:
+                clash.add(name)
+            out[name] = (fqn, t)
+    for name in clash:
+        del out[name]
+    return out
+
+
+def _meta_val(shape: Any, elem_type: int) -> torch.Tensor | None:
+    """A meta tensor of an ONNX value's type (symbolic dims as 1): its size sizes the chunks."""
+    dtype = _DTYPES.get(elem_type)
+    if dtype is None:
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else 1 for d in shape.dim] if shape else []
+    return torch.empty(dims, dtype=dtype, device="meta")
+
+
+def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarray]
+                   ) -> Replay:
+    """Rebuild the FX program from ``proto``'s node metadata, parameters and buffers from
+    ``model``, user inputs from ``feeds`` (the ONNX inputs). Raises ``NotReplayable``."""
+    from onnx import numpy_helper
+
+    specs: dict[str, tuple[Any, Any, Any]] = {}  # FX name -> (target, args, kwargs)
+    order: list[str] = []
+    location: dict[str, Location] = {}
+    for n in proto.graph.node:
+        text = next((p.value for p in n.metadata_props if p.key == FX_NODE), None)
+        if text is None:
+            continue
+        m = _NODE_RE.match(text)
+        if not m:
+            raise NotReplayable(f"ONNX node {n.name}: FX node not parsed")
+        name = m.group(1)
+        if name in specs:
+            continue
+        target = _target(m.group(2))
+        args = _split(m.group(3))
+        kwargs = _split(m.group(4))
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            raise NotReplayable(f"FX node {name}: arguments not parsed")
+        specs[name] = (target, *_arguments(target, args, kwargs))
+        order.append(name)
+        loc = location_from_onnx_node(n)
+        if loc is not None:
+            location[name] = loc
+    if not specs:
+        raise NotReplayable("no torch.onnx node metadata")
+    inits = {i.name: i for i in proto.graph.initializer}
+    state = _state_names(model)
+    types = {}
+    for vi in list(proto.graph.value_info) + list(proto.graph.output):
+        if vi.type.HasField("tensor_type"):
+            t = vi.type.tensor_type
+            types[vi.name] = (t.shape if t.HasField("shape") else None, t.elem_type)
+
+    graph = torch.fx.Graph()
+    env: dict[str, torch.fx.Node] = {}
+    flat: list[Any] = []
+    state_dict: dict[str, torch.Tensor] = {}
+
+    def placeholder(name: str, value: Any) -> torch.fx.Node:
+        node = graph.placeholder(name)
+        flat.append(value)
+        env[name] = node
+        return node
+
+    def resolve(name: str) -> None:
+        if name in env:
+            return
+        if name in specs:
+            target, args, kwargs = specs[name]
+            for r in _refs((args, kwargs)):
+                resolve(r)
+            node = graph.create_node("call_function", target, _bind(args), _bind(kwargs),
+                                     name=name)
+            if node.name != name:
+                raise NotReplayable(f"FX node name {name} taken")
+            if name in types:
+                val = _meta_val(*types[name])
+                if val is not None:
+                    node.meta["val"] = val
+            env[name] = node
+        elif name in feeds:
+            placeholder(name, torch.from_numpy(np.array(feeds[name], copy=True)))
+        elif name in state:
+            fqn, t = state[name]
+            state_dict[fqn] = t
+            placeholder(name, t)
+        elif name in inits:  # a constant the optimizer folded into an initializer
+            placeholder(name, torch.from_numpy(numpy_helper.to_array(inits[name]).copy()))
+        else:
+            raise NotReplayable(f"{name}: read by the program, not in the ONNX file")
+
+    def _bind(value: Any) -> Any:
+        if isinstance(value, Ref):
+            return env[value.name]
+        if isinstance(value, tuple):
+            return tuple(_bind(v) for v in value)
+        if isinstance(value, list):
+            return [_bind(v) for v in value]
+        if isinstance(value, dict):
+            return {k: _bind(v) for k, v in value.items()}
+        return value
+
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * len(order) + 1000))
+    try:
+        for name in order:
+            resolve(name)
+        outputs = [o.name for o in proto.graph.output]
+        for o in outputs:
+            if o not in env or env[o].op != "call_function":
+                raise NotReplayable(f"output {o} is not an FX node of the file")
+    finally:
+        sys.setrecursionlimit(limit)
+    graph.output(tuple(env[o] for o in outputs))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    return Replay(gm, flat, state_dict, outputs, location)
