@@ -3,6 +3,7 @@ node, and check that localisation names exactly that node's FX node."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -201,3 +202,214 @@ def test_localisation_failure_never_changes_the_verdict(tmp_path, monkeypatch):
     assert out.ok and out.exit_code == 0
     f = next(f for f in out.findings if f.code == "OM611")
     assert "boom" in f.message and f.severity.value == "warning"
+
+
+# --- localisation without capture: the program rebuilt from the ONNX file's metadata ---
+
+
+class Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.lin(x)) * 0.5 + x  # INNER_LINE
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Inner()
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.inner(x)) - x * 0.25  # BLOCK_LINE
+
+
+class Nested(nn.Module):
+    """Blocks of sub-modules, ops at every level: Nested > Block > Inner > Linear."""
+
+    def __init__(self, depth: int = 3) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(Block() for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def _line_of(marker: str) -> int:
+    from pathlib import Path
+
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, ln in enumerate(lines, 1) if ln.rstrip().endswith(f"# {marker}"))
+
+
+@pytest.fixture(scope="module")
+def nested_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("nested") / "m.onnx"
+    res = onnxmedic.export(Nested(), (X,), path)
+    assert res.ok, [f.one_paragraph() for f in res.findings]
+    return onnx.load(path)
+
+
+def _no_capture(monkeypatch):
+    """Fail the test if localisation captures the model with torch.export."""
+    import onnxmedic.api as api
+
+    def captured(*a, **k):
+        raise AssertionError("localisation captured the model")
+
+    monkeypatch.setattr(api, "_program_for", captured)
+
+
+@pytest.mark.parametrize("op,index,module_path,marker", [
+    ("Add", 1, "blocks.1.inner", "INNER_LINE"),  # inside Inner, two levels down
+    ("Tanh", 2, "blocks.2.inner", "INNER_LINE"),
+    ("Sub", 0, "blocks.0", "BLOCK_LINE"),  # in Block's own forward
+])
+def test_nested_module_fault_named_without_capture(nested_file, tmp_path, monkeypatch, op,
+                                                   index, module_path, marker):
+    bad = _copy(nested_file)
+    node = [n for n in bad.graph.node if n.op_type == op][index]
+    node.op_type = {"Add": "Sub", "Sub": "Add", "Tanh": "Sigmoid"}[op]
+    target = node.output[0]
+    onnx.save(bad, tmp_path / "bad.onnx")
+    _no_capture(monkeypatch)
+    out = onnxmedic.verify(tmp_path / "bad.onnx", Nested(), (X,), localize=True)
+    assert not out.ok
+    loc = out.localization
+    assert loc.program == "onnx metadata"
+    assert loc.first is not None and loc.first.fx_node == target
+    assert loc.first.input_score <= 1.0
+    assert loc.compared == loc.fx_nodes > 0
+    f = next(f for f in out.findings if f.code == "OM610")
+    assert f.location.module_path == module_path
+    assert f.location.file.endswith("test_localize.py")
+    assert f.location.line == _line_of(marker)
+    assert loc.top[0].fx_node == target
+
+
+def test_replay_and_capture_agree(nested_file):
+    """The rebuilt program and the captured one give the same localisation."""
+    from onnxmedic.verify.replay import replay_program
+
+    bad = _copy(nested_file)
+    target = _swap_op(bad, seed=7)
+    model = Nested()
+    ref = [model(X).detach().numpy()]
+    rebuilt = loc_mod.localize(bad, replay_program(bad, model, {"x": X.numpy()}), (X,),
+                               feeds={"x": X.numpy()}, reference=ref)
+    captured = loc_mod.localize(bad, torch.export.export(model, (X,)), (X,),
+                                feeds={"x": X.numpy()})
+    assert rebuilt.first.fx_node == captured.first.fx_node == target
+    assert rebuilt.compared == captured.compared
+    assert [e.fx_node for e in rebuilt.top] == [e.fx_node for e in captured.top]
+    assert [e.score for e in rebuilt.top] == pytest.approx([e.score for e in captured.top])
+    assert rebuilt.first.location.line == captured.first.location.line
+
+
+def test_file_without_metadata_falls_back_to_capture(nested_file, tmp_path):
+    bad = _copy(nested_file)
+    target = _swap_op(bad, seed=1)
+    for n in bad.graph.node:
+        del n.metadata_props[:]
+    onnx.save(bad, tmp_path / "bad.onnx")
+    out = onnxmedic.verify(tmp_path / "bad.onnx", Nested(), (X,), localize=True)
+    assert out.localization.program == "torch.export"
+    assert out.localization.first.fx_node == target
+
+
+def test_metadata_of_another_program_falls_back_to_capture(nested_file, tmp_path):
+    """The file's metadata says mul by 0.125 where the model multiplies by 0.25 (a file
+    exported from another version of the model): the rebuilt program does not compute the
+    model's outputs, so localisation captures instead of blaming a node of that program."""
+    bad = _copy(nested_file)
+    target = _swap_op(bad, seed=2)
+    edited = 0
+    for n in bad.graph.node:
+        for p in n.metadata_props:
+            if p.key == "pkg.torch.onnx.fx_node" and "(%x, 0.25)" in p.value:
+                p.value = p.value.replace("(%x, 0.25)", "(%x, 0.125)")
+                edited += 1
+    assert edited
+    from onnxmedic.verify.replay import NotReplayable, replay_program
+
+    model = Nested()
+    with pytest.raises(NotReplayable, match="differs"):
+        loc_mod.localize(bad, replay_program(bad, model, {"x": X.numpy()}), (X,),
+                         feeds={"x": X.numpy()}, reference=[model(X).detach().numpy()])
+    onnx.save(bad, tmp_path / "bad.onnx")
+    out = onnxmedic.verify(tmp_path / "bad.onnx", model, (X,), localize=True)
+    assert out.localization.program == "torch.export"
+    assert out.localization.first.fx_node == target
+
+
+def test_replay_refuses_a_file_missing_nodes(tmp_path):
+    """The optimizer removed a clone and a view others read: no complete program."""
+    from onnxmedic.verify.replay import NotReplayable, replay_program
+
+    class Views(nn.Module):
+        def forward(self, x):
+            return x.clone().contiguous().view(4, 6)[:, :2] * 2
+
+    x = torch.randn(3, 8)
+    res = onnxmedic.export(Views(), (x,))
+    assert res.ok
+    with pytest.raises(NotReplayable, match="not in the ONNX file"):
+        replay_program(res.onnx_model, Views(), {"x": x.numpy()})
+
+
+def test_printed_arguments_parse_against_the_schema():
+    from onnxmedic.verify import replay
+
+    args = replay._split("(%x, [2, -1], 1e-05, None, torch.float64)")
+    assert args == (replay.Ref("x"), ["2", "-1"], "1e-05", "None", "torch.float64")
+    kwargs = replay._split("{dtype: torch.float16, device: cpu, approximate: tanh}")
+    assert kwargs == {"dtype": "torch.float16", "device": "cpu", "approximate": "tanh"}
+    assert replay._coerce(args[1], "SymInt[]") == [2, -1]
+    assert replay._coerce("inf", "float") == math.inf
+    assert replay._coerce("False", "bool") is False
+    assert replay._coerce("tanh", "str") == "tanh"
+    assert replay._coerce("torch.float16", "ScalarType?") is torch.float16
+    assert replay._coerce("cpu", "Device?") == torch.device("cpu")
+    assert replay._coerce([replay.Ref("a"), "None"], "Tensor?[]") == [replay.Ref("a"), None]
+    a, k = replay._arguments(torch.ops.aten.gelu.default, (replay.Ref("x"),),
+                             {"approximate": "tanh"})
+    assert a == (replay.Ref("x"),) and k == {"approximate": "tanh"}
+    with pytest.raises(replay.NotReplayable):
+        replay._coerce("tanh", "float")
+    with pytest.raises(replay.NotReplayable):
+        replay._arguments(torch.ops.aten.gelu.default, (replay.Ref("x"),), {"bogus": "1"})
+    with pytest.raises(replay.NotReplayable):
+        replay._split("[1, 2, ...[total_len=300]]")
+
+
+def test_module_path_from_full_name_scopes():
+    from onnx import helper
+
+    from onnxmedic._locate import location_from_onnx_node
+
+    n = helper.make_node("Tanh", ["a"], ["b"])
+    helper.set_metadata_props(n, {"pkg.torch.onnx.name_scopes":
+                                  "['', 'blocks.0', 'blocks.0.inner', 'tanh']"})
+    assert location_from_onnx_node(n).module_path == "blocks.0.inner"
+    helper.set_metadata_props(n, {"pkg.torch.onnx.name_scopes": "['', 'enc', 'layer', 'x']"})
+    assert location_from_onnx_node(n).module_path == "enc.layer"
+
+
+def test_top_nodes_are_measured_and_ordered(exported):
+    proto, program = exported
+    bad = _copy(proto)
+    _swap_op(bad, seed=0)
+    loc = loc_mod.localize(bad, program, (X,), feeds={"x": X.numpy()}, decomposed=True,
+                           top_k=3)
+    assert len(loc.top) == 3
+    keys = [(e.growth if e.exceeds else 0.0, e.score) for e in loc.top]
+    assert keys == sorted(keys, reverse=True)
+    for e in loc.top + [loc.first]:
+        assert not math.isnan(e.max_abs) and e.max_abs > 0
+        if e.exceeds:
+            assert e.mismatched > 0

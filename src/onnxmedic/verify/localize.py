@@ -11,6 +11,7 @@ once per chunk, and only up to the chunk that holds the first divergence when ``
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import shutil
@@ -367,7 +368,11 @@ def localize(
                 types[n.name] = t
     scores: dict[str, float] = {}  # every compared node's score (floats only: small)
     upstream: dict[str, float] = {}  # for nodes not compared: the max score feeding them
-    errors: list[NodeError] = []
+    # the top_k nodes so far (min-heap on the report's order: growth where out of
+    # tolerance, score, earlier first); only these, and the first out, get the full
+    # comparison (counts, relative error): a deep divergent stack has thousands out
+    top: list[tuple[float, float, int, NodeError]] = []
+    tol_of: dict[Any, tuple[float, float]] = {}
     fx_of: dict[str, torch.fx.Node] = {}
     first_exceeding: list[NodeError | None] = [None]
     state: dict[str, Any] = {"chunk": -1, "values": {}, "stop": False, "failed": None}
@@ -430,38 +435,42 @@ def localize(
         if tuple(exp.shape) != tuple(np.asarray(act).shape):
             upstream[n.name] = in_score(n)[0]
             return
-        rtol, atol = tolerance_for(str(exp.dtype), tolerance)
+        if exp.dtype not in tol_of:
+            tol_of[exp.dtype] = tolerance_for(str(exp.dtype), tolerance)
+        rtol, atol = tol_of[exp.dtype]
         s = score(exp, act, rtol, atol)
         scores[n.name] = s
         loc.compared += 1
         if s == 0:
             return  # exact: nothing to report, and its inputs' errors are not needed
-        if s > 1:  # the full comparison (counts, relative error) only where it fails
-            cmp = compare_arrays(n.name, exp, act, tolerance=(rtol, atol), check_dtype=False)
-            max_abs, max_rel, mismatched = cmp.max_abs, cmp.max_rel, cmp.mismatched
-        else:  # within tolerance: no special values differ, no element is out
-            with np.errstate(invalid="ignore"):
-                wide = np.complex128 if "c" in (exp.dtype.kind, act.dtype.kind) else np.float64
-                diff = np.abs(exp.astype(wide) - np.asarray(act).astype(wide))
-            max_abs = float(np.nanmax(diff)) if diff.size else 0.0
-            max_rel = float("nan")
-            mismatched = 0
         best, ins = in_score(n)
         onode = producer.get(n.name)
         ne = NodeError(
             fx_node=n.name, aten_op=_aten(n), onnx_node=onode.name if onode else None,
             onnx_op=onode.op_type if onode else None, shape=list(exp.shape),
-            dtype=str(exp.dtype), max_abs=max_abs, max_rel=max_rel,
-            mismatched=mismatched, total=int(exp.size), score=s, input_score=best,
+            dtype=str(exp.dtype), max_abs=math.nan, max_rel=math.nan, mismatched=0,
+            total=int(exp.size), score=s, input_score=best,
             inputs=ins, onnx_inputs=list(onode.input) if onode else [])
-        fx_of[n.name] = n
-        errors.append(ne)
+        key = (ne.growth if ne.exceeds else 0.0, s, -loc.compared)
+        reported = False
         if ne.exceeds and first_exceeding[0] is None:
             first_exceeding[0] = ne
+            reported = True
         if ne.exceeds and ne.growth >= BORN_GROWTH and loc.first is None:
             loc.first = ne
+            reported = True
             if not full:
                 state["stop"] = True
+        if top_k > 0 and (len(top) < top_k or key > top[0][:3]):
+            item = (*key, ne)
+            if len(top) < top_k:
+                heapq.heappush(top, item)
+            else:
+                heapq.heapreplace(top, item)
+            reported = True
+        if reported:
+            fx_of[n.name] = n
+            _measure(ne, exp, act, rtol, atol)
 
     try:
         flat = program.flat_inputs if replayed else _flat_inputs(program, args, kwargs)
@@ -498,16 +507,28 @@ def localize(
         loc.first = first_exceeding[0]
     elif first_exceeding[0] is not loc.first:
         loc.drift = first_exceeding[0]
-    errors.sort(key=lambda e: (-(e.growth if e.exceeds else 0.0), -e.score))
-    loc.top = [e for e in errors if e.score > 0][:top_k]
+    loc.top = [item[-1] for item in sorted(top, key=lambda t: t[:3], reverse=True)]
     for e in loc.top + [x for x in (loc.first, loc.drift) if x]:  # only what is reported
         n = fx_of[e.fx_node]
-        e.location = (program.locations.get(n.name) if replayed else
+        e.location = (program.location(n.name) if replayed else
                       location_from_node(n) or Location(
                           module_path=module_path_from_node_meta(n.meta)))
     loc.seconds = time.perf_counter() - t0
     loc.findings.extend(_findings(loc))
     return loc
+
+
+def _measure(ne: NodeError, exp: np.ndarray, act: np.ndarray, rtol: float, atol: float
+             ) -> None:
+    """The full comparison of a reported node: max abs and rel error, elements out."""
+    if ne.score > 1:
+        cmp = compare_arrays(ne.fx_node, exp, act, tolerance=(rtol, atol), check_dtype=False)
+        ne.max_abs, ne.max_rel, ne.mismatched = cmp.max_abs, cmp.max_rel, cmp.mismatched
+    else:  # within tolerance: no special values differ, no element is out
+        with np.errstate(invalid="ignore"):
+            wide = np.complex128 if "c" in (exp.dtype.kind, act.dtype.kind) else np.float64
+            diff = np.abs(exp.astype(wide) - np.asarray(act).astype(wide))
+        ne.max_abs = float(np.nanmax(diff)) if diff.size else 0.0
 
 
 def _check_replay(outputs: Any, reference: list[np.ndarray],

@@ -32,6 +32,7 @@ from onnxmedic.findings import Location
 FX_NODE = "pkg.torch.onnx.fx_node"
 _NODE_RE = re.compile(r"^%(\w+) : .*?= call_function\[target=(.+?)\]"
                       r"\(args = (.*), kwargs = (.*)\)$", re.S)
+_INT_RE = re.compile(r"-?\d+")
 _SPECIAL_FLOATS = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 # ONNX element type -> torch dtype (the types ONNX Runtime's CPU provider computes in)
 _DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32,
@@ -50,15 +51,29 @@ class Ref:
     name: str
 
 
+class _GraphHolder(torch.nn.Module):
+    """What torch.fx.Interpreter needs of a GraphModule: ``graph``. A GraphModule would
+    generate and compile Python code for the graph (0.2 ms a node) that is never run."""
+
+    def __init__(self, graph: torch.fx.Graph) -> None:
+        super().__init__()
+        self.graph = graph
+
+
 @dataclass
 class Replay:
     """An FX program rebuilt from an ONNX file, with the values of its placeholders."""
 
-    graph_module: torch.fx.GraphModule
+    graph_module: torch.nn.Module  # has .graph, as torch.fx.Interpreter wants
     flat_inputs: list[Any]
     state_dict: dict[str, torch.Tensor]  # parameters and buffers by ONNX initializer name
     outputs: list[str]  # FX nodes returned, in the ONNX graph's output order
-    locations: dict[str, Location] = field(default_factory=dict)
+    onnx_nodes: dict[str, Any] = field(default_factory=dict)  # FX name -> first ONNX node
+
+    def location(self, name: str) -> Location | None:
+        """The user's line (and module path) torch.onnx recorded for FX node ``name``."""
+        node = self.onnx_nodes.get(name)
+        return location_from_onnx_node(node) if node is not None else None
 
 
 def _split(text: str) -> Any:
@@ -131,8 +146,16 @@ def _atom(tok: str, typ: str) -> Any:
         return torch.device(tok)
     if tok in _SPECIAL_FLOATS:
         return _SPECIAL_FLOATS[tok]
+    if tok in ("True", "False"):
+        return tok == "True"
+    if _INT_RE.fullmatch(tok):
+        return int(tok)
     try:
-        v = ast.literal_eval(tok)
+        return float(tok)  # 0.5, 1e-05
+    except ValueError:
+        pass
+    try:
+        v = ast.literal_eval(tok)  # complex
     except (ValueError, SyntaxError) as e:
         raise NotReplayable(f"{tok!r} as {typ}") from e
     if not isinstance(v, (bool, int, float, complex)):
@@ -231,7 +254,7 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
 
     specs: dict[str, tuple[Any, Any, Any]] = {}  # FX name -> (target, args, kwargs)
     order: list[str] = []
-    location: dict[str, Location] = {}
+    first_onnx: dict[str, Any] = {}
     for n in proto.graph.node:
         text = next((p.value for p in n.metadata_props if p.key == FX_NODE), None)
         if text is None:
@@ -249,9 +272,7 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
             raise NotReplayable(f"FX node {name}: arguments not parsed")
         specs[name] = (target, *_arguments(target, args, kwargs))
         order.append(name)
-        loc = location_from_onnx_node(n)
-        if loc is not None:
-            location[name] = loc
+        first_onnx[name] = n
     if not specs:
         raise NotReplayable("no torch.onnx node metadata")
     inits = {i.name: i for i in proto.graph.initializer}
@@ -325,5 +346,4 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
     finally:
         sys.setrecursionlimit(limit)
     graph.output(tuple(env[o] for o in outputs))
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
-    return Replay(gm, flat, state_dict, outputs, location)
+    return Replay(_GraphHolder(graph), flat, state_dict, outputs, first_onnx)
