@@ -347,19 +347,68 @@ def test_metadata_of_another_program_falls_back_to_capture(nested_file, tmp_path
     assert out.localization.first.fx_node == target
 
 
-def test_replay_refuses_a_file_missing_nodes(tmp_path):
-    """The optimizer removed a clone and a view others read: no complete program."""
-    from onnxmedic.verify.replay import NotReplayable, replay_program
+class Views(nn.Module):
+    """Nodes the optimizer removes (clone, a no-op view) or rewrites (split and its
+    getitems, topk's getitem): no ONNX node carries them."""
 
-    class Views(nn.Module):
-        def forward(self, x):
-            return x.clone().contiguous().view(4, 6)[:, :2] * 2
+    def forward(self, x):
+        a, b = x.split(4, dim=1)
+        v, _ = torch.topk(a, 2)
+        return v * 2 + b.clone().contiguous().view(3, 4)[:, :2]
 
-    x = torch.randn(3, 8)
-    res = onnxmedic.export(Views(), (x,))
+
+def test_removed_nodes_are_recorded_in_the_file(tmp_path, monkeypatch):
+    """onnxmedic export records the FX nodes no ONNX node carries any more (model metadata),
+    so that localisation rebuilds the whole program without capture; without that record
+    the file does not describe the program, and the rebuild is refused."""
+    from onnxmedic.verify.replay import RECORD, NotReplayable, replay_program
+
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(2))
+    res = onnxmedic.export(Views(), (x,), tmp_path / "v.onnx")
     assert res.ok
+    proto = onnx.load(tmp_path / "v.onnx")
+    assert any(p.key == RECORD for p in proto.metadata_props)
+    bad = _copy(proto)
+    mul = next(n for n in bad.graph.node if n.op_type == "Mul")
+    mul.op_type = "Add"
+    onnx.save(bad, tmp_path / "bad.onnx")
+    _no_capture(monkeypatch)
+    out = onnxmedic.verify(tmp_path / "bad.onnx", Views(), (x,), localize=True)
+    assert out.localization.program == "onnx metadata"
+    assert out.localization.first.fx_node == mul.output[0]
+
+    del bad.metadata_props[:]
     with pytest.raises(NotReplayable, match="not in the ONNX file"):
-        replay_program(res.onnx_model, Views(), {"x": x.numpy()})
+        replay_program(bad, Views(), {"x": x.numpy()})
+
+
+@pytest.mark.parametrize("name", ["encoder_layer", "conv_bn", "gru"])
+def test_replayed_program_computes_the_model(name):
+    """Common layers (attention, conv + batch norm, recurrent) rebuild from the exported
+    file: the same outputs as the module."""
+    from onnxmedic.verify.replay import replay_program
+
+    torch.manual_seed(0)
+    model, x = {
+        "encoder_layer": (nn.TransformerEncoderLayer(16, 2, 32, batch_first=True,
+                                                     dropout=0.0), torch.randn(2, 5, 16)),
+        "conv_bn": (nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+                                  nn.MaxPool2d(2), nn.Flatten(), nn.Linear(72, 4)),
+                    torch.randn(2, 3, 8, 8)),
+        "gru": (nn.GRU(4, 8, batch_first=True), torch.randn(2, 3, 4)),
+    }[name]
+    model.eval()
+    res = onnxmedic.export(model, (x,))
+    assert res.ok
+    replayed = replay_program(res.onnx_model, model,
+                              {res.onnx_model.graph.input[0].name: x.numpy()})
+    got = torch.fx.Interpreter(replayed.graph_module).run(*replayed.flat_inputs)
+    with torch.no_grad():
+        want = model(x)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)  # eager attention may take a fused kernel
 
 
 def test_printed_arguments_parse_against_the_schema():

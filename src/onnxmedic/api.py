@@ -688,6 +688,12 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
         logger.debug("numeric dim_params made static")
     if ort_version is not None:
         _fit_ir_version(result, prog, ort_version, opset)
+    try:  # what localisation needs to rebuild the program from the file (verify --localize)
+        from onnxmedic.verify.replay import record_removed_nodes
+
+        record_removed_nodes(prog)
+    except Exception:
+        logger.debug("the FX nodes the optimizer removed were not recorded", exc_info=True)
     result.onnx_model = prog.model_proto
     result.opset = next((o.version for o in result.onnx_model.opset_import if o.domain in
                          ("", "ai.onnx")), None)

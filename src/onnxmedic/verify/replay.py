@@ -30,6 +30,10 @@ from onnxmedic._locate import location_from_onnx_node
 from onnxmedic.findings import Location
 
 FX_NODE = "pkg.torch.onnx.fx_node"
+# model metadata onnxmedic export adds: the FX nodes no ONNX node names (the optimizer removed
+# them: identities, folded constants, multi-output ops and their getitems), printed like
+# FX_NODE one per line, zlib-compressed, base64
+RECORD = "pkg.onnxmedic.fx_nodes"
 _NODE_RE = re.compile(r"^%(\w+) : .*?= call_function\[target=(.+?)\]"
                       r"\(args = (.*), kwargs = (.*)\)$", re.S)
 _INT_RE = re.compile(r"-?\d+")
@@ -131,17 +135,39 @@ def _split(text: str) -> Any:
     return value
 
 
+def _base(typ: str) -> str:
+    """'Optional[int]', 'int?' -> 'int'."""
+    while True:
+        m = re.fullmatch(r"Optional\[(.*)\]", typ)
+        if m:
+            typ = m.group(1)
+        elif typ.endswith("?"):
+            typ = typ[:-1]
+        else:
+            return typ
+
+
+def _elem(typ: str) -> str:
+    """The element type of a list type: 'List[int]', 'int[]', 'SymInt[2]?' -> 'int' ..."""
+    typ = _base(typ)
+    m = re.fullmatch(r"List\[(.*)\]", typ) or re.fullmatch(r"(.*)\[\d*\]", typ)
+    return m.group(1) if m else typ
+
+
 def _atom(tok: str, typ: str) -> Any:
     """One printed atom as the schema type ``typ`` wants it."""
     if tok == "None":
         return None
-    base = typ.rstrip("?")
+    base = _base(typ)
     if base == "str":
         return tok
+    if tok.startswith("torch."):  # a dtype, layout or memory format (int in JIT schemas)
+        v = getattr(torch, tok[len("torch."):], None)
+        if not isinstance(v, (torch.dtype, torch.layout, torch.memory_format)):
+            raise NotReplayable(f"{tok!r} as {typ}")
+        return v
     if base in ("ScalarType", "Layout", "MemoryFormat"):
-        if not tok.startswith("torch."):
-            raise NotReplayable(f"{tok!r} is not a {base}")
-        return getattr(torch, tok[len("torch."):])
+        raise NotReplayable(f"{tok!r} is not a {base}")
     if base == "Device":
         return torch.device(tok)
     if tok in _SPECIAL_FLOATS:
@@ -168,8 +194,7 @@ def _coerce(value: Any, typ: str) -> Any:
     if isinstance(value, Ref):
         return value
     if isinstance(value, (list, tuple)):
-        elem = re.sub(r"\[\d*\]\??$", "", typ)
-        elem = re.sub(r"^(?:List|Optional)\[(.*)\]$", r"\1", elem)
+        elem = _elem(typ)
         return [_coerce(v, elem) for v in value]
     if isinstance(value, dict):
         raise NotReplayable("a dict argument")
@@ -220,15 +245,23 @@ def _refs(value: Any) -> list[str]:
     return []
 
 
+def _placeholder_name(prefix: str, fqn: str) -> str:
+    """The name torch.export gives a lifted parameter or buffer (placeholder_naming_pass):
+    prefix + the path without a leading 'self_', other characters as '_', lower case."""
+    if fqn.startswith("self_"):
+        fqn = fqn[len("self_"):]
+    return prefix + re.sub(r"[^a-zA-Z0-9]", "_", fqn).lower()
+
+
 def _state_names(model: torch.nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
-    """Placeholder name (as torch.export lifts it: p_/b_ + the dotted path with '_') ->
-    (dotted path, tensor). A name two paths collapse to is left out (ambiguous)."""
+    """Placeholder name (as torch.export lifts it, see ``_placeholder_name``) -> (dotted
+    path, tensor). A name two paths collapse to is left out (ambiguous)."""
     out: dict[str, tuple[str, torch.Tensor]] = {}
     clash: set[str] = set()
     for prefix, items in (("p_", model.named_parameters(remove_duplicate=False)),
                           ("b_", model.named_buffers(remove_duplicate=False))):
         for fqn, t in items:
-            name = prefix + fqn.replace(".", "_")
+            name = _placeholder_name(prefix, fqn)
             if name in out and out[name][1] is not t:
                 clash.add(name)
             out[name] = (fqn, t)
@@ -246,6 +279,64 @@ def _meta_val(shape: Any, elem_type: int) -> torch.Tensor | None:
     return torch.empty(dims, dtype=dtype, device="meta")
 
 
+def _fx_name(text: str) -> str | None:
+    m = re.match(r"%(\w+) : ", text)
+    return m.group(1) if m else None
+
+
+def record_removed_nodes(onnx_program: Any) -> int:
+    """Add to ``onnx_program``'s model metadata (``RECORD``) the FX nodes of the program it
+    was translated from that no ONNX node carries any more, so that localisation can rebuild
+    the whole program from the file. Returns how many were recorded (a few percent of the
+    nodes: the rest are in the nodes' own metadata)."""
+    import base64
+    import zlib
+
+    program = getattr(onnx_program, "exported_program", None)
+    if program is None:
+        return 0
+    present = set()
+    for node in onnx_program.model.graph:
+        text = node.metadata_props.get(FX_NODE)
+        if text:
+            present.add(_fx_name(text))
+    lines = [n.format_node() for n in program.graph.nodes
+             if n.op == "call_function" and n.name not in present]
+    lines = [ln for ln in lines if ln]
+    if lines:
+        onnx_program.model.metadata_props[RECORD] = base64.b64encode(
+            zlib.compress("\n".join(lines).encode(), 6)).decode("ascii")
+    return len(lines)
+
+
+def _recorded(proto: Any) -> dict[str, str]:
+    """FX name -> printed node, from the RECORD model metadata."""
+    import base64
+    import binascii
+    import zlib
+
+    text = next((p.value for p in proto.metadata_props if p.key == RECORD), None)
+    if not text:
+        return {}
+    try:
+        lines = zlib.decompress(base64.b64decode(text)).decode().split("\n")
+    except (binascii.Error, zlib.error, UnicodeDecodeError) as e:
+        raise NotReplayable(f"{RECORD} does not decode") from e
+    return {name: ln for ln in lines if (name := _fx_name(ln))}
+
+
+def _parse(text: str) -> tuple[str, tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    m = _NODE_RE.match(text)
+    if not m:
+        raise NotReplayable(f"FX node not parsed: {text[:100]}")
+    target = _target(m.group(2))
+    args = _split(m.group(3))
+    kwargs = _split(m.group(4))
+    if not isinstance(args, tuple) or not isinstance(kwargs, dict):
+        raise NotReplayable(f"FX node {m.group(1)}: arguments not parsed")
+    return m.group(1), (target, *_arguments(target, args, kwargs))
+
+
 def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarray]
                    ) -> Replay:
     """Rebuild the FX program from ``proto``'s node metadata, parameters and buffers from
@@ -259,22 +350,15 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
         text = next((p.value for p in n.metadata_props if p.key == FX_NODE), None)
         if text is None:
             continue
-        m = _NODE_RE.match(text)
-        if not m:
-            raise NotReplayable(f"ONNX node {n.name}: FX node not parsed")
-        name = m.group(1)
-        if name in specs:
+        name = _fx_name(text)
+        if name is None or name in specs:
             continue
-        target = _target(m.group(2))
-        args = _split(m.group(3))
-        kwargs = _split(m.group(4))
-        if not isinstance(args, tuple) or not isinstance(kwargs, dict):
-            raise NotReplayable(f"FX node {name}: arguments not parsed")
-        specs[name] = (target, *_arguments(target, args, kwargs))
+        specs[name] = _parse(text)[1]
         order.append(name)
         first_onnx[name] = n
     if not specs:
         raise NotReplayable("no torch.onnx node metadata")
+    recorded = _recorded(proto)
     inits = {i.name: i for i in proto.graph.initializer}
     state = _state_names(model)
     types = {}
@@ -297,6 +381,8 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
     def resolve(name: str) -> None:
         if name in env:
             return
+        if name not in specs and name in recorded:
+            specs[name] = _parse(recorded[name])[1]
         if name in specs:
             target, args, kwargs = specs[name]
             for r in _refs((args, kwargs)):
@@ -341,6 +427,8 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
             resolve(name)
         outputs = [o.name for o in proto.graph.output]
         for o in outputs:
+            if o in specs or o in recorded:
+                resolve(o)
             if o not in env or env[o].op != "call_function":
                 raise NotReplayable(f"output {o} is not an FX node of the file")
     finally:
