@@ -434,6 +434,9 @@ def test_printed_arguments_parse_against_the_schema():
         replay._arguments(torch.ops.aten.gelu.default, (replay.Ref("x"),), {"bogus": "1"})
     with pytest.raises(replay.NotReplayable):
         replay._split("[1, 2, ...[total_len=300]]")
+    assert replay._target("torch.ops.aten.add.Tensor") is torch.ops.aten.add.Tensor
+    with pytest.raises(replay.NotReplayable):  # only ATen ops run from a file's metadata
+        replay._target("torch.ops.profiler._record_function_enter.default")
 
 
 def test_module_path_from_full_name_scopes():
