@@ -465,3 +465,17 @@ def test_top_nodes_are_measured_and_ordered(exported):
         assert not math.isnan(e.max_abs) and e.max_abs > 0
         if e.exceeds:
             assert e.mismatched > 0
+
+
+def test_replayed_values_are_sized_from_the_inputs():
+    """With a dynamic batch, the chunks are sized at the batch the inputs give, not at 1."""
+    from onnxmedic.verify.replay import replay_program
+
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(3))
+    res = onnxmedic.export(Stack(depth=1), (x,), dynamic_shapes=({0: "batch"},))
+    assert res.ok
+    assert res.onnx_model.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    big = torch.randn(40, 8)
+    replayed = replay_program(res.onnx_model, Stack(depth=1), {"x": big.numpy()})
+    sized = [n.meta["val"] for n in replayed.graph_module.graph.nodes if "val" in n.meta]
+    assert sized and all(tuple(v.shape) == (40, 8) for v in sized)

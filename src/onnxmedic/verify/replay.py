@@ -272,13 +272,30 @@ def _state_names(model: torch.nn.Module) -> dict[str, tuple[str, torch.Tensor]]:
     return out
 
 
-def _meta_val(shape: Any, elem_type: int) -> torch.Tensor | None:
-    """A meta tensor of an ONNX value's type (symbolic dims as 1): its size sizes the chunks."""
+def _meta_val(shape: Any, elem_type: int, sizes: dict[str, int], big: int
+              ) -> torch.Tensor | None:
+    """A meta tensor of an ONNX value's type: its size sizes the chunks. A symbolic dim is
+    the size the inputs give it, else ``big`` (the largest input dim): too large a guess
+    only makes chunks smaller."""
     dtype = _DTYPES.get(elem_type)
     if dtype is None:
         return None
-    dims = [d.dim_value if d.HasField("dim_value") else 1 for d in shape.dim] if shape else []
+    dims = [d.dim_value if d.HasField("dim_value") else sizes.get(d.dim_param, big)
+            for d in shape.dim] if shape else []
     return torch.empty(dims, dtype=dtype, device="meta")
+
+
+def _input_sizes(proto: Any, feeds: dict[str, np.ndarray]) -> tuple[dict[str, int], int]:
+    """dim_param -> size in ``feeds``, and the largest dim of any input."""
+    sizes: dict[str, int] = {}
+    for vi in proto.graph.input:
+        if vi.name in feeds and vi.type.HasField("tensor_type"):
+            shape = np.shape(feeds[vi.name])
+            for d, n in zip(vi.type.tensor_type.shape.dim, shape):
+                if d.dim_param:
+                    sizes[d.dim_param] = int(n)
+    big = max((int(n) for v in feeds.values() for n in np.shape(v)), default=1)
+    return sizes, big
 
 
 def _fx_name(text: str) -> str | None:
@@ -363,6 +380,7 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
     recorded = _recorded(proto)
     inits = {i.name: i for i in proto.graph.initializer}
     state = _state_names(model)
+    sizes, big = _input_sizes(proto, feeds)
     types = {}
     for vi in list(proto.graph.value_info) + list(proto.graph.output):
         if vi.type.HasField("tensor_type"):
@@ -394,7 +412,7 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
             if node.name != name:
                 raise NotReplayable(f"FX node name {name} taken")
             if name in types:
-                val = _meta_val(*types[name])
+                val = _meta_val(*types[name], sizes, big)
                 if val is not None:
                     node.meta["val"] = val
             env[name] = node
@@ -423,7 +441,7 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
     import sys
 
     limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 4 * len(order) + 1000))
+    sys.setrecursionlimit(max(limit, 4 * (len(order) + len(recorded)) + 1000))
     try:
         for name in order:
             resolve(name)
