@@ -479,3 +479,41 @@ def test_replayed_values_are_sized_from_the_inputs():
     replayed = replay_program(res.onnx_model, Stack(depth=1), {"x": big.numpy()})
     sized = [n.meta["val"] for n in replayed.graph_module.graph.nodes if "val" in n.meta]
     assert sized and all(tuple(v.shape) == (40, 8) for v in sized)
+
+
+def test_localisation_worker_starts_with_verify_and_is_always_closed(tmp_path, monkeypatch):
+    """verify(localize=True) starts localisation's sandbox worker before verifying (its ONNX
+    Runtime import overlaps the verify run) and closes it whether localisation runs or not."""
+    from onnxmedic import sandbox
+
+    started: list[sandbox.Worker] = []
+
+    class Counted(sandbox.Worker):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            started.append(self)
+
+    monkeypatch.setattr(sandbox, "Worker", Counted)
+    model = Stack(depth=1)
+    assert onnxmedic.export(model, (X,), tmp_path / "m.onnx").ok
+    import onnxmedic.api as api
+
+    before_verifying = []
+    run_and_compare = api._run_and_compare
+
+    def spy(*a, **k):
+        before_verifying.append(len(started))
+        return run_and_compare(*a, **k)
+
+    monkeypatch.setattr(api, "_run_and_compare", spy)
+    started.clear()
+    out = onnxmedic.verify(tmp_path / "m.onnx", model, (X,), localize=True)
+    assert out.ok and out.localization is not None
+    assert before_verifying == [2]  # the verify run's and localisation's, both started
+    assert len(started) == 2  # and no third
+    assert all(w.proc is None for w in started)
+
+    started.clear()
+    out = onnxmedic.verify(tmp_path / "m.onnx", model, (torch.randn(3, 5),), localize=True)
+    assert not out.ok and out.localization is None  # PyTorch rejects the input: no localising
+    assert started and all(w.proc is None for w in started)
