@@ -7,6 +7,8 @@ from. Memory stays bounded: the exposed values are split into chunks by bytes, e
 sandbox run, and the FX interpreter (which frees each value after its last use) compares a value
 the moment it is produced and keeps only its error. The FX side runs once; the ONNX side runs
 once per chunk, and only up to the chunk that holds the first divergence when ``full=False``.
+Given an nn.Module rather than a program, verify rebuilds the program from the ONNX file's own
+metadata (``replay``) instead of capturing it again.
 """
 
 from __future__ import annotations

@@ -7,11 +7,14 @@ translated, node names included, which is all localisation needs: rebuilt here a
 that runs with the nn.Module's own parameters, it replaces a capture with torch.export (about
 6 ms per op: 13 s of a 2,000-op model) by parsing (microseconds per op).
 
-The rebuild is refused (``None``: capture as before) where the file does not describe the whole
-program: no metadata, a node the optimizer removed that others still read, an argument that does
-not parse against the op's schema, a placeholder that is neither an ONNX input nor a parameter
-or buffer of the model. Its faithfulness is also checked by the caller: the rebuilt program's
-outputs must match the eager model's (see ``localize``), else capture takes over.
+Nodes the ONNX optimizer removed (identities, folded constants, split outputs) carry no ONNX
+node; onnxmedic export records them in the model's metadata (``RECORD``, see
+``record_removed_nodes``). The rebuild is refused (``NotReplayable``: capture as before) where
+the file does not describe the whole program: no metadata, a removed node others still read
+and no record of it, an argument that does not parse against the op's schema, an op outside
+ATen, a placeholder that is neither an ONNX input nor a parameter or buffer of the model. Its
+faithfulness is also checked by the caller: the rebuilt program's outputs must match the eager
+model's (see ``localize``), else capture takes over.
 """
 
 from __future__ import annotations
