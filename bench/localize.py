@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
-NAMES = {"verify": "verify", "localize": "verify --localize (captures)",
+NAMES = {"verify": "verify", "localize": "verify --localize (nn.Module given)",
          "localize_ep": "verify --localize (ExportedProgram given)",
          "reduce": "reduce --until mismatch",
          "export": "export, mismatching (localize=False)",
@@ -92,6 +92,7 @@ def child(mode: str, work: Path, blocks: int, width: int, batch: int) -> None:
         res = onnxmedic.verify(work / "bad.onnx", model, (x,), localize=True)
         loc = res.localization
         extra = {"first": loc.first.fx_node if loc.first else None, "compared": loc.compared,
+                 "program": getattr(loc, "program", "torch.export"),
                  "chunks": loc.chunks, "localize_s": res.timings.get("localize", 0.0)}
     else:
         res = onnxmedic.reduce(work / "bad.onnx", work / "min.onnx", until="mismatch",
@@ -218,7 +219,8 @@ def main() -> None:
             continue
         lo = rows[key]
         print(f"{key}: named {lo['first']} ({'right' if lo['first'] == target else 'WRONG'}); "
-              f"{lo['compared']} values compared in {lo['chunks']} sandbox run(s)")
+              f"{lo['compared']} values compared in {lo['chunks']} sandbox run(s); PyTorch "
+              f"program from {lo['program']}")
     if "reduce" in rows:
         r = rows["reduce"]
         print(f"reduce: {r['nodes_out']} node(s) in {r['runs']:.0f} runs")

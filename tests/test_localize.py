@@ -3,6 +3,7 @@ node, and check that localisation names exactly that node's FX node."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -201,3 +202,318 @@ def test_localisation_failure_never_changes_the_verdict(tmp_path, monkeypatch):
     assert out.ok and out.exit_code == 0
     f = next(f for f in out.findings if f.code == "OM611")
     assert "boom" in f.message and f.severity.value == "warning"
+
+
+# --- localisation without capture: the program rebuilt from the ONNX file's metadata ---
+
+
+class Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.lin(x)) * 0.5 + x  # INNER_LINE
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Inner()
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.inner(x)) - x * 0.25  # BLOCK_LINE
+
+
+class Nested(nn.Module):
+    """Blocks of sub-modules, ops at every level: Nested > Block > Inner > Linear."""
+
+    def __init__(self, depth: int = 3) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList(Block() for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def _line_of(marker: str) -> int:
+    from pathlib import Path
+
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, ln in enumerate(lines, 1) if ln.rstrip().endswith(f"# {marker}"))
+
+
+@pytest.fixture(scope="module")
+def nested_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("nested") / "m.onnx"
+    res = onnxmedic.export(Nested(), (X,), path)
+    assert res.ok, [f.one_paragraph() for f in res.findings]
+    return onnx.load(path)
+
+
+def _no_capture(monkeypatch):
+    """Fail the test if localisation captures the model with torch.export."""
+    import onnxmedic.api as api
+
+    def captured(*a, **k):
+        raise AssertionError("localisation captured the model")
+
+    monkeypatch.setattr(api, "_program_for", captured)
+
+
+@pytest.mark.parametrize("op,index,module_path,marker", [
+    ("Add", 1, "blocks.1.inner", "INNER_LINE"),  # inside Inner, two levels down
+    ("Tanh", 2, "blocks.2.inner", "INNER_LINE"),
+    ("Sub", 0, "blocks.0", "BLOCK_LINE"),  # in Block's own forward
+])
+def test_nested_module_fault_named_without_capture(nested_file, tmp_path, monkeypatch, op,
+                                                   index, module_path, marker):
+    bad = _copy(nested_file)
+    node = [n for n in bad.graph.node if n.op_type == op][index]
+    node.op_type = {"Add": "Sub", "Sub": "Add", "Tanh": "Sigmoid"}[op]
+    target = node.output[0]
+    onnx.save(bad, tmp_path / "bad.onnx")
+    _no_capture(monkeypatch)
+    out = onnxmedic.verify(tmp_path / "bad.onnx", Nested(), (X,), localize=True)
+    assert not out.ok
+    loc = out.localization
+    assert loc.program == "onnx metadata"
+    assert loc.first is not None and loc.first.fx_node == target
+    assert loc.first.input_score <= 1.0
+    assert loc.compared == loc.fx_nodes > 0
+    f = next(f for f in out.findings if f.code == "OM610")
+    assert f.location.module_path == module_path
+    assert f.location.file.endswith("test_localize.py")
+    assert f.location.line == _line_of(marker)
+    assert loc.top[0].fx_node == target
+
+
+def test_replay_and_capture_agree(nested_file):
+    """The rebuilt program and the captured one give the same localisation."""
+    from onnxmedic.verify.replay import replay_program
+
+    bad = _copy(nested_file)
+    target = _swap_op(bad, seed=7)
+    model = Nested()
+    ref = [model(X).detach().numpy()]
+    rebuilt = loc_mod.localize(bad, replay_program(bad, model, {"x": X.numpy()}), (X,),
+                               feeds={"x": X.numpy()}, reference=ref)
+    captured = loc_mod.localize(bad, torch.export.export(model, (X,)), (X,),
+                                feeds={"x": X.numpy()})
+    assert rebuilt.first.fx_node == captured.first.fx_node == target
+    assert rebuilt.compared == captured.compared
+    assert [e.fx_node for e in rebuilt.top] == [e.fx_node for e in captured.top]
+    assert [e.score for e in rebuilt.top] == pytest.approx([e.score for e in captured.top])
+    assert rebuilt.first.location.line == captured.first.location.line
+
+
+def test_file_without_metadata_falls_back_to_capture(nested_file, tmp_path):
+    bad = _copy(nested_file)
+    target = _swap_op(bad, seed=1)
+    for n in bad.graph.node:
+        del n.metadata_props[:]
+    onnx.save(bad, tmp_path / "bad.onnx")
+    out = onnxmedic.verify(tmp_path / "bad.onnx", Nested(), (X,), localize=True)
+    assert out.localization.program == "torch.export"
+    assert out.localization.first.fx_node == target
+
+
+def test_metadata_of_another_program_falls_back_to_capture(nested_file, tmp_path):
+    """The file's metadata says mul by 0.125 where the model multiplies by 0.25 (a file
+    exported from another version of the model): the rebuilt program does not compute the
+    model's outputs, so localisation captures instead of blaming a node of that program."""
+    bad = _copy(nested_file)
+    target = _swap_op(bad, seed=2)
+    edited = 0
+    for n in bad.graph.node:
+        for p in n.metadata_props:
+            if p.key == "pkg.torch.onnx.fx_node" and "(%x, 0.25)" in p.value:
+                p.value = p.value.replace("(%x, 0.25)", "(%x, 0.125)")
+                edited += 1
+    assert edited
+    from onnxmedic.verify.replay import NotReplayable, replay_program
+
+    model = Nested()
+    with pytest.raises(NotReplayable, match="differs"):
+        loc_mod.localize(bad, replay_program(bad, model, {"x": X.numpy()}), (X,),
+                         feeds={"x": X.numpy()}, reference=[model(X).detach().numpy()])
+    onnx.save(bad, tmp_path / "bad.onnx")
+    out = onnxmedic.verify(tmp_path / "bad.onnx", model, (X,), localize=True)
+    assert out.localization.program == "torch.export"
+    assert out.localization.first.fx_node == target
+
+
+class Views(nn.Module):
+    """Nodes the optimizer removes (clone, a no-op view) or rewrites (split and its
+    getitems, topk's getitem): no ONNX node carries them."""
+
+    def forward(self, x):
+        a, b = x.split(4, dim=1)
+        v, _ = torch.topk(a, 2)
+        return v * 2 + b.clone().contiguous().view(3, 4)[:, :2]
+
+
+def test_removed_nodes_are_recorded_in_the_file(tmp_path, monkeypatch):
+    """onnxmedic export records the FX nodes no ONNX node carries any more (model metadata),
+    so that localisation rebuilds the whole program without capture; without that record
+    the file does not describe the program, and the rebuild is refused."""
+    from onnxmedic.verify.replay import RECORD, NotReplayable, replay_program
+
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(2))
+    res = onnxmedic.export(Views(), (x,), tmp_path / "v.onnx")
+    assert res.ok
+    proto = onnx.load(tmp_path / "v.onnx")
+    assert any(p.key == RECORD for p in proto.metadata_props)
+    bad = _copy(proto)
+    mul = next(n for n in bad.graph.node if n.op_type == "Mul")
+    mul.op_type = "Add"
+    onnx.save(bad, tmp_path / "bad.onnx")
+    _no_capture(monkeypatch)
+    out = onnxmedic.verify(tmp_path / "bad.onnx", Views(), (x,), localize=True)
+    assert out.localization.program == "onnx metadata"
+    assert out.localization.first.fx_node == mul.output[0]
+
+    del bad.metadata_props[:]
+    with pytest.raises(NotReplayable, match="not in the ONNX file"):
+        replay_program(bad, Views(), {"x": x.numpy()})
+
+
+@pytest.mark.parametrize("name", ["encoder_layer", "conv_bn", "gru"])
+def test_replayed_program_computes_the_model(name):
+    """Common layers (attention, conv + batch norm, recurrent) rebuild from the exported
+    file: the same outputs as the module."""
+    from onnxmedic.verify.replay import replay_program
+
+    torch.manual_seed(0)
+    model, x = {
+        "encoder_layer": (nn.TransformerEncoderLayer(16, 2, 32, batch_first=True,
+                                                     dropout=0.0), torch.randn(2, 5, 16)),
+        "conv_bn": (nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(),
+                                  nn.MaxPool2d(2), nn.Flatten(), nn.Linear(72, 4)),
+                    torch.randn(2, 3, 8, 8)),
+        "gru": (nn.GRU(4, 8, batch_first=True), torch.randn(2, 3, 4)),
+    }[name]
+    model.eval()
+    res = onnxmedic.export(model, (x,))
+    assert res.ok
+    replayed = replay_program(res.onnx_model, model,
+                              {res.onnx_model.graph.input[0].name: x.numpy()})
+    got = torch.fx.Interpreter(replayed.graph_module).run(*replayed.flat_inputs)
+    with torch.no_grad():
+        want = model(x)
+    want = want if isinstance(want, tuple) else (want,)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)  # eager attention may take a fused kernel
+
+
+def test_printed_arguments_parse_against_the_schema():
+    from onnxmedic.verify import replay
+
+    args = replay._split("(%x, [2, -1], 1e-05, None, torch.float64)")
+    assert args == (replay.Ref("x"), ["2", "-1"], "1e-05", "None", "torch.float64")
+    kwargs = replay._split("{dtype: torch.float16, device: cpu, approximate: tanh}")
+    assert kwargs == {"dtype": "torch.float16", "device": "cpu", "approximate": "tanh"}
+    assert replay._coerce(args[1], "SymInt[]") == [2, -1]
+    assert replay._coerce("inf", "float") == math.inf
+    assert replay._coerce("False", "bool") is False
+    assert replay._coerce("tanh", "str") == "tanh"
+    assert replay._coerce("torch.float16", "ScalarType?") is torch.float16
+    assert replay._coerce("cpu", "Device?") == torch.device("cpu")
+    assert replay._coerce([replay.Ref("a"), "None"], "Tensor?[]") == [replay.Ref("a"), None]
+    a, k = replay._arguments(torch.ops.aten.gelu.default, (replay.Ref("x"),),
+                             {"approximate": "tanh"})
+    assert a == (replay.Ref("x"),) and k == {"approximate": "tanh"}
+    with pytest.raises(replay.NotReplayable):
+        replay._coerce("tanh", "float")
+    with pytest.raises(replay.NotReplayable):
+        replay._arguments(torch.ops.aten.gelu.default, (replay.Ref("x"),), {"bogus": "1"})
+    with pytest.raises(replay.NotReplayable):
+        replay._split("[1, 2, ...[total_len=300]]")
+    assert replay._target("torch.ops.aten.add.Tensor") is torch.ops.aten.add.Tensor
+    with pytest.raises(replay.NotReplayable):  # only ATen ops run from a file's metadata
+        replay._target("torch.ops.profiler._record_function_enter.default")
+
+
+def test_module_path_from_full_name_scopes():
+    from onnx import helper
+
+    from onnxmedic._locate import location_from_onnx_node
+
+    n = helper.make_node("Tanh", ["a"], ["b"])
+    helper.set_metadata_props(n, {"pkg.torch.onnx.name_scopes":
+                                  "['', 'blocks.0', 'blocks.0.inner', 'tanh']"})
+    assert location_from_onnx_node(n).module_path == "blocks.0.inner"
+    helper.set_metadata_props(n, {"pkg.torch.onnx.name_scopes": "['', 'enc', 'layer', 'x']"})
+    assert location_from_onnx_node(n).module_path == "enc.layer"
+
+
+def test_top_nodes_are_measured_and_ordered(exported):
+    proto, program = exported
+    bad = _copy(proto)
+    _swap_op(bad, seed=0)
+    loc = loc_mod.localize(bad, program, (X,), feeds={"x": X.numpy()}, decomposed=True,
+                           top_k=3)
+    assert len(loc.top) == 3
+    keys = [(e.growth if e.exceeds else 0.0, e.score) for e in loc.top]
+    assert keys == sorted(keys, reverse=True)
+    for e in loc.top + [loc.first]:
+        assert not math.isnan(e.max_abs) and e.max_abs > 0
+        if e.exceeds:
+            assert e.mismatched > 0
+
+
+def test_replayed_values_are_sized_from_the_inputs():
+    """With a dynamic batch, the chunks are sized at the batch the inputs give, not at 1."""
+    from onnxmedic.verify.replay import replay_program
+
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(3))
+    res = onnxmedic.export(Stack(depth=1), (x,), dynamic_shapes=({0: "batch"},))
+    assert res.ok
+    assert res.onnx_model.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    big = torch.randn(40, 8)
+    replayed = replay_program(res.onnx_model, Stack(depth=1), {"x": big.numpy()})
+    sized = [n.meta["val"] for n in replayed.graph_module.graph.nodes if "val" in n.meta]
+    assert sized and all(tuple(v.shape) == (40, 8) for v in sized)
+
+
+def test_localisation_worker_starts_with_verify_and_is_always_closed(tmp_path, monkeypatch):
+    """verify(localize=True) starts localisation's sandbox worker before verifying (its ONNX
+    Runtime import overlaps the verify run) and closes it whether localisation runs or not."""
+    from onnxmedic import sandbox
+
+    started: list[sandbox.Worker] = []
+
+    class Counted(sandbox.Worker):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            started.append(self)
+
+    monkeypatch.setattr(sandbox, "Worker", Counted)
+    model = Stack(depth=1)
+    assert onnxmedic.export(model, (X,), tmp_path / "m.onnx").ok
+    import onnxmedic.api as api
+
+    before_verifying = []
+    run_and_compare = api._run_and_compare
+
+    def spy(*a, **k):
+        before_verifying.append(len(started))
+        return run_and_compare(*a, **k)
+
+    monkeypatch.setattr(api, "_run_and_compare", spy)
+    started.clear()
+    out = onnxmedic.verify(tmp_path / "m.onnx", model, (X,), localize=True)
+    assert out.ok and out.localization is not None
+    assert before_verifying == [2]  # the verify run's and localisation's, both started
+    assert len(started) == 2  # and no third
+    assert all(w.proc is None for w in started)
+
+    started.clear()
+    out = onnxmedic.verify(tmp_path / "m.onnx", model, (torch.randn(3, 5),), localize=True)
+    assert not out.ok and out.localization is None  # PyTorch rejects the input: no localising
+    assert started and all(w.proc is None for w in started)

@@ -120,3 +120,44 @@ def test_zero_d_inputs_keep_their_shape(tmp_path):
     r = sandbox.run_model(tmp_path / "rank.onnx", [{"x": np.array(2.0, np.float32)}])
     assert r.ok, r.error
     assert r.outputs[0][0].tolist() == [0]  # rank 0
+
+
+@pytest.mark.parametrize("n_outputs", [3, 40])  # 40 > PACK_MIN: written as one packed file
+def test_many_outputs_round_trip(tmp_path, n_outputs):
+    """Every output comes back with its dtype, shape and values, 0-d and empty included,
+    whether written as an .npz or packed (localisation exposes thousands)."""
+    import ml_dtypes
+    import onnx
+    from onnx import TensorProto, helper
+
+    kinds = [(TensorProto.FLOAT, np.float32, [2, 3]), (TensorProto.INT64, np.int64, []),
+             (TensorProto.BOOL, np.bool_, [4]), (TensorProto.FLOAT16, np.float16, [0, 2]),
+             (TensorProto.DOUBLE, np.float64, [3, 1]), (TensorProto.UINT8, np.uint8, [5]),
+             (TensorProto.BFLOAT16, ml_dtypes.bfloat16, [2])]
+    inputs, outputs, nodes, feeds, want = [], [], [], {}, []
+    rng = np.random.default_rng(0)
+    for i in range(n_outputs):
+        code, dt, shape = kinds[i % len(kinds)]
+        a = (rng.standard_normal(shape) * 4).astype(dt)
+        inputs.append(helper.make_tensor_value_info(f"x{i}", code, shape))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", code, shape))
+        nodes.append(helper.make_node("Identity", [f"x{i}"], [f"y{i}"]))
+        feeds[f"x{i}"] = a
+        want.append(a)
+    m = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs),
+                          opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    onnx.save(m, tmp_path / "many.onnx")
+    r = sandbox.run_model(tmp_path / "many.onnx", [feeds])
+    assert r.ok, r.error
+    assert len(r.outputs[0]) == n_outputs
+    for got, a in zip(r.outputs[0], want):
+        assert got.dtype == a.dtype and got.shape == a.shape
+        np.testing.assert_array_equal(got.astype(np.float64), a.astype(np.float64))
+    root = r.outputs[0][0]
+    while isinstance(root, np.ndarray) and root.base is not None:
+        root = root.base
+    if isinstance(root, memoryview):
+        root = root.obj
+    assert isinstance(root, bytearray) == (n_outputs > 16)  # views of the packed file
+    r.outputs[0][0][...] = 0  # writable, like the arrays np.load gives

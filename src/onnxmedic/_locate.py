@@ -99,8 +99,13 @@ def location_from_onnx_node(node: Any) -> Location | None:
         try:
             import ast
 
-            parts = [s for s in ast.literal_eval(scopes) if s][:-1]
-            module_path = ".".join(parts) or None
+            parts = [str(s) for s in ast.literal_eval(scopes) if s][:-1]
+            # torch.onnx writes each scope as the full path ('blocks.0', 'blocks.0.inner');
+            # relative names ('blocks.0', 'inner') are joined
+            if all(b.startswith(a + ".") for a, b in zip(parts, parts[1:])):
+                module_path = parts[-1] if parts else None
+            else:
+                module_path = ".".join(parts) or None
         except (ValueError, SyntaxError):
             module_path = None
     return location_from_stack_text(meta.get("pkg.torch.onnx.stack_trace"), module_path)

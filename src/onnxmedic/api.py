@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -287,8 +287,10 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
     """runtime + compare stages, in one sandboxed session: the example, two further input sets
     of the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x.
 
-    ``localizer``: ``(always, get_program)``; localisation runs on a value mismatch (OM601), or
-    always when ``always``, with the program ``get_program()`` returns (None: skipped)."""
+    ``localizer``: a ``_Localizer``; localisation runs on a value mismatch (OM601), or always
+    when ``always``, with the program ``get_program()`` returns (None: skipped). With
+    ``module`` (the nn.Module verified), the program is first rebuilt from the ONNX file's own
+    metadata, and captured only where that fails (see verify/replay.py)."""
     onnx_inputs, onnx_dims, onnx_outputs = _graph_io(proto)
     sets = [example] + inputs_mod.derived_input_sets(example, EXTRA_INPUT_SETS)
     labels = ["example"] + [f"random#{i}" for i in range(1, len(sets))]
@@ -383,22 +385,46 @@ def _run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: A
             "output diverges.", details={"comparison": worst.to_dict()}))
     if not structural and not values and not shape_failures:
         result.stages["compare"] = PASSED
-    if localizer is not None and (values or localizer[0]):
+    if localizer is not None and (values or localizer.always):
         label = ("example" if not values or "example" in {c.input_set for c in values}
                  else worst.input_set)
         k = labels.index(label) if label in labels else 0
-        _localize_stage(result, proto, localizer[1], sets[k], feeds[k], timeout, tolerance,
-                        labels[k])
+        _localize_stage(result, proto, localizer.get_program, sets[k], feeds[k], timeout,
+                        tolerance, labels[k], module=localizer.module, reference=expected[k],
+                        worker=localizer.worker)
+
+
+class _Localizer(NamedTuple):
+    """When and on what _run_and_compare localises (see there)."""
+
+    always: bool
+    get_program: Any
+    module: Any = None
+    worker: sandbox.Worker | None = None
 
 
 def _localize_stage(result: ExportResult, proto: Any, get_program: Any,
                     inputs: inputs_mod.Inputs, feeds: dict[str, np.ndarray], timeout: float,
-                    tolerance: tuple[float, float] | None, label: str) -> None:
-    """Localise the divergence on one input set; its findings join the result's."""
+                    tolerance: tuple[float, float] | None, label: str,
+                    module: Any = None, reference: list[np.ndarray] | None = None,
+                    worker: sandbox.Worker | None = None) -> None:
+    """Localise the divergence on one input set; its findings join the result's.
+
+    ``module``: the nn.Module whose outputs are ``reference`` on ``inputs``; localisation then
+    first runs on the program rebuilt from the ONNX file (no capture), and captures only when
+    that program cannot be rebuilt or does not compute ``reference``. ``worker``: a sandbox
+    worker started ahead (it is closed here, used or not)."""
     from onnxmedic.verify import localize as loc_mod
 
     with _stage(result, "localize"):
-        worker = sandbox.Worker()  # imports ONNX Runtime while the program is captured
+        # it imports ONNX Runtime while the program is rebuilt or captured
+        worker = worker if worker is not None else sandbox.Worker()
+        if module is not None and reference is not None:
+            loc, worker = _localize_replayed(proto, module, inputs, feeds, timeout, tolerance,
+                                             label, reference, worker)
+            if loc is not None:
+                _add_localization(result, loc)
+                return
         try:
             got = get_program()
         except BaseException:
@@ -424,6 +450,40 @@ def _localize_stage(result: ExportResult, proto: Any, get_program: Any,
                 f"{str(e)[:300]}); the verification result stands.",
                 suggestion="Please report it to onnxmedic with the model."))
             return
+    _add_localization(result, loc)
+
+
+def _localize_replayed(proto: Any, module: Any, inputs: inputs_mod.Inputs,
+                       feeds: dict[str, np.ndarray], timeout: float,
+                       tolerance: tuple[float, float] | None, label: str,
+                       reference: list[np.ndarray], worker: sandbox.Worker
+                       ) -> tuple[Any, sandbox.Worker]:
+    """Localisation on the program rebuilt from the ONNX file, or None (and a live worker
+    for the capture that follows) where it cannot be rebuilt or does not compute the model's
+    outputs."""
+    from onnxmedic.verify import localize as loc_mod
+    from onnxmedic.verify.replay import NotReplayable, replay_program
+
+    try:
+        replayed = replay_program(proto, module, feeds)
+    except NotReplayable as e:
+        logger.debug("localisation captures: the ONNX file's program is incomplete: %s", e)
+        return None, worker
+    except Exception as e:  # a bug of the rebuild must not cost the localisation
+        logger.debug("localisation captures: rebuilding failed: %s", e, exc_info=True)
+        return None, worker
+    try:
+        loc = loc_mod.localize(proto, replayed, inputs.args, inputs.kwargs, feeds=feeds,
+                               tolerance=tolerance, timeout=timeout, input_set=label,
+                               worker=worker, reference=reference)
+    except Exception as e:  # NotReplayable, or a bug: capture as before
+        logger.debug("localisation captures: the rebuilt program failed: %s", e)
+        worker.close()  # used (or closed) by localize(): a fresh one for the capture path
+        return None, sandbox.Worker()
+    return loc, worker
+
+
+def _add_localization(result: ExportResult, loc: Any) -> None:
     result.localization = loc
     # OM610 is an error only where the result already failed: it explains the mismatch
     for f in loc.findings:
@@ -660,6 +720,12 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
         logger.debug("numeric dim_params made static")
     if ort_version is not None:
         _fit_ir_version(result, prog, ort_version, opset)
+    try:  # what localisation needs to rebuild the program from the file (verify --localize)
+        from onnxmedic.verify.replay import record_removed_nodes
+
+        record_removed_nodes(prog)
+    except Exception:
+        logger.debug("the FX nodes the optimizer removed were not recorded", exc_info=True)
     result.onnx_model = prog.model_proto
     result.opset = next((o.version for o in result.onnx_model.opset_import if o.domain in
                          ("", "ai.onnx")), None)
@@ -698,8 +764,8 @@ def _export(result: ExportResult, model: Any, args: tuple[Any, ...], kwargs: dic
                 _run_and_compare(result, model, stand_in[0] if stand_in else onnx_path,
                                  stand_in[1] if stand_in else result.onnx_model, example,
                                  example_expected, timeout, tolerance, worker, target,
-                                 localizer=(False, lambda: (decomposed or program,
-                                                            decomposed is not None))
+                                 localizer=_Localizer(False, lambda: (decomposed or program,
+                                                                      decomposed is not None))
                                  if localize and not stand_in else None,
                                  probe_branches=branch_probe)
             finally:
@@ -1169,9 +1235,16 @@ def verify(
             result.onnx_model = proto
             result.opset = next((o.version for o in proto.opset_import if o.domain in
                                  ("", "ai.onnx")), None)
-            with sandbox.Worker() as worker:
-                _verify(result, proto, Path(onnx_path), model, args, kwargs, timeout,
-                        tolerance, worker, localize)
+            # localisation's worker starts now too: it imports ONNX Runtime while the
+            # model is verified, not after (rebuilding the program takes less than that)
+            loc_worker = sandbox.Worker() if localize else None
+            try:
+                with sandbox.Worker() as worker:
+                    _verify(result, proto, Path(onnx_path), model, args, kwargs, timeout,
+                            tolerance, worker, localize, loc_worker)
+            finally:
+                if loc_worker is not None:
+                    loc_worker.close()
     if report is not None:
         from onnxmedic.report import write_report
 
@@ -1181,7 +1254,8 @@ def verify(
 
 def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tuple[Any, ...],
             kwargs: dict[str, Any], timeout: float, tolerance: tuple[float, float] | None,
-            worker: sandbox.Worker, localize: bool = False) -> None:
+            worker: sandbox.Worker, localize: bool = False,
+            loc_worker: sandbox.Worker | None = None) -> None:
     check_findings = checks.check_file(path)
     result.findings.extend(check_findings)
     if any(x.severity == Severity.ERROR for x in check_findings):
@@ -1196,8 +1270,9 @@ def _verify(result: ExportResult, proto: Any, path: Path, model: Any, args: tupl
         return
     _run_and_compare(result, model, path, proto, inputs_mod.Inputs(args, kwargs), expected,
                      timeout, tolerance, worker,
-                     localizer=(True, lambda: _program_for(program, args, kwargs))
-                     if localize else None)
+                     localizer=_Localizer(True, lambda: _program_for(program, args, kwargs),
+                                          None if program is not model else model,
+                                          loc_worker) if localize else None)
     result.ok = result.stages["compare"] == PASSED
 
 

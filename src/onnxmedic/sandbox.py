@@ -149,6 +149,20 @@ def _save_feed(path: Path, feed: dict[str, np.ndarray]) -> dict[str, str]:
     return dtypes
 
 
+def _unpack(path: Path, meta: list[Any]) -> list[np.ndarray]:
+    """The arrays the worker wrote back to back (``_pack``): writable views of one buffer."""
+    buf = bytearray(path.read_bytes())
+    out = []
+    for dtype, shape, offset in meta:
+        dt = np.dtype(dtype)
+        if dt.kind not in "biufc":
+            raise ValueError(f"packed output of dtype {dtype}")
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        out.append(np.frombuffer(buf, dtype=dt, count=count, offset=int(offset))
+                   .reshape(shape) if count else np.empty(shape, dt))
+    return out
+
+
 def _restore(a: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == str(a.dtype):
         return a
@@ -285,9 +299,13 @@ class Worker:
                 out.outputs.append([])
                 out.run_seconds.append(0.0)
                 continue
-            with np.load(req_dir / f"out_{i}.npz", allow_pickle=False) as data:
-                out.outputs.append([_restore(data[f"o{j}"], dt)
-                                    for j, dt in enumerate(run["dtypes"])])
+            if "packed" in run:
+                out.outputs.append([_restore(a, dt) for a, dt in zip(
+                    _unpack(req_dir / f"out_{i}.bin", run["packed"]), run["dtypes"])])
+            else:
+                with np.load(req_dir / f"out_{i}.npz", allow_pickle=False) as data:
+                    out.outputs.append([_restore(data[f"o{j}"], dt)
+                                        for j, dt in enumerate(run["dtypes"])])
             out.run_seconds.append(run["seconds"])
         return out
 

@@ -7,10 +7,13 @@ from. Memory stays bounded: the exposed values are split into chunks by bytes, e
 sandbox run, and the FX interpreter (which frees each value after its last use) compares a value
 the moment it is produced and keeps only its error. The FX side runs once; the ONNX side runs
 once per chunk, and only up to the chunk that holds the first divergence when ``full=False``.
+Given an nn.Module rather than a program, verify rebuilds the program from the ONNX file's own
+metadata (``replay``) instead of capturing it again.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import shutil
@@ -101,6 +104,9 @@ class Localization:
     onnx_nodes: int = 0
     chunks: int = 0  # sandbox runs
     input_set: str = "example"
+    # where the PyTorch program came from: "torch.export" (captured or given) or "onnx
+    # metadata" (rebuilt from the FX nodes torch.onnx recorded in the file, see replay.py)
+    program: str = "torch.export"
     seconds: float = 0.0
     bad_initializers: list[dict[str, Any]] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
@@ -111,7 +117,7 @@ class Localization:
             "drift": self.drift.to_dict() if self.drift else None,
             "top": [n.to_dict() for n in self.top],
             "compared": self.compared, "fx_nodes": self.fx_nodes, "onnx_nodes": self.onnx_nodes,
-            "chunks": self.chunks, "input_set": self.input_set,
+            "chunks": self.chunks, "input_set": self.input_set, "program": self.program,
             "seconds": round(self.seconds, 3), "bad_initializers": self.bad_initializers,
         }
 
@@ -303,6 +309,7 @@ def localize(
     input_set: str = "example",
     decomposed: bool = False,
     worker: sandbox.Worker | None = None,
+    reference: list[np.ndarray] | None = None,
 ) -> Localization:
     """Find the first FX node (in topological order) whose ONNX Runtime value is outside
     tolerance, with its inputs' errors, and the ``top_k`` nodes by error growth.
@@ -314,10 +321,23 @@ def localize(
     caller captures), used for the first chunk. Never raises for problems of the model: they
     become findings. ``program`` not ``decomposed``: used as is when most of its nodes match
     ONNX values by name, else decomposed as torch.onnx does first.
+
+    ``program`` may also be a ``replay.Replay`` (the program rebuilt from the ONNX file's
+    metadata, see ``replay``); then ``reference`` (the eager model's outputs on these inputs)
+    is required, and ``NotReplayable`` is raised when the rebuilt program does not compute
+    them: the file describes another program than the model's, and localising against it
+    would blame the wrong node.
     """
+    from onnxmedic.verify.replay import NotReplayable, Replay
+
+    replayed = isinstance(program, Replay)
+    if replayed and reference is None:
+        raise TypeError("localize: a Replay program needs the reference outputs")
+    decomposed = decomposed or replayed
     t0 = time.perf_counter()
     kwargs = kwargs or {}
-    loc = Localization(input_set=input_set, onnx_nodes=len(proto.graph.node))
+    loc = Localization(input_set=input_set, onnx_nodes=len(proto.graph.node),
+                       program="onnx metadata" if replayed else "torch.export")
     nodes, producer = _candidates(program, proto)
     if not decomposed and len(nodes) < MIN_COVERAGE * _tensor_nodes(program):
         # torch.onnx decomposed ops of this program; its decomposed program has the names.
@@ -350,7 +370,11 @@ def localize(
                 types[n.name] = t
     scores: dict[str, float] = {}  # every compared node's score (floats only: small)
     upstream: dict[str, float] = {}  # for nodes not compared: the max score feeding them
-    errors: list[NodeError] = []
+    # the top_k nodes so far (min-heap on the report's order: growth where out of
+    # tolerance, score, earlier first); only these, and the first out, get the full
+    # comparison (counts, relative error): a deep divergent stack has thousands out
+    top: list[tuple[float, float, int, NodeError]] = []
+    tol_of: dict[Any, tuple[float, float]] = {}
     fx_of: dict[str, torch.fx.Node] = {}
     first_exceeding: list[NodeError | None] = [None]
     state: dict[str, Any] = {"chunk": -1, "values": {}, "stop": False, "failed": None}
@@ -413,44 +437,58 @@ def localize(
         if tuple(exp.shape) != tuple(np.asarray(act).shape):
             upstream[n.name] = in_score(n)[0]
             return
-        rtol, atol = tolerance_for(str(exp.dtype), tolerance)
+        if exp.dtype not in tol_of:
+            tol_of[exp.dtype] = tolerance_for(str(exp.dtype), tolerance)
+        rtol, atol = tol_of[exp.dtype]
         s = score(exp, act, rtol, atol)
         scores[n.name] = s
         loc.compared += 1
         if s == 0:
             return  # exact: nothing to report, and its inputs' errors are not needed
-        if s > 1:  # the full comparison (counts, relative error) only where it fails
-            cmp = compare_arrays(n.name, exp, act, tolerance=(rtol, atol), check_dtype=False)
-            max_abs, max_rel, mismatched = cmp.max_abs, cmp.max_rel, cmp.mismatched
-        else:  # within tolerance: no special values differ, no element is out
-            with np.errstate(invalid="ignore"):
-                wide = np.complex128 if "c" in (exp.dtype.kind, act.dtype.kind) else np.float64
-                diff = np.abs(exp.astype(wide) - np.asarray(act).astype(wide))
-            max_abs = float(np.nanmax(diff)) if diff.size else 0.0
-            max_rel = float("nan")
-            mismatched = 0
         best, ins = in_score(n)
         onode = producer.get(n.name)
         ne = NodeError(
             fx_node=n.name, aten_op=_aten(n), onnx_node=onode.name if onode else None,
             onnx_op=onode.op_type if onode else None, shape=list(exp.shape),
-            dtype=str(exp.dtype), max_abs=max_abs, max_rel=max_rel,
-            mismatched=mismatched, total=int(exp.size), score=s, input_score=best,
+            dtype=str(exp.dtype), max_abs=math.nan, max_rel=math.nan, mismatched=0,
+            total=int(exp.size), score=s, input_score=best,
             inputs=ins, onnx_inputs=list(onode.input) if onode else [])
-        fx_of[n.name] = n
-        errors.append(ne)
+        key = (ne.growth if ne.exceeds else 0.0, s, -loc.compared)
+        reported = False
         if ne.exceeds and first_exceeding[0] is None:
             first_exceeding[0] = ne
+            reported = True
         if ne.exceeds and ne.growth >= BORN_GROWTH and loc.first is None:
             loc.first = ne
+            reported = True
             if not full:
                 state["stop"] = True
+        if top_k > 0 and (len(top) < top_k or key > top[0][:3]):
+            item = (*key, ne)
+            if len(top) < top_k:
+                heapq.heappush(top, item)
+            else:
+                heapq.heapreplace(top, item)
+            reported = True
+        if reported:
+            fx_of[n.name] = n
+            _measure(ne, exp, act, rtol, atol)
 
     try:
-        flat = _flat_inputs(program, args, kwargs)
+        flat = program.flat_inputs if replayed else _flat_inputs(program, args, kwargs)
         with torch.no_grad():
-            _Comparer(gm, on_value).run(*flat)
+            outputs = _Comparer(gm, on_value).run(*flat)
+        if replayed:
+            _check_replay(outputs, reference, tolerance)
     except Exception as e:
+        if replayed:  # the rebuilt program does not run: capture takes over
+            if spare["worker"] is not None:
+                spare["worker"].close()
+                spare["worker"] = None
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(e, NotReplayable):
+                raise
+            raise NotReplayable(f"{type(e).__name__}: {str(e)[:300]}") from e
         loc.findings.append(warning(
             "OM611", STAGE, f"running the PyTorch program node by node failed "
             f"({type(e).__name__}: {str(e)[:300]}); localisation is incomplete.",
@@ -471,15 +509,49 @@ def localize(
         loc.first = first_exceeding[0]
     elif first_exceeding[0] is not loc.first:
         loc.drift = first_exceeding[0]
-    errors.sort(key=lambda e: (-(e.growth if e.exceeds else 0.0), -e.score))
-    loc.top = [e for e in errors if e.score > 0][:top_k]
+    loc.top = [item[-1] for item in sorted(top, key=lambda t: t[:3], reverse=True)]
     for e in loc.top + [x for x in (loc.first, loc.drift) if x]:  # only what is reported
         n = fx_of[e.fx_node]
-        e.location = location_from_node(n) or Location(
-            module_path=module_path_from_node_meta(n.meta))
+        e.location = (program.location(n.name) if replayed else
+                      location_from_node(n) or Location(
+                          module_path=module_path_from_node_meta(n.meta)))
     loc.seconds = time.perf_counter() - t0
     loc.findings.extend(_findings(loc))
     return loc
+
+
+def _measure(ne: NodeError, exp: np.ndarray, act: np.ndarray, rtol: float, atol: float
+             ) -> None:
+    """The full comparison of a reported node: max abs and rel error, elements out."""
+    if ne.score > 1:
+        cmp = compare_arrays(ne.fx_node, exp, act, tolerance=(rtol, atol), check_dtype=False)
+        ne.max_abs, ne.max_rel, ne.mismatched = cmp.max_abs, cmp.max_rel, cmp.mismatched
+    else:  # within tolerance: no special values differ, no element is out
+        with np.errstate(invalid="ignore"):
+            wide = np.complex128 if "c" in (exp.dtype.kind, act.dtype.kind) else np.float64
+            diff = np.abs(exp.astype(wide) - np.asarray(act).astype(wide))
+        ne.max_abs = float(np.nanmax(diff)) if diff.size else 0.0
+
+
+def _check_replay(outputs: Any, reference: list[np.ndarray],
+                  tolerance: tuple[float, float] | None) -> None:
+    """NotReplayable unless the rebuilt program's outputs are the eager model's."""
+    from onnxmedic.verify.replay import NotReplayable
+
+    outputs = list(outputs)
+    if len(outputs) != len(reference):
+        raise NotReplayable(f"{len(outputs)} outputs, the model has {len(reference)}")
+    for i, (got, exp) in enumerate(zip(outputs, reference)):
+        if not isinstance(got, torch.Tensor):
+            raise NotReplayable(f"output {i} is not a tensor")
+        act = to_numpy(got.detach())
+        exp = np.asarray(exp)
+        if act.shape != exp.shape or act.dtype != exp.dtype:
+            raise NotReplayable(f"output {i}: {act.dtype}{list(act.shape)}, the model's "
+                                f"{exp.dtype}{list(exp.shape)}")
+        rtol, atol = tolerance_for(str(exp.dtype), tolerance)
+        if score(exp, act, rtol, atol) > 1.0:
+            raise NotReplayable(f"output {i} differs from the model's")
 
 
 def _compare_initializers(proto: Any, program: torch.export.ExportedProgram,
