@@ -517,3 +517,52 @@ def test_localisation_worker_starts_with_verify_and_is_always_closed(tmp_path, m
     out = onnxmedic.verify(tmp_path / "m.onnx", model, (torch.randn(3, 5),), localize=True)
     assert not out.ok and out.localization is None  # PyTorch rejects the input: no localising
     assert started and all(w.proc is None for w in started)
+
+
+# --------------------------------------------------- replay: what a hostile file cannot do
+
+def _chain_proto(n: int, last: str | None = None):
+    """An ONNX graph whose nodes carry torch.onnx FX metadata: x -> add -> add -> ... (n)."""
+    from onnx import TensorProto, helper
+
+    from onnxmedic.verify.replay import FX_NODE
+
+    nodes, prev = [], "x"
+    for i in range(n):
+        name = f"add_{i}"
+        fx = last if (last is not None and i == n - 1) else (
+            f"%{name} : [num_users=1] = call_function[target=torch.ops.aten.add.Tensor]"
+            f"(args = (%{prev}, %{prev}), kwargs = {{}})")
+        node = helper.make_node("Add", [prev, prev], [name], name=f"node_{name}")
+        node.metadata_props.add(key=FX_NODE, value=fx)
+        nodes.append(node)
+        prev = name
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [2])])
+    return helper.make_model(g)
+
+
+def test_replay_of_a_graph_deeper_than_python_recursion():
+    import numpy as np
+
+    from onnxmedic.verify.replay import replay_program
+
+    proto = _chain_proto(5000)
+    r = replay_program(proto, torch.nn.Module(), {"x": np.ones(2, np.float32)})
+    (out,) = torch.fx.Interpreter(r.graph_module).run(*r.flat_inputs)
+    assert r.outputs == ["add_4999"] and torch.isinf(out).all()  # 2**5000 overflows float32
+
+
+def test_replay_refuses_huge_sizes_and_cycles():
+    import numpy as np
+
+    from onnxmedic.verify.replay import NotReplayable, replay_program
+
+    huge = ("%add_2 : [num_users=1] = call_function[target=torch.ops.aten.new_zeros.default]"
+            "(args = (%add_1, [100000, 100000, 1000]), kwargs = {})")
+    with pytest.raises(NotReplayable, match="size of"):
+        replay_program(_chain_proto(3, huge), torch.nn.Module(), {"x": np.ones(2, np.float32)})
+    cycle = ("%add_2 : [num_users=1] = call_function[target=torch.ops.aten.add.Tensor]"
+             "(args = (%add_2, %add_1), kwargs = {})")
+    with pytest.raises(NotReplayable, match="cycle"):
+        replay_program(_chain_proto(3, cycle), torch.nn.Module(), {"x": np.ones(2, np.float32)})

@@ -359,6 +359,30 @@ def _parse(text: str) -> tuple[str, tuple[Any, tuple[Any, ...], dict[str, Any]]]
     return m.group(1), (target, *_arguments(target, args, kwargs))
 
 
+# The rebuilt ops run in this process (not the sandbox): a size argument no real model of the
+# file could need (over 2**31 elements) is refused, and capture takes over.
+MAX_ELEMENTS = 2**31
+
+
+def _check_sizes(name: str, value: Any) -> None:
+    """Refuse int lists (sizes, shapes) whose element count exceeds MAX_ELEMENTS (lone ints are
+    slice bounds as often, INT64_MAX for "to the end")."""
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        n = 1
+        for v in value:
+            n *= max(abs(v), 1)
+        if n > MAX_ELEMENTS:
+            raise NotReplayable(f"{name}: a size of {n} elements in the file's metadata")
+        return
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _check_sizes(name, v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _check_sizes(name, v)
+
+
 def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarray]
                    ) -> Replay:
     """Rebuild the FX program from ``proto``'s node metadata, parameters and buffers from
@@ -401,15 +425,11 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
         env[name] = node
         return node
 
-    def resolve(name: str) -> None:
-        if name in env:
-            return
-        if name not in specs and name in recorded:
-            specs[name] = _parse(recorded[name])[1]
+    def make(name: str) -> None:
+        """Create ``name``'s node; every name it reads is in ``env`` already."""
         if name in specs:
             target, args, kwargs = specs[name]
-            for r in _refs((args, kwargs)):
-                resolve(r)
+            _check_sizes(name, (args, kwargs))
             node = graph.create_node("call_function", target, _bind(args), _bind(kwargs),
                                      name=name)
             if node.name != name:
@@ -430,6 +450,33 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
         else:
             raise NotReplayable(f"{name}: read by the program, not in the ONNX file")
 
+    def resolve(root: str) -> None:
+        """Create ``root`` after everything it reads, depth first with an explicit stack (a
+        file's graph may be deeper than Python's recursion allows); a cycle is refused."""
+        stack: list[tuple[str, bool]] = [(root, False)]
+        busy: set[str] = set()
+        while stack:
+            name, ready = stack.pop()
+            if name in env:
+                continue
+            if ready:
+                busy.discard(name)
+                make(name)
+                continue
+            if name in busy:
+                raise NotReplayable(f"{name}: the file's FX nodes read each other in a cycle")
+            if name not in specs and name in recorded:
+                specs[name] = _parse(recorded[name])[1]
+            stack.append((name, True))
+            if name in specs:
+                busy.add(name)
+                for r in reversed(_refs(specs[name][1:])):
+                    if r not in env:
+                        if r in busy:
+                            raise NotReplayable(f"{r}: the file's FX nodes read each other "
+                                                "in a cycle")
+                        stack.append((r, False))
+
     def _bind(value: Any) -> Any:
         if isinstance(value, Ref):
             return env[value.name]
@@ -441,20 +488,13 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
             return {k: _bind(v) for k, v in value.items()}
         return value
 
-    import sys
-
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 4 * (len(order) + len(recorded)) + 1000))
-    try:
-        for name in order:
-            resolve(name)
-        outputs = [o.name for o in proto.graph.output]
-        for o in outputs:
-            if o in specs or o in recorded:
-                resolve(o)
-            if o not in env or env[o].op != "call_function":
-                raise NotReplayable(f"output {o} is not an FX node of the file")
-    finally:
-        sys.setrecursionlimit(limit)
+    for name in order:
+        resolve(name)
+    outputs = [o.name for o in proto.graph.output]
+    for o in outputs:
+        if o in specs or o in recorded:
+            resolve(o)
+        if o not in env or env[o].op != "call_function":
+            raise NotReplayable(f"output {o} is not an FX node of the file")
     graph.output(tuple(env[o] for o in outputs))
     return Replay(_GraphHolder(graph), flat, state_dict, outputs, first_onnx)
