@@ -173,6 +173,12 @@ ENTRIES = [
     # hypot in float64 arithmetic is correctly rounded for float32, so bit-equal to glibc hypotf.
     OpEntry("hypot", dtypes=(torch.float32, torch.float64), max_samples=2,
             edge=_binary_float_edges, tolerance={"float32": EXACT, "float64": F64}),
+    # fmax/fmin: torchlib raises NotImplementedError; NaN on one side gives the other operand
+    OpEntry("fmax", dtypes=(torch.float32, torch.float64), max_samples=2,
+            edge=_binary_float_edges, tolerance={"float32": EXACT, "float64": EXACT}),
+    OpEntry("fmin", dtypes=(torch.float32, torch.float64, torch.float16),
+            max_samples=2, edge=_binary_float_edges,
+            tolerance={"float32": EXACT, "float64": EXACT, "float16": EXACT}),
     OpEntry("copysign", dtypes=(torch.float32, torch.float64), max_samples=2,
             edge=_binary_float_edges,
             tolerance={"float32": EXACT, "float64": EXACT}),
@@ -433,3 +439,10 @@ def test_in_model(model, tol):
     res = check_call(model, (x,), tolerance=tol)
     assert res.ok, res.error
     assert res.comparisons and all(c.total > 0 for c in res.comparisons)
+
+
+@pytest.mark.parametrize("fn", [torch.fmax, torch.fmin], ids=["fmax", "fmin"])
+def test_fmax_fmin_integers_and_mixed(fn):
+    a, b = torch.tensor([3, -2, 7], dtype=torch.int32), torch.tensor([1, 5, 7], dtype=torch.int64)
+    assert check_call(fn, (a, b)).ok  # int32 with int64: promoted, no NaN logic
+    assert check_call(fn, (a, torch.tensor([0.5, float("nan"), 9.0]))).ok  # int with float

@@ -354,3 +354,34 @@ def test_batch_norm_eval_module_still_fuses_into_conv() -> None:
         m[1].running_var.uniform_(0.5, 2)
     r = onnxmedic.export(m, (torch.randn(2, 3, 8, 8),))
     assert r.ok and [n.op_type for n in r.onnx_model.graph.node] == ["Conv", "Relu"]
+
+
+# ------------------------------------------------------------- max/min reductions with NaN
+
+_NAN_ROWS = torch.tensor([[1.0, float("nan"), 3.0], [4.0, 5.0, 6.0], [float("-inf"), 0.0, -0.0]])
+
+
+@pytest.mark.parametrize("fn,kwargs", [(torch.max, {}), (torch.min, {}),
+                                       (torch.aminmax, {"dim": 1})],
+                         ids=["max", "min", "aminmax-dim"])
+def test_nan_reductions_torchlib_is_wrong(fn, kwargs) -> None:
+    """ONNX Runtime's ReduceMax/ReduceMin skip NaN; PyTorch propagates it."""
+    plain = check_call(fn, (_NAN_ROWS,), kwargs, registry=None)
+    assert plain.stage == "compare"
+    assert check_call(fn, (_NAN_ROWS,), kwargs).ok
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.int64])
+@pytest.mark.parametrize("fn,kwargs", [(torch.max, {}), (torch.min, {}), (torch.aminmax, {}),
+                                       (torch.aminmax, {"dim": 0, "keepdim": True})],
+                         ids=["max", "min", "aminmax", "aminmax-dim0-keepdim"])
+def test_nan_reductions_other_dtypes(fn, kwargs, dtype) -> None:
+    x = _NAN_ROWS if dtype.is_floating_point else torch.tensor([[3, -1, 2], [0, 9, -7]])
+    assert check_call(fn, (x.to(dtype),), kwargs).ok
+
+
+def test_aminmax_without_dim_exports() -> None:
+    """torchlib requires ``dim``: plain torch.onnx fails to export ``torch.aminmax(x)``."""
+    x = torch.randn(3, 4)
+    assert check_call(torch.aminmax, (x,), registry=None).stage == "export"
+    assert check_call(torch.aminmax, (x,)).ok

@@ -710,3 +710,27 @@ def aten___rshift___tensor(self, other):
 def aten___rshift___scalar(self, other):
     """__rshift__.Scalar(Tensor self, Scalar other) -> Tensor"""
     return _shift_right(self, _scalar_like(int(other), self))
+
+
+# ----------------------------------------------------------------------------- fmax / fmin
+
+def _fmaxmin(self, other, pick):
+    """PyTorch's fmax/fmin: where exactly one operand is NaN the other is the result (NaN only
+    when both are); otherwise the larger/smaller. Integers: plain Max/Min."""
+    _, (a, b) = _common(self, other)
+    m = pick(a, b)
+    if not _is_float(a):
+        return m
+    return op.Where(op.IsNaN(a), b, op.Where(op.IsNaN(b), a, m))
+
+
+@translation(aten.fmax.default)
+def aten_fmax(self, other):
+    """fmax(Tensor self, Tensor other) -> Tensor (torchlib: not implemented)"""
+    return _fmaxmin(self, other, op.Max)
+
+
+@translation(aten.fmin.default)
+def aten_fmin(self, other):
+    """fmin(Tensor self, Tensor other) -> Tensor (torchlib: not implemented)"""
+    return _fmaxmin(self, other, op.Min)

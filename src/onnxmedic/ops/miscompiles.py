@@ -278,3 +278,49 @@ def aten_log_sigmoid(self):
 
     neg = op.Where(op.Less(self, const(0.0, self)), self, const(0.0, self))
     return op.Sub(neg, _log1p_small(op.Exp(op.Neg(op.Abs(self)))))
+
+
+# ------------------------------------------------------------------- max/min reductions & NaN
+
+def _reduce_extreme(self, dim, keepdim: bool, reduce):
+    """ReduceMax/ReduceMin over ``dim`` (all dims when empty or None), NaN wherever the reduced
+    set holds a NaN: PyTorch propagates NaN, ONNX Runtime's ReduceMax/ReduceMin skip it."""
+    axes = None if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else (
+        [dim] if isinstance(dim, int) else list(dim))
+    keep = 1 if keepdim else 0
+    if axes is None:
+        out = reduce(self, keepdims=keep)
+    else:
+        out = reduce(self, ints(axes), keepdims=keep)
+    if getattr(self, "dtype", None) not in FLOAT_DTYPES:
+        return out
+    # the sum of the NaN elements only: NaN exactly where the reduced set holds one
+    nans = op.Where(op.IsNaN(self), self, const(0.0, self))
+    s = (op.ReduceSum(nans, keepdims=keep) if axes is None
+         else op.ReduceSum(nans, ints(axes), keepdims=keep))
+    return op.Where(op.IsNaN(s), s, out)
+
+
+@translation(aten.max.default, overrides_torchlib=True)
+def aten_max(self):
+    """max(Tensor self) -> Tensor
+
+    torchlib maps it to ReduceMax, which in ONNX Runtime skips NaN: ``torch.max(tensor([1.,
+    nan, 3.]))`` is nan in PyTorch, 3 in ONNX Runtime. (``amax``/``amin`` have the same fault;
+    overriding them changes how torch.onnx lowers float16 amax -- the output comes out float32
+    -- so they are left to torchlib, see docs/miscompiles.md.)"""
+    return _reduce_extreme(self, None, False, op.ReduceMax)
+
+
+@translation(aten.min.default, overrides_torchlib=True)
+def aten_min(self):
+    """min(Tensor self) -> Tensor: NaN when any element is NaN, as in PyTorch (see max)."""
+    return _reduce_extreme(self, None, False, op.ReduceMin)
+
+
+@translation(aten.aminmax.default, overrides_torchlib=True)
+def aten_aminmax(self, dim=None, keepdim: bool = False):
+    """aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max)
+    (torchlib requires ``dim``; NaN as in max)"""
+    return (_reduce_extreme(self, dim, keepdim, op.ReduceMin),
+            _reduce_extreme(self, dim, keepdim, op.ReduceMax))
