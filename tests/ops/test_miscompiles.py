@@ -380,6 +380,12 @@ def test_nan_reductions_other_dtypes(fn, kwargs, dtype) -> None:
     assert check_call(fn, (x.to(dtype),), kwargs).ok
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"dim": 0}, {"dim": -1, "keepdim": True}])
+def test_aminmax_of_a_0d_input(kwargs) -> None:
+    for v in (2.5, float("nan")):
+        assert check_call(torch.aminmax, (torch.tensor(v),), kwargs).ok
+
+
 def test_aminmax_without_dim_exports() -> None:
     """torchlib requires ``dim``: plain torch.onnx fails to export ``torch.aminmax(x)``."""
     x = torch.randn(3, 4)

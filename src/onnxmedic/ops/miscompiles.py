@@ -288,6 +288,9 @@ def _reduce_extreme(self, dim, keepdim: bool, reduce):
     axes = None if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else (
         [dim] if isinstance(dim, int) else list(dim))
     keep = 1 if keepdim else 0
+    shape = static_shape(self)
+    if shape is not None and len(shape) == 0:
+        return op.Identity(self)  # a 0-d input (PyTorch accepts dim 0 or -1 there): itself
     if axes is None:
         out = reduce(self, keepdims=keep)
     else:
