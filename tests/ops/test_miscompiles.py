@@ -391,3 +391,24 @@ def test_aminmax_without_dim_exports() -> None:
     x = torch.randn(3, 4)
     assert check_call(torch.aminmax, (x,), registry=None).stage == "export"
     assert check_call(torch.aminmax, (x,)).ok
+
+
+# -------------------------------------------------------------- vector norm of a 0-d input
+
+@pytest.mark.parametrize("kwargs", [{"dim": 0}, {"dim": -1, "keepdim": True},
+                                    {"dim": 0, "ord": 0}, {"dim": 0, "ord": float("inf")},
+                                    {"dim": 0, "ord": 3.0}])
+def test_vector_norm_of_a_0d_input_torchlib_is_rejected(kwargs) -> None:
+    """PyTorch treats a 0-d input with dim=0 as a 1-element vector; torchlib's ReduceL2 over
+    axis 0 of a 0-d tensor is refused by ONNX Runtime (OpInfo cosine_similarity sample 3)."""
+    x = torch.tensor(-1.5)
+    assert check_call(torch.linalg.vector_norm, (x,), kwargs, registry=None).stage == "runtime"
+    assert check_call(torch.linalg.vector_norm, (x,), kwargs).ok
+
+
+def test_cosine_similarity_of_scalars() -> None:
+    a, b = torch.tensor(1.5), torch.tensor(-2.0)
+    f = torch.nn.functional.cosine_similarity
+    assert check_call(f, (a, b), {"dim": 0}, registry=None).stage == "runtime"
+    assert check_call(f, (a, b), {"dim": 0}).ok
+    assert check_call(f, (torch.randn(3, 4), torch.randn(3, 4)), {"dim": 1}).ok

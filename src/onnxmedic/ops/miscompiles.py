@@ -327,3 +327,23 @@ def aten_aminmax(self, dim=None, keepdim: bool = False):
     (torchlib requires ``dim``; NaN as in max)"""
     return (_reduce_extreme(self, dim, keepdim, op.ReduceMin),
             _reduce_extreme(self, dim, keepdim, op.ReduceMax))
+
+
+@translation(aten.linalg_vector_norm.default, overrides_torchlib=True)
+def aten_linalg_vector_norm(self, ord: float = 2.0, dim=None, keepdim: bool = False,
+                            dtype: int = -1):
+    """linalg_vector_norm(Tensor self, Scalar ord=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
+
+    A 0-d input with ``dim=0`` (or -1), which PyTorch treats as a 1-element vector
+    (``F.cosine_similarity`` of two scalars does it): torchlib reduces over an axis the 0-d
+    tensor does not have and ONNX Runtime rejects the model. Here it is reduced as the
+    1-element vector it is; every other input goes to torchlib's translation unchanged."""
+    from onnxscript.function_libs.torch_lib.ops.linalg import (
+        aten_linalg_vector_norm as torchlib_norm,
+    )
+
+    shape = static_shape(self)
+    if shape is not None and len(shape) == 0 and dim is not None:
+        # a 0-d result either way: PyTorch keeps a 0-d input 0-d with keepdim too
+        return torchlib_norm(op.Reshape(self, ints([1])), ord, [0], False, dtype)
+    return torchlib_norm(self, ord, dim, keepdim, dtype)
