@@ -169,13 +169,13 @@ def test_default_opset_is_the_highest_every_layer_supports(monkeypatch):
     mx = opset_fix.installed_max_opset()
     assert mx is not None and mx >= 21  # onnxruntime >= 1.22 kernels reach opset 22+
     best, bound = opset_fix.choose_opset("cpu")
-    assert best == min(opset_fix.exporter_max_opset(), mx)
-    assert bound == ("torch.onnx" if opset_fix.exporter_max_opset() <= mx else
-                     f"ONNX Runtime {here[0]}.{here[1]} (installed)")
+    assert best == min(opset_fix.exporter_max_opset(), opset_fix.VERIFIED_MAX_OPSET, mx) == 22
+    assert bound == opset_fix.VERIFIED_MAX_REASON
     assert opset_fix.choose_opset("cpu", (1, 17)) == (20, "ONNX Runtime 1.17")
     assert opset_fix.choose_opset("cuda", (1, 14)) == (18, "ONNX Runtime 1.14")
     assert opset_fix.choose_opset("cpu", here)[0] == best  # the installed release is asked
     monkeypatch.setattr(opset_fix, "exporter_max_opset", lambda: 30)
+    monkeypatch.setattr(opset_fix, "VERIFIED_MAX_OPSET", 30)
     monkeypatch.setattr(opset_fix, "installed_max_opset", lambda: 28)
     assert opset_fix.choose_opset("tensorrt") == (24, "TensorRT 10.15")
     assert opset_fix.choose_opset("cpu") == (28, f"ONNX Runtime {here[0]}.{here[1]} (installed)")
@@ -186,7 +186,7 @@ def test_default_opset_export_says_what_set_it():
     best, bound = opset_fix.choose_opset("cpu")
     assert r.ok and r.opset == best
     (f,) = [f for f in r.findings if f.code == "OM320"]
-    assert f"the highest opset {bound} supports" in f.message and f.details["opset"] == best
+    assert f"set by {bound}" in f.message and f.details["opset"] == best
 
 
 def test_default_opset_the_converter_cannot_reach_falls_back(monkeypatch):

@@ -1120,10 +1120,11 @@ def _fit_ir_version(result: ExportResult, prog: Any, ort: tuple[int, int],
     if prog.model.ir_version > max_ir:
         changes.append(f"IR version {prog.model.ir_version} -> {max_ir}")
         prog.model.ir_version = max_ir
-    from onnxmedic.fixes.opset import exporter_max_opset
+    from onnxmedic.fixes.opset import VERIFIED_MAX_OPSET, exporter_max_opset
 
-    if opset is not None and opset < exporter_max_opset():
-        changes.append(f"opset {exporter_max_opset()} -> {opset}")
+    unconstrained = min(exporter_max_opset(), VERIFIED_MAX_OPSET)
+    if opset is not None and opset < unconstrained:
+        changes.append(f"opset {unconstrained} -> {opset}")
     if changes:
         result.findings.append(info(
             "OM323", "translate", f"fitted to ONNX Runtime {ort[0]}.{ort[1]} (opsets up to "
@@ -1139,7 +1140,7 @@ def _opset_stage(result: ExportResult, wanted: int, explicit: bool = True,
     what the converter reached when the target loads that too (OM324)."""
     from onnxmedic.fixes.opset import NATIVE_OPSET as native
 
-    why = "asked for" if explicit else f"the highest opset {bound} supports"
+    why = "asked for" if explicit else f"the highest the target supports; set by {bound}"
     if result.opset == wanted:
         if wanted != native:
             result.findings.append(info(

@@ -7,8 +7,9 @@ a lower bound: they load at least what it did. For the installed onnxruntime the
 read from the runtime itself: the newest opset any of its ai.onnx kernels is registered for.
 
 The default export opset is the highest the target supports (:func:`choose_opset`): the lowest
-of what torch.onnx can export (``ONNX_MAX_OPSET``), what the ONNX Runtime release loads, and,
-for ``--target tensorrt``, the opset range of ONNX-TensorRT's support matrix.
+of what torch.onnx can export (``ONNX_MAX_OPSET``), onnxmedic's verified ceiling
+(``VERIFIED_MAX_OPSET``), what the ONNX Runtime release loads, and, for ``--target tensorrt``,
+the opset range of ONNX-TensorRT's support matrix.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ def default_opset() -> int:
         return int(ONNX_DEFAULT_OPSET)
     except Exception:
         return NATIVE_OPSET
+
+
+# The highest opset onnxmedic exports at by default. At 23 torch.onnx fuses rotary embeddings,
+# attention and RMS norms into opset-23 ops, and ONNX Runtime 1.32 rejects the fused
+# RotaryEmbedding of a Llama decoder with past key values (OM511 "cos_cache and sin_cache are
+# expected to have the same shape", found by the zoo's llama+past); 22 verifies there. --opset 23
+# is still honoured (and verified).
+VERIFIED_MAX_OPSET = 22
+VERIFIED_MAX_REASON = ("onnxmedic's default ceiling (opset 23's fused RotaryEmbedding fails in "
+                       "ONNX Runtime on Llama with past key values)")
 
 
 def exporter_max_opset() -> int:
@@ -100,7 +111,7 @@ def choose_opset(target: str = "cpu", version: tuple[int, int] | None = None
                  ) -> tuple[int, str]:
     """The default export opset for ``target`` on ONNX Runtime ``version`` (None: the installed
     one): the highest all of them support, and which of them sets it."""
-    bounds = [(exporter_max_opset(), "torch.onnx")]
+    bounds = [(exporter_max_opset(), "torch.onnx"), (VERIFIED_MAX_OPSET, VERIFIED_MAX_REASON)]
     for b in (runtime_max_opset(version), target_max_opset(target)):
         if b is not None:
             bounds.append(b)
