@@ -16,6 +16,15 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = "tests/models.py"
 
 
+
+def _sigint_default() -> None:
+    """In the child: SIGINT as a terminal's Ctrl-C finds it. A parent that ignores SIGINT (a
+    background job; here, the test worker once something in the process set SIG_IGN, seen in the
+    full xdist run only) passes SIG_IGN on, and Python then never raises KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
     e = dict(os.environ)
     e.update(env or {})
@@ -177,7 +186,8 @@ def test_ctrl_c_leaves_no_partial_output_or_child(tmp_path):
     p = subprocess.Popen(
         [sys.executable, "-m", "onnxmedic", "verify", str(om.endless_loop_model(
             tmp_path / "hang.onnx")), f"{MODELS}:Identity", "--input", "2x3", "--timeout", "120"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_sigint_default)
     try:
         deadline = time.time() + 120
         child = None

@@ -18,6 +18,15 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "sweep_zoo" / "tiny.py")
 
 
+
+def _sigint_default() -> None:
+    """In the child: SIGINT as a terminal's Ctrl-C finds it. A parent that ignores SIGINT (a
+    background job; here, the test worker once something in the process set SIG_IGN, seen in the
+    full xdist run only) passes SIG_IGN on, and Python then never raises KeyboardInterrupt."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 def test_crash_hang_and_broken_factory_do_not_stop_the_sweep(tmp_path):
     results = tmp_path / "results.json"
     seen = []
@@ -140,7 +149,8 @@ def test_ctrl_c_stops_the_sweep_and_its_workers(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     p = subprocess.Popen([sys.executable, "-m", "onnxmedic", "sweep", TINY, "--only", "hangs",
                           "--timeout", "300", "--no-progress"], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=_sigint_default)
     workers: list[int] = []
     deadline = time.monotonic() + 60
     while not workers and time.monotonic() < deadline:
