@@ -12,20 +12,12 @@ from pathlib import Path
 import pytest
 
 from onnxmedic.sweep import load_zoo, sweep
-from tests.test_cli import cli
+from tests.test_cli import _sigint_default, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "tests" / "sweep_zoo" / "tiny.py")
 
 
-
-def _sigint_default() -> None:
-    """In the child: SIGINT as a terminal's Ctrl-C finds it. A parent that ignores SIGINT (a
-    background job; here, the test worker once something in the process set SIG_IGN, seen in the
-    full xdist run only) passes SIG_IGN on, and Python then never raises KeyboardInterrupt."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 def test_crash_hang_and_broken_factory_do_not_stop_the_sweep(tmp_path):
     results = tmp_path / "results.json"

@@ -404,26 +404,26 @@ def branch_probe_sets(inputs: Inputs) -> list[Inputs]:
     inputs are kept (they are often indices) -- except 0-d integer tensors, which are counts as
     often (``for i in range(k.item())``, ``torch.split(x, k.item())``): a further set adds 1 to
     each of them, so a loop count or size specialised to the example's value shows up."""
+    def is_count(t: Any) -> bool:
+        return (isinstance(t, torch.Tensor) and t.dim() == 0 and not t.dtype.is_floating_point
+                and not t.dtype.is_complex and t.dtype != torch.bool)
+
+    def is_float(t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t.dtype.is_floating_point
+
+    def mapped(pick: Any, fn: Any, label: str) -> Inputs:
+        def vary(t: Any) -> Any:
+            return fn(t) if pick(t) else t
+        return Inputs(tuple(torch.utils._pytree.tree_map(vary, a) for a in inputs.args),
+                      {n: torch.utils._pytree.tree_map(vary, v) for n, v in inputs.kwargs.items()},
+                      [label])
+
     out = []
-    scalars = [t for t in torch.utils._pytree.tree_leaves((inputs.args, inputs.kwargs))
-               if isinstance(t, torch.Tensor) and t.dim() == 0
-               and not t.dtype.is_floating_point and not t.dtype.is_complex
-               and t.dtype != torch.bool]
-    if scalars:
-        def plus_one(t: Any) -> Any:
-            return (t + 1 if isinstance(t, torch.Tensor) and t.dim() == 0
-                    and not t.dtype.is_floating_point and not t.dtype.is_complex
-                    and t.dtype != torch.bool else t)
-        out.append(Inputs(tuple(torch.utils._pytree.tree_map(plus_one, a) for a in inputs.args),
-                          {n: torch.utils._pytree.tree_map(plus_one, v)
-                           for n, v in inputs.kwargs.items()}, ["integer scalars +1"]))
+    if any(is_count(t) for t in torch.utils._pytree.tree_leaves((inputs.args, inputs.kwargs))):
+        out.append(mapped(is_count, lambda t: t + 1, "integer scalars +1"))
     for label, fn in (("negated", lambda t: -t), ("zeros", torch.zeros_like),
                       ("scaled x100", lambda t: t * 100)):
-        def vary(t: Any, fn: Any = fn) -> Any:
-            return fn(t) if isinstance(t, torch.Tensor) and t.dtype.is_floating_point else t
-        args = tuple(torch.utils._pytree.tree_map(vary, a) for a in inputs.args)
-        kwargs = {n: torch.utils._pytree.tree_map(vary, v) for n, v in inputs.kwargs.items()}
-        out.append(Inputs(args, kwargs, [label]))
+        out.append(mapped(is_float, fn, label))
     return out
 
 
