@@ -58,14 +58,15 @@ def _check_at_shapes(path: str, case: Any) -> tuple[bool, str, float]:
 
     from onnxmedic import inputs as inputs_mod
     from onnxmedic._tensors import flatten_tensors, to_numpy
-    from onnxmedic.api import _feeds, _graph_io
+    from onnxmedic.onnxfile import graph_io, make_feeds
     from onnxmedic.verify.compare import compare_outputs
+    from onnxmedic.verify.input_sets import shape_variants
 
     proto = onnx.load(path, load_external_data=False)
-    names, dims, outs = _graph_io(proto)
+    names, dims, outs = graph_io(proto)
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     example = inputs_mod.Inputs(case.args, case.kwargs)
-    sets = [("example", example)] + inputs_mod.shape_variants(example, dims)
+    sets = [("example", example)] + shape_variants(example, dims)
     worst = 0.0
     for label, s in sets:
         with torch.no_grad():
@@ -74,7 +75,7 @@ def _check_at_shapes(path: str, case: Any) -> tuple[bool, str, float]:
             except Exception:
                 continue  # PyTorch itself rejects that size; onnxmedic skips it too (OM403)
         try:
-            act = sess.run(None, _feeds(names, s.args, s.kwargs))
+            act = sess.run(None, make_feeds(names, s.args, s.kwargs))
         except Exception as e:
             return False, f"ONNX Runtime fails at {label}: {str(e).splitlines()[0][:200]}", worst
         comps = compare_outputs(outs, exp, act, input_set=label, tolerance=case.tolerance)
@@ -132,7 +133,7 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
         if med["ok"]:
             import onnxruntime as ort
 
-            from onnxmedic.api import _feeds, _graph_io
+            from onnxmedic.onnxfile import graph_io, make_feeds
 
             so = ort.SessionOptions()
             so.intra_op_num_threads = threads
@@ -140,7 +141,7 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
             sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
             import onnx
 
-            feeds = _feeds(_graph_io(onnx.load(path, load_external_data=False))[0],
+            feeds = make_feeds(graph_io(onnx.load(path, load_external_data=False))[0],
                            case.args, case.kwargs)
             rec["ort_ms"] = _median_ms(lambda: sess.run(None, feeds))
             with torch.no_grad():

@@ -191,8 +191,10 @@ def test_verify_and_doctor_models_with_external_data(tmp_path, monkeypatch):
     import torch
 
     import onnxmedic
+    from onnxmedic import onnxfile
     from tests import models
-    monkeypatch.setattr(api, "EXTERNAL_DATA_THRESHOLD", 100)
+
+    monkeypatch.setattr(onnxfile, "EXTERNAL_DATA_THRESHOLD", 100)
     x = torch.randn(1, 3, 8, 8)
     out = tmp_path / "big.onnx"
     assert onnxmedic.export(models.ConvLog1p(), (x,), out).ok

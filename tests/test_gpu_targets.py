@@ -64,16 +64,18 @@ def test_cuda_provider_asked_with_tf32_off_still_falls_back_without_a_gpu(tmp_pa
 
 
 def test_cuda_run_is_reported_as_verified_with_tf32_off():
+    from onnxmedic.verify.stage import record_runtime
+
     r = api.ExportResult(command="export")
     ran = sandbox.SandboxResult(status="ok", providers=["CUDAExecutionProvider",
                                                         "CPUExecutionProvider"])
-    assert api._runtime_stage(r, ran, "cuda", 10.0)
+    assert record_runtime(r, ran, "cuda", 10.0)
     (f,) = [f for f in r.findings if f.code == "OM536"]
     assert "use_tf32=0" in f.message and "'use_tf32': '0'" in f.suggestion
     r = api.ExportResult(command="export")
-    assert api._runtime_stage(r, sandbox.SandboxResult(status="ok",
-                                                       providers=["CPUExecutionProvider"]),
-                              "cuda", 10.0)
+    assert record_runtime(r, sandbox.SandboxResult(status="ok",
+                                                   providers=["CPUExecutionProvider"]),
+                          "cuda", 10.0)
     assert [f.code for f in r.findings] == ["OM535"]
 
 

@@ -11,6 +11,7 @@ import torch
 
 from onnxmedic import inputs
 from onnxmedic.findings import InputError
+from onnxmedic.verify.input_sets import derived_input_sets
 from tests import hostile_files as hf
 
 HERE = os.path.dirname(__file__)
@@ -164,7 +165,7 @@ def test_missing_input_file():
 def test_derived_sets_keep_shapes_dtypes_and_domain():
     x = torch.rand(50) * 1.8 - 0.9
     idx = torch.randint(0, 5, (10,))
-    sets = inputs.derived_input_sets(inputs.Inputs((x, idx), {}), 2)
+    sets = derived_input_sets(inputs.Inputs((x, idx), {}), 2)
     assert len(sets) == 2
     for s in sets:
         a, i = s.args

@@ -257,12 +257,12 @@ def nested_file(tmp_path_factory):
 
 def _no_capture(monkeypatch):
     """Fail the test if localisation captures the model with torch.export."""
-    import onnxmedic.api as api
+    import onnxmedic.verify.stage as verify_stage
 
     def captured(*a, **k):
         raise AssertionError("localisation captured the model")
 
-    monkeypatch.setattr(api, "_program_for", captured)
+    monkeypatch.setattr(verify_stage, "program_for", captured)
 
 
 @pytest.mark.parametrize("op,index,module_path,marker", [
@@ -496,16 +496,16 @@ def test_localisation_worker_starts_with_verify_and_is_always_closed(tmp_path, m
     monkeypatch.setattr(sandbox, "Worker", Counted)
     model = Stack(depth=1)
     assert onnxmedic.export(model, (X,), tmp_path / "m.onnx").ok
-    import onnxmedic.api as api
+    import onnxmedic.verify.stage as verify_stage
 
     before_verifying = []
-    run_and_compare = api._run_and_compare
+    run_and_compare = verify_stage.run_and_compare
 
     def spy(*a, **k):
         before_verifying.append(len(started))
         return run_and_compare(*a, **k)
 
-    monkeypatch.setattr(api, "_run_and_compare", spy)
+    monkeypatch.setattr(verify_stage, "run_and_compare", spy)
     started.clear()
     out = onnxmedic.verify(tmp_path / "m.onnx", model, (X,), localize=True)
     assert out.ok and out.localization is not None

@@ -192,11 +192,13 @@ def test_default_opset_export_says_what_set_it():
 def test_default_opset_the_converter_cannot_reach_falls_back(monkeypatch):
     """When the version converter fails, torch.onnx keeps opset 18: for the default that is a
     note (OM324) and the model is kept; for an asked-for opset the export stops (OM321)."""
+    from onnxmedic.fixes.opset import check_opset
+
     r = api.ExportResult(command="export")
     r.opset = 18
-    assert api._opset_stage(r, 23, explicit=False, bound="torch.onnx")
+    assert check_opset(r, 23, explicit=False, bound="torch.onnx")
     assert [f.code for f in r.findings] == ["OM324"] and "stays at opset 18" in r.findings[0].message
     r = api.ExportResult(command="export")
     r.opset = 18
-    assert not api._opset_stage(r, 23, explicit=True)
+    assert not check_opset(r, 23, explicit=True)
     assert [f.code for f in r.findings] == ["OM321"]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import onnx
 
-from onnxmedic.findings import Finding, error, warning
+from onnxmedic.findings import Finding, Severity, error, warning
+from onnxmedic.onnxfile import first_lines as _first
+from onnxmedic.onnxfile import save_program
 
 STAGE = "check"
 
@@ -34,38 +38,21 @@ def check_file(path: str | Path) -> list[Finding]:
     return findings
 
 
-PROTOBUF_LIMIT = 2**31  # bytes: protobuf cannot serialise or parse a larger message
-
-
-def load_onnx(path: str | Path, stage: str = "check") -> tuple[onnx.ModelProto | None,
-                                                              Finding | None]:
-    """Load an ONNX file given by the user (without external data) or explain why not."""
-    p = Path(path)
-    if not p.is_file():
-        return None, error("OM007", stage, f"ONNX file {str(path)!r} does not exist.")
-    size = p.stat().st_size
-    if size == 0:
-        return None, error("OM007", stage, f"{str(path)!r} is empty.")
-    if size >= PROTOBUF_LIMIT:  # refuse before reading gigabytes that protobuf cannot parse
-        return None, error("OM007", stage, f"{str(path)!r} is {size / 2**30:.1f} GiB, over "
-                           "protobuf's 2 GiB limit for one message, so no ONNX reader can parse "
-                           "it (it is truncated, corrupt, or was written wrongly).",
-                           suggestion="Keep the weights in external data: onnx.save(model, path, "
-                           "save_as_external_data=True, location='weights.bin'); onnxmedic "
-                           "export does this itself for models over 2 GiB.")
-    try:
-        model = onnx.load(str(p), load_external_data=False)
-    except Exception as e:
-        return None, error("OM007", stage, f"{str(path)!r} is not a readable ONNX model (it may "
-                           f"be truncated or corrupt): {type(e).__name__}: {_first(str(e))}",
-                           suggestion="Re-export or re-download the file; compare its size "
-                           "with the original.")
-    if not model.graph.node and not model.graph.output:
-        return None, error("OM007", stage, f"{str(path)!r} parsed but holds no graph; it is "
-                           "probably not an ONNX file.")
-    return model, None
-
-
-def _first(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return " ".join(lines[:2])[:500]
+def save_and_check_stage(ctx: Any) -> bool:
+    """Export's check stage: the translated model saved to a temporary folder beside the
+    destination (published by the write stage when verified), then checked."""
+    result = ctx.result
+    parent = ctx.dest.parent if ctx.dest is not None else None
+    ctx.tmp_dir = Path(tempfile.mkdtemp(prefix=".onnxmedic-", dir=parent))
+    with result.timed("write"):
+        try:
+            ctx.onnx_path = save_program(ctx.onnx_program, ctx.tmp_dir, ctx.name)
+        except OSError as e:
+            result.fail("write", error("OM006", "write", f"cannot write the model: {e}"))
+            return False
+    with result.stage(STAGE) as st:
+        found = check_file(ctx.onnx_path)
+        st.add(*found)
+        if any(x.severity == Severity.ERROR for x in found):
+            st.fail()
+    return not st.failed

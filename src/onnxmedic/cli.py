@@ -188,6 +188,7 @@ def _tolerance(ns: argparse.Namespace) -> tuple[float, float] | None:
 def _run(ns: argparse.Namespace) -> Any:
     from onnxmedic import api, inputs
     from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.result import stages_of
 
     if ns.command == "doctor":
         return api.doctor(ns.onnx, target=ns.target, timeout=ns.timeout,
@@ -196,14 +197,9 @@ def _run(ns: argparse.Namespace) -> Any:
     if ns.command == "run":
         return _run_command(ns)
     if ns.command == "reduce":
-        res = api.reduce(ns.onnx, ns.output, until=ns.until, timeout=ns.timeout,
-                         feeds=ns.input, reference=ns.reference, tolerance=_tolerance(ns),
-                         max_runs=ns.max_runs, seed=ns.seed)
-        if ns.report:
-            from onnxmedic.report import write_report
-
-            write_report(res, ns.report)
-        return res
+        return api.reduce(ns.onnx, ns.output, until=ns.until, timeout=ns.timeout,
+                          feeds=ns.input, reference=ns.reference, tolerance=_tolerance(ns),
+                          max_runs=ns.max_runs, seed=ns.seed, report=ns.report)
     if ns.command == "sweep":
         return _sweep_command(ns)
     result = api.ExportResult(command=ns.command, model=ns.model, inputs=list(ns.input))
@@ -220,22 +216,19 @@ def _run(ns: argparse.Namespace) -> Any:
             res = api.export(model, ex.args, ns.output, kwargs=ex.kwargs,
                              verify=not ns.no_verify, report=ns.report,
                              keep_unverified=ns.keep_unverified, explain=ns.explain,
-                             model_spec=ns.model, input_specs=ns.input, **options)
+                             model_spec=ns.model, input_specs=ns.input, repro=ns.repro,
+                             **options)
         else:
-            options = {"timeout": ns.timeout, "tolerance": _tolerance(ns)}
             res = api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
                              model_spec=ns.model, input_specs=ns.input,
-                             localize=ns.localize, **options)
-        if ns.repro and not res.ok:
-            from onnxmedic.report.repro import write_repro
-
-            path = write_repro(ns.repro, res, ns.model, ex.args, ex.kwargs, options=options,
-                               onnx_path=ns.onnx if ns.command == "verify" else None)
-            sys.stderr.write(f"reproduction written: python {path}\n")
+                             localize=ns.localize, timeout=ns.timeout,
+                             tolerance=_tolerance(ns), repro=ns.repro)
+        if res.repro is not None:
+            sys.stderr.write(f"reproduction written: python {res.repro}\n")
         return res
     except OnnxMedicError as err:
-        result.findings.append(err.finding)
-        result.stages = {"inputs": "failed"}
+        result.stages = stages_of("inputs")
+        result.fail("inputs", err.finding)
     if ns.report:
         from onnxmedic.report import write_report
 
@@ -246,14 +239,14 @@ def _run(ns: argparse.Namespace) -> Any:
 def _run_command(ns: argparse.Namespace) -> Any:
     from onnxmedic import api, inputs
     from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.result import stages_of
 
     try:
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
     except OnnxMedicError as err:
         result = api.RunResult(command="run", path=ns.onnx, model=ns.onnx,
-                               stages={"inputs": "failed"})
-        result.findings.append(err.finding)
-        return result
+                               stages=stages_of("inputs"))
+        return result.fail("inputs", err.finding)
     from onnxmedic._tensors import to_numpy
 
     feeds: Any = ({k: to_numpy(v) for k, v in ex.kwargs.items()} if ex.kwargs and not ex.args

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from onnxmedic._locate import location_from_exception
-from onnxmedic._tensors import describe
+from onnxmedic._tensors import describe, flatten_tensors, to_numpy
 from onnxmedic.findings import Finding, error
 
 STAGE = "preflight"
@@ -110,3 +110,15 @@ def run(model: torch.nn.Module | torch.export.ExportedProgram, args: tuple[Any, 
             details={"exception": msg, "inputs": inputs},
         ))
     return PreflightResult(outputs=out)
+
+
+def preflight_stage(result: Any, model: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> list[Any] | None:
+    """The preflight stage on ``result``: the example's outputs (numpy) in PyTorch, or None
+    (and the stage failed with its finding)."""
+    with result.stage(STAGE) as st:
+        pre = run(model, args, kwargs)
+        if not pre.ok:
+            st.fail(pre.finding)
+            return None
+    return [to_numpy(t) for t in flatten_tensors(pre.outputs)]

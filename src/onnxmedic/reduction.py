@@ -24,12 +24,15 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
 from onnxmedic import sandbox
+from onnxmedic.findings import OnnxMedicError, error, info, warning
+from onnxmedic.onnxfile import check_output_path, load_checked, random_feeds
 from onnxmedic.verify.compare import compare_arrays
 
 logger = logging.getLogger(__name__)
@@ -367,72 +370,12 @@ def reduce_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray], until: st
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-_REPRO = '''"""Reproduces a failure of ONNX Runtime on a reduced model (written by `onnxmedic reduce`).
-
-Criterion: {until}
-Reduced from {source} ({nodes_in} nodes) to {nodes_out} node(s): {ops}.
-
-Run: python {script}   (exits 1 while the failure is there, 0 once it is fixed)
-Needs only numpy, onnx and onnxruntime.
-"""
-
-import subprocess
-import sys
-from pathlib import Path
-
-import numpy as np
-
-HERE = Path(__file__).resolve().parent
-MODEL = HERE / {model!r}
-INPUTS = HERE / {inputs!r}
-UNTIL = {until!r}
-TIMEOUT = {timeout!r}
-
-
-def run():
-    import onnxruntime as ort
-
-    feeds = dict(np.load(INPUTS))
-    sess = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
-
-
-def reference():
-    import onnx
-    from onnx.reference import ReferenceEvaluator
-
-    feeds = dict(np.load(INPUTS))
-    return ReferenceEvaluator(onnx.load(str(MODEL))).run(None, feeds)
-
-
-if __name__ == "__main__":
-    if "{{model}}" in UNTIL:
-        cmd = UNTIL.replace("{{model}}", str(MODEL)).replace("{{inputs}}", str(INPUTS))
-        sys.exit(0 if subprocess.run(cmd, shell=True).returncode == 0 else 1)
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        outs = run()
-        if UNTIL == "mismatch":
-            bad = [i for i, (a, b) in enumerate(zip(outs, reference()))
-                   if not np.allclose(a, b, rtol={rtol!r}, atol={atol!r}, equal_nan=True)]
-            print("mismatched outputs:", bad)
-            sys.exit(1 if bad else 0)
-        sys.exit(0)
-    # the run itself goes to a child process: it may crash or hang
-    try:
-        p = subprocess.run([sys.executable, __file__, "--child"], timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        print(f"ONNX Runtime did not finish within {{TIMEOUT}} s")
-        sys.exit(1)
-    print("exit code of the ONNX Runtime run:", p.returncode)
-    sys.exit(0 if p.returncode == 0 else 1)
-'''
-
-
 def write_outputs(out: Path, model: onnx.ModelProto, feeds: dict[str, np.ndarray], *,
                   until: str, timeout: float, source: str, stats: ReduceStats,
                   tolerance: tuple[float, float] | None) -> tuple[Path, Path]:
     """MIN.onnx, MIN.inputs.npz and MIN.repro.py, each written atomically."""
     from onnxmedic.report.files import atomic_write_bytes, atomic_write_text
+    from onnxmedic.report.repro import REDUCE_SCRIPT
 
     inputs = out.with_name(out.stem + ".inputs.npz")
     script = out.with_name(out.stem + ".repro.py")
@@ -441,9 +384,102 @@ def write_outputs(out: Path, model: onnx.ModelProto, feeds: dict[str, np.ndarray
     atomic_write_bytes(inputs, buf.getvalue())
     rtol, atol = tolerance or (1e-4, 1e-5)
     ops = ", ".join(f"{n.op_type} {n.name!r}" for n in model.graph.node[:10])
-    atomic_write_text(script, _REPRO.format(
+    atomic_write_text(script, REDUCE_SCRIPT.format(
         until=until, source=source, nodes_in=stats.nodes_in, nodes_out=stats.nodes_out,
         ops=ops.replace('"""', "'''"), script=script.name, model=out.name, inputs=inputs.name,
         timeout=timeout, rtol=rtol, atol=atol))
     atomic_write_bytes(out, model.SerializeToString())  # the model last: it marks success
     return inputs, script
+
+
+def reduce_stages(result: Any, onnx_path: str | os.PathLike[str], out: str | os.PathLike[str], *,
+                  until: str, timeout: float, feeds: Any, reference: Any,
+                  tolerance: tuple[float, float] | None, max_runs: int, seed: int) -> None:
+    """reduce's stages on ``result``: load, reduce, write (see api.reduce)."""
+    mode = parse_until(until)
+    if mode is None:
+        result.fail("reduce", error(
+            "OM543", "reduce", f"--until {until!r} is not a criterion.",
+            suggestion="Use crash, hang, mismatch, or a shell command with {model} in it, "
+            "e.g. --until \"python check.py {model}\" (non-zero exit = still failing)."))
+        return
+    bad_out = check_output_path(out)
+    if bad_out is not None:
+        result.fail("write", bad_out)
+        return
+    loaded = _load_stage(result, onnx_path, feeds, reference, seed)
+    if loaded is None:
+        return
+    proto, feeds, reference = loaded
+    with result.stage("reduce") as st:
+        small, small_feeds, stats, why = reduce_model(
+            proto, dict(feeds), mode, timeout=timeout, max_runs=max_runs,
+            reference=reference, tolerance=tolerance)
+        result.timings["reduce_runs"] = float(stats.runs)
+        if small is None:
+            st.fail(error(
+                "OM541", "reduce", f"{onnx_path} does not show the failure asked for "
+                f"(--until {until}): {why}.",
+                suggestion="Check the criterion on the whole model first (onnxmedic doctor / "
+                "run, or the command by hand); raise --timeout for a slow hang."))
+            return
+    with result.stage("write"):
+        inputs_path, script = write_outputs(
+            Path(out), small, small_feeds, until=mode, timeout=timeout,
+            source=str(onnx_path), stats=stats, tolerance=tolerance)
+    result.path = str(out)
+    result.findings.extend(_reduced_findings(out, mode, stats, small, inputs_path, script))
+    result.ok = True
+
+
+def _load_stage(result: Any, onnx_path: Any, feeds: Any, reference: Any, seed: int
+                ) -> tuple[onnx.ModelProto, dict[str, np.ndarray], Any] | None:
+    """The model (with its external data), the feeds (random by default) and the reference."""
+    with result.stage("load") as st:
+        proto, bad = load_checked(onnx_path, stage="load")
+        if proto is None:
+            st.fail(*bad)
+            return None
+        if any(i.data_location == 1 for i in proto.graph.initializer):
+            proto = onnx.load(str(onnx_path), load_external_data=True)
+        result.onnx_model = proto
+        if feeds is None:
+            feeds, problems = random_feeds(proto, seed=seed)
+            if problems:
+                st.fail(error("OM008", "load", "cannot make inputs for the model: "
+                              + "; ".join(problems), suggestion="Pass the inputs (feeds=... "
+                              "or --input inputs.npz)."))
+                return None
+        elif not isinstance(feeds, dict):
+            feeds = load_npz(feeds)
+        if reference is not None and not isinstance(reference, dict):
+            reference = load_npz(reference)
+    return proto, feeds, reference
+
+
+def _reduced_findings(out: Any, mode: str, stats: ReduceStats, small: onnx.ModelProto,
+                      inputs_path: Path, script: Path) -> list[Any]:
+    ops = ", ".join(f"{n.op_type} {n.name!r}" for n in small.graph.node[:8])
+    found = [info(
+        "OM540", "reduce", f"reduced {stats.nodes_in} nodes to {stats.nodes_out} ({ops}) in "
+        f"{stats.runs} runs, {stats.seconds:.1f} s; still fails (--until {mode}). Wrote "
+        f"{out}, {inputs_path.name} and {script.name}.",
+        suggestion=f"python {script} reproduces it; attach the three files to a bug "
+        "report.", details={"nodes_in": stats.nodes_in, "nodes_out": stats.nodes_out,
+                            "runs": stats.runs, "phases": stats.phases})]
+    if stats.exhausted:
+        found.append(warning(
+            "OM542", "reduce", f"stopped after {stats.runs} candidate runs (max_runs); "
+            f"{out} still fails but may not be minimal.",
+            suggestion="Run reduce again on the written model, or raise --max-runs."))
+    return found
+
+
+def load_npz(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as d:
+            return {k: d[k] for k in d.files}
+    except (OSError, ValueError) as e:
+        raise OnnxMedicError(error("OM005", "load", f"cannot read {str(path)!r} as an .npz of "
+                                   f"arrays: {e}", suggestion="Give an .npz written by "
+                                   "numpy.savez, arrays named after the model's inputs.")) from e

@@ -310,6 +310,14 @@ class Worker:
         return out
 
 
+def providers(target: str) -> list[str]:
+    """ONNX Runtime's provider list for a target, most preferred first (each falls back to the
+    next for the nodes it does not take)."""
+    return {"cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+            "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider",
+                         "CPUExecutionProvider"]}.get(target, ["CPUExecutionProvider"])
+
+
 def run_model(
     model_path: str | os.PathLike[str],
     feeds: list[dict[str, np.ndarray]],

@@ -364,9 +364,9 @@ def sweep(
     result = SweepResult(zoo=str(zoo), executor=executor, jobs=jobs,
                          results_path=str(results) if results is not None else None)
     t0 = time.perf_counter()
-    from onnxmedic.api import _check_output_path
+    from onnxmedic.onnxfile import check_output_path
 
-    bad = _check_output_path(results, stage="sweep") if results is not None else None
+    bad = check_output_path(results, stage="sweep") if results is not None else None
     if bad is not None:
         result.findings.append(bad)
         result.results_path = None
@@ -582,7 +582,7 @@ def render_sweep_terminal(result: SweepResult, console: Any = None) -> None:
 
 def write_sweep_report(result: SweepResult, path: str | os.PathLike[str]) -> None:
     """Write the sweep as .json or .html (by extension); failures become findings."""
-    from onnxmedic.report.files import _ENV, atomic_write_text
+    from onnxmedic.report.files import atomic_write_text, render_template
 
     p = Path(path)
     suffix = p.suffix.lower()
@@ -594,8 +594,8 @@ def write_sweep_report(result: SweepResult, path: str | os.PathLike[str]) -> Non
         if suffix == ".json":
             text = json.dumps(result.to_dict(), indent=2, default=str)
         else:
-            text = _ENV.get_template("sweep.html.j2").render(
-                r=result.to_dict(), rows=summary_rows(result))
+            text = render_template("sweep.html.j2", r=result.to_dict(),
+                                   rows=summary_rows(result))
         atomic_write_text(p, text)
     except OSError as e:
         result.findings.append(error("OM006", "report", f"cannot write the report "

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import operator
 import re
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,14 +16,23 @@ from typing import Any
 import torch
 
 from onnxmedic._locate import location_from_exception, location_from_node
+from onnxmedic._torch_compat import (
+    core_export,
+    default_opset,
+    prepare_for_export,
+    rename_dynamic_axes,
+)
+from onnxmedic.capture.stage import report_auto_dims
 from onnxmedic.findings import Finding, error, info, warning
+from onnxmedic.fixes import opset as opset_fix
+from onnxmedic.fixes.shapes import static_dim_params
+from onnxmedic.onnxfile import opset_of
 from onnxmedic.ops import REGISTRY, TranslationRegistry
+from onnxmedic.verify.replay import record_removed_nodes
 
 logger = logging.getLogger(__name__)
 STAGE = "translate"
 
-# torch.onnx warns about each torchvision op it cannot register when torchvision is absent.
-logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 
 
 @dataclass
@@ -32,6 +40,7 @@ class TranslateResult:
     onnx_program: Any = None  # torch.onnx.ONNXProgram
     findings: list[Finding] = field(default_factory=list)
     used_translations: list[str] = field(default_factory=list)
+    not_applied: list[tuple[str, str]] = field(default_factory=list)  # (fix, why not)
 
     @property
     def ok(self) -> bool:
@@ -47,16 +56,10 @@ def onnx_export(program: torch.export.ExportedProgram, args: tuple[Any, ...],
     opset, registry for that opset) and calls its core exporter; ``registry=None`` gives plain
     torchlib, as torch.onnx.export would.
     """
-    from torch.onnx import _constants as onnx_constants
-    from torch.onnx._internal.exporter import _core
-
     if opset is None:
-        opset = onnx_constants.ONNX_DEFAULT_OPSET
+        opset = default_opset()
     reg = (registry if registry is not None else _PLAIN).onnx_registry(opset)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _core.export(program, args, kwargs, registry=reg, verbose=False, optimize=True,
-                            opset_version=opset, report=False, verify=False)
+    return core_export(program, args, kwargs, registry=reg, opset=opset)
 
 
 _PLAIN = TranslationRegistry(_loaded=True)  # no onnxmedic entries: plain torchlib
@@ -84,13 +87,9 @@ def _node_signature(node: torch.fx.Node) -> str:
 def unsupported_ops(program: torch.export.ExportedProgram, registry: TranslationRegistry,
                     opset: int | None) -> tuple[list[torch.fx.Node], BaseException | None]:
     """Nodes (after torch.onnx's decompositions) that no translation covers."""
-    from torch.onnx._internal.exporter import _core
-
     reg = registry.onnx_registry(opset)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            decomposed = _core._prepare_exported_program_for_export(program, registry=reg)
+        decomposed = prepare_for_export(program, reg)
     except Exception as e:
         return [], e
     missing = []
@@ -110,12 +109,8 @@ def op_inventory(program: torch.export.ExportedProgram, registry: TranslationReg
     """Every ATen op the ONNX translation will see (after torch.onnx's decompositions), with
     its count, who translates it at ``opset`` (onnxmedic, torchlib or nothing) and where it
     is first used."""
-    from torch.onnx._internal.exporter import _core
-
     reg = registry.onnx_registry(opset)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        decomposed = _core._prepare_exported_program_for_export(program, registry=reg)
+    decomposed = prepare_for_export(program, reg)
     counts: Counter[str] = Counter()
     first: dict[str, torch.fx.Node] = {}
     targets: dict[str, Any] = {}
@@ -189,6 +184,7 @@ def _inline_custom_ops(program: torch.export.ExportedProgram, table: Any,
         inl = inline_custom_ops(program, table)
     except Exception as e:  # never let the fix break translation
         logger.debug("custom-op inlining failed: %s", e)
+        result.not_applied.append(("custom-op inlining", f"{type(e).__name__}: {e}"[:300]))
         return program, {}
     for name in inl.inlined:
         result.findings.append(info(
@@ -229,6 +225,8 @@ def _retry_with_rewrites(result: TranslateResult, program: torch.export.Exported
             cause = decomp_error if decomp_error is not None else exc
             todo = [r for r in _rewrites() if r[0] not in used and r[1](cause) is None]
         if not todo:
+            result.not_applied.extend(
+                (f"rewrite {r[0]}", str(r[1](cause))[:300]) for r in _rewrites() if r[0] not in used)
             return None
         code, _check, apply, what = todo[0]
         used.add(code)
@@ -245,6 +243,7 @@ def _retry_with_rewrites(result: TranslateResult, program: torch.export.Exported
             prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
         except Exception as e2:
             logger.debug("translation after rewrite %s failed: %s", code, e2)
+            result.not_applied.append((f"rewrite {code}", f"translation still failed: {e2}"[:300]))
             exc = e2
             continue
         result.findings.extend(found)
@@ -322,3 +321,49 @@ def _diagnose(program: torch.export.ExportedProgram, registry: TranslationRegist
         "translation supports; the details hold the full error.",
         details={"error": text[-4000:]},
     )]
+
+
+def translate_stage(ctx: Any) -> bool:
+    """The translate stage: the captured program to ONNX at ``ctx.opset``, the ONNX axes named
+    after the user's string dims, the IR version fitted to the ONNX Runtime asked for, the FX
+    nodes the optimizer removed recorded (for localisation), and the opset reached checked."""
+    result = ctx.result
+    if ctx.opts.explain:
+        with result.timed("explain"):
+            try:
+                result.inventory = op_inventory(ctx.program, opset=ctx.opset)
+            except Exception as e:  # the translate stage reports decomposition failures
+                logger.debug("op inventory failed: %s", e)
+    with result.stage(STAGE) as st:
+        tr = translate(ctx.program, ctx.args, ctx.kwargs, opset=ctx.opset)
+        for what, why in tr.not_applied:
+            result.skip_reason(what, why)
+        st.add(*tr.findings)
+        if not tr.ok:
+            st.fail()
+            return False
+    result.used_translations = tr.used_translations
+    prog = ctx.onnx_program = tr.onnx_program
+    if ctx.str_dims is not None:
+        try:
+            rename_dynamic_axes(prog, ctx.str_dims)
+        except Exception as e:
+            logger.debug("could not rename dynamic axes", exc_info=True)
+            result.skip_reason("renaming the ONNX axes after the string dims", str(e)[:300])
+    if static_dim_params(prog.model):
+        logger.debug("numeric dim_params made static")
+    if ctx.opts.ort_version is not None:
+        opset_fix.fit_ir_version(result, prog, ctx.opts.ort_version, ctx.opset)
+    try:  # what localisation needs to rebuild the program from the file (verify --localize)
+        record_removed_nodes(prog)
+    except Exception as e:
+        logger.debug("the FX nodes the optimizer removed were not recorded", exc_info=True)
+        result.skip_reason("recording the FX nodes the optimizer removed", str(e)[:300])
+    result.onnx_model = prog.model_proto
+    result.opset = opset_of(result.onnx_model)
+    if not opset_fix.check_opset(result, ctx.opset, ctx.opts.opset is not None,
+                                 ctx.opset_bound):
+        return False
+    if ctx.auto_dims:
+        report_auto_dims(result)
+    return True

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from onnxmedic._locate import location_from_exception
+from onnxmedic._torch_compat import backed_size_oblivious
 from onnxmedic.findings import Finding, error
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def _size_oblivious(dynamic_shapes: Any) -> Any:
     fails in ONNX Runtime at other sizes."""
     if not dynamic_shapes:
         return contextlib.nullcontext()
-    return torch.fx.experimental._config.patch(backed_size_oblivious=True)
+    return backed_size_oblivious()
 
 
 class TorchExportNonStrict(CaptureStrategy):
@@ -175,9 +176,11 @@ CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, Registe
 
 def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             dynamic_shapes: Any = None,
-            strategies: list[type[CaptureStrategy]] | None = None) -> list[Result]:
+            strategies: list[type[CaptureStrategy]] | None = None,
+            skipped: list[tuple[str, str]] | None = None) -> list[Result]:
     """Try each strategy in turn; stop at the first that works. Returns every attempt; a
-    strategy whose ``check`` gives a reason not to apply is skipped."""
+    strategy whose ``check`` gives a reason not to apply is skipped, and (name, reason) is
+    added to ``skipped``."""
     from onnxmedic.ops import REGISTRY
 
     # the op families may make ops traceable (e.g. ops.pooling's fake kernel for _ctc_loss),
@@ -191,6 +194,8 @@ def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
             reason = check(results, args, kwargs)
             if reason is not None:
                 logger.debug("capture %s skipped: %s", strategy.name, reason)
+                if skipped is not None:
+                    skipped.append((strategy.name, reason))
                 continue
             res = strategy(model, args, kwargs, dynamic_shapes, previous=results)
         else:

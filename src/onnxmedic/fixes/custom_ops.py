@@ -27,12 +27,9 @@ class InlineResult:
 
 
 def _implementation(op: torch._ops.OpOverload) -> Callable[..., Any] | None:
-    from torch._library import custom_ops
+    from onnxmedic._torch_compat import custom_op_implementation
 
-    opdef = custom_ops.OPDEFS.get(op._schema.name)
-    if opdef is None:
-        return None
-    return opdef._backend_fns.get("cpu") or opdef._init_fn
+    return custom_op_implementation(op)
 
 
 def candidates(program: torch.export.ExportedProgram,

@@ -16,6 +16,12 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Any
+
+import onnx
+
+from onnxmedic import _torch_compat
+from onnxmedic.findings import error, info
 
 # ORT (major, minor) -> (max ai.onnx opset, max IR version)
 ORT_MATRIX: dict[tuple[int, int], tuple[int, int]] = {
@@ -31,9 +37,7 @@ NATIVE_OPSET = 18  # torchlib's translations are written for opset 18
 def default_opset() -> int:
     """The opset torch.onnx exports at when none is asked for (20 in torch 2.13)."""
     try:
-        from torch.onnx._constants import ONNX_DEFAULT_OPSET
-
-        return int(ONNX_DEFAULT_OPSET)
+        return _torch_compat.default_opset()
     except Exception:
         return NATIVE_OPSET
 
@@ -52,9 +56,7 @@ def exporter_max_opset() -> int:
     """The highest opset torch.onnx exports at (23 in torch 2.13): its opset-18 translation is
     converted up with the ONNX version converter."""
     try:
-        from torch.onnx._constants import ONNX_MAX_OPSET
-
-        return int(ONNX_MAX_OPSET)
+        return _torch_compat.exporter_max_opset()
     except Exception:
         return default_opset()
 
@@ -132,3 +134,88 @@ def limits(version: tuple[int, int]) -> tuple[int, int] | None:
     if version > newest:
         return ORT_MATRIX[newest]
     return None
+
+
+def plan_opset(ctx: Any) -> bool:
+    """Fix the export opset before anything runs: the one asked for, checked against the ONNX
+    Runtime release asked for (OM322), or the highest the target supports."""
+    ort, opset = ctx.opts.ort_version, ctx.opts.opset
+    if ort is not None:
+        lim = limits(ort)
+        if lim is None:
+            ctx.result.fail("translate", error(
+                "OM322", "translate", f"ONNX Runtime {'.'.join(map(str, ort))} is "
+                "older than 1.0; onnxmedic cannot target it."))
+            return False
+        if opset is not None and opset > lim[0]:
+            ctx.result.fail("translate", error(
+                "OM322", "translate", f"opset {opset} was asked for, but ONNX Runtime "
+                f"{'.'.join(map(str, ort))} loads opsets up to {lim[0]}.",
+                suggestion=f"Use --opset {lim[0]} or lower, or a newer ONNX Runtime."))
+            return False
+    if opset is None:  # the highest opset the target supports
+        ctx.opset, ctx.opset_bound = choose_opset(ctx.opts.target, ort)
+    else:
+        ctx.opset, ctx.opset_bound = opset, "asked for"
+    return True
+
+
+def parse_ort_version(text: str | None, fn: str) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    v = parse_version(str(text))
+    if v is None:
+        raise ValueError(f"onnxmedic.{fn}: ort_version must look like '1.17' or '1.17.3', not "
+                         f"{text!r}")
+    return v
+
+
+def fit_ir_version(result: Any, prog: Any, ort: tuple[int, int],
+                    opset: int | None) -> None:
+    """Lower the IR version to what that ONNX Runtime loads (the checker then says whether the
+    model used anything newer); say what was fitted."""
+    max_opset, max_ir = limits(ort)  # type: ignore[misc]
+    changes = []
+    if prog.model.ir_version > max_ir:
+        changes.append(f"IR version {prog.model.ir_version} -> {max_ir}")
+        prog.model.ir_version = max_ir
+    unconstrained = min(exporter_max_opset(), VERIFIED_MAX_OPSET)
+    if opset is not None and opset < unconstrained:
+        changes.append(f"opset {unconstrained} -> {opset}")
+    if changes:
+        result.findings.append(info(
+            "OM323", "translate", f"fitted to ONNX Runtime {ort[0]}.{ort[1]} (opsets up to "
+            f"{max_opset}, IR up to {max_ir}): {', '.join(changes)}; verified below.",
+            details={"changes": changes}))
+
+
+def check_opset(result: Any, wanted: int, explicit: bool = True,
+                 bound: str = "asked for") -> bool:
+    """torch.onnx converts its opset-18 translation to the requested opset with the version
+    converter and, when that fails, only logs a warning and keeps 18: say so. An opset asked for
+    stops the export there (OM321); the default (the highest the target supports) falls back to
+    what the converter reached when the target loads that too (OM324)."""
+    native = NATIVE_OPSET
+    why = "asked for" if explicit else f"the highest the target supports; set by {bound}"
+    if result.opset == wanted:
+        if wanted != native:
+            result.findings.append(info(
+                "OM320", "translate", f"opset {wanted} ({why}): converted from opset {native} "
+                "with the version converter; the converted model is checked and verified below.",
+                details={"opset": wanted, "bound": bound}))
+        return True
+    if not explicit and result.opset is not None and result.opset < wanted:
+        result.findings.append(info(
+            "OM324", "translate", f"opset {wanted} is {why}, but the version converter could not "
+            f"convert this model to it; it stays at opset {result.opset}, which that target "
+            "loads too.", suggestion=f"Nothing to do; --opset {wanted} would stop with the "
+            "converter's error instead.", details={"opset": result.opset, "wanted": wanted}))
+        return True
+    result.fail("translate", error(
+        "OM321", "translate", f"opset {wanted} was {why}, but the version converter could "
+        f"not convert the model (it stayed at opset {result.opset}).",
+        suggestion=f"Use an opset the converter supports (about 18 to {onnx.defs.onnx_opset_version()} "
+        "with this onnx), or drop --opset to keep 18."))
+    return False
+
+

@@ -69,13 +69,6 @@ def add_fake_kernel(qualname: str, kernel: Any) -> bool:
     Meta registration, so nothing else changes. The kernel may raise to refuse a case whose
     shapes really are data dependent. Added once (idempotent). Private torch API: returns False
     if it moved, and the op simply stays uncapturable, as before."""
-    try:
-        from torch._library.fake_impl import Kernel
-        from torch._library.simple_registry import singleton
+    from onnxmedic._torch_compat import add_fake_kernel as add
 
-        holder = singleton.find(qualname).fake_impl
-        if not any(getattr(k, "source", "") == "onnxmedic" for k in holder.kernels):
-            holder.kernels.append(Kernel(kernel, "onnxmedic"))
-        return True
-    except Exception:  # pragma: no cover - depends on torch internals
-        return False
+    return add(qualname, kernel)

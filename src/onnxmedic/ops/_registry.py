@@ -165,14 +165,14 @@ class TranslationRegistry:
         Building it from torchlib takes about a second; torch.onnx.export rebuilds it on every
         call, onnxmedic keeps it until its own entries change.
         """
-        from torch.onnx._internal.exporter import _constants, _registration
+        from onnxmedic._torch_compat import torchlib_opset, torchlib_registry
 
-        version = max(opset or _constants.TORCHLIB_OPSET, _constants.TORCHLIB_OPSET)
+        version = max(opset or torchlib_opset(), torchlib_opset())
         table = self.table()
         key = (version, tuple(sorted((str(k), id(v)) for k, v in table.items())))
         reg = self._cache.get(key)
         if reg is None:
-            reg = _registration.ONNXRegistry.from_torchlib(opset_version=version)
+            reg = torchlib_registry(version)
             for target, fn in table.items():
                 reg.register_op(target, fn, is_complex=False)
             self._cache.clear()

@@ -1166,9 +1166,9 @@ def _lstsq_fake(self, b, rcond=None, *, driver=None):
         raise RuntimeError(reason)
     solution = self.new_empty((*batch, n) if vector else (*batch, n, k))
     if _lstsq_data_dependent_residuals(drv, m, n):  # k or 0 entries
-        from torch._library.fake_impl import global_ctx_getter
+        from onnxmedic._torch_compat import new_dynamic_size
 
-        residuals = self.new_empty((*batch, global_ctx_getter().new_dynamic_size(max=k)))
+        residuals = self.new_empty((*batch, new_dynamic_size(max=k)))
     else:
         has_res = m > n and drv in ("gels", "gelsd", "gelss")
         residuals = self.new_empty((*batch, k) if has_res else (0,))

@@ -50,6 +50,11 @@ def render_json(result: Any) -> str:
     return json.dumps(result.to_dict(), indent=2, default=str, allow_nan=True)
 
 
+def render_template(name: str, **context: Any) -> str:
+    """Render one of the package's HTML templates (autoescaped, strict about undefined names)."""
+    return _ENV.get_template(name).render(**context)
+
+
 def render_html(result: Any) -> str:
     data = result.to_dict()
     for f, obj in zip(data["findings"], result.findings):

@@ -104,3 +104,65 @@ def write_repro(folder: str | os.PathLike[str], result: Any, model_spec: str,
 
     atomic_write_text(out / "repro.py", script)
     return out / "repro.py"
+
+
+# The repro script `onnxmedic reduce` writes beside the reduced model (reduction.write_outputs).
+REDUCE_SCRIPT = '''"""Reproduces a failure of ONNX Runtime on a reduced model (written by `onnxmedic reduce`).
+
+Criterion: {until}
+Reduced from {source} ({nodes_in} nodes) to {nodes_out} node(s): {ops}.
+
+Run: python {script}   (exits 1 while the failure is there, 0 once it is fixed)
+Needs only numpy, onnx and onnxruntime.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+MODEL = HERE / {model!r}
+INPUTS = HERE / {inputs!r}
+UNTIL = {until!r}
+TIMEOUT = {timeout!r}
+
+
+def run():
+    import onnxruntime as ort
+
+    feeds = dict(np.load(INPUTS))
+    sess = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def reference():
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    feeds = dict(np.load(INPUTS))
+    return ReferenceEvaluator(onnx.load(str(MODEL))).run(None, feeds)
+
+
+if __name__ == "__main__":
+    if "{{model}}" in UNTIL:
+        cmd = UNTIL.replace("{{model}}", str(MODEL)).replace("{{inputs}}", str(INPUTS))
+        sys.exit(0 if subprocess.run(cmd, shell=True).returncode == 0 else 1)
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        outs = run()
+        if UNTIL == "mismatch":
+            bad = [i for i, (a, b) in enumerate(zip(outs, reference()))
+                   if not np.allclose(a, b, rtol={rtol!r}, atol={atol!r}, equal_nan=True)]
+            print("mismatched outputs:", bad)
+            sys.exit(1 if bad else 0)
+        sys.exit(0)
+    # the run itself goes to a child process: it may crash or hang
+    try:
+        p = subprocess.run([sys.executable, __file__, "--child"], timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        print(f"ONNX Runtime did not finish within {{TIMEOUT}} s")
+        sys.exit(1)
+    print("exit code of the ONNX Runtime run:", p.returncode)
+    sys.exit(0 if p.returncode == 0 else 1)
+'''

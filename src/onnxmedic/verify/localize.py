@@ -19,7 +19,6 @@ import math
 import shutil
 import tempfile
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,14 +125,10 @@ def decomposed_program(program: torch.export.ExportedProgram, opset: int | None 
                        ) -> torch.export.ExportedProgram:
     """The program as torch.onnx translates it (after its decompositions), whose node names
     are the ONNX value names."""
-    from torch.onnx._internal.exporter import _core
-
+    from onnxmedic._torch_compat import prepare_for_export
     from onnxmedic.ops import REGISTRY
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _core._prepare_exported_program_for_export(
-            program, registry=REGISTRY.onnx_registry(opset))
+    return prepare_for_export(program, REGISTRY.onnx_registry(opset))
 
 
 def score(expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float) -> float:

@@ -1,0 +1,183 @@
+"""The capture stage: dynamic-shape normalisation, the capture strategies, refinement of
+rejected dynamic shapes, and the stage's findings."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from typing import Any
+
+import torch
+
+from onnxmedic import inputs as inputs_mod
+from onnxmedic._torch_compat import str_dims_to_export_dims
+from onnxmedic.capture.strategies import capture, classify_capture_error
+from onnxmedic.context import ExportContext
+from onnxmedic.findings import Finding, info, warning
+from onnxmedic.onnxfile import graph_io
+
+logger = logging.getLogger(__name__)
+STAGE = "capture"
+
+
+def capture_stage(ctx: ExportContext) -> bool:
+    """Capture ``ctx.model`` as an ExportedProgram (an ExportedProgram is taken as given)."""
+    result = ctx.result
+    with result.stage(STAGE) as st:
+        if isinstance(ctx.model, torch.export.ExportedProgram):
+            ctx.program = ctx.model
+            result.attempts = [{"strategy": "given ExportedProgram", "ok": True,
+                                "seconds": 0.0, "error": None}]
+        elif not _capture_module(ctx):
+            return False
+    result.program = ctx.program
+    return not st.failed
+
+
+def export_dims(ctx: ExportContext) -> Any:
+    """The user's dynamic_shapes as torch.export takes them ("auto" and dynamic_axes completed,
+    string dims turned into Dims; ``ctx.str_dims`` keeps the strings for the ONNX axes)."""
+    dynamic_shapes = ctx.opts.dynamic_shapes
+    ctx.auto_dims = dynamic_shapes == inputs_mod.AUTO
+    if ctx.auto_dims or inputs_mod.is_dynamic_axes(dynamic_shapes):
+        dynamic_shapes = inputs_mod.complete_dynamic_shapes(
+            ctx.model, dynamic_shapes if ctx.auto_dims else
+            inputs_mod.dynamic_axes_to_specs(dynamic_shapes), ctx.args, ctx.kwargs)
+    dims, need_rename = str_dims_to_export_dims(dynamic_shapes)
+    ctx.str_dims = dynamic_shapes if need_rename else None
+    return dims
+
+
+def _capture_module(ctx: ExportContext) -> bool:
+    result = ctx.result
+    dims = export_dims(ctx)
+    skipped: list[tuple[str, str]] = []
+    attempts = capture(ctx.model, ctx.args, ctx.kwargs, dims, skipped=skipped)
+    for name, reason in skipped:
+        result.skip_reason(f"capture strategy {name}", reason)
+    if attempts[-1].program is None and dims is not None:
+        attempts += refined_capture(result, ctx.model, ctx.args, ctx.kwargs, dims, attempts)
+    result.attempts = [a.summary() for a in attempts]
+    ctx.program = attempts[-1].program
+    if ctx.program is None:
+        result.fail(STAGE, classify_capture_error(attempts))
+        return False
+    if "draft_export" in attempts[-1].strategy:
+        result.findings.append(specialised_finding(attempts))
+        ctx.branch_probe = True
+    if pytree_findings(result, attempts):
+        # the example's outputs were flattened before these types were registered
+        ctx.expected = None
+    for a in attempts[:-1]:
+        result.findings.append(info(
+            "OM110", STAGE, f"{a.strategy} failed ({a.summary()['error']}); "
+            f"{attempts[-1].strategy} worked."))
+    return True
+
+
+_SPECIALISED = re.compile(r"L\['([A-Za-z_]\w*)'\]\.size\(\)\[(\d+)\] as dynamic but your code "
+                          r"specialized it to be a constant \((\d+)\)")
+
+
+def specialised_finding(attempts: list[Any]) -> Finding:
+    """OM114: capture only worked by specialising data-dependent control flow (draft_export)."""
+    cause = classify_capture_error(attempts[:-1])
+    where = (f" at {cause.location.file}:{cause.location.line}"
+             + (f" (`{cause.location.code}`)" if cause.location.code else "")
+             if cause.location is not None and cause.location.file else "")
+    return warning(
+        "OM114", "capture", f"Python control flow depends on tensor values{where}; the model was "
+        "captured with torch.export.draft_export, which follows the branch the example takes. "
+        "The ONNX model computes THAT BRANCH FOR EVERY INPUT. Verification adds inputs meant to "
+        "take the other branches (negated, zero, scaled); a mismatch there is the divergence.",
+        location=cause.location, suggestion=cause.suggestion,
+        details={"attempts": [a.summary() for a in attempts]})
+
+
+def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any], dims: Any, attempts: list[Any]) -> list[Any]:
+    """When torch.export rejects the dynamic shapes, apply what it says and capture again:
+    its "Suggested fixes" (equal dims, constants, bounds; torch's own
+    refine_dynamic_shapes_from_suggested_fixes), and dims it reports the code specialises to a
+    constant (made static). Say what changed (OM406). At most three rounds."""
+
+    applied: list[str] = []
+    extra: list[Any] = []
+    for _ in range(3):
+        err = attempts[-1].error if attempts else None
+        text = str(err or "").split("\n\nThe error above")[0].rstrip()
+        refined = None
+        if "Suggested fixes:" in text:
+            fixes = [ln.strip() for ln in text.split("Suggested fixes:", 1)[1].splitlines()
+                     if ln.strip() and " = " in ln]
+            try:
+                from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
+
+                refined = refine_dynamic_shapes_from_suggested_fixes(text, dims)
+                applied += fixes
+            except Exception as e:  # could not be applied: OM401 stands
+                logger.debug("could not apply suggested fixes: %s", e)
+        if refined is None and isinstance(dims, dict):
+            found = _SPECIALISED.findall(text)
+            if found:
+                refined = copy.copy(dims)
+                for name, d, value in found:
+                    spec = refined.get(name)
+                    if isinstance(spec, dict) and int(d) in spec:
+                        refined[name] = {k: v for k, v in spec.items() if k != int(d)} or None
+                        applied.append(f"{name}[{d}] = {value} (the model fixes it)")
+        if refined is None:
+            break
+        dims = refined
+        attempts = capture(model, args, kwargs, dims)
+        for a in attempts:
+            a.strategy = f"{a.strategy} (dynamic shapes refined)"
+        extra += attempts
+        if attempts[-1].program is not None:
+            result.findings.append(warning(
+                "OM406", "capture", "torch.export rejected the dynamic shapes as given; what it "
+                f"said was applied: {'; '.join(applied)}. A dim fixed to a number is static "
+                "in the ONNX model.",
+                suggestion="Declare these in dynamic_shapes yourself (one Dim shared by equal "
+                "dims, no Dim for a dim the model fixes) to silence this.",
+                details={"fixes": applied}))
+            break
+    return extra
+
+
+def report_auto_dims(result: Any) -> None:
+    """dynamic_shapes='auto': say which dims stayed dynamic and which the model fixed. Capture
+    is size-oblivious, so an example size of 1 does not by itself make a dim static."""
+    names, dims, _ = graph_io(result.onnx_model)
+    dynamic, static = [], []
+    for name, ds in zip(names, dims):
+        for i, d in enumerate(ds):
+            (static.append(f"{name}[{i}]={d}") if isinstance(d, int)
+             else dynamic.append(f"{name}[{i}]"))
+    result.findings.append(info(
+        "OM404", "capture", "dynamic_shapes='auto': dynamic: " + (", ".join(dynamic) or "none")
+        + "; static (the model fixes them): " + (", ".join(static) or "none") + ".",
+        details={"dynamic": dynamic, "static": static}))
+
+
+def pytree_findings(result: Any, attempts: list[Any]) -> bool:
+    """OM120 naming the classes the capture registered with pytree; OM121 for failures.
+    True when something was registered."""
+    any_registered = False
+    for a in attempts:
+        any_registered = any_registered or bool(a.registered)
+        if a.registered:
+            names = ", ".join(f"{k} (via {v})" for k, v in a.registered.items())
+            result.findings.append(info(
+                "OM120", "capture", f"registered with torch.utils._pytree so that torch.export "
+                f"can flatten them: {names}.", suggestion="Nothing to do; to skip the failed "
+                "first attempt, register them yourself before exporting (transformers: "
+                "transformers.exporters.exporter_dynamo.register_cache_pytrees_for_model(model)) "
+                "or return tensors only (e.g. use_cache=False).",
+                details={"registered": dict(a.registered)}))
+        bad = [n for n in a.notes if n.startswith("not registered: ")]
+        if bad:
+            result.findings.append(warning(
+                "OM121", "capture", "; ".join(b[len("not registered: "):] for b in bad)))
+    return any_registered

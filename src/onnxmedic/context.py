@@ -1,0 +1,67 @@
+"""What one export carries from stage to stage: the request (ExportOptions) and what the stages
+have made so far (ExportContext). Stages read and fill it; pipeline.py runs them in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxmedic.inputs import Inputs
+from onnxmedic.result import ExportResult
+
+
+@dataclass
+class ExportOptions:
+    """export()'s options, checked by api.export."""
+
+    f: Any = None
+    dynamic_shapes: Any = None
+    target: str = "cpu"
+    opset: int | None = None
+    verify: bool = True
+    keep_unverified: bool = False
+    timeout: float = 120.0
+    tolerance: tuple[float, float] | None = None
+    explain: bool = False
+    dtype_policy: str = "upcast"
+    ort_version: tuple[int, int] | None = None
+    localize: bool = True
+
+
+@dataclass
+class ExportContext:
+    """One export in progress."""
+
+    result: ExportResult
+    model: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    opts: ExportOptions
+    worker: Any = None  # sandbox.Worker started ahead (imports ONNX Runtime during capture)
+    expected: list[np.ndarray] | None = None  # the example's outputs in PyTorch (preflight)
+    opset: int | None = None  # the opset to export (fixes.opset.plan_opset)
+    opset_bound: str = "asked for"  # what set it
+    program: Any = None  # the captured ExportedProgram
+    str_dims: Any = None  # string dims to rename the ONNX axes to
+    branch_probe: bool = False  # capture specialised a data-dependent branch
+    auto_dims: bool = False  # dynamic_shapes="auto"
+    onnx_program: Any = None  # torch.onnx.ONNXProgram
+    tmp_dir: Path | None = None  # the model is saved here until it is published
+    onnx_path: Path | None = None
+    verified: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def example(self) -> Inputs:
+        return Inputs(self.args, self.kwargs)
+
+    @property
+    def dest(self) -> Path | None:
+        return Path(self.opts.f) if self.opts.f is not None else None
+
+    @property
+    def name(self) -> str:
+        return self.dest.name if self.dest is not None else "model.onnx"

@@ -1,0 +1,352 @@
+"""One ONNX file: loading (with the external-data check), opset, graph inputs/outputs, feeds,
+and saving/publishing the model onnxmedic writes.
+
+Files are untrusted: external-data locations that leave the model's folder are refused before
+any runtime sees them, and a file over protobuf's limit is refused before it is read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from onnxmedic._tensors import to_numpy
+from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
+
+# Models whose initializers exceed this many bytes are saved with external data (protobuf
+# cannot hold more than 2 GiB). A module attribute so tests can lower it.
+EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2
+PROTOBUF_LIMIT = 2**31  # bytes: protobuf cannot serialise or parse a larger message
+
+ONNX_TO_NUMPY: dict[int, Any] = {
+    onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
+    onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT16: np.int16,
+    onnx.TensorProto.INT8: np.int8, onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.UINT16: np.uint16, onnx.TensorProto.UINT32: np.uint32,
+    onnx.TensorProto.UINT64: np.uint64, onnx.TensorProto.BOOL: np.bool_,
+}
+
+
+def bf16() -> Any:
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
+
+
+def numpy_dtype(elem_type: int) -> Any:
+    if elem_type == onnx.TensorProto.BFLOAT16:
+        return np.dtype(bf16())
+    if elem_type not in ONNX_TO_NUMPY:
+        raise KeyError(onnx.TensorProto.DataType.Name(elem_type))
+    return np.dtype(ONNX_TO_NUMPY[elem_type])
+
+
+def all_graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    out = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                out += all_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    out += all_graphs(g)
+    return out
+
+
+def external_data_findings(model: onnx.ModelProto, model_path: str | Path,
+                           stage: str = "load") -> list[Finding]:
+    """Refuse external-data locations outside the model's folder; report missing files."""
+    base = Path(model_path).resolve().parent
+    findings: list[Finding] = []
+    seen: set[str] = set()
+    for g in all_graphs(model.graph):
+        tensors = list(g.initializer) + [a.t for n in g.node for a in n.attribute
+                                         if a.type == onnx.AttributeProto.TENSOR]
+        for t in tensors:
+            if t.data_location != onnx.TensorProto.EXTERNAL:
+                continue
+            loc = next((e.value for e in t.external_data if e.key == "location"), "")
+            if loc in seen:
+                continue
+            seen.add(loc)
+            target = (base / loc).resolve()
+            escapes = (not loc or os.path.isabs(loc) or ".." in Path(loc).parts
+                       or not str(target).startswith(str(base) + os.sep))
+            if escapes:
+                findings.append(error(
+                    "OM520", stage, f"tensor {t.name!r} points its external data at {loc!r}, "
+                    "outside the model's folder; the file was refused before any runtime "
+                    "read it.", suggestion="Only trust this model if you know where it came "
+                    "from; a legitimate export keeps external data beside the model "
+                    "(model.onnx.data).", details={"tensor": t.name, "location": loc}))
+            elif not target.is_file():
+                findings.append(error(
+                    "OM521", stage, f"external data file {loc!r} (tensor {t.name!r}) is "
+                    f"missing from {base}.", suggestion="Copy the .data file that was saved "
+                    "with the model into the same folder.",
+                    details={"tensor": t.name, "location": loc}))
+    return findings
+
+
+def load_onnx(path: str | Path, stage: str = "check") -> tuple[onnx.ModelProto | None,
+                                                              Finding | None]:
+    """Load an ONNX file given by the user (without external data) or explain why not."""
+    p = Path(path)
+    if not p.is_file():
+        return None, error("OM007", stage, f"ONNX file {str(path)!r} does not exist.")
+    size = p.stat().st_size
+    if size == 0:
+        return None, error("OM007", stage, f"{str(path)!r} is empty.")
+    if size >= PROTOBUF_LIMIT:  # refuse before reading gigabytes that protobuf cannot parse
+        return None, error("OM007", stage, f"{str(path)!r} is {size / 2**30:.1f} GiB, over "
+                           "protobuf's 2 GiB limit for one message, so no ONNX reader can parse "
+                           "it (it is truncated, corrupt, or was written wrongly).",
+                           suggestion="Keep the weights in external data: onnx.save(model, path, "
+                           "save_as_external_data=True, location='weights.bin'); onnxmedic "
+                           "export does this itself for models over 2 GiB.")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as e:
+        return None, error("OM007", stage, f"{str(path)!r} is not a readable ONNX model (it may "
+                           f"be truncated or corrupt): {type(e).__name__}: {first_lines(str(e))}",
+                           suggestion="Re-export or re-download the file; compare its size "
+                           "with the original.")
+    if not model.graph.node and not model.graph.output:
+        return None, error("OM007", stage, f"{str(path)!r} parsed but holds no graph; it is "
+                           "probably not an ONNX file.")
+    return model, None
+
+
+def first_lines(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return " ".join(lines[:2])[:500]
+
+
+def load_checked(path: str | os.PathLike[str], stage: str = "load"
+                 ) -> tuple[onnx.ModelProto | None, list[Finding]]:
+    """Load a user's file (without external data) and check where its external data points:
+    the model, or None and the findings that refuse it."""
+    proto, bad = load_onnx(path, stage=stage)
+    if bad is not None:
+        return None, [bad]
+    ext = external_data_findings(proto, Path(path), stage=stage)
+    return (None, ext) if ext else (proto, [])
+
+
+def opset_of(proto: Any) -> int | None:
+    """The default-domain opset a model imports, or None."""
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def input_names(proto: Any) -> list[str]:
+    """The graph's inputs that are not initializers, in order."""
+    inits = {i.name for i in proto.graph.initializer}
+    return [v.name for v in proto.graph.input if v.name not in inits]
+
+
+def graph_io(proto: Any) -> tuple[list[str], list[list[int | str | None]], list[str]]:
+    """ONNX input names, their dims (int, dim_param or None), and output names."""
+    inits = {i.name for i in proto.graph.initializer}
+    ins = [v for v in proto.graph.input if v.name not in inits]
+    dims = []
+    for v in ins:
+        shape = v.type.tensor_type.shape.dim if v.type.HasField("tensor_type") else []
+        dims.append([d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                     for d in shape])
+    return [v.name for v in ins], dims, [o.name for o in proto.graph.output]
+
+
+def make_feeds(onnx_inputs: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]
+           ) -> dict[str, np.ndarray]:
+    """Flatten (args, kwargs) like torch.onnx does and map them onto the ONNX inputs."""
+    leaves = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if x is not None]
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    values = leaves if len(leaves) == len(onnx_inputs) else tensors
+    if len(values) != len(onnx_inputs):
+        raise OnnxMedicError(error(
+            "OM008", "runtime", f"the ONNX model has {len(onnx_inputs)} input(s) "
+            f"({', '.join(onnx_inputs)}) but {len(tensors)} tensor(s) were given.",
+            suggestion="Give one --input per model input, in the order of forward()'s "
+            "parameters."))
+    return {n: to_numpy(v) for n, v in zip(onnx_inputs, values)}
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0, dynamic_size: int = 2
+                 ) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Random inputs matching the model's inputs (dynamic dims set to ``dynamic_size``)."""
+    rng = np.random.default_rng(seed)
+    init_names = {i.name for i in model.graph.initializer}
+    feeds: dict[str, np.ndarray] = {}
+    problems: list[str] = []
+    for v in model.graph.input:
+        if v.name in init_names:
+            continue
+        if not v.type.HasField("tensor_type"):
+            problems.append(f"{v.name}: not a tensor input")
+            continue
+        tt = v.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else dynamic_size for d in tt.shape.dim]
+        try:
+            dt = numpy_dtype(tt.elem_type)
+        except KeyError as e:
+            problems.append(f"{v.name}: element type {e} has no random generator")
+            continue
+        size = int(np.prod(shape)) if shape else 1
+        if size > 2**28 or any(d > 2**31 for d in shape):
+            problems.append(f"{v.name}: shape {shape} is too large for a smoke test")
+            continue
+        if dt == np.bool_:
+            a = rng.integers(0, 2, size=shape).astype(np.bool_)
+        elif np.issubdtype(dt, np.integer):
+            a = rng.integers(0, 4, size=shape).astype(dt)
+        else:
+            a = rng.standard_normal(size=shape).astype(np.float32).astype(dt)
+        feeds[v.name] = a
+    return feeds, problems
+
+
+def check_feeds(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, cast: str = "no"
+                ) -> tuple[dict[str, np.ndarray], list[Finding]]:
+    """Check feeds against the model's input contract. ``cast``: "no", "safe" (lossless casts
+    only, e.g. int32 -> int64, float16 -> float32) or "all" (any cast, values may change)."""
+    init_names = {i.name for i in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in init_names]
+    findings: list[Finding] = []
+    out: dict[str, np.ndarray] = {}
+    names = [v.name for v in inputs]
+    extra = sorted(set(feeds) - set(names))
+    if extra:
+        findings.append(error("OM008", "inputs", f"inputs {', '.join(extra)} are not inputs of "
+                              f"the model (its inputs: {', '.join(names)}).",
+                              suggestion="Name .npz arrays after the model's inputs, or give "
+                              "them positionally in order."))
+    for v in inputs:
+        if v.name not in feeds:
+            findings.append(error("OM008", "inputs", f"input {v.name!r} was not given."))
+            continue
+        a = np.asarray(feeds[v.name])
+        tt = v.type.tensor_type
+        want = numpy_dtype(tt.elem_type)
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        if a.ndim != len(dims):
+            findings.append(error("OM008", "inputs", f"input {v.name!r} has rank {a.ndim} "
+                                  f"(shape {list(a.shape)}); the model wants rank {len(dims)} "
+                                  f"({['?' if d is None else d for d in dims]}).",
+                                  suggestion="Reshape the input, e.g. add the batch dimension "
+                                  "with x[None]."))
+            continue
+        bad_dims = [(i, d, a.shape[i]) for i, d in enumerate(dims) if d is not None and
+                    d != a.shape[i]]
+        if bad_dims:
+            i, d, got = bad_dims[0]
+            findings.append(error("OM008", "inputs", f"input {v.name!r} dim {i} is {got}; the "
+                                  f"model fixes it to {d}.",
+                                  suggestion="That dimension was exported static: feed that "
+                                  "size, or re-export with --dynamic."))
+            continue
+        if a.dtype != want:
+            lossless = np.can_cast(a.dtype, want, casting="safe")
+            if cast == "all" or (cast == "safe" and lossless):
+                out[v.name] = a.astype(want)
+                findings.append(info("OM008", "inputs", f"input {v.name!r} cast from {a.dtype} "
+                                     f"to {want}."))
+                continue
+            findings.append(error(
+                "OM008", "inputs", f"input {v.name!r} is {a.dtype}; the model wants {want}.",
+                suggestion=(f"Convert it (x.astype(np.{want})) or pass --cast" +
+                            ("" if lossless else "-lossy (values may change)") + ".")))
+            continue
+        out[v.name] = a
+    return out, findings
+
+
+def has_external_data(proto: Any) -> bool:
+    return any(t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
+               for t in proto.graph.initializer)
+
+
+def save_program(prog: Any, folder: Path, name: str) -> Path:
+    import onnx_ir as ir
+
+    from onnxmedic._torch_compat import initializer_bytes
+
+    size = initializer_bytes(prog.model.graph)
+    target = folder / name
+    if size > EXTERNAL_DATA_THRESHOLD:
+        ir.save(prog.model, target, external_data=f"{name}.data")
+    else:
+        ir.save(prog.model, target)
+    return target
+
+
+def publish(tmp_dir: Path, name: str, dest: Path) -> None:
+    """Move the model (and its external data) into place; the model file goes last."""
+    files = sorted(tmp_dir.iterdir(), key=lambda p: p.name == name)
+    for p in files:
+        os.replace(p, dest.parent / p.name if p.name != name else dest)
+
+
+def check_output_path(f: str | os.PathLike[str] | None, stage: str = "write") -> Finding | None:
+    """Fail fast (before the slow stages) when the output cannot be written."""
+    if f is None:
+        return None
+    p = Path(f)
+    if p.is_dir():
+        return error("OM006", stage, f"output path {str(f)!r} is a folder.",
+                     suggestion="Give a file name such as model.onnx.")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        return error("OM006", stage, f"the folder {str(folder)!r} for the output does not exist.",
+                     suggestion=f"Create it first (mkdir -p {folder}) or choose another path.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return error("OM006", stage, f"the folder {str(folder)!r} is not writable.",
+                     suggestion="Choose an output path you can write to.")
+    if p.exists() and not os.access(p, os.W_OK):
+        return error("OM006", stage, f"the existing file {str(f)!r} is not writable.")
+    return None
+
+
+def not_written_finding(f: Any) -> Finding:
+    """OM010: the model was not written (or an existing file was left as it was)."""
+    existed = Path(f).exists()
+    return Finding(
+        "OM010", "write", Severity.INFO,
+        f"{f} was not written because the model is not verified"
+        + ("; the existing file was left unchanged." if existed else "."),
+        suggestion="Fix the findings above, or pass keep_unverified=True to keep the "
+        "unverified model.")
+
+
+
+
+def output_stage(ctx: Any) -> bool:
+    """Fail fast, before the slow stages, when the output path cannot be written."""
+    bad = check_output_path(ctx.opts.f)
+    if bad is not None:
+        ctx.result.fail("write", bad)
+    return bad is None
+
+
+def write_stage(ctx: Any) -> bool:
+    """Publish the verified model (or, with keep_unverified, the unverified one, said so) to
+    the destination atomically; otherwise say it was not written."""
+    result, dest = ctx.result, ctx.dest
+    if dest is None:
+        return True
+    if not (ctx.verified or ctx.opts.keep_unverified):
+        result.findings.append(not_written_finding(ctx.opts.f))
+        return True
+    with result.stage("write"):
+        publish(ctx.tmp_dir, ctx.name, dest)
+    result.path = str(dest)
+    if not ctx.verified:
+        result.findings.append(warning(
+            "OM010", "write", f"{dest} was written although verification failed "
+            "(keep_unverified=True)."))
+    return True

@@ -1,0 +1,126 @@
+"""The input sets verification runs on besides the example: derived sets of the same shapes,
+branch probes (meant to send data-dependent branches the other way), and shape variants (each
+dynamic dim of the ONNX model at other sizes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from onnxmedic.inputs import DEFAULT_SEED, Inputs
+
+
+def branch_probe_sets(inputs: Inputs) -> list[Inputs]:
+    """Input sets meant to send data-dependent branches (``if x.sum() > 0``, ``if x.max() >
+    t``) the other way: the float inputs negated, zeroed, and scaled by 100. Integer and bool
+    inputs are kept (they are often indices) -- except 0-d integer tensors, which are counts as
+    often (``for i in range(k.item())``, ``torch.split(x, k.item())``): a further set adds 1 to
+    each of them, so a loop count or size specialised to the example's value shows up."""
+    def is_count(t: Any) -> bool:
+        return (isinstance(t, torch.Tensor) and t.dim() == 0 and not t.dtype.is_floating_point
+                and not t.dtype.is_complex and t.dtype != torch.bool)
+
+    def is_float(t: Any) -> bool:
+        return isinstance(t, torch.Tensor) and t.dtype.is_floating_point
+
+    def mapped(pick: Any, fn: Any, label: str) -> Inputs:
+        def vary(t: Any) -> Any:
+            return fn(t) if pick(t) else t
+        return Inputs(tuple(torch.utils._pytree.tree_map(vary, a) for a in inputs.args),
+                      {n: torch.utils._pytree.tree_map(vary, v) for n, v in inputs.kwargs.items()},
+                      [label])
+
+    out = []
+    if any(is_count(t) for t in torch.utils._pytree.tree_leaves((inputs.args, inputs.kwargs))):
+        out.append(mapped(is_count, lambda t: t + 1, "integer scalars +1"))
+    for label, fn in (("negated", lambda t: -t), ("zeros", torch.zeros_like),
+                      ("scaled x100", lambda t: t * 100)):
+        out.append(mapped(is_float, fn, label))
+    return out
+
+
+def derived_input_sets(inputs: Inputs, count: int, seed: int = DEFAULT_SEED) -> list[Inputs]:
+    """Further input sets of the same shapes and dtypes, for verification.
+
+    Floats: the first set permutes the example's own values (the domain and distribution stay
+    those of the example: an erfinv input stays inside (-1, 1)); later sets draw uniformly
+    between the example's min and max. Integers and booleans are permuted (indices stay valid).
+    """
+    gen = torch.Generator().manual_seed(seed + 1)
+    out = []
+
+    def vary(t: Any, k: int) -> Any:
+        if not isinstance(t, torch.Tensor) or t.numel() <= 1:
+            return t
+        flat = t.reshape(-1)
+        if k % 2 == 0 or not t.dtype.is_floating_point:
+            perm = torch.randperm(flat.numel(), generator=gen)
+            return flat[perm].reshape(t.shape).clone()
+        finite = flat[torch.isfinite(flat)].double()
+        if finite.numel() == 0:
+            return t.clone()
+        lo, hi = float(finite.min()), float(finite.max())
+        r = torch.rand(t.shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo
+        return r.to(t.dtype)
+
+    for k in range(count):
+        args = tuple(torch.utils._pytree.tree_map(lambda t: vary(t, k), a) for a in inputs.args)
+        kwargs = {n: torch.utils._pytree.tree_map(lambda t: vary(t, k), v)
+                  for n, v in inputs.kwargs.items()}
+        out.append(Inputs(args, kwargs, [f"derived#{k + 1}"]))
+    return out
+
+
+def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
+                   seed: int = DEFAULT_SEED) -> list[tuple[str, Inputs]]:
+    """Input sets where one dynamic dimension of the ONNX model takes another size.
+
+    ``onnx_dims`` holds, per ONNX graph input (in the flattened order of the example's tensors),
+    its dims: an int for a static dim, a name (dim_param) or None for a dynamic one. Inputs that
+    share a name share the size. For each name: size 1 and twice the example's size (2 and 3
+    when the example has 1). Values are drawn within each tensor's own range.
+    """
+    leaves, spec = torch.utils._pytree.tree_flatten((example.args, example.kwargs))
+    tensor_idx = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if len(tensor_idx) != len(onnx_dims):
+        return []
+    symbols: dict[str, tuple[int, list[tuple[int, int]]]] = {}
+    for k, (li, dims) in enumerate(zip(tensor_idx, onnx_dims)):
+        t = leaves[li]
+        for d, v in enumerate(dims):
+            if isinstance(v, int) or d >= t.dim():
+                continue
+            name = v if v else f"input{k}.dim{d}"
+            size, uses = symbols.setdefault(name, (int(t.shape[d]), []))
+            uses.append((li, d))
+    gen = torch.Generator().manual_seed(seed + 101)
+    out = []
+    for name, (n, uses) in symbols.items():
+        for size in ([1, 2 * n] if n != 1 else [2, 3]):
+            new = list(leaves)
+            for li in {li for li, _ in uses}:
+                t = leaves[li]
+                shape = list(t.shape)
+                for li2, d in uses:
+                    if li2 == li:
+                        shape[d] = size
+                new[li] = _like(t, tuple(shape), gen)
+            args, kwargs = torch.utils._pytree.tree_unflatten(new, spec)
+            out.append((f"{name}={size}", Inputs(tuple(args), dict(kwargs), [f"{name}={size}"])))
+    return out
+
+
+def _like(t: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """A new tensor of ``shape`` with values in ``t``'s range and ``t``'s dtype."""
+    if t.dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    flat = t.reshape(-1)
+    if t.dtype.is_floating_point:
+        finite = flat[torch.isfinite(flat)].double()
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
+        return (torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).to(t.dtype)
+    if t.is_complex() or flat.numel() == 0:
+        return torch.zeros(shape, dtype=t.dtype)
+    lo, hi = int(flat.min()), int(flat.max())
+    return torch.randint(lo, hi + 1, shape, generator=gen, dtype=torch.int64).to(t.dtype)

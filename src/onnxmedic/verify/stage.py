@@ -1,0 +1,338 @@
+"""The runtime and compare stages: the example and further input sets run in one sandboxed ONNX
+Runtime session and compared with PyTorch; a value mismatch is localised (verify/localizer.py).
+Used by export (``verify_stage``) and by the verify command (``verify_file``)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from onnxmedic import checks, sandbox
+from onnxmedic._locate import location_from_onnx_node, onnx_neighbourhood, onnx_node_in_error
+from onnxmedic._tensors import flatten_tensors, to_numpy
+from onnxmedic.capture import capture
+from onnxmedic.context import ExportContext
+from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
+from onnxmedic.fixes.stage import cpu_stand_in
+from onnxmedic.inputs import Inputs
+from onnxmedic.onnxfile import graph_io, make_feeds
+from onnxmedic.preflight import preflight_stage
+from onnxmedic.result import ExportResult
+from onnxmedic.verify.compare import OutputComparison, compare_outputs
+from onnxmedic.verify.input_sets import branch_probe_sets, derived_input_sets, shape_variants
+from onnxmedic.verify.localizer import Localizer
+
+logger = logging.getLogger(__name__)
+
+# How many input sets beyond the example verification uses.
+EXTRA_INPUT_SETS = 2
+
+
+def expected_outputs(model: Any, sets: list[Inputs]) -> list[list[np.ndarray]]:
+    """PyTorch's outputs (flattened, numpy) for each input set."""
+    fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+    out = []
+    with torch.no_grad():
+        for s in sets:
+            out.append([to_numpy(t) for t in flatten_tensors(fn(*s.args, **s.kwargs))])
+    return out
+
+
+# -- runtime ----------------------------------------------------------------------------------
+def attach_node(proto: Any, finding: Finding, message: str) -> None:
+    """Point a runtime finding at the ONNX node its message names: op, the user's line, and the
+    node's neighbourhood in the graph (for the report)."""
+    node = onnx_node_in_error(proto, message)
+    if node is None:
+        return
+    finding.op = finding.op or node.op_type
+    finding.location = finding.location or location_from_onnx_node(node)
+    try:
+        finding.details["neighbourhood"] = onnx_neighbourhood(proto, node)
+    except Exception:  # a report nicety: never fail the run for it
+        logger.debug("no neighbourhood", exc_info=True)
+
+
+def record_runtime(result: ExportResult, sbx: sandbox.SandboxResult, target: str,
+                   timeout: float) -> bool:
+    """Record the runtime stage from a sandbox result: failed (with its finding), or passed
+    (with OM535 when ONNX Runtime fell back from the target's provider). True when passed."""
+    st = result.record("runtime")
+    if not sbx.ok:
+        finding = sbx.finding("runtime", timeout)
+        if finding is not None and finding.code in ("OM510", "OM511"):
+            attach_node(result.onnx_model, finding, finding.details.get("error", ""))
+        st.fail(finding)
+        return False
+    st.passed()
+    fallback = sbx.provider_finding(sandbox.providers(target))
+    if fallback is not None:
+        st.add(fallback)
+    if sbx.providers and sbx.providers[0] == "CUDAExecutionProvider":
+        st.add(info(
+            "OM536", "runtime", "ran on ONNX Runtime's CUDA provider with use_tf32=0 (full "
+            "float32 MatMul/Gemm/Conv, as PyTorch computes by default). With the provider's "
+            "default TF32 math, float32 results differ from PyTorch by about 1e-4 to 1e-3 "
+            "relative.", suggestion="For PyTorch's float32 numbers in deployment, create the "
+            "session with providers=[('CUDAExecutionProvider', {'use_tf32': '0'})]; keep the "
+            "default for speed if that precision is enough."))
+    return True
+
+
+def shape_finding(proto: Any, label: str, message: str) -> Finding:
+    """OM402 for a run that fails at another size, pointing at the op that baked it in."""
+    node = onnx_node_in_error(proto, message)
+    op = None
+    loc = None
+    if node is not None:
+        meta = {p.key: p.value for p in node.metadata_props}
+        op = meta.get("namespace", "").rsplit(": ", 1)[-1] or node.op_type
+        loc = location_from_onnx_node(node)
+    first = " ".join(message.strip().splitlines()[:2])[:400]
+    return error(
+        "OM402", "runtime", f"the model was exported with a dynamic dimension but fails in ONNX "
+        f"Runtime at {label}"
+        + (f", in {node.op_type} node {node.name!r}" if node is not None else "")
+        + f": {first}", op=op, location=loc,
+        suggestion="This op baked the example's size in. Typical causes: view/reshape with a "
+        "size computed by int() or .item(), a Python int taken from x.shape and used as a "
+        "constant, or torch.export specialising the dim (see its constraint messages).",
+        details={"error": message[:4000], "input_set": label,
+                 **({"neighbourhood": onnx_neighbourhood(proto, node)} if node is not None
+                    else {})})
+
+
+# -- input sets ---------------------------------------------------------------------------------
+@dataclass
+class InputSets:
+    """What verification runs: the first ``n_required`` sets must verify (the example, derived
+    sets, branch probes); the rest are the shape variants (failures there are OM402)."""
+
+    sets: list[Inputs] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    expected: list[list[np.ndarray]] = field(default_factory=list)
+    n_required: int = 0
+
+    def add(self, label: str, inputs: Inputs, expected: list[np.ndarray]) -> None:
+        self.sets.append(inputs)
+        self.labels.append(label)
+        self.expected.append(expected)
+
+
+def input_sets(result: ExportResult, model: Any, example: Inputs,
+               example_expected: list[np.ndarray] | None, onnx_dims: list[Any],
+               probe_branches: bool = False) -> InputSets:
+    """The example, EXTRA_INPUT_SETS derived sets, branch probes (when a data-dependent branch
+    was specialised), and the shape variants PyTorch itself accepts, with PyTorch's outputs."""
+    out = InputSets()
+    with result.timed("compare"):
+        out.add("example", example, example_expected if example_expected is not None
+                else expected_outputs(model, [example])[0])
+        extra = [(f"random#{i}", s) for i, s in
+                 enumerate(derived_input_sets(example, EXTRA_INPUT_SETS), 1)]
+        if probe_branches:  # a data-dependent branch was specialised: try to take the others
+            extra += _accepted(result, model, [(p.specs[-1], p) for p in
+                                               branch_probe_sets(example)], "branch probe")
+        try:
+            for (label, s), exp in zip(extra, expected_outputs(model, [s for _, s in extra])):
+                out.add(label, s, exp)
+        except Exception as e:  # the derived data may be out of the model's domain
+            result.findings.append(warning(
+                "OM603", "compare", f"PyTorch rejected the generated input sets "
+                f"({type(e).__name__}: {str(e)[:200]}); verifying on the example only."))
+            out = InputSets(out.sets[:1], out.labels[:1], out.expected[:1])
+        out.n_required = len(out.sets)
+        for label, variant in shape_variants(example, onnx_dims):
+            try:
+                exp = expected_outputs(model, [variant])[0]
+            except Exception as e:
+                text = str(e).strip()
+                result.findings.append(info(
+                    "OM403", "compare", f"not checked at {label}: PyTorch itself rejects that "
+                    f"size ({type(e).__name__}: {text.splitlines()[0][:200] if text else ''})."))
+                continue
+            out.add(label, variant, exp)
+    return out
+
+
+def _accepted(result: ExportResult, model: Any, probes: list[tuple[str, Inputs]],
+              what: str) -> list[tuple[str, Inputs]]:
+    """The probes PyTorch runs (an index now out of range is left out, with OM403)."""
+    kept = []
+    for label, probe in probes:
+        try:
+            expected_outputs(model, [probe])
+        except Exception as e:
+            result.findings.append(info(
+                "OM403", "compare", f"{what} {label!r} not checked: PyTorch rejects it "
+                f"({type(e).__name__}: {str(e).strip()[:160]})."))
+            continue
+        kept.append((label, probe))
+    return kept
+
+
+# -- run and compare ----------------------------------------------------------------------------
+def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: Any,
+                    example: Inputs, example_expected: list[np.ndarray] | None,
+                    timeout: float, tolerance: tuple[float, float] | None,
+                    worker: sandbox.Worker | None = None, target: str = "cpu",
+                    localizer: Localizer | None = None, probe_branches: bool = False) -> None:
+    """runtime + compare stages, in one sandboxed session: the example, further input sets of
+    the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x. With a
+    ``localizer``, a value mismatch (or every run, when it is ``always``) is localised."""
+    onnx_inputs, onnx_dims, onnx_outputs = graph_io(proto)
+    sets = input_sets(result, model, example, example_expected, onnx_dims, probe_branches)
+    with result.stage("runtime", conclude=False) as st:
+        try:
+            feeds = [make_feeds(onnx_inputs, s.args, s.kwargs) for s in sets.sets]
+        except OnnxMedicError as e:
+            st.fail(e.finding)
+            return
+        providers = sandbox.providers(target)
+        if worker is None:
+            sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout, providers=providers)
+        else:
+            sbx = worker.run(onnx_path, feeds, timeout=timeout, n_required=sets.n_required,
+                             providers=providers)
+    if not record_runtime(result, sbx, target, timeout):
+        return
+    with result.stage("compare", conclude=False):
+        shape_failures = _compare(result, proto, sbx, sets, sbx.output_names or onnx_outputs,
+                                  tolerance)
+    values = judge(result, sets, shape_failures)
+    if localizer is not None and (values or localizer.always):
+        label = ("example" if not values or "example" in {c.input_set for c in values}
+                 else max(values, key=lambda c: c.max_rel).input_set)
+        k = sets.labels.index(label) if label in sets.labels else 0
+        localizer.run(result, proto, sets.sets[k], feeds[k], timeout, tolerance,
+                      sets.labels[k], reference=sets.expected[k])
+
+
+def _compare(result: ExportResult, proto: Any, sbx: sandbox.SandboxResult, sets: InputSets,
+             names: list[str], tolerance: tuple[float, float] | None) -> list[Finding]:
+    """Every set's outputs compared (into ``result.verification``); the OM402 findings of the
+    shape variants that fail."""
+    shape_failures: list[Finding] = []
+    for i, (label, exp, act) in enumerate(zip(sets.labels, sets.expected, sbx.outputs)):
+        if i in sbx.run_errors:
+            shape_failures.append(shape_finding(proto, label, sbx.run_errors[i]))
+            continue
+        comps = compare_outputs(names, exp, act, input_set=label, tolerance=tolerance)
+        result.verification.extend(comps)
+        bad = [c for c in comps if not c.ok]
+        if i >= sets.n_required and bad:
+            shape_failures.append(error(
+                "OM402", "compare", f"at {label} the ONNX model computes output "
+                f"{bad[0].name} wrong ({bad[0].reason}; max abs error "
+                f"{bad[0].max_abs:.3g}) although it is right at the example's size.",
+                suggestion="An op baked the example's size in (a constant shape in a "
+                "Reshape/Expand, a size read with int()); use x.shape[...] arithmetic "
+                "or -1 in view/reshape.", details={"comparison": bad[0].to_dict()}))
+    return shape_failures
+
+
+def judge(result: ExportResult, sets: InputSets, shape_failures: list[Finding]
+          ) -> list[OutputComparison]:
+    """The compare stage's verdict: OM402 (other sizes), OM602 (shape/dtype), OM601 (values).
+    Returns the value mismatches of the required sets."""
+    st = result.record("compare")
+    if shape_failures:
+        st.fail(*shape_failures)
+    required = set(sets.labels[:sets.n_required])
+    req = [c for c in result.verification if c.input_set in required and not c.ok]
+    structural = [c for c in req if c.reason and any(
+        w in c.reason for w in ("shape", "dtype", "missing", "extra"))]
+    values = [c for c in req if c not in structural]
+    if structural:
+        c = structural[0]
+        st.fail(error(
+            "OM602", "compare", f"output {c.name} ({c.input_set}): {c.reason}.",
+            suggestion="An output's shape or dtype differs from PyTorch: check dynamic dims "
+            "and dtype casts around this output.",
+            details={"comparison": c.to_dict()}))
+    if values:
+        worst = max(values, key=lambda c: c.max_rel)
+        sets_bad = sorted({c.input_set for c in values})
+        st.fail(error(
+            "OM601", "compare",
+            f"output {worst.name} differs from PyTorch on input set(s) {', '.join(sets_bad)}: "
+            f"{worst.mismatched} of {worst.total} elements outside rtol={worst.rtol:g}, "
+            f"atol={worst.atol:g} (max abs error {worst.max_abs:.3g}, max rel error "
+            f"{worst.max_rel:.3g}).",
+            suggestion="Run `onnxmedic verify --localize` to find the first operator whose "
+            "output diverges.", details={"comparison": worst.to_dict()}))
+    st.passed()
+    return values
+
+
+# -- the two callers ----------------------------------------------------------------------------
+def verify_stage(ctx: ExportContext) -> bool:
+    """Export's runtime + compare stages (or OM603 when verification is off); sets
+    ``ctx.verified``. A GPU-target model with no CPU kernel on a machine without the GPU is
+    verified through a CPU stand-in (fixes/stage.py)."""
+    result, opts = ctx.result, ctx.opts
+    if not opts.verify:
+        ctx.verified = True  # verification not asked for: exported is all we can say
+        result.findings.append(warning(
+            "OM603", "compare", "verification was turned off (verify=False); the model "
+            "was not run in ONNX Runtime."))
+        result.ok = True
+        return True
+    decomposed = getattr(ctx.onnx_program, "exported_program", None)
+    program = ctx.program
+    stand_in_dir = Path(tempfile.mkdtemp(prefix=".onnxmedic-cpu-"))
+    try:
+        stand_in = cpu_stand_in(result, ctx.onnx_path, stand_in_dir, opts.target)
+        localizer = (Localizer(False, lambda: (decomposed or program, decomposed is not None))
+                     if opts.localize and not stand_in else None)
+        run_and_compare(result, ctx.model, stand_in[0] if stand_in else ctx.onnx_path,
+                        stand_in[1] if stand_in else result.onnx_model, ctx.example,
+                        ctx.expected, opts.timeout, opts.tolerance, ctx.worker, opts.target,
+                        localizer=localizer, probe_branches=ctx.branch_probe)
+    finally:
+        shutil.rmtree(stand_in_dir, ignore_errors=True)
+    ctx.verified = result.stages["compare"] == "passed"
+    result.ok = ctx.verified
+    return True
+
+
+def verify_file(result: ExportResult, proto: Any, path: Path, model: Any,
+                inputs: Inputs, timeout: float, tolerance: tuple[float, float] | None,
+                worker: sandbox.Worker, localize: bool = False,
+                loc_worker: sandbox.Worker | None = None) -> None:
+    """The verify command on a loaded file: check, preflight, runtime, compare (and
+    localisation, with ``localize``)."""
+    with result.stage("check") as st:
+        found = checks.check_file(path)
+        st.add(*found)
+        if any(x.severity == Severity.ERROR for x in found):
+            st.fail()
+            return
+    program = model
+    if isinstance(model, torch.export.ExportedProgram):
+        model = model.module()  # unlifted once, not once per input set (slow for big graphs)
+    expected = preflight_stage(result, model, inputs.args, inputs.kwargs)
+    if expected is None:
+        return
+    localizer = (Localizer(True, lambda: program_for(program, inputs),
+                           None if program is not model else model, loc_worker)
+                 if localize else None)
+    run_and_compare(result, model, path, proto, inputs, expected, timeout, tolerance, worker,
+                    localizer=localizer)
+    result.ok = result.stages["compare"] == "passed"
+
+
+def program_for(model: Any, inputs: Inputs) -> tuple[Any, bool] | None:
+    """(ExportedProgram, already decomposed?) of ``model`` for localisation, or None."""
+    if isinstance(model, torch.export.ExportedProgram):
+        return model, False
+    attempts = capture(model, inputs.args, inputs.kwargs, None)
+    program = attempts[-1].program if attempts else None
+    return (program, False) if program is not None else None
