@@ -95,8 +95,8 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
     torch.set_num_threads(threads)
-    from onnxmedic._sweep_worker import _peak_rss_mb, export_case
     from onnxmedic.sweep import as_case, import_source, load_zoo
+    from onnxmedic.sweep.worker import export_case, peak_rss_mb
 
     entry = next(e for e in load_zoo(zoo) if e.name == name)
     factory = getattr(import_source(entry.source), entry.attr)[name]
@@ -146,7 +146,7 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
             rec["ort_ms"] = _median_ms(lambda: sess.run(None, feeds))
             with torch.no_grad():
                 rec["eager_ms"] = _median_ms(lambda: case.model(*case.args, **case.kwargs))
-    rec["peak_rss_mb"] = _peak_rss_mb()
+    rec["peak_rss_mb"] = peak_rss_mb()
     return rec
 
 

@@ -98,7 +98,7 @@ _ODD_BY_ORT = {"tensor(bfloat16)": "bfloat16", "tensor(float8e4m3fn)": "float8_e
                "tensor(float8e5m2fnuz)": "float8_e5m2fnuz"}
 
 
-def _to_ortvalue(ort, np, a):
+def to_ortvalue(ort, np, a):
     # np.ascontiguousarray would turn a 0-d array into shape (1,): copy only when needed
     a = a if a.flags.c_contiguous else a.copy(order="C")
     name = str(a.dtype)
@@ -108,7 +108,7 @@ def _to_ortvalue(ort, np, a):
     return ort.OrtValue.ortvalue_from_numpy(a)
 
 
-def _from_ortvalue(np, v):
+def from_ortvalue(np, v):
     try:
         return v.numpy()
     except Exception:
@@ -224,8 +224,8 @@ def main(req_dir: str) -> int:
             feeds = {k: _from_saved(data[k], dtypes[k]) for k in data.files}
         t0 = time.perf_counter()
         try:
-            ort_feeds = {k: _to_ortvalue(ort, np, v) for k, v in feeds.items()}
-            outs = [_from_ortvalue(np, v) for v in sess.run_with_ort_values(None, ort_feeds)]
+            ort_feeds = {k: to_ortvalue(ort, np, v) for k, v in feeds.items()}
+            outs = [from_ortvalue(np, v) for v in sess.run_with_ort_values(None, ort_feeds)]
         except MemoryError:
             result.update(status="oom", phase=f"run:{i}", error="MemoryError while running")
             result["runs"] = runs

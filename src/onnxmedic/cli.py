@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"saved in {path}\n")
         return 3
     if ns.command == "sweep":
-        from onnxmedic.sweep import render_sweep_terminal
+        from onnxmedic.report.sweep import render_sweep_terminal
 
         render_sweep_terminal(result)
     else:

@@ -131,7 +131,7 @@ def aten_cummin(self, dim: int):
     return _cum_extreme("cummin", self, dim, greater=False)
 
 
-def _log1p_small(e):
+def log1p_small(e):
     """log(1 + e) for e in [0, 1], accurate for tiny e (Goldberg's trick)."""
     u = op.Add(const(1.0, e), e)
     um1 = op.Sub(u, const(1.0, e))
@@ -145,7 +145,7 @@ def _log_add_exp(a, b):
     a_big = op.Greater(a, b)
     hi = op.Where(a_big, a, b)
     lo = op.Where(a_big, b, a)
-    r = op.Add(hi, _log1p_small(op.Exp(op.Sub(lo, hi))))
+    r = op.Add(hi, log1p_small(op.Exp(op.Sub(lo, hi))))
     # both -inf, or hi = +inf: the result is hi (the formula would give NaN)
     r = op.Where(op.IsInf(hi), hi, r)
     # NaN in either propagates

@@ -497,14 +497,14 @@ def aten__unique2(self, sorted: bool = True, return_inverse: bool = False,  # no
 
     A stable sort then run starts. Always sorted (PyTorch's CPU kernel sorts for sorted=False
     too). Each NaN is its own value, last, as PyTorch; torchlib's ONNX Unique merges NaNs."""
-    from onnxmedic.ops.selection import _stable_argsort
+    from onnxmedic.ops.selection import stable_argsort
 
     flat = _flat(self)
     shape = static_shape(self)
     flat.shape = ir.Shape([math.prod(shape) if shape is not None else "numel"])
     flat.dtype = self.dtype  # traced values carry no type; the helper reads it
     n = op.Squeeze(op.Shape(flat), ints([0]))
-    idx = _stable_argsort(flat, 0, False)
+    idx = stable_argsort(flat, 0, False)
     seq = op.Gather(flat, idx, axis=0)
     flag = _run_starts(seq, n)
     values = op.Compress(seq, flag, axis=0)

@@ -274,10 +274,10 @@ def aten_log_sigmoid(self):
     loses the small complement, so ``F.multilabel_soft_margin_loss`` on OpInfo's sample is off by
     1.5e-4 (eager float32: 3.5e-7 from the float64 value). PyTorch's formula instead:
     ``min(x, 0) - log1p(exp(-|x|))``, with an accurate log1p; NaN stays NaN, -inf gives -inf."""
-    from onnxmedic.ops.cumulative import _log1p_small
+    from onnxmedic.ops.cumulative import log1p_small
 
     neg = op.Where(op.Less(self, const(0.0, self)), self, const(0.0, self))
-    return op.Sub(neg, _log1p_small(op.Exp(op.Neg(op.Abs(self)))))
+    return op.Sub(neg, log1p_small(op.Exp(op.Neg(op.Abs(self)))))
 
 
 # ------------------------------------------------------------------- max/min reductions & NaN

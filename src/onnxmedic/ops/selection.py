@@ -56,7 +56,7 @@ def _key(x):
     return op.Where(nan, const(math.inf, key), key), nan
 
 
-def _stable_argsort(x, axis: int, descending: bool, k: int | None = None):
+def stable_argsort(x, axis: int, descending: bool, k: int | None = None):
     """int64 indices that sort x stably along ``axis`` (rank >= 1), NaN greatest; only the
     first ``k`` when given (a partial sort, ascending float32/16 and integers only)."""
     key, nan = _sort_key(x)
@@ -85,7 +85,7 @@ def aten_sort_stable(self, *, stable=None, dim: int = -1, descending: bool = Fal
         _axis(dim, 0)
         return op.Identity(self), _index_zero()
     axis = _axis(dim, _rank(self))
-    idx = _stable_argsort(self, axis, descending)
+    idx = stable_argsort(self, axis, descending)
     return op.GatherElements(self, idx, axis=axis), idx
 
 
@@ -95,7 +95,7 @@ def aten_argsort_stable(self, *, stable: bool, dim: int = -1, descending: bool =
     if _rank(self) == 0:
         _axis(dim, 0)
         return _index_zero()
-    return _stable_argsort(self, _axis(dim, _rank(self)), descending)
+    return stable_argsort(self, _axis(dim, _rank(self)), descending)
 
 
 @translation(aten.topk.default, overrides_torchlib=True)
@@ -132,7 +132,7 @@ def _keep_shape(x, axis: int):
 def _pick(x, axis: int, keepdim: bool, pos):
     """Values and indices at sorted position ``pos`` (int64, broadcastable to the keepdim
     shape) of a stable ascending sort of x along ``axis``."""
-    idx_sorted = _stable_argsort(x, axis, False)
+    idx_sorted = stable_argsort(x, axis, False)
     pos = op.Expand(pos, _keep_shape(x, axis))
     idx = op.GatherElements(idx_sorted, pos, axis=axis)
     val = op.GatherElements(x, idx, axis=axis)
@@ -225,7 +225,7 @@ def aten_kthvalue(self, k: int, dim: int = -1, keepdim: bool = False):
         raise ValueError(f"kthvalue: k must be known at export time (got {k!r})")  # noqa: TRY004
     axis = _axis(dim, _rank(self))
     if self.dtype != ir.DataType.DOUBLE:  # partial sort: the k smallest, take the last
-        idx = _stable_argsort(self, axis, False, k=k)
+        idx = stable_argsort(self, axis, False, k=k)
         idx = _sl_axis(idx, k - 1, k, axis)
         val = op.GatherElements(self, idx, axis=axis)
         if not keepdim:
@@ -402,7 +402,7 @@ def _quantile(self, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool)
         axis, out_rank = 0, 1
     else:
         x, axis, out_rank = self, _axis(dim, rank), rank
-    idx = _stable_argsort(x, axis, False)
+    idx = stable_argsort(x, axis, False)
     srt = op.GatherElements(x, idx, axis=axis)
     perm = [i for i in range(out_rank) if i != axis] + [axis]
     if perm != list(range(out_rank)):

@@ -87,11 +87,11 @@ def run_onnx(model: onnx.ModelProto, tensors: tuple[torch.Tensor, ...]) -> list[
     sess = ort.InferenceSession(
         model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
     )
-    from onnxmedic._sandbox_worker import _from_ortvalue, _to_ortvalue
+    from onnxmedic._sandbox_worker import from_ortvalue, to_ortvalue
 
     names = [i.name for i in sess.get_inputs()]
-    feeds = {n: _to_ortvalue(ort, np, to_numpy(t)) for n, t in zip(names, tensors)}
-    return [_from_ortvalue(np, v) for v in sess.run_with_ort_values(None, feeds)]
+    feeds = {n: to_ortvalue(ort, np, to_numpy(t)) for n, t in zip(names, tensors)}
+    return [from_ortvalue(np, v) for v in sess.run_with_ort_values(None, feeds)]
 
 
 # --------------------------------------------------------------------------------------------

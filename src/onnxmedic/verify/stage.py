@@ -24,7 +24,7 @@ from onnxmedic.fixes.stage import cpu_stand_in
 from onnxmedic.inputs import Inputs
 from onnxmedic.onnxfile import graph_io, make_feeds
 from onnxmedic.preflight import preflight_stage
-from onnxmedic.result import ExportResult
+from onnxmedic.result import PASSED, ExportResult
 from onnxmedic.verify.compare import OutputComparison, compare_outputs
 from onnxmedic.verify.input_sets import branch_probe_sets, derived_input_sets, shape_variants
 from onnxmedic.verify.localizer import Localizer
@@ -298,7 +298,7 @@ def verify_stage(ctx: ExportContext) -> bool:
                         localizer=localizer, probe_branches=ctx.branch_probe)
     finally:
         shutil.rmtree(stand_in_dir, ignore_errors=True)
-    ctx.verified = result.stages["compare"] == "passed"
+    ctx.verified = result.stages.get("compare") == PASSED
     result.ok = ctx.verified
     return True
 
@@ -326,7 +326,7 @@ def verify_file(result: ExportResult, proto: Any, path: Path, model: Any,
                  if localize else None)
     run_and_compare(result, model, path, proto, inputs, expected, timeout, tolerance, worker,
                     localizer=localizer)
-    result.ok = result.stages["compare"] == "passed"
+    result.ok = result.stages.get("compare") == PASSED
 
 
 def program_for(model: Any, inputs: Inputs) -> tuple[Any, bool] | None:

@@ -1,6 +1,6 @@
 """One sweep entry in its own process: build the model, export and verify it, write a record.
 
-Started by onnxmedic.sweep.run_entry as ``python -m onnxmedic._sweep_worker PAYLOAD_JSON``. Its
+Started by onnxmedic.sweep.run_entry as ``python -m onnxmedic.sweep.worker PAYLOAD_JSON``. Its
 result is a JSON file written atomically at the end; a worker that dies before (abort,
 segfault, out of memory, killed on timeout) leaves none, and the parent records the crash.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
     """Peak resident memory of this worker and of its finished children (the sandbox), MiB."""
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -30,7 +30,8 @@ def _peak_rss_mb() -> float:
 def main(payload: dict[str, Any]) -> int:
     from onnxmedic.findings import error
     from onnxmedic.report.files import atomic_write_text
-    from onnxmedic.sweep import Entry, _record, as_case, import_source
+    from onnxmedic.sweep.results import record
+    from onnxmedic.sweep.zoo import Entry, as_case, import_source
 
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("torch").setLevel(logging.ERROR)
@@ -45,7 +46,7 @@ def main(payload: dict[str, Any]) -> int:
         zoo = getattr(import_source(entry.source), entry.attr)
         case = as_case(zoo[entry.name](), entry.name)
     except Exception as e:
-        rec = _record(entry, "factory-failed", time.perf_counter() - t0, findings=[error(
+        rec = record(entry, "factory-failed", time.perf_counter() - t0, findings=[error(
             "OM703", "sweep", f"{entry.name}: the zoo factory failed: {type(e).__name__}: "
             f"{str(e).strip()[:400]}", suggestion="Fix the entry's factory (its config or "
             "inputs); the traceback is in the details.",
@@ -61,7 +62,7 @@ def export_case(entry: Any, case: Any, payload: dict[str, Any], t0: float) -> di
     """Export and verify one ZooCase with onnxmedic.export; the record for the results file."""
     import onnxmedic
     from onnxmedic.findings import error
-    from onnxmedic.sweep import _record
+    from onnxmedic.sweep.results import record
 
     out_dir = payload.get("out_dir")
     with tempfile.TemporaryDirectory(prefix="onnxmedic-entry-") as td:
@@ -91,12 +92,12 @@ def export_case(entry: Any, case: Any, payload: dict[str, Any], t0: float) -> di
                     suggestion="The details hold the check's figures.",
                     details={"check": check}).to_dict())
         status = "verified" if ok else "failed"
-        return _record(
+        return record(
             entry, status, time.perf_counter() - t0, findings=[], stages=d["stages"],
             failed_stage=d["failed_stage"] or ("check" if res.ok and not ok else None),
             max_abs=max((v["max_abs"] for v in summary.values()), default=None),
             max_rel=max((v["max_rel"] for v in summary.values()), default=None),
-            export_seconds=round(export_seconds, 3), peak_rss_mb=_peak_rss_mb(),
+            export_seconds=round(export_seconds, 3), peak_rss_mb=peak_rss_mb(),
             note=case.note, check=check, opset=d["opset"], timings=d["timings"],
             capture_attempts=d["capture_attempts"],
             path=str(f) if out_dir and f.is_file() else None,
@@ -105,7 +106,7 @@ def export_case(entry: Any, case: Any, payload: dict[str, Any], t0: float) -> di
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.stderr.write("usage: python -m onnxmedic._sweep_worker PAYLOAD_JSON\n")
+        sys.stderr.write("usage: python -m onnxmedic.sweep.worker PAYLOAD_JSON\n")
         sys.exit(2)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(main(json.loads(sys.argv[1])))

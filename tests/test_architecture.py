@@ -1,0 +1,174 @@
+"""The package's shape, checked: no import cycle, no module reaching into another's private
+names, no function too long to read, and api.py a short driver."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "onnxmedic"
+PACKAGE = "onnxmedic"
+
+# Functions allowed over MAX_LINES: declarative tables, not logic.
+LONG_ALLOWED = {"cli.py:build_parser"}
+MAX_LINES = 80
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(SRC.rglob("*.py")):
+        rel = p.relative_to(SRC.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    """The package module an import names (``a.b.c`` may be module ``a.b`` plus a name)."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(mod: str, path: Path, top_level_only: bool) -> list[tuple[str, list[str], int]]:
+    """(imported module, names imported from it, line) for each onnxmedic import."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    if top_level_only:  # also imports under a top-level `if`/`try` (not TYPE_CHECKING)
+        extra = []
+        for n in tree.body:
+            if isinstance(n, ast.Try):
+                extra += n.body
+            elif isinstance(n, ast.If) and "TYPE_CHECKING" not in ast.unparse(n.test):
+                extra += n.body
+        nodes = nodes + extra
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = []
+    for n in nodes:
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                if a.name.startswith(PACKAGE):
+                    out.append((a.name, [], n.lineno))
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:
+                base = package.split(".")
+                base = base[: len(base) - (n.level - 1)]
+                full = ".".join(base + ([n.module] if n.module else []))
+            else:
+                full = n.module or ""
+            if not full.startswith(PACKAGE):
+                continue
+            for a in n.names:
+                sub = f"{full}.{a.name}"
+                if sub in MODULES:  # `from onnxmedic import sandbox`: a module, not a name
+                    out.append((sub, [], n.lineno))
+                else:
+                    out.append((full, [a.name], n.lineno))
+    return out
+
+
+def _graph(top_level_only: bool) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for mod, path in MODULES.items():
+        for target, _names, _line in _imports(mod, path, top_level_only):
+            dep = _resolve(target)
+            if dep is not None and dep != mod:
+                graph[mod].add(dep)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                return stack[stack.index(d):] + [d]
+            if d not in state:
+                found = visit(d)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_at_module_level():
+    """What Python itself imports when a module loads: a cycle here breaks import order.
+    (A package's __init__ re-exporting its own modules is not a cycle of its modules.)"""
+    graph = _graph(top_level_only=True)
+    for m in graph:  # a package imports its children; children may import siblings
+        graph[m] = {d for d in graph[m] if not (m.startswith(d + ".") and d != PACKAGE)}
+    graph[PACKAGE] = set()  # the public facade re-exports; nothing inside imports it back
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_module_imports_a_private_name_of_another():
+    bad = []
+    for mod, path in MODULES.items():
+        for target, names, line in _imports(mod, path, top_level_only=False):
+            dep = _resolve(target)
+            if dep == mod:
+                continue
+            for name in names:
+                if name.startswith("_") and not name.startswith("__"):
+                    bad.append(f"{path.relative_to(SRC)}:{line} imports {name} from {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_function_over_80_lines():
+    long = []
+    for path in SRC.rglob("*.py"):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = n.end_lineno - n.lineno + 1
+                key = f"{path.relative_to(SRC)}:{n.name}"
+                if lines > MAX_LINES and key not in LONG_ALLOWED:
+                    long.append(f"{key} ({lines} lines)")
+    assert not long, "\n".join(long)
+
+
+def test_api_is_a_short_driver():
+    api = (SRC / "api.py").read_text()
+    assert len(api.splitlines()) <= 500
+    assert "stages[" not in api  # stages record their own status
+
+
+@pytest.mark.parametrize("path", sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")))
+def test_no_stage_status_is_assigned_by_hand(path):
+    """Only result.py writes a stage's status (``with result.stage(...)``, ``fail``)."""
+    if path == "result.py":
+        return
+    text = (SRC / path).read_text()
+    assert ".stages[" not in text.replace(".stages.get(", "")
+    tree = ast.parse(text)
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                assert not (isinstance(t, ast.Subscript) and "stages" in ast.unparse(t.value)), \
+                    f"{path}:{n.lineno} assigns a stage status"
