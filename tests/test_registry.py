@@ -97,3 +97,25 @@ def test_load_error_becomes_OM210_finding(monkeypatch):
     res = translate.translate(ep, (torch.randn(2),), {})
     assert res.ok
     assert [f.code for f in res.findings if f.code == "OM210"] == ["OM210"]
+
+
+# scatter.reduce (the legacy `reduce=` form) would read as the scatter_reduce op's translation
+NAMING_EXCEPTIONS = {"aten.scatter.reduce": "aten_scatter_reduce_legacy"}
+
+
+def test_builtin_translations_follow_one_naming_rule():
+    """<namespace>_<op> for the default overload, <namespace>_<op>_<overload, lower case>
+    otherwise (torchlib's rule), so a translation is found by the op's name."""
+    from onnxmedic.ops import REGISTRY
+
+    REGISTRY.load_builtin()
+    bad = []
+    for m in REGISTRY.entries():
+        ns, op = m.target._schema.name.split("::")
+        overload = m.target._overloadname
+        want = f"{ns}_{op}" + ("" if overload == "default" else f"_{overload.lower()}")
+        want = NAMING_EXCEPTIONS.get(str(m.target), want)
+        name = getattr(m.function, "__name__", None) or getattr(m.function, "name", None)
+        if name != want:
+            bad.append(f"{m.target}: {name} (want {want})")
+    assert not bad, "\n".join(bad)

@@ -508,10 +508,6 @@ class InputError(OnnxMedicError):
     """Model or input specs cannot be resolved (stage: inputs)."""
 
 
-class OutputError(OnnxMedicError):
-    """An output or report cannot be written."""
-
-
 class ResultCodes:
     """``errors`` and ``exit_code`` for a result object with ``ok`` and ``findings``: 0 when
     ok, else the most severe exit code among the errors (3 internal, 2 usage, 1 model/input)."""

@@ -485,7 +485,9 @@ def test_cdist_mm_path_cancellation():
     bound = 16 * 2.0**-24 * float((a.double() ** 2).sum(1).max() + (b.double() ** 2).sum(1).max())
     assert (theirs**2 - exact**2).abs().max() < bound
     assert (ours**2 - exact**2).abs().max() < bound
-    assert not torch.allclose(ours, theirs, rtol=1e-5, atol=1e-5)  # why this is not a table entry
+    # (why this is not a table entry: on most CPUs ours and PyTorch's float32 results then
+    # differ beyond rtol=atol=1e-5, since the matmul's summation order differs; on some they
+    # happen to agree, so only the bounds above are asserted)
 
 
 class _Retrieval(torch.nn.Module):

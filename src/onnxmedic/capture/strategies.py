@@ -54,7 +54,9 @@ class CaptureStrategy:
     name = "base"
 
     def __call__(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 dynamic_shapes: Any) -> Result:
+                 dynamic_shapes: Any, previous: list[Result] | tuple[()] = ()) -> Result:
+        """One capture attempt; ``previous``: the attempts before it (for strategies that
+        react to an earlier failure)."""
         t0 = time.perf_counter()
         # torch.export writes graph dumps to stderr when it fails; keep them for the report
         # instead of burying onnxmedic's own message under them
@@ -161,9 +163,6 @@ class DraftExportSpecialised(CaptureStrategy):
             return "no earlier attempt failed on data-dependent control flow"
         return None
 
-    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
-        return super().__call__(model, args, kwargs, dynamic_shapes)
-
     def _capture(self, model, args, kwargs, dynamic_shapes):
         with _size_oblivious(dynamic_shapes):
             return torch.export.draft_export(model, args, kwargs=kwargs,
@@ -197,9 +196,7 @@ def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
                 if skipped is not None:
                     skipped.append((strategy.name, reason))
                 continue
-            res = strategy(model, args, kwargs, dynamic_shapes, previous=results)
-        else:
-            res = strategy(model, args, kwargs, dynamic_shapes)
+        res = strategy(model, args, kwargs, dynamic_shapes, previous=results)
         results.append(res)
         logger.debug("capture %s: %s", res.strategy, "ok" if res.ok else res.error)
         if res.ok:

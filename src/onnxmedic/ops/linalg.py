@@ -106,25 +106,14 @@ def _batch_shape(x):
     return op.Shape(x, start=0, end=-2)
 
 
-def _split_last(x, k: int):
-    """(x[..., :k], x[..., k:])."""
-    return (op.Slice(x, ints([0]), ints([k]), ints([-1])),
-            op.Slice(x, ints([k]), ints([2**62]), ints([-1])))
 
 
 def _eye(n: int, like):
     return _np_const(np.eye(n), like)
 
 
-def _diag(x):
-    """The diagonal of a square [..., n, n] as [..., n]."""
-    n = x.shape[-1]
-    return op.ReduceSum(op.Mul(x, _eye(n, x)), ints([-1]), keepdims=0)
 
 
-def _diag_embed(d, n: int):
-    """[..., n] -> [..., n, n] diagonal matrix."""
-    return op.Mul(op.Unsqueeze(d, ints([-1])), _eye(n, d))
 
 
 def _int32(x):
@@ -281,19 +270,19 @@ def _inverse(A, opname: str):
 
 
 @translation(aten.linalg_inv.default, static_shapes=True)
-def aten_linalg_inv_default(A):
+def aten_linalg_inv(A):
     """linalg_inv(Tensor A) -> Tensor"""
     return _inverse(A, "linalg_inv")[0]
 
 
 @translation(aten.inverse.default, static_shapes=True)
-def aten_inverse_default(self):
+def aten_inverse(self):
     """inverse(Tensor self) -> Tensor"""
     return _inverse(self, "inverse")[0]
 
 
 @translation(aten.linalg_inv_ex.default, static_shapes=True)
-def aten_linalg_inv_ex_default(A, check_errors: bool = False):
+def aten_linalg_inv_ex(A, check_errors: bool = False):
     """linalg_inv_ex(Tensor A, *, bool check_errors=False) -> (Tensor inverse, Tensor info)"""
     X, info = _inverse(A, "linalg_inv_ex")
     return X, info
@@ -334,13 +323,13 @@ def _solve(A, B, left: bool, opname: str):
 
 
 @translation(aten.linalg_solve.default, static_shapes=True)
-def aten_linalg_solve_default(A, B, left: bool = True):
+def aten_linalg_solve(A, B, left: bool = True):
     """linalg_solve(Tensor A, Tensor B, *, bool left=True) -> Tensor"""
     return _solve(A, B, left, "linalg_solve")[0]
 
 
 @translation(aten.linalg_solve_ex.default, static_shapes=True)
-def aten_linalg_solve_ex_default(A, B, left: bool = True, check_errors: bool = False):
+def aten_linalg_solve_ex(A, B, left: bool = True, check_errors: bool = False):
     """linalg_solve_ex(Tensor A, Tensor B, *, bool left=True, bool check_errors=False) -> (Tensor result, Tensor info)"""
     return _solve(A, B, left, "linalg_solve_ex")
 
@@ -424,7 +413,7 @@ def _slogdet(A, opname: str):
 
 
 @translation(aten.linalg_slogdet.default, static_shapes=True)
-def aten_linalg_slogdet_default(A):
+def aten_linalg_slogdet(A):
     """linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet)
 
     A singular matrix gives sign 0 and logabsdet -inf, as in PyTorch.
@@ -434,13 +423,13 @@ def aten_linalg_slogdet_default(A):
 
 
 @translation(aten._linalg_slogdet.default, static_shapes=True)
-def aten__linalg_slogdet_default(A):
+def aten__linalg_slogdet(A):
     """_linalg_slogdet(Tensor A) -> (Tensor sign, Tensor logabsdet, Tensor LU, Tensor pivots)"""
     return _slogdet(A, "_linalg_slogdet")
 
 
 @translation(aten.linalg_lu.default, static_shapes=True)
-def aten_linalg_lu_default(A, pivot: bool = True):
+def aten_linalg_lu(A, pivot: bool = True):
     """linalg_lu(Tensor A, *, bool pivot=True) -> (Tensor P, Tensor L, Tensor U)
 
     m x n matrices of a size static at export (getrf's partial pivoting, unrolled over
@@ -479,7 +468,7 @@ def _lu_factor(A, opname: str, pivot: bool):
 
 
 @translation(aten.linalg_lu_factor.default, static_shapes=True)
-def aten_linalg_lu_factor_default(A, pivot: bool = True):
+def aten_linalg_lu_factor(A, pivot: bool = True):
     """linalg_lu_factor(Tensor A, *, bool pivot=True) -> (Tensor LU, Tensor pivots)
 
     m x n matrices (LAPACK getrf semantics: min(m, n) int32 1-based pivots, the first largest
@@ -490,7 +479,7 @@ def aten_linalg_lu_factor_default(A, pivot: bool = True):
 
 
 @translation(aten.linalg_lu_factor_ex.default, static_shapes=True)
-def aten_linalg_lu_factor_ex_default(A, pivot: bool = True, check_errors: bool = False):
+def aten_linalg_lu_factor_ex(A, pivot: bool = True, check_errors: bool = False):
     """linalg_lu_factor_ex(Tensor A, *, bool pivot=True, bool check_errors=False) -> (Tensor LU, Tensor pivots, Tensor info)"""
     return _lu_factor(A, "linalg_lu_factor_ex", pivot)
 
@@ -546,14 +535,14 @@ def _solve_triangular(A, B, upper: bool, left: bool, unit: bool, opname: str):
 
 
 @translation(aten.linalg_solve_triangular.default, static_shapes=True)
-def aten_linalg_solve_triangular_default(self, B, upper: bool, left: bool = True,
+def aten_linalg_solve_triangular(self, B, upper: bool, left: bool = True,
                                          unitriangular: bool = False):
     """linalg_solve_triangular(Tensor self, Tensor B, *, bool upper, bool left=True, bool unitriangular=False) -> Tensor"""
     return _solve_triangular(self, B, upper, left, unitriangular, "linalg_solve_triangular")
 
 
 @translation(aten.triangular_solve.default, static_shapes=True)
-def aten_triangular_solve_default(self, A, upper: bool = True, transpose: bool = False,
+def aten_triangular_solve(self, A, upper: bool = True, transpose: bool = False,
                                   unitriangular: bool = False):
     """triangular_solve(Tensor self, Tensor A, bool upper=True, bool transpose=False, bool unitriangular=False) -> (Tensor solution, Tensor cloned_coefficient)"""
     n = _square(A, "triangular_solve")
@@ -576,7 +565,7 @@ def same_or_true(A, B) -> bool:
 
 
 @translation(aten.linalg_lu_solve.default, static_shapes=True)
-def aten_linalg_lu_solve_default(LU, pivots, B, left: bool = True, adjoint: bool = False):
+def aten_linalg_lu_solve(LU, pivots, B, left: bool = True, adjoint: bool = False):
     """linalg_lu_solve(Tensor LU, Tensor pivots, Tensor B, *, bool left=True, bool adjoint=False) -> Tensor
 
     A = P L U from getrf. left=False solves X A = B (X A^H = B with adjoint=True) through the
@@ -664,13 +653,13 @@ def _chol(self, upper: bool, opname: str):
 
 
 @translation(aten.linalg_cholesky.default, static_shapes=True)
-def aten_linalg_cholesky_default(self, upper: bool = False):
+def aten_linalg_cholesky(self, upper: bool = False):
     """linalg_cholesky(Tensor self, *, bool upper=False) -> Tensor"""
     return _chol(self, upper, "linalg_cholesky")[0]
 
 
 @translation(aten.linalg_cholesky_ex.default, static_shapes=True)
-def aten_linalg_cholesky_ex_default(self, upper: bool = False, check_errors: bool = False):
+def aten_linalg_cholesky_ex(self, upper: bool = False, check_errors: bool = False):
     """linalg_cholesky_ex(Tensor self, *, bool upper=False, bool check_errors=False) -> (Tensor L, Tensor info)
 
     For a matrix that is not positive definite, ``info`` matches PyTorch but L does not (LAPACK
@@ -680,13 +669,13 @@ def aten_linalg_cholesky_ex_default(self, upper: bool = False, check_errors: boo
 
 
 @translation(aten.cholesky.default, static_shapes=True)
-def aten_cholesky_default(self, upper: bool = False):
+def aten_cholesky(self, upper: bool = False):
     """cholesky(Tensor self, bool upper=False) -> Tensor"""
     return _chol(self, upper, "cholesky")[0]
 
 
 @translation(aten.cholesky_solve.default, static_shapes=True)
-def aten_cholesky_solve_default(self, input2, upper: bool = False):
+def aten_cholesky_solve(self, input2, upper: bool = False):
     """cholesky_solve(Tensor self, Tensor input2, bool upper=False) -> Tensor"""
     n = _square(input2, "cholesky_solve")
     if n == 0:
@@ -700,7 +689,7 @@ def aten_cholesky_solve_default(self, input2, upper: bool = False):
 
 
 @translation(aten.cholesky_inverse.default, static_shapes=True)
-def aten_cholesky_inverse_default(self, upper: bool = False):
+def aten_cholesky_inverse(self, upper: bool = False):
     """cholesky_inverse(Tensor self, bool upper=False) -> Tensor"""
     n = _square(self, "cholesky_inverse")
     if n == 0:
@@ -751,7 +740,7 @@ def _qr(A, m: int, n: int, want_q: bool, complete: bool):
 
 
 @translation(aten.linalg_qr.default, static_shapes=True)
-def aten_linalg_qr_default(A, mode: str = "reduced"):
+def aten_linalg_qr(A, mode: str = "reduced"):
     """linalg_qr(Tensor A, str mode="reduced") -> (Tensor Q, Tensor R)
 
     Householder QR with LAPACK geqrf/orgqr's sign convention, so Q and R match PyTorch.
@@ -899,29 +888,29 @@ _EIGH_DOC = """
 
 
 @translation(aten.linalg_eigh.default, static_shapes=True)
-def aten_linalg_eigh_default(self, UPLO: str = "L"):
+def aten_linalg_eigh(self, UPLO: str = "L"):
     w, V = _eigh_checked(self, UPLO, True, "linalg_eigh")
     return w, V
 
 
-aten_linalg_eigh_default.__doc__ = str(aten.linalg_eigh.default._schema) + _EIGH_DOC
+aten_linalg_eigh.__doc__ = str(aten.linalg_eigh.default._schema) + _EIGH_DOC
 
 
 @translation(aten._linalg_eigh.default, static_shapes=True)
-def aten__linalg_eigh_default(A, UPLO: str = "L", compute_v: bool = True):
+def aten__linalg_eigh(A, UPLO: str = "L", compute_v: bool = True):
     w, V = _eigh_checked(A, UPLO, compute_v, "_linalg_eigh")
     return w, (V if compute_v else _empty_like_dtype(A))
 
 
-aten__linalg_eigh_default.__doc__ = str(aten._linalg_eigh.default._schema) + _EIGH_DOC
+aten__linalg_eigh.__doc__ = str(aten._linalg_eigh.default._schema) + _EIGH_DOC
 
 
 @translation(aten.linalg_eigvalsh.default, static_shapes=True)
-def aten_linalg_eigvalsh_default(self, UPLO: str = "L"):
+def aten_linalg_eigvalsh(self, UPLO: str = "L"):
     return _eigh_checked(self, UPLO, False, "linalg_eigvalsh")[0]
 
 
-aten_linalg_eigvalsh_default.__doc__ = str(aten.linalg_eigvalsh.default._schema) + _EIGH_DOC
+aten_linalg_eigvalsh.__doc__ = str(aten.linalg_eigvalsh.default._schema) + _EIGH_DOC
 
 
 # ----------------------------------------------------------------------------- SVD
@@ -1039,28 +1028,28 @@ _SVD_DOC = """
 
 
 @translation(aten.linalg_svd.default, static_shapes=True)
-def aten_linalg_svd_default(A, full_matrices: bool = True, driver=None):
+def aten_linalg_svd(A, full_matrices: bool = True, driver=None):
     return _svd(A, full_matrices, True, "linalg_svd", exact_vectors=True)
 
 
-aten_linalg_svd_default.__doc__ = str(aten.linalg_svd.default._schema) + _SVD_DOC
+aten_linalg_svd.__doc__ = str(aten.linalg_svd.default._schema) + _SVD_DOC
 
 
 @translation(aten._linalg_svd.default, static_shapes=True)
-def aten__linalg_svd_default(A, full_matrices: bool = False, compute_uv: bool = True,
+def aten__linalg_svd(A, full_matrices: bool = False, compute_uv: bool = True,
                              driver=None):
     return _svd(A, full_matrices, compute_uv, "_linalg_svd", exact_vectors=True)
 
 
-aten__linalg_svd_default.__doc__ = str(aten._linalg_svd.default._schema) + _SVD_DOC
+aten__linalg_svd.__doc__ = str(aten._linalg_svd.default._schema) + _SVD_DOC
 
 
 @translation(aten.linalg_svdvals.default, static_shapes=True)
-def aten_linalg_svdvals_default(A, driver=None):
+def aten_linalg_svdvals(A, driver=None):
     return _svd(A, False, False, "linalg_svdvals")[1]
 
 
-aten_linalg_svdvals_default.__doc__ = str(aten.linalg_svdvals.default._schema) + _SVD_DOC
+aten_linalg_svdvals.__doc__ = str(aten.linalg_svdvals.default._schema) + _SVD_DOC
 
 
 def _pinv(self, atol, rtol, hermitian: bool, opname: str):
@@ -1266,7 +1255,7 @@ def _lstsq(A, b, rcond, driver, opname: str = "linalg_lstsq"):
 
 
 @translation(aten.linalg_lstsq.default, static_shapes=True)
-def aten_linalg_lstsq_default(self, b, rcond=None, driver=None):
+def aten_linalg_lstsq(self, b, rcond=None, driver=None):
     """linalg_lstsq(Tensor self, Tensor b, float? rcond=None, *, str? driver=None) -> (Tensor solution, Tensor residuals, Tensor rank, Tensor singular_values)
 
     CPU semantics (default driver gelsy). gels: Householder QR (m >= n; residuals from Q^T b
@@ -1290,7 +1279,7 @@ _EXP_MAX_SQUARINGS = 40
 
 
 @translation(aten.linalg_matrix_exp.default, static_shapes=True)
-def aten_linalg_matrix_exp_default(self):
+def aten_linalg_matrix_exp(self):
     """linalg_matrix_exp(Tensor self) -> Tensor
 
     Scaling and squaring: A is scaled by 2^-s with s = ceil(log2 ||A||_1) (data dependent,

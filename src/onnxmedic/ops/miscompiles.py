@@ -214,7 +214,7 @@ def aten_mean_dim(self, dim=None, keepdim: bool = False, dtype: int | None = Non
 
 
 @translation(aten.mean.default, overrides_torchlib=True)
-def aten_mean_default(self, dtype: int | None = None):
+def aten_mean(self, dtype: int | None = None):
     """mean(Tensor self, *, ScalarType? dtype=None) -> Tensor"""
     return _mean(_as(self, dtype), None, False)
 

@@ -161,10 +161,6 @@ def _chbevl(x, coeffs):
     return op.Mul(_d(0.5), op.Sub(b0, b2))
 
 
-def _where(cond, a, b):
-    return op.Where(cond, a, b)
-
-
 def _is_int(x):
     """x == trunc(x) (true for +-inf; false for NaN)."""
     trunc = op.Where(op.Less(x, _d(0.0)), op.Ceil(x), op.Floor(x))

@@ -11,7 +11,7 @@ from typing import Any
 import jinja2
 
 from onnxmedic._locate import snippet
-from onnxmedic.findings import CODES, OutputError, error
+from onnxmedic.findings import CODES, error
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("onnxmedic.report", "templates"),
@@ -100,4 +100,4 @@ def write_report(result: Any, path: str | os.PathLike[str]) -> None:
         result.ok = False
 
 
-__all__ = ["OutputError", "atomic_write_bytes", "atomic_write_text", "render_html", "render_json", "write_report"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "render_html", "render_json", "write_report"]
