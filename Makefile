@@ -33,7 +33,7 @@ bench-overhead: $(STAMP)
 # the whole Hugging Face zoo: its slow test, then the torch.onnx-vs-onnxmedic table
 bench-zoo: $(STAMP)
 	$(PY) -m pip install -q -e '.[hf]'
-	$(PY) -m pytest -m slow tests/test_zoo.py $(PYTEST_ARGS)
+	$(PY) -m pytest -m slow tests/sweep/test_zoo.py $(PYTEST_ARGS)
 	$(PY) bench/zoo_bench.py --zoo bench/zoo/hf.py:ALL --results build/zoo_bench.json
 
 lint: $(STAMP)

@@ -19,7 +19,7 @@ import torch
 import onnxmedic
 from onnxmedic import api, sandbox
 from onnxmedic.fixes import dtypes as fx
-from tests.test_dtypes import _bf16
+from tests.fixes.test_dtypes import _bf16
 
 ort = pytest.importorskip("onnxruntime")
 NO_GPU = "CUDAExecutionProvider" not in ort.get_available_providers()

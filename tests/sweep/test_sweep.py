@@ -14,7 +14,7 @@ import pytest
 from onnxmedic.sweep import load_zoo, sweep
 from tests.test_cli import _sigint_default, cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "tests" / "sweep_zoo" / "tiny.py")
 
 

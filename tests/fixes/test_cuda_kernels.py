@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from onnxmedic.fixes import dtypes as fx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MD = ROOT / "tools" / "data" / "OperatorKernels_cuda.md"
 COMMIT = "001d12d2623fd411ce0f83d05abb5e82304a3389"
 MAX = 2147483647

@@ -24,7 +24,7 @@ from onnxmedic.fixes import dtypes as fx
 from onnxmedic.fixes import opset as opset_fix
 from tests.test_cli import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gen():

@@ -14,7 +14,7 @@ from onnxmedic.sweep import sweep
 pytest.importorskip("transformers", reason="the zoo needs transformers (pip install "
                     "'onnxmedic[hf]')")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ZOO = str(ROOT / "bench" / "zoo" / "hf.py")
 
 # entries that do not export and verify yet, and why (kept honest by the slow test: an entry

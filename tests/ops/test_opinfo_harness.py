@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "bench" / "opinfo_coverage.py"
+_PATH = Path(__file__).resolve().parents[2] / "bench" / "opinfo_coverage.py"
 
 
 @pytest.fixture(scope="module")

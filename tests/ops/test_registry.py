@@ -72,7 +72,7 @@ def test_broken_family_is_recorded_and_others_load(tmp_path, monkeypatch):
     (tmp_path / "om_broken_family.py").write_text("raise RuntimeError('broken module')\n")
     (tmp_path / "om_good_family.py").write_text(
         "import torch\nfrom onnxmedic.ops import translation\n"
-        "from tests.test_registry import TEST_REGISTRY\n"
+        "from tests.ops.test_registry import TEST_REGISTRY\n"
         "@translation(torch.ops.aten.hypot.default, registry=TEST_REGISTRY)\n"
         "def aten_hypot(self, other):\n    return self\n")
     monkeypatch.syspath_prepend(str(tmp_path))
