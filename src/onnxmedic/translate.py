@@ -25,6 +25,9 @@ from onnxmedic._torch_compat import (
 from onnxmedic.capture.stage import report_auto_dims
 from onnxmedic.findings import Finding, error, info, warning
 from onnxmedic.fixes import opset as opset_fix
+from onnxmedic.fixes import try_fix
+from onnxmedic.fixes.custom_ops import CustomOpInlining
+from onnxmedic.fixes.rewrites import REWRITES
 from onnxmedic.fixes.shapes import static_dim_params
 from onnxmedic.onnxfile import opset_of
 from onnxmedic.ops import REGISTRY, TranslationRegistry
@@ -178,13 +181,13 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
 def _inline_custom_ops(program: torch.export.ExportedProgram, table: Any,
                       result: TranslateResult) -> tuple[torch.export.ExportedProgram, dict[str, str]]:
     """Custom ops without a translation are replaced by their PyTorch implementation."""
-    from onnxmedic.fixes.custom_ops import inline_custom_ops
-
     try:
-        inl = inline_custom_ops(program, table)
+        inl = try_fix(CustomOpInlining(table), program)
     except Exception as e:  # never let the fix break translation
         logger.debug("custom-op inlining failed: %s", e)
         result.not_applied.append(("custom-op inlining", f"{type(e).__name__}: {e}"[:300]))
+        return program, {}
+    if inl is None:
         return program, {}
     for name in inl.inlined:
         result.findings.append(info(
@@ -195,55 +198,42 @@ def _inline_custom_ops(program: torch.export.ExportedProgram, table: Any,
     return inl.program, inl.failed
 
 
-def _rewrites() -> list[tuple[str, Any, Any, str]]:
-    """(finding code, check, apply, what it does) of the program rewrites tried when torch's
-    decompositions crash."""
-    from onnxmedic.capture import rewrites
-
-    return [
-        ("OM122", rewrites.check_view_crash, rewrites.contiguous_before_views,
-         "made the input of {n} view/reshape op(s) contiguous"),
-        ("OM123", rewrites.check_rsub_crash, rewrites.rsub_as_add,
-         "rewrote {n} rsub(x, scalar) as add(neg(x), scalar)"),
-    ]
-
-
 def _retry_with_rewrites(result: TranslateResult, program: torch.export.ExportedProgram,
                          args: tuple[Any, ...], kwargs: dict[str, Any],
                          registry: TranslationRegistry, opset: int | None,
                          exc: BaseException) -> Any:
-    """When torch's decompositions crash in a way a rewrite of capture/rewrites.py avoids,
+    """When torch's decompositions crash in a way a rewrite of fixes/rewrites.py avoids,
     rewrite the program (in place: the rewrites change no value) and translate again, up to
     once per rewrite. The ONNX program, with one finding per rewrite, or None."""
     found: list[Finding] = []
     used: set[str] = set()
-    for _ in range(len(_rewrites())):
+    for _ in range(len(REWRITES)):
         cause = exc
-        todo = [r for r in _rewrites() if r[0] not in used and r[1](cause) is None]
+        todo = [r for r in REWRITES if r.code not in used and r.check(cause) is None]
         if not todo:  # the export error may hide the decomposition's: run that alone (slow)
             _, decomp_error = unsupported_ops(program, registry, opset)
             cause = decomp_error if decomp_error is not None else exc
-            todo = [r for r in _rewrites() if r[0] not in used and r[1](cause) is None]
+            todo = [r for r in REWRITES if r.code not in used and r.check(cause) is None]
         if not todo:
-            result.not_applied.extend(
-                (f"rewrite {r[0]}", str(r[1](cause))[:300]) for r in _rewrites() if r[0] not in used)
+            result.not_applied.extend((r.name, str(r.check(cause))[:300]) for r in REWRITES
+                                      if r.code not in used)
             return None
-        code, _check, apply, what = todo[0]
-        used.add(code)
-        n = apply(program)
+        rewrite = todo[0]
+        used.add(rewrite.code)
+        n = rewrite.apply(program)
         inner = _innermost(cause)
         first = (str(inner).strip().splitlines() or [""])[0][:300]
         found.append(info(
-            code, STAGE, f"torch's decompositions crashed ({type(inner).__name__}: {first}); "
-            f"onnxmedic {what.format(n=n)} and translated again.",
+            rewrite.code, STAGE, f"torch's decompositions crashed ({type(inner).__name__}: "
+            f"{first}); onnxmedic {rewrite.what.format(n=n)} and translated again.",
             location=location_from_exception(cause),
             suggestion="Nothing to do: the rewrite keeps every value. The crash is a PyTorch "
             "limitation; the line shown is where it came from.", details={"rewritten": n}))
         try:
             prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
         except Exception as e2:
-            logger.debug("translation after rewrite %s failed: %s", code, e2)
-            result.not_applied.append((f"rewrite {code}", f"translation still failed: {e2}"[:300]))
+            logger.debug("translation after %s failed: %s", rewrite.name, e2)
+            result.not_applied.append((rewrite.name, f"translation still failed: {e2}"[:300]))
             exc = e2
             continue
         result.findings.extend(found)

@@ -8,7 +8,8 @@ import torch
 import torch.utils._pytree as pytree
 
 import onnxmedic
-from onnxmedic.capture import hf, rewrites
+from onnxmedic.capture import hf
+from onnxmedic.fixes import rewrites
 
 
 class KVState:

@@ -71,3 +71,19 @@ def inline_custom_ops(program: torch.export.ExportedProgram, translated: Any) ->
             first = (str(e).strip().splitlines() or [""])[0][:300]
             result.failed[name] = f"{type(e).__name__}: {first}"
     return result
+
+
+@dataclass
+class CustomOpInlining:
+    """A fix: custom ops with no translation replaced by their PyTorch implementation."""
+
+    translated: Any
+    name: str = "custom-op inlining"
+
+    def check(self, program: torch.export.ExportedProgram) -> str | None:
+        if not candidates(program, self.translated):
+            return "no custom op without a translation has a Python implementation"
+        return None
+
+    def apply(self, program: torch.export.ExportedProgram) -> InlineResult:
+        return inline_custom_ops(program, self.translated)

@@ -565,3 +565,26 @@ def apply_policy(model: ir.Model, gaps: list[KernelGap], policy: str) -> FixRepo
         report.fixed.append(g)
     graph.sort()
     return report
+
+
+@dataclass
+class DtypeRepair:
+    """A fix: the nodes without a kernel on ``target`` as typed (checked on the ONNX model
+    proto), repaired per ``policy`` in the onnx_ir model (``apply``)."""
+
+    target: str
+    policy: str
+    name: str = "dtype repair"
+    gaps: list[KernelGap] = field(default_factory=list)
+
+    def check(self, model: onnx.ModelProto) -> str | None:
+        gaps = kernel_gaps(model, self.target)
+        if gaps is None:  # the runtime stage still loads the model there and reports it
+            return f"this onnxruntime has no kernel table for {self.target}"
+        if not gaps:
+            return f"every node has a {self.target} kernel as typed"
+        self.gaps = gaps
+        return None
+
+    def apply(self, model: ir.Model) -> FixReport:
+        return apply_policy(model, self.gaps, self.policy)

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import onnx
 
 from onnxmedic import _torch_compat
 from onnxmedic.findings import error, info
+from onnxmedic.fixes import try_fix
 
 # ORT (major, minor) -> (max ai.onnx opset, max IR version)
 ORT_MATRIX: dict[tuple[int, int], tuple[int, int]] = {
@@ -170,15 +172,34 @@ def parse_ort_version(text: str | None, fn: str) -> tuple[int, int] | None:
     return v
 
 
+@dataclass
+class IrVersionFit:
+    """A fix: lower the model's IR version to what ONNX Runtime ``ort`` loads (the checker then
+    says whether the model used anything newer)."""
+
+    ort: tuple[int, int]
+    name: str = "IR version fit"
+
+    def check(self, model: Any) -> str | None:
+        max_ir = limits(self.ort)[1]  # type: ignore[index]
+        if model.ir_version <= max_ir:
+            return (f"IR version {model.ir_version} already loads in ONNX Runtime "
+                    f"{self.ort[0]}.{self.ort[1]}")
+        return None
+
+    def apply(self, model: Any) -> str:
+        max_ir = limits(self.ort)[1]  # type: ignore[index]
+        change = f"IR version {model.ir_version} -> {max_ir}"
+        model.ir_version = max_ir
+        return change
+
+
 def fit_ir_version(result: Any, prog: Any, ort: tuple[int, int],
-                    opset: int | None) -> None:
-    """Lower the IR version to what that ONNX Runtime loads (the checker then says whether the
-    model used anything newer); say what was fitted."""
+                   opset: int | None) -> None:
+    """Fit the model to ONNX Runtime ``ort`` (IrVersionFit) and say what was fitted (OM323),
+    including an opset chosen lower than the exporter's for that release."""
     max_opset, max_ir = limits(ort)  # type: ignore[misc]
-    changes = []
-    if prog.model.ir_version > max_ir:
-        changes.append(f"IR version {prog.model.ir_version} -> {max_ir}")
-        prog.model.ir_version = max_ir
+    changes = [c for c in [try_fix(IrVersionFit(ort), prog.model)] if c]
     unconstrained = min(exporter_max_opset(), VERIFIED_MAX_OPSET)
     if opset is not None and opset < unconstrained:
         changes.append(f"opset {unconstrained} -> {opset}")

@@ -14,6 +14,7 @@ from onnxmedic import checks
 from onnxmedic.context import ExportContext
 from onnxmedic.findings import Severity, info, warning
 from onnxmedic.fixes import dtypes as fx
+from onnxmedic.fixes import try_fix
 from onnxmedic.fixes.kernels import (
     cpu_fallback_finding,
     kernel_gap_finding,
@@ -31,13 +32,12 @@ def fix_stage(ctx: ExportContext) -> bool:
     policy. False when the model cannot run there and was not repaired."""
     result, target, policy = ctx.result, ctx.opts.target, ctx.opts.dtype_policy
     with result.stage(STAGE, conclude=False) as st:
-        gaps = fx.kernel_gaps(result.onnx_model, target)
-        if not gaps:  # None: this onnxruntime has no kernel table for the target (the
-            # runtime stage still loads the model there and reports what fails)
+        nodes = {n.name: n for n in result.onnx_model.graph.node}
+        report = try_fix(fx.DtypeRepair(target, policy), ctx.onnx_program.model,
+                         check_on=result.onnx_model)
+        if report is None:
             st.passed()
             return True
-        nodes = {n.name: n for n in result.onnx_model.graph.node}
-        report = fx.apply_policy(ctx.onnx_program.model, gaps, policy)
         if report.fixed:
             save_program(ctx.onnx_program, ctx.tmp_dir, ctx.name)
             result.onnx_model = ctx.onnx_program.model_proto

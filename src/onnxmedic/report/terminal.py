@@ -70,5 +70,8 @@ def render_terminal(result: Any, console: Console | None = None, verbose: bool =
         console.print(t)
     if result.used_translations:
         console.print("translated by onnxmedic: " + ", ".join(result.used_translations))
+    if verbose and getattr(result, "reasons", None):
+        console.print("not applied: " + "; ".join(
+            f"{escape(n['what'])} ({escape(n['reason'])})" for n in result.reasons))
     if result.traceback:
         console.print("[red]internal error[/] (traceback in the --report file)")

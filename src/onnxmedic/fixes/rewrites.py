@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -111,3 +113,23 @@ def rsub_as_add(program: torch.export.ExportedProgram) -> int:
         graph.erase_node(node)
         count += 1
     return count
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """A program rewrite as a fix: ``check(error)`` says why it does not apply to that
+    decomposition error; ``apply(program)`` rewrites in place and returns the nodes changed."""
+
+    code: str  # the finding that reports it
+    name: str
+    check: Callable[[BaseException | None], str | None]
+    apply: Callable[[torch.export.ExportedProgram], int]
+    what: str  # "{n}" is replaced by the count
+
+
+REWRITES: tuple[Rewrite, ...] = (
+    Rewrite("OM122", "rewrite: contiguous before views", check_view_crash,
+            contiguous_before_views, "made the input of {n} view/reshape op(s) contiguous"),
+    Rewrite("OM123", "rewrite: rsub as add", check_rsub_crash, rsub_as_add,
+            "rewrote {n} rsub(x, scalar) as add(neg(x), scalar)"),
+)
