@@ -10,23 +10,24 @@ import onnx
 
 from onnxmedic.findings import Finding, Severity, error, warning
 from onnxmedic.onnxfile import first_lines as _first
-from onnxmedic.onnxfile import save_program
+from onnxmedic.onnxfile import save_program, skeleton
 
 STAGE = "check"
 
 
-def check_file(path: str | Path) -> list[Finding]:
-    """Findings from onnx.checker (full check) and strict shape inference; [] when clean."""
+def check_model(proto: onnx.ModelProto) -> list[Finding]:
+    """Findings from onnx.checker and strict shape inference; [] when clean. Both run on the
+    model's skeleton (onnxfile.skeleton: weights left out), so their cost does not grow with
+    the weights and a model over 2 GiB needs no second copy."""
     findings: list[Finding] = []
+    model = skeleton(proto)
     try:
-        onnx.checker.check_model(str(path), full_check=False)
+        onnx.checker.check_model(model, full_check=False)
     except Exception as e:
         findings.append(error("OM501", STAGE, f"onnx.checker rejected the model: "
                               f"{_first(str(e))}", details={"error": str(e)[-4000:]}))
         return findings
     try:
-        # strict inference on a copy of the graph: we only want the verdict
-        model = onnx.load(str(path), load_external_data=False)
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True,
                                           data_prop=True)
     except Exception as e:
@@ -36,6 +37,11 @@ def check_file(path: str | Path) -> list[Finding]:
                                 "checked next); other runtimes may refuse it.",
                                 details={"error": str(e)[-4000:]}))
     return findings
+
+
+def check_file(path: str | Path) -> list[Finding]:
+    """check_model on a file (read without its external data)."""
+    return check_model(onnx.load(str(path), load_external_data=False))
 
 
 def save_and_check_stage(ctx: Any) -> bool:
@@ -51,7 +57,7 @@ def save_and_check_stage(ctx: Any) -> bool:
             result.fail("write", error("OM006", "write", f"cannot write the model: {e}"))
             return False
     with result.stage(STAGE) as st:
-        found = check_file(ctx.onnx_path)
+        found = check_model(result.onnx_model)
         st.add(*found)
         if any(x.severity == Severity.ERROR for x in found):
             st.fail()

@@ -33,6 +33,7 @@ from onnxmedic.onnxfile import (
     load_checked,
     opset_of,
     random_feeds,
+    skeleton,
 )
 from onnxmedic.result import ExportResult, RunResult
 from onnxmedic.verify.stage import record_runtime
@@ -70,7 +71,7 @@ def lint(model: onnx.ModelProto, ort_opset: int | None = None) -> list[Finding]:
         findings.append(info("OM531", STAGE, "dynamic dimensions: " + "; ".join(dyn),
                              details={"dynamic": dyn}))
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(skeleton(model), data_prop=True)
         known = {v.name for v in inferred.graph.value_info} | {o.name for o in g.output} | {
             i.name for i in g.input} | init_names
         missing = [o for n in g.node for o in n.output if o and o not in known]
@@ -151,7 +152,7 @@ def doctor_stages(result: ExportResult, path: Path, target: str, timeout: float,
         result.onnx_model = proto
         result.opset = opset_of(proto)
     with result.stage("check") as st:
-        found = checks.check_file(path)
+        found = checks.check_model(proto)
         st.add(*found)
         if any(f.severity == Severity.ERROR for f in found):
             st.fail()

@@ -139,6 +139,48 @@ def load_checked(path: str | os.PathLike[str], stage: str = "load"
     return (None, ext) if ext else (proto, [])
 
 
+def skeleton(proto: onnx.ModelProto, keep_bytes: int = 4096) -> onnx.ModelProto:
+    """The model without its weights, for the checker and shape inference: initializers over
+    ``keep_bytes`` (and external ones) become graph inputs of the same type and shape, so the
+    whole graph is checked without serialising gigabytes; small ones (shape constants that
+    data propagation reads) stay. Nested graphs keep their own initializers."""
+    out = onnx.ModelProto()
+    _copy_fields(proto, out, skip=("graph",))
+    g, src = out.graph, proto.graph
+    _copy_fields(src, g, skip=("initializer",))
+    declared = {v.name for v in src.input}
+    for t in src.initializer:
+        small = t.data_location != onnx.TensorProto.EXTERNAL and _nbytes(t) <= keep_bytes
+        if small:
+            g.initializer.append(t)
+        elif t.name not in declared:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims))
+    return out
+
+
+def _nbytes(t: onnx.TensorProto) -> int:
+    """A tensor's data size from its dims and dtype (reading the data would copy it)."""
+    try:
+        item = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except Exception:  # strings and other types without a fixed size: keep them
+        return 0
+    return int(np.prod(t.dims, dtype=np.int64)) * item
+
+
+def _copy_fields(src: Any, dst: Any, skip: tuple[str, ...]) -> None:
+    """Copy the set fields of one protobuf message into another, except ``skip``."""
+    for f, value in src.ListFields():
+        if f.name in skip:
+            continue
+        target = getattr(dst, f.name)
+        if hasattr(target, "extend"):  # repeated
+            target.extend(value)
+        elif hasattr(target, "CopyFrom"):
+            target.CopyFrom(value)
+        else:
+            setattr(dst, f.name, value)
+
+
 def opset_of(proto: Any) -> int | None:
     """The default-domain opset a model imports, or None."""
     return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)

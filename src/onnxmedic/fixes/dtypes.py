@@ -42,6 +42,8 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
+from onnxmedic.onnxfile import skeleton
+
 logger = logging.getLogger(__name__)
 
 POLICIES = ("keep", "upcast", "boundary")
@@ -173,7 +175,7 @@ def _type_str(tp: onnx.TypeProto) -> str | None:
 
 def _value_types(model: onnx.ModelProto) -> dict[str, str]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=False)
+        inferred = onnx.shape_inference.infer_shapes(skeleton(model), data_prop=False)
     except Exception:  # a model the checker rejected: work with what is declared
         inferred = model
     g = inferred.graph

@@ -48,7 +48,7 @@ def fix_stage(ctx: ExportContext) -> bool:
     ok = not blocking
     if report.fixed:
         st.add(_fixed_finding(report, policy, target))
-        check_findings = checks.check_file(ctx.tmp_dir / ctx.name)
+        check_findings = checks.check_model(result.onnx_model)
         st.add(*check_findings)
         ok &= not any(x.severity == Severity.ERROR for x in check_findings)
     if ok:

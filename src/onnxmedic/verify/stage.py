@@ -310,7 +310,7 @@ def verify_file(result: ExportResult, proto: Any, path: Path, model: Any,
     """The verify command on a loaded file: check, preflight, runtime, compare (and
     localisation, with ``localize``)."""
     with result.stage("check") as st:
-        found = checks.check_file(path)
+        found = checks.check_model(proto)
         st.add(*found)
         if any(x.severity == Severity.ERROR for x in found):
             st.fail()
