@@ -8,6 +8,7 @@ report. The CLI is a thin shell over these.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,7 @@ def export(
     ort_version: str | None = None,
     localize: bool = True,
     repro: str | os.PathLike[str] | None = None,
+    on_stage: Callable[[str], None] | None = None,
 ) -> ExportResult:
     """Export ``model`` to ONNX, verify it in an isolated ONNX Runtime, and report.
 
@@ -133,6 +135,7 @@ def export(
     for their dtype (bfloat16 Gemm on CPU) are repaired; see :mod:`onnxmedic.fixes.dtypes`.
     ``repro``: a folder; when the export fails, a standalone repro script is written there
     (``result.repro``; needs ``model_spec``, the spec the script loads the model from).
+    ``on_stage``: called with each stage's name as it starts (the CLI's progress display).
     """
     args, kwargs = _check_args(model, args, kwargs)
     _check_repro("export", repro, model_spec)
@@ -142,7 +145,7 @@ def export(
                          verify=verify, keep_unverified=keep_unverified, timeout=timeout,
                          tolerance=tolerance, explain=explain, dtype_policy=dtype_policy,
                          ort_version=parse_ort_version(ort_version, "export"),
-                         localize=localize)
+                         localize=localize, on_stage=on_stage)
     result = ExportResult(command="export", model=model_spec or type(model).__name__,
                           inputs=list(input_specs or []))
     if _report_problem(result, report):

@@ -4,6 +4,7 @@ user's model or input, 2 bad command-line usage, 3 an internal error of onnxmedi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -72,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "report only (keep)")
     e.add_argument("--opset", type=int, metavar="N", help="ONNX opset (default: torch.onnx's)")
     e.add_argument("--no-verify", action="store_true", help="skip running in ONNX Runtime")
+    e.add_argument("--no-progress", action="store_true",
+                   help="no live stage display on stderr (shown on a terminal by default)")
     e.add_argument("--keep-unverified", action="store_true",
                    help="write the output even when verification fails")
     e.add_argument("--explain", action="store_true",
@@ -213,11 +216,13 @@ def _run(ns: argparse.Namespace) -> Any:
             options = {"dynamic_shapes": dyn, "target": ns.target, "opset": ns.opset,
                        "timeout": ns.timeout, "tolerance": _tolerance(ns),
                        "dtype_policy": ns.dtype_policy, "ort_version": ns.ort_version}
-            res = api.export(model, ex.args, ns.output, kwargs=ex.kwargs,
-                             verify=not ns.no_verify, report=ns.report,
-                             keep_unverified=ns.keep_unverified, explain=ns.explain,
-                             model_spec=ns.model, input_specs=ns.input, repro=ns.repro,
-                             **options)
+            with _stage_display(model, enabled=not ns.no_progress and sys.stderr.isatty()
+                                ) as on_stage:
+                res = api.export(model, ex.args, ns.output, kwargs=ex.kwargs,
+                                 verify=not ns.no_verify, report=ns.report,
+                                 keep_unverified=ns.keep_unverified, explain=ns.explain,
+                                 model_spec=ns.model, input_specs=ns.input, repro=ns.repro,
+                                 on_stage=on_stage, **options)
         else:
             res = api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
                              model_spec=ns.model, input_specs=ns.input,
@@ -234,6 +239,25 @@ def _run(ns: argparse.Namespace) -> Any:
 
         write_report(result, ns.report)
     return result
+
+
+@contextlib.contextmanager
+def _stage_display(model: Any, enabled: bool, console: Any = None) -> Any:
+    """A live line on stderr while export runs: the stage, the model's size, time elapsed (a
+    silent multi-minute export looks hung). Yields the on_stage callback, or None."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    params = getattr(model, "parameters", None)
+    nbytes = sum(p.numel() * p.element_size() for p in params()) if callable(params) else 0
+    size = f"{nbytes / 2**20:,.0f} MiB of weights" if nbytes else "an ExportedProgram"
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=console or Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(f"export ({size})", total=None)
+        yield lambda stage: bar.update(task, description=f"export: {stage} ({size})")
 
 
 def _run_command(ns: argparse.Namespace) -> Any:

@@ -29,6 +29,7 @@ class ExportOptions:
     dtype_policy: str = "upcast"
     ort_version: tuple[int, int] | None = None
     localize: bool = True
+    on_stage: Any = None  # called with each stage's name as it starts (progress display)
 
 
 @dataclass

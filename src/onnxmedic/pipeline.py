@@ -55,6 +55,8 @@ def run_export(ctx: ExportContext, stages: tuple[Stage, ...] = EXPORT_STAGES) ->
     saved in is removed whatever happens."""
     try:
         for stage in stages:
+            if ctx.opts.on_stage is not None:
+                ctx.opts.on_stage(stage.name)
             if stage.run(ctx):
                 continue
             if (stage.notice and ctx.opts.f is not None
