@@ -157,26 +157,17 @@ def _wait_for_request(req_dir: str) -> dict:
         return json.load(f)
 
 
-def main(req_dir: str) -> int:
-    _die_with_parent()
-    _phase(req_dir, "import")
-    import numpy as np
-    import onnxruntime as ort
+def _finish(req_dir: str, result: dict, code: int = 0) -> int:
+    """Write ``result`` to result.json (atomically); returns ``code``."""
+    tmp = os.path.join(req_dir, "result.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, os.path.join(req_dir, "result.json"))
+    return code
 
-    _phase(req_dir, "wait")
-    req = _wait_for_request(req_dir)
-    result: dict = {"status": "ok", "phase": "import"}
 
-    def finish(code: int = 0) -> int:
-        tmp = os.path.join(req_dir, "result.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(result, f)
-        os.replace(tmp, os.path.join(req_dir, "result.json"))
-        return code
-
-    result["ort_version"] = ort.__version__
-    if req.get("probe_opset"):
-        result["max_opset"] = _probe_opset(ort)
+def _load_session(ort, req_dir: str, req: dict, result: dict):
+    """The InferenceSession for the request's model, or None with the failure in ``result``."""
     _phase(req_dir, "load")
     _fault("load")
     t0 = time.perf_counter()
@@ -196,24 +187,48 @@ def main(req_dir: str) -> int:
         sess = ort.InferenceSession(req["model"], opts, providers=providers)
     except MemoryError:
         result.update(status="oom", phase="load", error="MemoryError while loading")
-        return finish()
+        return None
     except Exception as e:
         msg = f"{type(e).__name__}: {e}"
         oom = "bad_alloc" in msg or "Failed to allocate" in msg
         result.update(status="oom" if oom else "load_error", phase="load", error=msg[:4000])
-        return finish()
+        return None
     result["load_seconds"] = time.perf_counter() - t0
-    result["inputs"] = [
-        {"name": i.name, "type": i.type, "shape": [d if isinstance(d, int) else str(d)
-                                                   for d in (i.shape or [])]}
-        for i in sess.get_inputs()
+    return sess
+
+
+def _value_infos(values) -> list:
+    """Name, type and shape (symbolic dimensions as strings) of session inputs or outputs."""
+    return [
+        {"name": v.name, "type": v.type, "shape": [d if isinstance(d, int) else str(d)
+                                                   for d in (v.shape or [])]}
+        for v in values
     ]
-    result["outputs"] = [
-        {"name": o.name, "type": o.type, "shape": [d if isinstance(d, int) else str(d)
-                                                    for d in (o.shape or [])]}
-        for o in sess.get_outputs()
-    ]
-    result["providers"] = sess.get_providers()
+
+
+def _save_outputs(np, req_dir: str, i: int, outs: list, elapsed: float) -> dict:
+    """Write run ``i``'s outputs (out_i.npz, or packed in out_i.bin); returns the run's
+    record."""
+    saved, dts = {}, []
+    for j, o in enumerate(outs):
+        arr, dt = _to_saveable(o)
+        saved[f"o{j}"] = arr
+        dts.append(dt)
+    run = {"seconds": elapsed, "dtypes": dts}
+    if len(saved) > PACK_MIN and all(a.dtype.kind in "biufc" for a in saved.values()):
+        # many outputs (localisation exposes thousands): one raw file, not a zip member
+        # per array (about 0.2 ms each to write and as much to read)
+        run["packed"] = _pack(np, list(saved.values()),
+                              os.path.join(req_dir, f"out_{i}.bin"))
+    else:
+        np.savez(os.path.join(req_dir, f"out_{i}.npz"), **saved)
+    return run
+
+
+def _run_feeds(np, ort, sess, req_dir: str, req: dict, result: dict) -> bool:
+    """Run the session on each feed file, recording the runs in ``result``; False when a
+    failure (out of memory, or an error on a required input set) ended them, its status in
+    ``result``. An optional input set's error is recorded in its run and the rest go on."""
     runs = []
     n_required = int(req.get("n_required", req.get("n_feeds", 0)))
     for i in range(int(req.get("n_feeds", 0))):
@@ -229,7 +244,7 @@ def main(req_dir: str) -> int:
         except MemoryError:
             result.update(status="oom", phase=f"run:{i}", error="MemoryError while running")
             result["runs"] = runs
-            return finish()
+            return False
         except Exception as e:
             msg = f"{type(e).__name__}: {e}"
             oom = "bad_alloc" in msg or "Failed to allocate" in msg
@@ -237,29 +252,40 @@ def main(req_dir: str) -> int:
                 result.update(status="oom" if oom else "run_error", phase=f"run:{i}",
                               error=msg[:4000])
                 result["runs"] = runs
-                return finish()
+                return False
             # an optional input set (another shape): record its error and go on
             runs.append({"seconds": 0.0, "dtypes": [], "error": msg[:4000]})
             continue
-        elapsed = time.perf_counter() - t0
-        saved, dts = {}, []
-        for j, o in enumerate(outs):
-            arr, dt = _to_saveable(o)
-            saved[f"o{j}"] = arr
-            dts.append(dt)
-        run = {"seconds": elapsed, "dtypes": dts}
-        if len(saved) > PACK_MIN and all(a.dtype.kind in "biufc" for a in saved.values()):
-            # many outputs (localisation exposes thousands): one raw file, not a zip member
-            # per array (about 0.2 ms each to write and as much to read)
-            run["packed"] = _pack(np, list(saved.values()),
-                                  os.path.join(req_dir, f"out_{i}.bin"))
-        else:
-            np.savez(os.path.join(req_dir, f"out_{i}.npz"), **saved)
-        runs.append(run)
+        runs.append(_save_outputs(np, req_dir, i, outs, time.perf_counter() - t0))
     result["runs"] = runs
+    return True
+
+
+def main(req_dir: str) -> int:
+    """Serve one request in ``req_dir``: load the model, run it on each feed, write
+    result.json (and the outputs). Returns the exit code."""
+    _die_with_parent()
+    _phase(req_dir, "import")
+    import numpy as np
+    import onnxruntime as ort
+
+    _phase(req_dir, "wait")
+    req = _wait_for_request(req_dir)
+    result: dict = {"status": "ok", "phase": "import"}
+    result["ort_version"] = ort.__version__
+    if req.get("probe_opset"):
+        result["max_opset"] = _probe_opset(ort)
+    sess = _load_session(ort, req_dir, req, result)
+    if sess is None:
+        return _finish(req_dir, result)
+    result["inputs"] = _value_infos(sess.get_inputs())
+    result["outputs"] = _value_infos(sess.get_outputs())
+    result["providers"] = sess.get_providers()
+    if not _run_feeds(np, ort, sess, req_dir, req, result):
+        return _finish(req_dir, result)
     result["phase"] = "done"
     _phase(req_dir, "done")
-    return finish()
+    return _finish(req_dir, result)
 
 
 if __name__ == "__main__":

@@ -236,33 +236,14 @@ class Worker:
             raise RuntimeError("sandbox worker already used")
         t_start = time.perf_counter()
         req_dir = self.dir
-        feed_dtypes = [_save_feed(req_dir / f"feed_{i}.npz", f) for i, f in enumerate(feeds)]
-        request = {
-            "model": str(Path(model_path).resolve()),
-            "n_feeds": len(feeds),
-            "feed_dtypes": feed_dtypes,
+        self._send(model_path, feeds, {
             "providers": providers or ["CPUExecutionProvider"],
             "threads": threads,
             "disable_optimizations": disable_optimizations,
             "probe_opset": probe_opset,
             "n_required": len(feeds) if n_required is None else n_required,
-        }
-        tmp = req_dir / "request.json.tmp"
-        tmp.write_text(json.dumps(request))
-        os.replace(tmp, req_dir / "request.json")  # the worker waits for this name
-        timed_out = False
-        try:
-            _, stderr_b = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            _, stderr_b = proc.communicate()
-        except BaseException:  # KeyboardInterrupt: never leave the child behind
-            _kill_group(proc)
-            proc.wait()
-            raise
-        finally:
-            _kill_group(proc)  # grandchildren, if any
+        })
+        timed_out, stderr_b = _wait(proc, timeout)
         self.proc = None
         stderr = stderr_b.decode("utf-8", "replace") if stderr_b else ""
         phase_file = req_dir / "phase"
@@ -272,42 +253,86 @@ class Worker:
             return SandboxResult("timeout", phase=phase, wall_seconds=wall, stderr=stderr)
         result_file = req_dir / "result.json"
         if proc.returncode and proc.returncode < 0 or not result_file.exists():
-            if proc.returncode is not None and proc.returncode < 0:
-                try:
-                    sig = signal.Signals(-proc.returncode).name
-                except ValueError:
-                    sig = f"signal {-proc.returncode}"
-            else:
-                sig = f"exit code {proc.returncode}"
-            status = "crash"
-            if "MemoryError" in stderr or "bad_alloc" in stderr:
-                status = "oom"
-            return SandboxResult(status, phase=phase, signal=sig, wall_seconds=wall,
-                                 stderr=stderr, error=_first_lines(stderr[-2000:]))
-        res = json.loads(result_file.read_text())
-        out = SandboxResult(
-            res["status"], phase=res.get("phase", phase), error=res.get("error", ""),
-            inputs=res.get("inputs", []), outputs_meta=res.get("outputs", []),
-            output_names=[o["name"] for o in res.get("outputs", [])],
-            load_seconds=res.get("load_seconds", 0.0), wall_seconds=wall, stderr=stderr,
-            max_opset=res.get("max_opset"), ort_version=res.get("ort_version"),
-            providers=res.get("providers", []),
-        )
-        for i, run in enumerate(res.get("runs", [])):
-            if "error" in run:
-                out.run_errors[i] = run["error"]
-                out.outputs.append([])
-                out.run_seconds.append(0.0)
-                continue
-            if "packed" in run:
-                out.outputs.append([_restore(a, dt) for a, dt in zip(
-                    _unpack(req_dir / f"out_{i}.bin", run["packed"]), run["dtypes"])])
-            else:
-                with np.load(req_dir / f"out_{i}.npz", allow_pickle=False) as data:
-                    out.outputs.append([_restore(data[f"o{j}"], dt)
-                                        for j, dt in enumerate(run["dtypes"])])
-            out.run_seconds.append(run["seconds"])
-        return out
+            return _crashed(proc.returncode, phase, wall, stderr)
+        return _read_result(req_dir, json.loads(result_file.read_text()), phase, wall, stderr)
+
+    def _send(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
+              options: dict[str, Any]) -> None:
+        """Write the feeds, then request.json, which the waiting worker reads."""
+        req_dir = self.dir
+        feed_dtypes = [_save_feed(req_dir / f"feed_{i}.npz", f) for i, f in enumerate(feeds)]
+        request = {
+            "model": str(Path(model_path).resolve()),
+            "n_feeds": len(feeds),
+            "feed_dtypes": feed_dtypes,
+            **options,
+        }
+        tmp = req_dir / "request.json.tmp"
+        tmp.write_text(json.dumps(request))
+        os.replace(tmp, req_dir / "request.json")  # the worker waits for this name
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bool, bytes | None]:
+    """Wait for the child at most ``timeout`` seconds, then kill its group: (timed out, its
+    stderr). Any exception (KeyboardInterrupt) kills the child before it propagates."""
+    timed_out = False
+    try:
+        _, stderr_b = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        _, stderr_b = proc.communicate()
+    except BaseException:  # KeyboardInterrupt: never leave the child behind
+        _kill_group(proc)
+        proc.wait()
+        raise
+    finally:
+        _kill_group(proc)  # grandchildren, if any
+    return timed_out, stderr_b
+
+
+def _crashed(returncode: int | None, phase: str, wall: float, stderr: str) -> SandboxResult:
+    """The result of a child that died (a signal) or exited without writing result.json."""
+    if returncode is not None and returncode < 0:
+        try:
+            sig = signal.Signals(-returncode).name
+        except ValueError:
+            sig = f"signal {-returncode}"
+    else:
+        sig = f"exit code {returncode}"
+    status = "crash"
+    if "MemoryError" in stderr or "bad_alloc" in stderr:
+        status = "oom"
+    return SandboxResult(status, phase=phase, signal=sig, wall_seconds=wall,
+                         stderr=stderr, error=_first_lines(stderr[-2000:]))
+
+
+def _read_result(req_dir: Path, res: dict[str, Any], phase: str, wall: float, stderr: str
+                 ) -> SandboxResult:
+    """The result the child wrote (``res``: result.json), with each run's outputs read."""
+    out = SandboxResult(
+        res["status"], phase=res.get("phase", phase), error=res.get("error", ""),
+        inputs=res.get("inputs", []), outputs_meta=res.get("outputs", []),
+        output_names=[o["name"] for o in res.get("outputs", [])],
+        load_seconds=res.get("load_seconds", 0.0), wall_seconds=wall, stderr=stderr,
+        max_opset=res.get("max_opset"), ort_version=res.get("ort_version"),
+        providers=res.get("providers", []),
+    )
+    for i, run in enumerate(res.get("runs", [])):
+        if "error" in run:
+            out.run_errors[i] = run["error"]
+            out.outputs.append([])
+            out.run_seconds.append(0.0)
+            continue
+        if "packed" in run:
+            out.outputs.append([_restore(a, dt) for a, dt in zip(
+                _unpack(req_dir / f"out_{i}.bin", run["packed"]), run["dtypes"])])
+        else:
+            with np.load(req_dir / f"out_{i}.npz", allow_pickle=False) as data:
+                out.outputs.append([_restore(data[f"o{j}"], dt)
+                                    for j, dt in enumerate(run["dtypes"])])
+        out.run_seconds.append(run["seconds"])
+    return out
 
 
 def providers(target: str) -> list[str]:

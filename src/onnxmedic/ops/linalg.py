@@ -170,6 +170,49 @@ def _unit_triangular_inverse(N, b: int, like):
 _GJ_PANEL = 16
 
 
+def _panel_lu(Qp, b: int, col_shape):
+    """LU with partial pivoting of one panel ``Qp`` [..., b, n] (rows already used as pivots
+    zeroed): per column, its multipliers l [..., 1, n], pivot row p [..., 1, 1], pivot value
+    and U column u [..., b, 1] (none of l and u for a 1-column panel)."""
+    ls, ps, pivs, us = [], [], [], []
+    for j in range(b):
+        c = op.Gather(Qp, ints([j]), axis=-2)  # [..., 1, n]: column j of the panel
+        p = op.ArgMax(op.Abs(c), axis=-1, keepdims=1)  # [..., 1, 1]
+        piv = op.GatherElements(c, p, axis=-1)
+        ps.append(p)
+        pivs.append(piv)
+        if b == 1:  # a 1-column panel: its L and U are just the pivot
+            break
+        l = op.Div(c, piv)  # multipliers; exactly 1 at the pivot row
+        u = op.GatherElements(Qp, op.Expand(p, col_shape), axis=-1)  # [..., b, 1]: U row
+        if j < b - 1:
+            Qp = op.Sub(Qp, op.Mul(u, l))
+        ls.append(l)
+        us.append(u)
+    return ls, ps, pivs, us
+
+
+def _eliminate_panel(Q, Qp0, lu, b: int, width: int, shape, like):
+    """Gauss-Jordan's b steps of one panel on the rest ``Q`` [..., width, n] as one block:
+    the new pivot rows Y = U^-1 L^-1 R_pi, every other row R_r - P_r Y. ``lu``: the panel's
+    :func:`_panel_lu`; ``Qp0`` the panel as sliced. Returns (Q, pivot rows [..., 1, b])."""
+    ls, ps, pivs, us = lu
+    idx = op.Concat(*ps, axis=-1) if b > 1 else ps[0]  # [..., 1, b]
+    piv_row = op.Concat(*pivs, axis=-1) if b > 1 else pivs[0]  # [..., 1, b]
+    Ridx = op.Expand(idx, shape(width, b))
+    Z = op.GatherElements(Q, Ridx, axis=-1)  # R_pi^T [..., width, b]
+    if b > 1:
+        Lt = op.Concat(*ls, axis=-2)  # [..., b, n]: Lt[i, row] = step i's multiplier
+        LpiT = op.GatherElements(Lt, op.Expand(idx, shape(b, b)), axis=-1)  # L_pi^T
+        Z = op.MatMul(Z, _unit_triangular_inverse(op.Sub(LpiT, _eye(b, like)), b, like))
+    Z = op.Div(Z, piv_row)
+    if b > 1:
+        UT = op.Concat(*us, axis=-1)  # [..., b, b]: U_pi^T
+        Nl = op.Mul(op.Div(UT, piv_row), _np_const(np.tril(np.ones((b, b)), -1), like))
+        Z = op.MatMul(Z, _unit_triangular_inverse(Nl, b, like))  # Y^T [..., width, b]
+    return op.ScatterElements(op.Sub(Q, op.MatMul(Z, Qp0)), Ridx, Z, axis=-1), idx
+
+
 def _gauss_jordan(A, B, n: int, m: int, r: int, same_batch: bool, panel: int = _GJ_PANEL):
     """Solve A X = B for square [..., n, n] A and [..., n, m] B (broadcast batch dims; r is the
     rank of the result). Returns (X, 1-based info int32).
@@ -211,38 +254,11 @@ def _gauss_jordan(A, B, n: int, m: int, r: int, same_batch: bool, panel: int = _
         Qp0 = op.Slice(Q, ints([0]), ints([b]), ints([-2]))  # the panel [..., b, n]
         Q = op.Slice(Q, ints([b]), ints([2**62]), ints([-2]))  # the rest [..., width, n]
         Qp = Qp0 if avail is None else op.Mul(Qp0, avail)
-        col_shape = shape(b, 1)
-        ls, ps, pivs, us = [], [], [], []
-        for j in range(b):
-            c = op.Gather(Qp, ints([j]), axis=-2)  # [..., 1, n]: column j of the panel
-            p = op.ArgMax(op.Abs(c), axis=-1, keepdims=1)  # [..., 1, 1]
-            piv = op.GatherElements(c, p, axis=-1)
-            ps.append(p)
-            pivs.append(piv)
-            if b == 1:  # a 1-column panel: its L and U are just the pivot
-                break
-            l = op.Div(c, piv)  # multipliers; exactly 1 at the pivot row
-            u = op.GatherElements(Qp, op.Expand(p, col_shape), axis=-1)  # [..., b, 1]: U row
-            if j < b - 1:
-                Qp = op.Sub(Qp, op.Mul(u, l))
-            ls.append(l)
-            us.append(u)
+        lu = _panel_lu(Qp, b, shape(b, 1))
+        _, ps, pivs, _ = lu
         all_p += ps
         all_piv += pivs
-        idx = op.Concat(*ps, axis=-1) if b > 1 else ps[0]  # [..., 1, b]
-        piv_row = op.Concat(*pivs, axis=-1) if b > 1 else pivs[0]  # [..., 1, b]
-        Ridx = op.Expand(idx, shape(width, b))
-        Z = op.GatherElements(Q, Ridx, axis=-1)  # R_pi^T [..., width, b]
-        if b > 1:
-            Lt = op.Concat(*ls, axis=-2)  # [..., b, n]: Lt[i, row] = step i's multiplier
-            LpiT = op.GatherElements(Lt, op.Expand(idx, shape(b, b)), axis=-1)  # L_pi^T
-            Z = op.MatMul(Z, _unit_triangular_inverse(op.Sub(LpiT, _eye(b, A)), b, A))
-        Z = op.Div(Z, piv_row)
-        if b > 1:
-            UT = op.Concat(*us, axis=-1)  # [..., b, b]: U_pi^T
-            Nl = op.Mul(op.Div(UT, piv_row), _np_const(np.tril(np.ones((b, b)), -1), A))
-            Z = op.MatMul(Z, _unit_triangular_inverse(Nl, b, A))  # Y^T [..., width, b]
-        Q = op.ScatterElements(op.Sub(Q, op.MatMul(Z, Qp0)), Ridx, Z, axis=-1)
+        Q, idx = _eliminate_panel(Q, Qp0, lu, b, width, shape, A)
         if start + b < n:
             avail = op.ScatterElements(
                 avail if avail is not None else op.Expand(const(1.0, A), shape(1, n)),

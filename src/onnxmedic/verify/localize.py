@@ -289,6 +289,234 @@ class _Comparer(torch.fx.Interpreter):
         return out
 
 
+def _matched_program(program: Any, proto: Any, decomposed: bool
+                     ) -> tuple[Any, list[torch.fx.Node], dict[str, Any]]:
+    """The program to localise on (``program`` or, when too few of its nodes match ONNX
+    values by name and it is not ``decomposed``, the program torch.onnx decomposed), its FX
+    nodes matched to ONNX values, and the ONNX node producing each value."""
+    nodes, producer = _candidates(program, proto)
+    if not decomposed and len(nodes) < MIN_COVERAGE * _tensor_nodes(program):
+        # torch.onnx decomposed ops of this program; its decomposed program has the names.
+        # Only then: decomposing costs more than the whole localisation of a mapped program.
+        try:
+            program = decomposed_program(program)
+            nodes, producer = _candidates(program, proto)
+        except Exception as e:  # go on with the program as given: fewer names match
+            logger.debug("decomposition for localisation failed: %s", e)
+    return program, nodes, producer
+
+
+def _no_match_finding() -> Finding:
+    return warning(
+        "OM611", STAGE, "no ONNX value could be matched to a PyTorch (FX) node: the ONNX "
+        "file was not exported by torch.onnx from this model, or its names were changed.",
+        suggestion="Localise on the model as onnxmedic exports it: `onnxmedic export "
+        "MODEL -o out.onnx`, then `onnxmedic verify out.onnx MODEL --localize`.")
+
+
+class _Localize:
+    """One localisation run: ONNX Runtime computes the exposed values chunk by chunk while the
+    FX interpreter runs the program; each matched value is compared the moment it is produced,
+    the errors are ranked by growth, and what is reported is written into ``loc``."""
+
+    def __init__(self, proto: Any, loc: Localization, nodes: list[torch.fx.Node],
+                 producer: dict[str, Any], *, feeds: dict[str, np.ndarray],
+                 tolerance: tuple[float, float] | None, timeout: float,
+                 chunk_bytes: int | None, top_k: int, full: bool,
+                 worker: sandbox.Worker | None) -> None:
+        self.proto, self.loc, self.producer = proto, loc, producer
+        self.feeds, self.tolerance, self.timeout = feeds, tolerance, timeout
+        self.top_k, self.full = top_k, full
+        self.chunks = _chunks(nodes, chunk_bytes or DEFAULT_CHUNK_BYTES)
+        self.chunk_of = {n.name: i for i, c in enumerate(self.chunks) for n in c}
+        self.types = _value_types(proto)
+        for n in nodes:
+            if n.name not in self.types:
+                t = _onnx_dtype(n.meta["val"].dtype)
+                if t is not None:
+                    self.types[n.name] = t
+        self.scores: dict[str, float] = {}  # every compared node's score (floats only: small)
+        self.upstream: dict[str, float] = {}  # for nodes not compared: the max score feeding
+        # the top_k nodes so far (min-heap on the report's order: growth where out of
+        # tolerance, score, earlier first); only these, and the first out, get the full
+        # comparison (counts, relative error): a deep divergent stack has thousands out
+        self.top: list[tuple[float, float, int, NodeError]] = []
+        self.tol_of: dict[Any, tuple[float, float]] = {}
+        self.fx_of: dict[str, torch.fx.Node] = {}
+        self.first_exceeding: NodeError | None = None
+        self.chunk = -1  # the chunk whose values are loaded
+        self.values: dict[str, Any] = {}
+        self.stop = False
+        self.failed: sandbox.SandboxResult | None = None
+        self.tmp = Path(tempfile.mkdtemp(prefix="onnxmedic-localize-"))
+        self.spare = worker  # the worker started ahead, for the first chunk
+
+    # -- ONNX Runtime side ------------------------------------------------------------------
+
+    def load_chunk(self, i: int) -> None:
+        """Run ONNX Runtime on the model with chunk ``i``'s values as its outputs."""
+        self.values = {}
+        names = [n.name for n in self.chunks[i]]
+        path = _save(_with_outputs(self.proto, names, self.types), self.tmp)
+        if self.spare is not None:
+            w, self.spare = self.spare, None
+            with w:
+                sbx = w.run(path, [self.feeds], timeout=self.timeout)
+        else:
+            sbx = sandbox.run_model(path, [self.feeds], timeout=self.timeout)
+        self.loc.chunks += 1
+        self.chunk = i
+        if not sbx.ok:
+            self.failed = sbx
+            self.stop = True
+            return
+        self.values = dict(zip(sbx.output_names, sbx.outputs[0]))
+
+    # -- PyTorch side and comparison --------------------------------------------------------
+
+    def run_program(self, program: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    replayed: bool, reference: list[np.ndarray] | None) -> None:
+        """Run the program node by node, comparing each value as it is produced. A failure
+        becomes a finding, except for a replayed program: NotReplayable (capture takes over).
+        The spare worker and the temporary folder are released in any case."""
+        from onnxmedic.verify.replay import NotReplayable
+
+        try:
+            flat = program.flat_inputs if replayed else _flat_inputs(program, args, kwargs)
+            with torch.no_grad():
+                outputs = _Comparer(program.graph_module, self.on_value).run(*flat)
+            if replayed:
+                _check_replay(outputs, reference, self.tolerance)
+        except Exception as e:
+            if replayed:  # the rebuilt program does not run: capture takes over
+                if isinstance(e, NotReplayable):
+                    raise
+                raise NotReplayable(f"{type(e).__name__}: {str(e)[:300]}") from e
+            self.loc.findings.append(warning(
+                "OM611", STAGE, f"running the PyTorch program node by node failed "
+                f"({type(e).__name__}: {str(e)[:300]}); localisation is incomplete.",
+                suggestion="Report it to onnxmedic with the model; the verification result "
+                "itself is unaffected."))
+        finally:
+            if self.spare is not None:
+                self.spare.close()
+                self.spare = None
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def input_score(self, n: torch.fx.Node) -> tuple[float, list[dict[str, Any]]]:
+        """The largest score among the values ``n`` consumes, and each input's score."""
+        ins = []
+        best = 0.0
+        for a in n.all_input_nodes:
+            s = self.scores.get(a.name, self.upstream.get(a.name, 0.0))
+            if a.name in self.scores:
+                ins.append({"name": a.name, "score": s})
+            elif s > 0:
+                ins.append({"name": a.name, "score": s, "via": "upstream"})
+            best = max(best, s)
+        return best, ins
+
+    def on_value(self, n: torch.fx.Node, out: Any) -> None:
+        """The FX interpreter produced ``out`` for ``n``: compare it, or pass its inputs'
+        error on when it has no ONNX value to compare with."""
+        if n.op != "call_function":
+            return
+        pair = self._pair(n, out)
+        if pair is None:
+            self.upstream[n.name] = self.input_score(n)[0]
+            return
+        self._compare(n, *pair)
+
+    def _pair(self, n: torch.fx.Node, out: Any) -> tuple[np.ndarray, Any] | None:
+        """(PyTorch value, ONNX Runtime value) of ``n``, or None when it is not compared."""
+        if n.name not in self.chunk_of or self.stop and self.failed is not None:
+            return None
+        if not isinstance(out, torch.Tensor):
+            return None
+        i = self.chunk_of[n.name]
+        if i != self.chunk:
+            if self.stop:
+                return None
+            self.load_chunk(i)
+            if self.failed is not None:
+                return None
+        act = self.values.pop(n.name, None)
+        if act is None:
+            return None
+        exp = to_numpy(out.detach())
+        if tuple(exp.shape) != tuple(np.asarray(act).shape):
+            return None
+        return exp, act
+
+    def _compare(self, n: torch.fx.Node, exp: np.ndarray, act: Any) -> None:
+        if exp.dtype not in self.tol_of:
+            self.tol_of[exp.dtype] = tolerance_for(str(exp.dtype), self.tolerance)
+        rtol, atol = self.tol_of[exp.dtype]
+        s = score(exp, act, rtol, atol)
+        self.scores[n.name] = s
+        self.loc.compared += 1
+        if s == 0:
+            return  # exact: nothing to report, and its inputs' errors are not needed
+        best, ins = self.input_score(n)
+        onode = self.producer.get(n.name)
+        ne = NodeError(
+            fx_node=n.name, aten_op=_aten(n), onnx_node=onode.name if onode else None,
+            onnx_op=onode.op_type if onode else None, shape=list(exp.shape),
+            dtype=str(exp.dtype), max_abs=math.nan, max_rel=math.nan, mismatched=0,
+            total=int(exp.size), score=s, input_score=best,
+            inputs=ins, onnx_inputs=list(onode.input) if onode else [])
+        if self._rank(ne):
+            self.fx_of[n.name] = n
+            _measure(ne, exp, act, rtol, atol)
+
+    # -- ranking and result -----------------------------------------------------------------
+
+    def _rank(self, ne: NodeError) -> bool:
+        """Record ``ne`` as the first out, the first divergence or among the top by growth;
+        True when it is reported (and so needs the full comparison)."""
+        key = (ne.growth if ne.exceeds else 0.0, ne.score, -self.loc.compared)
+        reported = False
+        if ne.exceeds and self.first_exceeding is None:
+            self.first_exceeding = ne
+            reported = True
+        if ne.exceeds and ne.growth >= BORN_GROWTH and self.loc.first is None:
+            self.loc.first = ne
+            reported = True
+            if not self.full:
+                self.stop = True
+        top = self.top
+        if self.top_k > 0 and (len(top) < self.top_k or key > top[0][:3]):
+            item = (*key, ne)
+            if len(top) < self.top_k:
+                heapq.heappush(top, item)
+            else:
+                heapq.heapreplace(top, item)
+            reported = True
+        return reported
+
+    def finish(self, program: Any, replayed: bool) -> None:
+        """Write what was found into ``loc``: the sandbox failure, the first divergent node,
+        the drift before it, the top nodes by growth and the source location of each."""
+        loc = self.loc
+        failed = self.failed
+        if failed is not None:
+            f = failed.finding(STAGE, self.timeout)
+            loc.findings.append(warning(
+                "OM611", STAGE, "ONNX Runtime failed on the model with intermediate values "
+                f"exposed ({f.title if f else failed.status}: {failed.error[:300]}); "
+                f"localisation covers {loc.compared} node(s) only."))
+        if loc.first is None:  # only gradual growth: the first value out of tolerance
+            loc.first = self.first_exceeding
+        elif self.first_exceeding is not loc.first:
+            loc.drift = self.first_exceeding
+        loc.top = [item[-1] for item in sorted(self.top, key=lambda t: t[:3], reverse=True)]
+        for e in loc.top + [x for x in (loc.first, loc.drift) if x]:  # only what is reported
+            n = self.fx_of[e.fx_node]
+            e.location = (program.location(n.name) if replayed else
+                          location_from_node(n) or Location(
+                              module_path=module_path_from_node_meta(n.meta)))
+
+
 def localize(
     proto: Any,
     program: torch.export.ExportedProgram,
@@ -323,193 +551,28 @@ def localize(
     them: the file describes another program than the model's, and localising against it
     would blame the wrong node.
     """
-    from onnxmedic.verify.replay import NotReplayable, Replay
+    from onnxmedic.verify.replay import Replay
 
     replayed = isinstance(program, Replay)
     if replayed and reference is None:
         raise TypeError("localize: a Replay program needs the reference outputs")
-    decomposed = decomposed or replayed
     t0 = time.perf_counter()
-    kwargs = kwargs or {}
     loc = Localization(input_set=input_set, onnx_nodes=len(proto.graph.node),
                        program="onnx metadata" if replayed else "torch.export")
-    nodes, producer = _candidates(program, proto)
-    if not decomposed and len(nodes) < MIN_COVERAGE * _tensor_nodes(program):
-        # torch.onnx decomposed ops of this program; its decomposed program has the names.
-        # Only then: decomposing costs more than the whole localisation of a mapped program.
-        try:
-            program = decomposed_program(program)
-            nodes, producer = _candidates(program, proto)
-        except Exception as e:  # go on with the program as given: fewer names match
-            logger.debug("decomposition for localisation failed: %s", e)
-    gm = program.graph_module
+    program, nodes, producer = _matched_program(program, proto, decomposed or replayed)
     loc.fx_nodes = _tensor_nodes(program)
     if not nodes:
-        loc.findings.append(warning(
-            "OM611", STAGE, "no ONNX value could be matched to a PyTorch (FX) node: the ONNX "
-            "file was not exported by torch.onnx from this model, or its names were changed.",
-            suggestion="Localise on the model as onnxmedic exports it: `onnxmedic export "
-            "MODEL -o out.onnx`, then `onnxmedic verify out.onnx MODEL --localize`."))
+        loc.findings.append(_no_match_finding())
         if worker is not None:
             worker.close()
         loc.seconds = time.perf_counter() - t0
         return loc
     loc.bad_initializers = _compare_initializers(proto, program, tolerance)
-    chunks = _chunks(nodes, chunk_bytes or DEFAULT_CHUNK_BYTES)
-    chunk_of = {n.name: i for i, c in enumerate(chunks) for n in c}
-    types = _value_types(proto)
-    for n in nodes:
-        if n.name not in types:
-            t = _onnx_dtype(n.meta["val"].dtype)
-            if t is not None:
-                types[n.name] = t
-    scores: dict[str, float] = {}  # every compared node's score (floats only: small)
-    upstream: dict[str, float] = {}  # for nodes not compared: the max score feeding them
-    # the top_k nodes so far (min-heap on the report's order: growth where out of
-    # tolerance, score, earlier first); only these, and the first out, get the full
-    # comparison (counts, relative error): a deep divergent stack has thousands out
-    top: list[tuple[float, float, int, NodeError]] = []
-    tol_of: dict[Any, tuple[float, float]] = {}
-    fx_of: dict[str, torch.fx.Node] = {}
-    first_exceeding: list[NodeError | None] = [None]
-    state: dict[str, Any] = {"chunk": -1, "values": {}, "stop": False, "failed": None}
-    tmp = Path(tempfile.mkdtemp(prefix="onnxmedic-localize-"))
-    spare: dict[str, sandbox.Worker | None] = {"worker": worker}
-
-    def load_chunk(i: int) -> None:
-        state["values"] = {}
-        names = [n.name for n in chunks[i]]
-        path = _save(_with_outputs(proto, names, types), tmp)
-        if spare["worker"] is not None:
-            w, spare["worker"] = spare["worker"], None
-            with w:
-                sbx = w.run(path, [feeds], timeout=timeout)
-        else:
-            sbx = sandbox.run_model(path, [feeds], timeout=timeout)
-        loc.chunks += 1
-        state["chunk"] = i
-        if not sbx.ok:
-            state["failed"] = sbx
-            state["stop"] = True
-            return
-        state["values"] = dict(zip(sbx.output_names, sbx.outputs[0]))
-
-    def in_score(n: torch.fx.Node) -> tuple[float, list[dict[str, Any]]]:
-        ins = []
-        best = 0.0
-        for a in n.all_input_nodes:
-            s = scores.get(a.name, upstream.get(a.name, 0.0))
-            if a.name in scores:
-                ins.append({"name": a.name, "score": s})
-            elif s > 0:
-                ins.append({"name": a.name, "score": s, "via": "upstream"})
-            best = max(best, s)
-        return best, ins
-
-    def on_value(n: torch.fx.Node, out: Any) -> None:
-        if n.op != "call_function":
-            return
-        if n.name not in chunk_of or state["stop"] and state["failed"] is not None:
-            upstream[n.name] = in_score(n)[0]
-            return
-        if not isinstance(out, torch.Tensor):
-            upstream[n.name] = in_score(n)[0]
-            return
-        i = chunk_of[n.name]
-        if i != state["chunk"]:
-            if state["stop"]:
-                upstream[n.name] = in_score(n)[0]
-                return
-            load_chunk(i)
-            if state["failed"] is not None:
-                upstream[n.name] = in_score(n)[0]
-                return
-        act = state["values"].pop(n.name, None)
-        if act is None:
-            upstream[n.name] = in_score(n)[0]
-            return
-        exp = to_numpy(out.detach())
-        if tuple(exp.shape) != tuple(np.asarray(act).shape):
-            upstream[n.name] = in_score(n)[0]
-            return
-        if exp.dtype not in tol_of:
-            tol_of[exp.dtype] = tolerance_for(str(exp.dtype), tolerance)
-        rtol, atol = tol_of[exp.dtype]
-        s = score(exp, act, rtol, atol)
-        scores[n.name] = s
-        loc.compared += 1
-        if s == 0:
-            return  # exact: nothing to report, and its inputs' errors are not needed
-        best, ins = in_score(n)
-        onode = producer.get(n.name)
-        ne = NodeError(
-            fx_node=n.name, aten_op=_aten(n), onnx_node=onode.name if onode else None,
-            onnx_op=onode.op_type if onode else None, shape=list(exp.shape),
-            dtype=str(exp.dtype), max_abs=math.nan, max_rel=math.nan, mismatched=0,
-            total=int(exp.size), score=s, input_score=best,
-            inputs=ins, onnx_inputs=list(onode.input) if onode else [])
-        key = (ne.growth if ne.exceeds else 0.0, s, -loc.compared)
-        reported = False
-        if ne.exceeds and first_exceeding[0] is None:
-            first_exceeding[0] = ne
-            reported = True
-        if ne.exceeds and ne.growth >= BORN_GROWTH and loc.first is None:
-            loc.first = ne
-            reported = True
-            if not full:
-                state["stop"] = True
-        if top_k > 0 and (len(top) < top_k or key > top[0][:3]):
-            item = (*key, ne)
-            if len(top) < top_k:
-                heapq.heappush(top, item)
-            else:
-                heapq.heapreplace(top, item)
-            reported = True
-        if reported:
-            fx_of[n.name] = n
-            _measure(ne, exp, act, rtol, atol)
-
-    try:
-        flat = program.flat_inputs if replayed else _flat_inputs(program, args, kwargs)
-        with torch.no_grad():
-            outputs = _Comparer(gm, on_value).run(*flat)
-        if replayed:
-            _check_replay(outputs, reference, tolerance)
-    except Exception as e:
-        if replayed:  # the rebuilt program does not run: capture takes over
-            if spare["worker"] is not None:
-                spare["worker"].close()
-                spare["worker"] = None
-            shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(e, NotReplayable):
-                raise
-            raise NotReplayable(f"{type(e).__name__}: {str(e)[:300]}") from e
-        loc.findings.append(warning(
-            "OM611", STAGE, f"running the PyTorch program node by node failed "
-            f"({type(e).__name__}: {str(e)[:300]}); localisation is incomplete.",
-            suggestion="Report it to onnxmedic with the model; the verification result "
-            "itself is unaffected."))
-    finally:
-        if spare["worker"] is not None:
-            spare["worker"].close()
-        shutil.rmtree(tmp, ignore_errors=True)
-    failed = state["failed"]
-    if failed is not None:
-        f = failed.finding(STAGE, timeout)
-        loc.findings.append(warning(
-            "OM611", STAGE, "ONNX Runtime failed on the model with intermediate values "
-            f"exposed ({f.title if f else failed.status}: {failed.error[:300]}); localisation "
-            f"covers {loc.compared} node(s) only."))
-    if loc.first is None:  # only gradual growth: the first value out of tolerance
-        loc.first = first_exceeding[0]
-    elif first_exceeding[0] is not loc.first:
-        loc.drift = first_exceeding[0]
-    loc.top = [item[-1] for item in sorted(top, key=lambda t: t[:3], reverse=True)]
-    for e in loc.top + [x for x in (loc.first, loc.drift) if x]:  # only what is reported
-        n = fx_of[e.fx_node]
-        e.location = (program.location(n.name) if replayed else
-                      location_from_node(n) or Location(
-                          module_path=module_path_from_node_meta(n.meta)))
+    run = _Localize(proto, loc, nodes, producer, feeds=feeds, tolerance=tolerance,
+                    timeout=timeout, chunk_bytes=chunk_bytes, top_k=top_k, full=full,
+                    worker=worker)
+    run.run_program(program, args, kwargs or {}, replayed, reference)
+    run.finish(program, replayed)
     loc.seconds = time.perf_counter() - t0
     loc.findings.extend(_findings(loc))
     return loc

@@ -383,12 +383,9 @@ def _check_sizes(name: str, value: Any) -> None:
             _check_sizes(name, v)
 
 
-def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarray]
-                   ) -> Replay:
-    """Rebuild the FX program from ``proto``'s node metadata, parameters and buffers from
-    ``model``, user inputs from ``feeds`` (the ONNX inputs). Raises ``NotReplayable``."""
-    from onnx import numpy_helper
-
+def _file_specs(proto: Any) -> tuple[dict[str, tuple[Any, Any, Any]], list[str], dict[str, Any]]:
+    """From ``proto``'s node metadata: each FX node's (target, args, kwargs) by name, the
+    names in file order, and the first ONNX node recording each."""
     specs: dict[str, tuple[Any, Any, Any]] = {}  # FX name -> (target, args, kwargs)
     order: list[str] = []
     first_onnx: dict[str, Any] = {}
@@ -402,57 +399,69 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
         specs[name] = _parse(text)[1]
         order.append(name)
         first_onnx[name] = n
-    if not specs:
-        raise NotReplayable("no torch.onnx node metadata")
-    recorded = _recorded(proto)
-    inits = {i.name: i for i in proto.graph.initializer}
-    state = _state_names(model)
-    sizes, big = _input_sizes(proto, feeds)
-    types = {}
-    for vi in list(proto.graph.value_info) + list(proto.graph.output):
-        if vi.type.HasField("tensor_type"):
-            t = vi.type.tensor_type
-            types[vi.name] = (t.shape if t.HasField("shape") else None, t.elem_type)
+    return specs, order, first_onnx
 
-    graph = torch.fx.Graph()
-    env: dict[str, torch.fx.Node] = {}
-    flat: list[Any] = []
-    state_dict: dict[str, torch.Tensor] = {}
 
-    def placeholder(name: str, value: Any) -> torch.fx.Node:
-        node = graph.placeholder(name)
-        flat.append(value)
-        env[name] = node
+class _GraphBuilder:
+    """Builds the FX graph from the file's node specs: placeholders for the feeds, the
+    model's parameters and buffers and the folded initializers, a call_function node per
+    spec, each created after the nodes it reads."""
+
+    def __init__(self, proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarray],
+                 specs: dict[str, tuple[Any, Any, Any]]) -> None:
+        self.specs, self.feeds = specs, feeds
+        self.recorded = _recorded(proto)
+        self.inits = {i.name: i for i in proto.graph.initializer}
+        self.state = _state_names(model)
+        self.sizes, self.big = _input_sizes(proto, feeds)
+        self.types = {}
+        for vi in list(proto.graph.value_info) + list(proto.graph.output):
+            if vi.type.HasField("tensor_type"):
+                t = vi.type.tensor_type
+                self.types[vi.name] = (t.shape if t.HasField("shape") else None, t.elem_type)
+        self.graph = torch.fx.Graph()
+        self.env: dict[str, torch.fx.Node] = {}
+        self.flat: list[Any] = []
+        self.state_dict: dict[str, torch.Tensor] = {}
+
+    def placeholder(self, name: str, value: Any) -> torch.fx.Node:
+        node = self.graph.placeholder(name)
+        self.flat.append(value)
+        self.env[name] = node
         return node
 
-    def make(name: str) -> None:
+    def make(self, name: str) -> None:
         """Create ``name``'s node; every name it reads is in ``env`` already."""
-        if name in specs:
-            target, args, kwargs = specs[name]
+        if name in self.specs:
+            target, args, kwargs = self.specs[name]
             _check_sizes(name, (args, kwargs))
-            node = graph.create_node("call_function", target, _bind(args), _bind(kwargs),
-                                     name=name)
+            node = self.graph.create_node("call_function", target, self.bind(args),
+                                          self.bind(kwargs), name=name)
             if node.name != name:
                 raise NotReplayable(f"FX node name {name} taken")
-            if name in types:
-                val = _meta_val(*types[name], sizes, big)
+            if name in self.types:
+                val = _meta_val(*self.types[name], self.sizes, self.big)
                 if val is not None:
                     node.meta["val"] = val
-            env[name] = node
-        elif name in feeds:
-            placeholder(name, torch.from_numpy(np.array(feeds[name], copy=True)))
-        elif name in state:
-            fqn, t = state[name]
-            state_dict[fqn] = t
-            placeholder(name, t)
-        elif name in inits:  # a constant the optimizer folded into an initializer
-            placeholder(name, torch.from_numpy(numpy_helper.to_array(inits[name]).copy()))
+            self.env[name] = node
+        elif name in self.feeds:
+            self.placeholder(name, torch.from_numpy(np.array(self.feeds[name], copy=True)))
+        elif name in self.state:
+            fqn, t = self.state[name]
+            self.state_dict[fqn] = t
+            self.placeholder(name, t)
+        elif name in self.inits:  # a constant the optimizer folded into an initializer
+            from onnx import numpy_helper
+
+            self.placeholder(name, torch.from_numpy(
+                numpy_helper.to_array(self.inits[name]).copy()))
         else:
             raise NotReplayable(f"{name}: read by the program, not in the ONNX file")
 
-    def resolve(root: str) -> None:
+    def resolve(self, root: str) -> None:
         """Create ``root`` after everything it reads, depth first with an explicit stack (a
         file's graph may be deeper than Python's recursion allows); a cycle is refused."""
+        specs, env = self.specs, self.env
         stack: list[tuple[str, bool]] = [(root, False)]
         busy: set[str] = set()
         while stack:
@@ -461,12 +470,12 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
                 continue
             if ready:
                 busy.discard(name)
-                make(name)
+                self.make(name)
                 continue
             if name in busy:
                 raise NotReplayable(f"{name}: the file's FX nodes read each other in a cycle")
-            if name not in specs and name in recorded:
-                specs[name] = _parse(recorded[name])[1]
+            if name not in specs and name in self.recorded:
+                specs[name] = _parse(self.recorded[name])[1]
             stack.append((name, True))
             if name in specs:
                 busy.add(name)
@@ -477,24 +486,34 @@ def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarr
                                                 "in a cycle")
                         stack.append((r, False))
 
-    def _bind(value: Any) -> Any:
+    def bind(self, value: Any) -> Any:
+        """``value`` with each ``Ref`` replaced by the FX node it names."""
         if isinstance(value, Ref):
-            return env[value.name]
+            return self.env[value.name]
         if isinstance(value, tuple):
-            return tuple(_bind(v) for v in value)
+            return tuple(self.bind(v) for v in value)
         if isinstance(value, list):
-            return [_bind(v) for v in value]
+            return [self.bind(v) for v in value]
         if isinstance(value, dict):
-            return {k: _bind(v) for k, v in value.items()}
+            return {k: self.bind(v) for k, v in value.items()}
         return value
 
+
+def replay_program(proto: Any, model: torch.nn.Module, feeds: dict[str, np.ndarray]
+                   ) -> Replay:
+    """Rebuild the FX program from ``proto``'s node metadata, parameters and buffers from
+    ``model``, user inputs from ``feeds`` (the ONNX inputs). Raises ``NotReplayable``."""
+    specs, order, first_onnx = _file_specs(proto)
+    if not specs:
+        raise NotReplayable("no torch.onnx node metadata")
+    b = _GraphBuilder(proto, model, feeds, specs)
     for name in order:
-        resolve(name)
+        b.resolve(name)
     outputs = [o.name for o in proto.graph.output]
     for o in outputs:
-        if o in specs or o in recorded:
-            resolve(o)
-        if o not in env or env[o].op != "call_function":
+        if o in specs or o in b.recorded:
+            b.resolve(o)
+        if o not in b.env or b.env[o].op != "call_function":
             raise NotReplayable(f"output {o} is not an FX node of the file")
-    graph.output(tuple(env[o] for o in outputs))
-    return Replay(_GraphHolder(graph), flat, state_dict, outputs, first_onnx)
+    b.graph.output(tuple(b.env[o] for o in outputs))
+    return Replay(_GraphHolder(b.graph), b.flat, b.state_dict, outputs, first_onnx)
