@@ -10,7 +10,7 @@ import onnx
 
 from onnxmedic.findings import Finding, Severity, error, warning
 from onnxmedic.onnxfile import first_lines as _first
-from onnxmedic.onnxfile import save_program, skeleton
+from onnxmedic.onnxfile import has_external_data_file, save_program, saved_proto, skeleton
 
 STAGE = "check"
 
@@ -56,6 +56,10 @@ def save_and_check_stage(ctx: Any) -> bool:
         except OSError as e:
             result.fail("write", error("OM006", "write", f"cannot write the model: {e}"))
             return False
+        if has_external_data_file(ctx.onnx_path):
+            # keep the graph and references only, not a second in-memory copy of the weights
+            # (localisation reads them from the file)
+            result.onnx_model = saved_proto(ctx.onnx_program, ctx.onnx_path)
     with result.stage(STAGE) as st:
         found = check_model(result.onnx_model)
         st.add(*found)

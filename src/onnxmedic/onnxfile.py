@@ -328,6 +328,20 @@ def save_program(prog: Any, folder: Path, name: str) -> Path:
     return target
 
 
+def has_external_data_file(path: Path) -> bool:
+    """Whether the model saved at ``path`` keeps its weights beside it (``path``.data)."""
+    return Path(f"{path}.data").exists()
+
+
+def saved_proto(prog: Any, path: Path) -> onnx.ModelProto:
+    """The ModelProto of a program just saved at ``path``: with its weights in external data,
+    the graph and references only (read back from the file, no second copy of the weights);
+    else the whole model."""
+    if has_external_data_file(path):
+        return onnx.load(str(path), load_external_data=False)
+    return prog.model_proto
+
+
 def publish(tmp_dir: Path, name: str, dest: Path) -> None:
     """Move the model (and its external data) into place; the model file goes last."""
     files = sorted(tmp_dir.iterdir(), key=lambda p: p.name == name)

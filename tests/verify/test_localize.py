@@ -566,3 +566,21 @@ def test_replay_refuses_huge_sizes_and_cycles():
              "(args = (%add_2, %add_1), kwargs = {})")
     with pytest.raises(NotReplayable, match="cycle"):
         replay_program(_chain_proto(3, cycle), torch.nn.Module(), {"x": np.ones(2, np.float32)})
+
+
+def test_localisation_reads_external_data(tmp_path, monkeypatch):
+    """A model written with external data (the proto held holds references, not weights):
+    localisation loads the weights from beside the file for its exposed-value runs."""
+    from onnxmedic import onnxfile
+
+    monkeypatch.setattr(onnxfile, "EXTERNAL_DATA_THRESHOLD", 100)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 8)).eval()
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    r = onnxmedic.export(model, (x,), tmp_path / "m.onnx")
+    assert r.ok and (tmp_path / "m.onnx.data").is_file()
+    assert any(t.data_location == onnx.TensorProto.EXTERNAL
+               for t in r.onnx_model.graph.initializer)  # no second copy of the weights
+    out = onnxmedic.verify(tmp_path / "m.onnx", model, (x,), localize=True)
+    codes = [f.code for f in out.findings]
+    assert out.ok and out.localization is not None and "OM611" not in codes, codes
+    assert out.localization.onnx_nodes > 0

@@ -21,7 +21,7 @@ from onnxmedic.fixes.kernels import (
     soft_kernel_finding,
     trt_fallback_finding,
 )
-from onnxmedic.onnxfile import has_external_data, save_program
+from onnxmedic.onnxfile import has_external_data, save_program, saved_proto
 from onnxmedic.sandbox import providers
 
 STAGE = "fix"
@@ -39,8 +39,8 @@ def fix_stage(ctx: ExportContext) -> bool:
             st.passed()
             return True
         if report.fixed:
-            save_program(ctx.onnx_program, ctx.tmp_dir, ctx.name)
-            result.onnx_model = ctx.onnx_program.model_proto
+            path = save_program(ctx.onnx_program, ctx.tmp_dir, ctx.name)
+            result.onnx_model = saved_proto(ctx.onnx_program, path)
     st.add(*_not_fixed_warnings(report, target, result.onnx_model))
     blocking = [_gap_error(g, reason, target, nodes, result.onnx_model)
                 for g, reason in report.not_fixed if g.kind not in _SOFT]

@@ -90,7 +90,9 @@ def write_repro(folder: str | os.PathLike[str], result: Any, model_spec: str,
     torch.save({"args": list(args), "kwargs": dict(kwargs)}, out / "inputs.pt")
     if onnx_path is not None and Path(onnx_path).is_file():
         shutil.copyfile(onnx_path, out / "model.onnx")
-    elif getattr(result, "onnx_model", None) is not None:
+    elif getattr(result, "onnx_model", None) is not None and not any(
+            t.data_location == 1 for t in result.onnx_model.graph.initializer):
+        # (a model whose weights are in external data is not copied: the script re-exports)
         import onnx
 
         onnx.save(result.onnx_model, out / "model.onnx")

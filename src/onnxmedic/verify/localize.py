@@ -226,6 +226,20 @@ def _with_outputs(proto: Any, names: list[str], types: dict[str, int]) -> Any:
     return m
 
 
+def _with_weights(proto: Any, model_dir: str | Path | None) -> Any:
+    """``proto`` itself, or, when it refers to external data in ``model_dir``, a copy with the
+    data loaded (localisation saves modified copies of the model elsewhere)."""
+    import onnx
+
+    if model_dir is None or not any(t.data_location == onnx.TensorProto.EXTERNAL
+                                    for t in proto.graph.initializer):
+        return proto
+    full = onnx.ModelProto()
+    full.CopyFrom(proto)
+    onnx.external_data_helper.load_external_data_for_model(full, str(model_dir))
+    return full
+
+
 def _value_types(proto: Any) -> dict[str, int]:
     types = {}
     for vi in list(proto.graph.value_info) + list(proto.graph.output):
@@ -533,6 +547,7 @@ def localize(
     decomposed: bool = False,
     worker: sandbox.Worker | None = None,
     reference: list[np.ndarray] | None = None,
+    model_dir: str | Path | None = None,
 ) -> Localization:
     """Find the first FX node (in topological order) whose ONNX Runtime value is outside
     tolerance, with its inputs' errors, and the ``top_k`` nodes by error growth.
@@ -550,9 +565,13 @@ def localize(
     is required, and ``NotReplayable`` is raised when the rebuilt program does not compute
     them: the file describes another program than the model's, and localising against it
     would blame the wrong node.
+
+    ``model_dir``: where the model's external data lies, when ``proto`` refers to it (the
+    weights are read for the exposed-value runs only, not held by the caller).
     """
     from onnxmedic.verify.replay import Replay
 
+    proto = _with_weights(proto, model_dir)
     replayed = isinstance(program, Replay)
     if replayed and reference is None:
         raise TypeError("localize: a Replay program needs the reference outputs")

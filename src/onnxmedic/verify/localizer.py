@@ -37,9 +37,10 @@ class Localizer:
     def run(self, result: ExportResult, proto: Any, inputs: Inputs,
             feeds: dict[str, np.ndarray], timeout: float,
             tolerance: tuple[float, float] | None, label: str,
-            reference: list[np.ndarray] | None = None) -> None:
-        """Localise the divergence on one input set; its findings join the result's."""
-        job = _Job(proto, inputs, feeds, timeout, tolerance, label)
+            reference: list[np.ndarray] | None = None, model_dir: Any = None) -> None:
+        """Localise the divergence on one input set; its findings join the result's.
+        ``model_dir``: where the model's external data lies, if it has any."""
+        job = _Job(proto, inputs, feeds, timeout, tolerance, label, model_dir)
         with result.timed(STAGE):
             # it imports ONNX Runtime while the program is rebuilt or captured
             worker = self.worker if self.worker is not None else sandbox.Worker()
@@ -61,11 +62,13 @@ class _Job:
     timeout: float
     tolerance: tuple[float, float] | None
     label: str
+    model_dir: Any = None
 
     def localize(self, program: Any, worker: sandbox.Worker, **kw: Any) -> Any:
         return loc_mod.localize(self.proto, program, self.inputs.args, self.inputs.kwargs,
                                 feeds=self.feeds, tolerance=self.tolerance,
-                                timeout=self.timeout, input_set=self.label, worker=worker, **kw)
+                                timeout=self.timeout, input_set=self.label, worker=worker,
+                                model_dir=self.model_dir, **kw)
 
     def replayed(self, module: Any, reference: list[np.ndarray], worker: sandbox.Worker
                  ) -> tuple[Any, sandbox.Worker]:

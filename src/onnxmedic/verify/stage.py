@@ -212,7 +212,8 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
                  else max(values, key=lambda c: c.max_rel).input_set)
         k = sets.labels.index(label) if label in sets.labels else 0
         localizer.run(result, proto, sets.sets[k], feeds[k], timeout, tolerance,
-                      sets.labels[k], reference=sets.expected[k])
+                      sets.labels[k], reference=sets.expected[k],
+                      model_dir=Path(onnx_path).parent)
 
 
 def _compare(result: ExportResult, proto: Any, sbx: sandbox.SandboxResult, sets: InputSets,
