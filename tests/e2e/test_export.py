@@ -269,7 +269,9 @@ def test_keep_unverified(tmp_path, registry_snapshot):
 
 
 def test_external_data_for_large_models(tmp_path, monkeypatch):
-    monkeypatch.setattr(api, "EXTERNAL_DATA_THRESHOLD", 100)
+    from onnxmedic import onnxfile
+
+    monkeypatch.setattr(onnxfile, "EXTERNAL_DATA_THRESHOLD", 100)
     r = onnxmedic.export(models.ConvLog1p(), (torch.randn(1, 3, 8, 8),), tmp_path / "big.onnx")
     _assert_verified(r)
     assert (tmp_path / "big.onnx.data").is_file()
