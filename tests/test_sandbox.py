@@ -161,3 +161,32 @@ def test_many_outputs_round_trip(tmp_path, n_outputs):
         root = root.obj
     assert isinstance(root, bytearray) == (n_outputs > 16)  # views of the packed file
     r.outputs[0][0][...] = 0  # writable, like the arrays np.load gives
+
+
+def test_oom_finding_names_the_cap_and_the_model_size(tmp_path):
+    p = om.huge_expand_model(tmp_path / "oom.onnx")
+    r = sandbox.run_model(p, [X], memory_limit=3 * 1024**3, timeout=60)
+    f = r.finding("runtime")
+    assert f.code == "OM514" and "cap of 3.00 GiB" in f.message and "GiB)" in f.message
+    assert f.details["memory_limit"] == 3 * 1024**3 and f.details["model_bytes"] > 0
+
+
+def test_export_under_a_low_memory_cap_fails_with_oom_and_writes_nothing(tmp_path,
+                                                                         monkeypatch):
+    """The sandbox's cap (normally 70% of available memory) set artificially low: ONNX
+    Runtime's allocation fails in the child, the export says so (OM514, stage runtime), no
+    traceback, and nothing is written."""
+    import torch
+
+    import onnxmedic
+
+    class Blowup(torch.nn.Module):
+        def forward(self, x):  # a 2**29-element (2 GiB) intermediate
+            return (x.unsqueeze(-1) * torch.ones(4096)).sum(-1)
+
+    monkeypatch.setattr(sandbox, "default_memory_limit", lambda: 2 * 1024**3)
+    r = onnxmedic.export(Blowup(), (torch.randn(2**17),), tmp_path / "m.onnx")
+    assert not r.ok and r.failed_stage == "runtime", [f.code for f in r.findings]
+    (f,) = [f for f in r.errors if f.code == "OM514"]
+    assert "cap of 2.00 GiB" in f.message and r.traceback is None
+    assert list(tmp_path.iterdir()) == []

@@ -72,6 +72,8 @@ class SandboxResult:
     providers: list[str] = field(default_factory=list)  # what the session really uses
     wall_seconds: float = 0.0
     stderr: str = ""
+    memory_limit: int | None = None  # the child's cap, bytes (set when it ran out)
+    model_bytes: int | None = None  # the model file and its external data, bytes (likewise)
 
     @property
     def ok(self) -> bool:
@@ -125,10 +127,18 @@ class SandboxResult:
                          "`onnxmedic reduce` can shrink it to a minimal repro for a bug report.",
                          details={"signal": self.signal, "stderr": self.stderr[-2000:]})
         if self.status == "oom":
-            return error("OM514", stage, f"ONNX Runtime ran out of memory while {where}.",
-                         suggestion="Try smaller example inputs or check for a shape that "
-                         "explodes (an Expand or Tile to a huge size).",
-                         details={"error": self.error})
+            cap = (f" under the sandbox's cap of {self.memory_limit / 2**30:.2f} GiB"
+                   if self.memory_limit else "")
+            size = (f" (the model and its weights: {self.model_bytes / 2**30:.2f} GiB)"
+                    if self.model_bytes else "")
+            return error("OM514", stage, f"ONNX Runtime ran out of memory{cap} while "
+                         f"{where}{size}.",
+                         suggestion="The cap is 70% of the memory available when onnxmedic "
+                         "started: free memory or use a larger machine; otherwise try smaller "
+                         "example inputs or check for a shape that explodes (an Expand or "
+                         "Tile to a huge size).",
+                         details={"error": self.error, "memory_limit": self.memory_limit,
+                                  "model_bytes": self.model_bytes})
         return error("OM009", stage, f"the sandbox failed: {self.error}")
 
 
@@ -191,6 +201,7 @@ class Worker:
     def __init__(self, memory_limit: int | None = -1) -> None:
         if memory_limit == -1:
             memory_limit = default_memory_limit()
+        self.memory_limit = memory_limit
         self.dir = Path(tempfile.mkdtemp(prefix="onnxmedic-sbx-"))
         # The worker runs as a plain script (not -m onnxmedic...): importing the onnxmedic
         # package would import torch, which the child never needs and which costs seconds.
@@ -253,8 +264,13 @@ class Worker:
             return SandboxResult("timeout", phase=phase, wall_seconds=wall, stderr=stderr)
         result_file = req_dir / "result.json"
         if proc.returncode and proc.returncode < 0 or not result_file.exists():
-            return _crashed(proc.returncode, phase, wall, stderr)
-        return _read_result(req_dir, json.loads(result_file.read_text()), phase, wall, stderr)
+            out = _crashed(proc.returncode, phase, wall, stderr)
+        else:
+            out = _read_result(req_dir, json.loads(result_file.read_text()), phase, wall,
+                               stderr)
+        if out.status == "oom":  # what the finding needs to say how far off it was
+            out.memory_limit, out.model_bytes = self.memory_limit, _model_bytes(model_path)
+        return out
 
     def _send(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
               options: dict[str, Any]) -> None:
@@ -289,6 +305,15 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bool, bytes | 
     finally:
         _kill_group(proc)  # grandchildren, if any
     return timed_out, stderr_b
+
+
+def _model_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Bytes of a model file and the external data files beside it named after it."""
+    p = Path(path)
+    try:
+        return p.stat().st_size + sum(f.stat().st_size for f in p.parent.glob(f"{p.name}.data*"))
+    except OSError:
+        return None
 
 
 def _crashed(returncode: int | None, phase: str, wall: float, stderr: str) -> SandboxResult:
