@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import onnxmedic
-from onnxmedic import api
 from tests import models
 
 
