@@ -47,6 +47,15 @@ class OutputComparison:
     total: int
     ok: bool
     reason: str = ""  # why it is not ok, when it is structural
+    # how it was judged (verify/budget.py): "float64 budget", "scaled normwise", "exact",
+    # "fixed tolerance"; "tolerance" where compared by rtol/atol alone (the op tables)
+    rule: str = "tolerance"
+    budget: float | None = None  # the float64 budget: ONNX Runtime's error / PyTorch's, max
+    torch_error: float | None = None  # PyTorch's own relative normwise error vs float64
+    onnx_error: float | None = None  # ONNX Runtime's relative normwise error (vs the reference)
+    ratio: float | None = None  # onnx_error / torch_error
+    unstable: bool = False  # PyTorch's own error says the model is unstable on this input
+    histogram: list[list[float]] | None = None  # |error| / rms(output) per decade (HTML)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,13 +165,18 @@ def compare_outputs(
     *,
     input_set: str = "example",
     tolerance: tuple[float, float] | None = None,
+    judge: Any = None,
 ) -> list[OutputComparison]:
-    """Compare output lists position by position; a missing output is a failed comparison."""
+    """Compare output lists position by position; a missing output is a failed comparison.
+    ``judge(name, expected, actual, index)``: the comparison of one output (default:
+    compare_arrays with ``tolerance``)."""
     results = []
     for i, exp in enumerate(expected):
         name = names[i] if i < len(names) else f"output_{i}"
         act = actual[i] if i < len(actual) else None
-        results.append(compare_arrays(name, exp, act, input_set=input_set, tolerance=tolerance))
+        results.append(judge(name, exp, act, i) if judge is not None else
+                       compare_arrays(name, exp, act, input_set=input_set,
+                                      tolerance=tolerance))
     for j in range(len(expected), len(actual)):
         results.append(
             OutputComparison(

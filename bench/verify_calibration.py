@@ -1,0 +1,195 @@
+"""Calibration of verification's acceptance rule (verify/budget.py) on real-size models.
+
+For each model (transformers default configs, random weights, no downloads):
+- quiet: onnxmedic.export verifies it (0 false alarms), and PyTorch's own float32 error, ONNX
+  Runtime's error (both relative normwise against float64) and their ratio, worst over outputs
+  and input sets;
+- sharp: faults injected into the exported file (verify/faults.py) - the largest weight scaled
+  by 1 + delta for delta in 1e-2 ... 1e-5, a bias dropped, an epsilon changed, an activation
+  swapped, a softmax axis changed, an Add turned into Sub - each checked with onnxmedic.verify;
+  the smallest delta caught and whether each structural fault is caught;
+- cost: export + verify wall time against torch.onnx.export(dynamo=True, verify=True) in the
+  same run, and the seconds the float64 reference took.
+
+Usage: python bench/verify_calibration.py [--models resnet,bert] [--json out.json]
+       [--no-faults] [--no-peer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import onnxmedic  # noqa: E402
+from onnxmedic.verify import faults  # noqa: E402
+
+DELTAS = (1e-2, 1e-3, 1e-4, 1e-5)
+
+
+def trained_like(model):
+    """Random weights as initialised leave biases, norm shifts and running statistics at 0/1,
+    which trained models never have (and a dropped bias would change nothing): draw them."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if name.endswith("bias") or name.endswith("running_mean"):
+                t.copy_(torch.randn(t.shape, generator=g) * 0.05)
+            elif name.endswith("running_var"):
+                t.copy_(torch.rand(t.shape, generator=g) + 0.5)
+    return model.eval()
+
+
+def _hf(cls: str, kind: str, **over):
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(kind, **over)
+    return trained_like(getattr(transformers, cls)(cfg))
+
+
+def _image(b: int = 2, s: int = 224):
+    return (torch.randn(b, 3, s, s, generator=torch.Generator().manual_seed(0)),)
+
+
+def _ids(b: int = 2, s: int = 128, vocab: int = 1000):
+    return (torch.randint(0, vocab, (b, s), generator=torch.Generator().manual_seed(0)),)
+
+
+def _llama():
+    import transformers
+
+    cfg = transformers.LlamaConfig(hidden_size=768, intermediate_size=2048,
+                                   num_hidden_layers=8, num_attention_heads=12,
+                                   num_key_value_heads=4, vocab_size=32000, use_cache=False)
+    return trained_like(transformers.LlamaModel(cfg))
+
+
+def _whisper_encoder():
+    m = _hf("WhisperModel", "whisper")
+    return trained_like(m.get_encoder())
+
+
+MODELS = {
+    "resnet": lambda: (_hf("ResNetModel", "resnet"), _image()),
+    "convnext": lambda: (_hf("ConvNextModel", "convnext"), _image()),
+    "vit": lambda: (_hf("ViTModel", "vit"), _image()),
+    "swin": lambda: (_hf("SwinModel", "swin"), _image()),
+    "segformer": lambda: (_hf("SegformerModel", "segformer"), _image(1, 256)),
+    "bert": lambda: (_hf("BertModel", "bert"), _ids()),
+    "gpt2": lambda: (_hf("GPT2Model", "gpt2", use_cache=False), _ids()),
+    "t5-encoder": lambda: (_hf("T5EncoderModel", "t5"), _ids()),
+    "whisper-encoder": lambda: (_whisper_encoder(),
+                                (torch.randn(1, 80, 3000,
+                                             generator=torch.Generator().manual_seed(0)),)),
+    "wav2vec2": lambda: (_hf("Wav2Vec2Model", "wav2vec2"),
+                         (torch.randn(1, 16000, generator=torch.Generator().manual_seed(0)),)),
+    "llama-100m": lambda: (_llama(), _ids(1, 128, 32000)),
+    "mobilevit": lambda: (_hf("MobileViTModel", "mobilevit"), _image(2, 256)),
+}
+
+
+def _worst(result) -> dict:
+    comps = [c for c in result.verification if c.onnx_error is not None]
+    if not comps:
+        return {}
+    w = max(comps, key=lambda c: (c.ratio or 0.0, c.onnx_error or 0.0))
+    return {"rule": w.rule, "torch_error": w.torch_error, "onnx_error": w.onnx_error,
+            "ratio": w.ratio, "rules": sorted({c.rule for c in comps})}
+
+
+def _caught(path: Path, bad: onnx.ModelProto, model, args) -> bool | None:
+    if bad is None:
+        return None
+    p = path.with_name("fault.onnx")
+    onnx.save(bad, p)
+    r = onnxmedic.verify(p, model, args)
+    return not r.ok
+
+
+def _peer(model, args) -> float | None:
+    t0 = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory() as td:
+            torch.onnx.export(model, args, str(Path(td) / "m.onnx"), dynamo=True,
+                              verify=True)
+    except Exception:
+        return None
+    return time.perf_counter() - t0
+
+
+def calibrate(name: str, with_faults: bool, with_peer: bool) -> dict:
+    model, args = MODELS[name]()
+    rec: dict = {"model": name,
+                 "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+    with tempfile.TemporaryDirectory(prefix="calib-") as td:
+        path = Path(td) / "m.onnx"
+        t0 = time.perf_counter()
+        r = onnxmedic.export(model, args, path)
+        rec.update(ok=r.ok, export_s=time.perf_counter() - t0,
+                   reference_s=r.timings.get("reference", 0.0),
+                   verify_s=sum(r.timings.get(k, 0.0) for k in ("runtime", "compare",
+                                                                 "reference")),
+                   errors=[f"{f.code}: {f.message[:160]}" for f in r.errors], **_worst(r))
+        if with_peer:
+            rec["torch_onnx_s"] = _peer(model, args)
+        if not r.ok or not with_faults:
+            return rec
+        proto = onnx.load(path)
+        caught = {d: _caught(path, faults.scale_weight(proto, d), model, args) for d in DELTAS}
+        rec["weight_scale_caught"] = {str(d): v for d, v in caught.items()}
+        rec["smallest_delta_caught"] = min((d for d, v in caught.items() if v), default=None)
+        rec["structural"] = {k: _caught(path, fn(proto), model, args)
+                             for k, fn in faults.STRUCTURAL.items()}
+    return rec
+
+
+def _fmt(x, spec=".2g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--json")
+    ap.add_argument("--no-faults", action="store_true")
+    ap.add_argument("--no-peer", action="store_true")
+    ns = ap.parse_args()
+    warnings.simplefilter("ignore")
+    logging.disable(logging.WARNING)
+    rows = []
+    print("| model | params M | verified | rule | torch err | onnx err | ratio | smallest "
+          "delta caught | structural caught | export s | torch.onnx s | reference s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name in ns.models.split(","):
+        try:
+            rec = calibrate(name, not ns.no_faults, not ns.no_peer)
+        except Exception as e:  # a model that cannot be built here: say so, go on
+            rec = {"model": name, "ok": False, "errors": [f"{type(e).__name__}: {e}"[:200]]}
+        rows.append(rec)
+        st = rec.get("structural") or {}
+        caught = sum(1 for v in st.values() if v)
+        applicable = sum(1 for v in st.values() if v is not None)
+        print(f"| {name} | {_fmt(rec.get('params_m'), '.0f')} | {rec.get('ok')} | "
+              f"{rec.get('rule', '-')} | {_fmt(rec.get('torch_error'))} | "
+              f"{_fmt(rec.get('onnx_error'))} | {_fmt(rec.get('ratio'))} | "
+              f"{_fmt(rec.get('smallest_delta_caught'), 'g')} | {caught}/{applicable} | "
+              f"{_fmt(rec.get('export_s'), '.1f')} | {_fmt(rec.get('torch_onnx_s'), '.1f')} | "
+              f"{_fmt(rec.get('reference_s'), '.2f')} |"
+              + (f" {rec['errors'][0]}" if rec.get("errors") else ""), flush=True)
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Faults injected into an ONNX model, to show that verification catches real miscompiles
+(bench/verify_calibration.py and the tests): each returns a changed copy, or None where the
+model has nothing of that kind.
+
+- ``scale_weight(m, delta)``: the largest float initializer multiplied by (1 + delta)
+- ``drop_bias(m)``: the bias of the first Conv / Gemm with one, or the first 1-D initializer
+  added to an activation, set to zero
+- ``change_epsilon(m)``: the first normalisation's epsilon times 1000 (at least 1e-2)
+- ``swap_activation(m)``: the first Relu/Gelu/Tanh/Sigmoid/Erf/Softplus computed as another
+- ``change_softmax_axis(m)``: the first Softmax over another axis of size > 1
+- ``add_to_sub(m)``: the first Add of two computed values turned into Sub
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+_NORMS = ("LayerNormalization", "BatchNormalization", "InstanceNormalization",
+          "GroupNormalization", "SimplifiedLayerNormalization", "RMSNormalization")
+_ACTS = {"Relu": "Sigmoid", "Gelu": "Relu", "Tanh": "Sigmoid", "Sigmoid": "Tanh",
+         "Erf": "Tanh", "Softplus": "Relu"}
+
+
+def _copy(m: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    return out
+
+
+def _float_inits(m: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [t for t in m.graph.initializer
+            if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE,
+                               onnx.TensorProto.FLOAT16)]
+
+
+def _replace(m: onnx.ModelProto, t: onnx.TensorProto, value: np.ndarray) -> None:
+    t.CopyFrom(numpy_helper.from_array(value.astype(numpy_helper.to_array(t).dtype), t.name))
+
+
+def scale_weight(m: onnx.ModelProto, delta: float) -> onnx.ModelProto | None:
+    inits = [t for t in _float_inits(m) if len(t.dims) >= 2]
+    if not inits:
+        return None
+    out = _copy(m)
+    t = max((x for x in out.graph.initializer if x.name in {i.name for i in inits}),
+            key=lambda x: int(np.prod(x.dims)))
+    _replace(out, t, numpy_helper.to_array(t).astype(np.float64) * (1 + delta))
+    return out
+
+
+def drop_bias(m: onnx.ModelProto) -> onnx.ModelProto | None:
+    out = _copy(m)
+    inits = {t.name: t for t in _float_inits(out)}
+    for n in out.graph.node:
+        cand = (n.input[2] if n.op_type in ("Conv", "Gemm") and len(n.input) > 2 else
+                next((i for i in n.input if i in inits and len(inits[i].dims) == 1
+                      and int(np.prod(inits[i].dims)) > 1), None)
+                if n.op_type == "Add" else None)
+        if cand and cand in inits and np.any(numpy_helper.to_array(inits[cand]) != 0):
+            _replace(out, inits[cand], np.zeros_like(numpy_helper.to_array(inits[cand])))
+            return out
+    return None
+
+
+def change_epsilon(m: onnx.ModelProto) -> onnx.ModelProto | None:
+    out = _copy(m)
+    for n in out.graph.node:
+        if n.op_type in _NORMS:
+            eps = next((a for a in n.attribute if a.name == "epsilon"), None)
+            if eps is None:
+                n.attribute.append(onnx.helper.make_attribute("epsilon", 1e-2))
+            else:
+                eps.f = max(eps.f * 1000, 1e-2)
+            return out
+    return None
+
+
+def swap_activation(m: onnx.ModelProto) -> onnx.ModelProto | None:
+    out = _copy(m)
+    for n in out.graph.node:
+        if n.op_type in _ACTS and n.domain in ("", "ai.onnx"):
+            n.op_type = _ACTS[n.op_type]
+            del n.attribute[:]
+            return out
+    return None
+
+
+def _shapes(m: onnx.ModelProto) -> dict[str, list[int | None]]:
+    from onnxmedic.onnxfile import skeleton
+
+    inferred = onnx.shape_inference.infer_shapes(skeleton(m), data_prop=True)
+    out = {}
+    for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(
+            inferred.graph.output):
+        if v.type.HasField("tensor_type"):
+            out[v.name] = [d.dim_value if d.HasField("dim_value") else None
+                           for d in v.type.tensor_type.shape.dim]
+    return out
+
+
+def change_softmax_axis(m: onnx.ModelProto) -> onnx.ModelProto | None:
+    out = _copy(m)
+    shapes = _shapes(out)
+    for n in out.graph.node:
+        if n.op_type not in ("Softmax", "LogSoftmax"):
+            continue
+        dims = shapes.get(n.input[0])
+        if not dims:
+            continue
+        axis_attr = next((a for a in n.attribute if a.name == "axis"), None)
+        axis = (axis_attr.i if axis_attr is not None else -1) % len(dims)
+        other = next((k for k in reversed(range(len(dims)))
+                      if k != axis and (dims[k] is None or dims[k] > 1)), None)
+        if other is None:
+            continue
+        if axis_attr is None:
+            n.attribute.append(onnx.helper.make_attribute("axis", other))
+        else:
+            axis_attr.i = other
+        return out
+    return None
+
+
+def add_to_sub(m: onnx.ModelProto) -> onnx.ModelProto | None:
+    out = _copy(m)
+    consts = {t.name for t in out.graph.initializer} | {
+        o for n in out.graph.node if n.op_type == "Constant" for o in n.output}
+    for n in out.graph.node:
+        if n.op_type == "Add" and not any(i in consts for i in n.input):
+            n.op_type = "Sub"
+            return out
+    return None
+
+
+STRUCTURAL: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto | None]] = {
+    "bias dropped": drop_bias, "epsilon changed": change_epsilon,
+    "activation swapped": swap_activation, "softmax axis changed": change_softmax_axis,
+    "Add -> Sub": add_to_sub,
+}

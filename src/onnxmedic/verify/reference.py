@@ -1,0 +1,122 @@
+"""The higher-precision reference verification judges ONNX Runtime's error against: the model
+run in float64 (float32 for float16/bfloat16 models) on each input set, on a copy - the
+user's model is never converted.
+
+A reference is not made, and the outputs are judged by the scaled normwise rule instead
+(verify/budget.py), when: the model's weights are not floating point, a copy at the higher
+precision would need more than MEMORY_SHARE of the memory available now, the model cannot be
+copied or run at that precision (no float64 kernel), or - per output - the model computes the
+output at its own precision anyway (it casts to float32 internally).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from onnxmedic._tensors import flatten_tensors, to_numpy
+from onnxmedic.inputs import Inputs
+
+logger = logging.getLogger(__name__)
+
+MEMORY_SHARE = 0.4  # of the memory available, at most, for the higher-precision copy
+
+
+@dataclass
+class Reference:
+    """Per input set, per output: the reference array, or None where there is none."""
+
+    outputs: list[list[np.ndarray | None]] = field(default_factory=list)
+    dtype: str | None = None  # "float64" or "float32"
+    why_not: str | None = None  # why there is no reference at all
+
+
+def _precision(model: Any) -> tuple[torch.dtype | None, str | None]:
+    """The dtype the reference runs at, or None with the reason."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    floats = [t.dtype for t in tensors if t.is_floating_point()]
+    if not floats:
+        return torch.float64, None  # no weights: the inputs decide
+    low = {torch.float16, torch.bfloat16}
+    if all(d == torch.float64 for d in floats):
+        return None, "the model already computes in float64"
+    return (torch.float32 if any(d in low for d in floats) and torch.float32 not in floats
+            else torch.float64), None
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def copy_bytes(model: Any, dtype: torch.dtype) -> int:
+    """Bytes of the model's parameters and buffers converted to ``dtype``."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    return sum(t.numel() * (size if t.is_floating_point() else t.element_size())
+               for t in list(model.parameters()) + list(model.buffers()))
+
+
+def _convert(value: Any, dtype: torch.dtype) -> Any:
+    def cast(t: Any) -> Any:
+        return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+    return torch.utils._pytree.tree_map(cast, value)
+
+
+def reference_outputs(model: Any, sets: list[Inputs],
+                      expected: list[list[np.ndarray]]) -> Reference:
+    """The reference outputs of ``model`` (an nn.Module) on ``sets`` (``expected``: its outputs
+    at its own precision, to tell which outputs the higher precision reaches)."""
+    if not isinstance(model, torch.nn.Module):
+        return Reference(why_not="the model is not an nn.Module")
+    dtype, why = _precision(model)
+    if dtype is None:
+        return Reference(why_not=why)
+    need, avail = copy_bytes(model, dtype), _available_memory()
+    if avail is not None and need > MEMORY_SHARE * avail:
+        return Reference(why_not=f"a {str(dtype)[6:]} copy of the model needs "
+                         f"{need / 2**30:.2f} GiB, more than {MEMORY_SHARE:.0%} of the "
+                         f"{avail / 2**30:.1f} GiB available")
+    name = str(dtype)[6:]
+    try:
+        high = copy.deepcopy(model).to(dtype)
+    except Exception as e:
+        return Reference(why_not=f"the model cannot be copied ({type(e).__name__}: "
+                         f"{str(e)[:160]})")
+    out = Reference(dtype=name)
+    try:
+        with torch.no_grad():
+            for s, exp in zip(sets, expected):
+                got = flatten_tensors(high(*_convert(s.args, dtype),
+                                           **_convert(s.kwargs, dtype)))
+                out.outputs.append(_matched([to_numpy(t) for t in got], exp, name))
+    except Exception as e:  # no kernel at that precision, or the model insists on float32
+        logger.debug("no %s reference", name, exc_info=True)
+        return Reference(why_not=f"the model does not run in {name} ({type(e).__name__}: "
+                         f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''})")
+    finally:
+        del high
+    return out
+
+
+def _matched(ref: list[np.ndarray], expected: list[np.ndarray],
+             name: str) -> list[np.ndarray | None]:
+    """Per output, the reference where it is at the higher precision and of the same shape."""
+    if len(ref) != len(expected):
+        return [None] * len(expected)
+    return [r if str(r.dtype) == name and r.shape == np.asarray(e).shape
+            and np.asarray(e).dtype.kind == "f" else None for r, e in zip(ref, expected)]

@@ -1,0 +1,105 @@
+"""The acceptance rule (verify/budget.py): quiet on float32 rounding, sharp on real faults."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxmedic.verify import budget
+from onnxmedic.verify.budget import judge_output
+
+RNG = np.random.default_rng(0)
+
+
+def _deep_sum(n: int = 4096, terms: int = 512):
+    """A float64 'true' output, PyTorch-like float32 rounding of it, and an ONNX Runtime-like
+    one that summed in another order: both carry float32 accumulation error."""
+    parts = RNG.standard_normal((terms, n))
+    ref = parts.sum(0)
+    p32 = parts.astype(np.float32)
+    torch_like = p32.sum(0, dtype=np.float32)
+    ort_like = p32[::-1].cumsum(0, dtype=np.float32)[-1]
+    return ref, torch_like, ort_like
+
+
+def test_rounding_of_another_summation_order_is_accepted():
+    ref, y, o = _deep_sum()
+    c = judge_output("y", y, o, ref)
+    assert c.ok and c.rule == budget.RULE_BUDGET
+    assert 0.1 < c.ratio < 3 and c.torch_error > 0
+    assert c.histogram and sum(n for _, n in c.histogram) == y.size
+
+
+def test_the_fixed_tolerance_would_have_refused_it():
+    """The false alarm this rule replaces: deep float32 sums miss rtol=1e-4/atol=1e-5."""
+    ref, y, o = _deep_sum(terms=4096)
+    y, o = y * 300, o * 300
+    assert not judge_output("y", y, o, ref * 300, tolerance=(1e-4, 1e-5)).ok
+    assert judge_output("y", y, o, ref * 300).ok
+
+
+@pytest.mark.parametrize("delta", [1e-3, 1e-4])
+def test_a_relative_change_far_above_pytorchs_own_error_is_caught(delta):
+    ref, y, o = _deep_sum()
+    c = judge_output("y", y, (o * (1 + delta)).astype(np.float32), ref)
+    assert not c.ok and "budget" in c.reason and c.ratio > budget.BUDGET
+
+
+def test_one_wrong_element_cannot_hide_in_the_norm():
+    ref, y, o = _deep_sum(n=100_000)
+    bad = o.copy()
+    bad[123] += 50 * np.abs(y - ref).max()  # normwise this is nothing
+    c = judge_output("y", y, bad, ref)
+    assert not c.ok and c.mismatched == 1
+    assert np.linalg.norm(bad - ref) < budget.BUDGET * np.linalg.norm(y - ref)
+
+
+def test_nan_and_inf_positions_must_match():
+    ref, y, o = _deep_sum(n=64)
+    y[3], ref[3], o[3] = np.nan, np.nan, np.nan
+    assert judge_output("y", y, o, ref).ok
+    o2 = o.copy()
+    o2[5] = np.inf
+    assert not judge_output("y", y, o2, ref).ok
+
+
+def test_integers_and_booleans_are_exact_and_a_user_tolerance_is_kept():
+    a = np.arange(10, dtype=np.int64)
+    b = a.copy()
+    b[4] += 1
+    assert judge_output("i", a, a, None).rule == budget.RULE_EXACT
+    assert not judge_output("i", a, b, None).ok
+    c = judge_output("y", np.ones(3, np.float32), np.ones(3, np.float32) * 1.01, None,
+                     tolerance=(0.1, 0.0))
+    assert c.ok and c.rule == budget.RULE_FIXED
+
+
+def test_without_a_reference_the_scaled_normwise_rule_judges():
+    ref, y, o = _deep_sum(terms=4096)
+    y, o = y * 300, o * 300  # errors of 1e-4 abs at a scale of 1e3: fine normwise
+    c = judge_output("y", y, o, None)
+    assert c.ok and c.rule == budget.RULE_NORMWISE
+    c = judge_output("y", y, (o * 1.001).astype(np.float32), None)  # 1e-3: caught
+    assert not c.ok and "scaled normwise" in c.reason
+
+
+def test_a_reference_at_the_same_precision_is_not_used():
+    ref, y, o = _deep_sum(n=64)
+    assert judge_output("y", y, o, ref.astype(np.float32)).rule == budget.RULE_NORMWISE
+
+
+def test_fast_agreement_needs_no_reference_and_sends_the_rest_on():
+    y = RNG.standard_normal(1000).astype(np.float32)
+    close = (y * (1 + 2e-7)).astype(np.float32)
+    assert judge_output("y", y, close, None, fast=True).rule == budget.RULE_AGREE
+    far = (y * (1 + 1e-5)).astype(np.float32)
+    c = judge_output("y", y, far, None, fast=True)
+    assert c.rule == budget.RULE_PENDING  # no verdict yet: the caller runs the reference
+
+
+def test_an_unstable_model_is_flagged_not_refused():
+    x = RNG.standard_normal(1000)
+    ref = x  # (x + 1e6) - 1e6 in exact arithmetic
+    y = ((x.astype(np.float32) + np.float32(1e6)) - np.float32(1e6)).astype(np.float32)
+    c = judge_output("y", y, y.copy(), ref)
+    assert c.ok and c.unstable and c.torch_error > budget.UNSTABLE["float32"]
