@@ -38,11 +38,14 @@ def render_terminal(result: Any, console: Console | None = None, verbose: bool =
             console.print(f"    [cyan]Next step:[/] {escape(f.suggestion)}")
     if result.verification:
         t = Table(title="verification against PyTorch", title_justify="left")
-        for col in ("output", "input set", "shape", "dtype", "max abs", "max rel", "status"):
+        for col in ("output", "input set", "shape", "dtype", "max abs", "max rel", "rule",
+                    "vs PyTorch's own", "status"):
             t.add_column(col)
         for c in result.verification:
+            ratio = ("" if getattr(c, "ratio", None) is None else
+                     f"{c.ratio:.2g}x (budget {c.budget:g}x)")
             t.add_row(escape(c.name), c.input_set, str(c.expected_shape), c.expected_dtype,
-                      f"{c.max_abs:.3g}", f"{c.max_rel:.3g}",
+                      f"{c.max_abs:.3g}", f"{c.max_rel:.3g}", getattr(c, "rule", ""), ratio,
                       "[green]ok[/]" if c.ok else f"[red]{escape(c.reason)}[/]")
         console.print(t)
     loc = getattr(result, "localization", None)
