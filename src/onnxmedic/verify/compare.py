@@ -61,12 +61,6 @@ class OutputComparison:
         return asdict(self)
 
 
-def _dtype_name(a: np.ndarray) -> str:
-    name = str(a.dtype)
-    # ml_dtypes' bfloat16 prints as "bfloat16" already; keep numpy names otherwise
-    return name
-
-
 def compare_arrays(
     name: str,
     expected: np.ndarray,
@@ -78,34 +72,19 @@ def compare_arrays(
 ) -> OutputComparison:
     """Compare one output. NaN must match NaN, inf must match inf of the same sign."""
     exp = np.asarray(expected)
-    exp_dtype = _dtype_name(exp)
+    exp_dtype = str(exp.dtype)  # ml_dtypes' bfloat16 prints as "bfloat16"
     rtol, atol = tolerance_for(exp_dtype, tolerance)
     if tolerance is None and exp_dtype in SCALED_ATOL and exp.size:
-        # float16/bfloat16 intermediates are rounded at ~3 significant digits of *their*
-        # magnitude, so an element that cancels to near 0 (a normalised activation, a residual
-        # sum) carries an absolute error proportional to the tensor's scale, not to 1: the
-        # absolute tolerance is per unit of the output's largest finite magnitude (at least 1)
-        with np.errstate(invalid="ignore"):
-            mags = np.abs(exp.astype(np.float64))
-        mags = mags[np.isfinite(mags)]
-        if mags.size:
-            atol *= max(1.0, float(mags.max()))
-    base = dict(
-        name=name,
-        input_set=input_set,
-        expected_shape=list(exp.shape),
-        expected_dtype=exp_dtype,
-        rtol=rtol,
-        atol=atol,
-        total=int(exp.size),
-    )
+        atol *= _scale(exp)
+    base = dict(name=name, input_set=input_set, expected_shape=list(exp.shape),
+                expected_dtype=exp_dtype, rtol=rtol, atol=atol, total=int(exp.size))
     if actual is None:
         return OutputComparison(
             **base, actual_shape=None, actual_dtype=None, max_abs=float("inf"),
             max_rel=float("inf"), mismatched=int(exp.size), ok=False, reason="output missing",
         )
     act = np.asarray(actual)
-    act_dtype = _dtype_name(act)
+    act_dtype = str(act.dtype)
     if tuple(act.shape) != tuple(exp.shape):
         return OutputComparison(
             **base, actual_shape=list(act.shape), actual_dtype=act_dtype, max_abs=float("inf"),
@@ -121,41 +100,58 @@ def compare_arrays(
             max_rel=0.0, mismatched=0, ok=not reason, reason=reason,
         )
     if exp.dtype.kind in "biu" and act.dtype.kind in "biu":
-        e64, a64 = exp.astype(np.int64), act.astype(np.int64)
-        diff = np.abs(e64 - a64).astype(np.float64)
-        bad = diff > 0
-        max_abs = float(diff.max())
-        denom = np.abs(e64).astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.where(diff == 0, 0.0, diff / np.maximum(denom, 1.0))
-        max_rel = float(rel.max())
+        max_abs, max_rel, mismatched = _integer_errors(exp, act)
     else:
-        if exp.dtype.kind == "c" or act.dtype.kind == "c":
-            e = exp.astype(np.complex128)
-            a = act.astype(np.complex128)
-        else:
-            e = exp.astype(np.float64)
-            a = act.astype(np.float64)
-        nan_e, nan_a = np.isnan(e), np.isnan(a)
-        inf_e, inf_a = np.isinf(e), np.isinf(a)
-        both_nan = nan_e & nan_a
-        same_inf = inf_e & inf_a & (e == a)
-        special_bad = (nan_e ^ nan_a) | ((inf_e | inf_a) & ~same_inf & ~(nan_e | nan_a))
-        finite = ~(nan_e | nan_a | inf_e | inf_a)
-        with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.where(finite, np.abs(e - a), 0.0)
-            bad = special_bad | (finite & (diff > atol + rtol * np.abs(e)))
-            rel = np.where(finite, diff / (np.abs(e) + atol + np.finfo(np.float64).tiny), 0.0)
-        del both_nan
-        max_abs = float(np.inf) if special_bad.any() else float(diff.max())
-        max_rel = float(np.inf) if special_bad.any() else float(rel.max())
-    mismatched = int(np.count_nonzero(bad))
+        max_abs, max_rel, mismatched = _float_errors(exp, act, rtol, atol)
     return OutputComparison(
         **base, actual_shape=list(act.shape), actual_dtype=act_dtype, max_abs=max_abs,
         max_rel=max_rel, mismatched=mismatched, ok=(mismatched == 0 and not reason),
         reason=reason or (f"{mismatched} of {exp.size} elements outside tolerance"
                           if mismatched else ""),
     )
+
+
+def _scale(exp: np.ndarray) -> float:
+    """float16/bfloat16 intermediates are rounded at ~3 significant digits of *their*
+    magnitude, so an element that cancels to near 0 (a normalised activation, a residual sum)
+    carries an absolute error proportional to the tensor's scale, not to 1: the absolute
+    tolerance is per unit of the output's largest finite magnitude (at least 1)."""
+    with np.errstate(invalid="ignore"):
+        mags = np.abs(exp.astype(np.float64))
+    mags = mags[np.isfinite(mags)]
+    return max(1.0, float(mags.max())) if mags.size else 1.0
+
+
+def _integer_errors(exp: np.ndarray, act: np.ndarray) -> tuple[float, float, int]:
+    """(max abs, max rel, mismatched) of integer/boolean outputs: they must match exactly."""
+    e64, a64 = exp.astype(np.int64), act.astype(np.int64)
+    diff = np.abs(e64 - a64).astype(np.float64)
+    denom = np.abs(e64).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(diff == 0, 0.0, diff / np.maximum(denom, 1.0))
+    return float(diff.max()), float(rel.max()), int(np.count_nonzero(diff > 0))
+
+
+def _float_errors(exp: np.ndarray, act: np.ndarray, rtol: float, atol: float
+                  ) -> tuple[float, float, int]:
+    """(max abs, max rel, mismatched) of float/complex outputs against rtol/atol; NaN must
+    match NaN and inf the same inf (a mismatch there makes both maxima inf)."""
+    if exp.dtype.kind == "c" or act.dtype.kind == "c":
+        e, a = exp.astype(np.complex128), act.astype(np.complex128)
+    else:
+        e, a = exp.astype(np.float64), act.astype(np.float64)
+    nan_e, nan_a = np.isnan(e), np.isnan(a)
+    inf_e, inf_a = np.isinf(e), np.isinf(a)
+    same_inf = inf_e & inf_a & (e == a)
+    special_bad = (nan_e ^ nan_a) | ((inf_e | inf_a) & ~same_inf & ~(nan_e | nan_a))
+    finite = ~(nan_e | nan_a | inf_e | inf_a)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(finite, np.abs(e - a), 0.0)
+        bad = special_bad | (finite & (diff > atol + rtol * np.abs(e)))
+        rel = np.where(finite, diff / (np.abs(e) + atol + np.finfo(np.float64).tiny), 0.0)
+    if special_bad.any():
+        return float(np.inf), float(np.inf), int(np.count_nonzero(bad))
+    return float(diff.max()), float(rel.max()), int(np.count_nonzero(bad))
 
 
 def compare_outputs(
