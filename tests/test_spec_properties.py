@@ -49,6 +49,8 @@ def test_dynamic_spec_parser_never_crashes(specs):
     except InputError as e:
         assert e.finding.code == "OM004"
         return
+    if out == inputs.AUTO:  # ["auto"] (hypothesis finds it): every dim dynamic, by design
+        return
     for name, dims in out.items():
         assert name and all(isinstance(d, int) and isinstance(v, str) for d, v in dims.items())
 

@@ -80,6 +80,13 @@ def str_dims_to_export_dims(dynamic_shapes: Any) -> tuple[Any, bool]:
     return _dynamic_shapes.convert_str_to_export_dim(dynamic_shapes)
 
 
+def is_derived_dim(value: Any) -> bool:
+    """Whether ``value`` is a torch.export Dim derived from another (``2 * seq``)."""
+    from torch.export.dynamic_shapes import _DerivedDim
+
+    return isinstance(value, _DerivedDim)
+
+
 def rename_dynamic_axes(onnx_program: Any, str_dims: Any) -> None:
     """Name the ONNX model's symbolic dims after the user's strings, as torch.onnx does."""
     onnx_program._rename_dynamic_axes(str_dims)

@@ -47,6 +47,7 @@ class ExportContext:
     opset_bound: str = "asked for"  # what set it
     program: Any = None  # the captured ExportedProgram
     str_dims: Any = None  # string dims to rename the ONNX axes to
+    requested_dims: Any = None  # the dynamic shapes asked for ("auto"/dynamic_axes completed)
     branch_probe: bool = False  # capture specialised a data-dependent branch
     auto_dims: bool = False  # dynamic_shapes="auto"
     onnx_program: Any = None  # torch.onnx.ONNXProgram

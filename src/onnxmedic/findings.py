@@ -242,6 +242,12 @@ CODES: dict[str, CodeInfo] = {
         "dynamic_shapes='auto' (--dynamic auto): which input dims stayed dynamic and which the "
         "model fixed.",
     ),
+    "OM407": CodeInfo(
+        "a dimension declared dynamic is static in the ONNX model", 1,
+        "A dim the user declared dynamic came out of translation with a fixed size, so the "
+        "written model would reject every other size: the export stops instead of writing it. "
+        "The finding names the input, the dim and the size it was fixed to.",
+    ),
     "OM406": CodeInfo(
         "dynamic shapes refined by torch.export's suggested fixes", 0,
         "The dynamic shapes as given violated the model's constraints; torch.export's "

@@ -22,7 +22,7 @@ from onnxmedic._torch_compat import (
     prepare_for_export,
     rename_dynamic_axes,
 )
-from onnxmedic.capture.stage import report_auto_dims
+from onnxmedic.capture.stage import declared_dim_findings, report_auto_dims
 from onnxmedic.findings import Finding, error, info, warning
 from onnxmedic.fixes import opset as opset_fix
 from onnxmedic.fixes import try_fix
@@ -356,4 +356,13 @@ def translate_stage(ctx: Any) -> bool:
         return False
     if ctx.auto_dims:
         report_auto_dims(result)
+    # (dims the refinement made static are said by OM406 already; "auto" says which by OM404)
+    refined = any(f.code == "OM406" for f in result.findings)
+    found = [] if ctx.auto_dims or refined else declared_dim_findings(ctx.requested_dims,
+                                                                      result.onnx_model)
+    result.findings.extend(f for f in found if f.code != "OM407")
+    static = [f for f in found if f.code == "OM407"]
+    if static:
+        result.fail(STAGE, *static)
+        return False
     return True

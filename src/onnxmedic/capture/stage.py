@@ -9,12 +9,13 @@ import re
 from typing import Any
 
 import torch
+from torch.export import Dim
 
 from onnxmedic import inputs as inputs_mod
-from onnxmedic._torch_compat import str_dims_to_export_dims
+from onnxmedic._torch_compat import is_derived_dim, str_dims_to_export_dims
 from onnxmedic.capture.strategies import capture, classify_capture_error
 from onnxmedic.context import ExportContext
-from onnxmedic.findings import Finding, info, warning
+from onnxmedic.findings import Finding, error, info, warning
 from onnxmedic.onnxfile import graph_io
 
 logger = logging.getLogger(__name__)
@@ -44,9 +45,52 @@ def export_dims(ctx: ExportContext) -> Any:
         dynamic_shapes = inputs_mod.complete_dynamic_shapes(
             ctx.model, dynamic_shapes if ctx.auto_dims else
             inputs_mod.dynamic_axes_to_specs(dynamic_shapes), ctx.args, ctx.kwargs)
+    ctx.requested_dims = dynamic_shapes
+    normalised = normalise_dims(dynamic_shapes)
+    if normalised is not None:  # strings and plain Dims: one form, torch.export's DYNAMIC
+        dims, ctx.str_dims = normalised
+        return dims
     dims, need_rename = str_dims_to_export_dims(dynamic_shapes)
     ctx.str_dims = dynamic_shapes if need_rename else None
     return dims
+
+
+def normalise_dims(dynamic_shapes: Any) -> tuple[Any, Any] | None:
+    """One form for the dims users write: a string ({0: "batch"}) and a plain
+    ``torch.export.Dim("batch")`` (bounds kept: ``Dim("n", min=2, max=64)``) both become
+    ``Dim.DYNAMIC``, which torch.export may refine (a model that needs batch != 1 narrows the
+    range instead of failing with "Constraints violated"); the names are kept for the ONNX
+    axes. Returns (dims for torch.export, the same structure with names), or None when there
+    is nothing to normalise or derived dims (``2 * seq``) need the Dims as they are."""
+    found = {"dims": 0, "derived": 0}
+
+    def walk(v: Any) -> tuple[Any, Any]:
+        if isinstance(v, dict):
+            pairs = {k: walk(x) for k, x in v.items()}
+            return ({k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()})
+        if isinstance(v, (list, tuple)):
+            pairs = [walk(x) for x in v]
+            return (type(v)(p[0] for p in pairs), type(v)(p[1] for p in pairs))
+        if is_derived_dim(v):
+            found["derived"] += 1
+            return v, v
+        if isinstance(v, Dim):
+            found["dims"] += 1
+            lo, hi = v.min, v.max
+            bounded = {**({"min": lo} if lo not in (0, None) else {}),
+                       **({"max": hi} if isinstance(hi, int) and hi < 2**62 else {})}
+            return (Dim.DYNAMIC(**bounded) if bounded else Dim.DYNAMIC), v.__name__
+        if isinstance(v, str):
+            found["dims"] += 1
+            return Dim.DYNAMIC, v
+        return v, v
+
+    if dynamic_shapes is None or isinstance(dynamic_shapes, str):
+        return None
+    dims, names = walk(dynamic_shapes)
+    if found["derived"] or not found["dims"]:
+        return None
+    return dims, names
 
 
 def _capture_module(ctx: ExportContext) -> bool:
@@ -144,6 +188,60 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
                 details={"fixes": applied}))
             break
     return extra
+
+
+def _declared(requested: Any, proto: Any) -> list[tuple[str, int, str, Any]]:
+    """(input, axis, declared name, the ONNX dim) for every dim declared dynamic, by input
+    name (a dict) or position (a tuple) - a string or a Dim."""
+    if not isinstance(requested, (dict, list, tuple)):
+        return []
+    names, dims, _ = graph_io(proto)
+    by_name = dict(zip(names, dims))
+    pairs = (requested.items() if isinstance(requested, dict)
+             else zip(names, requested) if len(requested) == len(names) else [])
+    out = []
+    for name, spec in pairs:
+        onnx_dims = by_name.get(name)
+        axes = (spec.items() if isinstance(spec, dict) else enumerate(spec)
+                if isinstance(spec, (list, tuple)) else [])
+        for axis, want in axes:
+            if want is None or onnx_dims is None or not isinstance(axis, int) \
+                    or axis >= len(onnx_dims):
+                continue
+            label = want if isinstance(want, str) else getattr(want, "__name__", str(want))
+            out.append((name, axis, label, onnx_dims[axis]))
+    return out
+
+
+def declared_dim_findings(requested: Any, proto: Any) -> list[Finding]:
+    """What became of the dims declared dynamic: OM407 (an error) for each that is a fixed
+    size in the ONNX model - the file would reject other sizes; one OM406 warning for dims
+    torch.export found equal to another (``b = a``: the ONNX model names them alike)."""
+    found, merged = [], []
+    for name, axis, label, got in _declared(requested, proto):
+        if isinstance(got, int):
+            found.append(error(
+                "OM407", "translate", f"input {name!r} dim {axis} was declared dynamic "
+                f"({label}) but is fixed to {got} in the ONNX model: the file would reject "
+                "every other size, so it is not written.",
+                suggestion="The model specialises this dim (torch.export's guards in the "
+                "capture attempts say where): compute sizes with x.shape[...] instead of "
+                "Python ints, or declare the dim static.",
+                details={"input": name, "dim": axis, "fixed_to": got}))
+        elif got and got != label and f"{label} = {got}" not in merged:
+            merged.append(f"{label} = {got}")
+    if merged:
+        found.append(warning(
+            "OM406", "capture", f"the model requires dims declared apart to be equal: "
+            f"{'; '.join(merged)}; the ONNX model names each pair alike.",
+            suggestion="Declare them with one Dim (or one name) to silence this.",
+            details={"fixes": merged}))
+    return found
+
+
+def static_declared_dims(requested: Any, proto: Any) -> list[Finding]:
+    """The OM407 findings of declared_dim_findings."""
+    return [f for f in declared_dim_findings(requested, proto) if f.code == "OM407"]
 
 
 def report_auto_dims(result: Any) -> None:

@@ -1,0 +1,93 @@
+"""Dynamic shapes as users write them: strings, torch.export Dims (plain and bounded) and
+dynamic_axes give the same export; a dim declared dynamic never comes out silently static."""
+
+from __future__ import annotations
+
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch.export import Dim
+
+import onnxmedic
+
+
+class MaskedAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x, mask):
+        return self.mha(x, x, x, key_padding_mask=mask)[0]
+
+
+def _inputs(b=2, s=5):
+    g = torch.Generator().manual_seed(0)
+    mask = torch.zeros(b, s, dtype=torch.bool)
+    mask[:, -1] = True
+    return torch.randn(b, s, 16, generator=g), mask
+
+
+B, S = Dim("batch"), Dim("seq")
+SPELLINGS = {
+    "strings": {"x": {0: "batch", 1: "seq"}, "mask": {0: "batch", 1: "seq"}},
+    "Dim objects": {"x": {0: B, 1: S}, "mask": {0: B, 1: S}},
+    "bounded Dims": {"x": {0: Dim("batch", min=1, max=64), 1: S},
+                     "mask": {0: Dim("batch", min=1, max=64), 1: S}},
+    "dynamic_axes": {"x": [0, 1], "mask": [0, 1]},
+}
+
+
+@pytest.mark.parametrize("spelling", list(SPELLINGS))
+def test_every_spelling_exports_masked_attention_dynamic(tmp_path, spelling):
+    """Dim("batch") used to end in OM401 'Constraints violated (batch)!' where the string
+    spelling exported: the model guards batch != 1, which torch.export may refine for DYNAMIC
+    dims but not for a user's Dim."""
+    model = MaskedAttention().eval()
+    r = onnxmedic.export(model, _inputs(), tmp_path / "m.onnx",
+                         dynamic_shapes=SPELLINGS[spelling])
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    m = onnx.load(tmp_path / "m.onnx")
+    for inp in m.graph.input:
+        dims = inp.type.tensor_type.shape.dim
+        assert not dims[0].HasField("dim_value") and not dims[1].HasField("dim_value")
+    # the written file runs at other sizes, independently of onnxmedic's own verification
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    for b, s in [(1, 5), (4, 10), (3, 7)]:
+        x, mask = _inputs(b, s)
+        got = sess.run(None, {"x": x.numpy(), "mask": mask.numpy()})[0]
+        with torch.no_grad():
+            want = model(x, mask).numpy()
+        assert got.shape == want.shape and abs(got - want).max() < 1e-4
+
+
+class FixesBatch(torch.nn.Module):
+    def forward(self, x):
+        return x + torch.ones(2, 3)  # broadcasting a fixed (2, 3): batch must be 2
+
+
+def test_a_declared_dim_the_model_fixes_is_never_static_silently(tmp_path):
+    """The model needs batch == 2: torch.export's suggested fix makes the dim static, which
+    OM406 says (naming it); a dim that came out static without that is refused (OM407)."""
+    r = onnxmedic.export(FixesBatch(), (torch.randn(2, 3),), tmp_path / "m.onnx",
+                         dynamic_shapes={"x": {0: "batch"}})
+    codes = [f.code for f in r.findings]
+    assert r.ok and "OM406" in codes and "OM407" not in codes, codes
+    m = onnx.load(tmp_path / "m.onnx")
+    assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 2
+    (f,) = [f for f in r.findings if f.code == "OM406"]
+    assert "static" in f.message
+
+
+def test_static_declared_dims_names_input_dim_and_size():
+    from onnxmedic.capture.stage import static_declared_dims
+
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, "seq"])
+    g = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g", [x],
+                               [onnx.helper.make_tensor_value_info("y", 1, [2, "seq"])])
+    m = onnx.helper.make_model(g)
+    (f,) = static_declared_dims({"x": {0: "batch", 1: "seq"}}, m)
+    assert f.code == "OM407" and "'x' dim 0" in f.message and "fixed to 2" in f.message
+    assert static_declared_dims({"x": {1: Dim("seq")}}, m) == []
+    assert static_declared_dims(({0: "batch"},), m)[0].details == {"input": "x", "dim": 0,
+                                                                   "fixed_to": 2}
