@@ -91,3 +91,13 @@ def test_static_declared_dims_names_input_dim_and_size():
     assert static_declared_dims({"x": {1: Dim("seq")}}, m) == []
     assert static_declared_dims(({0: "batch"},), m)[0].details == {"input": "x", "dim": 0,
                                                                    "fixed_to": 2}
+
+
+def test_om401_says_which_constraint_was_violated():
+    """A derived dim (2 * h) keeps torch.export's strict Dims; the model fixes it to 2, and
+    OM401 quotes the constraint, not only 'Constraints violated (2*h)!'."""
+    r = onnxmedic.export(FixesBatch(), (torch.randn(2, 3),),
+                         dynamic_shapes={"x": {0: 2 * Dim("h")}})
+    (f,) = [f for f in r.errors if f.code == "OM401"]
+    assert "specialized it to be a constant (2)" in f.message
+    assert f.message.count("specialized it to be a constant (2)") == 1

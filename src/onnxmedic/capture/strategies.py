@@ -227,9 +227,14 @@ def classify_capture_error(results: list[Result]) -> Finding:
                       for r in failed)
     details = {"attempts": [r.summary() for r in results]}
     if _DYNAMIC.search(texts) and "Constraints violated" in texts:
+        why = [ln.strip()[2:] for ln in texts.splitlines()
+               if ln.strip().startswith("- ") and ("Not all values" in ln or "specialized" in ln
+                                                   or " = " in ln)]
+        why = list(dict.fromkeys(why))[:3]  # each attempt repeats them
         return error("OM401", STAGE,
                      "a dimension declared dynamic is specialised or constrained by the model: "
-                     f"{_short_error(first)}", location=loc,
+                     f"{_short_error(first)}" + (" " + " ".join(why) if why else ""),
+                     location=loc,
                      suggestion="Apply the fix torch.export suggests (in the details), or "
                      "declare that dimension static.", details=details)
     if _DATA_DEPENDENT.search(texts):
