@@ -48,6 +48,8 @@ def trained_like(model):
                 t.copy_(torch.randn(t.shape, generator=g) * 0.05)
             elif name.endswith("running_var"):
                 t.copy_(torch.rand(t.shape, generator=g) + 0.5)
+            elif "layer_scale" in name:  # ConvNeXt initialises them to 1e-6
+                t.copy_(torch.rand(t.shape, generator=g) * 0.9 + 0.1)
     return model.eval()
 
 

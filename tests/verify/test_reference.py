@@ -76,3 +76,13 @@ def test_an_unstable_model_gets_om604_not_a_false_om601():
     assert r.ok and "OM601" not in codes, codes
     (w,) = [f for f in r.findings if f.code == "OM604"]
     assert "numerically unstable" in w.message
+
+
+def test_the_float64_runs_stop_at_the_time_limit(monkeypatch):
+    """Sets after the limit get no reference (judged by the scaled normwise rule), said why."""
+    monkeypatch.setattr(ref_mod, "TIME_LIMIT", 0.0)
+    model = torch.nn.Linear(8, 8)
+    sets = [Inputs((X,), {}), Inputs((X * 2,), {}), Inputs((X * 3,), {})]
+    ref = reference_outputs(model, sets, [_expected(model, s.args[0]) for s in sets])
+    assert ref.outputs[0][0] is not None and ref.outputs[1] == [None] and ref.outputs[2] == [None]
+    assert "took over 0 s" in ref.why_not

@@ -2,7 +2,9 @@
 (bench/verify_calibration.py and the tests): each returns a changed copy, or None where the
 model has nothing of that kind.
 
-- ``scale_weight(m, delta)``: the largest float initializer multiplied by (1 + delta)
+- ``scale_weight(m, delta)``: the largest float initializer's elements multiplied by
+  (1 + delta) or (1 - delta), signs drawn at random (a uniform scale would vanish behind a
+  normalisation that follows - LayerNorm, weight norm - and test nothing)
 - ``drop_bias(m)``: the bias of the first Conv / Gemm with one, or the first 1-D initializer
   added to an activation, set to zero
 - ``change_epsilon(m)``: the first normalisation's epsilon times 1000 (at least 1e-2)
@@ -48,7 +50,9 @@ def scale_weight(m: onnx.ModelProto, delta: float) -> onnx.ModelProto | None:
     out = _copy(m)
     t = max((x for x in out.graph.initializer if x.name in {i.name for i in inits}),
             key=lambda x: int(np.prod(x.dims)))
-    _replace(out, t, numpy_helper.to_array(t).astype(np.float64) * (1 + delta))
+    w = numpy_helper.to_array(t).astype(np.float64)
+    signs = np.random.default_rng(0).choice([-1.0, 1.0], size=w.shape)
+    _replace(out, t, w * (1 + delta * signs))
     return out
 
 

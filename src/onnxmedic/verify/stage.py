@@ -178,8 +178,9 @@ def add_references(result: ExportResult, model: Any, sets: InputSets,
         sets.references[i] = outs
     if ref.why_not is not None:
         result.findings.append(info(
-            "OM605", "compare", f"no float64 reference: {ref.why_not}; float outputs are "
-            "judged by the scaled normwise rule against PyTorch's own output."))
+            "OM605", "compare", f"no float64 reference for every input set: {ref.why_not}; "
+            "float outputs without one are judged by the scaled normwise rule against "
+            "PyTorch's own output."))
 
 
 def _accepted(result: ExportResult, model: Any, probes: list[tuple[str, Inputs]],
