@@ -34,23 +34,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import onnxmedic  # noqa: E402
 from onnxmedic.verify import faults  # noqa: E402
+from onnxmedic.verify.faults import trained_like  # noqa: E402
 
 DELTAS = (1e-2, 1e-3, 1e-4, 1e-5)
 
 
-def trained_like(model):
-    """Random weights as initialised leave biases, norm shifts and running statistics at 0/1,
-    which trained models never have (and a dropped bias would change nothing): draw them."""
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-            if name.endswith("bias") or name.endswith("running_mean"):
-                t.copy_(torch.randn(t.shape, generator=g) * 0.05)
-            elif name.endswith("running_var"):
-                t.copy_(torch.rand(t.shape, generator=g) + 0.5)
-            elif "layer_scale" in name:  # ConvNeXt initialises them to 1e-6
-                t.copy_(torch.rand(t.shape, generator=g) * 0.9 + 0.1)
-    return model.eval()
 
 
 def _hf(cls: str, kind: str, **over):

@@ -9,34 +9,22 @@ import torch
 
 import onnxmedic
 from onnxmedic.verify import faults
+from onnxmedic.verify.faults import trained_like
 
 transformers = pytest.importorskip("transformers")
 
 
-def _trained_like(model):
-    """Random weights as initialised leave biases, norm shifts and running statistics at 0/1,
-    which trained models never have (and a dropped bias would change nothing): draw them."""
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-            if name.endswith("bias") or name.endswith("running_mean"):
-                t.copy_(torch.randn(t.shape, generator=g) * 0.05)
-            elif name.endswith("running_var"):
-                t.copy_(torch.rand(t.shape, generator=g) + 0.5)
-            elif "layer_scale" in name:  # ConvNeXt initialises them to 1e-6
-                t.copy_(torch.rand(t.shape, generator=g) * 0.9 + 0.1)
-    return model.eval()
 
 
 def _resnet50():
     cfg = transformers.AutoConfig.for_model("resnet")  # ResNet-50
-    return (_trained_like(transformers.ResNetModel(cfg)),
+    return (trained_like(transformers.ResNetModel(cfg)),
             (torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0)),))
 
 
 def _bert_base():
     cfg = transformers.AutoConfig.for_model("bert")  # BERT-base
-    return (_trained_like(transformers.BertModel(cfg)),
+    return (trained_like(transformers.BertModel(cfg)),
             (torch.randint(0, 1000, (2, 128), generator=torch.Generator().manual_seed(0)),))
 
 

@@ -145,3 +145,22 @@ STRUCTURAL: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto | None]] = {
     "activation swapped": swap_activation, "softmax axis changed": change_softmax_axis,
     "Add -> Sub": add_to_sub,
 }
+
+
+def trained_like(model):
+    """Random weights as initialised leave biases, norm shifts and running statistics at 0/1
+    and layer scales at 1e-6, which trained models never have (and a dropped bias or a weight
+    behind a 1e-6 layer scale would change nothing): draw them, in place; returns the model
+    in eval mode. For calibrating and testing verification on models built from configs."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if name.endswith("bias") or name.endswith("running_mean"):
+                t.copy_(torch.randn(t.shape, generator=g) * 0.05)
+            elif name.endswith("running_var"):
+                t.copy_(torch.rand(t.shape, generator=g) + 0.5)
+            elif "layer_scale" in name:  # ConvNeXt initialises them to 1e-6
+                t.copy_(torch.rand(t.shape, generator=g) * 0.9 + 0.1)
+    return model.eval()
