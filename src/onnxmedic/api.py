@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import torch
 
-from onnxmedic import checks, preflight, sandbox
+from onnxmedic import borrow, checks, preflight, sandbox
 from onnxmedic import inputs as inputs_mod
 from onnxmedic._tensors import flatten_tensors, to_numpy
 from onnxmedic.capture import capture, classify_capture_error
@@ -595,6 +595,8 @@ def export(
     if _report_problem(result, report):
         return result
     was_training = isinstance(model, torch.nn.Module) and model.training
+    # hook (issue 15): per-submodule modes, restored exactly below (not model.train(True))
+    modes = borrow.module_modes(model) if was_training else []
     try:
         with _guard(result):
             if was_training:
@@ -611,7 +613,7 @@ def export(
                         ort_version=ort, localize=localize)
     finally:
         if was_training:
-            model.train(True)
+            borrow.restore_modes(modes)
     if report is not None:
         from onnxmedic.report import write_report
 
