@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnxmedic import sandbox
+from onnxmedic import borrow, sandbox
 from onnxmedic.context import ExportContext, ExportOptions
 from onnxmedic.doctor import doctor_stages, run_stages
 from onnxmedic.findings import info
@@ -151,6 +151,8 @@ def export(
     if _report_problem(result, report):
         return result
     was_training = isinstance(model, torch.nn.Module) and model.training
+    # each submodule's own flag, restored exactly below (not model.train(True))
+    modes = borrow.module_modes(model) if was_training else []
     try:
         with result.guard():
             if was_training:
@@ -167,7 +169,7 @@ def export(
                     worker.close()
     finally:
         if was_training:
-            model.train(True)
+            borrow.restore_modes(modes)
     if repro is not None and not result.ok:
         _write_repro(result, repro, model_spec, args, kwargs, {
             "dynamic_shapes": dynamic_shapes, "target": target, "opset": opset,

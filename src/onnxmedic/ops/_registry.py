@@ -31,6 +31,7 @@ BUILTIN_FAMILIES: tuple[str, ...] = (
     "onnxmedic.ops.pooling",
     "onnxmedic.ops.distance",
     "onnxmedic.ops.miscompiles",
+    "onnxmedic.ops.logical",
 )
 
 

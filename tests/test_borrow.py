@@ -1,0 +1,95 @@
+"""export() hands the user's model and torch's global state back as it found them (issue 15)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import onnxmedic
+from tests import models
+from tests._state import snapshot_state, state_differences
+from tests.sweep_zoo import tiny
+
+
+class BnNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())
+        self.head = nn.Sequential(nn.Dropout(0.5), nn.Linear(4, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x).mean((2, 3)))
+
+
+def _cases() -> dict[str, tuple[nn.Module, tuple]]:
+    torch.manual_seed(0)
+    x = models.make_inputs()
+    cases = {name: (cls(), x) for name, cls in (
+        ("conv_log1p", models.ConvLog1p), ("pool_view", models.PoolView),
+        ("two_linear", models.TwoLinear), ("data_dependent_if", models.DataDependentIf),
+        ("raises", models.Raises), ("multi_output", models.MultiOutput),
+        ("named_script", models.NamedScript), ("custom_norm", models.CustomNorm))}
+    for name, factory in tiny.GOOD.items():
+        case = factory()
+        model, args = (case.model, case.args) if hasattr(case, "model") else case
+        cases[f"tiny.{name}"] = (model, args)
+    return cases
+
+
+@pytest.mark.parametrize("name", sorted(_cases()))
+@pytest.mark.parametrize("training", [False, True])
+def test_export_leaves_model_and_torch_state_unchanged(name: str, training: bool) -> None:
+    model, args = _cases()[name]
+    model.train(training)
+    before = snapshot_state(model)
+    onnxmedic.export(model, args)
+    assert state_differences(before, snapshot_state(model)) == []
+
+
+def test_mixed_modes_come_back_mixed() -> None:
+    """A frozen batch-norm backbone (eval) under a root in train must stay in eval: the old
+    model.train(True) after export put it back in training mode."""
+    model = BnNet()
+    model.train(True)
+    model.backbone.eval()
+    before = snapshot_state(model)
+    result = onnxmedic.export(model, (torch.randn(2, 3, 8, 8),))
+    assert any(f.code == "OM011" for f in result.findings)
+    assert state_differences(before, snapshot_state(model)) == []
+    assert not model.backbone[1].training and model.head[0].training
+
+
+def test_eval_batchnorm_model_runs_at_batch_1_after_dynamic_export() -> None:
+    """The issue's report: after a dynamic-batch export, an eval-mode batch-norm model run at
+    batch 1 behaved as if in training mode. Outputs must be bit-identical before and after."""
+    torch.manual_seed(0)
+    model = BnNet().eval()
+    x1 = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x1)
+    before = snapshot_state(model)
+    onnxmedic.export(model, (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: "batch"},))
+    assert state_differences(before, snapshot_state(model)) == []
+    with torch.no_grad():
+        assert torch.equal(model(x1), expected)
+
+
+def test_snapshot_sees_injected_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison catches what it claims to: a clobbered mode, a patched function, a changed
+    buffer and a global flag."""
+    model = BnNet()
+    model.backbone.eval()
+    before = snapshot_state(model)
+    model.train(True)
+    monkeypatch.setattr(torch.nn.functional, "relu", lambda x: x)
+    model.backbone[1].running_mean.add_(1)
+    torch.set_grad_enabled(False)
+    try:
+        diffs = state_differences(before, snapshot_state(model))
+    finally:
+        torch.set_grad_enabled(True)
+    assert any(d.startswith("modes") for d in diffs)
+    assert any(d.startswith("functional") and "relu" in d for d in diffs)
+    assert any("running_mean: value changed" in d for d in diffs)
+    assert any(d.startswith("grad") for d in diffs)
