@@ -25,6 +25,7 @@ from onnxmedic.api import (
 )
 from onnxmedic.findings import CODES, Finding, Location, Severity
 from onnxmedic.ops import translation
+from onnxmedic.optimize import optimize
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "doctor",
     "export",
     "localize",
+    "optimize",
     "reduce",
     "run",
     "sweep",

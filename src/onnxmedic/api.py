@@ -70,6 +70,7 @@ class ExportResult(ResultCodes):
     onnx_model: Any = None  # the onnx.ModelProto (in memory; not serialised)
     program: Any = None  # the captured ExportedProgram, when there is one
     localization: Any = None  # verify.localize.Localization, when localisation ran
+    optimization: Any = None  # optimize.OptimizationResult, with export(optimize=True)
 
     @property
     def failed_stage(self) -> str | None:
@@ -105,6 +106,7 @@ class ExportResult(ResultCodes):
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "traceback": self.traceback,
             "localization": self.localization.to_dict() if self.localization else None,
+            "optimization": self.optimization.to_dict() if self.optimization else None,
         }
 
 
@@ -569,8 +571,13 @@ def export(
     dtype_policy: str = "upcast",
     ort_version: str | None = None,
     localize: bool = True,
+    optimize: bool = False,
+    precision: str = "fp32",
 ) -> ExportResult:
     """Export ``model`` to ONNX, verify it in an isolated ONNX Runtime, and report.
+
+    With ``optimize`` (and ``f``), the verified file is replaced by the fastest candidate
+    variant at ``precision`` (fp32 or int8) that verifies too; see :mod:`onnxmedic.optimize`.
 
     When the outputs differ from PyTorch (OM601) and ``localize`` is on, the first divergent
     node is localised (OM610); this costs nothing when the model verifies.
@@ -609,6 +616,11 @@ def export(
                         keep_unverified=keep_unverified, timeout=timeout, tolerance=tolerance,
                         worker=worker, explain=explain, dtype_policy=dtype_policy,
                         ort_version=ort, localize=localize)
+            if optimize:  # hook (issue 17): optimize the verified, written export in place
+                from onnxmedic.optimize import attach_to_export
+
+                attach_to_export(result, model, args, kwargs, precision=precision,
+                                 target=target, timeout=timeout)
     finally:
         if was_training:
             model.train(True)

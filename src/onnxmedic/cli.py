@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--explain", action="store_true",
                    help="print the op inventory: every ATen op, count, and who translates it")
     common(e)
+    from onnxmedic.optimize import cli as optimize_cli  # hook (issue 17)
+
+    optimize_cli.add_export_flags(e)
+    optimize_cli.add_parser(sub)
 
     v = sub.add_parser("verify", help="compare an existing ONNX file with the PyTorch model",
                        epilog=EPILOG)
@@ -220,7 +224,9 @@ def _run(ns: argparse.Namespace) -> Any:
             res = api.export(model, ex.args, ns.output, kwargs=ex.kwargs,
                              verify=not ns.no_verify, report=ns.report,
                              keep_unverified=ns.keep_unverified, explain=ns.explain,
-                             model_spec=ns.model, input_specs=ns.input, **options)
+                             model_spec=ns.model, input_specs=ns.input,
+                             optimize=ns.optimize, precision=ns.precision,  # hook (issue 17)
+                             **options)
         else:
             options = {"timeout": ns.timeout, "tolerance": _tolerance(ns)}
             res = api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
@@ -279,6 +285,10 @@ def _run_command(ns: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if ns.command == "optimize":  # hook (issue 17): its own table and exit code
+        from onnxmedic.optimize import cli as optimize_cli
+
+        return optimize_cli.main(ns)
     # torch.export logs graph dumps and guard warnings for failures onnxmedic reports itself
     logging.getLogger("torch").setLevel(logging.ERROR)
     try:

@@ -418,6 +418,17 @@ CODES: dict[str, CodeInfo] = {
         "The entry's own check (e.g. greedy decoding with past_key_values in ONNX Runtime "
         "against PyTorch) failed after a verified export.",
     ),
+    # OM72x: optimization (onnxmedic.optimize)
+    "OM720": CodeInfo(
+        "optimized variant written", 0,
+        "A candidate variant verified against PyTorch on every input set and beat the plain "
+        "export beyond the noise rule; it was written instead of the plain export.",
+    ),
+    "OM721": CodeInfo(
+        "plain export kept", 0,
+        "No candidate variant both verified and beat the plain export beyond the noise rule; "
+        "the plain export was written. Each variant's reason is listed.",
+    ),
 }
 
 

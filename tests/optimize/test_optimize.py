@@ -169,3 +169,41 @@ def test_judge_reduced_reports_argmax_and_errors() -> None:
     assert acc["y"]["max_abs"] == pytest.approx(0.1, rel=1e-3)
     ok, _, why = judge_reduced(["y"], e, [[-e[0][0]]])
     assert not ok and "cosine" in why
+
+
+class Shift(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) + 1.0
+
+
+def test_export_optimize_on_a_model_no_pass_changes_keeps_plain(tmp_path: Path) -> None:
+    out = tmp_path / "m.onnx"
+    res = onnxmedic.export(Shift(), (torch.randn(8),), out, optimize=True)
+    assert res.ok and res.optimization is not None and out.exists()
+    assert res.optimization.chosen == "plain"
+    codes = [f.code for f in res.findings]
+    assert "OM721" in codes and "OM720" not in codes
+    assert res.to_dict()["optimization"]["chosen"] == "plain"
+    # the non-portable ORT levels may rewrite even this graph: each one is still reported
+    assert all(v.rejected for v in res.optimization.variants[1:])
+
+
+def test_cli_optimize_prints_every_variant(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                           ) -> None:
+    from onnxmedic.cli import main
+
+    model_file = tmp_path / "m.py"
+    model_file.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.relu(x) + 1.0\n")
+    src = _export(Shift(), (torch.randn(2, 3),), tmp_path / "m.onnx")
+    rc = main(["optimize", str(src), f"{model_file}:M", "--input", "2x3:float32",
+               "-o", str(tmp_path / "o.onnx"), "--json"])
+    assert rc == 0
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    assert [v["name"] for v in data["variants"]][:2] == ["plain", "onnxscript-optimize"]
+    assert data["written"] == str(tmp_path / "o.onnx")

@@ -112,3 +112,31 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     return optimize_file(onnx_path, feeds, expected, out=out, target=target,
                          precision=precision, cosine=cosine, pipelines=pipelines,
                          threads=threads, repeats=repeats, rounds=rounds, timeout=timeout)
+
+
+def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> Any:
+    """OM720 when a variant was chosen, OM721 when the plain export was kept; each variant's
+    outcome is in ``details``."""
+    from onnxmedic.findings import info
+
+    lines = [f"{v.name}: " + (f"{v.median_ms:.2f} ms" if v.median_ms is not None else "untimed")
+             + (f", {v.speedup:.2f}x" if v.speedup else "")
+             + (f" - rejected: {v.rejected}" if v.rejected else " - chosen") for v in res.variants]
+    code = "OM721" if res.chosen == "plain" else "OM720"
+    return info(code, stage, f"{res.message} ({res.threads} intra-op threads, median of "
+                f"{res.rounds}x{res.repeats} runs). " + "; ".join(lines),
+                details=res.to_dict())
+
+
+def attach_to_export(result: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     *, precision: str = "fp32", target: str = "cpu",
+                     accuracy: str | float | None = None, timeout: float = 600.0) -> None:
+    """The ``export(..., optimize=True)`` hook: optimize the verified export written at
+    ``result.path`` in place (atomically; the plain export stays when nothing beats it), record
+    ``result.optimization`` and an OM720/OM721 finding."""
+    if not (result.ok and result.path):
+        return
+    res = optimize(result.path, model, args, kwargs=kwargs, out=result.path, target=target,
+                   precision=precision, accuracy=accuracy, timeout=timeout)
+    result.optimization = res
+    result.findings.append(optimization_finding(res))
