@@ -25,7 +25,7 @@ from onnxmedic.api import (
 )
 from onnxmedic.findings import CODES, Finding, Location, Severity
 from onnxmedic.ops import translation
-from onnxmedic.optimize import optimize
+from onnxmedic.optimize import bench, optimize
 
 __version__ = "0.1.0"
 
@@ -40,6 +40,7 @@ __all__ = [
     "Severity",
     "VerifyResult",
     "__version__",
+    "bench",
     "doctor",
     "export",
     "localize",

@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     optimize_cli.add_export_flags(e)
     optimize_cli.add_parser(sub)
+    optimize_cli.add_bench_parser(sub)
 
     v = sub.add_parser("verify", help="compare an existing ONNX file with the PyTorch model",
                        epilog=EPILOG)
@@ -289,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         from onnxmedic.optimize import cli as optimize_cli
 
         return optimize_cli.main(ns)
+    if ns.command == "bench":  # hook (issue 17)
+        from onnxmedic.optimize import cli as optimize_cli
+
+        return optimize_cli.bench_main(ns)
     # torch.export logs graph dumps and guard warnings for failures onnxmedic reports itself
     logging.getLogger("torch").setLevel(logging.ERROR)
     try:

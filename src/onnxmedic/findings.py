@@ -429,6 +429,16 @@ CODES: dict[str, CodeInfo] = {
         "No candidate variant both verified and beat the plain export beyond the noise rule; "
         "the plain export was written. Each variant's reason is listed.",
     ),
+    "OM722": CodeInfo(
+        "CPU fallback", 0,
+        "onnxmedic bench: nodes ran on the CPU execution provider on a GPU target (the provider "
+        "is missing or has no kernel for them); the nodes are named.",
+    ),
+    "OM723": CodeInfo(
+        "device copies", 0,
+        "onnxmedic bench: ONNX Runtime inserted Memcpy nodes between host and device; each "
+        "one is named.",
+    ),
 }
 
 

@@ -207,3 +207,21 @@ def test_cli_optimize_prints_every_variant(tmp_path: Path, capsys: pytest.Captur
     data = json.loads(capsys.readouterr().out)
     assert [v["name"] for v in data["variants"]][:2] == ["plain", "onnxscript-optimize"]
     assert data["written"] == str(tmp_path / "o.onnx")
+
+
+def test_bench_names_cpu_fallback_nodes_for_cuda_on_a_cpu_machine(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA present: no fallback to observe")
+    src = _export(Shift(), (torch.randn(8),), tmp_path / "m.onnx")
+    res = onnxmedic.bench(src, {"x": np.random.rand(8).astype(np.float32)}, target="cuda",
+                          repeats=3)
+    assert res.ok and res.median_ms is not None and res.load_seconds is not None
+    assert res.peak_rss_mb and res.peak_rss_mb > 0
+    f = [f for f in res.findings if f.code == "OM722"]
+    assert f and "not available" in f[0].message
+    nodes = {n.name for n in onnx.load(str(src)).graph.node}
+    assert set(f[0].details["nodes"]) <= nodes and f[0].details["nodes"]
+    cpu = onnxmedic.bench(src, {"x": np.random.rand(8).astype(np.float32)}, repeats=3)
+    assert cpu.ok and not cpu.findings

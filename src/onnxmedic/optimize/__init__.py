@@ -18,6 +18,7 @@ import torch
 
 from onnxmedic import inputs as inputs_mod
 from onnxmedic._tensors import flatten_tensors, to_numpy
+from onnxmedic.optimize.bench import BenchResult, bench
 from onnxmedic.optimize.candidates import (
     DEFAULT_COSINE,
     OptimizationResult,
@@ -30,7 +31,7 @@ from onnxmedic.optimize.passes import Pipeline, default_pipelines, run_pipeline
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_COSINE", "OptimizationResult", "Pipeline", "Variant", "default_pipelines",
+__all__ = ["DEFAULT_COSINE", "BenchResult", "bench", "OptimizationResult", "Pipeline", "Variant", "default_pipelines",
            "judge_reduced", "optimize", "optimize_file", "parse_accuracy", "reference_sets",
            "run_pipeline", "time_variants"]
 

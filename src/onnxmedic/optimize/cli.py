@@ -67,3 +67,49 @@ def main(ns: argparse.Namespace) -> int:
     if res.written:
         print(f"written: {res.written} ({res.chosen})")
     return 0
+
+
+def add_bench_parser(sub: Any) -> None:
+    """The ``bench`` subcommand."""
+    b = sub.add_parser("bench", help="latency, load time, peak memory and node placement of "
+                       "an ONNX file in a child ONNX Runtime")
+    b.add_argument("onnx", metavar="MODEL.onnx")
+    b.add_argument("--input", "-i", action="append", default=[], metavar="SPEC")
+    b.add_argument("--target", choices=["cpu", "cuda", "tensorrt"], default="cpu")
+    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--repeats", type=int, default=20)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--json", action="store_true")
+
+
+def bench_main(ns: argparse.Namespace) -> int:
+    """Run ``onnxmedic bench``: inputs map onto the ONNX inputs in order."""
+    import torch
+
+    from onnxmedic import inputs
+    from onnxmedic._tensors import to_numpy
+    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.optimize import _graph_dims, bench
+
+    try:
+        ex = inputs.load_inputs(ns.input, seed=ns.seed)
+    except OnnxMedicError as err:
+        sys.stderr.write(err.finding.one_paragraph() + "\n")
+        return err.finding.exit_code
+    names, _ = _graph_dims(ns.onnx)
+    leaves = [x for x in torch.utils._pytree.tree_leaves((ex.args, ex.kwargs))
+              if isinstance(x, torch.Tensor)]
+    res = bench(ns.onnx, {n: to_numpy(t) for n, t in zip(names, leaves)}, target=ns.target,
+                threads=ns.threads, repeats=ns.repeats)
+    if ns.json:
+        sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
+    elif not res.ok:
+        print(f"bench failed: {res.error}")
+    else:
+        print(f"median {res.median_ms:.3f} ms, p90 {res.p90_ms:.3f} ms ({res.threads} threads), "
+              f"load {res.load_seconds:.3f} s, peak memory {res.peak_rss_mb:.0f} MiB")
+        for prov, nodes in res.placement.items():
+            print(f"  {prov}: {len(nodes)} node(s)")
+        for f in res.findings:
+            print(f.one_paragraph())
+    return 0 if res.ok else 1
