@@ -168,11 +168,14 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
 
 def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[str],
                            feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
-                           cosine: float, timeout: float, max_excluded: int = 4
-                           ) -> tuple[Variant, Path]:
+                           cosine: float, timeout: float, max_excluded: int = 4,
+                           search_seconds: float = 300.0) -> tuple[Variant, Path]:
     """Quantize; while the budget fails, keep the most sensitive MatMul/Gemm in float32 (greedy
     leave-one-out on the worst output cosine) and retry, up to ``max_excluded`` layers."""
+    import time
+
     excluded: list[str] = []
+    deadline = time.monotonic() + search_seconds
     while True:
         steps = [(s, dict(o, nodes_to_exclude=excluded) if s.endswith(":quantize_int8") else o)
                  for s, o in base.steps]
@@ -188,6 +191,9 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
                   if n not in excluded]
         best, best_cos = None, -1.0
         for layer in layers:
+            if time.monotonic() > deadline:
+                v.rejected += f" (sensitivity search stopped after {search_seconds:g} s)"
+                return v, path
             trial = Pipeline(base.name, [(s, dict(o, nodes_to_exclude=excluded + [layer])
                                           if s.endswith(":quantize_int8") else o)
                                          for s, o in base.steps], precision="int8")
