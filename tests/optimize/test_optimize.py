@@ -144,7 +144,7 @@ def test_crashing_or_hanging_pass_is_a_rejected_variant(tmp_path: Path, step: st
     model, x, src = _two_layer(tmp_path)
     pipe = Pipeline("bad", [(f"tests.optimize.bad_passes:{step}", {})])
     res = optimize(src, model, (x,), pipelines=[pipe], out=tmp_path / "o.onnx",
-                   timeout=20, **FAST)
+                   timeout=8, **FAST)
     v = res.variants[1]
     assert reason in v.rejected and not v.verified
     assert res.chosen == "plain" and (tmp_path / "o.onnx").exists()
