@@ -25,6 +25,7 @@ from onnxmedic.api import (
 )
 from onnxmedic.findings import CODES, Finding, Location, Severity
 from onnxmedic.ops import translation
+from onnxmedic.optimize import bench, optimize
 
 __version__ = "0.1.0"
 
@@ -39,9 +40,11 @@ __all__ = [
     "Severity",
     "VerifyResult",
     "__version__",
+    "bench",
     "doctor",
     "export",
     "localize",
+    "optimize",
     "reduce",
     "run",
     "sweep",

@@ -99,6 +99,18 @@ def _finish(result: ExportResult, report: str | os.PathLike[str] | None) -> Expo
     return result
 
 
+
+def _optimize_written(result: ExportResult, model: Any, args: tuple[Any, ...],
+                      kwargs: dict[str, Any], opts: ExportOptions, precision: str) -> None:
+    from onnxmedic.optimize import attach_to_export
+
+    if opts.on_stage is not None and result.ok and result.path:
+        opts.on_stage("optimize")
+    with result.timed("optimize"):
+        attach_to_export(result, model, args, kwargs, precision=precision,
+                         target=opts.target, timeout=opts.timeout)
+
+
 def export(
     model: torch.nn.Module | torch.export.ExportedProgram,
     args: tuple[Any, ...] = (),
@@ -121,8 +133,13 @@ def export(
     localize: bool = True,
     repro: str | os.PathLike[str] | None = None,
     on_stage: Callable[[str], None] | None = None,
+    optimize: bool = False,
+    precision: str = "fp32",
 ) -> ExportResult:
     """Export ``model`` to ONNX, verify it in an isolated ONNX Runtime, and report.
+
+    With ``optimize`` (and ``f``), the verified file is replaced by the fastest candidate
+    variant at ``precision`` (fp32 or int8) that verifies too; see :mod:`onnxmedic.optimize`.
 
     When the outputs differ from PyTorch (OM601) and ``localize`` is on, the first divergent
     node is localised (OM610); this costs nothing when the model verifies.
@@ -167,6 +184,8 @@ def export(
             finally:
                 if worker is not None:
                     worker.close()
+            if optimize:  # after the write: the verified file is replaced only by a faster one
+                _optimize_written(result, model, args, kwargs, opts, precision)
     finally:
         if was_training:
             borrow.restore_modes(modes)

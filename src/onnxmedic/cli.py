@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--explain", action="store_true",
                    help="print the op inventory: every ATen op, count, and who translates it")
     common(e)
+    from onnxmedic.optimize import cli as optimize_cli  # hook (issue 17)
+
+    optimize_cli.add_export_flags(e)
+    optimize_cli.add_parser(sub)
+    optimize_cli.add_bench_parser(sub)
 
     v = sub.add_parser("verify", help="compare an existing ONNX file with the PyTorch model",
                        epilog=EPILOG)
@@ -222,6 +227,7 @@ def _run(ns: argparse.Namespace) -> Any:
                                  verify=not ns.no_verify, report=ns.report,
                                  keep_unverified=ns.keep_unverified, explain=ns.explain,
                                  model_spec=ns.model, input_specs=ns.input, repro=ns.repro,
+                                 optimize=ns.optimize, precision=ns.precision,
                                  on_stage=on_stage, **options)
         else:
             res = api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
@@ -296,6 +302,14 @@ def _run_command(ns: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if ns.command == "optimize":  # hook (issue 17): its own table and exit code
+        from onnxmedic.optimize import cli as optimize_cli
+
+        return optimize_cli.main(ns)
+    if ns.command == "bench":  # hook (issue 17)
+        from onnxmedic.optimize import cli as optimize_cli
+
+        return optimize_cli.bench_main(ns)
     # torch.export logs graph dumps and guard warnings for failures onnxmedic reports itself
     logging.getLogger("torch").setLevel(logging.ERROR)
     try:

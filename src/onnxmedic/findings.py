@@ -440,6 +440,27 @@ CODES: dict[str, CodeInfo] = {
         "The entry's own check (e.g. greedy decoding with past_key_values in ONNX Runtime "
         "against PyTorch) failed after a verified export.",
     ),
+    # OM72x: optimization (onnxmedic.optimize)
+    "OM720": CodeInfo(
+        "optimized variant written", 0,
+        "A candidate variant verified against PyTorch on every input set and beat the plain "
+        "export beyond the noise rule; it was written instead of the plain export.",
+    ),
+    "OM721": CodeInfo(
+        "plain export kept", 0,
+        "No candidate variant both verified and beat the plain export beyond the noise rule; "
+        "the plain export was written. Each variant's reason is listed.",
+    ),
+    "OM722": CodeInfo(
+        "CPU fallback", 0,
+        "onnxmedic bench: nodes ran on the CPU execution provider on a GPU target (the provider "
+        "is missing or has no kernel for them); the nodes are named.",
+    ),
+    "OM723": CodeInfo(
+        "device copies", 0,
+        "onnxmedic bench: ONNX Runtime inserted Memcpy nodes between host and device; each "
+        "one is named.",
+    ),
 }
 
 

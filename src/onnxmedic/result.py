@@ -63,6 +63,7 @@ class ExportResult(ResultCodes):
     onnx_model: Any = None  # the onnx.ModelProto (in memory; not serialised)
     program: Any = None  # the captured ExportedProgram, when there is one
     localization: Any = None  # verify.localize.Localization, when localisation ran
+    optimization: Any = None  # optimize.OptimizationResult, with export(optimize=True)
     reasons: list[dict[str, str]] = field(default_factory=list)  # fixes/strategies not applied
     repro: str | None = None  # the repro script written (repro=), when one was
 
@@ -153,6 +154,7 @@ class ExportResult(ResultCodes):
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
             "traceback": self.traceback,
             "localization": self.localization.to_dict() if self.localization else None,
+            "optimization": self.optimization.to_dict() if self.optimization else None,
             "not_applied": self.reasons,
         }
 

@@ -1,0 +1,146 @@
+"""Verified, measured optimization of an ONNX file for a target (issue 17).
+
+``optimize(onnx_path, model, args)`` builds candidate variants (onnxscript's optimizer, its ONNX
+Runtime fusions, ONNX Runtime's offline optimizer, int8 dynamic quantization with per-layer
+sensitivity), verifies each against PyTorch on the same input sets as an export (the example,
+derived random sets, every dynamic size), times the verified ones in the sandbox and writes the
+fastest one that beats the plain file beyond the measurement noise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from onnxmedic import inputs as inputs_mod
+from onnxmedic._tensors import flatten_tensors, to_numpy
+from onnxmedic.onnxfile import graph_io, make_feeds
+from onnxmedic.optimize.bench import BenchResult, bench
+from onnxmedic.optimize.candidates import (
+    DEFAULT_COSINE,
+    OptimizationResult,
+    Variant,
+    judge_reduced,
+    optimize_file,
+    time_variants,
+)
+from onnxmedic.optimize.passes import Pipeline, default_pipelines, run_pipeline
+from onnxmedic.verify.input_sets import derived_input_sets, shape_variants
+from onnxmedic.verify.reference import reference_outputs
+from onnxmedic.verify.stage import EXTRA_INPUT_SETS
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_COSINE", "BenchResult", "bench", "OptimizationResult", "Pipeline", "Variant", "default_pipelines",
+           "judge_reduced", "optimize", "optimize_file", "parse_accuracy", "reference_sets",
+           "run_pipeline", "time_variants"]
+
+
+
+def parse_accuracy(spec: str | float | None) -> float:
+    """``"cosine=0.9995"`` (or a float) -> the cosine budget; None -> the default 0.999."""
+    if spec is None:
+        return DEFAULT_COSINE
+    if isinstance(spec, (int, float)):
+        return float(spec)
+    key, _, val = spec.partition("=")
+    if key.strip() != "cosine" or not val:
+        raise ValueError(f"accuracy {spec!r}: expected cosine=<value>, e.g. cosine=0.9995")
+    return float(val)
+
+
+def _graph_dims(onnx_path: str | os.PathLike[str]) -> tuple[list[str], list[list[Any]]]:
+    """ONNX input names and dims of the file (its weights are not loaded)."""
+    import onnx
+
+    names, dims, _ = graph_io(onnx.load(str(onnx_path), load_external_data=False))
+    return names, dims
+
+
+def reference_sets(onnx_path: str | os.PathLike[str], model: Any, example: inputs_mod.Inputs
+                   ) -> tuple[list[dict[str, np.ndarray]], list[list[np.ndarray]], list[str],
+                              list[inputs_mod.Inputs]]:
+    """The verification sets of an export (example, derived random sets, each dynamic size) as
+    ONNX feeds, with PyTorch's outputs for each, their labels and the inputs themselves. Sets
+    PyTorch rejects are left out."""
+    names, dims = _graph_dims(onnx_path)
+    sets = [("example", example)] + [(s.specs[0], s) for s in
+                                     derived_input_sets(example, EXTRA_INPUT_SETS)]
+    sets += shape_variants(example, dims)
+    fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+    feeds, expected, labels, kept = [], [], [], []
+    for label, s in sets:
+        try:
+            with torch.no_grad():
+                exp = [to_numpy(t) for t in flatten_tensors(fn(*s.args, **s.kwargs))]
+        except Exception as e:  # noqa: BLE001 - out of the model's domain: not checked
+            logger.info("optimize: PyTorch rejects %s (%s)", label, e)
+            continue
+        feeds.append(make_feeds(names, s.args, s.kwargs))
+        expected.append(exp)
+        labels.append(label)
+        kept.append(s)
+    return feeds, expected, labels, kept
+
+
+def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...], *,
+             kwargs: dict[str, Any] | None = None, out: str | os.PathLike[str] | None = None,
+             target: str = "cpu", precision: str = "fp32", accuracy: str | float | None = None,
+             timeout: float = 600.0, threads: int = 2, repeats: int = 10, rounds: int = 3,
+             pipelines: list[Pipeline] | None = None) -> OptimizationResult:
+    """The fastest variant of ``onnx_path`` that still verifies against ``model`` (PyTorch) on
+    ``args``/``kwargs`` and every derived input set; written to ``out`` when given (the plain
+    file when no variant beats it beyond noise). ``precision``: fp32 or int8 (CPU);
+    ``accuracy``: the reduced-precision budget, e.g. ``"cosine=0.9995"``."""
+    if not isinstance(args, tuple):
+        raise TypeError("args must be a tuple of example inputs, like torch.onnx.export")
+    if target != "cpu":
+        raise ValueError(f"target {target!r}: only cpu is built yet")
+    cosine = parse_accuracy(accuracy)
+    was_training = getattr(model, "training", False)
+    if was_training:
+        model.eval()
+    try:
+        feeds, expected, _, sets = reference_sets(onnx_path, model,
+                                                  inputs_mod.Inputs(args, kwargs or {}))
+        fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+        references = reference_outputs(fn, sets, expected).outputs  # [] when not possible
+    finally:
+        if was_training:
+            model.train()
+    return optimize_file(onnx_path, feeds, expected, out=out, target=target,
+                         precision=precision, cosine=cosine, pipelines=pipelines,
+                         threads=threads, repeats=repeats, rounds=rounds, timeout=timeout,
+                         references=references)
+
+
+def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> Any:
+    """OM720 when a variant was chosen, OM721 when the plain export was kept; each variant's
+    outcome is in ``details``."""
+    from onnxmedic.findings import info
+
+    lines = [f"{v.name}: " + (f"{v.median_ms:.2f} ms" if v.median_ms is not None else "untimed")
+             + (f", {v.speedup:.2f}x" if v.speedup else "")
+             + (f" - rejected: {v.rejected}" if v.rejected else " - chosen") for v in res.variants]
+    code = "OM721" if res.chosen == "plain" else "OM720"
+    return info(code, stage, f"{res.message} ({res.threads} intra-op threads, median of "
+                f"{res.rounds}x{res.repeats} runs). " + "; ".join(lines),
+                details=res.to_dict())
+
+
+def attach_to_export(result: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     *, precision: str = "fp32", target: str = "cpu",
+                     accuracy: str | float | None = None, timeout: float = 600.0) -> None:
+    """The ``export(..., optimize=True)`` hook: optimize the verified export written at
+    ``result.path`` in place (atomically; the plain export stays when nothing beats it), record
+    ``result.optimization`` and an OM720/OM721 finding."""
+    if not (result.ok and result.path):
+        return
+    res = optimize(result.path, model, args, kwargs=kwargs, out=result.path, target=target,
+                   precision=precision, accuracy=accuracy, timeout=timeout)
+    result.optimization = res
+    result.findings.append(optimization_finding(res))

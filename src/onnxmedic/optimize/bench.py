@@ -1,0 +1,144 @@
+"""``onnxmedic.bench``: latency of an ONNX file in a child process for a target, with node
+placement per execution provider and device copies from ONNX Runtime's profiling."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxmedic.findings import Finding, warning
+
+PROVIDERS = {"cpu": ["CPUExecutionProvider"],
+             "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+             "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider",
+                          "CPUExecutionProvider"]}
+
+
+@dataclass
+class BenchResult:
+    """Latency (ms), session-load time (s), the child's peak memory, node placement."""
+
+    target: str
+    ok: bool = False
+    error: str = ""
+    threads: int = 2
+    median_ms: float | None = None
+    p90_ms: float | None = None
+    load_seconds: float | None = None
+    peak_rss_mb: float | None = None
+    providers: list[str] = field(default_factory=list)
+    placement: dict[str, list[str]] = field(default_factory=dict)  # provider -> node names
+    copies: list[str] = field(default_factory=list)  # Memcpy nodes
+    findings: list[Finding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["findings"] = [f.to_dict() for f in self.findings]
+        return d
+
+
+def _child(req_path: str, res_path: str) -> None:
+    import time
+
+    import onnxruntime as ort
+
+    req = json.loads(Path(req_path).read_text())
+    with np.load(req["feed"], allow_pickle=False) as data:
+        feed = {k: data[k] for k in data.files}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = req["threads"]
+    so.enable_profiling = True
+    so.profile_file_prefix = str(Path(res_path).parent / "prof")
+    avail = set(ort.get_available_providers())
+    providers = [p for p in req["providers"] if p in avail] or ["CPUExecutionProvider"]
+    t0 = time.perf_counter()
+    sess = ort.InferenceSession(req["model"], so, providers=providers)
+    load = time.perf_counter() - t0
+    times = []
+    for i in range(req["warmup"] + req["repeats"]):
+        t = time.perf_counter()
+        sess.run(None, feed)
+        if i >= req["warmup"]:
+            times.append((time.perf_counter() - t) * 1000)
+    prof = sess.end_profiling()
+    placement: dict[str, set[str]] = {}
+    for ev in json.loads(Path(prof).read_text()):
+        args = ev.get("args", {})
+        if ev.get("cat") == "Node" and "provider" in args:
+            name = ev["name"].rsplit("_kernel_time", 1)[0]
+            placement.setdefault(args["provider"], set()).add(name)
+    Path(res_path).write_text(json.dumps({
+        "times": times, "load": load, "providers": sess.get_providers(),
+        "placement": {k: sorted(v) for k, v in placement.items()},
+        "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+
+
+def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
+          target: str = "cpu", threads: int = 2, warmup: int = 3, repeats: int = 20,
+          timeout: float = 600.0) -> BenchResult:
+    """Time ``onnx_path`` on ``feeds`` in a child ONNX Runtime for ``target`` (cpu, cuda,
+    tensorrt): median/p90 latency, session-load time, peak memory of the child, the nodes each
+    execution provider ran (from ONNX Runtime's profiling) and the device copies. Findings:
+    OM722 for nodes that fell back to the CPU on a GPU target, OM723 for device copies."""
+    if target not in PROVIDERS:
+        raise ValueError(f"target {target!r}: choose one of {', '.join(PROVIDERS)}")
+    res = BenchResult(target, threads=threads)
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-bench-") as tmp:
+        feed = Path(tmp) / "feed.npz"
+        np.savez(feed, **feeds)
+        req, out = Path(tmp) / "req.json", Path(tmp) / "res.json"
+        req.write_text(json.dumps({"model": str(Path(onnx_path).resolve()), "feed": str(feed),
+                                   "threads": threads, "warmup": warmup, "repeats": repeats,
+                                   "providers": PROVIDERS[target]}))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        try:
+            proc = subprocess.run([sys.executable, "-m", __name__, str(req), str(out)],
+                                  env=env, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            res.error = f"did not finish within {timeout:g} s"
+            return res
+        if not out.exists():
+            res.error = proc.stderr.decode("utf-8", "replace").strip()[-400:]
+            return res
+        data = json.loads(out.read_text())
+    t = sorted(data["times"])
+    res.ok = True
+    res.median_ms = statistics.median(t)
+    res.p90_ms = t[min(len(t) - 1, int(0.9 * len(t)))]
+    res.load_seconds = data["load"]
+    res.peak_rss_mb = data["peak_kb"] / 1024
+    res.providers = data["providers"]
+    res.placement = data["placement"]
+    res.copies = [n for nodes in res.placement.values() for n in nodes if "Memcpy" in n]
+    wanted = PROVIDERS[target][0]
+    if target != "cpu":
+        cpu = res.placement.get("CPUExecutionProvider", [])
+        if cpu:
+            why = ("" if wanted in res.providers else
+                   f" ({wanted} is not available in this ONNX Runtime)")
+            res.findings.append(warning(
+                "OM722", "bench", f"{len(cpu)} node(s) ran on the CPU instead of {wanted}"
+                f"{why}: {', '.join(cpu[:10])}{' ...' if len(cpu) > 10 else ''}.",
+                suggestion="Check `onnxmedic doctor --target` for ops/dtypes without a kernel "
+                "on the target; install onnxruntime-gpu for a GPU target.",
+                details={"nodes": cpu}))
+    if res.copies:
+        res.findings.append(warning(
+            "OM723", "bench", f"{len(res.copies)} device copies: {', '.join(res.copies[:10])}.",
+            suggestion="Each copy moves a tensor between host and device; the nodes next to "
+            "them fell back to the CPU.", details={"nodes": res.copies}))
+    return res
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2])

@@ -1,0 +1,348 @@
+"""Build, verify and time candidate variants of an ONNX file; keep the fastest verified one.
+
+Every candidate runs through the same sandbox as an export's verification (a separate ONNX
+Runtime process), on every input set given. Timing is in the sandbox too: the example feed is
+run ``warmup + repeats`` times per round, rounds alternate between variants (so that load on a
+shared machine hits all of them alike), and the median/p90 of the kept runs are reported.
+
+Noise rule: a variant beats the plain export only when its median is at least
+``NOISE_FRACTION`` (3 %) below the plain median *and* below the plain run's p90 spread
+(median - (p90 - median)); otherwise the plain export is written and the result says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxmedic import sandbox
+from onnxmedic.optimize.passes import Pipeline, default_pipelines, run_pipeline
+from onnxmedic.verify.budget import RULE_PENDING, judge_output
+from onnxmedic.verify.compare import compare_outputs
+
+logger = logging.getLogger(__name__)
+
+NOISE_FRACTION = 0.03
+DEFAULT_COSINE = 0.999
+
+
+@dataclass
+class Variant:
+    """One candidate: what it ran, what it measured, and whether it was chosen or why not."""
+
+    name: str
+    precision: str = "fp32"
+    passes: list[str] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    fusions: dict[str, int] = field(default_factory=dict)
+    nodes: int | None = None
+    verified: bool = False
+    accuracy: dict[str, dict[str, float]] = field(default_factory=dict)  # output -> metrics
+    median_ms: float | None = None
+    p90_ms: float | None = None
+    speedup: float | None = None
+    rejected: str = ""  # why not chosen ("" for the chosen one)
+    path: str = ""
+
+
+@dataclass
+class OptimizationResult:
+    """Every variant (the plain export first), the chosen one and the timing settings."""
+
+    variants: list[Variant]
+    chosen: str
+    threads: int
+    repeats: int
+    warmup: int
+    rounds: int
+    noise_rule: str = (f"beats plain only if median <= plain median * {1 - NOISE_FRACTION:g} and "
+                       "< plain median - (plain p90 - plain median)")
+    written: str | None = None
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(a @ b / (na * nb))
+
+
+def judge_reduced(names: list[str], expected: list[list[np.ndarray]],
+                  actual: list[list[np.ndarray]], cosine: float = DEFAULT_COSINE
+                  ) -> tuple[bool, dict[str, dict[str, float]], str]:
+    """The reduced-precision budget: per output, the worst cosine similarity over the input sets
+    must be >= ``cosine``; max/mean absolute error reported; for outputs whose last axis looks
+    like class scores (float, >= 2 wide), argmax agreement is reported and must be 1.0."""
+    acc: dict[str, dict[str, float]] = {}
+    why = ""
+    for s, (exp, act) in enumerate(zip(expected, actual)):
+        for i, e in enumerate(exp):
+            name = names[i] if i < len(names) else f"output_{i}"
+            a = act[i] if i < len(act) else None
+            m = acc.setdefault(name, {"cosine": 1.0, "max_abs": 0.0, "mean_abs": 0.0})
+            if a is None or np.shape(a) != np.shape(e):
+                m["cosine"] = 0.0
+                why = why or f"{name}: shape {np.shape(a)} != {np.shape(e)} at set {s}"
+                continue
+            if not np.issubdtype(np.asarray(e).dtype, np.floating):
+                if not np.array_equal(a, e):
+                    m["cosine"] = 0.0
+                    why = why or f"{name}: integer output differs at set {s}"
+                continue
+            d = np.abs(np.asarray(a, np.float64) - np.asarray(e, np.float64))
+            m["cosine"] = min(m["cosine"], _cosine(e, a))
+            m["max_abs"] = max(m["max_abs"], float(d.max()) if d.size else 0.0)
+            m["mean_abs"] = max(m["mean_abs"], float(d.mean()) if d.size else 0.0)
+            if np.ndim(e) >= 2 and np.shape(e)[-1] >= 2:
+                agree = float(np.mean(np.argmax(e, -1) == np.argmax(a, -1)))
+                m["argmax_agreement"] = min(m.get("argmax_agreement", 1.0), agree)
+    for name, m in acc.items():
+        if m["cosine"] < cosine:
+            why = why or f"{name}: cosine {m['cosine']:.6f} < {cosine:g}"
+    return not why, acc, why
+
+
+def _verify(variant: Variant, path: Path, names: list[str], feeds: list[dict[str, np.ndarray]],
+            expected: list[list[np.ndarray]], cosine: float, timeout: float,
+            references: list[list[np.ndarray | None]] | None = None) -> None:
+    """fp32 variants are judged like the export itself (verify/budget.py: float32 agreement,
+    else the float64 budget with ``references``, else the scaled normwise rule); reduced
+    precision by the cosine budget."""
+    sbx = sandbox.run_model(path, feeds, timeout=timeout)
+    if not sbx.ok:
+        variant.rejected = f"ONNX Runtime refused it ({sbx.status}: {sbx.error[:200]})"
+        return
+    if variant.precision == "fp32":
+        acc: dict[str, dict[str, float]] = {}
+        bad = ""
+        for s, (exp, act) in enumerate(zip(expected, sbx.outputs)):
+            refs = references[s] if references and s < len(references) else []
+            for c in compare_outputs(names, exp, act, input_set=f"set {s}",
+                                     judge=_budget_judge(refs, f"set {s}")):
+                m = acc.setdefault(c.name, {"max_abs": 0.0, "max_rel": 0.0})
+                m["max_abs"] = max(m["max_abs"], c.max_abs)
+                m["max_rel"] = max(m["max_rel"], c.max_rel)
+                if not c.ok and not bad:
+                    bad = (f"{c.name} at {c.input_set}: {c.reason or ''} max abs error "
+                           f"{c.max_abs:.3g} ({c.rule})")
+        variant.accuracy = acc
+        if bad:
+            variant.rejected = f"failed verification: {bad}"
+            return
+    else:
+        ok, acc, why = judge_reduced(names, expected, sbx.outputs, cosine)
+        variant.accuracy = acc
+        if not ok:
+            variant.rejected = f"outside the accuracy budget: {why}"
+            return
+    variant.verified = True
+
+
+def _budget_judge(refs: list[np.ndarray | None], label: str) -> Any:
+    def one(name: str, exp: np.ndarray, act: np.ndarray | None, i: int) -> Any:
+        c = judge_output(name, exp, act, None, input_set=label, fast=True)
+        if c.rule == RULE_PENDING:
+            c = judge_output(name, exp, act, refs[i] if i < len(refs) else None,
+                             input_set=label)
+        return c
+    return one
+
+
+def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, threads: int = 2,
+                  warmup: int = 3, repeats: int = 10, rounds: int = 3,
+                  timeout: float = 600.0) -> dict[str, tuple[float, float]]:
+    """Median and p90 latency (ms) of each file, in the sandbox with ``threads`` intra-op
+    threads: ``rounds`` alternating rounds of ``warmup`` discarded + ``repeats`` timed runs."""
+    samples: dict[str, list[float]] = {k: [] for k in paths}
+    for r in range(rounds):
+        order = list(paths) if r % 2 == 0 else list(reversed(paths))
+        for name in order:
+            sbx = sandbox.run_model(paths[name], [feed] * (warmup + repeats), timeout=timeout,
+                                    threads=threads)
+            if sbx.ok:
+                samples[name] += [s * 1000 for s in sbx.run_seconds[warmup:]]
+    out = {}
+    for name, s in samples.items():
+        if s:
+            s.sort()
+            out[name] = (statistics.median(s), s[min(len(s) - 1, int(0.9 * len(s)))])
+    return out
+
+
+def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[str],
+                           feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
+                           cosine: float, timeout: float, max_excluded: int = 4,
+                           search_seconds: float = 300.0) -> tuple[Variant, Path]:
+    """Quantize; while the budget fails, keep the most sensitive MatMul/Gemm in float32 (greedy
+    leave-one-out on the worst output cosine) and retry, up to ``max_excluded`` layers."""
+    import time
+
+    excluded: list[str] = []
+    deadline = time.monotonic() + search_seconds
+    while True:
+        steps = [(s, dict(o, nodes_to_exclude=excluded) if s.endswith(":quantize_int8") else o)
+                 for s, o in base.steps]
+        pipe = Pipeline(base.name, steps, precision="int8")
+        v, path = _build(pipe, src, folder, timeout)
+        if v.rejected:
+            return v, path
+        _verify(v, path, names, feeds, expected, cosine, timeout)
+        if v.verified or len(excluded) >= max_excluded:
+            return v, path
+        # candidates: the layers the quantizer saw (named after its own pre-processing)
+        layers = [n for n in (v.steps[-1].get("layers", []) if v.steps else [])
+                  if n not in excluded]
+        best, best_cos = None, -1.0
+        for layer in layers:
+            if time.monotonic() > deadline:
+                v.rejected += f" (sensitivity search stopped after {search_seconds:g} s)"
+                return v, path
+            trial = Pipeline(base.name, [(s, dict(o, nodes_to_exclude=excluded + [layer])
+                                          if s.endswith(":quantize_int8") else o)
+                                         for s, o in base.steps], precision="int8")
+            tv, tpath = _build(trial, src, folder, timeout, suffix="-trial")
+            if tv.rejected:
+                continue
+            sbx = sandbox.run_model(tpath, feeds[:1], timeout=timeout)
+            if not sbx.ok:
+                continue
+            _, acc, _ = judge_reduced(names, expected[:1], sbx.outputs[:1], cosine)
+            worst = min(m["cosine"] for m in acc.values()) if acc else 0.0
+            if worst > best_cos:
+                best, best_cos = layer, worst
+        if best is None:
+            return v, path
+        logger.info("int8: keeping %s in float32 (cosine %.6f without it)", best, best_cos)
+        excluded.append(best)
+
+
+def _build(pipe: Pipeline, src: Path, folder: Path, timeout: float, suffix: str = ""
+           ) -> tuple[Variant, Path]:
+    path = folder / f"{pipe.name}{suffix}.onnx"
+    v = Variant(pipe.name, precision=pipe.precision, passes=[s for s, _ in pipe.steps],
+                path=str(path))
+    ok, steps, err = run_pipeline(pipe, src, path, timeout=timeout)
+    v.steps = steps
+    for st in steps:
+        v.fusions.update(st.get("fusions", {}))
+        v.nodes = st.get("nodes_after", v.nodes)
+    if not ok:
+        v.rejected = f"the pass failed: {err}"
+    elif _same_graph(src, path):
+        v.rejected = "the passes changed nothing"
+    return v, path
+
+
+def _same_graph(a: Path, b: Path) -> bool:
+    """Same nodes (with their attributes) and the same initializers (values included): a pass
+    that only rewrote a weight or an attribute did change the model."""
+    import hashlib
+
+    import onnx
+
+    def key(path: Path) -> list[Any]:
+        g = onnx.load(str(path), load_external_data=False).graph
+        nodes = [(n.op_type, n.domain, list(n.input), list(n.output),
+                  [x.SerializeToString() for x in n.attribute]) for n in g.node]
+        inits = sorted((t.name, hashlib.sha256(t.SerializeToString()).hexdigest())
+                       for t in g.initializer)
+        return [nodes, inits]
+
+    return key(a) == key(b)
+
+
+def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
+                  expected: list[list[np.ndarray]], *, out: str | os.PathLike[str] | None = None,
+                  target: str = "cpu", precision: str = "fp32", cosine: float = DEFAULT_COSINE,
+                  pipelines: list[Pipeline] | None = None, threads: int = 2, warmup: int = 3,
+                  repeats: int = 10, rounds: int = 3, timeout: float = 600.0,
+                  references: list[list[np.ndarray | None]] | None = None
+                  ) -> OptimizationResult:
+    """Build each candidate pipeline on ``onnx_path``, verify it on every feed against
+    ``expected`` (PyTorch's outputs, one list per feed; ``feeds[0]`` is the example), time the
+    verified ones in the sandbox, and write the fastest one that beats the plain file beyond
+    the noise rule to ``out`` (the plain file otherwise). Never raises for a failing pass.
+    ``references``: float64 outputs per feed (verify/reference.py), for the fp32 budget."""
+    if precision not in ("fp32", "int8"):
+        raise ValueError(f"precision {precision!r}: choose fp32 or int8 (fp16 is not built yet)")
+    src = Path(onnx_path)
+    import onnx
+
+    names = [o.name for o in onnx.load(str(src), load_external_data=False).graph.output]
+    pipes = pipelines if pipelines is not None else default_pipelines(target, precision)
+    folder = Path(tempfile.mkdtemp(prefix="onnxmedic-opt-"))
+    try:
+        plain = Variant("plain", passes=[], path=str(src))
+        _verify(plain, src, names, feeds, expected, cosine, timeout, references)
+        variants = [plain]
+        paths: dict[str, Path] = {"plain": src}
+        for pipe in pipes:
+            if pipe.precision == "int8":
+                v, path = _int8_with_sensitivity(pipe, src, folder, names, feeds, expected,
+                                                 cosine, timeout)
+            else:
+                v, path = _build(pipe, src, folder, timeout)
+                if not v.rejected:
+                    _verify(v, path, names, feeds, expected, cosine, timeout, references)
+            variants.append(v)
+            if v.verified:
+                paths[v.name] = path
+        times = time_variants(paths, feeds[0], threads=threads, warmup=warmup, repeats=repeats,
+                              rounds=rounds, timeout=timeout)
+        for v in variants:
+            if v.name in times:
+                v.median_ms, v.p90_ms = times[v.name]
+        base = plain if plain.median_ms is not None else None
+        chosen = plain
+        if base is not None:
+            spread = (base.p90_ms or base.median_ms) - base.median_ms
+            limit = min(base.median_ms * (1 - NOISE_FRACTION), base.median_ms - spread)
+            for v in variants[1:]:
+                if v.median_ms is not None:
+                    v.speedup = base.median_ms / v.median_ms
+                if not v.verified:
+                    continue
+                if v.median_ms is None:
+                    v.rejected = "could not be timed"
+                elif v.median_ms > limit:
+                    v.rejected = (f"not faster beyond noise ({v.median_ms:.2f} ms vs plain "
+                                  f"{base.median_ms:.2f} ms, needs <= {limit:.2f} ms)")
+                elif chosen is plain or v.median_ms < (chosen.median_ms or float("inf")):
+                    chosen = v
+            for v in variants[1:]:
+                if v.verified and v is not chosen and not v.rejected:
+                    v.rejected = f"slower than {chosen.name}"
+            base.speedup = 1.0
+        if chosen is plain:
+            plain.rejected = ""
+            msg = "no variant beat the plain export beyond noise; the plain export is kept"
+        else:
+            plain.rejected = f"slower than {chosen.name}"
+            msg = f"{chosen.name} is {chosen.speedup:.2f}x faster than the plain export"
+        result = OptimizationResult(variants, chosen.name, threads, repeats, warmup, rounds,
+                                    message=msg)
+        if out is not None:
+            tmp = Path(str(out) + ".tmp")
+            shutil.copyfile(chosen.path, tmp)
+            os.replace(tmp, out)
+            result.written = str(out)
+        for v in variants:
+            if v is not plain:
+                v.path = ""  # temp files are removed
+        return result
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,115 @@
+"""``onnxmedic optimize IN.onnx MODEL --input SPEC ...`` and the ``export --optimize`` flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_export_flags(e: argparse.ArgumentParser) -> None:
+    """``--optimize`` and ``--precision`` on ``onnxmedic export``."""
+    e.add_argument("--optimize", action="store_true",
+                   help="write the fastest variant that still verifies (onnxmedic optimize)")
+    e.add_argument("--precision", choices=["fp32", "int8"], default="fp32",
+                   help="with --optimize: float32 passes only, or also int8 (CPU)")
+
+
+def add_parser(sub: Any) -> None:
+    """The ``optimize`` subcommand."""
+    o = sub.add_parser("optimize", help="the fastest variant of an ONNX file that still "
+                       "verifies against the PyTorch model, measured in the sandbox")
+    o.add_argument("onnx", metavar="IN.onnx")
+    o.add_argument("model", metavar="MODEL")
+    o.add_argument("--input", "-i", action="append", default=[], metavar="SPEC")
+    o.add_argument("-o", "--output", metavar="OUT.onnx")
+    o.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
+    o.add_argument("--accuracy", metavar="cosine=X", help="reduced-precision budget "
+                   "(default cosine=0.999 per output)")
+    o.add_argument("--target", choices=["cpu"], default="cpu")
+    o.add_argument("--threads", type=int, default=2, help="intra-op threads when timing")
+    o.add_argument("--timeout", type=float, default=600.0, metavar="S")
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--json", action="store_true")
+
+
+def main(ns: argparse.Namespace) -> int:
+    """Run ``onnxmedic optimize``; print the variant table (or JSON). Exit 0, or 1 for a model
+    or input problem (a finding, no traceback)."""
+    from onnxmedic import inputs
+    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.optimize import optimization_finding, optimize
+
+    try:
+        model, _ = inputs.load_model(ns.model)
+        ex = inputs.load_inputs(ns.input, seed=ns.seed)
+        res = optimize(ns.onnx, model, ex.args, kwargs=ex.kwargs, out=ns.output,
+                       target=ns.target, precision=ns.precision, accuracy=ns.accuracy,
+                       timeout=ns.timeout, threads=ns.threads)
+    except OnnxMedicError as err:
+        sys.stderr.write(err.finding.one_paragraph() + "\n")
+        return err.finding.exit_code
+    if ns.json:
+        sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
+        return 0
+    f = optimization_finding(res)
+    print(f"{f.code} {res.message}")
+    print(f"{'variant':24} {'prec':5} {'verified':8} {'median ms':>10} {'p90 ms':>8} "
+          f"{'speed-up':>8}  fusions / why rejected")
+    for v in res.variants:
+        med = f"{v.median_ms:.2f}" if v.median_ms is not None else "-"
+        p90 = f"{v.p90_ms:.2f}" if v.p90_ms is not None else "-"
+        sp = f"{v.speedup:.2f}x" if v.speedup else "-"
+        fus = ",".join(f"{k}={n}" for k, n in v.fusions.items())
+        print(f"{v.name:24} {v.precision:5} {'yes' if v.verified else 'no':8} {med:>10} "
+              f"{p90:>8} {sp:>8}  {fus} {v.rejected}".rstrip())
+    if res.written:
+        print(f"written: {res.written} ({res.chosen})")
+    return 0
+
+
+def add_bench_parser(sub: Any) -> None:
+    """The ``bench`` subcommand."""
+    b = sub.add_parser("bench", help="latency, load time, peak memory and node placement of "
+                       "an ONNX file in a child ONNX Runtime")
+    b.add_argument("onnx", metavar="MODEL.onnx")
+    b.add_argument("--input", "-i", action="append", default=[], metavar="SPEC")
+    b.add_argument("--target", choices=["cpu", "cuda", "tensorrt"], default="cpu")
+    b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--repeats", type=int, default=20)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--json", action="store_true")
+
+
+def bench_main(ns: argparse.Namespace) -> int:
+    """Run ``onnxmedic bench``: inputs map onto the ONNX inputs in order."""
+    import torch
+
+    from onnxmedic import inputs
+    from onnxmedic._tensors import to_numpy
+    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.optimize import _graph_dims, bench
+
+    try:
+        ex = inputs.load_inputs(ns.input, seed=ns.seed)
+    except OnnxMedicError as err:
+        sys.stderr.write(err.finding.one_paragraph() + "\n")
+        return err.finding.exit_code
+    names, _ = _graph_dims(ns.onnx)
+    leaves = [x for x in torch.utils._pytree.tree_leaves((ex.args, ex.kwargs))
+              if isinstance(x, torch.Tensor)]
+    res = bench(ns.onnx, {n: to_numpy(t) for n, t in zip(names, leaves)}, target=ns.target,
+                threads=ns.threads, repeats=ns.repeats)
+    if ns.json:
+        sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
+    elif not res.ok:
+        print(f"bench failed: {res.error}")
+    else:
+        print(f"median {res.median_ms:.3f} ms, p90 {res.p90_ms:.3f} ms ({res.threads} threads), "
+              f"load {res.load_seconds:.3f} s, peak memory {res.peak_rss_mb:.0f} MiB")
+        for prov, nodes in res.placement.items():
+            print(f"  {prov}: {len(nodes)} node(s)")
+        for f in res.findings:
+            print(f.one_paragraph())
+    return 0 if res.ok else 1

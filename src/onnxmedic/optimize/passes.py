@@ -1,0 +1,219 @@
+"""Pass pipelines for ``onnxmedic.optimize``: each step is a function ``step(in_path, out_path,
+**options) -> dict`` that writes a new ONNX file and returns what it did (fused-op counts, node
+counts). Steps are named ``"module:function"`` so that a pipeline can run in a child process
+(see :func:`run_pipeline`): a step that crashes or hangs becomes a rejected variant."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PASS_TIMEOUT = 600.0
+
+
+def _op_counts(path: str | os.PathLike[str]) -> Counter[str]:
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    return Counter(n.op_type for n in proto.graph.node)
+
+
+def _diff(before: Counter[str], after: Counter[str]) -> dict[str, Any]:
+    return {"nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
+            "new_ops": {k: v for k, v in after.items() if v > before.get(k, 0) and k not in before}}
+
+
+def _load_ir(src: str) -> Any:
+    import onnx
+    import onnx_ir as ir
+
+    return ir.from_proto(onnx.load(src))  # every tensor in memory: dst may be elsewhere
+
+
+def _save_ir(model: Any, dst: str) -> None:
+    import onnx
+    import onnx_ir as ir
+
+    proto = ir.to_proto(model)
+    try:
+        big = proto.ByteSize() > 1_800_000_000
+    except Exception:  # noqa: BLE001 - protobuf refuses to size a message over 2 GiB
+        big = True
+    onnx.save(proto, dst, save_as_external_data=big, location=Path(dst).name + ".data")
+
+
+def onnxscript_optimize(src: str, dst: str) -> dict[str, Any]:
+    """onnxscript.optimizer.optimize: constant folding, common-subexpression and dead-code
+    elimination, function inlining. Standard ONNX ops only (portable to every runtime)."""
+    import onnxscript.optimizer
+
+    before = _op_counts(src)
+    model = _load_ir(src)
+    onnxscript.optimizer.optimize(model)
+    _save_ir(model, dst)
+    return _diff(before, _op_counts(dst))
+
+
+def ort_fusions(src: str, dst: str) -> dict[str, Any]:
+    """onnxscript.rewriter.ort_fusions.optimize_for_ort after the onnxscript optimizer:
+    attention/MHA/GQA/SDPA, (Skip)LayerNorm/RMSNorm, rotary embedding, bias-GELU, fused MatMul.
+    Emits ``com.microsoft`` ops: ONNX Runtime only."""
+    import onnxscript.optimizer
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    before = _op_counts(src)
+    model = _load_ir(src)
+    onnxscript.optimizer.optimize(model)
+    model, counts = optimize_for_ort(model)
+    _save_ir(model, dst)
+    info = _diff(before, _op_counts(dst))
+    info["fusions"] = {k: int(v) for k, v in counts.items() if v}
+    return info
+
+
+def ort_offline(src: str, dst: str, level: str = "basic") -> dict[str, Any]:
+    """ONNX Runtime's own graph optimizer, saved to a file (SessionOptions.optimized_model_filepath).
+    ``basic`` is portable (standard ops only); ``extended``/``all`` emit provider-specific
+    (com.microsoft, layout-specific) ops and are only valid for the provider they were made on."""
+    import onnxruntime as ort
+
+    before = _op_counts(src)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    so.optimized_model_filepath = dst
+    ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    return _diff(before, _op_counts(dst))
+
+
+def quantize_int8(src: str, dst: str, nodes_to_exclude: list[str] | None = None) -> dict[str, Any]:
+    """onnxruntime.quantization.quantize_dynamic: int8 weights of MatMul/Gemm, activations
+    quantized at run time (CPU). ``nodes_to_exclude`` stay float32."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    before = _op_counts(src)
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-q-") as tmp:
+        pre = str(Path(tmp) / "pre.onnx")
+        try:  # shape inference helps the quantizer; not required
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            quant_pre_process(src, pre, skip_optimization=True, skip_symbolic_shape=True)
+        except Exception as e:  # noqa: BLE001 - the raw model still quantizes
+            logger.debug("quant_pre_process failed: %s", e)
+            pre = src
+        import onnx
+
+        layers = [n.name for n in onnx.load(pre, load_external_data=False).graph.node
+                  if n.op_type in ("MatMul", "Gemm") and n.name]
+        quantize_dynamic(pre, dst, weight_type=QuantType.QInt8,
+                         op_types_to_quantize=["MatMul", "Gemm"],
+                         # the quantizer splits a Gemm into <name>_MatMul + <name>_Add first
+                         nodes_to_exclude=[m for n in nodes_to_exclude or []
+                                           for m in (n, f"{n}_MatMul")])
+    info = _diff(before, _op_counts(dst))
+    info["excluded"] = list(nodes_to_exclude or [])
+    info["layers"] = layers  # the quantizable layers, named as nodes_to_exclude expects
+    return info
+
+
+@dataclass
+class Pipeline:
+    """A named candidate: steps run in order, each ``(module:function, options)``."""
+
+    name: str
+    steps: list[tuple[str, dict[str, Any]]]
+    precision: str = "fp32"
+    portable: bool = True  # standard ONNX ops only
+    note: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+_HERE = __name__
+
+
+def default_pipelines(target: str = "cpu", precision: str = "fp32") -> list[Pipeline]:
+    """The candidates for ``target`` and ``precision`` (the plain export is always the baseline)."""
+    out = [
+        Pipeline("onnxscript-optimize", [(f"{_HERE}:onnxscript_optimize", {})],
+                 note="constant folding, CSE, dead code"),
+        Pipeline("ort-fusions", [(f"{_HERE}:ort_fusions", {})], portable=False,
+                 note="onnxscript ORT fusions (com.microsoft ops)"),
+        Pipeline("ort-offline-basic", [(f"{_HERE}:ort_offline", {"level": "basic"})],
+                 note="ONNX Runtime basic level, saved (portable)"),
+    ]
+    if target == "cpu":
+        out.append(Pipeline("ort-offline-extended",
+                            [(f"{_HERE}:ort_offline", {"level": "extended"})], portable=False,
+                            note="ONNX Runtime extended level, saved: CPU provider only"))
+    if precision == "int8":
+        out.append(Pipeline("int8-dynamic", [(f"{_HERE}:onnxscript_optimize", {}),
+                                             (f"{_HERE}:quantize_int8", {})], precision="int8",
+                            note="onnxscript optimizer + quantize_dynamic (MatMul/Gemm int8)"))
+    return out
+
+
+def run_pipeline(pipe: Pipeline, src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+                 timeout: float = DEFAULT_PASS_TIMEOUT) -> tuple[bool, list[dict[str, Any]], str]:
+    """Run ``pipe`` on ``src`` in a child process, writing ``dst``. Returns (ok, per-step info,
+    error). A crash, a hang past ``timeout`` or an exception is ``ok=False`` with the reason."""
+    request = {"src": str(src), "dst": str(dst), "steps": pipe.steps}
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p])
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-pass-") as tmp:
+        req = Path(tmp) / "request.json"
+        res = Path(tmp) / "result.json"
+        req.write_text(json.dumps(request))
+        proc = subprocess.Popen([sys.executable, "-m", _HERE, str(req), str(res)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+            return False, [], f"the pass did not finish within {timeout:g} s and was killed"
+        if not res.exists():
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
+            how = (f"signal {-proc.returncode}" if proc.returncode < 0
+                   else f"exit code {proc.returncode}")
+            return False, [], f"the pass crashed ({how}): {' '.join(tail)[:300]}"
+        out = json.loads(res.read_text())
+        return out["ok"], out["steps"], out.get("error", "")
+
+
+def _child(req_path: str, res_path: str) -> None:
+    import importlib
+
+    req = json.loads(Path(req_path).read_text())
+    infos: list[dict[str, Any]] = []
+    src = req["src"]
+    try:
+        with tempfile.TemporaryDirectory(prefix="onnxmedic-step-") as tmp:
+            for i, (spec, opts) in enumerate(req["steps"]):
+                mod, fn = spec.split(":")
+                last = i == len(req["steps"]) - 1
+                dst = req["dst"] if last else str(Path(tmp) / f"step{i}.onnx")
+                info = getattr(importlib.import_module(mod), fn)(src, dst, **opts) or {}
+                infos.append({"step": spec, **info})
+                src = dst
+        out = {"ok": True, "steps": infos}
+    except Exception as e:  # noqa: BLE001 - reported as a rejected variant
+        out = {"ok": False, "steps": infos, "error": f"{type(e).__name__}: {str(e)[:400]}"}
+    Path(res_path).write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2])

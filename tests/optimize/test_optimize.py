@@ -1,0 +1,238 @@
+"""onnxmedic.optimize: pass pipelines, candidate verification and the int8 sensitivity search."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto, helper
+
+import onnxmedic
+from onnxmedic.optimize import Pipeline, judge_reduced, optimize, optimize_file, passes
+
+FAST = {"repeats": 3, "rounds": 1}
+
+
+def _export(model: torch.nn.Module, args: tuple, path: Path) -> Path:
+    torch.onnx.export(model, args, str(path), dynamo=True, verbose=False)
+    return path
+
+
+class NormAttention(torch.nn.Module):
+    """An RMSNorm written out by hand and an SDPA call: ort_fusions fuses both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(32))
+        self.qkv = torch.nn.Linear(32, 96)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+        q, k, v = self.qkv(h).view(1, -1, 3, 4, 8).unbind(2)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2))
+        return o.sum(1)
+
+
+def _ops(path: Path) -> Counter[str]:
+    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
+def test_onnxscript_optimizer_folds_constants(tmp_path: Path) -> None:
+    c = helper.make_tensor("c", TensorProto.FLOAT, [4], [1.0, 2.0, 3.0, 4.0])
+    nodes = [helper.make_node("Add", ["c", "c"], ["c2"]),
+             helper.make_node("Mul", ["c2", "c"], ["c3"]),
+             helper.make_node("Add", ["x", "c3"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [c])
+    src = tmp_path / "c.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), src)
+    info = passes.onnxscript_optimize(str(src), str(tmp_path / "o.onnx"))
+    assert info["nodes_before"] == 3 and info["nodes_after"] == 1
+    assert _ops(tmp_path / "o.onnx") == Counter({"Add": 1})
+
+
+def test_ort_fusions_fuse_rmsnorm_and_attention(tmp_path: Path) -> None:
+    src = _export(NormAttention(), (torch.randn(1, 16, 32),), tmp_path / "m.onnx")
+    info = passes.ort_fusions(str(src), str(tmp_path / "f.onnx"))
+    assert info["fusions"].get("rms_normalization") == 1
+    assert info["fusions"].get("sdpa") == 1
+    ops = _ops(tmp_path / "f.onnx")
+    assert ops["SimplifiedLayerNormalization"] == 1 and ops["MultiHeadAttention"] == 1
+    assert info["nodes_after"] < info["nodes_before"]
+
+
+def test_ort_offline_extended_emits_contrib_ops(tmp_path: Path) -> None:
+    src = _export(NormAttention(), (torch.randn(1, 16, 32),), tmp_path / "m.onnx")
+    info = passes.ort_offline(str(src), str(tmp_path / "e.onnx"), level="extended")
+    assert info["nodes_after"] < info["nodes_before"]
+    assert "FusedMatMul" in info["new_ops"]  # com.microsoft: not portable
+
+
+def test_optimize_verifies_and_lists_every_variant(tmp_path: Path) -> None:
+    model = NormAttention().eval()
+    x = torch.randn(1, 16, 32)
+    src = _export(model, (x,), tmp_path / "m.onnx")
+    res = optimize(src, model, (x,), out=tmp_path / "best.onnx", **FAST)
+    names = [v.name for v in res.variants]
+    assert names[0] == "plain" and "ort-fusions" in names and "onnxscript-optimize" in names
+    fused = next(v for v in res.variants if v.name == "ort-fusions")
+    assert fused.verified and fused.fusions.get("sdpa") == 1 and fused.median_ms is not None
+    chosen = next(v for v in res.variants if v.name == res.chosen)
+    assert chosen.verified and chosen.rejected == ""
+    assert all(v.rejected for v in res.variants if v.name != res.chosen)
+    assert (tmp_path / "best.onnx").exists() and res.written
+
+
+def _two_layer(tmp_path: Path) -> tuple[torch.nn.Module, torch.Tensor, Path]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    with torch.no_grad():
+        # one weight 1e4 on an input column that is always ~0: harmless in float32, but int8's
+        # per-tensor scale then rounds every other weight of the first layer to zero.
+        model[0].weight[0, 0] = 1e4
+    model.eval()
+    x = torch.randn(4, 64)
+    x[:, 0] = 0.0
+    return model, x, _export(model, (x,), tmp_path / "m.onnx")
+
+
+def test_int8_keeps_the_sensitive_layer_in_float32(tmp_path: Path) -> None:
+    model, x, src = _two_layer(tmp_path)
+    from onnxmedic.optimize import reference_sets
+
+    feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
+    blind = Pipeline("int8-blind", [(f"{passes.__name__}:quantize_int8", {})], precision="int8")
+    # blind quantization (no sensitivity search) fails the budget
+    res = optimize_file(src, feeds, expected, pipelines=[], **FAST)
+    ok_dir = tmp_path / "q.onnx"
+    ok, _, err = passes.run_pipeline(blind, src, ok_dir)
+    assert ok, err
+    sbx = onnxmedic.sandbox.run_model(ok_dir, feeds)
+    good, acc, why = judge_reduced(["y"], expected, sbx.outputs)
+    assert not good and "cosine" in why
+    res = optimize_file(src, feeds, expected, pipelines=[blind], **FAST)
+    v = res.variants[1]
+    assert v.verified, v.rejected
+    excluded = v.steps[-1]["excluded"]
+    assert len(excluded) == 1
+    first_matmul = [n.name for n in onnx.load(str(src)).graph.node
+                    if n.op_type in ("MatMul", "Gemm")][0]
+    assert excluded == [first_matmul]
+    assert v.accuracy and min(m["cosine"] for m in v.accuracy.values()) >= 0.999
+
+
+def test_wrong_pass_is_rejected_with_its_reason(tmp_path: Path) -> None:
+    model, x, src = _two_layer(tmp_path)
+    wrong = Pipeline("wrong", [("tests.optimize.bad_passes:wrong_pass", {})])
+    res = optimize(src, model, (x,), pipelines=[wrong], out=tmp_path / "o.onnx", **FAST)
+    v = res.variants[1]
+    assert not v.verified and v.rejected.startswith("failed verification")
+    assert res.chosen == "plain"
+    assert onnx.load(str(tmp_path / "o.onnx")).graph == onnx.load(str(src)).graph
+
+
+def test_fp32_variants_are_judged_by_the_export_budget(tmp_path: Path) -> None:
+    """An fp32 variant is held to the export's own rule (float32 agreement or the float64
+    budget): a 1e-3 weight fault is refused, the plain file itself passes."""
+    model, x, src = _two_layer(tmp_path)
+    subtle = Pipeline("subtle", [("tests.optimize.bad_passes:subtle_pass", {})])
+    res = optimize(src, model, (x,), pipelines=[subtle], **FAST)
+    plain, v = res.variants
+    assert plain.verified and not v.verified
+    assert v.rejected.startswith("failed verification") and "budget" in v.rejected
+
+
+@pytest.mark.parametrize("step,reason", [("crashing_pass", "crashed"),
+                                         ("hanging_pass", "did not finish")])
+def test_crashing_or_hanging_pass_is_a_rejected_variant(tmp_path: Path, step: str,
+                                                         reason: str) -> None:
+    model, x, src = _two_layer(tmp_path)
+    pipe = Pipeline("bad", [(f"tests.optimize.bad_passes:{step}", {})])
+    res = optimize(src, model, (x,), pipelines=[pipe], out=tmp_path / "o.onnx",
+                   timeout=8, **FAST)
+    v = res.variants[1]
+    assert reason in v.rejected and not v.verified
+    assert res.chosen == "plain" and (tmp_path / "o.onnx").exists()
+
+
+def test_no_pass_changes_the_model_writes_plain_and_says_so(tmp_path: Path) -> None:
+    model = torch.nn.ReLU()
+    x = torch.randn(8)
+    src = _export(model, (x,), tmp_path / "m.onnx")
+    res = optimize(src, model, (x,), out=tmp_path / "o.onnx",
+                   pipelines=[p for p in passes.default_pipelines() if p.portable], **FAST)
+    assert res.chosen == "plain" and "plain export is kept" in res.message
+    assert all("changed nothing" in v.rejected for v in res.variants[1:])
+    assert onnx.load(str(tmp_path / "o.onnx")).graph == onnx.load(str(src)).graph
+
+
+def test_judge_reduced_reports_argmax_and_errors() -> None:
+    e = [[np.array([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]], np.float32)]]
+    a = [[np.array([[1.0, 2.0, 3.1], [3.0, 2.0, 1.0]], np.float32)]]
+    ok, acc, _ = judge_reduced(["y"], e, a)
+    assert ok and acc["y"]["argmax_agreement"] == 1.0
+    assert acc["y"]["max_abs"] == pytest.approx(0.1, rel=1e-3)
+    ok, _, why = judge_reduced(["y"], e, [[-e[0][0]]])
+    assert not ok and "cosine" in why
+
+
+class Shift(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) + 1.0
+
+
+def test_export_optimize_on_a_model_no_pass_changes_keeps_plain(tmp_path: Path) -> None:
+    out = tmp_path / "m.onnx"
+    res = onnxmedic.export(Shift(), (torch.randn(8),), out, optimize=True)
+    assert res.ok and res.optimization is not None and out.exists()
+    assert res.optimization.chosen == "plain"
+    codes = [f.code for f in res.findings]
+    assert "OM721" in codes and "OM720" not in codes
+    assert res.to_dict()["optimization"]["chosen"] == "plain"
+    # the non-portable ORT levels may rewrite even this graph: each one is still reported
+    assert all(v.rejected for v in res.optimization.variants[1:])
+
+
+def test_cli_optimize_prints_every_variant(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                           ) -> None:
+    from onnxmedic.cli import main
+
+    model_file = tmp_path / "m.py"
+    model_file.write_text(
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.relu(x) + 1.0\n")
+    src = _export(Shift(), (torch.randn(2, 3),), tmp_path / "m.onnx")
+    rc = main(["optimize", str(src), f"{model_file}:M", "--input", "2x3:float32",
+               "-o", str(tmp_path / "o.onnx"), "--json"])
+    assert rc == 0
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    assert [v["name"] for v in data["variants"]][:2] == ["plain", "onnxscript-optimize"]
+    assert data["written"] == str(tmp_path / "o.onnx")
+
+
+def test_bench_names_cpu_fallback_nodes_for_cuda_on_a_cpu_machine(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA present: no fallback to observe")
+    src = _export(Shift(), (torch.randn(8),), tmp_path / "m.onnx")
+    res = onnxmedic.bench(src, {"x": np.random.rand(8).astype(np.float32)}, target="cuda",
+                          repeats=3)
+    assert res.ok and res.median_ms is not None and res.load_seconds is not None
+    assert res.peak_rss_mb and res.peak_rss_mb > 0
+    f = [f for f in res.findings if f.code == "OM722"]
+    assert f and "not available" in f[0].message
+    nodes = {n.name for n in onnx.load(str(src)).graph.node}
+    assert set(f[0].details["nodes"]) <= nodes and f[0].details["nodes"]
+    cpu = onnxmedic.bench(src, {"x": np.random.rand(8).astype(np.float32)}, repeats=3)
+    assert cpu.ok and not cpu.findings
