@@ -120,6 +120,7 @@ def _peer(model, args) -> float | None:
 
 def calibrate(name: str, with_faults: bool, with_peer: bool) -> dict:
     model, args = MODELS[name]()
+    trained_like(model, args)  # batch norms' statistics measured on the example, as trained
     rec: dict = {"model": name,
                  "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
     with tempfile.TemporaryDirectory(prefix="calib-") as td:

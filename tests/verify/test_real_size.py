@@ -18,8 +18,8 @@ transformers = pytest.importorskip("transformers")
 
 def _resnet50():
     cfg = transformers.AutoConfig.for_model("resnet")  # ResNet-50
-    return (trained_like(transformers.ResNetModel(cfg)),
-            (torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0)),))
+    args = (torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0)),)
+    return trained_like(transformers.ResNetModel(cfg), args), args
 
 
 def _bert_base():

@@ -10,7 +10,8 @@ model has nothing of that kind.
 - ``change_epsilon(m)``: the first normalisation's epsilon times 1000 (at least 1e-2)
 - ``swap_activation(m)``: the first Relu/Gelu/Tanh/Sigmoid/Erf/Softplus computed as another
 - ``change_softmax_axis(m)``: the first Softmax over another axis of size > 1
-- ``add_to_sub(m)``: the first Add of two computed values turned into Sub
+- ``add_to_sub(m)``: the last Add of two computed float values (a residual sum) turned into
+  Sub
 """
 
 from __future__ import annotations
@@ -106,6 +107,16 @@ def _shapes(m: onnx.ModelProto) -> dict[str, list[int | None]]:
     return out
 
 
+def _float_values(m: onnx.ModelProto) -> set[str]:
+    from onnxmedic.onnxfile import skeleton
+
+    inferred = onnx.shape_inference.infer_shapes(skeleton(m))
+    kinds = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+             onnx.TensorProto.BFLOAT16)
+    return {v.name for v in list(inferred.graph.value_info) + list(inferred.graph.output)
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type in kinds}
+
+
 def change_softmax_axis(m: onnx.ModelProto) -> onnx.ModelProto | None:
     out = _copy(m)
     shapes = _shapes(out)
@@ -129,12 +140,33 @@ def change_softmax_axis(m: onnx.ModelProto) -> onnx.ModelProto | None:
     return None
 
 
+def _live(m: onnx.ModelProto) -> set[str]:
+    """The values the graph's outputs depend on (top-level graph)."""
+    producer = {o: n for n in m.graph.node for o in n.output}
+    live: set[str] = set()
+    todo = [o.name for o in m.graph.output]
+    while todo:
+        v = todo.pop()
+        if v in live:
+            continue
+        live.add(v)
+        if v in producer:
+            todo.extend(i for i in producer[v].input if i)
+    return live
+
+
 def add_to_sub(m: onnx.ModelProto) -> onnx.ModelProto | None:
+    """The last Add of two computed float values that the outputs depend on: in a network
+    with skip connections, a residual sum (the first such Add of an attention model adds an
+    all-zero mask, an Add of sizes or on a path the outputs do not use changes nothing)."""
     out = _copy(m)
     consts = {t.name for t in out.graph.initializer} | {
         o for n in out.graph.node if n.op_type == "Constant" for o in n.output}
-    for n in out.graph.node:
-        if n.op_type == "Add" and not any(i in consts for i in n.input):
+    floats = _float_values(out)
+    live = _live(out)
+    for n in reversed(out.graph.node):
+        if (n.op_type == "Add" and not any(i in consts for i in n.input)
+                and n.output[0] in live and n.output[0] in floats):
             n.op_type = "Sub"
             return out
     return None
@@ -147,11 +179,16 @@ STRUCTURAL: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto | None]] = {
 }
 
 
-def trained_like(model):
+def trained_like(model, args: tuple = ()):
     """Random weights as initialised leave biases, norm shifts and running statistics at 0/1
     and layer scales at 1e-6, which trained models never have (and a dropped bias or a weight
     behind a 1e-6 layer scale would change nothing): draw them, in place; returns the model
-    in eval mode. For calibrating and testing verification on models built from configs."""
+    in eval mode. For calibrating and testing verification on models built from configs.
+
+    With example ``args``, batch norms' running statistics are then measured on them (one
+    forward pass with only the batch norms in training mode), as training leaves them: drawn
+    at random they can shrink a deep CNN's activations to nothing, so its output no longer
+    depends on the input (MobileViT's did: every injected fault was invisible)."""
     import torch
 
     g = torch.Generator().manual_seed(0)
@@ -163,4 +200,20 @@ def trained_like(model):
                 t.copy_(torch.rand(t.shape, generator=g) + 0.5)
             elif "layer_scale" in name:  # ConvNeXt initialises them to 1e-6
                 t.copy_(torch.rand(t.shape, generator=g) * 0.9 + 0.1)
-    return model.eval()
+    model.eval()
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+             and m.track_running_stats]
+    if args and norms:
+        saved = [m.momentum for m in norms]
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average: one pass sets the batch's statistics
+            m.train()
+        try:
+            with torch.no_grad():
+                model(*args)
+        finally:
+            for m, mom in zip(norms, saved):
+                m.momentum = mom
+                m.eval()
+    return model
