@@ -103,3 +103,20 @@ def test_an_unstable_model_is_flagged_not_refused():
     y = ((x.astype(np.float32) + np.float32(1e6)) - np.float32(1e6)).astype(np.float32)
     c = judge_output("y", y, y.copy(), ref)
     assert c.ok and c.unstable and c.torch_error > budget.UNSTABLE["float32"]
+
+
+def test_budget_excess_for_intermediate_values():
+    """Localisation's form of the rule: rounding of another order stays under 1, one element
+    off by 1e-4 of the scale goes over, NaN against a number is inf, no reference is None."""
+    ref, y, o = _deep_sum()
+    quiet = budget.budget_excess(y, o, ref)
+    assert quiet is not None and quiet[0] <= 1.0 and quiet[1] == 0
+    bad = o.copy()
+    bad[7] += np.float32(1e-4 * np.abs(ref).max())
+    score, over = budget.budget_excess(y, bad, ref)
+    assert score > 1.0 and over == 1
+    nan = o.copy()
+    nan[3] = np.nan
+    assert budget.budget_excess(y, nan, ref)[0] == np.inf
+    assert budget.budget_excess(y, o, None) is None
+    assert budget.budget_excess(y, o, ref.astype(np.float32)) is None  # not more precise

@@ -584,3 +584,44 @@ def test_localisation_reads_external_data(tmp_path, monkeypatch):
     codes = [f.code for f in out.findings]
     assert out.ok and out.localization is not None and "OM611" not in codes, codes
     assert out.localization.onnx_nodes > 0
+
+
+def test_localisation_judges_values_by_the_float64_budget(tmp_path):
+    """A weight scaled by 1 +/- 1e-5: the outputs fail the float64 budget, yet no value leaves
+    the fixed float32 tolerance (localising by it finds nothing, OM612). Judged by the same
+    budget as the outputs - each value against its float64 shadow - the first value out is
+    the faulted layer's, born there."""
+    torch.manual_seed(0)
+    model = Stack(depth=6, width=64).eval()
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(2))
+    res = onnxmedic.export(model, (x,))
+    assert res.ok, [f.one_paragraph() for f in res.findings]
+    program = loc_mod.decomposed_program(res.program)
+    bad = _copy(res.onnx_model)
+    init = next(i for i in bad.graph.initializer if i.name == "layers.3.weight")
+    w = numpy_helper.to_array(init).astype(np.float64)
+    signs = np.random.default_rng(0).choice([-1.0, 1.0], size=w.shape)
+    init.CopyFrom(numpy_helper.from_array((w * (1 + 1e-5 * signs)).astype(np.float32),
+                                          init.name))
+    target = next(n.output[0] for n in bad.graph.node if init.name in n.input)
+    feeds = {"x": x.numpy()}
+    fixed = loc_mod.localize(bad, program, (x,), feeds=feeds, decomposed=True,
+                             tolerance=(1e-4, 1e-5))
+    assert fixed.first is None and fixed.findings[-1].code == "OM612"
+    loc = loc_mod.localize(bad, program, (x,), feeds=feeds, decomposed=True)
+    assert loc.first is not None and loc.first.fx_node == target
+    assert loc.first.rule == "float64 budget" and loc.first.input_score <= 1.0
+    f = next(f for f in loc.findings if f.code == "OM610")
+    assert "float64 error budget" in f.message
+    # end to end: verify refuses the file by the budget and names the layer
+    onnx.save(bad, tmp_path / "bad.onnx")
+    v = onnxmedic.verify(tmp_path / "bad.onnx", model, (x,), localize=True)
+    assert not v.ok and {"OM601", "OM610"} <= {f.code for f in v.findings}
+    assert "layers.3" in next(f for f in v.findings if f.code == "OM610").location.module_path
+    # and the clean file: every value within its budget
+    clean = loc_mod.localize(res.onnx_model, program, (x,), feeds=feeds, decomposed=True)
+    assert clean.first is None and max(clean_scores(clean)) <= 1.0
+
+
+def clean_scores(loc):
+    return [n.score for n in loc.top] or [0.0]

@@ -166,6 +166,38 @@ def _budget(c: OutputComparison, exp: np.ndarray, act: np.ndarray, ref: np.ndarr
         + (f"; {mismatched} of {exp.size} elements over it" if mismatched else ""))
 
 
+def budget_excess(expected: np.ndarray, actual: np.ndarray, reference: np.ndarray | None
+                  ) -> tuple[float, int] | None:
+    """The budget rule for one intermediate value (localisation): ONNX Runtime's error over
+    its budget - the larger of the normwise and the elementwise ratio, above 1 out of budget
+    (inf where NaN/inf positions differ) - and the number of elements over it. None where
+    ``reference`` is not a usable higher-precision value of ``expected``'s kind."""
+    exp = np.asarray(expected)
+    dtype = str(exp.dtype)
+    ref = _usable(reference, exp) if dtype in EPS else None
+    if ref is None or exp.size == 0:
+        return None
+    act = np.asarray(actual)
+    special = _special_mismatch(exp, act)
+    y, o = exp.astype(np.float64), act.astype(np.float64)
+    fin = _finite(y, o, ref)
+    e_t, e_o, r = (y - ref)[fin], (o - ref)[fin], ref[fin]
+    if not e_o.size:
+        return (math.inf, special) if special else (0.0, 0)
+    eps = EPS[dtype]
+    norm_r = float(np.linalg.norm(r))
+    rms = norm_r / math.sqrt(r.size)
+    allowed = BUDGET * float(np.linalg.norm(e_t)) + FLOOR_ULPS * eps * norm_r
+    bound = BUDGET * float(np.abs(e_t).max()) + FLOOR_ULPS * eps * (np.abs(r) + rms)
+    norm_o = float(np.linalg.norm(e_o))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        elementwise = float(np.max(np.where(bound > 0, np.abs(e_o) / bound,
+                                            np.where(e_o == 0, 0.0, np.inf))))
+    normwise = norm_o / allowed if allowed > 0 else (0.0 if norm_o == 0 else math.inf)
+    over = int(np.count_nonzero(np.abs(e_o) > bound)) + special
+    return (math.inf if special else max(normwise, elementwise)), over
+
+
 def _normwise(c: OutputComparison, exp: np.ndarray, act: np.ndarray, dtype: str,
               special: int) -> None:
     y, o = exp.astype(np.float64), act.astype(np.float64)

@@ -30,6 +30,7 @@ from onnxmedic import sandbox
 from onnxmedic._locate import location_from_node, module_path_from_node_meta
 from onnxmedic._tensors import to_numpy
 from onnxmedic.findings import Finding, Location, error, info, warning
+from onnxmedic.verify.budget import RULE_BUDGET, budget_excess
 from onnxmedic.verify.compare import compare_arrays, tolerance_for
 
 logger = logging.getLogger(__name__)
@@ -61,11 +62,13 @@ class NodeError:
     max_rel: float
     mismatched: int
     total: int
-    score: float  # max over elements of |onnx - torch| / (atol + rtol * |torch|); > 1 fails
+    score: float  # the error over what is allowed (the float64 budget, or the tolerance
+    # scaled to the value's magnitude - see ``rule``); > 1 fails
     input_score: float  # the largest score among the values it consumes (0: exact inputs)
     inputs: list[dict[str, Any]] = field(default_factory=list)  # name and score per input
     onnx_inputs: list[str] = field(default_factory=list)
     location: Location | None = None
+    rule: str = "tolerance"  # or RULE_BUDGET: judged against the value's float64 reference
 
     @property
     def exceeds(self) -> bool:
@@ -290,17 +293,52 @@ def _aten(node: torch.fx.Node) -> str:
     return str(getattr(t, "__name__", t))
 
 
-class _Comparer(torch.fx.Interpreter):
-    """Runs the program node by node; each mapped value is compared when produced."""
+def _to64(value: Any) -> Any:
+    """float32 tensors and the dtype float32 itself as float64 (a cast or a factory op
+    with dtype=float32 in the graph would pull the shadow run back to float32)."""
+    if isinstance(value, torch.Tensor):
+        return value.double() if value.dtype == torch.float32 else value
+    return torch.float64 if value is torch.float32 else value
 
-    def __init__(self, gm: torch.fx.GraphModule, on_value: Any) -> None:
+
+class _Comparer(torch.fx.Interpreter):
+    """Runs the program node by node; each mapped value is compared when produced. With
+    ``shadow``, every node also runs in float64 on its inputs' float64 values (a node that
+    cannot takes its float32 value), so each value has its float64 reference: localisation
+    judges intermediate values by the same budget as the outputs (verify/budget.py)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, on_value: Any, shadow: bool = False) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.on_value = on_value
+        self.env64: dict[torch.fx.Node, Any] | None = {} if shadow else None
 
     def run_node(self, n: torch.fx.Node) -> Any:
         out = super().run_node(n)
-        self.on_value(n, out)
+        ref = self._shadow(n, out) if self.env64 is not None else None
+        self.on_value(n, out, ref)
+        if self.env64 is not None:
+            for dead in self.user_to_last_uses.get(n, []):
+                self.env64.pop(dead, None)
         return out
+
+    def _shadow(self, n: torch.fx.Node, out: Any) -> torch.Tensor | None:
+        env64 = self.env64
+        assert env64 is not None
+        if n.op != "call_function":
+            env64[n] = torch.utils._pytree.tree_map(_to64, out)
+        else:
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs),
+                                                 lambda a: env64.get(a, self.env.get(a)))
+            args, kwargs = torch.utils._pytree.tree_map(_to64, (args, kwargs))
+            try:
+                env64[n] = n.target(*args, **kwargs)
+            except Exception:  # no float64 kernel, or dtypes it will not mix: go on in float32
+                env64[n] = out
+        ref = env64[n]
+        ok = (isinstance(out, torch.Tensor) and isinstance(ref, torch.Tensor)
+              and out.dtype == torch.float32 and ref.dtype == torch.float64
+              and ref.shape == out.shape)
+        return ref if ok else None
 
 
 def _matched_program(program: Any, proto: Any, decomposed: bool
@@ -398,7 +436,8 @@ class _Localize:
         try:
             flat = program.flat_inputs if replayed else _flat_inputs(program, args, kwargs)
             with torch.no_grad():
-                outputs = _Comparer(program.graph_module, self.on_value).run(*flat)
+                outputs = _Comparer(program.graph_module, self.on_value,
+                                    shadow=self.tolerance is None).run(*flat)
             if replayed:
                 _check_replay(outputs, reference, self.tolerance)
         except Exception as e:
@@ -430,16 +469,16 @@ class _Localize:
             best = max(best, s)
         return best, ins
 
-    def on_value(self, n: torch.fx.Node, out: Any) -> None:
-        """The FX interpreter produced ``out`` for ``n``: compare it, or pass its inputs'
-        error on when it has no ONNX value to compare with."""
+    def on_value(self, n: torch.fx.Node, out: Any, ref: torch.Tensor | None = None) -> None:
+        """The FX interpreter produced ``out`` for ``n`` (``ref``: its float64 value): compare
+        it, or pass its inputs' error on when it has no ONNX value to compare with."""
         if n.op != "call_function":
             return
         pair = self._pair(n, out)
         if pair is None:
             self.upstream[n.name] = self.input_score(n)[0]
             return
-        self._compare(n, *pair)
+        self._compare(n, *pair, None if ref is None else to_numpy(ref.detach()))
 
     def _pair(self, n: torch.fx.Node, out: Any) -> tuple[np.ndarray, Any] | None:
         """(PyTorch value, ONNX Runtime value) of ``n``, or None when it is not compared."""
@@ -462,11 +501,13 @@ class _Localize:
             return None
         return exp, act
 
-    def _compare(self, n: torch.fx.Node, exp: np.ndarray, act: Any) -> None:
+    def _compare(self, n: torch.fx.Node, exp: np.ndarray, act: Any,
+                 ref: np.ndarray | None = None) -> None:
         if exp.dtype not in self.tol_of:
             self.tol_of[exp.dtype] = tolerance_for(str(exp.dtype), self.tolerance)
         rtol, atol = self.tol_of[exp.dtype]
-        s = score(exp, act, rtol, atol)
+        judged = budget_excess(exp, act, ref) if ref is not None else None
+        s = score(exp, act, rtol, atol) if judged is None else judged[0]
         self.scores[n.name] = s
         self.loc.compared += 1
         if s == 0:
@@ -479,6 +520,8 @@ class _Localize:
             dtype=str(exp.dtype), max_abs=math.nan, max_rel=math.nan, mismatched=0,
             total=int(exp.size), score=s, input_score=best,
             inputs=ins, onnx_inputs=list(onode.input) if onode else [])
+        if judged is not None:
+            ne.rule, ne.mismatched = RULE_BUDGET, judged[1]
         if self._rank(ne):
             self.fx_of[n.name] = n
             _measure(ne, exp, act, rtol, atol)
@@ -599,8 +642,12 @@ def localize(
 
 def _measure(ne: NodeError, exp: np.ndarray, act: np.ndarray, rtol: float, atol: float
              ) -> None:
-    """The full comparison of a reported node: max abs and rel error, elements out."""
-    if ne.score > 1:
+    """The full comparison of a reported node: max abs and rel error, elements out (those
+    over the budget, for a node judged by it)."""
+    if ne.score > 1 and ne.rule == RULE_BUDGET:
+        cmp = compare_arrays(ne.fx_node, exp, act, tolerance=(rtol, atol), check_dtype=False)
+        ne.max_abs, ne.max_rel = cmp.max_abs, cmp.max_rel
+    elif ne.score > 1:
         cmp = compare_arrays(ne.fx_node, exp, act, tolerance=(rtol, atol), check_dtype=False)
         ne.max_abs, ne.max_rel, ne.mismatched = cmp.max_abs, cmp.max_rel, cmp.mismatched
     else:  # within tolerance: no special values differ, no element is out
@@ -668,18 +715,22 @@ def _findings(loc: Localization) -> list[Finding]:
                 f"ONNX Runtime run(s)")
     if loc.first is not None:
         n = loc.first
+        # the budget: ONNX Runtime's error against the value's float64 reference, 10x
+        # PyTorch's own float32 error (verify/budget.py); else the scaled tolerance
+        limit = "its float64 error budget" if n.rule == RULE_BUDGET else "tolerance"
+        ratio = "error/budget" if n.rule == RULE_BUDGET else "error/tolerance"
         ins = ", ".join(f"{i['name']} {_fmt(i['score'])}" for i in n.inputs) or "none compared"
-        born = ("its inputs are within tolerance, so the error is born here"
+        born = (f"its inputs are within {limit}, so the error is born here"
                 if n.input_score <= 1.0 else
                 f"it multiplies its inputs' error by {_fmt(n.growth)}, so the error is born here"
                 if n.growth >= BORN_GROWTH else
-                "its inputs are already outside tolerance (error inherited and grown)")
+                f"its inputs are already outside {limit} (error inherited and grown)")
         bad_inits = {b["name"] for b in loc.bad_initializers}
         init_names = ", ".join(sorted(bad_inits & set(n.onnx_inputs)))
         init_note = ""
         if loc.drift is not None:
-            init_note += (f" (Values drift out of tolerance by accumulated rounding earlier, "
-                          f"from {loc.drift.fx_node}, error/tolerance {_fmt(loc.drift.score)} "
+            init_note += (f" (Values drift out of {limit} by accumulated rounding earlier, "
+                          f"from {loc.drift.fx_node}, {ratio} {_fmt(loc.drift.score)} "
                           f"with growth {_fmt(loc.drift.growth)}; {n.fx_node} is where the "
                           f"error jumps.)")
         if loc.bad_initializers:
@@ -687,11 +738,11 @@ def _findings(loc: Localization) -> list[Finding]:
             init_note += f" The ONNX initializer(s) {names} differ from the PyTorch parameters."
         out.append(error(
             "OM610", STAGE,
-            f"the first value to leave tolerance (input set {loc.input_set}) is FX node "
+            f"the first value to leave {limit} (input set {loc.input_set}) is FX node "
             f"{n.fx_node} ({n.aten_op}, ONNX {n.onnx_op} node {n.onnx_node!r}, "
             f"{n.dtype}{n.shape}): max abs error {_fmt(n.max_abs)}, {n.mismatched} of "
-            f"{n.total} elements outside tolerance, error/tolerance {_fmt(n.score)}; inputs' "
-            f"error/tolerance: {ins} — {born}.{init_note} ({coverage}.)",
+            f"{n.total} elements outside {limit}, {ratio} {_fmt(n.score)}; inputs' "
+            f"{ratio}: {ins} — {born}.{init_note} ({coverage}.)",
             op=n.aten_op, location=n.location,
             suggestion=(f"The ONNX file's weights ({init_names}) feed this node and differ "
                         "from the model's: the file is stale or was exported from other "
@@ -702,7 +753,8 @@ def _findings(loc: Localization) -> list[Finding]:
             details={"node": n.to_dict()}))
     else:
         out.append(info(
-            "OM612", STAGE, f"no intermediate value left tolerance ({coverage}); the output "
+            "OM612", STAGE, f"no intermediate value left its float64 error budget or "
+            f"tolerance ({coverage}); the output "
             "mismatch comes from values onnxmedic could not match by name, or from the "
             "outputs only." if loc.compared else f"nothing could be compared ({coverage})."))
     return out
