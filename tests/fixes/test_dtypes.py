@@ -209,3 +209,33 @@ def test_runtime_failures_point_at_the_node_and_its_neighbourhood(tmp_path):
     assert any("bfloat16" in i["type"] for i in gnb["inputs"])
     html = (tmp_path / "r.html").read_text()
     assert "graph around" in html and "node_linear" in html
+
+
+def test_kernel_versions_match_like_onnx_runtime():
+    """A kernel registered without an end version serves only the schema version it starts
+    at (ONNX Runtime's VerifyKernelDef); a versioned one serves its whole range."""
+    from onnxmedic.fixes.dtypes import _version_matches
+
+    open_end = 2**31 - 1
+    assert _version_matches(1, open_end, 1) and not _version_matches(1, open_end, 22)
+    assert _version_matches(13, 18, 13) and _version_matches(13, 18, 18)
+    assert not _version_matches(13, 18, 19) and not _version_matches(13, 18, 12)
+
+
+class RandLike(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 0 * torch.rand_like(x)  # deterministic output, a RandomUniformLike node
+
+
+def test_op_without_a_kernel_at_the_default_opset_names_the_opset_that_runs_it():
+    """RandomUniformLike-22 has no ONNX Runtime kernel (only RandomUniformLike-1): the default
+    opset 22 stops before the runtime (not OM510 from inside it) with OM301 naming opset 21,
+    and opset 21 exports and verifies."""
+    res = onnxmedic.export(RandLike().eval(), (torch.randn(3, 4),))
+    if res.opset != 22:
+        pytest.skip(f"default opset here is {res.opset}")
+    f = next(f for f in res.findings if f.code == "OM301")
+    assert f.details["lower_opset"] == 21 and "opset=21" in f.suggestion
+    assert "OM510" not in {x.code for x in res.findings}
+    ok = onnxmedic.export(RandLike().eval(), (torch.randn(3, 4),), opset=21)
+    assert ok.ok, [x.one_paragraph() for x in ok.findings]

@@ -69,6 +69,7 @@ class KernelGap:
     kind: str
     detail: str = ""
     clashing: tuple[str, ...] = ()  # for "mixed": the two types bound to one variable
+    lower_opset: int | None = None  # "no-kernel" only at this op version: this opset runs it
 
     def describe(self) -> str:
         ts = ", ".join(f"{k}={v[7:-1] if v.startswith('tensor(') else v}"
@@ -230,11 +231,30 @@ def _domain(domain: str) -> str:
     return "" if domain in ("", "ai.onnx") else domain
 
 
+_OPEN = 2**31 - 1  # a kernel registered without an end version
+
+
+def _version_matches(lo: int, hi: int, since: int) -> bool:
+    """ONNX Runtime's own rule (KernelRegistry::VerifyKernelDef): a kernel without an end
+    version serves only the schema version it starts at (RandomUniformLike's kernel from
+    version 1 does not serve RandomUniformLike-22); a versioned one serves its range."""
+    return lo == since or (lo < since <= hi and hi != _OPEN)
+
+
 def _has_kernel(kernels: list[tuple[int, int, dict[str, set[str]]]], since: int,
                 bound: dict[str, str]) -> bool:
-    return any(lo <= since <= hi and
+    return any(_version_matches(lo, hi, since) and
                all(c not in bound or bound[c] in allowed for c, allowed in cons.items())
                for lo, hi, cons in kernels)
+
+
+def _older_kernel(kernels: list[tuple[int, int, dict[str, set[str]]]], since: int,
+                  bound: dict[str, str]) -> int | None:
+    """The newest schema version below ``since`` with a kernel for these types, if any: a
+    lower opset would run the node."""
+    return max((lo for lo, _, cons in kernels if lo < since and
+                all(c not in bound or bound[c] in allowed for c, allowed in cons.items())),
+               default=None)
 
 
 @functools.lru_cache(maxsize=1)
@@ -387,8 +407,10 @@ def kernel_gaps(model: onnx.ModelProto, target: str = "cpu") -> list[KernelGap] 
         as_float = {c: ("tensor(float)" if t in LOW_FLOATS else t) for c, t in bound.items()}
         soft = (low == {"tensor(float16)"} and target == "cpu"
                 and _has_kernel(kernels, schema.since_version, as_float))
+        older = None if soft else _older_kernel(kernels, schema.since_version, bound)
         gaps.append(KernelGap(name, node.op_type, dom, schema.since_version, bound,
-                              "soft" if soft else "no-kernel"))
+                              "soft" if soft else "no-kernel",
+                              lower_opset=None if older is None else schema.since_version - 1))
     return gaps
 
 

@@ -22,14 +22,20 @@ def kernel_gap_finding(g: Any, target: str, node: Any, stage: str,
     elif target == "tensorrt":
         what = (f"TensorRT does not take it ({g.detail}), and ONNX Runtime has no CUDA or CPU "
                 "kernel for it either.")
+    elif g.lower_opset is not None:
+        what = (f"ONNX Runtime has no {target} kernel for {g.op}-{g.since_version}, only for "
+                f"an older version of it, which opset {g.lower_opset} uses.")
     else:
         what = f"ONNX Runtime has no {target} kernel for it."
+    fix = (f"Export with opset={g.lower_opset} (--opset {g.lower_opset}): the node then has a "
+           "kernel." if g.lower_opset is not None else _DTYPE_FIX)
     return Finding("OM301" if g.kind == "no-kernel" else "OM303", stage, Severity.ERROR,
                    f"{g.describe()}: {what}", op=g.op, location=location_from_onnx_node(node),
-                   suggestion=_DTYPE_FIX if g.kind == "no-kernel" else
+                   suggestion=fix if g.kind == "no-kernel" else
                    "Cast the integer operand to the float dtype in the model (x.float()), or "
                    "export with onnxmedic, which inserts the cast (dtype policy upcast).",
                    details={"node": g.node, "types": g.types, "kind": g.kind,
+                            "lower_opset": g.lower_opset,
                             **({"neighbourhood": onnx_neighbourhood(model, node)}
                                if model is not None and node is not None else {})})
 

@@ -78,7 +78,7 @@ def _not_fixed_warnings(report: Any, target: str, model: Any) -> list[Any]:
 
 def _gap_error(g: Any, reason: str, target: str, nodes: dict[str, Any], model: Any) -> Any:
     f = kernel_gap_finding(g, target, nodes.get(g.node), STAGE, model)
-    if not reason.startswith("dtype policy"):
+    if not reason.startswith("dtype policy") and g.lower_opset is None:
         f.code = "OM311"
         f.message += f" Not repaired: {reason}."
     return f
