@@ -111,6 +111,35 @@ def _optimize_written(result: ExportResult, model: Any, args: tuple[Any, ...],
                          target=opts.target, timeout=opts.timeout)
 
 
+def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any], opts: ExportOptions, optimize: bool,
+                    precision: str) -> None:
+    """Run the export stages (and the optimize step) with the model in eval mode; each
+    submodule's own training flag is restored afterwards, whatever happens."""
+    was_training = isinstance(model, torch.nn.Module) and model.training
+    # each submodule's own flag, restored exactly below (not model.train(True))
+    modes = borrow.module_modes(model) if was_training else []
+    try:
+        with result.guard():
+            if was_training:
+                model.eval()
+                result.findings.append(info(
+                    "OM011", "preflight", "the model was in training mode; it is exported and "
+                    "verified in eval mode (call model.eval() first to silence this)."))
+            # the sandbox child imports ONNX Runtime while capture and translation run
+            worker = sandbox.Worker() if opts.verify else None
+            try:
+                run_export(ExportContext(result, model, args, kwargs, opts, worker=worker))
+            finally:
+                if worker is not None:
+                    worker.close()
+            if optimize:  # after the write: the verified file is replaced only by a faster one
+                _optimize_written(result, model, args, kwargs, opts, precision)
+    finally:
+        if was_training:
+            borrow.restore_modes(modes)
+
+
 def export(
     model: torch.nn.Module | torch.export.ExportedProgram,
     args: tuple[Any, ...] = (),
@@ -167,28 +196,7 @@ def export(
                           inputs=list(input_specs or []))
     if _report_problem(result, report):
         return result
-    was_training = isinstance(model, torch.nn.Module) and model.training
-    # each submodule's own flag, restored exactly below (not model.train(True))
-    modes = borrow.module_modes(model) if was_training else []
-    try:
-        with result.guard():
-            if was_training:
-                model.eval()
-                result.findings.append(info(
-                    "OM011", "preflight", "the model was in training mode; it is exported and "
-                    "verified in eval mode (call model.eval() first to silence this)."))
-            # the sandbox child imports ONNX Runtime while capture and translation run
-            worker = sandbox.Worker() if verify else None
-            try:
-                run_export(ExportContext(result, model, args, kwargs, opts, worker=worker))
-            finally:
-                if worker is not None:
-                    worker.close()
-            if optimize:  # after the write: the verified file is replaced only by a faster one
-                _optimize_written(result, model, args, kwargs, opts, precision)
-    finally:
-        if was_training:
-            borrow.restore_modes(modes)
+    _export_in_eval(result, model, args, kwargs, opts, optimize, precision)
     if repro is not None and not result.ok:
         _write_repro(result, repro, model_spec, args, kwargs, {
             "dynamic_shapes": dynamic_shapes, "target": target, "opset": opset,

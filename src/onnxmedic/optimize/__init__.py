@@ -53,7 +53,7 @@ def parse_accuracy(spec: str | float | None) -> float:
     return float(val)
 
 
-def _graph_dims(onnx_path: str | os.PathLike[str]) -> tuple[list[str], list[list[Any]]]:
+def graph_dims(onnx_path: str | os.PathLike[str]) -> tuple[list[str], list[list[Any]]]:
     """ONNX input names and dims of the file (its weights are not loaded)."""
     import onnx
 
@@ -67,7 +67,7 @@ def reference_sets(onnx_path: str | os.PathLike[str], model: Any, example: input
     """The verification sets of an export (example, derived random sets, each dynamic size) as
     ONNX feeds, with PyTorch's outputs for each, their labels and the inputs themselves. Sets
     PyTorch rejects are left out."""
-    names, dims = _graph_dims(onnx_path)
+    names, dims = graph_dims(onnx_path)
     sets = [("example", example)] + [(s.specs[0], s) for s in
                                      derived_input_sets(example, EXTRA_INPUT_SETS)]
     sets += shape_variants(example, dims)

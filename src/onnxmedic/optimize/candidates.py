@@ -265,6 +265,33 @@ def _same_graph(a: Path, b: Path) -> bool:
     return key(a) == key(b)
 
 
+def _choose(plain: Variant, variants: list[Variant]) -> Variant:
+    """The fastest verified variant that beats the plain file beyond the noise rule (the
+    plain one otherwise); every other verified variant gets its reason."""
+    if plain.median_ms is None:
+        return plain
+    base, chosen = plain, plain
+    spread = (base.p90_ms or base.median_ms) - base.median_ms
+    limit = min(base.median_ms * (1 - NOISE_FRACTION), base.median_ms - spread)
+    for v in variants[1:]:
+        if v.median_ms is not None:
+            v.speedup = base.median_ms / v.median_ms
+        if not v.verified:
+            continue
+        if v.median_ms is None:
+            v.rejected = "could not be timed"
+        elif v.median_ms > limit:
+            v.rejected = (f"not faster beyond noise ({v.median_ms:.2f} ms vs plain "
+                          f"{base.median_ms:.2f} ms, needs <= {limit:.2f} ms)")
+        elif chosen is plain or v.median_ms < (chosen.median_ms or float("inf")):
+            chosen = v
+    for v in variants[1:]:
+        if v.verified and v is not chosen and not v.rejected:
+            v.rejected = f"slower than {chosen.name}"
+    base.speedup = 1.0
+    return chosen
+
+
 def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], *, out: str | os.PathLike[str] | None = None,
                   target: str = "cpu", precision: str = "fp32", cosine: float = DEFAULT_COSINE,
@@ -306,27 +333,7 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         for v in variants:
             if v.name in times:
                 v.median_ms, v.p90_ms = times[v.name]
-        base = plain if plain.median_ms is not None else None
-        chosen = plain
-        if base is not None:
-            spread = (base.p90_ms or base.median_ms) - base.median_ms
-            limit = min(base.median_ms * (1 - NOISE_FRACTION), base.median_ms - spread)
-            for v in variants[1:]:
-                if v.median_ms is not None:
-                    v.speedup = base.median_ms / v.median_ms
-                if not v.verified:
-                    continue
-                if v.median_ms is None:
-                    v.rejected = "could not be timed"
-                elif v.median_ms > limit:
-                    v.rejected = (f"not faster beyond noise ({v.median_ms:.2f} ms vs plain "
-                                  f"{base.median_ms:.2f} ms, needs <= {limit:.2f} ms)")
-                elif chosen is plain or v.median_ms < (chosen.median_ms or float("inf")):
-                    chosen = v
-            for v in variants[1:]:
-                if v.verified and v is not chosen and not v.rejected:
-                    v.rejected = f"slower than {chosen.name}"
-            base.speedup = 1.0
+        chosen = _choose(plain, variants)
         if chosen is plain:
             plain.rejected = ""
             msg = "no variant beat the plain export beyond noise; the plain export is kept"

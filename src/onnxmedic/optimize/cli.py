@@ -89,14 +89,14 @@ def bench_main(ns: argparse.Namespace) -> int:
     from onnxmedic import inputs
     from onnxmedic._tensors import to_numpy
     from onnxmedic.findings import OnnxMedicError
-    from onnxmedic.optimize import _graph_dims, bench
+    from onnxmedic.optimize import bench, graph_dims
 
     try:
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
     except OnnxMedicError as err:
         sys.stderr.write(err.finding.one_paragraph() + "\n")
         return err.finding.exit_code
-    names, _ = _graph_dims(ns.onnx)
+    names, _ = graph_dims(ns.onnx)
     leaves = [x for x in torch.utils._pytree.tree_leaves((ex.args, ex.kwargs))
               if isinstance(x, torch.Tensor)]
     res = bench(ns.onnx, {n: to_numpy(t) for n, t in zip(names, leaves)}, target=ns.target,
