@@ -137,7 +137,8 @@ def kernel_lint(proto: Any, target: str) -> list[Finding]:
                 "lower).", details={"opset": opset, "tensorrt_opsets": [lo, hi]}))
     return (found + ([soft_kernel_finding(soft, "lint")] if soft else [])
             + ([cpu_fallback_finding(moved, target, "lint")] if moved else [])
-            + ([trt_fallback_finding(off_trt, proto, "lint")] if off_trt else []))
+            + ([trt_fallback_finding(off_trt, proto, "lint", off_trt + moved)]
+               if off_trt else []))
 
 
 def doctor_stages(result: ExportResult, path: Path, target: str, timeout: float,

@@ -136,7 +136,10 @@ def test_export_and_doctor_for_tensorrt(tmp_path):
     codes = [f.code for f in r.findings]
     assert "OM305" in codes and r.opset <= 24
     (f,) = [f for f in r.findings if f.code == "OM305"]
-    assert f.details["engines"] == 2 and len(f.details["nodes"]) == 3
+    # the double island (Cast, Sin, Cast) leaves TensorRT: the casts run on CUDA; Sin too where
+    # the CUDA table serves the opset's Sin, else on the CPU (OM304) - either way two engines
+    cpu = [g for x in r.findings if x.code == "OM304" for g in x.details["nodes"]]
+    assert f.details["engines"] == 2 and len(f.details["nodes"]) + len(cpu) == 3, cpu
     assert all("double" in why for why in f.details["reasons"].values())
     import onnxruntime as ort
     if "TensorrtExecutionProvider" not in ort.get_available_providers():

@@ -56,10 +56,14 @@ def cpu_fallback_finding(gaps: list[Any], target: str, stage: str) -> Finding:
         "OperatorKernels.md), or accept the CPU fallback.")
 
 
-def trt_fallback_finding(gaps: list[Any], model: Any, stage: str) -> Finding:
+def trt_fallback_finding(gaps: list[Any], model: Any, stage: str,
+                         off: list[Any] | None = None) -> Finding:
     """One OM305 warning for the nodes TensorRT's parser does not take (they run on CUDA
-    between TensorRT engines), with how many engines the graph splits into."""
-    parts = tensorrt_partitions(model, gaps) if model is not None else 0
+    between TensorRT engines), with how many engines the graph splits into. ``off``: every
+    node away from TensorRT (``gaps`` and those with no CUDA kernel either, which run on the
+    CPU): all of them split the engines."""
+    parts = tensorrt_partitions(model, off if off is not None else gaps) \
+        if model is not None else 0
     f = grouped_gap_warning(
         "OM305", gaps, stage, f"node(s) are not taken by TensorRT {tensorrt_table()['tensorrt']} "
         f"as typed; ONNX Runtime runs them on CUDA, and the graph splits into {parts} TensorRT "

@@ -72,7 +72,7 @@ def _not_fixed_warnings(report: Any, target: str, model: Any) -> list[Any]:
         out.append(cpu_fallback_finding(moved, target, STAGE))
     off_trt = [g for g, _ in report.not_fixed if g.kind == "trt-fallback"]
     if off_trt:
-        out.append(trt_fallback_finding(off_trt, model, STAGE))
+        out.append(trt_fallback_finding(off_trt, model, STAGE, off_trt + moved))
     return out
 
 
