@@ -155,3 +155,64 @@ def test_suggested_fixes_are_applied():
     assert w.details["fixes"] == ["b = a"]
     x_dims, y_dims = _input_dims(r)
     assert x_dims[0] == y_dims[0] and isinstance(x_dims[0], str)
+
+
+class _Centre(torch.nn.Module):
+    """A batch-centring block: its mean over the dynamic batch is the op the test breaks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x).relu()
+        mean = h.mean(0, keepdim=True)  # CENTRE-MEAN
+        return (h - mean).tanh()
+
+
+def test_wrong_value_at_another_size_is_localised_there(registry_snapshot, tmp_path):
+    """A translation that bakes the example's batch size in (mean over dim 0 as a sum divided
+    by the constant 2): right at the example's size, wrong at batch=1 and 4. Export says OM402
+    and localises at the failing size: the mean node, with the user's line, born there."""
+    from onnxscript import opset18 as op
+
+    from onnxmedic.ops import translation
+
+    @translation(torch.ops.aten.mean.dim)
+    def aten_mean_dim(self, dim, keepdim=False, dtype=None):
+        axes = op.Constant(value_ints=list(dim))
+        return op.Div(op.ReduceSum(self, axes, keepdims=1 if keepdim else 0),
+                      op.Constant(value_float=2.0))
+
+    import inspect
+
+    src, start = inspect.getsourcelines(_Centre.forward)
+    line = start + next(i for i, t in enumerate(src) if "CENTRE-MEAN" in t)
+    r = onnxmedic.export(_Centre().eval(), (torch.randn(2, 4),), tmp_path / "m.onnx",
+                         dynamic_shapes={"x": {0: "batch"}})
+    assert not r.ok and r.stages["compare"] == "failed"
+    assert all(c.ok for c in r.verification if c.input_set in ("example", "random#1"))
+    e = next(f for f in r.errors if f.code == "OM402")
+    assert e.details["input_set"] in ("batch=1", "batch=4")
+    assert r.localization is not None and r.localization.input_set == e.details["input_set"]
+    first = r.localization.first
+    assert first is not None and first.aten_op.startswith("aten::mean")
+    assert first.input_score <= 1.0  # born there: the Linear before it is right at that size
+    assert e.op.startswith("aten::mean") and e.details["first_divergent"]["fx_node"] == \
+        first.fx_node
+    assert e.location is not None and e.location.line == line
+    assert e.location.file.endswith("test_dynamic.py")
+    assert "FX node mean" in e.message
+    loc_finding = next(f for f in r.findings if f.code == "OM610")
+    assert e.details["input_set"] in loc_finding.message
+    assert not (tmp_path / "m.onnx").exists()  # a model wrong at a declared size is not kept
+
+
+def test_correct_translation_of_the_same_block_verifies_at_every_size(tmp_path):
+    """The control for the test above: the real mean translation passes at every size."""
+    r = onnxmedic.export(_Centre().eval(), (torch.randn(2, 4),), tmp_path / "m.onnx",
+                         dynamic_shapes={"x": {0: "batch"}})
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert {"batch=1", "batch=4"} <= {c.input_set for c in r.verification}
+    assert r.localization is None

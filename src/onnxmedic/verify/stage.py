@@ -228,13 +228,39 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
         shape_failures = _compare(result, model, proto, sbx, sets,
                                   sbx.output_names or onnx_outputs, tolerance)
     values = judge(result, sets, shape_failures)
-    if localizer is not None and (values or localizer.always):
-        label = ("example" if not values or "example" in {c.input_set for c in values}
+    if localizer is None:
+        return
+    at_size = _size_failure(shape_failures) if not values else None
+    if values or at_size is not None or localizer.always:
+        label = (at_size.details["input_set"] if at_size is not None else
+                 "example" if not values or "example" in {c.input_set for c in values}
                  else max(values, key=lambda c: c.max_rel).input_set)
         k = sets.labels.index(label) if label in sets.labels else 0
         localizer.run(result, proto, sets.sets[k], feeds[k], timeout, tolerance,
                       sets.labels[k], reference=sets.expected[k],
                       model_dir=Path(onnx_path).parent)
+        if at_size is not None:
+            point_at_first_node(at_size, result.localization)
+
+
+def _size_failure(shape_failures: list[Finding]) -> Finding | None:
+    """The OM402 to localise: the first whose outputs ONNX Runtime computed (wrong values or
+    shapes at another size; a size where the run itself failed names its node already)."""
+    return next((f for f in shape_failures if "comparison" in f.details), None)
+
+
+def point_at_first_node(finding: Finding, loc: Any) -> None:
+    """OM402 names the first PyTorch node whose value goes wrong at that size, with the user's
+    line, when localisation found it there."""
+    first = getattr(loc, "first", None)
+    if first is None or loc.input_set != finding.details.get("input_set"):
+        return
+    finding.message += (f" The first value to go wrong at that size is FX node {first.fx_node} "
+                        f"({first.aten_op}, ONNX {first.onnx_op} node {first.onnx_node!r}); "
+                        "see OM610.")
+    finding.op = first.aten_op
+    finding.location = first.location
+    finding.details["first_divergent"] = first.to_dict()
 
 
 def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxResult,
@@ -270,7 +296,8 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
                 f"{bad[0].max_abs:.3g}) although it is right at the example's size.",
                 suggestion="An op baked the example's size in (a constant shape in a "
                 "Reshape/Expand, a size read with int()); use x.shape[...] arithmetic "
-                "or -1 in view/reshape.", details={"comparison": bad[0].to_dict()}))
+                "or -1 in view/reshape.",
+                details={"comparison": bad[0].to_dict(), "input_set": label}))
     return shape_failures
 
 
