@@ -79,6 +79,35 @@ def test_a_declared_dim_the_model_fixes_is_never_static_silently(tmp_path):
     assert "static" in f.message
 
 
+class MaskedSum(torch.nn.Module):
+    def forward(self, x, mask):
+        return (x * mask[..., None]).sum(1)
+
+
+@pytest.mark.parametrize("dim", [str, Dim], ids=["strings", "Dim objects"])
+def test_an_undeclared_mask_follows_its_declared_dims(tmp_path, dim):
+    """Only x declared dynamic; the mask, multiplied with it, must have the same batch and
+    length. The refinement used to fix x's dims to the example's (OM406 'the model fixes it'):
+    a file that rejects every other size. The mask's dims of those sizes follow x's instead."""
+    x, mask = torch.randn(2, 6, 4), torch.ones(2, 6)
+    r = onnxmedic.export(MaskedSum(), (x, mask), tmp_path / "m.onnx",
+                         dynamic_shapes={"x": {0: dim("batch"), 1: dim("seq")}, "mask": None})
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    (f,) = [f for f in r.findings if f.code == "OM406"]
+    assert "mask[0] follows x[0]" in f.message and "mask[1] follows x[1]" in f.message
+    assert "model fixes it" not in f.message
+    m = onnx.load(tmp_path / "m.onnx")
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+            for i in m.graph.input}
+    assert dims == {"x": ["batch", "seq", 4], "mask": ["batch", "seq"]}
+    assert {"batch=1", "batch=4", "seq=1", "seq=12"} <= {c.input_set for c in r.verification}
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    for b, n in [(1, 1), (3, 7), (5, 13)]:
+        x, mask = torch.randn(b, n, 4), (torch.rand(b, n) > 0.5).float()
+        got = sess.run(None, {"x": x.numpy(), "mask": mask.numpy()})[0]
+        assert abs(got - MaskedSum()(x, mask).numpy()).max() < 1e-5
+
+
 def test_static_declared_dims_names_input_dim_and_size():
     from onnxmedic.capture.stage import static_declared_dims
 

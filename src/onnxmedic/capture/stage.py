@@ -4,6 +4,7 @@ rejected dynamic shapes, and the stage's findings."""
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import re
 from typing import Any
@@ -148,6 +149,7 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
 
     applied: list[str] = []
     extra: list[Any] = []
+    followed = False
     for _ in range(3):
         err = attempts[-1].error if attempts else None
         text = str(err or "").split("\n\nThe error above")[0].rstrip()
@@ -164,7 +166,13 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
                 logger.debug("could not apply suggested fixes: %s", e)
         if refined is None and isinstance(dims, dict):
             found = _SPECIALISED.findall(text)
-            if found:
+            if found and not followed:
+                # an input left undeclared (a mask beside its ids) may be what pins the
+                # declared dim: let its dims of the same sizes follow (Dim.AUTO) first
+                followed = True
+                refined, follows = _follow_declared(model, args, kwargs, dims, found)
+                applied += follows
+            if found and refined is None:
                 refined = copy.copy(dims)
                 for name, d, value in found:
                     spec = refined.get(name)
@@ -188,6 +196,31 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
                 details={"fixes": applied}))
             break
     return extra
+
+
+def _follow_declared(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     dims: dict[str, Any], found: list[tuple[str, str, str]]
+                     ) -> tuple[dict[str, Any] | None, list[str]]:
+    """``dims`` where every tensor input the user left undeclared has its dims of a size a
+    declared dim was specialised to marked ``Dim.AUTO`` (torch.export then makes them equal to
+    the declared dim, or static where the model fixes them), and what changed; (None, []) when
+    there is no such dim."""
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return None, []
+    sizes = {int(value): f"{name}[{d}]" for name, d, value in found}
+    refined, follows = copy.copy(dims), []
+    for name, value in bound.items():
+        if dims.get(name) is not None or not isinstance(value, torch.Tensor):
+            continue
+        auto = {d: Dim.AUTO for d, n in enumerate(value.shape) if int(n) in sizes}
+        if auto:
+            refined[name] = auto
+            follows += [f"{name}[{d}] follows {sizes[int(value.shape[d])]} (undeclared, "
+                        "same size: made dynamic where the model needs them equal)"
+                        for d in auto]
+    return (refined, follows) if follows else (None, [])
 
 
 def _declared(requested: Any, proto: Any) -> list[tuple[str, int, str, Any]]:
