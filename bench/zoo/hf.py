@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from onnxmedic.sweep import ZooCase
+from onnxmedic.sweep.sizes import with_size_check
 
 logger = logging.getLogger(__name__)
 
@@ -405,5 +406,11 @@ DECODE: dict[str, Callable[[], ZooCase]] = {
 
 # the handful the default test run exports: an encoder, a decoder step with its past (greedy
 # decoding checked), an encoder-decoder returning its cache (pytree registration)
-FAST = ["bert", "llama+past", "whisper+cache"]
-ALL: dict[str, Callable[[], ZooCase]] = {**ZOO, **DECODE}
+FAST = ["bert", "bert@Dim", "llama+past", "whisper+cache"]
+# every entry twice: dynamic dims as strings, and as torch.export.Dim objects ("@Dim"); each
+# written file is also run at its declared dims' sizes 1, the example's, 2x and a prime, apart
+# from the export's own verification (onnxmedic.sweep.sizes)
+ALL: dict[str, Callable[[], ZooCase]] = {
+    **{name: with_size_check(make) for name, make in {**ZOO, **DECODE}.items()},
+    **{f"{name}@Dim": with_size_check(make, dims=True)
+       for name, make in {**ZOO, **DECODE}.items()}}

@@ -4,6 +4,7 @@ dynamic dim of the ONNX model at other sizes)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -81,7 +82,7 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
     share a name share the size. For each name: size 1 and twice the example's size (2 and 3
     when the example has 1). Values are drawn within each tensor's own range.
     """
-    leaves, spec = torch.utils._pytree.tree_flatten((example.args, example.kwargs))
+    leaves = torch.utils._pytree.tree_leaves((example.args, example.kwargs))
     tensor_idx = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
     if len(tensor_idx) != len(onnx_dims):
         return []
@@ -94,10 +95,19 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
             name = v if v else f"input{k}.dim{d}"
             size, uses = symbols.setdefault(name, (int(t.shape[d]), []))
             uses.append((li, d))
-    gen = torch.Generator().manual_seed(seed + 101)
+    return resized_sets(example, symbols, lambda n: [1, 2 * n] if n != 1 else [2, 3],
+                        torch.Generator().manual_seed(seed + 101))
+
+
+def resized_sets(example: Inputs, symbols: dict[str, Any], sizes: Callable[[int], list[int]],
+                 gen: torch.Generator) -> list[tuple[str, Inputs]]:
+    """One input set per symbol and size in ``sizes(example size)``: the tensors the symbol
+    sizes (``symbols[name]`` = (example size, [(leaf index, dim), ...]), the leaves being those
+    of ``(example.args, example.kwargs)``) resized, values drawn in each tensor's own range."""
+    leaves, spec = torch.utils._pytree.tree_flatten((example.args, example.kwargs))
     out = []
     for name, (n, uses) in symbols.items():
-        for size in ([1, 2 * n] if n != 1 else [2, 3]):
+        for size in sizes(n):
             new = list(leaves)
             for li in {li for li, _ in uses}:
                 t = leaves[li]
@@ -105,13 +115,13 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
                 for li2, d in uses:
                     if li2 == li:
                         shape[d] = size
-                new[li] = _like(t, tuple(shape), gen)
+                new[li] = tensor_like(t, tuple(shape), gen)
             args, kwargs = torch.utils._pytree.tree_unflatten(new, spec)
             out.append((f"{name}={size}", Inputs(tuple(args), dict(kwargs), [f"{name}={size}"])))
     return out
 
 
-def _like(t: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+def tensor_like(t: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """A new tensor of ``shape`` with values in ``t``'s range and ``t``'s dtype."""
     if t.dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=gen).bool()

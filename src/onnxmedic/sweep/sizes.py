@@ -1,0 +1,194 @@
+"""What a zoo entry's user declared dynamic, checked on the written file apart from the export.
+
+The export verifies the sizes its ONNX file declares dynamic. ``size_check`` starts from the
+other end - the dims the *user* declared in ``dynamic_shapes`` - and runs the written file in a
+fresh ONNX Runtime session at each declared symbol's size 1, the example's size, twice it and
+the first prime above that (the others kept at the example's), against PyTorch on the same
+inputs; so a file that silently fixed a declared dim ("Got invalid dimensions for input") or
+computes another size wrong fails the entry. Sizes PyTorch itself rejects are skipped.
+
+``dim_objects`` spells an entry's dynamic shapes with ``torch.export.Dim`` objects instead of
+strings (one Dim per name), for zoos that export every entry both ways.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from onnxmedic.inputs import DEFAULT_SEED, Inputs
+from onnxmedic.verify.input_sets import resized_sets
+
+# the error texts of a size that fails, kept in the check's record
+_MAX_TEXT = 300
+
+
+def dim_objects(dynamic_shapes: Any) -> Any:
+    """``dynamic_shapes`` with every string dim name replaced by a ``torch.export.Dim`` of that
+    name (the same object wherever the name recurs); dict keys, ints, None and Dims as given."""
+    dims: dict[str, Any] = {}
+
+    def conv(x: Any) -> Any:
+        if isinstance(x, str):
+            if x not in dims:
+                dims[x] = torch.export.Dim(x)
+            return dims[x]
+        if isinstance(x, dict):
+            return {k: conv(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(conv(v) for v in x)
+        return x
+
+    return conv(dynamic_shapes)
+
+
+def declared_dims(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  dynamic_shapes: Any) -> dict[str, list[tuple[int, int]]]:
+    """Each dynamic symbol the user declared -> the (leaf index, dim) it sizes, the leaves being
+    ``torch.utils._pytree.tree_leaves((args, kwargs))``. A symbol is a string or a Dim's name;
+    an unnamed Dim (AUTO, DYNAMIC) is its own symbol. Structures that do not line up with the
+    inputs are left out (not checked)."""
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    index = {id(t): i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)}
+    out: dict[str, list[tuple[int, int]]] = {}
+    for path, value, spec in _pairs(model, args, kwargs, dynamic_shapes):
+        if not isinstance(value, torch.Tensor) or id(value) not in index:
+            continue
+        dims = spec.items() if isinstance(spec, dict) else enumerate(spec)
+        for d, s in dims:
+            if s is None or not isinstance(d, int) or not 0 <= d < value.dim():
+                continue
+            name = s if isinstance(s, str) else getattr(s, "__name__", None) or f"{path}.dim{d}"
+            out.setdefault(name, []).append((index[id(value)], d))
+    return out
+
+
+def _pairs(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], spec: Any
+           ) -> Iterator[tuple[str, Any, Any]]:
+    """(path, input value, its spec) for each tensor-level spec (a dict of dims or a list of
+    per-dim entries against a tensor)."""
+    if spec is None:
+        return
+    if isinstance(spec, dict) and not all(isinstance(k, int) for k in spec):
+        try:
+            bound = inspect.signature(model.forward).bind_partial(*args, **kwargs).arguments
+        except (TypeError, ValueError):
+            bound = dict(kwargs)
+        for name, s in spec.items():
+            if name in bound:
+                yield from _walk(name, bound[name], s)
+        return
+    yield from _walk("input", tuple(args) if isinstance(spec, (list, tuple)) and
+                     len(spec) == len(args) else args[0] if len(args) == 1 else args, spec)
+
+
+def _walk(path: str, value: Any, spec: Any) -> Iterator[tuple[str, Any, Any]]:
+    if spec is None:
+        return
+    if isinstance(value, torch.Tensor):
+        if isinstance(spec, (dict, list, tuple)):
+            yield path, value, spec
+        return
+    if isinstance(value, (list, tuple)) and isinstance(spec, (list, tuple)):
+        for i, (v, s) in enumerate(zip(value, spec)):
+            yield from _walk(f"{path}[{i}]", v, s)
+    elif isinstance(value, dict) and isinstance(spec, dict):
+        for k, v in value.items():
+            if k in spec:
+                yield from _walk(f"{path}.{k}", v, spec[k])
+
+
+def check_sizes(n: int) -> list[int]:
+    """The sizes a symbol of example size ``n`` is checked at: 1, n, 2n and a prime above 2n."""
+    p = 2 * n + 1
+    while any(p % q == 0 for q in range(2, int(p ** 0.5) + 1)):
+        p += 1
+    return sorted({1, n, 2 * n, p})
+
+
+def size_variants(args: tuple[Any, ...], kwargs: dict[str, Any],
+                  symbols: dict[str, list[tuple[int, int]]], seed: int = DEFAULT_SEED
+                  ) -> list[tuple[str, Inputs]]:
+    """One input set per (symbol, size in ``check_sizes``): the symbol's tensors resized,
+    values drawn in each tensor's own range (integer ids stay valid, an all-ones mask stays all
+    ones)."""
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    sized = {name: (int(leaves[uses[0][0]].shape[uses[0][1]]), uses)
+             for name, uses in symbols.items()}
+    return resized_sets(Inputs(tuple(args), dict(kwargs)), sized, check_sizes,
+                        torch.Generator().manual_seed(seed + 211))
+
+
+def size_check(onnx_path: str, case: Any) -> dict[str, Any]:
+    """Run the written file at the sizes the case declared dynamic (see the module docstring);
+    ``{"ok", "sizes": {label: "ok" | "skipped: ..." | "failed: ..."}, "checked", "message"}``."""
+    import onnxruntime as ort
+
+    from onnxmedic.onnxfile import make_feeds
+    from onnxmedic.verify.budget import judge_output
+    from onnxmedic.verify.stage import expected_outputs
+
+    symbols = declared_dims(case.model, case.args, case.kwargs, case.dynamic_shapes)
+    sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    outs = [o.name for o in sess.get_outputs()]
+    sizes: dict[str, str] = {}
+    for label, inputs in size_variants(case.args, case.kwargs, symbols):
+        try:
+            (expected,) = expected_outputs(case.model, [inputs])
+        except Exception as e:
+            sizes[label] = f"skipped: PyTorch rejects it ({type(e).__name__})"
+            continue
+        sizes[label] = _run_one(sess, names, outs, inputs, expected, case.tolerance,
+                                make_feeds, judge_output)
+    failed = [f"{k}: {v[len('failed: '):]}" for k, v in sizes.items() if v.startswith("failed")]
+    checked = sum(v == "ok" for v in sizes.values())
+    return {"ok": not failed, "symbols": sorted(symbols), "checked": checked, "sizes": sizes,
+            "message": "" if not failed else "the written file fails at a size declared "
+            "dynamic: " + "; ".join(failed[:3])}
+
+
+def _run_one(sess: Any, names: list[str], outs: list[str], inputs: Inputs,
+             expected: list[np.ndarray], tolerance: Any, make_feeds: Callable[..., Any],
+             judge_output: Callable[..., Any]) -> str:
+    try:
+        actual = sess.run(None, make_feeds(names, inputs.args, inputs.kwargs))
+    except Exception as e:
+        return "failed: " + " ".join(str(e).split())[:_MAX_TEXT]
+    # PyTorch's output against ONNX Runtime's by the export's own rule without a float64 run
+    # (float32 agreement, else the scaled normwise rule); a user tolerance keeps its meaning
+    for i, exp in enumerate(expected):
+        c = judge_output(outs[i] if i < len(outs) else f"output_{i}", exp,
+                         actual[i] if i < len(actual) else None, None,
+                         input_set=inputs.specs[0], tolerance=tolerance)
+        if not c.ok:
+            return f"failed: output {c.name}: {c.reason}"
+    if len(actual) != len(expected):
+        return f"failed: {len(actual)} outputs, PyTorch gives {len(expected)}"
+    return "ok"
+
+
+def with_size_check(make: Callable[[], Any], dims: bool = False) -> Callable[[], Any]:
+    """A zoo factory whose case also runs ``size_check`` after its own check (if any); with
+    ``dims``, its dynamic shapes spelled as ``torch.export.Dim`` objects."""
+
+    def wrapped() -> Any:
+        case = make()
+        own = case.check
+        if dims:
+            case.dynamic_shapes = dim_objects(case.dynamic_shapes)
+
+        def check(onnx_path: str, c: Any) -> dict[str, Any]:
+            first = own(onnx_path, c) if own is not None else {"ok": True}
+            sizes = size_check(onnx_path, c)
+            return {**first, "ok": bool(first.get("ok")) and sizes["ok"], "size_check": sizes,
+                    "message": first.get("message") or sizes["message"]}
+
+        case.check = check
+        return case
+
+    return wrapped
