@@ -3,6 +3,8 @@ dynamic_axes give the same export; a dim declared dynamic never comes out silent
 
 from __future__ import annotations
 
+import inspect
+
 import onnx
 import onnxruntime as ort
 import pytest
@@ -77,6 +79,11 @@ def test_a_declared_dim_the_model_fixes_is_never_static_silently(tmp_path):
     assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 2
     (f,) = [f for f in r.findings if f.code == "OM406"]
     assert "static" in f.message
+    # with the line that fixes it, from torch.export's constraint message
+    src, start = inspect.getsourcelines(FixesBatch.forward)
+    line = start + next(i for i, t in enumerate(src) if "torch.ones(2, 3)" in t)
+    assert f.location is not None and f.location.line == line
+    assert f"x[0] = 2 (the model fixes it, at {__file__}:{line})" in f.message
 
 
 class MaskedSum(torch.nn.Module):
@@ -96,6 +103,10 @@ def test_an_undeclared_mask_follows_its_declared_dims(tmp_path, dim):
     (f,) = [f for f in r.findings if f.code == "OM406"]
     assert "mask[0] follows x[0]" in f.message and "mask[1] follows x[1]" in f.message
     assert "model fixes it" not in f.message
+    src, start = inspect.getsourcelines(MaskedSum.forward)
+    line = start + next(i for i, t in enumerate(src) if "mask[..., None]" in t)
+    assert f.location is not None and f.location.line == line  # where they must be equal
+    assert f"test_dynamic.py:{line}" in f.message
     m = onnx.load(tmp_path / "m.onnx")
     dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
             for i in m.graph.input}

@@ -13,6 +13,7 @@ import torch
 from torch.export import Dim
 
 from onnxmedic import inputs as inputs_mod
+from onnxmedic._locate import location_from_stack_text
 from onnxmedic._torch_compat import is_derived_dim, str_dims_to_export_dims
 from onnxmedic.capture.strategies import capture, classify_capture_error
 from onnxmedic.context import ExportContext
@@ -150,6 +151,7 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
     applied: list[str] = []
     extra: list[Any] = []
     followed = False
+    where: list[Any] = []  # the user's lines that fix a declared dim
     for _ in range(3):
         err = attempts[-1].error if attempts else None
         text = str(err or "").split("\n\nThe error above")[0].rstrip()
@@ -166,19 +168,24 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
                 logger.debug("could not apply suggested fixes: %s", e)
         if refined is None and isinstance(dims, dict):
             found = _SPECIALISED.findall(text)
+            lines = specialised_lines(text)
             if found and not followed:
                 # an input left undeclared (a mask beside its ids) may be what pins the
                 # declared dim: let its dims of the same sizes follow (Dim.AUTO) first
                 followed = True
-                refined, follows = _follow_declared(model, args, kwargs, dims, found)
+                refined, follows = _follow_declared(model, args, kwargs, dims, found, lines)
                 applied += follows
+                where += [lines.get((n, d)) for n, d, _ in found] if follows else []
             if found and refined is None:
                 refined = copy.copy(dims)
                 for name, d, value in found:
                     spec = refined.get(name)
                     if isinstance(spec, dict) and int(d) in spec:
                         refined[name] = {k: v for k, v in spec.items() if k != int(d)} or None
-                        applied.append(f"{name}[{d}] = {value} (the model fixes it)")
+                        loc = lines.get((name, d))
+                        where.append(loc)
+                        at = f", at {loc.file}:{loc.line}" if loc is not None else ""
+                        applied.append(f"{name}[{d}] = {value} (the model fixes it{at})")
         if refined is None:
             break
         dims = refined
@@ -193,14 +200,28 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
                 "in the ONNX model.",
                 suggestion="Declare these in dynamic_shapes yourself (one Dim shared by equal "
                 "dims, no Dim for a dim the model fixes) to silence this.",
+                location=next((loc for loc in where if loc is not None), None),
                 details={"fixes": applied}))
             break
     return extra
 
 
+def specialised_lines(text: str) -> dict[tuple[str, str], Any]:
+    """(input, dim) -> the user's line torch.export's constraint message blames for
+    specialising it ("You marked L['x'].size()[0] as dynamic but your code specialized it ...
+    User stack: ...")."""
+    out = {}
+    for bullet in text.split("\n  - ")[1:]:
+        m = _SPECIALISED.search(bullet)
+        loc = location_from_stack_text(bullet) if m else None
+        if m and loc is not None:
+            out[(m.group(1), m.group(2))] = loc
+    return out
+
+
 def _follow_declared(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     dims: dict[str, Any], found: list[tuple[str, str, str]]
-                     ) -> tuple[dict[str, Any] | None, list[str]]:
+                     dims: dict[str, Any], found: list[tuple[str, str, str]],
+                     lines: dict[tuple[str, str], Any]) -> tuple[dict[str, Any] | None, list[str]]:
     """``dims`` where every tensor input the user left undeclared has its dims of a size a
     declared dim was specialised to marked ``Dim.AUTO`` (torch.export then makes them equal to
     the declared dim, or static where the model fixes them), and what changed; (None, []) when
@@ -209,7 +230,7 @@ def _follow_declared(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         bound = inspect.signature(model.forward).bind(*args, **kwargs).arguments
     except (TypeError, ValueError):
         return None, []
-    sizes = {int(value): f"{name}[{d}]" for name, d, value in found}
+    sizes = {int(value): (f"{name}[{d}]", lines.get((name, d))) for name, d, value in found}
     refined, follows = copy.copy(dims), []
     for name, value in bound.items():
         if dims.get(name) is not None or not isinstance(value, torch.Tensor):
@@ -217,9 +238,11 @@ def _follow_declared(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
         auto = {d: Dim.AUTO for d, n in enumerate(value.shape) if int(n) in sizes}
         if auto:
             refined[name] = auto
-            follows += [f"{name}[{d}] follows {sizes[int(value.shape[d])]} (undeclared, "
-                        "same size: made dynamic where the model needs them equal)"
-                        for d in auto]
+            for d in auto:
+                label, loc = sizes[int(value.shape[d])]
+                at = f", at {loc.file}:{loc.line}" if loc is not None else ""
+                follows.append(f"{name}[{d}] follows {label} (undeclared, same size: made "
+                               f"dynamic where the model needs them equal{at})")
     return (refined, follows) if follows else (None, [])
 
 
