@@ -45,6 +45,7 @@ class ExportContext:
     expected: list[np.ndarray] | None = None  # the example's outputs in PyTorch (preflight)
     opset: int | None = None  # the opset to export (fixes.opset.plan_opset)
     opset_bound: str = "asked for"  # what set it
+    opset_lowered_from: int | None = None  # the default opset, when kernels lowered it (OM325)
     program: Any = None  # the captured ExportedProgram
     str_dims: Any = None  # string dims to rename the ONNX axes to
     requested_dims: Any = None  # the dynamic shapes asked for ("auto"/dynamic_axes completed)

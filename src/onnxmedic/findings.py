@@ -72,7 +72,8 @@ CODES: dict[str, CodeInfo] = {
     "OM011": CodeInfo(
         "model switched to eval mode", 0,
         "The model was in training mode; onnxmedic exported and verified it in eval mode "
-        "(dropout off, batch-norm running statistics) and restored the mode afterwards.",
+        "(dropout off, batch-norm running statistics) and restored afterwards the mode of each "
+        "submodule as it was (a submodule left in eval under a root in train stays in eval).",
     ),
     # OM1xx: preflight and capture
     "OM100": CodeInfo(
@@ -220,6 +221,12 @@ CODES: dict[str, CodeInfo] = {
         "The version converter could not convert the model to the highest opset the target "
         "supports; it was kept at the opset the converter reached, which the target loads "
         "too.",
+    ),
+    "OM325": CodeInfo(
+        "default opset lowered for ONNX Runtime's kernels", 0,
+        "Some op versions of the default opset have no ONNX Runtime kernel (RandomUniformLike-22) "
+        "while their previous versions have; the model was translated again at the newest "
+        "opset that runs them.",
     ),
     # OM4xx: dynamic shapes
     "OM401": CodeInfo(

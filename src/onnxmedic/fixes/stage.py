@@ -42,6 +42,9 @@ def fix_stage(ctx: ExportContext) -> bool:
             path = save_program(ctx.onnx_program, ctx.tmp_dir, ctx.name)
             result.onnx_model = saved_proto(ctx.onnx_program, path)
     st.add(*_not_fixed_warnings(report, target, result.onnx_model))
+    gaps = [g for g, _ in report.not_fixed if g.kind not in _SOFT]
+    if gaps and can_lower_opset(ctx, gaps):
+        return lowered_opset(ctx, gaps)
     blocking = [_gap_error(g, reason, target, nodes, result.onnx_model)
                 for g, reason in report.not_fixed if g.kind not in _SOFT]
     st.add(*blocking)
@@ -59,6 +62,37 @@ def fix_stage(ctx: ExportContext) -> bool:
 
 
 _SOFT = ("soft", "cpu-fallback", "trt-fallback")
+# the stages translated again at a lower opset, whose first findings are dropped
+_RETRANSLATED = ("translate", "check", STAGE)
+
+
+def can_lower_opset(ctx: ExportContext, gaps: list[Any]) -> bool:
+    """Every blocking gap is an op version ONNX Runtime has no kernel for while an older
+    version of the op has one, and the opset was not asked for (nor lowered already)."""
+    return (ctx.opts.opset is None and ctx.opset_lowered_from is None
+            and all(g.lower_opset is not None for g in gaps))
+
+
+def lowered_opset(ctx: ExportContext, gaps: list[Any]) -> bool:
+    """Translate, check and fix again at the newest opset whose op versions ONNX Runtime runs
+    (RandomUniformLike-22 has no kernel; opset 21's RandomUniformLike-1 has): the default opset
+    is the highest the target supports, and these ops say it is lower (OM325)."""
+    from onnxmedic.checks import save_and_check_stage
+    from onnxmedic.translate import translate_stage
+
+    result = ctx.result
+    ops = sorted({f"{g.op}-{g.since_version}" for g in gaps})
+    ctx.opset_lowered_from, old = ctx.opset, ctx.opset
+    ctx.opset = min(g.lower_opset for g in gaps)
+    ctx.opset_bound = f"ONNX Runtime's kernels for {', '.join(ops)}"
+    result.findings[:] = [f for f in result.findings if f.stage not in _RETRANSLATED]
+    result.findings.append(info(
+        "OM325", STAGE, f"ONNX Runtime has no kernel for {', '.join(ops)} (node(s) "
+        f"{', '.join(sorted({g.node for g in gaps})[:5])}) at opset {old}, but has one for the "
+        f"op's previous version: translated again at opset {ctx.opset}.",
+        suggestion=f"Nothing to do; pass opset={ctx.opset} to skip the first translation.",
+        details={"from": old, "to": ctx.opset, "ops": ops}))
+    return translate_stage(ctx) and save_and_check_stage(ctx) and fix_stage(ctx)
 
 
 def _not_fixed_warnings(report: Any, target: str, model: Any) -> list[Any]:
