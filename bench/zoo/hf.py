@@ -210,6 +210,10 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
                                           true_hidden_size=16, num_feedforward_networks=1)),
     "roformer": text("roformer", dict(ENC, embedding_size=32)),
     "xlm-roberta": text("xlm-roberta", dict(ENC, pad_token_id=1)),
+    # ModernBERT (the dynamic-shapes issue's OM402 at batch 1): global attention in every layer
+    "modernbert": text("modernbert", dict(SMALL, global_attn_every_n_layers=1,
+                                          local_attention=16, pad_token_id=0, bos_token_id=1,
+                                          eos_token_id=2, cls_token_id=1, sep_token_id=2)),
     # decoders (stateless form: use_cache=False)
     "gpt2": text("gpt2", dict(n_embd=32, n_layer=2, n_head=2, n_positions=64,
                               vocab_size=VOCAB), stateless=True),
