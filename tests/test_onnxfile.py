@@ -42,3 +42,61 @@ def test_check_model_still_catches_a_broken_graph():
     wrong = _model()
     wrong.graph.output[0].type.tensor_type.elem_type = TensorProto.INT64  # declared wrongly
     assert [f.code for f in checks.check_model(wrong)] == ["OM502"]
+
+
+def _normalised(proto: onnx.ModelProto) -> tuple[bytes, dict[str, bytes], dict[str, bytes]]:
+    """The model without its initializers and value_info, then those by name (their order is
+    not part of a model's meaning)."""
+    p = onnx.ModelProto()
+    p.CopyFrom(proto)
+    inits = {t.name: t.SerializeToString() for t in p.graph.initializer}
+    infos = {v.name: v.SerializeToString() for v in p.graph.value_info}
+    del p.graph.initializer[:]
+    del p.graph.value_info[:]
+    return p.SerializeToString(), inits, infos
+
+
+def test_streamed_single_file_is_the_model_ir_save_writes(tmp_path):
+    """save_single_file writes big weights straight into the file (a second, merged graph
+    field): parsed, it is exactly the model ir.save writes - every dtype, big and small weights,
+    their value_info - and ONNX Runtime computes the same outputs from it."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+    import torch
+
+    from onnxmedic import onnxfile
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.big = torch.nn.Linear(512, 1024)  # 2 MiB weight: streamed
+            self.small = torch.nn.Linear(1024, 8)  # 32 KiB: serialised as usual
+            self.register_buffer("h16", torch.randn(600, 1024).half())  # float16, streamed
+            self.register_buffer("ids", torch.arange(300_000))  # int64, streamed
+            self.register_buffer("bf", torch.randn(8).bfloat16())
+
+        def forward(self, x):
+            h = self.big(x) + self.h16[: x.shape[0]].float() + self.bf.float().sum()
+            return self.small(h), self.ids[: x.shape[0]] * 2
+
+    x = torch.randn(4, 512)
+    prog = torch.onnx.export(M().eval(), (x,), dynamo=True, verbose=False)
+    streamed = [v.name for v in prog.model.graph.initializers.values()
+                if v.const_value.nbytes >= onnxfile.STREAM_BYTES]
+    assert len(streamed) >= 3
+    onnxfile.save_single_file(prog.model, tmp_path / "fast.onnx")
+    ir.save(prog.model, tmp_path / "ref.onnx")
+    fast, ref = onnx.load(tmp_path / "fast.onnx"), onnx.load(tmp_path / "ref.onnx")
+    assert _normalised(fast) == _normalised(ref)
+    onnx.checker.check_model(fast, full_check=True)
+    assert not list((tmp_path).glob("*.part"))
+    outs = [ort.InferenceSession(str(tmp_path / n)).run(None, {"x": x.numpy()})
+            for n in ("fast.onnx", "ref.onnx")]
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)
+    # the comparison is not blind: one changed weight element is seen
+    t = next(t for t in fast.graph.initializer if t.name == streamed[0])
+    raw = bytearray(t.raw_data)
+    raw[0] ^= 1
+    t.raw_data = bytes(raw)
+    assert _normalised(fast) != _normalised(ref)

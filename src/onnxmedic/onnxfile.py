@@ -7,6 +7,7 @@ any runtime sees them, and a file over protobuf's limit is refused before it is 
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ import torch
 
 from onnxmedic._tensors import to_numpy
 from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
+
+logger = logging.getLogger(__name__)
 
 # Models whose initializers exceed this many bytes are saved with external data: protobuf cannot
 # hold more than 2 GiB, and a single file near that limit needs that much memory twice to be
@@ -324,8 +327,66 @@ def save_program(prog: Any, folder: Path, name: str) -> Path:
     if size > EXTERNAL_DATA_THRESHOLD:
         ir.save(prog.model, target, external_data=f"{name}.data")
     else:
-        ir.save(prog.model, target)
+        try:
+            save_single_file(prog.model, target)
+        except Exception:  # a tensor the stream does not take: the library's way, slower
+            logger.debug("streamed save failed; ir.save", exc_info=True)
+            ir.save(prog.model, target)
     return target
+
+
+# Weights at least this big are streamed into the file (save_single_file).
+STREAM_BYTES = 1 << 20
+
+
+def _length_delimited(field: int, length: int) -> bytes:
+    """A protobuf field header: tag (field number, wire type 2) and length, as varints."""
+    out = bytearray()
+    for n in ((field << 3) | 2, length):
+        while n > 0x7F:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        out.append(n)
+    return bytes(out)
+
+
+def save_single_file(model: Any, path: Path) -> None:
+    """Save an onnx_ir model as one .onnx file, its big weights written straight into the file.
+
+    ``ir.save`` builds the whole ModelProto (a copy of every weight), serialises it (a second)
+    and writes it: 3.5 s for BERT-base's 440 MB here. Protobuf merges a message field that
+    occurs twice, so the file is the model serialised without its big initializers, followed by
+    a second ``graph`` field holding only those (each: a TensorProto header, then ``raw_data``
+    from the tensor's bytes) and their value_info: the same model once parsed (0.6 s)."""
+    import onnx_ir as ir
+
+    inits = model.graph.initializers
+    big = [v for v in list(inits.values()) if v.const_value is not None
+           and v.const_value.nbytes >= STREAM_BYTES and v.const_value.dtype != ir.DataType.STRING
+           and not v.const_value.metadata_props and not v.const_value.doc_string]
+    for v in big:
+        inits.pop(v.name)
+    try:
+        head = ir.serde.serialize_model(model).SerializeToString()
+    finally:
+        for v in big:
+            inits[v.name] = v
+    pieces: list[bytes | memoryview] = []
+    for v in big:
+        t = v.const_value
+        header = onnx.TensorProto(name=v.name, dims=[int(d) for d in t.shape],
+                                  data_type=int(t.dtype)).SerializeToString()
+        data = t.tobytes()
+        raw = _length_delimited(9, len(data))  # TensorProto.raw_data
+        pieces += [_length_delimited(5, len(header) + len(raw) + len(data)), header, raw, data]
+        info_bytes = ir.serde.serialize_value(v).SerializeToString()
+        pieces += [_length_delimited(13, len(info_bytes)), info_bytes]  # GraphProto.value_info
+    graph = _length_delimited(7, sum(len(p) for p in pieces))  # ModelProto.graph, merged
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as f:
+        for p in (head, graph, *pieces):
+            f.write(p)
+    os.replace(tmp, path)
 
 
 def has_external_data_file(path: Path) -> bool:
