@@ -120,3 +120,79 @@ def test_budget_excess_for_intermediate_values():
     assert budget.budget_excess(y, nan, ref)[0] == np.inf
     assert budget.budget_excess(y, o, None) is None
     assert budget.budget_excess(y, o, ref.astype(np.float32)) is None  # not more precise
+
+
+# -- other input sets judged by the example's measured error --------------------------------
+def test_estimated_budget_accepts_rounding_and_declines_faults():
+    """Another set of the same model: ONNX Runtime within (BUDGET - 1) x the example's measured
+    float32 error of PyTorch is accepted without a float64 run; a 1e-4 change, or one wrong
+    element, is not (the set then gets its own reference and the exact rule)."""
+    ref0, y0, _ = _deep_sum()
+    scale = budget.torch_error_scale(y0, ref0)
+    assert scale is not None and 0 < scale[0] < 1e-5
+    _, y, o = _deep_sum()  # another input, same "model"
+    c = budget.estimated_budget("y", y, o, scale, input_set="random#1")
+    assert c is not None and c.ok and c.rule == budget.RULE_ESTIMATED
+    assert c.torch_error == scale[0] and c.histogram
+    for delta in (1e-3, 1e-4):
+        assert budget.estimated_budget("y", y, (o * (1 + delta)).astype(np.float32), scale,
+                                       input_set="random#1") is None
+    bad = o.copy()
+    bad[7] += 50 * np.abs(y0 - ref0).max()
+    assert budget.estimated_budget("y", y, bad, scale, input_set="random#1") is None
+    nan = o.copy()
+    nan[0] = np.nan
+    assert budget.estimated_budget("y", y, nan, scale, input_set="random#1") is None
+    assert budget.torch_error_scale(y0, None) is None
+    assert budget.torch_error_scale(y0, y0) is None  # the same precision is no reference
+
+
+def test_only_the_sets_the_estimate_does_not_show_run_in_float64(monkeypatch):
+    """The compare stage: the example runs in float64; a clean set is accepted by its error
+    (no float64 run); a set with a fault only there still gets its own float64 run and is
+    refused by the exact rule."""
+    import copy
+
+    import torch
+
+    from onnxmedic.inputs import Inputs
+    from onnxmedic.result import ExportResult
+    from onnxmedic.verify import stage
+
+    class Offset(torch.nn.Module):  # float32 rounds the sum at 3000's scale: its own error
+        def forward(self, h):          # is ~1e-4 of the output, far above float32 agreement
+            return (h + 3000.0) - 3000.0
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), Offset(), torch.nn.Linear(64, 64))
+    model.eval()
+    xs = [torch.randn(16, 64, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    sets = stage.InputSets()
+    for label, x in zip(["example", "random#1", "random#2"], xs):
+        with torch.no_grad():
+            y = model(x).numpy()
+        sets.add(label, Inputs((x,)), [y])
+    sets.n_required = 3
+    # "ONNX Runtime": sums rounded otherwise (here: exactly, then to float32), and a weight
+    # fault that only the third set sees (one output row scaled by 1.05)
+    high = copy.deepcopy(model).double()
+    with torch.no_grad():
+        outs = [[high(x.double()).float().numpy()] for x in xs]
+        high[-1].weight[3] *= 1.05
+        outs[2] = [high(xs[2].double()).float().numpy()]
+    ran = []
+    real = stage.reference_outputs
+    monkeypatch.setattr(stage, "reference_outputs",
+                        lambda m, s, e: ran.extend(x.specs[0] for x in s) or real(m, s, e))
+    for i, s in enumerate(sets.sets):
+        s.specs.append(sets.labels[i])
+    comps = {i: [budget.judge_output("out", sets.expected[i][0], outs[i][0], None,
+                                     input_set=sets.labels[i], fast=True)] for i in range(3)}
+    pending = [i for i in range(3) if comps[i][0].rule == budget.RULE_PENDING]
+    assert pending == [0, 1, 2], [c[0].rule for c in comps.values()]
+    result = ExportResult()
+    stage._judge_pending(result, model, sets, outs, ["out"], None, comps, pending)
+    assert ran == ["example", "random#2"]  # random#1 needed no float64 run
+    assert comps[0][0].ok and comps[0][0].rule == budget.RULE_BUDGET
+    assert comps[1][0].ok and comps[1][0].rule == budget.RULE_ESTIMATED
+    assert not comps[2][0].ok and comps[2][0].rule == budget.RULE_BUDGET
