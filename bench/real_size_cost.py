@@ -1,6 +1,7 @@
 """Export + verify wall time of onnxmedic against torch.onnx.export(dynamo=True, verify=True) on
 real-size models from default configs (random weights), each run in a fresh process, the two
-tools alternated; onnxmedic's stage timings beside. Goal (issue 14): ratio <= 1.3.
+tools alternated; onnxmedic's stage timings and both tools' peak resident memory (the process, and its children:
+onnxmedic's ONNX Runtime sandbox) beside. Goal (issue 14): ratio <= 1.3.
 
     python bench/real_size_cost.py [--models bert resnet] [--repeat 2] [--json out.json]
 
@@ -46,7 +47,10 @@ else:
     r = onnxmedic.export(m, (), out, kwargs=kw, dynamic_shapes=dyn)
     assert r.ok, [f.one_paragraph() for f in r.findings]
     stages = {k: round(v, 2) for k, v in r.timings.items()}
-print(json.dumps({"seconds": time.perf_counter() - t, "stages": stages}))
+import resource
+rss = {who: resource.getrusage(w).ru_maxrss / 1024 for who, w in
+       (("self", resource.RUSAGE_SELF), ("children", resource.RUSAGE_CHILDREN))}
+print(json.dumps({"seconds": time.perf_counter() - t, "stages": stages, "rss_mb": rss}))
 """
 
 
@@ -68,17 +72,20 @@ def main() -> None:
     rows = []
     for name in a.models:
         times: dict[str, list[float]] = {"torch.onnx": [], "onnxmedic": []}
+        peak: dict[str, dict[str, float]] = {}
         stages = {}
         for _ in range(a.repeat):
             for which in times:
                 got = _run(which, name)
                 times[which].append(got["seconds"])
+                peak[which] = got["rss_mb"]  # the process's and its children's (the sandbox)
                 stages = got["stages"] or stages
         t, o = statistics.median(times["torch.onnx"]), statistics.median(times["onnxmedic"])
         rows.append({"model": name, "torch_onnx_s": round(t, 1), "onnxmedic_s": round(o, 1),
-                     "ratio": round(o / t, 2), "onnxmedic_stages": stages})
+                     "ratio": round(o / t, 2), "peak_rss_mb": peak, "onnxmedic_stages": stages})
+        mem = ", ".join(f"{w} {p['self']:.0f}+{p['children']:.0f} MB" for w, p in peak.items())
         print(f"{name:8s} torch.onnx {t:6.1f} s  onnxmedic {o:6.1f} s  ratio {o / t:.2f}  "
-              f"stages {stages}", flush=True)
+              f"peak RSS (process + children) {mem}  stages {stages}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 
