@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ def save_and_check_stage(ctx: Any) -> bool:
     destination (published by the write stage when verified), then checked."""
     result = ctx.result
     parent = ctx.dest.parent if ctx.dest is not None else None
+    if ctx.tmp_dir is not None:  # run again (a lower opset): the first save goes entirely
+        shutil.rmtree(ctx.tmp_dir, ignore_errors=True)
     ctx.tmp_dir = Path(tempfile.mkdtemp(prefix=".onnxmedic-", dir=parent))
     with result.timed("write"):
         try:

@@ -228,15 +228,17 @@ class RandLike(torch.nn.Module):
         return x + 0 * torch.rand_like(x)  # deterministic output, a RandomUniformLike node
 
 
-def test_op_without_a_kernel_at_the_default_opset_lowers_it():
+def test_op_without_a_kernel_at_the_default_opset_lowers_it(tmp_path):
     """RandomUniformLike-22 has no ONNX Runtime kernel (only RandomUniformLike-1): at the
     default opset 22 the model is translated again at opset 21 (OM325), which verifies - not
     OM510 from inside ONNX Runtime. Asked for opset 22, it stops before the runtime with OM301
     naming opset 21."""
     if opset_fix.choose_opset("cpu")[0] != 22:
         pytest.skip("the default opset here is not 22")
-    res = onnxmedic.export(RandLike().eval(), (torch.randn(3, 4),))
+    res = onnxmedic.export(RandLike().eval(), (torch.randn(3, 4),), tmp_path / "m.onnx")
     assert res.ok and res.opset == 21, [x.one_paragraph() for x in res.findings]
+    # the first translation's temporary folder (beside the output) is gone too
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
     (f,) = [f for f in res.findings if f.code == "OM325"]
     assert f.details == {"from": 22, "to": 21, "ops": ["RandomUniformLike-22"]}
     codes = [x.code for x in res.findings]
