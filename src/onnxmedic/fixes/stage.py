@@ -42,11 +42,10 @@ def fix_stage(ctx: ExportContext) -> bool:
             path = save_program(ctx.onnx_program, ctx.tmp_dir, ctx.name)
             result.onnx_model = saved_proto(ctx.onnx_program, path)
     st.add(*_not_fixed_warnings(report, target, result.onnx_model))
-    gaps = [g for g, _ in report.not_fixed if g.kind not in _SOFT]
-    if gaps and can_lower_opset(ctx, gaps):
-        return lowered_opset(ctx, gaps)
-    blocking = [_gap_error(g, reason, target, nodes, result.onnx_model)
-                for g, reason in report.not_fixed if g.kind not in _SOFT]
+    hard = [(g, reason) for g, reason in report.not_fixed if g.kind not in _SOFT]
+    if hard and can_lower_opset(ctx, [g for g, _ in hard]):
+        return lowered_opset(ctx, [g for g, _ in hard])
+    blocking = [_gap_error(g, reason, target, nodes, result.onnx_model) for g, reason in hard]
     st.add(*blocking)
     ok = not blocking
     if report.fixed:

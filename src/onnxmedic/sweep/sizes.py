@@ -21,7 +21,10 @@ import numpy as np
 import torch
 
 from onnxmedic.inputs import DEFAULT_SEED, Inputs
+from onnxmedic.onnxfile import make_feeds
+from onnxmedic.verify.budget import judge_output
 from onnxmedic.verify.input_sets import resized_sets
+from onnxmedic.verify.stage import expected_outputs
 
 # the error texts of a size that fails, kept in the check's record
 _MAX_TEXT = 300
@@ -128,10 +131,6 @@ def size_check(onnx_path: str, case: Any) -> dict[str, Any]:
     ``{"ok", "sizes": {label: "ok" | "skipped: ..." | "failed: ..."}, "checked", "message"}``."""
     import onnxruntime as ort
 
-    from onnxmedic.onnxfile import make_feeds
-    from onnxmedic.verify.budget import judge_output
-    from onnxmedic.verify.stage import expected_outputs
-
     symbols = declared_dims(case.model, case.args, case.kwargs, case.dynamic_shapes)
     sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
@@ -143,8 +142,7 @@ def size_check(onnx_path: str, case: Any) -> dict[str, Any]:
         except Exception as e:
             sizes[label] = f"skipped: PyTorch rejects it ({type(e).__name__})"
             continue
-        sizes[label] = _run_one(sess, names, outs, inputs, expected, case.tolerance,
-                                make_feeds, judge_output)
+        sizes[label] = _run_one(sess, names, outs, inputs, expected, case.tolerance)
     failed = [f"{k}: {v[len('failed: '):]}" for k, v in sizes.items() if v.startswith("failed")]
     checked = sum(v == "ok" for v in sizes.values())
     return {"ok": not failed, "symbols": sorted(symbols), "checked": checked, "sizes": sizes,
@@ -153,8 +151,7 @@ def size_check(onnx_path: str, case: Any) -> dict[str, Any]:
 
 
 def _run_one(sess: Any, names: list[str], outs: list[str], inputs: Inputs,
-             expected: list[np.ndarray], tolerance: Any, make_feeds: Callable[..., Any],
-             judge_output: Callable[..., Any]) -> str:
+             expected: list[np.ndarray], tolerance: Any) -> str:
     try:
         actual = sess.run(None, make_feeds(names, inputs.args, inputs.kwargs))
     except Exception as e:

@@ -311,13 +311,14 @@ def _judge_pending(result: ExportResult, model: Any, sets: InputSets, outputs: l
     own float64 run first; each other set is accepted by the example's measured float32 error
     where that shows it within budget (budget.estimated_budget), and only the sets it does not
     show run in float64 too and are judged by the exact rule."""
+    def rejudge(i: int, refs: list[np.ndarray | None]) -> None:
+        comps[i] = compare_outputs(names, sets.expected[i], outputs[i], input_set=sets.labels[i],
+                                   judge=_judge(refs, sets.labels[i], tolerance))
+
     def exact(which: list[int]) -> None:
         add_references(result, model, sets, which)
         for i in which:
-            comps[i] = compare_outputs(names, sets.expected[i], outputs[i],
-                                       input_set=sets.labels[i],
-                                       judge=_judge(sets.references[i], sets.labels[i],
-                                                    tolerance))
+            rejudge(i, sets.references[i])
 
     first = pending[:1] if pending[0] == 0 else pending
     exact(first)
@@ -326,13 +327,11 @@ def _judge_pending(result: ExportResult, model: Any, sets: InputSets, outputs: l
         return
     if all(r is None for r in sets.references[0]):  # no float64 run (OM605 says why)
         for i in rest:
-            comps[i] = compare_outputs(names, sets.expected[i], outputs[i],
-                                       input_set=sets.labels[i],
-                                       judge=_judge([], sets.labels[i], tolerance))
+            rejudge(i, [])
         return
     stable = not any(c.unstable for c in comps[0])
     scales = [torch_error_scale(e, r) if stable else None
-              for e, r in zip(sets.expected[0], sets.references[0] or [])]
+              for e, r in zip(sets.expected[0], sets.references[0])]
     still = []
     for i in rest:
         judged = _estimated(comps[i], sets.expected[i], outputs[i], scales, sets.labels[i])
