@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from onnxmedic._locate import location_from_exception
-from onnxmedic._tensors import describe, flatten_tensors, to_numpy
+from onnxmedic._tensors import describe, flatten_tensors, reference_mode, to_numpy
 from onnxmedic.findings import Finding, error
 
 STAGE = "preflight"
@@ -78,10 +78,11 @@ def dtype_suggestion(model: torch.nn.Module, args: tuple[Any, ...],
 
 def run(model: torch.nn.Module | torch.export.ExportedProgram, args: tuple[Any, ...],
         kwargs: dict[str, Any]) -> PreflightResult:
-    """Run forward() once under no_grad; classify a failure."""
+    """Run forward() once as the reference runs (no_grad, no attention fast path: see
+    ``reference_mode``); classify a failure."""
     fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
     try:
-        with torch.no_grad():
+        with reference_mode():
             out = fn(*args, **kwargs)
     except Exception as e:
         loc = location_from_exception(e)

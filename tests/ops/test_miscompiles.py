@@ -412,3 +412,114 @@ def test_cosine_similarity_of_scalars() -> None:
     assert check_call(f, (a, b), {"dim": 0}, registry=None).stage == "runtime"
     assert check_call(f, (a, b), {"dim": 0}).ok
     assert check_call(f, (torch.randn(3, 4), torch.randn(3, 4)), {"dim": 1}).ok
+
+
+# --- scaled_dot_product_attention: fully masked rows, ranks other than 4 ---------------------
+
+def _sdpa_inputs(shape, masked_row: int = 1, kind: str = "bool", seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*shape, generator=g) for _ in range(3))
+    keep = torch.rand(shape[-2], shape[-2], generator=g) > 0.3
+    keep[:, 0] = True  # every other row keeps a key
+    keep[masked_row] = False  # this query row sees no key (a fully padded sequence)
+    mask = keep if kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, -inf)
+    return q, k, v, mask
+
+
+def _sdpa(q, k, v, mask):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_sdpa_fully_masked_row_torchlib_is_wrong(kind: str) -> None:
+    args = _sdpa_inputs((2, 2, 5, 8), kind=kind)
+    assert _sdpa(*args)[:, :, 1].abs().max() == 0  # PyTorch: 0 for the row that sees nothing
+    plain = check_call(_sdpa, args, registry=None)
+    # bool: the mean of the values (masked with the type's lowest value); float -inf: NaN
+    assert plain.stage == "compare", plain
+    check = check_call(_sdpa, args)
+    assert check.ok, check
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 8), (5, 8), (2, 3, 2, 5, 8)], ids=["3d", "2d", "5d"])
+@pytest.mark.parametrize("kind", ["bool", "float", None])
+def test_sdpa_of_other_ranks(shape, kind) -> None:
+    q, k, v, mask = _sdpa_inputs(shape, kind=kind or "bool")
+    if kind is None:
+        mask = None
+    plain = check_call(_sdpa, (q, k, v, mask), registry=None)
+    assert not plain.ok  # torchlib: "only 4D query, key, and value are supported"
+    check = check_call(_sdpa, (q, k, v, mask), tolerance=(1e-5, 1e-6))
+    assert check.ok, check
+
+
+@pytest.mark.parametrize("kwargs", [{"is_causal": True}, {"scale": 0.3},
+                                    {"is_causal": True, "scale": 0.3}])
+def test_sdpa_keeps_the_other_arguments(kwargs) -> None:
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, 6, 4, generator=g) for _ in range(3))
+    for x in ((q, k, v), (q[0], k[0], v[0])):  # 4-D (torchlib's graph) and 3-D (folded)
+        check = check_call(torch.nn.functional.scaled_dot_product_attention, x, kwargs,
+                           tolerance=(1e-5, 1e-6))
+        assert check.ok, (kwargs, check)
+
+
+def test_sdpa_gqa_and_graph_unchanged_without_a_mask() -> None:
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 5, 8, generator=g)
+    k, v = torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)
+    check = check_call(torch.nn.functional.scaled_dot_product_attention, (q, k, v),
+                       {"enable_gqa": True}, tolerance=(1e-5, 1e-6))
+    assert check.ok, check
+
+
+class _PaddedEncoder(torch.nn.Module):
+    """BERT-style self-attention over a padded batch, one sample entirely padding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.out = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        mask = keep[:, None, None, :]  # [b, 1, 1, n]: key padding
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(att.transpose(1, 2).reshape(b, n, 16))
+
+
+def test_padded_batch_with_an_empty_sample_exports_and_verifies(tmp_path) -> None:
+    torch.manual_seed(0)
+    keep = torch.ones(3, 6, dtype=torch.bool)
+    keep[1, 4:] = False
+    keep[2] = False  # a sample that is all padding: PyTorch's attention output is 0 there
+    args = (torch.randn(3, 6, 16), keep)
+    res = onnxmedic.export(_PaddedEncoder().eval(), args, tmp_path / "m.onnx")
+    assert res.ok, [(f.code, f.message) for f in res.findings]
+
+
+def test_multihead_attention_reference_is_the_exported_path(tmp_path) -> None:
+    """nn.MultiheadAttention's inference fast path returns NaN for a query whose keys are all
+    padded; the path torch.export captures (SDPA) returns 0. The reference follows the captured
+    path, and the global fast-path switch is restored after export."""
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 2, batch_first=True).eval()
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x, pad):
+            return self.mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1] = True
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        assert M()(x, pad)[1].isnan().all()  # the fast path
+    assert torch.backends.mha.get_fastpath_enabled()
+    res = onnxmedic.export(M().eval(), (x, pad), tmp_path / "m.onnx")
+    assert res.ok, [(f.code, f.message) for f in res.findings]
+    assert torch.backends.mha.get_fastpath_enabled()

@@ -347,3 +347,78 @@ def aten_linalg_vector_norm(self, ord: float = 2.0, dim=None, keepdim: bool = Fa
         # a 0-d result either way: PyTorch keeps a 0-d input 0-d with keepdim too
         return torchlib_norm(op.Reshape(self, ints([1])), ord, [0], False, dtype)
     return torchlib_norm(self, ord, dim, keepdim, dtype)
+
+
+# ------------------------------------------------------- attention: fully masked rows, any rank
+
+def _torchlib_sdpa():
+    from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
+
+    fn = torchlib_nn.aten_scaled_dot_product_attention
+    return getattr(fn, "function", fn)  # the traced function's Python body
+
+
+def _fully_masked_rows(attn_mask, query, key, is_causal: bool):
+    """A bool [..., L, 1] flag: the rows of ``attn_mask`` that mask every key (all False, or all
+    -inf for an additive mask), or None when no row can be (no mask; a causal mask keeps the
+    diagonal)."""
+    if attn_mask is None or is_causal:
+        return None
+    axes = ints([-1])
+    if attn_mask.dtype == ir.DataType.BOOL:
+        any_kept = op.ReduceMax(op.Cast(attn_mask, to=ir.DataType.INT32), axes, keepdims=1)
+        return op.Not(op.Cast(any_kept, to=ir.DataType.BOOL))
+    return op.Equal(op.ReduceMax(attn_mask, axes, keepdims=1), const(float("-inf"), attn_mask))
+
+
+@translation(aten.scaled_dot_product_attention.default, overrides_torchlib=True)
+def aten_scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                      is_causal: bool = False, scale: float | None = None,
+                                      enable_gqa: bool = False):
+    """scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
+
+    Two faults of torchlib's translation, which this one wraps (its 4-D graph is kept, so ONNX
+    Runtime's attention fusions still match it):
+    - a query row whose mask hides every key (a fully padded sequence, a padding mask at length
+      1): PyTorch (2.5+, ``_safe_softmax``) returns 0 for it; torchlib returns the mean of the
+      values for a boolean mask (it masks with the type's lowest value, not -inf) and NaN for an
+      additive -inf mask. Here the output rows whose mask row is all False / all -inf are 0.
+      (Decided from the mask alone: a NaN query in such a row gives 0 where PyTorch's math path
+      gives NaN.)
+    - query/key/value of rank 3 or 5+ (no heads, or extra batch dims: timm's NesT/Hiera/SAM,
+      nn.MultiheadAttention's 3-D call): torchlib asserts "only 4D". Here the leading dims are
+      folded into one batch dim with a single head, and unfolded after (the mask expanded to
+      the full [..., L, S] first).
+    """
+    torchlib = _torchlib_sdpa()
+    fully = _fully_masked_rows(attn_mask, query, key, is_causal)
+    r = len(query.shape)
+    if r == 4:
+        out = torchlib(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    else:
+        if enable_gqa:
+            raise ValueError(f"scaled_dot_product_attention: enable_gqa with {r}-D query is not "
+                             "supported (only 4-D [batch, heads, length, dim])")
+        length = op.Shape(query, start=-2, end=-1)
+        source = op.Shape(key, start=-2, end=-1)
+        lead = op.Shape(query, start=0, end=-2)
+
+        def fold(x):
+            folded = op.Reshape(x, op.Concat(ints([-1, 1]), op.Shape(x, start=-2), axis=0))
+            # torchlib reads rank, element type and head size from the value's metadata
+            folded.dtype = x.dtype
+            folded.shape = ir.Shape([None, 1, None, x.shape[-1] if x.shape else None])
+            return folded
+
+        mask4 = None
+        if attn_mask is not None:
+            full = op.Concat(lead, length, source, axis=0)
+            expanded = op.Expand(attn_mask, full)
+            expanded.dtype = attn_mask.dtype
+            mask4 = fold(expanded)
+        out = torchlib(fold(query), fold(key), fold(value), mask4, dropout_p, is_causal, scale,
+                       False)
+        out = op.Reshape(out, op.Concat(lead, length, op.Shape(value, start=-1), axis=0))
+    if fully is not None:
+        out = op.Where(fully, const(0.0, out), out)
+    return out

@@ -16,7 +16,7 @@ import torch
 
 from onnxmedic import checks, sandbox
 from onnxmedic._locate import location_from_onnx_node, onnx_neighbourhood, onnx_node_in_error
-from onnxmedic._tensors import flatten_tensors, to_numpy
+from onnxmedic._tensors import flatten_tensors, reference_mode, to_numpy
 from onnxmedic.capture import capture
 from onnxmedic.context import ExportContext
 from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
@@ -48,7 +48,7 @@ def expected_outputs(model: Any, sets: list[Inputs]) -> list[list[np.ndarray]]:
     """PyTorch's outputs (flattened, numpy) for each input set."""
     fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
     out = []
-    with torch.no_grad():
+    with reference_mode():
         for s in sets:
             out.append([to_numpy(t) for t in flatten_tensors(fn(*s.args, **s.kwargs))])
     return out
