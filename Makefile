@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow bench bench-overhead bench-zoo lint clean
+.PHONY: demo test test-slow bench bench-overhead bench-zoo bench-eco lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ bench-zoo: $(STAMP)
 	$(PY) -m pip install -q -e '.[hf]'
 	$(PY) -m pytest -m slow tests/sweep/test_zoo.py $(PYTEST_ARGS)
 	$(PY) bench/zoo_bench.py --zoo bench/zoo/hf.py:ALL --results build/zoo_bench.json
+
+# the ecosystem zoo (issue 15): its slow test, then the torch.onnx-vs-onnxmedic table
+bench-eco: $(STAMP)
+	$(PY) -m pip install -q -e '.[zoo]'
+	$(PY) -m pytest -m slow tests/sweep/test_ecosystem.py $(PYTEST_ARGS)
+	$(PY) bench/zoo_bench.py --zoo bench/zoo/ecosystem.py:ALL --results build/eco_bench.json
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench tools examples

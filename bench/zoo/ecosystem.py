@@ -1339,8 +1339,8 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
 }
 
 # the subset the default tests export (seconds each): a masked nn builtin, a graph net, an image
-# op library and a flow
-FAST = ["nn/mha_masked", "pyg/gcn", "kornia/rgb_to_hsv", "nflows/maf"]
+# op library and a flow (their libraries are in the test extra)
+FAST = ["nn/mha_masked", "pyg/gcn", "kornia/rgb_to_hsv", "zuko/maf"]
 
 ALL: dict[str, Callable[[], ZooCase]] = {
     **{name: with_size_check(make) for name, make in ZOO.items()},

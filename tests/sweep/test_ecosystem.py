@@ -1,0 +1,65 @@
+"""The ecosystem zoo (bench/zoo/ecosystem.py, issue 15) through `onnxmedic sweep`: a fast
+handful in the default run (their libraries are in the test extra), the whole zoo in the slow
+group (`make bench-eco`, which installs the `zoo` extra)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from onnxmedic.sweep import sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+ZOO = str(ROOT / "bench" / "zoo" / "ecosystem.py")
+
+# entries that do not export and verify yet, each with the finding it ends in and why. Kept
+# honest by the slow test: an entry listed here that starts to pass, or one not listed that
+# fails, fails the test.
+KNOWN_FAILURES: dict[str, str] = {}
+
+
+def _zoo_module():
+    spec = importlib.util.spec_from_file_location("_zoo_ecosystem", ZOO)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_zoo_has_sixty_models_from_fifteen_libraries() -> None:
+    zoo = _zoo_module()
+    assert len(zoo.ZOO) >= 60
+    assert len({name.split("/")[0] for name in zoo.ZOO}) >= 15
+    assert set(zoo.ALL) == set(zoo.ZOO) | {f"{n}@Dim" for n in zoo.ZOO}
+
+
+def test_fast_subset_exports_and_verifies_at_every_size(tmp_path) -> None:
+    for lib in ("kornia", "torch_geometric", "zuko"):
+        pytest.importorskip(lib, reason="the ecosystem zoo's fast subset (pip install -e '.[test]')")
+    fast = _zoo_module().FAST
+    names = [*fast, f"{fast[0]}@Dim"]
+    res = sweep(ZOO + ":ALL", names=names, jobs=2, timeout=600, results=tmp_path / "r.json")
+    by = {e["name"]: e for e in res.entries}
+    assert sorted(by) == sorted(names)
+    bad = {n: [(f["code"], f["message"][:200]) for f in e["findings"]]
+           for n, e in by.items() if not e["ok"]}
+    assert not bad, bad
+    for e in by.values():
+        assert e["stages"]["compare"] == "passed" and e["max_abs"] < 1e-3, e["name"]
+        sizes = e["check"]["size_check"]
+        # every declared dim run at 1, the example's size, 2x and a prime in a fresh session
+        assert sizes["ok"] and sizes["checked"] >= 4, (e["name"], sizes)
+
+
+@pytest.mark.slow
+def test_whole_ecosystem_zoo(tmp_path) -> None:
+    res = sweep(ZOO + ":ALL", jobs=os.cpu_count(), timeout=900, results=tmp_path / "r.json",
+                report=tmp_path / "eco.html")
+    failed = {e["name"]: [f["code"] for f in e["findings"] if f["severity"] == "error"]
+              for e in res.entries if not e["ok"]}
+    assert len(res.entries) >= 120
+    assert set(failed) == set(KNOWN_FAILURES), failed
+    for name, codes in failed.items():  # every failure ends in a precise finding
+        assert codes and KNOWN_FAILURES[name].split(":")[0] in codes, (name, codes)
