@@ -28,6 +28,7 @@ def snapshot_state(model: torch.nn.Module) -> dict[str, Any]:
                   torch.backends.cudnn.deterministic),
         "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
         "threads": torch.get_num_threads(),
+        "mha_fastpath": torch.backends.mha.get_fastpath_enabled(),
         "functional": {k: v for k, v in vars(F).items() if callable(v)},
         "tensor": {k: getattr(torch.Tensor, k) for k in dir(torch.Tensor)
                    if not k.startswith("__")},

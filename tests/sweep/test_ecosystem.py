@@ -63,3 +63,21 @@ def test_whole_ecosystem_zoo(tmp_path) -> None:
     assert set(failed) == set(KNOWN_FAILURES), failed
     for name, codes in failed.items():  # every failure ends in a precise finding
         assert codes and KNOWN_FAILURES[name].split(":")[0] in codes, (name, codes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(_zoo_module().ZOO))
+def test_export_leaves_every_ecosystem_model_and_torch_unchanged(name: str, tmp_path) -> None:
+    """Issue 15: after export, model and torch state are what they were (modes, parameters,
+    buffers, hooks, patched functions, global switches), for every entry of the zoo."""
+    import onnxmedic
+    from tests._state import snapshot_state, state_differences
+
+    try:
+        case = _zoo_module().ZOO[name]()
+    except ImportError as e:
+        pytest.skip(f"library not installed: {e}")
+    before = snapshot_state(case.model)
+    onnxmedic.export(case.model, case.args, tmp_path / "m.onnx", kwargs=case.kwargs,
+                     dynamic_shapes=case.dynamic_shapes)
+    assert state_differences(before, snapshot_state(case.model)) == []
