@@ -523,3 +523,55 @@ def test_multihead_attention_reference_is_the_exported_path(tmp_path) -> None:
     res = onnxmedic.export(M().eval(), (x, pad), tmp_path / "m.onnx")
     assert res.ok, [(f.code, f.message) for f in res.findings]
     assert torch.backends.mha.get_fastpath_enabled()
+
+
+# --- grid_sample: NaN/inf coordinates and far coordinates with border padding ----------------
+
+def _grid_with_edges(reflection: bool):
+    g = torch.Generator().manual_seed(4)
+    vals = [inf, -inf, nan, 1e10, -1e10, 1.3, -1.7, 0.99]
+    grid = torch.rand(2, 3, len(vals) * 2, 2, generator=g) * 2.4 - 1.2
+    for i, v in enumerate(vals):
+        if reflection and abs(v) > 1e6:
+            continue  # documented: not reproduced (both sides lose every digit there)
+        grid[:, 0, 2 * i, 0] = v
+        grid[:, 1, 2 * i + 1, 1] = v
+    return torch.randn(2, 3, 4, 5, generator=g), grid
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_grid_sample_non_finite_and_far_coordinates(mode, padding, align_corners) -> None:
+    args = _grid_with_edges(padding == "reflection")
+
+    def fn(x, grid):
+        return torch.nn.functional.grid_sample(x, grid, mode=mode, padding_mode=padding,
+                                               align_corners=align_corners)
+
+    check = check_call(fn, args, tolerance=(1e-5, 1e-5))
+    assert check.ok, check
+    plain = check_call(fn, args, registry=None)
+    # torchlib (plain GridSample) is right only for reflection with bilinear/nearest
+    assert plain.ok == (padding == "reflection" and mode != "bicubic"), plain
+
+
+def test_perspective_warp_with_a_degenerate_homography(tmp_path) -> None:
+    """A projective x coordinate whose denominator reaches 0 inside the image: it goes to -inf
+    there, and PyTorch's grid_sample gives NaN (zeros padding, bilinear); ONNX Runtime's
+    GridSample samples a pixel."""
+
+    class Warp(torch.nn.Module):
+        def forward(self, img, h):
+            b, _, hh, ww = img.shape
+            ys, xs = torch.meshgrid(torch.linspace(-1, 1, hh), torch.linspace(-1, 1, ww),
+                                    indexing="ij")
+            pts = torch.stack([xs, ys, torch.ones_like(xs)], -1).reshape(1, -1, 3)
+            p = pts @ h.transpose(1, 2)
+            grid = torch.stack([p[..., 0] / p[..., 2], p[..., 1]], -1).reshape(b, hh, ww, 2)
+            return torch.nn.functional.grid_sample(img, grid, align_corners=False)
+
+    h = torch.eye(3).repeat(2, 1, 1)
+    h[1, 2, 0] = 1.0  # w = x + 1: 0 at the left edge
+    res = onnxmedic.export(Warp().eval(), (torch.rand(2, 3, 8, 9), h), tmp_path / "w.onnx")
+    assert res.ok, [(f.code, f.message) for f in res.findings]

@@ -422,3 +422,62 @@ def aten_scaled_dot_product_attention(query, key, value, attn_mask=None, dropout
     if fully is not None:
         out = op.Where(fully, const(0.0, out), out)
     return out
+
+
+# ----------------------------------------------------- grid_sample: non-finite and far coordinates
+
+_GRID_MODES = ("bilinear", "nearest", "bicubic")
+_GRID_PADDING = ("zeros", "border", "reflection")
+
+
+def _grid_sampler(input, grid, interpolation_mode: int, padding_mode: int, align_corners: bool):
+    mode, padding = _GRID_MODES[interpolation_mode], _GRID_PADDING[padding_mode]
+    nan_grid = op.IsNaN(grid)
+    bad_coord = op.Or(nan_grid, op.IsInf(grid))
+    # [N, *out, 1] -> [N, 1, *out]: a sampling point with a NaN or infinite coordinate
+    bad = op.Cast(op.ReduceMax(op.Cast(bad_coord, to=ir.DataType.INT32), ints([-1]), keepdims=1),
+                  to=ir.DataType.BOOL)
+    bad = op.Unsqueeze(op.Squeeze(bad, ints([-1])), ints([1]))
+    fill = None
+    if padding == "zeros":
+        fill = 0.0 if mode == "nearest" else float("nan")
+    elif mode == "bicubic":
+        fill = float("nan")
+    elif padding == "border":
+        # PyTorch clamps the (pixel) coordinate before interpolating, so clamping the grid to
+        # [-1, 1] first is the same for finite values, and sends +-inf and 1e10 to the border
+        # (ONNX Runtime turns them into garbage indices); NaN stays NaN
+        grid = op.Where(nan_grid, grid, op.Clip(grid, const(-1.0, grid), const(1.0, grid)))
+    out = op.GridSample(input, grid, align_corners=align_corners,
+                        mode={"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode),
+                        padding_mode=padding)
+    if fill is not None:
+        out = op.Where(bad, const(fill, out), out)
+    return out
+
+
+@translation(aten.grid_sampler.default, overrides_torchlib=True)
+def aten_grid_sampler(input, grid, interpolation_mode: int, padding_mode: int,
+                      align_corners: bool):
+    """grid_sampler(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
+
+    torchlib maps it straight to GridSample, which agrees with PyTorch for finite coordinates
+    near the image but not for a sampling point with a NaN or infinite coordinate (a perspective
+    warp dividing by ~0, kornia's warp_perspective on a random homography) nor, with border
+    padding, for coordinates far outside (1e10). PyTorch: zeros padding gives NaN there
+    (bilinear, bicubic) or 0 (nearest); bicubic gives NaN with every padding; border clamps
+    +-inf/far coordinates to the border. ONNX Runtime returns values from arbitrary pixels.
+    Here those points are filled as PyTorch fills them and border grids are clamped to [-1, 1]
+    first (the same result for finite coordinates: PyTorch clamps the coordinate before
+    interpolating). Left as ONNX Runtime computes it: reflection padding at coordinates beyond
+    about 1e7 (both sides lose every digit of the reflected position there)."""
+    return _grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@translation(aten.grid_sampler_2d.default, overrides_torchlib=True)
+def aten_grid_sampler_2d(input, grid, interpolation_mode: int, padding_mode: int,
+                         align_corners: bool):
+    """grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor
+
+    The same as :func:`aten_grid_sampler` (the 2-D overload)."""
+    return _grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners)
