@@ -34,6 +34,7 @@ class Result:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     registered: dict[str, str] = field(default_factory=dict)  # pytree registrations made
+    neutralised: Any = None  # validation.Neutralised: what a validation-off capture changed
 
     @property
     def ok(self) -> bool:
@@ -142,6 +143,39 @@ class RegisterPytreeTypes(TorchExportNonStrict):
         return res
 
 
+def _data_dependent_failure(previous: list[Result]) -> str | None:
+    texts = " ".join(f"{type(r.error).__name__}: {r.error}" for r in previous
+                     if r.error is not None)
+    if not texts:
+        return "no earlier attempt failed"
+    if not _DATA_DEPENDENT.search(texts):
+        return "no earlier attempt failed on data-dependent control flow"
+    return None
+
+
+class ValidationOff(TorchExportNonStrict):
+    """After a failure on data-dependent control flow: torch.export(strict=False) with the
+    validation switches of the libraries in use turned off and check-only branches (an
+    ``assert``, an ``if`` that only raises or warns) decided as not raising - see
+    capture/validation.py. Sound for every input on which the eager model does not raise;
+    the settings are restored afterwards and the finding (OM115) says what was changed."""
+
+    name = "torch.export(strict=False), validation off"
+
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> str | None:
+        return _data_dependent_failure(previous)
+
+    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
+        from onnxmedic.capture.validation import Neutralised, validation_off
+
+        record = Neutralised()
+        with validation_off(record):
+            res = super().__call__(model, args, kwargs, dynamic_shapes)
+        res.neutralised = record
+        return res
+
+
 class DraftExportSpecialised(CaptureStrategy):
     """Last resort for data-dependent Python control flow: torch.export.draft_export, which
     follows the branch the example takes and keeps going. The program (and so the ONNX model)
@@ -155,13 +189,18 @@ class DraftExportSpecialised(CaptureStrategy):
 
     def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any]
               ) -> str | None:
-        texts = " ".join(f"{type(r.error).__name__}: {r.error}" for r in previous
-                         if r.error is not None)
-        if not texts:
-            return "no earlier attempt failed"
-        if not _DATA_DEPENDENT.search(texts):
-            return "no earlier attempt failed on data-dependent control flow"
-        return None
+        return _data_dependent_failure(previous)
+
+    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
+        # with validation off too, so that only the genuinely data-dependent branches are
+        # specialised to the example
+        from onnxmedic.capture.validation import Neutralised, validation_off
+
+        record = Neutralised()
+        with validation_off(record):
+            res = super().__call__(model, args, kwargs, dynamic_shapes)
+        res.neutralised = record
+        return res
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
         with _size_oblivious(dynamic_shapes):
@@ -170,7 +209,8 @@ class DraftExportSpecialised(CaptureStrategy):
 
 
 CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, RegisterPytreeTypes,
-                                                   TorchExportStrict, DraftExportSpecialised]
+                                                   TorchExportStrict, ValidationOff,
+                                                   DraftExportSpecialised]
 
 
 def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
