@@ -209,3 +209,20 @@ def test_gpytorch_switches_are_restored():
     assert "linear_operator.settings.trace_mode(True)" in rec.switches
     assert (gpytorch.settings.debug.on(), gpytorch.settings.trace_mode.on(),
             linear_operator.settings.trace_mode.on()) == before
+
+
+def test_om112_names_the_guarding_line_left_after_validation_off():
+    """The precise OM112 names the statement of the remaining guard (from the validation-off
+    attempt, whose checks are already past), not only the user's call into the library."""
+    from onnxmedic.capture.strategies import Result, guard_line
+
+    def library_branch():
+        raise RuntimeError("Could not guard on data-dependent expression Eq(u0, 1)")
+
+    try:
+        library_branch()
+    except RuntimeError as e:
+        err = e
+    got = guard_line([Result(None, "torch.export(strict=False), validation off", err)])
+    assert got is not None and got[0] == __file__
+    assert got[2] == 'raise RuntimeError("Could not guard on data-dependent expression Eq(u0, 1)")'
