@@ -105,6 +105,17 @@ CODES: dict[str, CodeInfo] = {
         "example takes: the ONNX model computes that branch for every input. Verification adds "
         "inputs meant to take the other branches; a mismatch there shows the divergence.",
     ),
+    "OM115": CodeInfo(
+        "validation off for the capture", 0,
+        "Capture failed on a data-dependent check that only raises or warns, and worked with "
+        "validation off: the documented switches of the libraries in use (torch.distributions "
+        "default validate_args=False; pyro.enable_validation(False); gpytorch.settings.debug"
+        "(False); gpytorch and linear_operator settings.trace_mode(True), which also "
+        "specialises psd_safe_cholesky's jitter retries to the first, plain Cholesky) and "
+        "guards of an `assert` or of an `if` whose body only raises or warns decided as not "
+        "raising. The settings are restored afterwards; verification runs against the model "
+        "with validation on. The ONNX model does not reject inputs the checks would reject.",
+    ),
     "OM113": CodeInfo(
         "unsupported input or output type", 1,
         "forward() takes or returns a type torch.export cannot flatten.",

@@ -109,6 +109,9 @@ def _capture_module(ctx: ExportContext) -> bool:
     if ctx.program is None:
         result.fail(STAGE, classify_capture_error(attempts))
         return False
+    if attempts[-1].neutralised is not None and (attempts[-1].neutralised.switches
+                                                 or attempts[-1].neutralised.checks):
+        result.findings.append(validation_off_finding(attempts[-1].neutralised))
     if "draft_export" in attempts[-1].strategy:
         result.findings.append(specialised_finding(attempts))
         ctx.branch_probe = True
@@ -120,6 +123,31 @@ def _capture_module(ctx: ExportContext) -> bool:
             "OM110", STAGE, f"{a.strategy} failed ({a.summary()['error']}); "
             f"{attempts[-1].strategy} worked."))
     return True
+
+
+def validation_off_finding(record: Any) -> Finding:
+    """OM115: the capture worked with validation off (library switches, check-only guards)."""
+    from onnxmedic._locate import is_user_file
+    from onnxmedic.findings import Location
+
+    parts = []
+    if record.switches:
+        parts.append("library validation switched off for the capture: "
+                     + ", ".join(record.switches))
+    if record.checks:
+        parts.append("checks that only raise or warn taken as passing: " + "; ".join(
+            f"{f}:{n} (`{c}`)" for f, n, c in record.checks))
+    user = next(((f, n, c) for f, n, c in record.checks if is_user_file(f)), None)
+    return warning(
+        "OM115", STAGE, "; ".join(parts) + ". The ONNX model computes what the model computes "
+        "on every input it accepts; it does not raise or warn on an input the checks would "
+        "reject. The settings were restored after the capture; verification ran against the "
+        "model with validation on.",
+        location=Location(file=user[0], line=user[1], code=user[2]) if user else None,
+        suggestion="Validate inputs before calling the ONNX model if invalid values can reach "
+        "it (e.g. a scale <= 0, an unsorted time grid).",
+        details={"switches": list(record.switches),
+                 "checks": [f"{f}:{n}" for f, n, _ in record.checks]})
 
 
 _SPECIALISED = re.compile(r"L\['([A-Za-z_]\w*)'\]\.size\(\)\[(\d+)\] as dynamic but your code "

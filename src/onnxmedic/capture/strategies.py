@@ -34,6 +34,7 @@ class Result:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     registered: dict[str, str] = field(default_factory=dict)  # pytree registrations made
+    neutralised: Any = None  # validation.Neutralised: what a validation-off capture changed
 
     @property
     def ok(self) -> bool:
@@ -142,6 +143,39 @@ class RegisterPytreeTypes(TorchExportNonStrict):
         return res
 
 
+def _data_dependent_failure(previous: list[Result]) -> str | None:
+    texts = " ".join(f"{type(r.error).__name__}: {r.error}" for r in previous
+                     if r.error is not None)
+    if not texts:
+        return "no earlier attempt failed"
+    if not _DATA_DEPENDENT.search(texts):
+        return "no earlier attempt failed on data-dependent control flow"
+    return None
+
+
+class ValidationOff(TorchExportNonStrict):
+    """After a failure on data-dependent control flow: torch.export(strict=False) with the
+    validation switches of the libraries in use turned off and check-only branches (an
+    ``assert``, an ``if`` that only raises or warns) decided as not raising - see
+    capture/validation.py. Sound for every input on which the eager model does not raise;
+    the settings are restored afterwards and the finding (OM115) says what was changed."""
+
+    name = "torch.export(strict=False), validation off"
+
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> str | None:
+        return _data_dependent_failure(previous)
+
+    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
+        from onnxmedic.capture.validation import Neutralised, validation_off
+
+        record = Neutralised()
+        with validation_off(record):
+            res = super().__call__(model, args, kwargs, dynamic_shapes)
+        res.neutralised = record
+        return res
+
+
 class DraftExportSpecialised(CaptureStrategy):
     """Last resort for data-dependent Python control flow: torch.export.draft_export, which
     follows the branch the example takes and keeps going. The program (and so the ONNX model)
@@ -155,13 +189,18 @@ class DraftExportSpecialised(CaptureStrategy):
 
     def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any]
               ) -> str | None:
-        texts = " ".join(f"{type(r.error).__name__}: {r.error}" for r in previous
-                         if r.error is not None)
-        if not texts:
-            return "no earlier attempt failed"
-        if not _DATA_DEPENDENT.search(texts):
-            return "no earlier attempt failed on data-dependent control flow"
-        return None
+        return _data_dependent_failure(previous)
+
+    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
+        # with validation off too, so that only the genuinely data-dependent branches are
+        # specialised to the example
+        from onnxmedic.capture.validation import Neutralised, validation_off
+
+        record = Neutralised()
+        with validation_off(record):
+            res = super().__call__(model, args, kwargs, dynamic_shapes)
+        res.neutralised = record
+        return res
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
         with _size_oblivious(dynamic_shapes):
@@ -170,7 +209,8 @@ class DraftExportSpecialised(CaptureStrategy):
 
 
 CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, RegisterPytreeTypes,
-                                                   TorchExportStrict, DraftExportSpecialised]
+                                                   TorchExportStrict, ValidationOff,
+                                                   DraftExportSpecialised]
 
 
 def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -213,6 +253,44 @@ _TYPES = re.compile(r"pytree|not a supported (?:input|output)|Unsupported (?:inp
 _DYNAMIC = re.compile(r"Constraints violated|specialized|not in range|Dim\(", re.IGNORECASE)
 
 
+def _outside_torch(filename: str) -> bool:
+    p = filename.replace("\\", "/")
+    return "/torch/" not in p or "/torch/distributions/" in p
+
+
+def guard_line(failed: list[Result]) -> tuple[str, int, str] | None:
+    """(file, line, code) of the statement whose data-dependent guard stopped the capture:
+    the innermost traceback frame outside torch's tracing machinery and onnxmedic, taken from
+    the validation-off attempt when there is one (its checks are already past, so it names
+    the branch that is left), else from the first attempt that failed on a guard."""
+    import linecache
+    import traceback
+
+    from onnxmedic._locate import _PKG_DIR
+    from onnxmedic.capture.validation import _TRACER_FILES
+
+    ordered = sorted(failed, key=lambda r: "validation off" not in r.strategy)
+    for r in ordered:
+        if "draft_export" in r.strategy or not _DATA_DEPENDENT.search(
+                f"{type(r.error).__name__}: {r.error}"):
+            continue
+        chain, e = [], r.error
+        while e is not None and e not in chain:
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        for e in reversed(chain):  # the original exception first
+            frames = [f for f in traceback.extract_tb(e.__traceback__)
+                      if not f.filename.startswith("<")
+                      and _PKG_DIR not in f.filename.replace("\\", "/")
+                      and not any(t in f.filename.replace("\\", "/") for t in _TRACER_FILES)
+                      and _outside_torch(f.filename)]
+            if frames:
+                f = frames[-1]
+                code = (f.line or linecache.getline(f.filename, f.lineno)).strip()
+                return f.filename, f.lineno, code
+    return None
+
+
 def classify_capture_error(results: list[Result]) -> Finding:
     """One finding for a failed capture: the most telling attempt, classified."""
     failed = [r for r in results if r.error is not None]
@@ -239,6 +317,10 @@ def classify_capture_error(results: list[Result]) -> Finding:
                      "declare that dimension static.", details=details)
     if _DATA_DEPENDENT.search(texts):
         where = f" at {loc.file}:{loc.line} (`{loc.code}`)" if loc and loc.code else ""
+        guard = guard_line(failed)
+        if guard is not None and (loc is None or (guard[0], guard[1]) != (loc.file, loc.line)):
+            where += f", in the library at {guard[0]}:{guard[1]} (`{guard[2]}`)"
+            details["guard"] = f"{guard[0]}:{guard[1]}"
         return error("OM112", STAGE,
                      f"Python control flow depends on tensor values{where}; torch.export "
                      f"cannot trace it. Tried: {tried}", location=loc,
