@@ -13,7 +13,12 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "supported-ops.md"
 
 
 def render() -> str:
-    entries = REGISTRY.entries()
+    # entries for ops another library defines (transformers' custom ops) are listed whether or
+    # not that library has been imported, so the page does not depend on the import order
+    entries = [(m.name, m.family, m.static_shapes, m.overrides_torchlib)
+               for m in REGISTRY.entries()]
+    entries += [(name, f["family"], f["static_shapes"], f["overrides_torchlib"])
+                for name, f in REGISTRY.pending()]
     lines = [
         "# Operators onnxmedic translates",
         "",
@@ -26,13 +31,13 @@ def render() -> str:
         f"{len(entries)} overloads.",
     ]
     family = None
-    for m in sorted(entries, key=lambda e: (e.family, e.name)):
-        if m.family != family:
-            family = m.family
+    for name, fam, static, overrides in sorted(entries, key=lambda e: (e[1], e[0])):
+        if fam != family:
+            family = fam
             lines += ["", f"## {family}", "", "| ATen overload | static | overrides torchlib |",
                       "|---|---|---|"]
-        lines.append(f"| `{m.name}` | {'yes' if m.static_shapes else ''} | "
-                     f"{'yes' if m.overrides_torchlib else ''} |")
+        lines.append(f"| `{name}` | {'yes' if static else ''} | "
+                     f"{'yes' if overrides else ''} |")
     return "\n".join(lines) + "\n"
 
 

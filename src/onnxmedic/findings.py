@@ -116,6 +116,14 @@ CODES: dict[str, CodeInfo] = {
         "raising. The settings are restored afterwards; verification runs against the model "
         "with validation on. The ONNX model does not reject inputs the checks would reject.",
     ),
+    "OM116": CodeInfo(
+        "integer scalar buffers specialised", 0,
+        "Python control flow read a config constant kept in a 0-d integer buffer the module "
+        "registered non-persistent (no checkpoint sets it: __init__ derives it from the config, "
+        "e.g. EnCodec's conv stride, kernel size and padding); torch.export sees every buffer "
+        "as an unknown value, so onnxmedic captured with those buffers fixed to their values "
+        "(the model is left as it was). The finding names the buffers and values.",
+    ),
     "OM113": CodeInfo(
         "unsupported input or output type", 1,
         "forward() takes or returns a type torch.export cannot flatten.",

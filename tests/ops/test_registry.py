@@ -119,3 +119,26 @@ def test_builtin_translations_follow_one_naming_rule():
         if name != want:
             bad.append(f"{m.target}: {name} (want {want})")
     assert not bad, "\n".join(bad)
+
+
+def test_entry_for_an_op_defined_later_waits_for_it():
+    """A translation for a library's custom op (transformers::grouped_mm_fallback exists only
+    once transformers' MoE code is imported) waits until the op is defined; without
+    defined_later the unknown name is still rejected."""
+    reg = TranslationRegistry(_loaded=True)
+
+    def f(x):
+        return x
+
+    with pytest.raises(RegistrationError, match="no operator om_later::twice.default"):
+        translation("om_later::twice", registry=reg)(f)
+    translation("om_later::twice", registry=reg, defined_later=True)(f)
+    assert reg.table() == {}
+    assert [name for name, _ in reg.pending()] == ["om_later.twice.default"]
+
+    @torch.library.custom_op("om_later::twice", mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    assert reg.table() == {torch.ops.om_later.twice.default: f}
+    assert reg.pending() == [] and reg.get("om_later::twice").source == "user"

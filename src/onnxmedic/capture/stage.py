@@ -115,6 +115,8 @@ def _capture_module(ctx: ExportContext) -> bool:
     if "draft_export" in attempts[-1].strategy:
         result.findings.append(specialised_finding(attempts))
         ctx.branch_probe = True
+    if attempts[-1].constants:
+        result.findings.append(constants_finding(attempts))
     if pytree_findings(result, attempts):
         # the example's outputs were flattened before these types were registered
         ctx.expected = None
@@ -148,6 +150,26 @@ def validation_off_finding(record: Any) -> Finding:
         "it (e.g. a scale <= 0, an unsorted time grid).",
         details={"switches": list(record.switches),
                  "checks": [f"{f}:{n}" for f, n, _ in record.checks]})
+
+
+def constants_finding(attempts: list[Any]) -> Finding:
+    """OM116: capture worked once the 0-d integer non-persistent buffers were fixed to their
+    values; names them and the line whose control flow needed it."""
+    cause = classify_capture_error(attempts[:-1])
+    consts = attempts[-1].constants
+    shown = ", ".join(f"{k}={v}" for k, v in list(consts.items())[:8])
+    more = f" and {len(consts) - 8} more" if len(consts) > 8 else ""
+    where = (f" ({cause.details.get('raised_at')})" if cause.details.get("raised_at") else "")
+    return info(
+        "OM116", STAGE, "Python control flow depends on values the model keeps in 0-d integer "
+        f"buffers registered non-persistent{where}; torch.export sees buffers as unknown "
+        f"values, so they were fixed to their values for the capture: {shown}{more}. No "
+        "checkpoint sets such buffers (they are not in the state dict); the model was left as "
+        "it was.", location=cause.location,
+        suggestion="Nothing to do if these are config constants. To avoid the failed first "
+        "attempt, keep them as Python ints (attributes, not buffers). If your code changes "
+        "them after construction, export again after each change.",
+        details={"constants": dict(consts)})
 
 
 _SPECIALISED = re.compile(r"L\['([A-Za-z_]\w*)'\]\.size\(\)\[(\d+)\] as dynamic but your code "

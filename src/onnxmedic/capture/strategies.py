@@ -35,6 +35,7 @@ class Result:
     notes: list[str] = field(default_factory=list)
     registered: dict[str, str] = field(default_factory=dict)  # pytree registrations made
     neutralised: Any = None  # validation.Neutralised: what a validation-off capture changed
+    constants: dict[str, int] = field(default_factory=dict)  # buffers fixed to their values
 
     @property
     def ok(self) -> bool:
@@ -119,8 +120,8 @@ class RegisterPytreeTypes(TorchExportNonStrict):
         self.registered: dict[str, str] = {}
         self.problems: list[str] = []
 
-    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any]
-              ) -> str | None:
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any],
+              model: torch.nn.Module | None = None) -> str | None:
         """None when the strategy applies, else the reason it does not."""
         from onnxmedic.capture import hf
 
@@ -162,8 +163,8 @@ class ValidationOff(TorchExportNonStrict):
 
     name = "torch.export(strict=False), validation off"
 
-    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any]
-              ) -> str | None:
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any],
+              model: torch.nn.Module | None = None) -> str | None:
         return _data_dependent_failure(previous)
 
     def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
@@ -173,6 +174,87 @@ class ValidationOff(TorchExportNonStrict):
         with validation_off(record):
             res = super().__call__(model, args, kwargs, dynamic_shapes)
         res.neutralised = record
+        return res
+
+
+def constant_scalar_buffers(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str, int]]:
+    """The model's 0-d integer (or bool) buffers registered non-persistent: {qualified name:
+    (module, buffer name, value)}. No checkpoint sets them (they are not in the state dict), so
+    their value is what __init__ derived from the config."""
+    found: dict[str, tuple[torch.nn.Module, str, int]] = {}
+    for prefix, mod in model.named_modules(remove_duplicate=False):
+        for name, buf in mod._buffers.items():
+            if (buf is None or name not in mod._non_persistent_buffers_set or buf.dim() != 0
+                    or buf.is_floating_point() or buf.is_complex() or buf.device.type == "meta"):
+                continue
+            found.setdefault(f"{prefix}.{name}" if prefix else name, (mod, name, buf.item()))
+    return found
+
+
+@contextlib.contextmanager
+def buffers_as_constants(found: dict[str, tuple[torch.nn.Module, str, int]]) -> Any:
+    """Within the block, reading one of ``found``'s buffers gives a new tensor of its value -
+    a tensor made from a Python number, whose value torch.export knows - instead of the buffer,
+    whose value it does not. Each module gets a subclass of its own class with a property per
+    buffer (a property wins over Module.__getattr__, which serves buffers); the buffers, the
+    state dict and every other attribute stay as they are, and the class is put back after."""
+    by_module: dict[int, tuple[torch.nn.Module, dict[str, Any]]] = {}
+    for mod, name, value in found.values():
+        by_module.setdefault(id(mod), (mod, {}))[1][name] = (value, mod._buffers[name].dtype)
+    swapped: list[tuple[torch.nn.Module, type]] = []
+
+    def constant(value: int, dtype: torch.dtype) -> property:
+        return property(lambda self: torch.tensor(value, dtype=dtype))
+
+    try:
+        for mod, consts in by_module.values():
+            cls = type(mod)
+            sub = type(cls.__name__, (cls,), {
+                "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                **{n: constant(v, dt) for n, (v, dt) in consts.items()}})
+            try:
+                mod.__class__ = sub
+            except TypeError:  # a class whose layout forbids it: leave that module alone
+                logger.debug("cannot specialise buffers of %s", cls, exc_info=True)
+                continue
+            swapped.append((mod, cls))
+        yield
+    finally:
+        for mod, cls in swapped:
+            mod.__class__ = cls
+
+
+class ConstantScalarBuffers(TorchExportNonStrict):
+    """When Python control flow depends on a config constant the model keeps in a tensor: a 0-d
+    integer buffer registered non-persistent (EnCodec's conv ``stride``, ``kernel_size``,
+    ``padding_total``: ``if length <= max(padding_total, extra_padding)`` in its ``_pad1d``).
+    torch.export treats every buffer as an unknown value, so the branch cannot be decided.
+    Capture again with those buffers fixed to their values (OM116 names them): sound because no
+    checkpoint sets a non-persistent buffer, and verification compares the ONNX model with the
+    model as it is. Applies only after an attempt failed on data-dependent control flow and
+    when the model has such buffers."""
+
+    name = "torch.export(strict=False), integer scalar buffers fixed to their values"
+
+    def __init__(self) -> None:
+        self.found: dict[str, tuple[torch.nn.Module, str, int]] = {}
+
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any],
+              model: torch.nn.Module | None = None) -> str | None:
+        reason = _data_dependent_failure(previous)
+        if reason is not None:
+            return reason
+        self.found = constant_scalar_buffers(model) if model is not None else {}
+        if not self.found:
+            return "the model has no 0-d integer buffer registered non-persistent"
+        return None
+
+    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
+        if not self.found:
+            self.found = constant_scalar_buffers(model)
+        with buffers_as_constants(self.found):
+            res = super().__call__(model, args, kwargs, dynamic_shapes)
+        res.constants = {k: v for k, (_, _, v) in self.found.items()}
         return res
 
 
@@ -187,8 +269,8 @@ class DraftExportSpecialised(CaptureStrategy):
     name = "torch.export.draft_export (branch specialised to the example)"
     specialises = True
 
-    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any]
-              ) -> str | None:
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any],
+              model: torch.nn.Module | None = None) -> str | None:
         return _data_dependent_failure(previous)
 
     def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
@@ -210,6 +292,7 @@ class DraftExportSpecialised(CaptureStrategy):
 
 CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, RegisterPytreeTypes,
                                                    TorchExportStrict, ValidationOff,
+                                                   ConstantScalarBuffers,
                                                    DraftExportSpecialised]
 
 
@@ -230,7 +313,7 @@ def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         strategy = cls()
         check = getattr(strategy, "check", None)
         if check is not None:
-            reason = check(results, args, kwargs)
+            reason = check(results, args, kwargs, model=model)
             if reason is not None:
                 logger.debug("capture %s skipped: %s", strategy.name, reason)
                 if skipped is not None:
@@ -291,6 +374,21 @@ def guard_line(failed: list[Result]) -> tuple[str, int, str] | None:
     return None
 
 
+_RAISED_AT = re.compile(r'The following call raised this error:\s*\n\s*File "([^"]+)", line (\d+), '
+                        r'in (\S+)\n[ \t]*([^\n]*)')
+
+
+def raised_at(text: str) -> str | None:
+    """'file:line in function (`code`)' of the line torch.export names as the one that raised
+    ("The following call raised this error: File ..."), which may be in a library the user's
+    code calls (transformers' modeling code), or None."""
+    m = _RAISED_AT.search(text)
+    if m is None:
+        return None
+    file, line, function, code = m.groups()
+    return f"{file}:{line} in {function}" + (f" (`{code.strip()}`)" if code.strip() else "")
+
+
 def classify_capture_error(results: list[Result]) -> Finding:
     """One finding for a failed capture: the most telling attempt, classified."""
     failed = [r for r in results if r.error is not None]
@@ -321,6 +419,13 @@ def classify_capture_error(results: list[Result]) -> Finding:
         if guard is not None and (loc is None or (guard[0], guard[1]) != (loc.file, loc.line)):
             where += f", in the library at {guard[0]}:{guard[1]} (`{guard[2]}`)"
             details["guard"] = f"{guard[0]}:{guard[1]}"
+        raised = raised_at(texts)
+        if raised and loc is not None and raised.startswith(f"{loc.file}:{loc.line} "):
+            raised = None  # the user's own line: already named
+        if raised:
+            details["raised_at"] = raised
+            if guard is None:
+                where += f", in a library's code at {raised}" if where else f" at {raised}"
         return error("OM112", STAGE,
                      f"Python control flow depends on tensor values{where}; torch.export "
                      f"cannot trace it. Tried: {tried}", location=loc,

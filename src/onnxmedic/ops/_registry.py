@@ -32,6 +32,7 @@ BUILTIN_FAMILIES: tuple[str, ...] = (
     "onnxmedic.ops.distance",
     "onnxmedic.ops.miscompiles",
     "onnxmedic.ops.logical",
+    "onnxmedic.ops.grouped",
 )
 
 
@@ -54,6 +55,12 @@ class TranslationMeta:
     @property
     def name(self) -> str:
         return str(self.target)
+
+
+def canonical_name(name: str) -> str:
+    """"ns::op" / "ns.op" / "ns::op.overload" as "ns.op.overload" (str() of the overload)."""
+    parts = name.replace("::", ".").split(".")
+    return ".".join(parts + ["default"] if len(parts) == 2 else parts)
 
 
 def resolve_target(target: Any) -> torch._ops.OpOverload:
@@ -103,6 +110,9 @@ class TranslationRegistry:
     """All translations onnxmedic passes to torch.onnx. User registrations win over builtin."""
 
     _entries: dict[torch._ops.OpOverload, TranslationMeta] = field(default_factory=dict)
+    # entries for ops another library defines on import ("ns.op.overload" -> the entry's
+    # fields but the target): registered as soon as the op exists
+    _pending: dict[str, dict[str, Any]] = field(default_factory=dict)
     load_errors: dict[str, str] = field(default_factory=dict)
     _loaded: bool = False
     _cache: dict[Any, Any] = field(default_factory=dict)  # torch.onnx registries built from us
@@ -122,8 +132,31 @@ class TranslationRegistry:
         self._cache.clear()
 
     def unregister(self, target: Any) -> None:
+        if isinstance(target, str) and canonical_name(target) in self._pending:
+            del self._pending[canonical_name(target)]
+            return
         self._entries.pop(resolve_target(target), None)
         self._cache.clear()
+
+    def register_pending(self, name: str, fields: dict[str, Any]) -> None:
+        """Keep an entry for an op that is not defined yet (a custom op of a library that
+        defines it when imported, like transformers' ``transformers::grouped_mm_fallback``);
+        it is registered the first time the registry is read after the op exists."""
+        self._pending[canonical_name(name)] = fields
+        self._resolve_pending()
+
+    def _resolve_pending(self) -> None:
+        for name in list(self._pending):
+            try:
+                target = resolve_target(name)
+            except RegistrationError:
+                continue  # not defined yet
+            self.register(TranslationMeta(target=target, **self._pending.pop(name)))
+
+    def pending(self) -> list[tuple[str, dict[str, Any]]]:
+        """Entries waiting for their op to be defined: ("ns.op.overload", fields)."""
+        self._resolve_pending()
+        return sorted(self._pending.items())
 
     def load_builtin(self, families: Iterable[str] = BUILTIN_FAMILIES) -> None:
         """Import the family modules (each registers its entries). Failures are recorded."""
@@ -144,10 +177,12 @@ class TranslationRegistry:
 
     def entries(self) -> list[TranslationMeta]:
         self.load_builtin()
+        self._resolve_pending()
         return sorted(self._entries.values(), key=lambda m: m.name)
 
     def get(self, target: Any) -> TranslationMeta | None:
         self.load_builtin()
+        self._resolve_pending()
         try:
             return self._entries.get(resolve_target(target))
         except RegistrationError:
@@ -191,6 +226,7 @@ def translation(
     overrides_torchlib: bool = False,
     note: str = "",
     registry: TranslationRegistry | None = None,
+    defined_later: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register an ONNX Script translation for an ATen or custom operator.
 
@@ -204,9 +240,19 @@ def translation(
             return op.Mul(x, op.Constant(value_float=factor))
 
     Translations registered from outside onnxmedic are "user" entries and win over builtin ones.
+
+    ``defined_later=True``: ``target`` is the name of an op that another library defines when
+    it is imported (e.g. ``"transformers::grouped_mm_fallback"``); the entry waits until the op
+    exists instead of being rejected, so registering it does not import that library.
     """
-    resolved = resolve_target(target)
     reg = registry or REGISTRY
+    resolved: torch._ops.OpOverload | None = None
+    try:
+        resolved = resolve_target(target)
+    except RegistrationError:
+        if not (defined_later and isinstance(target, str) and len(target.replace("::", ".")
+                                                                   .split(".")) in (2, 3)):
+            raise
 
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(fn):
@@ -214,17 +260,13 @@ def translation(
         module = getattr(fn, "__module__", "") or ""
         source = "builtin" if module.startswith("onnxmedic.ops.") else "user"
         family = module.rsplit(".", 1)[-1] if source == "builtin" else "user"
-        reg.register(
-            TranslationMeta(
-                target=resolved,
-                function=fn,
-                family=family,
-                source=source,
-                static_shapes=static_shapes,
-                overrides_torchlib=overrides_torchlib,
-                note=note,
-            )
-        )
+        fields = {"function": fn, "family": family, "source": source,
+                  "static_shapes": static_shapes, "overrides_torchlib": overrides_torchlib,
+                  "note": note}
+        if resolved is None:
+            reg.register_pending(target, fields)
+        else:
+            reg.register(TranslationMeta(target=resolved, **fields))
         return fn
 
     return decorator
