@@ -47,20 +47,30 @@ def torchlib_registry(opset_version: int) -> Any:
 
 def core_export(program: Any, args: Any, kwargs: Any, *, registry: Any, opset: int) -> Any:
     """torch.onnx's core exporter on an ExportedProgram (what torch.onnx.export(dynamo=True)
-    calls after its compatibility layer), optimized, without its report or verification."""
+    calls after its compatibility layer), optimized, without its report or verification.
+
+    Runs without autograd, like :func:`prepare_for_export`."""
+    import torch
     from torch.onnx._internal.exporter import _core
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         return _core.export(program, args, kwargs, registry=registry, verbose=False,
                             optimize=True, opset_version=opset, report=False, verify=False)
 
 
 def prepare_for_export(program: Any, registry: Any) -> Any:
-    """The program after torch.onnx's decompositions: the FX graph its translation sees."""
+    """The program after torch.onnx's decompositions: the FX graph its translation sees.
+
+    Runs without autograd: torch.onnx re-runs the graph on fake tensors (its type-promotion
+    pass) with the parameters' ``requires_grad`` set, and autograd refuses some ops on complex
+    values there ("slice_scatter does not support automatic differentiation for outputs with
+    complex dtype", from ``out[:, :m] = low`` on an rfft). The ONNX graph has no gradients, so
+    nothing is lost; the grad mode is restored on return."""
+    import torch
     from torch.onnx._internal.exporter import _core
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         return _core._prepare_exported_program_for_export(program, registry=registry)
 

@@ -152,6 +152,13 @@ CODES: dict[str, CodeInfo] = {
         "call no overload accepts; onnxmedic rewrote it as add(neg(x), scalar) and the "
         "translation succeeded.",
     ),
+    "OM124": CodeInfo(
+        "mixed scalar arguments worked around", 0,
+        "torch.onnx's type promotion turned the int Scalar argument of a float op into a "
+        "tensor but left its float one a number (`torch.clamp(x, 50, 4000.0)`, SincNet), and "
+        "no overload of the op accepts that mix; onnxmedic wrote the ints as floats (the same "
+        "values: the op computes in its float dtype) and the translation succeeded.",
+    ),
     # OM2xx: operators
     "OM201": CodeInfo(
         "operator has no ONNX translation", 1,
@@ -173,6 +180,13 @@ CODES: dict[str, CodeInfo] = {
         "custom op inlined", 0,
         "A torch.library custom op without an ONNX translation was replaced by its Python "
         "implementation, traced into PyTorch ops that have translations.",
+    ),
+    "OM206": CodeInfo(
+        "stride queries computed from sizes", 0,
+        "The model reads tensor strides (`x.stride(d)`, aten.sym_stride.int), which ONNX does "
+        "not have; where the tensor is provably contiguous, onnxmedic replaced each query by "
+        "the product of the later dims' sizes (what the stride is). A stride of a tensor not "
+        "provably contiguous is left and fails translation (OM201).",
     ),
     "OM210": CodeInfo(
         "translation registry entry rejected", 1,

@@ -27,7 +27,7 @@ from onnxmedic.findings import Finding, error, info, warning
 from onnxmedic.fixes import opset as opset_fix
 from onnxmedic.fixes import try_fix
 from onnxmedic.fixes.custom_ops import CustomOpInlining
-from onnxmedic.fixes.rewrites import REWRITES
+from onnxmedic.fixes.rewrites import REWRITES, strides_from_sizes
 from onnxmedic.fixes.shapes import static_dim_params
 from onnxmedic.onnxfile import opset_of
 from onnxmedic.ops import REGISTRY, TranslationRegistry
@@ -152,6 +152,7 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
             "OM210", STAGE, f"onnxmedic's translations in {mod} failed to load ({err}); the "
             "other translations are used."))
     program, not_inlined = _inline_custom_ops(program, table, result)
+    not_contiguous = _strides_from_sizes(program, result)
     try:
         prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
     except Exception as e:
@@ -163,6 +164,13 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
                 if f.code == "OM201" and reason:
                     f.message += (f" Its Python implementation could not be inlined ({reason}), "
                                   "so it needs a translation.")
+                if f.code == "OM201" and f.op == "aten.sym_stride.int" and not_contiguous:
+                    f.message += (" ONNX tensors have no strides; onnxmedic replaces a stride "
+                                  "query by the sizes only where the tensor is provably "
+                                  "contiguous, and this one is not.")
+                    f.suggestion = ("Make the tensor contiguous before reading its stride "
+                                    "(`x = x.contiguous()`), or compute the stride from "
+                                    "x.shape.")
             result.findings.extend(found)
             return result
     result.onnx_program = prog
@@ -196,6 +204,25 @@ def _inline_custom_ops(program: torch.export.ExportedProgram, table: Any,
             suggestion=f"To keep it one node, register a translation: "
             f"@onnxmedic.translation('{name}')."))
     return inl.program, inl.failed
+
+
+def _strides_from_sizes(program: torch.export.ExportedProgram,
+                        result: TranslateResult) -> int:
+    """Stride queries (aten.sym_stride.int) of contiguous tensors become products of sizes
+    (OM206); returns how many were left (tensors not provably contiguous)."""
+    try:
+        n, left = strides_from_sizes(program)
+    except Exception as e:  # never let the rewrite break translation
+        logger.debug("stride rewrite failed: %s", e)
+        result.not_applied.append(("stride queries from sizes", f"{type(e).__name__}: {e}"[:300]))
+        return 0
+    if n:
+        result.findings.append(info(
+            "OM206", STAGE, f"{n} stride query(ies) (aten.sym_stride.int, e.g. `x.stride(0)`) "
+            "read the strides of contiguous tensors; ONNX tensors have no strides, so onnxmedic "
+            "computed them from the sizes (the product of the later dims' sizes).",
+            op="aten.sym_stride.int", details={"replaced": n, "left": len(left)}))
+    return len(left)
 
 
 def _retry_with_rewrites(result: TranslateResult, program: torch.export.ExportedProgram,

@@ -105,7 +105,8 @@ NAMING_EXCEPTIONS = {"aten.scatter.reduce": "aten_scatter_reduce_legacy"}
 
 def test_builtin_translations_follow_one_naming_rule():
     """<namespace>_<op> for the default overload, <namespace>_<op>_<overload, lower case>
-    otherwise (torchlib's rule), so a translation is found by the op's name."""
+    otherwise (torchlib's rule), so a translation is found by the op's name; a complex-valued
+    translation adds _complex, like torchlib's."""
     from onnxmedic.ops import REGISTRY
 
     REGISTRY.load_builtin()
@@ -114,7 +115,7 @@ def test_builtin_translations_follow_one_naming_rule():
         ns, op = m.target._schema.name.split("::")
         overload = m.target._overloadname
         want = f"{ns}_{op}" + ("" if overload == "default" else f"_{overload.lower()}")
-        want = NAMING_EXCEPTIONS.get(str(m.target), want)
+        want = NAMING_EXCEPTIONS.get(str(m.target), want) + ("_complex" if m.complex else "")
         name = getattr(m.function, "__name__", None) or getattr(m.function, "name", None)
         if name != want:
             bad.append(f"{m.target}: {name} (want {want})")

@@ -15,6 +15,7 @@ has no strides, the clone is an Identity the optimiser removes.
 from __future__ import annotations
 
 import logging
+import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,6 +116,63 @@ def rsub_as_add(program: torch.export.ExportedProgram) -> int:
     return count
 
 
+MIXED_SCALARS_CRASH = re.compile(r"Cannot find a compatible OpOverload for aten\.\w+ with the "
+                                 r"provided arguments")
+
+
+# torch.onnx's type-promotion pass turns an int Scalar argument of a float op into a tensor
+# (aten.scalar_tensor) but leaves a float one as it is: clamp(x, 50, 4000.0) (SincNet's
+# ``torch.clamp(low + band, self.min_low_hz, self.sample_rate / 2)``) becomes
+# clamp(x, tensor, 4000.0), which neither clamp.default (Scalars) nor clamp.Tensor accepts.
+check_mixed_scalars_crash = _error_check(
+    MIXED_SCALARS_CRASH, "the error is not an op with no overload for its promoted arguments")
+
+_EXACT_INT = 2 ** 53  # ints a float (double) holds exactly
+
+
+def _is_scalar_arg(arg: Any) -> bool:
+    """A schema argument of type Scalar or Scalar?."""
+    t = arg.type
+    inner = t.getElementType() if isinstance(t, torch.OptionalType) else t
+    return isinstance(inner, torch.NumberType)
+
+
+def mixed_scalars_as_floats(program: torch.export.ExportedProgram) -> int:
+    """In every op call that takes int and float Python numbers in its Scalar arguments and
+    returns a floating tensor, write the ints as floats (same value: PyTorch computes with
+    the Scalar in the op's floating dtype anyway), in place; returns how many calls."""
+    count = 0
+
+    def match(target: Any) -> bool:
+        return isinstance(target, torch._ops.OpOverload) and any(
+            _is_scalar_arg(a) for a in target._schema.arguments)
+
+    for _, node in _calls(program, match):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
+            continue
+        schema = node.target._schema.arguments
+        slots = [(i, a.name) for i, a in enumerate(schema) if _is_scalar_arg(a)]
+        values = {name: (node.args[i] if i < len(node.args) else node.kwargs.get(name))
+                  for i, name in slots}
+        numbers = [v for v in values.values() if isinstance(v, (int, float))
+                   and not isinstance(v, bool)]
+        ints = [v for v in numbers if isinstance(v, int)]
+        if not ints or len(ints) == len(numbers) or any(abs(v) > _EXACT_INT for v in ints):
+            continue
+        args, kwargs = list(node.args), dict(node.kwargs)
+        for i, name in slots:
+            v = values[name]
+            if isinstance(v, int) and not isinstance(v, bool):
+                if i < len(args):
+                    args[i] = float(v)
+                else:
+                    kwargs[name] = float(v)
+        node.args, node.kwargs = tuple(args), kwargs
+        count += 1
+    return count
+
+
 @dataclass(frozen=True)
 class Rewrite:
     """A program rewrite as a fix: ``check(error)`` says why it does not apply to that
@@ -132,4 +190,75 @@ REWRITES: tuple[Rewrite, ...] = (
             contiguous_before_views, "made the input of {n} view/reshape op(s) contiguous"),
     Rewrite("OM123", "rewrite: rsub as add", check_rsub_crash, rsub_as_add,
             "rewrote {n} rsub(x, scalar) as add(neg(x), scalar)"),
+    Rewrite("OM124", "rewrite: mixed int/float scalars as floats", check_mixed_scalars_crash,
+            mixed_scalars_as_floats, "wrote the int Scalar arguments of {n} op call(s) that "
+            "also take a float one (e.g. clamp(x, 50, 4000.0)) as floats"),
 )
+
+
+def strides_from_sizes(program: torch.export.ExportedProgram) -> tuple[int, list[torch.fx.Node]]:
+    """Replace each ``aten.sym_stride.int(x, d)`` whose value is provably the contiguous stride
+    of ``x`` (``prod(max(size[k], 1) for k > d)``, as c10 computes it) by that product of
+    ``aten.sym_size.int`` calls, in place. ONNX tensors have no strides: a stride query (left by
+    code such as julius's ``padded.stride(dim)`` before ``as_strided``) has no translation, and
+    the sizes are what it means for a contiguous tensor. A query on a tensor not provably
+    contiguous at that dim (a transposed view, say) is left alone: it then fails translation
+    (OM201) rather than be replaced by a stride the tensor does not have.
+    Returns (how many were replaced, the nodes left)."""
+    from torch._prims_common import make_contiguous_strides_for
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    count, left = 0, []
+    for graph, node in _calls(program, lambda t: t is torch.ops.aten.sym_stride.int):
+        src, dim = node.args[0], node.args[1]
+        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor) or not isinstance(dim, int):
+            left.append(node)
+            continue
+        shape = tuple(val.shape)
+        dim = dim + len(shape) if dim < 0 else dim
+        try:
+            contiguous = statically_known_true(
+                val.stride()[dim] == make_contiguous_strides_for(shape)[dim])
+        except Exception:  # a symbolic expression sympy cannot decide
+            contiguous = False
+        if not contiguous:
+            left.append(node)
+            continue
+        total: Any = 1
+        with graph.inserting_before(node):
+            for k in range(dim + 1, len(shape)):
+                size = shape[k]
+                if isinstance(size, int):
+                    factor: Any = max(size, 1)
+                else:
+                    n_size = graph.call_function(torch.ops.aten.sym_size.int, (src, k))
+                    n_size.meta = {**node.meta, "val": size}
+                    factor = graph.call_function(torch.sym_max, (n_size, 1))
+                    factor.meta = {**node.meta, "val": torch.sym_max(size, 1)}
+                if isinstance(total, int) and isinstance(factor, int):
+                    total = total * factor
+                elif total == 1:
+                    total = factor
+                else:
+                    prod = graph.call_function(operator.mul, (total, factor))
+                    prod.meta = {**node.meta, "val": _meta_val(total) * _meta_val(factor)}
+                    total = prod
+        if isinstance(total, torch.fx.Node):
+            node.replace_all_uses_with(total)
+        else:
+            _replace_with_int(node, total)
+        graph.erase_node(node)
+        count += 1
+    return count, left
+
+
+def _meta_val(x: Any) -> Any:
+    return x.meta["val"] if isinstance(x, torch.fx.Node) else x
+
+
+def _replace_with_int(node: torch.fx.Node, value: int) -> None:
+    """Put the number ``value`` where ``node`` was used."""
+    for user in list(node.users):
+        user.args = torch.fx.node.map_arg(user.args, lambda a: value if a is node else a)
+        user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)

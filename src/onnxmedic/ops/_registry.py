@@ -33,6 +33,7 @@ BUILTIN_FAMILIES: tuple[str, ...] = (
     "onnxmedic.ops.miscompiles",
     "onnxmedic.ops.logical",
     "onnxmedic.ops.grouped",
+    "onnxmedic.ops.complex",
 )
 
 
@@ -51,10 +52,18 @@ class TranslationMeta:
     static_shapes: bool = False  # needs some input sizes known at export time
     overrides_torchlib: bool = False  # replaces a torchlib translation that is wrong
     note: str = ""
+    # for complex-valued inputs: torch.onnx passes a complex tensor as a real one with a
+    # trailing dim of 2 (real, imag) and dispatches a node with a complex input only to
+    # translations marked complex (torchlib's ``complex=True``)
+    complex: bool = False
 
     @property
     def name(self) -> str:
-        return str(self.target)
+        return f"{self.target} (complex)" if self.complex else str(self.target)
+
+    @property
+    def key(self) -> tuple[torch._ops.OpOverload, bool]:
+        return (self.target, self.complex)
 
 
 def canonical_name(name: str) -> str:
@@ -109,7 +118,9 @@ def resolve_target(target: Any) -> torch._ops.OpOverload:
 class TranslationRegistry:
     """All translations onnxmedic passes to torch.onnx. User registrations win over builtin."""
 
-    _entries: dict[torch._ops.OpOverload, TranslationMeta] = field(default_factory=dict)
+    # keyed by (op, complex): an op may have a real and a complex-valued translation
+    _entries: dict[tuple[torch._ops.OpOverload, bool], TranslationMeta] = field(
+        default_factory=dict)
     # entries for ops another library defines on import ("ns.op.overload" -> the entry's
     # fields but the target): registered as soon as the op exists
     _pending: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -118,24 +129,27 @@ class TranslationRegistry:
     _cache: dict[Any, Any] = field(default_factory=dict)  # torch.onnx registries built from us
 
     def register(self, meta: TranslationMeta) -> None:
-        old = self._entries.get(meta.target)
+        old = self._entries.get(meta.key)
         if old is not None:
             if old.source == "user" and meta.source == "builtin":
-                logger.debug("keeping user translation for %s", meta.target)
+                logger.debug("keeping user translation for %s", meta.name)
                 return
             warnings.warn(
-                f"onnxmedic: translation for {meta.target} registered twice "
+                f"onnxmedic: translation for {meta.name} registered twice "
                 f"({old.function.__qualname__} then {meta.function.__qualname__}); the later wins",
                 stacklevel=3,
             )
-        self._entries[meta.target] = meta
+        self._entries[meta.key] = meta
         self._cache.clear()
 
     def unregister(self, target: Any) -> None:
+        """Remove the translations of ``target`` (real and complex-valued, or pending)."""
         if isinstance(target, str) and canonical_name(target) in self._pending:
             del self._pending[canonical_name(target)]
             return
-        self._entries.pop(resolve_target(target), None)
+        resolved = resolve_target(target)
+        for key in [(resolved, False), (resolved, True)]:
+            self._entries.pop(key, None)
         self._cache.clear()
 
     def register_pending(self, name: str, fields: dict[str, Any]) -> None:
@@ -180,11 +194,12 @@ class TranslationRegistry:
         self._resolve_pending()
         return sorted(self._entries.values(), key=lambda m: m.name)
 
-    def get(self, target: Any) -> TranslationMeta | None:
+    def get(self, target: Any, *, complex: bool = False) -> TranslationMeta | None:  # noqa: A002
+        """The translation of ``target`` (its complex-valued one with ``complex=True``)."""
         self.load_builtin()
         self._resolve_pending()
         try:
-            return self._entries.get(resolve_target(target))
+            return self._entries.get((resolve_target(target), complex))
         except RegistrationError:
             return None
 
@@ -192,8 +207,13 @@ class TranslationRegistry:
         return self.get(target) is not None
 
     def table(self) -> dict[torch._ops.OpOverload, Callable[..., Any]]:
-        """The ``custom_translation_table`` for torch.onnx.export."""
-        return {m.target: m.function for m in self.entries()}
+        """The ``custom_translation_table`` for torch.onnx.export (real-valued entries: the
+        table has no way to mark a complex-valued one; :meth:`onnx_registry` has all)."""
+        return {m.target: m.function for m in self.entries() if not m.complex}
+
+    def complex_table(self) -> dict[torch._ops.OpOverload, Callable[..., Any]]:
+        """The complex-valued translations, by op."""
+        return {m.target: m.function for m in self.entries() if m.complex}
 
     def onnx_registry(self, opset: int | None = None) -> Any:
         """torch.onnx's registry (torchlib plus our entries) for ``opset``, built once.
@@ -204,13 +224,13 @@ class TranslationRegistry:
         from onnxmedic._torch_compat import torchlib_opset, torchlib_registry
 
         version = max(opset or torchlib_opset(), torchlib_opset())
-        table = self.table()
-        key = (version, tuple(sorted((str(k), id(v)) for k, v in table.items())))
+        entries = self.entries()
+        key = (version, tuple(sorted((m.name, id(m.function)) for m in entries)))
         reg = self._cache.get(key)
         if reg is None:
             reg = torchlib_registry(version)
-            for target, fn in table.items():
-                reg.register_op(target, fn, is_complex=False)
+            for m in entries:
+                reg.register_op(m.target, m.function, is_complex=m.complex)
             self._cache.clear()
             self._cache[key] = reg
         return reg
@@ -225,6 +245,7 @@ def translation(
     static_shapes: bool = False,
     overrides_torchlib: bool = False,
     note: str = "",
+    complex: bool = False,  # noqa: A002 - torchlib's own keyword
     registry: TranslationRegistry | None = None,
     defined_later: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -238,6 +259,10 @@ def translation(
         @onnxmedic.translation("mylib::scale")
         def scale(x, factor: float):
             return op.Mul(x, op.Constant(value_float=factor))
+
+    With ``complex=True`` the translation is for calls with a complex-valued input, which
+    torch.onnx passes as real tensors with a trailing dim of 2 (real, imag), like torchlib's
+    ``complex=True`` functions; an op may have both a real and a complex-valued translation.
 
     Translations registered from outside onnxmedic are "user" entries and win over builtin ones.
 
@@ -262,7 +287,7 @@ def translation(
         family = module.rsplit(".", 1)[-1] if source == "builtin" else "user"
         fields = {"function": fn, "family": family, "source": source,
                   "static_shapes": static_shapes, "overrides_torchlib": overrides_torchlib,
-                  "note": note}
+                  "note": note, "complex": complex}
         if resolved is None:
             reg.register_pending(target, fields)
         else:

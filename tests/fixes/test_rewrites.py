@@ -1,0 +1,123 @@
+"""Program rewrites that make translation succeed without changing a value: mixed int/float
+Scalar arguments (OM124, SincNet's clamp) and stride queries of contiguous tensors (OM206,
+julius's unfold)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+import onnxmedic
+from onnxmedic._torch_compat import prepare_for_export
+from onnxmedic.fixes.rewrites import check_mixed_scalars_crash, strides_from_sizes
+from onnxmedic.ops import REGISTRY
+from onnxmedic.translate import onnx_export
+
+
+class _Band(torch.nn.Module):
+    """SincNet's band edges: clamp of a float tensor between an int and a float."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.band = torch.nn.Parameter(torch.randn(4, 1, generator=g) * 3000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        high = torch.clamp(self.band.abs() + 50, 50, 8000 / 2)
+        low = torch.clamp(x, -1, 0.5)  # a graph input, at the clamp's edges
+        return x * high + low
+
+
+def _codes(result):
+    return [f.code for f in result.findings]
+
+
+def test_mixed_int_float_scalars_crash_plain_torch_onnx():
+    """The class: plain torch.onnx's decompositions crash (the rewrite is what fixes it)."""
+    ep = torch.export.export(_Band().eval(), (torch.randn(4, 3),), strict=False)
+    try:
+        prepare_for_export(ep, REGISTRY.onnx_registry())
+    except RuntimeError as e:
+        assert check_mixed_scalars_crash(e) is None
+    else:  # pragma: no cover - torch fixed it
+        raise AssertionError("torch.onnx no longer crashes on clamp(x, int, float)")
+
+
+def test_mixed_int_float_scalars_export_and_verify():
+    x = torch.tensor([[-3.0, -1.0, 0.0], [0.5, 0.7, 2.0], [1e30, -1e30, 0.25],
+                      [float("inf"), float("-inf"), -0.0]])
+    result = onnxmedic.export(_Band().eval(), (x,))
+    assert result.ok, [(f.code, f.message) for f in result.findings]
+    assert "OM124" in _codes(result)
+    assert all(v.ok and v.max_abs == 0.0 for v in result.verification if v.input_set == "example")
+
+
+class _Frames(torch.nn.Module):
+    """julius.core.unfold: frames of a padded signal through as_strided and its strides. The
+    stride of the channel dim (size 1) is ``Max(1, length)``, a value no traced op made, so
+    torch.export leaves the query (aten.sym_stride.int) in the graph."""
+
+    def __init__(self, transposed: bool = False) -> None:
+        super().__init__()
+        self.transposed = transposed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        length = x.shape[-1]
+        n_frames = math.ceil((max(length, 6) - 6) / 3) + 1
+        padded = F.pad(x, (0, (n_frames - 1) * 3 + 6 - length))
+        padded = padded.transpose(0, 1) if self.transposed else padded.contiguous()
+        strides = [padded.stride(d) for d in range(padded.dim())]
+        return padded.as_strided(list(padded.shape[:-1]) + [n_frames, 6],
+                                 strides[:-1] + [3, 1]) * 2
+
+
+def _program(module: torch.nn.Module) -> torch.export.ExportedProgram:
+    t = torch.export.Dim("t", min=8)
+    return torch.export.export(module, (torch.randn(2, 1, 20),),
+                               dynamic_shapes=({2: t},), strict=False)
+
+
+def _queries(ep: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    return [n for n in ep.graph.nodes if n.target is torch.ops.aten.sym_stride.int]
+
+
+def test_stride_queries_of_contiguous_tensors_become_sizes():
+    ep = _program(_Frames())
+    assert _queries(ep)
+    n, left = strides_from_sizes(ep)
+    assert n >= 1 and left == [] and not _queries(ep)
+    for t in (20, 9, 33):
+        x = torch.randn(2, 1, t)
+        prog = onnx_export(ep, (x,), None, registry=REGISTRY)
+        torch.testing.assert_close(prog(x)[0], _Frames()(x), rtol=0, atol=0)
+
+
+def test_stride_query_without_the_rewrite_has_no_translation():
+    ep = _program(_Frames())
+    try:
+        onnx_export(ep, (torch.randn(2, 1, 20),), None, registry=REGISTRY)
+    except Exception as e:
+        assert "sym_stride" in str(e)
+    else:  # pragma: no cover - torchlib gained a translation
+        raise AssertionError("aten.sym_stride.int translated without the rewrite")
+
+
+def test_export_of_stride_queries_verifies():
+    result = onnxmedic.export(_Frames().eval(), (torch.randn(2, 1, 20),),
+                              dynamic_shapes=({2: "samples"},))
+    assert result.ok, [(f.code, f.message) for f in result.findings]
+    assert "OM206" in _codes(result)
+
+
+def test_stride_query_of_a_transposed_tensor_is_left_alone():
+    ep = torch.export.export(_Frames(transposed=True), (torch.randn(2, 3, 20),), strict=False)
+    # (the strides of the transposed tensor are static here: add a query of its dim 0)
+    src = next(n for n in ep.graph.nodes if n.target is torch.ops.aten.transpose.int)
+    with ep.graph.inserting_after(src):
+        q = ep.graph.call_function(torch.ops.aten.sym_stride.int, (src, 0))
+    q.meta["val"] = src.meta["val"].stride(0)
+    n, left = strides_from_sizes(ep)
+    assert n == 0 and left == [q]
+
