@@ -7,8 +7,10 @@ and tree helpers across the package: torch.export's own documentation uses them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -50,7 +52,7 @@ def core_export(program: Any, args: Any, kwargs: Any, *, registry: Any, opset: i
     calls after its compatibility layer), optimized, without its report or verification."""
     from torch.onnx._internal.exporter import _core
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), rnn_loop_decompositions(has_symbolic_inputs(program)):
         warnings.simplefilter("ignore")
         return _core.export(program, args, kwargs, registry=registry, verbose=False,
                             optimize=True, opset_version=opset, report=False, verify=False)
@@ -60,9 +62,55 @@ def prepare_for_export(program: Any, registry: Any) -> Any:
     """The program after torch.onnx's decompositions: the FX graph its translation sees."""
     from torch.onnx._internal.exporter import _core
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), rnn_loop_decompositions(has_symbolic_inputs(program)):
         warnings.simplefilter("ignore")
         return _core._prepare_exported_program_for_export(program, registry=registry)
+
+
+@contextlib.contextmanager
+def rnn_loop_decompositions(active: bool = True) -> Iterator[None]:
+    """torch's while_loop decompositions of ``aten.lstm.input`` / ``aten.gru.input``
+    (``torch.export._patches``; torch.onnx.export enters them when given dynamic shapes).
+
+    Tracing runs an RNN op on fake tensors to get its output shapes; torch's default
+    decomposition does that with a Python loop over the time steps (``for x in
+    input.unbind(0)``), which specialises a dynamic sequence length to the example's. With
+    these, the shapes come out symbolic, and the op itself stays in the graph for torchlib's
+    translation (one ONNX LSTM/GRU). Restored on exit (with the ops' dispatch caches, which
+    could otherwise keep the patched kernel); a no-op where torch lacks them."""
+    if not active:
+        yield
+        return
+    try:
+        from torch.export._patches import (
+            register_gru_while_loop_decomposition,
+            register_lstm_while_loop_decomposition,
+        )
+    except ImportError:  # pragma: no cover - torch before 2.10
+        yield
+        return
+    import torch
+
+    ops = (torch.ops.aten.lstm.input, torch.ops.aten.gru.input)
+    try:
+        with register_lstm_while_loop_decomposition(), register_gru_while_loop_decomposition():
+            for op in ops:
+                op._dispatch_cache.clear()
+            yield
+    finally:
+        for op in ops:
+            op._dispatch_cache.clear()
+
+
+def has_symbolic_inputs(program: Any) -> bool:
+    """Whether an ExportedProgram has an input with a symbolic dim."""
+    import torch
+
+    for node in program.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and any(not isinstance(d, int) for d in val.shape):
+            return True
+    return False
 
 
 def initializer_bytes(ir_graph: Any) -> int:
