@@ -52,7 +52,7 @@ def core_export(program: Any, args: Any, kwargs: Any, *, registry: Any, opset: i
     calls after its compatibility layer), optimized, without its report or verification."""
     from torch.onnx._internal.exporter import _core
 
-    with warnings.catch_warnings(), rnn_loop_decompositions(has_symbolic_inputs(program)):
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return _core.export(program, args, kwargs, registry=registry, verbose=False,
                             optimize=True, opset_version=opset, report=False, verify=False)
@@ -62,7 +62,7 @@ def prepare_for_export(program: Any, registry: Any) -> Any:
     """The program after torch.onnx's decompositions: the FX graph its translation sees."""
     from torch.onnx._internal.exporter import _core
 
-    with warnings.catch_warnings(), rnn_loop_decompositions(has_symbolic_inputs(program)):
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return _core._prepare_exported_program_for_export(program, registry=registry)
 
@@ -100,6 +100,26 @@ def rnn_loop_decompositions(active: bool = True) -> Iterator[None]:
     finally:
         for op in ops:
             op._dispatch_cache.clear()
+
+
+@contextlib.contextmanager
+def patched_decompositions(table: dict[Any, Any]) -> Iterator[None]:
+    """``table`` (op -> function) in torch's decomposition table, the one FakeTensorMode runs
+    for ops without a symbolic meta kernel and ExportedProgram.run_decompositions starts from;
+    the previous entries are restored on exit."""
+    from torch._decomp import decomposition_table
+
+    missing = object()
+    saved = {op: decomposition_table.get(op, missing) for op in table}
+    try:
+        decomposition_table.update(table)
+        yield
+    finally:
+        for op, fn in saved.items():
+            if fn is missing:
+                decomposition_table.pop(op, None)
+            else:
+                decomposition_table[op] = fn
 
 
 def has_symbolic_inputs(program: Any) -> bool:

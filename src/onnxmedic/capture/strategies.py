@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from onnxmedic._locate import location_from_exception
-from onnxmedic._torch_compat import backed_size_oblivious, rnn_loop_decompositions
+from onnxmedic._torch_compat import backed_size_oblivious
+from onnxmedic.capture.decomps import symbolic_shape_rules
 from onnxmedic.findings import Finding, error
 
 logger = logging.getLogger(__name__)
@@ -79,13 +80,13 @@ def _size_oblivious(dynamic_shapes: Any) -> Any:
     """With dynamic shapes, capture like torch.onnx does: backed_size_oblivious=True, so that a
     size computed from a dynamic dim that happens to be 1 at the example (RegNet's last stage at
     32 px: 32 // 32) is not specialised to 1 - which bakes a static shape into the graph and
-    fails in ONNX Runtime at other sizes; and torch's while_loop shape rule for LSTM/GRU, whose
-    default one loops over the time steps in Python and so fixes the sequence length."""
+    fails in ONNX Runtime at other sizes; and onnxmedic's size-symbolic shape rules
+    (capture.decomps: LSTM/GRU, affine_grid), where torch's own fix a dynamic size."""
     if not dynamic_shapes:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
     stack.enter_context(backed_size_oblivious())
-    stack.enter_context(rnn_loop_decompositions())
+    stack.enter_context(symbolic_shape_rules())
     return stack
 
 
