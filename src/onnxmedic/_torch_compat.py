@@ -198,3 +198,87 @@ def custom_op_implementation(op: Any) -> Any:
     if opdef is None:
         return None
     return opdef._backend_fns.get("cpu") or opdef._init_fn
+
+
+
+
+class _SpecialisationRecorder(logging.Handler):
+    """Reads ShapeEnv's INFO records while torch.export traces: ``create_symbol s0 = 32 for
+    L['x'].size()[3]`` names each symbol's input dim; a guard ``Eq(<expr of one symbol>, n)``
+    fixes it to a number, and the Python stack at that moment (this handler runs inside the
+    guard's call) says which line did it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        import re
+
+        self.sources: dict[str, str] = {}
+        self.fixed: dict[str, tuple[str, list[Any]]] = {}  # source -> (guard, stack frames)
+        self._create = re.compile(r"^create_symbol (\w+) = -?\d+ for (\S+)")
+        self._guard = re.compile(r"^\w+(?: \(forcing_spec\))? (Eq\((.+), (-?\d+)\)) \[guard added\]")
+        self._symbol = re.compile(r"\b[su]\d+\b")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        import traceback
+
+        try:
+            msg = record.getMessage()
+        except Exception:  # pragma: no cover - a malformed record
+            return
+        m = self._create.match(msg)
+        if m:
+            self.sources[m.group(1)] = m.group(2)
+            return
+        m = self._guard.match(msg)
+        if not m:
+            return
+        symbols = set(self._symbol.findall(m.group(2)))
+        if len(symbols) != 1:
+            return
+        source = self.sources.get(symbols.pop())
+        if source is not None and source not in self.fixed:
+            self.fixed[source] = (m.group(1), traceback.extract_stack()[:-1])
+
+
+@contextlib.contextmanager
+def record_specialisations(active: bool = True) -> Iterator[dict[str, tuple[str, list[Any]]]]:
+    """While torch.export traces: input dim (``L['x'].size()[3]``) -> (the guard that fixed it
+    to a number, e.g. ``Eq(s0 - 1, 31)``, the Python stack where it was added). ShapeEnv's
+    logger is set to INFO for the duration (its handlers filtered to what they showed before)
+    and restored."""
+    out: dict[str, tuple[str, list[Any]]] = {}
+    if not active:
+        yield out
+        return
+    log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    handler = _SpecialisationRecorder()
+    level, propagate = log.level, log.propagate
+    quiet = _BelowLevel(log.getEffectiveLevel())
+    asked = log.isEnabledFor(logging.INFO)  # the user asked for them (TORCH_LOGS): unchanged
+    others = [] if asked else list(log.handlers)
+    for h in others:  # torch's own stderr handler sits on this logger: keep it as quiet
+        h.addFilter(quiet)
+    log.addHandler(handler)
+    if not asked:  # the records it now emits reach this recorder only
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    try:
+        yield out
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
+        for h in others:
+            h.removeFilter(quiet)
+        out.update(handler.fixed)
+
+
+class _BelowLevel(logging.Filter):
+    """Drops records below ``level`` (what a handler saw before the logger was opened up)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level

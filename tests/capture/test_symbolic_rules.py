@@ -105,3 +105,40 @@ def test_symbolic_affine_grid_rule_matches_torch(align_corners, size):
     got = affine_grid_generator(theta, size, align_corners)
     assert got.shape == want.shape
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _scan(x):
+    out = []
+    for t in range(x.shape[1]):  # a Python loop over the sequence: fixes its length
+        out.append(x[:, t].cumsum(-1))
+    return torch.stack(out, 1)
+
+
+class Scan(torch.nn.Module):
+    def forward(self, x):
+        return _scan(x) * 2
+
+
+class SizeBranch(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[2] == 5:  # a branch on a size: both capture modes fix it
+            return x * 2
+        return x
+
+
+@pytest.mark.parametrize("model, line", [(Scan(), "for t in range(x.shape[1])"),
+                                         (SizeBranch(), "if x.shape[2] == 5:")])
+def test_om401_names_the_line_that_fixes_a_declared_dim(model, line):
+    """A model that genuinely specialises a declared dim: OM401 names the line that did it (the
+    innermost frame outside torch, a library's line when a library does it), the size, and
+    that the file would only work at that size; the suggestion offers the static export."""
+    x = torch.randn(2, 6, 5)
+    r = onnxmedic.export(model, (x,), dynamic_shapes=({0: "batch", 1: "seq", 2: "w"},))
+    (f,) = [f for f in r.findings if f.code == "OM401"]
+    assert f.location is not None and f.location.code.startswith(line), f.location
+    assert f.location.file == __file__
+    dim, size = ("x[1]", 6) if isinstance(model, Scan) else ("x[2]", 5)
+    assert f"{dim} is fixed to {size} by {__file__}:{f.location.line}" in f.message, f.message
+    assert f"only work at {dim} = {size}" in f.message
+    assert "static" in f.suggestion
+    assert f.details["fixed_by"][0]["dim"] == dim
