@@ -142,3 +142,27 @@ def test_om401_names_the_line_that_fixes_a_declared_dim(model, line):
     assert f"only work at {dim} = {size}" in f.message
     assert "static" in f.suggestion
     assert f.details["fixed_by"][0]["dim"] == dim
+
+
+class SpectralMix(torch.nn.Module):
+    """neuralop's spectral convolution contracts with a three-operand einsum."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 6, 5))
+        self.s = torch.nn.Parameter(torch.randn(5))
+
+    def forward(self, x):
+        return torch.einsum("bix,iox,x->box", x, self.w, self.s)
+
+
+def test_einsum_keeps_the_batch_dynamic(tmp_path):
+    """torch.einsum with opt_einsum installed asked it for a contraction path, which turns
+    every size into a Python int (neuralop/fno: 'x[0] is fixed to 2 by
+    opt_einsum/contract.py:317')."""
+    x = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(0))
+    r = onnxmedic.export(SpectralMix().eval(), (x,), tmp_path / "m.onnx",
+                         dynamic_shapes=({0: "batch"},))
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert {"batch=1", "batch=4"} <= {c.input_set for c in r.verification}
+    assert torch.backends.opt_einsum.enabled  # restored

@@ -72,10 +72,13 @@ SYMBOLIC_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
 
 @contextlib.contextmanager
 def symbolic_shape_rules(active: bool = True) -> Iterator[None]:
-    """While active: ``SYMBOLIC_DECOMPOSITIONS`` in torch's decomposition table and torch's
-    while_loop rules for LSTM/GRU; torch is restored on exit."""
+    """While active: ``SYMBOLIC_DECOMPOSITIONS`` in torch's decomposition table, torch's
+    while_loop rules for LSTM/GRU, and torch.einsum without opt_einsum (its contract_path
+    turns every size into a Python int, ``opt_einsum/contract.py: dim = int(sh[cnum])``; the
+    contraction is the same, left to right); torch is restored on exit."""
     if not active:
         yield
         return
-    with rnn_loop_decompositions(), patched_decompositions(SYMBOLIC_DECOMPOSITIONS):
+    with rnn_loop_decompositions(), patched_decompositions(SYMBOLIC_DECOMPOSITIONS), \
+            torch.backends.opt_einsum.flags(enabled=False):
         yield
