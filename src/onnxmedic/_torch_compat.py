@@ -7,8 +7,10 @@ and tree helpers across the package: torch.export's own documentation uses them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,72 @@ def prepare_for_export(program: Any, registry: Any) -> Any:
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         return _core._prepare_exported_program_for_export(program, registry=registry)
+
+
+@contextlib.contextmanager
+def rnn_loop_decompositions(active: bool = True) -> Iterator[None]:
+    """torch's while_loop decompositions of ``aten.lstm.input`` / ``aten.gru.input``
+    (``torch.export._patches``; torch.onnx.export enters them when given dynamic shapes).
+
+    Tracing runs an RNN op on fake tensors to get its output shapes; torch's default
+    decomposition does that with a Python loop over the time steps (``for x in
+    input.unbind(0)``), which specialises a dynamic sequence length to the example's. With
+    these, the shapes come out symbolic, and the op itself stays in the graph for torchlib's
+    translation (one ONNX LSTM/GRU). Restored on exit (with the ops' dispatch caches, which
+    could otherwise keep the patched kernel); a no-op where torch lacks them."""
+    if not active:
+        yield
+        return
+    try:
+        from torch.export._patches import (
+            register_gru_while_loop_decomposition,
+            register_lstm_while_loop_decomposition,
+        )
+    except ImportError:  # pragma: no cover - torch before 2.10
+        yield
+        return
+    import torch
+
+    ops = (torch.ops.aten.lstm.input, torch.ops.aten.gru.input)
+    try:
+        with register_lstm_while_loop_decomposition(), register_gru_while_loop_decomposition():
+            for op in ops:
+                op._dispatch_cache.clear()
+            yield
+    finally:
+        for op in ops:
+            op._dispatch_cache.clear()
+
+
+@contextlib.contextmanager
+def patched_decompositions(table: dict[Any, Any]) -> Iterator[None]:
+    """``table`` (op -> function) in torch's decomposition table, the one FakeTensorMode runs
+    for ops without a symbolic meta kernel and ExportedProgram.run_decompositions starts from;
+    the previous entries are restored on exit."""
+    from torch._decomp import decomposition_table
+
+    missing = object()
+    saved = {op: decomposition_table.get(op, missing) for op in table}
+    try:
+        decomposition_table.update(table)
+        yield
+    finally:
+        for op, fn in saved.items():
+            if fn is missing:
+                decomposition_table.pop(op, None)
+            else:
+                decomposition_table[op] = fn
+
+
+def has_symbolic_inputs(program: Any) -> bool:
+    """Whether an ExportedProgram has an input with a symbolic dim."""
+    import torch
+
+    for node in program.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if isinstance(val, torch.Tensor) and any(not isinstance(d, int) for d in val.shape):
+            return True
+    return False
 
 
 def initializer_bytes(ir_graph: Any) -> int:
@@ -140,3 +208,87 @@ def custom_op_implementation(op: Any) -> Any:
     if opdef is None:
         return None
     return opdef._backend_fns.get("cpu") or opdef._init_fn
+
+
+
+
+class _SpecialisationRecorder(logging.Handler):
+    """Reads ShapeEnv's INFO records while torch.export traces: ``create_symbol s0 = 32 for
+    L['x'].size()[3]`` names each symbol's input dim; a guard ``Eq(<expr of one symbol>, n)``
+    fixes it to a number, and the Python stack at that moment (this handler runs inside the
+    guard's call) says which line did it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        import re
+
+        self.sources: dict[str, str] = {}
+        self.fixed: dict[str, tuple[str, list[Any]]] = {}  # source -> (guard, stack frames)
+        self._create = re.compile(r"^create_symbol (\w+) = -?\d+ for (\S+)")
+        self._guard = re.compile(r"^\w+(?: \(forcing_spec\))? (Eq\((.+), (-?\d+)\)) \[guard added\]")
+        self._symbol = re.compile(r"\b[su]\d+\b")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        import traceback
+
+        try:
+            msg = record.getMessage()
+        except Exception:  # pragma: no cover - a malformed record
+            return
+        m = self._create.match(msg)
+        if m:
+            self.sources[m.group(1)] = m.group(2)
+            return
+        m = self._guard.match(msg)
+        if not m:
+            return
+        symbols = set(self._symbol.findall(m.group(2)))
+        if len(symbols) != 1:
+            return
+        source = self.sources.get(symbols.pop())
+        if source is not None and source not in self.fixed:
+            self.fixed[source] = (m.group(1), traceback.extract_stack()[:-1])
+
+
+@contextlib.contextmanager
+def record_specialisations(active: bool = True) -> Iterator[dict[str, tuple[str, list[Any]]]]:
+    """While torch.export traces: input dim (``L['x'].size()[3]``) -> (the guard that fixed it
+    to a number, e.g. ``Eq(s0 - 1, 31)``, the Python stack where it was added). ShapeEnv's
+    logger is set to INFO for the duration (its handlers filtered to what they showed before)
+    and restored."""
+    out: dict[str, tuple[str, list[Any]]] = {}
+    if not active:
+        yield out
+        return
+    log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    handler = _SpecialisationRecorder()
+    level, propagate = log.level, log.propagate
+    quiet = _BelowLevel(log.getEffectiveLevel())
+    asked = log.isEnabledFor(logging.INFO)  # the user asked for them (TORCH_LOGS): unchanged
+    others = [] if asked else list(log.handlers)
+    for h in others:  # torch's own stderr handler sits on this logger: keep it as quiet
+        h.addFilter(quiet)
+    log.addHandler(handler)
+    if not asked:  # the records it now emits reach this recorder only
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    try:
+        yield out
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        log.propagate = propagate
+        for h in others:
+            h.removeFilter(quiet)
+        out.update(handler.fixed)
+
+
+class _BelowLevel(logging.Filter):
+    """Drops records below ``level`` (what a handler saw before the logger was opened up)."""
+
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level

@@ -19,9 +19,11 @@ from onnxmedic._locate import location_from_exception, location_from_node
 from onnxmedic._torch_compat import (
     core_export,
     default_opset,
+    has_symbolic_inputs,
     prepare_for_export,
     rename_dynamic_axes,
 )
+from onnxmedic.capture.decomps import symbolic_shape_rules
 from onnxmedic.capture.stage import declared_dim_findings, report_auto_dims
 from onnxmedic.findings import Finding, error, info, warning
 from onnxmedic.fixes import opset as opset_fix
@@ -62,7 +64,15 @@ def onnx_export(program: torch.export.ExportedProgram, args: tuple[Any, ...],
     if opset is None:
         opset = default_opset()
     reg = (registry if registry is not None else _PLAIN).onnx_registry(opset)
-    return core_export(program, args, kwargs, registry=reg, opset=opset)
+    # torch.onnx decomposes the program again: with the shape rules its capture used
+    with symbolic_shape_rules(has_symbolic_inputs(program)):
+        return core_export(program, args, kwargs, registry=reg, opset=opset)
+
+
+def decompose_for_export(program: torch.export.ExportedProgram, reg: Any) -> Any:
+    """The program after torch.onnx's decompositions (with capture's shape rules)."""
+    with symbolic_shape_rules(has_symbolic_inputs(program)):
+        return prepare_for_export(program, reg)
 
 
 _PLAIN = TranslationRegistry(_loaded=True)  # no onnxmedic entries: plain torchlib
@@ -92,7 +102,7 @@ def unsupported_ops(program: torch.export.ExportedProgram, registry: Translation
     """Nodes (after torch.onnx's decompositions) that no translation covers."""
     reg = registry.onnx_registry(opset)
     try:
-        decomposed = prepare_for_export(program, reg)
+        decomposed = decompose_for_export(program, reg)
     except Exception as e:
         return [], e
     missing = []
@@ -113,7 +123,7 @@ def op_inventory(program: torch.export.ExportedProgram, registry: TranslationReg
     its count, who translates it at ``opset`` (onnxmedic, torchlib or nothing) and where it
     is first used."""
     reg = registry.onnx_registry(opset)
-    decomposed = prepare_for_export(program, reg)
+    decomposed = decompose_for_export(program, reg)
     counts: Counter[str] = Counter()
     first: dict[str, torch.fx.Node] = {}
     targets: dict[str, Any] = {}

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import re
+import sysconfig
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -18,9 +20,10 @@ from typing import Any
 
 import torch
 
-from onnxmedic._locate import location_from_exception
-from onnxmedic._torch_compat import backed_size_oblivious
-from onnxmedic.findings import Finding, error
+from onnxmedic._locate import is_user_file, location_from_exception
+from onnxmedic._torch_compat import backed_size_oblivious, record_specialisations
+from onnxmedic.capture.decomps import symbolic_shape_rules
+from onnxmedic.findings import Finding, Location, error
 
 logger = logging.getLogger(__name__)
 STAGE = "capture"
@@ -36,6 +39,8 @@ class Result:
     registered: dict[str, str] = field(default_factory=dict)  # pytree registrations made
     neutralised: Any = None  # validation.Neutralised: what a validation-off capture changed
     constants: dict[str, int] = field(default_factory=dict)  # buffers fixed to their values
+    # input dim ("L['x'].size()[3]") -> (guard that fixed it to a number, Python stack there)
+    specialised: dict[str, tuple[str, list[Any]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -64,12 +69,14 @@ class CaptureStrategy:
         # instead of burying onnxmedic's own message under them
         buf = io.StringIO()
         try:
-            with warnings.catch_warnings(), contextlib.redirect_stderr(buf):
+            with warnings.catch_warnings(), contextlib.redirect_stderr(buf), \
+                    record_specialisations(bool(dynamic_shapes)) as fixed:
                 warnings.simplefilter("ignore")
                 program = self._capture(model, args, kwargs, dynamic_shapes)
         except Exception as e:
             return Result(None, self.name, e, time.perf_counter() - t0,
-                          notes=[buf.getvalue()[-4000:]] if buf.getvalue() else [])
+                          notes=[buf.getvalue()[-4000:]] if buf.getvalue() else [],
+                          specialised=fixed)
         return Result(program, self.name, None, time.perf_counter() - t0)
 
     def _capture(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -81,10 +88,14 @@ def _size_oblivious(dynamic_shapes: Any) -> Any:
     """With dynamic shapes, capture like torch.onnx does: backed_size_oblivious=True, so that a
     size computed from a dynamic dim that happens to be 1 at the example (RegNet's last stage at
     32 px: 32 // 32) is not specialised to 1 - which bakes a static shape into the graph and
-    fails in ONNX Runtime at other sizes."""
+    fails in ONNX Runtime at other sizes; and onnxmedic's size-symbolic shape rules
+    (capture.decomps: LSTM/GRU, affine_grid), where torch's own fix a dynamic size."""
     if not dynamic_shapes:
         return contextlib.nullcontext()
-    return backed_size_oblivious()
+    stack = contextlib.ExitStack()
+    stack.enter_context(backed_size_oblivious())
+    stack.enter_context(symbolic_shape_rules())
+    return stack
 
 
 class TorchExportNonStrict(CaptureStrategy):
@@ -389,6 +400,49 @@ def raised_at(text: str) -> str | None:
     return f"{file}:{line} in {function}" + (f" (`{code.strip()}`)" if code.strip() else "")
 
 
+_SPECIALISED_DIM = re.compile(r"(L\['[A-Za-z_]\w*'\]\.size\(\)\[\d+\]) as dynamic but your code "
+                              r"specialized it to be a constant \((-?\d+)\)")
+
+
+def _is_internal(path: str) -> bool:
+    """torch's, onnxmedic's or the standard library's own frames."""
+    p = path.replace("\\", "/")
+    return p.startswith("<") or any(p.startswith(d) for d in _INTERNAL_DIRS)
+
+
+_INTERNAL_DIRS = tuple(
+    d.replace("\\", "/").rstrip("/") + "/" for d in (
+        os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)),
+        sysconfig.get_paths()["stdlib"]))
+
+
+def specialising_lines(failed: list[Result], texts: str
+                       ) -> list[tuple[str, str, str, Location, Location | None]]:
+    """For each dim torch.export says the code specialised: (input dim as ``x[2]``, the size,
+    the guard, the innermost line outside torch that added the guard - a library's or the
+    user's -, the user's own innermost line on the way there)."""
+    out = []
+    for source, size in dict(_SPECIALISED_DIM.findall(texts)).items():
+        rec = next((r.specialised[source] for r in failed if source in r.specialised), None)
+        if rec is None:
+            continue
+        guard, stack = rec
+        frames = [f for f in stack if not _is_internal(f.filename)]
+        if not frames:
+            continue
+        at = frames[-1]
+        user = next((f for f in reversed(frames) if is_user_file(f.filename)), None)
+        m = re.match(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]", source)
+        dim = f"{m.group(1)}[{m.group(2)}]" if m else source
+        out.append((dim, size, guard, _loc(at), _loc(user) if user is not None else None))
+    return out
+
+
+def _loc(frame: Any) -> Location:
+    return Location(file=frame.filename, line=frame.lineno, function=frame.name,
+                    code=(frame.line or "").strip() or None)
+
+
 def classify_capture_error(results: list[Result]) -> Finding:
     """One finding for a failed capture: the most telling attempt, classified."""
     failed = [r for r in results if r.error is not None]
@@ -407,12 +461,28 @@ def classify_capture_error(results: list[Result]) -> Finding:
                if ln.strip().startswith("- ") and ("Not all values" in ln or "specialized" in ln
                                                    or " = " in ln)]
         why = list(dict.fromkeys(why))[:3]  # each attempt repeats them
+        fixed_by = specialising_lines(failed, texts)
+        suggestion = ("Apply the fix torch.export suggests (in the details), or "
+                      "declare that dimension static.")
+        if fixed_by:
+            details["fixed_by"] = [{"dim": d, "size": n, "guard": g, "at": str(at),
+                                    "code": at.code, "user_line": str(u) if u else None}
+                                   for d, n, g, at, u in fixed_by]
+            loc = fixed_by[0][3]
+            suggestion = ("The line named turns the size into a Python number (or loops over "
+                          "it), which no ONNX shape can follow. Declare the dim static to "
+                          "export at that size (dynamic_shapes: None for it; the file then "
+                          "accepts only that size), or keep the size a tensor op there.")
         return error("OM401", STAGE,
                      "a dimension declared dynamic is specialised or constrained by the model: "
-                     f"{_short_error(first)}" + (" " + " ".join(why) if why else ""),
-                     location=loc,
-                     suggestion="Apply the fix torch.export suggests (in the details), or "
-                     "declare that dimension static.", details=details)
+                     f"{_short_error(first)}" + (" " + " ".join(why) if why and not fixed_by
+                                                 else "") + "".join(
+                         f" {d} is fixed to {n} by {at.file}:{at.line} in {at.function}"
+                         + (f" (`{at.code}`)" if at.code else "") + f" [guard {g}]"
+                         + (f", reached from {u.file}:{u.line}" if u and u != at else "")
+                         + f": the ONNX file would only work at {d} = {n}."
+                         for d, n, g, at, u in fixed_by),
+                     location=loc, suggestion=suggestion, details=details)
     if _DATA_DEPENDENT.search(texts):
         where = f" at {loc.file}:{loc.line} (`{loc.code}`)" if loc and loc.code else ""
         guard = guard_line(failed)

@@ -128,10 +128,10 @@ def decomposed_program(program: torch.export.ExportedProgram, opset: int | None 
                        ) -> torch.export.ExportedProgram:
     """The program as torch.onnx translates it (after its decompositions), whose node names
     are the ONNX value names."""
-    from onnxmedic._torch_compat import prepare_for_export
     from onnxmedic.ops import REGISTRY
+    from onnxmedic.translate import decompose_for_export
 
-    return prepare_for_export(program, REGISTRY.onnx_registry(opset))
+    return decompose_for_export(program, REGISTRY.onnx_registry(opset))
 
 
 def score(expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float) -> float:

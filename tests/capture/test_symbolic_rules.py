@@ -1,0 +1,168 @@
+"""Sizes declared dynamic stay dynamic through ops whose torch shape rule fixes them
+(capture.decomps): nn.LSTM / nn.GRU (torch's default decomposition loops over the time steps in
+Python: OM401 "specialized it to be a constant (11)"; now torch's while_loop rule, the op stays
+one aten.lstm/gru and becomes one ONNX LSTM/GRU) and affine_grid (linspace with a float
+endpoint (w - 1) / w)."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+
+import onnxmedic
+from onnxmedic.capture.decomps import SYMBOLIC_DECOMPOSITIONS, symbolic_shape_rules
+
+
+class BiRNN(torch.nn.Module):
+    def __init__(self, cell: type[torch.nn.Module]):
+        super().__init__()
+        self.rnn = cell(16, 24, num_layers=2, bidirectional=True, batch_first=True)
+        self.head = torch.nn.Linear(48, 5)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0])
+
+
+@pytest.mark.parametrize("cell", [torch.nn.LSTM, torch.nn.GRU])
+def test_rnn_time_dim_declared_dynamic_stays_dynamic(tmp_path, cell):
+    torch.manual_seed(0)
+    model = BiRNN(cell).eval()
+    x = torch.randn(2, 11, 16, generator=torch.Generator().manual_seed(0))
+    r = onnxmedic.export(model, (x,), tmp_path / "m.onnx",
+                         dynamic_shapes=({0: "batch", 1: "time"},))
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert not {"OM401", "OM406", "OM407"} & {f.code for f in r.findings}
+    m = onnx.load(tmp_path / "m.onnx")
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    assert dims[1].dim_param == "time", dims
+    assert cell.__name__ in {n.op_type for n in m.graph.node}  # one ONNX LSTM/GRU, no unrolling
+    # the export's own verification ran other sequence lengths, 1 included
+    sets = {c.input_set for c in r.verification}
+    assert {"time=1", "time=22"} <= sets, sets
+    assert all(c.ok for c in r.verification)
+
+
+def test_symbolic_shape_rules_restore_torch():
+    """The patch is scoped: torch's decomposition table and kernels are as they were after."""
+    from torch._decomp import decomposition_table
+
+    ops = (torch.ops.aten.lstm.input, torch.ops.aten.gru.input, *SYMBOLIC_DECOMPOSITIONS)
+    before = [(decomposition_table.get(op), dict(op.py_kernels)) for op in ops]
+    with symbolic_shape_rules():
+        assert all(decomposition_table.get(op) is not b[0] for op, b in zip(ops, before))
+    assert [(decomposition_table.get(op), dict(op.py_kernels)) for op in ops] == before
+
+
+class AffineWarp(torch.nn.Module):
+    """A spatial transformer's warp: theta from the input (per sample), the grid sized by
+    ``list(x.shape)`` (nn/stn_grid_sample)."""
+
+    def __init__(self, align_corners: bool, dims: int = 2):
+        super().__init__()
+        self.align_corners = align_corners
+        eye = torch.eye(dims, dims + 1)
+        eye[0, 1], eye[1, 0] = 0.1, -0.1
+        self.register_buffer("theta0", eye)
+
+    def forward(self, x):
+        theta = self.theta0 * (1 + x.flatten(1).mean(1)).view(-1, 1, 1)
+        grid = torch.nn.functional.affine_grid(theta, list(x.shape),
+                                               align_corners=self.align_corners)
+        return torch.nn.functional.grid_sample(x, grid, align_corners=self.align_corners)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("dims", [2, 3])
+def test_affine_grid_sized_by_the_input_stays_dynamic(tmp_path, align_corners, dims):
+    """torch's affine_grid decomposition calls linspace with a float endpoint (w - 1) / w,
+    which torch.export can only specialise (OM401 'specialized it to be a constant (28)')."""
+    model = AffineWarp(align_corners, dims).eval()
+    shape = (2, 3, 12, 10) if dims == 2 else (2, 3, 6, 8, 10)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    spec = {0: "batch", 2: "height", 3: "width"} if dims == 2 else \
+        {0: "batch", 2: "depth", 3: "height", 4: "width"}
+    r = onnxmedic.export(model, (x,), tmp_path / "m.onnx", dynamic_shapes=(spec,))
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert not {"OM401", "OM406", "OM407"} & {f.code for f in r.findings}
+    dims_out = onnx.load(tmp_path / "m.onnx").graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param for d in dims_out[2:]] == list(spec.values())[1:]
+    sets = {c.input_set for c in r.verification}
+    assert {"height=1", "width=1", f"height={2 * shape[-2]}", f"width={2 * shape[-1]}"} <= sets
+    assert all(c.ok for c in r.verification)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("size", [[2, 3, 1, 1], [2, 3, 1, 7], [1, 3, 5, 4], [2, 1, 3, 4, 5],
+                                  [1, 1, 1, 2, 1]])
+def test_symbolic_affine_grid_rule_matches_torch(align_corners, size):
+    """The replacement rule computes torch's grid (within float32 rounding), sizes 1 included."""
+    from onnxmedic.capture.decomps import affine_grid_generator
+
+    k = len(size) - 2
+    theta = torch.randn(size[0], k, k + 1, generator=torch.Generator().manual_seed(1))
+    want = torch.nn.functional.affine_grid(theta, size, align_corners=align_corners)
+    got = affine_grid_generator(theta, size, align_corners)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _scan(x):
+    out = []
+    for t in range(x.shape[1]):  # a Python loop over the sequence: fixes its length
+        out.append(x[:, t].cumsum(-1))
+    return torch.stack(out, 1)
+
+
+class Scan(torch.nn.Module):
+    def forward(self, x):
+        return _scan(x) * 2
+
+
+class SizeBranch(torch.nn.Module):
+    def forward(self, x):
+        if x.shape[2] == 5:  # a branch on a size: both capture modes fix it
+            return x * 2
+        return x
+
+
+@pytest.mark.parametrize("model, line", [(Scan(), "for t in range(x.shape[1])"),
+                                         (SizeBranch(), "if x.shape[2] == 5:")])
+def test_om401_names_the_line_that_fixes_a_declared_dim(model, line):
+    """A model that genuinely specialises a declared dim: OM401 names the line that did it (the
+    innermost frame outside torch, a library's line when a library does it), the size, and
+    that the file would only work at that size; the suggestion offers the static export."""
+    x = torch.randn(2, 6, 5)
+    r = onnxmedic.export(model, (x,), dynamic_shapes=({0: "batch", 1: "seq", 2: "w"},))
+    (f,) = [f for f in r.findings if f.code == "OM401"]
+    assert f.location is not None and f.location.code.startswith(line), f.location
+    assert f.location.file == __file__
+    dim, size = ("x[1]", 6) if isinstance(model, Scan) else ("x[2]", 5)
+    assert f"{dim} is fixed to {size} by {__file__}:{f.location.line}" in f.message, f.message
+    assert f"only work at {dim} = {size}" in f.message
+    assert "static" in f.suggestion
+    assert f.details["fixed_by"][0]["dim"] == dim
+
+
+class SpectralMix(torch.nn.Module):
+    """neuralop's spectral convolution contracts with a three-operand einsum."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 6, 5))
+        self.s = torch.nn.Parameter(torch.randn(5))
+
+    def forward(self, x):
+        return torch.einsum("bix,iox,x->box", x, self.w, self.s)
+
+
+def test_einsum_keeps_the_batch_dynamic(tmp_path):
+    """torch.einsum with opt_einsum installed asked it for a contraction path, which turns
+    every size into a Python int (neuralop/fno: 'x[0] is fixed to 2 by
+    opt_einsum/contract.py:317')."""
+    x = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(0))
+    r = onnxmedic.export(SpectralMix().eval(), (x,), tmp_path / "m.onnx",
+                         dynamic_shapes=({0: "batch"},))
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert {"batch=1", "batch=4"} <= {c.input_set for c in r.verification}
+    assert torch.backends.opt_einsum.enabled  # restored
