@@ -93,3 +93,58 @@ def test_snapshot_sees_injected_changes(monkeypatch: pytest.MonkeyPatch) -> None
     assert any(d.startswith("functional") and "relu" in d for d in diffs)
     assert any("running_mean: value changed" in d for d in diffs)
     assert any(d.startswith("grad") for d in diffs)
+
+
+class _CachingRotary(nn.Module):
+    """Keeps a frequency table in a buffer, filled up to the longest length seen (like
+    rotary-embedding-torch's cached_freqs), and counts its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(64, 4))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        pos = torch.arange(n, dtype=torch.float32)[:, None] * torch.ones(4)
+        self.cache[:n] = torch.sin(pos)
+        self.calls += 1
+        return self.proj(x) + self.cache[:n]
+
+
+def test_buffers_the_model_writes_are_put_back(tmp_path) -> None:
+    model = _CachingRotary().eval()
+    before = snapshot_state(model)
+    res = onnxmedic.export(model, (torch.randn(2, 6, 4),), tmp_path / "m.onnx",
+                           dynamic_shapes=({0: "batch", 1: "seq"},))
+    assert res.ok, [(f.code, f.message) for f in res.findings]
+    assert state_differences(before, snapshot_state(model)) == []
+    om012 = next(f for f in res.findings if f.code == "OM012")
+    assert set(om012.details["buffers"]) == {"cache", "calls"}
+
+
+class _InitOnFirstCall(nn.Module):
+    """Initialises a parameter from the data on its first call (gpytorch's variational
+    strategy does this): a plain call would write it too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.zeros(3))
+        self.register_buffer("done", torch.zeros((), dtype=torch.bool), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.done:
+            with torch.no_grad():
+                self.scale.fill_(2.0)
+            self.done.fill_(True)
+        return x * self.scale
+
+
+def test_parameters_the_model_writes_are_named() -> None:
+    model = _InitOnFirstCall().eval()
+    res = onnxmedic.export(model, (torch.randn(2, 3),))
+    om012 = next(f for f in res.findings if f.code == "OM012")
+    assert om012.details["parameters"] == ["scale"]
+    assert torch.equal(model.scale.detach(), torch.full((3,), 2.0))  # as a plain call leaves it
+    assert not model.done  # the buffer is put back

@@ -119,6 +119,7 @@ def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
     was_training = isinstance(model, torch.nn.Module) and model.training
     # each submodule's own flag, restored exactly below (not model.train(True))
     modes = borrow.module_modes(model) if was_training else []
+    state = borrow.record_state(model) if isinstance(model, torch.nn.Module) else None
     try:
         with result.guard():
             if was_training:
@@ -138,6 +139,26 @@ def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
     finally:
         if was_training:
             borrow.restore_modes(modes)
+        if state is not None:
+            _put_back(result, state)
+
+
+def _put_back(result: ExportResult, state: borrow.State) -> None:
+    """The buffers the model wrote while export ran it, put back; parameters it wrote in place
+    named (OM012)."""
+    restored, written = borrow.restore_state(state)
+    if restored or written:
+        parts = []
+        if restored:
+            parts.append(f"buffers put back as they were before export: {', '.join(restored[:6])}"
+                         + (f" and {len(restored) - 6} more" if len(restored) > 6 else ""))
+        if written:
+            parts.append("parameters the model wrote in place (left as written, as a plain call "
+                         f"would leave them): {', '.join(written[:6])}"
+                         + (f" and {len(written) - 6} more" if len(written) > 6 else ""))
+        result.findings.append(info(
+            "OM012", "preflight", "running the model during export changed its state; "
+            + "; ".join(parts) + ".", details={"buffers": restored, "parameters": written}))
 
 
 def export(

@@ -75,6 +75,14 @@ CODES: dict[str, CodeInfo] = {
         "(dropout off, batch-norm running statistics) and restored afterwards the mode of each "
         "submodule as it was (a submodule left in eval under a root in train stays in eval).",
     ),
+    "OM012": CodeInfo(
+        "the model wrote its own state during export", 0,
+        "Running the model (the reference, the input sets, the other sizes) changed its state: "
+        "buffers (caches such as rotary-embedding frequency tables, counters) are put back as "
+        "they were before export; parameters the model writes in place in forward (first-call "
+        "initialisation, e.g. gpytorch's variational strategy) are named and left as the model "
+        "wrote them, as a plain call would.",
+    ),
     # OM1xx: preflight and capture
     "OM100": CodeInfo(
         "model fails in PyTorch", 1,
