@@ -11,8 +11,8 @@ from typing import Any
 
 from onnxmedic.findings import Location
 
-_PKG_DIR = str(Path(__file__).resolve().parent).replace("\\", "/") + "/"
-_LIB_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", _PKG_DIR)
+PKG_DIR = str(Path(__file__).resolve().parent).replace("\\", "/") + "/"
+_LIB_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", PKG_DIR)
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 

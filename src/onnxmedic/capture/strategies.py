@@ -360,8 +360,8 @@ def guard_line(failed: list[Result]) -> tuple[str, int, str] | None:
     import linecache
     import traceback
 
-    from onnxmedic._locate import _PKG_DIR
-    from onnxmedic.capture.validation import _TRACER_FILES
+    from onnxmedic._locate import PKG_DIR
+    from onnxmedic.capture.validation import TRACER_FILES
 
     ordered = sorted(failed, key=lambda r: "validation off" not in r.strategy)
     for r in ordered:
@@ -375,8 +375,8 @@ def guard_line(failed: list[Result]) -> tuple[str, int, str] | None:
         for e in reversed(chain):  # the original exception first
             frames = [f for f in traceback.extract_tb(e.__traceback__)
                       if not f.filename.startswith("<")
-                      and _PKG_DIR not in f.filename.replace("\\", "/")
-                      and not any(t in f.filename.replace("\\", "/") for t in _TRACER_FILES)
+                      and PKG_DIR not in f.filename.replace("\\", "/")
+                      and not any(t in f.filename.replace("\\", "/") for t in TRACER_FILES)
                       and _outside_torch(f.filename)]
             if frames:
                 f = frames[-1]

@@ -207,7 +207,7 @@ def _decide_check_guards(record: Neutralised) -> Iterator[None]:
         ShapeEnv.evaluate_sym_node = original
 
 
-_TRACER_FILES = ("/torch/fx/", "/torch/_export/", "/torch/export/", "/torch/_subclasses/",
+TRACER_FILES = ("/torch/fx/", "/torch/_export/", "/torch/export/", "/torch/_subclasses/",
                  "/torch/_dynamo/", "/torch/_functorch/", "/torch/overrides.py",
                  "/torch/_tensor.py", "/torch/utils/_", "/torch/_ops.py", "/torch/_prims",
                  "/torch/_refs/", "/torch/_decomp/", "/torch/_library/", "/torch/_higher_order")
@@ -222,7 +222,7 @@ def _guarding_frame() -> Any:
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
         if name != __file__ and not name.startswith("<") and \
-                not any(t in name for t in _TRACER_FILES):
+                not any(t in name for t in TRACER_FILES):
             return frame
         frame = frame.f_back
     return None
