@@ -15,7 +15,8 @@ def test_dynamic_batch_verified_at_several_sizes(tmp_path):
                          dynamic_shapes={"x": {0: "batch", 2: "h", 3: "w"}})
     assert r.ok, [f.one_paragraph() for f in r.findings]
     sets = {c.input_set for c in r.verification}
-    assert {"batch=1", "batch=4", "h=1", "h=16", "w=1", "w=16"} <= sets
+    # each dim at 1, twice the example and the first prime above it
+    assert {"batch=1", "batch=4", "batch=3", "h=1", "h=16", "h=11", "w=1", "w=16", "w=11"} <= sets
     shapes = {c.input_set: c.expected_shape for c in r.verification}
     assert shapes["batch=4"] == [4, 4] and shapes["batch=1"] == [1, 4]
 
@@ -31,7 +32,8 @@ def test_baked_in_size_is_found_with_the_node(tmp_path):
     r = onnxmedic.verify(p, models.Identity(), (torch.randn(2, 3),))
     assert not r.ok and r.stages["runtime"] == "passed" and r.stages["compare"] == "failed"
     errs = [f for f in r.errors if f.code == "OM402"]
-    assert {e.details["input_set"] for e in errs} == {"batch=1", "batch=4"}
+    # every other size: 1, twice the example's, the first prime above it
+    assert {e.details["input_set"] for e in errs} == {"batch=1", "batch=4", "batch=3"}
     e = errs[0]
     assert "Reshape node 'node_view'" in e.message
     assert e.location is not None and e.location.file.endswith("models.py")
@@ -47,8 +49,10 @@ def test_wrong_shape_at_other_size(tmp_path):
     p = om.first_two_rows_model(tmp_path / "slice.onnx")
     r = onnxmedic.verify(p, models.Identity(), (torch.randn(2, 3),))
     assert not r.ok
-    (e,) = [f for f in r.errors if f.code == "OM402"]
-    assert "batch=4" in e.message and "shape" in e.message
+    # wrong where the batch exceeds the two rows kept: at 4 and at 3 (the prime)
+    errs = [f for f in r.errors if f.code == "OM402"]
+    assert {e.details["input_set"] for e in errs} == {"batch=4", "batch=3"}
+    assert all("shape" in e.message for e in errs)
     assert not [f for f in r.errors if f.code == "OM601"]
 
 
@@ -216,3 +220,25 @@ def test_correct_translation_of_the_same_block_verifies_at_every_size(tmp_path):
     assert r.ok, [f.one_paragraph() for f in r.findings]
     assert {"batch=1", "batch=4"} <= {c.input_set for c in r.verification}
     assert r.localization is None
+
+
+class _PadsOddWidths(torch.nn.Module):
+    """A UNet-style skip: pool, upsample, pad by one where the width is odd, concatenate.
+    torch.export follows the example's (even) branch without a guard, so the file only works at
+    even widths."""
+
+    def forward(self, x):
+        u = torch.nn.functional.interpolate(torch.nn.functional.max_pool2d(x, 2),
+                                            scale_factor=2.0)
+        if u.shape[-1] != x.shape[-1]:
+            u = torch.nn.functional.pad(u, (0, 1, 0, 0), mode="replicate")
+        return torch.cat([u, x], 1)
+
+
+def test_a_file_that_only_works_at_even_sizes_is_refused(tmp_path):
+    x = torch.randn(1, 2, 8, 8)
+    res = onnxmedic.export(_PadsOddWidths().eval(), (x,), tmp_path / "m.onnx",
+                           dynamic_shapes=({3: "width"},))
+    assert not res.ok and not (tmp_path / "m.onnx").exists()
+    om402 = [f for f in res.findings if f.code == "OM402"]
+    assert om402 and "width=11" in om402[0].message, [(f.code, f.message) for f in res.findings]

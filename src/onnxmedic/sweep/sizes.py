@@ -23,7 +23,7 @@ import torch
 from onnxmedic.inputs import DEFAULT_SEED, Inputs
 from onnxmedic.onnxfile import make_feeds
 from onnxmedic.verify.budget import judge_output
-from onnxmedic.verify.input_sets import resized_sets
+from onnxmedic.verify.input_sets import next_prime, resized_sets
 from onnxmedic.verify.stage import expected_outputs
 
 # the error texts of a size that fails, kept in the check's record
@@ -107,10 +107,7 @@ def _walk(path: str, value: Any, spec: Any) -> Iterator[tuple[str, Any, Any]]:
 
 def check_sizes(n: int) -> list[int]:
     """The sizes a symbol of example size ``n`` is checked at: 1, n, 2n and a prime above 2n."""
-    p = 2 * n + 1
-    while any(p % q == 0 for q in range(2, int(p ** 0.5) + 1)):
-        p += 1
-    return sorted({1, n, 2 * n, p})
+    return sorted({1, n, 2 * n, next_prime(2 * n)})
 
 
 def size_variants(args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -79,8 +79,12 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
 
     ``onnx_dims`` holds, per ONNX graph input (in the flattened order of the example's tensors),
     its dims: an int for a static dim, a name (dim_param) or None for a dynamic one. Inputs that
-    share a name share the size. For each name: size 1 and twice the example's size (2 and 3
-    when the example has 1). Values are drawn within each tensor's own range.
+    share a name share the size. For each name: size 1, twice the example's size and the first
+    prime above the example's (2 and 3 when the example has 1). The prime catches a file that
+    only works at the example's parity or divisibility: torch.export can follow a branch on
+    ``h % 2`` (a UNet padding odd sizes) without a guard, and the file then fails at odd sizes.
+    A derived dim (its name an expression such as ``2*s0``) takes no prime: only multiples are
+    valid there. Values are drawn within each tensor's own range.
     """
     leaves = torch.utils._pytree.tree_leaves((example.args, example.kwargs))
     tensor_idx = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
@@ -95,8 +99,28 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
             name = v if v else f"input{k}.dim{d}"
             size, uses = symbols.setdefault(name, (int(t.shape[d]), []))
             uses.append((li, d))
-    return resized_sets(example, symbols, lambda n: [1, 2 * n] if n != 1 else [2, 3],
-                        torch.Generator().manual_seed(seed + 101))
+    def sizes(name: str) -> Callable[[int], list[int]]:
+        def at(n: int) -> list[int]:
+            if n == 1:
+                return [2, 3]
+            derived = any(c in name for c in "*+-/%() ")
+            return sorted({1, 2 * n} | (set() if derived else {next_prime(n)}))
+
+        return at
+
+    gen = torch.Generator().manual_seed(seed + 101)
+    out: list[tuple[str, Inputs]] = []
+    for name, entry in symbols.items():  # one symbol at a time: its own sizes
+        out += resized_sets(example, {name: entry}, sizes(name), gen)
+    return out
+
+
+def next_prime(n: int) -> int:
+    """The first prime above ``n``."""
+    p = n + 1
+    while p < 2 or any(p % q == 0 for q in range(2, int(p ** 0.5) + 1)):
+        p += 1
+    return p
 
 
 def resized_sets(example: Inputs, symbols: dict[str, Any], sizes: Callable[[int], list[int]],
