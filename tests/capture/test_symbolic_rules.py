@@ -166,3 +166,121 @@ def test_einsum_keeps_the_batch_dynamic(tmp_path):
     assert r.ok, [f.one_paragraph() for f in r.findings]
     assert {"batch=1", "batch=4"} <= {c.input_set for c in r.verification}
     assert torch.backends.opt_einsum.enabled  # restored
+
+
+class LocNetWarp(torch.nn.Module):
+    """nn/stn_grid_sample's spatial transformer with a trained-looking localisation head (the
+    zoo's is zero-initialised, so there only the pooled size matters, not its values)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.loc = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 8, 3, stride=2, padding=1), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(128, 6))
+        with torch.no_grad():
+            self.loc[-1].weight.mul_(0.1)
+            self.loc[-1].bias.copy_(torch.tensor([1.0, 0.1, 0.0, -0.1, 1.0, 0.0]))
+
+    def forward(self, x):
+        theta = self.loc(x).view(-1, 2, 3)
+        grid = torch.nn.functional.affine_grid(theta, list(x.shape), align_corners=False)
+        return torch.nn.functional.grid_sample(x, grid, align_corners=False)
+
+
+def _export_dynamic_hw(model, x, path):
+    return onnxmedic.export(model, (x,), path,
+                            dynamic_shapes=({0: "batch", 2: "height", 3: "width"},))
+
+
+def _onnx_vs_torch(path, model, shapes):
+    """The shapes at which the ONNX file and PyTorch differ by more than the float32 tolerance
+    of the op tests (shape -> the comparison's reason)."""
+    from onnxmedic.ops.testing import run_onnx
+    from onnxmedic.verify.compare import compare_outputs
+
+    m = onnx.load(path)
+    bad = {}
+    for shape in shapes:
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)))
+        with torch.no_grad():
+            want = model(x).numpy()
+        try:
+            got = run_onnx(m, (x,))
+        except Exception as e:  # noqa: BLE001 - a failing size is a result
+            bad[shape] = f"{type(e).__name__}: {e}"[:200]
+            continue
+        (c,) = compare_outputs(["out"], [want], got)
+        if not c.ok:
+            bad[shape] = f"{c.reason}; max abs {c.max_abs:.3g}"
+    return bad
+
+
+def test_stn_adaptive_pool_stays_dynamic(tmp_path):
+    """torch's _adaptive_avg_pool2d decomposition takes avg_pool2d with a kernel computed at
+    the example size when the size divides the output (16 -> kernel 2): the file had a fixed
+    window and failed at height = 56 (OM402 in nn/stn_grid_sample)."""
+    model = LocNetWarp().eval()
+    x = torch.randn(2, 1, 16, 16, generator=torch.Generator().manual_seed(0))
+    r = _export_dynamic_hw(model, x, tmp_path / "m.onnx")
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert not {"OM401", "OM402", "OM406", "OM407", "OM502"} & {f.code for f in r.findings}
+    sets = {c.input_set for c in r.verification}
+    assert {"height=1", "width=1", "height=32", "width=32"} <= sets, sets
+    assert all(c.ok for c in r.verification)
+    # primes, and sizes below the output size (1 -> 4 windows of the one pixel), judged by
+    # onnxmedic's own verification (float64 reference)
+    for shape in [(1, 1, 1, 1), (2, 1, 31, 37), (1, 1, 97, 7), (1, 1, 3, 5)]:
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+        v = onnxmedic.verify(tmp_path / "m.onnx", model, (x,))
+        assert v.ok, (shape, [f.one_paragraph() for f in v.findings])
+
+
+class AdaptiveMean(torch.nn.Module):
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def forward(self, x):
+        if x.dim() == 3:
+            return torch.nn.functional.adaptive_avg_pool1d(x, self.out)
+        return torch.nn.functional.adaptive_avg_pool2d(x, self.out)
+
+
+_OUTS = [(4, 4), (3, 5), (7, 1), (1, 2), (16, 9)]
+_SIZES = [(1, 1), (2, 3), (4, 4), (8, 8), (12, 20), (13, 29), (31, 7), (5, 97), (56, 56)]
+
+
+@pytest.mark.parametrize("out", _OUTS)
+def test_symbolic_adaptive_avg_pool2d_matches_torch_at_every_size(tmp_path, out):
+    """One file exported at 12 x 20, run at sizes below, above, dividing and not dividing the
+    output size: PyTorch's windows [floor(i H / out), ceil((i + 1) H / out)) everywhere."""
+    x = torch.randn(2, 3, 12, 20, generator=torch.Generator().manual_seed(0))
+    r = _export_dynamic_hw(AdaptiveMean(out).eval(), x, tmp_path / "m.onnx")
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert not _onnx_vs_torch(tmp_path / "m.onnx", AdaptiveMean(out),
+                              [(2, 3, h, w) for h, w in _SIZES])
+
+
+def test_symbolic_adaptive_avg_pool1d_matches_torch_at_every_size(tmp_path):
+    """adaptive_avg_pool1d is the 2-d op on an unsqueezed input: the same rule."""
+    x = torch.randn(2, 3, 13, generator=torch.Generator().manual_seed(0))
+    r = onnxmedic.export(AdaptiveMean(5).eval(), (x,), tmp_path / "m.onnx",
+                         dynamic_shapes=({2: "n"},))
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert not _onnx_vs_torch(tmp_path / "m.onnx", AdaptiveMean(5),
+                              [(2, 3, n) for n in (1, 4, 5, 13, 15, 26, 97, 1000)])
+
+
+def test_without_the_rule_the_adaptive_pool_window_is_fixed(tmp_path, monkeypatch):
+    """torch's own decomposition (the rule removed): the file computes 3 x 3 windows at every
+    size, wrong or failing at any size but the example's."""
+    monkeypatch.delitem(SYMBOLIC_DECOMPOSITIONS, torch.ops.aten._adaptive_avg_pool2d.default)
+    x = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(0))
+    r = onnxmedic.export(AdaptiveMean((4, 4)).eval(), (x,), tmp_path / "m.onnx",
+                         dynamic_shapes=({0: "batch", 2: "height", 3: "width"},),
+                         keep_unverified=True)
+    assert not r.ok
+    bad = _onnx_vs_torch(tmp_path / "m.onnx", AdaptiveMean((4, 4)),
+                         [(2, 3, 12, 12), (2, 3, 24, 24), (2, 3, 13, 12)])
+    assert set(bad) == {(2, 3, 24, 24), (2, 3, 13, 12)}, bad

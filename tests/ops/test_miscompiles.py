@@ -575,3 +575,61 @@ def test_perspective_warp_with_a_degenerate_homography(tmp_path) -> None:
     h[1, 2, 0] = 1.0  # w = x + 1: 0 at the left edge
     res = onnxmedic.export(Warp().eval(), (torch.rand(2, 3, 8, 9), h), tmp_path / "w.onnx")
     assert res.ok, [(f.code, f.message) for f in res.findings]
+
+
+# -- FFTs: ONNX Runtime's float32 DFT is inaccurate at lengths that are not powers of two ------
+
+def _rfft(x):
+    return torch.view_as_real(torch.fft.rfft(x))
+
+
+def _irfft(xr, n):
+    return torch.fft.irfft(torch.view_as_complex(xr), n)
+
+
+def _fft(zr):
+    return torch.view_as_real(torch.fft.fft(torch.view_as_complex(zr)))
+
+
+def _fft_call(name: str, n: int):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(3, n, generator=g)
+    if name == "rfft":
+        return _rfft, (x,)
+    if name == "irfft":
+        return _irfft, (torch.view_as_real(torch.fft.rfft(x)).contiguous(), n)
+    return _fft, (torch.randn(3, n, 2, generator=g),)
+
+
+@pytest.mark.parametrize("n", [406, 1000, 1024, 4096])
+@pytest.mark.parametrize("name", ["rfft", "irfft", "fft"])
+def test_fft_within_the_float32_budget(name, n):
+    from onnxmedic.ops.testing import comparator_for
+
+    fn, args = _fft_call(name, n)
+    res = check_call(fn, args, comparator=comparator_for(f"fft.{name}"))
+    assert res.ok, res.error
+
+
+@pytest.mark.parametrize("n", [406, 1000])
+@pytest.mark.parametrize("name", ["rfft", "irfft", "fft"])
+def test_torchlib_fft_outside_the_float32_budget(name, n):
+    """torchlib's float32 DFT: 300-600x PyTorch's error at these lengths (normwise 4e-5 at
+    406, 1.1e-4 at 1000; PyTorch ~1.5e-7)."""
+    from onnxmedic.ops.testing import comparator_for
+
+    fn, args = _fft_call(name, n)
+    res = check_call(fn, args, comparator=comparator_for(f"fft.{name}"), registry=None)
+    assert res.stage == "compare", (res.stage, res.error)
+
+
+def test_julius_lowpass_verifies(tmp_path):
+    """julius.LowPassFilters convolves by FFT above a filter size (zoo julius/lowpass: OM601,
+    221x the budget, born at the DFT at length ~406)."""
+    julius = pytest.importorskip("julius")
+    model = julius.LowPassFilters([0.1, 0.25]).eval()
+    x = torch.randn(2, 400, generator=torch.Generator().manual_seed(0))
+    r = onnxmedic.export(model, (x,), tmp_path / "m.onnx",
+                         dynamic_shapes=({0: "batch", 1: "samples"},))
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert all(c.ok for c in r.verification)

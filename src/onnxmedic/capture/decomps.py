@@ -64,9 +64,52 @@ def affine_grid_generator(theta: torch.Tensor, size: list[Any], align_corners: b
     return grid.view(n, *spatial, k).to(dtype)
 
 
+def _adaptive_window_means(x: torch.Tensor, dim: int, out: int) -> torch.Tensor:
+    """Means of x over PyTorch's adaptive windows along ``dim`` (negative) of a symbolic size
+    n: window o is [floor(o n / out), ceil((o + 1) n / out)), at most ``n // out + 2`` long for
+    every n, so a fixed (out, n // out + 2) gather with a validity mask covers all of them
+    without a branch on n. The result has out in place of n."""
+    n = x.shape[dim]
+    q, r = n // out, n % out  # n = q out + r: the tensor divisions below stay below out**2
+    o = torch.arange(out, device=x.device, dtype=torch.int64)
+    start = o * q + torch.div(o * r, out, rounding_mode="floor")
+    end = (o + 1) * q + torch.div((o + 1) * r + (out - 1), out, rounding_mode="floor")
+    idx = start.unsqueeze(-1) + torch.arange(q + 2, device=x.device, dtype=torch.int64)
+    valid = idx < end.unsqueeze(-1)
+    idx = torch.minimum(idx, torch.scalar_tensor(n - 1, dtype=torch.int64, device=x.device))
+    vals = x.index_select(dim, idx.flatten()).unflatten(dim, idx.shape)  # (..., out, K, ...)
+    tail = [1] * (-dim - 1)
+    # masked, not multiplied by a 0/1 weight: an inf or NaN reaches only its own windows
+    vals = torch.where(valid.view(*valid.shape, *tail), vals,
+                       torch.zeros((), dtype=x.dtype, device=x.device))
+    # divided per axis, not by the window areas: ONNX's shape-data propagation mis-ranks the
+    # int outer product of the two lengths (OM502)
+    return vals.sum(dim) / (end - start).to(x.dtype).view(out, *tail)
+
+
+def adaptive_avg_pool2d(x: torch.Tensor, output_size: list[int]) -> torch.Tensor:
+    """aten._adaptive_avg_pool2d(Tensor self, SymInt[2] output_size): PyTorch's windows for any
+    input size, one spatial axis at a time (means over the exact windows). With static spatial sizes torch's decomposition (avg_pool2d where the sizes
+    divide)."""
+    torch._check(x.dim() in (3, 4),
+                 lambda: f"adaptive_avg_pool2d(): Expected 3D or 4D tensor, but got {x.dim()}")
+    if all(isinstance(s, int) for s in x.shape[-2:]):
+        return _TORCH_ADAPTIVE_AVG_POOL2D(x, output_size)
+    dtype = x.dtype
+    if dtype in (torch.float16, torch.bfloat16):  # torch's pw_cast_for_opmath
+        x = x.float()
+    out_h, out_w = output_size
+    return _adaptive_window_means(_adaptive_window_means(x, -1, out_w), -2, out_h).to(dtype)
+
+
+# torch's own rule, kept for static spatial sizes (its avg_pool2d is the cheaper graph)
+_TORCH_ADAPTIVE_AVG_POOL2D = torch._decomp.decomposition_table[aten._adaptive_avg_pool2d.default]
+
+
 # op -> the size-symbolic rule that replaces torch's decomposition while capturing
 SYMBOLIC_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.affine_grid_generator.default: affine_grid_generator,
+    aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
 }
 
 
