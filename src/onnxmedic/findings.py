@@ -125,12 +125,17 @@ CODES: dict[str, CodeInfo] = {
         "with validation on. The ONNX model does not reject inputs the checks would reject.",
     ),
     "OM116": CodeInfo(
-        "integer scalar buffers specialised", 0,
-        "Python control flow read a config constant kept in a 0-d integer buffer the module "
-        "registered non-persistent (no checkpoint sets it: __init__ derives it from the config, "
-        "e.g. EnCodec's conv stride, kernel size and padding); torch.export sees every buffer "
-        "as an unknown value, so onnxmedic captured with those buffers fixed to their values "
-        "(the model is left as it was). The finding names the buffers and values.",
+        "branch decided by buffer values", 0,
+        "Python control flow read a value the model keeps in a buffer; torch.export sees every "
+        "buffer as an unknown input, while in the ONNX file buffers are constants "
+        "(initializers), so onnxmedic captured with the buffers' current values known: 0-d "
+        "integer buffers registered non-persistent (config constants: EnCodec's conv stride, "
+        "kernel size and padding) as Python-known constants, and guards on values computed "
+        "from buffers and constants alone (a flag such as gpytorch's updated_strategy, a time "
+        "grid in `if t[0] > t[1]`, normflows' data_dep_init_done) decided by those values; a "
+        "guard that involves an input still fails. The ONNX model computes the branch these "
+        "values select, for every input; verification compares it with the eager model, and "
+        "the model is left as it was. The finding names the buffers, values and lines.",
     ),
     "OM113": CodeInfo(
         "unsupported input or output type", 1,

@@ -10,7 +10,7 @@ import torch
 import onnxmedic
 from onnxmedic.borrow import module_modes
 from onnxmedic.capture.strategies import (
-    ConstantScalarBuffers,
+    KnownBuffers,
     buffers_as_constants,
     constant_scalar_buffers,
 )
@@ -63,11 +63,11 @@ def test_without_the_strategy_the_capture_fails_on_data_dependent_flow():
     from onnxmedic.capture.strategies import CAPTURE_STRATEGIES, capture
 
     model = PadToMultiple().eval()
-    others = [s for s in CAPTURE_STRATEGIES if s is not ConstantScalarBuffers]
+    others = [s for s in CAPTURE_STRATEGIES if s is not KnownBuffers]
     attempts = capture(model, (torch.randn(2, 1, 10),), {}, None, strategies=others[:3])
     assert not attempts[-1].ok
     attempts = capture(model, (torch.randn(2, 1, 10),), {}, None)
-    assert attempts[-1].ok and attempts[-1].strategy == ConstantScalarBuffers.name
+    assert attempts[-1].ok and attempts[-1].strategy == KnownBuffers.name
 
 
 def test_only_non_persistent_integer_scalars_are_fixed_and_restored_after_an_error():

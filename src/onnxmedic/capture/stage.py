@@ -115,7 +115,8 @@ def _capture_module(ctx: ExportContext) -> bool:
     if "draft_export" in attempts[-1].strategy:
         result.findings.append(specialised_finding(attempts))
         ctx.branch_probe = True
-    if attempts[-1].constants:
+    decided = attempts[-1].decided
+    if attempts[-1].constants or (decided is not None and decided.guards):
         result.findings.append(constants_finding(attempts))
     if pytree_findings(result, attempts):
         # the example's outputs were flattened before these types were registered
@@ -153,23 +154,47 @@ def validation_off_finding(record: Any) -> Finding:
 
 
 def constants_finding(attempts: list[Any]) -> Finding:
-    """OM116: capture worked once the 0-d integer non-persistent buffers were fixed to their
-    values; names them and the line whose control flow needed it."""
+    """OM116: capture worked once buffers' values were known: names the buffers, their values,
+    the lines whose control flow read them and the branch taken."""
     cause = classify_capture_error(attempts[:-1])
     consts = attempts[-1].constants
-    shown = ", ".join(f"{k}={v}" for k, v in list(consts.items())[:8])
-    more = f" and {len(consts) - 8} more" if len(consts) > 8 else ""
+    decided = attempts[-1].decided
+    parts = []
+    if consts:
+        shown = ", ".join(f"{k}={v}" for k, v in list(consts.items())[:8])
+        more = f" and {len(consts) - 8} more" if len(consts) > 8 else ""
+        parts.append(f"0-d integer buffers registered non-persistent read as constants: "
+                     f"{shown}{more}")
+    if decided is not None and decided.buffers:
+        parts.append("buffers read by the guards: " + ", ".join(
+            f"{k}={v}" for k, v in decided.buffers.items()))
+    guards = decided.guards if decided is not None else []
+    if guards:
+        parts.append("lines that read them: " + "; ".join(
+            f"{f}:{n} (`{c}`) {w}" for f, n, c, w in guards[:6])
+            + (f" and {len(guards) - 6} more" if len(guards) > 6 else ""))
     where = (f" ({cause.details.get('raised_at')})" if cause.details.get("raised_at") else "")
+    loc = cause.location
+    if guards:
+        from onnxmedic.findings import Location
+
+        loc = Location(file=guards[0][0], line=guards[0][1], code=guards[0][2])
     return info(
-        "OM116", STAGE, "Python control flow depends on values the model keeps in 0-d integer "
-        f"buffers registered non-persistent{where}; torch.export sees buffers as unknown "
-        f"values, so they were fixed to their values for the capture: {shown}{more}. No "
-        "checkpoint sets such buffers (they are not in the state dict); the model was left as "
-        "it was.", location=cause.location,
-        suggestion="Nothing to do if these are config constants. To avoid the failed first "
-        "attempt, keep them as Python ints (attributes, not buffers). If your code changes "
-        "them after construction, export again after each change.",
-        details={"constants": dict(consts)})
+        "OM116", STAGE, f"Python control flow depends on values the model keeps in buffers{where}"
+        "; torch.export sees buffers as unknown inputs, but in the ONNX file they are constants "
+        "(initializers), so the capture used their current values: " + "; ".join(parts)
+        + ". The ONNX model computes the branch these values select, for every input; "
+        "verification compared it with the model as it is. The model was left as it was.",
+        location=loc,
+        suggestion="Nothing to do if these buffers keep their values after export (config "
+        "constants, a fixed time grid, an initialised-once flag). If your code changes them "
+        "(loads a checkpoint that sets them, re-initialises), export again after the change. "
+        "To avoid the failed first attempt, keep such values as Python numbers (attributes, "
+        "not buffers).",
+        details={"constants": dict(consts),
+                 "buffers": dict(decided.buffers) if decided is not None else {},
+                 "guards": [{"at": f"{f}:{n}", "code": c, "read": w}
+                            for f, n, c, w in guards]})
 
 
 _SPECIALISED = re.compile(r"L\['([A-Za-z_]\w*)'\]\.size\(\)\[(\d+)\] as dynamic but your code "

@@ -39,6 +39,7 @@ class Result:
     registered: dict[str, str] = field(default_factory=dict)  # pytree registrations made
     neutralised: Any = None  # validation.Neutralised: what a validation-off capture changed
     constants: dict[str, int] = field(default_factory=dict)  # buffers fixed to their values
+    decided: Any = None  # buffers.Decided: guards decided by buffer values, buffers they read
     # input dim ("L['x'].size()[3]") -> (guard that fixed it to a number, Python stack there)
     specialised: dict[str, tuple[str, list[Any]]] = field(default_factory=dict)
 
@@ -235,17 +236,26 @@ def buffers_as_constants(found: dict[str, tuple[torch.nn.Module, str, int]]) -> 
             mod.__class__ = cls
 
 
-class ConstantScalarBuffers(TorchExportNonStrict):
-    """When Python control flow depends on a config constant the model keeps in a tensor: a 0-d
-    integer buffer registered non-persistent (EnCodec's conv ``stride``, ``kernel_size``,
-    ``padding_total``: ``if length <= max(padding_total, extra_padding)`` in its ``_pad1d``).
-    torch.export treats every buffer as an unknown value, so the branch cannot be decided.
-    Capture again with those buffers fixed to their values (OM116 names them): sound because no
-    checkpoint sets a non-persistent buffer, and verification compares the ONNX model with the
-    model as it is. Applies only after an attempt failed on data-dependent control flow and
-    when the model has such buffers."""
+class KnownBuffers(TorchExportNonStrict):
+    """When Python control flow reads a buffer's value. torch.export treats every buffer as an
+    unknown input, while in the ONNX file buffers are constants (initializers); so capture
+    again with their values known and decide such branches by them (OM116 names the buffers,
+    their values and the lines):
 
-    name = "torch.export(strict=False), integer scalar buffers fixed to their values"
+    * a config constant kept in a 0-d integer buffer registered non-persistent (EnCodec's conv
+      ``stride``, ``padding_total``: ``if length <= max(padding_total, extra_padding)``) is
+      read as a Python-known constant, so guards that also involve a dynamic size stay
+      symbolic (``buffers_as_constants``);
+    * every other buffer carries its value (capture.buffers: gpytorch's ``updated_strategy``
+      flag, a time grid in ``if t[0] > t[1]``, normflows' ``data_dep_init_done``): a guard on
+      a value computed from buffers and constants alone is decided by it; one that involves
+      an input fails as before.
+
+    With validation off as well (ValidationOff), since a model may need both. Verification
+    compares the ONNX model with the eager model as it is. Applies only after an attempt
+    failed on data-dependent control flow and when the model has buffers."""
+
+    name = "torch.export(strict=False), buffer values known"
 
     def __init__(self) -> None:
         self.found: dict[str, tuple[torch.nn.Module, str, int]] = {}
@@ -255,16 +265,21 @@ class ConstantScalarBuffers(TorchExportNonStrict):
         reason = _data_dependent_failure(previous)
         if reason is not None:
             return reason
-        self.found = constant_scalar_buffers(model) if model is not None else {}
-        if not self.found:
-            return "the model has no 0-d integer buffer registered non-persistent"
+        if model is None or not any(b.device.type != "meta" for b in model.buffers()):
+            return "the model has no buffers"
         return None
 
     def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
-        if not self.found:
-            self.found = constant_scalar_buffers(model)
-        with buffers_as_constants(self.found):
+        from onnxmedic.capture.buffers import Decided, buffers_known
+        from onnxmedic.capture.validation import Neutralised, validation_off
+
+        self.found = constant_scalar_buffers(model)
+        record, decided = Neutralised(), Decided()
+        with validation_off(record), buffers_as_constants(self.found), \
+                buffers_known(model, decided):
             res = super().__call__(model, args, kwargs, dynamic_shapes)
+        res.neutralised = record
+        res.decided = decided
         res.constants = {k: v for k, (_, _, v) in self.found.items()}
         return res
 
@@ -303,7 +318,7 @@ class DraftExportSpecialised(CaptureStrategy):
 
 CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, RegisterPytreeTypes,
                                                    TorchExportStrict, ValidationOff,
-                                                   ConstantScalarBuffers,
+                                                   KnownBuffers,
                                                    DraftExportSpecialised]
 
 

@@ -191,7 +191,7 @@ def _decide_check_guards(record: Neutralised) -> Iterator[None]:
         try:
             return original(self, sym_node, size_oblivious, fallback_value)
         except GuardOnDataDependentSymNode:
-            frame = _guarding_frame()
+            frame = guarding_frame()
             decided = check_only_value(frame) if frame is not None else None
             if decided is None:
                 raise
@@ -210,18 +210,19 @@ def _decide_check_guards(record: Neutralised) -> Iterator[None]:
 TRACER_FILES = ("/torch/fx/", "/torch/_export/", "/torch/export/", "/torch/_subclasses/",
                  "/torch/_dynamo/", "/torch/_functorch/", "/torch/overrides.py",
                  "/torch/_tensor.py", "/torch/utils/_", "/torch/_ops.py", "/torch/_prims",
-                 "/torch/_refs/", "/torch/_decomp/", "/torch/_library/", "/torch/_higher_order")
+                 "/torch/_refs/", "/torch/_decomp/", "/torch/_library/", "/torch/_higher_order",
+                 "/torch/__init__.py", "/torch/_compile.py")
 
 
-def _guarding_frame() -> Any:
+def guarding_frame(skip: tuple[str, ...] = ()) -> Any:
     """The frame of the code (user or library) whose bool() hit the guard: the first frame
-    outside torch's tracing machinery and this module."""
+    outside torch's tracing machinery, this module and the files in ``skip``."""
     import inspect
 
     frame = inspect.currentframe()
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
-        if name != __file__ and not name.startswith("<") and \
+        if name != __file__ and name not in skip and not name.startswith("<") and \
                 not any(t in name for t in TRACER_FILES):
             return frame
         frame = frame.f_back
