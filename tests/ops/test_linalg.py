@@ -693,3 +693,26 @@ def test_features_end_to_end_through_onnxmedic_export():
     res = onnxmedic.export(_LinalgFeatures().eval(), args, tolerance=(1e-4, 1e-4))
     assert res.ok, [f"{f.code}: {f.message}" for f in res.findings]
     assert res.verification
+
+
+_RAGGED = [
+    ("...i,...ij->...j", [(3,), (5, 2, 3, 4)]),
+    ("...ij,...j->...i", [(5, 2, 3, 4), (4,)]),
+    ("b...i,...i->b...", [(2, 5, 6, 3), (6, 3)]),
+    ("...i,...i->...", [(1, 3), (4, 2, 3)]),
+]
+
+
+@pytest.mark.parametrize("equation,shapes", _RAGGED, ids=[e for e, _ in _RAGGED])
+def test_einsum_with_ellipses_of_different_ranks(equation, shapes) -> None:
+    """PyTorch broadcasts ellipses right-aligned; ONNX Runtime refuses an Einsum whose
+    ellipses cover different numbers of dims (zuko's UNAF flow)."""
+    g = torch.Generator().manual_seed(0)
+    tensors = tuple(torch.randn(*s, generator=g) for s in shapes)
+
+    def fn(*ts):
+        return torch.einsum(equation, *ts)
+
+    assert check_call(fn, tensors, registry=None).stage == "runtime"  # torchlib's model
+    check = check_call(fn, tensors, tolerance=(1e-5, 1e-6))
+    assert check.ok, check

@@ -1340,3 +1340,45 @@ def aten_linalg_matrix_exp(self):
     for i in range(_EXP_MAX_SQUARINGS):
         E = op.Where(op.Less(const(float(i), A), s_m), op.MatMul(E, E), E)
     return E
+
+
+# ----------------------------------------------------------------- einsum: ragged ellipses
+
+def _ellipsis_ranks(equation: str, ranks: list[int]) -> list[int] | None:
+    """How many dims each operand's ``...`` stands for (0 without one), or None when the
+    equation cannot be read (left to torchlib)."""
+    lhs = equation.replace(" ", "").split("->")[0].split(",")
+    if len(lhs) != len(ranks):
+        return None
+    out = []
+    for sub, r in zip(lhs, ranks):
+        if "..." in sub:
+            out.append(r - len(sub.replace("...", "")))
+        else:
+            out.append(0)
+    return out if all(n >= 0 for n in out) else None
+
+
+@translation(aten.einsum.default, overrides_torchlib=True)
+def aten_einsum(equation: str, tensors, path=None):
+    """einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor
+
+    PyTorch broadcasts ``...`` right-aligned across operands whose ellipses cover different
+    numbers of dims (``"...i,...ij->...j"`` with a vector and a batch of matrices: zuko's UNAF
+    flow); ONNX's Einsum requires every ellipsis to cover the same number, and ONNX Runtime
+    refuses to load the model. Here an operand with fewer ellipsis dims gets size-1 dims
+    inserted at the start of its ellipsis (what right-aligned broadcasting means); other calls
+    are torchlib's single Einsum."""
+    ranks = [len(t.shape) if t.shape is not None else -1 for t in tensors]
+    counts = _ellipsis_ranks(equation, ranks) if min(ranks, default=0) >= 0 else None
+    lhs = equation.replace(" ", "").split("->")[0].split(",")
+    if counts is not None and len({c for c, s in zip(counts, lhs) if "..." in s}) > 1:
+        most = max(counts)
+        padded = []
+        for t, sub, n in zip(tensors, lhs, counts):
+            if "..." in sub and n < most:
+                at = len(sub.split("...")[0])  # explicit letters before the ellipsis
+                t = op.Unsqueeze(t, ints(list(range(at, at + most - n))))
+            padded.append(t)
+        tensors = padded
+    return op.Einsum(*tensors, equation=equation)
