@@ -109,7 +109,8 @@ def test_data_dependent_branch_is_specialised_loudly_and_the_divergence_found():
     assert w.severity.value == "warning"
     assert w.location.file.endswith("models.py") and "x.sum() > 0" in w.location.code
     assert "torch.cond" in w.suggestion
-    assert [a["ok"] for a in r.attempts] == [False, False, True]
+    # torch.export (non-strict, strict, with validation off) fails; draft_export works
+    assert [a["ok"] for a in r.attempts] == [False] * (len(r.attempts) - 1) + [True]
     assert "draft_export" in r.attempts[-1]["strategy"]
     bad = [c.input_set for c in r.verification if not c.ok]
     assert bad == ["zeros"]  # x.sum() == 0 takes the other branch

@@ -35,7 +35,9 @@ def _zoo_module():
 # without their Cache outputs, and the two models whose decompositions crash torch.onnx -- with
 # the recovery that made each export on record. One sweep with the fast subset, so that only one
 # pair of sweep workers loads the machine at a time.
-REAL_CASES = {"t5": "OM122", "t5+cache": "OM120", "bart": None, "bart+cache": "OM120",
+# (t5's decomposition crash was an autograd one: decompositions run without autograd now, so
+# it exports directly; swin still needs the OM122 recovery)
+REAL_CASES = {"t5": None, "t5+cache": "OM120", "bart": None, "bart+cache": "OM120",
               "whisper": None, "swin": "OM122", "xlnet": "OM123"}
 
 

@@ -521,7 +521,7 @@ def aten__fft_r2c(self, dim, normalization: int, onesided: bool):
 
 
 @translation(aten._fft_c2r.default, overrides_torchlib=True, complex=True)
-def aten__fft_c2r(self, dim, normalization: int, last_dim_size):
+def aten__fft_c2r_complex(self, dim, normalization: int, last_dim_size):
     """_fft_c2r(Tensor self, int[] dim, int normalization, SymInt last_dim_size) -> Tensor
 
     As _fft_r2c; the last transformed length is ``last_dim_size`` (the real output's)."""
@@ -530,7 +530,7 @@ def aten__fft_c2r(self, dim, normalization: int, last_dim_size):
 
 
 @translation(aten._fft_c2c.default, overrides_torchlib=True, complex=True)
-def aten__fft_c2c(self, dim, normalization: int, forward: bool):
+def aten__fft_c2c_complex(self, dim, normalization: int, forward: bool):
     """_fft_c2c(Tensor self, SymInt[] dim, int normalization, bool forward) -> Tensor
 
     As _fft_r2c."""
