@@ -166,6 +166,19 @@ def _data_dependent_failure(previous: list[Result]) -> str | None:
     return None
 
 
+def _with_validation_off(capture_: Any, model: Any, args: tuple[Any, ...],
+                         kwargs: dict[str, Any], dynamic_shapes: Any) -> Result:
+    """``capture_(model, args, kwargs, dynamic_shapes)`` with validation off (see
+    capture/validation.py); the result records what was switched off or decided."""
+    from onnxmedic.capture.validation import Neutralised, validation_off
+
+    record = Neutralised()
+    with validation_off(record):
+        res = capture_(model, args, kwargs, dynamic_shapes)
+    res.neutralised = record
+    return res
+
+
 class ValidationOff(TorchExportNonStrict):
     """After a failure on data-dependent control flow: torch.export(strict=False) with the
     validation switches of the libraries in use turned off and check-only branches (an
@@ -180,13 +193,7 @@ class ValidationOff(TorchExportNonStrict):
         return _data_dependent_failure(previous)
 
     def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
-        from onnxmedic.capture.validation import Neutralised, validation_off
-
-        record = Neutralised()
-        with validation_off(record):
-            res = super().__call__(model, args, kwargs, dynamic_shapes)
-        res.neutralised = record
-        return res
+        return _with_validation_off(super().__call__, model, args, kwargs, dynamic_shapes)
 
 
 def constant_scalar_buffers(model: torch.nn.Module) -> dict[str, tuple[torch.nn.Module, str, int]]:
@@ -302,13 +309,7 @@ class DraftExportSpecialised(CaptureStrategy):
     def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
         # with validation off too, so that only the genuinely data-dependent branches are
         # specialised to the example
-        from onnxmedic.capture.validation import Neutralised, validation_off
-
-        record = Neutralised()
-        with validation_off(record):
-            res = super().__call__(model, args, kwargs, dynamic_shapes)
-        res.neutralised = record
-        return res
+        return _with_validation_off(super().__call__, model, args, kwargs, dynamic_shapes)
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
         with _size_oblivious(dynamic_shapes):
