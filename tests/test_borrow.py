@@ -148,3 +148,23 @@ def test_parameters_the_model_writes_are_named() -> None:
     assert om012.details["parameters"] == ["scale"]
     assert torch.equal(model.scale.detach(), torch.full((3,), 2.0))  # as a plain call leaves it
     assert not model.done  # the buffer is put back
+
+
+def test_a_model_left_holding_a_fake_tensor_is_a_clear_finding() -> None:
+    """A model object that cached a traced value during an earlier torch.onnx.export (zuko's
+    lazily built flows do) returns FakeTensors: OM100 says so, not an internal error."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Cached(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            with FakeTensorMode():
+                self.cache = torch.ones(3)  # what a trace left behind
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.cache
+
+    res = onnxmedic.export(Cached().eval(), (torch.randn(3),))
+    assert not res.ok and res.exit_code == 1
+    (f,) = [f for f in res.findings if f.severity.value == "error"]
+    assert f.code == "OM100" and "FakeTensor" in f.message

@@ -122,4 +122,16 @@ def preflight_stage(result: Any, model: Any, args: tuple[Any, ...],
         if not pre.ok:
             st.fail(pre.finding)
             return None
-    return [to_numpy(t) for t in flatten_tensors(pre.outputs)]
+        outputs = flatten_tensors(pre.outputs)
+        odd = [type(t).__name__ for t in outputs if type(t) is not torch.Tensor
+               and not isinstance(t, torch.nn.Parameter)]
+        if odd:  # a FakeTensor/FunctionalTensor left in the model by an earlier trace
+            st.fail(error(
+                "OM100", STAGE, f"forward() returned a {odd[0]}, not a plain tensor, on the "
+                "example inputs: the model holds tensors left by an earlier trace (an "
+                "interrupted torch.export / torch.onnx.export of this model object caches a "
+                "traced value in an attribute), so it no longer computes real values.",
+                suggestion="Build the model again (or reload it) and export the new object.",
+                details={"output_types": odd}))
+            return None
+    return [to_numpy(t) for t in outputs]
