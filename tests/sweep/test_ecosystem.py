@@ -4,13 +4,12 @@ group (`make bench-eco`, which installs the `zoo` extra)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
-from onnxmedic.sweep import sweep
+from onnxmedic.sweep import import_source, sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 ZOO = str(ROOT / "bench" / "zoo" / "ecosystem.py")
@@ -41,16 +40,12 @@ KNOWN_FAILURES: dict[str, str] = {
 }
 KNOWN_FAILURES.update({f"{n}@Dim": r for n, r in list(KNOWN_FAILURES.items())})
 
-
-def _zoo_module():
-    spec = importlib.util.spec_from_file_location("_zoo_ecosystem", ZOO)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+# the zoo file, imported once (its libraries are imported by each factory, not here)
+ECO = import_source(ZOO)
 
 
 def test_zoo_has_sixty_models_from_fifteen_libraries() -> None:
-    zoo = _zoo_module()
+    zoo = ECO
     assert len(zoo.ZOO) >= 60
     assert len({name.split("/")[0] for name in zoo.ZOO}) >= 15
     assert set(zoo.ALL) == set(zoo.ZOO) | {f"{n}@Dim" for n in zoo.ZOO}
@@ -59,7 +54,7 @@ def test_zoo_has_sixty_models_from_fifteen_libraries() -> None:
 def test_fast_subset_exports_and_verifies_at_every_size(tmp_path) -> None:
     for lib in ("kornia", "torch_geometric", "zuko"):
         pytest.importorskip(lib, reason="the ecosystem zoo's fast subset (pip install -e '.[test]')")
-    fast = _zoo_module().FAST
+    fast = ECO.FAST
     names = [*fast, f"{fast[0]}@Dim"]
     res = sweep(ZOO + ":ALL", names=names, jobs=2, timeout=600, results=tmp_path / "r.json")
     by = {e["name"]: e for e in res.entries}
@@ -87,7 +82,7 @@ def test_whole_ecosystem_zoo(tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(_zoo_module().ZOO))
+@pytest.mark.parametrize("name", sorted(ECO.ZOO))
 def test_export_leaves_every_ecosystem_model_and_torch_unchanged(name: str, tmp_path) -> None:
     """Issue 15: after export, model and torch state are what they were (modes, parameters,
     buffers, hooks, patched functions, global switches), for every entry of the zoo."""
@@ -96,7 +91,7 @@ def test_export_leaves_every_ecosystem_model_and_torch_unchanged(name: str, tmp_
     from tests._state import snapshot_state, state_differences
 
     try:
-        case = _zoo_module().ZOO[name]()
+        case = ECO.ZOO[name]()
     except ImportError as e:
         pytest.skip(f"library not installed: {e}")
     # one plain call first: some models initialise parameters on their first call (gpytorch's

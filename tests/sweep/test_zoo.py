@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxmedic.sweep import sweep
+from onnxmedic.sweep import import_source, sweep
 
 pytest.importorskip("transformers", reason="the zoo needs transformers (pip install "
                     "'onnxmedic[hf]')")
@@ -20,15 +20,6 @@ ZOO = str(ROOT / "bench" / "zoo" / "hf.py")
 # entries that do not export and verify yet, and why (kept honest by the slow test: an entry
 # listed here that starts to pass fails the test, so the list shrinks as fixes land)
 KNOWN_FAILURES: dict[str, str] = {}
-
-
-def _zoo_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_zoo_hf", ZOO)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # The capture issue's real cases, in the default run (CI runs them): encoder-decoders with and
@@ -42,7 +33,7 @@ REAL_CASES = {"t5": None, "t5+cache": "OM120", "bart": None, "bart+cache": "OM12
 
 
 def test_fast_subset_and_real_cases_export_and_verify(tmp_path):
-    fast = _zoo_module().FAST
+    fast = import_source(ZOO).FAST
     names = list(dict.fromkeys([*fast, *REAL_CASES]))
     res = sweep(ZOO + ":ALL", names=names, jobs=2, timeout=600, results=tmp_path / "r.json")
     by = {e["name"]: e for e in res.entries}

@@ -358,7 +358,7 @@ def _torchlib_sdpa():
     return getattr(fn, "function", fn)  # the traced function's Python body
 
 
-def _fully_masked_rows(attn_mask, query, key, is_causal: bool):
+def _fully_masked_rows(attn_mask, is_causal: bool):
     """A bool [..., L, 1] flag: the rows of ``attn_mask`` that mask every key (all False, or all
     -inf for an additive mask), or None when no row can be (no mask; a causal mask keeps the
     diagonal)."""
@@ -391,7 +391,7 @@ def aten_scaled_dot_product_attention(query, key, value, attn_mask=None, dropout
       the full [..., L, S] first).
     """
     torchlib = _torchlib_sdpa()
-    fully = _fully_masked_rows(attn_mask, query, key, is_causal)
+    fully = _fully_masked_rows(attn_mask, is_causal)
     r = len(query.shape)
     if r == 4:
         out = torchlib(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
@@ -432,12 +432,6 @@ _GRID_PADDING = ("zeros", "border", "reflection")
 
 def _grid_sampler(input, grid, interpolation_mode: int, padding_mode: int, align_corners: bool):
     mode, padding = _GRID_MODES[interpolation_mode], _GRID_PADDING[padding_mode]
-    nan_grid = op.IsNaN(grid)
-    bad_coord = op.Or(nan_grid, op.IsInf(grid))
-    # [N, *out, 1] -> [N, 1, *out]: a sampling point with a NaN or infinite coordinate
-    bad = op.Cast(op.ReduceMax(op.Cast(bad_coord, to=ir.DataType.INT32), ints([-1]), keepdims=1),
-                  to=ir.DataType.BOOL)
-    bad = op.Unsqueeze(op.Squeeze(bad, ints([-1])), ints([1]))
     fill = None
     if padding == "zeros":
         fill = 0.0 if mode == "nearest" else float("nan")
@@ -447,13 +441,18 @@ def _grid_sampler(input, grid, interpolation_mode: int, padding_mode: int, align
         # PyTorch clamps the (pixel) coordinate before interpolating, so clamping the grid to
         # [-1, 1] first is the same for finite values, and sends +-inf and 1e10 to the border
         # (ONNX Runtime turns them into garbage indices); NaN stays NaN
-        grid = op.Where(nan_grid, grid, op.Clip(grid, const(-1.0, grid), const(1.0, grid)))
+        grid = op.Where(op.IsNaN(grid), grid,
+                        op.Clip(grid, const(-1.0, grid), const(1.0, grid)))
     out = op.GridSample(input, grid, align_corners=align_corners,
                         mode={"bilinear": "linear", "bicubic": "cubic"}.get(mode, mode),
                         padding_mode=padding)
-    if fill is not None:
-        out = op.Where(bad, const(fill, out), out)
-    return out
+    if fill is None:
+        return out
+    # [N, *out, 2] -> [N, 1, *out]: a sampling point with a NaN or infinite coordinate
+    bad_coord = op.Or(op.IsNaN(grid), op.IsInf(grid))
+    bad = op.ReduceMax(op.Cast(bad_coord, to=ir.DataType.INT32), ints([-1]), keepdims=0)
+    bad = op.Unsqueeze(op.Cast(bad, to=ir.DataType.BOOL), ints([1]))
+    return op.Where(bad, const(fill, out), out)
 
 
 @translation(aten.grid_sampler.default, overrides_torchlib=True)
