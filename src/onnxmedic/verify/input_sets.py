@@ -79,12 +79,14 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
 
     ``onnx_dims`` holds, per ONNX graph input (in the flattened order of the example's tensors),
     its dims: an int for a static dim, a name (dim_param) or None for a dynamic one. Inputs that
-    share a name share the size. For each name: size 1, twice the example's size and the first
-    prime above the example's (2 and 3 when the example has 1). The prime catches a file that
-    only works at the example's parity or divisibility: torch.export can follow a branch on
+    share a name share the size. For each name: size 1 and the first prime above twice the
+    example's size (2 and 3 when the example has 1). The larger size catches what only goes
+    wrong above the example (tables or caches sized by it); being prime, it also catches a file
+    that only works at the example's parity or divisibility: torch.export can follow a branch on
     ``h % 2`` (a UNet padding odd sizes) without a guard, and the file then fails at odd sizes.
-    A derived dim (its name an expression such as ``2*s0``) takes no prime: only multiples are
-    valid there. Values are drawn within each tensor's own range.
+    One size does both, so a dim costs two more runs, not three. A derived dim (its name an
+    expression such as ``2*s0``) takes exactly twice the example: only multiples are valid
+    there. Values are drawn within each tensor's own range.
     """
     leaves = torch.utils._pytree.tree_leaves((example.args, example.kwargs))
     tensor_idx = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
@@ -104,7 +106,7 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
             if n == 1:
                 return [2, 3]
             derived = any(c in name for c in "*+-/%() ")
-            return sorted({1, 2 * n} | (set() if derived else {next_prime(n)}))
+            return [1, 2 * n if derived else next_prime(2 * n)]
 
         return at
 
