@@ -68,11 +68,15 @@ class FixesBatch(torch.nn.Module):
         return x + torch.ones(2, 3)  # broadcasting a fixed (2, 3): batch must be 2
 
 
-def test_a_declared_dim_the_model_fixes_is_never_static_silently(tmp_path):
+@pytest.mark.parametrize("spec", [{"x": {0: "batch"}}, ({0: "batch"},), [{0: Dim("batch")}]],
+                         ids=["by name", "by position", "Dim by position"])
+def test_a_declared_dim_the_model_fixes_is_never_static_silently(tmp_path, spec):
     """The model needs batch == 2: torch.export's suggested fix makes the dim static, which
-    OM406 says (naming it); a dim that came out static without that is refused (OM407)."""
+    OM406 says (naming it); a dim that came out static without that is refused (OM407).
+    Dims given by position (a tuple or list, as torch.export also takes them) are refined like
+    dims given by name (they ended in OM401)."""
     r = onnxmedic.export(FixesBatch(), (torch.randn(2, 3),), tmp_path / "m.onnx",
-                         dynamic_shapes={"x": {0: "batch"}})
+                         dynamic_shapes=spec)
     codes = [f.code for f in r.findings]
     assert r.ok and "OM406" in codes and "OM407" not in codes, codes
     m = onnx.load(tmp_path / "m.onnx")

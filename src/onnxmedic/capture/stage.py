@@ -241,10 +241,10 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
                 applied += fixes
             except Exception as e:  # could not be applied: OM401 stands
                 logger.debug("could not apply suggested fixes: %s", e)
-        if refined is None and isinstance(dims, dict):
+        if refined is None and isinstance(dims, (dict, list, tuple)):
             found = _SPECIALISED.findall(text)
             lines = specialised_lines(text)
-            if found and not followed:
+            if found and not followed and isinstance(dims, dict):
                 # an input left undeclared (a mask beside its ids) may be what pins the
                 # declared dim: let its dims of the same sizes follow (Dim.AUTO) first
                 followed = True
@@ -252,18 +252,20 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
                 applied += follows
                 where += [lines.get((n, d)) for n, d, _ in found] if follows else []
             if found and refined is None:
-                refined = copy.copy(dims)
+                refined = copy.copy(dims) if isinstance(dims, dict) else list(dims)
+                keys = _spec_keys(model, args, kwargs, dims)
                 for name, d, value in found:
-                    spec = refined.get(name)
+                    key = keys.get(name)
+                    spec = refined[key] if key is not None else None
                     if isinstance(spec, dict) and int(d) in spec:
-                        refined[name] = {k: v for k, v in spec.items() if k != int(d)} or None
+                        refined[key] = {k: v for k, v in spec.items() if k != int(d)} or None
                         loc = lines.get((name, d))
                         where.append(loc)
                         at = f", at {loc.file}:{loc.line}" if loc is not None else ""
                         applied.append(f"{name}[{d}] = {value} (the model fixes it{at})")
         if refined is None:
             break
-        dims = refined
+        dims = type(dims)(refined) if isinstance(dims, tuple) else refined
         attempts = capture(model, args, kwargs, dims)
         for a in attempts:
             a.strategy = f"{a.strategy} (dynamic shapes refined)"
@@ -279,6 +281,19 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
                 details={"fixes": applied}))
             break
     return extra
+
+
+def _spec_keys(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               dims: Any) -> dict[str, Any]:
+    """forward's argument name -> its key in ``dims``: the name itself for a dict, the position
+    for a tuple or list (torch.export names inputs by forward's parameters: ``L['x']``)."""
+    if isinstance(dims, dict):
+        return {k: k for k in dims}
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        return {}
+    return {name: i for i, name in enumerate(bound) if i < len(dims)}
 
 
 def specialised_lines(text: str) -> dict[tuple[str, str], Any]:
