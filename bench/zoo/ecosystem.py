@@ -141,6 +141,27 @@ def nn_packed_gru() -> ZooCase:
                    note="GRU over a packed padded sequence (per-sample lengths)")
 
 
+class PackedBiLSTM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(8, 12, num_layers=2, bidirectional=True)
+        self.head = nn.Linear(24, 4)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        out, (h, c) = self.rnn(packed)
+        out, _ = nn.utils.rnn.pad_packed_sequence(out)  # max(lengths) steps, zeros past each
+        return self.head(out), h, c
+
+
+def nn_packed_bilstm() -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(_eval(PackedBiLSTM()), (_randn(9, 3, 8), torch.tensor([4, 9, 1])), {},
+                   ({0: "time", 1: "batch"}, {0: "batch"}),
+                   note="two-layer bidirectional LSTM over a packed sequence (time first, "
+                        "unsorted lengths), padded back, with its final states")
+
+
 class LogMel(nn.Module):
     """STFT log-mel front-end: hann window, power spectrum, a fixed mel matrix, log."""
 
@@ -1249,6 +1270,7 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
     "nn/encoder_fastpath": nn_encoder_fastpath,
     "nn/bilstm": nn_bilstm,
     "nn/packed_gru": nn_packed_gru,
+    "nn/packed_bilstm": nn_packed_bilstm,
     "nn/stft_logmel": nn_stft_logmel,
     "nn/stn_grid_sample": nn_stn,
     "nn/embedding_bag": nn_embedding_bag,

@@ -201,6 +201,21 @@ CODES: dict[str, CodeInfo] = {
         "the product of the later dims' sizes (what the stride is). A stride of a tensor not "
         "provably contiguous is left and fails translation (OM201).",
     ),
+    "OM207": CodeInfo(
+        "packed sequences captured padded", 0,
+        "pack_padded_sequence -> nn.RNN/GRU/LSTM -> pad_packed_sequence cannot be traced (the "
+        "packed data's sizes come from the lengths' values) and ONNX has no packed tensors; "
+        "onnxmedic captured the path on the padded batch and its lengths (onnxmedic::"
+        "padded_rnn), translated to ONNX's RNN/GRU/LSTM with sequence_lens: the same values "
+        "(each sequence over its own length, states at its last valid step, padding past it, "
+        "max(lengths) time steps), without pack_padded_sequence's checks of the lengths.",
+    ),
+    "OM208": CodeInfo(
+        "packed sequence use not capturable", 1,
+        "The model uses a PackedSequence other than as pack_padded_sequence -> nn.RNN/GRU/LSTM "
+        "-> pad_packed_sequence (reads .data or .batch_sizes, or runs an LSTM with proj_size, "
+        "which ONNX's LSTM lacks); no ONNX form keeps the packed layout.",
+    ),
     "OM210": CodeInfo(
         "translation registry entry rejected", 1,
         "A translation registration was invalid or its module failed to import; the other "

@@ -20,7 +20,6 @@ ZOO = str(ROOT / "bench" / "zoo" / "ecosystem.py")
 # (filled from `python bench/zoo_bench.py --zoo bench/zoo/ecosystem.py:ZOO`, 2026-11-25;
 # the Dim spelling is expected to end the same way)
 KNOWN_FAILURES: dict[str, str] = {
-    "nn/packed_gru": "OM111: pack_padded_sequence sizes the batch from the lengths",
     "transformers/mamba": "OM401: the slow path loops over the sequence (modeling_mamba.py:260)",
     "transformers/encodec": "OM402: the frame loop over samples (modeling_encodec.py:588)",
     "diffusers/unet2d_condition": "OM402: the file only works at multiples of the downsampling",

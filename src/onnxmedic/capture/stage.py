@@ -115,6 +115,8 @@ def _capture_module(ctx: ExportContext) -> bool:
     if "draft_export" in attempts[-1].strategy:
         result.findings.append(specialised_finding(attempts))
         ctx.branch_probe = True
+    if attempts[-1].packed is not None and attempts[-1].packed.calls:
+        result.findings.append(packed_finding(attempts[-1].packed))
     decided = attempts[-1].decided
     if attempts[-1].constants or (decided is not None and decided.guards):
         result.findings.append(constants_finding(attempts))
@@ -151,6 +153,30 @@ def validation_off_finding(record: Any) -> Finding:
         "it (e.g. a scale <= 0, an unsorted time grid).",
         details={"switches": list(record.switches),
                  "checks": [f"{f}:{n}" for f, n, _ in record.checks]})
+
+
+def packed_finding(record: Any) -> Finding:
+    """OM207: packed-sequence RNN calls captured on the padded batch and its lengths."""
+    calls: dict[tuple[str, str], Any] = {}
+    for kind, loc in record.calls:
+        calls.setdefault((kind, f"{loc.file}:{loc.line}" if loc is not None else "?"), loc)
+    where = "; ".join(f"nn.{kind} over pack_padded_sequence at {at}"
+                      + (f" (`{loc.code}`)" if loc is not None and loc.code else "")
+                      for (kind, at), loc in calls.items())
+    return info(
+        "OM207", STAGE, f"packed sequences: {where}. torch.export cannot trace a "
+        "PackedSequence (its sizes come from the lengths' values) and ONNX has none, so "
+        "onnxmedic captured each pack_padded_sequence -> RNN -> pad_packed_sequence on the "
+        "padded batch and its lengths (onnxmedic::padded_rnn): in the ONNX file one "
+        f"{'/'.join(sorted({k for k, _ in calls}))} node per layer with sequence_lens - each "
+        "sequence runs over its own length, h_n/c_n are the states at its last valid step, "
+        "outputs past it are padding_value, and pad_packed_sequence's max(lengths) time steps "
+        "are sliced at run time. The values are the packed path's; the ONNX model does not "
+        "check the lengths as pack_padded_sequence does (each in 1..T, sorted with "
+        "enforce_sorted=True).",
+        location=next(iter(calls.values())),
+        suggestion="Nothing to do. Feed lengths in 1..T (as PyTorch requires).",
+        details={"calls": [{"rnn": k, "at": at} for k, at in calls]})
 
 
 def constants_finding(attempts: list[Any]) -> Finding:

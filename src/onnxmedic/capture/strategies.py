@@ -42,6 +42,7 @@ class Result:
     decided: Any = None  # buffers.Decided: guards decided by buffer values, buffers they read
     # input dim ("L['x'].size()[3]") -> (guard that fixed it to a number, Python stack there)
     specialised: dict[str, tuple[str, list[Any]]] = field(default_factory=dict)
+    packed: Any = None  # packed.PackedRewrites: the packed RNN calls captured padded
 
     @property
     def ok(self) -> bool:
@@ -153,6 +154,55 @@ class RegisterPytreeTypes(TorchExportNonStrict):
         res = super().__call__(model, args, kwargs, dynamic_shapes)
         res.registered = dict(self.registered)
         res.notes.extend(f"not registered: {p}" for p in self.problems)
+        return res
+
+
+_PACKED_FILES = ("torch/nn/utils/rnn.py", "torch/nn/modules/rnn.py")
+
+
+def _packed_failure(previous: list[Result]) -> str | None:
+    """None when an earlier attempt failed in the packed-sequence path (torch.nn.utils.rnn or
+    an RNN module's forward, or strict mode refusing pack_padded_sequence), else why not."""
+    import traceback
+
+    errors = [r.error for r in previous if r.error is not None]
+    if not errors:
+        return "no earlier attempt failed"
+    for e in errors:
+        chain = []
+        while e is not None and e not in chain:
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        for x in chain:
+            if "pack_padded_sequence" in str(x) or any(
+                    f.filename.replace("\\", "/").endswith(_PACKED_FILES)
+                    for f in traceback.extract_tb(x.__traceback__)):
+                return None
+    return "no earlier attempt failed in a packed sequence or an RNN module"
+
+
+class PackedSequences(TorchExportNonStrict):
+    """After a failure in the packed-sequence path: torch.export(strict=False) with
+    pack_padded_sequence -> nn.RNN/GRU/LSTM -> pad_packed_sequence kept padded (one
+    ``onnxmedic::padded_rnn`` op on the padded batch and the lengths, ONNX's RNN ops with
+    sequence_lens in the file) - the same values, see capture/packed.py; OM207 says where."""
+
+    name = "torch.export(strict=False), packed sequences kept padded"
+
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any],
+              model: torch.nn.Module | None = None) -> str | None:
+        if model is not None and not any(isinstance(m, torch.nn.RNNBase)
+                                         for m in model.modules()):
+            return "the model has no nn.RNN, nn.GRU or nn.LSTM"
+        return _packed_failure(previous)
+
+    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
+        from onnxmedic.capture.packed import PackedRewrites, packed_as_padded
+
+        record = PackedRewrites()
+        with packed_as_padded(model, record):
+            res = super().__call__(model, args, kwargs, dynamic_shapes)
+        res.packed = record
         return res
 
 
@@ -318,7 +368,8 @@ class DraftExportSpecialised(CaptureStrategy):
 
 
 CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, RegisterPytreeTypes,
-                                                   TorchExportStrict, ValidationOff,
+                                                   TorchExportStrict, PackedSequences,
+                                                   ValidationOff,
                                                    KnownBuffers,
                                                    DraftExportSpecialised]
 
@@ -459,6 +510,27 @@ def _loc(frame: Any) -> Location:
                     code=(frame.line or "").strip() or None)
 
 
+def _packed_use_finding(failed: list[Result], tried: str, loc: Location | None,
+                        details: dict[str, Any]) -> Finding | None:
+    """OM208 when an attempt failed on a packed-sequence use capture/packed.py does not cover
+    (the error names it), else None."""
+    from onnxmedic.capture.packed import PackedUseUnsupported
+
+    for r in failed:
+        e, seen = r.error, []
+        while e is not None and e not in seen:
+            if isinstance(e, PackedUseUnsupported):
+                return error("OM208", STAGE, f"{e}. Tried: {tried}",
+                             location=location_from_exception(e) or loc,
+                             suggestion="Keep the packed sequence between pack_padded_sequence, "
+                             "the RNN module and pad_packed_sequence (apply per-step layers to "
+                             "the padded output, masking by the lengths), or export with a "
+                             "fixed batch of equal-length sequences.", details=details)
+            seen.append(e)
+            e = e.__cause__ or e.__context__
+    return None
+
+
 def classify_capture_error(results: list[Result]) -> Finding:
     """One finding for a failed capture: the most telling attempt, classified."""
     failed = [r for r in results if r.error is not None]
@@ -472,6 +544,9 @@ def classify_capture_error(results: list[Result]) -> Finding:
     tried = "; ".join(r.summary()["error"] and f"{r.strategy}: {r.summary()['error']}"
                       for r in failed)
     details = {"attempts": [r.summary() for r in results]}
+    packed = _packed_use_finding(failed, tried, loc, details)
+    if packed is not None:
+        return packed
     if _DYNAMIC.search(texts) and "Constraints violated" in texts:
         why = [ln.strip()[2:] for ln in texts.splitlines()
                if ln.strip().startswith("- ") and ("Not all values" in ln or "specialized" in ln

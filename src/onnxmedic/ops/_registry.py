@@ -34,6 +34,7 @@ BUILTIN_FAMILIES: tuple[str, ...] = (
     "onnxmedic.ops.logical",
     "onnxmedic.ops.grouped",
     "onnxmedic.ops.complex",
+    "onnxmedic.ops.rnn",
 )
 
 
