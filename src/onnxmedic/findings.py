@@ -172,6 +172,17 @@ CODES: dict[str, CodeInfo] = {
         "no overload of the op accepts that mix; onnxmedic wrote the ints as floats (the same "
         "values: the op computes in its float dtype) and the translation succeeded.",
     ),
+    "OM127": CodeInfo(
+        "sizes kept symbolic", 0,
+        "Code turned a dynamic size into a Python number or a constant tensor, which fixes it "
+        "to the example's value: `float(width - 1) / 2` or `int(n)` (torch.export refuses the "
+        "dynamic dim, OM401), `torch.as_tensor(3 * length / 4)` (torch bakes the example's "
+        "value into the program without a guard). The capture kept the size symbolic - "
+        "`torch.sym_float`/the size itself for the `float()`/`int()` of the module whose line "
+        "made the number, `torch.tensor` (built from the symbolic values) for `torch.as_tensor`"
+        "/`torch.asarray` - computing the same values; verification runs the dynamic dims at "
+        "other sizes. The finding names the lines.",
+    ),
     # OM2xx: operators
     "OM201": CodeInfo(
         "operator has no ONNX translation", 1,

@@ -23,7 +23,8 @@ KNOWN_FAILURES: dict[str, str] = {
     "transformers/mamba": "OM401: the slow path loops over the sequence (modeling_mamba.py:260)",
     "transformers/encodec": "OM402: the frame loop over samples (modeling_encodec.py:588)",
     "diffusers/unet2d_condition": "OM402: the file only works at multiples of the downsampling",
-    "kornia/rotate": "OM401: the centre is float(width - 1) / 2 (affwarp.py:68)",
+    "kornia/rotate": "OM402: fails at size 1 (warp_affine's `w_out == 1` branch, decided "
+                     "size-obliviously)",
     "monai/basic_unet": "OM402: the file only works at even sizes (UpCat pads odd ones)",
     "monai/attention_unet": "OM402: fails at size 1 in InstanceNormalization",
     "gpytorch/exact_gp": "OM112: torch.equal(x1, x2) fast path in the kernel",
@@ -31,10 +32,10 @@ KNOWN_FAILURES: dict[str, str] = {
     "nflows/spline_coupling": "OM112: if torch.any(inside_interval_mask)",
     "torchdiffeq/dopri5": "OM112: adaptive step count (data-dependent)",
     "torchcde/cde": "OM112: the time grid is built inside forward",
-    "x_transformers/decoder": "OM401: einx turns every size into an int (torch.py:60)",
+    "x_transformers/decoder": "OM401: einx turns every size into an int (torch.py:60) and "
+                              "keys its graph cache on them (sizes kept symbolic: unhashable)",
     "normflows/realnvp": "OM402: draft_export specialises the batch after ActNorm",
     "neuralop/fno": "OM401: the grid is cached per resolution (embeddings.py:138)",
-    "julius/resample_frac": "OM402: torch.as_tensor of the output length bakes it",
     "rotary_embedding/attention": "OM402: the cache the first call fills is read as constants",
 }
 KNOWN_FAILURES.update({f"{n}@Dim": r for n, r in list(KNOWN_FAILURES.items())})

@@ -117,6 +117,9 @@ def _capture_module(ctx: ExportContext) -> bool:
         ctx.branch_probe = True
     if attempts[-1].packed is not None and attempts[-1].packed.calls:
         result.findings.append(packed_finding(attempts[-1].packed))
+    kept = attempts[-1].kept
+    if kept is not None and kept.lines:
+        result.findings.append(kept_sizes_finding(kept))
     decided = attempts[-1].decided
     if attempts[-1].constants or (decided is not None and decided.guards):
         result.findings.append(constants_finding(attempts))
@@ -177,6 +180,25 @@ def packed_finding(record: Any) -> Finding:
         location=next(iter(calls.values())),
         suggestion="Nothing to do. Feed lengths in 1..T (as PyTorch requires).",
         details={"calls": [{"rnn": k, "at": at} for k, at in calls]})
+def kept_sizes_finding(kept: Any) -> Finding:
+    """OM127: lines that made a Python number or a constant tensor of a dynamic size, which the
+    capture kept symbolic (capture.sizes)."""
+    from onnxmedic.findings import Location
+
+    file, line, code, _ = kept.lines[0]
+    shown = "; ".join(f"{f}:{n} (`{c}`): {w}" for f, n, c, w in kept.lines[:6]) + (
+        f" and {len(kept.lines) - 6} more" if len(kept.lines) > 6 else "")
+    return info(
+        "OM127", STAGE, "code turns dynamic sizes into Python numbers or constant tensors, which "
+        f"would fix them to the example's values; the capture kept them symbolic: {shown}. "
+        "The ONNX model computes these values from the input's shape; verification ran the "
+        "dynamic dims at other sizes.",
+        location=Location(file=file, line=line, code=code),
+        suggestion="Nothing to do. In your own code, `torch.sym_float(n)` instead of "
+        "`float(n)`, `n` instead of `int(n)` and `torch.tensor(...)` instead of "
+        "`torch.as_tensor(...)` of a size keep it symbolic without this recovery.",
+        details={"lines": [{"at": f"{f}:{n}", "code": c, "kept": w} for f, n, c, w in kept.lines],
+                 "modules": list(kept.modules)})
 
 
 def constants_finding(attempts: list[Any]) -> Finding:

@@ -43,6 +43,7 @@ class Result:
     # input dim ("L['x'].size()[3]") -> (guard that fixed it to a number, Python stack there)
     specialised: dict[str, tuple[str, list[Any]]] = field(default_factory=dict)
     packed: Any = None  # packed.PackedRewrites: the packed RNN calls captured padded
+    kept: Any = None  # sizes.Kept: lines whose sizes the capture kept symbolic
 
     @property
     def ok(self) -> bool:
@@ -61,6 +62,7 @@ def _short_error(e: BaseException) -> str:
 
 class CaptureStrategy:
     name = "base"
+    kept: Any = None  # sizes.Kept of the attempt under way (set by the strategies that keep)
 
     def __call__(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                  dynamic_shapes: Any, previous: list[Result] | tuple[()] = ()) -> Result:
@@ -79,7 +81,8 @@ class CaptureStrategy:
             return Result(None, self.name, e, time.perf_counter() - t0,
                           notes=[buf.getvalue()[-4000:]] if buf.getvalue() else [],
                           specialised=fixed)
-        return Result(program, self.name, None, time.perf_counter() - t0)
+        return Result(program, self.name, None, time.perf_counter() - t0, kept=self.kept,
+                      specialised=fixed)
 
     def _capture(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                  dynamic_shapes: Any) -> torch.export.ExportedProgram:
@@ -101,12 +104,17 @@ def _size_oblivious(dynamic_shapes: Any) -> Any:
 
 
 class TorchExportNonStrict(CaptureStrategy):
-    """torch.export.export(strict=False): Python runs as-is, tensors are traced."""
+    """torch.export.export(strict=False): Python runs as-is, tensors are traced. With dynamic
+    shapes, ``torch.as_tensor`` of a symbolic size builds the tensor from it (capture.sizes)."""
 
     name = "torch.export(strict=False)"
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
-        with _size_oblivious(dynamic_shapes):
+        from onnxmedic.capture.sizes import Kept, symbolic_factories
+
+        self.kept = Kept()
+        with _size_oblivious(dynamic_shapes), \
+                symbolic_factories(self.kept, active=bool(dynamic_shapes)):
             return torch.export.export(model, args, kwargs=kwargs,
                                        dynamic_shapes=dynamic_shapes, strict=False)
 
@@ -204,6 +212,52 @@ class PackedSequences(TorchExportNonStrict):
             res = super().__call__(model, args, kwargs, dynamic_shapes)
         res.packed = record
         return res
+
+
+class SymbolicSizes(TorchExportNonStrict):
+    """When a line fixed a declared dim by making a Python number of it with ``float()`` or
+    ``int()`` (kornia's ``float(width - 1) / 2``, einx's ``int(x) for x in tensor.shape``):
+    torch.export(strict=False) again with that module's ``float``/``int`` keeping a symbolic
+    size symbolic (``torch.sym_float``, as TorchDynamo traces them; capture.sizes). Up to
+    four rounds, each adding the modules the last attempt's specialising lines are in. The
+    same numbers are computed; a later use that needs a Python number still guards, and
+    verification runs the declared dims at other sizes (OM127 names the lines)."""
+
+    name = "torch.export(strict=False), sizes kept symbolic"
+
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any],
+              model: torch.nn.Module | None = None) -> str | None:
+        if not _converting_modules(previous):
+            return "no earlier attempt fixed a dim with int() or float()"
+        return None
+
+    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
+        from onnxmedic.capture.sizes import Kept, sizes_stay_symbolic
+
+        modules = _converting_modules(list(previous))
+        res = None
+        for _ in range(4):
+            record = Kept()
+            with sizes_stay_symbolic(modules, record):
+                res = super().__call__(model, args, kwargs, dynamic_shapes)
+            more = [m for m in _converting_modules([res]) if m not in modules]
+            if res.ok or not more:
+                break
+            modules += more
+        assert res is not None
+        if res.kept is not None:
+            record.lines += [e for e in res.kept.lines if e not in record.lines]
+        res.kept = record
+        return res
+
+
+def _converting_modules(previous: list[Result]) -> list[str]:
+    from onnxmedic.capture.sizes import converting_modules
+
+    found: list[str] = []
+    for r in previous:
+        found += [m for m in converting_modules(r.specialised, _is_internal) if m not in found]
+    return found
 
 
 def _data_dependent_failure(previous: list[Result]) -> str | None:
@@ -362,14 +416,18 @@ class DraftExportSpecialised(CaptureStrategy):
         return _with_validation_off(super().__call__, model, args, kwargs, dynamic_shapes)
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
-        with _size_oblivious(dynamic_shapes):
+        from onnxmedic.capture.sizes import Kept, symbolic_factories
+
+        self.kept = Kept()
+        with _size_oblivious(dynamic_shapes), \
+                symbolic_factories(self.kept, active=bool(dynamic_shapes)):
             return torch.export.draft_export(model, args, kwargs=kwargs,
                                              dynamic_shapes=dynamic_shapes)
 
 
 CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, RegisterPytreeTypes,
-                                                   TorchExportStrict, PackedSequences,
-                                                   ValidationOff,
+                                                   SymbolicSizes, TorchExportStrict,
+                                                   PackedSequences, ValidationOff,
                                                    KnownBuffers,
                                                    DraftExportSpecialised]
 
@@ -401,8 +459,32 @@ def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         results.append(res)
         logger.debug("capture %s: %s", res.strategy, "ok" if res.ok else res.error)
         if res.ok:
+            if cls is not SymbolicSizes and SymbolicSizes in (strategies or CAPTURE_STRATEGIES):
+                results += _unfixed(res, model, args, kwargs, dynamic_shapes)
             break
     return results
+
+
+class SizeFixed(Exception):
+    """A capture that worked but fixed a declared dim by ``int()``/``float()`` without
+    torch.export refusing it (a guard on ``TruncToInt(0.5*s1)``: not one it reports)."""
+
+
+def _unfixed(res: Result, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+             dynamic_shapes: Any) -> list[Result]:
+    """When a capture that worked fixed a declared dim with ``int()``/``float()`` all the same
+    (torch.export reports only guards it can solve for the dim), capture again with the sizes
+    kept symbolic; if that works, the first attempt counts as failed (SizeFixed, the program
+    dropped). Otherwise the first stands, and verification at other sizes judges it."""
+    if not _converting_modules([res]):
+        return []
+    retry = SymbolicSizes()(model, args, kwargs, dynamic_shapes, previous=[res])
+    if not retry.ok:
+        return []
+    fixed = "; ".join(f"{src} by `{g}`" for src, (g, _) in res.specialised.items())
+    res.program, res.error = None, SizeFixed(
+        f"the capture fixed declared dims with int() or float(): {fixed}")
+    return [retry]
 
 
 _DATA_DEPENDENT = re.compile(
