@@ -33,10 +33,8 @@ KNOWN_FAILURES: dict[str, str] = {
     "torchdiffeq/dopri5": "OM112: adaptive step count (data-dependent)",
     "torchcde/cde": "OM112: the time grid is built inside forward",
     "x_transformers/decoder": "OM401: einx turns every size into an int (torch.py:60)",
-    "normflows/realnvp": "OM402: draft_export specialises the batch after ActNorm",
     "neuralop/fno": "OM401: the grid is cached per resolution (embeddings.py:138)",
     "julius/resample_frac": "OM402: torch.as_tensor of the output length bakes it",
-    "rotary_embedding/attention": "OM402: the cache the first call fills is read as constants",
 }
 KNOWN_FAILURES.update({f"{n}@Dim": r for n, r in list(KNOWN_FAILURES.items())})
 
