@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 import torch
@@ -20,6 +21,10 @@ def snapshot_state(model: torch.nn.Module) -> dict[str, Any]:
                          dict(m._backward_hooks), dict(m._state_dict_hooks))
                   for name, m in model.named_modules()},
         "attrs": {name: sorted(vars(m)) for name, m in model.named_modules()},
+        # plain number/string attributes: a cache's filled length beside its buffer
+        "attr_values": {name: {k: v for k, v in vars(m).items()
+                               if type(v) in (int, float, bool, str, type(None))}
+                        for name, m in model.named_modules()},
         "grad": torch.is_grad_enabled(),
         "inference": torch.is_inference_mode_enabled(),
         "dtype": torch.get_default_dtype(),
@@ -34,6 +39,7 @@ def snapshot_state(model: torch.nn.Module) -> dict[str, Any]:
                    if not k.startswith("__")},
         "torch": {k: getattr(torch, k) for k in ("cat", "stack", "where", "cond", "_assert")},
         "pytree": set(torch.utils._pytree.SUPPORTED_NODES),
+        "builtins": (builtins.len, builtins.max, builtins.min),
     }
 
 

@@ -164,3 +164,33 @@ def onnx_neighbourhood(model: Any, node: Any, limit: int = 6) -> dict[str, Any]:
                 + (["graph output"] if any(o.name == v for o in g.output) else [])}
                for v in node.output if v]
     return {"node": label(node), "inputs": inputs[:limit * 2], "outputs": outputs[:limit]}
+
+
+def attribute_writes(module: Any, name: str) -> list[Location]:
+    """The lines of ``module``'s class (and its bases outside torch) that write ``self.<name>``
+    outside ``__init__``: an assignment (``self.n = ...``, ``self.n += ...``), an indexed one
+    (``self.cache[:n] = ...``) or an in-place method (``self.cache.copy_(...)``). Found in the
+    source, without running anything; [] when the source cannot be read."""
+    import inspect
+
+    pattern = re.compile(rf"\bself\.{re.escape(name)}\s*(?:\[[^\n]*\]\s*)?"
+                         rf"(?:[-+*/%&|^@]|//|\*\*|<<|>>)?=(?!=)|\bself\.{re.escape(name)}"
+                         rf"\.[a-z]\w*_\(")
+    found: list[Location] = []
+    for cls in type(module).__mro__:
+        if cls.__module__.startswith(("torch.", "builtins")) or cls is object:
+            continue
+        try:
+            lines, start = inspect.getsourcelines(cls)
+            file = inspect.getsourcefile(cls)
+        except (OSError, TypeError):
+            continue
+        function = None
+        for i, text in enumerate(lines):
+            m = re.match(r"\s*(?:async\s+)?def\s+(\w+)", text)
+            if m:
+                function = m.group(1)
+            if function != "__init__" and pattern.search(text):  # the calls', not construction
+                found.append(Location(file=file, line=start + i, function=function,
+                                      code=text.strip()))
+    return found

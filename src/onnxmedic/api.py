@@ -130,7 +130,8 @@ def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
             # the sandbox child imports ONNX Runtime while capture and translation run
             worker = sandbox.Worker() if opts.verify else None
             try:
-                run_export(ExportContext(result, model, args, kwargs, opts, worker=worker))
+                run_export(ExportContext(result, model, args, kwargs, opts, worker=worker,
+                                         state=state))
             finally:
                 if worker is not None:
                     worker.close()
@@ -144,13 +145,14 @@ def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
 
 
 def _put_back(result: ExportResult, state: borrow.State) -> None:
-    """The buffers the model wrote while export ran it, put back; parameters it wrote in place
-    named (OM012)."""
+    """The buffers and attributes the model wrote while export ran it, put back; parameters it
+    wrote in place named (OM012)."""
     restored, written = borrow.restore_state(state)
     if restored or written:
         parts = []
         if restored:
-            parts.append(f"buffers put back as they were before export: {', '.join(restored[:6])}"
+            parts.append("buffers and attributes put back as they were before export: "
+                         f"{', '.join(restored[:6])}"
                          + (f" and {len(restored) - 6} more" if len(restored) > 6 else ""))
         if written:
             parts.append("parameters the model wrote in place (left as written, as a plain call "

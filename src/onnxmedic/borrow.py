@@ -3,14 +3,18 @@
 ``model.train(True)`` after export would set *every* submodule to training mode, clobbering a
 model whose submodules were in mixed modes (e.g. a frozen batch-norm backbone in eval under a
 root in train). These helpers save and restore each submodule's own ``training`` flag, and the
-buffers a model writes when it runs (caches, counters): export runs the model several times, at
-several sizes.
+state a model writes when it runs - buffers and plain Python attributes alike (a cache and the
+length it is filled to, a counter, an initialised-once flag): export runs the model several
+times, at several sizes, and a buffer put back beside an attribute left as written would leave
+the model inconsistent (rotary-embedding-torch's ``cached_freqs`` beside
+``cached_freqs_seq_len``).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -38,22 +42,62 @@ def restore_modes(modes: list[tuple[torch.nn.Module, bool]]) -> None:
 BUFFER_COPY_LIMIT = 256 * 2**20
 
 
+# what every nn.Module keeps in its __dict__ (parameters, buffers, submodules, hooks, the
+# training flag): not the model's own attributes
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | {"training"}
+_MISSING = object()
+_CONTAINERS = (dict, list, set)
+_SCALARS = (int, float, bool, str, bytes, type(None))
+
+
 @dataclass
 class State:
     """What :func:`record_state` saw: each buffer (its module, name, tensor, version counter and
-    a copy of its value) and each parameter's version counter."""
+    a copy of its value), each parameter's version counter and data pointer, and each module's own attributes
+    (module, qualified prefix, {name: value}, {name: shallow copy of a dict/list/set value})."""
 
     buffers: list[tuple[torch.nn.Module, str, str, torch.Tensor, int, torch.Tensor | None]] = (
         field(default_factory=list))
-    params: list[tuple[str, torch.Tensor, int]] = field(default_factory=list)
+    params: list[tuple[str, torch.Tensor, int, int]] = field(default_factory=list)
+    attributes: list[tuple[torch.nn.Module, str, dict[str, Any], dict[str, Any]]] = field(
+        default_factory=list)
+    copied: bool = True  # the buffers' values were copied (not above BUFFER_COPY_LIMIT)
+
+
+@dataclass
+class Written:
+    """What the model wrote since :func:`record_state`: qualified names of the buffers
+    (replaced or written in place), attributes (assigned, added, removed, or a dict/list/set
+    attribute changed in place) and parameters (written in place, or ``.data`` replaced)."""
+
+    buffers: list[str] = field(default_factory=list)
+    attributes: list[str] = field(default_factory=list)
+    params: list[str] = field(default_factory=list)
+    before: dict[str, Any] = field(default_factory=dict)  # attribute -> its value before (if any)
+    # qualified name -> (module, attribute name), for the finding's lines
+    owners: dict[str, tuple[torch.nn.Module, str]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.buffers or self.attributes or self.params)
+
+
+def restorable(state: State, written: Written) -> bool:
+    """Whether :func:`restore_state` can put back all of ``written``'s buffers and attributes
+    (a buffer too large to have been copied keeps the values written)."""
+    return state.copied or not written.buffers
+
+
+def _own_attributes(mod: torch.nn.Module) -> dict[str, Any]:
+    return {k: v for k, v in vars(mod).items() if k not in _MODULE_INTERNALS}
 
 
 def record_state(model: torch.nn.Module) -> State:
-    """Record the model's buffers (values copied, up to ``BUFFER_COPY_LIMIT`` bytes in all) and
-    its parameters' version counters (no copy: an in-place write bumps the counter)."""
+    """Record the model's buffers (values copied, up to ``BUFFER_COPY_LIMIT`` bytes in all), its
+    parameters' version counters (no copy: an in-place write bumps the counter) and every
+    module's own attributes (the values, and a shallow copy of each dict, list or set)."""
     state = State()
     total = sum(b.numel() * b.element_size() for b in model.buffers())
-    copy = total <= BUFFER_COPY_LIMIT
+    copy = state.copied = total <= BUFFER_COPY_LIMIT
     seen: set[int] = set()
     for prefix, mod in model.named_modules():
         for name, buf in mod._buffers.items():
@@ -63,13 +107,89 @@ def record_state(model: torch.nn.Module) -> State:
             state.buffers.append((mod, name, qual, buf, buf._version,
                                   buf.detach().clone() if copy and id(buf) not in seen else None))
             seen.add(id(buf))
-    state.params = [(n, p, p._version) for n, p in model.named_parameters()]
+        attrs = _own_attributes(mod)
+        state.attributes.append((mod, prefix, attrs, {
+            k: type(v)(v) for k, v in attrs.items() if type(v) in _CONTAINERS}))
+    # the data pointer too: ``param.data = new`` (normflows' ActNorm) bumps no counter
+    state.params = [(n, p, p._version, p.data_ptr()) for n, p in model.named_parameters()]
     return state
+
+
+def _params_written(state: State) -> list[str]:
+    return [n for n, p, version, ptr in state.params
+            if p._version != version or p.data_ptr() != ptr]
+
+
+def _same_contents(saved: Any, now: Any) -> bool:
+    """A dict/list/tuple/set against its shallow copy, by identity of the items (no tensor
+    ==)."""
+    if len(saved) != len(now):
+        return False
+    if isinstance(saved, dict):
+        return saved.keys() == now.keys() and all(now[k] is v for k, v in saved.items())
+    if isinstance(saved, (list, tuple)):
+        return all(a is b for a, b in zip(saved, now))
+    return {id(x) for x in saved} == {id(x) for x in now}
+
+
+def _equivalent(old: Any, new: Any) -> bool:
+    """An equal number or string assigned again, or a container replaced by one of the same
+    type with the same items (torch.export puts back module attributes as copies of them)."""
+    if type(old) is not type(new):
+        return False
+    if type(old) in _SCALARS:
+        return old == new
+    if isinstance(old, (dict, list, tuple, set, frozenset)):
+        return _same_contents(old, new)
+    return False
+
+
+def _attributes_written(state: State) -> list[tuple[torch.nn.Module, str, str, dict[str, Any],
+                                                    dict[str, Any], bool]]:
+    """(module, attribute, qualified name, the module's recorded attributes, their container
+    copies, whether the change is only an equivalent object) of each attribute written since
+    ``state``."""
+    out = []
+    for mod, prefix, attrs, copies in state.attributes:
+        now = vars(mod)
+        names = set(attrs) | {k for k in now if k not in _MODULE_INTERNALS}
+        for name in sorted(names):
+            old, new = attrs.get(name, _MISSING), now.get(name, _MISSING)
+            if old is new:
+                if name in copies and not _same_contents(copies[name], new):
+                    out.append((mod, name, f"{prefix}.{name}" if prefix else name, attrs, copies,
+                                False))
+            elif not (type(old) in _SCALARS and _equivalent(old, new)):
+                out.append((mod, name, f"{prefix}.{name}" if prefix else name, attrs, copies,
+                            _equivalent(old, new)))
+    return out
+
+
+def written_since(state: State) -> Written:
+    """What the model wrote since :func:`record_state` recorded ``state`` (nothing is put
+    back)."""
+    written = Written()
+    for mod, name, qual, buf, version, _ in state.buffers:
+        if mod._buffers.get(name) is not buf or buf._version != version:
+            written.buffers.append(qual)
+            written.owners[qual] = (mod, name)
+    for mod, name, qual, attrs, _, same in _attributes_written(state):
+        if same:
+            continue
+        written.attributes.append(qual)
+        if name in attrs:
+            written.before[qual] = attrs[name]
+        written.owners[qual] = (mod, name)
+    written.params = _params_written(state)
+    return written
 
 
 def restore_state(state: State) -> tuple[list[str], list[str]]:
     """Put back every buffer as :func:`record_state` saw it (the same tensor, its value) and
-    return (names of the buffers put back, names of the parameters written in place since)."""
+    every module's own attributes (the same objects; a dict, list or set changed in place gets
+    its items back), and return (names of the buffers and attributes put back, names of the
+    parameters written in place since). A buffer too large to have been copied gets its tensor
+    back but keeps the values written."""
     restored: list[str] = []
     for mod, name, qual, buf, version, saved in state.buffers:
         changed = False
@@ -82,5 +202,21 @@ def restore_state(state: State) -> tuple[list[str], list[str]]:
             changed = True
         if changed:
             restored.append(qual)
-    written = [n for n, p, version in state.params if p._version != version]
-    return restored, written
+    for mod, name, qual, attrs, copies, same in _attributes_written(state):
+        # written into __dict__ as torch.export's own attribute restore does: a class's
+        # __setattr__ may have side effects
+        if name not in attrs:
+            vars(mod).pop(name, None)
+        else:
+            value = attrs[name]
+            if name in copies:  # the same container as before, with its items back
+                value.clear()
+                if isinstance(value, list):
+                    value.extend(copies[name])
+                else:
+                    value.update(copies[name])
+            vars(mod)[name] = value
+        if not same:  # an equivalent copy gets the original object back without a word
+            restored.append(qual)
+    return restored, _params_written(state)
+

@@ -42,6 +42,7 @@ class ExportContext:
     kwargs: dict[str, Any]
     opts: ExportOptions
     worker: Any = None  # sandbox.Worker started ahead (imports ONNX Runtime during capture)
+    state: Any = None  # borrow.State: the model as export found it (put back at the end)
     expected: list[np.ndarray] | None = None  # the example's outputs in PyTorch (preflight)
     opset: int | None = None  # the opset to export (fixes.opset.plan_opset)
     opset_bound: str = "asked for"  # what set it

@@ -78,8 +78,8 @@ CODES: dict[str, CodeInfo] = {
     "OM012": CodeInfo(
         "the model wrote its own state during export", 0,
         "Running the model (the reference, the input sets, the other sizes) changed its state: "
-        "buffers (caches such as rotary-embedding frequency tables, counters) are put back as "
-        "they were before export; parameters the model writes in place in forward (first-call "
+        "buffers and plain attributes (caches such as rotary-embedding frequency tables and "
+        "their filled length, counters) are put back as they were before export; parameters the model writes in place in forward (first-call "
         "initialisation, e.g. gpytorch's variational strategy) are named and left as the model "
         "wrote them, as a plain call would.",
     ),
@@ -136,6 +136,24 @@ CODES: dict[str, CodeInfo] = {
         "guard that involves an input still fails. The ONNX model computes the branch these "
         "values select, for every input; verification compares it with the eager model, and "
         "the model is left as it was. The finding names the buffers, values and lines.",
+    ),
+    "OM125": CodeInfo(
+        "model writes its own state on a call", 0,
+        "forward() writes the model's own state when it runs - a buffer filled in place, a "
+        "plain Python attribute assigned (rotary-embedding-torch fills cached_freqs and sets "
+        "cached_freqs_seq_len on its first call), a counter. onnxmedic's example run would "
+        "leave that state for capture to read as constants (right only at the example's "
+        "sizes), so the buffers and attributes it wrote are put back first: capture traces the "
+        "model in the state a plain call of the model as passed sees. The finding names what "
+        "was written and the lines that write it.",
+    ),
+    "OM126": CodeInfo(
+        "model initialised itself on the example run", 0,
+        "forward() wrote parameters on the example run, beside its own state (first-call, "
+        "data-dependent initialisation: normflows' ActNorm sets its scale and shift from the "
+        "first batch and a flag): the model is captured and verified as initialised from the "
+        "EXAMPLE INPUTS, and the ONNX file carries those values. Run the model on "
+        "representative data (or load its trained state) before exporting.",
     ),
     "OM113": CodeInfo(
         "unsupported input or output type", 1,

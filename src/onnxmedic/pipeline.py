@@ -16,7 +16,7 @@ from onnxmedic.context import ExportContext
 from onnxmedic.fixes.opset import plan_opset
 from onnxmedic.fixes.stage import fix_stage
 from onnxmedic.onnxfile import not_written_finding, output_stage, write_stage
-from onnxmedic.preflight import preflight_stage
+from onnxmedic.preflight import first_call_state, preflight_stage
 from onnxmedic.result import FAILED
 from onnxmedic.translate import translate_stage
 from onnxmedic.verify.stage import verify_stage
@@ -34,6 +34,8 @@ class Stage:
 
 def _preflight(ctx: ExportContext) -> bool:
     ctx.expected = preflight_stage(ctx.result, ctx.model, ctx.args, ctx.kwargs)
+    if ctx.expected is not None:  # capture sees the state a plain call sees (OM125, OM126)
+        first_call_state(ctx.result, ctx.model, ctx.state)
     return ctx.expected is not None
 
 

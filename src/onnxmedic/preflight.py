@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from onnxmedic._locate import location_from_exception
+from onnxmedic import borrow
+from onnxmedic._locate import attribute_writes, location_from_exception
 from onnxmedic._tensors import describe, flatten_tensors, reference_mode, to_numpy
-from onnxmedic.findings import Finding, error
+from onnxmedic.findings import Finding, error, info, warning
 
 STAGE = "preflight"
 
@@ -135,3 +136,89 @@ def preflight_stage(result: Any, model: Any, args: tuple[Any, ...],
                 details={"output_types": odd}))
             return None
     return [to_numpy(t) for t in outputs]
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return describe(value)
+    text = repr(value)
+    return text if len(text) <= 40 else f"{type(value).__name__}"
+
+
+def _written_items(written: borrow.Written, limit: int = 6) -> tuple[str, list[Any], list[dict[str, Any]]]:
+    """'name (what, at file:line `code`)' for each buffer and attribute written, the lines,
+    and the details."""
+    parts, lines, details = [], [], []
+    for qual in [*written.buffers, *written.attributes]:
+        mod, name = written.owners[qual]
+        kind = "buffer" if qual in written.buffers else "attribute"
+        what = kind
+        if kind == "attribute":
+            now = _shown(vars(mod)[name]) if name in vars(mod) else "deleted"
+            what += (f", {_shown(written.before[qual])} -> {now}" if qual in written.before
+                     else f", added: {now}")
+        at = attribute_writes(mod, name)
+        lines += at[:1]
+        where = (", written at " + ", ".join(f"{loc.file}:{loc.line} (`{loc.code}`)"
+                                              for loc in at[:3])
+                 + (f" and {len(at) - 3} more" if len(at) > 3 else "")) if at else ""
+        parts.append(f"{qual} ({what}{where})")
+        details.append({"name": qual, "kind": kind,
+                        "written_at": [f"{loc.file}:{loc.line}" for loc in at]})
+    text = "; ".join(parts[:limit]) + (f" and {len(parts) - limit} more"
+                                       if len(parts) > limit else "")
+    return text, lines, details
+
+
+def first_call_state(result: Any, model: Any, state: borrow.State | None) -> None:
+    """After the example run: the state the forward wrote, handled so that capture traces
+    what a plain call of the model as the user passed it computes.
+
+    * It wrote buffers or attributes only (a cache it filled and the length it is filled to,
+      a counter): they are put back as they were before the run, so capture sees the model in
+      the state a fresh call sees - a cache filled on the call is traced as computed from the
+      inputs, not read as constants the example left in it, which would be wrong at other
+      sizes (OM125). The example's outputs came from that same state.
+    * It also wrote parameters (first-call, data-dependent initialisation: normflows' ActNorm
+      sets its scale and shift from the first batch, and a flag): put back before capture,
+      the flag would contradict the parameters (which are not copied), so the model is
+      captured as the example run left it, initialised from the example inputs (OM126).
+      After export the flag is put back as usual, so the model's next call initialises it
+      again from that call's data (borrow.py, OM012)."""
+    if state is None or not isinstance(model, torch.nn.Module):
+        return
+    written = borrow.written_since(state)
+    if not (written.buffers or written.attributes):
+        return
+    text, lines, details = _written_items(written)
+    if written.params:
+        params = ", ".join(written.params[:6]) + (
+            f" and {len(written.params) - 6} more" if len(written.params) > 6 else "")
+        result.findings.append(warning(
+            "OM126", STAGE, "forward() initialised the model on the example run: it wrote "
+            f"parameters ({params}) and the state beside them ({text}). The model was "
+            "captured and verified as that run initialised it - from the EXAMPLE INPUTS, not "
+            "from your data: the ONNX file carries those values. The state is put back after "
+            "export, so the model's next call initialises it again from its own data.",
+            location=lines[0] if lines else None,
+            suggestion="Run the model on representative data before exporting (its first "
+            "call initialises it), then export; or load the trained state first.",
+            details={"parameters": list(written.params), "state": details}))
+        return
+    if not borrow.restorable(state, written):
+        result.findings.append(info(
+            "OM125", STAGE, f"forward() writes the model's own state when it runs: {text}. "
+            "The buffers are too large to copy, so capture reads the state the example run "
+            "left; verification at other sizes shows whether that matters.",
+            location=lines[0] if lines else None, details={"state": details, "restored": False}))
+        return
+    borrow.restore_state(state)
+    result.findings.append(info(
+        "OM125", STAGE, f"forward() writes the model's own state when it runs: {text}. Capture "
+        "traced the model as it was before the example run - the state a plain call of the "
+        "model you passed sees: what the call fills (a cache) is traced as computed from the "
+        "inputs, not read back as constants the example left in it, which would hold only "
+        "at the example's sizes.",
+        location=lines[0] if lines else None,
+        suggestion="Nothing to do. The model is left as it was before export.",
+        details={"state": details, "restored": True}))

@@ -287,3 +287,27 @@ def test_without_the_rule_the_adaptive_pool_window_is_fixed(tmp_path, monkeypatc
     bad = _onnx_vs_torch(tmp_path / "m.onnx", AdaptiveMean((4, 4)),
                          [(2, 3, 12, 12), (2, 3, 24, 24), (2, 3, 13, 12)])
     assert set(bad) == {(2, 3, 24, 24), (2, 3, 13, 12)}, bad
+
+
+class SizedByLen(torch.nn.Module):
+    """normflows' log_prob: ``torch.zeros(len(x))``; Python's len() must return an int."""
+
+    def forward(self, x):
+        return torch.zeros(len(x), dtype=x.dtype) + x.sum(1)
+
+
+def test_len_of_a_tensor_keeps_the_batch_dynamic_in_a_non_strict_capture():
+    import builtins
+
+    from onnxmedic.capture.strategies import TorchExportNonStrict, capture, symbolic_len
+
+    before = builtins.len
+    res = capture(SizedByLen(), (torch.randn(6, 4),), {}, ({0: torch.export.Dim.DYNAMIC},),
+                  strategies=[TorchExportNonStrict])
+    assert res[-1].ok, res[-1].error
+    assert builtins.len is before
+    with symbolic_len():  # plain objects, 0-d tensors and static sizes are left to the builtin
+        assert len([1, 2]) == 2 and len(torch.ones(3, 2)) == 3
+        with pytest.raises(TypeError):
+            len(torch.tensor(1.0))
+    assert builtins.len is before

@@ -34,9 +34,7 @@ KNOWN_FAILURES: dict[str, str] = {
     "torchcde/cde": "OM112: the time grid is built inside forward",
     "x_transformers/decoder": "OM401: einx turns every size into an int (torch.py:60) and "
                               "keys its graph cache on them (sizes kept symbolic: unhashable)",
-    "normflows/realnvp": "OM402: draft_export specialises the batch after ActNorm",
     "neuralop/fno": "OM401: the grid is cached per resolution (embeddings.py:138)",
-    "rotary_embedding/attention": "OM402: the cache the first call fills is read as constants",
 }
 KNOWN_FAILURES.update({f"{n}@Dim": r for n, r in list(KNOWN_FAILURES.items())})
 

@@ -7,6 +7,7 @@ the user's line and says what to change.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import io
 import logging
@@ -89,18 +90,45 @@ class CaptureStrategy:
         raise NotImplementedError
 
 
-def _size_oblivious(dynamic_shapes: Any) -> Any:
+def _size_oblivious(dynamic_shapes: Any, strict: bool = False) -> Any:
     """With dynamic shapes, capture like torch.onnx does: backed_size_oblivious=True, so that a
     size computed from a dynamic dim that happens to be 1 at the example (RegNet's last stage at
     32 px: 32 // 32) is not specialised to 1 - which bakes a static shape into the graph and
-    fails in ONNX Runtime at other sizes; and onnxmedic's size-symbolic shape rules
-    (capture.decomps: LSTM/GRU, affine_grid), where torch's own fix a dynamic size."""
+    fails in ONNX Runtime at other sizes; onnxmedic's size-symbolic shape rules
+    (capture.decomps: LSTM/GRU, affine_grid), where torch's own fix a dynamic size; and, when
+    Python runs as-is (not ``strict``), ``len(tensor)`` kept symbolic (``symbolic_len``)."""
     if not dynamic_shapes:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
     stack.enter_context(backed_size_oblivious())
     stack.enter_context(symbolic_shape_rules())
+    if not strict:
+        stack.enter_context(symbolic_len())
     return stack
+
+
+@contextlib.contextmanager
+def symbolic_len() -> Any:
+    """Within the block, ``len(t)`` of a tensor whose first size is symbolic gives that size,
+    a SymInt, as TorchDynamo traces it (``torch.export(strict=True)``), instead of the int the
+    builtin must return - which specialises a dynamic batch to the example's wherever a model
+    sizes a tensor by it (normflows' ``torch.zeros(len(x))``). Where an int is needed after
+    all (``range(len(t))``) the SymInt becomes one with the same guard as before. Non-strict
+    capture only: like torch.export's own ``builtins.max``/``min`` override, put back after."""
+    original = builtins.len
+
+    def len_(obj: Any, /) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.dim() > 0:
+            first = obj.shape[0]
+            if isinstance(first, torch.SymInt):
+                return first
+        return original(obj)
+
+    builtins.len = len_
+    try:
+        yield
+    finally:
+        builtins.len = original
 
 
 class TorchExportNonStrict(CaptureStrategy):
@@ -125,7 +153,7 @@ class TorchExportStrict(CaptureStrategy):
     name = "torch.export(strict=True)"
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
-        with _size_oblivious(dynamic_shapes):
+        with _size_oblivious(dynamic_shapes, strict=True):
             return torch.export.export(model, args, kwargs=kwargs,
                                        dynamic_shapes=dynamic_shapes, strict=True)
 
@@ -488,7 +516,7 @@ def _unfixed(res: Result, model: Any, args: tuple[Any, ...], kwargs: dict[str, A
 
 
 _DATA_DEPENDENT = re.compile(
-    r"data.dependent|GuardOnDataDependentSymNode|Could not guard on data-dependent|"
+    r"data.dependent|DataDependentOutputException|GuardOnDataDependentSymNode|Could not guard on data-dependent|"
     r"Could not extract specialized integer from data-dependent|\.item\(\)|"
     r"Dynamic control flow is not supported|generic_jump", re.IGNORECASE)
 _TYPES = re.compile(r"pytree|not a supported (?:input|output)|Unsupported (?:input|output) type|"
