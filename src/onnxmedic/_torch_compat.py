@@ -132,6 +132,74 @@ def patched_decompositions(table: dict[Any, Any]) -> Iterator[None]:
                 decomposition_table[op] = fn
 
 
+@contextlib.contextmanager
+def unused_constants_dropped() -> Iterator[None]:
+    """torch.export's constant lifting (``lift_constants_pass._unused_constant``) takes the
+    first user of every ``get_attr`` node and raises StopIteration on one without users - a
+    tensor constant the trace recorded and nothing read (draft_export's real-tensor
+    propagation leaves one behind in gpytorch's exact GP prediction). Within the block such a
+    node is dropped like the unused constants the pass already drops."""
+    try:
+        from torch._export.passes import lift_constants_pass as lcp
+    except ImportError:  # pragma: no cover - moved in a later torch
+        yield
+        return
+    original = getattr(lcp, "_unused_constant", None)
+    if original is None:  # pragma: no cover
+        yield
+        return
+
+    def unused_constant(node: Any) -> Any:
+        if node.op == "get_attr" and not node.users:
+            return [node]
+        return original(node)
+
+    lcp._unused_constant = unused_constant
+    try:
+        yield
+    finally:
+        lcp._unused_constant = original
+
+
+@contextlib.contextmanager
+def parameters_carry_values(model: Any) -> Iterator[None]:
+    """Within the block, a real-tensor-propagating capture (torch.export.draft_export) gives
+    the fake tensors of ``model``'s parameters their real values. torch's meta converter copies
+    the data of a tensor whose type is exactly ``torch.Tensor`` only (``_safe_copy``), so a
+    ``Parameter``'s fake carries uninitialised memory, and a branch on a value computed from
+    parameters is decided on garbage - differently from run to run (gpytorch's SVGP: a
+    Cholesky of a "covariance" that is not positive definite). A copy each, so that a model
+    writing its parameters during the trace leaves the originals alone."""
+    try:
+        import torch.export._trace as trace
+    except ImportError:  # pragma: no cover - moved in a later torch
+        yield
+        return
+    original = getattr(trace, "_fakify_params_buffers", None)
+    if original is None:  # pragma: no cover
+        yield
+        return
+
+    def fakify(fake_mode: Any, mod: Any) -> Any:
+        fakes = original(fake_mode, mod)
+        if mod is model and getattr(fake_mode, "propagate_real_tensors", False):
+            copies: dict[int, Any] = {}
+            for name, p in mod.named_parameters(remove_duplicate=False):
+                fake = fakes.get(name)
+                if fake is None or p.device.type == "meta":
+                    continue
+                if id(p) not in copies:
+                    copies[id(p)] = p.detach().clone()
+                fake.real_tensor = copies[id(p)]
+        return fakes
+
+    trace._fakify_params_buffers = fakify
+    try:
+        yield
+    finally:
+        trace._fakify_params_buffers = original
+
+
 def has_symbolic_inputs(program: Any) -> bool:
     """Whether an ExportedProgram has an input with a symbolic dim."""
     import torch

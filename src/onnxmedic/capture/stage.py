@@ -255,13 +255,24 @@ def specialised_finding(attempts: list[Any]) -> Finding:
     where = (f" at {cause.location.file}:{cause.location.line}"
              + (f" (`{cause.location.code}`)" if cause.location.code else "")
              if cause.location is not None and cause.location.file else "")
+    if cause.details.get("guard"):
+        where += f", in the library at {cause.details['guard']}"
+    equal = attempts[-1].equal
+    taken = ("; torch.equal's outcome was taken from the example at " + "; ".join(
+        str(e) for e in equal) + " - the ONNX model uses that outcome for every input, so "
+        "it differs from the model where the compared tensors are equal on one input and not "
+        "on another (e.g. a kernel's fast path for test points equal to the training points)"
+        if equal else "")
     return warning(
         "OM114", "capture", f"Python control flow depends on tensor values{where}; the model was "
-        "captured with torch.export.draft_export, which follows the branch the example takes. "
-        "The ONNX model computes THAT BRANCH FOR EVERY INPUT. Verification adds inputs meant to "
-        "take the other branches (negated, zero, scaled); a mismatch there is the divergence.",
+        "captured with torch.export.draft_export, which follows the branch the example takes"
+        f"{taken}. The ONNX model computes THAT BRANCH FOR EVERY INPUT. Verification adds inputs "
+        "meant to take the other branches (permuted, negated, zero, scaled); a mismatch there "
+        "is the divergence.",
         location=cause.location, suggestion=cause.suggestion,
-        details={"attempts": [a.summary() for a in attempts]})
+        details={"attempts": [a.summary() for a in attempts],
+                 "equal": [{"at": f"{e.file}:{e.line}", "code": e.code, "value": e.value}
+                           for e in equal]})
 
 
 def refined_capture(result: Any, model: Any, args: tuple[Any, ...],

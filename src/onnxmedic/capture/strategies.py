@@ -22,8 +22,14 @@ from typing import Any
 import torch
 
 from onnxmedic._locate import is_user_file, location_from_exception
-from onnxmedic._torch_compat import backed_size_oblivious, record_specialisations
+from onnxmedic._torch_compat import (
+    backed_size_oblivious,
+    parameters_carry_values,
+    record_specialisations,
+    unused_constants_dropped,
+)
 from onnxmedic.capture.decomps import symbolic_shape_rules
+from onnxmedic.capture.equal import equal_as_guard
 from onnxmedic.findings import Finding, Location, error
 
 logger = logging.getLogger(__name__)
@@ -45,6 +51,8 @@ class Result:
     specialised: dict[str, tuple[str, list[Any]]] = field(default_factory=dict)
     packed: Any = None  # packed.PackedRewrites: the packed RNN calls captured padded
     kept: Any = None  # sizes.Kept: lines whose sizes the capture kept symbolic
+    # torch.equal calls whose outcome was read from the values (capture.equal.EqualSite)
+    equal: list[Any] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -64,6 +72,9 @@ def _short_error(e: BaseException) -> str:
 class CaptureStrategy:
     name = "base"
     kept: Any = None  # sizes.Kept of the attempt under way (set by the strategies that keep)
+    # torch.equal computed as a data-dependent guard (capture.equal) during the capture:
+    # for the strategies that run the model's Python (not TorchDynamo's strict tracing)
+    equal_as_guard = True
 
     def __call__(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                  dynamic_shapes: Any, previous: list[Result] | tuple[()] = ()) -> Result:
@@ -73,17 +84,20 @@ class CaptureStrategy:
         # torch.export writes graph dumps to stderr when it fails; keep them for the report
         # instead of burying onnxmedic's own message under them
         buf = io.StringIO()
+        equal: list[Any] = []
         try:
             with warnings.catch_warnings(), contextlib.redirect_stderr(buf), \
-                    record_specialisations(bool(dynamic_shapes)) as fixed:
+                    record_specialisations(bool(dynamic_shapes)) as fixed, \
+                    unused_constants_dropped(), \
+                    (equal_as_guard(equal) if self.equal_as_guard else contextlib.nullcontext()):
                 warnings.simplefilter("ignore")
                 program = self._capture(model, args, kwargs, dynamic_shapes)
         except Exception as e:
             return Result(None, self.name, e, time.perf_counter() - t0,
                           notes=[buf.getvalue()[-4000:]] if buf.getvalue() else [],
-                          specialised=fixed)
+                          specialised=fixed, equal=equal)
         return Result(program, self.name, None, time.perf_counter() - t0, kept=self.kept,
-                      specialised=fixed)
+                      specialised=fixed, equal=equal)
 
     def _capture(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                  dynamic_shapes: Any) -> torch.export.ExportedProgram:
@@ -151,6 +165,7 @@ class TorchExportStrict(CaptureStrategy):
     """torch.export.export(strict=True): TorchDynamo traces the bytecode."""
 
     name = "torch.export(strict=True)"
+    equal_as_guard = False
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
         with _size_oblivious(dynamic_shapes, strict=True):
@@ -447,7 +462,7 @@ class DraftExportSpecialised(CaptureStrategy):
         from onnxmedic.capture.sizes import Kept, symbolic_factories
 
         self.kept = Kept()
-        with _size_oblivious(dynamic_shapes), \
+        with _size_oblivious(dynamic_shapes), parameters_carry_values(model), \
                 symbolic_factories(self.kept, active=bool(dynamic_shapes)):
             return torch.export.draft_export(model, args, kwargs=kwargs,
                                              dynamic_shapes=dynamic_shapes)
