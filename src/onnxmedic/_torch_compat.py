@@ -218,6 +218,17 @@ def initializer_bytes(ir_graph: Any) -> int:
     return int(_onnx_program._count_initializer_size(ir_graph))
 
 
+def dynamo_knows_builtins() -> None:
+    """Make TorchDynamo list the builtins now, before a capture puts its own ``len`` in
+    ``builtins``: the list is built lazily, once, from ``builtins.__dict__``, and if that first
+    happens under the stand-in, the real ``len`` is missing from it for the rest of the
+    process ("Dynamo does not know how to trace the builtin `builtins.len`" in every later
+    strict capture)."""
+    from torch._dynamo import trace_rules
+
+    trace_rules._builtin_function_ids()
+
+
 def str_dims_to_export_dims(dynamic_shapes: Any) -> tuple[Any, bool]:
     """torch.onnx's conversion of string dims ({0: "batch"}) to torch.export Dims; the bool
     says whether the ONNX axes must be renamed to the strings afterwards."""

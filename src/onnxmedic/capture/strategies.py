@@ -24,6 +24,7 @@ import torch
 from onnxmedic._locate import is_user_file, location_from_exception
 from onnxmedic._torch_compat import (
     backed_size_oblivious,
+    dynamo_knows_builtins,
     parameters_carry_values,
     record_specialisations,
     unused_constants_dropped,
@@ -129,6 +130,7 @@ def symbolic_len() -> Any:
     sizes a tensor by it (normflows' ``torch.zeros(len(x))``). Where an int is needed after
     all (``range(len(t))``) the SymInt becomes one with the same guard as before. Non-strict
     capture only: like torch.export's own ``builtins.max``/``min`` override, put back after."""
+    dynamo_knows_builtins()
     original = builtins.len
 
     def len_(obj: Any, /) -> Any:
