@@ -336,3 +336,15 @@ def test_a_strict_capture_after_the_len_stand_in_still_traces_len():
     """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "both captured" in p.stdout, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("spec", [({0: "batch", 1: "seq"},), {"x": {0: "batch", 1: "seq"}}],
+                         ids=["by position", "by name"])
+def test_a_dim_python_code_fixes_is_refused_not_made_static(spec):
+    """torch.export says "specialized it to be a constant" both for a dim a weight fixes and for
+    one a Python loop fixes. Only the first is made static (OM406): PyTorch itself runs the loop
+    at another length, so a static file would silently drop what was declared - OM401 with the
+    line (by name, such dims used to be made static)."""
+    r = onnxmedic.export(Scan(), (torch.randn(2, 6, 5),), dynamic_shapes=spec)
+    codes = {f.code for f in r.findings}
+    assert not r.ok and "OM401" in codes and "OM406" not in codes, codes

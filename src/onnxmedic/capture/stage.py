@@ -316,12 +316,16 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
                 for name, d, value in found:
                     key = keys.get(name)
                     spec = refined[key] if key is not None else None
-                    if isinstance(spec, dict) and int(d) in spec:
+                    if isinstance(spec, dict) and int(d) in spec and not _eager_runs_at(
+                            model, args, kwargs, name, int(d), int(value) + 1):
                         refined[key] = {k: v for k, v in spec.items() if k != int(d)} or None
                         loc = lines.get((name, d))
                         where.append(loc)
                         at = f", at {loc.file}:{loc.line}" if loc is not None else ""
                         applied.append(f"{name}[{d}] = {value} (the model fixes it{at})")
+        if refined is not None and not isinstance(dims, dict) and list(refined) == list(dims) \
+                or refined == dims:
+            refined = None  # nothing the model fixes for good: OM401 (the line) stands
         if refined is None:
             break
         dims = type(dims)(refined) if isinstance(dims, tuple) else refined
@@ -340,6 +344,39 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
                 details={"fixes": applied}))
             break
     return extra
+
+
+def _eager_runs_at(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str,
+                   dim: int, size: int) -> bool:
+    """Whether the model runs in PyTorch with input ``name``'s ``dim`` at ``size`` (values
+    drawn in the input's range). A dim torch.export finds fixed is made static only where the
+    model itself cannot take another size (a weight's shape: eager fails too); where eager runs,
+    the capture specialised Python code (a loop over the size, a branch on it) and making the
+    dim static would silently drop what the user declared: OM401 names that line instead.
+    The model's state is put back after the call."""
+    from onnxmedic._tensors import reference_mode
+    from onnxmedic.borrow import record_state, restore_state
+    from onnxmedic.verify.input_sets import tensor_like
+
+    try:
+        bound = inspect.signature(model.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return False
+    t = bound.arguments.get(name)
+    if not isinstance(t, torch.Tensor) or dim >= t.dim():
+        return False
+    shape = list(t.shape)
+    shape[dim] = size
+    bound.arguments[name] = tensor_like(t, tuple(shape), torch.Generator().manual_seed(0))
+    state = record_state(model)
+    try:
+        with reference_mode():
+            model(*bound.args, **bound.kwargs)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means the size is not the model's
+        return False
+    finally:
+        restore_state(state)
 
 
 def _spec_keys(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
