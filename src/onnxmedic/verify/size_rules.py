@@ -211,9 +211,9 @@ def rules_from_guards(guards: list[str], model: Any, args: tuple[Any, ...],
     """For each dynamic dim (``symbols``: ONNX dim name -> (example size, [(leaf index, dim)])
     - the leaves those of ``(args, kwargs)``), the sizes torch.export's ``guards`` allow with
     the other dims at the example's, when they are not all sizes and form a rule (an
-    arithmetic progression from a minimum); ``locations`` (input dim -> (guard, line)) names
-    the line (input dim -> [(guard, line)], capture.strategies.guard_locations). Guards that
-    cannot be evaluated are left out."""
+    arithmetic progression from a minimum); ``locations`` (input dim -> [(guard, line)], from
+    capture.strategies.guard_locations) names the line that added the telling guard. Guards
+    that cannot be evaluated are left out."""
     made = _stand_ins(model, args, kwargs)
     if made is None or not guards:
         return {}

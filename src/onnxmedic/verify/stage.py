@@ -584,7 +584,7 @@ def guard_rules(ctx: ExportContext) -> dict[str, SizeRule]:
     from onnxmedic.capture.strategies import guard_locations
 
     guards = export_guards(ctx.program)
-    if not guards or result_has_no_dims(ctx.result.onnx_model):
+    if not guards or _no_dynamic_dims(ctx.result.onnx_model):
         return {}
     _, onnx_dims, _ = graph_io(ctx.result.onnx_model)
     try:
@@ -596,7 +596,7 @@ def guard_rules(ctx: ExportContext) -> dict[str, SizeRule]:
         return {}
 
 
-def result_has_no_dims(proto: Any) -> bool:
+def _no_dynamic_dims(proto: Any) -> bool:
     """True when no graph input has a dynamic dim."""
     _, dims, _ = graph_io(proto)
     return not any(not isinstance(d, int) for ds in dims for d in ds)
