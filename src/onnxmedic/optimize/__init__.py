@@ -30,8 +30,8 @@ from onnxmedic.optimize.candidates import (
 )
 from onnxmedic.optimize.passes import Pipeline, default_pipelines, run_pipeline
 from onnxmedic.verify.input_sets import derived_input_sets, shape_variants
-from onnxmedic.verify.size_rules import rules_from_metadata
 from onnxmedic.verify.reference import reference_outputs
+from onnxmedic.verify.size_rules import rules_from_metadata
 from onnxmedic.verify.stage import EXTRA_INPUT_SETS
 
 logger = logging.getLogger(__name__)
