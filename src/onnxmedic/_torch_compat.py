@@ -303,6 +303,10 @@ class _SpecialisationRecorder(logging.Handler):
 
         self.sources: dict[str, str] = {}
         self.fixed: dict[str, tuple[str, list[Any]]] = {}  # source -> (guard, stack frames)
+        # (source, guard, stack frames) of guards on one input dim that divide it (``//``,
+        # ``Mod``) or bound it (``s0 >= 8``): a file valid at some sizes only (a multiple of 2)
+        self.size_guards: list[tuple[str, str, list[Any]]] = []
+        self._any_guard = re.compile(r"^\w+(?: \(forcing_spec\))? (.+?) \[guard added\]")
         self._create = re.compile(r"^create_symbol (\w+) = -?\d+ for (\S+)")
         self._guard = re.compile(r"^\w+(?: \(forcing_spec\))? (Eq\((.+), (-?\d+)\)) \[guard added\]")
         self._symbol = re.compile(r"\b[su]\d+\b")
@@ -318,6 +322,7 @@ class _SpecialisationRecorder(logging.Handler):
         if m:
             self.sources[m.group(1)] = m.group(2)
             return
+        self._size_guard(msg)
         m = self._guard.match(msg)
         if not m:
             return
@@ -328,13 +333,27 @@ class _SpecialisationRecorder(logging.Handler):
         if source is not None and source not in self.fixed:
             self.fixed[source] = (m.group(1), traceback.extract_stack()[:-1])
 
+    def _size_guard(self, msg: str) -> None:
+        import traceback
+
+        m = self._any_guard.match(msg)
+        if not m or len(self.size_guards) >= 64 or not any(
+                w in m.group(1) for w in ("//", "Mod(", ">", "<")):
+            return
+        symbols = set(self._symbol.findall(m.group(1)))
+        source = self.sources.get(symbols.pop()) if len(symbols) == 1 else None
+        if source is not None:
+            self.size_guards.append((source, m.group(1), traceback.extract_stack()[:-2]))
+
 
 @contextlib.contextmanager
-def record_specialisations(active: bool = True) -> Iterator[dict[str, tuple[str, list[Any]]]]:
+def record_specialisations(active: bool = True, size_guards: list[Any] | None = None
+                           ) -> Iterator[dict[str, tuple[str, list[Any]]]]:
     """While torch.export traces: input dim (``L['x'].size()[3]``) -> (the guard that fixed it
     to a number, e.g. ``Eq(s0 - 1, 31)``, the Python stack where it was added). ShapeEnv's
     logger is set to INFO for the duration (its handlers filtered to what they showed before)
-    and restored."""
+    and restored. ``size_guards`` (a list) receives (input dim, guard, stack) for each guard that
+    divides or bounds one input dim (``Eq(2*((s0 - 1)//2) + 2, s0)``: the dim is even)."""
     out: dict[str, tuple[str, list[Any]]] = {}
     if not active:
         yield out
@@ -360,6 +379,15 @@ def record_specialisations(active: bool = True) -> Iterator[dict[str, tuple[str,
         for h in others:
             h.removeFilter(quiet)
         out.update(handler.fixed)
+        if size_guards is not None:
+            size_guards.extend(handler.size_guards)
+
+
+def export_guards(program: Any) -> list[str]:
+    """The guards on the input sizes torch.export recorded for ``program``, as Python
+    expressions over ``L['x'].size()[i]`` (``L['x'].size()[2] == (2*(L['x'].size()[2] // 2))``);
+    the ONNX file keeps none of them. Empty when this torch does not keep them."""
+    return [g for g in getattr(program, "_guards_code", None) or [] if isinstance(g, str)]
 
 
 class _BelowLevel(logging.Filter):

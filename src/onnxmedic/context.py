@@ -51,6 +51,8 @@ class ExportContext:
     str_dims: Any = None  # string dims to rename the ONNX axes to
     requested_dims: Any = None  # the dynamic shapes asked for ("auto"/dynamic_axes completed)
     branch_probe: bool = False  # capture specialised a data-dependent branch
+    # (input dim, guard, stack) of the capture's guards that divide an input dim (``//``, Mod)
+    size_guards: list[Any] = field(default_factory=list)
     auto_dims: bool = False  # dynamic_shapes="auto"
     onnx_program: Any = None  # torch.onnx.ONNXProgram
     tmp_dir: Path | None = None  # the model is saved here until it is published

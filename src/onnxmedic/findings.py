@@ -350,6 +350,21 @@ CODES: dict[str, CodeInfo] = {
         "The dynamic shapes as given violated the model's constraints; torch.export's "
         "suggested fixes (equal dims, constants, bounds) were applied and capture retried.",
     ),
+    "OM408": CodeInfo(
+        "dynamic dimension valid only at some sizes", 0,
+        "torch.export followed code that holds only at some sizes of a dynamic dim (a multiple "
+        "of k, a minimum: a UNet's skip concatenation, a branch on size % k) and recorded it as "
+        "a guard the ONNX file drops. The file failed at sizes the guard excludes and verified "
+        "at sizes it allows; it was written with the rule in its metadata_props "
+        "('onnxmedic.dim_constraints'). The finding names the rule and the line that "
+        "introduced it.",
+    ),
+    "OM409": CodeInfo(
+        "sizes checked as the file declares", 0,
+        "The ONNX file declares size rules for its dynamic dims (metadata_props "
+        "'onnxmedic.dim_constraints', written with OM408); verification checked only sizes "
+        "they allow.",
+    ),
     # OM5xx: ONNX checks and ONNX Runtime
     "OM501": CodeInfo("ONNX checker failed", 1, "onnx.checker rejected the model."),
     "OM502": CodeInfo(

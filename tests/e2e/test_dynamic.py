@@ -225,21 +225,29 @@ def test_correct_translation_of_the_same_block_verifies_at_every_size(tmp_path):
 
 class _PadsOddWidths(torch.nn.Module):
     """A UNet-style skip: pool, upsample, pad by one where the width is odd, concatenate.
-    torch.export follows the example's (even) branch without a guard, so the file only works at
-    even widths."""
+    torch.export follows the example's (even) branch, so the file only works at even widths;
+    the branch leaves a guard (``Eq(2*(width//2), width)``) that says so."""
 
     def forward(self, x):
         u = torch.nn.functional.interpolate(torch.nn.functional.max_pool2d(x, 2),
                                             scale_factor=2.0)
-        if u.shape[-1] != x.shape[-1]:
+        if u.shape[-1] != x.shape[-1]:  # ODD-PAD
             u = torch.nn.functional.pad(u, (0, 1, 0, 0), mode="replicate")
         return torch.cat([u, x], 1)
 
 
-def test_a_file_that_only_works_at_even_sizes_is_refused(tmp_path):
+def test_a_file_that_only_works_at_even_sizes_is_refined(tmp_path):
+    """Issue 16: refused with OM402 before; now the guard's rule (even widths) explains the
+    failure at 11, the file verifies at even sizes and is written with the rule (OM408)."""
+    import inspect
+
     x = torch.randn(1, 2, 8, 8)
     res = onnxmedic.export(_PadsOddWidths().eval(), (x,), tmp_path / "m.onnx",
                            dynamic_shapes=({3: "width"},))
-    assert not res.ok and not (tmp_path / "m.onnx").exists()
-    om402 = [f for f in res.findings if f.code == "OM402"]
-    assert om402 and "width=17" in om402[0].message, [(f.code, f.message) for f in res.findings]
+    assert res.ok and (tmp_path / "m.onnx").exists(), [f.one_paragraph() for f in res.findings]
+    f = next(f for f in res.findings if f.code == "OM408")
+    assert "width is dynamic in sizes that are a multiple of 2" in f.message
+    assert f.details["failed_at"] == [17]
+    src, start = inspect.getsourcelines(_PadsOddWidths.forward)
+    assert f.location.line == start + next(i for i, t in enumerate(src) if "ODD-PAD" in t)
+    assert "width=17" not in {c.input_set for c in res.verification}

@@ -22,11 +22,8 @@ ZOO = str(ROOT / "bench" / "zoo" / "ecosystem.py")
 KNOWN_FAILURES: dict[str, str] = {
     "transformers/mamba": "OM401: the slow path loops over the sequence (modeling_mamba.py:260)",
     "transformers/encodec": "OM402: the frame loop over samples (modeling_encodec.py:588)",
-    "diffusers/unet2d_condition": "OM402: the file only works at multiples of the downsampling",
     "kornia/rotate": "OM402: fails at size 1 (warp_affine's `w_out == 1` branch, decided "
                      "size-obliviously)",
-    "monai/basic_unet": "OM402: the file only works at even sizes (UpCat pads odd ones)",
-    "monai/attention_unet": "OM402: fails at size 1 in InstanceNormalization",
     "gpytorch/svgp": "OM112: kernel.py:340 torch.equal needs draft_export, which then reuses "
                      "linear_operator memo caches an earlier attempt filled with fake tensors",
     "nflows/spline_coupling": "OM112: if torch.any(inside_interval_mask); draft_export's "

@@ -106,6 +106,7 @@ def _capture_module(ctx: ExportContext) -> bool:
         attempts += refined_capture(result, ctx.model, ctx.args, ctx.kwargs, dims, attempts)
     result.attempts = [a.summary() for a in attempts]
     ctx.program = attempts[-1].program
+    ctx.size_guards = attempts[-1].size_guards
     if ctx.program is None:
         result.fail(STAGE, classify_capture_error(attempts))
         return False

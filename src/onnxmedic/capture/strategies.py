@@ -54,6 +54,8 @@ class Result:
     kept: Any = None  # sizes.Kept: lines whose sizes the capture kept symbolic
     # torch.equal calls whose outcome was read from the values (capture.equal.EqualSite)
     equal: list[Any] = field(default_factory=list)
+    # (input dim, guard, Python stack) of the guards that divide or bound one input dim
+    size_guards: list[tuple[str, str, list[Any]]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -86,9 +88,10 @@ class CaptureStrategy:
         # instead of burying onnxmedic's own message under them
         buf = io.StringIO()
         equal: list[Any] = []
+        size_guards: list[tuple[str, str, list[Any]]] = []
         try:
             with warnings.catch_warnings(), contextlib.redirect_stderr(buf), \
-                    record_specialisations(bool(dynamic_shapes)) as fixed, \
+                    record_specialisations(bool(dynamic_shapes), size_guards) as fixed, \
                     unused_constants_dropped(), \
                     (equal_as_guard(equal) if self.equal_as_guard else contextlib.nullcontext()):
                 warnings.simplefilter("ignore")
@@ -98,7 +101,7 @@ class CaptureStrategy:
                           notes=[buf.getvalue()[-4000:]] if buf.getvalue() else [],
                           specialised=fixed, equal=equal)
         return Result(program, self.name, None, time.perf_counter() - t0, kept=self.kept,
-                      specialised=fixed, equal=equal)
+                      specialised=fixed, equal=equal, size_guards=size_guards)
 
     def _capture(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                  dynamic_shapes: Any) -> torch.export.ExportedProgram:
@@ -629,6 +632,19 @@ def specialising_lines(failed: list[Result], texts: str
         m = re.match(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]", source)
         dim = f"{m.group(1)}[{m.group(2)}]" if m else source
         out.append((dim, size, guard, _loc(at), _loc(user) if user is not None else None))
+    return out
+
+
+def guard_locations(size_guards: list[tuple[str, str, list[Any]]]
+                    ) -> dict[str, list[tuple[str, Location]]]:
+    """Input dim (``L['x'].size()[2]``) -> [(a guard that divides or bounds it, the innermost
+    line outside torch that added it - a library's or the user's)], in the order torch.export
+    added them, from ``Result.size_guards``."""
+    out: dict[str, list[tuple[str, Location]]] = {}
+    for source, guard, stack in size_guards:
+        frames = [f for f in stack if not _is_internal(f.filename)]
+        if frames:
+            out.setdefault(source, []).append((guard, _loc(frames[-1])))
     return out
 
 

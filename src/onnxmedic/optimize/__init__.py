@@ -31,6 +31,7 @@ from onnxmedic.optimize.candidates import (
 from onnxmedic.optimize.passes import Pipeline, default_pipelines, run_pipeline
 from onnxmedic.verify.input_sets import derived_input_sets, shape_variants
 from onnxmedic.verify.reference import reference_outputs
+from onnxmedic.verify.size_rules import rules_from_metadata
 from onnxmedic.verify.stage import EXTRA_INPUT_SETS
 
 logger = logging.getLogger(__name__)
@@ -64,13 +65,17 @@ def graph_dims(onnx_path: str | os.PathLike[str]) -> tuple[list[str], list[list[
 def reference_sets(onnx_path: str | os.PathLike[str], model: Any, example: inputs_mod.Inputs
                    ) -> tuple[list[dict[str, np.ndarray]], list[list[np.ndarray]], list[str],
                               list[inputs_mod.Inputs]]:
-    """The verification sets of an export (example, derived random sets, each dynamic size) as
-    ONNX feeds, with PyTorch's outputs for each, their labels and the inputs themselves. Sets
-    PyTorch rejects are left out."""
-    names, dims = graph_dims(onnx_path)
+    """The verification sets of an export (example, derived random sets, each dynamic size -
+    sizes the file's size rules allow, where it has some) as ONNX feeds, with PyTorch's outputs
+    for each, their labels and the inputs themselves. Sets PyTorch rejects are left out."""
+    import onnx
+
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    names, dims, _ = graph_io(proto)
     sets = [("example", example)] + [(s.specs[0], s) for s in
                                      derived_input_sets(example, EXTRA_INPUT_SETS)]
-    sets += shape_variants(example, dims)
+    # a dim valid only at some sizes (OM408, in the file's metadata): at those sizes only
+    sets += shape_variants(example, dims, rules=rules_from_metadata(proto), only_allowed=True)
     fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
     feeds, expected, labels, kept = [], [], [], []
     for label, s in sets:

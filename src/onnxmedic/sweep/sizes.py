@@ -5,7 +5,9 @@ other end - the dims the *user* declared in ``dynamic_shapes`` - and runs the wr
 fresh ONNX Runtime session at each declared symbol's size 1, the example's size, twice it and
 the first prime above that (the others kept at the example's), against PyTorch on the same
 inputs; so a file that silently fixed a declared dim ("Got invalid dimensions for input") or
-computes another size wrong fails the entry. Sizes PyTorch itself rejects are skipped.
+computes another size wrong fails the entry. Sizes PyTorch itself rejects are skipped. A dim
+the file declares valid only at some sizes (OM408: its metadata_props
+'onnxmedic.dim_constraints') is checked at sizes its rule allows.
 
 ``dim_objects`` spells an entry's dynamic shapes with ``torch.export.Dim`` objects instead of
 strings (one Dim per name), for zoos that export every entry both ways.
@@ -21,10 +23,11 @@ import numpy as np
 import torch
 
 from onnxmedic.inputs import DEFAULT_SEED, Inputs
-from onnxmedic.onnxfile import make_feeds
+from onnxmedic.onnxfile import graph_io, make_feeds
 from onnxmedic.verify.budget import RULE_PENDING, judge_output
 from onnxmedic.verify.input_sets import next_prime, resized_sets
 from onnxmedic.verify.reference import reference_outputs
+from onnxmedic.verify.size_rules import SizeRule, rules_from_metadata
 from onnxmedic.verify.stage import expected_outputs
 
 # the error texts of a size that fails, kept in the check's record
@@ -112,29 +115,59 @@ def check_sizes(n: int) -> list[int]:
 
 
 def size_variants(args: tuple[Any, ...], kwargs: dict[str, Any],
-                  symbols: dict[str, list[tuple[int, int]]], seed: int = DEFAULT_SEED
-                  ) -> list[tuple[str, Inputs]]:
+                  symbols: dict[str, list[tuple[int, int]]], seed: int = DEFAULT_SEED,
+                  rules: dict[str, SizeRule] | None = None) -> list[tuple[str, Inputs]]:
     """One input set per (symbol, size in ``check_sizes``): the symbol's tensors resized,
     values drawn in each tensor's own range (integer ids stay valid, an all-ones mask stays all
-    ones)."""
+    ones). A symbol with a size rule (``rules``, the file's own: verify/size_rules.py) is
+    checked at the sizes its rule allows instead (the smallest, n, about 2n, k times a
+    prime)."""
     leaves = torch.utils._pytree.tree_leaves((args, kwargs))
-    sized = {name: (int(leaves[uses[0][0]].shape[uses[0][1]]), uses)
-             for name, uses in symbols.items()}
-    return resized_sets(Inputs(tuple(args), dict(kwargs)), sized, check_sizes,
-                        torch.Generator().manual_seed(seed + 211))
+    gen = torch.Generator().manual_seed(seed + 211)
+    out = []
+    for name, uses in symbols.items():
+        rule = (rules or {}).get(name)
+        sized = {name: (int(leaves[uses[0][0]].shape[uses[0][1]]), uses)}
+        out += resized_sets(Inputs(tuple(args), dict(kwargs)), sized,
+                            rule.check_sizes if rule is not None else check_sizes, gen)
+    return out
+
+
+def file_rules(proto: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               symbols: dict[str, list[tuple[int, int]]]) -> dict[str, SizeRule]:
+    """The size rules the ONNX file declares (OM408), by the declared symbol they apply to:
+    matched by the ONNX dim name at the symbol's first (input, dim)."""
+    declared = rules_from_metadata(proto)
+    if not declared:
+        return {}
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    tensor_idx = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+    _, onnx_dims, _ = graph_io(proto)
+    out = {}
+    for name, uses in symbols.items():
+        li, d = uses[0]
+        k = tensor_idx.index(li) if li in tensor_idx else -1
+        dim = onnx_dims[k][d] if 0 <= k < len(onnx_dims) and d < len(onnx_dims[k]) else None
+        rule = declared.get(dim) if isinstance(dim, str) else declared.get(name)
+        if rule is not None:
+            out[name] = rule
+    return out
 
 
 def size_check(onnx_path: str, case: Any) -> dict[str, Any]:
     """Run the written file at the sizes the case declared dynamic (see the module docstring);
     ``{"ok", "sizes": {label: "ok" | "skipped: ..." | "failed: ..."}, "checked", "message"}``."""
+    import onnx
     import onnxruntime as ort
 
     symbols = declared_dims(case.model, case.args, case.kwargs, case.dynamic_shapes)
+    rules = file_rules(onnx.load(onnx_path, load_external_data=False), case.args, case.kwargs,
+                       symbols)
     sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     outs = [o.name for o in sess.get_outputs()]
     sizes: dict[str, str] = {}
-    for label, inputs in size_variants(case.args, case.kwargs, symbols):
+    for label, inputs in size_variants(case.args, case.kwargs, symbols, rules=rules):
         try:
             (expected,) = expected_outputs(case.model, [inputs])
         except Exception as e:
@@ -145,6 +178,7 @@ def size_check(onnx_path: str, case: Any) -> dict[str, Any]:
     failed = [f"{k}: {v[len('failed: '):]}" for k, v in sizes.items() if v.startswith("failed")]
     checked = sum(v == "ok" for v in sizes.values())
     return {"ok": not failed, "symbols": sorted(symbols), "checked": checked, "sizes": sizes,
+            "rules": {k: r.describe() for k, r in sorted(rules.items())},
             "message": "" if not failed else "the written file fails at a size declared "
             "dynamic: " + "; ".join(failed[:3])}
 

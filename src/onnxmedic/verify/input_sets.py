@@ -73,8 +73,30 @@ def derived_input_sets(inputs: Inputs, count: int, seed: int = DEFAULT_SEED) -> 
     return out
 
 
+def dim_symbols(example: Inputs, onnx_dims: list[list[int | str | None]]
+                ) -> dict[str, tuple[int, list[tuple[int, int]]]]:
+    """Each dynamic dim name of the ONNX model -> (its size in the example, [(leaf index, dim)
+    it sizes]), the leaves those of ``(example.args, example.kwargs)``; ``onnx_dims`` as for
+    :func:`shape_variants`. {} when the inputs do not line up with the graph's."""
+    leaves = torch.utils._pytree.tree_leaves((example.args, example.kwargs))
+    tensor_idx = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if len(tensor_idx) != len(onnx_dims):
+        return {}
+    symbols: dict[str, tuple[int, list[tuple[int, int]]]] = {}
+    for k, (li, dims) in enumerate(zip(tensor_idx, onnx_dims)):
+        t = leaves[li]
+        for d, v in enumerate(dims):
+            if isinstance(v, int) or d >= t.dim():
+                continue
+            name = v if v else f"input{k}.dim{d}"
+            _, uses = symbols.setdefault(name, (int(t.shape[d]), []))
+            uses.append((li, d))
+    return symbols
+
+
 def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
-                   seed: int = DEFAULT_SEED) -> list[tuple[str, Inputs]]:
+                   seed: int = DEFAULT_SEED, rules: dict[str, Any] | None = None,
+                   only_allowed: bool = False) -> list[tuple[str, Inputs]]:
     """Input sets where one dynamic dimension of the ONNX model takes another size.
 
     ``onnx_dims`` holds, per ONNX graph input (in the flattened order of the example's tensors),
@@ -86,27 +108,23 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
     ``h % 2`` (a UNet padding odd sizes) without a guard, and the file then fails at odd sizes.
     One size does both, so a dim costs two more runs, not three. A derived dim (its name an
     expression such as ``2*s0``) takes exactly twice the example: only multiples are valid
-    there. Values are drawn within each tensor's own range.
+    there. A name with a size rule (``rules``: name -> verify.size_rules.SizeRule) is checked
+    at the sizes its rule allows too (``only_allowed``: at those only). Values are drawn within
+    each tensor's own range.
     """
-    leaves = torch.utils._pytree.tree_leaves((example.args, example.kwargs))
-    tensor_idx = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    if len(tensor_idx) != len(onnx_dims):
-        return []
-    symbols: dict[str, tuple[int, list[tuple[int, int]]]] = {}
-    for k, (li, dims) in enumerate(zip(tensor_idx, onnx_dims)):
-        t = leaves[li]
-        for d, v in enumerate(dims):
-            if isinstance(v, int) or d >= t.dim():
-                continue
-            name = v if v else f"input{k}.dim{d}"
-            size, uses = symbols.setdefault(name, (int(t.shape[d]), []))
-            uses.append((li, d))
+    symbols = dim_symbols(example, onnx_dims)
+    rules = rules or {}
+
     def sizes(name: str) -> Callable[[int], list[int]]:
         def at(n: int) -> list[int]:
+            rule = rules.get(name)
+            allowed = set(rule.check_sizes(n)) - {n} if rule is not None else set()
+            if rule is not None and only_allowed:
+                return sorted(allowed)
             if n == 1:
-                return [2, 3]
+                return sorted({2, 3} | allowed)
             derived = any(c in name for c in "*+-/%() ")
-            return [1, 2 * n if derived else next_prime(2 * n)]
+            return sorted({1, 2 * n if derived else next_prime(2 * n)} | allowed)
 
         return at
 

@@ -5,6 +5,7 @@ Used by export (``verify_stage``) and by the verify command (``verify_file``).""
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -34,9 +35,20 @@ from onnxmedic.verify.budget import (
     torch_error_scale,
 )
 from onnxmedic.verify.compare import OutputComparison, compare_outputs
-from onnxmedic.verify.input_sets import branch_probe_sets, derived_input_sets, shape_variants
+from onnxmedic.verify.input_sets import (
+    branch_probe_sets,
+    derived_input_sets,
+    dim_symbols,
+    shape_variants,
+)
 from onnxmedic.verify.localizer import Localizer
 from onnxmedic.verify.reference import reference_outputs
+from onnxmedic.verify.size_rules import (
+    SizeRule,
+    append_metadata,
+    rules_from_guards,
+    rules_from_metadata,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +150,11 @@ class InputSets:
 
 def input_sets(result: ExportResult, model: Any, example: Inputs,
                example_expected: list[np.ndarray] | None, onnx_dims: list[Any],
-               probe_branches: bool = False) -> InputSets:
+               probe_branches: bool = False, rules: dict[str, SizeRule] | None = None,
+               only_allowed: bool = False) -> InputSets:
     """The example, EXTRA_INPUT_SETS derived sets, branch probes (when a data-dependent branch
-    was specialised), and the shape variants PyTorch itself accepts, with PyTorch's outputs."""
+    was specialised), and the shape variants PyTorch itself accepts, with PyTorch's outputs
+    (``rules``, ``only_allowed``: see input_sets.shape_variants)."""
     out = InputSets()
     with result.timed("compare"):
         out.add("example", example, example_expected if example_expected is not None
@@ -159,7 +173,8 @@ def input_sets(result: ExportResult, model: Any, example: Inputs,
                 f"({type(e).__name__}: {str(e)[:200]}); verifying on the example only."))
             out = InputSets(out.sets[:1], out.labels[:1], out.expected[:1])
         out.n_required = len(out.sets)
-        for label, variant in shape_variants(example, onnx_dims):
+        for label, variant in shape_variants(example, onnx_dims, rules=rules,
+                                             only_allowed=only_allowed):
             try:
                 exp = expected_outputs(model, [variant])[0]
             except Exception as e:
@@ -212,18 +227,24 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
                     example: Inputs, example_expected: list[np.ndarray] | None,
                     timeout: float, tolerance: tuple[float, float] | None,
                     worker: sandbox.Worker | None = None, target: str = "cpu",
-                    localizer: Localizer | None = None, probe_branches: bool = False) -> None:
+                    localizer: Localizer | None = None, probe_branches: bool = False,
+                    rules: dict[str, SizeRule] | None = None, only_allowed: bool = False
+                    ) -> dict[str, SizeRule]:
     """runtime + compare stages, in one sandboxed session: the example, further input sets of
     the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x. With a
-    ``localizer``, a value mismatch (or every run, when it is ``always``) is localised."""
+    ``localizer``, a value mismatch (or every run, when it is ``always``) is localised.
+    ``rules``: size rules of dynamic dims (verify/size_rules.py), checked at sizes they allow
+    too; returns those applied (OM408: sizes they exclude failed, those they allow verified).
+    With ``only_allowed`` (rules the file declares) only the sizes they allow are checked."""
     onnx_inputs, onnx_dims, onnx_outputs = graph_io(proto)
-    sets = input_sets(result, model, example, example_expected, onnx_dims, probe_branches)
+    sets = input_sets(result, model, example, example_expected, onnx_dims, probe_branches,
+                      rules, only_allowed)
     with result.stage("runtime", conclude=False) as st:
         try:
             feeds = [make_feeds(onnx_inputs, s.args, s.kwargs) for s in sets.sets]
         except OnnxMedicError as e:
             st.fail(e.finding)
-            return
+            return {}
         providers = sandbox.providers(target)
         if worker is None:
             sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout, providers=providers)
@@ -231,13 +252,15 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
             sbx = worker.run(onnx_path, feeds, timeout=timeout, n_required=sets.n_required,
                              providers=providers)
     if not record_runtime(result, sbx, target, timeout):
-        return
+        return {}
     with result.stage("compare", conclude=False):
         shape_failures = _compare(result, model, proto, sbx, sets,
                                   sbx.output_names or onnx_outputs, tolerance)
+        shape_failures, applied = apply_size_rules(result, rules or {}, sets, shape_failures,
+                                                   dim_symbols(example, onnx_dims))
     values = judge(result, sets, shape_failures)
     if localizer is None:
-        return
+        return applied
     at_size = _size_failure(shape_failures) if not values else None
     if values or at_size is not None or localizer.always:
         label = (at_size.details["input_set"] if at_size is not None else
@@ -249,6 +272,104 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
                       model_dir=Path(onnx_path).parent)
         if at_size is not None:
             point_at_first_node(at_size, result.localization)
+    return applied
+
+
+def _variant_sizes(sets: InputSets, name: str) -> list[tuple[int, str]]:
+    """(size, label) of the shape variants of dim ``name`` that ran (labels ``name=size``)."""
+    out = []
+    for label in sets.labels[sets.n_required:]:
+        sym, _, size = label.rpartition("=")
+        if sym == name and size.isdigit():
+            out.append((int(size), label))
+    return out
+
+
+def apply_size_rules(result: ExportResult, rules: dict[str, SizeRule], sets: InputSets,
+                     shape_failures: list[Finding],
+                     symbols: dict[str, tuple[int, list[Any]]]) -> tuple[list[Finding],
+                                                                         dict[str, SizeRule]]:
+    """The shape failures left once size rules explain some, and the rules applied. A rule is
+    applied when a size it excludes failed and none it allows did: OM408 says so (with the
+    line that introduced it) and the excluded sizes' comparisons are dropped. The OM402 left
+    name the pattern their sizes show (passes only at multiples of k, only from m up)."""
+    failed = {f.details.get("input_set"): f for f in shape_failures}
+    applied: dict[str, SizeRule] = {}
+    explained: set[str] = set()
+    for name, rule in rules.items():
+        tried = _variant_sizes(sets, name)
+        out = [(s, lb) for s, lb in tried if lb in failed and not rule.allows(s)]
+        inside = [(s, lb) for s, lb in tried if lb in failed and rule.allows(s)]
+        n = symbols.get(name, (0, []))[0]
+        good = sorted({n} | {s for s, lb in tried if rule.allows(s) and lb not in failed})
+        if not out or inside or len(good) < 2:  # verified at the example's size alone: no
+            continue
+        applied[name] = rule
+        explained |= {lb for _, lb in out}
+        result.findings.append(size_rule_finding(rule, [s for s, _ in out], good))
+    if explained:
+        result.verification = [c for c in result.verification if c.input_set not in explained]
+    left = [f for f in shape_failures if f.details.get("input_set") not in explained]
+    for name, (n, _) in symbols.items():
+        mine = [f for f in left if str(f.details.get("input_set", "")).rpartition("=")[0]
+                == name]
+        if mine:
+            pattern = size_pattern(n, [(s, lb in failed) for s, lb in _variant_sizes(sets, name)],
+                                   rules.get(name))
+            if pattern:
+                mine[0].message += f" At {name}: {pattern}."
+                mine[0].details["size_pattern"] = pattern
+    return left, applied
+
+
+def size_rule_finding(rule: SizeRule, failed: list[int], verified: list[int]) -> Finding:
+    """OM408: a dynamic dim is valid only at some sizes; the file says so and was verified
+    there."""
+    loc = rule.location
+    where = (f" ({loc.file}:{loc.line}" + (f" `{loc.code}`" if loc.code else "") + ")"
+             if loc is not None and loc.file else "")
+    guard = f" (guard `{rule.guard}`)" if rule.guard else ""
+    return warning(
+        "OM408", "compare", f"{rule.name} is dynamic in sizes that are {rule.describe()}"
+        f"{where}: torch.export followed code that holds only at those sizes{guard}, and the "
+        f"ONNX file rejects or miscomputes other sizes (it failed at "
+        f"{', '.join(map(str, sorted(failed)))}); it verified at "
+        f"{', '.join(map(str, verified))}. The file records the rule in its metadata "
+        "(metadata_props 'onnxmedic.dim_constraints').",
+        location=loc,
+        suggestion=f"Feed {rule.name} sizes that are {rule.describe()} (pad the input up to "
+        "one). To make it explicit, declare the dim as "
+        + (f"{rule.multiple} * Dim('{rule.name}_div{rule.multiple}', min="
+           f"{max(1, -(-rule.minimum // rule.multiple))})" if rule.multiple > 1 else
+           f"Dim('{rule.name}', min={rule.minimum})")
+        + "; to support every size, compute the branch from shapes (pad by "
+        "`(-x.shape[-1]) % k`) instead of a Python `if` on the size.",
+        details={"dim": rule.name, "rule": rule.to_dict(), "failed_at": sorted(failed),
+                 "verified_at": verified, "guard": rule.guard})
+
+
+def size_pattern(n: int, tried: list[tuple[int, bool]], rule: SizeRule | None) -> str:
+    """Words for the sizes of one dim that passed and failed ('passes at 32, 64; fails at 1,
+    37: it works at multiples of 32 only, as far as checked'), '' when nothing failed."""
+    bad = sorted(s for s, f in tried if f)
+    good = sorted({n} | {s for s, f in tried if not f})
+    if not bad:
+        return ""
+    text = f"passes at {', '.join(map(str, good))}; fails at {', '.join(map(str, bad))}"
+    k = 0
+    for s in good:
+        k = math.gcd(k, s)
+    if len(good) < 2:  # the example alone shows no pattern
+        pass
+    elif k > 1 and all(s % k for s in bad):
+        text += f": it works at multiples of {k} only, as far as checked"
+    elif max(bad) < min(good):
+        text += f": it works from {min(good)} up only, as far as checked"
+    if rule is not None:
+        text += (f" (torch.export's guards allow sizes that are {rule.describe()}, but the "
+                 "file fails at some of those too)" if any(rule.allows(s) for s in bad)
+                 else "")
+    return text
 
 
 def _size_failure(shape_failures: list[Finding]) -> Finding | None:
@@ -440,15 +561,45 @@ def verify_stage(ctx: ExportContext) -> bool:
         stand_in = cpu_stand_in(result, ctx.onnx_path, stand_in_dir, opts.target)
         localizer = (Localizer(False, lambda: (decomposed or program, decomposed is not None))
                      if opts.localize and not stand_in else None)
-        run_and_compare(result, ctx.model, stand_in[0] if stand_in else ctx.onnx_path,
-                        stand_in[1] if stand_in else result.onnx_model, ctx.example,
-                        ctx.expected, opts.timeout, opts.tolerance, ctx.worker, opts.target,
-                        localizer=localizer, probe_branches=ctx.branch_probe)
+        applied = run_and_compare(
+            result, ctx.model, stand_in[0] if stand_in else ctx.onnx_path,
+            stand_in[1] if stand_in else result.onnx_model, ctx.example, ctx.expected,
+            opts.timeout, opts.tolerance, ctx.worker, opts.target, localizer=localizer,
+            probe_branches=ctx.branch_probe, rules=guard_rules(ctx))
     finally:
         shutil.rmtree(stand_in_dir, ignore_errors=True)
     ctx.verified = result.stages.get("compare") == PASSED
+    if ctx.verified and applied and ctx.onnx_path is not None:
+        append_metadata(ctx.onnx_path, result.onnx_model, applied)
     result.ok = ctx.verified
     return True
+
+
+def guard_rules(ctx: ExportContext) -> dict[str, SizeRule]:
+    """The size rules torch.export's guards on the captured program set the ONNX model's
+    dynamic dims (verify/size_rules.py), with the lines that added them; {} when none."""
+    if ctx.program is None or isinstance(ctx.model, torch.export.ExportedProgram):
+        return {}
+    from onnxmedic._torch_compat import export_guards
+    from onnxmedic.capture.strategies import guard_locations
+
+    guards = export_guards(ctx.program)
+    if not guards or _no_dynamic_dims(ctx.result.onnx_model):
+        return {}
+    _, onnx_dims, _ = graph_io(ctx.result.onnx_model)
+    try:
+        return rules_from_guards(guards, ctx.model, ctx.args, ctx.kwargs,
+                                 dim_symbols(ctx.example, onnx_dims),
+                                 guard_locations(ctx.size_guards))
+    except Exception:  # a reading of torch's guards must never fail the export
+        logger.debug("size rules from guards failed", exc_info=True)
+        return {}
+
+
+def _no_dynamic_dims(proto: Any) -> bool:
+    """True when no graph input has a dynamic dim."""
+    _, dims, _ = graph_io(proto)
+    return not any(not isinstance(d, int) for ds in dims for d in ds)
 
 
 def verify_file(result: ExportResult, proto: Any, path: Path, model: Any,
@@ -472,8 +623,15 @@ def verify_file(result: ExportResult, proto: Any, path: Path, model: Any,
     localizer = (Localizer(True, lambda: program_for(program, inputs),
                            None if program is not model else model, loc_worker)
                  if localize else None)
+    declared = rules_from_metadata(proto)
+    if declared:
+        result.findings.append(info(
+            "OM409", "compare", "the file declares size rules for its dynamic dims ("
+            + "; ".join(f"{k}: {r.describe()}" for k, r in sorted(declared.items()))
+            + "); other sizes were not checked.", details={k: r.to_dict()
+                                                           for k, r in declared.items()}))
     run_and_compare(result, model, path, proto, inputs, expected, timeout, tolerance, worker,
-                    localizer=localizer)
+                    localizer=localizer, rules=declared, only_allowed=True)
     result.ok = result.stages.get("compare") == PASSED
 
 
