@@ -851,7 +851,15 @@ class SVGP(nn.Module):
 
 def gp_svgp() -> ZooCase:
     torch.manual_seed(0)
-    return ZooCase(SVGP(), (torch.rand(7, 1, generator=_g()),), {}, ({0: "points"},),
+    model = SVGP()
+    # a trained model's state: the variational mean set, the initialised flag on (untrained,
+    # the first call initialises it with random noise, and the predictive mean is that noise)
+    with torch.no_grad():
+        strat = model.gp.variational_strategy
+        strat._variational_distribution.variational_mean.copy_(
+            torch.sin(6 * torch.linspace(0, 1, 8)))
+        strat.variational_params_initialized.fill_(1)
+    return ZooCase(model, (torch.rand(7, 1, generator=_g()),), {}, ({0: "points"},),
                    note="gpytorch SVGP predictive mean (variational strategy, Cholesky)")
 
 

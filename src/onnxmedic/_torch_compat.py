@@ -200,6 +200,24 @@ def parameters_carry_values(model: Any) -> Iterator[None]:
         trace._fakify_params_buffers = original
 
 
+def stop_real_tensor_propagation(program: Any) -> None:
+    """Turn off real-tensor propagation in the fake mode a draft_export program keeps in its
+    placeholders' metadata. ``run_decompositions`` re-traces the program in that mode, and
+    with propagation on it runs every op on the real values it has - for parameters the
+    uninitialised memory torch's meta converter gives them (see
+    :func:`parameters_carry_values`), on which a Cholesky fails (gpytorch's SVGP). The
+    branches were decided by the capture; the re-trace needs no values."""
+    from torch._guards import detect_fake_mode
+
+    try:
+        mode = detect_fake_mode([n.meta.get("val") for n in program.graph.nodes
+                                 if n.op == "placeholder"])
+    except AssertionError:  # several fake modes: leave them
+        return
+    if mode is not None and getattr(mode, "propagate_real_tensors", False):
+        mode.propagate_real_tensors = False
+
+
 def has_symbolic_inputs(program: Any) -> bool:
     """Whether an ExportedProgram has an input with a symbolic dim."""
     import torch

@@ -13,6 +13,7 @@ the model inconsistent (rotary-embedding-torch's ``cached_freqs`` beside
 from __future__ import annotations
 
 import logging
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,10 +59,14 @@ class State:
 
     buffers: list[tuple[torch.nn.Module, str, str, torch.Tensor, int, torch.Tensor | None]] = (
         field(default_factory=list))
-    params: list[tuple[str, torch.Tensor, int, int]] = field(default_factory=list)
+    params: list[tuple[str, torch.Tensor, int, int, tuple[float, float] | None]] = field(
+        default_factory=list)
     attributes: list[tuple[torch.nn.Module, str, dict[str, Any], dict[str, Any]]] = field(
         default_factory=list)
     copied: bool = True  # the buffers' values were copied (not above BUFFER_COPY_LIMIT)
+    # objects reachable from the modules' attributes (``reach=True``): (object, shallow copy of
+    # its __dict__, or of the dict/list/set itself)
+    objects: list[tuple[Any, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -91,13 +96,16 @@ def _own_attributes(mod: torch.nn.Module) -> dict[str, Any]:
     return {k: v for k, v in vars(mod).items() if k not in _MODULE_INTERNALS}
 
 
-def record_state(model: torch.nn.Module) -> State:
-    """Record the model's buffers (values copied, up to ``BUFFER_COPY_LIMIT`` bytes in all), its
-    parameters' version counters (no copy: an in-place write bumps the counter) and every
-    module's own attributes (the values, and a shallow copy of each dict, list or set)."""
+def record_state(model: torch.nn.Module, *, values: bool = True, reach: bool = False) -> State:
+    """Record the model's buffers (values copied, up to ``BUFFER_COPY_LIMIT`` bytes in all;
+    not with ``values=False``), its parameters' version counters (no copy: an in-place write
+    bumps the counter) and every module's own attributes (the values, and a shallow copy of
+    each dict, list or set). With ``reach``, also the plain objects those attributes hold, and
+    the objects they hold in turn (see :func:`_reachable`): a memo cache on an object a module
+    keeps (linear_operator's ``_memoize_cache`` on a cached distribution) is put back too."""
     state = State()
     total = sum(b.numel() * b.element_size() for b in model.buffers())
-    copy = state.copied = total <= BUFFER_COPY_LIMIT
+    copy = state.copied = values and total <= BUFFER_COPY_LIMIT
     seen: set[int] = set()
     for prefix, mod in model.named_modules():
         for name, buf in mod._buffers.items():
@@ -110,14 +118,79 @@ def record_state(model: torch.nn.Module) -> State:
         attrs = _own_attributes(mod)
         state.attributes.append((mod, prefix, attrs, {
             k: type(v)(v) for k, v in attrs.items() if type(v) in _CONTAINERS}))
-    # the data pointer too: ``param.data = new`` (normflows' ActNorm) bumps no counter
-    state.params = [(n, p, p._version, p.data_ptr()) for n, p in model.named_parameters()]
+    # the data pointer too: ``param.data = new`` (normflows' ActNorm) bumps no counter; and a
+    # fingerprint of the values: ``param.data.copy_(v)`` (gpytorch's variational
+    # initialisation) bumps no counter of the parameter's either
+    params = list(model.named_parameters())
+    sized = sum(p.numel() * p.element_size() for _, p in params) <= PARAM_FINGERPRINT_LIMIT
+    state.params = [(n, p, p._version, p.data_ptr(), _fingerprint(p) if values and sized
+                     else None) for n, p in params]
+    if reach:
+        state.objects = _reachable([v for _, _, attrs, _ in state.attributes
+                                    for v in attrs.values()])
     return state
 
 
+# how far and how many plain objects :func:`_reachable` records (a cache of caches is two deep)
+REACH_DEPTH = 6
+REACH_LIMIT = 20000
+_ENTER_LIMIT = 1000  # a container with more items is recorded but not entered
+_OPAQUE = (torch.Tensor, torch.nn.Module, type, types.ModuleType, types.BuiltinFunctionType,
+           types.FunctionType, types.MethodType)
+
+
+def _reachable(roots: list[Any]) -> list[tuple[Any, Any]]:
+    """(object, shallow copy) of the dicts, lists, sets and plain objects (their ``__dict__``)
+    reachable from ``roots`` through container items and object attributes, breadth first,
+    up to ``REACH_DEPTH`` steps and ``REACH_LIMIT`` objects. Tensors, modules (recorded as
+    modules), classes, functions and Python modules are not entered."""
+    out: list[tuple[Any, Any]] = []
+    seen: set[int] = set()
+    level = list(roots)
+    for _ in range(REACH_DEPTH):
+        nxt: list[Any] = []
+        for obj in level:
+            if type(obj) in _SCALARS or isinstance(obj, _OPAQUE) or id(obj) in seen \
+                    or callable(obj) and not hasattr(obj, "__dict__"):
+                continue
+            seen.add(id(obj))
+            if type(obj) in _CONTAINERS:
+                out.append((obj, type(obj)(obj)))
+                if len(obj) <= _ENTER_LIMIT:
+                    nxt += list(obj.values()) if isinstance(obj, dict) else list(obj)
+            elif type(obj) is tuple:
+                nxt += list(obj) if len(obj) <= _ENTER_LIMIT else []
+            else:
+                d = getattr(obj, "__dict__", None)
+                if type(d) is not dict:
+                    continue
+                out.append((obj, dict(d)))
+                nxt += list(d.values())
+            if len(out) >= REACH_LIMIT:
+                return out
+        level = nxt
+    return out
+
+
+# parameters are not copied; up to this many bytes in all, a fingerprint of their values is
+# taken to see writes through ``.data``
+PARAM_FINGERPRINT_LIMIT = 4 * BUFFER_COPY_LIMIT
+
+
+def _fingerprint(p: torch.Tensor) -> tuple[float, float] | None:
+    """The sum and the 2-norm of a floating-point parameter's values (in float64), or None."""
+    if not p.is_floating_point() or p.device.type == "meta":
+        return None
+    with torch.no_grad():
+        d = p.detach()
+        return (float(d.sum(dtype=torch.float64)),
+                float(torch.linalg.vector_norm(d, dtype=torch.float64)))
+
+
 def _params_written(state: State) -> list[str]:
-    return [n for n, p, version, ptr in state.params
-            if p._version != version or p.data_ptr() != ptr]
+    return [n for n, p, version, ptr, values in state.params
+            if p._version != version or p.data_ptr() != ptr
+            or values is not None and repr(_fingerprint(p)) != repr(values)]
 
 
 def _same_contents(saved: Any, now: Any) -> bool:
@@ -218,5 +291,16 @@ def restore_state(state: State) -> tuple[list[str], list[str]]:
             vars(mod)[name] = value
         if not same:  # an equivalent copy gets the original object back without a word
             restored.append(qual)
+    for obj, saved in state.objects:
+        now = obj if type(obj) in _CONTAINERS else vars(obj)
+        if _same_contents(saved, now):
+            continue
+        # put back in place (clear + update: the same objects, as for module attributes)
+        now.clear()
+        if isinstance(now, list):
+            now.extend(saved)
+        else:
+            now.update(saved)
+        restored.append(f"<{type(obj).__name__} held by an attribute>")
     return restored, _params_written(state)
 

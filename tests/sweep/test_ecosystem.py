@@ -24,11 +24,10 @@ KNOWN_FAILURES: dict[str, str] = {
     "transformers/encodec": "OM402: the frame loop over samples (modeling_encodec.py:588)",
     "kornia/rotate": "OM402: fails at size 1 (warp_affine's `w_out == 1` branch, decided "
                      "size-obliviously)",
-    "gpytorch/svgp": "OM112: kernel.py:340 torch.equal needs draft_export, which then reuses "
-                     "linear_operator memo caches an earlier attempt filled with fake tensors",
     "nflows/spline_coupling": "OM112: if torch.any(inside_interval_mask); draft_export's "
                               "real-tensor propagation loses the size of x[mask] (torch bug)",
-    "torchdiffeq/dopri5": "OM112: adaptive step count (data-dependent)",
+    "torchdiffeq/dopri5": "OM112: adaptive step count (data-dependent); the finding says to "
+                          "use method='rk4' with options={'step_size': h}",
     "torchcde/cde": "OM112: the time grid is built inside forward",
     "x_transformers/decoder": "OM401: einx turns every size into an int (torch.py:60) and "
                               "keys its graph cache on them (sizes kept symbolic: unhashable)",

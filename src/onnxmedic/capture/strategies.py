@@ -7,9 +7,11 @@ the user's line and says what to change.
 
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import io
+import linecache
 import logging
 import os
 import re
@@ -27,8 +29,10 @@ from onnxmedic._torch_compat import (
     dynamo_knows_builtins,
     parameters_carry_values,
     record_specialisations,
+    stop_real_tensor_propagation,
     unused_constants_dropped,
 )
+from onnxmedic.borrow import record_state, restore_state
 from onnxmedic.capture.decomps import symbolic_shape_rules
 from onnxmedic.capture.equal import equal_as_guard
 from onnxmedic.findings import Finding, Location, error
@@ -89,6 +93,10 @@ class CaptureStrategy:
         buf = io.StringIO()
         equal: list[Any] = []
         size_guards: list[tuple[str, str, list[Any]]] = []
+        # what the attempt writes on the model and the objects it holds (a memo cache filled
+        # with the trace's fake tensors) is put back after it, so that no later attempt, and
+        # no later call of the model, reads a tensor of this trace
+        state = record_state(model, values=False, reach=True)
         try:
             with warnings.catch_warnings(), contextlib.redirect_stderr(buf), \
                     record_specialisations(bool(dynamic_shapes), size_guards) as fixed, \
@@ -100,6 +108,8 @@ class CaptureStrategy:
             return Result(None, self.name, e, time.perf_counter() - t0,
                           notes=[buf.getvalue()[-4000:]] if buf.getvalue() else [],
                           specialised=fixed, equal=equal)
+        finally:
+            restore_state(state)
         return Result(program, self.name, None, time.perf_counter() - t0, kept=self.kept,
                       specialised=fixed, equal=equal, size_guards=size_guards)
 
@@ -469,8 +479,10 @@ class DraftExportSpecialised(CaptureStrategy):
         self.kept = Kept()
         with _size_oblivious(dynamic_shapes), parameters_carry_values(model), \
                 symbolic_factories(self.kept, active=bool(dynamic_shapes)):
-            return torch.export.draft_export(model, args, kwargs=kwargs,
-                                             dynamic_shapes=dynamic_shapes)
+            program = torch.export.draft_export(model, args, kwargs=kwargs,
+                                                dynamic_shapes=dynamic_shapes)
+        stop_real_tensor_propagation(program)
+        return program
 
 
 CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, RegisterPytreeTypes,
@@ -582,6 +594,93 @@ def guard_line(failed: list[Result]) -> tuple[str, int, str] | None:
     return None
 
 
+def _while_at(filename: str, lineno: int) -> ast.While | None:
+    """The innermost ``while`` loop (not ``while True``) whose test or body spans ``lineno``."""
+    source = "".join(linecache.getlines(filename))
+    try:
+        tree = ast.parse(source) if source else None
+    except SyntaxError:
+        tree = None
+    best = None
+    for node in ast.walk(tree) if tree is not None else ():
+        if isinstance(node, ast.While) and not isinstance(node.test, ast.Constant) \
+                and node.lineno <= lineno <= (node.end_lineno or node.lineno) \
+                and (best is None or node.lineno >= best.lineno):
+            best = node
+    return best
+
+
+def _user_frames(failed: list[Result], draft: bool = False) -> list[list[Any]]:
+    """The traceback frames outside torch and onnxmedic of each failed attempt (each error
+    of its chain), innermost last; with ``draft``, draft_export's attempts first."""
+    import traceback
+
+    from onnxmedic.capture.validation import TRACER_FILES
+
+    out = []
+    for r in sorted(failed, key=lambda r: draft and "draft_export" not in r.strategy):
+        chain, e = [], r.error
+        while e is not None and e not in chain:
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        out += [[f for f in traceback.extract_tb(x.__traceback__)
+                 if not _is_internal(f.filename)
+                 and not any(t in f.filename.replace("\\", "/") for t in TRACER_FILES)]
+                for x in chain]
+    return out
+
+
+# torchdiffeq's adaptive-step machinery: the adaptive Runge-Kutta base class and its solvers,
+# and the initial step selection only they call
+_ADAPTIVE_ODE = re.compile(r"torchdiffeq/_impl/(?:rk_common|dopri5|dopri8|bosh3|adaptive_heun|"
+                           r"fehlberg2|scipy_wrapper)\.py$")
+
+
+def adaptive_ode_solver(failed: list[Result]) -> tuple[str, int, str] | None:
+    """(file, line, code) of the innermost torchdiffeq adaptive-solver frame a failed attempt
+    went through (its step count depends on the values), or None."""
+    for frames in _user_frames(failed, draft=True):
+        for f in reversed(frames):
+            p = f.filename.replace("\\", "/")
+            if _ADAPTIVE_ODE.search(p) or p.endswith("torchdiffeq/_impl/misc.py") and \
+                    f.name == "_select_initial_step":
+                return f.filename, f.lineno or 0, (f.line or "").strip()
+    return None
+
+
+def value_loop(failed: list[Result]) -> tuple[str, int, str] | None:
+    """(file, line, code) of the ``while`` loop a data-dependent guard stopped the capture in:
+    the innermost traceback frame outside torch and onnxmedic that runs inside such a loop,
+    the attempts that went farthest (draft_export) first. A loop whose condition reads tensor
+    values runs a number of times the values decide (an adaptive ODE solver's steps)."""
+    for frames in _user_frames(failed, draft=True):
+        for f in reversed(frames):
+            loop = _while_at(f.filename, f.lineno or 0)
+            if loop is not None:
+                return f.filename, loop.lineno, linecache.getline(
+                    f.filename, loop.lineno).strip()
+    return None
+
+
+def _loop_suggestion(loop: tuple[str, int, str], loc: Location | None) -> str:
+    file, line, code = loop
+    what = (f"the loop at {file}:{line}, `{code}`" if code.startswith("while ")
+            else f"its step-size selection at {file}:{line}")
+    text = (f"The loop at {file}:{line} (`{code}`) runs while a condition on tensor values "
+            "holds, so how many times it runs depends on the values; an ONNX graph has a fixed "
+            "structure. Bound it (a fixed number of iterations) or write it with "
+            "torch._higher_order_ops.while_loop.")
+    if "torchdiffeq/_impl/" in file.replace("\\", "/"):
+        at = f" at {loc.file}:{loc.line} (`{loc.code}`)" if loc and loc.code else ""
+        text = ("torchdiffeq's adaptive solvers (dopri5, dopri8, bosh3, fehlberg2, "
+                f"adaptive_heun) choose how many steps to take from the values ({what}), "
+                f"which no ONNX graph can follow. In the call{at} use a fixed-step method"
+                ": `method='rk4', options={'step_size': h}` (or 'euler', "
+                "'midpoint'), with h small enough for the accuracy the adaptive solver gave "
+                "you; the step count is then fixed by the time grid.")
+    return text
+
+
 _RAISED_AT = re.compile(r'The following call raised this error:\s*\n\s*File "([^"]+)", line (\d+), '
                         r'in (\S+)\n[ \t]*([^\n]*)')
 
@@ -674,6 +773,12 @@ def _packed_use_finding(failed: list[Result], tried: str, loc: Location | None,
     return None
 
 
+_BRANCH_SUGGESTION = (
+    "Rewrite the branch with torch.cond or torch.where, e.g. `if x.sum() > 0: y = f(x) else: "
+    "y = g(x)` becomes `y = torch.cond(x.sum() > 0, lambda x: f(x), lambda x: g(x), (x,))`; "
+    "a value-dependent shape needs torch._check on the value's range.")
+
+
 def classify_capture_error(results: list[Result]) -> Finding:
     """One finding for a failed capture: the most telling attempt, classified."""
     failed = [r for r in results if r.error is not None]
@@ -730,14 +835,17 @@ def classify_capture_error(results: list[Result]) -> Finding:
             details["raised_at"] = raised
             if guard is None:
                 where += f", in a library's code at {raised}" if where else f" at {raised}"
+        suggestion = _BRANCH_SUGGESTION
+        loop = value_loop(failed) or adaptive_ode_solver(failed)
+        if loop is not None:
+            where += f", inside the loop at {loop[0]}:{loop[1]} (`{loop[2]}`)" if loop[
+                2].startswith("while ") else f", in an adaptive solver at {loop[0]}:{loop[1]}"
+            details["loop"] = f"{loop[0]}:{loop[1]}"
+            suggestion = _loop_suggestion(loop, loc)
         return error("OM112", STAGE,
                      f"Python control flow depends on tensor values{where}; torch.export "
                      f"cannot trace it. Tried: {tried}", location=loc,
-                     suggestion="Rewrite the branch with torch.cond or torch.where, e.g. "
-                     "`if x.sum() > 0: y = f(x) else: y = g(x)` becomes "
-                     "`y = torch.cond(x.sum() > 0, lambda x: f(x), lambda x: g(x), (x,))`; "
-                     "a value-dependent shape needs torch._check on the value's range.",
-                     details=details)
+                     suggestion=suggestion, details=details)
     if _TYPES.search(texts):
         return error("OM113", STAGE,
                      f"forward() takes or returns a type torch.export cannot flatten. "
