@@ -139,26 +139,16 @@ def unused_constants_dropped() -> Iterator[None]:
     tensor constant the trace recorded and nothing read (draft_export's real-tensor
     propagation leaves one behind in gpytorch's exact GP prediction). Within the block such a
     node is dropped like the unused constants the pass already drops."""
-    try:
-        from torch._export.passes import lift_constants_pass as lcp
-    except ImportError:  # pragma: no cover - moved in a later torch
-        yield
-        return
-    original = getattr(lcp, "_unused_constant", None)
-    if original is None:  # pragma: no cover
-        yield
-        return
+    def wrap(original: Any) -> Any:
+        def unused_constant(node: Any) -> Any:
+            if node.op == "get_attr" and not node.users:
+                return [node]
+            return original(node)
 
-    def unused_constant(node: Any) -> Any:
-        if node.op == "get_attr" and not node.users:
-            return [node]
-        return original(node)
+        return unused_constant
 
-    lcp._unused_constant = unused_constant
-    try:
+    with _replaced("torch._export.passes.lift_constants_pass", "_unused_constant", wrap):
         yield
-    finally:
-        lcp._unused_constant = original
 
 
 @contextlib.contextmanager
@@ -170,34 +160,46 @@ def parameters_carry_values(model: Any) -> Iterator[None]:
     parameters is decided on garbage - differently from run to run (gpytorch's SVGP: a
     Cholesky of a "covariance" that is not positive definite). A copy each, so that a model
     writing its parameters during the trace leaves the originals alone."""
+    def wrap(original: Any) -> Any:
+        def fakify(fake_mode: Any, mod: Any) -> Any:
+            fakes = original(fake_mode, mod)
+            if mod is model and getattr(fake_mode, "propagate_real_tensors", False):
+                copies: dict[int, Any] = {}
+                for name, p in mod.named_parameters(remove_duplicate=False):
+                    fake = fakes.get(name)
+                    if fake is None or p.device.type == "meta":
+                        continue
+                    if id(p) not in copies:
+                        copies[id(p)] = p.detach().clone()
+                    fake.real_tensor = copies[id(p)]
+            return fakes
+
+        return fakify
+
+    with _replaced("torch.export._trace", "_fakify_params_buffers", wrap):
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(module: str, attr: str, wrap: Any) -> Iterator[None]:
+    """Within the block, ``module.attr`` is ``wrap(original)``; nothing is replaced where a
+    later torch has moved or renamed it (the workaround then simply does not apply)."""
+    import importlib
+
     try:
-        import torch.export._trace as trace
+        mod = importlib.import_module(module)
     except ImportError:  # pragma: no cover - moved in a later torch
         yield
         return
-    original = getattr(trace, "_fakify_params_buffers", None)
+    original = getattr(mod, attr, None)
     if original is None:  # pragma: no cover
         yield
         return
-
-    def fakify(fake_mode: Any, mod: Any) -> Any:
-        fakes = original(fake_mode, mod)
-        if mod is model and getattr(fake_mode, "propagate_real_tensors", False):
-            copies: dict[int, Any] = {}
-            for name, p in mod.named_parameters(remove_duplicate=False):
-                fake = fakes.get(name)
-                if fake is None or p.device.type == "meta":
-                    continue
-                if id(p) not in copies:
-                    copies[id(p)] = p.detach().clone()
-                fake.real_tensor = copies[id(p)]
-        return fakes
-
-    trace._fakify_params_buffers = fakify
+    setattr(mod, attr, wrap(original))
     try:
         yield
     finally:
-        trace._fakify_params_buffers = original
+        setattr(mod, attr, original)
 
 
 def stop_real_tensor_propagation(program: Any) -> None:
