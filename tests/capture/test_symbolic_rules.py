@@ -348,3 +348,23 @@ def test_a_dim_python_code_fixes_is_refused_not_made_static(spec):
     r = onnxmedic.export(Scan(), (torch.randn(2, 6, 5),), dynamic_shapes=spec)
     codes = {f.code for f in r.findings}
     assert not r.ok and "OM401" in codes and "OM406" not in codes, codes
+
+
+class MaskedScan(torch.nn.Module):
+    def forward(self, x, mask):
+        out = []
+        for t in range(x.shape[1]):  # a Python loop over the sequence, the mask's too
+            out.append(x[:, t] * mask[:, t, None])
+        return torch.stack(out, 1)
+
+
+def test_the_eager_probe_resizes_the_inputs_that_share_the_dim():
+    """x and mask both declare (batch, seq): PyTorch runs another length only when both take
+    it. Resizing x alone made eager fail and the refinement fixed every dim of both inputs to
+    the example's with a mere warning (x-transformers' decoder: the sweep's size check then
+    found the written file rejecting every other batch and length)."""
+    x, mask = torch.randn(2, 6, 3), torch.ones(2, 6)
+    spec = ({0: "batch", 1: "seq"}, {0: "batch", 1: "seq"})
+    r = onnxmedic.export(MaskedScan(), (x, mask), dynamic_shapes=spec)
+    codes = {f.code for f in r.findings}
+    assert not r.ok and "OM401" in codes and "OM406" not in codes, codes

@@ -22,8 +22,6 @@ ZOO = str(ROOT / "bench" / "zoo" / "ecosystem.py")
 KNOWN_FAILURES: dict[str, str] = {
     "transformers/mamba": "OM401: the slow path loops over the sequence (modeling_mamba.py:260)",
     "transformers/encodec": "OM402: the frame loop over samples (modeling_encodec.py:588)",
-    "kornia/rotate": "OM402: fails at size 1 (warp_affine's `w_out == 1` branch, decided "
-                     "size-obliviously)",
     "nflows/spline_coupling": "OM112: if torch.any(inside_interval_mask); draft_export's "
                               "real-tensor propagation loses the size of x[mask] (torch bug)",
     "torchdiffeq/dopri5": "OM112: adaptive step count (data-dependent); the finding says to "
@@ -31,7 +29,8 @@ KNOWN_FAILURES: dict[str, str] = {
     "torchcde/cde": "OM112: the time grid is built inside forward",
     "x_transformers/decoder": "OM401: einx turns every size into an int (torch.py:60) and "
                               "keys its graph cache on them (sizes kept symbolic: unhashable)",
-    "neuralop/fno": "OM401: the grid is cached per resolution (embeddings.py:138)",
+    "neuralop/fno": "OM112: tensorly keys its einsum path cache on the sizes (plugins.py:72; "
+                    "the grid cache the example fills is put back, OM125)",
 }
 KNOWN_FAILURES.update({f"{n}@Dim": r for n, r in list(KNOWN_FAILURES.items())})
 

@@ -318,7 +318,7 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
                     key = keys.get(name)
                     spec = refined[key] if key is not None else None
                     if isinstance(spec, dict) and int(d) in spec and not _eager_runs_at(
-                            model, args, kwargs, name, int(d), int(value) + 1):
+                            model, args, kwargs, dims, keys, name, int(d), int(value)):
                         refined[key] = {k: v for k, v in spec.items() if k != int(d)} or None
                         loc = lines.get((name, d))
                         where.append(loc)
@@ -347,14 +347,15 @@ def refined_capture(result: Any, model: Any, args: tuple[Any, ...],
     return extra
 
 
-def _eager_runs_at(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], name: str,
-                   dim: int, size: int) -> bool:
-    """Whether the model runs in PyTorch with input ``name``'s ``dim`` at ``size`` (values
-    drawn in the input's range). A dim torch.export finds fixed is made static only where the
-    model itself cannot take another size (a weight's shape: eager fails too); where eager runs,
-    the capture specialised Python code (a loop over the size, a branch on it) and making the
-    dim static would silently drop what the user declared: OM401 names that line instead.
-    The model's state is put back after the call."""
+def _eager_runs_at(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dims: Any,
+                   keys: dict[str, Any], name: str, dim: int, value: int) -> bool:
+    """Whether the model runs in PyTorch with input ``name``'s ``dim`` at ``value + 1`` -
+    together with every other declared dim of that example size (a mask's batch and sequence
+    beside its ids'), values drawn in each input's range. A dim torch.export finds fixed is
+    made static only where the model itself cannot take another size (a weight's shape: eager
+    fails too); where eager runs, the capture specialised Python code (a loop over the size, a
+    branch on it) and making the dim static would silently drop what the user declared: OM401
+    names that line instead. The model's state is put back after the call."""
     from onnxmedic._tensors import reference_mode
     from onnxmedic.borrow import record_state, restore_state
     from onnxmedic.verify.input_sets import tensor_like
@@ -366,9 +367,17 @@ def _eager_runs_at(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], na
     t = bound.arguments.get(name)
     if not isinstance(t, torch.Tensor) or dim >= t.dim():
         return False
-    shape = list(t.shape)
-    shape[dim] = size
-    bound.arguments[name] = tensor_like(t, tuple(shape), torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    for arg, key in keys.items():
+        x = bound.arguments.get(arg)
+        spec = dims[key] if isinstance(x, torch.Tensor) else None
+        axes = [a for a in (spec or {}) if isinstance(a, int) and a < x.dim()
+                and int(x.shape[a]) == value] if isinstance(spec, dict) else []
+        if arg == name and dim not in axes:
+            axes.append(dim)
+        if axes:
+            shape = [value + 1 if a in axes else n for a, n in enumerate(x.shape)]
+            bound.arguments[arg] = tensor_like(x, tuple(shape), gen)
     state = record_state(model)
     try:
         with reference_mode():
