@@ -83,3 +83,23 @@ def test_failing_size_pattern_words():
     assert size_pattern(6, [(1, True), (7, True), (12, True)], None) == (
         "passes at 6; fails at 1, 7, 12")  # the example alone shows no pattern
     assert size_pattern(6, [(1, False)], None) == ""
+
+
+def test_rule_sizes_run_only_where_the_rule_excludes_a_usual_size():
+    """Verification runs a dim at 1 and the first prime above twice the example; a rule's
+    allowed sizes are added only where the rule excludes one of those (only then can it explain
+    a failure): a multiple of 4 - all its sizes; a minimum of 2 - one small size; a rule both
+    usual sizes satisfy - none (BERT-base's sequence had three more runs for such a rule)."""
+    from onnxmedic.inputs import Inputs
+    from onnxmedic.verify.input_sets import shape_variants
+
+    ex = Inputs((torch.randn(2, 16),), {})
+
+    def sizes(rule):
+        out = shape_variants(ex, [[2, "n"]], rules={"n": rule} if rule else None)
+        return sorted(int(label.split("=")[1]) for label, _ in out)
+
+    assert sizes(None) == [1, 37]
+    assert sizes(SizeRule("n", multiple=4, minimum=4)) == [1, 4, 20, 32, 37]
+    assert sizes(SizeRule("n", minimum=2)) == [1, 2, 37]
+    assert sizes(SizeRule("n", maximum=512)) == [1, 37]

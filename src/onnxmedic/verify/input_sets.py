@@ -108,9 +108,10 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
     ``h % 2`` (a UNet padding odd sizes) without a guard, and the file then fails at odd sizes.
     One size does both, so a dim costs two more runs, not three. A derived dim (its name an
     expression such as ``2*s0``) takes exactly twice the example: only multiples are valid
-    there. A name with a size rule (``rules``: name -> verify.size_rules.SizeRule) is checked
-    at the sizes its rule allows too (``only_allowed``: at those only). Values are drawn within
-    each tensor's own range.
+    there. A name with a size rule (``rules``: name -> verify.size_rules.SizeRule) that
+    excludes one of those sizes is checked at sizes the rule allows too (all of them where it
+    excludes the larger size, else those below the example) - only then can the rule explain a
+    failure; ``only_allowed``: at those only. Values are drawn within each tensor's own range.
     """
     symbols = dim_symbols(example, onnx_dims)
     rules = rules or {}
@@ -121,10 +122,15 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
             allowed = set(rule.check_sizes(n)) - {n} if rule is not None else set()
             if rule is not None and only_allowed:
                 return sorted(allowed)
-            if n == 1:
-                return sorted({2, 3} | allowed)
             derived = any(c in name for c in "*+-/%() ")
-            return sorted({1, 2 * n if derived else next_prime(2 * n)} | allowed)
+            big = 3 if n == 1 else 2 * n if derived else next_prime(2 * n)
+            usual = {2 if n == 1 else 1, big}
+            if rule is None or all(rule.allows(s) for s in usual):
+                return sorted(usual)  # the rule predicts no failure: nothing more to learn
+            # sizes the rule allows stand in for those it excludes: all of them where the
+            # larger size is excluded (a multiple of k), else only the smaller (a minimum)
+            return sorted(usual | (allowed if not rule.allows(big) else
+                                   {s for s in allowed if s < n}))
 
         return at
 
