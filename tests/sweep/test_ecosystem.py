@@ -64,6 +64,7 @@ def test_fast_subset_exports_and_verifies_at_every_size(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a whole zoo sweep: 14 min alone on 2 cores, more when shared
 def test_whole_ecosystem_zoo(tmp_path) -> None:
     res = sweep(ZOO + ":ALL", jobs=os.cpu_count(), timeout=900, results=tmp_path / "r.json",
                 report=tmp_path / "eco.html")

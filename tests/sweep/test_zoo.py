@@ -56,6 +56,7 @@ def test_fast_subset_and_real_cases_export_and_verify(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a whole zoo sweep: 14 min alone on 2 cores, more when shared
 def test_whole_zoo(tmp_path):
     res = sweep(ZOO + ":ALL", jobs=os.cpu_count(), timeout=900, results=tmp_path / "r.json",
                 report=tmp_path / "zoo.html")
