@@ -283,11 +283,7 @@ def restore_state(state: State) -> tuple[list[str], list[str]]:
         else:
             value = attrs[name]
             if name in copies:  # the same container as before, with its items back
-                value.clear()
-                if isinstance(value, list):
-                    value.extend(copies[name])
-                else:
-                    value.update(copies[name])
+                _refill(value, copies[name])
             vars(mod)[name] = value
         if not same:  # an equivalent copy gets the original object back without a word
             restored.append(qual)
@@ -295,12 +291,15 @@ def restore_state(state: State) -> tuple[list[str], list[str]]:
         now = obj if type(obj) in _CONTAINERS else vars(obj)
         if _same_contents(saved, now):
             continue
-        # put back in place (clear + update: the same objects, as for module attributes)
-        now.clear()
-        if isinstance(now, list):
-            now.extend(saved)
-        else:
-            now.update(saved)
+        _refill(now, saved)  # in place: the same objects, as for module attributes
         restored.append(f"<{type(obj).__name__} held by an attribute>")
     return restored, _params_written(state)
 
+
+def _refill(container: Any, items: Any) -> None:
+    """``container`` (a dict, list or set) holding ``items`` again, the same object."""
+    container.clear()
+    if isinstance(container, list):
+        container.extend(items)
+    else:
+        container.update(items)
