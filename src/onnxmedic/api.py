@@ -18,7 +18,7 @@ import torch
 from onnxmedic import borrow, sandbox
 from onnxmedic.context import ExportContext, ExportOptions
 from onnxmedic.doctor import doctor_stages, run_stages
-from onnxmedic.findings import info
+from onnxmedic.findings import info, listed
 from onnxmedic.fixes.opset import parse_ort_version
 from onnxmedic.inputs import Inputs
 from onnxmedic.onnxfile import load_checked, opset_of
@@ -152,12 +152,10 @@ def _put_back(result: ExportResult, state: borrow.State) -> None:
         parts = []
         if restored:
             parts.append("buffers and attributes put back as they were before export: "
-                         f"{', '.join(restored[:6])}"
-                         + (f" and {len(restored) - 6} more" if len(restored) > 6 else ""))
+                         + listed(restored, 6))
         if written:
             parts.append("parameters the model wrote in place (left as written, as a plain call "
-                         f"would leave them): {', '.join(written[:6])}"
-                         + (f" and {len(written) - 6} more" if len(written) > 6 else ""))
+                         "would leave them): " + listed(written, 6))
         result.findings.append(info(
             "OM012", "preflight", "running the model during export changed its state; "
             + "; ".join(parts) + ".", details={"buffers": restored, "parameters": written}))

@@ -680,3 +680,11 @@ class ResultCodes:
             return 0
         codes = [f.exit_code for f in self.errors]
         return 3 if 3 in codes else 2 if 2 in codes else 1
+
+
+def listed(items: Any, limit: int, sep: str = ", ") -> str:
+    """The first ``limit`` of ``items`` (strings) joined by ``sep``, and how many more there
+    are: "a, b and 3 more" - for messages naming what they found."""
+    items = list(items)
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return sep.join(items[:limit]) + more

@@ -15,7 +15,7 @@ import torch
 from onnxmedic import borrow
 from onnxmedic._locate import attribute_writes, location_from_exception
 from onnxmedic._tensors import describe, flatten_tensors, reference_mode, to_numpy
-from onnxmedic.findings import Finding, error, info, warning
+from onnxmedic.findings import Finding, error, info, listed, warning
 
 STAGE = "preflight"
 
@@ -159,14 +159,12 @@ def _written_items(written: borrow.Written, limit: int = 6) -> tuple[str, list[A
                      else f", added: {now}")
         at = attribute_writes(mod, name)
         lines += at[:1]
-        where = (", written at " + ", ".join(f"{loc.file}:{loc.line} (`{loc.code}`)"
-                                              for loc in at[:3])
-                 + (f" and {len(at) - 3} more" if len(at) > 3 else "")) if at else ""
+        where = (", written at " + listed((f"{loc.file}:{loc.line} (`{loc.code}`)"
+                                            for loc in at), 3)) if at else ""
         parts.append(f"{qual} ({what}{where})")
         details.append({"name": qual, "kind": kind,
                         "written_at": [f"{loc.file}:{loc.line}" for loc in at]})
-    text = "; ".join(parts[:limit]) + (f" and {len(parts) - limit} more"
-                                       if len(parts) > limit else "")
+    text = listed(parts, limit, "; ")
     return text, lines, details
 
 
@@ -192,8 +190,7 @@ def first_call_state(result: Any, model: Any, state: borrow.State | None) -> Non
         return
     text, lines, details = _written_items(written)
     if written.params:
-        params = ", ".join(written.params[:6]) + (
-            f" and {len(written.params) - 6} more" if len(written.params) > 6 else "")
+        params = listed(written.params, 6)
         result.findings.append(warning(
             "OM126", STAGE, "forward() initialised the model on the example run: it wrote "
             f"parameters ({params}) and the state beside them ({text}). The model was "

@@ -17,7 +17,7 @@ from onnxmedic._locate import location_from_stack_text
 from onnxmedic._torch_compat import is_derived_dim, str_dims_to_export_dims
 from onnxmedic.capture.strategies import capture, classify_capture_error
 from onnxmedic.context import ExportContext
-from onnxmedic.findings import Finding, error, info, warning
+from onnxmedic.findings import Finding, error, info, listed, warning
 from onnxmedic.onnxfile import graph_io
 
 logger = logging.getLogger(__name__)
@@ -187,8 +187,7 @@ def kept_sizes_finding(kept: Any) -> Finding:
     from onnxmedic.findings import Location
 
     file, line, code, _ = kept.lines[0]
-    shown = "; ".join(f"{f}:{n} (`{c}`): {w}" for f, n, c, w in kept.lines[:6]) + (
-        f" and {len(kept.lines) - 6} more" if len(kept.lines) > 6 else "")
+    shown = listed((f"{f}:{n} (`{c}`): {w}" for f, n, c, w in kept.lines), 6, "; ")
     return info(
         "OM127", STAGE, "code turns dynamic sizes into Python numbers or constant tensors, which "
         f"would fix them to the example's values; the capture kept them symbolic: {shown}. "
@@ -210,18 +209,15 @@ def constants_finding(attempts: list[Any]) -> Finding:
     decided = attempts[-1].decided
     parts = []
     if consts:
-        shown = ", ".join(f"{k}={v}" for k, v in list(consts.items())[:8])
-        more = f" and {len(consts) - 8} more" if len(consts) > 8 else ""
-        parts.append(f"0-d integer buffers registered non-persistent read as constants: "
-                     f"{shown}{more}")
+        parts.append("0-d integer buffers registered non-persistent read as constants: "
+                     + listed((f"{k}={v}" for k, v in consts.items()), 8))
     if decided is not None and decided.buffers:
         parts.append("buffers read by the guards: " + ", ".join(
             f"{k}={v}" for k, v in decided.buffers.items()))
     guards = decided.guards if decided is not None else []
     if guards:
-        parts.append("lines that read them: " + "; ".join(
-            f"{f}:{n} (`{c}`) {w}" for f, n, c, w in guards[:6])
-            + (f" and {len(guards) - 6} more" if len(guards) > 6 else ""))
+        parts.append("lines that read them: " + listed(
+            (f"{f}:{n} (`{c}`) {w}" for f, n, c, w in guards), 6, "; "))
     where = (f" ({cause.details.get('raised_at')})" if cause.details.get("raised_at") else "")
     loc = cause.location
     if guards:
