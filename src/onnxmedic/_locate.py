@@ -23,28 +23,38 @@ def is_user_file(path: str) -> bool:
     return not any(m in p for m in _LIB_MARKERS)
 
 
+def location_from_frame(frame: traceback.FrameSummary) -> Location:
+    """A traceback frame as a Location (its source line stripped)."""
+    return Location(file=frame.filename, line=frame.lineno, function=frame.name,
+                    code=(frame.line or "").strip() or None)
+
+
 def location_from_traceback(tb: TracebackType | None) -> Location | None:
     """The innermost frame of the user's own code in a traceback."""
     best = None
     for frame in traceback.extract_tb(tb):
         if is_user_file(frame.filename):
             best = frame
-    if best is None:
-        return None
-    return Location(file=best.filename, line=best.lineno, function=best.name,
-                    code=(best.line or "").strip() or None)
+    return None if best is None else location_from_frame(best)
+
+
+def exception_chain(exc: BaseException | None) -> list[BaseException]:
+    """The exception, then what it was raised from or while handling (``__cause__``, else
+    ``__context__``), each once: the chain a traceback prints, innermost last."""
+    chain: list[BaseException] = []
+    e = exc
+    while e is not None and not any(e is x for x in chain):
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return chain
 
 
 def location_from_exception(exc: BaseException) -> Location | None:
     """Search the exception, its causes and its message for the user's line."""
-    seen = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
+    for e in exception_chain(exc):
         loc = location_from_traceback(e.__traceback__)
         if loc is not None:
             return loc
-        e = e.__cause__ or e.__context__
     return location_from_stack_text(str(exc))
 
 

@@ -23,7 +23,12 @@ from typing import Any
 
 import torch
 
-from onnxmedic._locate import is_user_file, location_from_exception
+from onnxmedic._locate import (
+    exception_chain,
+    is_user_file,
+    location_from_exception,
+    location_from_frame,
+)
 from onnxmedic._torch_compat import (
     backed_size_oblivious,
     dynamo_knows_builtins,
@@ -235,11 +240,7 @@ def _packed_failure(previous: list[Result]) -> str | None:
     if not errors:
         return "no earlier attempt failed"
     for e in errors:
-        chain = []
-        while e is not None and e not in chain:
-            chain.append(e)
-            e = e.__cause__ or e.__context__
-        for x in chain:
+        for x in exception_chain(e):
             if "pack_padded_sequence" in str(x) or any(
                     f.filename.replace("\\", "/").endswith(_PACKED_FILES)
                     for f in traceback.extract_tb(x.__traceback__)):
@@ -577,11 +578,7 @@ def guard_line(failed: list[Result]) -> tuple[str, int, str] | None:
         if "draft_export" in r.strategy or not _DATA_DEPENDENT.search(
                 f"{type(r.error).__name__}: {r.error}"):
             continue
-        chain, e = [], r.error
-        while e is not None and e not in chain:
-            chain.append(e)
-            e = e.__cause__ or e.__context__
-        for e in reversed(chain):  # the original exception first
+        for e in reversed(exception_chain(r.error)):  # the original exception first
             frames = [f for f in traceback.extract_tb(e.__traceback__)
                       if not f.filename.startswith("<")
                       and PKG_DIR not in f.filename.replace("\\", "/")
@@ -619,14 +616,10 @@ def _user_frames(failed: list[Result], draft: bool = False) -> list[list[Any]]:
 
     out = []
     for r in sorted(failed, key=lambda r: draft and "draft_export" not in r.strategy):
-        chain, e = [], r.error
-        while e is not None and e not in chain:
-            chain.append(e)
-            e = e.__cause__ or e.__context__
         out += [[f for f in traceback.extract_tb(x.__traceback__)
                  if not _is_internal(f.filename)
                  and not any(t in f.filename.replace("\\", "/") for t in TRACER_FILES)]
-                for x in chain]
+                for x in exception_chain(r.error)]
     return out
 
 
@@ -730,7 +723,7 @@ def specialising_lines(failed: list[Result], texts: str
         user = next((f for f in reversed(frames) if is_user_file(f.filename)), None)
         m = re.match(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]", source)
         dim = f"{m.group(1)}[{m.group(2)}]" if m else source
-        out.append((dim, size, guard, _loc(at), _loc(user) if user is not None else None))
+        out.append((dim, size, guard, location_from_frame(at), location_from_frame(user) if user is not None else None))
     return out
 
 
@@ -743,13 +736,8 @@ def guard_locations(size_guards: list[tuple[str, str, list[Any]]]
     for source, guard, stack in size_guards:
         frames = [f for f in stack if not _is_internal(f.filename)]
         if frames:
-            out.setdefault(source, []).append((guard, _loc(frames[-1])))
+            out.setdefault(source, []).append((guard, location_from_frame(frames[-1])))
     return out
-
-
-def _loc(frame: Any) -> Location:
-    return Location(file=frame.filename, line=frame.lineno, function=frame.name,
-                    code=(frame.line or "").strip() or None)
 
 
 def _packed_use_finding(failed: list[Result], tried: str, loc: Location | None,
@@ -759,8 +747,7 @@ def _packed_use_finding(failed: list[Result], tried: str, loc: Location | None,
     from onnxmedic.capture.packed import PackedUseUnsupported
 
     for r in failed:
-        e, seen = r.error, []
-        while e is not None and e not in seen:
+        for e in exception_chain(r.error):
             if isinstance(e, PackedUseUnsupported):
                 return error("OM208", STAGE, f"{e}. Tried: {tried}",
                              location=location_from_exception(e) or loc,
@@ -768,8 +755,6 @@ def _packed_use_finding(failed: list[Result], tried: str, loc: Location | None,
                              "the RNN module and pad_packed_sequence (apply per-step layers to "
                              "the padded output, masking by the lengths), or export with a "
                              "fixed batch of equal-length sequences.", details=details)
-            seen.append(e)
-            e = e.__cause__ or e.__context__
     return None
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from onnxmedic._locate import exception_chain
+
 logger = logging.getLogger(__name__)
 
 VIEW_CRASH = re.compile(r"Cannot view a tensor with shape|view size is not compatible with "
@@ -31,14 +33,7 @@ _VIEWS = (torch.ops.aten.view.default, torch.ops.aten.reshape.default)
 
 
 def _chain_text(error: BaseException | None) -> str:
-    text = ""
-    seen = set()
-    e = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text += f"\n{e}"
-        e = e.__cause__ or e.__context__
-    return text
+    return "".join(f"\n{e}" for e in exception_chain(error))
 
 
 def _error_check(pattern: re.Pattern[str], reason: str) -> Any:
