@@ -49,12 +49,14 @@ class _Trap:
                 conn, _ = self.sock.accept()
             except OSError:
                 continue
-            conn.settimeout(1)
+            conn.settimeout(5)
             try:
                 head = conn.recv(1024).decode("latin-1")
             except OSError:
                 head = ""
             conn.close()
+            if not head:  # a connection opened ahead (preconnect) that never asked for anything
+                continue
             target = head.split(" ")[1] if head.count(" ") >= 2 else "?"
             host = target.split("://", 1)[-1].split("/", 1)[0].split(":", 1)[0]
             self.hosts.append(host)
