@@ -46,7 +46,7 @@ def test_unknown_output_type_is_registered_and_verified():
         "torch.export(strict=False)", "pytree registration + torch.export(strict=False)"]
     # the ONNX model has every tensor of the output: y.relu(), keys[0], keys[1], scale
     assert len(res.onnx_model.graph.output) == 4
-    assert {c.input_set for c in res.verification} >= {"example", "batch=1", "batch=7"}
+    assert {c.input_set for c in res.verification} >= {"example", "batch=1", "batch=5"}
 
 
 def test_generic_flatten_round_trips():
@@ -149,7 +149,7 @@ def test_size_one_at_the_example_is_not_baked_in(monkeypatch):
     dyn = ({0: "batch", 2: "height", 3: "width"},)
     res = onnxmedic.export(Shortcut().eval(), (x,), dynamic_shapes=dyn)
     assert res.ok, [f.one_paragraph() for f in res.findings]
-    assert {"height=5", "width=5"} <= {c.input_set for c in res.verification}
+    assert {"height=3", "width=3"} <= {c.input_set for c in res.verification}
     # without backed_size_oblivious the 1x1 is specialised and other sizes fail
     monkeypatch.setattr(strategies, "_size_oblivious", lambda d: contextlib.nullcontext())
     res = onnxmedic.export(Shortcut().eval(), (x,), dynamic_shapes=dyn)

@@ -40,7 +40,7 @@ def test_rnn_time_dim_declared_dynamic_stays_dynamic(tmp_path, cell):
     assert cell.__name__ in {n.op_type for n in m.graph.node}  # one ONNX LSTM/GRU, no unrolling
     # the export's own verification ran other sequence lengths, 1 included
     sets = {c.input_set for c in r.verification}
-    assert {"time=1", "time=23"} <= sets, sets
+    assert {"time=1", "time=13"} <= sets, sets
     assert all(c.ok for c in r.verification)
 
 
@@ -89,8 +89,8 @@ def test_affine_grid_sized_by_the_input_stays_dynamic(tmp_path, align_corners, d
     dims_out = onnx.load(tmp_path / "m.onnx").graph.input[0].type.tensor_type.shape.dim
     assert [d.dim_param for d in dims_out[2:]] == list(spec.values())[1:]
     sets = {c.input_set for c in r.verification}
-    assert {"height=1", "width=1", f"height={next_prime(2 * shape[-2])}",
-            f"width={next_prime(2 * shape[-1])}"} <= sets
+    assert {"height=1", "width=1", f"height={next_prime(shape[-2])}",
+            f"width={next_prime(shape[-1])}"} <= sets
     assert all(c.ok for c in r.verification)
 
 
@@ -167,7 +167,7 @@ def test_einsum_keeps_the_batch_dynamic(tmp_path):
     r = onnxmedic.export(SpectralMix().eval(), (x,), tmp_path / "m.onnx",
                          dynamic_shapes=({0: "batch"},))
     assert r.ok, [f.one_paragraph() for f in r.findings]
-    assert {"batch=1", "batch=5"} <= {c.input_set for c in r.verification}
+    assert {"batch=1", "batch=3"} <= {c.input_set for c in r.verification}
     assert torch.backends.opt_einsum.enabled == before  # restored
 
 
@@ -229,7 +229,7 @@ def test_stn_adaptive_pool_stays_dynamic(tmp_path):
     assert r.ok, [f.one_paragraph() for f in r.findings]
     assert not {"OM401", "OM402", "OM406", "OM407", "OM502"} & {f.code for f in r.findings}
     sets = {c.input_set for c in r.verification}
-    assert {"height=1", "width=1", "height=37", "width=37"} <= sets, sets
+    assert {"height=1", "width=1", "height=17", "width=17"} <= sets, sets
     assert all(c.ok for c in r.verification)
     # primes, and sizes below the output size (1 -> 4 windows of the one pixel), judged by
     # onnxmedic's own verification (float64 reference)

@@ -29,10 +29,9 @@ from onnxmedic.optimize.candidates import (
     time_variants,
 )
 from onnxmedic.optimize.passes import Pipeline, default_pipelines, run_pipeline
-from onnxmedic.verify.input_sets import derived_input_sets, shape_variants
+from onnxmedic.verify.input_sets import same_shape_sets, shape_variants
 from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.size_rules import rules_from_metadata
-from onnxmedic.verify.stage import EXTRA_INPUT_SETS
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +71,7 @@ def reference_sets(onnx_path: str | os.PathLike[str], model: Any, example: input
 
     proto = onnx.load(str(onnx_path), load_external_data=False)
     names, dims, _ = graph_io(proto)
-    sets = [("example", example)] + [(s.specs[0], s) for s in
-                                     derived_input_sets(example, EXTRA_INPUT_SETS)]
+    sets = [("example", example)] + [(s.specs[0], s) for s in same_shape_sets(example, dims)]
     # a dim valid only at some sizes (OM408, in the file's metadata): at those sizes only
     sets += shape_variants(example, dims, rules=rules_from_metadata(proto), only_allowed=True)
     fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model

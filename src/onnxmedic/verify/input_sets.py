@@ -41,6 +41,17 @@ def branch_probe_sets(inputs: Inputs) -> list[Inputs]:
     return out
 
 
+EXTRA_INPUT_SETS = 2
+
+
+def same_shape_sets(example: Inputs, onnx_dims: list[list[int | str | None]]) -> list[Inputs]:
+    """The further sets of the example's shapes verification runs: EXTRA_INPUT_SETS of them
+    where the model has no dynamic dim, one (the example's values permuted) where it has: its
+    shape variants draw fresh values in each tensor's range already, as the second set would."""
+    count = 1 if dim_symbols(example, onnx_dims) else EXTRA_INPUT_SETS
+    return derived_input_sets(example, count)
+
+
 def derived_input_sets(inputs: Inputs, count: int, seed: int = DEFAULT_SEED) -> list[Inputs]:
     """Further input sets of the same shapes and dtypes, for verification.
 
@@ -101,12 +112,13 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
 
     ``onnx_dims`` holds, per ONNX graph input (in the flattened order of the example's tensors),
     its dims: an int for a static dim, a name (dim_param) or None for a dynamic one. Inputs that
-    share a name share the size. For each name: size 1 and the first prime above twice the
-    example's size (2 and 3 when the example has 1). The larger size catches what only goes
-    wrong above the example (tables or caches sized by it); being prime, it also catches a file
-    that only works at the example's parity or divisibility: torch.export can follow a branch on
-    ``h % 2`` (a UNet padding odd sizes) without a guard, and the file then fails at odd sizes.
-    One size does both, so a dim costs two more runs, not three. A derived dim (its name an
+    share a name share the size. For each name: size 1 and the first prime above the example's
+    size (2 and 3 when the example has 1). The larger size catches what only goes wrong above
+    the example (tables or caches sized by it: any larger size shows them); being prime, it
+    also catches a file that only works at the example's parity or divisibility: torch.export
+    can follow a branch on ``h % 2`` (a UNet padding odd sizes) without a guard, and the file
+    then fails at odd sizes. One size does both, so a dim costs two more runs, not three, and
+    the nearest such size keeps them cheap (BERT-base's sequence: 131, not 257). A derived dim (its name an
     expression such as ``2*s0``) takes exactly twice the example: only multiples are valid
     there. A name with a size rule (``rules``: name -> verify.size_rules.SizeRule) that
     excludes one of those sizes is checked at sizes the rule allows too (all of them where it
@@ -123,7 +135,7 @@ def shape_variants(example: Inputs, onnx_dims: list[list[int | str | None]],
             if rule is not None and only_allowed:
                 return sorted(allowed)
             derived = any(c in name for c in "*+-/%() ")
-            big = 3 if n == 1 else 2 * n if derived else next_prime(2 * n)
+            big = 3 if n == 1 else 2 * n if derived else next_prime(n)
             usual = {2 if n == 1 else 1, big}
             if rule is None or all(rule.allows(s) for s in usual):
                 return sorted(usual)  # the rule predicts no failure: nothing more to learn

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from onnxmedic.findings import Location
+from onnxmedic.verify.input_sets import next_prime
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class SizeRule:
         twice = 2 * n
         while not self.allows(twice) and (self.maximum is None or twice < self.maximum):
             twice += 1
-        prime = _next_prime(n // k) * k + self.offset % k
+        prime = next_prime(n // k) * k + self.offset % k
         out = {self.first(), n, twice, prime}
         return sorted(s for s in out if self.allows(s))
 
@@ -100,13 +101,6 @@ class SizeRule:
         return cls(name, multiple=max(1, int(d.get("multiple_of", 1))),
                    offset=int(d.get("offset", 0)), minimum=max(1, int(d.get("min", 1))),
                    maximum=int(d["max"]) if d.get("max") is not None else None)
-
-
-def _next_prime(n: int) -> int:
-    p = n + 1
-    while p < 2 or any(p % q == 0 for q in range(2, int(p ** 0.5) + 1)):
-        p += 1
-    return p
 
 
 # -- the file's metadata --------------------------------------------------------------------------

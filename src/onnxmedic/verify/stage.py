@@ -37,8 +37,8 @@ from onnxmedic.verify.budget import (
 from onnxmedic.verify.compare import OutputComparison, compare_outputs
 from onnxmedic.verify.input_sets import (
     branch_probe_sets,
-    derived_input_sets,
     dim_symbols,
+    same_shape_sets,
     shape_variants,
 )
 from onnxmedic.verify.localizer import Localizer
@@ -53,9 +53,6 @@ from onnxmedic.verify.size_rules import (
 logger = logging.getLogger(__name__)
 
 # How many input sets beyond the example verification uses.
-EXTRA_INPUT_SETS = 2
-
-
 def expected_outputs(model: Any, sets: list[Inputs]) -> list[list[np.ndarray]]:
     """PyTorch's outputs (flattened, numpy) for each input set."""
     fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
@@ -152,15 +149,15 @@ def input_sets(result: ExportResult, model: Any, example: Inputs,
                example_expected: list[np.ndarray] | None, onnx_dims: list[Any],
                probe_branches: bool = False, rules: dict[str, SizeRule] | None = None,
                only_allowed: bool = False) -> InputSets:
-    """The example, EXTRA_INPUT_SETS derived sets, branch probes (when a data-dependent branch
-    was specialised), and the shape variants PyTorch itself accepts, with PyTorch's outputs
-    (``rules``, ``only_allowed``: see input_sets.shape_variants)."""
+    """The example, further sets of its shapes (input_sets.same_shape_sets), branch probes (when
+    a data-dependent branch was specialised), and the shape variants PyTorch itself accepts,
+    with PyTorch's outputs (``rules``, ``only_allowed``: see input_sets.shape_variants)."""
     out = InputSets()
     with result.timed("compare"):
         out.add("example", example, example_expected if example_expected is not None
                 else expected_outputs(model, [example])[0])
         extra = [(f"random#{i}", s) for i, s in
-                 enumerate(derived_input_sets(example, EXTRA_INPUT_SETS), 1)]
+                 enumerate(same_shape_sets(example, onnx_dims), 1)]
         if probe_branches:  # a data-dependent branch was specialised: try to take the others
             extra += _accepted(result, model, [(p.specs[-1], p) for p in
                                                branch_probe_sets(example)], "branch probe")
@@ -359,11 +356,10 @@ def size_pattern(n: int, tried: list[tuple[int, bool]], rule: SizeRule | None) -
     k = 0
     for s in good:
         k = math.gcd(k, s)
-    if len(good) < 2:  # the example alone shows no pattern
-        pass
-    elif k > 1 and all(s % k for s in bad):
+    several = len(good) >= 2  # the example alone shows no pattern
+    if several and k > 1 and all(s % k for s in bad):
         text += f": it works at multiples of {k} only, as far as checked"
-    elif max(bad) < min(good):
+    elif several and max(bad) < min(good):
         text += f": it works from {min(good)} up only, as far as checked"
     if rule is not None:
         text += (f" (torch.export's guards allow sizes that are {rule.describe()}, but the "
