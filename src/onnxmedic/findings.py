@@ -144,8 +144,8 @@ CODES: dict[str, CodeInfo] = {
         "through that mask (`out[m] = f(x[m])`, every tensor it reads also read through `m`): "
         "with nothing selected it writes nothing, so taking it for every input computes the "
         "same values. The capture took it; the ONNX model computes the branch on zero selected "
-        "elements where the model skips it, and verification adds inputs meant to select none "
-        "or all (zeros, negated, scaled). Any other body (an else, a name assigned, a tensor "
+        "elements where the model skips it, and verification adds inputs meant to select none, "
+        "all or some (zeros, negated, scaled, every third element scaled). Any other body (an else, a name assigned, a tensor "
         "read or written whole, a bare call, a call of a module) is not decided (OM112).",
     ),
     "OM125": CodeInfo(

@@ -14,6 +14,8 @@ import torch
 import onnxmedic
 from onnxmedic.capture import masked
 from onnxmedic.capture.strategies import ValidationOff, capture
+from onnxmedic.inputs import Inputs
+from onnxmedic.verify.input_sets import branch_probe_sets
 
 BOUND = 3.0
 
@@ -105,12 +107,26 @@ def test_masked_branch_exports_and_verifies_on_none_all_and_some_selected():
         assert f.details["sites"][0]["mask"] == "inside"
         assert "OM115" in codes(r)  # the spline's domain check, taken as passing
         by_set = {c.input_set for c in r.verification}
-        # the example selects some rows, the probes none (x100) and all (zeros)
-        assert {"example", "scaled x100", "zeros", "negated"} <= by_set, by_set
+        assert {"example", "scaled x100", "zeros", "negated",
+                "every third element x100"} <= by_set, by_set
         assert all(c.ok and c.max_abs < 1e-5 for c in r.verification)
-    inside = (x.abs() <= BOUND)
-    assert inside.any() and not inside.all()
-    assert not ((x * 100).abs() <= BOUND).any()
+    # the example and the every-third probe select some elements, x100 none, zeros all
+    sets = {s.specs[-1]: s.args[0] for s in branch_probe_sets(Inputs((x,), {}), masks=True)}
+    for probe in (x, sets["every third element x100"]):
+        inside = probe.abs() <= BOUND
+        assert inside.any() and not inside.all()
+    assert not (sets["scaled x100"].abs() <= BOUND).any()
+    assert (sets["zeros"].abs() <= BOUND).all()
+
+
+def test_every_third_probe_only_with_masks():
+    x = torch.randn(3, 4)
+    plain = [s.specs[-1] for s in branch_probe_sets(Inputs((x,), {}))]
+    assert "every third element x100" not in plain
+    probe = branch_probe_sets(Inputs((x,), {}), masks=True)[-1].args[0]
+    scaled = (probe != x).reshape(-1)
+    assert scaled.tolist() == [i % 3 == 0 for i in range(12)]
+    assert set(torch.nonzero(scaled.reshape(3, 4))[:, 1].tolist()) == {0, 1, 2, 3}
 
 
 def test_without_the_decision_the_masked_branch_fails_with_om112(monkeypatch):

@@ -20,8 +20,9 @@ selected elements and plain values; one that changes a tensor it reaches by itse
 a closure) is not seen here - the probe that selects nothing would show it as a mismatch.
 
 What stays to check is that the graph computes the body on zero selected rows without failing
-where the eager model skipped it; verification runs the branch probes (zeros, negated,
-scaled) for that (OM117).
+where the eager model skipped it; verification runs the branch probes for that (zeros,
+negated, scaled x100, and every third element scaled x100: none, all and some selected by a
+mask on the values; OM117).
 """
 
 from __future__ import annotations

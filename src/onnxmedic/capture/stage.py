@@ -115,7 +115,8 @@ def _capture_module(ctx: ExportContext) -> bool:
         result.findings.append(validation_off_finding(neutralised))
     if neutralised is not None and neutralised.masked:
         result.findings.append(masked_finding(neutralised.masked))
-        ctx.branch_probe = True  # the graph runs the body on zero selected elements: probe
+        # the graph runs the body where the model skips it: probe with none, all, some selected
+        ctx.branch_probe = ctx.mask_probe = True
     if "draft_export" in attempts[-1].strategy:
         result.findings.append(specialised_finding(attempts))
         ctx.branch_probe = True
@@ -174,7 +175,7 @@ def masked_finding(sites: list[Any]) -> Finding:
             (f"{s} writes and reads every tensor through `{s.mask}`" for s in sites), 4, "; ")
         + ". With nothing selected the branch writes nothing, so the capture took it for every "
         "input: the same values. The ONNX model runs it on zero selected elements where the "
-        "model skips it; verification added inputs meant to select none or all of them.",
+        "model skips it; verification added inputs meant to select none, all or some of them.",
         location=Location(file=first.file, line=first.line, code=first.code),
         suggestion="Nothing to do. In your own code, dropping the `if` (or writing "
         "`torch.where(m, f(x), out)`) exports without this recovery.",
