@@ -51,6 +51,7 @@ class ExportContext:
     str_dims: Any = None  # string dims to rename the ONNX axes to
     requested_dims: Any = None  # the dynamic shapes asked for ("auto"/dynamic_axes completed)
     branch_probe: bool = False  # capture specialised a data-dependent branch
+    mask_probe: bool = False  # capture took a branch through a boolean mask (capture.masked)
     # (input dim, guard, stack) of the capture's guards that divide an input dim (``//``, Mod)
     size_guards: list[Any] = field(default_factory=list)
     auto_dims: bool = False  # dynamic_shapes="auto"

@@ -137,6 +137,17 @@ CODES: dict[str, CodeInfo] = {
         "values select, for every input; verification compares it with the eager model, and "
         "the model is left as it was. The finding names the buffers, values and lines.",
     ),
+    "OM117": CodeInfo(
+        "masked branch taken for every input", 0,
+        "Python control flow tests whether a boolean mask selects anything (`if torch.any(m):`"
+        ", nflows' splines: `if torch.any(inside_interval_mask):`) and the branch only writes "
+        "through that mask (`out[m] = f(x[m])`, every tensor it reads also read through `m`): "
+        "with nothing selected it writes nothing, so taking it for every input computes the "
+        "same values. The capture took it; the ONNX model computes the branch on zero selected "
+        "elements where the model skips it, and verification adds inputs meant to select none, "
+        "all or some (zeros, negated, scaled, every third element scaled). Any other body (an else, a name assigned, a tensor "
+        "read or written whole, a bare call, a call of a module) is not decided (OM112).",
+    ),
     "OM125": CodeInfo(
         "model writes its own state on a call", 0,
         "forward() writes the model's own state when it runs - a buffer filled in place, a "

@@ -22,8 +22,6 @@ ZOO = str(ROOT / "bench" / "zoo" / "ecosystem.py")
 KNOWN_FAILURES: dict[str, str] = {
     "transformers/mamba": "OM401: the slow path loops over the sequence (modeling_mamba.py:260)",
     "transformers/encodec": "OM402: the frame loop over samples (modeling_encodec.py:588)",
-    "nflows/spline_coupling": "OM112: if torch.any(inside_interval_mask); draft_export's "
-                              "real-tensor propagation loses the size of x[mask] (torch bug)",
     "torchdiffeq/dopri5": "OM112: adaptive step count (data-dependent); the finding says to "
                           "use method='rk4' with options={'step_size': h}",
     "torchcde/cde": "OM112: the time grid is built inside forward",

@@ -110,9 +110,13 @@ def _capture_module(ctx: ExportContext) -> bool:
     if ctx.program is None:
         result.fail(STAGE, classify_capture_error(attempts))
         return False
-    if attempts[-1].neutralised is not None and (attempts[-1].neutralised.switches
-                                                 or attempts[-1].neutralised.checks):
-        result.findings.append(validation_off_finding(attempts[-1].neutralised))
+    neutralised = attempts[-1].neutralised
+    if neutralised is not None and (neutralised.switches or neutralised.checks):
+        result.findings.append(validation_off_finding(neutralised))
+    if neutralised is not None and neutralised.masked:
+        result.findings.append(masked_finding(neutralised.masked))
+        # the graph runs the body where the model skips it: probe with none, all, some selected
+        ctx.branch_probe = ctx.mask_probe = True
     if "draft_export" in attempts[-1].strategy:
         result.findings.append(specialised_finding(attempts))
         ctx.branch_probe = True
@@ -157,6 +161,26 @@ def validation_off_finding(record: Any) -> Finding:
         "it (e.g. a scale <= 0, an unsorted time grid).",
         details={"switches": list(record.switches),
                  "checks": [f"{f}:{n}" for f, n, _ in record.checks]})
+
+
+def masked_finding(sites: list[Any]) -> Finding:
+    """OM117: ``if torch.any(m):`` guards whose body only writes through ``m``, taken for
+    every input (capture.masked)."""
+    from onnxmedic.findings import Location
+
+    first = sites[0]
+    return info(
+        "OM117", STAGE, "Python control flow tests whether a mask selects anything, and the "
+        "branch only writes through that mask: " + listed(
+            (f"{s} writes and reads every tensor through `{s.mask}`" for s in sites), 4, "; ")
+        + ". With nothing selected the branch writes nothing, so the capture took it for every "
+        "input: the same values. The ONNX model runs it on zero selected elements where the "
+        "model skips it; verification added inputs meant to select none, all or some of them.",
+        location=Location(file=first.file, line=first.line, code=first.code),
+        suggestion="Nothing to do. In your own code, dropping the `if` (or writing "
+        "`torch.where(m, f(x), out)`) exports without this recovery.",
+        details={"sites": [{"at": f"{s.file}:{s.line}", "code": s.code, "mask": s.mask}
+                           for s in sites]})
 
 
 def packed_finding(record: Any) -> Finding:

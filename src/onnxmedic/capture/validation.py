@@ -148,10 +148,13 @@ def applicable_switches() -> list[Switch]:
 
 @dataclass
 class Neutralised:
-    """What a validation-off capture changed: switches turned off, check-only guards decided."""
+    """What a validation-off capture changed: switches turned off, check-only guards decided,
+    and ``if torch.any(m):`` guards whose body only writes through ``m`` taken (capture.masked:
+    the same values for every input, see OM117)."""
 
     switches: list[str] = field(default_factory=list)
     checks: list[tuple[str, int, str]] = field(default_factory=list)  # file, line, code
+    masked: list[Any] = field(default_factory=list)  # capture.masked.MaskedSite
 
 
 @contextlib.contextmanager
@@ -184,6 +187,8 @@ def validation_off(record: Neutralised) -> Iterator[None]:
 def _decide_check_guards(record: Neutralised) -> Iterator[None]:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
+    from onnxmedic.capture.masked import masked_write_value
+
     original = ShapeEnv.evaluate_sym_node
 
     def evaluate_sym_node(self: Any, sym_node: Any, size_oblivious: bool = False,
@@ -194,7 +199,12 @@ def _decide_check_guards(record: Neutralised) -> Iterator[None]:
             frame = guarding_frame()
             decided = check_only_value(frame) if frame is not None else None
             if decided is None:
-                raise
+                site = masked_write_value(frame) if frame is not None else None
+                if site is None:
+                    raise
+                if site not in record.masked:
+                    record.masked.append(site)
+                return original(self, sym_node, size_oblivious, True)
             value, where = decided
             if where not in record.checks:
                 record.checks.append(where)

@@ -12,12 +12,15 @@ import torch
 from onnxmedic.inputs import DEFAULT_SEED, Inputs
 
 
-def branch_probe_sets(inputs: Inputs) -> list[Inputs]:
+def branch_probe_sets(inputs: Inputs, masks: bool = False) -> list[Inputs]:
     """Input sets meant to send data-dependent branches (``if x.sum() > 0``, ``if x.max() >
     t``) the other way: the float inputs negated, zeroed, and scaled by 100. Integer and bool
     inputs are kept (they are often indices) -- except 0-d integer tensors, which are counts as
     often (``for i in range(k.item())``, ``torch.split(x, k.item())``): a further set adds 1 to
-    each of them, so a loop count or size specialised to the example's value shows up."""
+    each of them, so a loop count or size specialised to the example's value shows up. With
+    ``masks`` (a branch taken through a boolean mask, capture.masked), one more set scales
+    every third element by 100, so that a mask on the values (``|x| <= bound``) selects some
+    elements and not others, across rows and columns alike."""
     def is_count(t: Any) -> bool:
         return (isinstance(t, torch.Tensor) and t.dim() == 0 and not t.dtype.is_floating_point
                 and not t.dtype.is_complex and t.dtype != torch.bool)
@@ -38,7 +41,15 @@ def branch_probe_sets(inputs: Inputs) -> list[Inputs]:
     for label, fn in (("negated", lambda t: -t), ("zeros", torch.zeros_like),
                       ("scaled x100", lambda t: t * 100)):
         out.append(mapped(is_float, fn, label))
+    if masks:
+        out.append(mapped(is_float, _every_third_scaled, "every third element x100"))
     return out
+
+
+def _every_third_scaled(t: torch.Tensor) -> torch.Tensor:
+    scale = torch.ones(t.numel(), dtype=t.dtype, device=t.device)
+    scale[::3] = 100
+    return t * scale.reshape(t.shape)
 
 
 EXTRA_INPUT_SETS = 2

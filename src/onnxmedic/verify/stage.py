@@ -148,7 +148,7 @@ class InputSets:
 def input_sets(result: ExportResult, model: Any, example: Inputs,
                example_expected: list[np.ndarray] | None, onnx_dims: list[Any],
                probe_branches: bool = False, rules: dict[str, SizeRule] | None = None,
-               only_allowed: bool = False) -> InputSets:
+               only_allowed: bool = False, probe_masks: bool = False) -> InputSets:
     """The example, further sets of its shapes (input_sets.same_shape_sets), branch probes (when
     a data-dependent branch was specialised), and the shape variants PyTorch itself accepts,
     with PyTorch's outputs (``rules``, ``only_allowed``: see input_sets.shape_variants)."""
@@ -160,7 +160,8 @@ def input_sets(result: ExportResult, model: Any, example: Inputs,
                  enumerate(same_shape_sets(example, onnx_dims), 1)]
         if probe_branches:  # a data-dependent branch was specialised: try to take the others
             extra += _accepted(result, model, [(p.specs[-1], p) for p in
-                                               branch_probe_sets(example)], "branch probe")
+                                               branch_probe_sets(example, probe_masks)],
+                               "branch probe")
         try:
             for (label, s), exp in zip(extra, expected_outputs(model, [s for _, s in extra])):
                 out.add(label, s, exp)
@@ -225,8 +226,8 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
                     timeout: float, tolerance: tuple[float, float] | None,
                     worker: sandbox.Worker | None = None, target: str = "cpu",
                     localizer: Localizer | None = None, probe_branches: bool = False,
-                    rules: dict[str, SizeRule] | None = None, only_allowed: bool = False
-                    ) -> dict[str, SizeRule]:
+                    rules: dict[str, SizeRule] | None = None, only_allowed: bool = False,
+                    probe_masks: bool = False) -> dict[str, SizeRule]:
     """runtime + compare stages, in one sandboxed session: the example, further input sets of
     the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x. With a
     ``localizer``, a value mismatch (or every run, when it is ``always``) is localised.
@@ -235,7 +236,7 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
     With ``only_allowed`` (rules the file declares) only the sizes they allow are checked."""
     onnx_inputs, onnx_dims, onnx_outputs = graph_io(proto)
     sets = input_sets(result, model, example, example_expected, onnx_dims, probe_branches,
-                      rules, only_allowed)
+                      rules, only_allowed, probe_masks)
     with result.stage("runtime", conclude=False) as st:
         try:
             feeds = [make_feeds(onnx_inputs, s.args, s.kwargs) for s in sets.sets]
@@ -561,7 +562,8 @@ def verify_stage(ctx: ExportContext) -> bool:
             result, ctx.model, stand_in[0] if stand_in else ctx.onnx_path,
             stand_in[1] if stand_in else result.onnx_model, ctx.example, ctx.expected,
             opts.timeout, opts.tolerance, ctx.worker, opts.target, localizer=localizer,
-            probe_branches=ctx.branch_probe, rules=guard_rules(ctx))
+            probe_branches=ctx.branch_probe, rules=guard_rules(ctx),
+            probe_masks=ctx.mask_probe)
     finally:
         shutil.rmtree(stand_in_dir, ignore_errors=True)
     ctx.verified = result.stages.get("compare") == PASSED
