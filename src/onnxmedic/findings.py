@@ -137,6 +137,17 @@ CODES: dict[str, CodeInfo] = {
         "values select, for every input; verification compares it with the eager model, and "
         "the model is left as it was. The finding names the buffers, values and lines.",
     ),
+    "OM118": CodeInfo(
+        "size-keyed library cache switched off", 0,
+        "Capture failed in a library's cache keyed on tensor sizes (tensorly's opt_einsum "
+        "plugin, turned on by neuraloperator, plans each einsum from the operands' shapes and "
+        "caches the plan under a key made of them): under dynamic shapes the sizes are "
+        "symbolic, so the plan fixes the declared dims or the key cannot be hashed. onnxmedic "
+        "captured again with the library's own switch around the cache "
+        "(tensorly.plugins.use_default_einsum(): the plain einsum, the same contraction) and "
+        "put the setting and the cache's contents back afterwards; verification compared the "
+        "ONNX model with the model as it is, cache on.",
+    ),
     "OM125": CodeInfo(
         "model writes its own state on a call", 0,
         "forward() writes the model's own state when it runs - a buffer filled in place, a "

@@ -33,6 +33,7 @@ from onnxmedic._torch_compat import (
     unused_constants_dropped,
 )
 from onnxmedic.borrow import record_state, restore_state
+from onnxmedic.capture.caches import CachesOff
 from onnxmedic.capture.decomps import symbolic_shape_rules
 from onnxmedic.capture.equal import equal_as_guard
 from onnxmedic.findings import Finding, Location, error
@@ -60,6 +61,9 @@ class Result:
     equal: list[Any] = field(default_factory=list)
     # (input dim, guard, Python stack) of the guards that divide or bound one input dim
     size_guards: list[tuple[str, str, list[Any]]] = field(default_factory=list)
+    # (library, switch, what its cache keys on the sizes) of the size-keyed library caches
+    # switched off for this attempt (capture.caches)
+    caches: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -505,24 +509,45 @@ def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     # so they must be loaded before torch.export runs, not only before translation
     REGISTRY.load_builtin()
     results: list[Result] = []
-    for cls in strategies or CAPTURE_STRATEGIES:
-        strategy = cls()
-        check = getattr(strategy, "check", None)
-        if check is not None:
-            reason = check(results, args, kwargs, model=model)
-            if reason is not None:
-                logger.debug("capture %s skipped: %s", strategy.name, reason)
-                if skipped is not None:
-                    skipped.append((strategy.name, reason))
-                continue
-        res = strategy(model, args, kwargs, dynamic_shapes, previous=results)
-        results.append(res)
-        logger.debug("capture %s: %s", res.strategy, "ok" if res.ok else res.error)
-        if res.ok:
-            if cls is not SymbolicSizes and SymbolicSizes in (strategies or CAPTURE_STRATEGIES):
-                results += _unfixed(res, model, args, kwargs, dynamic_shapes)
-            break
+    with CachesOff() as caches:
+        for cls in strategies or CAPTURE_STRATEGIES:
+            strategy = cls()
+            check = getattr(strategy, "check", None)
+            if check is not None:
+                reason = check(results, args, kwargs, model=model)
+                if reason is not None:
+                    logger.debug("capture %s skipped: %s", strategy.name, reason)
+                    if skipped is not None:
+                        skipped.append((strategy.name, reason))
+                    continue
+            res = _attempt(strategy, caches, model, args, kwargs, dynamic_shapes, results)
+            if not res.ok and caches.switch(caches.implicated(res)):
+                # it failed in a size-keyed library cache: again with the cache switched off,
+                # which stays off for the attempts after it
+                res = _attempt(cls(), caches, model, args, kwargs, dynamic_shapes, results)
+            if res.ok:
+                if cls is not SymbolicSizes and SymbolicSizes in (strategies
+                                                                  or CAPTURE_STRATEGIES):
+                    extra = _unfixed(res, model, args, kwargs, dynamic_shapes)
+                    for r in extra:
+                        r.caches = caches.described()
+                    results += extra
+                break
     return results
+
+
+def _attempt(strategy: CaptureStrategy, caches: CachesOff, model: torch.nn.Module,
+             args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,
+             results: list[Result]) -> Result:
+    """One strategy's attempt, appended to ``results``; named and recorded with the library
+    caches switched off for it."""
+    res = strategy(model, args, kwargs, dynamic_shapes, previous=results)
+    res.caches = caches.described()
+    if res.caches:
+        res.strategy += ", size-keyed caches off"
+    results.append(res)
+    logger.debug("capture %s: %s", res.strategy, "ok" if res.ok else res.error)
+    return res
 
 
 class SizeFixed(Exception):
