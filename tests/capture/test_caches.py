@@ -8,6 +8,8 @@ library's setting and cache are as a plain call leaves them. The tensorly test n
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -143,3 +145,75 @@ def test_tensorly_opt_einsum_switched_off_and_restored():
     finally:
         plugins.use_default_einsum()
         tl.set_backend(previous_backend)
+
+
+def test_om401_names_a_size_bound_librarys_line_the_call_into_it_and_the_change(
+        fresh, monkeypatch, tmp_path):
+    """A library that computes with Python ints by design (einx) and has no switch: OM401 says
+    so, names its line and the call into it, and says what to change there."""
+    bound = caches.SizeBound("sizecache", ("tests/capture/_sizecache_lib.py",),
+                             "sizecache plans with Python ints", "Rewrite the call at {call}.")
+    monkeypatch.setattr(caches, "SWITCHES", [])
+    monkeypatch.setattr(caches, "SIZE_BOUND", [bound])
+    r = onnxmedic.export(RowSums(), (_x(3, 5),), tmp_path / "m.onnx",
+                         dynamic_shapes=({0: "b", 1: "n"},))
+    assert not r.ok
+    f = next(f for f in r.findings if f.code == "OM401")
+    line = next(i for i, t in enumerate(open(lib.__file__), 1) if "int(s) for s in" in t)
+    call = next(i for i, t in enumerate(open(__file__), 1) if "lib.row_sums(x * 2)" in t)
+    assert f"sizecache fixes them at {lib.__file__}:{line}, called from {__file__}:{call}" \
+        in f.message
+    assert "sizecache plans with Python ints, so no capture can keep these dims dynamic" \
+        in f.message
+    assert f.suggestion == f"Rewrite the call at {__file__}:{call} (`return lib.row_sums(x * 2) + 1`)."
+    assert f.details["size_bound"] == [{"library": "sizecache", "at": f"{lib.__file__}:{line}",
+                                        "call": f"{__file__}:{call}"}]
+
+
+def test_einx_call_named_in_om401(tmp_path):
+    einx = pytest.importorskip("einx")
+
+    class Masked(torch.nn.Module):
+        def forward(self, mask, x):
+            return einx.where("b n, b n d, -> b n d", mask, x, 0.0)
+
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    r = onnxmedic.export(Masked(), (mask, _x(2, 6, 4)), tmp_path / "m.onnx",
+                         dynamic_shapes=({0: "b", 1: "n"}, {0: "b", 1: "n"}))
+    assert not r.ok
+    f = next(f for f in r.findings if f.code == "OM401")
+    call = next(i for i, t in enumerate(open(__file__), 1) if 'einx.where("b n, b n d' in t)
+    assert "einx fixes them at " in f.message and f"called from {__file__}:{call}" in f.message
+    assert "einx/_src/frontend/impl/torch.py" in f.details["size_bound"][0]["at"]
+    assert f"Write the einx call at {__file__}:{call}" in f.suggestion
+    assert "x.masked_fill(~mask[..., None], 0.)" in f.suggestion
+
+
+def test_neuralop_fno_capture_goes_past_tensorlys_cache_and_leaves_it_on(tmp_path):
+    """neuraloperator turns tensorly's opt_einsum plugin on when imported; the capture switches
+    it off (the failure is then FNO's own branch on the size against n_modes) and puts it back."""
+    pytest.importorskip("neuralop")
+    import tensorly as tl
+    from neuralop.models import FNO
+    from tensorly import plugins
+
+    torch.manual_seed(0)
+    model = FNO(n_modes=(4, 4), hidden_channels=8, in_channels=1, out_channels=1,
+                n_layers=2).eval()
+    cls = type(tl.backend.current_backend())
+    cached, previous = vars(cls)["einsum"], plugins.PREVIOUS_EINSUM
+    assert previous is not None  # neuralop's use_opt_einsum("optimal")
+    store = dict(plugins.OPT_EINSUM_PATH_CACHE)
+    r = onnxmedic.export(model, (_x(2, 1, 16, 16),), tmp_path / "m.onnx",
+                         dynamic_shapes=({0: "batch", 2: "height", 3: "width"},))
+    assert vars(cls)["einsum"] is cached and plugins.PREVIOUS_EINSUM is previous
+    assert set(store) <= set(plugins.OPT_EINSUM_PATH_CACHE)
+    # no plan keyed on the trace's symbolic sizes (s0, u1) left behind
+    assert not [k for k in plugins.OPT_EINSUM_PATH_CACHE if re.search(r"\b[su]\d+\b", k)]
+    strategies = [a["strategy"] for a in r.attempts]
+    assert strategies[:2] == ["torch.export(strict=False)",
+                              "torch.export(strict=False), size-keyed caches off"], strategies
+    assert all(s.endswith(", size-keyed caches off") for s in strategies[1:]), strategies
+    f = next(f for f in r.findings if f.code == "OM401")
+    assert "tensorly/plugins.py" not in f.message
+    assert "neuralop/layers/spectral_convolution.py:468" in f.message

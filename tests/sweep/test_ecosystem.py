@@ -18,7 +18,8 @@ ZOO = str(ROOT / "bench" / "zoo" / "ecosystem.py")
 # honest by the slow test: an entry listed here that starts to pass, or one not listed that
 # fails, fails the test.
 # (filled from `python bench/zoo_bench.py --zoo bench/zoo/ecosystem.py:ZOO`, 2026-11-25;
-# the Dim spelling is expected to end the same way)
+# the Dim spelling is expected to end the same way; x_transformers and neuralop re-run with
+# `onnxmedic sweep ... --only NAME,NAME@Dim` after capture.caches)
 KNOWN_FAILURES: dict[str, str] = {
     "transformers/mamba": "OM401: the slow path loops over the sequence (modeling_mamba.py:260)",
     "transformers/encodec": "OM402: the frame loop over samples (modeling_encodec.py:588)",
@@ -27,10 +28,15 @@ KNOWN_FAILURES: dict[str, str] = {
     "torchdiffeq/dopri5": "OM112: adaptive step count (data-dependent); the finding says to "
                           "use method='rk4' with options={'step_size': h}",
     "torchcde/cde": "OM112: the time grid is built inside forward",
-    "x_transformers/decoder": "OM401: einx turns every size into an int (torch.py:60) and "
-                              "keys its graph cache on them (sizes kept symbolic: unhashable)",
-    "neuralop/fno": "OM112: tensorly keys its einsum path cache on the sizes (plugins.py:72; "
-                    "the grid cache the example fills is put back, OM125)",
+    # einx builds each call's graph from Python ints (torch.py:60; its solver takes integers
+    # only) and keys its cache on them, with no setting that keeps a size symbolic: OM401
+    # names the call (x_transformers.py:2752, einx.where over the mask) and the torch rewrite
+    "x_transformers/decoder": "OM401: einx computes with the sizes as Python ints (torch.py:60), "
+                              "called from x_transformers.py:2752; no switch keeps them symbolic",
+    # past tensorly's size-keyed einsum cache (switched off for the capture, OM118): FNO's own
+    # `if start` on max_modes - min(size, n_modes) picks other weights below n_modes
+    "neuralop/fno": "OM401: spectral_convolution.py:468 branches on the size against n_modes "
+                    "(tensorly's einsum cache is switched off for the capture, OM118)",
 }
 KNOWN_FAILURES.update({f"{n}@Dim": r for n, r in list(KNOWN_FAILURES.items())})
 

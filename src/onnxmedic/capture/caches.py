@@ -169,3 +169,68 @@ class CachesOff:
             d.clear()
             d.update(saved)
         self._stores.clear()
+
+
+@dataclass(frozen=True)
+class SizeBound:
+    """A library that computes with the sizes as Python ints by design, with no switch that
+    keeps them symbolic: a declared dim it sees is fixed, whatever the capture does. ``files``:
+    path fragments of its code; ``why``: how it fixes sizes; ``change``: what the user can
+    change, with ``{call}`` for the call into the library."""
+
+    library: str
+    files: tuple[str, ...]
+    why: str
+    change: str
+
+
+SIZE_BOUND: list[SizeBound] = [
+    SizeBound(
+        "einx", ("/einx/",),
+        "einx builds each call's graph from the sizes as Python ints (its torch backend's "
+        "get_shape, `int(x) for x in tensor.shape`; its expression solver takes integers "
+        "only) and caches the graph under them; no einx setting keeps a size symbolic "
+        "(EINX_CACHE_SIZE=0, read when einx is imported, drops the cache but not the ints), "
+        "and with the sizes kept symbolic the cache cannot hash them",
+        "Write the einx call at {call} with torch ops (or einops, whose rearrange/reduce/"
+        "repeat keep sizes symbolic) - e.g. `einx.where('b n, b n d, -> b n d', mask, x, 0.)`"
+        " is `x.masked_fill(~mask[..., None], 0.)` and `einx.subtract('i, j -> i j', a, b)` "
+        "is `a[:, None] - b[None, :]` -, or declare these dims static (dynamic_shapes: None "
+        "for them; the file then accepts only the example's sizes)."),
+]
+
+
+@dataclass(frozen=True)
+class BoundCall:
+    """Where a size-bound library fixed a declared dim: the library, its line, and the call
+    into it (the innermost frame outside it on the way there)."""
+
+    bound: SizeBound
+    at: Any  # traceback.FrameSummary in the library
+    call: Any | None  # traceback.FrameSummary of the call into the library
+
+
+def size_bound_calls(stacks: list[list[Any]], internal: Callable[[str], bool]
+                     ) -> list[BoundCall]:
+    """For each stack (innermost last) whose innermost frame outside torch (``internal``) is
+    in a SIZE_BOUND library: that frame and the call into the library; one per call site."""
+    out: list[BoundCall] = []
+    for stack in stacks:
+        frames = [f for f in stack if not internal(f.filename)]
+        if not frames:
+            continue
+        at = frames[-1]
+        path = at.filename.replace("\\", "/")
+        bound = next((b for b in SIZE_BOUND if any(x in path for x in b.files)), None)
+        if bound is None:
+            continue
+        call = None
+        for f in reversed(frames):
+            if not any(x in f.filename.replace("\\", "/") for x in bound.files):
+                call = f
+                break
+        key = (call.filename, call.lineno) if call is not None else None
+        if all(((c.call.filename, c.call.lineno) if c.call is not None else None) != key
+               for c in out if c.bound is bound):
+            out.append(BoundCall(bound, at, call))
+    return out

@@ -804,6 +804,31 @@ _BRANCH_SUGGESTION = (
     "a value-dependent shape needs torch._check on the value's range.")
 
 
+def _size_bound_text(failed: list[Result], details: dict[str, Any]) -> tuple[str, str] | None:
+    """(sentence for the message, suggestion) when a library that computes with the sizes as
+    Python ints by design (capture.caches.SIZE_BOUND: einx) fixed a declared dim, naming its
+    line and the call into it; None otherwise. ``details["size_bound"]`` lists them."""
+    from onnxmedic.capture.caches import size_bound_calls
+
+    calls = size_bound_calls([stack for r in failed for _g, stack in r.specialised.values()],
+                             _is_internal)
+    if not calls:
+        return None
+
+    def where(f: Any) -> str:
+        return f"{f.filename}:{f.lineno}" + (f" (`{f.line.strip()}`)" if f.line else "")
+
+    details["size_bound"] = [{"library": c.bound.library, "at": f"{c.at.filename}:{c.at.lineno}",
+                              "call": f"{c.call.filename}:{c.call.lineno}" if c.call else None}
+                             for c in calls]
+    first = calls[0]
+    sites = "; ".join(where(c.call) for c in calls if c.call is not None) or "?"
+    text = (f"{first.bound.library} fixes them at {first.at.filename}:{first.at.lineno}, "
+            f"called from {sites}: {first.bound.why}, so no capture can keep these dims "
+            "dynamic.")
+    return text, first.bound.change.format(call=sites)
+
+
 def classify_capture_error(results: list[Result]) -> Finding:
     """One finding for a failed capture: the most telling attempt, classified."""
     failed = [r for r in results if r.error is not None]
@@ -837,6 +862,11 @@ def classify_capture_error(results: list[Result]) -> Finding:
                           "it), which no ONNX shape can follow. Declare the dim static to "
                           "export at that size (dynamic_shapes: None for it; the file then "
                           "accepts only that size), or keep the size a tensor op there.")
+        bound = _size_bound_text(failed, details)
+        if bound is not None:
+            suggestion = bound[1]
+            if not fixed_by:
+                why.append(bound[0])
         return error("OM401", STAGE,
                      "a dimension declared dynamic is specialised or constrained by the model: "
                      f"{_short_error(first)}" + (" " + " ".join(why) if why and not fixed_by
@@ -845,7 +875,8 @@ def classify_capture_error(results: list[Result]) -> Finding:
                          + (f" (`{at.code}`)" if at.code else "") + f" [guard {g}]"
                          + (f", reached from {u.file}:{u.line}" if u and u != at else "")
                          + f": the ONNX file would only work at {d} = {n}."
-                         for d, n, g, at, u in fixed_by),
+                         for d, n, g, at, u in fixed_by)
+                     + (f" {bound[0]}" if bound is not None and fixed_by else ""),
                      location=loc, suggestion=suggestion, details=details)
     if _DATA_DEPENDENT.search(texts):
         where = f" at {loc.file}:{loc.line} (`{loc.code}`)" if loc and loc.code else ""
