@@ -15,6 +15,11 @@ attempts after it; OM118 says which. Everything is put back when the capture end
 raises: the library's setting (``CachesOff``) and the contents of its caches (``stores``), which
 an attempt could otherwise leave holding plans made of the trace's symbolic sizes.
 Verification compares the ONNX model with the model as it is, cache on.
+
+Some libraries compute with the sizes as Python ints by design and have no such switch
+(``SIZE_BOUND``: einx builds each call's graph from integer sizes and caches it under them).
+No capture can keep a declared dim such a library sees dynamic; OM401 then names the library's
+line, the call into it and what to write instead.
 """
 
 from __future__ import annotations

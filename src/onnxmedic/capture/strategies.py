@@ -531,6 +531,8 @@ def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
                     extra = _unfixed(res, model, args, kwargs, dynamic_shapes)
                     for r in extra:
                         r.caches = caches.described()
+                        if r.caches:
+                            r.strategy += ", size-keyed caches off"
                     results += extra
                 break
     return results
