@@ -332,7 +332,11 @@ CODES: dict[str, CodeInfo] = {
     # OM4xx: dynamic shapes
     "OM401": CodeInfo(
         "dynamic shape constraint violated", 1,
-        "A dimension declared dynamic is specialised or constrained by the model.",
+        "A dimension declared dynamic is specialised or constrained by the model. The finding "
+        "names the line that fixed it; where that is a library that computes with the sizes "
+        "as Python ints by design (einx: each call's graph is built from integer sizes and "
+        "cached under them, with no setting that keeps a size symbolic), it also names the "
+        "call into the library and the torch rewrite of it.",
     ),
     "OM402": CodeInfo(
         "dynamic dimension does not work at other sizes", 1,

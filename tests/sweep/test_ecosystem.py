@@ -34,7 +34,9 @@ KNOWN_FAILURES: dict[str, str] = {
     "x_transformers/decoder": "OM401: einx computes with the sizes as Python ints (torch.py:60), "
                               "called from x_transformers.py:2752; no switch keeps them symbolic",
     # past tensorly's size-keyed einsum cache (switched off for the capture, OM118): FNO's own
-    # `if start` on max_modes - min(size, n_modes) picks other weights below n_modes
+    # `if start` on max_modes - min(size, n_modes) picks other weights below n_modes, and with
+    # a minimum of n_modes declared the non-strict capture still stops at the slice assignment
+    # `out_fft[slices_x] = ...` (spectral_convolution.py:505, PendingUnbackedSymbolNotFound)
     "neuralop/fno": "OM401: spectral_convolution.py:468 branches on the size against n_modes "
                     "(tensorly's einsum cache is switched off for the capture, OM118)",
 }
