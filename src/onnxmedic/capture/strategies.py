@@ -122,17 +122,19 @@ class CaptureStrategy:
         raise NotImplementedError
 
 
-def _size_oblivious(dynamic_shapes: Any, strict: bool = False) -> Any:
+def _size_oblivious(dynamic_shapes: Any, strict: bool = False, oblivious: bool = True) -> Any:
     """With dynamic shapes, capture like torch.onnx does: backed_size_oblivious=True, so that a
     size computed from a dynamic dim that happens to be 1 at the example (RegNet's last stage at
     32 px: 32 // 32) is not specialised to 1 - which bakes a static shape into the graph and
     fails in ONNX Runtime at other sizes; onnxmedic's size-symbolic shape rules
     (capture.decomps: LSTM/GRU, affine_grid), where torch's own fix a dynamic size; and, when
-    Python runs as-is (not ``strict``), ``len(tensor)`` kept symbolic (``symbolic_len``)."""
+    Python runs as-is (not ``strict``), ``len(tensor)`` kept symbolic (``symbolic_len``).
+    ``oblivious=False``: all but backed_size_oblivious (SizesBacked)."""
     if not dynamic_shapes:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
-    stack.enter_context(backed_size_oblivious())
+    if oblivious:
+        stack.enter_context(backed_size_oblivious())
     stack.enter_context(symbolic_shape_rules())
     if not strict:
         stack.enter_context(symbolic_len())
@@ -178,6 +180,43 @@ class TorchExportNonStrict(CaptureStrategy):
                 symbolic_factories(self.kept, active=bool(dynamic_shapes)):
             return torch.export.export(model, args, kwargs=kwargs,
                                        dynamic_shapes=dynamic_shapes, strict=False)
+
+
+class SizesBacked(TorchExportNonStrict):
+    """After a failure on sizes torch lost track of (PendingUnbackedSymbolNotFound: under
+    backed_size_oblivious, which capture turns on for dynamic shapes, a slice whose bounds
+    depend on a branch on the size - FNO's mode selection, ``if start`` on ``max_modes -
+    min(size, n_modes)`` - gets unbacked bounds torch then cannot bind): torch.export(
+    strict=False) with ordinary backed sizes, as torch.export runs by default. A branch on a
+    size then follows the example's sizes and is kept as a guard on the dim (``size >= 4``),
+    not dropped: verification runs the dims at other sizes and a file valid only at some sizes
+    says so (OM408). Applies only with dynamic shapes."""
+
+    name = "torch.export(strict=False), backed sizes"
+
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any],
+              model: torch.nn.Module | None = None) -> str | None:
+        if not any(_UNBACKED_LOST.search(f"{type(r.error).__name__}: {r.error}")
+                   for r in previous if r.error is not None):
+            return "no earlier attempt lost an unbacked size"
+        return None
+
+    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
+        if not dynamic_shapes:
+            return Result(None, self.name, RuntimeError("no dynamic shapes"))
+        return super().__call__(model, args, kwargs, dynamic_shapes, previous)
+
+    def _capture(self, model, args, kwargs, dynamic_shapes):
+        from onnxmedic.capture.sizes import Kept, symbolic_factories
+
+        self.kept = Kept()
+        with _size_oblivious(dynamic_shapes, oblivious=False), \
+                symbolic_factories(self.kept, active=bool(dynamic_shapes)):
+            return torch.export.export(model, args, kwargs=kwargs,
+                                       dynamic_shapes=dynamic_shapes, strict=False)
+
+
+_UNBACKED_LOST = re.compile(r"PendingUnbackedSymbolNotFound|Pending unbacked symbols")
 
 
 class TorchExportStrict(CaptureStrategy):
@@ -490,7 +529,7 @@ class DraftExportSpecialised(CaptureStrategy):
 
 
 CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, RegisterPytreeTypes,
-                                                   SymbolicSizes, TorchExportStrict,
+                                                   SymbolicSizes, TorchExportStrict, SizesBacked,
                                                    PackedSequences, ValidationOff,
                                                    KnownBuffers,
                                                    DraftExportSpecialised]
