@@ -18,8 +18,9 @@ ZOO = str(ROOT / "bench" / "zoo" / "ecosystem.py")
 # honest by the slow test: an entry listed here that starts to pass, or one not listed that
 # fails, fails the test.
 # (filled from `python bench/zoo_bench.py --zoo bench/zoo/ecosystem.py:ZOO`, 2026-11-25;
-# the Dim spelling is expected to end the same way; x_transformers and neuralop re-run with
-# `onnxmedic sweep ... --only NAME,NAME@Dim` after capture.caches)
+# the Dim spelling is expected to end the same way; x_transformers re-run with
+# `onnxmedic sweep ... --only NAME,NAME@Dim` after capture.caches; neuralop/fno verifies since:
+# tensorly's einsum cache switched off for the capture, OM118, backed sizes, OM408 minimums)
 KNOWN_FAILURES: dict[str, str] = {
     "transformers/mamba": "OM401: the slow path loops over the sequence (modeling_mamba.py:260)",
     "transformers/encodec": "OM402: the frame loop over samples (modeling_encodec.py:588)",
@@ -33,12 +34,6 @@ KNOWN_FAILURES: dict[str, str] = {
     # names the call (x_transformers.py:2752, einx.where over the mask) and the torch rewrite
     "x_transformers/decoder": "OM401: einx computes with the sizes as Python ints (torch.py:60), "
                               "called from x_transformers.py:2752; no switch keeps them symbolic",
-    # past tensorly's size-keyed einsum cache (switched off for the capture, OM118): FNO's own
-    # `if start` on max_modes - min(size, n_modes) picks other weights below n_modes, and with
-    # a minimum of n_modes declared the non-strict capture still stops at the slice assignment
-    # `out_fft[slices_x] = ...` (spectral_convolution.py:505, PendingUnbackedSymbolNotFound)
-    "neuralop/fno": "OM401: spectral_convolution.py:468 branches on the size against n_modes "
-                    "(tensorly's einsum cache is switched off for the capture, OM118)",
 }
 KNOWN_FAILURES.update({f"{n}@Dim": r for n, r in list(KNOWN_FAILURES.items())})
 
