@@ -141,12 +141,16 @@ CODES: dict[str, CodeInfo] = {
         "size-keyed library cache switched off", 0,
         "Capture failed in a library's cache keyed on tensor sizes (tensorly's opt_einsum "
         "plugin, turned on by neuraloperator, plans each einsum from the operands' shapes and "
-        "caches the plan under a key made of them): under dynamic shapes the sizes are "
+        "caches the plan under a key made of them; einx builds each call's graph from the "
+        "sizes as Python ints and caches it under them): under dynamic shapes the sizes are "
         "symbolic, so the plan fixes the declared dims or the key cannot be hashed. onnxmedic "
-        "captured again with the library's own switch around the cache "
-        "(tensorly.plugins.use_default_einsum(): the plain einsum, the same contraction) and "
-        "put the setting and the cache's contents back afterwards; verification compared the "
-        "ONNX model with the model as it is, cache on.",
+        "captured again around the cache - with the library's own switch where it has one "
+        "(tensorly.plugins.use_default_einsum(): the plain einsum, the same contraction), "
+        "else by computing the same calls itself (einx's elementwise calls over plain axis "
+        "names, such as `einx.where('b n, b n d, -> b n d', mask, x, 0.)`, as the torch op "
+        "einx's graph calls, with torch broadcasting) - and put the settings and the cache's "
+        "contents back afterwards; verification compared the ONNX model with the model as it "
+        "is, cache on.",
     ),
     "OM125": CodeInfo(
         "model writes its own state on a call", 0,
@@ -335,7 +339,8 @@ CODES: dict[str, CodeInfo] = {
         "A dimension declared dynamic is specialised or constrained by the model. The finding "
         "names the line that fixed it; where that is a library that computes with the sizes "
         "as Python ints by design (einx: each call's graph is built from integer sizes and "
-        "cached under them, with no setting that keeps a size symbolic), it also names the "
+        "cached under them, with no setting that keeps a size symbolic; onnxmedic computes "
+        "only its elementwise calls over plain axis names itself, OM118), it also names the "
         "call into the library and the torch rewrite of it.",
     ),
     "OM402": CodeInfo(

@@ -4,7 +4,10 @@ A stand-in library (tests/capture/_sizecache_lib.py) caches a plan under the siz
 ints, like tensorly's opt_einsum plugin and einx's graph cache: under dynamic shapes the key
 fixes the declared dims (OM401), and with the sizes kept symbolic it cannot be hashed. With its
 switch in the table the capture bypasses the cache, the file runs at other sizes, and the
-library's setting and cache are as a plain call leaves them. The tensorly test needs tensorly."""
+library's setting and cache are as a plain call leaves them. einx, with no switch, has its
+elementwise calls over plain axis names computed with torch broadcasting (the same values as
+einx's, checked against einx), and OM401 names any other einx call. The tensorly, einx and
+neuraloperator tests need those libraries."""
 
 from __future__ import annotations
 
@@ -170,23 +173,114 @@ def test_om401_names_a_size_bound_librarys_line_the_call_into_it_and_the_change(
                                         "call": f"{__file__}:{call}"}]
 
 
-def test_einx_call_named_in_om401(tmp_path):
+def test_einx_call_outside_the_plain_subset_named_in_om401(tmp_path):
     einx = pytest.importorskip("einx")
 
-    class Masked(torch.nn.Module):
-        def forward(self, mask, x):
-            return einx.where("b n, b n d, -> b n d", mask, x, 0.0)
+    class Flat(torch.nn.Module):
+        def forward(self, x):
+            return einx.rearrange("b n d -> b (n d)", x) * 2
 
-    mask = torch.ones(2, 6, dtype=torch.bool)
-    r = onnxmedic.export(Masked(), (mask, _x(2, 6, 4)), tmp_path / "m.onnx",
-                         dynamic_shapes=({0: "b", 1: "n"}, {0: "b", 1: "n"}))
+    r = onnxmedic.export(Flat(), (_x(2, 6, 4),), tmp_path / "m.onnx",
+                         dynamic_shapes=({0: "b", 1: "n"},))
     assert not r.ok
     f = next(f for f in r.findings if f.code == "OM401")
-    call = next(i for i, t in enumerate(open(__file__), 1) if 'einx.where("b n, b n d' in t)
+    call = next(i for i, t in enumerate(open(__file__), 1) if 'einx.rearrange("b n d' in t)
     assert "einx fixes them at " in f.message and f"called from {__file__}:{call}" in f.message
     assert "einx/_src/frontend/impl/torch.py" in f.details["size_bound"][0]["at"]
     assert f"Write the einx call at {__file__}:{call}" in f.suggestion
     assert "x.masked_fill(~mask[..., None], 0.)" in f.suggestion
+
+
+@pytest.mark.parametrize("description, ok", [
+    ("b n, b n d, -> b n d", True), ("j, i -> 1 i j", True), ("i, j -> i j", True),
+    ("b n h, b h n d -> b h n d", True),
+    ("b n, b n d -> b n", False),  # d only in an input: a reduction
+    ("b n, b n -> b n d", False),  # d in no input: its size must be given
+    ("b (n d), d -> b n d", False), ("b [n], b -> b", False), ("... n, n -> ... n", False),
+    ("b n, b n", False), ("b b, b -> b", False), ("1 n, n -> n", False),
+])
+def test_einx_plain_subset(description, ok):
+    operands = [torch.zeros([2] * len(p.split())) if p.strip() else 0.0
+                for p in description.split("->")[0].split(",")]
+    assert (caches._einx_plain(description, tuple(operands)) is not None) is ok
+    if ok:  # the same description with a tensor of the wrong rank goes to einx
+        bad = (torch.zeros(2, 2, 2, 2, 2), *operands[1:])
+        assert caches._einx_plain(description, bad) is None
+
+
+def test_einx_calls_computed_with_torch_broadcasting_and_put_back():
+    """A stand-in einx module: the plain calls are computed with torch, others go to it."""
+    import types
+
+    calls = []
+    fake = types.ModuleType("einx_standin")
+
+    def where(description, *operands):
+        calls.append(description)
+        return "einx"
+
+    fake.where = where
+    undo = caches._einx_off(fake)
+    mask, x = torch.rand(2, 3) > 0.5, _x(2, 3, 4)
+    out = fake.where("b n, b n d, -> b n d", mask, x, 0.0)
+    torch.testing.assert_close(out, x.masked_fill(~mask[..., None], 0.0), rtol=0, atol=0)
+    h = fake.where("n b, b n d, -> b n d", mask.T, x, -1)  # axes moved to the output's order
+    torch.testing.assert_close(h, torch.where(mask[..., None], x, -1.0), rtol=0, atol=0)
+    assert fake.where("b (n d), b n d, -> b n d", mask, x, 0.0) == "einx"
+    assert calls == ["b (n d), b n d, -> b n d"]
+    undo()
+    assert fake.where is where
+
+
+@pytest.mark.parametrize("op, description, shapes", [
+    ("where", "b n, b n d, -> b n d", [(2, 5), (2, 5, 3), None]),
+    ("subtract", "i, j -> i j", [(4,), (6,)]),
+    ("subtract", "j, i -> 1 i j", [(4,), (3,)]),
+    ("multiply", "b n h, b h n d -> b h n d", [(2, 5, 3), (2, 3, 5, 4)]),
+    ("add", "b n, n b d -> d b n", [(2, 1), (1, 2, 3)]),
+    ("add", "b n, -> n b", [(2, 3), None]),
+    ("less", "j, i -> i j", [(5,), (1,)]),
+])
+def test_einx_plain_calls_equal_einx(op, description, shapes):
+    einx = pytest.importorskip("einx")
+    g = torch.Generator().manual_seed(3)
+    operands = [0.5 if s is None else torch.randn(*s, generator=g) for s in shapes]
+    if op == "where":
+        operands[0] = operands[0] > 0
+    expected = getattr(einx, op)(description, *operands)
+    undo = caches._einx_off(einx)
+    try:
+        got = getattr(einx, op)(description, *operands)
+    finally:
+        undo()
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_einx_where_exports_with_dims_dynamic(tmp_path):
+    einx = pytest.importorskip("einx")
+    original = einx.where
+
+    class Masked(torch.nn.Module):
+        def forward(self, mask, x):
+            return einx.where("b n, b n d, -> b n d", mask, x, 0.0) * 2
+
+    model = Masked()
+    mask = torch.rand(2, 6, generator=torch.Generator().manual_seed(1)) > 0.3
+    r = onnxmedic.export(model, (mask, _x(2, 6, 4)), tmp_path / "m.onnx",
+                         dynamic_shapes=({0: "b", 1: "n"}, {0: "b", 1: "n"}))
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    (f,) = [f for f in r.findings if f.code == "OM118"]
+    assert f.details["switches"][0].startswith("einx's elementwise calls over plain axis names")
+    assert einx.where is original
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    for b, n in [(1, 1), (3, 7), (5, 13)]:
+        m, x = torch.rand(b, n) > 0.5, _x(b, n, 4)
+        (got,) = sess.run(None, dict(zip(names, (m.numpy(), x.numpy()), strict=True)))
+        torch.testing.assert_close(torch.from_numpy(got), model(m, x), rtol=0, atol=0)
 
 
 def test_neuralop_fno_exports_past_tensorlys_cache_and_leaves_it_on(tmp_path):

@@ -18,9 +18,10 @@ ZOO = str(ROOT / "bench" / "zoo" / "ecosystem.py")
 # honest by the slow test: an entry listed here that starts to pass, or one not listed that
 # fails, fails the test.
 # (filled from `python bench/zoo_bench.py --zoo bench/zoo/ecosystem.py:ZOO`, 2026-11-25;
-# the Dim spelling is expected to end the same way; x_transformers re-run with
-# `onnxmedic sweep ... --only NAME,NAME@Dim` after capture.caches; neuralop/fno verifies since:
-# tensorly's einsum cache switched off for the capture, OM118, backed sizes, OM408 minimums)
+# the Dim spelling is expected to end the same way. Since capture.caches (OM118), verified
+# with `onnxmedic sweep ... --only NAME,NAME@Dim`: neuralop/fno - tensorly's einsum cache
+# switched off, backed sizes, OM408 minimums - and x_transformers/decoder - its einx.where
+# over plain axis names computed with torch broadcasting)
 KNOWN_FAILURES: dict[str, str] = {
     "transformers/mamba": "OM401: the slow path loops over the sequence (modeling_mamba.py:260)",
     "transformers/encodec": "OM402: the frame loop over samples (modeling_encodec.py:588)",
@@ -29,11 +30,6 @@ KNOWN_FAILURES: dict[str, str] = {
     "torchdiffeq/dopri5": "OM112: adaptive step count (data-dependent); the finding says to "
                           "use method='rk4' with options={'step_size': h}",
     "torchcde/cde": "OM112: the time grid is built inside forward",
-    # einx builds each call's graph from Python ints (torch.py:60; its solver takes integers
-    # only) and keys its cache on them, with no setting that keeps a size symbolic: OM401
-    # names the call (x_transformers.py:2752, einx.where over the mask) and the torch rewrite
-    "x_transformers/decoder": "OM401: einx computes with the sizes as Python ints (torch.py:60), "
-                              "called from x_transformers.py:2752; no switch keeps them symbolic",
 }
 KNOWN_FAILURES.update({f"{n}@Dim": r for n, r in list(KNOWN_FAILURES.items())})
 

@@ -7,6 +7,11 @@ shapes the sizes are ``torch.SymInt``: planning with them fixes the declared dim
 example's (or stops on a guard the plan cannot make), and a key made of them cannot be hashed.
 The same computation is one switch away: the library's own documented way to bypass the cache
 (``tensorly.plugins.use_default_einsum()``: the backend's plain einsum, the same contraction).
+einx has no such switch (``EINX_CACHE_SIZE=0`` is read at import and drops only the cache: its
+solver still takes integer sizes and its graph reshapes to them, ``torch.reshape(a, (2, 10,
+1))``), so for its elementwise calls over plain axis names (``"b n, b n d, -> b n d"``)
+onnxmedic computes the same thing itself: the torch op einx's graph calls, on each operand
+moved to the output's axis order, with torch broadcasting (``_einx_off``).
 
 ``SWITCHES`` is a table of such switches. ``capture`` (capture/strategies.py) turns one on when
 an attempt failed in the cache's code (its file is on the failure's traceback or on the stack of
@@ -16,21 +21,23 @@ raises: the library's setting (``CachesOff``) and the contents of its caches (``
 an attempt could otherwise leave holding plans made of the trace's symbolic sizes.
 Verification compares the ONNX model with the model as it is, cache on.
 
-Some libraries compute with the sizes as Python ints by design and have no such switch
-(``SIZE_BOUND``: einx builds each call's graph from integer sizes and caches it under them).
-No capture can keep a declared dim such a library sees dynamic; OM401 then names the library's
-line, the call into it and what to write instead.
+Every other call of such a library (``SIZE_BOUND``: einx's rearrange, reductions, brackets,
+compositions) still fixes the declared dims it sees; OM401 then names the library's line, the
+call into it and what to write instead.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
+
+import torch
 
 logger = logging.getLogger(__name__)
 _MISSING = object()
@@ -52,6 +59,8 @@ class CacheSwitch:
     active: Callable[[ModuleType], bool]
     off: Callable[[ModuleType], Callable[[], None]]
     stores: Callable[[ModuleType], list[dict[Any, Any]]] = lambda mod: []
+    # the library's own documented switch; False: onnxmedic computes the same calls itself
+    documented: bool = True
 
 
 def _tensorly_active(plugins: ModuleType) -> bool:
@@ -77,6 +86,94 @@ def _tensorly_off(plugins: ModuleType) -> Callable[[], None]:
     return undo
 
 
+# einx's elementwise ops and the torch function its torch backend calls for each
+_EINX_ELEMENTWISE = {
+    "where": "where", "add": "add", "subtract": "subtract", "multiply": "multiply",
+    "divide": "divide", "true_divide": "true_divide", "floor_divide": "floor_divide",
+    "maximum": "maximum", "minimum": "minimum", "less": "less", "less_equal": "less_equal",
+    "greater": "greater", "greater_equal": "greater_equal", "equal": "eq",
+    "not_equal": "not_equal", "logical_and": "logical_and", "logical_or": "logical_or",
+}
+_AXIS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _einx_plain(description: Any, operands: tuple[Any, ...]) -> tuple[list[list[str]], list[str]] | None:
+    """(each operand's axis names, the output's) when an elementwise einx call is over plain
+    axis names only - ``"b n, b n d, -> b n d"``: one name per dim of each tensor, an empty
+    operand for a Python scalar, no brackets, compositions or ellipses, ``1`` only in the
+    output, every output name taken from an input and every input name in the output (no
+    reduction) -, else None (einx computes it)."""
+    if not isinstance(description, str) or description.count("->") != 1:
+        return None
+    left, right = description.split("->")
+    ins = [p.split() for p in left.split(",")]
+    out = right.split()
+    if len(ins) != len(operands) or len(set(out)) != len(out):
+        return None
+    for names, x in zip(ins, operands, strict=True):
+        if not all(_AXIS.match(n) for n in names) or len(set(names)) != len(names):
+            return None
+        if isinstance(x, torch.Tensor):
+            if x.dim() != len(names):
+                return None
+        elif names or not isinstance(x, (bool, int, float)):
+            return None
+    named = {n for names in ins for n in names}
+    if not all(_AXIS.match(n) or n == "1" for n in out) or named != {n for n in out if n != "1"}:
+        return None
+    if not any(isinstance(x, torch.Tensor) for x in operands):
+        return None
+    return ins, out
+
+
+def _to_output_axes(x: torch.Tensor, names: list[str], out: list[str]) -> torch.Tensor:
+    """``x`` (axes ``names``) permuted to the output's order, with a dim of 1 for each output
+    axis it lacks - what einx's graph does with reshapes of the example's sizes."""
+    order = [n for n in out if n in names]
+    x = x.permute([names.index(n) for n in order])
+    for i, n in enumerate(out):
+        if n not in names:
+            x = x.unsqueeze(i)
+    return x
+
+
+def _einx_off(einx: ModuleType) -> Callable[[], None]:
+    """einx's elementwise calls over plain axis names (``_einx_plain``) computed with torch
+    broadcasting, the same torch op einx's graph calls, on tensors moved to the output's axis
+    order; every other call, and every call outside the capture, goes to einx. Undo puts
+    einx's functions back."""
+    saved: dict[str, Any] = {}
+
+    def plain(name: str, original: Any, fn: Any) -> Any:
+        def call(description: Any, *operands: Any, **kwargs: Any) -> Any:
+            arity = 3 if name == "where" else 2  # the torch op's (einx chains more)
+            parsed = None if kwargs or len(operands) != arity else _einx_plain(description,
+                                                                                operands)
+            if parsed is None:
+                return original(description, *operands, **kwargs)
+            ins, out = parsed
+            device = next(x for x in operands if isinstance(x, torch.Tensor)).device
+            # a Python scalar as einx's graph has it: a tensor of ones in every dim (which
+            # takes part in dtype promotion as a dimensioned tensor)
+            args = [_to_output_axes(x, names, out) if isinstance(x, torch.Tensor)
+                    else torch.asarray(x, device=device).reshape([1] * len(out))
+                    for x, names in zip(operands, ins, strict=True)]
+            return fn(*args)
+        call.__wrapped__ = original  # type: ignore[attr-defined]
+        return call
+
+    for name, torch_name in _EINX_ELEMENTWISE.items():
+        original = vars(einx).get(name)
+        if original is not None and hasattr(torch, torch_name):
+            saved[name] = original
+            setattr(einx, name, plain(name, original, getattr(torch, torch_name)))
+
+    def undo() -> None:
+        for name, original in saved.items():
+            setattr(einx, name, original)
+    return undo
+
+
 SWITCHES: list[CacheSwitch] = [
     CacheSwitch(
         "tensorly", "tensorly.plugins", ("tensorly/plugins.py",),
@@ -85,6 +182,12 @@ SWITCHES: list[CacheSwitch] = [
         "einsum from the operands' shapes and caches the plan under a key made of them",
         _tensorly_active, _tensorly_off,
         lambda plugins: [plugins.OPT_EINSUM_PATH_CACHE, plugins.CUQUANTUM_PATH_CACHE]),
+    CacheSwitch(
+        "einx", "einx", ("/einx/",),
+        "einx's elementwise calls over plain axis names computed by onnxmedic with torch "
+        "broadcasting (einx has no switch of its own)",
+        "einx builds each call's graph from the sizes as Python ints and caches it under them",
+        lambda einx: True, _einx_off, documented=False),
 ]
 
 
@@ -136,7 +239,7 @@ class CachesOff:
         files = _files(result)
         found = []
         for s, mod in applicable():
-            if s in self._switched or not any(f.endswith(x) for f in files for x in s.files):
+            if s in self._switched or not any(x in f for f in files for x in s.files):
                 continue
             try:
                 if s.active(mod):
@@ -196,7 +299,8 @@ SIZE_BOUND: list[SizeBound] = [
         "get_shape, `int(x) for x in tensor.shape`; its expression solver takes integers "
         "only) and caches the graph under them; no einx setting keeps a size symbolic "
         "(EINX_CACHE_SIZE=0, read when einx is imported, drops the cache but not the ints), "
-        "and with the sizes kept symbolic the cache cannot hash them",
+        "with the sizes kept symbolic the cache cannot hash them, and onnxmedic computes "
+        "only einx's elementwise calls over plain axis names itself",
         "Write the einx call at {call} with torch ops (or einops, whose rearrange/reduce/"
         "repeat keep sizes symbolic) - e.g. `einx.where('b n, b n d, -> b n d', mask, x, 0.)`"
         " is `x.masked_fill(~mask[..., None], 0.)` and `einx.subtract('i, j -> i j', a, b)` "

@@ -140,12 +140,11 @@ def caches_finding(caches: list[tuple[str, str, str]]) -> Finding:
     """OM118: the capture worked with size-keyed library caches switched off (capture.caches)."""
     return info(
         "OM118", STAGE, "capture failed in a library cache keyed on tensor sizes, which fixes "
-        "dynamic dims to the example's (or cannot hash symbolic sizes), and worked with the "
-        "library's own switch around it: " + "; ".join(
-            f"{switch} ({cache})" for _lib, switch, cache in caches)
-        + ". The same computation without the cache; the setting and the cache's contents "
-        "were put back after the capture, and verification compared the ONNX model with the "
-        "model as it is (cache on).",
+        "dynamic dims to the example's (or cannot hash symbolic sizes), and worked with "
+        + "; ".join(f"{switch} - {cache}" for _lib, switch, cache in caches)
+        + ". The same computation without the cache; the library's settings and the cache's "
+        "contents were put back after the capture, and verification compared the ONNX model "
+        "with the model as it is (cache on).",
         suggestion="Nothing to do.",
         details={"switches": [switch for _lib, switch, _cache in caches]})
 
