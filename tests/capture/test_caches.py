@@ -130,6 +130,10 @@ def test_tensorly_opt_einsum_switched_off_and_restored():
 
     previous_backend = tl.get_backend()
     tl.set_backend("pytorch")
+    # tensorly's state as this test found it (neuraloperator, if imported, turned the plugin
+    # on): put back at the end
+    backend_cls = type(tl.backend.current_backend())
+    found = vars(backend_cls).get("einsum"), plugins.PREVIOUS_EINSUM
     try:
         plugins.use_opt_einsum("optimal")
         cls = type(tl.backend.current_backend())
@@ -147,6 +151,9 @@ def test_tensorly_opt_einsum_switched_off_and_restored():
         assert plugins.OPT_EINSUM_PATH_CACHE == store
     finally:
         plugins.use_default_einsum()
+        if found[1] is not None:
+            setattr(backend_cls, "einsum", found[0])
+            plugins.PREVIOUS_EINSUM = found[1]
         tl.set_backend(previous_backend)
 
 
