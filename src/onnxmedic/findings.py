@@ -145,8 +145,24 @@ CODES: dict[str, CodeInfo] = {
         "with nothing selected it writes nothing, so taking it for every input computes the "
         "same values. The capture took it; the ONNX model computes the branch on zero selected "
         "elements where the model skips it, and verification adds inputs meant to select none, "
-        "all or some (zeros, negated, scaled, every third element scaled). Any other body (an else, a name assigned, a tensor "
-        "read or written whole, a bare call, a call of a module) is not decided (OM112).",
+        "all or some (zeros, negated, scaled, every third element scaled). Any other body (an "
+        "else, a name assigned, a tensor read or written whole, a bare call, a call of a "
+        "module) is not decided (OM112).",
+    ),
+    "OM118": CodeInfo(
+        "size-keyed library cache switched off", 0,
+        "Capture failed in a library's cache keyed on tensor sizes (tensorly's opt_einsum "
+        "plugin, turned on by neuraloperator, plans each einsum from the operands' shapes and "
+        "caches the plan under a key made of them; einx builds each call's graph from the "
+        "sizes as Python ints and caches it under them): under dynamic shapes the sizes are "
+        "symbolic, so the plan fixes the declared dims or the key cannot be hashed. onnxmedic "
+        "captured again around the cache - with the library's own switch where it has one "
+        "(tensorly.plugins.use_default_einsum(): the plain einsum, the same contraction), "
+        "else by computing the same calls itself (einx's elementwise calls over plain axis "
+        "names, such as `einx.where('b n, b n d, -> b n d', mask, x, 0.)`, as the torch op "
+        "einx's graph calls, with torch broadcasting) - and put the settings and the cache's "
+        "contents back afterwards; verification compared the ONNX model with the model as it "
+        "is, cache on.",
     ),
     "OM125": CodeInfo(
         "model writes its own state on a call", 0,
@@ -332,7 +348,12 @@ CODES: dict[str, CodeInfo] = {
     # OM4xx: dynamic shapes
     "OM401": CodeInfo(
         "dynamic shape constraint violated", 1,
-        "A dimension declared dynamic is specialised or constrained by the model.",
+        "A dimension declared dynamic is specialised or constrained by the model. The finding "
+        "names the line that fixed it; where that is a library that computes with the sizes "
+        "as Python ints by design (einx: each call's graph is built from integer sizes and "
+        "cached under them, with no setting that keeps a size symbolic; onnxmedic computes "
+        "only its elementwise calls over plain axis names itself, OM118), it also names the "
+        "call into the library and the torch rewrite of it.",
     ),
     "OM402": CodeInfo(
         "dynamic dimension does not work at other sizes", 1,

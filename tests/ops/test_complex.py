@@ -161,7 +161,24 @@ def _einsum_samples(dtype):
     ]
 
 
+def _roll(x, shifts, dims):
+    return R(torch.roll(C(x), shifts, dims))
+
+
+def _roll_samples(dtype):
+    """Shifts past the length, negative ones, negative dims, the flattened roll (no dims), an
+    empty tensor and a 0-d one."""
+    x = _edge_pairs(dtype)
+    out = [((x, s, d), {}) for s, d in ((1, 0), (-5, 1), (7, -1), ((1, -2), (0, 1)),
+                                          ((2, 3), (-1, -2)), (3, ()), (-13, ()))]
+    return out + [((_pairs(dtype, 0, 3), 2, 1), {}), ((_pairs(dtype), 1, ()), {})]
+
+
 ENTRIES = [
+    # real: OpInfo's samples (onnxmedic's translation also takes a symbolic shift:
+    # tests/capture/test_backed_sizes.py); complex: the (real, imag) pair moves as one
+    OpEntry("roll", dtypes=(torch.float32, torch.int64)),
+    OpEntry("roll_complex", fn=_roll, dtypes=F32, use_opinfo=False, edge=_roll_samples),
     OpEntry("mul.Scalar", fn=_mul_scalar, dtypes=F32, use_opinfo=False, edge=_mul_scalar_samples),
     OpEntry("select.int", fn=_select, dtypes=F32, use_opinfo=False, edge=_dims_samples),
     OpEntry("unsqueeze", fn=_unsqueeze, dtypes=F32, use_opinfo=False, edge=_unsqueeze_samples),

@@ -18,17 +18,16 @@ ZOO = str(ROOT / "bench" / "zoo" / "ecosystem.py")
 # honest by the slow test: an entry listed here that starts to pass, or one not listed that
 # fails, fails the test.
 # (filled from `python bench/zoo_bench.py --zoo bench/zoo/ecosystem.py:ZOO`, 2026-11-25;
-# the Dim spelling is expected to end the same way)
+# the Dim spelling is expected to end the same way. Since capture.caches (OM118), verified
+# with `onnxmedic sweep ... --only NAME,NAME@Dim`: neuralop/fno - tensorly's einsum cache
+# switched off, backed sizes, OM408 minimums - and x_transformers/decoder - its einx.where
+# over plain axis names computed with torch broadcasting)
 KNOWN_FAILURES: dict[str, str] = {
     "transformers/mamba": "OM401: the slow path loops over the sequence (modeling_mamba.py:260)",
     "transformers/encodec": "OM402: the frame loop over samples (modeling_encodec.py:588)",
     "torchdiffeq/dopri5": "OM112: adaptive step count (data-dependent); the finding says to "
                           "use method='rk4' with options={'step_size': h}",
     "torchcde/cde": "OM112: the time grid is built inside forward",
-    "x_transformers/decoder": "OM401: einx turns every size into an int (torch.py:60) and "
-                              "keys its graph cache on them (sizes kept symbolic: unhashable)",
-    "neuralop/fno": "OM112: tensorly keys its einsum path cache on the sizes (plugins.py:72; "
-                    "the grid cache the example fills is put back, OM125)",
 }
 KNOWN_FAILURES.update({f"{n}@Dim": r for n, r in list(KNOWN_FAILURES.items())})
 

@@ -110,6 +110,8 @@ def _capture_module(ctx: ExportContext) -> bool:
     if ctx.program is None:
         result.fail(STAGE, classify_capture_error(attempts))
         return False
+    if attempts[-1].caches:
+        result.findings.append(caches_finding(attempts[-1].caches))
     neutralised = attempts[-1].neutralised
     if neutralised is not None and (neutralised.switches or neutralised.checks):
         result.findings.append(validation_off_finding(neutralised))
@@ -136,6 +138,19 @@ def _capture_module(ctx: ExportContext) -> bool:
             "OM110", STAGE, f"{a.strategy} failed ({a.summary()['error']}); "
             f"{attempts[-1].strategy} worked."))
     return True
+
+
+def caches_finding(caches: list[tuple[str, str, str]]) -> Finding:
+    """OM118: the capture worked with size-keyed library caches switched off (capture.caches)."""
+    return info(
+        "OM118", STAGE, "capture failed in a library cache keyed on tensor sizes, which fixes "
+        "dynamic dims to the example's (or cannot hash symbolic sizes), and worked with "
+        + "; ".join(f"{switch} - {cache}" for _lib, switch, cache in caches)
+        + ". The same computation without the cache; the library's settings and the cache's "
+        "contents were put back after the capture, and verification compared the ONNX model "
+        "with the model as it is (cache on).",
+        suggestion="Nothing to do.",
+        details={"switches": [switch for _lib, switch, _cache in caches]})
 
 
 def validation_off_finding(record: Any) -> Finding:

@@ -38,6 +38,7 @@ from onnxmedic._torch_compat import (
     unused_constants_dropped,
 )
 from onnxmedic.borrow import record_state, restore_state
+from onnxmedic.capture.caches import CachesOff
 from onnxmedic.capture.decomps import symbolic_shape_rules
 from onnxmedic.capture.equal import equal_as_guard
 from onnxmedic.findings import Finding, Location, error
@@ -65,6 +66,9 @@ class Result:
     equal: list[Any] = field(default_factory=list)
     # (input dim, guard, Python stack) of the guards that divide or bound one input dim
     size_guards: list[tuple[str, str, list[Any]]] = field(default_factory=list)
+    # (library, switch, what its cache keys on the sizes) of the size-keyed library caches
+    # switched off for this attempt (capture.caches)
+    caches: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -123,17 +127,19 @@ class CaptureStrategy:
         raise NotImplementedError
 
 
-def _size_oblivious(dynamic_shapes: Any, strict: bool = False) -> Any:
+def _size_oblivious(dynamic_shapes: Any, strict: bool = False, oblivious: bool = True) -> Any:
     """With dynamic shapes, capture like torch.onnx does: backed_size_oblivious=True, so that a
     size computed from a dynamic dim that happens to be 1 at the example (RegNet's last stage at
     32 px: 32 // 32) is not specialised to 1 - which bakes a static shape into the graph and
     fails in ONNX Runtime at other sizes; onnxmedic's size-symbolic shape rules
     (capture.decomps: LSTM/GRU, affine_grid), where torch's own fix a dynamic size; and, when
-    Python runs as-is (not ``strict``), ``len(tensor)`` kept symbolic (``symbolic_len``)."""
+    Python runs as-is (not ``strict``), ``len(tensor)`` kept symbolic (``symbolic_len``).
+    ``oblivious=False``: all but backed_size_oblivious (SizesBacked)."""
     if not dynamic_shapes:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
-    stack.enter_context(backed_size_oblivious())
+    if oblivious:
+        stack.enter_context(backed_size_oblivious())
     stack.enter_context(symbolic_shape_rules())
     if not strict:
         stack.enter_context(symbolic_len())
@@ -179,6 +185,43 @@ class TorchExportNonStrict(CaptureStrategy):
                 symbolic_factories(self.kept, active=bool(dynamic_shapes)):
             return torch.export.export(model, args, kwargs=kwargs,
                                        dynamic_shapes=dynamic_shapes, strict=False)
+
+
+class SizesBacked(TorchExportNonStrict):
+    """After a failure on sizes torch lost track of (PendingUnbackedSymbolNotFound: under
+    backed_size_oblivious, which capture turns on for dynamic shapes, a slice whose bounds
+    depend on a branch on the size - FNO's mode selection, ``if start`` on ``max_modes -
+    min(size, n_modes)`` - gets unbacked bounds torch then cannot bind): torch.export(
+    strict=False) with ordinary backed sizes, as torch.export runs by default. A branch on a
+    size then follows the example's sizes and is kept as a guard on the dim (``size >= 4``),
+    not dropped: verification runs the dims at other sizes and a file valid only at some sizes
+    says so (OM408). Applies only with dynamic shapes."""
+
+    name = "torch.export(strict=False), backed sizes"
+
+    def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any],
+              model: torch.nn.Module | None = None) -> str | None:
+        if not any(_UNBACKED_LOST.search(f"{type(r.error).__name__}: {r.error}")
+                   for r in previous if r.error is not None):
+            return "no earlier attempt lost an unbacked size"
+        return None
+
+    def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
+        if not dynamic_shapes:
+            return Result(None, self.name, RuntimeError("no dynamic shapes"))
+        return super().__call__(model, args, kwargs, dynamic_shapes, previous)
+
+    def _capture(self, model, args, kwargs, dynamic_shapes):
+        from onnxmedic.capture.sizes import Kept, symbolic_factories
+
+        self.kept = Kept()
+        with _size_oblivious(dynamic_shapes, oblivious=False), \
+                symbolic_factories(self.kept, active=bool(dynamic_shapes)):
+            return torch.export.export(model, args, kwargs=kwargs,
+                                       dynamic_shapes=dynamic_shapes, strict=False)
+
+
+_UNBACKED_LOST = re.compile(r"PendingUnbackedSymbolNotFound|Pending unbacked symbols")
 
 
 class TorchExportStrict(CaptureStrategy):
@@ -487,7 +530,7 @@ class DraftExportSpecialised(CaptureStrategy):
 
 
 CAPTURE_STRATEGIES: list[type[CaptureStrategy]] = [TorchExportNonStrict, RegisterPytreeTypes,
-                                                   SymbolicSizes, TorchExportStrict,
+                                                   SymbolicSizes, TorchExportStrict, SizesBacked,
                                                    PackedSequences, ValidationOff,
                                                    KnownBuffers,
                                                    DraftExportSpecialised]
@@ -506,24 +549,47 @@ def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     # so they must be loaded before torch.export runs, not only before translation
     REGISTRY.load_builtin()
     results: list[Result] = []
-    for cls in strategies or CAPTURE_STRATEGIES:
-        strategy = cls()
-        check = getattr(strategy, "check", None)
-        if check is not None:
-            reason = check(results, args, kwargs, model=model)
-            if reason is not None:
-                logger.debug("capture %s skipped: %s", strategy.name, reason)
-                if skipped is not None:
-                    skipped.append((strategy.name, reason))
-                continue
-        res = strategy(model, args, kwargs, dynamic_shapes, previous=results)
-        results.append(res)
-        logger.debug("capture %s: %s", res.strategy, "ok" if res.ok else res.error)
-        if res.ok:
-            if cls is not SymbolicSizes and SymbolicSizes in (strategies or CAPTURE_STRATEGIES):
-                results += _unfixed(res, model, args, kwargs, dynamic_shapes)
-            break
+    with CachesOff() as caches:
+        for cls in strategies or CAPTURE_STRATEGIES:
+            strategy = cls()
+            check = getattr(strategy, "check", None)
+            if check is not None:
+                reason = check(results, args, kwargs, model=model)
+                if reason is not None:
+                    logger.debug("capture %s skipped: %s", strategy.name, reason)
+                    if skipped is not None:
+                        skipped.append((strategy.name, reason))
+                    continue
+            res = _attempt(strategy, caches, model, args, kwargs, dynamic_shapes, results)
+            if not res.ok and caches.switch(caches.implicated(res)):
+                # it failed in a size-keyed library cache: again with the cache switched off,
+                # which stays off for the attempts after it
+                res = _attempt(cls(), caches, model, args, kwargs, dynamic_shapes, results)
+            if res.ok:
+                if cls is not SymbolicSizes and SymbolicSizes in (strategies
+                                                                  or CAPTURE_STRATEGIES):
+                    extra = _unfixed(res, model, args, kwargs, dynamic_shapes)
+                    for r in extra:
+                        r.caches = caches.described()
+                        if r.caches:
+                            r.strategy += ", size-keyed caches off"
+                    results += extra
+                break
     return results
+
+
+def _attempt(strategy: CaptureStrategy, caches: CachesOff, model: torch.nn.Module,
+             args: tuple[Any, ...], kwargs: dict[str, Any], dynamic_shapes: Any,
+             results: list[Result]) -> Result:
+    """One strategy's attempt, appended to ``results``; named and recorded with the library
+    caches switched off for it."""
+    res = strategy(model, args, kwargs, dynamic_shapes, previous=results)
+    res.caches = caches.described()
+    if res.caches:
+        res.strategy += ", size-keyed caches off"
+    results.append(res)
+    logger.debug("capture %s: %s", res.strategy, "ok" if res.ok else res.error)
+    return res
 
 
 class SizeFixed(Exception):
@@ -764,6 +830,31 @@ _BRANCH_SUGGESTION = (
     "a value-dependent shape needs torch._check on the value's range.")
 
 
+def _size_bound_text(failed: list[Result], details: dict[str, Any]) -> tuple[str, str] | None:
+    """(sentence for the message, suggestion) when a library that computes with the sizes as
+    Python ints by design (capture.caches.SIZE_BOUND: einx) fixed a declared dim, naming its
+    line and the call into it; None otherwise. ``details["size_bound"]`` lists them."""
+    from onnxmedic.capture.caches import size_bound_calls
+
+    calls = size_bound_calls([stack for r in failed for _g, stack in r.specialised.values()],
+                             _is_internal)
+    if not calls:
+        return None
+
+    def where(f: Any) -> str:
+        return f"{f.filename}:{f.lineno}" + (f" (`{f.line.strip()}`)" if f.line else "")
+
+    details["size_bound"] = [{"library": c.bound.library, "at": f"{c.at.filename}:{c.at.lineno}",
+                              "call": f"{c.call.filename}:{c.call.lineno}" if c.call else None}
+                             for c in calls]
+    first = calls[0]
+    sites = "; ".join(where(c.call) for c in calls if c.call is not None) or "?"
+    text = (f"{first.bound.library} fixes them at {first.at.filename}:{first.at.lineno}, "
+            f"called from {sites}: {first.bound.why}, so no capture can keep these dims "
+            "dynamic.")
+    return text, first.bound.change.format(call=sites)
+
+
 def classify_capture_error(results: list[Result]) -> Finding:
     """One finding for a failed capture: the most telling attempt, classified."""
     failed = [r for r in results if r.error is not None]
@@ -797,6 +888,11 @@ def classify_capture_error(results: list[Result]) -> Finding:
                           "it), which no ONNX shape can follow. Declare the dim static to "
                           "export at that size (dynamic_shapes: None for it; the file then "
                           "accepts only that size), or keep the size a tensor op there.")
+        bound = _size_bound_text(failed, details)
+        if bound is not None:
+            suggestion = bound[1]
+            if not fixed_by:
+                why.append(bound[0])
         return error("OM401", STAGE,
                      "a dimension declared dynamic is specialised or constrained by the model: "
                      f"{_short_error(first)}" + (" " + " ".join(why) if why and not fixed_by
@@ -805,7 +901,8 @@ def classify_capture_error(results: list[Result]) -> Finding:
                          + (f" (`{at.code}`)" if at.code else "") + f" [guard {g}]"
                          + (f", reached from {u.file}:{u.line}" if u and u != at else "")
                          + f": the ONNX file would only work at {d} = {n}."
-                         for d, n, g, at, u in fixed_by),
+                         for d, n, g, at, u in fixed_by)
+                     + (f" {bound[0]}" if bound is not None and fixed_by else ""),
                      location=loc, suggestion=suggestion, details=details)
     if _DATA_DEPENDENT.search(texts):
         where = f" at {loc.file}:{loc.line} (`{loc.code}`)" if loc and loc.code else ""

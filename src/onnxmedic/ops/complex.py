@@ -308,3 +308,65 @@ def aten_einsum_complex(equation: str, tensors, path=None):
     re = sums[0]
     im = sums[1] if sums[1] is not None else op.Sub(re, re)  # all-real operands (not dispatched)
     return op.Concat(op.Unsqueeze(re, [-1]), op.Unsqueeze(im, [-1]), axis=-1)
+
+
+def _roll_along(x, shift, axis: int):
+    """``x`` rolled by ``shift`` along the non-negative ``axis``: the last ``shift mod n``
+    entries moved to the front (torchlib's Slice/Concat). ``shift`` is an int or a 0-d INT64
+    value - a symbolic size (``torch.fft.fftshift`` of a dynamic dim rolls by ``n // 2``),
+    where torchlib puts the shift in a constant and fails. An empty dim has nothing to move
+    (the Mod divides by at least 1)."""
+    n = op.Shape(x, start=axis, end=axis + 1)
+    neg = (op.Constant(value_ints=[-shift]) if isinstance(shift, int)
+           else op.Neg(op.Reshape(op.Cast(shift, to=ir.DataType.INT64),
+                                  op.Constant(value_ints=[1]))))
+    k = op.Mod(neg, op.Max(n, op.Constant(value_ints=[1])))
+    axes = op.Constant(value_ints=[axis])
+    return op.Concat(op.Slice(x, k, n, axes), op.Slice(x, op.Constant(value_ints=[0]), k, axes),
+                     axis=axis)
+
+
+def _roll(self, shifts, dims, rank: int, keep: list[int]):
+    """roll over the first ``rank`` dims of ``self``; ``keep``: the trailing shape kept whole
+    when there are no dims (``[2]`` for a complex pair, ``[]`` otherwise)."""
+    shifts = [shifts] if not isinstance(shifts, (list, tuple)) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    if not dims:
+        if len(shifts) != 1:
+            raise ValueError("roll: shifts must be a single value when dims is empty")
+        flat = op.Reshape(self, op.Constant(value_ints=[-1, *keep]))
+        return op.Reshape(_roll_along(flat, shifts[0], 0), op.Shape(self), allowzero=True)
+    if len(shifts) != len(dims):
+        raise ValueError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+    out = self
+    for shift, dim in zip(shifts, dims, strict=True):
+        if not -rank <= dim < rank:
+            raise ValueError(f"roll: dim {dim} out of range for a {rank}-d tensor")
+        out = _roll_along(out, shift, dim % rank)
+    return out
+
+
+@translation(aten.roll.default, overrides_torchlib=True,
+             note="symbolic shifts: torchlib puts the shift in a constant")
+def aten_roll(self, shifts, dims=()):
+    """roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor"""
+    rank = len(self.shape) if self.shape is not None else None
+    if rank == 0:
+        return op.Identity(self)
+    if rank is None:
+        return tl.aten_roll(self, shifts, dims)
+    return _roll(self, shifts, dims, rank, [])
+
+
+@translation(aten.roll.default, complex=True, overrides_torchlib=True,
+             note="symbolic shifts: torchlib puts the shift in a constant")
+def aten_roll_complex(self, shifts, dims=()):
+    """roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor
+
+    The (real, imag) pair moves as one: the roll is over the dims before the trailing one."""
+    rank = len(self.shape) - 1 if self.shape is not None else None
+    if rank == 0:
+        return op.Identity(self)
+    if rank is None:
+        return tl.aten_roll_complex(self, shifts, dims)
+    return _roll(self, shifts, dims, rank, [2])
