@@ -855,6 +855,44 @@ def _size_bound_text(failed: list[Result], details: dict[str, Any]) -> tuple[str
     return text, first.bound.change.format(call=sites)
 
 
+def _constrained_finding(failed: list[Result], texts: str, first: BaseException,
+                         loc: Location | None, details: dict[str, Any]) -> Finding:
+    """OM401: a dim declared dynamic that the model specialises or constrains, with the lines
+    that fixed it and (capture.caches.SIZE_BOUND) the library that computes with sizes."""
+    why = [ln.strip()[2:] for ln in texts.splitlines()
+           if ln.strip().startswith("- ") and ("Not all values" in ln or "specialized" in ln
+                                               or " = " in ln)]
+    why = list(dict.fromkeys(why))[:3]  # each attempt repeats them
+    fixed_by = specialising_lines(failed, texts)
+    suggestion = ("Apply the fix torch.export suggests (in the details), or "
+                  "declare that dimension static.")
+    if fixed_by:
+        details["fixed_by"] = [{"dim": d, "size": n, "guard": g, "at": str(at),
+                                "code": at.code, "user_line": str(u) if u else None}
+                               for d, n, g, at, u in fixed_by]
+        loc = fixed_by[0][3]
+        suggestion = ("The line named turns the size into a Python number (or loops over "
+                      "it), which no ONNX shape can follow. Declare the dim static to "
+                      "export at that size (dynamic_shapes: None for it; the file then "
+                      "accepts only that size), or keep the size a tensor op there.")
+    bound = _size_bound_text(failed, details)
+    if bound is not None:
+        suggestion = bound[1]
+        if not fixed_by:
+            why.append(bound[0])
+    return error("OM401", STAGE,
+                 "a dimension declared dynamic is specialised or constrained by the model: "
+                 f"{_short_error(first)}" + (" " + " ".join(why) if why and not fixed_by
+                                             else "") + "".join(
+                     f" {d} is fixed to {n} by {at.file}:{at.line} in {at.function}"
+                     + (f" (`{at.code}`)" if at.code else "") + f" [guard {g}]"
+                     + (f", reached from {u.file}:{u.line}" if u and u != at else "")
+                     + f": the ONNX file would only work at {d} = {n}."
+                     for d, n, g, at, u in fixed_by)
+                 + (f" {bound[0]}" if bound is not None and fixed_by else ""),
+                 location=loc, suggestion=suggestion, details=details)
+
+
 def classify_capture_error(results: list[Result]) -> Finding:
     """One finding for a failed capture: the most telling attempt, classified."""
     failed = [r for r in results if r.error is not None]
@@ -872,38 +910,7 @@ def classify_capture_error(results: list[Result]) -> Finding:
     if packed is not None:
         return packed
     if _DYNAMIC.search(texts) and "Constraints violated" in texts:
-        why = [ln.strip()[2:] for ln in texts.splitlines()
-               if ln.strip().startswith("- ") and ("Not all values" in ln or "specialized" in ln
-                                                   or " = " in ln)]
-        why = list(dict.fromkeys(why))[:3]  # each attempt repeats them
-        fixed_by = specialising_lines(failed, texts)
-        suggestion = ("Apply the fix torch.export suggests (in the details), or "
-                      "declare that dimension static.")
-        if fixed_by:
-            details["fixed_by"] = [{"dim": d, "size": n, "guard": g, "at": str(at),
-                                    "code": at.code, "user_line": str(u) if u else None}
-                                   for d, n, g, at, u in fixed_by]
-            loc = fixed_by[0][3]
-            suggestion = ("The line named turns the size into a Python number (or loops over "
-                          "it), which no ONNX shape can follow. Declare the dim static to "
-                          "export at that size (dynamic_shapes: None for it; the file then "
-                          "accepts only that size), or keep the size a tensor op there.")
-        bound = _size_bound_text(failed, details)
-        if bound is not None:
-            suggestion = bound[1]
-            if not fixed_by:
-                why.append(bound[0])
-        return error("OM401", STAGE,
-                     "a dimension declared dynamic is specialised or constrained by the model: "
-                     f"{_short_error(first)}" + (" " + " ".join(why) if why and not fixed_by
-                                                 else "") + "".join(
-                         f" {d} is fixed to {n} by {at.file}:{at.line} in {at.function}"
-                         + (f" (`{at.code}`)" if at.code else "") + f" [guard {g}]"
-                         + (f", reached from {u.file}:{u.line}" if u and u != at else "")
-                         + f": the ONNX file would only work at {d} = {n}."
-                         for d, n, g, at, u in fixed_by)
-                     + (f" {bound[0]}" if bound is not None and fixed_by else ""),
-                     location=loc, suggestion=suggestion, details=details)
+        return _constrained_finding(failed, texts, first, loc, details)
     if _DATA_DEPENDENT.search(texts):
         where = f" at {loc.file}:{loc.line} (`{loc.code}`)" if loc and loc.code else ""
         guard = guard_line(failed)
