@@ -62,6 +62,38 @@ class FixedStepGrid(torch.nn.Module):
         return y
 
 
+class AttributeGrid(torch.nn.Module):
+    """A grid kept as a plain tensor attribute (not a buffer): a constant of the ONNX file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = torch.nn.Linear(4, 4)
+        self.t = torch.linspace(0, 1, 5)
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        n = int(((self.t[-1] - self.t[0]) / 0.25).item())
+        for _ in range(n):
+            y = y + 0.25 * torch.tanh(self.f(y))
+        return y
+
+
+class LiteralWritten(torch.nn.Module):
+    """A tensor literal written in place with a constant, then read: the value after the
+    write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.f = torch.nn.Linear(4, 4)
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        t = torch.tensor([0.0, 1.0])
+        t[0] = -1.0
+        n = int(((t[-1] - t[0]) / 0.25).item())
+        for _ in range(n):
+            y = y + 0.25 * torch.tanh(self.f(y))
+        return y
+
+
 class ParameterGate(torch.nn.Module):
     """A branch on a parameter's value (a learned gate)."""
 
@@ -164,6 +196,19 @@ def test_a_fixed_step_grid_from_item_and_arange_is_unrolled(tmp_path):
     assert [g["read"] for g in om119.details["guards"]] == ["reads False", "reads 5.0"]
     ver = onnxmedic.verify(path, model, (torch.randn(2, 4),))
     assert ver.ok, [f.one_paragraph() for f in ver.findings]
+
+
+def test_a_plain_tensor_attribute_and_a_written_literal_are_read_as_constants():
+    torch.manual_seed(0)
+    grid = AttributeGrid().eval()
+    for model, read in ((grid, "reads 4.0"), (LiteralWritten().eval(), "reads 8.0")):
+        _without_strategy_fails_or_specialises(model, torch.randn(3, 4))
+        r = onnxmedic.export(model, (torch.randn(3, 4),), dynamic_shapes=({0: "batch"},))
+        assert r.ok, [f.one_paragraph() for f in r.findings]
+        assert "OM114" not in codes(r)
+        om119 = next(f for f in r.findings if f.code == "OM119")
+        assert [g["read"] for g in om119.details["guards"]] == [read]
+    assert torch.equal(grid.t, torch.linspace(0, 1, 5))  # the model's own tensor, untouched
 
 
 def test_a_branch_on_a_parameter_is_decided_by_its_value():

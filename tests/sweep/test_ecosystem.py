@@ -26,7 +26,6 @@ KNOWN_FAILURES: dict[str, str] = {
                               "real-tensor propagation loses the size of x[mask] (torch bug)",
     "torchdiffeq/dopri5": "OM112: adaptive step count (data-dependent); the finding says to "
                           "use method='rk4' with options={'step_size': h}",
-    "torchcde/cde": "OM112: the time grid is built inside forward",
     "x_transformers/decoder": "OM401: einx turns every size into an int (torch.py:60) and "
                               "keys its graph cache on them (sizes kept symbolic: unhashable)",
     "neuralop/fno": "OM112: tensorly keys its einsum path cache on the sizes (plugins.py:72; "

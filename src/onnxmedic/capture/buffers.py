@@ -181,6 +181,24 @@ def _forget_values(out: Any) -> None:
             t.real_tensor = None
 
 
+def _held_constant(mode: Any, t: torch.Tensor, values: _Values) -> torch.Tensor:
+    """A real tensor an op meets during the trace is one the model holds (a plain tensor
+    attribute such as ``self.t = torch.linspace(...)``: the ONNX file keeps it as a constant),
+    never an input (inputs are fake): its fake, as torch would make it, carries its value. It
+    is the model's own tensor, so an op that writes it is not run on the value."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(t, FakeTensor) or type(t) is not torch.Tensor or t.device.type == "meta":
+        return t
+    fake = mode.fake_tensor_converter.from_real_tensor(mode, t)
+    if fake.real_tensor is None:
+        fake.real_tensor = t.detach()
+        key = _storage(t)
+        if key:
+            values.shared.add(key)
+    return fake
+
+
 @contextlib.contextmanager
 def _constant_propagation(mode: Any, values: _Values,
                           on_read: Callable[[Any, frozenset[tuple[str, str]]], None]
@@ -206,6 +224,9 @@ def _constant_propagation(mode: Any, values: _Values,
             return original(self, func, types, args, kwargs)
         env = self.shape_env
         backed = set(env.backed_var_to_val) if env is not None else set()
+        if any(type(a) is torch.Tensor for a in pytree.tree_leaves((args, kwargs))):
+            args, kwargs = pytree.tree_map_only(
+                torch.Tensor, lambda t: _held_constant(self, t, values), (args, kwargs))
         flat = pytree.tree_leaves((args, kwargs))
         if _from_constants(func, args, kwargs, flat, backed, values):
             names = values.sources(flat)

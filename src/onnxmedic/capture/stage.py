@@ -256,8 +256,8 @@ def input_free_finding(decided: Any) -> Finding:
         (f"{k}={v}" for k, v in decided.parameters.items()), 8) if decided.parameters else "")
     return info(
         "OM119", STAGE, "Python control flow reads tensor values that depend on no input - "
-        "tensors made in forward from constants and static sizes, or computed from parameters "
-        f"- which torch.export cannot read; the capture decided them by their values: {lines}"
+        "tensors made in forward from constants and static sizes, plain tensor attributes, "
+        f"values computed from parameters - which torch.export cannot read; the capture decided them by their values: {lines}"
         f"{params}. These values are the same on every call, so the ONNX model takes the "
         "branch (and the loop count) the model takes for every input; a guard that involves an "
         "input was not decided this way.",
