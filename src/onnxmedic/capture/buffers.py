@@ -126,20 +126,14 @@ class _Values:
 
 
 def _written(func: Any, args: Any, kwargs: Any) -> list[Any]:
-    """The fake tensors an op writes (in place, ``out=``), from its schema's alias info."""
+    """The fake tensors an op writes (in place, ``out=``)."""
     import torch.utils._pytree as pytree
     from torch._subclasses.fake_tensor import FakeTensor
 
-    schema = getattr(func, "_schema", None)
-    if schema is None or not schema.is_mutable:
-        return []
-    out = []
-    for i, a in enumerate(schema.arguments):
-        if a.alias_info is None or not a.alias_info.is_write:
-            continue
-        value = kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i]
-        out += [t for t in pytree.tree_leaves(value) if isinstance(t, FakeTensor)]
-    return out
+    from onnxmedic._torch_compat import written_arguments
+
+    return [t for t in pytree.tree_leaves(written_arguments(func, args, kwargs))
+            if isinstance(t, FakeTensor)]
 
 
 def _from_constants(func: Any, args: Any, kwargs: Any, flat: list[Any], backed: Any,
@@ -188,9 +182,11 @@ def _held_constant(mode: Any, t: torch.Tensor, values: _Values) -> torch.Tensor:
     is the model's own tensor, so an op that writes it is not run on the value."""
     from torch._subclasses.fake_tensor import FakeTensor
 
+    from onnxmedic._torch_compat import fake_of_real
+
     if isinstance(t, FakeTensor) or type(t) is not torch.Tensor or t.device.type == "meta":
         return t
-    fake = mode.fake_tensor_converter.from_real_tensor(mode, t)
+    fake = fake_of_real(mode, t)
     if fake.real_tensor is None:
         fake.real_tensor = t.detach()
         key = _storage(t)
