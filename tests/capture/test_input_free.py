@@ -264,3 +264,20 @@ def test_the_models_own_parameters_are_never_written(monkeypatch):
     assert attempts[-1].ok
     assert [g[3] for g in attempts[-1].decided.constant] == ["reads False"]
     assert model.scale.item() == 0.5
+
+
+def test_a_wrongly_decided_parameter_branch_is_refused_by_verification(monkeypatch):
+    """Injected fault: the capture sees the gate's sign flipped, so the ONNX model skips the
+    linear layer the eager model applies; verification refuses the file."""
+    torch.manual_seed(0)
+    flip = buffers.real_value
+
+    def wrong(t: torch.Tensor, clone: bool) -> torch.Tensor:
+        value = flip(t, clone)
+        return -value if value.dim() == 0 else value
+
+    monkeypatch.setattr(buffers, "real_value", wrong)
+    r = onnxmedic.export(ParameterGate(0.5).eval(), (torch.randn(3, 4),))
+    assert not r.ok
+    assert "OM119" in codes(r)
+    assert any(c.startswith("OM6") for c in codes(r)), codes(r)

@@ -208,6 +208,7 @@ def _constant_propagation(mode: Any, values: _Values,
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
     scalar = torch.ops.aten._local_scalar_dense.default
+    lifts = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 
     original = type(mode)._dispatch_impl
     # the program keeps this mode (its nodes' fake values): later passes (decompositions)
@@ -220,6 +221,18 @@ def _constant_propagation(mode: Any, values: _Values,
             return original(self, func, types, args, kwargs)
         env = self.shape_env
         backed = set(env.backed_var_to_val) if env is not None else set()
+        if func in lifts and type(args[0]) is torch.Tensor:
+            # a tensor literal (torch.tensor(...)) entering the trace: torch makes its fake,
+            # which carries the literal's value
+            literal = args[0].detach().clone()
+            self.propagate_real_tensors = False
+            try:
+                out = original(self, func, types, args, kwargs)
+            finally:
+                self.propagate_real_tensors = True
+            if isinstance(out, FakeTensor) and literal.device.type != "meta":
+                out.real_tensor = literal
+            return out
         if any(type(a) is torch.Tensor for a in pytree.tree_leaves((args, kwargs))):
             args, kwargs = pytree.tree_map_only(
                 torch.Tensor, lambda t: _held_constant(self, t, values), (args, kwargs))
