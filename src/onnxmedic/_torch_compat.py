@@ -151,6 +151,25 @@ def unused_constants_dropped() -> Iterator[None]:
         yield
 
 
+def fake_of_real(mode: Any, t: Any) -> Any:
+    """The fake tensor fake mode ``mode`` makes of the real tensor ``t`` when an op meets it
+    (the one its converter keeps for ``t``)."""
+    return mode.fake_tensor_converter.from_real_tensor(mode, t)
+
+
+def written_arguments(func: Any, args: Any, kwargs: Any) -> list[Any]:
+    """The values of the arguments an ATen op writes (in place, ``out=``), read from its
+    schema's alias information; [] for an op that writes none or has no schema."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return []
+    out = []
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            out.append(kwargs.get(a.name) if a.kwarg_only or i >= len(args) else args[i])
+    return out
+
+
 @contextlib.contextmanager
 def parameters_carry_values(model: Any) -> Iterator[None]:
     """Within the block, a real-tensor-propagating capture (torch.export.draft_export) gives

@@ -164,6 +164,20 @@ CODES: dict[str, CodeInfo] = {
         "contents back afterwards; verification compared the ONNX model with the model as it "
         "is, cache on.",
     ),
+    "OM119": CodeInfo(
+        "branch decided by a value that depends on no input", 0,
+        "Python control flow (an `if`, `.item()`, `int()`) read a tensor value that depends on "
+        "no model input: a tensor the model makes in forward from constants and static sizes "
+        "(a time grid built with torch.linspace or torch.arange, as torchcde's splines do, and "
+        "torchdiffeq's fixed-step count read from it), a plain tensor attribute, or a value "
+        "computed from parameters. torch.export "
+        "cannot read such values (it traces with fake tensors), so onnxmedic captured with them "
+        "known: an op whose arguments are all such values, constants and static sizes - no "
+        "input, no dynamic size, no random numbers - was also run on the values, and guards on "
+        "its results were decided by them. They are the same on every call, so the branch is "
+        "the model's for every input; a guard that involves an input is not decided this way. "
+        "The finding names the lines, the values read and the parameters they came from.",
+    ),
     "OM125": CodeInfo(
         "model writes its own state on a call", 0,
         "forward() writes the model's own state when it runs - a buffer filled in place, a "

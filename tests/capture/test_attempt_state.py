@@ -110,8 +110,17 @@ class CholeskyBranch(torch.nn.Module):
         return x
 
 
-def test_draft_export_program_decomposes_without_real_values() -> None:
-    res = onnxmedic.export(CholeskyBranch().eval(), (torch.tensor([[1.0, 2.0], [3.0, 4.0]]),))
+def test_draft_export_program_decomposes_without_real_values(monkeypatch) -> None:
+    from onnxmedic.capture import strategies
+
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    # the branch reads parameters only: the constant-values capture decides it (OM119) ...
+    res = onnxmedic.export(CholeskyBranch().eval(), (x,))
+    assert res.ok and "OM119" in [f.code for f in res.findings]
+    # ... and without it, draft_export's program must decompose too
+    monkeypatch.setattr(strategies, "CAPTURE_STRATEGIES", [
+        s for s in strategies.CAPTURE_STRATEGIES if s is not strategies.KnownBuffers])
+    res = onnxmedic.export(CholeskyBranch().eval(), (x,))
     assert res.ok, [(f.code, f.message[:300]) for f in res.findings if f.severity.value == "error"]
     assert "OM114" in [f.code for f in res.findings]
 

@@ -45,8 +45,8 @@ class EqualInputs(torch.nn.Module):
 
 
 class ParameterBranch(torch.nn.Module):
-    """A branch on a value computed from a parameter only (not a buffer): draft_export decides
-    it by the parameter's real value."""
+    """A branch on a value computed from a parameter only (not a buffer): decided by the
+    parameter's real value (the constant-values capture, OM119; draft_export without it)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -94,8 +94,17 @@ def test_a_wrong_torch_equal_outcome_is_caught_by_verification(tmp_path) -> None
 
 def test_draft_export_decides_a_branch_by_the_parameters_values(tmp_path) -> None:
     """torch's real-tensor propagation gave a Parameter's fake uninitialised memory, so the
-    branch went by garbage (and verification refused the file, or passed by luck)."""
+    branch went by garbage (and verification refused the file, or passed by luck). The
+    branch depends on no input, so the constant-values capture decides it first (OM119);
+    draft_export, without that strategy, must decide it by the real values too."""
+    from onnxmedic.capture.strategies import CAPTURE_STRATEGIES, KnownBuffers, capture
+
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
-    r = onnxmedic.export(ParameterBranch(), (x,), tmp_path / "m.onnx")
-    assert "OM114" in codes(r)
+    model = ParameterBranch()
+    r = onnxmedic.export(model, (x,), tmp_path / "m.onnx")
+    assert "OM119" in codes(r) and "OM114" not in codes(r)
     assert r.ok, [(f.code, f.message[:300]) for f in r.findings]
+    attempts = capture(model, (x,), {}, None,
+                       strategies=[s for s in CAPTURE_STRATEGIES if s is not KnownBuffers])
+    assert "draft_export" in attempts[-1].strategy and attempts[-1].ok
+    torch.testing.assert_close(attempts[-1].program.module()(x), model(x))

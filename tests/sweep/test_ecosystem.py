@@ -27,7 +27,6 @@ KNOWN_FAILURES: dict[str, str] = {
     "transformers/encodec": "OM402: the frame loop over samples (modeling_encodec.py:588)",
     "torchdiffeq/dopri5": "OM112: adaptive step count (data-dependent); the finding says to "
                           "use method='rk4' with options={'step_size': h}",
-    "torchcde/cde": "OM112: the time grid is built inside forward",
 }
 KNOWN_FAILURES.update({f"{n}@Dim": r for n, r in list(KNOWN_FAILURES.items())})
 

@@ -130,6 +130,8 @@ def _capture_module(ctx: ExportContext) -> bool:
     decided = attempts[-1].decided
     if attempts[-1].constants or (decided is not None and decided.guards):
         result.findings.append(constants_finding(attempts))
+    if decided is not None and decided.constant:
+        result.findings.append(input_free_finding(decided))
     if pytree_findings(result, attempts):
         # the example's outputs were flattened before these types were registered
         ctx.expected = None
@@ -279,6 +281,31 @@ def constants_finding(attempts: list[Any]) -> Finding:
                  "buffers": dict(decided.buffers) if decided is not None else {},
                  "guards": [{"at": f"{f}:{n}", "code": c, "read": w}
                             for f, n, c, w in guards]})
+
+
+def input_free_finding(decided: Any) -> Finding:
+    """OM119: guards on values that depend on no input (made in forward from constants and
+    static sizes, or computed from parameters), decided by those values: names the lines,
+    what each read and the parameters."""
+    from onnxmedic.findings import Location
+
+    file, line, code, _ = decided.constant[0]
+    lines = listed((f"{f}:{n} (`{c}`) {w}" for f, n, c, w in decided.constant), 6, "; ")
+    params = ("; parameters read: " + listed(
+        (f"{k}={v}" for k, v in decided.parameters.items()), 8) if decided.parameters else "")
+    return info(
+        "OM119", STAGE, "Python control flow reads tensor values that depend on no input - "
+        "tensors made in forward from constants and static sizes, plain tensor attributes, "
+        f"values computed from parameters - which torch.export cannot read; the capture decided them by their values: {lines}"
+        f"{params}. These values are the same on every call, so the ONNX model takes the "
+        "branch (and the loop count) the model takes for every input; a guard that involves an "
+        "input was not decided this way.",
+        location=Location(file=file, line=line, code=code),
+        suggestion="Nothing to do. To export without this recovery, compute such values as "
+        "Python numbers (e.g. `n = round((t1 - t0) / h)` from floats, not from a tensor).",
+        details={"guards": [{"at": f"{f}:{n}", "code": c, "read": w}
+                            for f, n, c, w in decided.constant],
+                 "parameters": dict(decided.parameters)})
 
 
 _SPECIALISED = re.compile(r"L\['([A-Za-z_]\w*)'\]\.size\(\)\[(\d+)\] as dynamic but your code "

@@ -450,37 +450,36 @@ def buffers_as_constants(found: dict[str, tuple[torch.nn.Module, str, int]]) -> 
 
 
 class KnownBuffers(TorchExportNonStrict):
-    """When Python control flow reads a buffer's value. torch.export treats every buffer as an
-    unknown input, while in the ONNX file buffers are constants (initializers); so capture
-    again with their values known and decide such branches by them (OM116 names the buffers,
-    their values and the lines):
+    """When Python control flow reads a value that depends on no input. torch.export treats
+    every buffer and parameter as an unknown input, and a tensor the model makes in forward
+    from constants (``torch.linspace(0, 1, n)``) as a value it does not know; in the ONNX file
+    buffers and parameters are constants (initializers) and such a tensor is the same on every
+    call. So capture again with these values known and decide such branches by them:
 
     * a config constant kept in a 0-d integer buffer registered non-persistent (EnCodec's conv
       ``stride``, ``padding_total``: ``if length <= max(padding_total, extra_padding)``) is
       read as a Python-known constant, so guards that also involve a dynamic size stay
       symbolic (``buffers_as_constants``);
-    * every other buffer carries its value (capture.buffers: gpytorch's ``updated_strategy``
-      flag, a time grid in ``if t[0] > t[1]``, normflows' ``data_dep_init_done``): a guard on
-      a value computed from buffers and constants alone is decided by it; one that involves
-      an input fails as before.
+    * every other buffer and parameter carries its value, and every op whose arguments are
+      such values, constants and static sizes is run on the values too (capture.buffers): a
+      guard on a value computed from them alone is decided by it (gpytorch's
+      ``updated_strategy`` flag, a time grid kept as a buffer, normflows'
+      ``data_dep_init_done``: OM116; torchcde's time grid built by ``torch.linspace`` and
+      torchdiffeq's fixed-step count from it, a parameter's sign: OM119); a guard that
+      involves an input fails as before, as does one on random numbers.
 
     With validation off as well (ValidationOff), since a model may need both. Verification
     compares the ONNX model with the eager model as it is. Applies only after an attempt
-    failed on data-dependent control flow and when the model has buffers."""
+    failed on data-dependent control flow."""
 
-    name = "torch.export(strict=False), buffer values known"
+    name = "torch.export(strict=False), constant values known"
 
     def __init__(self) -> None:
         self.found: dict[str, tuple[torch.nn.Module, str, int]] = {}
 
     def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any],
               model: torch.nn.Module | None = None) -> str | None:
-        reason = _data_dependent_failure(previous)
-        if reason is not None:
-            return reason
-        if model is None or not any(b.device.type != "meta" for b in model.buffers()):
-            return "the model has no buffers"
-        return None
+        return _data_dependent_failure(previous)
 
     def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
         from onnxmedic.capture.buffers import Decided, buffers_known
@@ -631,15 +630,17 @@ def _outside_torch(filename: str) -> bool:
 def guard_line(failed: list[Result]) -> tuple[str, int, str] | None:
     """(file, line, code) of the statement whose data-dependent guard stopped the capture:
     the innermost traceback frame outside torch's tracing machinery and onnxmedic, taken from
-    the validation-off attempt when there is one (its checks are already past, so it names
-    the branch that is left), else from the first attempt that failed on a guard."""
+    the constant-values attempt when there is one (its checks and the guards on values that
+    depend on no input are already past, so it names the branch on an input that is left),
+    else the validation-off attempt, else the first attempt that failed on a guard."""
     import linecache
     import traceback
 
     from onnxmedic._locate import PKG_DIR
     from onnxmedic.capture.validation import TRACER_FILES
 
-    ordered = sorted(failed, key=lambda r: "validation off" not in r.strategy)
+    ordered = sorted(failed, key=lambda r: (KnownBuffers.name not in r.strategy,
+                                            "validation off" not in r.strategy))
     for r in ordered:
         if "draft_export" in r.strategy or not _DATA_DEPENDENT.search(
                 f"{type(r.error).__name__}: {r.error}"):
