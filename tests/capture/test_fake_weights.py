@@ -111,3 +111,23 @@ def test_a_model_reading_its_weights_keeps_the_normal_capture(tmp_path, monkeypa
     (why,) = [x["reason"] for x in r.reasons if x["what"] == "capture on fake weights"]
     assert "item" in why or "data-dependent" in why.lower(), why
     assert all(not is_fake(t) for t in [*model.parameters(), *model.buffers()])
+
+
+class ComplexBuffer(torch.nn.Module):
+    """A complex buffer: torch.onnx stores it as a real view, which binding cannot give."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("rot", torch.polar(torch.ones(8), torch.linspace(0, 3, 8)))
+
+    def forward(self, x):
+        return x * torch.view_as_real(self.rot)[:, 0]
+
+
+def test_a_complex_weight_keeps_the_normal_capture(tmp_path, monkeypatch):
+    monkeypatch.setattr(capture_stage, "FAKE_WEIGHTS_SHARE", 0.0)
+    r = onnxmedic.export(ComplexBuffer(), (torch.randn(3, 8),), tmp_path / "m.onnx")
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert "OM515" not in [f.code for f in r.findings]
+    (why,) = [x["reason"] for x in r.reasons if x["what"] == "capture on fake weights"]
+    assert "cannot be bound" in why and "rot" in why, why

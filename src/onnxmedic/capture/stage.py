@@ -154,8 +154,8 @@ def _fake_capture(ctx: ExportContext, dims: Any, sizes: tuple[int, int]) -> list
         return None
     unbound = unbound_tensors(program, real)
     if unbound:
-        result.skip_reason("capture on fake weights", "tensor(s) without a real value to "
-                           f"bind: {listed(unbound, 5)}")
+        result.skip_reason("capture on fake weights", "tensor(s) the model's own cannot be "
+                           f"bound to (made while it runs, or complex): {listed(unbound, 5)}")
         return None
     ctx.extra["real_weights"] = real
     need, avail = sizes
