@@ -148,3 +148,19 @@ def test_a_model_writing_its_weights_gets_a_whole_copy_reference():
     ref = reference_outputs(model, [Inputs((X,), {})], [exp])
     assert ref.why_not is None and np.array_equal(ref.outputs[0][0], want[0])
     assert float(model.calls) == 0.0
+
+
+def test_where_a_whole_copy_would_not_fit_the_time_limit_stops_the_first_run(monkeypatch):
+    """A model that had no reference for want of memory gets one through upcast weights, but
+    within TIME_LIMIT: past it the run stops (OM605's reason says so) instead of taking
+    minutes; with time to spare it completes."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    exp = [_expected(model, X)]
+    # the largest weight in float64 (512 B) fits in 40% of 2000 B; a whole copy (1152 B) not
+    monkeypatch.setattr(ref_mod, "_available_memory", lambda: 2000)
+    ref = reference_outputs(model, [Inputs((X,), {})], exp)
+    assert ref.why_not is None and ref.outputs[0][0].dtype == np.float64
+    monkeypatch.setattr(ref_mod, "TIME_LIMIT", -1.0)
+    ref = reference_outputs(model, [Inputs((X,), {})], exp)
+    assert ref.outputs == [] and "was stopped" in ref.why_not
+    assert "copy of the model needs" in ref.why_not and "GiB available" in ref.why_not

@@ -84,10 +84,17 @@ def copy_bytes(model: Any, dtype: torch.dtype) -> int:
                for t in list(model.parameters()) + list(model.buffers()))
 
 
+class _TooSlow(Exception):
+    """The higher-precision run passed its deadline (stopped between two ops)."""
+
+
 class _Upcast(torch.Tensor):
     """A weight seen at a higher precision (see the module's docstring): the dtype it reports
     is ``high``; each op gets ``inner.to(high)``, a temporary. An op that would write it is
-    refused (a converted copy would keep the write; a temporary would lose it)."""
+    refused (a converted copy would keep the write; a temporary would lose it). Past
+    ``deadline[0]`` (perf_counter seconds; None: none) an op raises _TooSlow."""
+
+    deadline: list[float | None]
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor, high: torch.dtype) -> _Upcast:
@@ -107,9 +114,13 @@ class _Upcast(torch.Tensor):
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
         kwargs = kwargs or {}
-        if func._schema.is_mutable and any(
-                isinstance(a, _Upcast) for a in torch.utils._pytree.tree_leaves((args, kwargs))):
+        upcast = [a for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(a, _Upcast)]
+        if func._schema.is_mutable and upcast:
             raise RuntimeError(f"{func} would write a weight of the model")
+        end = upcast[0].deadline[0] if upcast else None
+        if end is not None and time.perf_counter() > end:
+            raise _TooSlow
 
         def unwrap(t: Any) -> Any:
             return t.inner.to(t.high) if isinstance(t, _Upcast) else t
@@ -118,15 +129,19 @@ class _Upcast(torch.Tensor):
         return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
 
 
-def _upcast_weights(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, Any]:
-    """The model's floating parameters and buffers as ``_Upcast`` tensors, by name (tied ones
-    one tensor), for torch.func.functional_call."""
+def _upcast_weights(model: torch.nn.Module, dtype: torch.dtype,
+                    deadline: list[float | None]) -> dict[str, Any]:
+    """The model's floating parameters and buffers as ``_Upcast`` tensors sharing
+    ``deadline``, by name (tied ones one tensor), for torch.func.functional_call."""
     by_id: dict[int, Any] = {}
     out = {}
     for name, t in list(model.named_parameters(remove_duplicate=False)) + list(
             model.named_buffers(remove_duplicate=False)):
         if t.is_floating_point() and t.dtype != dtype:
-            out[name] = by_id.setdefault(id(t), _Upcast(t.detach(), dtype))
+            if id(t) not in by_id:
+                by_id[id(t)] = _Upcast(t.detach(), dtype)
+                by_id[id(t)].deadline = deadline
+            out[name] = by_id[id(t)]
     return out
 
 
@@ -158,21 +173,31 @@ def reference_outputs(model: Any, sets: list[Inputs],
         return Reference(why_not=f"a {name} copy of the model's largest weight needs "
                          f"{need / 2**30:.2f} GiB, more than {MEMORY_SHARE:.0%} of the "
                          f"{avail / 2**30:.1f} GiB available")
-    weights = _upcast_weights(model, dtype)
+    need = copy_bytes(model, dtype)
+    fits = avail is None or need <= MEMORY_SHARE * avail
+    no_copy = (f"a {name} copy of the model needs {need / 2**30:.2f} GiB, more than "
+               f"{MEMORY_SHARE:.0%} of the {avail / 2**30:.1f} GiB available" if not fits
+               else "")
+    # where a whole copy would not fit (a model that had no reference before), TIME_LIMIT
+    # bounds the first run too: a 1.5 B decoder's float64 run takes over a minute here
+    deadline: list[float | None] = [None]
+    weights = _upcast_weights(model, dtype, deadline)
 
     def upcast(*args: Any, **kwargs: Any) -> Any:
+        if not fits and deadline[0] is None:
+            deadline[0] = time.perf_counter() + TIME_LIMIT
         return torch.func.functional_call(model, weights, args, kwargs, tie_weights=True,
                                           strict=False)
 
     try:
         return _runs(upcast, sets, expected, dtype)
+    except _TooSlow:
+        return Reference(why_not=f"the {name} run took over {TIME_LIMIT:g} s and was "
+                         f"stopped ({no_copy})")
     except Exception:  # e.g. a model that writes its weights: a whole copy, where it fits
         logger.debug("no %s reference through upcast weights", name, exc_info=True)
-    need = copy_bytes(model, dtype)
-    if avail is not None and need > MEMORY_SHARE * avail:
-        return Reference(why_not=f"a {name} copy of the model needs "
-                         f"{need / 2**30:.2f} GiB, more than {MEMORY_SHARE:.0%} of the "
-                         f"{avail / 2**30:.1f} GiB available")
+    if not fits:
+        return Reference(why_not=no_copy)
     try:
         high = copy.deepcopy(model).to(dtype)
     except Exception as e:
