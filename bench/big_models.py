@@ -1,5 +1,7 @@
 """Big models: wall time and peak resident memory of onnxmedic against plain torch.onnx, on
 decoders built from configs (random weights, no downloads) at growing sizes.
+For onnxmedic the peak is also broken down by stage (the innermost timed block running when
+the sample was taken: capture, translate, check, fix, runtime, compare, write, ...).
 
 Each export runs in a fresh process; the parent samples the resident memory of that process
 and all its descendants (onnxmedic's sandbox child included) every 50 ms and keeps the peak
@@ -53,7 +55,28 @@ ids = torch.randint(0, 32000, (1, 64))
 out = {{"params": params}}
 t0 = time.perf_counter()
 if {tool!r} == "onnxmedic":
+    import contextlib
     import onnxmedic
+    from onnxmedic import result as _result
+    _stack = []
+    _timed = _result.ExportResult.timed
+
+    def _mark():  # the innermost timed block, for the parent's per-stage peak
+        with open({stage_file!r}, "w") as fh:
+            fh.write(_stack[-1] if _stack else "")
+
+    @contextlib.contextmanager
+    def timed(self, name):
+        _stack.append(name)
+        _mark()
+        try:
+            with _timed(self, name):
+                yield
+        finally:
+            _stack.pop()
+            _mark()
+
+    _result.ExportResult.timed = timed
     r = onnxmedic.export(model, (ids,), {path!r})
     out.update(ok=r.ok, timings=r.timings,
                errors=[f.code + ": " + f.message[:200] for f in r.errors])
@@ -94,20 +117,30 @@ def _tree_rss(pid: int) -> int:
 
 def measure(tool: str, size: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="bigmodel-") as td:
+        stage_file = Path(td) / "stage.txt"
         code = _JOB.format(src=str(ROOT / "src"), shape=SIZES[size], tool=tool,
-                           path=str(Path(td) / "model.onnx"))
+                           path=str(Path(td) / "model.onnx"), stage_file=str(stage_file))
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True)
         peak = 0
+        stage_peaks: dict[str, int] = {}
         t0 = time.perf_counter()
         while proc.poll() is None:
-            peak = max(peak, _tree_rss(proc.pid))
+            rss = _tree_rss(proc.pid)
+            peak = max(peak, rss)
+            try:
+                stage = stage_file.read_text() or "(between stages)"
+            except OSError:
+                stage = "(before export)"
+            stage_peaks[stage] = max(stage_peaks.get(stage, 0), rss)
             time.sleep(0.05)
         wall = time.perf_counter() - t0
         line = next((ln for ln in proc.stdout.read().splitlines() if ln.startswith("RESULT ")),
                     None)
         rec = json.loads(line[7:]) if line else {"ok": False, "errors": [f"exit {proc.returncode}"]}
         rec.update(tool=tool, size=size, peak_bytes=peak, wall=wall)
+        if tool == "onnxmedic":
+            rec["stage_peaks"] = stage_peaks
         return rec
 
 
@@ -131,6 +164,9 @@ def main() -> None:
             if rec.get("timings"):
                 print("      stages: " + ", ".join(f"{k} {v:.1f}" for k, v in
                                                    rec["timings"].items()), flush=True)
+            if rec.get("stage_peaks"):
+                print("      peak GiB by stage: " + ", ".join(
+                    f"{k} {v / 2**30:.2f}" for k, v in rec["stage_peaks"].items()), flush=True)
     if ns.json:
         Path(ns.json).write_text(json.dumps(rows, indent=1))
 

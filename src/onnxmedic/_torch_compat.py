@@ -47,9 +47,11 @@ def torchlib_registry(opset_version: int) -> Any:
     return _registration.ONNXRegistry.from_torchlib(opset_version=opset_version)
 
 
-def core_export(program: Any, args: Any, kwargs: Any, *, registry: Any, opset: int) -> Any:
+def core_export(program: Any, args: Any, kwargs: Any, *, registry: Any, opset: int,
+                optimize: bool = True) -> Any:
     """torch.onnx's core exporter on an ExportedProgram (what torch.onnx.export(dynamo=True)
-    calls after its compatibility layer), optimized, without its report or verification.
+    calls after its compatibility layer), optimized unless ``optimize=False``, without its
+    report or verification.
 
     Runs without autograd, like :func:`prepare_for_export`."""
     import torch
@@ -58,7 +60,73 @@ def core_export(program: Any, args: Any, kwargs: Any, *, registry: Any, opset: i
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         return _core.export(program, args, kwargs, registry=registry, verbose=False,
-                            optimize=True, opset_version=opset, report=False, verify=False)
+                            optimize=optimize, opset_version=opset, report=False, verify=False)
+
+
+def is_fake(tensor: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
+
+
+@contextlib.contextmanager
+def fake_weights(model: Any, args: Any, kwargs: Any) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
+    """Within the block, ``model``'s parameters and buffers are fake tensors (shape, dtype and
+    device, no data) of one FakeTensorMode, tied ones the same fake; yields the example inputs
+    as fakes of that mode (torch.export takes the mode from them) and the real tensors by
+    name. The module's own tensors are put back after the block
+    (``torch.nn.utils.stateless``)."""
+    import itertools
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    real = dict(itertools.chain(model.named_parameters(remove_duplicate=False),
+                                model.named_buffers(remove_duplicate=False)))
+    by_id: dict[int, Any] = {}
+    fakes = {n: by_id.setdefault(id(t), mode.from_tensor(t, static_shapes=True))
+             for n, t in real.items()}
+
+    def fake(t: Any) -> Any:
+        return mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t
+
+    tree_map = torch.utils._pytree.tree_map
+    with _reparametrize_module(model, fakes, tie_weights=True):
+        yield tree_map(fake, args), tree_map(fake, kwargs), real
+
+
+def bind_weights(onnx_program: Any, weights: dict[str, Any]) -> list[str]:
+    """Give the initializers of an ONNX program made on fake weights the real tensors
+    ``weights`` (by name; each wrapped as it is, not copied: ``ONNXProgram.apply_weights``),
+    and the program's ExportedProgram too. Returns the initializers left fake."""
+    onnx_program.apply_weights({n: t for n, t in weights.items()
+                                if n in onnx_program.model.graph.initializers})
+    ep = getattr(onnx_program, "exported_program", None)
+    if ep is not None:
+        bind_program(ep, weights)
+    return [n for n, v in onnx_program.model.graph.initializers.items()
+            if v.const_value is not None and is_fake(getattr(v.const_value, "raw", None))]
+
+
+def bind_program(program: Any, weights: dict[str, Any]) -> None:
+    """Replace the fake tensors of an ExportedProgram's state dict and constants by the real
+    tensors ``weights`` of the same names (references: nothing is copied)."""
+    for table in (program.state_dict, program.constants):
+        for name, t in list(table.items()):
+            if name in weights and is_fake(t):
+                table[name] = weights[name]
+
+
+def unbound_tensors(program: Any, weights: dict[str, Any]) -> list[str]:
+    """The program's fake state-dict entries and constants with no real tensor in
+    ``weights`` (a tensor the model makes while it runs: its value exists only in the
+    trace), or of a kind binding cannot take (complex: torch.onnx stores them as real views)."""
+    return [n for table in (program.state_dict, program.constants)
+            for n, t in table.items() if is_fake(t)
+            and (n not in weights or weights[n].is_complex())]
 
 
 def prepare_for_export(program: Any, registry: Any) -> Any:

@@ -123,7 +123,7 @@ def record_state(model: torch.nn.Module, *, values: bool = True, reach: bool = F
     # initialisation) bumps no counter of the parameter's either
     params = list(model.named_parameters())
     sized = sum(p.numel() * p.element_size() for _, p in params) <= PARAM_FINGERPRINT_LIMIT
-    state.params = [(n, p, p._version, p.data_ptr(), _fingerprint(p) if values and sized
+    state.params = [(n, p, p._version, _ptr(p), _fingerprint(p) if values and sized
                      else None) for n, p in params]
     if reach:
         state.objects = _reachable([v for _, _, attrs, _ in state.attributes
@@ -177,9 +177,18 @@ def _reachable(roots: list[Any]) -> list[tuple[Any, Any]]:
 PARAM_FINGERPRINT_LIMIT = 4 * BUFFER_COPY_LIMIT
 
 
+def _ptr(p: torch.Tensor) -> int:
+    """The parameter's data pointer; 0 for a fake one (a capture on fake weights: no data)."""
+    from onnxmedic._torch_compat import is_fake
+
+    return 0 if is_fake(p) else p.data_ptr()
+
+
 def _fingerprint(p: torch.Tensor) -> tuple[float, float] | None:
     """The sum and the 2-norm of a floating-point parameter's values (in float64), or None."""
-    if not p.is_floating_point() or p.device.type == "meta":
+    from onnxmedic._torch_compat import is_fake
+
+    if not p.is_floating_point() or p.device.type == "meta" or is_fake(p):
         return None
     with torch.no_grad():
         d = p.detach()
@@ -189,7 +198,7 @@ def _fingerprint(p: torch.Tensor) -> tuple[float, float] | None:
 
 def _params_written(state: State) -> list[str]:
     return [n for n, p, version, ptr, values in state.params
-            if p._version != version or p.data_ptr() != ptr
+            if p._version != version or _ptr(p) != ptr
             or values is not None and repr(_fingerprint(p)) != repr(values)]
 
 

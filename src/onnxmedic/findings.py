@@ -436,6 +436,12 @@ CODES: dict[str, CodeInfo] = {
         "ONNX Runtime ran out of memory", 1,
         "Loading or running exceeded the sandbox memory cap.",
     ),
+    "OM515": CodeInfo(
+        "captured on fake weights", 0,
+        "The model's weights are large against the memory available, so it was captured and "
+        "translated on fake weights (shapes only) and its own tensors were bound to the ONNX "
+        "model afterwards (streamed into the file, not copied); the result is the same model.",
+    ),
     "OM520": CodeInfo(
         "external data outside the model folder", 1,
         "A tensor's external-data location is absolute, climbs out with '..', or resolves (via "

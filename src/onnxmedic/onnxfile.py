@@ -389,6 +389,36 @@ def save_single_file(model: Any, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def graph_proto(model: Any) -> onnx.ModelProto:
+    """The ModelProto of an onnx_ir model; over EXTERNAL_DATA_THRESHOLD (saved with external
+    data) its initializers of STREAM_BYTES or more are references without data (external, no
+    location yet): the graph without a second copy of the weights, until the check stage reads
+    the saved file's graph and references (saved_proto)."""
+    import onnx_ir as ir
+
+    from onnxmedic._torch_compat import initializer_bytes
+
+    if initializer_bytes(model.graph) <= EXTERNAL_DATA_THRESHOLD:
+        return ir.serde.serialize_model(model)
+    inits = model.graph.initializers
+    big = [v for v in list(inits.values()) if v.const_value is not None
+           and v.const_value.nbytes >= STREAM_BYTES]
+    for v in big:
+        inits.pop(v.name)
+    try:
+        proto = ir.serde.serialize_model(model)
+    finally:
+        for v in big:
+            inits[v.name] = v
+    for v in big:
+        t = v.const_value
+        ref = proto.graph.initializer.add()
+        ref.name, ref.data_type = v.name, int(t.dtype)
+        ref.dims.extend(int(d) for d in t.shape)
+        ref.data_location = onnx.TensorProto.EXTERNAL
+    return proto
+
+
 def has_external_data_file(path: Path) -> bool:
     """Whether the model saved at ``path`` keeps its weights beside it (``path``.data)."""
     return Path(f"{path}.data").exists()

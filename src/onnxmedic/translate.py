@@ -17,6 +17,8 @@ import torch
 
 from onnxmedic._locate import location_from_exception, location_from_node
 from onnxmedic._torch_compat import (
+    bind_program,
+    bind_weights,
     core_export,
     default_opset,
     has_symbolic_inputs,
@@ -31,7 +33,7 @@ from onnxmedic.fixes import try_fix
 from onnxmedic.fixes.custom_ops import CustomOpInlining
 from onnxmedic.fixes.rewrites import REWRITES, strides_from_sizes
 from onnxmedic.fixes.shapes import static_dim_params
-from onnxmedic.onnxfile import opset_of
+from onnxmedic.onnxfile import graph_proto, opset_of
 from onnxmedic.ops import REGISTRY, TranslationRegistry
 from onnxmedic.verify.replay import record_removed_nodes
 
@@ -54,19 +56,31 @@ class TranslateResult:
 
 def onnx_export(program: torch.export.ExportedProgram, args: tuple[Any, ...],
                 kwargs: dict[str, Any] | None, *, registry: TranslationRegistry | None,
-                opset: int | None = None) -> Any:
+                opset: int | None = None, weights: dict[str, Any] | None = None) -> Any:
     """torch.onnx.export(program, dynamo=True) with the registry built once, not per call.
 
     Does what torch.onnx.export's compatibility layer does for an ExportedProgram (default
     opset, registry for that opset) and calls its core exporter; ``registry=None`` gives plain
     torchlib, as torch.onnx.export would.
+
+    ``weights``: the program was captured on fake weights (capture/stage.py); these real
+    tensors are bound to the ONNX program after the translation and before the optimizer,
+    whose constant folding reads values - the same graph as a translation of the real
+    program.
     """
     if opset is None:
         opset = default_opset()
     reg = (registry if registry is not None else _PLAIN).onnx_registry(opset)
     # torch.onnx decomposes the program again: with the shape rules its capture used
     with symbolic_shape_rules(has_symbolic_inputs(program)):
-        return core_export(program, args, kwargs, registry=reg, opset=opset)
+        prog = core_export(program, args, kwargs, registry=reg, opset=opset,
+                           optimize=weights is None)
+    if weights is not None:
+        left = bind_weights(prog, weights)
+        if left:
+            raise RuntimeError(f"no real value for the fake weight(s) {', '.join(left[:5])}")
+        prog.optimize()
+    return prog
 
 
 def decompose_for_export(program: torch.export.ExportedProgram, reg: Any) -> Any:
@@ -154,7 +168,10 @@ def op_inventory(program: torch.export.ExportedProgram, registry: TranslationReg
 
 def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
               kwargs: dict[str, Any], *, opset: int | None = None,
-              registry: TranslationRegistry = REGISTRY) -> TranslateResult:
+              registry: TranslationRegistry = REGISTRY,
+              weights: dict[str, Any] | None = None) -> TranslateResult:
+    """The program in ONNX (``weights``: the real tensors of a program captured on fake
+    weights; see :func:`onnx_export`)."""
     table = registry.table()
     result = TranslateResult()
     for mod, err in registry.load_errors.items():
@@ -164,9 +181,11 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
     program, not_inlined = _inline_custom_ops(program, table, result)
     not_contiguous = _strides_from_sizes(program, result)
     try:
-        prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
+        prog = onnx_export(program, args, kwargs, registry=registry, opset=opset,
+                           weights=weights)
     except Exception as e:
-        prog = _retry_with_rewrites(result, program, args, kwargs, registry, opset, e)
+        prog = _retry_with_rewrites(result, program, args, kwargs, registry, opset, e,
+                                    weights)
         if prog is None:
             found = _diagnose(program, registry, opset, e)
             for f in found:  # say why a custom op was not inlined
@@ -238,7 +257,7 @@ def _strides_from_sizes(program: torch.export.ExportedProgram,
 def _retry_with_rewrites(result: TranslateResult, program: torch.export.ExportedProgram,
                          args: tuple[Any, ...], kwargs: dict[str, Any],
                          registry: TranslationRegistry, opset: int | None,
-                         exc: BaseException) -> Any:
+                         exc: BaseException, weights: dict[str, Any] | None = None) -> Any:
     """When torch's decompositions crash in a way a rewrite of fixes/rewrites.py avoids,
     rewrite the program (in place: the rewrites change no value) and translate again, up to
     once per rewrite. The ONNX program, with one finding per rewrite, or None."""
@@ -267,7 +286,8 @@ def _retry_with_rewrites(result: TranslateResult, program: torch.export.Exported
             suggestion="Nothing to do: the rewrite keeps every value. The crash is a PyTorch "
             "limitation; the line shown is where it came from.", details={"rewritten": n}))
         try:
-            prog = onnx_export(program, args, kwargs, registry=registry, opset=opset)
+            prog = onnx_export(program, args, kwargs, registry=registry, opset=opset,
+                               weights=weights)
         except Exception as e2:
             logger.debug("translation after %s failed: %s", rewrite.name, e2)
             result.not_applied.append((rewrite.name, f"translation still failed: {e2}"[:300]))
@@ -361,8 +381,13 @@ def translate_stage(ctx: Any) -> bool:
                 result.inventory = op_inventory(ctx.program, opset=ctx.opset)
             except Exception as e:  # the translate stage reports decomposition failures
                 logger.debug("op inventory failed: %s", e)
+    weights = ctx.extra.get("real_weights")
     with result.stage(STAGE) as st:
-        tr = translate(ctx.program, ctx.args, ctx.kwargs, opset=ctx.opset)
+        try:
+            tr = translate(ctx.program, ctx.args, ctx.kwargs, opset=ctx.opset, weights=weights)
+        finally:
+            if weights is not None:  # the captured program gets the model's own tensors too
+                bind_program(ctx.program, weights)
         for what, why in tr.not_applied:
             result.skip_reason(what, why)
         st.add(*tr.findings)
@@ -386,7 +411,9 @@ def translate_stage(ctx: Any) -> bool:
     except Exception as e:
         logger.debug("the FX nodes the optimizer removed were not recorded", exc_info=True)
         result.skip_reason("recording the FX nodes the optimizer removed", str(e)[:300])
-    result.onnx_model = prog.model_proto
+    # over the external-data threshold the weights are not serialised here (a full copy):
+    # the check stage reads the graph and references back from the file it writes
+    result.onnx_model = graph_proto(prog.model)
     result.opset = opset_of(result.onnx_model)
     if not opset_fix.check_opset(result, ctx.opset, ctx.opts.opset is not None,
                                  ctx.opset_bound):

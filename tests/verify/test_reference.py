@@ -86,3 +86,81 @@ def test_the_float64_runs_stop_at_the_time_limit(monkeypatch):
     ref = reference_outputs(model, sets, [_expected(model, s.args[0]) for s in sets])
     assert ref.outputs[0][0] is not None and ref.outputs[1] == [None] and ref.outputs[2] == [None]
     assert "took over 0 s" in ref.why_not
+
+
+class ReadsWeightDtype(torch.nn.Module):
+    """Linear layers, a LayerNorm, a tied weight used outside its module, a floating buffer
+    and a cast to a weight's dtype: what a whole float64 copy computes, op for op."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 8)
+        self.norm = torch.nn.LayerNorm(8)
+        self.register_buffer("scale", torch.linspace(0.5, 2.0, 8))
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.a(x)).to(self.b.weight.dtype)
+        h = self.norm(self.b(h) * self.scale)
+        return h @ self.a.weight[:8, :8].T, h.sum(-1)
+
+
+def _whole_copy(model, x):
+    high = __import__("copy").deepcopy(model).double()
+    with torch.no_grad():
+        out = high(x.double())
+    return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
+
+
+def test_the_reference_runs_as_a_whole_float64_copy_would_without_making_one(monkeypatch):
+    """Each weight is seen through an upcasting tensor: bit-equal to a float64 copy of the
+    model, while no copy of the model is made (deepcopy made to fail)."""
+    torch.manual_seed(0)
+    model = ReadsWeightDtype().eval()
+    want = _whole_copy(model, X)
+    monkeypatch.setattr(ref_mod.copy, "deepcopy", lambda *a: 1 / 0)
+    ref = reference_outputs(model, [Inputs((X,), {})], [[t.detach().numpy() for t in model(X)]])
+    assert ref.why_not is None and ref.dtype == "float64"
+    for got, exp in zip(ref.outputs[0], want):
+        assert got.dtype == np.float64 and np.array_equal(got, exp)
+    assert all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.dtype == torch.float32
+               for t in [*model.parameters(), *model.buffers()])
+
+
+class WritesItsBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1.0)
+        return self.lin(x) + self.calls
+
+
+def test_a_model_writing_its_weights_gets_a_whole_copy_reference():
+    """Upcast weights refuse a write (a temporary would lose it): the reference falls back to
+    a whole float64 copy, which keeps the write; the model's own buffer is left alone."""
+    model = WritesItsBuffer()
+    exp = [model(X).detach().numpy()]
+    model.calls.zero_()
+    want = _whole_copy(model, X)
+    ref = reference_outputs(model, [Inputs((X,), {})], [exp])
+    assert ref.why_not is None and np.array_equal(ref.outputs[0][0], want[0])
+    assert float(model.calls) == 0.0
+
+
+def test_where_a_whole_copy_would_not_fit_the_time_limit_stops_the_first_run(monkeypatch):
+    """A model that had no reference for want of memory gets one through upcast weights, but
+    within TIME_LIMIT: past it the run stops (OM605's reason says so) instead of taking
+    minutes; with time to spare it completes."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    exp = [_expected(model, X)]
+    # the largest weight in float64 (512 B) fits in 40% of 2000 B; a whole copy (1152 B) not
+    monkeypatch.setattr(ref_mod, "_available_memory", lambda: 2000)
+    ref = reference_outputs(model, [Inputs((X,), {})], exp)
+    assert ref.why_not is None and ref.outputs[0][0].dtype == np.float64
+    monkeypatch.setattr(ref_mod, "TIME_LIMIT", -1.0)
+    ref = reference_outputs(model, [Inputs((X,), {})], exp)
+    assert ref.outputs == [] and "was stopped" in ref.why_not
+    assert "copy of the model needs" in ref.why_not and "GiB available" in ref.why_not

@@ -14,14 +14,35 @@ from torch.export import Dim
 
 from onnxmedic import inputs as inputs_mod
 from onnxmedic._locate import location_from_stack_text
-from onnxmedic._torch_compat import is_derived_dim, str_dims_to_export_dims
-from onnxmedic.capture.strategies import capture, classify_capture_error
+from onnxmedic._torch_compat import (
+    fake_weights,
+    is_derived_dim,
+    str_dims_to_export_dims,
+    unbound_tensors,
+)
+from onnxmedic.capture.strategies import (
+    RegisterPytreeTypes,
+    TorchExportNonStrict,
+    capture,
+    classify_capture_error,
+)
 from onnxmedic.context import ExportContext
 from onnxmedic.findings import Finding, error, info, listed, warning
 from onnxmedic.onnxfile import graph_io
 
 logger = logging.getLogger(__name__)
 STAGE = "capture"
+
+# The model is captured and translated on fake weights (OM515) when its parameters and buffers
+# take more than this share of the memory available. On real weights, capture and translation
+# hold no second copy either (torch.export fakes the parameters itself; torch.onnx wraps their
+# storage, and its folded transposes are views): measured on a 2 GiB Qwen2 decoder, both add
+# under 0.1 GiB. What the fake capture removes is the risk of a copy where a capture path
+# needs values, so it is kept for models that could not afford one. A module attribute so
+# tests can force it.
+FAKE_WEIGHTS_SHARE = 0.5
+# the strategies that need no weight values (the others read buffers or propagate real values)
+FAKE_STRATEGIES = [TorchExportNonStrict, RegisterPytreeTypes]
 
 
 def capture_stage(ctx: ExportContext) -> bool:
@@ -95,11 +116,66 @@ def normalise_dims(dynamic_shapes: Any) -> tuple[Any, Any] | None:
     return dims, names
 
 
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (each tensor once)."""
+    seen: dict[int, int] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def _wants_fake_weights(model: torch.nn.Module) -> tuple[int, int] | None:
+    """(weight bytes, available bytes) when the model's weights take more than
+    FAKE_WEIGHTS_SHARE of the memory available; None otherwise."""
+    from onnxmedic.verify.reference import _available_memory
+
+    avail = _available_memory()
+    need = weight_bytes(model)
+    if avail is None or need <= FAKE_WEIGHTS_SHARE * avail:
+        return None
+    return need, avail
+
+
+def _fake_capture(ctx: ExportContext, dims: Any, sizes: tuple[int, int]) -> list[Any] | None:
+    """Capture on fake weights (the strategies that need no values); the attempts when one
+    worked and every tensor of the program has a real counterpart to bind (the real tensors
+    are kept in ``ctx.extra["real_weights"]`` for translation), else None (said why)."""
+    result = ctx.result
+    try:
+        with fake_weights(ctx.model, ctx.args, ctx.kwargs) as (fargs, fkwargs, real):
+            attempts = capture(ctx.model, fargs, fkwargs, dims, strategies=FAKE_STRATEGIES)
+    except Exception as e:  # a tensor the fake mode cannot take: capture as usual
+        logger.debug("fake-weight capture failed", exc_info=True)
+        result.skip_reason("capture on fake weights", f"{type(e).__name__}: {e}"[:300])
+        return None
+    program = attempts[-1].program
+    if program is None:
+        result.skip_reason("capture on fake weights", str(attempts[-1].summary()["error"])[:300])
+        return None
+    unbound = unbound_tensors(program, real)
+    if unbound:
+        result.skip_reason("capture on fake weights", "tensor(s) the model's own cannot be "
+                           f"bound to (made while it runs, or complex): {listed(unbound, 5)}")
+        return None
+    ctx.extra["real_weights"] = real
+    need, avail = sizes
+    result.findings.append(info(
+        "OM515", STAGE, f"the model's weights take {need / 2**30:.2f} GiB, more than "
+        f"{FAKE_WEIGHTS_SHARE:.0%} of the {avail / 2**30:.1f} GiB available; it was captured "
+        "and translated on fake weights (shapes only), and its own tensors were bound to the "
+        "ONNX model afterwards (written from the model's memory, not copied).",
+        details={"weight_bytes": need, "available_bytes": avail}))
+    return attempts
+
+
 def _capture_module(ctx: ExportContext) -> bool:
     result = ctx.result
     dims = export_dims(ctx)
     skipped: list[tuple[str, str]] = []
-    attempts = capture(ctx.model, ctx.args, ctx.kwargs, dims, skipped=skipped)
+    sizes = _wants_fake_weights(ctx.model)
+    attempts = _fake_capture(ctx, dims, sizes) if sizes is not None else None
+    if attempts is None:
+        attempts = capture(ctx.model, ctx.args, ctx.kwargs, dims, skipped=skipped)
     for name, reason in skipped:
         result.skip_reason(f"capture strategy {name}", reason)
     if attempts[-1].program is None and dims is not None:

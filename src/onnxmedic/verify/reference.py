@@ -2,11 +2,20 @@
 run in float64 (float32 for float16/bfloat16 models) on each input set, on a copy - the
 user's model is never converted.
 
+The higher-precision model is not a whole copy: each floating weight is seen through an
+``_Upcast`` tensor, which reports the higher dtype and hands every op that reads it a converted
+copy of the weight, freed after the op - the model runs exactly as a converted copy would
+(every op gets the same values and dtypes, ``weight.dtype`` reads the higher one), holding
+one converted weight at a time instead of the whole model twice over (a 2 GiB float32
+decoder needed 4 GiB more). Where that run fails (a model writing its weights), a whole
+converted copy is made as before, when it fits.
+
 A reference is not made, and the outputs are judged by the scaled normwise rule instead
-(verify/budget.py), when: the model's weights are not floating point, a copy at the higher
-precision would need more than MEMORY_SHARE of the memory available now, the model cannot be
-copied or run at that precision (no float64 kernel), or - per output - the model computes the
-output at its own precision anyway (it casts to float32 internally).
+(verify/budget.py), when: the model's weights are not floating point, the largest weight (or,
+for the whole copy, the model) at the higher precision would need more than MEMORY_SHARE of
+the memory available now, the model cannot be copied or run at that precision (no float64
+kernel), or - per output - the model computes the output at its own precision anyway (it
+casts to float32 internally).
 """
 
 from __future__ import annotations
@@ -75,6 +84,73 @@ def copy_bytes(model: Any, dtype: torch.dtype) -> int:
                for t in list(model.parameters()) + list(model.buffers()))
 
 
+class _TooSlow(Exception):
+    """The higher-precision run passed its deadline (stopped between two ops)."""
+
+
+class _Upcast(torch.Tensor):
+    """A weight seen at a higher precision (see the module's docstring): the dtype it reports
+    is ``high``; each op gets ``inner.to(high)``, a temporary. An op that would write it is
+    refused (a converted copy would keep the write; a temporary would lose it). Past
+    ``deadline[0]`` (perf_counter seconds; None: none) an op raises _TooSlow."""
+
+    deadline: list[float | None]
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor, high: torch.dtype) -> _Upcast:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+            cls, inner.shape, strides=inner.stride(), storage_offset=inner.storage_offset(),
+            dtype=high, device=inner.device, requires_grad=False)
+
+    def __init__(self, inner: torch.Tensor, high: torch.dtype) -> None:
+        self.inner, self.high = inner, high
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"_Upcast({self.inner.dtype} -> {self.high}, shape={tuple(self.shape)})"
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        kwargs = kwargs or {}
+        upcast = [a for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(a, _Upcast)]
+        if func._schema.is_mutable and upcast:
+            raise RuntimeError(f"{func} would write a weight of the model")
+        end = upcast[0].deadline[0] if upcast else None
+        if end is not None and time.perf_counter() > end:
+            raise _TooSlow
+
+        def unwrap(t: Any) -> Any:
+            return t.inner.to(t.high) if isinstance(t, _Upcast) else t
+
+        tree_map = torch.utils._pytree.tree_map
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+
+
+def _upcast_weights(model: torch.nn.Module, dtype: torch.dtype,
+                    deadline: list[float | None]) -> dict[str, Any]:
+    """The model's floating parameters and buffers as ``_Upcast`` tensors sharing
+    ``deadline``, by name (tied ones one tensor), for torch.func.functional_call."""
+    by_id: dict[int, Any] = {}
+    out = {}
+    for name, t in list(model.named_parameters(remove_duplicate=False)) + list(
+            model.named_buffers(remove_duplicate=False)):
+        if t.is_floating_point() and t.dtype != dtype:
+            if id(t) not in by_id:
+                by_id[id(t)] = _Upcast(t.detach(), dtype)
+                by_id[id(t)].deadline = deadline
+            out[name] = by_id[id(t)]
+    return out
+
+
+def _largest_bytes(model: Any, dtype: torch.dtype) -> int:
+    size = torch.tensor([], dtype=dtype).element_size()
+    return max((t.numel() * size for t in list(model.parameters()) + list(model.buffers())
+                if t.is_floating_point()), default=0)
+
+
 def _convert(value: Any, dtype: torch.dtype) -> Any:
     def cast(t: Any) -> Any:
         return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
@@ -90,36 +166,68 @@ def reference_outputs(model: Any, sets: list[Inputs],
     dtype, why = _precision(model)
     if dtype is None:
         return Reference(why_not=why)
-    need, avail = copy_bytes(model, dtype), _available_memory()
+    name = str(dtype)[6:]
+    avail = _available_memory()
+    need = _largest_bytes(model, dtype)
     if avail is not None and need > MEMORY_SHARE * avail:
-        return Reference(why_not=f"a {str(dtype)[6:]} copy of the model needs "
+        return Reference(why_not=f"a {name} copy of the model's largest weight needs "
                          f"{need / 2**30:.2f} GiB, more than {MEMORY_SHARE:.0%} of the "
                          f"{avail / 2**30:.1f} GiB available")
-    name = str(dtype)[6:]
+    need = copy_bytes(model, dtype)
+    fits = avail is None or need <= MEMORY_SHARE * avail
+    no_copy = (f"a {name} copy of the model needs {need / 2**30:.2f} GiB, more than "
+               f"{MEMORY_SHARE:.0%} of the {avail / 2**30:.1f} GiB available" if not fits
+               else "")
+    # where a whole copy would not fit (a model that had no reference before), TIME_LIMIT
+    # bounds the first run too: a 1.5 B decoder's float64 run takes over a minute here
+    deadline: list[float | None] = [None]
+    weights = _upcast_weights(model, dtype, deadline)
+
+    def upcast(*args: Any, **kwargs: Any) -> Any:
+        if not fits and deadline[0] is None:
+            deadline[0] = time.perf_counter() + TIME_LIMIT
+        return torch.func.functional_call(model, weights, args, kwargs, tie_weights=True,
+                                          strict=False)
+
+    try:
+        return _runs(upcast, sets, expected, dtype)
+    except _TooSlow:
+        return Reference(why_not=f"the {name} run took over {TIME_LIMIT:g} s and was "
+                         f"stopped ({no_copy})")
+    except Exception:  # e.g. a model that writes its weights: a whole copy, where it fits
+        logger.debug("no %s reference through upcast weights", name, exc_info=True)
+    if not fits:
+        return Reference(why_not=no_copy)
     try:
         high = copy.deepcopy(model).to(dtype)
     except Exception as e:
         return Reference(why_not=f"the model cannot be copied ({type(e).__name__}: "
                          f"{str(e)[:160]})")
-    out = Reference(dtype=name)
-    t0 = time.perf_counter()
     try:
-        with reference_mode():
-            for s, exp in zip(sets, expected):
-                if out.outputs and time.perf_counter() - t0 > TIME_LIMIT:
-                    out.outputs.append([None] * len(exp))
-                    out.why_not = (f"the {name} runs took over {TIME_LIMIT:g} s; the "
-                                   "remaining input sets are judged without them")
-                    continue
-                got = flatten_tensors(high(*_convert(s.args, dtype),
-                                           **_convert(s.kwargs, dtype)))
-                out.outputs.append(_matched([to_numpy(t) for t in got], exp, name))
+        return _runs(high, sets, expected, dtype)
     except Exception as e:  # no kernel at that precision, or the model insists on float32
         logger.debug("no %s reference", name, exc_info=True)
         return Reference(why_not=f"the model does not run in {name} ({type(e).__name__}: "
                          f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''})")
     finally:
         del high
+
+
+def _runs(fn: Any, sets: list[Inputs], expected: list[list[np.ndarray]],
+          dtype: torch.dtype) -> Reference:
+    """``fn`` (the model at ``dtype``) on each set, until TIME_LIMIT; raises what it raises."""
+    name = str(dtype)[6:]
+    out = Reference(dtype=name)
+    t0 = time.perf_counter()
+    with reference_mode():
+        for s, exp in zip(sets, expected):
+            if out.outputs and time.perf_counter() - t0 > TIME_LIMIT:
+                out.outputs.append([None] * len(exp))
+                out.why_not = (f"the {name} runs took over {TIME_LIMIT:g} s; the "
+                               "remaining input sets are judged without them")
+                continue
+            got = flatten_tensors(fn(*_convert(s.args, dtype), **_convert(s.kwargs, dtype)))
+            out.outputs.append(_matched([to_numpy(t) for t in got], exp, name))
     return out
 
 
