@@ -51,6 +51,7 @@ class Variant:
     speedup: float | None = None
     rejected: str = ""  # why not chosen ("" for the chosen one)
     path: str = ""
+    blocked: dict[str, str] = field(default_factory=dict)  # fp16: node kept float32 -> why
 
 
 @dataclass
@@ -103,6 +104,13 @@ def judge_reduced(names: list[str], expected: list[list[np.ndarray]],
                     m["cosine"] = 0.0
                     why = why or f"{name}: integer output differs at set {s}"
                 continue
+            bad = ~np.isfinite(np.asarray(a)) & np.isfinite(np.asarray(e))
+            if bad.any():  # inf/nan where PyTorch has numbers: cosine is undefined
+                m["cosine"] = 0.0
+                m["nonfinite"] = max(m.get("nonfinite", 0), int(bad.sum()))
+                why = why or (f"{name}: {int(bad.sum())} non-finite value(s) where PyTorch's "
+                              f"are finite at set {s}")
+                continue
             d = np.abs(np.asarray(a, np.float64) - np.asarray(e, np.float64))
             m["cosine"] = min(m["cosine"], _cosine(e, a))
             m["max_abs"] = max(m["max_abs"], float(d.max()) if d.size else 0.0)
@@ -111,7 +119,7 @@ def judge_reduced(names: list[str], expected: list[list[np.ndarray]],
                 agree = float(np.mean(np.argmax(e, -1) == np.argmax(a, -1)))
                 m["argmax_agreement"] = min(m.get("argmax_agreement", 1.0), agree)
     for name, m in acc.items():
-        if m["cosine"] < cosine:
+        if not m["cosine"] >= cosine:  # nan fails too
             why = why or f"{name}: cosine {m['cosine']:.6f} < {cosine:g}"
     return not why, acc, why
 
@@ -230,6 +238,46 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
         excluded.append(best)
 
 
+def _fp16_with_block_list(base: Pipeline, src: Path, folder: Path, names: list[str],
+                          feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
+                          cosine: float, timeout: float) -> tuple[Variant, Path]:
+    """The steps before the float16 step (and node naming) run first; the float32 values of
+    that graph are measured on every feed (fp16.range_stats, in the pass child); the nodes that
+    compute or read a value float16 cannot hold stay float32 (fp16.block_list); then float16."""
+    from onnxmedic.optimize import fp16
+
+    at = next(i for i, (s, _) in enumerate(base.steps) if s.endswith(":float16"))
+    pre_pipe = Pipeline(f"{base.name}-pre", list(base.steps[:at])
+                        + [("onnxmedic.optimize.fp16:name_nodes", {})])
+    v, pre = _build(pre_pipe, src, folder, timeout)
+    v.name, v.precision = base.name, "fp16"
+    v.passes = [s for s, _ in base.steps]
+    if v.rejected and not v.rejected.startswith("the passes changed nothing"):
+        return v, pre
+    if v.rejected:  # nothing to fold and every node named: convert the plain file
+        v.rejected, pre = "", src
+    npz = fp16.save_feeds(feeds, folder / f"{base.name}-feeds.npz")
+    ok, info, err = run_pipeline(
+        Pipeline("measure", [("onnxmedic.optimize.fp16:range_stats", {"feeds": str(npz)})]),
+        pre, folder / "unused.onnx", timeout=timeout)
+    if not ok:
+        v.rejected = f"measuring float32 ranges failed: {err}"
+        return v, pre
+    v.blocked = fp16.block_list(pre, info[0]["values"])
+    if v.blocked:
+        logger.info("fp16: keeping %d node(s) in float32: %s", len(v.blocked),
+                    ", ".join(v.blocked))
+    conv = Pipeline(base.name, [(s, dict(o, node_block_list=sorted(v.blocked)))
+                                for s, o in base.steps[at:]], precision="fp16")
+    cv, path = _build(conv, pre, folder, timeout)
+    v.steps += cv.steps
+    v.fusions.update(cv.fusions)
+    v.nodes, v.rejected, v.path = cv.nodes, cv.rejected, cv.path
+    if not v.rejected:
+        _verify(v, path, names, feeds, expected, cosine, timeout)
+    return v, path
+
+
 def _build(pipe: Pipeline, src: Path, folder: Path, timeout: float, suffix: str = ""
            ) -> tuple[Variant, Path]:
     path = folder / f"{pipe.name}{suffix}.onnx"
@@ -292,6 +340,25 @@ def _choose(plain: Variant, variants: list[Variant]) -> Variant:
     return chosen
 
 
+def _write(src: Path, out: Path) -> None:
+    """Copy ``src`` to ``out`` atomically; a file with external weights (torch.onnx.export
+    writes ``<name>.data`` beside the model) is saved again with ``<out>.data`` beside ``out``."""
+    import onnx
+
+    from onnxmedic.optimize.passes import _has_external_data
+
+    if src.resolve() == out.resolve():
+        return
+    tmp = out.with_name(out.name + ".tmp")
+    if _has_external_data(src):
+        proto = onnx.load(str(src))  # weights in memory
+        out.with_name(out.name + ".data").unlink(missing_ok=True)  # onnx.save appends to it
+        onnx.save(proto, str(tmp), save_as_external_data=True, location=out.name + ".data")
+    else:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, out)
+
+
 def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], *, out: str | os.PathLike[str] | None = None,
                   target: str = "cpu", precision: str = "fp32", cosine: float = DEFAULT_COSINE,
@@ -304,8 +371,8 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
     verified ones in the sandbox, and write the fastest one that beats the plain file beyond
     the noise rule to ``out`` (the plain file otherwise). Never raises for a failing pass.
     ``references``: float64 outputs per feed (verify/reference.py), for the fp32 budget."""
-    if precision not in ("fp32", "int8"):
-        raise ValueError(f"precision {precision!r}: choose fp32 or int8 (fp16 is not built yet)")
+    if precision not in ("fp32", "fp16", "int8"):
+        raise ValueError(f"precision {precision!r}: choose fp32, fp16 or int8")
     src = Path(onnx_path)
     import onnx
 
@@ -321,6 +388,9 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
             if pipe.precision == "int8":
                 v, path = _int8_with_sensitivity(pipe, src, folder, names, feeds, expected,
                                                  cosine, timeout)
+            elif pipe.precision == "fp16":
+                v, path = _fp16_with_block_list(pipe, src, folder, names, feeds, expected,
+                                                cosine, timeout)
             else:
                 v, path = _build(pipe, src, folder, timeout)
                 if not v.rejected:
@@ -343,9 +413,7 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         result = OptimizationResult(variants, chosen.name, threads, repeats, warmup, rounds,
                                     message=msg)
         if out is not None:
-            tmp = Path(str(out) + ".tmp")
-            shutil.copyfile(chosen.path, tmp)
-            os.replace(tmp, out)
+            _write(Path(chosen.path), Path(out))
             result.written = str(out)
         for v in variants:
             if v is not plain:
