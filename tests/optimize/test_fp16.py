@@ -117,6 +117,22 @@ def test_fp16_underflow_is_blocked_too(tmp_path: Path) -> None:
     assert all("underflows" in r or "> 65504" in r for r in v.blocked.values())
 
 
+def test_range_stats_in_chunks_measures_the_same(tmp_path: Path) -> None:
+    model = Overflow().eval()
+    x = torch.randn(4, 16) * 4
+    src = _export(model, x, tmp_path / "m.onnx")
+    npz = fp16.save_feeds([{"x": x.numpy()}, {"x": -x.numpy()}], tmp_path / "f.npz")
+    whole = fp16.range_stats(str(src), "", str(npz))["values"]
+    split = fp16.range_stats(str(src), "", str(npz), chunk_bytes=1)["values"]  # one a run
+    assert whole == split
+    outs = {o for n in onnx.load(str(src)).graph.node for o in n.output}
+    assert outs <= set(whole) and "x" in whole  # every node output and the input
+    with torch.no_grad():
+        h = model.a(x)
+    mul = next(n.output[0] for n in onnx.load(str(src)).graph.node if n.op_type == "Mul")
+    assert whole[mul][0] == pytest.approx(float(h.abs().max()) * 1e5, rel=1e-5)
+
+
 def test_a_few_tiny_values_in_a_large_tensor_do_not_block() -> None:
     """A softmax's far tail: many elements below 6.1e-05 but almost none of the magnitude."""
     p = np.full(1000, 1e-9, np.float32)

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 FP16_MAX = 65504.0
 FP16_TINY = 2.0**-14  # 6.1035e-05, float16's smallest normal
 UNDERFLOW_MASS = 0.01  # share of a value's sum(|x|) below FP16_TINY that blocks it
+CHUNK_BYTES = 256 * 1024**2  # exposed values per measuring session (as in verify/localize.py)
 
 
 def name_nodes(src: str, dst: str) -> dict[str, Any]:
@@ -77,11 +78,36 @@ def _merge(old: list[float] | None, new: list[float]) -> list[float]:
     return [max(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), max(old[3], new[3])]
 
 
-def range_stats(src: str, dst: str, feeds: str) -> dict[str, Any]:
-    """A pass-pipeline step (runs in the pass child process): run ``src`` with every top-level
-    node output exposed on each feed of the ``feeds`` .npz and return, per float32 value
-    (node outputs, graph inputs, initializers), the worst :func:`_stats` over the feeds.
-    ``dst`` is not written."""
+def _nbytes(vi: Any) -> int:
+    """Bytes of a value from its declared shape (4 per element; symbolic dims count 1024)."""
+    n = 4
+    for d in vi.type.tensor_type.shape.dim:
+        n *= d.dim_value if d.HasField("dim_value") else 1024
+    return n
+
+
+def _chunks(proto: Any, names: list[str], chunk_bytes: int) -> list[list[str]]:
+    """``names`` split so that each run exposes about ``chunk_bytes`` of values at most (sizes
+    from the graph's value_info; values without one count 1 MiB)."""
+    sizes = {vi.name: _nbytes(vi) for vi in proto.graph.value_info}
+    out: list[list[str]] = [[]]
+    total = 0
+    for name in names:
+        size = sizes.get(name, 1 << 20)
+        if out[-1] and total + size > chunk_bytes:
+            out.append([])
+            total = 0
+        out[-1].append(name)
+        total += size
+    return out
+
+
+def range_stats(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
+                ) -> dict[str, Any]:
+    """A pass-pipeline step (runs in the pass child process): run ``src`` with its top-level
+    node outputs exposed - about ``chunk_bytes`` of them per session, each session run on
+    every feed of the ``feeds`` .npz - and return, per float32 value (node outputs, graph
+    inputs, initializers), the worst :func:`_stats` over the feeds. ``dst`` is not written."""
     import onnx
     import onnxruntime as ort
     from onnx import numpy_helper
@@ -92,34 +118,37 @@ def range_stats(src: str, dst: str, feeds: str) -> dict[str, Any]:
     for init in proto.graph.initializer:
         if init.data_type == onnx.TensorProto.FLOAT:
             values[init.name] = _stats(numpy_helper.to_array(init))
-    outputs = {o.name for o in proto.graph.output}
-    for n in proto.graph.node:
-        for o in n.output:
-            if o and o not in outputs:
-                outputs.add(o)
-                vi = proto.graph.output.add()
-                vi.name = o  # untyped: ONNX Runtime infers the type
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the nodes as is
-    with tempfile.TemporaryDirectory(prefix="onnxmedic-fp16-") as tmp:
-        try:
-            model: Any = proto.SerializeToString()
-        except ValueError:  # over 2 GiB: through a file with external data
-            model = str(Path(tmp) / "m.onnx")
-            onnx.save(proto, model, save_as_external_data=True, location="m.onnx.data")
-        sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-    del proto
-    names = [o.name for o in sess.get_outputs()]
     data = np.load(feeds)
     layout = json.loads(str(data["__layout__"]))
-    for i, keys in enumerate(layout):
-        feed = {k: data[f"{i}_{j}"] for j, k in enumerate(keys)}
+    feed_list = [{k: data[f"{i}_{j}"] for j, k in enumerate(keys)} for i, keys in
+                 enumerate(layout)]
+    for feed in feed_list:
         for k, a in feed.items():
             if a.dtype == np.float32:
                 values[k] = _merge(values.get(k), _stats(a))
-        for name, a in zip(names, sess.run(None, feed)):
-            if isinstance(a, np.ndarray) and a.dtype == np.float32:
-                values[name] = _merge(values.get(name), _stats(a))
+    graph_outputs = [o.name for o in proto.graph.output]
+    exposed = list(dict.fromkeys(o for n in proto.graph.node for o in n.output
+                                 if o and o not in graph_outputs))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the nodes as is
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-fp16-") as tmp:
+        for chunk in _chunks(proto, exposed, chunk_bytes):
+            del proto.graph.output[len(graph_outputs):]
+            for o in chunk:
+                proto.graph.output.add().name = o  # untyped: ONNX Runtime infers the type
+            try:
+                model: Any = proto.SerializeToString()
+            except ValueError:  # over 2 GiB: through a file with external data
+                model = str(Path(tmp) / "m.onnx")
+                Path(model + ".data").unlink(missing_ok=True)
+                onnx.save(proto, model, save_as_external_data=True, location="m.onnx.data")
+            sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+            del model
+            for feed in feed_list:
+                for name, a in zip(graph_outputs + chunk, sess.run(None, feed)):
+                    if isinstance(a, np.ndarray) and a.dtype == np.float32:
+                        values[name] = _merge(values.get(name), _stats(a))
+            del sess
     return {"values": values}
 
 
