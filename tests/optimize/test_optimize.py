@@ -236,3 +236,40 @@ def test_bench_names_cpu_fallback_nodes_for_cuda_on_a_cpu_machine(tmp_path: Path
     assert set(f[0].details["nodes"]) <= nodes and f[0].details["nodes"]
     cpu = onnxmedic.bench(src, {"x": np.random.rand(8).astype(np.float32)}, repeats=3)
     assert cpu.ok and not cpu.findings
+
+
+def _external(folder: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """y = relu(x @ W) with W in ``m.onnx.data`` beside the model (as torch.onnx.export saves
+    real-size weights)."""
+    folder.mkdir()
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                           helper.make_node("Relu", ["h"], ["y"], name="relu")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+                          [onnx.numpy_helper.from_array(w, "w")])
+    src = folder / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(src),
+              save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    return src, x, np.maximum(x @ w, 0)
+
+
+def test_ort_offline_and_the_written_file_keep_external_weights(tmp_path: Path) -> None:
+    """ONNX Runtime's saved optimized file pointed at the source's ``.data`` by a relative
+    name, so it did not load from another folder; the written file carries its own ``.data``."""
+    src, x, y = _external(tmp_path / "a")
+    assert (tmp_path / "a" / "m.onnx.data").exists()
+    (tmp_path / "b").mkdir()
+    dst = tmp_path / "b" / "o.onnx"
+    passes.ort_offline(str(src), str(dst), level="basic")
+    sbx = onnxmedic.sandbox.run_model(dst, [{"x": x}])
+    assert sbx.ok, sbx.error
+    np.testing.assert_allclose(sbx.outputs[0][0], y, rtol=1e-5, atol=1e-5)
+    out = tmp_path / "c" / "best.onnx"
+    out.parent.mkdir()
+    res = optimize_file(src, [{"x": x}], [[y]], out=out, pipelines=[], **FAST)
+    assert res.chosen == "plain" and (tmp_path / "c" / "best.onnx.data").exists()
+    sbx = onnxmedic.sandbox.run_model(out, [{"x": x}])
+    assert sbx.ok, sbx.error
+    np.testing.assert_allclose(sbx.outputs[0][0], y, rtol=1e-5, atol=1e-5)
