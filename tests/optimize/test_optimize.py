@@ -127,6 +127,22 @@ def test_int8_keeps_the_sensitive_layer_in_float32(tmp_path: Path) -> None:
     assert v.accuracy and min(m["cosine"] for m in v.accuracy.values()) >= 0.999
 
 
+def test_layer_errors_rank_the_layer_quantization_breaks(tmp_path: Path) -> None:
+    """The 1e4 weight makes the first layer's per-tensor int8 scale round every other weight
+    to zero: its own output error is ~1 (everything lost), the second layer's is small."""
+    from onnxmedic.optimize import fp16, int8
+
+    model, x, src = _two_layer(tmp_path)
+    names = [n.name for n in onnx.load(str(src)).graph.node if n.op_type == "Gemm"]
+    npz = fp16.save_feeds([{"input": x.numpy()}], tmp_path / "f.npz")
+    errors = int8.layer_errors(str(src), "", str(npz))["errors"]
+    assert set(errors) == set(names)
+    assert errors[names[0]] > 0.9 and errors[names[1]] < 0.05
+    w = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    a = np.random.default_rng(1).standard_normal((8, 32)).astype(np.float32)
+    assert 0 < int8.layer_error(a, w) < 0.02  # ordinary weights: under 2 % of the output
+
+
 def test_wrong_pass_is_rejected_with_its_reason(tmp_path: Path) -> None:
     model, x, src = _two_layer(tmp_path)
     wrong = Pipeline("wrong", [("tests.optimize.bad_passes:wrong_pass", {})])
