@@ -186,7 +186,10 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str]
               file=sys.stderr)
         for v in res.variants:
             med = f"{v.median_ms:.1f} ms" if v.median_ms is not None else "untimed"
-            print(f"    {v.name} ({v.precision}): {med} {v.rejected or 'chosen'}"[:400],
+            kept = (f" [{len(v.blocked)} node(s) kept float32]" if v.precision == "fp16" else
+                    f" [{len(v.steps[-1].get('excluded', []))} layer(s) kept float32]"
+                    if v.precision == "int8" and v.steps else "")
+            print(f"    {v.name} ({v.precision}): {med}{kept} {v.rejected or 'chosen'}"[:400],
                   file=sys.stderr)
     times = time_variants(paths, feeds[0], threads=threads, repeats=10, rounds=3)
     for label, path in paths.items():
