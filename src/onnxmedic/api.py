@@ -189,7 +189,8 @@ def export(
     """Export ``model`` to ONNX, verify it in an isolated ONNX Runtime, and report.
 
     With ``optimize`` (and ``f``), the verified file is replaced by the fastest candidate
-    variant at ``precision`` (fp32 or int8) that verifies too; see :mod:`onnxmedic.optimize`.
+    variant at ``precision`` (fp32, int8, or fp16 for GPU targets) that verifies too; see
+    :mod:`onnxmedic.optimize`.
 
     When the outputs differ from PyTorch (OM601) and ``localize`` is on, the first divergent
     node is localised (OM610); this costs nothing when the model verifies.

@@ -127,6 +127,22 @@ def test_int8_keeps_the_sensitive_layer_in_float32(tmp_path: Path) -> None:
     assert v.accuracy and min(m["cosine"] for m in v.accuracy.values()) >= 0.999
 
 
+def test_layer_errors_rank_the_layer_quantization_breaks(tmp_path: Path) -> None:
+    """The 1e4 weight makes the first layer's per-tensor int8 scale round every other weight
+    to zero: its own output error is ~1 (everything lost), the second layer's is small."""
+    from onnxmedic.optimize import fp16, int8
+
+    model, x, src = _two_layer(tmp_path)
+    names = [n.name for n in onnx.load(str(src)).graph.node if n.op_type == "Gemm"]
+    npz = fp16.save_feeds([{"input": x.numpy()}], tmp_path / "f.npz")
+    errors = int8.layer_errors(str(src), "", str(npz))["errors"]
+    assert set(errors) == set(names)
+    assert errors[names[0]] > 0.9 and errors[names[1]] < 0.05
+    w = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    a = np.random.default_rng(1).standard_normal((8, 32)).astype(np.float32)
+    assert 0 < int8.layer_error(a, w) < 0.02  # ordinary weights: under 2 % of the output
+
+
 def test_wrong_pass_is_rejected_with_its_reason(tmp_path: Path) -> None:
     model, x, src = _two_layer(tmp_path)
     wrong = Pipeline("wrong", [("tests.optimize.bad_passes:wrong_pass", {})])
@@ -236,3 +252,40 @@ def test_bench_names_cpu_fallback_nodes_for_cuda_on_a_cpu_machine(tmp_path: Path
     assert set(f[0].details["nodes"]) <= nodes and f[0].details["nodes"]
     cpu = onnxmedic.bench(src, {"x": np.random.rand(8).astype(np.float32)}, repeats=3)
     assert cpu.ok and not cpu.findings
+
+
+def _external(folder: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """y = relu(x @ W) with W in ``m.onnx.data`` beside the model (as torch.onnx.export saves
+    real-size weights)."""
+    folder.mkdir()
+    w = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                           helper.make_node("Relu", ["h"], ["y"], name="relu")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+                          [onnx.numpy_helper.from_array(w, "w")])
+    src = folder / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(src),
+              save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    x = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
+    return src, x, np.maximum(x @ w, 0)
+
+
+def test_ort_offline_and_the_written_file_keep_external_weights(tmp_path: Path) -> None:
+    """ONNX Runtime's saved optimized file pointed at the source's ``.data`` by a relative
+    name, so it did not load from another folder; the written file carries its own ``.data``."""
+    src, x, y = _external(tmp_path / "a")
+    assert (tmp_path / "a" / "m.onnx.data").exists()
+    (tmp_path / "b").mkdir()
+    dst = tmp_path / "b" / "o.onnx"
+    passes.ort_offline(str(src), str(dst), level="basic")
+    sbx = onnxmedic.sandbox.run_model(dst, [{"x": x}])
+    assert sbx.ok, sbx.error
+    np.testing.assert_allclose(sbx.outputs[0][0], y, rtol=1e-5, atol=1e-5)
+    out = tmp_path / "c" / "best.onnx"
+    out.parent.mkdir()
+    res = optimize_file(src, [{"x": x}], [[y]], out=out, pipelines=[], **FAST)
+    assert res.chosen == "plain" and (tmp_path / "c" / "best.onnx.data").exists()
+    sbx = onnxmedic.sandbox.run_model(out, [{"x": x}])
+    assert sbx.ok, sbx.error
+    np.testing.assert_allclose(sbx.outputs[0][0], y, rtol=1e-5, atol=1e-5)

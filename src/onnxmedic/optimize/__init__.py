@@ -2,7 +2,7 @@
 
 ``optimize(onnx_path, model, args)`` builds candidate variants (onnxscript's optimizer, its ONNX
 Runtime fusions, ONNX Runtime's offline optimizer, int8 dynamic quantization with per-layer
-sensitivity), verifies each against PyTorch on the same input sets as an export (the example,
+sensitivity, float16 with a measured block list - see ``optimize/fp16.py``), verifies each against PyTorch on the same input sets as an export (the example,
 derived random sets, every dynamic size), times the verified ones in the sandbox and writes the
 fastest one that beats the plain file beyond the measurement noise.
 """
@@ -35,8 +35,8 @@ from onnxmedic.verify.size_rules import rules_from_metadata
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_COSINE", "BenchResult", "bench", "OptimizationResult", "Pipeline", "Variant", "default_pipelines",
-           "judge_reduced", "optimize", "optimize_file", "parse_accuracy", "reference_sets",
+__all__ = ["DEFAULT_COSINE", "BenchResult", "bench", "OptimizationResult", "Pipeline", "Variant",
+           "block_list_findings", "default_pipelines", "judge_reduced", "optimize", "optimize_file", "parse_accuracy", "reference_sets",
            "run_pipeline", "time_variants"]
 
 
@@ -97,7 +97,9 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
              pipelines: list[Pipeline] | None = None) -> OptimizationResult:
     """The fastest variant of ``onnx_path`` that still verifies against ``model`` (PyTorch) on
     ``args``/``kwargs`` and every derived input set; written to ``out`` when given (the plain
-    file when no variant beats it beyond noise). ``precision``: fp32 or int8 (CPU);
+    file when no variant beats it beyond noise). ``precision``: fp32, int8 (CPU) or fp16 (for
+    GPU targets; on cpu ONNX Runtime runs most float16 ops in float32 behind Casts, so it is
+    built and verified but normally rejected as slower);
     ``accuracy``: the reduced-precision budget, e.g. ``"cosine=0.9995"``."""
     if not isinstance(args, tuple):
         raise TypeError("args must be a tuple of example inputs, like torch.onnx.export")
@@ -135,6 +137,21 @@ def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> An
                 details=res.to_dict())
 
 
+def block_list_findings(res: OptimizationResult, stage: str = "optimize") -> list[Any]:
+    """OM724 for each float16 variant that kept nodes in float32: which nodes and why."""
+    from onnxmedic.findings import info, listed
+
+    out = []
+    for v in res.variants:
+        if v.precision != "fp16" or not v.blocked:
+            continue
+        why = [f"{n} ({r})" for n, r in v.blocked.items()]
+        out.append(info("OM724", stage, f"{v.name}: {len(v.blocked)} node(s) kept in float32 "
+                        f"- {listed(why, 8, '; ')}", details={"variant": v.name,
+                                                            "nodes": dict(v.blocked)}))
+    return out
+
+
 def attach_to_export(result: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                      *, precision: str = "fp32", target: str = "cpu",
                      accuracy: str | float | None = None, timeout: float = 600.0) -> None:
@@ -147,3 +164,4 @@ def attach_to_export(result: Any, model: Any, args: tuple[Any, ...], kwargs: dic
                    precision=precision, accuracy=accuracy, timeout=timeout)
     result.optimization = res
     result.findings.append(optimization_finding(res))
+    result.findings += block_list_findings(res)

@@ -51,6 +51,7 @@ class Variant:
     speedup: float | None = None
     rejected: str = ""  # why not chosen ("" for the chosen one)
     path: str = ""
+    blocked: dict[str, str] = field(default_factory=dict)  # fp16: node kept float32 -> why
 
 
 @dataclass
@@ -103,6 +104,13 @@ def judge_reduced(names: list[str], expected: list[list[np.ndarray]],
                     m["cosine"] = 0.0
                     why = why or f"{name}: integer output differs at set {s}"
                 continue
+            bad = ~np.isfinite(np.asarray(a)) & np.isfinite(np.asarray(e))
+            if bad.any():  # inf/nan where PyTorch has numbers: cosine is undefined
+                m["cosine"] = 0.0
+                m["nonfinite"] = max(m.get("nonfinite", 0), int(bad.sum()))
+                why = why or (f"{name}: {int(bad.sum())} non-finite value(s) where PyTorch's "
+                              f"are finite at set {s}")
+                continue
             d = np.abs(np.asarray(a, np.float64) - np.asarray(e, np.float64))
             m["cosine"] = min(m["cosine"], _cosine(e, a))
             m["max_abs"] = max(m["max_abs"], float(d.max()) if d.size else 0.0)
@@ -111,7 +119,7 @@ def judge_reduced(names: list[str], expected: list[list[np.ndarray]],
                 agree = float(np.mean(np.argmax(e, -1) == np.argmax(a, -1)))
                 m["argmax_agreement"] = min(m.get("argmax_agreement", 1.0), agree)
     for name, m in acc.items():
-        if m["cosine"] < cosine:
+        if not m["cosine"] >= cosine:  # nan fails too
             why = why or f"{name}: cosine {m['cosine']:.6f} < {cosine:g}"
     return not why, acc, why
 
@@ -183,51 +191,112 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
     return out
 
 
+def _prefix(base: Pipeline, last: str, src: Path, folder: Path, timeout: float
+            ) -> tuple[Variant, Path, int]:
+    """Run the steps of ``base`` before its ``last`` step, plus node naming (the quantizer's
+    exclusions and the converter's block list are by node name): the graph that step will see.
+    Returns the variant so far, that graph's file (``src`` when nothing changed) and the index
+    of the ``last`` step."""
+    at = next(i for i, (s, _) in enumerate(base.steps) if s.endswith(last))
+    pre_pipe = Pipeline(f"{base.name}-pre", list(base.steps[:at])
+                        + [("onnxmedic.optimize.fp16:name_nodes", {})])
+    v, pre = _build(pre_pipe, src, folder, timeout)
+    v.name, v.precision = base.name, base.precision
+    v.passes = [s for s, _ in base.steps]
+    if v.rejected.startswith("the passes changed nothing"):  # already folded and named
+        v.rejected, pre = "", src
+    return v, pre, at
+
+
+def _measure(step: str, pre: Path, feeds: list[dict[str, np.ndarray]], folder: Path,
+             timeout: float) -> tuple[dict[str, Any] | None, str]:
+    """Run a measuring step (``module:function(src, dst, feeds=...)``) in the pass child."""
+    from onnxmedic.optimize import fp16
+
+    npz = folder / "feeds.npz"
+    if not npz.exists():
+        fp16.save_feeds(feeds, npz)
+    ok, info, err = run_pipeline(Pipeline("measure", [(step, {"feeds": str(npz)})]), pre,
+                                 folder / "unused.onnx", timeout=timeout)
+    return (info[0] if ok else None), err
+
+
 def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[str],
                            feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
-                           cosine: float, timeout: float, max_excluded: int = 4,
-                           search_seconds: float = 300.0) -> tuple[Variant, Path]:
-    """Quantize; while the budget fails, keep the most sensitive MatMul/Gemm in float32 (greedy
-    leave-one-out on the worst output cosine) and retry, up to ``max_excluded`` layers."""
+                           cosine: float, timeout: float, max_excluded: int | None = None,
+                           search_seconds: float = 600.0) -> tuple[Variant, Path]:
+    """Quantize; while the budget fails, keep the 1, 2, 4, 8 ... layers that lose most to
+    quantization in float32 (int8.layer_errors: each MatMul's own output error with its
+    operands quantized as quantize_dynamic does, measured once on the verification feeds) and
+    retry - up to ``max_excluded`` layers (default: a quarter of them, at least 4) and
+    ``search_seconds``."""
     import time
 
-    excluded: list[str] = []
     deadline = time.monotonic() + search_seconds
+    v, pre, at = _prefix(base, ":quantize_int8", src, folder, timeout)
+    if v.rejected:
+        return v, pre
+    pre_steps = list(v.steps)
+    measured, err = _measure("onnxmedic.optimize.int8:layer_errors", pre, feeds, folder, timeout)
+    if measured is None:
+        v.rejected = f"measuring the layers' quantization error failed: {err}"
+        return v, pre
+    ranking = sorted(measured["errors"].items(), key=lambda kv: -kv[1])
+    cap = max_excluded if max_excluded is not None else max(4, len(ranking) // 4)
+    k = 0
     while True:
-        steps = [(s, dict(o, nodes_to_exclude=excluded) if s.endswith(":quantize_int8") else o)
-                 for s, o in base.steps]
-        pipe = Pipeline(base.name, steps, precision="int8")
-        v, path = _build(pipe, src, folder, timeout)
-        if v.rejected:
-            return v, path
+        excluded = [n for n, _ in ranking[:k]]
+        pipe = Pipeline(base.name, [(s, dict(o, nodes_to_exclude=excluded)
+                                     if s.endswith(":quantize_int8") else o)
+                                    for s, o in base.steps[at:]], precision="int8")
+        cv, path = _build(pipe, pre, folder, timeout)
+        cv.name, cv.passes = base.name, v.passes
+        cv.steps = pre_steps + [{"step": "onnxmedic.optimize.int8:layer_errors",
+                                 "ranking": [[n, e] for n, e in ranking[:max(8, k)]]}] + cv.steps
+        if cv.rejected:
+            return cv, path
+        _verify(cv, path, names, feeds, expected, cosine, timeout)
+        if cv.verified:
+            return cv, path
+        k = 1 if k == 0 else 2 * k
+        if k > min(cap, len(ranking)):
+            cv.rejected += f" (with the {len(excluded)} most sensitive layer(s) in float32)"
+            return cv, path
+        if time.monotonic() > deadline:
+            cv.rejected += f" (sensitivity search stopped after {search_seconds:g} s)"
+            return cv, path
+        logger.info("int8: keeping %d layer(s) in float32: %s", k,
+                    ", ".join(n for n, _ in ranking[:k]))
+
+
+def _fp16_with_block_list(base: Pipeline, src: Path, folder: Path, names: list[str],
+                          feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
+                          cosine: float, timeout: float) -> tuple[Variant, Path]:
+    """The steps before the float16 step (and node naming) run first; the float32 values of
+    that graph are measured on every feed (fp16.range_stats, in the pass child); the nodes that
+    compute or read a value float16 cannot hold stay float32 (fp16.block_list); then float16."""
+    from onnxmedic.optimize import fp16
+
+    v, pre, at = _prefix(base, ":float16", src, folder, timeout)
+    if v.rejected:
+        return v, pre
+    measured, err = _measure("onnxmedic.optimize.fp16:range_stats", pre, feeds, folder, timeout)
+    if measured is None:
+        v.rejected = f"measuring float32 ranges failed: {err}"
+        return v, pre
+    v.blocked = fp16.block_list(pre, measured["values"])
+    if v.blocked:
+        logger.info("fp16: keeping %d node(s) in float32: %s", len(v.blocked),
+                    ", ".join(v.blocked))
+    conv = Pipeline(base.name, [(s, dict(o, node_block_list=sorted(v.blocked)))
+                                for s, o in base.steps[at:]], precision="fp16")
+    cv, path = _build(conv, pre, folder, timeout)
+    v.steps += cv.steps
+    v.fusions.update(cv.fusions)
+    v.nodes, v.rejected, v.path = cv.nodes, cv.rejected, cv.path
+    if not v.rejected:
         _verify(v, path, names, feeds, expected, cosine, timeout)
-        if v.verified or len(excluded) >= max_excluded:
-            return v, path
-        # candidates: the layers the quantizer saw (named after its own pre-processing)
-        layers = [n for n in (v.steps[-1].get("layers", []) if v.steps else [])
-                  if n not in excluded]
-        best, best_cos = None, -1.0
-        for layer in layers:
-            if time.monotonic() > deadline:
-                v.rejected += f" (sensitivity search stopped after {search_seconds:g} s)"
-                return v, path
-            trial = Pipeline(base.name, [(s, dict(o, nodes_to_exclude=excluded + [layer])
-                                          if s.endswith(":quantize_int8") else o)
-                                         for s, o in base.steps], precision="int8")
-            tv, tpath = _build(trial, src, folder, timeout, suffix="-trial")
-            if tv.rejected:
-                continue
-            sbx = sandbox.run_model(tpath, feeds[:1], timeout=timeout)
-            if not sbx.ok:
-                continue
-            _, acc, _ = judge_reduced(names, expected[:1], sbx.outputs[:1], cosine)
-            worst = min(m["cosine"] for m in acc.values()) if acc else 0.0
-            if worst > best_cos:
-                best, best_cos = layer, worst
-        if best is None:
-            return v, path
-        logger.info("int8: keeping %s in float32 (cosine %.6f without it)", best, best_cos)
-        excluded.append(best)
+    return v, path
 
 
 def _build(pipe: Pipeline, src: Path, folder: Path, timeout: float, suffix: str = ""
@@ -292,6 +361,25 @@ def _choose(plain: Variant, variants: list[Variant]) -> Variant:
     return chosen
 
 
+def _write(src: Path, out: Path) -> None:
+    """Copy ``src`` to ``out`` atomically; a file with external weights (torch.onnx.export
+    writes ``<name>.data`` beside the model) is saved again with ``<out>.data`` beside ``out``."""
+    import onnx
+
+    from onnxmedic.optimize.passes import _has_external_data
+
+    if src.resolve() == out.resolve():
+        return
+    tmp = out.with_name(out.name + ".tmp")
+    if _has_external_data(src):
+        proto = onnx.load(str(src))  # weights in memory
+        out.with_name(out.name + ".data").unlink(missing_ok=True)  # onnx.save appends to it
+        onnx.save(proto, str(tmp), save_as_external_data=True, location=out.name + ".data")
+    else:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, out)
+
+
 def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], *, out: str | os.PathLike[str] | None = None,
                   target: str = "cpu", precision: str = "fp32", cosine: float = DEFAULT_COSINE,
@@ -304,8 +392,8 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
     verified ones in the sandbox, and write the fastest one that beats the plain file beyond
     the noise rule to ``out`` (the plain file otherwise). Never raises for a failing pass.
     ``references``: float64 outputs per feed (verify/reference.py), for the fp32 budget."""
-    if precision not in ("fp32", "int8"):
-        raise ValueError(f"precision {precision!r}: choose fp32 or int8 (fp16 is not built yet)")
+    if precision not in ("fp32", "fp16", "int8"):
+        raise ValueError(f"precision {precision!r}: choose fp32, fp16 or int8")
     src = Path(onnx_path)
     import onnx
 
@@ -321,6 +409,9 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
             if pipe.precision == "int8":
                 v, path = _int8_with_sensitivity(pipe, src, folder, names, feeds, expected,
                                                  cosine, timeout)
+            elif pipe.precision == "fp16":
+                v, path = _fp16_with_block_list(pipe, src, folder, names, feeds, expected,
+                                                cosine, timeout)
             else:
                 v, path = _build(pipe, src, folder, timeout)
                 if not v.rejected:
@@ -343,9 +434,7 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         result = OptimizationResult(variants, chosen.name, threads, repeats, warmup, rounds,
                                     message=msg)
         if out is not None:
-            tmp = Path(str(out) + ".tmp")
-            shutil.copyfile(chosen.path, tmp)
-            os.replace(tmp, out)
+            _write(Path(chosen.path), Path(out))
             result.written = str(out)
         for v in variants:
             if v is not plain:

@@ -12,8 +12,9 @@ def add_export_flags(e: argparse.ArgumentParser) -> None:
     """``--optimize`` and ``--precision`` on ``onnxmedic export``."""
     e.add_argument("--optimize", action="store_true",
                    help="write the fastest variant that still verifies (onnxmedic optimize)")
-    e.add_argument("--precision", choices=["fp32", "int8"], default="fp32",
-                   help="with --optimize: float32 passes only, or also int8 (CPU)")
+    e.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32",
+                   help="with --optimize: float32 passes only, or also int8 (CPU) or float16 "
+                   "(GPU targets; float32 I/O, measured block list)")
 
 
 def add_parser(sub: Any) -> None:
@@ -24,7 +25,9 @@ def add_parser(sub: Any) -> None:
     o.add_argument("model", metavar="MODEL")
     o.add_argument("--input", "-i", action="append", default=[], metavar="SPEC")
     o.add_argument("-o", "--output", metavar="OUT.onnx")
-    o.add_argument("--precision", choices=["fp32", "int8"], default="fp32")
+    o.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32",
+                   help="int8: CPU; fp16: GPU targets (on cpu it is built, verified and "
+                   "normally rejected as slower)")
     o.add_argument("--accuracy", metavar="cosine=X", help="reduced-precision budget "
                    "(default cosine=0.999 per output)")
     o.add_argument("--target", choices=["cpu"], default="cpu")
@@ -39,7 +42,7 @@ def main(ns: argparse.Namespace) -> int:
     or input problem (a finding, no traceback)."""
     from onnxmedic import inputs
     from onnxmedic.findings import OnnxMedicError
-    from onnxmedic.optimize import optimization_finding, optimize
+    from onnxmedic.optimize import block_list_findings, optimization_finding, optimize
 
     try:
         model, _ = inputs.load_model(ns.model)
@@ -64,6 +67,8 @@ def main(ns: argparse.Namespace) -> int:
         fus = ",".join(f"{k}={n}" for k, n in v.fusions.items())
         print(f"{v.name:24} {v.precision:5} {'yes' if v.verified else 'no':8} {med:>10} "
               f"{p90:>8} {sp:>8}  {fus} {v.rejected}".rstrip())
+    for b in block_list_findings(res):
+        print(f"{b.code} {b.message}")
     if res.written:
         print(f"written: {res.written} ({res.chosen})")
     return 0

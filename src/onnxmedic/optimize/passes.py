@@ -41,15 +41,27 @@ def _load_ir(src: str) -> Any:
 
 
 def _save_ir(model: Any, dst: str) -> None:
-    import onnx
     import onnx_ir as ir
 
-    proto = ir.to_proto(model)
+    _save_proto(ir.to_proto(model), dst)
+
+
+def _save_proto(proto: Any, dst: str) -> None:
+    """Save, with the weights in ``<dst>.data`` when the file would near protobuf's 2 GiB."""
+    import onnx
+
     try:
         big = proto.ByteSize() > 1_800_000_000
     except Exception:  # noqa: BLE001 - protobuf refuses to size a message over 2 GiB
         big = True
     onnx.save(proto, dst, save_as_external_data=big, location=Path(dst).name + ".data")
+
+
+def _has_external_data(path: str | os.PathLike[str]) -> bool:
+    import onnx
+
+    return any(t.data_location == onnx.TensorProto.EXTERNAL
+               for t in onnx.load(str(path), load_external_data=False).graph.initializer)
 
 
 def onnxscript_optimize(src: str, dst: str) -> dict[str, Any]:
@@ -95,6 +107,11 @@ def ort_offline(src: str, dst: str, level: str = "basic") -> dict[str, Any]:
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
     so.optimized_model_filepath = dst
+    if _has_external_data(src):  # torch.onnx.export's default: weights next to dst, not src's
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                    Path(dst).name + ".data")
+        so.add_session_config_entry(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     return _diff(before, _op_counts(dst))
 
@@ -158,6 +175,14 @@ def default_pipelines(target: str = "cpu", precision: str = "fp32") -> list[Pipe
         out.append(Pipeline("ort-offline-extended",
                             [(f"{_HERE}:ort_offline", {"level": "extended"})], portable=False,
                             note="ONNX Runtime extended level, saved: CPU provider only"))
+    if precision == "fp16":
+        fp16 = "onnxmedic.optimize.fp16:float16"
+        out += [Pipeline("fp16", [(f"{_HERE}:onnxscript_optimize", {}), (fp16, {})],
+                         precision="fp16", note="onnxscript optimizer + float16 (float32 I/O, "
+                         "measured block list)"),
+                Pipeline("ort-fusions-fp16", [(f"{_HERE}:ort_fusions", {}), (fp16, {})],
+                         precision="fp16", portable=False,
+                         note="onnxscript ORT fusions + float16 (measured block list)")]
     if precision == "int8":
         out.append(Pipeline("int8-dynamic", [(f"{_HERE}:onnxscript_optimize", {}),
                                              (f"{_HERE}:quantize_int8", {})], precision="int8",

@@ -1,0 +1,298 @@
+"""float16 candidates: ONNX Runtime's converter with float32 I/O kept and an automatic block list.
+
+The conversion is ``onnxruntime.transformers.float16.convert_float_to_float16(model,
+keep_io_types=True, node_block_list=..., op_block_list=DEFAULT_OP_BLOCK_LIST)``. What goes in the
+node block list is measured, not guessed: every float32 value of the graph (node outputs, graph
+inputs, initializers) is read on the verification inputs, in a child process, and
+
+- a value with ``|x| > 65504`` (float16's largest finite value) overflows to inf in float16;
+- a value with at least ``UNDERFLOW_MASS`` of its magnitude (sum of ``|x|``) in nonzero elements
+  below ``2**-14`` (float16's smallest normal) loses that part to subnormal rounding or to zero;
+  a few tiny elements in a large tensor (a softmax's far tail) carry no weight and do not count.
+
+The node that computes such a value and every node that reads it stay float32 (the converter
+puts Casts around them), so the value never exists in float16. The result is judged by the
+reduced-precision budget like int8 (``candidates.judge_reduced``).
+
+Targets: float16 is a GPU precision (CUDA/TensorRT have float16 kernels for nearly every op). On
+the CPU provider ONNX Runtime runs the ops it has no float16 kernel for in float32 behind
+inserted Casts, so a float16 file usually runs *slower* on cpu; there the candidate is still
+built and verified, and rejected as slower (or as refused, where ONNX Runtime cannot load it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+FP16_MAX = 65504.0
+FP16_TINY = 2.0**-14  # 6.1035e-05, float16's smallest normal
+UNDERFLOW_MASS = 0.01  # share of a value's sum(|x|) below FP16_TINY that blocks it
+CHUNK_BYTES = 256 * 1024**2  # exposed values per measuring session (as in verify/localize.py)
+
+
+def name_nodes(src: str, dst: str) -> dict[str, Any]:
+    """Give every unnamed top-level node a unique name (the converter's block list is by name)."""
+    import onnx
+
+    from onnxmedic.optimize.passes import _save_proto
+
+    proto = onnx.load(src)
+    taken = {n.name for n in proto.graph.node if n.name}
+    named = 0
+    for i, n in enumerate(proto.graph.node):
+        if not n.name:
+            name = f"onnxmedic_{n.op_type}_{i}"
+            while name in taken:
+                name += "_"
+            n.name = name
+            taken.add(name)
+            named += 1
+    _save_proto(proto, dst)
+    return {"named": named}
+
+
+def _stats(a: np.ndarray) -> list[float]:
+    """[max |x| over finite elements, share of sum|x| in 0 < |x| < FP16_TINY, count of such
+    elements, nonzero count]."""
+    x = np.abs(a[np.isfinite(a)].astype(np.float64, copy=False))
+    if x.size == 0:
+        return [0.0, 0.0, 0, 0]
+    nz = x > 0
+    tiny = nz & (x < FP16_TINY)
+    total = float(x.sum())
+    return [float(x.max()), float(x[tiny].sum() / total) if total else 0.0, int(tiny.sum()),
+            int(nz.sum())]
+
+
+def _merge(old: list[float] | None, new: list[float]) -> list[float]:
+    if old is None:
+        return new
+    return [max(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), max(old[3], new[3])]
+
+
+def _nbytes(vi: Any) -> int:
+    """Bytes of a value from its declared shape (4 per element; symbolic dims count 1024)."""
+    n = 4
+    for d in vi.type.tensor_type.shape.dim:
+        n *= d.dim_value if d.HasField("dim_value") else 1024
+    return n
+
+
+def _chunks(proto: Any, names: list[str], chunk_bytes: int) -> list[list[str]]:
+    """``names`` split so that each run exposes about ``chunk_bytes`` of values at most (sizes
+    from the graph's value_info; values without one count 1 MiB)."""
+    sizes = {vi.name: _nbytes(vi) for vi in proto.graph.value_info}
+    out: list[list[str]] = [[]]
+    total = 0
+    for name in names:
+        size = sizes.get(name, 1 << 20)
+        if out[-1] and total + size > chunk_bytes:
+            out.append([])
+            total = 0
+        out[-1].append(name)
+        total += size
+    return out
+
+
+def range_stats(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
+                ) -> dict[str, Any]:
+    """A pass-pipeline step (runs in the pass child process): run ``src`` with its top-level
+    node outputs exposed - about ``chunk_bytes`` of them per session, each session run on
+    every feed of the ``feeds`` .npz - and return, per float32 value (node outputs, graph
+    inputs, initializers), the worst :func:`_stats` over the feeds. ``dst`` is not written."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    del dst
+    proto = onnx.load(src)
+    values: dict[str, list[float]] = {}
+    for init in proto.graph.initializer:
+        if init.data_type == onnx.TensorProto.FLOAT:
+            values[init.name] = _stats(numpy_helper.to_array(init))
+    data = np.load(feeds)
+    layout = json.loads(str(data["__layout__"]))
+    feed_list = [{k: data[f"{i}_{j}"] for j, k in enumerate(keys)} for i, keys in
+                 enumerate(layout)]
+    for feed in feed_list:
+        for k, a in feed.items():
+            if a.dtype == np.float32:
+                values[k] = _merge(values.get(k), _stats(a))
+    graph_outputs = [o.name for o in proto.graph.output]
+    exposed = list(dict.fromkeys(o for n in proto.graph.node for o in n.output
+                                 if o and o not in graph_outputs))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the nodes as is
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-fp16-") as tmp:
+        for chunk in _chunks(proto, exposed, chunk_bytes):
+            del proto.graph.output[len(graph_outputs):]
+            for o in chunk:
+                proto.graph.output.add().name = o  # untyped: ONNX Runtime infers the type
+            try:
+                model: Any = proto.SerializeToString()
+            except ValueError:  # over 2 GiB: through a file with external data
+                model = str(Path(tmp) / "m.onnx")
+                Path(model + ".data").unlink(missing_ok=True)
+                onnx.save(proto, model, save_as_external_data=True, location="m.onnx.data")
+            sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+            del model
+            for feed in feed_list:
+                for name, a in zip(graph_outputs + chunk, sess.run(None, feed)):
+                    if isinstance(a, np.ndarray) and a.dtype == np.float32:
+                        values[name] = _merge(values.get(name), _stats(a))
+            del sess
+    return {"values": values}
+
+
+def save_feeds(feeds: list[dict[str, np.ndarray]], path: Path) -> Path:
+    """The feeds as one .npz for :func:`range_stats`."""
+    arrays = {f"{i}_{j}": np.asarray(a) for i, f in enumerate(feeds) for j, a in
+              enumerate(f.values())}
+    np.savez(path, __layout__=np.array(json.dumps([list(f) for f in feeds])), **arrays)
+    return path
+
+
+def value_problem(stats: list[float]) -> str:
+    """Why a value cannot live in float16 ("" when it can)."""
+    mx, tiny_share, tiny, nonzero = stats
+    if mx > FP16_MAX:
+        return f"reaches |x| = {mx:.4g} > {FP16_MAX:g} (float16 overflows to inf)"
+    if tiny_share >= UNDERFLOW_MASS:
+        return (f"{tiny_share:.1%} of its magnitude is in {int(tiny)} of {int(nonzero)} nonzero "
+                f"values below {FP16_TINY:.4g} (float16 underflows)")
+    return ""
+
+
+def block_list(model_path: str | Path, values: dict[str, list[float]]) -> dict[str, str]:
+    """Node name -> why it stays float32: the producer and every consumer of each value that
+    :func:`value_problem` refuses (graph inputs and initializers have consumers only)."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    producer: dict[str, str] = {}
+    consumers: dict[str, list[str]] = {}
+    for n in graph.node:
+        for o in n.output:
+            producer[o] = n.name
+        for i in n.input:
+            consumers.setdefault(i, []).append(n.name)
+    blocked: dict[str, str] = {}
+    for value, st in values.items():
+        why = value_problem(st)
+        if not why:
+            continue
+        if value in producer:
+            blocked.setdefault(producer[value], f"computes {value}, which {why}")
+        for c in consumers.get(value, []):
+            blocked.setdefault(c, f"reads {value}, which {why}")
+    return blocked
+
+
+def _typed(model: Any) -> tuple[Any, bool]:
+    """The model with element types for every value it can type (shapes left out), from ONNX
+    Runtime's symbolic shape inference, which knows the com.microsoft fused ops that ONNX's own
+    inference leaves untyped (the converter would leave their outputs float32). Returns (model,
+    True) or (model, False) when it fails (the converter then runs ONNX's inference)."""
+    import onnx
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    try:
+        typed = SymbolicShapeInference.infer_shapes(model, auto_merge=True,
+                                                    guess_output_rank=False)
+    except Exception as e:  # noqa: BLE001 - fall back to ONNX shape inference
+        logger.info("symbolic shape inference failed (%s); using ONNX's", e)
+        return model, False
+    if typed is None:
+        return model, False
+    known = {vi.name for vi in model.graph.value_info}
+    for vi in typed.graph.value_info:
+        if vi.name and vi.name not in known and vi.type.tensor_type.elem_type:
+            v = onnx.ValueInfoProto()
+            v.CopyFrom(vi)
+            v.type.tensor_type.ClearField("shape")
+            model.graph.value_info.append(v)
+    return model, True
+
+
+def _referenced(graph: Any, into: set[str]) -> set[str]:
+    """Every value name read by a node of ``graph`` or of its subgraphs, and its outputs."""
+    into.update(o.name for o in graph.output)
+    for n in graph.node:
+        into.update(n.input)
+        for at in n.attribute:
+            for g in ([at.g] if at.HasField("g") else []) + list(at.graphs):
+                _referenced(g, into)
+    return into
+
+
+def drop_round_trips(model: Any) -> int:
+    """Where the converter put a float32 -> float16 -> float32 pair of Casts between two
+    float32 nodes (it casts every blocked node's output to float16 and back, even when the next
+    node is blocked too), the second Cast becomes an Identity of the float32 value: the value
+    then never passes through float16 (the point of blocking it). Only Cast(to=FLOAT) of a
+    Cast(to=FLOAT16) of a FLOAT value is touched - never a model's own casts between other
+    types. Returns how many were bypassed; Casts left unused are removed."""
+    import itertools
+
+    from onnx import TensorProto
+
+    g = model.graph
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in itertools.chain(g.input, g.value_info, g.output)}
+    types.update({t.name: t.data_type for t in g.initializer})
+
+    def to(n: Any) -> int:
+        return next((a.i for a in n.attribute if a.name == "to"), -1)
+
+    producer = {o: n for n in g.node for o in n.output}
+    bypassed = 0
+    for n in g.node:
+        if n.op_type != "Cast" or to(n) != TensorProto.FLOAT:
+            continue
+        p = producer.get(n.input[0])
+        if (p is not None and p.op_type == "Cast" and to(p) == TensorProto.FLOAT16
+                and types.get(p.input[0]) == TensorProto.FLOAT):
+            n.op_type = "Identity"
+            del n.attribute[:]
+            n.input[0] = p.input[0]
+            bypassed += 1
+    used = _referenced(g, set())
+    keep = [n for n in g.node if not (n.op_type == "Cast" and not any(o in used for o in n.output))]
+    if len(keep) != len(g.node):
+        del g.node[:]
+        g.node.extend(keep)
+    return bypassed
+
+
+def float16(src: str, dst: str, node_block_list: list[str] | None = None,
+            op_block_list: list[str] | None = None) -> dict[str, Any]:
+    """onnxruntime.transformers.float16.convert_float_to_float16 with float32 inputs and outputs
+    kept; ``node_block_list`` nodes (and ``op_block_list`` op types, default ONNX Runtime's
+    DEFAULT_OP_BLOCK_LIST) stay float32 behind Casts, and a value passed between two of them
+    stays float32 (:func:`drop_round_trips`). Types come from ONNX Runtime's symbolic shape
+    inference where it succeeds (fused com.microsoft ops), as in its OnnxModel wrapper."""
+    import onnx
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    from onnxmedic.optimize.passes import _diff, _op_counts, _save_proto
+
+    before = _op_counts(src)
+    model, typed = _typed(onnx.load(src))
+    model = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=typed,
+                                     node_block_list=list(node_block_list or []),
+                                     op_block_list=(DEFAULT_OP_BLOCK_LIST if op_block_list is None
+                                                    else op_block_list))
+    bypassed = drop_round_trips(model)
+    _save_proto(model, dst)
+    info = _diff(before, _op_counts(dst))
+    info["blocked"] = list(node_block_list or [])
+    info["round_trips_bypassed"] = bypassed
+    return info

@@ -1,0 +1,119 @@
+"""Per-layer int8 sensitivity, measured once: which MatMul/Gemm loses most to quantization.
+
+``onnxruntime.quantization.quantize_dynamic`` (MatMulConstBOnly, the default) quantizes each
+MatMul/Gemm whose B is a weight: B to int8, symmetric, one scale per tensor (max |w| / 127), and
+at run time the activation A to uint8, asymmetric, one scale per tensor over the range
+[min(0, min A), max(0, max A)] (DynamicQuantizeLinear). :func:`layer_errors` runs the float32
+graph once with every such A exposed (on each verification feed, in the pass child), computes
+that layer's output with both operands quantized exactly so, and scores the layer by the
+relative error of its own output, ``||A'B' - AB|| / ||AB||`` (worst over the feeds). An
+outlier weight or activation that flattens the per-tensor scale shows up here at once, where a
+leave-one-out search would need one quantize-and-verify per layer. The ranking orders the
+layers kept in float32 (``candidates._int8_with_sensitivity``); the budget is still judged on
+the whole model's outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+CHUNK_BYTES = 256 * 1024**2
+
+
+def _quant_act(a: np.ndarray) -> np.ndarray:
+    """DynamicQuantizeLinear then dequantize (uint8, asymmetric, per tensor)."""
+    lo, hi = min(0.0, float(a.min())), max(0.0, float(a.max()))
+    scale = (hi - lo) / 255.0
+    if scale == 0:
+        return a
+    zp = np.clip(np.rint(-lo / scale), 0, 255)
+    q = np.clip(np.rint(a / scale) + zp, 0, 255)
+    return ((q - zp) * scale).astype(np.float32)
+
+
+def _quant_weight(w: np.ndarray) -> np.ndarray:
+    """int8 symmetric per tensor, dequantized."""
+    scale = float(np.abs(w).max()) / 127.0
+    if scale == 0:
+        return w
+    return (np.clip(np.rint(w / scale), -127, 127) * scale).astype(np.float32)
+
+
+def layer_error(a: np.ndarray, w: np.ndarray) -> float:
+    """Relative error of ``a @ w`` with both quantized as quantize_dynamic does."""
+    a64 = a.astype(np.float64)
+    exact = a64 @ w.astype(np.float64)
+    approx = _quant_act(a).astype(np.float64) @ _quant_weight(w).astype(np.float64)
+    norm = float(np.linalg.norm(exact))
+    return float(np.linalg.norm(approx - exact) / norm) if norm else 0.0
+
+
+def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
+                 ) -> dict[str, Any]:
+    """A pass-pipeline step (runs in the pass child): {"errors": {node name: score}} for each
+    named MatMul/Gemm with a weight B, worst over the feeds of the ``feeds`` .npz (see
+    fp16.save_feeds). ``dst`` is not written."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    from onnxmedic.optimize.fp16 import _chunks
+
+    del dst
+    proto = onnx.load(src)
+    inits = {t.name: t for t in proto.graph.initializer}
+    layers: list[tuple[str, str, np.ndarray]] = []  # name, activation, weight as (K, N)
+    for n in proto.graph.node:
+        if n.op_type not in ("MatMul", "Gemm") or not n.name or len(n.input) < 2:
+            continue
+        if n.input[1] not in inits or n.input[0] in inits:
+            continue
+        w = numpy_helper.to_array(inits[n.input[1]])
+        if w.dtype != np.float32 or w.ndim != 2:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "Gemm" and (attrs.get("transA") or attrs.get("alpha", 1.0) != 1.0):
+            continue
+        if n.op_type == "Gemm" and attrs.get("transB"):
+            w = w.T
+        layers.append((n.name, n.input[0], w))
+    data = np.load(feeds)
+    layout = json.loads(str(data["__layout__"]))
+    feed_list = [{k: data[f"{i}_{j}"] for j, k in enumerate(keys)} for i, keys in
+                 enumerate(layout)]
+    graph_inputs = {i.name for i in proto.graph.input}
+    exposed = list(dict.fromkeys(a for _, a, _ in layers if a not in graph_inputs))
+    errors: dict[str, float] = {}
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    n_out = len(proto.graph.output)
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-int8-") as tmp:
+        for chunk in _chunks(proto, exposed, chunk_bytes) if exposed else [[]]:
+            del proto.graph.output[n_out:]
+            for o in chunk:
+                proto.graph.output.add().name = o
+            try:
+                model: Any = proto.SerializeToString()
+            except ValueError:  # over 2 GiB
+                model = str(Path(tmp) / "m.onnx")
+                Path(model + ".data").unlink(missing_ok=True)
+                onnx.save(proto, model, save_as_external_data=True, location="m.onnx.data")
+            sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+            del model
+            wanted = set(chunk)
+            for feed in feed_list:
+                got = dict(zip(chunk, sess.run(chunk, feed))) if chunk else {}
+                got.update({k: v for k, v in feed.items() if k in graph_inputs})
+                for name, act, w in layers:
+                    if act in got and (act in wanted or act in graph_inputs):
+                        a = np.asarray(got[act], np.float32)
+                        if a.shape[-1] == w.shape[0]:
+                            e = layer_error(a.reshape(-1, w.shape[0]), w)
+                            errors[name] = max(errors.get(name, 0.0), e)
+            del sess
+    return {"errors": errors}

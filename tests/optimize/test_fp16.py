@@ -1,0 +1,185 @@
+"""--precision fp16: ONNX Runtime's float16 converter with a measured block list (OM724)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import onnxmedic
+from onnxmedic.optimize import (
+    block_list_findings,
+    fp16,
+    judge_reduced,
+    optimize,
+    passes,
+    reference_sets,
+)
+
+FAST = {"repeats": 3, "rounds": 1}
+FP16 = [p for p in passes.default_pipelines(precision="fp16") if p.name == "fp16"]
+
+
+class Overflow(torch.nn.Module):
+    """An intermediate scaled past float16's 65504 and back down: harmless in float32. In
+    float16 the product overflows on a GPU's float16 kernels; on ONNX Runtime's CPU provider,
+    which runs float16 nodes in float32 behind Casts, the converter's clipping of the 1e5
+    constant to 65504 already changes the result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(torch.relu(h * 1e5) * 1e-5 + h)
+
+
+class Underflow(torch.nn.Module):
+    """An intermediate scaled below float16's smallest normal (6.1e-05) and back up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(16, 16)
+        self.b = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x) * 1e-7) * 1e7)
+
+
+def _export(model: torch.nn.Module, x: torch.Tensor, path: Path) -> Path:
+    torch.onnx.export(model, (x,), str(path), dynamo=True, verbose=False)
+    return path
+
+
+def _names(path: Path, ops: set[str]) -> set[str]:
+    return {n.name for n in onnx.load(str(path)).graph.node if n.op_type in ops}
+
+
+def test_fp16_overflows_without_the_block_list_and_verifies_with_it(tmp_path: Path) -> None:
+    model = Overflow().eval()
+    x = torch.randn(4, 16) * 4
+    with torch.no_grad():
+        assert (model.a(x).abs() * 1e5).max() > 65504  # the intermediate float16 cannot hold
+    src = _export(model, x, tmp_path / "m.onnx")
+    feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
+    # the graph the converter sees: onnxscript's optimizer, then float16 with no block list
+    pre = tmp_path / "pre.onnx"
+    passes.onnxscript_optimize(str(src), str(pre))
+    fp16.float16(str(pre), str(tmp_path / "plain16.onnx"), node_block_list=[])
+    sbx = onnxmedic.sandbox.run_model(tmp_path / "plain16.onnx", feeds)
+    assert sbx.ok
+    ok, acc, why = judge_reduced(["y"], expected, sbx.outputs)
+    assert not ok and "cosine" in why and acc["y"]["cosine"] < 0.999
+
+    res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
+    v = res.variants[1]
+    assert v.name == "fp16" and v.precision == "fp16"
+    assert v.verified, v.rejected
+    # the Mul that overflows (and reads the 1e5), the Relu that reads it, the Mul that reads
+    # the Relu's output and scales it back
+    assert set(v.blocked) == _names(pre, {"Mul", "Relu"}) and len(v.blocked) == 3
+    relu = _names(pre, {"Relu"}).pop()
+    assert v.blocked[relu].startswith("reads ") and "> 65504" in v.blocked[relu]
+    mul = sorted(_names(pre, {"Mul"}))[0]
+    assert min(m["cosine"] for m in v.accuracy.values()) >= 0.999
+    assert v.steps[-1]["blocked"] == sorted(v.blocked)
+    (f,) = block_list_findings(res)
+    assert f.code == "OM724" and set(f.details["nodes"]) == set(v.blocked)
+    assert mul in f.message and "65504" in f.message
+
+
+def test_fp16_underflow_is_blocked_too(tmp_path: Path) -> None:
+    model = Underflow().eval()
+    x = torch.randn(4, 16)
+    src = _export(model, x, tmp_path / "m.onnx")
+    feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
+    pre = tmp_path / "pre.onnx"
+    passes.onnxscript_optimize(str(src), str(pre))
+    fp16.float16(str(pre), str(tmp_path / "plain16.onnx"), node_block_list=[])
+    sbx = onnxmedic.sandbox.run_model(tmp_path / "plain16.onnx", feeds)
+    assert sbx.ok and not judge_reduced(["y"], expected, sbx.outputs)[0]
+
+    res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
+    v = res.variants[1]
+    assert v.verified, v.rejected
+    # the Mul by 1e-7, the Tanh that reads it, the Mul by 1e7 that reads the Tanh
+    assert set(v.blocked) == _names(pre, {"Mul", "Tanh"}) and len(v.blocked) == 3
+    tanh = _names(pre, {"Tanh"}).pop()
+    assert "underflows" in v.blocked[tanh]  # the 1e7 that scales it back is over 65504
+    assert all("underflows" in r or "> 65504" in r for r in v.blocked.values())
+
+
+def test_range_stats_in_chunks_measures_the_same(tmp_path: Path) -> None:
+    model = Overflow().eval()
+    x = torch.randn(4, 16) * 4
+    src = _export(model, x, tmp_path / "m.onnx")
+    npz = fp16.save_feeds([{"x": x.numpy()}, {"x": -x.numpy()}], tmp_path / "f.npz")
+    whole = fp16.range_stats(str(src), "", str(npz))["values"]
+    split = fp16.range_stats(str(src), "", str(npz), chunk_bytes=1)["values"]  # one a run
+    assert whole == split
+    outs = {o for n in onnx.load(str(src)).graph.node for o in n.output}
+    assert outs <= set(whole) and "x" in whole  # every node output and the input
+    with torch.no_grad():
+        h = model.a(x)
+    mul = next(n.output[0] for n in onnx.load(str(src)).graph.node if n.op_type == "Mul")
+    assert whole[mul][0] == pytest.approx(float(h.abs().max()) * 1e5, rel=1e-5)
+
+
+def test_a_few_tiny_values_in_a_large_tensor_do_not_block() -> None:
+    """A softmax's far tail: many elements below 6.1e-05 but almost none of the magnitude."""
+    p = np.full(1000, 1e-9, np.float32)
+    p[0] = 1.0
+    assert fp16.value_problem(fp16._stats(p)) == ""
+    assert "underflows" in fp16.value_problem(fp16._stats(np.full(10, 1e-6, np.float32)))
+    assert "65504" in fp16.value_problem(fp16._stats(np.array([1.0, -7e4], np.float32)))
+    assert fp16.value_problem(fp16._stats(np.array([65504.0, np.inf], np.float32))) == ""
+
+
+def test_round_trips_are_bypassed_but_a_models_own_casts_are_not() -> None:
+    F, H, I32 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.INT32
+    nodes = [helper.make_node("Cast", ["x"], ["h"], to=H, name="to16"),
+             helper.make_node("Cast", ["h"], ["f"], to=F, name="to32"),  # float->16->float
+             helper.make_node("Cast", ["x"], ["i"], to=I32, name="toint"),
+             helper.make_node("Cast", ["i"], ["g"], to=F, name="back"),  # float->int->float
+             helper.make_node("Add", ["f", "g"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [2])],
+                          [helper.make_tensor_value_info("y", F, [2])],
+                          value_info=[helper.make_tensor_value_info("h", H, [2]),
+                                      helper.make_tensor_value_info("i", I32, [2])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    assert fp16.drop_round_trips(model) == 1
+    ops = {n.name: (n.op_type, list(n.input)) for n in model.graph.node}
+    assert ops["to32"] == ("Identity", ["x"]) and "to16" not in ops  # unused: removed
+    assert ops["back"] == ("Cast", ["i"]) and ops["toint"] == ("Cast", ["x"])
+
+
+def test_judge_reduced_fails_non_finite_outputs() -> None:
+    e = [[np.array([1.0, 2.0, 3.0], np.float32)]]
+    ok, acc, why = judge_reduced(["y"], e, [[np.array([1.0, np.inf, 3.0], np.float32)]])
+    assert not ok and "non-finite" in why and acc["y"]["nonfinite"] == 1
+    ok, _, why = judge_reduced(["y"], e, [[np.array([1.0, np.nan, 3.0], np.float32)]])
+    assert not ok
+
+
+def test_export_optimize_fp16_reports_the_block_list(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxmedic.optimize import candidates
+
+    # the fp16 candidate only (the float32 ones are tested elsewhere)
+    monkeypatch.setattr(candidates, "default_pipelines", lambda target, precision: FP16)
+    out = tmp_path / "m.onnx"
+    res = onnxmedic.export(Overflow(), (torch.randn(4, 16) * 4,), out, optimize=True,
+                           precision="fp16")
+    assert res.ok and res.optimization is not None
+    v = res.optimization.variants[1]
+    assert v.name == "fp16" and v.verified and len(v.blocked) == 3
+    om724 = [f for f in res.findings if f.code == "OM724"]
+    assert om724 and set(om724[0].details["nodes"]) == set(v.blocked)
