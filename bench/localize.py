@@ -138,7 +138,7 @@ def exposed_largest_chunk(work: Path, program: object, chunk_mb: float | None) -
     proto = onnx.load(work / "bad.onnx")
     nodes, _ = loc_mod._candidates(program, proto)
     chunk = int(chunk_mb * 2**20) if chunk_mb else loc_mod.DEFAULT_CHUNK_BYTES
-    chunks = loc_mod._chunks(nodes, chunk)
+    chunks = loc_mod.value_chunks(nodes, chunk)
     biggest = max(chunks, key=lambda c: sum(n.meta["val"].numel() for n in c))
     m = loc_mod._with_outputs(proto, [n.name for n in biggest], loc_mod._value_types(proto))
     onnx.save(m, work / "exposed.onnx")

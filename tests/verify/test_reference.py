@@ -157,7 +157,7 @@ def test_where_a_whole_copy_would_not_fit_the_time_limit_stops_the_first_run(mon
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     exp = [_expected(model, X)]
     # the largest weight in float64 (512 B) fits in 40% of 2000 B; a whole copy (1152 B) not
-    monkeypatch.setattr(ref_mod, "_available_memory", lambda: 2000)
+    monkeypatch.setattr(ref_mod, "available_memory", lambda: 2000)
     ref = reference_outputs(model, [Inputs((X,), {})], exp)
     assert ref.why_not is None and ref.outputs[0][0].dtype == np.float64
     monkeypatch.setattr(ref_mod, "TIME_LIMIT", -1.0)

@@ -127,9 +127,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
 def _wants_fake_weights(model: torch.nn.Module) -> tuple[int, int] | None:
     """(weight bytes, available bytes) when the model's weights take more than
     FAKE_WEIGHTS_SHARE of the memory available; None otherwise."""
-    from onnxmedic.verify.reference import _available_memory
+    from onnxmedic.verify.reference import available_memory
 
-    avail = _available_memory()
+    avail = available_memory()
     need = weight_bytes(model)
     if avail is None or need <= FAKE_WEIGHTS_SHARE * avail:
         return None

@@ -366,12 +366,12 @@ def _write(src: Path, out: Path) -> None:
     writes ``<name>.data`` beside the model) is saved again with ``<out>.data`` beside ``out``."""
     import onnx
 
-    from onnxmedic.optimize.passes import _has_external_data
+    from onnxmedic.optimize.passes import has_external_data
 
     if src.resolve() == out.resolve():
         return
     tmp = out.with_name(out.name + ".tmp")
-    if _has_external_data(src):
+    if has_external_data(src):
         proto = onnx.load(str(src))  # weights in memory
         out.with_name(out.name + ".data").unlink(missing_ok=True)  # onnx.save appends to it
         onnx.save(proto, str(tmp), save_as_external_data=True, location=out.name + ".data")

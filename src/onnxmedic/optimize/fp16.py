@@ -42,7 +42,7 @@ def name_nodes(src: str, dst: str) -> dict[str, Any]:
     """Give every unnamed top-level node a unique name (the converter's block list is by name)."""
     import onnx
 
-    from onnxmedic.optimize.passes import _save_proto
+    from onnxmedic.optimize.passes import save_proto
 
     proto = onnx.load(src)
     taken = {n.name for n in proto.graph.node if n.name}
@@ -55,7 +55,7 @@ def name_nodes(src: str, dst: str) -> dict[str, Any]:
             n.name = name
             taken.add(name)
             named += 1
-    _save_proto(proto, dst)
+    save_proto(proto, dst)
     return {"named": named}
 
 
@@ -86,7 +86,7 @@ def _nbytes(vi: Any) -> int:
     return n
 
 
-def _chunks(proto: Any, names: list[str], chunk_bytes: int) -> list[list[str]]:
+def value_chunks(proto: Any, names: list[str], chunk_bytes: int) -> list[list[str]]:
     """``names`` split so that each run exposes about ``chunk_bytes`` of values at most (sizes
     from the graph's value_info; values without one count 1 MiB)."""
     sizes = {vi.name: _nbytes(vi) for vi in proto.graph.value_info}
@@ -132,7 +132,7 @@ def range_stats(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the nodes as is
     with tempfile.TemporaryDirectory(prefix="onnxmedic-fp16-") as tmp:
-        for chunk in _chunks(proto, exposed, chunk_bytes):
+        for chunk in value_chunks(proto, exposed, chunk_bytes):
             del proto.graph.output[len(graph_outputs):]
             for o in chunk:
                 proto.graph.output.add().name = o  # untyped: ONNX Runtime infers the type
@@ -282,17 +282,17 @@ def float16(src: str, dst: str, node_block_list: list[str] | None = None,
     import onnx
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
-    from onnxmedic.optimize.passes import _diff, _op_counts, _save_proto
+    from onnxmedic.optimize.passes import op_count_diff, op_counts, save_proto
 
-    before = _op_counts(src)
+    before = op_counts(src)
     model, typed = _typed(onnx.load(src))
     model = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=typed,
                                      node_block_list=list(node_block_list or []),
                                      op_block_list=(DEFAULT_OP_BLOCK_LIST if op_block_list is None
                                                     else op_block_list))
     bypassed = drop_round_trips(model)
-    _save_proto(model, dst)
-    info = _diff(before, _op_counts(dst))
+    save_proto(model, dst)
+    info = op_count_diff(before, op_counts(dst))
     info["blocked"] = list(node_block_list or [])
     info["round_trips_bypassed"] = bypassed
     return info

@@ -62,7 +62,7 @@ def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    from onnxmedic.optimize.fp16 import _chunks
+    from onnxmedic.optimize.fp16 import value_chunks
 
     del dst
     proto = onnx.load(src)
@@ -93,7 +93,7 @@ def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     n_out = len(proto.graph.output)
     with tempfile.TemporaryDirectory(prefix="onnxmedic-int8-") as tmp:
-        for chunk in _chunks(proto, exposed, chunk_bytes) if exposed else [[]]:
+        for chunk in value_chunks(proto, exposed, chunk_bytes) if exposed else [[]]:
             del proto.graph.output[n_out:]
             for o in chunk:
                 proto.graph.output.add().name = o

@@ -21,14 +21,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_PASS_TIMEOUT = 600.0
 
 
-def _op_counts(path: str | os.PathLike[str]) -> Counter[str]:
+def op_counts(path: str | os.PathLike[str]) -> Counter[str]:
     import onnx
 
     proto = onnx.load(str(path), load_external_data=False)
     return Counter(n.op_type for n in proto.graph.node)
 
 
-def _diff(before: Counter[str], after: Counter[str]) -> dict[str, Any]:
+def op_count_diff(before: Counter[str], after: Counter[str]) -> dict[str, Any]:
     return {"nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
             "new_ops": {k: v for k, v in after.items() if v > before.get(k, 0) and k not in before}}
 
@@ -43,10 +43,10 @@ def _load_ir(src: str) -> Any:
 def _save_ir(model: Any, dst: str) -> None:
     import onnx_ir as ir
 
-    _save_proto(ir.to_proto(model), dst)
+    save_proto(ir.to_proto(model), dst)
 
 
-def _save_proto(proto: Any, dst: str) -> None:
+def save_proto(proto: Any, dst: str) -> None:
     """Save, with the weights in ``<dst>.data`` when the file would near protobuf's 2 GiB."""
     import onnx
 
@@ -57,11 +57,13 @@ def _save_proto(proto: Any, dst: str) -> None:
     onnx.save(proto, dst, save_as_external_data=big, location=Path(dst).name + ".data")
 
 
-def _has_external_data(path: str | os.PathLike[str]) -> bool:
+def has_external_data(path: str | os.PathLike[str]) -> bool:
+    """Whether the file at ``path`` keeps weights in external data (its graph read alone)."""
     import onnx
 
-    return any(t.data_location == onnx.TensorProto.EXTERNAL
-               for t in onnx.load(str(path), load_external_data=False).graph.initializer)
+    from onnxmedic import onnxfile
+
+    return onnxfile.has_external_data(onnx.load(str(path), load_external_data=False))
 
 
 def onnxscript_optimize(src: str, dst: str) -> dict[str, Any]:
@@ -69,11 +71,11 @@ def onnxscript_optimize(src: str, dst: str) -> dict[str, Any]:
     elimination, function inlining. Standard ONNX ops only (portable to every runtime)."""
     import onnxscript.optimizer
 
-    before = _op_counts(src)
+    before = op_counts(src)
     model = _load_ir(src)
     onnxscript.optimizer.optimize(model)
     _save_ir(model, dst)
-    return _diff(before, _op_counts(dst))
+    return op_count_diff(before, op_counts(dst))
 
 
 def ort_fusions(src: str, dst: str) -> dict[str, Any]:
@@ -83,12 +85,12 @@ def ort_fusions(src: str, dst: str) -> dict[str, Any]:
     import onnxscript.optimizer
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-    before = _op_counts(src)
+    before = op_counts(src)
     model = _load_ir(src)
     onnxscript.optimizer.optimize(model)
     model, counts = optimize_for_ort(model)
     _save_ir(model, dst)
-    info = _diff(before, _op_counts(dst))
+    info = op_count_diff(before, op_counts(dst))
     info["fusions"] = {k: int(v) for k, v in counts.items() if v}
     return info
 
@@ -99,7 +101,7 @@ def ort_offline(src: str, dst: str, level: str = "basic") -> dict[str, Any]:
     (com.microsoft, layout-specific) ops and are only valid for the provider they were made on."""
     import onnxruntime as ort
 
-    before = _op_counts(src)
+    before = op_counts(src)
     so = ort.SessionOptions()
     so.graph_optimization_level = {
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -107,13 +109,13 @@ def ort_offline(src: str, dst: str, level: str = "basic") -> dict[str, Any]:
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
     so.optimized_model_filepath = dst
-    if _has_external_data(src):  # torch.onnx.export's default: weights next to dst, not src's
+    if has_external_data(src):  # torch.onnx.export's default: weights next to dst, not src's
         so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                     Path(dst).name + ".data")
         so.add_session_config_entry(
             "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-    return _diff(before, _op_counts(dst))
+    return op_count_diff(before, op_counts(dst))
 
 
 def quantize_int8(src: str, dst: str, nodes_to_exclude: list[str] | None = None) -> dict[str, Any]:
@@ -121,7 +123,7 @@ def quantize_int8(src: str, dst: str, nodes_to_exclude: list[str] | None = None)
     quantized at run time (CPU). ``nodes_to_exclude`` stay float32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    before = _op_counts(src)
+    before = op_counts(src)
     with tempfile.TemporaryDirectory(prefix="onnxmedic-q-") as tmp:
         pre = str(Path(tmp) / "pre.onnx")
         try:  # shape inference helps the quantizer; not required
@@ -140,7 +142,7 @@ def quantize_int8(src: str, dst: str, nodes_to_exclude: list[str] | None = None)
                          # the quantizer splits a Gemm into <name>_MatMul + <name>_Add first
                          nodes_to_exclude=[m for n in nodes_to_exclude or []
                                            for m in (n, f"{n}_MatMul")])
-    info = _diff(before, _op_counts(dst))
+    info = op_count_diff(before, op_counts(dst))
     info["excluded"] = list(nodes_to_exclude or [])
     info["layers"] = layers  # the quantizable layers, named as nodes_to_exclude expects
     return info

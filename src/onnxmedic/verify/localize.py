@@ -199,7 +199,7 @@ def _tensor_nodes(program: torch.export.ExportedProgram) -> int:
                and isinstance(n.meta.get("val"), torch.Tensor))
 
 
-def _chunks(nodes: list[torch.fx.Node], chunk_bytes: int) -> list[list[torch.fx.Node]]:
+def value_chunks(nodes: list[torch.fx.Node], chunk_bytes: int) -> list[list[torch.fx.Node]]:
     out: list[list[torch.fx.Node]] = [[]]
     size = 0
     for node in nodes:
@@ -379,7 +379,7 @@ class _Localize:
         self.proto, self.loc, self.producer = proto, loc, producer
         self.feeds, self.tolerance, self.timeout = feeds, tolerance, timeout
         self.top_k, self.full = top_k, full
-        self.chunks = _chunks(nodes, chunk_bytes or DEFAULT_CHUNK_BYTES)
+        self.chunks = value_chunks(nodes, chunk_bytes or DEFAULT_CHUNK_BYTES)
         self.chunk_of = {n.name: i for i, c in enumerate(self.chunks) for n in c}
         self.types = _value_types(proto)
         for n in nodes:

@@ -63,7 +63,7 @@ def _precision(model: Any) -> tuple[torch.dtype | None, str | None]:
             else torch.float64), None
 
 
-def _available_memory() -> int | None:
+def available_memory() -> int | None:
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -167,7 +167,7 @@ def reference_outputs(model: Any, sets: list[Inputs],
     if dtype is None:
         return Reference(why_not=why)
     name = str(dtype)[6:]
-    avail = _available_memory()
+    avail = available_memory()
     need = _largest_bytes(model, dtype)
     if avail is not None and need > MEMORY_SHARE * avail:
         return Reference(why_not=f"a {name} copy of the model's largest weight needs "
