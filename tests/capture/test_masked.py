@@ -183,19 +183,11 @@ _M = torch.zeros(4, dtype=torch.bool)
     ("if torch.any(m):\n    return x[m]", False),
     ("if torch.all(m):\n    out[m] = x[m]", False),
 ])
-def test_masked_write_value(tmp_path, src, decided):
-    p = tmp_path / "m.py"
-    p.write_text(src + "\n")
-
-    class Frame:
-        class f_code:  # noqa: N801
-            co_filename = str(p)
-        f_lineno = 1
-        f_locals = {"m": _M, "out": _T.clone(), "lad": _T.clone(), "x": _T, "w": _T,
-                    "s": 2.0, "mod": torch.nn.Identity()}
-        f_globals = {"torch": torch, "f": spline}
-
-    site = masked.masked_write_value(Frame)
+def test_masked_write_value(source_frame, src, decided):
+    frame = source_frame(src, f_locals={"m": _M, "out": _T.clone(), "lad": _T.clone(), "x": _T,
+                                        "w": _T, "s": 2.0, "mod": torch.nn.Identity()},
+                         f_globals={"torch": torch, "f": spline})
+    site = masked.masked_write_value(frame)
     assert (site is not None) == decided, src
     if decided:
         assert site.line == 1 and site.mask == "m"

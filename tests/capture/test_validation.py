@@ -160,16 +160,8 @@ def test_wrongly_decided_branch_is_refused_by_verification(monkeypatch):
     ("if bad.any():\n    raise ValueError('x')\nelse:\n    y = 1", None),
     ("assert a.all() or not b.all()", None),
 ])
-def test_check_only_value(tmp_path, src, expect):
-    p = tmp_path / "m.py"
-    p.write_text(src + "\n")
-
-    class Frame:
-        class f_code:  # noqa: N801
-            co_filename = str(p)
-        f_lineno = 1
-
-    got = validation.check_only_value(Frame)
+def test_check_only_value(source_frame, src, expect):
+    got = validation.check_only_value(source_frame(src))
     assert (got[0] if got else None) == expect
 
 
