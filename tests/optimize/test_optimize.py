@@ -74,6 +74,59 @@ def test_ort_offline_extended_emits_contrib_ops(tmp_path: Path) -> None:
     assert "FusedMatMul" in info["new_ops"]  # com.microsoft: not portable
 
 
+class FeedForward(torch.nn.Module):
+    """A transformer block's feed-forward half: bias + GELU and residual + LayerNorm, the
+    patterns ONNX Runtime's transformers optimizer fuses (BiasGelu, SkipLayerNormalization)."""
+
+    def __init__(self, model_type: str | None = None) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
+        self.ln = torch.nn.LayerNorm(32)
+        if model_type:
+            self.config = type("Config", (), {"model_type": model_type})()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln(x + self.down(F.gelu(self.up(x))))
+
+
+def test_ort_transformers_optimizer_fuses_bias_gelu_and_skip_layernorm(tmp_path: Path) -> None:
+    src = _export(FeedForward().eval(), (torch.randn(2, 16, 32),), tmp_path / "m.onnx")
+    info = passes.ort_transformers(str(src), str(tmp_path / "t.onnx"), model_type="bert")
+    assert info["fusions"] == {"BiasGelu": 1, "SkipLayerNormalization": 1}
+    assert _ops(tmp_path / "t.onnx")["SkipLayerNormalization"] == 1
+    assert info["nodes_after"] < info["nodes_before"]
+
+
+@pytest.mark.parametrize(("model_type", "expect"), [
+    ("bert", "bert"), ("vit", "vit"), ("llama", "gpt2"), ("qwen2", "gpt2"), ("whisper", "bart"),
+    ("segformer", "vit"), ("roberta", "bert"), (None, None)])
+def test_ort_model_type_from_the_model_or_a_wrapped_submodule(model_type: str | None,
+                                                              expect: str | None) -> None:
+    assert passes.ort_model_type(FeedForward(model_type)) == expect
+    wrapped = torch.nn.Sequential(torch.nn.Identity(), FeedForward(model_type))
+    assert passes.ort_model_type(wrapped) == expect
+
+
+def test_ort_model_types_are_the_optimizers_own() -> None:
+    from onnxruntime.transformers.optimizer import MODEL_TYPES
+
+    assert set(passes.ORT_MODEL_TYPES) <= set(MODEL_TYPES)
+    assert set(passes._ORT_TYPE_FAMILIES) <= set(MODEL_TYPES)
+
+
+def test_optimize_tries_ort_transformers_for_a_transformers_model(tmp_path: Path) -> None:
+    model = FeedForward("roberta").eval()
+    x = torch.randn(2, 16, 32)
+    src = _export(model, (x,), tmp_path / "m.onnx")
+    res = optimize(src, model, (x,), **FAST)
+    ort = next(v for v in res.variants if v.name == "ort-transformers-bert")
+    assert ort.verified and ort.fusions == {"BiasGelu": 1, "SkipLayerNormalization": 1}
+    assert ort.median_ms is not None
+    plain_model = FeedForward().eval()  # no transformers config: the candidate is not built
+    res = optimize(src, plain_model, (x,), **FAST)
+    assert not any(v.name.startswith("ort-transformers") for v in res.variants)
+
+
 def test_optimize_verifies_and_lists_every_variant(tmp_path: Path) -> None:
     model = NormAttention().eval()
     x = torch.randn(1, 16, 32)

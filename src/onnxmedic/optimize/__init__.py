@@ -28,7 +28,7 @@ from onnxmedic.optimize.candidates import (
     optimize_file,
     time_variants,
 )
-from onnxmedic.optimize.passes import Pipeline, default_pipelines, run_pipeline
+from onnxmedic.optimize.passes import Pipeline, default_pipelines, ort_model_type, run_pipeline
 from onnxmedic.verify.input_sets import same_shape_sets, shape_variants
 from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.size_rules import rules_from_metadata
@@ -36,8 +36,8 @@ from onnxmedic.verify.size_rules import rules_from_metadata
 logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_COSINE", "BenchResult", "bench", "OptimizationResult", "Pipeline", "Variant",
-           "block_list_findings", "default_pipelines", "judge_reduced", "optimize", "optimize_file", "parse_accuracy", "reference_sets",
-           "run_pipeline", "time_variants"]
+           "block_list_findings", "default_pipelines", "judge_reduced", "optimize", "optimize_file",
+           "ort_model_type", "parse_accuracy", "reference_sets", "run_pipeline", "time_variants"]
 
 
 
@@ -120,7 +120,7 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     return optimize_file(onnx_path, feeds, expected, out=out, target=target,
                          precision=precision, cosine=cosine, pipelines=pipelines,
                          threads=threads, repeats=repeats, rounds=rounds, timeout=timeout,
-                         references=references)
+                         references=references, model_type=ort_model_type(fn))
 
 
 def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> Any:

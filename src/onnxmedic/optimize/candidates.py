@@ -385,20 +385,22 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
                   target: str = "cpu", precision: str = "fp32", cosine: float = DEFAULT_COSINE,
                   pipelines: list[Pipeline] | None = None, threads: int = 2, warmup: int = 3,
                   repeats: int = 10, rounds: int = 3, timeout: float = 600.0,
-                  references: list[list[np.ndarray | None]] | None = None
-                  ) -> OptimizationResult:
+                  references: list[list[np.ndarray | None]] | None = None,
+                  model_type: str | None = None) -> OptimizationResult:
     """Build each candidate pipeline on ``onnx_path``, verify it on every feed against
     ``expected`` (PyTorch's outputs, one list per feed; ``feeds[0]`` is the example), time the
     verified ones in the sandbox, and write the fastest one that beats the plain file beyond
     the noise rule to ``out`` (the plain file otherwise). Never raises for a failing pass.
-    ``references``: float64 outputs per feed (verify/reference.py), for the fp32 budget."""
+    ``references``: float64 outputs per feed (verify/reference.py), for the fp32 budget;
+    ``model_type``: adds ONNX Runtime's transformers optimizer as a candidate
+    (:func:`~onnxmedic.optimize.passes.ort_model_type`)."""
     if precision not in ("fp32", "fp16", "int8"):
         raise ValueError(f"precision {precision!r}: choose fp32, fp16 or int8")
     src = Path(onnx_path)
     import onnx
 
     names = [o.name for o in onnx.load(str(src), load_external_data=False).graph.output]
-    pipes = pipelines if pipelines is not None else default_pipelines(target, precision)
+    pipes = pipelines if pipelines is not None else default_pipelines(target, precision, model_type)
     folder = Path(tempfile.mkdtemp(prefix="onnxmedic-opt-"))
     try:
         plain = Variant("plain", passes=[], path=str(src))

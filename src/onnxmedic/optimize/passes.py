@@ -148,6 +148,57 @@ def quantize_int8(src: str, dst: str, nodes_to_exclude: list[str] | None = None)
     return info
 
 
+# the model types ONNX Runtime's transformers optimizer knows by name (its MODEL_TYPES, read
+# without importing it into the exporting process)
+ORT_MODEL_TYPES = ("bart", "bert", "clip", "conformer", "gpt2", "gpt_neox", "phi", "qwen3", "sam2",
+                   "swin", "t5", "unet", "vae", "vit")
+# for the rest, the type optimum's exporter picks for the architecture (decoders as gpt2,
+# seq2seq as bart, vision transformers as vit, other encoders as bert)
+_ORT_TYPE_FAMILIES = {
+    "gpt2": ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "gemma2", "phi3",
+             "falcon", "gptj", "gpt_neo", "gpt_bigcode", "bloom", "codegen", "granite", "olmo",
+             "opt", "stablelm", "starcoder2", "smollm3"),
+    "bart": ("whisper", "marian", "mbart", "m2m_100", "pegasus", "blenderbot", "mt5", "plbart"),
+    "vit": ("segformer", "deit", "beit", "dinov2", "pix2struct", "vit_mae", "yolos"),
+}
+
+
+def ort_model_type(model: Any) -> str | None:
+    """The ``model_type`` to give ONNX Runtime's transformers optimizer for ``model``: from the
+    transformers config of the model or of the first submodule that has one (a wrapper such
+    as ``LastHidden(m)``). None for a model with no transformers config (the optimizer's
+    fusions target transformer blocks)."""
+    import torch
+
+    mods = model.modules() if isinstance(model, torch.nn.Module) else [model]
+    for m in mods:
+        name = getattr(getattr(m, "config", None), "model_type", None)
+        if isinstance(name, str) and name:
+            if name in ORT_MODEL_TYPES:
+                return name
+            for family, names in _ORT_TYPE_FAMILIES.items():
+                if name in names:
+                    return family
+            return "bert"
+    return None
+
+
+def ort_transformers(src: str, dst: str, model_type: str = "bert") -> dict[str, Any]:
+    """ONNX Runtime's transformers optimizer (``onnxruntime.transformers.optimizer``), Python
+    fusions only (``opt_level=0``: ONNX Runtime's own session optimizations still run when the
+    file is loaded): Attention, SkipLayerNormalization, BiasGelu, ... for ``model_type``'s
+    patterns. Emits ``com.microsoft`` ops: ONNX Runtime only."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    before = op_counts(src)
+    model = optimize_model(src, model_type=model_type, opt_level=0)
+    model.save_model_to_file(dst, use_external_data_format=has_external_data(src))
+    info = op_count_diff(before, op_counts(dst))
+    stats = getattr(model, "get_fused_operator_statistics", dict)() or {}
+    info["fusions"] = {k: int(v) for k, v in stats.items() if v}
+    return info
+
+
 @dataclass
 class Pipeline:
     """A named candidate: steps run in order, each ``(module:function, options)``."""
@@ -163,8 +214,10 @@ class Pipeline:
 _HERE = __name__
 
 
-def default_pipelines(target: str = "cpu", precision: str = "fp32") -> list[Pipeline]:
-    """The candidates for ``target`` and ``precision`` (the plain export is always the baseline)."""
+def default_pipelines(target: str = "cpu", precision: str = "fp32",
+                      model_type: str | None = None) -> list[Pipeline]:
+    """The candidates for ``target`` and ``precision`` (the plain export is always the baseline);
+    ``model_type`` (:func:`ort_model_type`) adds ONNX Runtime's transformers optimizer."""
     out = [
         Pipeline("onnxscript-optimize", [(f"{_HERE}:onnxscript_optimize", {})],
                  note="constant folding, CSE, dead code"),
@@ -177,6 +230,11 @@ def default_pipelines(target: str = "cpu", precision: str = "fp32") -> list[Pipe
         out.append(Pipeline("ort-offline-extended",
                             [(f"{_HERE}:ort_offline", {"level": "extended"})], portable=False,
                             note="ONNX Runtime extended level, saved: CPU provider only"))
+    if model_type:
+        out.append(Pipeline(f"ort-transformers-{model_type}",
+                            [(f"{_HERE}:ort_transformers", {"model_type": model_type})],
+                            portable=False, note="ONNX Runtime's transformers optimizer "
+                            f"(model_type {model_type!r}, fusions only)"))
     if precision == "fp16":
         fp16 = "onnxmedic.optimize.fp16:float16"
         out += [Pipeline("fp16", [(f"{_HERE}:onnxscript_optimize", {}), (fp16, {})],
