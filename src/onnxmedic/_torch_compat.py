@@ -468,7 +468,10 @@ def record_specialisations(active: bool = True, size_guards: list[Any] | None = 
     log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
     handler = _SpecialisationRecorder()
     level, propagate = log.level, log.propagate
-    quiet = _BelowLevel(log.getEffectiveLevel())
+    # a program may have silenced logging as a whole (logging.disable(logging.WARNING), common
+    # in notebooks): records at or below that level are then never made, for this logger too
+    disabled = logging.root.manager.disable
+    quiet = _BelowLevel(max(log.getEffectiveLevel(), disabled + 1))
     asked = log.isEnabledFor(logging.INFO)  # the user asked for them (TORCH_LOGS): unchanged
     others = [] if asked else list(log.handlers)
     for h in others:  # torch's own stderr handler sits on this logger: keep it as quiet
@@ -477,9 +480,12 @@ def record_specialisations(active: bool = True, size_guards: list[Any] | None = 
     if not asked:  # the records it now emits reach this recorder only
         log.setLevel(logging.INFO)
         log.propagate = False
+        if disabled >= logging.INFO:  # this logger alone made to emit them again
+            log.isEnabledFor = lambda lvl: lvl >= logging.INFO  # type: ignore[method-assign]
     try:
         yield out
     finally:
+        log.__dict__.pop("isEnabledFor", None)
         log.removeHandler(handler)
         log.setLevel(level)
         log.propagate = propagate

@@ -164,3 +164,26 @@ def test_kornia_rotate_captures_with_the_size_dynamic():
     program = attempts[-1].program
     y = torch.rand(3, 3, 17, 41, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(program.module()(y), Rotate()(y), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model, shape, dims, line, before", [CASES[0], CASES[3]],
+                         ids=["Centre", "Ramp"])
+def test_recovery_works_in_a_program_that_silenced_logging(tmp_path, model, shape, dims, line,
+                                                           before):
+    """A notebook's ``logging.disable(logging.WARNING)`` stopped torch from making the INFO
+    records that name the line which fixed a dim, so the recovery never started (OM401: what
+    the ecosystem benchmark saw on kornia's rotate). The program's setting is kept."""
+    import logging
+
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    logging.disable(logging.WARNING)
+    try:
+        r = onnxmedic.export(model, (x,), tmp_path / "m.onnx", dynamic_shapes=(dims,))
+        assert logging.root.manager.disable == logging.WARNING
+        log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+        assert not log.isEnabledFor(logging.INFO) and "isEnabledFor" not in vars(log)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    (f,) = [f for f in r.findings if f.code == "OM127"]
+    assert f.location.code.startswith(line)
