@@ -116,21 +116,13 @@ def normalise_dims(dynamic_shapes: Any) -> tuple[Any, Any] | None:
     return dims, names
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's parameters and buffers (each tensor once)."""
-    seen: dict[int, int] = {}
-    for t in list(model.parameters()) + list(model.buffers()):
-        seen[id(t)] = t.numel() * t.element_size()
-    return sum(seen.values())
-
-
 def _wants_fake_weights(model: torch.nn.Module) -> tuple[int, int] | None:
     """(weight bytes, available bytes) when the model's weights take more than
     FAKE_WEIGHTS_SHARE of the memory available; None otherwise."""
-    from onnxmedic.verify.reference import available_memory
+    from onnxmedic.verify.reference import available_memory, tensor_bytes
 
     avail = available_memory()
-    need = weight_bytes(model)
+    need = tensor_bytes(model)
     if avail is None or need <= FAKE_WEIGHTS_SHARE * avail:
         return None
     return need, avail

@@ -77,11 +77,14 @@ def available_memory() -> int | None:
         return None
 
 
-def copy_bytes(model: Any, dtype: torch.dtype) -> int:
-    """Bytes of the model's parameters and buffers converted to ``dtype``."""
-    size = torch.tensor([], dtype=dtype).element_size()
-    return sum(t.numel() * (size if t.is_floating_point() else t.element_size())
-               for t in list(model.parameters()) + list(model.buffers()))
+def tensor_bytes(model: Any, dtype: torch.dtype | None = None) -> int:
+    """Bytes of the model's parameters and buffers, each tensor once (tied weights too), with
+    the floating ones converted to ``dtype`` when given (what a converted copy would hold)."""
+    size = torch.tensor([], dtype=dtype).element_size() if dtype is not None else None
+    seen = {id(t): t.numel() * (size if size is not None and t.is_floating_point()
+                                else t.element_size())
+            for t in list(model.parameters()) + list(model.buffers())}
+    return sum(seen.values())
 
 
 class _TooSlow(Exception):
@@ -173,7 +176,7 @@ def reference_outputs(model: Any, sets: list[Inputs],
         return Reference(why_not=f"a {name} copy of the model's largest weight needs "
                          f"{need / 2**30:.2f} GiB, more than {MEMORY_SHARE:.0%} of the "
                          f"{avail / 2**30:.1f} GiB available")
-    need = copy_bytes(model, dtype)
+    need = tensor_bytes(model, dtype)
     fits = avail is None or need <= MEMORY_SHARE * avail
     no_copy = (f"a {name} copy of the model needs {need / 2**30:.2f} GiB, more than "
                f"{MEMORY_SHARE:.0%} of the {avail / 2**30:.1f} GiB available" if not fits
