@@ -69,6 +69,70 @@ def is_fake(tensor: Any) -> bool:
     return isinstance(tensor, FakeTensor)
 
 
+def fake_tensor_type() -> type:
+    """torch's FakeTensor class, for isinstance checks on many values in a hot loop."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor
+
+
+def real_mode() -> Any:
+    """A context in which a fake mode's ops run on real tensors again (to read a value)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
+@contextlib.contextmanager
+def fake_dispatch_replaced(mode: Any, wrap: Any) -> Iterator[None]:
+    """Within the block, every op the fake mode ``mode``'s class dispatches goes through
+    ``wrap(original)`` (``(self, func, types, args, kwargs) -> out``)."""
+    with _replaced_on(type(mode), "_dispatch_impl", wrap):
+        yield
+
+
+@contextlib.contextmanager
+def fakify_params_replaced(wrap: Any) -> Iterator[None]:
+    """Within the block, torch.export makes the fakes of a module's parameters and buffers
+    with ``wrap(original)`` (``(fake_mode, module) -> {name: fake}``)."""
+    with _replaced("torch.export._trace", "_fakify_params_buffers", wrap):
+        yield
+
+
+@contextlib.contextmanager
+def real_tensor_decisions_logged(log: Any) -> Iterator[None]:
+    """Within the block, each guard a real-tensor-propagating capture decides from real values
+    calls ``log(shape_env, expression, value)`` (instead of torch's own log line)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with _replaced_on(ShapeEnv, "_log_real_tensor_propagation", lambda original: log):
+        yield
+
+
+@contextlib.contextmanager
+def data_dependent_guards_decided(decide: Any) -> Iterator[None]:
+    """Within the block, a guard on a data-dependent value (torch raises
+    GuardOnDataDependentSymNode: "could not guard on data-dependent expression") asks
+    ``decide()``: a bool is used as the guard's value, None lets torch raise."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+
+    def wrap(original: Any) -> Any:
+        def evaluate_sym_node(self: Any, sym_node: Any, size_oblivious: bool = False,
+                              fallback_value: bool | None = None) -> Any:
+            try:
+                return original(self, sym_node, size_oblivious, fallback_value)
+            except GuardOnDataDependentSymNode:
+                value = decide()
+                if value is None:
+                    raise
+                return original(self, sym_node, size_oblivious, value)
+
+        return evaluate_sym_node
+
+    with _replaced_on(ShapeEnv, "evaluate_sym_node", wrap):
+        yield
+
+
 @contextlib.contextmanager
 def fake_weights(model: Any, args: Any, kwargs: Any) -> Iterator[tuple[Any, Any, dict[str, Any]]]:
     """Within the block, ``model``'s parameters and buffers are fake tensors (shape, dtype and
@@ -278,15 +342,28 @@ def _replaced(module: str, attr: str, wrap: Any) -> Iterator[None]:
     except ImportError:  # pragma: no cover - moved in a later torch
         yield
         return
-    original = getattr(mod, attr, None)
-    if original is None:  # pragma: no cover
+    with _replaced_on(mod, attr, wrap):
+        yield
+
+
+@contextlib.contextmanager
+def _replaced_on(owner: Any, attr: str, wrap: Any) -> Iterator[None]:
+    """Within the block, ``owner.attr`` (a module's or a class's) is ``wrap(original)``;
+    nothing is replaced where ``owner`` has no such attribute."""
+    current = getattr(owner, attr, None)
+    if current is None:  # pragma: no cover - moved in a later torch
         yield
         return
-    setattr(mod, attr, wrap(original))
+    own = vars(owner)
+    had, saved = attr in own, own.get(attr)  # a class's own entry (descriptors kept as they are)
+    setattr(owner, attr, wrap(current))
     try:
         yield
     finally:
-        setattr(mod, attr, original)
+        if had:
+            setattr(owner, attr, saved)
+        else:  # it was inherited: uncover it again
+            delattr(owner, attr)
 
 
 def stop_real_tensor_propagation(program: Any) -> None:

@@ -43,6 +43,14 @@ from typing import Any
 
 import torch
 
+from onnxmedic._torch_compat import (
+    fake_dispatch_replaced,
+    fake_tensor_type,
+    fakify_params_replaced,
+    real_mode,
+    real_tensor_decisions_logged,
+)
+
 logger = logging.getLogger(__name__)
 
 CLONE_LIMIT = 64 * 2**20
@@ -102,7 +110,7 @@ class _Values:
     shared: set[int] = field(default_factory=set)
 
     def sources(self, flat: list[Any]) -> frozenset[tuple[str, str]]:
-        from torch._subclasses.fake_tensor import FakeTensor
+        FakeTensor = fake_tensor_type()  # noqa: N806 - a class
 
         found: frozenset[tuple[str, str]] = frozenset()
         for a in flat:
@@ -114,7 +122,7 @@ class _Values:
 
     def mark(self, out: Any, names: frozenset[tuple[str, str]]) -> None:
         import torch.utils._pytree as pytree
-        from torch._subclasses.fake_tensor import FakeTensor
+        FakeTensor = fake_tensor_type()  # noqa: N806 - a class
 
         if not names:
             return
@@ -128,7 +136,7 @@ class _Values:
 def _written(func: Any, args: Any, kwargs: Any) -> list[Any]:
     """The fake tensors an op writes (in place, ``out=``)."""
     import torch.utils._pytree as pytree
-    from torch._subclasses.fake_tensor import FakeTensor
+    FakeTensor = fake_tensor_type()  # noqa: N806 - a class
 
     from onnxmedic._torch_compat import written_arguments
 
@@ -142,7 +150,7 @@ def _from_constants(func: Any, args: Any, kwargs: Any, flat: list[Any], backed: 
     real value that no op with an input has written since, nothing is sized by an input (no
     backed symbol; an unbacked one has a known value or torch does not propagate), the op
     draws no random numbers, and it writes none of the model's own tensors (copies only)."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    FakeTensor = fake_tensor_type()  # noqa: N806 - a class
 
     if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
         return False
@@ -168,7 +176,7 @@ def _forget_values(out: Any) -> None:
     tensor a factory inside it made (``empty_strided``, real) and an op on an input filled;
     an in-place op on a constant with an input makes it depend on the input."""
     import torch.utils._pytree as pytree
-    from torch._subclasses.fake_tensor import FakeTensor
+    FakeTensor = fake_tensor_type()  # noqa: N806 - a class
 
     for t in pytree.tree_leaves(out):
         if isinstance(t, FakeTensor):
@@ -180,7 +188,7 @@ def _held_constant(mode: Any, t: torch.Tensor, values: _Values) -> torch.Tensor:
     attribute such as ``self.t = torch.linspace(...)``: the ONNX file keeps it as a constant),
     never an input (inputs are fake): its fake, as torch would make it, carries its value. It
     is the model's own tensor, so an op that writes it is not run on the value."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    FakeTensor = fake_tensor_type()  # noqa: N806 - a class
 
     from onnxmedic._torch_compat import fake_of_real
 
@@ -205,16 +213,12 @@ def _constant_propagation(mode: Any, values: _Values,
     number - a Python constant, as if the code had read a Python attribute - and calls
     ``on_read`` with it and the buffers and parameters it was computed from."""
     import torch.utils._pytree as pytree
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    FakeTensor = fake_tensor_type()  # noqa: N806 - a class
 
     scalar = torch.ops.aten._local_scalar_dense.default
     lifts = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 
-    original = type(mode)._dispatch_impl
-    # the program keeps this mode (its nodes' fake values): later passes (decompositions)
-    # must see a plain one again
-    cache = mode.cache_enabled
-    mode.propagate_real_tensors, mode.cache_enabled = True, False
+    original: Any = None
 
     def dispatch_impl(self: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if self is not mode:
@@ -241,7 +245,7 @@ def _constant_propagation(mode: Any, values: _Values,
             names = values.sources(flat)
             if func is scalar and isinstance(args[0], FakeTensor) \
                     and args[0].real_tensor is not None:
-                with unset_fake_temporarily():
+                with real_mode():
                     value = args[0].real_tensor.item()
                 on_read(value, names)
                 return value
@@ -260,11 +264,19 @@ def _constant_propagation(mode: Any, values: _Values,
         _forget_values(out)
         return out
 
-    type(mode)._dispatch_impl = dispatch_impl
+    def wrap(impl: Any) -> Any:
+        nonlocal original
+        original = impl
+        return dispatch_impl
+
+    # the program keeps this mode (its nodes' fake values): later passes (decompositions)
+    # must see a plain one again
+    cache = mode.cache_enabled
+    mode.propagate_real_tensors, mode.cache_enabled = True, False
     try:
-        yield
+        with fake_dispatch_replaced(mode, wrap):
+            yield
     finally:
-        type(mode)._dispatch_impl = original
         mode.propagate_real_tensors, mode.cache_enabled = False, cache
 
 
@@ -284,7 +296,7 @@ def _tensors_read(frame: Any, code: str, real: dict[int, tuple[str, str]],
     without an ``.item()`` onnxmedic saw: locals of the guarding frame (and its callers')
     backed by a buffer's or parameter's value, and ``self.<name>`` named in the guard's
     line."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    FakeTensor = fake_tensor_type()  # noqa: N806 - a class
 
     found: list[tuple[str, str]] = []
     depth = 0
@@ -310,9 +322,6 @@ def buffers_known(model: torch.nn.Module, record: Decided) -> Iterator[None]:
     input known (see the module docstring): its buffers', its parameters', and those of the
     tensors computed from them, from constants and from static sizes; ``record`` gets the
     guards decided and the buffers and parameters they read."""
-    import torch.export._trace as trace
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
     named = {"buffer": dict(model.named_buffers(remove_duplicate=False)),
              "parameter": dict(model.named_parameters(remove_duplicate=False))}
     shown = {kind: {n: show_value(t) for n, t in tensors.items()}  # now: not under fake mode
@@ -320,8 +329,7 @@ def buffers_known(model: torch.nn.Module, record: Decided) -> Iterator[None]:
     modules = {id(m): p for p, m in model.named_modules(remove_duplicate=False)}
     real: dict[int, tuple[str, str]] = {}  # id(real tensor given to a fake) -> its tensor
     values = _Values()
-    original_fakify = trace._fakify_params_buffers
-    original_log = ShapeEnv._log_real_tensor_propagation
+    original_fakify: Any = None
     stack = contextlib.ExitStack()
 
     def fakify(fake_mode: Any, mod: torch.nn.Module) -> dict[str, Any]:
@@ -374,11 +382,10 @@ def buffers_known(model: torch.nn.Module, record: Decided) -> Iterator[None]:
     def log(self: Any, orig_expr: Any, unsound_result: Any) -> None:
         note(f"{orig_expr} is {unsound_result}")
 
-    trace._fakify_params_buffers = fakify
-    ShapeEnv._log_real_tensor_propagation = log
-    try:
-        with stack:
-            yield
-    finally:
-        trace._fakify_params_buffers = original_fakify
-        ShapeEnv._log_real_tensor_propagation = original_log
+    def wrap(original: Any) -> Any:
+        nonlocal original_fakify
+        original_fakify = original
+        return fakify
+
+    with fakify_params_replaced(wrap), real_tensor_decisions_logged(log), stack:
+        yield

@@ -185,36 +185,26 @@ def validation_off(record: Neutralised) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _decide_check_guards(record: Neutralised) -> Iterator[None]:
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
-
+    from onnxmedic._torch_compat import data_dependent_guards_decided
     from onnxmedic.capture.masked import masked_write_value
 
-    original = ShapeEnv.evaluate_sym_node
+    def decide() -> bool | None:
+        frame = guarding_frame()
+        decided = check_only_value(frame) if frame is not None else None
+        if decided is None:
+            site = masked_write_value(frame) if frame is not None else None
+            if site is None:
+                return None
+            if site not in record.masked:
+                record.masked.append(site)
+            return True
+        value, where = decided
+        if where not in record.checks:
+            record.checks.append(where)
+        return value
 
-    def evaluate_sym_node(self: Any, sym_node: Any, size_oblivious: bool = False,
-                          fallback_value: bool | None = None) -> Any:
-        try:
-            return original(self, sym_node, size_oblivious, fallback_value)
-        except GuardOnDataDependentSymNode:
-            frame = guarding_frame()
-            decided = check_only_value(frame) if frame is not None else None
-            if decided is None:
-                site = masked_write_value(frame) if frame is not None else None
-                if site is None:
-                    raise
-                if site not in record.masked:
-                    record.masked.append(site)
-                return original(self, sym_node, size_oblivious, True)
-            value, where = decided
-            if where not in record.checks:
-                record.checks.append(where)
-            return original(self, sym_node, size_oblivious, value)
-
-    ShapeEnv.evaluate_sym_node = evaluate_sym_node
-    try:
+    with data_dependent_guards_decided(decide):
         yield
-    finally:
-        ShapeEnv.evaluate_sym_node = original
 
 
 TRACER_FILES = ("/torch/fx/", "/torch/_export/", "/torch/export/", "/torch/_subclasses/",
@@ -224,8 +214,9 @@ TRACER_FILES = ("/torch/fx/", "/torch/_export/", "/torch/export/", "/torch/_subc
                  "/torch/__init__.py", "/torch/_compile.py")
 
 
-# capture/equal.py's torch-function mode sits between every call of the model and torch
-_EQUAL_FILE = "/onnxmedic/capture/equal.py"
+# capture/equal.py's torch-function mode sits between every call of the model and torch;
+# _torch_compat's hooks sit between torch's guard and this module's decision
+_OWN_FILES = ("/onnxmedic/capture/equal.py", "/onnxmedic/_torch_compat.py")
 
 
 def guarding_frame(skip: tuple[str, ...] = ()) -> Any:
@@ -237,7 +228,7 @@ def guarding_frame(skip: tuple[str, ...] = ()) -> Any:
     while frame is not None:
         name = frame.f_code.co_filename.replace("\\", "/")
         if name != __file__ and name not in skip and not name.startswith("<") and \
-                not name.endswith(_EQUAL_FILE) and not any(t in name for t in TRACER_FILES):
+                not name.endswith(_OWN_FILES) and not any(t in name for t in TRACER_FILES):
             return frame
         frame = frame.f_back
     return None
