@@ -69,6 +69,28 @@ def is_fake(tensor: Any) -> bool:
     return isinstance(tensor, FakeTensor)
 
 
+def torch_decomposition(op: Any) -> Any:
+    """torch's own decomposition of the ATen overload ``op`` (its decomposition table)."""
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[op]
+
+
+def contiguous_strides(shape: Any) -> Any:
+    """The strides of a contiguous tensor of ``shape``, as c10 computes them (symbolic sizes
+    kept symbolic)."""
+    from torch._prims_common import make_contiguous_strides_for
+
+    return make_contiguous_strides_for(shape)
+
+
+def statically_known_true(expr: Any) -> bool:
+    """Whether a (symbolic) boolean expression is true for every size the shape env allows."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+    return bool(known(expr))
+
+
 def fake_tensor_type() -> type:
     """torch's FakeTensor class, for isinstance checks on many values in a hot loop."""
     from torch._subclasses.fake_tensor import FakeTensor

@@ -19,7 +19,11 @@ from typing import Any
 
 import torch
 
-from onnxmedic._torch_compat import patched_decompositions, rnn_loop_decompositions
+from onnxmedic._torch_compat import (
+    patched_decompositions,
+    rnn_loop_decompositions,
+    torch_decomposition,
+)
 
 aten = torch.ops.aten
 
@@ -103,7 +107,7 @@ def adaptive_avg_pool2d(x: torch.Tensor, output_size: list[int]) -> torch.Tensor
 
 
 # torch's own rule, kept for static spatial sizes (its avg_pool2d is the cheaper graph)
-_TORCH_ADAPTIVE_AVG_POOL2D = torch._decomp.decomposition_table[aten._adaptive_avg_pool2d.default]
+_TORCH_ADAPTIVE_AVG_POOL2D = torch_decomposition(aten._adaptive_avg_pool2d.default)
 
 
 # op -> the size-symbolic rule that replaces torch's decomposition while capturing

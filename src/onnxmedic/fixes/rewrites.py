@@ -200,8 +200,7 @@ def strides_from_sizes(program: torch.export.ExportedProgram) -> tuple[int, list
     contiguous at that dim (a transposed view, say) is left alone: it then fails translation
     (OM201) rather than be replaced by a stride the tensor does not have.
     Returns (how many were replaced, the nodes left)."""
-    from torch._prims_common import make_contiguous_strides_for
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    from onnxmedic._torch_compat import contiguous_strides, statically_known_true
 
     count, left = 0, []
     for graph, node in _calls(program, lambda t: t is torch.ops.aten.sym_stride.int):
@@ -214,7 +213,7 @@ def strides_from_sizes(program: torch.export.ExportedProgram) -> tuple[int, list
         dim = dim + len(shape) if dim < 0 else dim
         try:
             contiguous = statically_known_true(
-                val.stride()[dim] == make_contiguous_strides_for(shape)[dim])
+                val.stride()[dim] == contiguous_strides(shape)[dim])
         except Exception:  # a symbolic expression sympy cannot decide
             contiguous = False
         if not contiguous:
