@@ -172,3 +172,44 @@ def test_no_stage_status_is_assigned_by_hand(path):
             for t in n.targets:
                 assert not (isinstance(t, ast.Subscript) and "stages" in ast.unparse(t.value)), \
                     f"{path}:{n.lineno} assigns a stage status"
+
+
+# torch-private names every module may use: torch's own documentation uses them (torch.export's
+# types and tree helpers; torch._C's dispatch keys and disabled torch-function in the guides to
+# extending torch; torch._check in the guide to dynamic shapes)
+TORCH_PRIVATE_ALLOWED = {"torch.utils._pytree", "torch._ops"}
+TORCH_ATTRS_ALLOWED = {"_check", "_assert_async", "_ops", "_C"}
+
+
+def _torch_private_uses(path: Path) -> list[str]:
+    out = []
+    for n in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in n.names] if isinstance(n, ast.Import) else
+                 [n.module] if isinstance(n, ast.ImportFrom) and n.module else [])
+        out += [f"{path.relative_to(SRC)}:{n.lineno} imports {m}" for m in names
+                if m.split(".")[0] == "torch" and m not in TORCH_PRIVATE_ALLOWED
+                and any(c.startswith("_") for c in m.split(".")[1:])]
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and \
+                n.value.id == "torch" and n.attr.startswith("_") and \
+                not n.attr.startswith("__") and n.attr not in TORCH_ATTRS_ALLOWED:
+            out.append(f"{path.relative_to(SRC)}:{n.lineno} uses torch.{n.attr}")
+    return out
+
+
+def test_torch_private_apis_only_in_torch_compat():
+    """The design's rule: when a torch release moves a private API, _torch_compat.py is the
+    only file to change."""
+    bad = [u for p in sorted(SRC.rglob("*.py")) if p.name != "_torch_compat.py"
+           for u in _torch_private_uses(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_private_api_check_finds_one(tmp_path):
+    p = SRC / "_probe_private_use.py"
+    try:
+        p.write_text("import torch\nfrom torch._subclasses.fake_tensor import FakeTensor\n"
+                     "t = torch._decomp.decomposition_table\n")
+        assert [u.split(" ", 1)[1] for u in _torch_private_uses(p)] == [
+            "imports torch._subclasses.fake_tensor", "uses torch._decomp"]
+    finally:
+        p.unlink()
