@@ -190,3 +190,77 @@ def test_export_under_a_low_memory_cap_fails_with_oom_and_writes_nothing(tmp_pat
     (f,) = [f for f in r.errors if f.code == "OM514"]
     assert "cap of 2.00 GiB" in f.message and r.traceback is None
     assert list(tmp_path.iterdir()) == []
+
+
+def _weights_model(path, width: int):
+    """x -> MatMul(Cast(bf16 weight)) -> MatMul(float32 weight) -> + Gather(embedding) - the
+    dtype fixer's pattern for a bf16 model - with every weight in external data, written the
+    way onnxmedic writes big models (onnx_ir, densely packed)."""
+    import ml_dtypes
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((width, width), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    w2 = rng.standard_normal((width, width), dtype=np.float32)
+    emb = rng.standard_normal((16, width), dtype=np.float32)
+    inits = [helper.make_tensor("w1", TensorProto.BFLOAT16, [width, width],
+                                w1.view(np.uint16).tobytes(), raw=True),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(emb, "emb")]
+    nodes = [helper.make_node("Cast", ["w1"], ["w1f"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["x", "w1f"], ["h"]),
+             helper.make_node("MatMul", ["h", "w2"], ["h2"]),
+             helper.make_node("Gather", ["emb", "ids"], ["e"]),
+             helper.make_node("Add", ["h2", "e"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, width]),
+                     helper.make_tensor_value_info("ids", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    ir.save(ir.serde.deserialize_model(model), path, external_data=f"{path.name}.data")
+    feeds = {"x": rng.standard_normal((4, width), dtype=np.float32),
+             "ids": np.array([0, 3, 7, 15], np.int64)}
+    return path, feeds
+
+
+def test_lean_session_is_bit_equal_to_the_normal_one(tmp_path):
+    """A memory-lean session (forced here; chosen by size otherwise) computes the same bits as
+    a normal one where MLAS's packed and unpacked MatMuls agree (64 wide)."""
+    path, feeds = _weights_model(tmp_path / "m.onnx", 64)
+    assert (tmp_path / "m.onnx.data").stat().st_size > 64 * 64 * 6
+    normal = sandbox.run_model(path, [feeds], lean=False)
+    lean = sandbox.run_model(path, [feeds], lean=True)
+    assert normal.ok and lean.ok, (normal.error, lean.error)
+    assert lean.lean and not normal.lean
+    np.testing.assert_array_equal(lean.outputs[0][0], normal.outputs[0][0])
+
+
+def test_lean_session_differs_only_by_weight_packing(tmp_path):
+    """From 256 wide on, a MatMul with a packed weight (a normal session) rounds differently
+    from an unpacked one (lean: session.disable_prepacking); everything else lean changes -
+    memory-mapped weights, no folding of the big Cast, no arena, priority order - is
+    bit-equal to a normal session that does not pack weights either."""
+    import onnxruntime as ort
+
+    path, feeds = _weights_model(tmp_path / "m.onnx", 256)
+    lean = sandbox.run_model(path, [feeds], lean=True)
+    assert lean.ok and lean.lean, lean.error
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    unpacked = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(lean.outputs[0][0], unpacked.run(None, feeds)[0])
+
+
+def test_lean_session_is_chosen_by_model_size(tmp_path, monkeypatch):
+    path, feeds = _weights_model(tmp_path / "m.onnx", 64)
+    size = sandbox._model_bytes(path)
+    assert sandbox.lean_session(size, int(size / sandbox.LEAN_SHARE) + 1) is False
+    assert sandbox.lean_session(size, int(size / sandbox.LEAN_SHARE) - 1) is True
+    assert sandbox.lean_session(None, 1 << 30) is False
+    monkeypatch.delenv("ONNXMEDIC_SANDBOX_LEAN", raising=False)
+    assert not sandbox.run_model(path, [feeds]).lean  # a small model: normal
+    monkeypatch.setattr(sandbox, "LEAN_SHARE", 1e-9)
+    assert sandbox.run_model(path, [feeds]).lean
+    monkeypatch.setenv("ONNXMEDIC_SANDBOX_LEAN", "0")
+    assert not sandbox.run_model(path, [feeds]).lean

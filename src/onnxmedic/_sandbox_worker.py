@@ -28,6 +28,7 @@ def _die_with_parent() -> None:
 
 
 TF32_OFF = {"use_tf32": "0"}  # ONNX Runtime CUDA provider option
+LEAN_FOLD_BYTES = 1 << 20  # sandbox.LEAN_FOLD_BYTES (this script imports nothing of onnxmedic)
 
 
 def _phase(req_dir: str, text: str) -> None:
@@ -178,6 +179,12 @@ def _load_session(ort, req_dir: str, req: dict, result: dict):
             opts.intra_op_num_threads = int(req["threads"])
         if req.get("disable_optimizations"):
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if req.get("lean"):  # sandbox.lean_session says why each
+            opts.add_session_config_entry(
+                "optimization.constant_folding_max_output_size_in_bytes", str(LEAN_FOLD_BYTES))
+            opts.add_session_config_entry("session.disable_prepacking", "1")
+            opts.enable_cpu_mem_arena = False
+            opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
         providers = req.get("providers") or ["CPUExecutionProvider"]
         # verification compares with PyTorch, whose CUDA matmuls and convolutions are full
         # float32 by default (torch.backends.cuda.matmul.allow_tf32 = False); ONNX Runtime's
@@ -273,6 +280,7 @@ def main(req_dir: str) -> int:
     req = _wait_for_request(req_dir)
     result: dict = {"status": "ok", "phase": "import"}
     result["ort_version"] = ort.__version__
+    result["lean"] = bool(req.get("lean"))
     if req.get("probe_opset"):
         result["max_opset"] = _probe_opset(ort)
     sess = _load_session(ort, req_dir, req, result)

@@ -29,6 +29,37 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 120.0
 WORKER = Path(__file__).resolve().parent / "_sandbox_worker.py"
 
+# A model whose file and external data take more than this share of the memory available gets
+# a memory-lean session (see lean_session): a 0.5 B float32 decoder (1.9 GiB) on a machine with
+# 15 GiB available does; a model of a few hundred MB never does.
+LEAN_SHARE = 0.1
+# ONNX Runtime folds no constant bigger than this in a lean session (bytes)
+LEAN_FOLD_BYTES = 1 << 20
+
+
+def lean_session(model_bytes: int | None, available: int | None) -> bool:
+    """Whether the sandbox loads a model of ``model_bytes`` lean, with ``available`` bytes of
+    memory free: when the model is more than LEAN_SHARE of it (False when either is unknown).
+
+    A lean session holds the weights once, memory-mapped from the external data file (file
+    pages: resident, but reclaimable): it folds no constant over LEAN_FOLD_BYTES (folding the
+    float32 Cast the dtype fixer puts behind every bf16 weight would hold a float32 copy of the
+    whole model, twice the file), packs no MatMul weights (session.disable_prepacking: the
+    packed copy is anonymous memory the size of every float32 weight), uses no memory arena
+    (freed activations go back to the system) and runs nodes in priority order (a Cast that
+    depends only on a weight runs just before its consumer, not all of them first).
+
+    Its outputs are bit-equal to a normal session's except for MatMuls with a constant
+    weight: MLAS sums a packed weight in another order than an unpacked one (equal at 64x64,
+    apart by float32 rounding from 256x256 on), judged against PyTorch like any session."""
+    return bool(model_bytes and available and model_bytes > LEAN_SHARE * available)
+
+
+def _env_lean() -> bool | None:
+    """ONNXMEDIC_SANDBOX_LEAN=1/0 forces the lean session on/off (benchmarks compare the two);
+    unset or anything else: decided per model (lean_session)."""
+    return {"1": True, "0": False}.get(os.environ.get("ONNXMEDIC_SANDBOX_LEAN", ""))
+
 
 def default_memory_limit() -> int | None:
     """The child's address-space cap, in bytes: 70% of the memory available now (at most 75%
@@ -74,6 +105,7 @@ class SandboxResult:
     stderr: str = ""
     memory_limit: int | None = None  # the child's cap, bytes (set when it ran out)
     model_bytes: int | None = None  # the model file and its external data, bytes (likewise)
+    lean: bool = False  # the session was memory-lean (lean_session)
 
     @property
     def ok(self) -> bool:
@@ -238,16 +270,25 @@ class Worker:
         disable_optimizations: bool = False,
         probe_opset: bool = False,
         n_required: int | None = None,
+        lean: bool | None = None,
     ) -> SandboxResult:
         """Send the one request and wait for it, at most ``timeout`` seconds. Feeds after the
         first ``n_required`` are optional: a run error there is recorded in ``run_errors`` and
-        the other feeds still run."""
+        the other feeds still run. ``lean``: a memory-lean session (lean_session); None
+        decides by the model's size and the memory available now."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("sandbox worker already used")
         t_start = time.perf_counter()
         req_dir = self.dir
+        if lean is None:
+            lean = _env_lean()
+        if lean is None:
+            from onnxmedic.verify.reference import available_memory
+
+            lean = lean_session(_model_bytes(model_path), available_memory())
         self._send(model_path, feeds, {
+            "lean": lean,
             "providers": providers or ["CPUExecutionProvider"],
             "threads": threads,
             "disable_optimizations": disable_optimizations,
@@ -341,7 +382,7 @@ def _read_result(req_dir: Path, res: dict[str, Any], phase: str, wall: float, st
         output_names=[o["name"] for o in res.get("outputs", [])],
         load_seconds=res.get("load_seconds", 0.0), wall_seconds=wall, stderr=stderr,
         max_opset=res.get("max_opset"), ort_version=res.get("ort_version"),
-        providers=res.get("providers", []),
+        providers=res.get("providers", []), lean=bool(res.get("lean")),
     )
     for i, run in enumerate(res.get("runs", [])):
         if "error" in run:
@@ -378,12 +419,14 @@ def run_model(
     threads: int | None = None,
     disable_optimizations: bool = False,
     probe_opset: bool = False,
+    lean: bool | None = None,
 ) -> SandboxResult:
     """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
-    failures of the model or of ONNX Runtime."""
+    failures of the model or of ONNX Runtime. ``lean``: see :meth:`Worker.run`."""
     with Worker(memory_limit) as w:
         return w.run(model_path, feeds, timeout=timeout, providers=providers, threads=threads,
-                     disable_optimizations=disable_optimizations, probe_opset=probe_opset)
+                     disable_optimizations=disable_optimizations, probe_opset=probe_opset,
+                     lean=lean)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
