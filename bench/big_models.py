@@ -11,7 +11,8 @@ torch.onnx.export(model, (ids,), path, dynamo=True, external_data=True, verify=T
 Goals (issue "Big models"): peak <= 2.5x the parameter bytes, time <= 1.5x torch.onnx's export
 with verification, both growing linearly with size.
 
-``--dtype bf16`` converts the model (``model.to(torch.bfloat16)``) before either tool sees it:
+``--dtype bf16`` builds the model in bfloat16, as ``from_pretrained(..., dtype=torch.bfloat16)``
+loads a deployed one (the rotary frequencies stay float32), for both tools:
 Qwen2.5 deploys in bf16, and float32 ~3 B parameters (12 GiB) cannot be held twice on a 24 GiB
 machine. torch.onnx's row runs on the same model and records whatever happens.
 
@@ -60,9 +61,10 @@ cfg = transformers.Qwen2Config(hidden_size=hidden, num_hidden_layers=layers,
                                num_key_value_heads=kv, vocab_size=32000,
                                max_position_embeddings=512, use_cache=False)
 torch.manual_seed(0)
-model = transformers.Qwen2ForCausalLM(cfg).eval()
-if {dtype!r} == "bf16":
-    model = model.to(torch.bfloat16)
+# built in its dtype: a float32 model converted after would hold both for a moment (18 GiB
+# at 3 B), which the harness, not the export, would be charged with
+model = transformers.Qwen2ForCausalLM._from_config(
+    cfg, dtype=torch.bfloat16 if {dtype!r} == "bf16" else torch.float32).eval()
 params = sum(p.numel() * p.element_size() for p in model.parameters())
 ids = torch.randint(0, 32000, (1, 64))
 out = {{"params": params}}
