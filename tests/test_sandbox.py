@@ -264,3 +264,20 @@ def test_lean_session_is_chosen_by_model_size(tmp_path, monkeypatch):
     assert sandbox.run_model(path, [feeds]).lean
     monkeypatch.setenv("ONNXMEDIC_SANDBOX_LEAN", "0")
     assert not sandbox.run_model(path, [feeds]).lean
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_lean_session_cap_grows_by_the_mapped_weights(lean):
+    """A lean session memory-maps its weights (file pages, not allocations): the child's
+    address-space cap grows by the external data's bytes, so that the cap still bounds what
+    ONNX Runtime allocates; a normal session's cap stays as set."""
+    import subprocess
+    import sys
+
+    code = ("import resource, sys; sys.path.insert(0, sys.argv[1]); import _sandbox_worker as w;"
+            "resource.setrlimit(resource.RLIMIT_AS, (2**40, resource.RLIM_INFINITY));"
+            f"w._map_allowance({{'lean': {lean}, 'mapped_bytes': 2**30}});"
+            "print(resource.getrlimit(resource.RLIMIT_AS)[0])")
+    out = subprocess.run([sys.executable, "-c", code, str(sandbox.WORKER.parent)],
+                         capture_output=True, text=True, check=True).stdout
+    assert int(out) == 2**40 + (2**30 if lean else 0)

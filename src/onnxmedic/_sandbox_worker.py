@@ -167,6 +167,27 @@ def _finish(req_dir: str, result: dict, code: int = 0) -> int:
     return code
 
 
+def _map_allowance(req: dict) -> None:
+    """A lean session memory-maps the external data file: file pages the kernel can drop, not
+    allocations. The address-space cap (the soft RLIMIT_AS the parent set) grows by the
+    mapped bytes so that it still bounds what ONNX Runtime allocates."""
+    extra = int(req.get("mapped_bytes") or 0)
+    if not (req.get("lean") and extra):
+        return
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return
+        soft += extra
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def _load_session(ort, req_dir: str, req: dict, result: dict):
     """The InferenceSession for the request's model, or None with the failure in ``result``."""
     _phase(req_dir, "load")
@@ -283,6 +304,7 @@ def main(req_dir: str) -> int:
     result["lean"] = bool(req.get("lean"))
     if req.get("probe_opset"):
         result["max_opset"] = _probe_opset(ort)
+    _map_allowance(req)
     sess = _load_session(ort, req_dir, req, result)
     if sess is None:
         return _finish(req_dir, result)

@@ -166,7 +166,8 @@ class SandboxResult:
             return error("OM514", stage, f"ONNX Runtime ran out of memory{cap} while "
                          f"{where}{size}.",
                          suggestion="The cap is 70% of the memory available when onnxmedic "
-                         "started: free memory or use a larger machine; otherwise try smaller "
+                         "started (plus the weights file, for a big model's lean session, "
+                         "which maps it): free memory or use a larger machine; otherwise try smaller "
                          "example inputs or check for a shape that explodes (an Expand or "
                          "Tile to a huge size).",
                          details={"error": self.error, "memory_limit": self.memory_limit,
@@ -214,12 +215,17 @@ def _restore(a: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _limit_memory(limit: int | None) -> Any:
+    """The child's preexec: its address space capped at ``limit`` (the soft limit; the hard
+    one stays as it was, so that a lean session can add its memory-mapped weights, which are
+    file pages, not allocations: see the worker's _map_allowance)."""
     def preexec() -> None:
         if limit:
             import resource
 
             try:
-                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+                hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+                soft = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+                resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
             except (ValueError, OSError):
                 pass
 
@@ -289,6 +295,8 @@ class Worker:
             lean = lean_session(_model_bytes(model_path), available_memory())
         self._send(model_path, feeds, {
             "lean": lean,
+            # what a lean session maps of the weights, on top of the memory cap
+            "mapped_bytes": _external_bytes(model_path) if lean else 0,
             "providers": providers or ["CPUExecutionProvider"],
             "threads": threads,
             "disable_optimizations": disable_optimizations,
@@ -311,6 +319,8 @@ class Worker:
                                stderr)
         if out.status == "oom":  # what the finding needs to say how far off it was
             out.memory_limit, out.model_bytes = self.memory_limit, _model_bytes(model_path)
+            if lean and out.memory_limit:
+                out.memory_limit += _external_bytes(model_path)
         return out
 
     def _send(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
@@ -355,6 +365,15 @@ def _model_bytes(path: str | os.PathLike[str]) -> int | None:
         return p.stat().st_size + sum(f.stat().st_size for f in p.parent.glob(f"{p.name}.data*"))
     except OSError:
         return None
+
+
+def _external_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes of the external data files beside a model (``path``.data*)."""
+    p = Path(path)
+    try:
+        return sum(f.stat().st_size for f in p.parent.glob(f"{p.name}.data*"))
+    except OSError:
+        return 0
 
 
 def _crashed(returncode: int | None, phase: str, wall: float, stderr: str) -> SandboxResult:
