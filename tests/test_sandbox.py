@@ -281,3 +281,23 @@ def test_lean_session_cap_grows_by_the_mapped_weights(lean):
     out = subprocess.run([sys.executable, "-c", code, str(sandbox.WORKER.parent)],
                          capture_output=True, text=True, check=True).stdout
     assert int(out) == 2**40 + (2**30 if lean else 0)
+
+
+def test_export_of_a_model_big_against_memory_is_verified_lean(tmp_path, monkeypatch):
+    """A model over LEAN_SHARE of the memory available is verified in a lean session and the
+    result says so (OM516, info); under it, a default session and no OM516."""
+    import torch
+
+    import onnxmedic
+
+    monkeypatch.delenv("ONNXMEDIC_SANDBOX_LEAN", raising=False)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 8)).to(torch.bfloat16)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    r = onnxmedic.export(model, (x,), tmp_path / "a.onnx")
+    assert r.ok and "OM516" not in [f.code for f in r.findings]
+    monkeypatch.setattr(sandbox, "LEAN_SHARE", 1e-9)
+    r = onnxmedic.export(model, (x,), tmp_path / "b.onnx")
+    assert r.ok, [(f.code, f.message) for f in r.errors]
+    (f,) = [f for f in r.findings if f.code == "OM516"]
+    assert f.stage == "runtime" and "memory-lean" in f.message and "GiB" in f.message

@@ -28,7 +28,9 @@ def _die_with_parent() -> None:
 
 
 TF32_OFF = {"use_tf32": "0"}  # ONNX Runtime CUDA provider option
-LEAN_FOLD_BYTES = 1 << 20  # sandbox.LEAN_FOLD_BYTES (this script imports nothing of onnxmedic)
+# sandbox.LEAN_FOLD_BYTES and sandbox.LEAN_DISABLED (this script imports nothing of onnxmedic)
+LEAN_FOLD_BYTES = 1 << 20
+LEAN_DISABLED = ("TransposeOptimizer",)
 
 
 def _phase(req_dir: str, text: str) -> None:
@@ -200,19 +202,24 @@ def _load_session(ort, req_dir: str, req: dict, result: dict):
             opts.intra_op_num_threads = int(req["threads"])
         if req.get("disable_optimizations"):
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        disabled = []
         if req.get("lean"):  # sandbox.lean_session says why each
             opts.add_session_config_entry(
                 "optimization.constant_folding_max_output_size_in_bytes", str(LEAN_FOLD_BYTES))
             opts.add_session_config_entry("session.disable_prepacking", "1")
             opts.enable_cpu_mem_arena = False
             opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+            if not req.get("disable_optimizations"):
+                opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+                disabled = list(LEAN_DISABLED)
         providers = req.get("providers") or ["CPUExecutionProvider"]
         # verification compares with PyTorch, whose CUDA matmuls and convolutions are full
         # float32 by default (torch.backends.cuda.matmul.allow_tf32 = False); ONNX Runtime's
         # CUDA provider uses TF32 by default, 1e-4..1e-3 relative off (bench/gpu_check.py)
         providers = [(p, dict(TF32_OFF)) if p == "CUDAExecutionProvider" else p
                      for p in providers]
-        sess = ort.InferenceSession(req["model"], opts, providers=providers)
+        sess = ort.InferenceSession(req["model"], opts, providers=providers,
+                                    disabled_optimizers=disabled or None)
     except MemoryError:
         result.update(status="oom", phase="load", error="MemoryError while loading")
         return None

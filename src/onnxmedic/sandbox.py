@@ -30,11 +30,16 @@ DEFAULT_TIMEOUT = 120.0
 WORKER = Path(__file__).resolve().parent / "_sandbox_worker.py"
 
 # A model whose file and external data take more than this share of the memory available gets
-# a memory-lean session (see lean_session): a 0.5 B float32 decoder (1.9 GiB) on a machine with
-# 15 GiB available does; a model of a few hundred MB never does.
-LEAN_SHARE = 0.1
+# a memory-lean session (see lean_session). A normal session holds up to twice the weights in
+# anonymous memory (bf16 weights folded to float32, or float32 weights packed for MatMul), on
+# top of the user's model in onnxmedic's process: lean once that would be a tenth of what is
+# available. A 0.5 B bf16 decoder (1.0 GiB) on a machine with 15 GiB available is lean; a model
+# of a few hundred MB never is.
+LEAN_SHARE = 0.05
 # ONNX Runtime folds no constant bigger than this in a lean session (bytes)
 LEAN_FOLD_BYTES = 1 << 20
+# graph optimizers a lean session leaves out (on top of the extended ones, see lean_session)
+LEAN_DISABLED = ("TransposeOptimizer",)
 
 
 def lean_session(model_bytes: int | None, available: int | None) -> bool:
@@ -42,16 +47,27 @@ def lean_session(model_bytes: int | None, available: int | None) -> bool:
     memory free: when the model is more than LEAN_SHARE of it (False when either is unknown).
 
     A lean session holds the weights once, memory-mapped from the external data file (file
-    pages: resident, but reclaimable): it folds no constant over LEAN_FOLD_BYTES (folding the
+    pages: resident, but reclaimable), and computes each float32 copy of a bf16 weight just
+    before the MatMul that reads it: it folds no constant over LEAN_FOLD_BYTES (folding the
     float32 Cast the dtype fixer puts behind every bf16 weight would hold a float32 copy of the
     whole model, twice the file), packs no MatMul weights (session.disable_prepacking: the
     packed copy is anonymous memory the size of every float32 weight), uses no memory arena
-    (freed activations go back to the system) and runs nodes in priority order (a Cast that
-    depends only on a weight runs just before its consumer, not all of them first).
+    (freed tensors go back to the system) and runs nodes in priority order (ONNX Runtime's
+    topological sort, ties broken by node index: a weight's Cast, which depends on nothing,
+    runs when the file's order reaches it, just before its consumer).
 
-    Its outputs are bit-equal to a normal session's except for MatMuls with a constant
-    weight: MLAS sums a packed weight in another order than an unpacked one (equal at 64x64,
-    apart by float32 rounding from 256x256 on), judged against PyTorch like any session."""
+    That order holds only while the graph keeps the file's nodes: a node an optimizer creates
+    (every fusion of the extended level, and the TransposeOptimizer of the basic one) has a
+    higher index than every weight's Cast, which then all run before it - every bf16 weight
+    in float32 at once (1.9 GiB instead of 0.25 GiB of anonymous memory for the 0.5 B bf16
+    decoder of bench/big_models.py). A lean session therefore runs ONNX Runtime's basic
+    optimizations without LEAN_DISABLED: it verifies the graph without the extended fusions
+    (SimplifiedLayerNormalization, attention and GELU fusions...) that a default session adds.
+
+    Its outputs are bit-equal to a normal session's except for MatMuls with a constant weight
+    (MLAS sums a packed weight in another order than an unpacked one: equal at 64x64, apart by
+    float32 rounding from 256x256 on) and for the extended fusions; judged against PyTorch
+    like any session."""
     return bool(model_bytes and available and model_bytes > LEAN_SHARE * available)
 
 
@@ -104,7 +120,8 @@ class SandboxResult:
     wall_seconds: float = 0.0
     stderr: str = ""
     memory_limit: int | None = None  # the child's cap, bytes (set when it ran out)
-    model_bytes: int | None = None  # the model file and its external data, bytes (likewise)
+    model_bytes: int | None = None  # the model file and its external data, bytes (likewise,
+    # and for a lean session)
     lean: bool = False  # the session was memory-lean (lean_session)
 
     @property
@@ -317,6 +334,8 @@ class Worker:
         else:
             out = _read_result(req_dir, json.loads(result_file.read_text()), phase, wall,
                                stderr)
+        if lean:
+            out.model_bytes = _model_bytes(model_path)
         if out.status == "oom":  # what the finding needs to say how far off it was
             out.memory_limit, out.model_bytes = self.memory_limit, _model_bytes(model_path)
             if lean and out.memory_limit:
