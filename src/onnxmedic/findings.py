@@ -447,7 +447,8 @@ CODES: dict[str, CodeInfo] = {
         "The model is big against the memory available, so the sandbox ran it in a session "
         "that holds its weights once (memory-mapped, no folded or packed copies) with ONNX "
         "Runtime's basic graph optimizations: a default session (extended fusions, packed "
-        "MatMul weights) rounds some results differently, within float32 rounding.",
+        "MatMul weights) rounds some results differently, within the rounding of the model's "
+        "dtype.",
     ),
     "OM520": CodeInfo(
         "external data outside the model folder", 1,

@@ -98,8 +98,8 @@ def record_runtime(result: ExportResult, sbx: sandbox.SandboxResult, target: str
             "ONNX Runtime ran it in a memory-lean session: weights memory-mapped from the "
             "external data and held once (no folded float32 copies of bf16 weights, no packed "
             "MatMul weights), basic graph optimizations only. A default session (extended "
-            "fusions, packed weights) may round some results differently, within float32 "
-            "rounding.", suggestion="Nothing to do; to verify with a default session, free "
+            "fusions, packed weights) may round some results differently, within the rounding "
+            "of the model's dtype.", suggestion="Nothing to do; to verify with a default session, free "
             "memory (a session is lean when the model is more than "
             f"{sandbox.LEAN_SHARE:.0%} of the memory available)."))
     fallback = sbx.provider_finding(sandbox.providers(target))
