@@ -259,11 +259,13 @@ def test_lean_session_is_chosen_by_model_size(tmp_path, monkeypatch):
     assert sandbox.lean_session(size, int(size / sandbox.LEAN_SHARE) - 1) is True
     assert sandbox.lean_session(None, 1 << 30) is False
     monkeypatch.delenv("ONNXMEDIC_SANDBOX_LEAN", raising=False)
-    assert not sandbox.run_model(path, [feeds]).lean  # a small model: normal
+    assert not sandbox.run_model(path, [feeds], lean=None).lean  # a small model: normal
     monkeypatch.setattr(sandbox, "LEAN_SHARE", 1e-9)
-    assert sandbox.run_model(path, [feeds]).lean
+    assert sandbox.run_model(path, [feeds], lean=None).lean
     monkeypatch.setenv("ONNXMEDIC_SANDBOX_LEAN", "0")
-    assert not sandbox.run_model(path, [feeds]).lean
+    assert not sandbox.run_model(path, [feeds], lean=None).lean
+    monkeypatch.delenv("ONNXMEDIC_SANDBOX_LEAN")
+    assert not sandbox.run_model(path, [feeds]).lean  # run_model: a default session unless asked
 
 
 @pytest.mark.parametrize("lean", [True, False])

@@ -460,10 +460,11 @@ def run_model(
     threads: int | None = None,
     disable_optimizations: bool = False,
     probe_opset: bool = False,
-    lean: bool | None = None,
+    lean: bool | None = False,
 ) -> SandboxResult:
     """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
-    failures of the model or of ONNX Runtime. ``lean``: see :meth:`Worker.run`."""
+    failures of the model or of ONNX Runtime. ``lean``: see :meth:`Worker.run`; a default
+    session unless asked (timings, as optimize's, are of the session users deploy)."""
     with Worker(memory_limit) as w:
         return w.run(model_path, feeds, timeout=timeout, providers=providers, threads=threads,
                      disable_optimizations=disable_optimizations, probe_opset=probe_opset,

@@ -257,7 +257,8 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
             return {}
         providers = sandbox.providers(target)
         if worker is None:
-            sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout, providers=providers)
+            sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout, providers=providers,
+                                    lean=None)
         else:
             sbx = worker.run(onnx_path, feeds, timeout=timeout, n_required=sets.n_required,
                              providers=providers)
