@@ -186,7 +186,7 @@ def measure(tool: str, size: str, dtype: str = "float32", cap: float = 20 * 2**3
             stage_anon[stage] = max(stage_anon.get(stage, 0), anon)
             if rss > cap or _available() < floor:
                 killed = (f"out of memory at {rss / 2**30:.1f} GiB (stage {stage}; cap "
-                          f"{cap / 2**30:.0f} GiB, {_available() / 2**30:.1f} GiB left)")
+                          f"{cap / 2**30:.1f} GiB, {_available() / 2**30:.1f} GiB left)")
                 _kill_tree(pids)
                 proc.wait()
                 break
@@ -250,10 +250,11 @@ def main() -> None:
             rec = measure(tool, size, ns.dtype, ns.cap_gib * 2**30, ns.floor_gib * 2**30)
             rows.append(rec)
             gib = rec.get("params", 0) / 2**30
+            ratio = (f"{rec['peak_bytes'] / rec['params']:.1f}x params" if rec.get("params")
+                     else "params not known: killed first")
             print(f"{size:>5} B {ns.dtype:<7} {tool:<10} ok={rec['ok']!s:<5} params "
                   f"{gib:5.2f} GiB  wall {rec['wall']:6.1f} s  peak "
-                  f"{rec['peak_bytes'] / 2**30:5.2f} GiB "
-                  f"({rec['peak_bytes'] / max(rec.get('params', 1), 1):.1f}x params; anon "
+                  f"{rec['peak_bytes'] / 2**30:5.2f} GiB ({ratio}; anon "
                   f"{rec['peak_anon'] / 2**30:5.2f} GiB)  "
                   + (" ".join(rec.get("errors", []))[:200] if not rec["ok"] else ""),
                   flush=True)
