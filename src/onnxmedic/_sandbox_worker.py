@@ -1,6 +1,6 @@
 """The child side of the sandbox: load an ONNX model in ONNX Runtime, run it, write results.
 
-Run as ``python -m onnxmedic._sandbox_worker REQUEST_DIR``. Imports only numpy and onnxruntime
+Run as ``python _sandbox_worker.py REQUEST_DIR [MEMORY_LIMIT]``. Imports only numpy and onnxruntime
 (never torch), writes its phase to ``phase`` before each step so the parent can tell where a hang
 or crash happened, and outputs as .npz files (no pickles) plus ``result.json``.
 """
@@ -169,9 +169,25 @@ def _finish(req_dir: str, result: dict, code: int = 0) -> int:
     return code
 
 
+def limit_memory(limit: int) -> None:
+    """Cap this process's address space at ``limit`` bytes (0: no cap), as the first thing it
+    does: the soft limit; the hard one stays as it was, so that a lean session can add its
+    memory-mapped weights (_map_allowance)."""
+    if not limit:
+        return
+    try:
+        import resource
+
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        soft = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def _map_allowance(req: dict) -> None:
     """A lean session memory-maps the external data file: file pages the kernel can drop, not
-    allocations. The address-space cap (the soft RLIMIT_AS the parent set) grows by the
+    allocations. The address-space cap (the soft RLIMIT_AS limit_memory set) grows by the
     mapped bytes so that it still bounds what ONNX Runtime allocates."""
     extra = int(req.get("mapped_bytes") or 0)
     if not (req.get("lean") and extra):
@@ -330,6 +346,7 @@ if __name__ == "__main__":
     # module names (inputs, report, ...) can shadow what numpy or onnxruntime import.
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+    limit_memory(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     try:
         sys.exit(main(sys.argv[1]))
     except Exception:

@@ -234,22 +234,6 @@ def _restore(a: np.ndarray, dtype: str) -> np.ndarray:
     return a.view(getattr(ml_dtypes, dtype))
 
 
-def _limit_memory(limit: int | None) -> Any:
-    """The child's preexec: its address space capped at ``limit`` (the soft limit; the hard
-    one stays as it was, so that a lean session can add its memory-mapped weights, which are
-    file pages, not allocations: see the worker's _map_allowance)."""
-    def preexec() -> None:
-        if limit:
-            import resource
-
-            try:
-                hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-                soft = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
-                resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-            except (ValueError, OSError):
-                pass
-
-    return preexec
 
 
 class Worker:
@@ -263,10 +247,14 @@ class Worker:
         self.dir = Path(tempfile.mkdtemp(prefix="onnxmedic-sbx-"))
         # The worker runs as a plain script (not -m onnxmedic...): importing the onnxmedic
         # package would import torch, which the child never needs and which costs seconds.
+        # The child caps its own address space first thing (_sandbox_worker.limit_memory), not
+        # a preexec_fn here: that forces a fork of this process, whose page tables (a model of
+        # several GiB) are copied and whose pages the child shares until it execs - a
+        # multi-GiB resident double in /proc for a moment, and slower.
         self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, str(WORKER), str(self.dir)],
+            [sys.executable, str(WORKER), str(self.dir), str(memory_limit or 0)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=_limit_memory(memory_limit),
+            start_new_session=True,
         )
 
     def __enter__(self) -> Worker:
