@@ -23,7 +23,7 @@ OOM killer picking a process of the shared machine. "anon" is the resident memor
 file-backed (a memory-mapped weights file's pages are resident but reclaimable page cache).
 
 Usage: python bench/big_models.py [--sizes 0.1,0.5] [--tools onnxmedic,torch.onnx]
-       [--dtype float32|bf16] [--cap-gib 20] [--json out.json]
+       [--dtype float32|bf16] [--cap-gib 20] [--no-localize] [--json out.json]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ if {tool!r} == "onnxmedic":
             _mark()
 
     _result.ExportResult.timed = timed
-    r = onnxmedic.export(model, (ids,), {path!r})
+    r = onnxmedic.export(model, (ids,), {path!r}, localize={localize!r})
     out.update(ok=r.ok, timings=r.timings,
                errors=[f.code + ": " + f.message[:200] for f in r.errors])
 else:
@@ -162,10 +162,11 @@ def _kill_tree(pids: list[int]) -> None:
 
 
 def measure(tool: str, size: str, dtype: str = "float32", cap: float = 20 * 2**30,
-            floor: float = 2**30) -> dict:
+            floor: float = 2**30, localize: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="bigmodel-") as td:
         stage_file = Path(td) / "stage.txt"
         code = _JOB.format(src=str(ROOT / "src"), shape=SIZES[size], tool=tool, dtype=dtype,
+                           localize=localize,
                            path=str(Path(td) / "model.onnx"), stage_file=str(stage_file))
         proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True, start_new_session=True)
@@ -242,12 +243,16 @@ def main() -> None:
                     help="kill a tool's process tree above this resident memory")
     ap.add_argument("--floor-gib", type=float, default=1.0,
                     help="kill it when the machine's available memory falls under this")
+    ap.add_argument("--no-localize", action="store_true",
+                    help="onnxmedic.export(localize=False): a mismatch (OM601) is reported "
+                    "without localising it (the localizer exposes every intermediate value)")
     ap.add_argument("--json")
     ns = ap.parse_args()
     rows = []
     for size in ns.sizes.split(","):
         for tool in ns.tools.split(","):
-            rec = measure(tool, size, ns.dtype, ns.cap_gib * 2**30, ns.floor_gib * 2**30)
+            rec = measure(tool, size, ns.dtype, ns.cap_gib * 2**30, ns.floor_gib * 2**30,
+                          not ns.no_localize)
             rows.append(rec)
             gib = rec.get("params", 0) / 2**30
             ratio = (f"{rec['peak_bytes'] / rec['params']:.1f}x params" if rec.get("params")
