@@ -258,6 +258,8 @@ def test_lean_session_is_chosen_by_model_size(tmp_path, monkeypatch):
     assert sandbox.lean_session(size, int(size / sandbox.LEAN_SHARE) + 1) is False
     assert sandbox.lean_session(size, int(size / sandbox.LEAN_SHARE) - 1) is True
     assert sandbox.lean_session(None, 1 << 30) is False
+    assert sandbox.lean_session(sandbox.LEAN_MIN_BYTES, 1 << 50) is True  # big, whatever the room
+    assert sandbox.lean_session(sandbox.LEAN_MIN_BYTES - 1, 1 << 50) is False
     monkeypatch.delenv("ONNXMEDIC_SANDBOX_LEAN", raising=False)
     assert not sandbox.run_model(path, [feeds], lean=None).lean  # a small model: normal
     monkeypatch.setattr(sandbox, "LEAN_SHARE", 1e-9)

@@ -444,7 +444,8 @@ CODES: dict[str, CodeInfo] = {
     ),
     "OM516": CodeInfo(
         "verified in a memory-lean ONNX Runtime session", 0,
-        "The model is big against the memory available, so the sandbox ran it in a session "
+        "The model is big (1 GiB or more, or 5% of the memory available), so the sandbox "
+        "ran it in a session "
         "that holds its weights once (memory-mapped, no folded or packed copies) with ONNX "
         "Runtime's basic graph optimizations: a default session (extended fusions, packed "
         "MatMul weights) rounds some results differently, within the rounding of the model's "

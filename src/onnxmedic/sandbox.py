@@ -36,6 +36,11 @@ WORKER = Path(__file__).resolve().parent / "_sandbox_worker.py"
 # available. A 0.5 B bf16 decoder (1.0 GiB) on a machine with 15 GiB available is lean; a model
 # of a few hundred MB never is.
 LEAN_SHARE = 0.05
+# ... and a model of at least this many bytes always is: onnxmedic writes such a model's weights
+# as external data (onnxfile.EXTERNAL_DATA_THRESHOLD), which a lean session maps; a default
+# session's float32 copies of them would take the export past 2.5x the weights wherever the
+# machine has room (bench/big_models.py: 3.7x for the 0.5 B bf16 decoder, 2.8x lean)
+LEAN_MIN_BYTES = 1 << 30
 # ONNX Runtime folds no constant bigger than this in a lean session (bytes)
 LEAN_FOLD_BYTES = 1 << 20
 # graph optimizers a lean session leaves out (on top of the extended ones, see lean_session)
@@ -44,7 +49,8 @@ LEAN_DISABLED = ("TransposeOptimizer",)
 
 def lean_session(model_bytes: int | None, available: int | None) -> bool:
     """Whether the sandbox loads a model of ``model_bytes`` lean, with ``available`` bytes of
-    memory free: when the model is more than LEAN_SHARE of it (False when either is unknown).
+    memory free: when the model is at least LEAN_MIN_BYTES or more than LEAN_SHARE of the
+    memory available (False when the model's size is unknown).
 
     A lean session holds the weights once, memory-mapped from the external data file (file
     pages: resident, but reclaimable), and computes each float32 copy of a bf16 weight just
@@ -71,7 +77,10 @@ def lean_session(model_bytes: int | None, available: int | None) -> bool:
     later layers carry on: on the 0.5 B bf16 decoder the lean and default sessions' logits are
     1.6% apart (normwise), and each is 1.6% from the float32 reference, as PyTorch's own bf16
     run is."""
-    return bool(model_bytes and available and model_bytes > LEAN_SHARE * available)
+    if not model_bytes:
+        return False
+    return model_bytes >= LEAN_MIN_BYTES or bool(available and
+                                                 model_bytes > LEAN_SHARE * available)
 
 
 def _env_lean() -> bool | None:

@@ -94,14 +94,14 @@ def record_runtime(result: ExportResult, sbx: sandbox.SandboxResult, target: str
         size = (f" ({sbx.model_bytes / 2**30:.2f} GiB with its weights)"
                 if sbx.model_bytes else "")
         st.add(info(
-            "OM516", "runtime", f"the model{size} is big against the memory available, so "
-            "ONNX Runtime ran it in a memory-lean session: weights memory-mapped from the "
-            "external data and held once (no folded float32 copies of bf16 weights, no packed "
-            "MatMul weights), basic graph optimizations only. A default session (extended "
-            "fusions, packed weights) may round some results differently, within the rounding "
-            "of the model's dtype.", suggestion="Nothing to do; to verify with a default session, free "
-            "memory (a session is lean when the model is more than "
-            f"{sandbox.LEAN_SHARE:.0%} of the memory available)."))
+            "OM516", "runtime", f"the model{size} is big, so ONNX Runtime ran it in a "
+            "memory-lean session: weights memory-mapped from the external data and held once "
+            "(no folded float32 copies of bf16 weights, no packed MatMul weights), basic graph "
+            "optimizations only. A default session (extended fusions, packed weights) may round "
+            "some results differently, within the rounding of the model's dtype.",
+            suggestion="Nothing to do. A session is lean for a model of at least "
+            f"{sandbox.LEAN_MIN_BYTES / 2**30:g} GiB or more than {sandbox.LEAN_SHARE:.0%} of "
+            "the memory available; ONNXMEDIC_SANDBOX_LEAN=0 asks for a default session."))
     fallback = sbx.provider_finding(sandbox.providers(target))
     if fallback is not None:
         st.add(fallback)
