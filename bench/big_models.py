@@ -205,8 +205,10 @@ def measure(tool: str, size: str, dtype: str = "float32", cap: float = 20 * 2**3
 
 
 def _slope(rows: list[dict], key: str) -> float | None:
-    """Least-squares slope of ``key`` against parameter GiB over the rows that finished."""
-    pts = [(r["params"] / 2**30, r[key]) for r in rows if r.get("ok") and r.get("params")]
+    """Least-squares slope of ``key`` against parameter GiB over the rows that ran to the end
+    (verified or not: a mismatch still ran every stage; not the rows the cap killed)."""
+    pts = [(r["params"] / 2**30, r[key]) for r in rows
+           if r.get("params") and "seconds" in r and not r.get("oom")]
     if len(pts) < 2:
         return None
     mx = sum(x for x, _ in pts) / len(pts)
