@@ -190,3 +190,118 @@ def test_export_under_a_low_memory_cap_fails_with_oom_and_writes_nothing(tmp_pat
     (f,) = [f for f in r.errors if f.code == "OM514"]
     assert "cap of 2.00 GiB" in f.message and r.traceback is None
     assert list(tmp_path.iterdir()) == []
+
+
+def _weights_model(path, width: int):
+    """x -> MatMul(Cast(bf16 weight)) -> MatMul(float32 weight) -> + Gather(embedding) - the
+    dtype fixer's pattern for a bf16 model - with every weight in external data, written the
+    way onnxmedic writes big models (onnx_ir, densely packed)."""
+    import ml_dtypes
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((width, width), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    w2 = rng.standard_normal((width, width), dtype=np.float32)
+    emb = rng.standard_normal((16, width), dtype=np.float32)
+    inits = [helper.make_tensor("w1", TensorProto.BFLOAT16, [width, width],
+                                w1.view(np.uint16).tobytes(), raw=True),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(emb, "emb")]
+    nodes = [helper.make_node("Cast", ["w1"], ["w1f"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["x", "w1f"], ["h"]),
+             helper.make_node("MatMul", ["h", "w2"], ["h2"]),
+             helper.make_node("Gather", ["emb", "ids"], ["e"]),
+             helper.make_node("Add", ["h2", "e"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, width]),
+                     helper.make_tensor_value_info("ids", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    ir.save(ir.serde.deserialize_model(model), path, external_data=f"{path.name}.data")
+    feeds = {"x": rng.standard_normal((4, width), dtype=np.float32),
+             "ids": np.array([0, 3, 7, 15], np.int64)}
+    return path, feeds
+
+
+def test_lean_session_is_bit_equal_to_the_normal_one(tmp_path):
+    """A memory-lean session (forced here; chosen by size otherwise) computes the same bits as
+    a normal one where MLAS's packed and unpacked MatMuls agree (64 wide)."""
+    path, feeds = _weights_model(tmp_path / "m.onnx", 64)
+    assert (tmp_path / "m.onnx.data").stat().st_size > 64 * 64 * 6
+    normal = sandbox.run_model(path, [feeds], lean=False)
+    lean = sandbox.run_model(path, [feeds], lean=True)
+    assert normal.ok and lean.ok, (normal.error, lean.error)
+    assert lean.lean and not normal.lean
+    np.testing.assert_array_equal(lean.outputs[0][0], normal.outputs[0][0])
+
+
+def test_lean_session_differs_only_by_weight_packing(tmp_path):
+    """From 256 wide on, a MatMul with a packed weight (a normal session) rounds differently
+    from an unpacked one (lean: session.disable_prepacking); everything else lean changes -
+    memory-mapped weights, no folding of the big Cast, no arena, priority order - is
+    bit-equal to a normal session that does not pack weights either."""
+    import onnxruntime as ort
+
+    path, feeds = _weights_model(tmp_path / "m.onnx", 256)
+    lean = sandbox.run_model(path, [feeds], lean=True)
+    assert lean.ok and lean.lean, lean.error
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    unpacked = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(lean.outputs[0][0], unpacked.run(None, feeds)[0])
+
+
+def test_lean_session_is_chosen_by_model_size(tmp_path, monkeypatch):
+    path, feeds = _weights_model(tmp_path / "m.onnx", 64)
+    size = sandbox._model_bytes(path)
+    assert sandbox.lean_session(size, int(size / sandbox.LEAN_SHARE) + 1) is False
+    assert sandbox.lean_session(size, int(size / sandbox.LEAN_SHARE) - 1) is True
+    assert sandbox.lean_session(None, 1 << 30) is False
+    assert sandbox.lean_session(sandbox.LEAN_MIN_BYTES, 1 << 50) is True  # big, whatever the room
+    assert sandbox.lean_session(sandbox.LEAN_MIN_BYTES - 1, 1 << 50) is False
+    monkeypatch.delenv("ONNXMEDIC_SANDBOX_LEAN", raising=False)
+    assert not sandbox.run_model(path, [feeds], lean=None).lean  # a small model: normal
+    monkeypatch.setattr(sandbox, "LEAN_SHARE", 1e-9)
+    assert sandbox.run_model(path, [feeds], lean=None).lean
+    monkeypatch.setenv("ONNXMEDIC_SANDBOX_LEAN", "0")
+    assert not sandbox.run_model(path, [feeds], lean=None).lean
+    monkeypatch.delenv("ONNXMEDIC_SANDBOX_LEAN")
+    assert not sandbox.run_model(path, [feeds]).lean  # run_model: a default session unless asked
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_lean_session_cap_grows_by_the_mapped_weights(lean):
+    """A lean session memory-maps its weights (file pages, not allocations): the child's
+    address-space cap grows by the external data's bytes, so that the cap still bounds what
+    ONNX Runtime allocates; a normal session's cap stays as set."""
+    import subprocess
+    import sys
+
+    code = ("import resource, sys; sys.path.insert(0, sys.argv[1]); import _sandbox_worker as w;"
+            "resource.setrlimit(resource.RLIMIT_AS, (2**40, resource.RLIM_INFINITY));"
+            f"w._map_allowance({{'lean': {lean}, 'mapped_bytes': 2**30}});"
+            "print(resource.getrlimit(resource.RLIMIT_AS)[0])")
+    out = subprocess.run([sys.executable, "-c", code, str(sandbox.WORKER.parent)],
+                         capture_output=True, text=True, check=True).stdout
+    assert int(out) == 2**40 + (2**30 if lean else 0)
+
+
+def test_export_of_a_model_big_against_memory_is_verified_lean(tmp_path, monkeypatch):
+    """A model over LEAN_SHARE of the memory available is verified in a lean session and the
+    result says so (OM516, info); under it, a default session and no OM516."""
+    import torch
+
+    import onnxmedic
+
+    monkeypatch.delenv("ONNXMEDIC_SANDBOX_LEAN", raising=False)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 8)).to(torch.bfloat16)
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    r = onnxmedic.export(model, (x,), tmp_path / "a.onnx")
+    assert r.ok and "OM516" not in [f.code for f in r.findings]
+    monkeypatch.setattr(sandbox, "LEAN_SHARE", 1e-9)
+    r = onnxmedic.export(model, (x,), tmp_path / "b.onnx")
+    assert r.ok, [(f.code, f.message) for f in r.errors]
+    (f,) = [f for f in r.findings if f.code == "OM516"]
+    assert f.stage == "runtime" and "memory-lean" in f.message and "GiB" in f.message

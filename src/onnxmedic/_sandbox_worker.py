@@ -1,6 +1,6 @@
 """The child side of the sandbox: load an ONNX model in ONNX Runtime, run it, write results.
 
-Run as ``python -m onnxmedic._sandbox_worker REQUEST_DIR``. Imports only numpy and onnxruntime
+Run as ``python _sandbox_worker.py REQUEST_DIR [MEMORY_LIMIT]``. Imports only numpy and onnxruntime
 (never torch), writes its phase to ``phase`` before each step so the parent can tell where a hang
 or crash happened, and outputs as .npz files (no pickles) plus ``result.json``.
 """
@@ -28,6 +28,9 @@ def _die_with_parent() -> None:
 
 
 TF32_OFF = {"use_tf32": "0"}  # ONNX Runtime CUDA provider option
+# sandbox.LEAN_FOLD_BYTES and sandbox.LEAN_DISABLED (this script imports nothing of onnxmedic)
+LEAN_FOLD_BYTES = 1 << 20
+LEAN_DISABLED = ("TransposeOptimizer",)
 
 
 def _phase(req_dir: str, text: str) -> None:
@@ -166,6 +169,43 @@ def _finish(req_dir: str, result: dict, code: int = 0) -> int:
     return code
 
 
+def limit_memory(limit: int) -> None:
+    """Cap this process's address space at ``limit`` bytes (0: no cap), as the first thing it
+    does: the soft limit; the hard one stays as it was, so that a lean session can add its
+    memory-mapped weights (_map_allowance)."""
+    if not limit:
+        return
+    try:
+        import resource
+
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        soft = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _map_allowance(req: dict) -> None:
+    """A lean session memory-maps the external data file: file pages the kernel can drop, not
+    allocations. The address-space cap (the soft RLIMIT_AS limit_memory set) grows by the
+    mapped bytes so that it still bounds what ONNX Runtime allocates."""
+    extra = int(req.get("mapped_bytes") or 0)
+    if not (req.get("lean") and extra):
+        return
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return
+        soft += extra
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def _load_session(ort, req_dir: str, req: dict, result: dict):
     """The InferenceSession for the request's model, or None with the failure in ``result``."""
     _phase(req_dir, "load")
@@ -178,13 +218,24 @@ def _load_session(ort, req_dir: str, req: dict, result: dict):
             opts.intra_op_num_threads = int(req["threads"])
         if req.get("disable_optimizations"):
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        disabled = []
+        if req.get("lean"):  # sandbox.lean_session says why each
+            opts.add_session_config_entry(
+                "optimization.constant_folding_max_output_size_in_bytes", str(LEAN_FOLD_BYTES))
+            opts.add_session_config_entry("session.disable_prepacking", "1")
+            opts.enable_cpu_mem_arena = False
+            opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+            if not req.get("disable_optimizations"):
+                opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+                disabled = list(LEAN_DISABLED)
         providers = req.get("providers") or ["CPUExecutionProvider"]
         # verification compares with PyTorch, whose CUDA matmuls and convolutions are full
         # float32 by default (torch.backends.cuda.matmul.allow_tf32 = False); ONNX Runtime's
         # CUDA provider uses TF32 by default, 1e-4..1e-3 relative off (bench/gpu_check.py)
         providers = [(p, dict(TF32_OFF)) if p == "CUDAExecutionProvider" else p
                      for p in providers]
-        sess = ort.InferenceSession(req["model"], opts, providers=providers)
+        sess = ort.InferenceSession(req["model"], opts, providers=providers,
+                                    disabled_optimizers=disabled or None)
     except MemoryError:
         result.update(status="oom", phase="load", error="MemoryError while loading")
         return None
@@ -273,8 +324,10 @@ def main(req_dir: str) -> int:
     req = _wait_for_request(req_dir)
     result: dict = {"status": "ok", "phase": "import"}
     result["ort_version"] = ort.__version__
+    result["lean"] = bool(req.get("lean"))
     if req.get("probe_opset"):
         result["max_opset"] = _probe_opset(ort)
+    _map_allowance(req)
     sess = _load_session(ort, req_dir, req, result)
     if sess is None:
         return _finish(req_dir, result)
@@ -293,6 +346,7 @@ if __name__ == "__main__":
     # module names (inputs, report, ...) can shadow what numpy or onnxruntime import.
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+    limit_memory(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     try:
         sys.exit(main(sys.argv[1]))
     except Exception:

@@ -442,6 +442,15 @@ CODES: dict[str, CodeInfo] = {
         "translated on fake weights (shapes only) and its own tensors were bound to the ONNX "
         "model afterwards (streamed into the file, not copied); the result is the same model.",
     ),
+    "OM516": CodeInfo(
+        "verified in a memory-lean ONNX Runtime session", 0,
+        "The model is big (1 GiB or more, or 5% of the memory available), so the sandbox "
+        "ran it in a session "
+        "that holds its weights once (memory-mapped, no folded or packed copies) with ONNX "
+        "Runtime's basic graph optimizations: a default session (extended fusions, packed "
+        "MatMul weights) rounds some results differently, within the rounding of the model's "
+        "dtype.",
+    ),
     "OM520": CodeInfo(
         "external data outside the model folder", 1,
         "A tensor's external-data location is absolute, climbs out with '..', or resolves (via "

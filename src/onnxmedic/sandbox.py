@@ -29,6 +29,65 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 120.0
 WORKER = Path(__file__).resolve().parent / "_sandbox_worker.py"
 
+# A model whose file and external data take more than this share of the memory available gets
+# a memory-lean session (see lean_session). A normal session holds up to twice the weights in
+# anonymous memory (bf16 weights folded to float32, or float32 weights packed for MatMul), on
+# top of the user's model in onnxmedic's process: lean once that would be a tenth of what is
+# available. A 0.5 B bf16 decoder (1.0 GiB) on a machine with 15 GiB available is lean; a model
+# of a few hundred MB never is.
+LEAN_SHARE = 0.05
+# ... and a model of at least this many bytes always is: onnxmedic writes such a model's weights
+# as external data (onnxfile.EXTERNAL_DATA_THRESHOLD), which a lean session maps; a default
+# session's float32 copies of them would take the export past 2.5x the weights wherever the
+# machine has room (bench/big_models.py: 3.7x for the 0.5 B bf16 decoder, 2.8x lean)
+LEAN_MIN_BYTES = 1 << 30
+# ONNX Runtime folds no constant bigger than this in a lean session (bytes)
+LEAN_FOLD_BYTES = 1 << 20
+# graph optimizers a lean session leaves out (on top of the extended ones, see lean_session)
+LEAN_DISABLED = ("TransposeOptimizer",)
+
+
+def lean_session(model_bytes: int | None, available: int | None) -> bool:
+    """Whether the sandbox loads a model of ``model_bytes`` lean, with ``available`` bytes of
+    memory free: when the model is at least LEAN_MIN_BYTES or more than LEAN_SHARE of the
+    memory available (False when the model's size is unknown).
+
+    A lean session holds the weights once, memory-mapped from the external data file (file
+    pages: resident, but reclaimable), and computes each float32 copy of a bf16 weight just
+    before the MatMul that reads it: it folds no constant over LEAN_FOLD_BYTES (folding the
+    float32 Cast the dtype fixer puts behind every bf16 weight would hold a float32 copy of the
+    whole model, twice the file), packs no MatMul weights (session.disable_prepacking: the
+    packed copy is anonymous memory the size of every float32 weight), uses no memory arena
+    (freed tensors go back to the system) and runs nodes in priority order (ONNX Runtime's
+    topological sort, ties broken by node index: a weight's Cast, which depends on nothing,
+    runs when the file's order reaches it, just before its consumer).
+
+    That order holds only while the graph keeps the file's nodes: a node an optimizer creates
+    (every fusion of the extended level, and the TransposeOptimizer of the basic one) has a
+    higher index than every weight's Cast, which then all run before it - every bf16 weight
+    in float32 at once (1.9 GiB instead of 0.25 GiB of anonymous memory for the 0.5 B bf16
+    decoder of bench/big_models.py). A lean session therefore runs ONNX Runtime's basic
+    optimizations without LEAN_DISABLED: it verifies the graph without the extended fusions
+    (SimplifiedLayerNormalization, attention and GELU fusions...) that a default session adds.
+
+    Its outputs are bit-equal to a normal session's except for MatMuls with a constant weight
+    (MLAS sums a packed weight in another order than an unpacked one: equal at 64x64, apart by
+    float32 rounding from 256x256 on) and for the extended fusions; judged against PyTorch
+    like any session. In a bf16 model a float32 difference can flip a bf16 rounding, which
+    later layers carry on: on the 0.5 B bf16 decoder the lean and default sessions' logits are
+    1.6% apart (normwise), and each is 1.6% from the float32 reference, as PyTorch's own bf16
+    run is."""
+    if not model_bytes:
+        return False
+    return model_bytes >= LEAN_MIN_BYTES or bool(available and
+                                                 model_bytes > LEAN_SHARE * available)
+
+
+def _env_lean() -> bool | None:
+    """ONNXMEDIC_SANDBOX_LEAN=1/0 forces the lean session on/off (benchmarks compare the two);
+    unset or anything else: decided per model (lean_session)."""
+    return {"1": True, "0": False}.get(os.environ.get("ONNXMEDIC_SANDBOX_LEAN", ""))
+
 
 def default_memory_limit() -> int | None:
     """The child's address-space cap, in bytes: 70% of the memory available now (at most 75%
@@ -73,7 +132,9 @@ class SandboxResult:
     wall_seconds: float = 0.0
     stderr: str = ""
     memory_limit: int | None = None  # the child's cap, bytes (set when it ran out)
-    model_bytes: int | None = None  # the model file and its external data, bytes (likewise)
+    model_bytes: int | None = None  # the model file and its external data, bytes (likewise,
+    # and for a lean session)
+    lean: bool = False  # the session was memory-lean (lean_session)
 
     @property
     def ok(self) -> bool:
@@ -134,7 +195,8 @@ class SandboxResult:
             return error("OM514", stage, f"ONNX Runtime ran out of memory{cap} while "
                          f"{where}{size}.",
                          suggestion="The cap is 70% of the memory available when onnxmedic "
-                         "started: free memory or use a larger machine; otherwise try smaller "
+                         "started (plus the weights file, for a big model's lean session, "
+                         "which maps it): free memory or use a larger machine; otherwise try smaller "
                          "example inputs or check for a shape that explodes (an Expand or "
                          "Tile to a huge size).",
                          details={"error": self.error, "memory_limit": self.memory_limit,
@@ -181,17 +243,6 @@ def _restore(a: np.ndarray, dtype: str) -> np.ndarray:
     return a.view(getattr(ml_dtypes, dtype))
 
 
-def _limit_memory(limit: int | None) -> Any:
-    def preexec() -> None:
-        if limit:
-            import resource
-
-            try:
-                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-            except (ValueError, OSError):
-                pass
-
-    return preexec
 
 
 class Worker:
@@ -205,10 +256,14 @@ class Worker:
         self.dir = Path(tempfile.mkdtemp(prefix="onnxmedic-sbx-"))
         # The worker runs as a plain script (not -m onnxmedic...): importing the onnxmedic
         # package would import torch, which the child never needs and which costs seconds.
+        # The child caps its own address space first thing (_sandbox_worker.limit_memory), not
+        # a preexec_fn here: that forces a fork of this process, whose page tables (a model of
+        # several GiB) are copied and whose pages the child shares until it execs - a
+        # multi-GiB resident double in /proc for a moment, and slower.
         self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, str(WORKER), str(self.dir)],
+            [sys.executable, str(WORKER), str(self.dir), str(memory_limit or 0)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=_limit_memory(memory_limit),
+            start_new_session=True,
         )
 
     def __enter__(self) -> Worker:
@@ -238,16 +293,27 @@ class Worker:
         disable_optimizations: bool = False,
         probe_opset: bool = False,
         n_required: int | None = None,
+        lean: bool | None = None,
     ) -> SandboxResult:
         """Send the one request and wait for it, at most ``timeout`` seconds. Feeds after the
         first ``n_required`` are optional: a run error there is recorded in ``run_errors`` and
-        the other feeds still run."""
+        the other feeds still run. ``lean``: a memory-lean session (lean_session); None
+        decides by the model's size and the memory available now."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("sandbox worker already used")
         t_start = time.perf_counter()
         req_dir = self.dir
+        if lean is None:
+            lean = _env_lean()
+        if lean is None:
+            from onnxmedic.verify.reference import available_memory
+
+            lean = lean_session(_model_bytes(model_path), available_memory())
         self._send(model_path, feeds, {
+            "lean": lean,
+            # what a lean session maps of the weights, on top of the memory cap
+            "mapped_bytes": _external_bytes(model_path) if lean else 0,
             "providers": providers or ["CPUExecutionProvider"],
             "threads": threads,
             "disable_optimizations": disable_optimizations,
@@ -268,8 +334,12 @@ class Worker:
         else:
             out = _read_result(req_dir, json.loads(result_file.read_text()), phase, wall,
                                stderr)
+        if lean:
+            out.model_bytes = _model_bytes(model_path)
         if out.status == "oom":  # what the finding needs to say how far off it was
             out.memory_limit, out.model_bytes = self.memory_limit, _model_bytes(model_path)
+            if lean and out.memory_limit:
+                out.memory_limit += _external_bytes(model_path)
         return out
 
     def _send(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
@@ -316,6 +386,15 @@ def _model_bytes(path: str | os.PathLike[str]) -> int | None:
         return None
 
 
+def _external_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes of the external data files beside a model (``path``.data*)."""
+    p = Path(path)
+    try:
+        return sum(f.stat().st_size for f in p.parent.glob(f"{p.name}.data*"))
+    except OSError:
+        return 0
+
+
 def _crashed(returncode: int | None, phase: str, wall: float, stderr: str) -> SandboxResult:
     """The result of a child that died (a signal) or exited without writing result.json."""
     if returncode is not None and returncode < 0:
@@ -341,7 +420,7 @@ def _read_result(req_dir: Path, res: dict[str, Any], phase: str, wall: float, st
         output_names=[o["name"] for o in res.get("outputs", [])],
         load_seconds=res.get("load_seconds", 0.0), wall_seconds=wall, stderr=stderr,
         max_opset=res.get("max_opset"), ort_version=res.get("ort_version"),
-        providers=res.get("providers", []),
+        providers=res.get("providers", []), lean=bool(res.get("lean")),
     )
     for i, run in enumerate(res.get("runs", [])):
         if "error" in run:
@@ -378,12 +457,15 @@ def run_model(
     threads: int | None = None,
     disable_optimizations: bool = False,
     probe_opset: bool = False,
+    lean: bool | None = False,
 ) -> SandboxResult:
     """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
-    failures of the model or of ONNX Runtime."""
+    failures of the model or of ONNX Runtime. ``lean``: see :meth:`Worker.run`; a default
+    session unless asked (timings, as optimize's, are of the session users deploy)."""
     with Worker(memory_limit) as w:
         return w.run(model_path, feeds, timeout=timeout, providers=providers, threads=threads,
-                     disable_optimizations=disable_optimizations, probe_opset=probe_opset)
+                     disable_optimizations=disable_optimizations, probe_opset=probe_opset,
+                     lean=lean)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -90,6 +90,18 @@ def record_runtime(result: ExportResult, sbx: sandbox.SandboxResult, target: str
         st.fail(finding)
         return False
     st.passed()
+    if sbx.lean:
+        size = (f" ({sbx.model_bytes / 2**30:.2f} GiB with its weights)"
+                if sbx.model_bytes else "")
+        st.add(info(
+            "OM516", "runtime", f"the model{size} is big, so ONNX Runtime ran it in a "
+            "memory-lean session: weights memory-mapped from the external data and held once "
+            "(no folded float32 copies of bf16 weights, no packed MatMul weights), basic graph "
+            "optimizations only. A default session (extended fusions, packed weights) may round "
+            "some results differently, within the rounding of the model's dtype.",
+            suggestion="Nothing to do. A session is lean for a model of at least "
+            f"{sandbox.LEAN_MIN_BYTES / 2**30:g} GiB or more than {sandbox.LEAN_SHARE:.0%} of "
+            "the memory available; ONNXMEDIC_SANDBOX_LEAN=0 asks for a default session."))
     fallback = sbx.provider_finding(sandbox.providers(target))
     if fallback is not None:
         st.add(fallback)
@@ -245,7 +257,8 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
             return {}
         providers = sandbox.providers(target)
         if worker is None:
-            sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout, providers=providers)
+            sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout, providers=providers,
+                                    lean=None)
         else:
             sbx = worker.run(onnx_path, feeds, timeout=timeout, n_required=sets.n_required,
                              providers=providers)
