@@ -88,6 +88,34 @@ def test_the_float64_runs_stop_at_the_time_limit(monkeypatch):
     assert "took over 0 s" in ref.why_not
 
 
+def test_the_time_limit_grows_with_pytorchs_own_time(monkeypatch):
+    """A big model's reference may take TIME_FACTOR x PyTorch's own runs of the same sets: the
+    sets a fixed limit would have cut (a 1.5 B bf16 decoder) keep their reference; a run past
+    that limit is still cut."""
+    monkeypatch.setattr(ref_mod, "TIME_LIMIT", 0.0)
+    model = torch.nn.Linear(8, 8)
+    sets = [Inputs((X,), {}), Inputs((X * 2,), {}), Inputs((X * 3,), {})]
+    exp = [_expected(model, s.args[0]) for s in sets]
+    ref = reference_outputs(model, sets, exp, torch_seconds=60.0)
+    assert ref.why_not is None and all(o[0] is not None for o in ref.outputs)
+    ref = reference_outputs(model, sets, exp, torch_seconds=1e-9)
+    assert ref.outputs[1] == [None] and "took over 0 s" in ref.why_not
+
+
+def test_a_bf16_model_with_a_float32_buffer_gets_a_float32_reference():
+    """transformers keeps a bf16 model's rotary frequencies (a buffer) in float32: the
+    parameters decide, and float32 is enough to judge bfloat16 (and twice as fast as float64)."""
+    model = torch.nn.Linear(8, 8).to(torch.bfloat16)
+    model.register_buffer("inv_freq", torch.linspace(0.1, 1.0, 8))
+    xb = X.to(torch.bfloat16)
+    from onnxmedic._tensors import to_numpy
+
+    expected = to_numpy(model(xb).detach())  # ml_dtypes' bfloat16: numpy kind 'V', not 'f'
+    ref = reference_outputs(model, [Inputs((xb,), {})], [[expected]])
+    assert ref.dtype == "float32" and ref.outputs[0][0].dtype == np.float32
+    assert ref_mod._precision(torch.nn.Linear(8, 8))[0] == torch.float64
+
+
 class ReadsWeightDtype(torch.nn.Module):
     """Linear layers, a LayerNorm, a tied weight used outside its module, a floating buffer
     and a cast to a weight's dtype: what a whole float64 copy computes, op for op."""

@@ -37,8 +37,12 @@ logger = logging.getLogger(__name__)
 
 MEMORY_SHARE = 0.4  # of the memory available, at most, for the higher-precision copy
 # seconds the float64 runs may take in all: float64 convolutions have no fast CPU kernels (a
-# ConvNeXt's depthwise 7x7 take 20x the float32 time); the sets left are judged without it
+# ConvNeXt's depthwise 7x7 take 20x the float32 time); the sets left are judged without it.
+# A big model may take TIME_FACTOR times PyTorch's own runs of the same sets instead, so the
+# reference's share of the export does not shrink as the model grows (a 1.5 B bf16 decoder's
+# float32 reference of one set takes longer than 10 s for all of them would allow)
 TIME_LIMIT = 10.0
+TIME_FACTOR = 10.0
 
 
 @dataclass
@@ -51,8 +55,10 @@ class Reference:
 
 
 def _precision(model: Any) -> tuple[torch.dtype | None, str | None]:
-    """The dtype the reference runs at, or None with the reason."""
-    tensors = list(model.parameters()) + list(model.buffers())
+    """The dtype the reference runs at, or None with the reason: float32 for a model whose
+    weights are float16/bfloat16 (its parameters decide: transformers keeps a bf16 model's
+    rotary frequencies, a buffer, in float32), float64 otherwise."""
+    tensors = list(model.parameters()) or list(model.buffers())
     floats = [t.dtype for t in tensors if t.is_floating_point()]
     if not floats:
         return torch.float64, None  # no weights: the inputs decide
@@ -160,10 +166,12 @@ def _convert(value: Any, dtype: torch.dtype) -> Any:
     return torch.utils._pytree.tree_map(cast, value)
 
 
-def reference_outputs(model: Any, sets: list[Inputs],
-                      expected: list[list[np.ndarray]]) -> Reference:
+def reference_outputs(model: Any, sets: list[Inputs], expected: list[list[np.ndarray]],
+                      torch_seconds: float = 0.0) -> Reference:
     """The reference outputs of ``model`` (an nn.Module) on ``sets`` (``expected``: its outputs
-    at its own precision, to tell which outputs the higher precision reaches)."""
+    at its own precision, to tell which outputs the higher precision reaches), within
+    max(TIME_LIMIT, TIME_FACTOR x ``torch_seconds``: PyTorch's own time for these sets)."""
+    limit = max(TIME_LIMIT, TIME_FACTOR * torch_seconds)
     if not isinstance(model, torch.nn.Module):
         return Reference(why_not="the model is not an nn.Module")
     dtype, why = _precision(model)
@@ -188,14 +196,14 @@ def reference_outputs(model: Any, sets: list[Inputs],
 
     def upcast(*args: Any, **kwargs: Any) -> Any:
         if not fits and deadline[0] is None:
-            deadline[0] = time.perf_counter() + TIME_LIMIT
+            deadline[0] = time.perf_counter() + limit
         return torch.func.functional_call(model, weights, args, kwargs, tie_weights=True,
                                           strict=False)
 
     try:
-        return _runs(upcast, sets, expected, dtype)
+        return _runs(upcast, sets, expected, dtype, limit)
     except _TooSlow:
-        return Reference(why_not=f"the {name} run took over {TIME_LIMIT:g} s and was "
+        return Reference(why_not=f"the {name} run took over {limit:.0f} s and was "
                          f"stopped ({no_copy})")
     except Exception:  # e.g. a model that writes its weights: a whole copy, where it fits
         logger.debug("no %s reference through upcast weights", name, exc_info=True)
@@ -207,7 +215,7 @@ def reference_outputs(model: Any, sets: list[Inputs],
         return Reference(why_not=f"the model cannot be copied ({type(e).__name__}: "
                          f"{str(e)[:160]})")
     try:
-        return _runs(high, sets, expected, dtype)
+        return _runs(high, sets, expected, dtype, limit)
     except Exception as e:  # no kernel at that precision, or the model insists on float32
         logger.debug("no %s reference", name, exc_info=True)
         return Reference(why_not=f"the model does not run in {name} ({type(e).__name__}: "
@@ -217,16 +225,17 @@ def reference_outputs(model: Any, sets: list[Inputs],
 
 
 def _runs(fn: Any, sets: list[Inputs], expected: list[list[np.ndarray]],
-          dtype: torch.dtype) -> Reference:
-    """``fn`` (the model at ``dtype``) on each set, until TIME_LIMIT; raises what it raises."""
+          dtype: torch.dtype, limit: float = TIME_LIMIT) -> Reference:
+    """``fn`` (the model at ``dtype``) on each set, until ``limit`` seconds; raises what it
+    raises."""
     name = str(dtype)[6:]
     out = Reference(dtype=name)
     t0 = time.perf_counter()
     with reference_mode():
         for s, exp in zip(sets, expected):
-            if out.outputs and time.perf_counter() - t0 > TIME_LIMIT:
+            if out.outputs and time.perf_counter() - t0 > limit:
                 out.outputs.append([None] * len(exp))
-                out.why_not = (f"the {name} runs took over {TIME_LIMIT:g} s; the "
+                out.why_not = (f"the {name} runs took over {limit:.0f} s; the "
                                "remaining input sets are judged without them")
                 continue
             got = flatten_tensors(fn(*_convert(s.args, dtype), **_convert(s.kwargs, dtype)))
@@ -240,4 +249,9 @@ def _matched(ref: list[np.ndarray], expected: list[np.ndarray],
     if len(ref) != len(expected):
         return [None] * len(expected)
     return [r if str(r.dtype) == name and r.shape == np.asarray(e).shape
-            and np.asarray(e).dtype.kind == "f" else None for r, e in zip(ref, expected)]
+            and _is_float(np.asarray(e)) else None for r, e in zip(ref, expected)]
+
+
+def _is_float(a: np.ndarray) -> bool:
+    """A floating array, bfloat16 included (ml_dtypes' bfloat16 is numpy kind 'V')."""
+    return a.dtype.kind == "f" or a.dtype.name == "bfloat16"

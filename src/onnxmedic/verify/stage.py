@@ -8,6 +8,7 @@ import logging
 import math
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,11 +151,25 @@ class InputSets:
     expected: list[list[np.ndarray]] = field(default_factory=list)
     n_required: int = 0
     references: list[list[np.ndarray | None]] = field(default_factory=list)  # float64 runs
+    torch_seconds: float = 0.0  # PyTorch's own runs of the sets it timed (timed_sets)
+    timed_sets: int = 0
 
     def add(self, label: str, inputs: Inputs, expected: list[np.ndarray]) -> None:
         self.sets.append(inputs)
         self.labels.append(label)
         self.expected.append(expected)
+
+    def expected_of(self, model: Any, sets: list[Inputs]) -> list[list[np.ndarray]]:
+        """PyTorch's outputs on ``sets``, timed (for the reference's time limit)."""
+        t0 = time.perf_counter()
+        out = expected_outputs(model, sets)
+        self.torch_seconds += time.perf_counter() - t0
+        self.timed_sets += len(sets)
+        return out
+
+    def seconds_for(self, which: list[int]) -> float:
+        """PyTorch's time for the sets ``which``, estimated from the sets it timed."""
+        return self.torch_seconds / self.timed_sets * len(which) if self.timed_sets else 0.0
 
 
 def input_sets(result: ExportResult, model: Any, example: Inputs,
@@ -167,7 +182,7 @@ def input_sets(result: ExportResult, model: Any, example: Inputs,
     out = InputSets()
     with result.timed("compare"):
         out.add("example", example, example_expected if example_expected is not None
-                else expected_outputs(model, [example])[0])
+                else out.expected_of(model, [example])[0])
         extra = [(f"random#{i}", s) for i, s in
                  enumerate(same_shape_sets(example, onnx_dims), 1)]
         if probe_branches:  # a data-dependent branch was specialised: try to take the others
@@ -175,7 +190,7 @@ def input_sets(result: ExportResult, model: Any, example: Inputs,
                                                branch_probe_sets(example, probe_masks)],
                                "branch probe")
         try:
-            for (label, s), exp in zip(extra, expected_outputs(model, [s for _, s in extra])):
+            for (label, s), exp in zip(extra, out.expected_of(model, [s for _, s in extra])):
                 out.add(label, s, exp)
         except Exception as e:  # the derived data may be out of the model's domain
             result.findings.append(warning(
@@ -186,7 +201,7 @@ def input_sets(result: ExportResult, model: Any, example: Inputs,
         for label, variant in shape_variants(example, onnx_dims, rules=rules,
                                              only_allowed=only_allowed):
             try:
-                exp = expected_outputs(model, [variant])[0]
+                exp = out.expected_of(model, [variant])[0]
             except Exception as e:
                 text = str(e).strip()
                 result.findings.append(info(
@@ -204,7 +219,7 @@ def add_references(result: ExportResult, model: Any, sets: InputSets,
     fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
     with result.timed("reference"):
         ref = reference_outputs(fn, [sets.sets[i] for i in which],
-                                [sets.expected[i] for i in which])
+                                [sets.expected[i] for i in which], sets.seconds_for(which))
     if len(sets.references) != len(sets.sets):
         sets.references = [[] for _ in sets.sets]
     for i, outs in zip(which, ref.outputs):
