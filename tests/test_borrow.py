@@ -220,6 +220,15 @@ def test_fingerprint_sees_one_changed_element(dtype: torch.dtype) -> None:
     assert _fingerprint(t) != before
 
 
+def test_fingerprint_of_a_tensor_numpy_cannot_see_falls_back_to_sum_and_norm() -> None:
+    from onnxmedic.borrow import _fingerprint
+
+    x = torch.tensor([1.0, -2.0, 3.0])
+    fp = _fingerprint(torch._neg_view(x))  # a negative view: no numpy() of its bytes
+    assert fp is not None and fp[0] == "sum-norm" and fp[1] == -2.0
+    assert _fingerprint(x)[0] == "crc32"
+
+
 def test_a_model_that_writes_nothing_has_its_parameters_fingerprinted_twice(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Export fingerprints the parameters when it records the model's state and when it puts

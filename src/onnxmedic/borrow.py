@@ -200,8 +200,12 @@ def _fingerprint(p: torch.Tensor) -> tuple[Any, ...] | None:
         d = p.detach()
         if (d.device.type == "cpu" and d.layout == torch.strided
                 and type(d) in (torch.Tensor, torch.nn.Parameter)):
-            raw = d.reshape(-1).contiguous().view(torch.uint8).numpy()
-            return ("crc32", d.numel(), zlib.crc32(raw))
+            try:
+                raw = d.reshape(-1).contiguous().view(torch.uint8).numpy()
+            except (RuntimeError, TypeError):  # a tensor numpy cannot see (a neg/conj view)
+                raw = None
+            if raw is not None:
+                return ("crc32", d.numel(), zlib.crc32(raw))
         return ("sum-norm", float(d.sum(dtype=torch.float64)),
                 float(torch.linalg.vector_norm(d, dtype=torch.float64)))
 
