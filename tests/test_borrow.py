@@ -168,3 +168,77 @@ def test_a_model_left_holding_a_fake_tensor_is_a_clear_finding() -> None:
     assert not res.ok and res.exit_code == 1
     (f,) = [f for f in res.findings if f.severity.value == "error"]
     assert f.code == "OM100" and "FakeTensor" in f.message
+
+
+class _PermuteThroughData(nn.Module):
+    """Writes its weight through ``.data`` on the first call (no version bump, same tensor):
+    a permutation, which keeps the values' sum and 2-norm - only the bytes show it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+        self.register_buffer("done", torch.zeros((), dtype=torch.bool), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.done:
+            self.w.data.copy_(self.w.data.flip(0))
+            self.done.fill_(True)
+        return x * self.w
+
+
+def test_a_write_through_data_that_keeps_sum_and_norm_is_named() -> None:
+    from onnxmedic import borrow
+
+    model = _PermuteThroughData().eval()
+    state = borrow.record_state(model)
+    version, ptr = model.w._version, model.w.data_ptr()
+    with torch.no_grad():
+        model(torch.ones(4))
+    assert (model.w._version, model.w.data_ptr()) == (version, ptr)  # only the values show it
+    assert borrow.params_written(state) == ["w"]
+    assert borrow.written_since(state).params == ["w"]
+    assert borrow.written_since(state, params=False).params == []
+    res = onnxmedic.export(_PermuteThroughData().eval(), (torch.ones(4),))
+    om012 = next(f for f in res.findings if f.code == "OM012")
+    assert om012.details["parameters"] == ["w"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_fingerprint_sees_one_changed_element(dtype: torch.dtype) -> None:
+    from onnxmedic.borrow import _fingerprint
+
+    p = nn.Parameter(torch.randn(3, 5).to(dtype))
+    before = _fingerprint(p)
+    assert before is not None and before == _fingerprint(p)
+    p.data[1, 2] = -p.data[1, 2] + 1
+    assert _fingerprint(p) != before
+    scalar = nn.Parameter(torch.tensor(1.5, dtype=dtype))  # 0-d and non-contiguous ones too
+    assert _fingerprint(scalar) is not None
+    t = nn.Parameter(torch.randn(4, 6).to(dtype).t())
+    before = _fingerprint(t)
+    t.data[0, 1] += 1
+    assert _fingerprint(t) != before
+
+
+def test_fingerprint_of_a_tensor_numpy_cannot_see_falls_back_to_sum_and_norm() -> None:
+    from onnxmedic.borrow import _fingerprint
+
+    x = torch.tensor([1.0, -2.0, 3.0])
+    fp = _fingerprint(torch._neg_view(x))  # a negative view: no numpy() of its bytes
+    assert fp is not None and fp[0] == "sum-norm" and fp[1] == -2.0
+    assert _fingerprint(x)[0] == "crc32"
+
+
+def test_a_model_that_writes_nothing_has_its_parameters_fingerprinted_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Export fingerprints the parameters when it records the model's state and when it puts
+    it back; the check after the example run skips them when no state was written."""
+    from onnxmedic import borrow
+
+    calls = []
+    real = borrow._fingerprint
+    monkeypatch.setattr(borrow, "_fingerprint", lambda p: calls.append(1) or real(p))
+    model = models.TwoLinear().eval()
+    n = len(list(model.parameters()))
+    res = onnxmedic.export(model, models.make_inputs())
+    assert res.ok and len(calls) == 2 * n

@@ -98,3 +98,54 @@ def test_kernel_query_runs_in_a_child_and_survives_its_crash(monkeypatch):
         fx.registered_kernels.cache_clear()
         fx.kernel_table.cache_clear()
     assert fx.registered_kernels() == rows  # asked again, as before
+
+
+def test_kernel_query_started_ahead_is_asked_once(monkeypatch):
+    """prefetch_kernels asks in a background thread; registered_kernels takes that answer
+    instead of asking again, and nothing is asked once the answer is known."""
+    import threading
+
+    calls, release = [], threading.Event()
+    real = fx._query_kernels
+
+    def slow():
+        calls.append(threading.current_thread().name)
+        release.wait(30)
+        return real()
+
+    fx.registered_kernels.cache_clear()
+    fx.kernel_table.cache_clear()
+    monkeypatch.setattr(fx, "_query_kernels", slow)
+    try:
+        fx.prefetch_kernels()
+        fx.prefetch_kernels()  # already being asked
+        release.set()
+        rows = fx.registered_kernels()
+        assert calls == ["onnxmedic-kernel-query"]
+        fx.prefetch_kernels()  # known: not asked again
+        assert fx.registered_kernels() is rows and len(calls) == 1
+        assert any(op == "Gemm" for _, _, op, _, _ in rows)
+    finally:
+        monkeypatch.undo()
+        fx.registered_kernels.cache_clear()
+        fx.kernel_table.cache_clear()
+
+
+def test_plan_leaves_the_default_opset_to_translation(monkeypatch):
+    """The plan stage starts the kernel query and returns at once; the default opset is
+    chosen when translation starts - the same one choose_opset gives."""
+    from onnxmedic.context import ExportContext, ExportOptions
+    from onnxmedic.fixes import opset as opset_fix
+
+    fx.registered_kernels.cache_clear()
+    fx.kernel_table.cache_clear()
+    started = []
+    monkeypatch.setattr(fx, "prefetch_kernels", lambda: started.append(1))
+    ctx = ExportContext(api.ExportResult(command="export"), None, (), {}, ExportOptions())
+    assert opset_fix.plan_opset(ctx) and ctx.opset is None and started == [1]
+    assert opset_fix.resolve_opset(ctx) == ctx.opset == opset_fix.choose_opset("cpu")[0]
+    assert ctx.opset_bound == opset_fix.choose_opset("cpu")[1]
+    asked = ExportContext(api.ExportResult(command="export"), None, (), {},
+                          ExportOptions(opset=18))
+    assert opset_fix.plan_opset(asked) and (asked.opset, asked.opset_bound) == (18, "asked for")
+    assert opset_fix.resolve_opset(asked) == 18

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import types
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +60,7 @@ class State:
 
     buffers: list[tuple[torch.nn.Module, str, str, torch.Tensor, int, torch.Tensor | None]] = (
         field(default_factory=list))
-    params: list[tuple[str, torch.Tensor, int, int, tuple[float, float] | None]] = field(
+    params: list[tuple[str, torch.Tensor, int, int, tuple[Any, ...] | None]] = field(
         default_factory=list)
     attributes: list[tuple[torch.nn.Module, str, dict[str, Any], dict[str, Any]]] = field(
         default_factory=list)
@@ -184,19 +185,34 @@ def _ptr(p: torch.Tensor) -> int:
     return 0 if is_fake(p) else p.data_ptr()
 
 
-def _fingerprint(p: torch.Tensor) -> tuple[float, float] | None:
-    """The sum and the 2-norm of a floating-point parameter's values (in float64), or None."""
+def _fingerprint(p: torch.Tensor) -> tuple[Any, ...] | None:
+    """A fingerprint of a floating-point parameter's values, or None.
+
+    A plain CPU tensor: the CRC-32 of its bytes (any changed byte changes it; about 40x
+    faster than a float64 sum and norm, which took ~0.4 s for a 33 MB model, and the
+    fingerprint is taken two or three times per export). Other tensors (a GPU one, a tensor
+    subclass, a sparse layout): the sum and the 2-norm of the values in float64."""
     from onnxmedic._torch_compat import is_fake
 
     if not p.is_floating_point() or p.device.type == "meta" or is_fake(p):
         return None
     with torch.no_grad():
         d = p.detach()
-        return (float(d.sum(dtype=torch.float64)),
+        if (d.device.type == "cpu" and d.layout == torch.strided
+                and type(d) in (torch.Tensor, torch.nn.Parameter)):
+            try:
+                raw = d.reshape(-1).contiguous().view(torch.uint8).numpy()
+            except (RuntimeError, TypeError):  # a tensor numpy cannot see (a neg/conj view)
+                raw = None
+            if raw is not None:
+                return ("crc32", d.numel(), zlib.crc32(raw))
+        return ("sum-norm", float(d.sum(dtype=torch.float64)),
                 float(torch.linalg.vector_norm(d, dtype=torch.float64)))
 
 
-def _params_written(state: State) -> list[str]:
+def params_written(state: State) -> list[str]:
+    """The parameters written since ``state``: in place (version counter), ``.data`` replaced
+    (data pointer) or written through ``.data`` (fingerprint)."""
     return [n for n, p, version, ptr, values in state.params
             if p._version != version or _ptr(p) != ptr
             or values is not None and repr(_fingerprint(p)) != repr(values)]
@@ -247,9 +263,10 @@ def _attributes_written(state: State) -> list[tuple[torch.nn.Module, str, str, d
     return out
 
 
-def written_since(state: State) -> Written:
+def written_since(state: State, *, params: bool = True) -> Written:
     """What the model wrote since :func:`record_state` recorded ``state`` (nothing is put
-    back)."""
+    back). ``params=False``: the parameters are not looked at (``params`` stays empty; their
+    fingerprints are the costly part); :func:`params_written` gives them."""
     written = Written()
     for mod, name, qual, buf, version, _ in state.buffers:
         if mod._buffers.get(name) is not buf or buf._version != version:
@@ -262,7 +279,8 @@ def written_since(state: State) -> Written:
         if name in attrs:
             written.before[qual] = attrs[name]
         written.owners[qual] = (mod, name)
-    written.params = _params_written(state)
+    if params:
+        written.params = params_written(state)
     return written
 
 
@@ -302,7 +320,7 @@ def restore_state(state: State) -> tuple[list[str], list[str]]:
             continue
         _refill(now, saved)  # in place: the same objects, as for module attributes
         restored.append(f"<{type(obj).__name__} held by an attribute>")
-    return restored, _params_written(state)
+    return restored, params_written(state)
 
 
 def _refill(container: Any, items: Any) -> None:

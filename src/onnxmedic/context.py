@@ -44,7 +44,7 @@ class ExportContext:
     worker: Any = None  # sandbox.Worker started ahead (imports ONNX Runtime during capture)
     state: Any = None  # borrow.State: the model as export found it (put back at the end)
     expected: list[np.ndarray] | None = None  # the example's outputs in PyTorch (preflight)
-    opset: int | None = None  # the opset to export (fixes.opset.plan_opset)
+    opset: int | None = None  # the opset to export (fixes.opset.plan_opset, resolve_opset)
     opset_bound: str = "asked for"  # what set it
     opset_lowered_from: int | None = None  # the default opset, when kernels lowered it (OM325)
     program: Any = None  # the captured ExportedProgram

@@ -185,9 +185,12 @@ def first_call_state(result: Any, model: Any, state: borrow.State | None) -> Non
       again from that call's data (borrow.py, OM012)."""
     if state is None or not isinstance(model, torch.nn.Module):
         return
-    written = borrow.written_since(state)
+    # the parameters only matter beside written state: their fingerprints are not taken
+    # for the usual model that writes nothing
+    written = borrow.written_since(state, params=False)
     if not (written.buffers or written.attributes):
         return
+    written.params = borrow.params_written(state)
     text, lines, details = _written_items(written)
     if written.params:
         params = listed(written.params, 6)

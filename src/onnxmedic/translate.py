@@ -375,6 +375,7 @@ def translate_stage(ctx: Any) -> bool:
     after the user's string dims, the IR version fitted to the ONNX Runtime asked for, the FX
     nodes the optimizer removed recorded (for localisation), and the opset reached checked."""
     result = ctx.result
+    opset_fix.resolve_opset(ctx)
     if ctx.opts.explain:
         with result.timed("explain"):
             try:

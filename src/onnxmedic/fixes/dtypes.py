@@ -36,6 +36,8 @@ import functools
 import importlib.resources
 import json
 import logging
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,11 +104,47 @@ json.dump([[k.provider, k.domain, k.op_name, list(k.version_range),
 """
 
 
+Kernels = list[tuple[str, str, str, tuple[int, int], dict[str, set[str]]]]
+
+# the query started ahead by prefetch_kernels, until registered_kernels takes its answer
+_PREFETCH: list[Future[Kernels]] = []
+_PREFETCH_LOCK = threading.Lock()
+
+
+def prefetch_kernels() -> None:
+    """Start asking onnxruntime for its kernels (registered_kernels) in a background thread,
+    unless they are known or being asked already: the child process takes about half a
+    second, which then runs while the model is run and captured (export's plan stage starts
+    it; the default opset and the dtype fixes read the answer)."""
+    with _PREFETCH_LOCK:
+        if _PREFETCH or registered_kernels.cache_info().currsize:
+            return
+        fut: Future[Kernels] = Future()
+        _PREFETCH.append(fut)
+
+    def ask() -> None:
+        try:
+            fut.set_result(_query_kernels())
+        except BaseException as e:  # handed to the reader, who sees what a direct call would
+            fut.set_exception(e)
+
+    threading.Thread(target=ask, name="onnxmedic-kernel-query", daemon=True).start()
+
+
 @functools.lru_cache(maxsize=1)
-def registered_kernels() -> list[tuple[str, str, str, tuple[int, int], dict[str, set[str]]]]:
+def registered_kernels() -> Kernels:
     """(provider, domain, op, (since lo, hi), {type var: types}) for every kernel the installed
     onnxruntime registers, asked in a child process (see _QUERY); [] when the query is missing
-    or the child fails (logged)."""
+    or the child fails (logged). Asked once per process; the answer of a query
+    :func:`prefetch_kernels` started is waited for rather than asked again."""
+    with _PREFETCH_LOCK:
+        started = _PREFETCH.pop() if _PREFETCH else None
+    if started is not None:
+        return started.result()
+    return _query_kernels()
+
+
+def _query_kernels() -> Kernels:
     import subprocess
     import sys
 
