@@ -152,3 +152,22 @@ def test_corrupted_quantized_block_is_rejected(tmp_path: Path) -> None:
     assert "4 most sensitive layer(s) in float32" in bad.rejected
     assert min(m["cosine"] for m in bad.accuracy.values()) < 0.999
     assert res.chosen != bad.name
+
+
+def test_int8_candidates_and_fused_dynamic_pipeline(tmp_path: Path) -> None:
+    """int8 means 8 bit: every default int8 candidate is; the fused one runs the attention that
+    quantize_dynamic leaves float32 as one MultiHeadAttention."""
+    from tests.optimize.test_optimize import NormAttention
+
+    int8 = {p.name: p for p in passes.default_pipelines("cpu", "int8") if p.precision == "int8"}
+    assert set(int8) == {"int8-dynamic", "int8-dynamic-per-channel", "int8-dynamic-fused",
+                         "int8-weight-only"}
+    assert all(o.get("bits", 8) == 8 for p in int8.values() for _, o in p.steps)
+    src = tmp_path / "a.onnx"
+    torch.onnx.export(NormAttention().eval(), (torch.randn(1, 16, 32),), str(src),
+                      dynamo=True, verbose=False)
+    ok, steps, err = passes.run_pipeline(int8["int8-dynamic-fused"], src, tmp_path / "q.onnx")
+    assert ok, err
+    ops = _ops(tmp_path / "q.onnx")
+    assert ops["MultiHeadAttention"] == 1 and ops["MatMulInteger"] == 1
+    assert steps[0]["fusions"].get("sdpa") == 1

@@ -232,6 +232,11 @@ def default_pipelines(target: str = "cpu", precision: str = "fp32") -> list[Pipe
                      [opt, (f"{_HERE}:quantize_int8", {"per_channel": True})], precision="int8",
                      note="onnxscript optimizer + quantize_dynamic per_channel (one weight "
                      "scale per output channel)"),
+            Pipeline("int8-dynamic-fused", [(f"{_HERE}:ort_fusions", {}),
+                                            (f"{_HERE}:quantize_int8", {})],
+                     precision="int8", portable=False,
+                     note="onnxscript ORT fusions (attention, SkipLayerNorm, bias-GELU) + "
+                     "quantize_dynamic: the attention that int8 leaves float32 runs fused"),
             Pipeline("int8-weight-only",
                      [opt, (f"{_HERE}:quantize_weight_only",
                             {"bits": 8, "block_size": 32, "accuracy_level": 4})],
