@@ -177,6 +177,13 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str]
 
         quantize_dynamic(str(plain), str(dst), weight_type=QuantType.QInt8)
     _peer("blind quantize_dynamic", blind, folder / f"{name}-q.onnx", paths, failed)
+
+    def nbits4(dst: Path) -> None:  # for reference only: int8 means 8 bit
+        from onnxmedic.optimize.passes import quantize_weight_only
+
+        quantize_weight_only(str(plain), str(dst), bits=4, block_size=32, accuracy_level=4)
+    _peer("blind MatMulNBits 4-bit (reference)", nbits4, folder / f"{name}-q4.onnx", paths,
+          failed)
     for prec in precisions:
         out = folder / f"{name}-om-{prec}.onnx"
         t0 = time.perf_counter()
@@ -189,8 +196,11 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str]
             kept = (f" [{len(v.blocked)} node(s) kept float32]" if v.precision == "fp16" else
                     f" [{len(v.steps[-1].get('excluded', []))} layer(s) kept float32]"
                     if v.precision == "int8" and v.steps else "")
-            print(f"    {v.name} ({v.precision}): {med}{kept} {v.rejected or 'chosen'}"[:400],
-                  file=sys.stderr)
+            cos = (f" cos {min(m['cosine'] for m in v.accuracy.values()):.5f}"
+                   if v.precision != "fp32" and v.accuracy else "")
+            ops = {k: n for st in v.steps for k, n in st.get("new_ops", {}).items()}
+            print(f"    {v.name} ({v.precision}): {med}{cos}{kept} {ops or ''} "
+                  f"{v.rejected or 'chosen'}"[:400], file=sys.stderr)
     times = time_variants(paths, feeds[0], threads=threads, repeats=10, rounds=3)
     for label, path in paths.items():
         sbx = sandbox.run_model(path, feeds)

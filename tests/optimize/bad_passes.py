@@ -34,3 +34,23 @@ def subtle_pass(src: str, dst: str) -> dict[str, Any]:
 
     onnx.save(scale_weight(onnx.load(src), 1e-3), dst)
     return {}
+
+
+def corrupt_nbits_blocks(src: str, dst: str) -> dict[str, Any]:
+    """After the weight-only quantizer: sets the first block of the first column of every
+    MatMulNBits weight to the largest code (a flipped/garbled block in a quantized file)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    proto = onnx.load(src)
+    inits = {t.name: t for t in proto.graph.initializer}
+    hit = 0
+    for n in proto.graph.node:
+        if n.op_type == "MatMulNBits":
+            t = inits[n.input[1]]
+            q = numpy_helper.to_array(t).copy()  # (N, K blocks, block bytes) uint8
+            q[0, 0, :] = np.uint8(255)
+            t.CopyFrom(numpy_helper.from_array(q, t.name))
+            hit += 1
+    onnx.save(proto, dst)
+    return {"corrupted": hit}

@@ -1,7 +1,8 @@
 """Verified, measured optimization of an ONNX file for a target (issue 17).
 
 ``optimize(onnx_path, model, args)`` builds candidate variants (onnxscript's optimizer, its ONNX
-Runtime fusions, ONNX Runtime's offline optimizer, int8 dynamic quantization with per-layer
+Runtime fusions, ONNX Runtime's offline optimizer, int8 dynamic quantization (per tensor, per
+channel, fused) and weight-only block-wise int8 (MatMulNBits), each with per-layer
 sensitivity, float16 with a measured block list - see ``optimize/fp16.py``), verifies each against PyTorch on the same input sets as an export (the example,
 derived random sets, every dynamic size), times the verified ones in the sandbox and writes the
 fastest one that beats the plain file beyond the measurement noise.

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from onnxmedic import sandbox
-from onnxmedic.optimize.passes import Pipeline, default_pipelines, run_pipeline
+from onnxmedic.optimize.passes import QUANTIZE_STEPS, Pipeline, default_pipelines, run_pipeline
 from onnxmedic.verify.budget import RULE_PENDING, judge_output
 from onnxmedic.verify.compare import compare_outputs
 
@@ -191,16 +191,26 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
     return out
 
 
+_PREFIXES: dict[str, dict[str, tuple[Variant, Path]]] = {}  # folder -> steps -> (variant, file)
+
+
 def _prefix(base: Pipeline, last: str, src: Path, folder: Path, timeout: float
             ) -> tuple[Variant, Path, int]:
     """Run the steps of ``base`` before its ``last`` step, plus node naming (the quantizer's
     exclusions and the converter's block list are by node name): the graph that step will see.
     Returns the variant so far, that graph's file (``src`` when nothing changed) and the index
-    of the ``last`` step."""
+    of the ``last`` step. Candidates with the same leading steps share that graph (built once
+    per ``folder``)."""
+    import copy
+    import json
+
     at = next(i for i, (s, _) in enumerate(base.steps) if s.endswith(last))
-    pre_pipe = Pipeline(f"{base.name}-pre", list(base.steps[:at])
-                        + [("onnxmedic.optimize.fp16:name_nodes", {})])
-    v, pre = _build(pre_pipe, src, folder, timeout)
+    pre_steps = list(base.steps[:at]) + [("onnxmedic.optimize.fp16:name_nodes", {})]
+    key = json.dumps([str(src), pre_steps], sort_keys=True, default=str)
+    cache = _PREFIXES.setdefault(str(folder), {})
+    if key not in cache:
+        cache[key] = _build(Pipeline(f"{base.name}-pre", pre_steps), src, folder, timeout)
+    v, pre = copy.deepcopy(cache[key][0]), cache[key][1]
     v.name, v.precision = base.name, base.precision
     v.passes = [s for s, _ in base.steps]
     if v.rejected.startswith("the passes changed nothing"):  # already folded and named
@@ -209,14 +219,17 @@ def _prefix(base: Pipeline, last: str, src: Path, folder: Path, timeout: float
 
 
 def _measure(step: str, pre: Path, feeds: list[dict[str, np.ndarray]], folder: Path,
-             timeout: float) -> tuple[dict[str, Any] | None, str]:
-    """Run a measuring step (``module:function(src, dst, feeds=...)``) in the pass child."""
+             timeout: float, options: dict[str, Any] | None = None
+             ) -> tuple[dict[str, Any] | None, str]:
+    """Run a measuring step (``module:function(src, dst, feeds=..., **options)``) in the pass
+    child."""
     from onnxmedic.optimize import fp16
 
     npz = folder / "feeds.npz"
     if not npz.exists():
         fp16.save_feeds(feeds, npz)
-    ok, info, err = run_pipeline(Pipeline("measure", [(step, {"feeds": str(npz)})]), pre,
+    ok, info, err = run_pipeline(Pipeline("measure", [(step, {"feeds": str(npz),
+                                                              **(options or {})})]), pre,
                                  folder / "unused.onnx", timeout=timeout)
     return (info[0] if ok else None), err
 
@@ -225,39 +238,50 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
                            feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
                            cosine: float, timeout: float, max_excluded: int | None = None,
                            search_seconds: float = 600.0) -> tuple[Variant, Path]:
-    """Quantize; while the budget fails, keep the 1, 2, 4, 8 ... layers that lose most to
-    quantization in float32 (int8.layer_errors: each MatMul's own output error with its
-    operands quantized as quantize_dynamic does, measured once on the verification feeds) and
-    retry - up to ``max_excluded`` layers (default: a quarter of them, at least 4) and
-    ``search_seconds``."""
+    """Quantize (``base``'s quantize step: passes.QUANTIZE_STEPS); while the budget fails, keep
+    the 1, 2, 4, 8 ... layers that lose most to quantization in float32 (int8.layer_errors:
+    each MatMul's own output error with its operands quantized as that step's scheme does,
+    measured once on the verification feeds, after the first failure) and retry - up to
+    ``max_excluded`` layers (default: a quarter of them, at least 4) and ``search_seconds``."""
     import time
 
     deadline = time.monotonic() + search_seconds
-    v, pre, at = _prefix(base, ":quantize_int8", src, folder, timeout)
+    qstep = next(s for s, _ in base.steps if s.endswith(QUANTIZE_STEPS))
+    suffix = qstep[qstep.index(":"):]
+    v, pre, at = _prefix(base, suffix, src, folder, timeout)
     if v.rejected:
         return v, pre
     pre_steps = list(v.steps)
-    measured, err = _measure("onnxmedic.optimize.int8:layer_errors", pre, feeds, folder, timeout)
-    if measured is None:
-        v.rejected = f"measuring the layers' quantization error failed: {err}"
-        return v, pre
-    ranking = sorted(measured["errors"].items(), key=lambda kv: -kv[1])
-    cap = max_excluded if max_excluded is not None else max(4, len(ranking) // 4)
+    qopts = dict(base.steps[at][1])
+    scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level") if k in qopts}
+    ranking: list[tuple[str, float]] = []
     k = 0
     while True:
         excluded = [n for n, _ in ranking[:k]]
         pipe = Pipeline(base.name, [(s, dict(o, nodes_to_exclude=excluded)
-                                     if s.endswith(":quantize_int8") else o)
+                                     if s.endswith(QUANTIZE_STEPS) else o)
                                     for s, o in base.steps[at:]], precision="int8")
         cv, path = _build(pipe, pre, folder, timeout)
         cv.name, cv.passes = base.name, v.passes
-        cv.steps = pre_steps + [{"step": "onnxmedic.optimize.int8:layer_errors",
-                                 "ranking": [[n, e] for n, e in ranking[:max(8, k)]]}] + cv.steps
+        measured_step = ([{"step": "onnxmedic.optimize.int8:layer_errors", "scheme": scheme,
+                           "ranking": [[n, e] for n, e in ranking[:max(8, k)]]}]
+                         if ranking else [])
+        cv.steps = pre_steps + measured_step + cv.steps
         if cv.rejected:
             return cv, path
         _verify(cv, path, names, feeds, expected, cosine, timeout)
         if cv.verified:
             return cv, path
+        if not ranking:
+            measured, err = _measure("onnxmedic.optimize.int8:layer_errors", pre, feeds,
+                                     folder, timeout, {"scheme": scheme})
+            if measured is None:
+                cv.rejected += f" (measuring the layers' quantization error failed: {err})"
+                return cv, path
+            ranking = sorted(measured["errors"].items(), key=lambda kv: -kv[1])
+            if not ranking:
+                return cv, path
+        cap = max_excluded if max_excluded is not None else max(4, len(ranking) // 4)
         k = 1 if k == 0 else 2 * k
         if k > min(cap, len(ranking)):
             cv.rejected += f" (with the {len(excluded)} most sensitive layer(s) in float32)"
@@ -265,7 +289,7 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
         if time.monotonic() > deadline:
             cv.rejected += f" (sensitivity search stopped after {search_seconds:g} s)"
             return cv, path
-        logger.info("int8: keeping %d layer(s) in float32: %s", k,
+        logger.info("int8 (%s): keeping %d layer(s) in float32: %s", base.name, k,
                     ", ".join(n for n, _ in ranking[:k]))
 
 
@@ -443,4 +467,5 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
                 v.path = ""  # temp files are removed
         return result
     finally:
+        _PREFIXES.pop(str(folder), None)
         shutil.rmtree(folder, ignore_errors=True)

@@ -11,6 +11,12 @@ outlier weight or activation that flattens the per-tensor scale shows up here at
 leave-one-out search would need one quantize-and-verify per layer. The ranking orders the
 layers kept in float32 (``candidates._int8_with_sensitivity``); the budget is still judged on
 the whole model's outputs.
+
+The other int8 candidates are scored by their own scheme (``scheme`` of :func:`layer_errors`,
+the options of their quantize step): ``per_channel`` (quantize_dynamic with one weight scale
+per output column), and ``block_size`` (MatMulNBits: weights int8 symmetric, one scale per
+``block_size`` weights of a column along K; with ``accuracy_level`` 4 the kernel quantizes A
+to int8 symmetric per row and per block of the same size, otherwise A stays float32).
 """
 
 from __future__ import annotations
@@ -44,20 +50,48 @@ def _quant_weight(w: np.ndarray) -> np.ndarray:
     return (np.clip(np.rint(w / scale), -127, 127) * scale).astype(np.float32)
 
 
-def layer_error(a: np.ndarray, w: np.ndarray) -> float:
-    """Relative error of ``a @ w`` with both quantized as quantize_dynamic does."""
+def _quant_blocks(x: np.ndarray, block: int, axis: int) -> np.ndarray:
+    """int8 symmetric with one scale (max |x| / 127) per ``block`` consecutive values along
+    ``axis`` (the last block may be short), dequantized."""
+    x = np.moveaxis(np.asarray(x, np.float32), axis, -1)
+    n = x.shape[-1]
+    pad = (-n) % block
+    xp = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)]).reshape(*x.shape[:-1], -1, block)
+    scale = np.abs(xp).max(-1, keepdims=True) / 127.0
+    safe = np.where(scale == 0, 1.0, scale)
+    q = np.clip(np.rint(xp / safe), -127, 127) * scale
+    return np.moveaxis(q.reshape(*x.shape[:-1], -1)[..., :n], -1, axis).astype(np.float32)
+
+
+def quantized_operands(a: np.ndarray, w: np.ndarray, scheme: dict[str, Any] | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """``a`` (M, K) and ``w`` (K, N) as the int8 scheme sees them (see the module doc)."""
+    scheme = scheme or {}
+    if "block_size" in scheme:
+        block = int(scheme["block_size"])
+        qa = _quant_blocks(a, block, axis=1) if scheme.get("accuracy_level") == 4 else a
+        return qa, _quant_blocks(w, block, axis=0)
+    if scheme.get("per_channel"):
+        return _quant_act(a), _quant_blocks(w, w.shape[0], axis=0)
+    return _quant_act(a), _quant_weight(w)
+
+
+def layer_error(a: np.ndarray, w: np.ndarray, scheme: dict[str, Any] | None = None) -> float:
+    """Relative error of ``a @ w`` with both quantized as the scheme does (default:
+    quantize_dynamic, per tensor)."""
     a64 = a.astype(np.float64)
     exact = a64 @ w.astype(np.float64)
-    approx = _quant_act(a).astype(np.float64) @ _quant_weight(w).astype(np.float64)
+    qa, qw = quantized_operands(a, w, scheme)
+    approx = qa.astype(np.float64) @ qw.astype(np.float64)
     norm = float(np.linalg.norm(exact))
     return float(np.linalg.norm(approx - exact) / norm) if norm else 0.0
 
 
-def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
-                 ) -> dict[str, Any]:
+def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES,
+                 scheme: dict[str, Any] | None = None) -> dict[str, Any]:
     """A pass-pipeline step (runs in the pass child): {"errors": {node name: score}} for each
     named MatMul/Gemm with a weight B, worst over the feeds of the ``feeds`` .npz (see
-    fp16.save_feeds). ``dst`` is not written."""
+    fp16.save_feeds), each layer quantized as ``scheme`` says. ``dst`` is not written."""
     import onnx
     import onnxruntime as ort
     from onnx import numpy_helper
@@ -113,7 +147,7 @@ def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
                     if act in got and (act in wanted or act in graph_inputs):
                         a = np.asarray(got[act], np.float32)
                         if a.shape[-1] == w.shape[0]:
-                            e = layer_error(a.reshape(-1, w.shape[0]), w)
+                            e = layer_error(a.reshape(-1, w.shape[0]), w, scheme)
                             errors[name] = max(errors.get(name, 0.0), e)
             del sess
     return {"errors": errors}

@@ -118,9 +118,11 @@ def ort_offline(src: str, dst: str, level: str = "basic") -> dict[str, Any]:
     return op_count_diff(before, op_counts(dst))
 
 
-def quantize_int8(src: str, dst: str, nodes_to_exclude: list[str] | None = None) -> dict[str, Any]:
-    """onnxruntime.quantization.quantize_dynamic: int8 weights of MatMul/Gemm, activations
-    quantized at run time (CPU). ``nodes_to_exclude`` stay float32."""
+def quantize_int8(src: str, dst: str, nodes_to_exclude: list[str] | None = None,
+                  per_channel: bool = False) -> dict[str, Any]:
+    """onnxruntime.quantization.quantize_dynamic: int8 weights of MatMul/Gemm (one scale per
+    tensor, or per output channel with ``per_channel``), activations quantized at run time, one
+    scale per tensor (CPU). ``nodes_to_exclude`` stay float32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     before = op_counts(src)
@@ -137,7 +139,7 @@ def quantize_int8(src: str, dst: str, nodes_to_exclude: list[str] | None = None)
 
         layers = [n.name for n in onnx.load(pre, load_external_data=False).graph.node
                   if n.op_type in ("MatMul", "Gemm") and n.name]
-        quantize_dynamic(pre, dst, weight_type=QuantType.QInt8,
+        quantize_dynamic(pre, dst, weight_type=QuantType.QInt8, per_channel=per_channel,
                          op_types_to_quantize=["MatMul", "Gemm"],
                          # the quantizer splits a Gemm into <name>_MatMul + <name>_Add first
                          nodes_to_exclude=[m for n in nodes_to_exclude or []
@@ -199,6 +201,41 @@ def ort_transformers(src: str, dst: str, model_type: str = "bert") -> dict[str, 
     return info
 
 
+def quantize_weight_only(src: str, dst: str, nodes_to_exclude: list[str] | None = None,
+                         bits: int = 8, block_size: int = 32, accuracy_level: int = 4,
+                         symmetric: bool = True) -> dict[str, Any]:
+    """Weight-only block-wise quantization with ONNX Runtime's own tool
+    (``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer``): every MatMul
+    with a constant 2-D weight becomes ``com.microsoft.MatMulNBits`` with ``bits``-bit weights,
+    one scale per ``block_size`` consecutive weights of a column (along K). No activation is
+    quantized ahead of time; ``accuracy_level`` 4 lets the CPU kernel quantize A to int8 per
+    block of the same ``block_size`` at run time (int8 dot products), 0 dequantizes the weights
+    and computes in float32. A Gemm (alpha = beta = 1, no transA) is first split into MatMul +
+    Add by the quantizer's own ``ONNXModel.replace_gemm_with_matmul`` (named ``<name>_MatMul``,
+    which ``nodes_to_exclude`` also covers). ONNX Runtime only (a contrib op)."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    before = op_counts(src)
+    model = ONNXModel(onnx.load(src))
+    model.replace_gemm_with_matmul()
+    layers = [n.name for n in model.graph().node if n.op_type == "MatMul" and n.name]
+    quantizer = MatMulNBitsQuantizer(
+        model.model, bits=bits, block_size=block_size, is_symmetric=symmetric,
+        accuracy_level=accuracy_level, op_types_to_quantize=("MatMul",),
+        nodes_to_exclude=[m for n in nodes_to_exclude or [] for m in (n, f"{n}_MatMul")])
+    quantizer.process()
+    save_proto(quantizer.model.model, dst)
+    info = op_count_diff(before, op_counts(dst))
+    info["excluded"] = list(nodes_to_exclude or [])
+    info["layers"] = layers
+    return info
+
+
+QUANTIZE_STEPS = (":quantize_int8", ":quantize_weight_only")
+
+
 @dataclass
 class Pipeline:
     """A named candidate: steps run in order, each ``(module:function, options)``."""
@@ -244,9 +281,27 @@ def default_pipelines(target: str = "cpu", precision: str = "fp32",
                          precision="fp16", portable=False,
                          note="onnxscript ORT fusions + float16 (measured block list)")]
     if precision == "int8":
-        out.append(Pipeline("int8-dynamic", [(f"{_HERE}:onnxscript_optimize", {}),
-                                             (f"{_HERE}:quantize_int8", {})], precision="int8",
-                            note="onnxscript optimizer + quantize_dynamic (MatMul/Gemm int8)"))
+        opt = (f"{_HERE}:onnxscript_optimize", {})
+        out += [
+            Pipeline("int8-dynamic", [opt, (f"{_HERE}:quantize_int8", {})], precision="int8",
+                     note="onnxscript optimizer + quantize_dynamic (MatMul/Gemm int8, one "
+                     "weight scale per tensor)"),
+            Pipeline("int8-dynamic-per-channel",
+                     [opt, (f"{_HERE}:quantize_int8", {"per_channel": True})], precision="int8",
+                     note="onnxscript optimizer + quantize_dynamic per_channel (one weight "
+                     "scale per output channel)"),
+            Pipeline("int8-dynamic-fused", [(f"{_HERE}:ort_fusions", {}),
+                                            (f"{_HERE}:quantize_int8", {})],
+                     precision="int8", portable=False,
+                     note="onnxscript ORT fusions (attention, SkipLayerNorm, bias-GELU) + "
+                     "quantize_dynamic: the attention that int8 leaves float32 runs fused"),
+            Pipeline("int8-weight-only",
+                     [opt, (f"{_HERE}:quantize_weight_only",
+                            {"bits": 8, "block_size": 32, "accuracy_level": 4})],
+                     precision="int8", portable=False,
+                     note="onnxscript optimizer + MatMulNBits 8-bit weights, blocks of 32, "
+                     "int8 compute (accuracy_level 4; com.microsoft op)"),
+        ]
     return out
 
 
