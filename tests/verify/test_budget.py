@@ -183,7 +183,7 @@ def test_only_the_sets_the_estimate_does_not_show_run_in_float64(monkeypatch):
     ran = []
     real = stage.reference_outputs
     monkeypatch.setattr(stage, "reference_outputs",
-                        lambda m, s, e: ran.extend(x.specs[0] for x in s) or real(m, s, e))
+                        lambda m, s, e, t=0.0: ran.extend(x.specs[0] for x in s) or real(m, s, e, t))
     for i, s in enumerate(sets.sets):
         s.specs.append(sets.labels[i])
     comps = {i: [budget.judge_output("out", sets.expected[i][0], outs[i][0], None,
