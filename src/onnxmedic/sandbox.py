@@ -89,26 +89,32 @@ def _env_lean() -> bool | None:
     return {"1": True, "0": False}.get(os.environ.get("ONNXMEDIC_SANDBOX_LEAN", ""))
 
 
+def available_memory() -> int | None:
+    """The memory available now, in bytes: the kernel's MemAvailable (free pages undercount:
+    page cache is reclaimable), else the free pages; None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def default_memory_limit() -> int | None:
     """The child's address-space cap, in bytes: 70% of the memory available now (at most 75%
     of the machine's). A cap on total memory alone let a runaway child push the machine into
     the kernel's OOM killer, which may pick onnxmedic itself. None where it cannot be read."""
     try:
-        size = os.sysconf("SC_PAGE_SIZE")
-        total = os.sysconf("SC_PHYS_PAGES") * size
-        avail = os.sysconf("SC_AVPHYS_PAGES") * size
-        # free pages undercount (page cache is reclaimable); MemAvailable is the kernel's view
-        try:
-            with open("/proc/meminfo") as fh:
-                for line in fh:
-                    if line.startswith("MemAvailable:"):
-                        avail = int(line.split()[1]) * 1024
-                        break
-        except OSError:
-            pass
-        return int(min(total * 0.75, avail * 0.7))
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+    avail = available_memory()
+    return None if avail is None else int(min(total * 0.75, avail * 0.7))
 
 
 @dataclass
@@ -307,8 +313,6 @@ class Worker:
         if lean is None:
             lean = _env_lean()
         if lean is None:
-            from onnxmedic.verify.reference import available_memory
-
             lean = lean_session(_model_bytes(model_path), available_memory())
         self._send(model_path, feeds, {
             "lean": lean,
@@ -379,20 +383,22 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bool, bytes | 
 
 def _model_bytes(path: str | os.PathLike[str]) -> int | None:
     """Bytes of a model file and the external data files beside it named after it."""
-    p = Path(path)
     try:
-        return p.stat().st_size + sum(f.stat().st_size for f in p.parent.glob(f"{p.name}.data*"))
+        return Path(path).stat().st_size + _data_bytes(Path(path))
     except OSError:
         return None
 
 
 def _external_bytes(path: str | os.PathLike[str]) -> int:
     """Bytes of the external data files beside a model (``path``.data*)."""
-    p = Path(path)
     try:
-        return sum(f.stat().st_size for f in p.parent.glob(f"{p.name}.data*"))
+        return _data_bytes(Path(path))
     except OSError:
         return 0
+
+
+def _data_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.parent.glob(f"{p.name}.data*"))
 
 
 def _crashed(returncode: int | None, phase: str, wall: float, stderr: str) -> SandboxResult:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +31,7 @@ import torch
 
 from onnxmedic._tensors import flatten_tensors, reference_mode, to_numpy
 from onnxmedic.inputs import Inputs
+from onnxmedic.sandbox import available_memory
 
 logger = logging.getLogger(__name__)
 
@@ -67,20 +67,6 @@ def _precision(model: Any) -> tuple[torch.dtype | None, str | None]:
         return None, "the model already computes in float64"
     return (torch.float32 if any(d in low for d in floats) and torch.float32 not in floats
             else torch.float64), None
-
-
-def available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def tensor_bytes(model: Any, dtype: torch.dtype | None = None) -> int:
