@@ -24,31 +24,27 @@ FAST = {"repeats": 3, "rounds": 1}
 FP16 = [p for p in passes.default_pipelines(precision="fp16") if p.name == "fp16"]
 
 
-class Overflow(torch.nn.Module):
-    """An intermediate scaled past float16's 65504 and back down: harmless in float32. In
-    float16 the product overflows on a GPU's float16 kernels; on ONNX Runtime's CPU provider,
-    which runs float16 nodes in float32 behind Casts, the converter's clipping of the 1e5
-    constant to 65504 already changes the result."""
-
+class _TwoLayers(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.a = torch.nn.Linear(16, 16)
         self.b = torch.nn.Linear(16, 8)
+
+
+class Overflow(_TwoLayers):
+    """An intermediate scaled past float16's 65504 and back down: harmless in float32. In
+    float16 the product overflows on a GPU's float16 kernels; on ONNX Runtime's CPU provider,
+    which runs float16 nodes in float32 behind Casts, the converter's clipping of the 1e5
+    constant to 65504 already changes the result."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.a(x)
         return self.b(torch.relu(h * 1e5) * 1e-5 + h)
 
 
-class Underflow(torch.nn.Module):
+class Underflow(_TwoLayers):
     """An intermediate scaled below float16's smallest normal (6.1e-05) and back up."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.a = torch.nn.Linear(16, 16)
-        self.b = torch.nn.Linear(16, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(torch.tanh(self.a(x) * 1e-7) * 1e7)
