@@ -232,8 +232,9 @@ def _load_session(ort, req_dir: str, req: dict, result: dict):
         # verification compares with PyTorch, whose CUDA matmuls and convolutions are full
         # float32 by default (torch.backends.cuda.matmul.allow_tf32 = False); ONNX Runtime's
         # CUDA provider uses TF32 by default, 1e-4..1e-3 relative off (bench/gpu_check.py)
-        providers = [(p, dict(TF32_OFF)) if p == "CUDAExecutionProvider" else p
-                     for p in providers]
+        if not req.get("cuda_tf32"):  # timings ask for the deployed default instead
+            providers = [(p, dict(TF32_OFF)) if p == "CUDAExecutionProvider" else p
+                         for p in providers]
         sess = ort.InferenceSession(req["model"], opts, providers=providers,
                                     disabled_optimizers=disabled or None)
     except MemoryError:
@@ -312,6 +313,55 @@ def _run_feeds(np, ort, sess, req_dir: str, req: dict, result: dict) -> bool:
     return True
 
 
+def _time_runs(np, ort, sess, req_dir: str, req: dict, result: dict) -> bool:
+    """Time the session on feed 0 (``req["timing"]``: warmup, repeats, iobinding): the inputs
+    are converted once, and with ``iobinding`` on a CUDA session they are copied to the GPU
+    once and the outputs stay there (IOBinding), so a run's time is the GPU's work, not host
+    copies. ``result["timing"]``: the timed runs' seconds, after ``warmup`` discarded ones."""
+    _phase(req_dir, "timing")
+    _fault("timing")
+    t = req["timing"]
+    with np.load(os.path.join(req_dir, "feed_0.npz"), allow_pickle=False) as data:
+        dtypes = req["feed_dtypes"][0]
+        feeds = {k: _from_saved(data[k], dtypes[k]) for k in data.files}
+    device = ("cuda" if t.get("iobinding") and "CUDAExecutionProvider" in sess.get_providers()
+              else "cpu")
+    seconds = []
+    try:
+        if t.get("iobinding"):
+            binding = sess.io_binding()
+            for k, v in feeds.items():
+                val = to_ortvalue(ort, np, v)
+                if device == "cuda":
+                    v = v if v.flags.c_contiguous else v.copy(order="C")
+                    val = ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
+                binding.bind_ortvalue_input(k, val)
+            for o in sess.get_outputs():
+                binding.bind_output(o.name, device)
+
+            def once():
+                # Run synchronises the providers' streams before it returns
+                sess.run_with_iobinding(binding)
+        else:
+            ort_feeds = {k: to_ortvalue(ort, np, v) for k, v in feeds.items()}
+
+            def once():
+                sess.run_with_ort_values(None, ort_feeds)
+        for i in range(int(t.get("warmup", 0)) + int(t.get("repeats", 1))):
+            t0 = time.perf_counter()
+            once()
+            if i >= int(t.get("warmup", 0)):
+                seconds.append(time.perf_counter() - t0)
+    except Exception as e:
+        msg = f"{type(e).__name__}: {e}"
+        oom = "bad_alloc" in msg or "Failed to allocate" in msg
+        result.update(status="oom" if oom else "run_error", phase="timing", error=msg[:4000])
+        return False
+    result["timing"] = {"seconds": seconds, "device": device,
+                        "iobinding": bool(t.get("iobinding"))}
+    return True
+
+
 def main(req_dir: str) -> int:
     """Serve one request in ``req_dir``: load the model, run it on each feed, write
     result.json (and the outputs). Returns the exit code."""
@@ -335,6 +385,8 @@ def main(req_dir: str) -> int:
     result["outputs"] = _value_infos(sess.get_outputs())
     result["providers"] = sess.get_providers()
     if not _run_feeds(np, ort, sess, req_dir, req, result):
+        return _finish(req_dir, result)
+    if req.get("timing") and not _time_runs(np, ort, sess, req_dir, req, result):
         return _finish(req_dir, result)
     result["phase"] = "done"
     _phase(req_dir, "done")

@@ -141,6 +141,8 @@ class SandboxResult:
     model_bytes: int | None = None  # the model file and its external data, bytes (likewise,
     # and for a lean session)
     lean: bool = False  # the session was memory-lean (lean_session)
+    timed_seconds: list[float] = field(default_factory=list)  # with timing: the timed runs
+    timing_device: str = ""  # with timing: where inputs and outputs were bound (cpu, cuda)
 
     @property
     def ok(self) -> bool:
@@ -300,11 +302,18 @@ class Worker:
         probe_opset: bool = False,
         n_required: int | None = None,
         lean: bool | None = None,
+        timing: dict[str, Any] | None = None,
+        cuda_tf32: bool = False,
     ) -> SandboxResult:
         """Send the one request and wait for it, at most ``timeout`` seconds. Feeds after the
         first ``n_required`` are optional: a run error there is recorded in ``run_errors`` and
         the other feeds still run. ``lean``: a memory-lean session (lean_session); None
-        decides by the model's size and the memory available now."""
+        decides by the model's size and the memory available now. ``timing``: after the
+        feeds, time ``repeats`` runs of the first feed after ``warmup`` discarded ones
+        (``iobinding``: inputs and outputs bound on the session's device, the GPU for a CUDA
+        session); the seconds are in ``timed_seconds``. ``cuda_tf32``: leave ONNX Runtime's
+        CUDA default (TF32 matmuls and convolutions, as deployed; for timing) instead of full
+        float32 (for verification: PyTorch computes without TF32)."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("sandbox worker already used")
@@ -323,6 +332,8 @@ class Worker:
             "disable_optimizations": disable_optimizations,
             "probe_opset": probe_opset,
             "n_required": len(feeds) if n_required is None else n_required,
+            "timing": timing,
+            "cuda_tf32": cuda_tf32,
         })
         timed_out, stderr_b = _wait(proc, timeout)
         self.proc = None
@@ -427,6 +438,8 @@ def _read_result(req_dir: Path, res: dict[str, Any], phase: str, wall: float, st
         load_seconds=res.get("load_seconds", 0.0), wall_seconds=wall, stderr=stderr,
         max_opset=res.get("max_opset"), ort_version=res.get("ort_version"),
         providers=res.get("providers", []), lean=bool(res.get("lean")),
+        timed_seconds=res.get("timing", {}).get("seconds", []),
+        timing_device=res.get("timing", {}).get("device", ""),
     )
     for i, run in enumerate(res.get("runs", [])):
         if "error" in run:
@@ -464,14 +477,17 @@ def run_model(
     disable_optimizations: bool = False,
     probe_opset: bool = False,
     lean: bool | None = False,
+    timing: dict[str, Any] | None = None,
+    cuda_tf32: bool = False,
 ) -> SandboxResult:
     """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
-    failures of the model or of ONNX Runtime. ``lean``: see :meth:`Worker.run`; a default
-    session unless asked (timings, as optimize's, are of the session users deploy)."""
+    failures of the model or of ONNX Runtime. ``lean``, ``timing``, ``cuda_tf32``: see
+    :meth:`Worker.run`; a default session unless asked (timings, as optimize's, are of the
+    session users deploy)."""
     with Worker(memory_limit) as w:
         return w.run(model_path, feeds, timeout=timeout, providers=providers, threads=threads,
                      disable_optimizations=disable_optimizations, probe_opset=probe_opset,
-                     lean=lean)
+                     lean=lean, timing=timing, cuda_tf32=cuda_tf32)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
