@@ -209,6 +209,10 @@ def export(
     _check_repro("export", repro, model_spec)
     _check_choice("export", "target", target, TARGETS)
     _check_choice("export", "dtype_policy", dtype_policy, DTYPE_POLICIES)
+    _check_choice("export", "precision", precision, ("fp32", "fp16", "int8"))
+    if optimize and precision == "int8" and target != "cpu":
+        raise ValueError(f"onnxmedic.export: precision='int8' is for target='cpu' (ONNX "
+                         f"Runtime's int8 kernels run on the CPU); use 'fp16' for {target!r}")
     opts = ExportOptions(f=f, dynamic_shapes=dynamic_shapes, target=target, opset=opset,
                          verify=verify, keep_unverified=keep_unverified, timeout=timeout,
                          tolerance=tolerance, explain=explain, dtype_policy=dtype_policy,

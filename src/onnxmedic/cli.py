@@ -301,6 +301,12 @@ def _run_command(ns: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
+    if ns.command == "export" and ns.optimize:
+        from onnxmedic.optimize.cli import combination_error
+
+        bad = combination_error(ns.precision, ns.target)
+        if bad:
+            build_parser().error(bad)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if ns.command == "optimize":  # hook (issue 17): its own table and exit code
         from onnxmedic.optimize import cli as optimize_cli

@@ -641,6 +641,13 @@ CODES: dict[str, CodeInfo] = {
         "(|x| > 65504) or underflows it (1% or more of its magnitude below 6.1e-05, float16's "
         "smallest normal). Each node is named with the value and the measurement.",
     ),
+    "OM725": CodeInfo(
+        "optimize target not available", 0,
+        "--target cuda/tensorrt: the target's execution provider is not in this ONNX Runtime "
+        "or found no device (a CPU build, no GPU). The candidates were built and verified on "
+        "the CPU, but none could be timed on the target, so the plain export was kept. Run "
+        "optimize where onnxruntime-gpu sees the GPU.",
+    ),
 }
 
 

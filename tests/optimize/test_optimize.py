@@ -83,7 +83,9 @@ class FeedForward(torch.nn.Module):
         self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
         self.ln = torch.nn.LayerNorm(32)
         if model_type:
-            self.config = type("Config", (), {"model_type": model_type})()
+            cnn = model_type in ("resnet", "convnext")  # transformers' CNN configs: no heads
+            self.config = type("Config", (), {"model_type": model_type} if cnn else
+                               {"model_type": model_type, "num_attention_heads": 4})()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ln(x + self.down(F.gelu(self.up(x))))
@@ -99,7 +101,8 @@ def test_ort_transformers_optimizer_fuses_bias_gelu_and_skip_layernorm(tmp_path:
 
 @pytest.mark.parametrize(("model_type", "expect"), [
     ("bert", "bert"), ("vit", "vit"), ("llama", "gpt2"), ("qwen2", "gpt2"), ("whisper", "bart"),
-    ("segformer", "vit"), ("roberta", "bert"), (None, None)])
+    ("segformer", "vit"), ("roberta", "bert"), ("resnet", None), ("convnext", None),
+    (None, None)])
 def test_ort_model_type_from_the_model_or_a_wrapped_submodule(model_type: str | None,
                                                               expect: str | None) -> None:
     assert passes.ort_model_type(FeedForward(model_type)) == expect

@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_COSINE", "BenchResult", "bench", "OptimizationResult", "Pipeline", "Variant",
            "block_list_findings", "default_pipelines", "judge_reduced", "optimize", "optimize_file",
-           "ort_model_type", "parse_accuracy", "reference_sets", "run_pipeline", "time_variants"]
+           "ort_model_type", "parse_accuracy", "reference_sets", "run_pipeline",
+           "target_findings", "time_variants"]
 
 
 
@@ -101,11 +102,12 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     file when no variant beats it beyond noise). ``precision``: fp32, int8 (CPU) or fp16 (for
     GPU targets; on cpu ONNX Runtime runs most float16 ops in float32 behind Casts, so it is
     built and verified but normally rejected as slower);
-    ``accuracy``: the reduced-precision budget, e.g. ``"cosine=0.9995"``."""
+    ``accuracy``: the reduced-precision budget, e.g. ``"cosine=0.9995"``. ``target``: cpu,
+    cuda or tensorrt - candidates are verified and timed with that target's execution
+    providers (on a GPU inputs and outputs bound on the device); where this ONNX Runtime lacks
+    the target's provider they are verified on the CPU and the plain export is kept (OM725)."""
     if not isinstance(args, tuple):
         raise TypeError("args must be a tuple of example inputs, like torch.onnx.export")
-    if target != "cpu":
-        raise ValueError(f"target {target!r}: only cpu is built yet")
     cosine = parse_accuracy(accuracy)
     was_training = getattr(model, "training", False)
     if was_training:
@@ -133,9 +135,23 @@ def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> An
              + (f", {v.speedup:.2f}x" if v.speedup else "")
              + (f" - rejected: {v.rejected}" if v.rejected else " - chosen") for v in res.variants]
     code = "OM721" if res.chosen == "plain" else "OM720"
-    return info(code, stage, f"{res.message} ({res.threads} intra-op threads, median of "
-                f"{res.rounds}x{res.repeats} runs). " + "; ".join(lines),
+    return info(code, stage, f"{res.message} (target {res.target}, {res.threads} intra-op "
+                f"threads, median of {res.rounds}x{res.repeats} runs). " + "; ".join(lines),
                 details=res.to_dict())
+
+
+def target_findings(res: OptimizationResult, stage: str = "optimize") -> list[Any]:
+    """OM725 when the target's execution provider was missing: nothing could be timed."""
+    from onnxmedic.findings import warning
+
+    if not res.target_missing:
+        return []
+    return [warning("OM725", stage, f"--target {res.target}: {res.target_missing}; the "
+                    "candidates were verified on the CPU but not timed on the target, so the "
+                    "plain export was kept.",
+                    suggestion="Run `onnxmedic optimize` on a machine where onnxruntime-gpu "
+                    "sees the GPU (`python -c \"import onnxruntime as o; "
+                    "print(o.get_available_providers())\"`).")]
 
 
 def block_list_findings(res: OptimizationResult, stage: str = "optimize") -> list[Any]:
@@ -165,4 +181,4 @@ def attach_to_export(result: Any, model: Any, args: tuple[Any, ...], kwargs: dic
                    precision=precision, accuracy=accuracy, timeout=timeout)
     result.optimization = res
     result.findings.append(optimization_finding(res))
-    result.findings += block_list_findings(res)
+    result.findings += target_findings(res) + block_list_findings(res)

@@ -17,6 +17,14 @@ def add_export_flags(e: argparse.ArgumentParser) -> None:
                    "(GPU targets; float32 I/O, measured block list)")
 
 
+def combination_error(precision: str, target: str) -> str | None:
+    """Why ``precision`` cannot be built for ``target`` (None when it can)."""
+    if precision == "int8" and target != "cpu":
+        return (f"--precision int8 is for --target cpu (ONNX Runtime's dynamic and weight-only "
+                f"int8 kernels run on the CPU); use --precision fp16 for --target {target}")
+    return None
+
+
 def add_parser(sub: Any) -> None:
     """The ``optimize`` subcommand."""
     o = sub.add_parser("optimize", help="the fastest variant of an ONNX file that still "
@@ -30,7 +38,9 @@ def add_parser(sub: Any) -> None:
                    "normally rejected as slower)")
     o.add_argument("--accuracy", metavar="cosine=X", help="reduced-precision budget "
                    "(default cosine=0.999 per output)")
-    o.add_argument("--target", choices=["cpu"], default="cpu")
+    o.add_argument("--target", choices=["cpu", "cuda", "tensorrt"], default="cpu",
+                   help="time (and verify) the candidates with this target's execution "
+                   "providers; GPU targets need onnxruntime-gpu and a GPU (else OM725)")
     o.add_argument("--threads", type=int, default=2, help="intra-op threads when timing")
     o.add_argument("--timeout", type=float, default=600.0, metavar="S")
     o.add_argument("--seed", type=int, default=0)
@@ -42,8 +52,17 @@ def main(ns: argparse.Namespace) -> int:
     or input problem (a finding, no traceback)."""
     from onnxmedic import inputs
     from onnxmedic.findings import OnnxMedicError
-    from onnxmedic.optimize import block_list_findings, optimization_finding, optimize
+    from onnxmedic.optimize import (
+        block_list_findings,
+        optimization_finding,
+        optimize,
+        target_findings,
+    )
 
+    bad = combination_error(ns.precision, ns.target)
+    if bad:
+        sys.stderr.write(f"onnxmedic optimize: error: {bad}\n")
+        return 2
     try:
         model, _ = inputs.load_model(ns.model)
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
@@ -67,7 +86,7 @@ def main(ns: argparse.Namespace) -> int:
         fus = ",".join(f"{k}={n}" for k, n in v.fusions.items())
         print(f"{v.name:24} {v.precision:5} {'yes' if v.verified else 'no':8} {med:>10} "
               f"{p90:>8} {sp:>8}  {fus} {v.rejected}".rstrip())
-    for b in block_list_findings(res):
+    for b in target_findings(res) + block_list_findings(res):
         print(f"{b.code} {b.message}")
     if res.written:
         print(f"written: {res.written} ({res.chosen})")

@@ -165,24 +165,32 @@ _ORT_TYPE_FAMILIES = {
 }
 
 
+_HEADS = ("num_attention_heads", "n_head", "encoder_attention_heads", "num_heads")
+
+
 def ort_model_type(model: Any) -> str | None:
     """The ``model_type`` to give ONNX Runtime's transformers optimizer for ``model``: from the
     transformers config of the model or of the first submodule that has one (a wrapper such
-    as ``LastHidden(m)``). None for a model with no transformers config (the optimizer's
-    fusions target transformer blocks)."""
+    as ``LastHidden(m)``). None for a model with no transformers config, or one without
+    attention heads (the optimizer's fusions target transformer blocks)."""
     import torch
 
     mods = model.modules() if isinstance(model, torch.nn.Module) else [model]
     for m in mods:
-        name = getattr(getattr(m, "config", None), "model_type", None)
+        cfg = getattr(m, "config", None)
+        name = getattr(cfg, "model_type", None)
         if isinstance(name, str) and name:
             if name in ORT_MODEL_TYPES:
                 return name
             for family, names in _ORT_TYPE_FAMILIES.items():
                 if name in names:
                     return family
-            return "bert"
+            # other encoders with attention as bert; a CNN (resnet, convnext, regnet: no
+            # attention heads) has nothing for the optimizer to fuse (seen on a GPU: a wasted
+            # candidate for ResNet-50)
+            return "bert" if any(hasattr(cfg, a) for a in _HEADS) else None
     return None
+
 
 
 def ort_transformers(src: str, dst: str, model_type: str = "bert") -> dict[str, Any]:
@@ -254,7 +262,9 @@ _HERE = __name__
 def default_pipelines(target: str = "cpu", precision: str = "fp32",
                       model_type: str | None = None) -> list[Pipeline]:
     """The candidates for ``target`` and ``precision`` (the plain export is always the baseline);
-    ``model_type`` (:func:`ort_model_type`) adds ONNX Runtime's transformers optimizer."""
+    ``model_type`` (:func:`ort_model_type`) adds ONNX Runtime's transformers optimizer. GPU
+    targets drop the CPU-only saved levels; tensorrt keeps the portable pipelines only
+    (``com.microsoft`` ops would leave TensorRT for the CUDA provider)."""
     out = [
         Pipeline("onnxscript-optimize", [(f"{_HERE}:onnxscript_optimize", {})],
                  note="constant folding, CSE, dead code"),
@@ -280,6 +290,15 @@ def default_pipelines(target: str = "cpu", precision: str = "fp32",
                 Pipeline("ort-fusions-fp16", [(f"{_HERE}:ort_fusions", {}), (fp16, {})],
                          precision="fp16", portable=False,
                          note="onnxscript ORT fusions + float16 (measured block list)")]
+        if model_type and target != "cpu":  # the recipe optimum's -O4 and ORT's docs give GPUs
+            out.append(Pipeline(
+                f"ort-transformers-{model_type}-fp16",
+                [(f"{_HERE}:ort_transformers", {"model_type": model_type}), (fp16, {})],
+                precision="fp16", portable=False,
+                note=f"ONNX Runtime's transformers optimizer ({model_type!r}) + float16 "
+                "(measured block list)"))
+    if target == "tensorrt":  # TensorRT fuses on its own and takes standard ONNX ops only
+        out = [p for p in out if p.portable]
     if precision == "int8":
         opt = (f"{_HERE}:onnxscript_optimize", {})
         out += [
