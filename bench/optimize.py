@@ -1,6 +1,7 @@
 """Benchmark for issue 17: onnxmedic optimize against its peers, same run, one table.
 
     PYTHONPATH=src python bench/optimize.py [--models bert,gpt2,resnet50,...] [--threads 2]
+    PYTHONPATH=src python bench/optimize.py --target cuda    # a GPU, onnxruntime-gpu
 
 Columns per model: PyTorch eager; the plain torch.onnx.export (dynamo=True); ONNX Runtime's
 transformers optimizer on the same export (model types it knows); blind quantize_dynamic on the
@@ -135,6 +136,40 @@ def _eager_ms(model: Any, args: tuple[Any, ...], threads: int, n: int = 10) -> f
     return statistics.median(t)
 
 
+def _to(x: Any, dtype: torch.dtype) -> Any:
+    x = x.to("cuda")
+    return x.to(dtype) if x.is_floating_point() else x
+
+
+def _eager_cuda(model: Any, args: tuple[Any, ...], dtype: torch.dtype,
+                expected: list[Any], n: int = 50) -> tuple[float, float]:
+    """PyTorch eager on the GPU in ``dtype`` (a copy of the model): median ms of ``n`` runs
+    after warm-up (CUDA synchronised) and the worst output cosine against the float32 CPU
+    outputs (``expected``, the example's)."""
+    import copy
+
+    from onnxmedic._tensors import flatten_tensors
+    from onnxmedic.optimize.candidates import _cosine
+
+    m = copy.deepcopy(model).to("cuda", dtype)
+    a = tuple(_to(x, dtype) for x in args)
+    with torch.no_grad():
+        for _ in range(10):
+            m(*a)
+        torch.cuda.synchronize()
+        t = []
+        for _ in range(n):
+            s = time.perf_counter()
+            m(*a)
+            torch.cuda.synchronize()
+            t.append((time.perf_counter() - s) * 1000)
+        outs = [o.float().cpu().numpy() for o in flatten_tensors(m(*a))]
+    cos = min(_cosine(e, o) for e, o in zip(expected, outs))
+    del m
+    torch.cuda.empty_cache()
+    return statistics.median(t), cos
+
+
 def _peer(label: str, make: Any, dst: Path, paths: dict[str, Path], failed: dict[str, str]
           ) -> None:
     """Run a peer tool writing ``dst``; a peer that cannot handle the export is a row too."""
@@ -146,7 +181,8 @@ def _peer(label: str, make: Any, dst: Path, paths: dict[str, Path], failed: dict
     paths[label] = dst
 
 
-def run_one(name: str, threads: int, folder: Path, precisions: list[str]
+def run_one(name: str, threads: int, folder: Path, precisions: list[str],
+            target: str = "cpu", repeats: int = 10, rounds: int = 3
             ) -> list[dict[str, Any]]:
     import onnx
 
@@ -158,11 +194,20 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str]
     names = [o.name for o in onnx.load(str(plain), load_external_data=False).graph.output]
     feeds, expected, labels, _ = reference_sets(plain, model, inputs_mod.Inputs(args))
     print(f"  {name}: {len(feeds)} input sets ({', '.join(labels)})", file=sys.stderr)
-    rows: list[dict[str, Any]] = [{"variant": "pytorch eager",
-                                   "ms": _eager_ms(model, args, threads), "verified": "-"}]
+    if target == "cuda":
+        rows: list[dict[str, Any]] = []
+        for dt, label in ((torch.float32, "float32"), (torch.float16, "float16")):
+            ms, cos = _eager_cuda(model, args, dt, expected[0])
+            rows.append({"variant": f"pytorch eager CUDA {label}", "ms": ms,
+                         "verified": f"- (cos {cos:.5f} vs float32 CPU)"})
+    else:
+        rows = [{"variant": "pytorch eager", "ms": _eager_ms(model, args, threads),
+                 "verified": "-"}]
     paths = {"plain export": plain}
     failed: dict[str, str] = {}
-    if ort_type:
+    if target == "cuda":
+        _gpu_peers(name, plain, ort_type, folder, paths, failed)
+    elif ort_type:
         label = f"ORT transformers optimizer ({ort_type})"
 
         def ortopt(dst: Path) -> None:
@@ -176,18 +221,20 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str]
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         quantize_dynamic(str(plain), str(dst), weight_type=QuantType.QInt8)
-    _peer("blind quantize_dynamic", blind, folder / f"{name}-q.onnx", paths, failed)
 
     def nbits4(dst: Path) -> None:  # for reference only: int8 means 8 bit
         from onnxmedic.optimize.passes import quantize_weight_only
 
         quantize_weight_only(str(plain), str(dst), bits=4, block_size=32, accuracy_level=4)
-    _peer("blind MatMulNBits 4-bit (reference)", nbits4, folder / f"{name}-q4.onnx", paths,
-          failed)
+    if target == "cpu":
+        _peer("blind quantize_dynamic", blind, folder / f"{name}-q.onnx", paths, failed)
+        _peer("blind MatMulNBits 4-bit (reference)", nbits4, folder / f"{name}-q4.onnx", paths,
+              failed)
     for prec in precisions:
         out = folder / f"{name}-om-{prec}.onnx"
         t0 = time.perf_counter()
-        res = optimize(plain, model, args, out=out, precision=prec, threads=threads)
+        res = optimize(plain, model, args, out=out, precision=prec, threads=threads,
+                       target=target, repeats=repeats, rounds=rounds)
         paths[f"onnxmedic optimize {prec} ({res.chosen})"] = out
         print(f"  {name} optimize {prec}: {res.message} [{time.perf_counter() - t0:.0f} s]",
               file=sys.stderr)
@@ -201,9 +248,10 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str]
             ops = {k: n for st in v.steps for k, n in st.get("new_ops", {}).items()}
             print(f"    {v.name} ({v.precision}): {med}{cos}{kept} {ops or ''} "
                   f"{v.rejected or 'chosen'}"[:400], file=sys.stderr)
-    times = time_variants(paths, feeds[0], threads=threads, repeats=10, rounds=3)
+    times = time_variants(paths, feeds[0], threads=threads, repeats=repeats, rounds=rounds,
+                          target=target)
     for label, path in paths.items():
-        sbx = sandbox.run_model(path, feeds)
+        sbx = sandbox.run_model(path, feeds, providers=sandbox.providers(target))
         if not sbx.ok:
             ver = f"no ({sbx.status})"
         else:
@@ -216,31 +264,87 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str]
     rows += [{"variant": label, "ms": float("nan"), "verified": why}
              for label, why in failed.items()]
     base = next(r["ms"] for r in rows if r["variant"] == "plain export")
+    if target == "cuda" and sbx.providers[:1] != ["CUDAExecutionProvider"]:
+        raise RuntimeError(f"--target cuda, but ONNX Runtime used {sbx.providers}")
     for r in rows:
         r["model"] = name
         r["speedup"] = base / r["ms"] if r["ms"] == r["ms"] else float("nan")
     return rows
 
 
+def _gpu_peers(name: str, plain: Path, ort_type: str | None, folder: Path,
+               paths: dict[str, Path], failed: dict[str, str]) -> None:
+    """The float16 recipes users pick for a GPU, applied blind to the same export: ONNX
+    Runtime's float16 converter (float32 I/O kept, its default op block list), and for the model
+    types it knows its transformers optimizer (use_gpu) in float32 and then float16."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    def blind16(dst: Path) -> None:
+        onnx.save(convert_float_to_float16(onnx.load(str(plain)), keep_io_types=True),
+                  str(dst))
+    _peer("blind float16 (ORT converter)", blind16, folder / f"{name}-f16.onnx", paths, failed)
+    if not ort_type:
+        return
+
+    def ortopt(dst: Path, fp16: bool) -> None:
+        from onnxruntime.transformers.optimizer import optimize_model
+
+        m = optimize_model(str(plain), model_type=ort_type, opt_level=0, use_gpu=True)
+        if fp16:
+            m.convert_float_to_float16(keep_io_types=True)
+        m.save_model_to_file(str(dst))
+    for fp16 in (False, True):
+        _peer(f"ORT transformers optimizer ({ort_type}){' fp16' if fp16 else ''}",
+              lambda dst, f=fp16: ortopt(dst, f), folder / f"{name}-ortopt{int(fp16)}.onnx",
+              paths, failed)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--precisions", default="fp32,int8",
-                    help="onnxmedic optimize precisions (fp16 is for GPU targets: on cpu ONNX "
-                    "Runtime lacks float16 kernels for most ops and the variant is refused)")
+    ap.add_argument("--target", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: PyTorch eager float32/float16 on the GPU, every ONNX variant "
+                    "timed on ONNX Runtime's CUDA provider (IOBinding, default options: TF32) "
+                    "and verified on it; needs onnxruntime-gpu")
+    ap.add_argument("--precisions", default=None,
+                    help="onnxmedic optimize precisions (default fp32,int8 on cpu, fp16 on "
+                    "cuda - whose candidates include the float32 ones); fp16 on cpu is built "
+                    "and verified but ONNX Runtime lacks float16 kernels for most CPU ops")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--deadline", type=float, default=0.0,
+                    help="seconds: start no model after this much time has passed")
+    ap.add_argument("--json", help="write every row here (after each model)")
     ns = ap.parse_args()
+    precisions = (ns.precisions or ("fp16" if ns.target == "cuda" else "fp32,int8")).split(",")
+    if ns.target == "cuda":
+        import onnxruntime as ort
+
+        print(f"onnxruntime {ort.__version__} {ort.get_available_providers()}, torch "
+              f"{torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
     print(f"{'model':10} {'variant':48} {'median ms':>10} {'vs plain':>9}  verified (accuracy)")
+    t_start, every = time.perf_counter(), []
     for name in ns.models.split(","):
+        if ns.deadline and time.perf_counter() - t_start > ns.deadline:
+            print(f"{name:10} skipped: past the --deadline", flush=True)
+            continue
         with tempfile.TemporaryDirectory(prefix="onnxmedic-bench-opt-") as tmp:
             try:
-                rows = run_one(name, ns.threads, Path(tmp), ns.precisions.split(","))
+                rows = run_one(name, ns.threads, Path(tmp), precisions, ns.target,
+                               ns.repeats, ns.rounds)
             except Exception as e:  # noqa: BLE001 - report and go on with the next model
                 print(f"{name:10} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue
         for r in rows:
             print(f"{r['model']:10} {r['variant']:48} {r['ms']:10.2f} {r['speedup']:8.2f}x  "
                   f"{r['verified']}", flush=True)
+        every += rows
+        if ns.json:
+            import json
+
+            Path(ns.json).write_text(json.dumps(every, indent=1, default=str))
 
 
 if __name__ == "__main__":
