@@ -306,8 +306,11 @@ def test_bench_names_cpu_fallback_nodes_for_cuda_on_a_cpu_machine(tmp_path: Path
     assert f and "not available" in f[0].message
     nodes = {n.name for n in onnx.load(str(src)).graph.node}
     assert set(f[0].details["nodes"]) <= nodes and f[0].details["nodes"]
+    assert res.bound_on == "cpu"  # IOBinding on the device the session has
     cpu = onnxmedic.bench(src, {"x": np.random.rand(8).astype(np.float32)}, repeats=3)
-    assert cpu.ok and not cpu.findings
+    assert cpu.ok and not cpu.findings and cpu.bound_on == "cpu"
+    scalar = _export(Shift(), (torch.tensor(2.0),), tmp_path / "s.onnx")  # a 0-d input
+    assert onnxmedic.bench(scalar, {"x": np.array(2.0, np.float32)}, repeats=2).ok
 
 
 def _external(folder: Path) -> tuple[Path, np.ndarray, np.ndarray]:

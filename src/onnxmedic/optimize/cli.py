@@ -130,7 +130,8 @@ def bench_main(ns: argparse.Namespace) -> int:
     elif not res.ok:
         print(f"bench failed: {res.error}")
     else:
-        print(f"median {res.median_ms:.3f} ms, p90 {res.p90_ms:.3f} ms ({res.threads} threads), "
+        print(f"median {res.median_ms:.3f} ms, p90 {res.p90_ms:.3f} ms ({res.threads} threads, "
+              f"inputs and outputs bound on {res.bound_on}), "
               f"load {res.load_seconds:.3f} s, peak memory {res.peak_rss_mb:.0f} MiB")
         for prov, nodes in res.placement.items():
             print(f"  {prov}: {len(nodes)} node(s)")
