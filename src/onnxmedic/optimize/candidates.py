@@ -442,6 +442,25 @@ def _write(src: Path, out: Path) -> None:
     os.replace(tmp, out)
 
 
+def _candidate(pipe: Pipeline, src: Path, folder: Path, names: list[str],
+               feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
+               cosine: float, timeout: float,
+               references: list[list[np.ndarray | None]] | None, target: str
+               ) -> tuple[Variant, Path]:
+    """Build and verify one pipeline's variant (int8 with its sensitivity search, float16 with
+    its measured block list)."""
+    if pipe.precision == "int8":
+        return _int8_with_sensitivity(pipe, src, folder, names, feeds, expected, cosine,
+                                      timeout)
+    if pipe.precision == "fp16":
+        return _fp16_with_block_list(pipe, src, folder, names, feeds, expected, cosine,
+                                     timeout, target)
+    v, path = _build(pipe, src, folder, timeout)
+    if not v.rejected:
+        _verify(v, path, names, feeds, expected, cosine, timeout, references, target)
+    return v, path
+
+
 def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], *, out: str | os.PathLike[str] | None = None,
                   target: str = "cpu", precision: str = "fp32", cosine: float = DEFAULT_COSINE,
@@ -480,17 +499,8 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         variants = [plain]
         paths: dict[str, Path] = {"plain": src}
         for pipe in pipes:
-            if pipe.precision == "int8":
-                v, path = _int8_with_sensitivity(pipe, src, folder, names, feeds, expected,
-                                                 cosine, timeout)
-            elif pipe.precision == "fp16":
-                v, path = _fp16_with_block_list(pipe, src, folder, names, feeds, expected,
-                                                cosine, timeout, target)
-            else:
-                v, path = _build(pipe, src, folder, timeout)
-                if not v.rejected:
-                    _verify(v, path, names, feeds, expected, cosine, timeout, references,
-                            target)
+            v, path = _candidate(pipe, src, folder, names, feeds, expected, cosine, timeout,
+                                 references, target)
             variants.append(v)
             if v.verified:
                 paths[v.name] = path
