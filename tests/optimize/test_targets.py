@@ -187,3 +187,24 @@ def test_noise_rule_pairs_rounds_instead_of_plain_spread() -> None:
     assert chosen.name == "plain" and "round 2" in failed.rejected
     chosen, vs = choose(lucky, steady, close)
     assert chosen is steady and all(v.rejected for v in vs[1:] if v is not steady)
+
+
+def test_sandbox_timing_binds_a_bfloat16_input(tmp_path: Path) -> None:
+    """numpy cannot hand a bfloat16 array to ONNX Runtime: the timing binds it as the feeds'
+    run does (an OrtValue of the raw bits) instead of failing the variant's timing."""
+    import ml_dtypes
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["c"], to=TensorProto.FLOAT),
+         helper.make_node("Relu", ["c"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    path = tmp_path / "bf16.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), path)
+    x = np.array([-1.0, 0.5, 2.0, -3.0], dtype=ml_dtypes.bfloat16)
+    sbx = sandbox.run_model(path, [{"x": x}], timing={"warmup": 1, "repeats": 3,
+                                                      "iobinding": True})
+    assert sbx.ok, sbx.error
+    assert len(sbx.timed_seconds) == 3
+    np.testing.assert_array_equal(sbx.outputs[0][0], [0.0, 0.5, 2.0, 0.0])
