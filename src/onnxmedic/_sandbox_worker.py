@@ -313,32 +313,40 @@ def _run_feeds(np, ort, sess, req_dir: str, req: dict, result: dict) -> bool:
     return True
 
 
+def bind_io(ort, np, sess, feeds: dict):
+    """An IOBinding of ``feeds`` on the session's device: on a CUDA session the inputs are
+    copied to the GPU once and the outputs stay there, so a run's time is the GPU's work, not
+    host copies (bfloat16/float8 inputs stay host values: numpy cannot hand them to the GPU,
+    ONNX Runtime copies them per run). Returns (binding, device)."""
+    device = "cuda" if "CUDAExecutionProvider" in sess.get_providers() else "cpu"
+    binding = sess.io_binding()
+    for k, v in feeds.items():
+        if device == "cuda" and str(v.dtype) not in _ODD:
+            v = v if v.flags.c_contiguous else v.copy(order="C")  # keeps a 0-d array 0-d
+            val = ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
+        else:
+            val = to_ortvalue(ort, np, v)
+        binding.bind_ortvalue_input(k, val)
+    for o in sess.get_outputs():
+        binding.bind_output(o.name, device)
+    return binding, device
+
+
 def _time_runs(np, ort, sess, req_dir: str, req: dict, result: dict) -> bool:
     """Time the session on feed 0 (``req["timing"]``: warmup, repeats, iobinding): the inputs
-    are converted once, and with ``iobinding`` on a CUDA session they are copied to the GPU
-    once and the outputs stay there (IOBinding), so a run's time is the GPU's work, not host
-    copies. ``result["timing"]``: the timed runs' seconds, after ``warmup`` discarded ones."""
+    are converted once, with ``iobinding`` bound on the session's device (:func:`bind_io`).
+    ``result["timing"]``: the timed runs' seconds, after ``warmup`` discarded ones."""
     _phase(req_dir, "timing")
     _fault("timing")
     t = req["timing"]
     with np.load(os.path.join(req_dir, "feed_0.npz"), allow_pickle=False) as data:
         dtypes = req["feed_dtypes"][0]
         feeds = {k: _from_saved(data[k], dtypes[k]) for k in data.files}
-    device = ("cuda" if t.get("iobinding") and "CUDAExecutionProvider" in sess.get_providers()
-              else "cpu")
+    device = "cpu"
     seconds = []
     try:
         if t.get("iobinding"):
-            binding = sess.io_binding()
-            for k, v in feeds.items():
-                val = to_ortvalue(ort, np, v)
-                if device == "cuda" and str(v.dtype) not in _ODD:  # (bfloat16 and float8
-                    # stay host values: numpy cannot hand them over; ORT copies them per run)
-                    v = v if v.flags.c_contiguous else v.copy(order="C")
-                    val = ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
-                binding.bind_ortvalue_input(k, val)
-            for o in sess.get_outputs():
-                binding.bind_output(o.name, device)
+            binding, device = bind_io(ort, np, sess, feeds)
 
             def once():
                 # Run synchronises the providers' streams before it returns

@@ -181,7 +181,7 @@ def test_noise_rule_pairs_rounds_instead_of_plain_spread() -> None:
     def choose(*variants):
         plain = _timed("plain", 1.00, 1.30, [1.02, 0.99, 1.00])
         vs = [plain, *variants]
-        return _choose(plain, vs, {v.name: v.round_ms for v in vs}), vs
+        return _choose(plain, vs), vs
 
     steady = _timed("steady", 0.90, 0.95, [0.91, 0.89, 0.90])
     chosen, _ = choose(steady)

@@ -65,15 +65,10 @@ def _child(req_path: str, res_path: str) -> None:
     t0 = time.perf_counter()
     sess = ort.InferenceSession(req["model"], so, providers=providers)
     load = time.perf_counter() - t0
-    # on a GPU session the inputs are copied to the device once and the outputs stay there
-    # (IOBinding), so a run's time is the GPU's work, as in optimize's timing
-    device = "cuda" if "CUDAExecutionProvider" in sess.get_providers() else "cpu"
-    binding = sess.io_binding()
-    for k, v in feed.items():
-        v = v if v.flags.c_contiguous else v.copy(order="C")  # keeps a 0-d array 0-d
-        binding.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(v, device, 0))
-    for o in sess.get_outputs():
-        binding.bind_output(o.name, device)
+    # inputs and outputs on the session's device, as optimize's timing binds them
+    from onnxmedic._sandbox_worker import bind_io
+
+    binding, device = bind_io(ort, np, sess, feed)
     times = []
     for i in range(req["warmup"] + req["repeats"]):
         t = time.perf_counter()

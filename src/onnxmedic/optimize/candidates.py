@@ -390,22 +390,20 @@ def _slower_round(v: list[float], base: list[float]) -> int | None:
     return None
 
 
-def _choose(plain: Variant, variants: list[Variant],
-            rounds: dict[str, list[float]] | None = None) -> Variant:
+def _choose(plain: Variant, variants: list[Variant]) -> Variant:
     """The fastest verified variant that beats the plain file beyond the noise rule (the
-    plain one otherwise); every other verified variant gets its reason. ``rounds``: each
-    variant's median per round (time_variants' ``per_round``), for the paired check."""
+    plain one otherwise; each variant's ``round_ms`` for the paired check); every other
+    verified variant gets its reason."""
     if plain.median_ms is None:
         return plain
     base, chosen = plain, plain
     limit = base.median_ms * (1 - NOISE_FRACTION)
-    rounds = rounds or {}
     for v in variants[1:]:
         if v.median_ms is not None:
             v.speedup = base.median_ms / v.median_ms
         if not v.verified:
             continue
-        lost = _slower_round(rounds.get(v.name, []), rounds.get(base.name, []))
+        lost = _slower_round(v.round_ms, base.round_ms)
         if v.median_ms is None:
             v.rejected = "could not be timed"
         elif v.median_ms > limit:
@@ -512,7 +510,7 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
             if v.name in times:
                 v.median_ms, v.p90_ms = times[v.name]
                 v.round_ms = per_round.get(v.name, [])
-        chosen = _choose(plain, variants, per_round)
+        chosen = _choose(plain, variants)
         if absent:
             for v in variants[1:]:
                 if v.verified:

@@ -192,7 +192,6 @@ def ort_model_type(model: Any) -> str | None:
     return None
 
 
-
 def ort_transformers(src: str, dst: str, model_type: str = "bert") -> dict[str, Any]:
     """ONNX Runtime's transformers optimizer (``onnxruntime.transformers.optimizer``), Python
     fusions only (``opt_level=0``: ONNX Runtime's own session optimizations still run when the
