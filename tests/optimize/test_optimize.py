@@ -67,6 +67,46 @@ def test_ort_fusions_fuse_rmsnorm_and_attention(tmp_path: Path) -> None:
     assert info["nodes_after"] < info["nodes_before"]
 
 
+class ResidualBlock(torch.nn.Module):
+    """attention + residual LayerNorm + bias-GELU MLP + residual LayerNorm (a BERT layer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(32, 96)
+        self.ln1 = torch.nn.LayerNorm(32)
+        self.up = torch.nn.Linear(32, 64)
+        self.down = torch.nn.Linear(64, 32)
+        self.ln2 = torch.nn.LayerNorm(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).view(1, -1, 3, 4, 8).unbind(2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2)).transpose(1, 2).reshape(1, -1, 32)
+        h = self.ln1(x + a)
+        return self.ln2(h + self.down(F.gelu(self.up(h))))
+
+
+def test_ort_fusions_without_skip_norms_keeps_attention_only(tmp_path: Path) -> None:
+    """The CPU variant: attention fused, residual norms and bias-GELU left to ONNX Runtime;
+    both variants compute what the plain export does."""
+    import onnxruntime as ort
+
+    x = torch.randn(1, 16, 32)
+    src = _export(ResidualBlock(), (x,), tmp_path / "m.onnx")
+    passes.ort_fusions(str(src), str(tmp_path / "full.onnx"))
+    info = passes.ort_fusions(str(src), str(tmp_path / "att.onnx"), skip_norms=False)
+    full, att = _ops(tmp_path / "full.onnx"), _ops(tmp_path / "att.onnx")
+    assert full["SkipLayerNormalization"] == 2 and full["BiasGelu"] == 1
+    assert att["MultiHeadAttention"] == 1 and info["fusions"].get("sdpa") == 1
+    assert att["SkipLayerNormalization"] == 0 and att["BiasGelu"] == 0
+    assert att["LayerNormalization"] == 2
+    outs = [ort.InferenceSession(str(tmp_path / f), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.numpy()})[0] for f in ("m.onnx", "full.onnx", "att.onnx")]
+    assert np.allclose(outs[1], outs[0], atol=1e-5) and np.allclose(outs[2], outs[0], atol=1e-5)
+    assert "ort-fusions-attention" in [p.name for p in passes.default_pipelines("cpu")]
+    assert "ort-fusions-attention" not in [p.name for p in passes.default_pipelines("cuda")]
+
+
 def test_ort_offline_extended_emits_contrib_ops(tmp_path: Path) -> None:
     src = _export(NormAttention(), (torch.randn(1, 16, 32),), tmp_path / "m.onnx")
     info = passes.ort_offline(str(src), str(tmp_path / "e.onnx"), level="extended")
