@@ -22,6 +22,7 @@ from onnxmedic.findings import info, listed
 from onnxmedic.fixes.opset import parse_ort_version
 from onnxmedic.inputs import Inputs
 from onnxmedic.onnxfile import load_checked, opset_of
+from onnxmedic.optimize.passes import precision_error
 from onnxmedic.pipeline import run_export
 from onnxmedic.reduction import reduce_stages
 from onnxmedic.report import write_report
@@ -210,9 +211,8 @@ def export(
     _check_choice("export", "target", target, TARGETS)
     _check_choice("export", "dtype_policy", dtype_policy, DTYPE_POLICIES)
     _check_choice("export", "precision", precision, ("fp32", "fp16", "int8"))
-    if optimize and precision == "int8" and target != "cpu":
-        raise ValueError(f"onnxmedic.export: precision='int8' is for target='cpu' (ONNX "
-                         f"Runtime's int8 kernels run on the CPU); use 'fp16' for {target!r}")
+    if optimize and (bad := precision_error(precision, target)):
+        raise ValueError(f"onnxmedic.export: {bad}")
     opts = ExportOptions(f=f, dynamic_shapes=dynamic_shapes, target=target, opset=opset,
                          verify=verify, keep_unverified=keep_unverified, timeout=timeout,
                          tolerance=tolerance, explain=explain, dtype_policy=dtype_policy,

@@ -302,9 +302,9 @@ def _run_command(ns: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     if ns.command == "export" and ns.optimize:
-        from onnxmedic.optimize.cli import combination_error
+        from onnxmedic.optimize.passes import precision_error
 
-        bad = combination_error(ns.precision, ns.target)
+        bad = precision_error(ns.precision, ns.target, flags=True)
         if bad:
             build_parser().error(bad)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -143,7 +143,7 @@ def test_cuda_target_times_with_iobinding_where_its_provider_runs(
 
 def test_int8_on_a_gpu_target_is_refused(tmp_path: Path) -> None:
     model, x, path = _export(tmp_path)
-    with pytest.raises(ValueError, match="int8 is for the cpu target"):
+    with pytest.raises(ValueError, match="precision='int8' is for target='cpu'"):
         optimize(path, model, (x,), target="cuda", precision="int8")
     with pytest.raises(ValueError, match="target 'npu'"):
         optimize(path, model, (x,), target="npu")

@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from onnxmedic import sandbox
-from onnxmedic.optimize.passes import QUANTIZE_STEPS, Pipeline, default_pipelines, run_pipeline
+from onnxmedic.optimize.passes import (
+    QUANTIZE_STEPS,
+    Pipeline,
+    default_pipelines,
+    precision_error,
+    run_pipeline,
+)
 from onnxmedic.verify.budget import RULE_PENDING, judge_output
 from onnxmedic.verify.compare import compare_outputs
 
@@ -477,9 +483,8 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         raise ValueError(f"precision {precision!r}: choose fp32, fp16 or int8")
     if target not in TARGETS:
         raise ValueError(f"target {target!r}: choose {', '.join(TARGETS)}")
-    if precision == "int8" and target != "cpu":
-        raise ValueError("precision int8 is for the cpu target (ONNX Runtime's dynamic and "
-                         "weight-only int8 kernels are CPU kernels); use fp16 on a GPU target")
+    if bad := precision_error(precision, target):
+        raise ValueError(bad)
     src = Path(onnx_path)
     import onnx
 

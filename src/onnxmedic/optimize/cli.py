@@ -17,14 +17,6 @@ def add_export_flags(e: argparse.ArgumentParser) -> None:
                    "(GPU targets; float32 I/O, measured block list)")
 
 
-def combination_error(precision: str, target: str) -> str | None:
-    """Why ``precision`` cannot be built for ``target`` (None when it can)."""
-    if precision == "int8" and target != "cpu":
-        return (f"--precision int8 is for --target cpu (ONNX Runtime's dynamic and weight-only "
-                f"int8 kernels run on the CPU); use --precision fp16 for --target {target}")
-    return None
-
-
 def add_parser(sub: Any) -> None:
     """The ``optimize`` subcommand."""
     o = sub.add_parser("optimize", help="the fastest variant of an ONNX file that still "
@@ -58,8 +50,9 @@ def main(ns: argparse.Namespace) -> int:
         optimize,
         target_findings,
     )
+    from onnxmedic.optimize.passes import precision_error
 
-    bad = combination_error(ns.precision, ns.target)
+    bad = precision_error(ns.precision, ns.target, flags=True)
     if bad:
         sys.stderr.write(f"onnxmedic optimize: error: {bad}\n")
         return 2

@@ -260,6 +260,15 @@ def quantize_weight_only(src: str, dst: str, nodes_to_exclude: list[str] | None 
 QUANTIZE_STEPS = (":quantize_int8", ":quantize_weight_only")
 
 
+def precision_error(precision: str, target: str, flags: bool = False) -> str | None:
+    """Why ``precision`` cannot be built for ``target`` (None when it can): int8 is CPU-only.
+    Worded with the CLI's flags (``flags``) or the API's arguments."""
+    if precision != "int8" or target == "cpu":
+        return None
+    p, t, q = ("--precision ", "--target ", str) if flags else ("precision=", "target=", repr)
+    return (f"{p}{q('int8')} is for {t}{q('cpu')} (ONNX Runtime's dynamic and weight-only int8 "
+            f"kernels run on the CPU); use {p}{q('fp16')} for {t}{q(target)}")
+
 
 @dataclass
 class Pipeline:
