@@ -218,3 +218,38 @@ def test_sandbox_timing_binds_a_bfloat16_input(tmp_path: Path) -> None:
     assert sbx.ok, sbx.error
     assert len(sbx.timed_seconds) == 3
     np.testing.assert_array_equal(sbx.outputs[0][0], [0.0, 0.5, 2.0, 0.0])
+
+
+def test_timing_drops_a_variant_once_it_loses_a_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a baseline, a file slower than (or failing beside) the baseline in a round is not
+    timed again - it can no longer win under the paired rule - and _choose still names the
+    round it lost; without one (the benchmark's peers) every file is timed every round."""
+    from onnxmedic.optimize.candidates import _choose, time_variants
+
+    ms = {"plain": [10, 10, 10], "fast": [9, 9, 9], "slow": [11, 9, 9], "late": [9, 11, 9],
+          "broken": [None, 9, 9]}
+    calls: list[str] = []
+
+    def fake_run(path, feeds, **kw):
+        name = Path(path).stem
+        t = ms[name][sum(c == name for c in calls)]
+        calls.append(name)
+        if t is None:
+            return sandbox.SandboxResult(status="run_error", phase="timing")
+        return sandbox.SandboxResult(status="ok", timed_seconds=[t / 1000] * 3)
+
+    monkeypatch.setattr(sandbox, "run_model", fake_run)
+    paths = {k: Path(f"{k}.onnx") for k in ms}
+    rounds: dict[str, list[float]] = {}
+    times = time_variants(paths, {}, rounds=3, per_round=rounds, baseline="plain")
+    assert [calls.count(k) for k in ms] == [3, 3, 1, 2, 1]
+    assert rounds["slow"] == [11.0] and rounds["late"] == [9.0, 11.0]
+    assert np.isnan(rounds["broken"][0]) and "broken" not in times
+    variants = [_timed(k, *times[k], rounds[k]) if k in times else _timed(k, None, None, [])
+                for k in ms]
+    chosen = _choose(variants[0], variants)
+    assert chosen.name == "fast"
+    assert "round 1" in variants[2].rejected and "round 2" in variants[3].rejected
+    calls.clear()
+    time_variants(paths, {}, rounds=2, per_round={})
+    assert calls.count("slow") == 2 and calls.count("broken") == 2

@@ -190,28 +190,34 @@ def _budget_judge(refs: list[np.ndarray | None], label: str) -> Any:
 def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, threads: int = 2,
                   warmup: int = 3, repeats: int = 10, rounds: int = 3,
                   timeout: float = 600.0, target: str = "cpu",
-                  per_round: dict[str, list[float]] | None = None
-                  ) -> dict[str, tuple[float, float]]:
+                  per_round: dict[str, list[float]] | None = None,
+                  baseline: str | None = None) -> dict[str, tuple[float, float]]:
     """Median and p90 latency (ms) of each file, in the sandbox with ``threads`` intra-op
     threads: ``rounds`` alternating rounds of ``warmup`` discarded + ``repeats`` timed runs, each
     round one session with ONNX Runtime's default options (on a GPU target CUDA's TF32 math
     included, as deployed) and the inputs and outputs bound on the target's device
     (IOBinding: a GPU run's time is the GPU's work, not host copies). ``per_round``, when
-    given, receives each file's median per round (nan for a round it failed)."""
+    given, receives each file's median per round (nan for a round it failed). ``baseline``
+    (a key of ``paths``): a file whose round median is not below the baseline's in the same
+    round is not timed in later rounds - under the paired noise rule it can no longer win."""
     samples: dict[str, list[float]] = {k: [] for k in paths}
+    rounds_ms: dict[str, list[float]] = {k: [] for k in paths}
+    live = list(paths)
     gpu = target != "cpu"
     for r in range(rounds):
-        order = list(paths) if r % 2 == 0 else list(reversed(paths))
-        for name in order:
+        for name in live if r % 2 == 0 else live[::-1]:
             sbx = sandbox.run_model(paths[name], [feed], timeout=timeout, threads=threads,
                                     providers=sandbox.providers(target), cuda_tf32=True,
                                     timing={"warmup": warmup, "repeats": repeats,
                                             "iobinding": gpu})
             ms = [s * 1000 for s in sbx.timed_seconds] if sbx.ok else []
             samples[name] += ms
-            if per_round is not None:
-                per_round.setdefault(name, []).append(statistics.median(ms) if ms
-                                                      else float("nan"))
+            rounds_ms[name].append(statistics.median(ms) if ms else float("nan"))
+        if baseline in paths:
+            base = rounds_ms[baseline][-1]
+            live = [k for k in live if k == baseline or rounds_ms[k][-1] < base]  # nan: out
+    if per_round is not None:
+        per_round.update(rounds_ms)
     out = {}
     for name, s in samples.items():
         if s:
@@ -415,6 +421,8 @@ def _choose(plain: Variant, variants: list[Variant]) -> Variant:
         elif v.median_ms > limit:
             v.rejected = (f"not faster beyond noise ({v.median_ms:.2f} ms vs plain "
                           f"{base.median_ms:.2f} ms, needs <= {limit:.2f} ms)")
+            if lost is not None and len(v.round_ms) < len(base.round_ms):
+                v.rejected += f"; slower in round {lost}, not timed further"
         elif lost is not None:
             v.rejected = (f"not faster beyond noise ({v.median_ms:.2f} ms vs plain "
                           f"{base.median_ms:.2f} ms overall, but not faster in round {lost})")
@@ -510,7 +518,7 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         per_round: dict[str, list[float]] = {}
         times = {} if absent else time_variants(
             paths, feeds[0], threads=threads, warmup=warmup, repeats=repeats, rounds=rounds,
-            timeout=timeout, target=target, per_round=per_round)
+            timeout=timeout, target=target, per_round=per_round, baseline="plain")
         for v in variants:
             if v.name in times:
                 v.median_ms, v.p90_ms = times[v.name]
