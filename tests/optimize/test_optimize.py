@@ -223,6 +223,32 @@ def test_int8_keeps_the_sensitive_layer_in_float32(tmp_path: Path) -> None:
     assert v.accuracy and min(m["cosine"] for m in v.accuracy.values()) >= 0.999
 
 
+def test_int8_search_narrows_the_float32_layers_after_doubling() -> None:
+    """Doubling found 16 layers within budget after 8 failed; 11 suffice: the search halves the
+    gap (12 passes, 10 fails, 11 passes) and returns the variant with 11, not 16 - and stops at
+    its deadline."""
+    import time
+
+    from onnxmedic.optimize.candidates import Variant, _fewest_excluded
+
+    tried: list[int] = []
+
+    def attempt(k: int):
+        tried.append(k)
+        return Variant(f"keep{k}", verified=k >= 11), Path(f"keep{k}.onnx"), True
+
+    best = (Variant("keep16", verified=True), Path("keep16.onnx"))
+    v, path = _fewest_excluded(attempt, 8, 16, best, time.monotonic() + 60)
+    assert tried == [12, 10, 11] and v.name == "keep11" and path == Path("keep11.onnx")
+    tried.clear()  # 4 passed, 2 failed: 3 is tried and fails (needs 11 here): 4 is kept
+    keep4 = (Variant("keep4", verified=True), Path("keep4.onnx"))
+    assert _fewest_excluded(attempt, 2, 4, keep4, time.monotonic() + 60) == keep4
+    assert tried == [3]
+    tried.clear()
+    assert _fewest_excluded(attempt, 8, 16, best, time.monotonic() - 1)[0] is best[0]
+    assert tried == []
+
+
 def test_layer_errors_rank_the_layer_quantization_breaks(tmp_path: Path) -> None:
     """The 1e4 weight makes the first layer's per-tensor int8 scale round every other weight
     to zero: its own output error is ~1 (everything lost), the second layer's is small."""

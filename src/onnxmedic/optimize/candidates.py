@@ -277,7 +277,9 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
     the 1, 2, 4, 8 ... layers that lose most to quantization in float32 (int8.layer_errors:
     each MatMul's own output error with its operands quantized as that step's scheme does,
     measured once on the verification feeds, after the first failure) and retry - up to
-    ``max_excluded`` layers (default: a quarter of them, at least 4) and ``search_seconds``."""
+    ``max_excluded`` layers (default: a quarter of them, at least 4) and ``search_seconds``.
+    When k layers pass and k/2 failed, the gap is halved until it is one layer or an eighth of
+    k (:func:`_fewest_excluded`): doubling alone could keep twice the layers needed."""
     import time
 
     deadline = time.monotonic() + search_seconds
@@ -290,23 +292,32 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
     qopts = dict(base.steps[at][1])
     scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level") if k in qopts}
     ranking: list[tuple[str, float]] = []
-    k = 0
-    while True:
+
+    def attempt(k: int) -> tuple[Variant, Path, bool]:
+        """Quantize with the ``k`` most sensitive layers kept; (variant, file, built)."""
         excluded = [n for n, _ in ranking[:k]]
         pipe = Pipeline(base.name, [(s, dict(o, nodes_to_exclude=excluded)
                                      if s.endswith(QUANTIZE_STEPS) else o)
                                     for s, o in base.steps[at:]], precision="int8")
-        cv, path = _build(pipe, pre, folder, timeout)
+        cv, path = _build(pipe, pre, folder, timeout, suffix=f"-keep{k}")
         cv.name, cv.passes = base.name, v.passes
         measured_step = ([{"step": "onnxmedic.optimize.int8:layer_errors", "scheme": scheme,
                            "ranking": [[n, e] for n, e in ranking[:max(8, k)]]}]
                          if ranking else [])
         cv.steps = pre_steps + measured_step + cv.steps
         if cv.rejected:
-            return cv, path
+            return cv, path, False
         _verify(cv, path, names, feeds, expected, cosine, timeout)
-        if cv.verified:
+        return cv, path, True
+
+    k = 0
+    while True:
+        excluded = [n for n, _ in ranking[:k]]
+        cv, path, built = attempt(k)
+        if not built:
             return cv, path
+        if cv.verified:
+            return _fewest_excluded(attempt, k // 2, k, (cv, path), deadline)
         if not ranking:
             measured, err = _measure("onnxmedic.optimize.int8:layer_errors", pre, feeds,
                                      folder, timeout, {"scheme": scheme})
@@ -326,6 +337,23 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
             return cv, path
         logger.info("int8 (%s): keeping %d layer(s) in float32: %s", base.name, k,
                     ", ".join(n for n, _ in ranking[:k]))
+
+
+def _fewest_excluded(attempt: Any, failed: int, passed: int, best: tuple[Variant, Path],
+                     deadline: float) -> tuple[Variant, Path]:
+    """Between ``failed`` layers in float32 (outside the budget) and ``passed`` (within it),
+    halve the gap while it is over one in eight of ``passed`` (and time is left): the verified
+    variant with the fewest float32 layers found."""
+    import time
+
+    while passed - failed > max(1, passed // 8) and time.monotonic() < deadline:
+        mid = (failed + passed) // 2
+        cv, path, _ = attempt(mid)
+        if cv.verified:
+            passed, best = mid, (cv, path)
+        else:
+            failed = mid
+    return best
 
 
 def _fp16_with_block_list(base: Pipeline, src: Path, folder: Path, names: list[str],
