@@ -86,15 +86,17 @@ class ResidualBlock(torch.nn.Module):
         return self.ln2(h + self.down(F.gelu(self.up(h))))
 
 
-def test_ort_fusions_without_skip_norms_keeps_attention_only(tmp_path: Path) -> None:
+def test_ort_fusions_without_norm_fusions_keeps_attention_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU variant: attention fused, residual norms and bias-GELU left to ONNX Runtime;
-    both variants compute what the plain export does."""
+    both variants compute what the plain export does. A fusion onnxscript no longer has by
+    that name fails the pass (a rejected variant), never silently fuses it."""
     import onnxruntime as ort
 
     x = torch.randn(1, 16, 32)
     src = _export(ResidualBlock(), (x,), tmp_path / "m.onnx")
     passes.ort_fusions(str(src), str(tmp_path / "full.onnx"))
-    info = passes.ort_fusions(str(src), str(tmp_path / "att.onnx"), skip_norms=False)
+    info = passes.ort_fusions(str(src), str(tmp_path / "att.onnx"), norm_fusions=False)
     full, att = _ops(tmp_path / "full.onnx"), _ops(tmp_path / "att.onnx")
     assert full["SkipLayerNormalization"] == 2 and full["BiasGelu"] == 1
     assert att["MultiHeadAttention"] == 1 and info["fusions"].get("sdpa") == 1
@@ -105,6 +107,9 @@ def test_ort_fusions_without_skip_norms_keeps_attention_only(tmp_path: Path) -> 
     assert np.allclose(outs[1], outs[0], atol=1e-5) and np.allclose(outs[2], outs[0], atol=1e-5)
     assert "ort-fusions-attention" in [p.name for p in passes.default_pipelines("cpu")]
     assert "ort-fusions-attention" not in [p.name for p in passes.default_pipelines("cuda")]
+    monkeypatch.setattr(passes, "SKIP_NORM_FUSIONS", ("fuse_skip_layer_norm_renamed",))
+    with pytest.raises(AttributeError):
+        passes.ort_fusions(str(src), str(tmp_path / "x.onnx"), norm_fusions=False)
 
 
 def test_ort_offline_extended_emits_contrib_ops(tmp_path: Path) -> None:

@@ -162,6 +162,23 @@ def test_ctrl_c_stops_the_sweep_and_its_workers(tmp_path):
         assert state == "Z", f"worker {w} still running after Ctrl-C"
 
 
+def test_worker_started_as_the_sweep_stops_kills_itself(monkeypatch):
+    """Ctrl-C can land while a pool thread's Popen is returning: the stop's sweep of the live
+    workers misses it, and it used to run to its --timeout (the Ctrl-C test hung under load).
+    Once stopping, a worker that registers is killed at once."""
+    import time
+
+    from onnxmedic.sweep import executors
+
+    entry = next(e for e in load_zoo(TINY) if e.name == "hangs")
+    monkeypatch.setattr(executors, "_STOPPING", executors.threading.Event())
+    executors._STOPPING.set()
+    t0 = time.monotonic()
+    rec = executors.run_entry(entry, executors.Options(timeout=30, verify=False))
+    assert time.monotonic() - t0 < 20 and rec["status"] == "crashed"  # not "timeout"
+    assert not executors._LIVE
+
+
 def test_unverified_entry_and_failed_check_are_findings(tmp_path):
     res = sweep(TINY + ":FAILING", jobs=1, timeout=300, results=tmp_path / "r.json")
     by = {e["name"]: e for e in res.entries}

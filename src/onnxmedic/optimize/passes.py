@@ -85,10 +85,10 @@ SKIP_NORM_FUSIONS = ("fuse_skip_layer_normalization", "fuse_skip_rms_normalizati
                      "fuse_bias_gelu")
 
 
-def ort_fusions(src: str, dst: str, skip_norms: bool = True) -> dict[str, Any]:
+def ort_fusions(src: str, dst: str, norm_fusions: bool = True) -> dict[str, Any]:
     """onnxscript.rewriter.ort_fusions.optimize_for_ort after the onnxscript optimizer:
     attention/MHA/GQA/SDPA, (Skip)LayerNorm/RMSNorm, rotary embedding, bias-GELU, fused MatMul.
-    Emits ``com.microsoft`` ops: ONNX Runtime only. ``skip_norms=False`` leaves out the
+    Emits ``com.microsoft`` ops: ONNX Runtime only. ``norm_fusions=False`` leaves out the
     residual-add norm and bias-GELU fusions (:data:`SKIP_NORM_FUSIONS`), keeping attention,
     rotary, RMSNorm and GELU: the CPU variant."""
     import contextlib
@@ -103,7 +103,7 @@ def ort_fusions(src: str, dst: str, skip_norms: bool = True) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         # fuse_xformers calls each fusion by its module-level name; patch.object raises
         # AttributeError if onnxscript renames one, which rejects the variant with that reason
-        for name in () if skip_norms else SKIP_NORM_FUSIONS:
+        for name in () if norm_fusions else SKIP_NORM_FUSIONS:
             stack.enter_context(mock.patch.object(_core, name, lambda *a, **k: 0))
         model, counts = optimize_for_ort(model)
     _save_ir(model, dst)
@@ -301,7 +301,7 @@ def default_pipelines(target: str = "cpu", precision: str = "fp32",
     ]
     if target == "cpu":
         out += [Pipeline("ort-fusions-attention",
-                         [(f"{_HERE}:ort_fusions", {"skip_norms": False})], portable=False,
+                         [(f"{_HERE}:ort_fusions", {"norm_fusions": False})], portable=False,
                          note="onnxscript ORT fusions without the skip-norm and bias-GELU ones "
                          "(slower on ONNX Runtime's CPU kernels)"),
                 Pipeline("ort-offline-extended",
@@ -340,7 +340,7 @@ def default_pipelines(target: str = "cpu", precision: str = "fp32",
                      note="onnxscript optimizer + quantize_dynamic per_channel (one weight "
                      "scale per output channel)"),
             Pipeline("int8-dynamic-fused",
-                     [(f"{_HERE}:ort_fusions", {"skip_norms": False}),
+                     [(f"{_HERE}:ort_fusions", {"norm_fusions": False}),
                       (f"{_HERE}:quantize_int8", {"per_channel": True})],
                      precision="int8", portable=False,
                      note="onnxscript ORT attention fusions (no skip-norm/bias-GELU) + "
