@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 _LIVE: set[subprocess.Popen[bytes]] = set()  # running workers, killed if the sweep is stopped
 _LIVE_LOCK = threading.Lock()
+# set when a local sweep stops (Ctrl-C, an error): a worker started after the stop's sweep of
+# _LIVE (its Popen was returning) kills itself on registering instead of running to its timeout
+_STOPPING = threading.Event()
 
 
 @dataclass
@@ -71,6 +74,8 @@ def run_entry(entry: Entry, opts: Options) -> dict[str, Any]:
                                     start_new_session=True)
             with _LIVE_LOCK:
                 _LIVE.add(proc)
+                if _STOPPING.is_set():
+                    _kill_group(proc)
             try:
                 rc = proc.wait(timeout=opts.timeout)
             except subprocess.TimeoutExpired:
@@ -116,12 +121,14 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def run_local(entries: list[Entry], opts: Options, jobs: int, _address: str | None
                ) -> Iterator[dict[str, Any]]:
+    _STOPPING.clear()
     pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sweep")
     futures = [pool.submit(run_entry, e, opts) for e in entries]
     try:
         for fut in as_completed(futures):
             yield fut.result()
     finally:  # also on Ctrl-C or an error here: no worker outlives the sweep
+        _STOPPING.set()
         for fut in futures:
             fut.cancel()
         with _LIVE_LOCK:
