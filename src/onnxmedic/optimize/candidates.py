@@ -312,7 +312,6 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
 
     k = 0
     while True:
-        excluded = [n for n, _ in ranking[:k]]
         cv, path, built = attempt(k)
         if not built:
             return cv, path
@@ -328,9 +327,9 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
             if not ranking:
                 return cv, path
         cap = max_excluded if max_excluded is not None else max(4, len(ranking) // 4)
-        k = 1 if k == 0 else 2 * k
+        tried, k = k, (1 if k == 0 else 2 * k)
         if k > min(cap, len(ranking)):
-            cv.rejected += f" (with the {len(excluded)} most sensitive layer(s) in float32)"
+            cv.rejected += f" (with the {tried} most sensitive layer(s) in float32)"
             return cv, path
         if time.monotonic() > deadline:
             cv.rejected += f" (sensitivity search stopped after {search_seconds:g} s)"
@@ -444,16 +443,18 @@ def _choose(plain: Variant, variants: list[Variant]) -> Variant:
         if not v.verified:
             continue
         lost = _slower_round(v.round_ms, base.round_ms)
+        pruned = lost is not None and len(v.round_ms) < len(base.round_ms)
         if v.median_ms is None:
             v.rejected = "could not be timed"
         elif v.median_ms > limit:
             v.rejected = (f"not faster beyond noise ({v.median_ms:.2f} ms vs plain "
                           f"{base.median_ms:.2f} ms, needs <= {limit:.2f} ms)")
-            if lost is not None and len(v.round_ms) < len(base.round_ms):
+            if pruned:
                 v.rejected += f"; slower in round {lost}, not timed further"
         elif lost is not None:
             v.rejected = (f"not faster beyond noise ({v.median_ms:.2f} ms vs plain "
-                          f"{base.median_ms:.2f} ms overall, but not faster in round {lost})")
+                          f"{base.median_ms:.2f} ms overall, but not faster in round {lost}"
+                          f"{', not timed further' if pruned else ''})")
         elif chosen is plain or v.median_ms < (chosen.median_ms or float("inf")):
             chosen = v
     for v in variants[1:]:
