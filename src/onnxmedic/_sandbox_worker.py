@@ -28,6 +28,9 @@ def _die_with_parent() -> None:
 
 
 TF32_OFF = {"use_tf32": "0"}  # ONNX Runtime CUDA provider option
+# ONNX Runtime CUDA provider option: the second run captures the kernels in a CUDA graph,
+# later runs replay it (one launch) - on the buffers bound at the capture
+CUDA_GRAPH = {"enable_cuda_graph": "1"}
 # sandbox.LEAN_FOLD_BYTES and sandbox.LEAN_DISABLED (this script imports nothing of onnxmedic)
 LEAN_FOLD_BYTES = 1 << 20
 LEAN_DISABLED = ("TransposeOptimizer",)
@@ -229,11 +232,16 @@ def _load_session(ort, req_dir: str, req: dict, result: dict):
                 opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
                 disabled = list(LEAN_DISABLED)
         providers = req.get("providers") or ["CPUExecutionProvider"]
+        cuda: dict = {}
         # verification compares with PyTorch, whose CUDA matmuls and convolutions are full
         # float32 by default (torch.backends.cuda.matmul.allow_tf32 = False); ONNX Runtime's
         # CUDA provider uses TF32 by default, 1e-4..1e-3 relative off (bench/gpu_check.py)
         if not req.get("cuda_tf32"):  # timings ask for the deployed default instead
-            providers = [(p, dict(TF32_OFF)) if p == "CUDAExecutionProvider" else p
+            cuda.update(TF32_OFF)
+        if req.get("graph"):  # the session that times with fixed buffers (_time_runs)
+            cuda.update(CUDA_GRAPH)
+        if cuda:
+            providers = [(p, dict(cuda)) if p == "CUDAExecutionProvider" else p
                          for p in providers]
         sess = ort.InferenceSession(req["model"], opts, providers=providers,
                                     disabled_optimizers=disabled or None)
@@ -277,10 +285,12 @@ def _save_outputs(np, req_dir: str, i: int, outs: list, elapsed: float) -> dict:
     return run
 
 
-def _run_feeds(np, ort, sess, req_dir: str, req: dict, result: dict) -> bool:
+def _run_feeds(np, ort, sess, req_dir: str, req: dict, result: dict,
+               first: list | None = None) -> bool:
     """Run the session on each feed file, recording the runs in ``result``; False when a
     failure (out of memory, or an error on a required input set) ended them, its status in
-    ``result``. An optional input set's error is recorded in its run and the rest go on."""
+    ``result``. An optional input set's error is recorded in its run and the rest go on.
+    ``first`` receives feed 0's outputs."""
     runs = []
     n_required = int(req.get("n_required", req.get("n_feeds", 0)))
     for i in range(int(req.get("n_feeds", 0))):
@@ -309,44 +319,64 @@ def _run_feeds(np, ort, sess, req_dir: str, req: dict, result: dict) -> bool:
             runs.append({"seconds": 0.0, "dtypes": [], "error": msg[:4000]})
             continue
         runs.append(_save_outputs(np, req_dir, i, outs, time.perf_counter() - t0))
+        if i == 0 and first is not None:
+            first.extend(outs)
     result["runs"] = runs
     return True
 
 
-def bind_io(ort, np, sess, feeds: dict):
+def bind_io(ort, np, sess, feeds: dict, outputs: list | None = None):
     """An IOBinding of ``feeds`` on the session's device: on a CUDA session the inputs are
     copied to the GPU once and the outputs stay there, so a run's time is the GPU's work, not
     host copies (bfloat16/float8 inputs stay host values: numpy cannot hand them to the GPU,
-    ONNX Runtime copies them per run). Returns (binding, device)."""
+    ONNX Runtime copies them per run). ``outputs`` (arrays shaped as the session's outputs):
+    the outputs are bound to buffers allocated once, like the inputs - every run reads and
+    writes the same addresses, as a CUDA graph's replay needs. Returns (binding, device)."""
     device = "cuda" if "CUDAExecutionProvider" in sess.get_providers() else "cpu"
     binding = sess.io_binding()
-    for k, v in feeds.items():
+
+    def on_device(v):
         if device == "cuda" and str(v.dtype) not in _ODD:
             v = v if v.flags.c_contiguous else v.copy(order="C")  # keeps a 0-d array 0-d
-            val = ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
+            return ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
+        return None
+
+    for k, v in feeds.items():
+        binding.bind_ortvalue_input(k, on_device(v) or to_ortvalue(ort, np, v))
+    for j, o in enumerate(sess.get_outputs()):
+        arr = outputs[j] if outputs is not None and j < len(outputs) else None
+        val = None
+        if arr is not None and str(arr.dtype) not in _ODD:
+            # a copy: on the CPU the OrtValue shares the array's memory
+            val = on_device(arr) or ort.OrtValue.ortvalue_from_numpy(np.array(arr, order="C"))
+        if val is not None:
+            binding.bind_ortvalue_output(o.name, val)
         else:
-            val = to_ortvalue(ort, np, v)
-        binding.bind_ortvalue_input(k, val)
-    for o in sess.get_outputs():
-        binding.bind_output(o.name, device)
+            binding.bind_output(o.name, device)
     return binding, device
 
 
-def _time_runs(np, ort, sess, req_dir: str, req: dict, result: dict) -> bool:
-    """Time the session on feed 0 (``req["timing"]``: warmup, repeats, iobinding): the inputs
-    are converted once, with ``iobinding`` bound on the session's device (:func:`bind_io`).
+def _time_runs(np, ort, sess, req_dir: str, req: dict, result: dict,
+               first: list | None = None) -> bool:
+    """Time the session on feed 0 (``req["timing"]``: warmup, repeats, iobinding, graph): the
+    inputs are converted once, with ``iobinding`` bound on the session's device
+    (:func:`bind_io`). ``graph``: outputs bound to fixed buffers shaped as ``first`` (feed 0's
+    outputs), on a CUDA session captured as a CUDA graph (``sess`` was loaded so); the outputs
+    of the last timed run are saved (out_timing), to check what the replays compute.
     ``result["timing"]``: the timed runs' seconds, after ``warmup`` discarded ones."""
     _phase(req_dir, "timing")
     _fault("timing")
     t = req["timing"]
+    graph = bool(t.get("graph"))
     with np.load(os.path.join(req_dir, "feed_0.npz"), allow_pickle=False) as data:
         dtypes = req["feed_dtypes"][0]
         feeds = {k: _from_saved(data[k], dtypes[k]) for k in data.files}
     device = "cpu"
     seconds = []
+    binding = None
     try:
-        if t.get("iobinding"):
-            binding, device = bind_io(ort, np, sess, feeds)
+        if t.get("iobinding") or graph:
+            binding, device = bind_io(ort, np, sess, feeds, first if graph else None)
 
             def once():
                 # Run synchronises the providers' streams before it returns
@@ -361,13 +391,19 @@ def _time_runs(np, ort, sess, req_dir: str, req: dict, result: dict) -> bool:
             once()
             if i >= int(t.get("warmup", 0)):
                 seconds.append(time.perf_counter() - t0)
+        timing = {"seconds": seconds, "device": device, "iobinding": binding is not None,
+                  "graph": graph}
+        if graph:
+            outs = [from_ortvalue(np, v) for v in binding.get_outputs()]
+            if os.environ.get("ONNXMEDIC_SANDBOX_FAULT") == "corrupt:timing":
+                outs = [o + 1 if o.dtype.kind == "f" else o for o in outs]  # tests' fault
+            timing["run"] = _save_outputs(np, req_dir, "timing", outs, 0.0)
     except Exception as e:
         msg = f"{type(e).__name__}: {e}"
         oom = "bad_alloc" in msg or "Failed to allocate" in msg
         result.update(status="oom" if oom else "run_error", phase="timing", error=msg[:4000])
         return False
-    result["timing"] = {"seconds": seconds, "device": device,
-                        "iobinding": bool(t.get("iobinding"))}
+    result["timing"] = timing
     return True
 
 
@@ -393,9 +429,18 @@ def main(req_dir: str) -> int:
     result["inputs"] = _value_infos(sess.get_inputs())
     result["outputs"] = _value_infos(sess.get_outputs())
     result["providers"] = sess.get_providers()
-    if not _run_feeds(np, ort, sess, req_dir, req, result):
+    first: list = []
+    if not _run_feeds(np, ort, sess, req_dir, req, result, first):
         return _finish(req_dir, result)
-    if req.get("timing") and not _time_runs(np, ort, sess, req_dir, req, result):
+    timing = req.get("timing") or {}
+    if timing.get("graph"):
+        # a second session, loaded for the fixed-buffer (CUDA graph) timing: a captured
+        # graph replays the buffers of its capture, so the feeds above ran without one
+        sess = None  # one copy of the weights at a time
+        sess = _load_session(ort, req_dir, dict(req, graph=True), result)
+        if sess is None:
+            return _finish(req_dir, result)
+    if timing and not _time_runs(np, ort, sess, req_dir, req, result, first):
         return _finish(req_dir, result)
     result["phase"] = "done"
     _phase(req_dir, "done")

@@ -312,6 +312,19 @@ def check_feeds(model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, cast: s
     return out, findings
 
 
+def append_metadata(path: str | os.PathLike[str], key: str, value: str,
+                    proto: Any = None) -> None:
+    """Add the metadata entry ``key: value`` to the saved ONNX file at ``path`` (and to
+    ``proto``): a ModelProto holding only that entry is appended to the file - protobuf
+    appends a repeated field met twice, so the file parses as the model with one more
+    metadata_props entry, and its weights are not written again."""
+    entry = onnx.StringStringEntryProto(key=key, value=value)
+    with open(path, "ab") as fh:
+        fh.write(onnx.ModelProto(metadata_props=[entry]).SerializeToString())
+    if proto is not None:
+        proto.metadata_props.append(entry)
+
+
 def has_external_data(proto: Any) -> bool:
     return any(t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
                for t in proto.graph.initializer)

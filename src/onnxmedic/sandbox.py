@@ -143,6 +143,8 @@ class SandboxResult:
     lean: bool = False  # the session was memory-lean (lean_session)
     timed_seconds: list[float] = field(default_factory=list)  # with timing: the timed runs
     timing_device: str = ""  # with timing: where inputs and outputs were bound (cpu, cuda)
+    timed_outputs: list[np.ndarray] = field(default_factory=list)  # with timing["graph"]: the
+    # last timed run's outputs (what the fixed buffers / the CUDA graph's replays compute)
 
     @property
     def ok(self) -> bool:
@@ -311,7 +313,9 @@ class Worker:
         decides by the model's size and the memory available now. ``timing``: after the
         feeds, time ``repeats`` runs of the first feed after ``warmup`` discarded ones
         (``iobinding``: inputs and outputs bound on the session's device, the GPU for a CUDA
-        session); the seconds are in ``timed_seconds``. ``cuda_tf32``: leave ONNX Runtime's
+        session; ``graph``: in a second session, with the outputs bound to buffers allocated
+        once - on CUDA captured as a CUDA graph and replayed - the last run's outputs in
+        ``timed_outputs``); the seconds are in ``timed_seconds``. ``cuda_tf32``: leave ONNX Runtime's
         CUDA default (TF32 matmuls and convolutions, as deployed; for timing) instead of full
         float32 (for verification: PyTorch computes without TF32)."""
         proc = self.proc
@@ -447,15 +451,20 @@ def _read_result(req_dir: Path, res: dict[str, Any], phase: str, wall: float, st
             out.outputs.append([])
             out.run_seconds.append(0.0)
             continue
-        if "packed" in run:
-            out.outputs.append([_restore(a, dt) for a, dt in zip(
-                _unpack(req_dir / f"out_{i}.bin", run["packed"]), run["dtypes"])])
-        else:
-            with np.load(req_dir / f"out_{i}.npz", allow_pickle=False) as data:
-                out.outputs.append([_restore(data[f"o{j}"], dt)
-                                    for j, dt in enumerate(run["dtypes"])])
+        out.outputs.append(_read_outputs(req_dir, i, run))
         out.run_seconds.append(run["seconds"])
+    if "run" in res.get("timing", {}):
+        out.timed_outputs = _read_outputs(req_dir, "timing", res["timing"]["run"])
     return out
+
+
+def _read_outputs(req_dir: Path, i: int | str, run: dict[str, Any]) -> list[np.ndarray]:
+    """The outputs the child saved for run ``i`` (out_i.bin or out_i.npz)."""
+    if "packed" in run:
+        return [_restore(a, dt) for a, dt in zip(
+            _unpack(req_dir / f"out_{i}.bin", run["packed"]), run["dtypes"])]
+    with np.load(req_dir / f"out_{i}.npz", allow_pickle=False) as data:
+        return [_restore(data[f"o{j}"], dt) for j, dt in enumerate(run["dtypes"])]
 
 
 def providers(target: str) -> list[str]:

@@ -131,8 +131,11 @@ def test_cuda_target_times_with_iobinding_where_its_provider_runs(
     res = optimize(path, model, (x,), target="cuda", precision="fp16",
                    pipelines=_fp32_and_fp16("cuda"), **FAST)
     assert not res.target_missing
-    timed = [kw for kw in calls if kw.get("timing")]
+    timed = [kw for kw in calls if kw.get("timing") and kw["timing"].get("repeats", 1) > 1]
     assert timed and all(kw["timing"]["iobinding"] and kw["cuda_tf32"] for kw in timed)
+    # the chosen file's CUDA-graph twin: verified on its replays' outputs, without TF32
+    twin = [kw for kw in calls if kw.get("timing") and kw["timing"].get("repeats") == 1]
+    assert len(twin) == 1 and twin[0]["timing"]["graph"] and not twin[0].get("cuda_tf32")
     verifying = [kw for kw in calls if not kw.get("timing")]
     assert all(kw.get("providers") == ["CPUExecutionProvider"] and not kw.get("cuda_tf32")
                for kw in verifying)
@@ -253,3 +256,123 @@ def test_timing_drops_a_variant_once_it_loses_a_round(monkeypatch: pytest.Monkey
     calls.clear()
     time_variants(paths, {}, rounds=2, per_round={})
     assert calls.count("slow") == 2 and calls.count("broken") == 2
+
+
+def test_sandbox_graph_timing_returns_what_the_fixed_buffers_computed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """timing["graph"]: a second session with inputs and outputs bound to buffers allocated
+    once (on CUDA, captured and replayed as a CUDA graph); the last run's outputs come back so
+    that what the replays compute is checked - a corrupted one differs."""
+    _, x, path = _export(tmp_path)
+    feeds = [{"x": x.numpy()}, {"x": np.ones((2, 16, 32), np.float32)}]
+    sbx = sandbox.run_model(path, feeds, timing={"warmup": 2, "repeats": 3, "graph": True})
+    assert sbx.ok, sbx.error
+    assert len(sbx.timed_seconds) == 3 and len(sbx.outputs) == 2
+    assert [o.shape for o in sbx.timed_outputs] == [(2, 16, 32)]
+    np.testing.assert_array_equal(sbx.timed_outputs[0], sbx.outputs[0][0])
+    assert not sandbox.run_model(path, feeds[:1], timing={"repeats": 2}).timed_outputs
+    monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "corrupt:timing")
+    bad = sandbox.run_model(path, feeds[:1], timing={"warmup": 1, "repeats": 1, "graph": True})
+    assert bad.ok and np.abs(bad.timed_outputs[0] - sbx.outputs[0][0]).min() > 0.99
+
+
+def _fake_times(ms: dict[str, list[float]], calls: list[tuple[str, bool]]):
+    """A time_variants stand-in: per-round medians by variant name (graph twins by theirs)."""
+    from onnxmedic.optimize import candidates
+
+    def fake(paths, feed, *, per_round=None, graphs=(), **kw):
+        calls.extend((k, k in graphs) for k in paths)
+        if per_round is not None:
+            per_round.update({k: list(ms[k]) for k in paths})
+        return {k: (float(np.median(ms[k])), max(ms[k])) for k in paths}
+
+    return candidates, fake
+
+
+def test_cuda_graph_twin_faster_every_round_becomes_the_run_setting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """On cuda the chosen file is also run as a CUDA graph: verified on its replays, timed in
+    rounds of its own beside the file without a graph; faster beyond noise in every round, it
+    becomes ``run_settings`` (the result, the finding, the CLI, the written file's metadata) -
+    the file written is still the chosen one."""
+    import json
+
+    from onnxmedic.optimize import optimization_finding
+    from onnxmedic.optimize.candidates import GRAPH_SETTINGS, RUN_SETTINGS_KEY
+
+    monkeypatch.setattr(sandbox, "providers", lambda target: ["CPUExecutionProvider"])
+    calls: list[tuple[str, bool]] = []
+    candidates, fake = _fake_times({"plain": [1.0, 1.0, 1.0],
+                                    "plain+cuda-graph": [0.5, 0.52, 0.49]}, calls)
+    monkeypatch.setattr(candidates, "time_variants", fake)
+    model, x, path = _export(tmp_path)
+    out = tmp_path / "o.onnx"
+    res = optimize(path, model, (x,), out=out, target="cuda", pipelines=[], **FAST)
+    assert res.chosen == "plain" and res.run_settings == GRAPH_SETTINGS
+    twin = res.variants[-1]
+    assert twin.name == "plain+cuda-graph" and twin.verified and not twin.rejected
+    assert twin.speedup == pytest.approx(2.0) and twin.round_ms == [0.5, 0.52, 0.49]
+    assert ("plain+cuda-graph", True) in calls and ("plain", False) in calls
+    assert "run as a CUDA graph (plain+cuda-graph) it is 2.00x faster" in res.message
+    f = optimization_finding(res)
+    assert "plain+cuda-graph: 0.50 ms, 2.00x - chosen run setting" in f.message
+    assert "enable_cuda_graph" in f.message
+    proto = onnx.load(str(out))
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert json.loads(meta[RUN_SETTINGS_KEY]) == GRAPH_SETTINGS
+    assert proto.graph == onnx.load(str(path)).graph  # the same file, plus its settings
+    s = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(s.run(None, {"x": x.numpy()})[0],
+                               model(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    from onnxmedic.cli import main
+
+    seen: dict = {}
+
+    def same(*a, **kw):
+        seen.update(kw)
+        return res
+
+    monkeypatch.setattr("onnxmedic.inputs.load_model", lambda spec: (model, None))
+    import sys
+
+    monkeypatch.setattr(sys.modules["onnxmedic.optimize"], "optimize", same)
+    assert main(["optimize", str(path), "m.py:Block", "--input", "2x16x32:float32",
+                 "--target", "cuda"]) == 0
+    assert seen["cuda_graph"] is True
+    text = capsys.readouterr().out
+    assert 'run setting providers: [["CUDAExecutionProvider", {"enable_cuda_graph": "1"}]' in text
+    assert "plain+cuda-graph" in text
+
+
+@pytest.mark.parametrize("why", ["slower", "lost a round", "wrong replay", "crash", "off"])
+def test_cuda_graph_twin_is_rejected_with_its_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str) -> None:
+    """A twin within noise, one that lost a round, one whose replays compute something else, one
+    whose session dies: each is listed with its reason and no run setting is recorded;
+    ``cuda_graph=False`` tries none."""
+    from onnxmedic.optimize.candidates import RUN_SETTINGS_KEY
+
+    monkeypatch.setattr(sandbox, "providers", lambda target: ["CPUExecutionProvider"])
+    twin_ms = {"slower": [0.99, 0.98, 0.98], "lost a round": [0.6, 1.1, 0.6]}.get(
+        why, [0.5, 0.5, 0.5])
+    candidates, fake = _fake_times({"plain": [1.0, 1.0, 1.0], "plain+cuda-graph": twin_ms}, [])
+    monkeypatch.setattr(candidates, "time_variants", fake)
+    if why == "wrong replay":
+        monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "corrupt:timing")
+    if why == "crash":
+        monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "segv:timing")
+    model, x, path = _export(tmp_path)
+    out = tmp_path / "o.onnx"
+    res = optimize(path, model, (x,), out=out, target="cuda", pipelines=[],
+                   cuda_graph=why != "off", **FAST)
+    assert res.chosen == "plain" and not res.run_settings
+    assert RUN_SETTINGS_KEY not in {p.key for p in onnx.load(str(out)).metadata_props}
+    if why == "off":
+        assert [v.name for v in res.variants] == ["plain"]
+        return
+    twin = res.variants[-1]
+    expect = {"slower": "needs <= 0.970 ms", "lost a round": "not faster in round 2",
+              "wrong replay": "the CUDA graph's replay failed verification",
+              "crash": "ONNX Runtime refused the CUDA graph (crash"}[why]
+    assert twin.name == "plain+cuda-graph" and expect in twin.rejected, twin.rejected

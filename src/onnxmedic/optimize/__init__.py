@@ -10,6 +10,7 @@ fastest one that beats the plain file beyond the measurement noise.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
@@ -23,6 +24,7 @@ from onnxmedic.onnxfile import graph_io, make_feeds
 from onnxmedic.optimize.bench import BenchResult, bench
 from onnxmedic.optimize.candidates import (
     DEFAULT_COSINE,
+    GRAPH_SUFFIX,
     OptimizationResult,
     Variant,
     judge_reduced,
@@ -96,7 +98,8 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
              kwargs: dict[str, Any] | None = None, out: str | os.PathLike[str] | None = None,
              target: str = "cpu", precision: str = "fp32", accuracy: str | float | None = None,
              timeout: float = 600.0, threads: int = 2, repeats: int = 10, rounds: int = 3,
-             pipelines: list[Pipeline] | None = None) -> OptimizationResult:
+             pipelines: list[Pipeline] | None = None, cuda_graph: bool = True
+             ) -> OptimizationResult:
     """The fastest variant of ``onnx_path`` that still verifies against ``model`` (PyTorch) on
     ``args``/``kwargs`` and every derived input set; written to ``out`` when given (the plain
     file when no variant beats it beyond noise). ``precision``: fp32, int8 (CPU) or fp16 (for
@@ -105,7 +108,8 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     ``accuracy``: the reduced-precision budget, e.g. ``"cosine=0.9995"``. ``target``: cpu,
     cuda or tensorrt - candidates are verified and timed with that target's execution
     providers (on a GPU inputs and outputs bound on the device); where this ONNX Runtime lacks
-    the target's provider they are verified on the CPU and the plain export is kept (OM725)."""
+    the target's provider they are verified on the CPU and the plain export is kept (OM725).
+    ``cuda_graph``: on cuda, also try the chosen file as a CUDA graph (``run_settings``)."""
     if not isinstance(args, tuple):
         raise TypeError("args must be a tuple of example inputs, like torch.onnx.export")
     cosine = parse_accuracy(accuracy)
@@ -123,7 +127,8 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     return optimize_file(onnx_path, feeds, expected, out=out, target=target,
                          precision=precision, cosine=cosine, pipelines=pipelines,
                          threads=threads, repeats=repeats, rounds=rounds, timeout=timeout,
-                         references=references, model_type=ort_model_type(fn))
+                         references=references, model_type=ort_model_type(fn),
+                         cuda_graph=cuda_graph)
 
 
 def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> Any:
@@ -133,11 +138,18 @@ def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> An
 
     lines = [f"{v.name}: " + (f"{v.median_ms:.2f} ms" if v.median_ms is not None else "untimed")
              + (f", {v.speedup:.2f}x" if v.speedup else "")
-             + (f" - rejected: {v.rejected}" if v.rejected else " - chosen") for v in res.variants]
+             + (f" - rejected: {v.rejected}" if v.rejected else
+                " - chosen run setting" if v.name.endswith(GRAPH_SUFFIX) else " - chosen")
+             for v in res.variants]
     code = "OM721" if res.chosen == "plain" else "OM720"
+    how = ""
+    if res.run_settings:
+        how = (" Run settings: " + "; ".join(
+            f"{k}: {v if isinstance(v, str) else json.dumps(v)}"
+            for k, v in res.run_settings.items()) + ".")
     return info(code, stage, f"{res.message} (target {res.target}, {res.threads} intra-op "
-                f"threads, median of {res.rounds}x{res.repeats} runs). " + "; ".join(lines),
-                details=res.to_dict())
+                f"threads, median of {res.rounds}x{res.repeats} runs). " + "; ".join(lines)
+                + how, details=res.to_dict())
 
 
 def target_findings(res: OptimizationResult, stage: str = "optimize") -> list[Any]:

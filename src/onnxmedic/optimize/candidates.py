@@ -15,11 +15,13 @@ that spread alone rejected variants 10 % faster in every round.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import statistics
 import tempfile
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,18 @@ logger = logging.getLogger(__name__)
 NOISE_FRACTION = 0.03
 DEFAULT_COSINE = 0.999
 TARGETS = ("cpu", "cuda", "tensorrt")
+# Targets whose verified variants also get a CUDA-graph twin (the same file, run with the
+# settings below): at small batch a GPU waits on kernel launches, a graph replay is one launch
+GRAPH_TARGETS = ("cuda",)
+GRAPH_SUFFIX = "+cuda-graph"
+GRAPH_SETTINGS = {
+    "providers": [["CUDAExecutionProvider", {"enable_cuda_graph": "1"}], "CPUExecutionProvider"],
+    "io_binding": "inputs and outputs bound to buffers allocated once on the GPU; refill the "
+                  "inputs in place (OrtValue.update_inplace), then run_with_iobinding",
+    "shapes": "fixed: a captured graph replays the input shapes of its capture (another shape: "
+              "another session, or a graph per shape with the run option gpu_graph_id)",
+}
+RUN_SETTINGS_KEY = "onnxmedic.run_settings"  # metadata_props key: GRAPH_SETTINGS as JSON
 
 
 @dataclass
@@ -82,6 +96,9 @@ class OptimizationResult:
     target: str = "cpu"
     providers: list[str] = field(default_factory=list)  # what the plain file's session used
     target_missing: str = ""  # why the target could not be timed here ("" when it was)
+    # how to run the written file at the chosen variant's speed ({}: a default session;
+    # GRAPH_SETTINGS for a CUDA-graph twin, also in the file's metadata, RUN_SETTINGS_KEY)
+    run_settings: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,10 +167,20 @@ def _verify(variant: Variant, path: Path, names: list[str], feeds: list[dict[str
     if not sbx.ok:
         variant.rejected = f"ONNX Runtime refused it ({sbx.status}: {sbx.error[:200]})"
         return sbx.providers
+    _judge(variant, names, expected, sbx.outputs, cosine, references)
+    return sbx.providers
+
+
+def _judge(variant: Variant, names: list[str], expected: list[list[np.ndarray]],
+           actual: list[list[np.ndarray]], cosine: float,
+           references: list[list[np.ndarray | None]] | None) -> None:
+    """Judge ``actual`` (per input set) against ``expected`` by the variant's precision's
+    rule (see :func:`_verify`): sets ``verified``, ``accuracy`` and, when it fails,
+    ``rejected``."""
     if variant.precision == "fp32":
         acc: dict[str, dict[str, float]] = {}
         bad = ""
-        for s, (exp, act) in enumerate(zip(expected, sbx.outputs)):
+        for s, (exp, act) in enumerate(zip(expected, actual)):
             refs = references[s] if references and s < len(references) else []
             for c in compare_outputs(names, exp, act, input_set=f"set {s}",
                                      judge=_budget_judge(refs, f"set {s}")):
@@ -166,15 +193,38 @@ def _verify(variant: Variant, path: Path, names: list[str], feeds: list[dict[str
         variant.accuracy = acc
         if bad:
             variant.rejected = f"failed verification: {bad}"
-            return sbx.providers
+            return
     else:
-        ok, acc, why = judge_reduced(names, expected, sbx.outputs, cosine)
+        ok, acc, why = judge_reduced(names, expected, actual, cosine)
         variant.accuracy = acc
         if not ok:
             variant.rejected = f"outside the accuracy budget: {why}"
-            return sbx.providers
+            return
     variant.verified = True
-    return sbx.providers
+
+
+def _graph_twin(base: Variant, path: Path, names: list[str], feed: dict[str, np.ndarray],
+                expected: list[np.ndarray], cosine: float, timeout: float,
+                references: list[np.ndarray | None] | None, target: str) -> Variant:
+    """``base``'s file run as a CUDA graph (GRAPH_SETTINGS): a session whose second run
+    captures the kernels and whose later runs replay them on the same buffers. Judged like
+    ``base`` on the replays' outputs for the example feed - the one shape a captured graph
+    runs (the file itself was verified at every size)."""
+    twin = Variant(base.name + GRAPH_SUFFIX, precision=base.precision,
+                   passes=base.passes + ["cuda-graph"], steps=base.steps, fusions=base.fusions,
+                   nodes=base.nodes, path=str(path), blocked=base.blocked)
+    sbx = sandbox.run_model(path, [feed], timeout=timeout, providers=sandbox.providers(target),
+                            timing={"warmup": 2, "repeats": 1, "graph": True})
+    if not sbx.ok:
+        twin.rejected = f"ONNX Runtime refused the CUDA graph ({sbx.status}: {sbx.error[:200]})"
+    elif not sbx.timed_outputs:
+        twin.rejected = "ONNX Runtime returned no outputs from the CUDA graph's replay"
+    else:
+        _judge(twin, names, [expected], [sbx.timed_outputs], cosine,
+               [references] if references is not None else None)
+        if twin.rejected:
+            twin.rejected = "the CUDA graph's replay " + twin.rejected
+    return twin
 
 
 def _budget_judge(refs: list[np.ndarray | None], label: str) -> Any:
@@ -191,7 +241,8 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
                   warmup: int = 3, repeats: int = 10, rounds: int = 3,
                   timeout: float = 600.0, target: str = "cpu",
                   per_round: dict[str, list[float]] | None = None,
-                  baseline: str | None = None) -> dict[str, tuple[float, float]]:
+                  baseline: str | None = None,
+                  graphs: Collection[str] = ()) -> dict[str, tuple[float, float]]:
     """Median and p90 latency (ms) of each file, in the sandbox with ``threads`` intra-op
     threads: ``rounds`` alternating rounds of ``warmup`` discarded + ``repeats`` timed runs, each
     round one session with ONNX Runtime's default options (on a GPU target CUDA's TF32 math
@@ -199,7 +250,9 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
     (IOBinding: a GPU run's time is the GPU's work, not host copies). ``per_round``, when
     given, receives each file's median per round (nan for a round it failed). ``baseline``
     (a key of ``paths``): a file whose round median is not below the baseline's in the same
-    round is not timed in later rounds - under the paired noise rule it can no longer win."""
+    round is not timed in later rounds - under the paired noise rule it can no longer win.
+    ``graphs``: keys timed as CUDA graphs (fixed buffers, ``enable_cuda_graph``; see
+    GRAPH_SETTINGS)."""
     samples: dict[str, list[float]] = {k: [] for k in paths}
     rounds_ms: dict[str, list[float]] = {k: [] for k in paths}
     live = list(paths)
@@ -209,7 +262,7 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
             sbx = sandbox.run_model(paths[name], [feed], timeout=timeout, threads=threads,
                                     providers=sandbox.providers(target), cuda_tf32=True,
                                     timing={"warmup": warmup, "repeats": repeats,
-                                            "iobinding": gpu})
+                                            "iobinding": gpu, "graph": name in graphs})
             ms = [s * 1000 for s in sbx.timed_seconds] if sbx.ok else []
             samples[name] += ms
             rounds_ms[name].append(statistics.median(ms) if ms else float("nan"))
@@ -464,14 +517,69 @@ def _choose(plain: Variant, variants: list[Variant]) -> Variant:
     return chosen
 
 
-def _write(src: Path, out: Path) -> None:
+def _outcome(plain: Variant, chosen: Variant, variants: list[Variant], target: str,
+             absent: str | None) -> str:
+    """The result's message (and the plain variant's and, where the target could not be timed,
+    the verified ones' reasons)."""
+    if absent:
+        for v in variants[1:]:
+            if v.verified:
+                v.rejected = f"verified on the CPU, not timed on {target}: {absent}"
+        plain.rejected = ""
+        return f"no variant could be timed on {target} ({absent}); the plain export is kept"
+    if chosen is plain:
+        plain.rejected = ""
+        return "no variant beat the plain export beyond noise; the plain export is kept"
+    plain.rejected = f"slower than {chosen.name}"
+    return f"{chosen.name} is {chosen.speedup:.2f}x faster than the plain export"
+
+
+def _try_graph(chosen: Variant, plain: Variant, names: list[str],
+               feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
+               cosine: float, timeout: float,
+               references: list[list[np.ndarray | None]] | None, target: str, *,
+               threads: int, warmup: int, repeats: int, rounds: int) -> Variant:
+    """The chosen file as a CUDA graph (:func:`_graph_twin`), verified, then timed in rounds of
+    its own beside the chosen file run without one (and the plain file, for its speed-up):
+    kept (``rejected`` empty) only when it beats the chosen file by the noise rule, every
+    round. The file written never depends on it: without graphs it is the best one still."""
+    twin = _graph_twin(chosen, Path(chosen.path), names, feeds[0], expected[0], cosine,
+                       timeout, references[0] if references else None, target)
+    if not twin.verified:
+        return twin
+    paths = {"plain": Path(plain.path), chosen.name: Path(chosen.path),
+             twin.name: Path(chosen.path)}
+    per_round: dict[str, list[float]] = {}
+    times = time_variants(paths, feeds[0], threads=threads, warmup=warmup, repeats=repeats,
+                          rounds=rounds, timeout=timeout, target=target, per_round=per_round,
+                          baseline=chosen.name, graphs={twin.name})
+    if twin.name not in times or chosen.name not in times:
+        twin.rejected = "could not be timed"
+        return twin
+    twin.median_ms, twin.p90_ms = times[twin.name]
+    twin.round_ms = per_round.get(twin.name, [])
+    base = times[chosen.name][0]
+    if "plain" in times:
+        twin.speedup = times["plain"][0] / twin.median_ms
+    limit = base * (1 - NOISE_FRACTION)
+    lost = _slower_round(twin.round_ms, per_round.get(chosen.name, []))
+    if twin.median_ms > limit or lost is not None:
+        twin.rejected = (f"not faster than {chosen.name} without a CUDA graph beyond noise "
+                         f"({twin.median_ms:.3f} ms vs {base:.3f} ms, needs <= {limit:.3f} ms"
+                         + (f", not faster in round {lost}" if lost is not None else "") + ")")
+    return twin
+
+
+def _write(src: Path, out: Path, run_settings: dict[str, Any] | None = None) -> None:
     """Copy ``src`` to ``out`` atomically; a file with external weights (torch.onnx.export
-    writes ``<name>.data`` beside the model) is saved again with ``<out>.data`` beside ``out``."""
+    writes ``<name>.data`` beside the model) is saved again with ``<out>.data`` beside ``out``.
+    ``run_settings``: recorded in the file's metadata (RUN_SETTINGS_KEY)."""
     import onnx
 
+    from onnxmedic.onnxfile import append_metadata
     from onnxmedic.optimize.passes import has_external_data
 
-    if src.resolve() == out.resolve():
+    if src.resolve() == out.resolve() and not run_settings:
         return
     tmp = out.with_name(out.name + ".tmp")
     if has_external_data(src):
@@ -480,6 +588,8 @@ def _write(src: Path, out: Path) -> None:
         onnx.save(proto, str(tmp), save_as_external_data=True, location=out.name + ".data")
     else:
         shutil.copyfile(src, tmp)
+    if run_settings:
+        append_metadata(tmp, RUN_SETTINGS_KEY, json.dumps(run_settings))
     os.replace(tmp, out)
 
 
@@ -508,14 +618,17 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
                   pipelines: list[Pipeline] | None = None, threads: int = 2, warmup: int = 3,
                   repeats: int = 10, rounds: int = 3, timeout: float = 600.0,
                   references: list[list[np.ndarray | None]] | None = None,
-                  model_type: str | None = None) -> OptimizationResult:
+                  model_type: str | None = None, cuda_graph: bool = True
+                  ) -> OptimizationResult:
     """Build each candidate pipeline on ``onnx_path``, verify it on every feed against
     ``expected`` (PyTorch's outputs, one list per feed; ``feeds[0]`` is the example), time the
     verified ones in the sandbox, and write the fastest one that beats the plain file beyond
     the noise rule to ``out`` (the plain file otherwise). Never raises for a failing pass.
     ``references``: float64 outputs per feed (verify/reference.py), for the fp32 budget;
     ``model_type``: adds ONNX Runtime's transformers optimizer as a candidate
-    (:func:`~onnxmedic.optimize.passes.ort_model_type`)."""
+    (:func:`~onnxmedic.optimize.passes.ort_model_type`). ``cuda_graph`` (GRAPH_TARGETS): the
+    chosen file is also tried as a CUDA graph (:func:`_try_graph`); where that is faster
+    beyond noise, ``run_settings`` says how to run it so (the file written is the same)."""
     if precision not in ("fp32", "fp16", "int8"):
         raise ValueError(f"precision {precision!r}: choose fp32, fp16 or int8")
     if target not in TARGETS:
@@ -553,24 +666,21 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
                 v.median_ms, v.p90_ms = times[v.name]
                 v.round_ms = per_round.get(v.name, [])
         chosen = _choose(plain, variants)
-        if absent:
-            for v in variants[1:]:
-                if v.verified:
-                    v.rejected = (f"verified on the CPU, not timed on {target}: {absent}")
-            plain.rejected = ""
-            msg = (f"no variant could be timed on {target} ({absent}); the plain export is "
-                   "kept")
-        elif chosen is plain:
-            plain.rejected = ""
-            msg = "no variant beat the plain export beyond noise; the plain export is kept"
-        else:
-            plain.rejected = f"slower than {chosen.name}"
-            msg = f"{chosen.name} is {chosen.speedup:.2f}x faster than the plain export"
         result = OptimizationResult(variants, chosen.name, threads, repeats, warmup, rounds,
-                                    message=msg, target=target, providers=used,
-                                    target_missing=absent or "")
+                                    message=_outcome(plain, chosen, variants, target, absent),
+                                    target=target, providers=used, target_missing=absent or "")
+        if cuda_graph and target in GRAPH_TARGETS and not absent:
+            twin = _try_graph(chosen, plain, names, feeds, expected, cosine, timeout,
+                              references, target, threads=threads, warmup=warmup,
+                              repeats=repeats, rounds=rounds)
+            variants.append(twin)
+            if not twin.rejected:
+                result.run_settings = dict(GRAPH_SETTINGS)
+                result.message += (f"; run as a CUDA graph ({twin.name}) it is "
+                                   f"{twin.speedup:.2f}x faster than the plain export - see "
+                                   "run_settings")
         if out is not None:
-            _write(Path(chosen.path), Path(out))
+            _write(Path(chosen.path), Path(out), result.run_settings)
             result.written = str(out)
         for v in variants:
             if v is not plain:

@@ -34,6 +34,8 @@ def add_parser(sub: Any) -> None:
                    help="time (and verify) the candidates with this target's execution "
                    "providers; GPU targets need onnxruntime-gpu and a GPU (else OM725)")
     o.add_argument("--threads", type=int, default=2, help="intra-op threads when timing")
+    o.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                   help="on --target cuda, do not also try the chosen file as a CUDA graph")
     o.add_argument("--timeout", type=float, default=600.0, metavar="S")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--json", action="store_true")
@@ -61,7 +63,7 @@ def main(ns: argparse.Namespace) -> int:
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
         res = optimize(ns.onnx, model, ex.args, kwargs=ex.kwargs, out=ns.output,
                        target=ns.target, precision=ns.precision, accuracy=ns.accuracy,
-                       timeout=ns.timeout, threads=ns.threads)
+                       timeout=ns.timeout, threads=ns.threads, cuda_graph=ns.cuda_graph)
     except OnnxMedicError as err:
         sys.stderr.write(err.finding.one_paragraph() + "\n")
         return err.finding.exit_code
@@ -83,6 +85,8 @@ def main(ns: argparse.Namespace) -> int:
         print(f"{b.code} {b.message}")
     if res.written:
         print(f"written: {res.written} ({res.chosen})")
+    for key, val in res.run_settings.items():
+        print(f"run setting {key}: {json.dumps(val) if not isinstance(val, str) else val}")
     return 0
 
 

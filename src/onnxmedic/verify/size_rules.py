@@ -120,17 +120,11 @@ def metadata_value(rules: dict[str, SizeRule]) -> str:
 
 
 def append_metadata(path: Any, proto: Any, rules: dict[str, SizeRule]) -> None:
-    """Record ``rules`` in the saved ONNX file at ``path`` (and in ``proto``): a ModelProto
-    holding only the metadata entry is appended to the file - protobuf appends a repeated
-    field met twice, so the file parses as the model with one more metadata_props entry, and
-    its weights are not written again."""
-    import onnx
+    """Record ``rules`` in the saved ONNX file at ``path`` (and in ``proto``), weights not
+    written again (:func:`onnxmedic.onnxfile.append_metadata`)."""
+    from onnxmedic.onnxfile import append_metadata as append
 
-    entry = onnx.StringStringEntryProto(key=METADATA_KEY, value=metadata_value(rules))
-    with open(path, "ab") as fh:
-        fh.write(onnx.ModelProto(metadata_props=[entry]).SerializeToString())
-    if proto is not None:
-        proto.metadata_props.append(entry)
+    append(path, METADATA_KEY, metadata_value(rules), proto)
 
 
 # -- rules from the guards -----------------------------------------------------------------------
