@@ -28,6 +28,7 @@ import torch
 from onnxmedic import inputs as inputs_mod
 from onnxmedic import sandbox
 from onnxmedic.optimize import judge_reduced, optimize, reference_sets, time_variants
+from onnxmedic.optimize.candidates import GRAPH_SUFFIX
 
 
 class _Hidden(torch.nn.Module):
@@ -236,6 +237,8 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
         res = optimize(plain, model, args, out=out, precision=prec, threads=threads,
                        target=target, repeats=repeats, rounds=rounds)
         paths[f"onnxmedic optimize {prec} ({res.chosen})"] = out
+        if res.run_settings:  # as optimize recommends running it: a CUDA graph
+            paths[f"onnxmedic optimize {prec} ({res.chosen}){GRAPH_SUFFIX}"] = out
         print(f"  {name} optimize {prec}: {res.message} [{time.perf_counter() - t0:.0f} s]",
               file=sys.stderr)
         for v in res.variants:
@@ -248,14 +251,24 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
             ops = {k: n for st in v.steps for k, n in st.get("new_ops", {}).items()}
             print(f"    {v.name} ({v.precision}): {med}{cos}{kept} {ops or ''} "
                   f"{v.rejected or 'chosen'}"[:400], file=sys.stderr)
+    if target == "cuda":  # the peer of a CUDA-graph run setting: the plain file as a graph
+        paths["plain export" + GRAPH_SUFFIX] = plain
+    graphs = {k for k in paths if k.endswith(GRAPH_SUFFIX)}
     times = time_variants(paths, feeds[0], threads=threads, repeats=repeats, rounds=rounds,
-                          target=target)
+                          target=target, graphs=graphs)
     for label, path in paths.items():
-        sbx = sandbox.run_model(path, feeds, providers=sandbox.providers(target))
+        graph = label in graphs  # checked on its replays' outputs, at the example's shape
+        sbx = sandbox.run_model(path, feeds[:1] if graph else feeds,
+                                providers=sandbox.providers(target),
+                                timing={"warmup": 2, "repeats": 1, "graph": True} if graph
+                                else None)
+        if label == "plain export":
+            used = sbx.providers
         if not sbx.ok:
-            ver = f"no ({sbx.status})"
+            ver = f"no ({sbx.status}: {sbx.error[:120]})"
         else:
-            ok, acc, why = judge_reduced(names, expected, sbx.outputs)
+            outs = [sbx.timed_outputs] if graph else sbx.outputs
+            ok, acc, why = judge_reduced(names, expected[:len(outs)], outs)
             cos = min(m["cosine"] for m in acc.values())
             err = max(m["max_abs"] for m in acc.values())
             ver = f"{'yes' if ok else 'NO'} (cos {cos:.5f}, max abs {err:.3g})"
@@ -264,8 +277,8 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
     rows += [{"variant": label, "ms": float("nan"), "verified": why}
              for label, why in failed.items()]
     base = next(r["ms"] for r in rows if r["variant"] == "plain export")
-    if target == "cuda" and sbx.providers[:1] != ["CUDAExecutionProvider"]:
-        raise RuntimeError(f"--target cuda, but ONNX Runtime used {sbx.providers}")
+    if target == "cuda" and used[:1] != ["CUDAExecutionProvider"]:
+        raise RuntimeError(f"--target cuda, but ONNX Runtime used {used}")
     for r in rows:
         r["model"] = name
         r["speedup"] = base / r["ms"] if r["ms"] == r["ms"] else float("nan")
