@@ -419,3 +419,42 @@ def test_ort_offline_and_the_written_file_keep_external_weights(tmp_path: Path) 
     sbx = onnxmedic.sandbox.run_model(out, [{"x": x}])
     assert sbx.ok, sbx.error
     np.testing.assert_allclose(sbx.outputs[0][0], y, rtol=1e-5, atol=1e-5)
+
+
+def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench follows optimize's recorded run settings: on cuda it also times the file as a CUDA
+    graph - where the CUDA provider is missing it says why not; asked for on cpu it is refused.
+    The graph timing itself (second session, fixed buffers) runs here on the CPU provider."""
+    import json
+
+    import onnxruntime as ort
+
+    from onnxmedic.cli import main
+    from onnxmedic.onnxfile import append_metadata
+    from onnxmedic.optimize.bench import _graph_times
+    from onnxmedic.optimize.candidates import GRAPH_SETTINGS, RUN_SETTINGS_KEY
+
+    src = _export(Shift(), (torch.randn(8),), tmp_path / "m.onnx")
+    feed = {"x": np.random.rand(8).astype(np.float32)}
+    plain = onnxmedic.bench(src, feed, target="cuda", repeats=2)
+    assert plain.ok and plain.graph_median_ms is None and not plain.graph_error  # not asked
+    append_metadata(src, RUN_SETTINGS_KEY, json.dumps(GRAPH_SETTINGS))
+    res = onnxmedic.bench(src, feed, target="cuda", repeats=2)
+    assert res.ok and res.median_ms is not None
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        assert "needs ONNX Runtime's CUDA provider" in res.graph_error
+        assert res.graph_median_ms is None
+    assert not onnxmedic.bench(src, feed, target="cuda", repeats=2, cuda_graph=False).graph_error
+    with pytest.raises(ValueError, match="cuda_graph is for target='cuda'"):
+        onnxmedic.bench(src, feed, cuda_graph=True)
+    assert main(["bench", str(src), "--input", "8:float32", "--cuda-graph"]) == 2
+    assert "--cuda-graph is for --target cuda" in capsys.readouterr().err
+    sess = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
+    done = sess.io_binding()
+    done.bind_cpu_input("x", feed["x"])
+    done.bind_output(sess.get_outputs()[0].name)
+    sess.run_with_iobinding(done)
+    got = _graph_times(ort, {"model": str(src), "threads": 1, "warmup": 2, "repeats": 3},
+                       feed, done, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert len(got.get("times", [])) == 3, got

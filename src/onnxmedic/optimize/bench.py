@@ -40,6 +40,10 @@ class BenchResult:
     bound_on: str = ""  # where inputs and outputs were bound while timing (cpu, cuda)
     placement: dict[str, list[str]] = field(default_factory=dict)  # provider -> node names
     copies: list[str] = field(default_factory=list)  # Memcpy nodes
+    # with cuda_graph: the same file run as a CUDA graph (fixed buffers, enable_cuda_graph)
+    graph_median_ms: float | None = None
+    graph_p90_ms: float | None = None
+    graph_error: str = ""  # why it could not be run as one ("" when it was, or not asked)
     findings: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,6 +80,8 @@ def _child(req_path: str, res_path: str) -> None:
         if i >= req["warmup"]:
             times.append((time.perf_counter() - t) * 1000)
     prof = sess.end_profiling()
+    graph = (_graph_times(ort, req, feed, binding, sess.get_providers())
+             if req.get("graph") else {})
     placement: dict[str, set[str]] = {}
     for ev in json.loads(Path(prof).read_text()):
         args = ev.get("args", {})
@@ -85,18 +91,54 @@ def _child(req_path: str, res_path: str) -> None:
     Path(res_path).write_text(json.dumps({
         "times": times, "load": load, "providers": sess.get_providers(), "bound_on": device,
         "placement": {k: sorted(v) for k, v in placement.items()},
-        "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+        "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "graph": graph}))
+
+
+def _graph_times(ort: Any, req: dict[str, Any], feed: dict[str, np.ndarray], done: Any,
+                 used: list[str]) -> dict[str, Any]:
+    """The file run as a CUDA graph (a second session with ``enable_cuda_graph``, inputs and
+    outputs bound to buffers allocated once, shaped as the outputs of the binding ``done``
+    already ran): {"times": ms} or
+    {"error": why not} (ONNX Runtime refuses one when a node runs outside the CUDA provider)."""
+    import time
+
+    from onnxmedic._sandbox_worker import CUDA_GRAPH, bind_io
+
+    if "CUDAExecutionProvider" not in used:
+        return {"error": "a CUDA graph needs ONNX Runtime's CUDA provider, which this session "
+                         f"does not use ({', '.join(used)})"}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = req["threads"]
+    try:
+        sess = ort.InferenceSession(req["model"], so, providers=[
+            (p, dict(CUDA_GRAPH)) if p == "CUDAExecutionProvider" else p for p in used])
+        binding, _ = bind_io(ort, np, sess, feed, done.copy_outputs_to_cpu())
+        times = []
+        for i in range(req["warmup"] + req["repeats"]):
+            t = time.perf_counter()
+            sess.run_with_iobinding(binding)  # the first run captures, later ones replay
+            if i >= req["warmup"]:
+                times.append((time.perf_counter() - t) * 1000)
+    except Exception as e:  # noqa: BLE001 - ONNX Runtime's refusal is the answer
+        return {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+    return {"times": times}
 
 
 def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
           target: str = "cpu", threads: int = 2, warmup: int = 3, repeats: int = 20,
-          timeout: float = 600.0) -> BenchResult:
+          timeout: float = 600.0, cuda_graph: bool | None = None) -> BenchResult:
     """Time ``onnx_path`` on ``feeds`` in a child ONNX Runtime for ``target`` (cpu, cuda,
     tensorrt): median/p90 latency, session-load time, peak memory of the child, the nodes each
     execution provider ran (from ONNX Runtime's profiling) and the device copies. Findings:
-    OM722 for nodes that fell back to the CPU on a GPU target, OM723 for device copies."""
+    OM722 for nodes that fell back to the CPU on a GPU target, OM723 for device copies.
+    ``cuda_graph`` (target cuda): also time the file run as a CUDA graph (``graph_*``); None:
+    when the file's metadata says to run it so (optimize's ``run_settings``)."""
     if target not in PROVIDERS:
         raise ValueError(f"target {target!r}: choose one of {', '.join(PROVIDERS)}")
+    if cuda_graph and target != "cuda":
+        raise ValueError(f"cuda_graph is for target='cuda', not {target!r}")
+    if cuda_graph is None:
+        cuda_graph = target == "cuda" and _wants_graph(onnx_path)
     res = BenchResult(target, threads=threads)
     with tempfile.TemporaryDirectory(prefix="onnxmedic-bench-") as tmp:
         feed = Path(tmp) / "feed.npz"
@@ -104,7 +146,7 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
         req, out = Path(tmp) / "req.json", Path(tmp) / "res.json"
         req.write_text(json.dumps({"model": str(Path(onnx_path).resolve()), "feed": str(feed),
                                    "threads": threads, "warmup": warmup, "repeats": repeats,
-                                   "providers": PROVIDERS[target]}))
+                                   "providers": PROVIDERS[target], "graph": cuda_graph}))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
             proc = subprocess.run([sys.executable, "-m", __name__, str(req), str(out)],
@@ -126,6 +168,12 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
     res.bound_on = data.get("bound_on", "")
     res.placement = data["placement"]
     res.copies = [n for nodes in res.placement.values() for n in nodes if "Memcpy" in n]
+    graph = data.get("graph") or {}
+    if graph.get("times"):
+        g = sorted(graph["times"])
+        res.graph_median_ms = statistics.median(g)
+        res.graph_p90_ms = g[min(len(g) - 1, int(0.9 * len(g)))]
+    res.graph_error = graph.get("error", "")
     wanted = PROVIDERS[target][0]
     if target != "cpu":
         cpu = res.placement.get("CPUExecutionProvider", [])
@@ -144,6 +192,20 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
             suggestion="Each copy moves a tensor between host and device; the nodes next to "
             "them fell back to the CPU.", details={"nodes": res.copies}))
     return res
+
+
+def _wants_graph(onnx_path: str | os.PathLike[str]) -> bool:
+    """Whether the file's run settings (optimize's metadata) enable a CUDA graph."""
+    import onnx
+
+    from onnxmedic.optimize.candidates import RUN_SETTINGS_KEY
+
+    try:
+        proto = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - the child reports an unreadable file
+        return False
+    value = next((p.value for p in proto.metadata_props if p.key == RUN_SETTINGS_KEY), "")
+    return "enable_cuda_graph" in value
 
 
 if __name__ == "__main__":

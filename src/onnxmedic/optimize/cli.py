@@ -99,6 +99,9 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--target", choices=["cpu", "cuda", "tensorrt"], default="cpu")
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--repeats", type=int, default=20)
+    b.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="--target cuda: also time the file as a CUDA graph (default: when the "
+                   "file's run settings, written by optimize, say so)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", action="store_true")
 
@@ -112,6 +115,9 @@ def bench_main(ns: argparse.Namespace) -> int:
     from onnxmedic.findings import OnnxMedicError
     from onnxmedic.optimize import bench, graph_dims
 
+    if ns.cuda_graph and ns.target != "cuda":
+        sys.stderr.write("onnxmedic bench: error: --cuda-graph is for --target cuda\n")
+        return 2
     try:
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
     except OnnxMedicError as err:
@@ -121,7 +127,7 @@ def bench_main(ns: argparse.Namespace) -> int:
     leaves = [x for x in torch.utils._pytree.tree_leaves((ex.args, ex.kwargs))
               if isinstance(x, torch.Tensor)]
     res = bench(ns.onnx, {n: to_numpy(t) for n, t in zip(names, leaves)}, target=ns.target,
-                threads=ns.threads, repeats=ns.repeats)
+                threads=ns.threads, repeats=ns.repeats, cuda_graph=ns.cuda_graph)
     if ns.json:
         sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
     elif not res.ok:
@@ -130,6 +136,11 @@ def bench_main(ns: argparse.Namespace) -> int:
         print(f"median {res.median_ms:.3f} ms, p90 {res.p90_ms:.3f} ms ({res.threads} threads, "
               f"inputs and outputs bound on {res.bound_on}), "
               f"load {res.load_seconds:.3f} s, peak memory {res.peak_rss_mb:.0f} MiB")
+        if res.graph_median_ms is not None:
+            print(f"as a CUDA graph: median {res.graph_median_ms:.3f} ms, p90 "
+                  f"{res.graph_p90_ms:.3f} ms")
+        elif res.graph_error:
+            print(f"as a CUDA graph: not run - {res.graph_error}")
         for prov, nodes in res.placement.items():
             print(f"  {prov}: {len(nodes)} node(s)")
         for f in res.findings:
