@@ -4,6 +4,8 @@
 #
 #   bench/gpu_session.sh smoke OUT         # versions, CUDA provider in a sandbox child, one export
 #   bench/gpu_session.sh main OUT          # the two benchmarks below, side by side
+#   bench/gpu_session.sh opt OUT           # bench/optimize.py --target cuda alone (OPT_MODELS:
+#                                          # resnet50,gpt2,whisper,llama by default)
 #
 # onnxruntime-gpu must be importable (PYTHONPATH), the image's python3 holds CUDA torch,
 # torchvision and timm. `main` runs, at the same time:
@@ -14,7 +16,7 @@
 #     each, so the GPU benchmark's host side keeps free cores.
 # Each writes its JSON after every model: a run cut short keeps what it measured.
 set -u
-mode=${1:?smoke or main}
+mode=${1:?smoke, main or opt}
 out=${2:?output folder}
 here=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH="$here/src:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
@@ -61,6 +63,14 @@ EOF
     exit 0
 fi
 mkdir -p "$out"
+if [ "$mode" = opt ]; then  # the optimize benchmark alone: the rows issue 17 still lacks
+    timeout "${OPT_SECONDS:-540}" python3 bench/optimize.py --target cuda \
+        --models "${OPT_MODELS:-resnet50,gpt2,whisper,llama}" --threads 4 --repeats 50 \
+        --rounds 3 --deadline "${OPT_DEADLINE:-420}" --json "$out/opt.json" >"$out/opt.log" 2>&1
+    grep -v '^  ' "$out/opt.log" | tail -60
+    grep -i 'cuda-graph' "$out/opt.log" | tail -20
+    exit 0
+fi
 cal() {  # $1: label, $2: models
     OMP_NUM_THREADS=4 timeout "${CAL_SECONDS:-480}" python3 bench/verify_calibration.py \
         --models "$2" --no-faults --warmup --threads 4 --json "$out/calib_$1.json" \
