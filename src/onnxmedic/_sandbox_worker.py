@@ -335,22 +335,19 @@ def bind_io(ort, np, sess, feeds: dict, outputs: list | None = None):
     device = "cuda" if "CUDAExecutionProvider" in sess.get_providers() else "cpu"
     binding = sess.io_binding()
 
-    def on_device(v):
+    def placed(v, copy: bool = False):
         if device == "cuda" and str(v.dtype) not in _ODD:
             v = v if v.flags.c_contiguous else v.copy(order="C")  # keeps a 0-d array 0-d
             return ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
-        return None
+        # a host value; it shares the array's memory, so an output buffer gets its own copy
+        return to_ortvalue(ort, np, np.array(v, order="C") if copy else v)
 
     for k, v in feeds.items():
-        binding.bind_ortvalue_input(k, on_device(v) or to_ortvalue(ort, np, v))
+        binding.bind_ortvalue_input(k, placed(v))
     for j, o in enumerate(sess.get_outputs()):
         arr = outputs[j] if outputs is not None and j < len(outputs) else None
-        val = None
         if arr is not None and str(arr.dtype) not in _ODD:
-            # a copy: on the CPU the OrtValue shares the array's memory
-            val = on_device(arr) or ort.OrtValue.ortvalue_from_numpy(np.array(arr, order="C"))
-        if val is not None:
-            binding.bind_ortvalue_output(o.name, val)
+            binding.bind_ortvalue_output(o.name, placed(arr, copy=True))
         else:
             binding.bind_output(o.name, device)
     return binding, device
