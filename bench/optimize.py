@@ -187,7 +187,9 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
             ) -> list[dict[str, Any]]:
     import onnx
 
+    torch.manual_seed(0)  # the same random weights and inputs in every run of the table
     model, args, ort_type = MODELS[name]()
+    model.eval()  # the wrappers too (their training flag is what export warns about)
     plain = folder / f"{name}.onnx"
     t0 = time.perf_counter()
     torch.onnx.export(model, args, str(plain), dynamo=True, verbose=False)
