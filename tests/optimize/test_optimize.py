@@ -254,6 +254,18 @@ def test_int8_search_narrows_the_float32_layers_after_doubling() -> None:
     assert tried == []
 
 
+def test_int8_search_doubles_up_to_its_cap_and_tries_the_cap_itself() -> None:
+    """1, 2, 4, 8, 16 layers, then the cap (21 of 84 on the Llama step, where 16 failed: it
+    used to stop there untried), then nothing."""
+    from onnxmedic.optimize.candidates import _next_count
+
+    seq, k = [], 0
+    while (k := _next_count(k, 21)) is not None:
+        seq.append(k)
+    assert seq == [1, 2, 4, 8, 16, 21]
+    assert _next_count(0, 4) == 1 and _next_count(4, 4) is None and _next_count(8, 4) is None
+
+
 def test_layer_errors_rank_the_layer_quantization_breaks(tmp_path: Path) -> None:
     """The 1e4 weight makes the first layer's per-tensor int8 scale round every other weight
     to zero: its own output error is ~1 (everything lost), the second layer's is small."""

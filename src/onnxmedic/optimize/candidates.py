@@ -330,7 +330,8 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
     the 1, 2, 4, 8 ... layers that lose most to quantization in float32 (int8.layer_errors:
     each MatMul's own output error with its operands quantized as that step's scheme does,
     measured once on the verification feeds, after the first failure) and retry - up to
-    ``max_excluded`` layers (default: a quarter of them, at least 4) and ``search_seconds``.
+    ``max_excluded`` layers (default: a quarter of them, at least 4; the doubling's last try is
+    at that cap) and ``search_seconds``.
     When k layers pass and k/2 failed, the gap is halved until it is one layer or an eighth of
     k (:func:`_fewest_excluded`): doubling alone could keep twice the layers needed."""
     import time
@@ -363,13 +364,13 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
         _verify(cv, path, names, feeds, expected, cosine, timeout)
         return cv, path, True
 
-    k = 0
+    k = failed = 0
     while True:
         cv, path, built = attempt(k)
         if not built:
             return cv, path
         if cv.verified:
-            return _fewest_excluded(attempt, k // 2, k, (cv, path), deadline)
+            return _fewest_excluded(attempt, failed, k, (cv, path), deadline)
         if not ranking:
             measured, err = _measure("onnxmedic.optimize.int8:layer_errors", pre, feeds,
                                      folder, timeout, {"scheme": scheme})
@@ -380,15 +381,25 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
             if not ranking:
                 return cv, path
         cap = max_excluded if max_excluded is not None else max(4, len(ranking) // 4)
-        tried, k = k, (1 if k == 0 else 2 * k)
-        if k > min(cap, len(ranking)):
-            cv.rejected += f" (with the {tried} most sensitive layer(s) in float32)"
+        nxt = _next_count(k, min(cap, len(ranking)))
+        if nxt is None:
+            cv.rejected += f" (with the {k} most sensitive layer(s) in float32)"
             return cv, path
+        failed, k = k, nxt
         if time.monotonic() > deadline:
             cv.rejected += f" (sensitivity search stopped after {search_seconds:g} s)"
             return cv, path
         logger.info("int8 (%s): keeping %d layer(s) in float32: %s", base.name, k,
                     ", ".join(n for n, _ in ranking[:k]))
+
+
+def _next_count(k: int, limit: int) -> int | None:
+    """The int8 search's next count of float32 layers after ``k`` failed: 1, 2, 4, 8 ...,
+    the last try at ``limit`` itself (doubling past it would skip it); None when ``k`` was
+    the limit already."""
+    if k >= limit:
+        return None
+    return min(limit, 2 * k if k else 1)
 
 
 def _fewest_excluded(attempt: Any, failed: int, passed: int, best: tuple[Variant, Path],
