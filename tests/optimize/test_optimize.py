@@ -470,3 +470,41 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
     got = _graph_times(ort, {"model": str(src), "threads": 1, "warmup": 2, "repeats": 3},
                        feed, done, ["CUDAExecutionProvider", "CPUExecutionProvider"])
     assert len(got.get("times", [])) == 3, got
+
+
+def test_ort_fusions_restore_the_reshape_gpt2s_attention_fusion_drops(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxscript 0.7's MultiHeadAttention rewrite takes over GPT-2's Reshape to (B*S, D) (its
+    Conv1D flattens before the Gemm), so the Gemm reads rank 3 and ONNX Runtime refuses the
+    fused file; the pass puts the Reshape back: the file loads and computes the plain one's
+    output, attention still fused. Without the mend it is refused."""
+    import onnxruntime as ort
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    gpt2 = GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100,
+                                n_positions=32, use_cache=False)).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = gpt2
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.m(input_ids=ids).last_hidden_state
+
+    ids = torch.randint(0, 100, (1, 8))
+    src = _export(Hidden().eval(), (ids,), tmp_path / "g.onnx")
+    feed = {onnx.load(str(src)).graph.input[0].name: ids.numpy()}
+    want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    info = passes.ort_fusions(str(src), str(tmp_path / "f.onnx"))
+    assert info["fusions"].get("mha2") == 1 and info["restored_reshapes"] == 1
+    assert {n.op_type for n in onnx.load(str(tmp_path / "f.onnx")).graph.node} >= {
+        "MultiHeadAttention"}
+    got = ort.InferenceSession(str(tmp_path / "f.onnx"),
+                               providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(passes, "restore_flattened_attention", lambda model: 0)
+    passes.ort_fusions(str(src), str(tmp_path / "broken.onnx"))
+    with pytest.raises(Exception, match="rank 2 but has rank 3"):
+        ort.InferenceSession(str(tmp_path / "broken.onnx"), providers=["CPUExecutionProvider"])

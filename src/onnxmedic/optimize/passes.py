@@ -106,10 +106,45 @@ def ort_fusions(src: str, dst: str, norm_fusions: bool = True) -> dict[str, Any]
         for name in () if norm_fusions else SKIP_NORM_FUSIONS:
             stack.enter_context(mock.patch.object(_core, name, lambda *a, **k: 0))
         model, counts = optimize_for_ort(model)
+    restored = restore_flattened_attention(model)
     _save_ir(model, dst)
     info = op_count_diff(before, op_counts(dst))
     info["fusions"] = {k: int(v) for k, v in counts.items() if v}
+    if restored:
+        info["restored_reshapes"] = restored
     return info
+
+
+def restore_flattened_attention(model: Any) -> int:
+    """Mend onnxscript 0.7's MultiHeadAttention fusion where it replaces a Reshape to
+    ``(B*S, D)`` (GPT-2's Conv1D flattens before its Gemm) with the fused node, whose output is
+    ``(B, S, D)``: the value keeps its 2-D shape, the Gemm reading it gets rank 3 and ONNX
+    Runtime refuses the file. The Reshape is put back behind the fused node (to ``(-1, D)``,
+    ``D`` the value's own last dim). Returns how many were restored."""
+    import numpy as np
+    import onnx_ir as ir
+    from onnx_ir.convenience import replace_all_uses_with
+
+    restored = 0
+    for node in list(model.graph):
+        if node.domain != "com.microsoft" or node.op_type not in ("MultiHeadAttention",
+                                                                   "Attention"):
+            continue
+        out = node.outputs[0]
+        if out.shape is None or len(out.shape) != 2 or not isinstance(out.shape[1], int):
+            continue
+        name = out.name
+        out.name = f"{name}_BSD"  # the fused node's (B, S, D); the flat value keeps the name
+        shape = ir.Value(name=f"{name}_flat_shape",
+                         const_value=ir.tensor(np.array([-1, out.shape[1]], np.int64)))
+        model.graph.register_initializer(shape)
+        flat = ir.Value(name=name, shape=out.shape, type=out.type)
+        replace_all_uses_with(out, flat, replace_graph_outputs=True)
+        model.graph.insert_after(node, ir.Node("", "Reshape", [out, shape], outputs=[flat],
+                                               name=f"{node.name}_restored_reshape"))
+        out.shape = None
+        restored += 1
+    return restored
 
 
 def ort_offline(src: str, dst: str, level: str = "basic") -> dict[str, Any]:
