@@ -314,7 +314,8 @@ def test_cuda_graph_twin_faster_every_round_becomes_the_run_setting(
     assert twin.name == "plain+cuda-graph" and twin.verified and not twin.rejected
     assert twin.speedup == pytest.approx(2.0) and twin.round_ms == [0.5, 0.52, 0.49]
     assert ("plain+cuda-graph", True) in calls and ("plain", False) in calls
-    assert "run as a CUDA graph (plain+cuda-graph) it is 2.00x faster" in res.message
+    assert ("run as a CUDA graph (plain+cuda-graph) it takes 0.500 ms, 2.00x faster than the "
+            "plain export") in res.message
     f = optimization_finding(res)
     assert "plain+cuda-graph: 0.50 ms, 2.00x - chosen run setting" in f.message
     assert "enable_cuda_graph" in f.message
