@@ -433,6 +433,25 @@ def test_ort_offline_and_the_written_file_keep_external_weights(tmp_path: Path) 
     np.testing.assert_allclose(sbx.outputs[0][0], y, rtol=1e-5, atol=1e-5)
 
 
+def test_run_settings_are_written_in_place_and_beside_external_weights(tmp_path: Path) -> None:
+    """export(optimize=True) writes over its own file: the run settings are recorded there too
+    (atomically), and a file with external weights keeps them loadable."""
+    import json
+
+    from onnxmedic.optimize.candidates import GRAPH_SETTINGS, RUN_SETTINGS_KEY, _write
+
+    src, x, y = _external(tmp_path / "a")
+    for out in (src, tmp_path / "a" / "copy.onnx"):
+        _write(src, out, GRAPH_SETTINGS)
+        meta = {p.key: p.value for p in onnx.load(str(out), load_external_data=False)
+                .metadata_props}
+        assert json.loads(meta[RUN_SETTINGS_KEY]) == GRAPH_SETTINGS
+        sbx = onnxmedic.sandbox.run_model(out, [{"x": x}])
+        assert sbx.ok, sbx.error
+        np.testing.assert_allclose(sbx.outputs[0][0], y, rtol=1e-5, atol=1e-5)
+    assert not list((tmp_path / "a").glob("*.tmp"))
+
+
 def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """bench follows optimize's recorded run settings: on cuda it also times the file as a CUDA

@@ -342,7 +342,9 @@ def test_cuda_graph_twin_faster_every_round_becomes_the_run_setting(
                  "--target", "cuda"]) == 0
     assert seen["cuda_graph"] is True
     text = capsys.readouterr().out
-    assert 'run setting providers: [["CUDAExecutionProvider", {"enable_cuda_graph": "1"}]' in text
+    assert ('run setting provider_options: {"CUDAExecutionProvider": {"enable_cuda_graph": '
+            '"1"}}') in text
+    assert "run setting session: onnxruntime.InferenceSession(path, providers=[(" in text
     assert "plain+cuda-graph" in text
 
 

@@ -49,7 +49,9 @@ TARGETS = ("cpu", "cuda", "tensorrt")
 GRAPH_TARGETS = ("cuda",)
 GRAPH_SUFFIX = "+cuda-graph"
 GRAPH_SETTINGS = {
-    "providers": [["CUDAExecutionProvider", {"enable_cuda_graph": "1"}], "CPUExecutionProvider"],
+    "provider_options": {"CUDAExecutionProvider": {"enable_cuda_graph": "1"}},
+    "session": "onnxruntime.InferenceSession(path, providers=[('CUDAExecutionProvider', "
+               "{'enable_cuda_graph': '1'}), 'CPUExecutionProvider'])",
     "io_binding": "inputs and outputs bound to buffers allocated once on the GPU; refill the "
                   "inputs in place (OrtValue.update_inplace), then run_with_iobinding",
     "shapes": "fixed: a captured graph replays the input shapes of its capture (another shape: "
