@@ -229,6 +229,11 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
         from onnxmedic.optimize.passes import quantize_weight_only
 
         quantize_weight_only(str(plain), str(dst), bits=4, block_size=32, accuracy_level=4)
+    def slim(dst: Path) -> None:
+        from onnxmedic.optimize.passes import onnxslim_pass
+
+        onnxslim_pass(str(plain), str(dst))
+    _peer("onnxslim", slim, folder / f"{name}-slim.onnx", paths, failed)
     if target == "cpu":
         _peer("blind quantize_dynamic", blind, folder / f"{name}-q.onnx", paths, failed)
         _peer("blind MatMulNBits 4-bit (reference)", nbits4, folder / f"{name}-q4.onnx", paths,

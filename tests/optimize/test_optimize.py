@@ -57,6 +57,28 @@ def test_onnxscript_optimizer_folds_constants(tmp_path: Path) -> None:
     assert _ops(tmp_path / "o.onnx") == Counter({"Add": 1})
 
 
+def test_onnxslim_turns_matmul_and_add_into_gemm(tmp_path: Path) -> None:
+    """The onnxslim candidate: a Linear on 3-D input (MatMul + Add in the export)
+    becomes one Gemm between Reshapes - fewer bias kernels - and computes the same."""
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 8)).eval()
+    x = torch.randn(2, 4, 16)
+    src = _export(model, (x,), tmp_path / "l.onnx")
+    assert _ops(src)["MatMul"] == 2 and _ops(src)["Add"] == 2
+    passes.onnxslim_pass(str(src), str(tmp_path / "s.onnx"))
+    ops = _ops(tmp_path / "s.onnx")
+    assert ops["Gemm"] == 2 and not ops["MatMul"] and not ops["Add"], ops
+    name = onnx.load(str(src)).graph.input[0].name
+    got = ort.InferenceSession(str(tmp_path / "s.onnx"), providers=["CPUExecutionProvider"]
+                               ).run(None, {name: x.numpy()})[0]
+    np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    assert all("onnxslim" in [p.name for p in passes.default_pipelines(t)]
+               for t in ("cpu", "cuda", "tensorrt"))
+
+
 def test_ort_fusions_fuse_rmsnorm_and_attention(tmp_path: Path) -> None:
     src = _export(NormAttention(), (torch.randn(1, 16, 32),), tmp_path / "m.onnx")
     info = passes.ort_fusions(str(src), str(tmp_path / "f.onnx"))

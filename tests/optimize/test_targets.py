@@ -88,7 +88,8 @@ def test_gpu_pipelines() -> None:
     assert "ort-transformers-bert-fp16" not in cpu and "ort-offline-extended" in cpu
     trt = passes.default_pipelines("tensorrt", "fp16", "bert")
     assert trt and all(p.portable for p in trt)
-    assert {p.name for p in trt} == {"onnxscript-optimize", "ort-offline-basic", "fp16"}
+    assert {p.name for p in trt} == {"onnxscript-optimize", "ort-offline-basic", "onnxslim",
+                                     "fp16"}
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="a CUDA ONNX Runtime times the target itself")
