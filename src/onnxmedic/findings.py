@@ -648,6 +648,13 @@ CODES: dict[str, CodeInfo] = {
         "the CPU, but none could be timed on the target, so the plain export was kept. Run "
         "optimize where onnxruntime-gpu sees the GPU.",
     ),
+    "OM726": CodeInfo(
+        "CUDA graph not possible", 0,
+        "onnxmedic bench: the file was to be timed as a CUDA graph (--cuda-graph, or the run "
+        "settings optimize recorded in it) but could not run as one here: no CUDA provider, or "
+        "ONNX Runtime refused the capture (a node outside the CUDA provider, device copies); "
+        "its reason is quoted. The file itself runs, without a graph.",
+    ),
 }
 
 

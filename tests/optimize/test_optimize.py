@@ -492,12 +492,14 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
     feed = {"x": np.random.rand(8).astype(np.float32)}
     plain = onnxmedic.bench(src, feed, target="cuda", repeats=2)
     assert plain.ok and plain.graph_median_ms is None and not plain.graph_error  # not asked
+    assert "OM726" not in {f.code for f in plain.findings}
     append_metadata(src, RUN_SETTINGS_KEY, json.dumps(GRAPH_SETTINGS))
     res = onnxmedic.bench(src, feed, target="cuda", repeats=2)
     assert res.ok and res.median_ms is not None
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         assert "needs ONNX Runtime's CUDA provider" in res.graph_error
         assert res.graph_median_ms is None
+        assert [f for f in res.findings if f.code == "OM726" and "CUDA graph" in f.message]
     assert not onnxmedic.bench(src, feed, target="cuda", repeats=2, cuda_graph=False).graph_error
     with pytest.raises(ValueError, match="cuda_graph is for target='cuda'"):
         onnxmedic.bench(src, feed, cuda_graph=True)

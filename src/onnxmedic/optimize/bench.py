@@ -174,6 +174,12 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
         res.graph_median_ms = statistics.median(g)
         res.graph_p90_ms = g[min(len(g) - 1, int(0.9 * len(g)))]
     res.graph_error = graph.get("error", "")
+    if res.graph_error:
+        res.findings.append(warning(
+            "OM726", "bench", f"not timed as a CUDA graph: {res.graph_error}",
+            suggestion="Run it without one (a default CUDA session), or move what runs on "
+            "the CPU (OM722) onto the GPU; optimize --target cuda only recommends a graph it "
+            "ran."))
     wanted = PROVIDERS[target][0]
     if target != "cpu":
         cpu = res.placement.get("CPUExecutionProvider", [])

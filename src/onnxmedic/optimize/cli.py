@@ -139,8 +139,6 @@ def bench_main(ns: argparse.Namespace) -> int:
         if res.graph_median_ms is not None:
             print(f"as a CUDA graph: median {res.graph_median_ms:.3f} ms, p90 "
                   f"{res.graph_p90_ms:.3f} ms")
-        elif res.graph_error:
-            print(f"as a CUDA graph: not run - {res.graph_error}")
         for prov, nodes in res.placement.items():
             print(f"  {prov}: {len(nodes)} node(s)")
         for f in res.findings:
