@@ -65,6 +65,7 @@ fi
 mkdir -p "$out"
 if [ "$mode" = opt ]; then  # the optimize benchmark alone: the rows issue 17 still lacks
     timeout "${OPT_SECONDS:-540}" python3 bench/optimize.py --target cuda \
+        --cuda-graph "${CUDA_GRAPH:-deploy}" \
         --models "${OPT_MODELS:-resnet50,gpt2,whisper,llama}" --threads 4 --repeats 50 \
         --rounds 3 --deadline "${OPT_DEADLINE:-420}" --json "$out/opt.json" >"$out/opt.log" 2>&1
     grep -v '^  ' "$out/opt.log" | tail -60

@@ -183,8 +183,8 @@ def _peer(label: str, make: Any, dst: Path, paths: dict[str, Path], failed: dict
 
 
 def run_one(name: str, threads: int, folder: Path, precisions: list[str],
-            target: str = "cpu", repeats: int = 10, rounds: int = 3
-            ) -> list[dict[str, Any]]:
+            target: str = "cpu", repeats: int = 10, rounds: int = 3,
+            cuda_graph: str = "auto") -> list[dict[str, Any]]:
     import onnx
 
     torch.manual_seed(0)  # the same random weights and inputs in every run of the table
@@ -242,7 +242,7 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
         out = folder / f"{name}-om-{prec}.onnx"
         t0 = time.perf_counter()
         res = optimize(plain, model, args, out=out, precision=prec, threads=threads,
-                       target=target, repeats=repeats, rounds=rounds)
+                       target=target, repeats=repeats, rounds=rounds, cuda_graph=cuda_graph)
         paths[f"onnxmedic optimize {prec} ({res.chosen})"] = out
         if res.run_settings:  # as optimize recommends running it: a CUDA graph
             paths[f"onnxmedic optimize {prec} ({res.chosen}){GRAPH_SUFFIX}"] = out
@@ -332,6 +332,8 @@ def main() -> None:
                     help="onnxmedic optimize precisions (default fp32,int8 on cpu, fp16 on "
                     "cuda - whose candidates include the float32 ones); fp16 on cpu is built "
                     "and verified but ONNX Runtime lacks float16 kernels for most CPU ops")
+    ap.add_argument("--cuda-graph", choices=["auto", "deploy", "off"], default="auto",
+                    help="onnxmedic optimize's cuda_graph on --target cuda")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=0.0,
@@ -353,7 +355,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="onnxmedic-bench-opt-") as tmp:
             try:
                 rows = run_one(name, ns.threads, Path(tmp), precisions, ns.target,
-                               ns.repeats, ns.rounds)
+                               ns.repeats, ns.rounds, ns.cuda_graph)
             except Exception as e:  # noqa: BLE001 - report and go on with the next model
                 print(f"{name:10} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue

@@ -341,7 +341,7 @@ def test_cuda_graph_twin_faster_every_round_becomes_the_run_setting(
     monkeypatch.setattr(sys.modules["onnxmedic.optimize"], "optimize", same)
     assert main(["optimize", str(path), "m.py:Block", "--input", "2x16x32:float32",
                  "--target", "cuda"]) == 0
-    assert seen["cuda_graph"] is True
+    assert seen["cuda_graph"] == "auto"
     text = capsys.readouterr().out
     assert ('run setting provider_options: {"CUDAExecutionProvider": {"enable_cuda_graph": '
             '"1"}}') in text
@@ -380,3 +380,54 @@ def test_cuda_graph_twin_is_rejected_with_its_reason(
               "wrong replay": "the CUDA graph's replay failed verification",
               "crash": "ONNX Runtime refused the CUDA graph (crash"}[why]
     assert twin.name == "plain+cuda-graph" and expect in twin.rejected, twin.rejected
+
+
+@pytest.mark.parametrize("case", ["graph wins", "no graph beats plain", "plain refuses graphs"])
+def test_cuda_graph_deploy_compares_every_file_as_a_graph(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """cuda_graph="deploy" (a deployment that runs CUDA graphs): every verified file is run as
+    a graph, its replays verified, the twins timed beside the plain file without one; the
+    fastest twin beating the plain file's twin - and the plain file itself - is written with its
+    run settings. Where no twin beats the plain file nothing is recommended; where the plain
+    file cannot run as a graph the files are compared without graphs."""
+    from onnxmedic.optimize import candidates
+    from onnxmedic.optimize.candidates import GRAPH_SETTINGS, RUN_SETTINGS_KEY
+
+    monkeypatch.setattr(sandbox, "providers", lambda target: ["CPUExecutionProvider"])
+    ms = {"plain": [1.0, 1.0, 1.0], "plain+cuda-graph": [0.6, 0.6, 0.6],
+          "onnxscript-optimize+cuda-graph": [0.4, 0.41, 0.4],
+          "onnxscript-optimize": [0.9, 0.9, 0.9]}
+    if case == "no graph beats plain":
+        ms["plain"] = [0.45, 0.39, 0.45]  # the best twin loses round 2 to the plain file
+    if case == "plain refuses graphs":
+        monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "segv:timing")
+    calls: list[tuple[str, bool]] = []
+    _, fake = _fake_times(ms, calls)
+    monkeypatch.setattr(candidates, "time_variants", fake)
+    model, x, path = _export(tmp_path)
+    out = tmp_path / "o.onnx"
+    pipes = [p for p in passes.default_pipelines("cuda") if p.name == "onnxscript-optimize"]
+    res = optimize(path, model, (x,), out=out, target="cuda", pipelines=pipes,
+                   cuda_graph="deploy", **FAST)
+    by = {v.name: v for v in res.variants}
+    meta = {p.key for p in onnx.load(str(out)).metadata_props}
+    if case == "graph wins":
+        assert res.chosen == "onnxscript-optimize" and res.run_settings == GRAPH_SETTINGS
+        twin = by["onnxscript-optimize+cuda-graph"]
+        assert not twin.rejected and twin.speedup == pytest.approx(1 / 0.4)
+        assert by["plain+cuda-graph"].rejected == "slower than onnxscript-optimize+cuda-graph"
+        assert not by["onnxscript-optimize"].rejected  # the file written
+        assert res.message.startswith("onnxscript-optimize+cuda-graph is 2.50x faster")
+        assert RUN_SETTINGS_KEY in meta
+        assert ("onnxscript-optimize", False) not in calls  # files timed as graphs only
+    elif case == "no graph beats plain":
+        assert res.chosen == "plain" and not res.run_settings and RUN_SETTINGS_KEY not in meta
+        assert "not faster than the plain export without a graph" in by[
+            "onnxscript-optimize+cuda-graph"].rejected
+    else:
+        assert res.chosen == "onnxscript-optimize" and not res.run_settings
+        assert all("refused the CUDA graph" in v.rejected for k, v in by.items()
+                   if k.endswith("+cuda-graph"))
+        assert ("onnxscript-optimize", False) in calls  # compared without graphs
+    with pytest.raises(ValueError, match="cuda_graph 'always'"):
+        optimize(path, model, (x,), target="cuda", cuda_graph="always")

@@ -98,7 +98,7 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
              kwargs: dict[str, Any] | None = None, out: str | os.PathLike[str] | None = None,
              target: str = "cpu", precision: str = "fp32", accuracy: str | float | None = None,
              timeout: float = 600.0, threads: int = 2, repeats: int = 10, rounds: int = 3,
-             pipelines: list[Pipeline] | None = None, cuda_graph: bool = True
+             pipelines: list[Pipeline] | None = None, cuda_graph: bool | str = True
              ) -> OptimizationResult:
     """The fastest variant of ``onnx_path`` that still verifies against ``model`` (PyTorch) on
     ``args``/``kwargs`` and every derived input set; written to ``out`` when given (the plain
@@ -109,7 +109,9 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     cuda or tensorrt - candidates are verified and timed with that target's execution
     providers (on a GPU inputs and outputs bound on the device); where this ONNX Runtime lacks
     the target's provider they are verified on the CPU and the plain export is kept (OM725).
-    ``cuda_graph``: on cuda, also try the chosen file as a CUDA graph (``run_settings``)."""
+    ``cuda_graph`` (on cuda): ``"auto"``/True - also try the chosen file as a CUDA graph
+    (``run_settings`` where that is faster); ``"deploy"`` - compare every verified file as a
+    CUDA graph and write the fastest (for a deployment that runs one); ``"off"``/False."""
     if not isinstance(args, tuple):
         raise TypeError("args must be a tuple of example inputs, like torch.onnx.export")
     cosine = parse_accuracy(accuracy)

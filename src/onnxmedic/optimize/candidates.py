@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 NOISE_FRACTION = 0.03
 DEFAULT_COSINE = 0.999
 TARGETS = ("cpu", "cuda", "tensorrt")
-# Targets whose verified variants also get a CUDA-graph twin (the same file, run with the
+# Targets whose files are also tried as CUDA graphs (a "twin": the same file run with the
 # settings below): at small batch a GPU waits on kernel launches, a graph replay is one launch
 GRAPH_TARGETS = ("cuda",)
 GRAPH_SUFFIX = "+cuda-graph"
@@ -58,6 +58,21 @@ GRAPH_SETTINGS = {
               "another session, or a graph per shape with the run option gpu_graph_id)",
 }
 RUN_SETTINGS_KEY = "onnxmedic.run_settings"  # metadata_props key: GRAPH_SETTINGS as JSON
+# cuda_graph: "auto" - the best file, and a CUDA graph recommended for it where that is faster;
+# "deploy" - every verified file compared as a CUDA graph (for a deployment that runs one);
+# "off" - no graphs
+GRAPH_MODES = ("auto", "deploy", "off")
+
+
+def graph_mode(value: bool | str | None) -> str:
+    """``cuda_graph`` as one of GRAPH_MODES (True: auto, False/None: off)."""
+    if value is True:
+        return "auto"
+    if value is False or value is None:
+        return "off"
+    if value in GRAPH_MODES:
+        return str(value)
+    raise ValueError(f"cuda_graph {value!r}: choose {', '.join(GRAPH_MODES)} (or True/False)")
 
 
 @dataclass
@@ -513,12 +528,12 @@ def _choose(plain: Variant, variants: list[Variant]) -> Variant:
         if v.median_ms is None:
             v.rejected = "could not be timed"
         elif v.median_ms > limit:
-            v.rejected = (f"not faster beyond noise ({v.median_ms:.2f} ms vs plain "
+            v.rejected = (f"not faster beyond noise ({v.median_ms:.2f} ms vs {base.name} "
                           f"{base.median_ms:.2f} ms, needs <= {limit:.2f} ms)")
             if pruned:
                 v.rejected += f"; slower in round {lost}, not timed further"
         elif lost is not None:
-            v.rejected = (f"not faster beyond noise ({v.median_ms:.2f} ms vs plain "
+            v.rejected = (f"not faster beyond noise ({v.median_ms:.2f} ms vs {base.name} "
                           f"{base.median_ms:.2f} ms overall, but not faster in round {lost}"
                           f"{', not timed further' if pruned else ''})")
         elif chosen is plain or v.median_ms < (chosen.median_ms or float("inf")):
@@ -530,10 +545,90 @@ def _choose(plain: Variant, variants: list[Variant]) -> Variant:
     return chosen
 
 
+def _checked_mode(precision: str, target: str, cuda_graph: bool | str) -> str:
+    """ValueError for a precision, target or cuda_graph optimize_file does not take (or an
+    int8-on-a-GPU request); the graph mode for ``target`` ("off" where it has no graphs)."""
+    if precision not in ("fp32", "fp16", "int8"):
+        raise ValueError(f"precision {precision!r}: choose fp32, fp16 or int8")
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r}: choose {', '.join(TARGETS)}")
+    mode = graph_mode(cuda_graph)  # a wrong value is refused on every target
+    if bad := precision_error(precision, target):
+        raise ValueError(bad)
+    return mode if target in GRAPH_TARGETS else "off"
+
+
+def _time_and_choose(plain: Variant, variants: list[Variant], paths: dict[str, Path],
+                     feed: dict[str, np.ndarray], timeout: float, target: str,
+                     timing: dict[str, int], timed: bool = True) -> Variant:
+    """Time the verified files (``paths``) in paired rounds, pruned against the plain one, and
+    choose by the noise rule (:func:`_choose`); untimed where the target is absent."""
+    per_round: dict[str, list[float]] = {}
+    times = time_variants(paths, feed, timeout=timeout, target=target, per_round=per_round,
+                          baseline="plain", **timing) if timed else {}
+    for v in variants:
+        if v.name in times:
+            v.median_ms, v.p90_ms = times[v.name]
+            v.round_ms = per_round.get(v.name, [])
+    return _choose(plain, variants)
+
+
+def _deploy_graphs(plain: Variant, variants: list[Variant], paths: dict[str, Path],
+                   names: list[str], feeds: list[dict[str, np.ndarray]],
+                   expected: list[list[np.ndarray]], cosine: float, timeout: float,
+                   references: list[list[np.ndarray | None]] | None, target: str,
+                   timing: dict[str, int]) -> tuple[Variant, Variant | None] | None:
+    """``cuda_graph="deploy"``: every verified file runs as a CUDA graph (:func:`_graph_twin`,
+    its replays verified), the twins are timed in paired rounds beside the plain file without
+    one, and the fastest twin that beats the plain file's own twin by the noise rule - and the
+    plain file without a graph too - is kept: (its file's variant, the twin). The plain file
+    with no twin kept: (plain, None). None when the plain file cannot run as a graph at all
+    (the files are then compared without graphs)."""
+    refs = references[0] if references else None
+    twins = [(v, _graph_twin(v, paths[v.name], names, feeds[0], expected[0], cosine, timeout,
+                             refs, target)) for v in variants if v.verified]
+    base = next((t for v, t in twins if v is plain), None)
+    if base is None or not base.verified:
+        variants += [t for _, t in twins]
+        return None
+    ok = [(v, t) for v, t in twins if t.verified]
+    per_round: dict[str, list[float]] = {}
+    times = time_variants({"plain": paths["plain"]} | {t.name: paths[v.name] for v, t in ok},
+                          feeds[0], timeout=timeout, target=target, per_round=per_round,
+                          baseline=base.name, graphs={t.name for _, t in ok}, **timing)
+    for v in [plain] + [t for _, t in ok]:
+        if v.name in times:
+            v.median_ms, v.p90_ms = times[v.name]
+            v.round_ms = per_round.get(v.name, [])
+    best = _choose(base, [base] + [t for _, t in ok if t is not base])
+    if best is not base:
+        base.rejected = f"slower than {best.name}"
+    for v, t in twins:
+        if v is not plain:
+            v.rejected = v.rejected or f"timed as a CUDA graph only (see {t.name})"
+        if t.median_ms and plain.median_ms:
+            t.speedup = plain.median_ms / t.median_ms
+    variants += [t for _, t in twins]
+    lost = _slower_round(best.round_ms, plain.round_ms)
+    if (best.median_ms is None or plain.median_ms is None or lost is not None
+            or best.median_ms > plain.median_ms * (1 - NOISE_FRACTION)):
+        best.rejected = best.rejected or (
+            "not faster than the plain export without a graph beyond noise"
+            + (f" (not faster in round {lost})" if lost is not None else ""))
+        return plain, None
+    return next(v for v, t in ok if t is best), best
+
+
 def _outcome(plain: Variant, chosen: Variant, variants: list[Variant], target: str,
-             absent: str | None) -> str:
+             absent: str | None, deployed: Variant | None = None) -> str:
     """The result's message (and the plain variant's and, where the target could not be timed,
-    the verified ones' reasons)."""
+    the verified ones' reasons). ``deployed``: the CUDA-graph twin ``cuda_graph="deploy"``
+    kept, ``chosen`` its file."""
+    if deployed is not None:
+        chosen.rejected = ""
+        plain.rejected = "" if chosen is plain else f"slower than {deployed.name}"
+        return (f"{deployed.name} is {deployed.speedup:.2f}x faster than the plain export "
+                f"(the file {chosen.name}, run as a CUDA graph - see run_settings)")
     if absent:
         for v in variants[1:]:
             if v.verified:
@@ -631,7 +726,7 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
                   pipelines: list[Pipeline] | None = None, threads: int = 2, warmup: int = 3,
                   repeats: int = 10, rounds: int = 3, timeout: float = 600.0,
                   references: list[list[np.ndarray | None]] | None = None,
-                  model_type: str | None = None, cuda_graph: bool = True
+                  model_type: str | None = None, cuda_graph: bool | str = True
                   ) -> OptimizationResult:
     """Build each candidate pipeline on ``onnx_path``, verify it on every feed against
     ``expected`` (PyTorch's outputs, one list per feed; ``feeds[0]`` is the example), time the
@@ -639,15 +734,12 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
     the noise rule to ``out`` (the plain file otherwise). Never raises for a failing pass.
     ``references``: float64 outputs per feed (verify/reference.py), for the fp32 budget;
     ``model_type``: adds ONNX Runtime's transformers optimizer as a candidate
-    (:func:`~onnxmedic.optimize.passes.ort_model_type`). ``cuda_graph`` (GRAPH_TARGETS): the
-    chosen file is also tried as a CUDA graph (:func:`_try_graph`); where that is faster
-    beyond noise, ``run_settings`` says how to run it so (the file written is the same)."""
-    if precision not in ("fp32", "fp16", "int8"):
-        raise ValueError(f"precision {precision!r}: choose fp32, fp16 or int8")
-    if target not in TARGETS:
-        raise ValueError(f"target {target!r}: choose {', '.join(TARGETS)}")
-    if bad := precision_error(precision, target):
-        raise ValueError(bad)
+    (:func:`~onnxmedic.optimize.passes.ort_model_type`). ``cuda_graph`` (GRAPH_TARGETS,
+    GRAPH_MODES): auto - the chosen file is also tried as a CUDA graph (:func:`_try_graph`) and
+    where that is faster beyond noise ``run_settings`` says how to run it so (the file written
+    is the same); deploy - every verified file is compared as a CUDA graph
+    (:func:`_deploy_graphs`)."""
+    mode = _checked_mode(precision, target, cuda_graph)
     src = Path(onnx_path)
     import onnx
 
@@ -670,29 +762,30 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
             variants.append(v)
             if v.verified:
                 paths[v.name] = path
-        per_round: dict[str, list[float]] = {}
-        times = {} if absent else time_variants(
-            paths, feeds[0], threads=threads, warmup=warmup, repeats=repeats, rounds=rounds,
-            timeout=timeout, target=target, per_round=per_round, baseline="plain")
-        for v in variants:
-            if v.name in times:
-                v.median_ms, v.p90_ms = times[v.name]
-                v.round_ms = per_round.get(v.name, [])
-        chosen = _choose(plain, variants)
+        timing = {"threads": threads, "warmup": warmup, "repeats": repeats, "rounds": rounds}
+        deployed = (_deploy_graphs(plain, variants, paths, names, feeds, expected, cosine,
+                                   timeout, references, target, timing)
+                    if mode == "deploy" and not absent else None)
+        if deployed is not None:
+            chosen, twin = deployed
+        else:
+            chosen, twin = _time_and_choose(plain, variants, paths, feeds[0], timeout, target,
+                                            timing, timed=not absent), None
         result = OptimizationResult(variants, chosen.name, threads, repeats, warmup, rounds,
-                                    message=_outcome(plain, chosen, variants, target, absent),
+                                    message=_outcome(plain, chosen, variants, target, absent,
+                                                     twin),
                                     target=target, providers=used, target_missing=absent or "")
-        if cuda_graph and target in GRAPH_TARGETS and not absent:
+        if mode == "auto" and not absent:
             twin = _try_graph(chosen, plain, names, feeds, expected, cosine, timeout,
-                              references, target, threads=threads, warmup=warmup,
-                              repeats=repeats, rounds=rounds)
+                              references, target, **timing)
             variants.append(twin)
             if not twin.rejected:
-                result.run_settings = dict(GRAPH_SETTINGS)
                 result.message += (f"; run as a CUDA graph ({twin.name}) it takes "
                                    f"{twin.median_ms:.3f} ms"
                                    + (f", {twin.speedup:.2f}x faster than the plain export"
                                       if twin.speedup else "") + " - see run_settings")
+        if twin is not None and not twin.rejected:
+            result.run_settings = dict(GRAPH_SETTINGS)
         if out is not None:
             _write(Path(chosen.path), Path(out), result.run_settings)
             result.written = str(out)

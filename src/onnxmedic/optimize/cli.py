@@ -34,8 +34,10 @@ def add_parser(sub: Any) -> None:
                    help="time (and verify) the candidates with this target's execution "
                    "providers; GPU targets need onnxruntime-gpu and a GPU (else OM725)")
     o.add_argument("--threads", type=int, default=2, help="intra-op threads when timing")
-    o.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
-                   help="on --target cuda, do not also try the chosen file as a CUDA graph")
+    o.add_argument("--cuda-graph", choices=["auto", "deploy", "off"], default="auto",
+                   help="--target cuda: auto - also try the chosen file as a CUDA graph and "
+                   "recommend it (run settings) where faster; deploy - compare every verified "
+                   "file as a CUDA graph and write the fastest; off")
     o.add_argument("--timeout", type=float, default=600.0, metavar="S")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--json", action="store_true")
