@@ -503,8 +503,8 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
     assert not onnxmedic.bench(src, feed, target="cuda", repeats=2, cuda_graph=False).graph_error
     with pytest.raises(ValueError, match="cuda_graph is for target='cuda'"):
         onnxmedic.bench(src, feed, cuda_graph=True)
-    assert main(["bench", str(src), "--input", "8:float32", "--cuda-graph"]) == 2
-    assert "--cuda-graph is for --target cuda" in capsys.readouterr().err
+    assert main(["bench", str(src), "--input", "8:float32", "--cuda-graph", "on"]) == 2
+    assert "--cuda-graph on is for --target cuda" in capsys.readouterr().err
     sess = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"])
     done = sess.io_binding()
     done.bind_cpu_input("x", feed["x"])

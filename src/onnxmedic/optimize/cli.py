@@ -101,9 +101,9 @@ def add_bench_parser(sub: Any) -> None:
     b.add_argument("--target", choices=["cpu", "cuda", "tensorrt"], default="cpu")
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--repeats", type=int, default=20)
-    b.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
-                   help="--target cuda: also time the file as a CUDA graph (default: when the "
-                   "file's run settings, written by optimize, say so)")
+    b.add_argument("--cuda-graph", choices=["auto", "on", "off"], default="auto",
+                   help="--target cuda: also time the file as a CUDA graph - on, off, or auto: "
+                   "when the file's run settings (written by optimize) say so")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", action="store_true")
 
@@ -117,8 +117,9 @@ def bench_main(ns: argparse.Namespace) -> int:
     from onnxmedic.findings import OnnxMedicError
     from onnxmedic.optimize import bench, graph_dims
 
-    if ns.cuda_graph and ns.target != "cuda":
-        sys.stderr.write("onnxmedic bench: error: --cuda-graph is for --target cuda\n")
+    graph = {"auto": None, "on": True, "off": False}[ns.cuda_graph]
+    if graph and ns.target != "cuda":
+        sys.stderr.write("onnxmedic bench: error: --cuda-graph on is for --target cuda\n")
         return 2
     try:
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
@@ -129,7 +130,7 @@ def bench_main(ns: argparse.Namespace) -> int:
     leaves = [x for x in torch.utils._pytree.tree_leaves((ex.args, ex.kwargs))
               if isinstance(x, torch.Tensor)]
     res = bench(ns.onnx, {n: to_numpy(t) for n, t in zip(names, leaves)}, target=ns.target,
-                threads=ns.threads, repeats=ns.repeats, cuda_graph=ns.cuda_graph)
+                threads=ns.threads, repeats=ns.repeats, cuda_graph=graph)
     if ns.json:
         sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
     elif not res.ok:
