@@ -510,6 +510,25 @@ def _slower_round(v: list[float], base: list[float]) -> int | None:
     return None
 
 
+def _beats(v: Variant, base_ms: float | None, base_rounds: list[float]
+           ) -> tuple[bool, int | None, float]:
+    """The noise rule: ``v`` beats a base of median ``base_ms`` when its median is at most
+    ``1 - NOISE_FRACTION`` of it and it was faster in every round (``base_rounds``). Returns
+    (beats, the first round it was not faster in, the median it needed)."""
+    limit = base_ms * (1 - NOISE_FRACTION) if base_ms is not None else float("nan")
+    lost = _slower_round(v.round_ms, base_rounds)
+    return v.median_ms is not None and v.median_ms <= limit and lost is None, lost, limit
+
+
+def _record_times(variants: list[Variant], times: dict[str, tuple[float, float]],
+                  per_round: dict[str, list[float]]) -> None:
+    """Each timed variant's median, p90 and round medians (from :func:`time_variants`)."""
+    for v in variants:
+        if v.name in times:
+            v.median_ms, v.p90_ms = times[v.name]
+            v.round_ms = per_round.get(v.name, [])
+
+
 def _choose(plain: Variant, variants: list[Variant]) -> Variant:
     """The fastest verified variant that beats the plain file beyond the noise rule (the
     plain one otherwise; each variant's ``round_ms`` for the paired check); every other
@@ -517,13 +536,12 @@ def _choose(plain: Variant, variants: list[Variant]) -> Variant:
     if plain.median_ms is None:
         return plain
     base, chosen = plain, plain
-    limit = base.median_ms * (1 - NOISE_FRACTION)
     for v in variants[1:]:
         if v.median_ms is not None:
             v.speedup = base.median_ms / v.median_ms
         if not v.verified:
             continue
-        lost = _slower_round(v.round_ms, base.round_ms)
+        _, lost, limit = _beats(v, base.median_ms, base.round_ms)
         pruned = lost is not None and len(v.round_ms) < len(base.round_ms)
         if v.median_ms is None:
             v.rejected = "could not be timed"
@@ -566,10 +584,7 @@ def _time_and_choose(plain: Variant, variants: list[Variant], paths: dict[str, P
     per_round: dict[str, list[float]] = {}
     times = time_variants(paths, feed, timeout=timeout, target=target, per_round=per_round,
                           baseline="plain", **timing) if timed else {}
-    for v in variants:
-        if v.name in times:
-            v.median_ms, v.p90_ms = times[v.name]
-            v.round_ms = per_round.get(v.name, [])
+    _record_times(variants, times, per_round)
     return _choose(plain, variants)
 
 
@@ -596,10 +611,7 @@ def _deploy_graphs(plain: Variant, variants: list[Variant], paths: dict[str, Pat
     times = time_variants({"plain": paths["plain"]} | {t.name: paths[v.name] for v, t in ok},
                           feeds[0], timeout=timeout, target=target, per_round=per_round,
                           baseline=base.name, graphs={t.name for _, t in ok}, **timing)
-    for v in [plain] + [t for _, t in ok]:
-        if v.name in times:
-            v.median_ms, v.p90_ms = times[v.name]
-            v.round_ms = per_round.get(v.name, [])
+    _record_times([plain] + [t for _, t in ok], times, per_round)
     best = _choose(base, [base] + [t for _, t in ok if t is not base])
     if best is not base:
         base.rejected = f"slower than {best.name}"
@@ -609,9 +621,8 @@ def _deploy_graphs(plain: Variant, variants: list[Variant], paths: dict[str, Pat
         if t.median_ms and plain.median_ms:
             t.speedup = plain.median_ms / t.median_ms
     variants += [t for _, t in twins]
-    lost = _slower_round(best.round_ms, plain.round_ms)
-    if (best.median_ms is None or plain.median_ms is None or lost is not None
-            or best.median_ms > plain.median_ms * (1 - NOISE_FRACTION)):
+    beats, lost, _ = _beats(best, plain.median_ms, plain.round_ms)
+    if not beats:
         best.rejected = best.rejected or (
             "not faster than the plain export without a graph beyond noise"
             + (f" (not faster in round {lost})" if lost is not None else ""))
@@ -664,14 +675,12 @@ def _try_graph(chosen: Variant, plain: Variant, names: list[str],
     if twin.name not in times or chosen.name not in times:
         twin.rejected = "could not be timed"
         return twin
-    twin.median_ms, twin.p90_ms = times[twin.name]
-    twin.round_ms = per_round.get(twin.name, [])
+    _record_times([twin], times, per_round)
     base = times[chosen.name][0]
     if "plain" in times:
         twin.speedup = times["plain"][0] / twin.median_ms
-    limit = base * (1 - NOISE_FRACTION)
-    lost = _slower_round(twin.round_ms, per_round.get(chosen.name, []))
-    if twin.median_ms > limit or lost is not None:
+    beats, lost, limit = _beats(twin, base, per_round.get(chosen.name, []))
+    if not beats:
         twin.rejected = (f"not faster than {chosen.name} without a CUDA graph beyond noise "
                          f"({twin.median_ms:.3f} ms vs {base:.3f} ms, needs <= {limit:.3f} ms"
                          + (f", not faster in round {lost}" if lost is not None else "") + ")")
