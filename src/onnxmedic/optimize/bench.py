@@ -80,8 +80,6 @@ def _child(req_path: str, res_path: str) -> None:
         if i >= req["warmup"]:
             times.append((time.perf_counter() - t) * 1000)
     prof = sess.end_profiling()
-    graph = (_graph_times(ort, req, feed, binding, sess.get_providers())
-             if req.get("graph") else {})
     placement: dict[str, set[str]] = {}
     for ev in json.loads(Path(prof).read_text()):
         args = ev.get("args", {})
@@ -91,37 +89,7 @@ def _child(req_path: str, res_path: str) -> None:
     Path(res_path).write_text(json.dumps({
         "times": times, "load": load, "providers": sess.get_providers(), "bound_on": device,
         "placement": {k: sorted(v) for k, v in placement.items()},
-        "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "graph": graph}))
-
-
-def _graph_times(ort: Any, req: dict[str, Any], feed: dict[str, np.ndarray], done: Any,
-                 used: list[str]) -> dict[str, Any]:
-    """The file run as a CUDA graph (a second session with ``enable_cuda_graph``, inputs and
-    outputs bound to buffers allocated once, shaped as the outputs of the binding ``done``
-    already ran): {"times": ms} or
-    {"error": why not} (ONNX Runtime refuses one when a node runs outside the CUDA provider)."""
-    import time
-
-    from onnxmedic._sandbox_worker import CUDA_GRAPH, bind_io
-
-    if "CUDAExecutionProvider" not in used:
-        return {"error": "a CUDA graph needs ONNX Runtime's CUDA provider, which this session "
-                         f"does not use ({', '.join(used)})"}
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = req["threads"]
-    try:
-        sess = ort.InferenceSession(req["model"], so, providers=[
-            (p, dict(CUDA_GRAPH)) if p == "CUDAExecutionProvider" else p for p in used])
-        binding, _ = bind_io(ort, np, sess, feed, done.copy_outputs_to_cpu())
-        times = []
-        for i in range(req["warmup"] + req["repeats"]):
-            t = time.perf_counter()
-            sess.run_with_iobinding(binding)  # the first run captures, later ones replay
-            if i >= req["warmup"]:
-                times.append((time.perf_counter() - t) * 1000)
-    except Exception as e:  # noqa: BLE001 - ONNX Runtime's refusal is the answer
-        return {"error": f"{type(e).__name__}: {str(e)[:400]}"}
-    return {"times": times}
+        "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 
 
 def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
@@ -146,7 +114,7 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
         req, out = Path(tmp) / "req.json", Path(tmp) / "res.json"
         req.write_text(json.dumps({"model": str(Path(onnx_path).resolve()), "feed": str(feed),
                                    "threads": threads, "warmup": warmup, "repeats": repeats,
-                                   "providers": PROVIDERS[target], "graph": cuda_graph}))
+                                   "providers": PROVIDERS[target]}))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
             proc = subprocess.run([sys.executable, "-m", __name__, str(req), str(out)],
@@ -168,12 +136,8 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
     res.bound_on = data.get("bound_on", "")
     res.placement = data["placement"]
     res.copies = [n for nodes in res.placement.values() for n in nodes if "Memcpy" in n]
-    graph = data.get("graph") or {}
-    if graph.get("times"):
-        g = sorted(graph["times"])
-        res.graph_median_ms = statistics.median(g)
-        res.graph_p90_ms = g[min(len(g) - 1, int(0.9 * len(g)))]
-    res.graph_error = graph.get("error", "")
+    if cuda_graph:
+        _time_graph(res, onnx_path, feeds, warmup, repeats, timeout)
     if res.graph_error:
         res.findings.append(warning(
             "OM726", "bench", f"not timed as a CUDA graph: {res.graph_error}",
@@ -198,6 +162,28 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
             suggestion="Each copy moves a tensor between host and device; the nodes next to "
             "them fell back to the CPU.", details={"nodes": res.copies}))
     return res
+
+
+def _time_graph(res: BenchResult, onnx_path: str | os.PathLike[str],
+                feeds: dict[str, np.ndarray], warmup: int, repeats: int, timeout: float) -> None:
+    """The file run as a CUDA graph, timed by the sandbox as optimize times one (a session with
+    ``enable_cuda_graph``, inputs and outputs bound to buffers allocated once): ``graph_*`` of
+    ``res``, or ``graph_error`` with why not (no CUDA provider, ONNX Runtime's refusal)."""
+    from onnxmedic import sandbox
+
+    wanted = PROVIDERS[res.target][0]
+    sbx = sandbox.run_model(onnx_path, [feeds], timeout=timeout, providers=PROVIDERS[res.target],
+                            threads=res.threads, cuda_tf32=True,
+                            timing={"warmup": warmup, "repeats": repeats, "graph": True})
+    if wanted not in sbx.providers:
+        res.graph_error = ("a CUDA graph needs ONNX Runtime's CUDA provider, which this session "
+                           f"does not use ({', '.join(sbx.providers) or sbx.error[:200]})")
+    elif not sbx.ok:
+        res.graph_error = f"{sbx.status}: {sbx.error[:400]}"
+    else:
+        g = sorted(t * 1000 for t in sbx.timed_seconds)
+        res.graph_median_ms = statistics.median(g)
+        res.graph_p90_ms = g[min(len(g) - 1, int(0.9 * len(g)))]
 
 
 def _wants_graph(onnx_path: str | os.PathLike[str]) -> bool:
