@@ -5,7 +5,7 @@
 
 Columns per model: PyTorch eager; the plain torch.onnx.export (dynamo=True); ONNX Runtime's
 transformers optimizer on the same export (model types it knows); blind quantize_dynamic on the
-same export; onnxmedic optimize at each precision (--precisions; fp16 is for GPU targets). Every ONNX variant is timed with the same sandbox
+same export (and for convolutional models blind quantize_static, QDQ, every layer); onnxmedic optimize at each precision (--precisions; fp16 is for GPU targets). Every ONNX variant is timed with the same sandbox
 timer (alternating rounds, medians, 2 intra-op threads) and judged on the same input sets as
 onnxmedic's own candidates (the reduced-precision budget: cosine >= 0.999 per output, worst over
 every input set; worst cosine and max abs error shown). Models (random weights): BERT-base
@@ -27,8 +27,16 @@ import torch
 
 from onnxmedic import inputs as inputs_mod
 from onnxmedic import sandbox
-from onnxmedic.optimize import judge_reduced, optimize, reference_sets, time_variants
+from onnxmedic.optimize import (
+    calibration_feeds,
+    judge_reduced,
+    optimize,
+    parse_accuracy,
+    reference_sets,
+    time_variants,
+)
 from onnxmedic.optimize.candidates import GRAPH_SUFFIX
+from onnxmedic.optimize.passes import is_convolutional
 
 
 class _Hidden(torch.nn.Module):
@@ -171,6 +179,16 @@ def _eager_cuda(model: Any, args: tuple[Any, ...], dtype: torch.dtype,
     return statistics.median(t), cos
 
 
+def _static(plain: Path, args: tuple[Any, ...], dst: Path) -> None:
+    """quantize_static as ONNX Runtime's docs give it (QDQ, per channel, MinMax), calibrated on
+    the calibration sets onnxmedic's own static candidate uses, no layer kept float32."""
+    from onnxmedic.optimize.fp16 import save_feeds
+    from onnxmedic.optimize.passes import quantize_static_int8
+
+    cal = save_feeds(calibration_feeds(plain, inputs_mod.Inputs(args)), dst.with_suffix(".npz"))
+    quantize_static_int8(str(plain), str(dst), str(cal))
+
+
 def _peer(label: str, make: Any, dst: Path, paths: dict[str, Path], failed: dict[str, str]
           ) -> None:
     """Run a peer tool writing ``dst``; a peer that cannot handle the export is a row too."""
@@ -184,7 +202,7 @@ def _peer(label: str, make: Any, dst: Path, paths: dict[str, Path], failed: dict
 
 def run_one(name: str, threads: int, folder: Path, precisions: list[str],
             target: str = "cpu", repeats: int = 10, rounds: int = 3,
-            cuda_graph: str = "auto") -> list[dict[str, Any]]:
+            cuda_graph: str = "auto", accuracy: str | None = None) -> list[dict[str, Any]]:
     import onnx
 
     torch.manual_seed(0)  # the same random weights and inputs in every run of the table
@@ -238,11 +256,15 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
         _peer("blind quantize_dynamic", blind, folder / f"{name}-q.onnx", paths, failed)
         _peer("blind MatMulNBits 4-bit (reference)", nbits4, folder / f"{name}-q4.onnx", paths,
               failed)
+        if is_convolutional(plain):  # ONNX Runtime's static int8, every layer, same calibration
+            _peer("blind quantize_static (QDQ)", lambda dst: _static(plain, args, dst),
+                  folder / f"{name}-qs.onnx", paths, failed)
     for prec in precisions:
         out = folder / f"{name}-om-{prec}.onnx"
         t0 = time.perf_counter()
         res = optimize(plain, model, args, out=out, precision=prec, threads=threads,
-                       target=target, repeats=repeats, rounds=rounds, cuda_graph=cuda_graph)
+                       target=target, repeats=repeats, rounds=rounds, cuda_graph=cuda_graph,
+                       accuracy=accuracy)
         paths[f"onnxmedic optimize {prec} ({res.chosen})"] = out
         if res.run_settings:  # as optimize recommends running it: a CUDA graph
             paths[f"onnxmedic optimize {prec} ({res.chosen}){GRAPH_SUFFIX}"] = out
@@ -275,7 +297,8 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
             ver = f"no ({sbx.status}: {sbx.error[:120]})"
         else:
             outs = [sbx.timed_outputs] if graph else sbx.outputs
-            ok, acc, why = judge_reduced(names, expected[:len(outs)], outs)
+            ok, acc, why = judge_reduced(names, expected[:len(outs)], outs,
+                                         cosine=parse_accuracy(accuracy))
             cos = min(m["cosine"] for m in acc.values())
             err = max(m["max_abs"] for m in acc.values())
             ver = f"{'yes' if ok else 'NO'} (cos {cos:.5f}, max abs {err:.3g})"
@@ -334,6 +357,9 @@ def main() -> None:
                     "and verified but ONNX Runtime lacks float16 kernels for most CPU ops")
     ap.add_argument("--cuda-graph", choices=["auto", "deploy", "off"], default="auto",
                     help="onnxmedic optimize's cuda_graph on --target cuda")
+    ap.add_argument("--accuracy", default=None,
+                    help="the reduced-precision budget for optimize and the table's verified "
+                    "column, e.g. cosine=0.995 (default: cosine=0.999)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--deadline", type=float, default=0.0,
@@ -346,7 +372,8 @@ def main() -> None:
 
         print(f"onnxruntime {ort.__version__} {ort.get_available_providers()}, torch "
               f"{torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
-    print(f"{'model':10} {'variant':48} {'median ms':>10} {'vs plain':>9}  verified (accuracy)")
+    print(f"{'model':10} {'variant':48} {'median ms':>10} {'vs plain':>9}  verified (accuracy; "
+          f"reduced precision: cosine >= {parse_accuracy(ns.accuracy)})")
     t_start, every = time.perf_counter(), []
     for name in ns.models.split(","):
         if ns.deadline and time.perf_counter() - t_start > ns.deadline:
@@ -355,7 +382,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="onnxmedic-bench-opt-") as tmp:
             try:
                 rows = run_one(name, ns.threads, Path(tmp), precisions, ns.target,
-                               ns.repeats, ns.rounds, ns.cuda_graph)
+                               ns.repeats, ns.rounds, ns.cuda_graph, ns.accuracy)
             except Exception as e:  # noqa: BLE001 - report and go on with the next model
                 print(f"{name:10} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue

@@ -170,7 +170,7 @@ def test_export_optimize_fp16_reports_the_block_list(tmp_path: Path,
     from onnxmedic.optimize import candidates
 
     # the fp16 candidate only (the float32 ones are tested elsewhere)
-    monkeypatch.setattr(candidates, "default_pipelines", lambda target, precision, model_type=None: FP16)
+    monkeypatch.setattr(candidates, "default_pipelines", lambda *a, **k: FP16)
     out = tmp_path / "m.onnx"
     res = onnxmedic.export(Overflow(), (torch.randn(4, 16) * 4,), out, optimize=True,
                            precision="fp16")

@@ -2,7 +2,8 @@
 
 ``optimize(onnx_path, model, args)`` builds candidate variants (onnxscript's optimizer, its ONNX
 Runtime fusions, ONNX Runtime's offline optimizer, int8 dynamic quantization (per tensor, per
-channel, fused) and weight-only block-wise int8 (MatMulNBits), each with per-layer
+channel, fused), weight-only block-wise int8 (MatMulNBits) and, for convolutional graphs,
+static QDQ int8 calibrated on input sets apart from the verification sets, each with per-layer
 sensitivity, float16 with a measured block list - see ``optimize/fp16.py``), verifies each against PyTorch on the same input sets as an export (the example,
 derived random sets, every dynamic size), times the verified ones in the sandbox and writes the
 fastest one that beats the plain file beyond the measurement noise.
@@ -20,6 +21,7 @@ import torch
 
 from onnxmedic import inputs as inputs_mod
 from onnxmedic._tensors import flatten_tensors, to_numpy
+from onnxmedic.inputs import DEFAULT_SEED
 from onnxmedic.onnxfile import graph_io, make_feeds
 from onnxmedic.optimize.bench import BenchResult, bench
 from onnxmedic.optimize.candidates import (
@@ -32,14 +34,14 @@ from onnxmedic.optimize.candidates import (
     time_variants,
 )
 from onnxmedic.optimize.passes import Pipeline, default_pipelines, ort_model_type, run_pipeline
-from onnxmedic.verify.input_sets import same_shape_sets, shape_variants
+from onnxmedic.verify.input_sets import derived_input_sets, same_shape_sets, shape_variants
 from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.size_rules import rules_from_metadata
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_COSINE", "BenchResult", "bench", "OptimizationResult", "Pipeline", "Variant",
-           "block_list_findings", "default_pipelines", "judge_reduced", "optimize", "optimize_file",
+           "block_list_findings", "calibration_feeds", "default_pipelines", "judge_reduced", "optimize", "optimize_file",
            "ort_model_type", "parse_accuracy", "reference_sets", "run_pipeline",
            "target_findings", "time_variants"]
 
@@ -63,6 +65,20 @@ def graph_dims(onnx_path: str | os.PathLike[str]) -> tuple[list[str], list[list[
 
     names, dims, _ = graph_io(onnx.load(str(onnx_path), load_external_data=False))
     return names, dims
+
+
+CALIBRATION_SETS = 8  # static int8's calibration feeds, drawn apart from the verification sets
+CALIBRATION_SEED = DEFAULT_SEED + 7919
+
+
+def calibration_feeds(onnx_path: str | os.PathLike[str], example: inputs_mod.Inputs,
+                      count: int = CALIBRATION_SETS) -> list[dict[str, np.ndarray]]:
+    """Feeds for static int8's activation ranges: ``count`` sets derived from the example as the
+    verification sets are (its values permuted, or drawn in its range) but from another seed,
+    so that a static int8 variant is verified on inputs it was not calibrated on."""
+    names, _ = graph_dims(onnx_path)
+    return [make_feeds(names, s.args, s.kwargs)
+            for s in derived_input_sets(example, count, seed=CALIBRATION_SEED)]
 
 
 def reference_sets(onnx_path: str | os.PathLike[str], model: Any, example: inputs_mod.Inputs
@@ -119,8 +135,8 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     if was_training:
         model.eval()
     try:
-        feeds, expected, _, sets = reference_sets(onnx_path, model,
-                                                  inputs_mod.Inputs(args, kwargs or {}))
+        example = inputs_mod.Inputs(args, kwargs or {})
+        feeds, expected, _, sets = reference_sets(onnx_path, model, example)
         fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
         references = reference_outputs(fn, sets, expected).outputs  # [] when not possible
     finally:
@@ -130,7 +146,9 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
                          precision=precision, cosine=cosine, pipelines=pipelines,
                          threads=threads, repeats=repeats, rounds=rounds, timeout=timeout,
                          references=references, model_type=ort_model_type(fn),
-                         cuda_graph=cuda_graph)
+                         cuda_graph=cuda_graph,
+                         calibration=(calibration_feeds(onnx_path, example)
+                                      if precision == "int8" else None))
 
 
 def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> Any:

@@ -33,6 +33,7 @@ from onnxmedic.optimize.passes import (
     QUANTIZE_STEPS,
     Pipeline,
     default_pipelines,
+    is_convolutional,
     precision_error,
     run_pipeline,
 )
@@ -342,11 +343,14 @@ def _measure(step: str, pre: Path, feeds: list[dict[str, np.ndarray]], folder: P
 def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[str],
                            feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
                            cosine: float, timeout: float, max_excluded: int | None = None,
-                           search_seconds: float = 600.0) -> tuple[Variant, Path]:
+                           search_seconds: float = 600.0,
+                           calibration: list[dict[str, np.ndarray]] | None = None
+                           ) -> tuple[Variant, Path]:
     """Quantize (``base``'s quantize step: passes.QUANTIZE_STEPS); while the budget fails, keep
     the 1, 2, 4, 8 ... layers that lose most to quantization in float32 (int8.layer_errors:
-    each MatMul's own output error with its operands quantized as that step's scheme does,
-    measured once on the verification feeds, after the first failure) and retry - up to
+    each MatMul's own output error with its operands quantized as that step's scheme does;
+    int8.static_errors for static int8, calibrated on ``calibration``; measured once on the
+    verification feeds, after the first failure) and retry - up to
     ``max_excluded`` layers (default: a quarter of them, at least 4; the doubling's last try is
     at that cap) and ``search_seconds``.
     When k layers pass and k/2 failed, the gap is halved until it is one layer or an eighth of
@@ -360,19 +364,23 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
     if v.rejected:
         return v, pre
     pre_steps = list(v.steps)
-    qopts = dict(base.steps[at][1])
-    scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level") if k in qopts}
+    measure = _sensitivity_step(qstep, dict(base.steps[at][1]), folder, calibration)
+    if measure is None:
+        v.rejected = ("static int8 needs calibration input sets (optimize() derives them from "
+                      "the example); none were given")
+        return v, pre
+    step, options, extra = measure
     ranking: list[tuple[str, float]] = []
 
     def attempt(k: int) -> tuple[Variant, Path, bool]:
         """Quantize with the ``k`` most sensitive layers kept; (variant, file, built)."""
         excluded = [n for n, _ in ranking[:k]]
-        pipe = Pipeline(base.name, [(s, dict(o, nodes_to_exclude=excluded)
+        pipe = Pipeline(base.name, [(s, dict(o, nodes_to_exclude=excluded, **extra)
                                      if s.endswith(QUANTIZE_STEPS) else o)
                                     for s, o in base.steps[at:]], precision="int8")
         cv, path = _build(pipe, pre, folder, timeout, suffix=f"-keep{k}")
         cv.name, cv.passes = base.name, v.passes
-        measured_step = ([{"step": "onnxmedic.optimize.int8:layer_errors", "scheme": scheme,
+        measured_step = ([{"step": step, **{k: o for k, o in options.items() if k not in extra},
                            "ranking": [[n, e] for n, e in ranking[:max(8, k)]]}]
                          if ranking else [])
         cv.steps = pre_steps + measured_step + cv.steps
@@ -389,8 +397,7 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
         if cv.verified:
             return _fewest_excluded(attempt, failed, k, (cv, path), deadline)
         if not ranking:
-            measured, err = _measure("onnxmedic.optimize.int8:layer_errors", pre, feeds,
-                                     folder, timeout, {"scheme": scheme})
+            measured, err = _measure(step, pre, feeds, folder, timeout, options)
             if measured is None:
                 cv.rejected += f" (measuring the layers' quantization error failed: {err})"
                 return cv, path
@@ -408,6 +415,28 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
             return cv, path
         logger.info("int8 (%s): keeping %d layer(s) in float32: %s", base.name, k,
                     ", ".join(n for n, _ in ranking[:k]))
+
+
+def _sensitivity_step(qstep: str, qopts: dict[str, Any], folder: Path,
+                      calibration: list[dict[str, np.ndarray]] | None
+                      ) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    """How the quantize step ``qstep`` (options ``qopts``) ranks its layers: (measuring step,
+    its options, options the quantize step needs besides its own). Static int8 calibrates on
+    ``calibration`` (saved once to ``folder``); None where it has none."""
+    from onnxmedic.optimize import fp16
+
+    if not qstep.endswith(":quantize_static_int8"):
+        scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level")
+                  if k in qopts}
+        return "onnxmedic.optimize.int8:layer_errors", {"scheme": scheme}, {}
+    if not calibration:
+        return None
+    npz = folder / "calibration.npz"
+    if not npz.exists():
+        fp16.save_feeds(calibration, npz)
+    extra = {"calibration": str(npz)}
+    return ("onnxmedic.optimize.int8:static_errors",
+            {"per_channel": qopts.get("per_channel", True), **extra}, extra)
 
 
 def _next_count(k: int, limit: int) -> int | None:
@@ -713,13 +742,14 @@ def _write(src: Path, out: Path, run_settings: dict[str, Any] | None = None) -> 
 def _candidate(pipe: Pipeline, src: Path, folder: Path, names: list[str],
                feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
                cosine: float, timeout: float,
-               references: list[list[np.ndarray | None]] | None, target: str
+               references: list[list[np.ndarray | None]] | None, target: str,
+               calibration: list[dict[str, np.ndarray]] | None = None
                ) -> tuple[Variant, Path]:
     """Build and verify one pipeline's variant (int8 with its sensitivity search, float16 with
     its measured block list)."""
     if pipe.precision == "int8":
         return _int8_with_sensitivity(pipe, src, folder, names, feeds, expected, cosine,
-                                      timeout)
+                                      timeout, calibration=calibration)
     if pipe.precision == "fp16":
         return _fp16_with_block_list(pipe, src, folder, names, feeds, expected, cosine,
                                      timeout, target)
@@ -735,7 +765,8 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
                   pipelines: list[Pipeline] | None = None, threads: int = 2, warmup: int = 3,
                   repeats: int = 10, rounds: int = 3, timeout: float = 600.0,
                   references: list[list[np.ndarray | None]] | None = None,
-                  model_type: str | None = None, cuda_graph: bool | str = True
+                  model_type: str | None = None, cuda_graph: bool | str = True,
+                  calibration: list[dict[str, np.ndarray]] | None = None
                   ) -> OptimizationResult:
     """Build each candidate pipeline on ``onnx_path``, verify it on every feed against
     ``expected`` (PyTorch's outputs, one list per feed; ``feeds[0]`` is the example), time the
@@ -747,13 +778,14 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
     GRAPH_MODES): auto - the chosen file is also tried as a CUDA graph (:func:`_try_graph`) and
     where that is faster beyond noise ``run_settings`` says how to run it so (the file written
     is the same); deploy - every verified file is compared as a CUDA graph
-    (:func:`_deploy_graphs`)."""
+    (:func:`_deploy_graphs`). ``calibration``: feeds apart from ``feeds`` for static int8."""
     mode = _checked_mode(precision, target, cuda_graph)
     src = Path(onnx_path)
     import onnx
 
     names = [o.name for o in onnx.load(str(src), load_external_data=False).graph.output]
-    pipes = pipelines if pipelines is not None else default_pipelines(target, precision, model_type)
+    pipes = (pipelines if pipelines is not None else
+             default_pipelines(target, precision, model_type, is_convolutional(src)))
     folder = Path(tempfile.mkdtemp(prefix="onnxmedic-opt-"))
     try:
         plain = Variant("plain", passes=[], path=str(src))
@@ -763,14 +795,12 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         absent = (None if target == "cpu" or wanted in used else
                   f"{wanted} is not available in this ONNX Runtime "
                   f"({', '.join(used) or 'no session'} used instead)")
-        variants = [plain]
-        paths: dict[str, Path] = {"plain": src}
+        variants, paths = [plain], {"plain": src}
         for pipe in pipes:
             v, path = _candidate(pipe, src, folder, names, feeds, expected, cosine, timeout,
-                                 references, target)
+                                 references, target, calibration)
             variants.append(v)
-            if v.verified:
-                paths[v.name] = path
+            paths.update({v.name: path} if v.verified else {})
         timing = {"threads": threads, "warmup": warmup, "repeats": repeats, "rounds": rounds}
         deployed = (_deploy_graphs(plain, variants, paths, names, feeds, expected, cosine,
                                    timeout, references, target, timing)

@@ -118,10 +118,7 @@ def range_stats(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
     for init in proto.graph.initializer:
         if init.data_type == onnx.TensorProto.FLOAT:
             values[init.name] = _stats(numpy_helper.to_array(init))
-    data = np.load(feeds)
-    layout = json.loads(str(data["__layout__"]))
-    feed_list = [{k: data[f"{i}_{j}"] for j, k in enumerate(keys)} for i, keys in
-                 enumerate(layout)]
+    feed_list = load_feeds(feeds)
     for feed in feed_list:
         for k, a in feed.items():
             if a.dtype == np.float32:
@@ -158,6 +155,13 @@ def save_feeds(feeds: list[dict[str, np.ndarray]], path: Path) -> Path:
               enumerate(f.values())}
     np.savez(path, __layout__=np.array(json.dumps([list(f) for f in feeds])), **arrays)
     return path
+
+
+def load_feeds(path: str | Path) -> list[dict[str, np.ndarray]]:
+    """The feeds :func:`save_feeds` wrote, in order."""
+    data = np.load(path)
+    layout = json.loads(str(data["__layout__"]))
+    return [{k: data[f"{i}_{j}"] for j, k in enumerate(keys)} for i, keys in enumerate(layout)]
 
 
 def value_problem(stats: list[float]) -> str:

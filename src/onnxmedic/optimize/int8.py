@@ -21,7 +21,6 @@ to int8 symmetric per row and per block of the same size, otherwise A stays floa
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -96,7 +95,7 @@ def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES,
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    from onnxmedic.optimize.fp16 import value_chunks
+    from onnxmedic.optimize.fp16 import load_feeds, value_chunks
 
     del dst
     proto = onnx.load(src)
@@ -116,10 +115,7 @@ def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES,
         if n.op_type == "Gemm" and attrs.get("transB"):
             w = w.T
         layers.append((n.name, n.input[0], w))
-    data = np.load(feeds)
-    layout = json.loads(str(data["__layout__"]))
-    feed_list = [{k: data[f"{i}_{j}"] for j, k in enumerate(keys)} for i, keys in
-                 enumerate(layout)]
+    feed_list = load_feeds(feeds)
     graph_inputs = {i.name for i in proto.graph.input}
     exposed = list(dict.fromkeys(a for _, a, _ in layers if a not in graph_inputs))
     errors: dict[str, float] = {}
@@ -150,4 +146,88 @@ def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES,
                             e = layer_error(a.reshape(-1, w.shape[0]), w, scheme)
                             errors[name] = max(errors.get(name, 0.0), e)
             del sess
+    return {"errors": errors}
+
+
+def _relative(got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    """Worst ``||got - want|| / ||want||`` over the feeds (0 where ``want`` is zero)."""
+    worst = 0.0
+    for g, w in zip(got, want):
+        w64 = np.asarray(w, np.float64)
+        norm = float(np.linalg.norm(w64))
+        if norm and g.shape == w.shape:
+            worst = max(worst, float(np.linalg.norm(np.asarray(g, np.float64) - w64)) / norm)
+    return worst
+
+
+def _quantized_source(name: str, producer: dict[str, Any]) -> str | None:
+    """The float value a QDQ input reads: ``t`` for ``DequantizeLinear(QuantizeLinear(t))``,
+    ``name`` itself where it is not quantized, None for a quantized weight (a
+    DequantizeLinear of an initializer)."""
+    dq = producer.get(name)
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return name
+    q = producer.get(dq.input[0])
+    return q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
+
+
+def static_errors(src: str, dst: str, feeds: str, calibration: str,
+                  per_channel: bool = True) -> dict[str, Any]:
+    """A pass-pipeline step (runs in the pass child): {"errors": {node name: score}} for each
+    layer static int8 quantizes (passes.STATIC_OPS). ``src`` is quantized as
+    passes.quantize_static_int8 does (``calibration``: its .npz), then the float and the QDQ
+    graph run on the ``feeds`` .npz with every float value exposed (ONNX Runtime's own
+    ``qdq_loss_debug`` tools: ``modify_model_output_intermediate_tensors``,
+    ``collect_activations``). A layer's score is the error it adds: the relative error of its
+    output in the QDQ graph against the float graph, less the worst relative error of the float
+    values it reads (their own quantization is the layer's, the error they carry is not). Where
+    the quantizer drops a Relu (the uint8 QuantizeLinear after it clamps at zero) the value is
+    compared clamped. ``dst`` is not written."""
+    import onnx
+    from onnxruntime.quantization.qdq_loss_debug import (
+        collect_activations,
+        modify_model_output_intermediate_tensors,
+    )
+
+    from onnxmedic.optimize.fp16 import load_feeds
+    from onnxmedic.optimize.passes import (
+        STATIC_OPS,
+        feed_reader,
+        has_external_data,
+        quantize_static_int8,
+    )
+
+    del dst
+    feed_list = load_feeds(feeds)
+    external = has_external_data(src)
+    float_graph = onnx.load(src, load_external_data=False).graph
+    layers = {n.name for n in float_graph.node if n.op_type in STATIC_OPS and n.name}
+    relus = {n.output[0] for n in float_graph.node if n.op_type == "Relu"}
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-qdq-") as tmp:
+        qdq = str(Path(tmp) / "qdq.onnx")
+        quantize_static_int8(src, qdq, calibration, per_channel=per_channel)
+        values = []
+        for name, path in (("float", src), ("qdq", qdq)):
+            aug = str(Path(tmp) / f"{name}-exposed.onnx")
+            modify_model_output_intermediate_tensors(path, aug, save_as_external_data=external)
+            values.append(collect_activations(aug, feed_reader(feed_list)))
+        floats, quantized = values
+        graph = onnx.load(qdq, load_external_data=False).graph
+    producer = {o: n for n in graph.node for o in n.output}
+
+    def err(name: str) -> float:
+        if name not in floats or name not in quantized:
+            return 0.0
+        got = quantized[name]
+        if name in relus and producer[name].op_type != "Relu":
+            # the quantizer dropped the Relu: the uint8 QuantizeLinear after it clamps at 0
+            got = [np.maximum(g, 0) for g in got]
+        return _relative(got, floats[name])
+
+    errors: dict[str, float] = {}
+    for n in graph.node:
+        if n.name not in layers or not n.output:
+            continue
+        reads = [t for t in (_quantized_source(i, producer) for i in n.input if i) if t]
+        errors[n.name] = err(n.output[0]) - max((err(t) for t in reads), default=0.0)
     return {"errors": errors}

@@ -303,7 +303,91 @@ def quantize_weight_only(src: str, dst: str, nodes_to_exclude: list[str] | None 
     return info
 
 
-QUANTIZE_STEPS = (":quantize_int8", ":quantize_weight_only")
+def feed_reader(feeds: list[dict[str, Any]]) -> Any:
+    """ONNX Runtime's ``CalibrationDataReader`` over ``feeds`` (its quantizer and debugging
+    tools read inputs so)."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = iter(feeds)
+
+        def get_next(self) -> Any:  # a feed, None when done
+            return next(self.left, None)
+
+    return Reader()
+
+
+STATIC_OPS = ("Conv", "MatMul", "Gemm")  # the layers static int8 quantizes and ranks
+
+
+def _with_producers(graph: Any, names: list[str]) -> list[str]:
+    """``names`` and the layers (STATIC_OPS) whose outputs they read, through a Relu or Clip:
+    ONNX Runtime's QDQ quantizer quantizes a value where either side of it is quantized (a
+    Conv's output, with the Relu after it folded in), so a layer reads its input in float32
+    only when the layer producing it is left float32 too."""
+    producer = {o: n for n in graph.node for o in n.output}
+    by_name = {n.name: n for n in graph.node if n.name}
+    out = list(names)
+    for name in names:
+        for value in by_name[name].input if name in by_name else []:
+            p = producer.get(value)
+            while p is not None and p.op_type in ("Relu", "Clip"):
+                p = producer.get(p.input[0])
+            if p is not None and p.op_type in STATIC_OPS and p.name and p.name not in out:
+                out.append(p.name)
+    return out
+
+
+def quantize_static_int8(src: str, dst: str, calibration: str,
+                         nodes_to_exclude: list[str] | None = None,
+                         per_channel: bool = True) -> dict[str, Any]:
+    """Static int8 in the QDQ format with ONNX Runtime's own quantizer
+    (``onnxruntime.quantization.quantize_static``): weights int8 symmetric (one scale per output
+    channel with ``per_channel``), activations uint8 with ranges fixed ahead of time - the
+    min/max each tensor reaches over the ``calibration`` feeds (a ``fp16.save_feeds`` .npz).
+    ONNX Runtime runs the QuantizeLinear/DequantizeLinear pairs around a Conv as one int8
+    QLinearConv (likewise MatMul, Add, pooling): the int8 lever for convolutions, which
+    quantize_dynamic turns into ConvInteger with run-time activation ranges - slower than
+    float32 on the CPU (ResNet-50: 0.27x). ``nodes_to_exclude`` stay float32. Standard ONNX ops
+    (portable), the accuracy depends on how well the calibration feeds cover the real inputs."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    from onnxmedic.optimize.fp16 import load_feeds
+
+    feeds = load_feeds(calibration)
+    before = op_counts(src)
+    graph = onnx.load(src, load_external_data=False).graph
+    layers = [n.name for n in graph.node if n.op_type in STATIC_OPS and n.name]
+    excluded = _with_producers(graph, list(nodes_to_exclude or []))
+    quantize_static(src, dst, feed_reader(feeds), quant_format=QuantFormat.QDQ,
+                    per_channel=per_channel, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                    nodes_to_exclude=excluded,
+                    use_external_data_format=has_external_data(src),
+                    calibration_providers=["CPUExecutionProvider"])
+    info = op_count_diff(before, op_counts(dst))
+    info["excluded"] = excluded
+    info["layers"] = layers
+    info["calibration_sets"] = len(feeds)
+    return info
+
+
+def is_convolutional(path: str | os.PathLike[str]) -> bool:
+    """Whether convolutions make up the graph's layers (at least as many Conv nodes as
+    MatMul/Gemm ones: ResNet, not a ViT or Whisper with a convolutional stem), where static
+    int8 is the candidate that can pay (:func:`quantize_static_int8`)."""
+    counts = op_counts(path)
+    return counts["Conv"] > 0 and counts["Conv"] >= counts["MatMul"] + counts["Gemm"]
+
+
+QUANTIZE_STEPS = (":quantize_int8", ":quantize_weight_only", ":quantize_static_int8")
 
 
 def precision_error(precision: str, target: str, flags: bool = False) -> str | None:
@@ -332,9 +416,11 @@ _HERE = __name__
 
 
 def default_pipelines(target: str = "cpu", precision: str = "fp32",
-                      model_type: str | None = None) -> list[Pipeline]:
+                      model_type: str | None = None, convolutional: bool = False
+                      ) -> list[Pipeline]:
     """The candidates for ``target`` and ``precision`` (the plain export is always the baseline);
-    ``model_type`` (:func:`ort_model_type`) adds ONNX Runtime's transformers optimizer. GPU
+    ``model_type`` (:func:`ort_model_type`) adds ONNX Runtime's transformers optimizer;
+    ``convolutional`` (:func:`is_convolutional`) adds static int8 at precision int8. GPU
     targets drop the CPU-only saved levels; tensorrt keeps the portable pipelines only
     (``com.microsoft`` ops would leave TensorRT for the CUDA provider)."""
     out = [
@@ -381,29 +467,42 @@ def default_pipelines(target: str = "cpu", precision: str = "fp32",
     if target == "tensorrt":  # TensorRT fuses on its own and takes standard ONNX ops only
         out = [p for p in out if p.portable]
     if precision == "int8":
-        opt = (f"{_HERE}:onnxscript_optimize", {})
-        out += [
-            Pipeline("int8-dynamic", [opt, (f"{_HERE}:quantize_int8", {})], precision="int8",
-                     note="onnxscript optimizer + quantize_dynamic (MatMul/Gemm int8, one "
-                     "weight scale per tensor)"),
-            Pipeline("int8-dynamic-per-channel",
-                     [opt, (f"{_HERE}:quantize_int8", {"per_channel": True})], precision="int8",
-                     note="onnxscript optimizer + quantize_dynamic per_channel (one weight "
-                     "scale per output channel)"),
-            Pipeline("int8-dynamic-fused",
-                     [(f"{_HERE}:ort_fusions", {"norm_fusions": False}),
-                      (f"{_HERE}:quantize_int8", {"per_channel": True})],
-                     precision="int8", portable=False,
-                     note="onnxscript ORT attention fusions (no skip-norm/bias-GELU) + "
-                     "quantize_dynamic per channel: the attention that int8 leaves float32 "
-                     "runs fused"),
-            Pipeline("int8-weight-only",
-                     [opt, (f"{_HERE}:quantize_weight_only",
-                            {"bits": 8, "block_size": 32, "accuracy_level": 4})],
-                     precision="int8", portable=False,
-                     note="onnxscript optimizer + MatMulNBits 8-bit weights, blocks of 32, "
-                     "int8 compute (accuracy_level 4; com.microsoft op)"),
-        ]
+        out += _int8_pipelines(convolutional)
+    return out
+
+
+def _int8_pipelines(convolutional: bool) -> list[Pipeline]:
+    """The int8 candidates (CPU): dynamic per tensor and per channel, dynamic behind the
+    attention fusions, weight-only MatMulNBits; static QDQ for convolutional graphs."""
+    opt = (f"{_HERE}:onnxscript_optimize", {})
+    out = [
+        Pipeline("int8-dynamic", [opt, (f"{_HERE}:quantize_int8", {})], precision="int8",
+                 note="onnxscript optimizer + quantize_dynamic (MatMul/Gemm int8, one "
+                 "weight scale per tensor)"),
+        Pipeline("int8-dynamic-per-channel",
+                 [opt, (f"{_HERE}:quantize_int8", {"per_channel": True})], precision="int8",
+                 note="onnxscript optimizer + quantize_dynamic per_channel (one weight "
+                 "scale per output channel)"),
+        Pipeline("int8-dynamic-fused",
+                 [(f"{_HERE}:ort_fusions", {"norm_fusions": False}),
+                  (f"{_HERE}:quantize_int8", {"per_channel": True})],
+                 precision="int8", portable=False,
+                 note="onnxscript ORT attention fusions (no skip-norm/bias-GELU) + "
+                 "quantize_dynamic per channel: the attention that int8 leaves float32 "
+                 "runs fused"),
+        Pipeline("int8-weight-only",
+                 [opt, (f"{_HERE}:quantize_weight_only",
+                        {"bits": 8, "block_size": 32, "accuracy_level": 4})],
+                 precision="int8", portable=False,
+                 note="onnxscript optimizer + MatMulNBits 8-bit weights, blocks of 32, "
+                 "int8 compute (accuracy_level 4; com.microsoft op)"),
+    ]
+    if convolutional:
+        out.append(Pipeline(
+            "int8-static", [opt, (f"{_HERE}:quantize_static_int8", {"per_channel": True})],
+            precision="int8", note="onnxscript optimizer + quantize_static, QDQ (Conv, "
+            "MatMul, ... int8; weights per channel; activation ranges calibrated on input "
+            "sets apart from the verification sets)"))
     return out
 
 
