@@ -101,20 +101,42 @@ def _finish(result: ExportResult, report: str | os.PathLike[str] | None) -> Expo
 
 
 
+def _optimize_request(optimize: bool, precision: str, target: str,
+                      accuracy: str | float | None, cuda_graph: bool | str
+                      ) -> dict[str, Any] | None:
+    """export()'s optimize options, checked before anything runs (ValueError); None without
+    ``optimize``."""
+    _check_choice("export", "precision", precision, ("fp32", "fp16", "int8"))
+    if not optimize:
+        return None
+    from onnxmedic.optimize import parse_accuracy
+    from onnxmedic.optimize.candidates import graph_mode
+
+    try:
+        if bad := precision_error(precision, target):
+            raise ValueError(bad)
+        parse_accuracy(accuracy)
+        mode = graph_mode(cuda_graph)
+    except ValueError as e:
+        raise ValueError(f"onnxmedic.export: {e}") from None
+    return {"precision": precision, "accuracy": accuracy, "cuda_graph": mode}
+
+
 def _optimize_written(result: ExportResult, model: Any, args: tuple[Any, ...],
-                      kwargs: dict[str, Any], opts: ExportOptions, precision: str) -> None:
+                      kwargs: dict[str, Any], opts: ExportOptions,
+                      optimizing: dict[str, Any]) -> None:
     from onnxmedic.optimize import attach_to_export
 
     if opts.on_stage is not None and result.ok and result.path:
         opts.on_stage("optimize")
     with result.timed("optimize"):
-        attach_to_export(result, model, args, kwargs, precision=precision,
-                         target=opts.target, timeout=opts.timeout)
+        attach_to_export(result, model, args, kwargs, target=opts.target,
+                         timeout=opts.timeout, **optimizing)
 
 
 def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
-                    kwargs: dict[str, Any], opts: ExportOptions, optimize: bool,
-                    precision: str) -> None:
+                    kwargs: dict[str, Any], opts: ExportOptions,
+                    optimizing: dict[str, Any] | None) -> None:
     """Run the export stages (and the optimize step) with the model in eval mode; each
     submodule's own training flag is restored afterwards, whatever happens."""
     was_training = isinstance(model, torch.nn.Module) and model.training
@@ -136,8 +158,8 @@ def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
             finally:
                 if worker is not None:
                     worker.close()
-            if optimize:  # after the write: the verified file is replaced only by a faster one
-                _optimize_written(result, model, args, kwargs, opts, precision)
+            if optimizing:  # after the write: the verified file is replaced only by a faster one
+                _optimize_written(result, model, args, kwargs, opts, optimizing)
     finally:
         if was_training:
             borrow.restore_modes(modes)
@@ -186,12 +208,15 @@ def export(
     on_stage: Callable[[str], None] | None = None,
     optimize: bool = False,
     precision: str = "fp32",
+    accuracy: str | float | None = None,
+    cuda_graph: bool | str = True,
 ) -> ExportResult:
     """Export ``model`` to ONNX, verify it in an isolated ONNX Runtime, and report.
 
     With ``optimize`` (and ``f``), the verified file is replaced by the fastest candidate
-    variant at ``precision`` (fp32, int8, or fp16 for GPU targets) that verifies too; see
-    :mod:`onnxmedic.optimize`.
+    variant at ``precision`` (fp32, int8, or fp16 for GPU targets) that verifies too, reduced
+    precision within ``accuracy`` (e.g. ``"cosine=0.9995"``; default 0.999), with
+    ``cuda_graph`` as in :func:`onnxmedic.optimize.optimize`; see :mod:`onnxmedic.optimize`.
 
     When the outputs differ from PyTorch (OM601) and ``localize`` is on, the first divergent
     node is localised (OM610); this costs nothing when the model verifies.
@@ -210,9 +235,7 @@ def export(
     _check_repro("export", repro, model_spec)
     _check_choice("export", "target", target, TARGETS)
     _check_choice("export", "dtype_policy", dtype_policy, DTYPE_POLICIES)
-    _check_choice("export", "precision", precision, ("fp32", "fp16", "int8"))
-    if optimize and (bad := precision_error(precision, target)):
-        raise ValueError(f"onnxmedic.export: {bad}")
+    optimizing = _optimize_request(optimize, precision, target, accuracy, cuda_graph)
     opts = ExportOptions(f=f, dynamic_shapes=dynamic_shapes, target=target, opset=opset,
                          verify=verify, keep_unverified=keep_unverified, timeout=timeout,
                          tolerance=tolerance, explain=explain, dtype_policy=dtype_policy,
@@ -222,7 +245,7 @@ def export(
                           inputs=list(input_specs or []))
     if _report_problem(result, report):
         return result
-    _export_in_eval(result, model, args, kwargs, opts, optimize, precision)
+    _export_in_eval(result, model, args, kwargs, opts, optimizing)
     if repro is not None and not result.ok:
         _write_repro(result, repro, model_spec, args, kwargs, {
             "dynamic_shapes": dynamic_shapes, "target": target, "opset": opset,

@@ -228,6 +228,7 @@ def _run(ns: argparse.Namespace) -> Any:
                                  keep_unverified=ns.keep_unverified, explain=ns.explain,
                                  model_spec=ns.model, input_specs=ns.input, repro=ns.repro,
                                  optimize=ns.optimize, precision=ns.precision,
+                                 accuracy=ns.accuracy, cuda_graph=ns.cuda_graph,
                                  on_stage=on_stage, **options)
         else:
             res = api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
@@ -307,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         bad = precision_error(ns.precision, ns.target, flags=True)
         if bad:
             build_parser().error(bad)
+    if ns.command in ("export", "optimize") and getattr(ns, "accuracy", None) is not None:
+        from onnxmedic.optimize import parse_accuracy
+
+        try:
+            parse_accuracy(ns.accuracy)
+        except ValueError as e:
+            build_parser().error(f"--{e}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if ns.command == "optimize":  # hook (issue 17): its own table and exit code
         from onnxmedic.optimize import cli as optimize_cli

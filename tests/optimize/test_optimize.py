@@ -561,3 +561,55 @@ def test_ort_fusions_restore_the_reshape_gpt2s_attention_fusion_drops(
     passes.ort_fusions(str(src), str(tmp_path / "broken.onnx"))
     with pytest.raises(Exception, match="rank 2 but has rank 3"):
         ort.InferenceSession(str(tmp_path / "broken.onnx"), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("spec, value", [(None, 0.999), ("cosine=0.9995", 0.9995), (0.99, 0.99),
+                                         (" cosine =0.5", 0.5)])
+def test_parse_accuracy_reads_the_cosine_budget(spec: object, value: float) -> None:
+    from onnxmedic.optimize import parse_accuracy
+
+    assert parse_accuracy(spec) == value
+
+
+@pytest.mark.parametrize("spec", ["cosine=abc", "mse=0.1", "cosine=", "cosine=1.5", "cosine=0",
+                                  "cosine=nan", 2.0])
+def test_parse_accuracy_refuses_what_is_not_a_cosine_budget(spec: object) -> None:
+    from onnxmedic.optimize import parse_accuracy
+
+    with pytest.raises(ValueError, match="expected cosine=<value> with 0 < value <= 1"):
+        parse_accuracy(spec)
+
+
+def test_export_optimize_takes_the_accuracy_budget(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the default budget the blind int8 candidate keeps the 1e4-weight layer in float32
+    (test_int8_keeps_the_sensitive_layer_in_float32); export's stricter
+    ``accuracy="cosine=0.9999999"`` leaves the second layer's int8 error outside it too."""
+    from onnxmedic.optimize import candidates
+
+    model, x, _ = _two_layer(tmp_path)
+    blind = Pipeline("int8-blind", [(f"{passes.__name__}:quantize_int8", {})], precision="int8")
+    monkeypatch.setattr(candidates, "default_pipelines", lambda *a, **k: [blind])
+    res = onnxmedic.export(model, (x,), tmp_path / "e.onnx", optimize=True, precision="int8",
+                           accuracy="cosine=0.9999999", cuda_graph="off")
+    assert res.ok and res.optimization is not None
+    v = res.optimization.variants[1]
+    assert v.verified and len(v.steps[-1]["excluded"]) == 2
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"accuracy": "cosine=2"}, "accuracy 'cosine=2'"),
+    ({"cuda_graph": "always"}, "cuda_graph 'always'"),
+    ({"precision": "int8", "target": "cuda"}, "int8")])
+def test_export_refuses_bad_optimize_options_before_it_runs(options: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=f"onnxmedic.export: .*{message}"):
+        onnxmedic.export(Shift(), (torch.randn(8),), optimize=True, **options)
+
+
+def test_cli_export_refuses_a_bad_accuracy_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from onnxmedic.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["export", "m.py:M", "-o", "x.onnx", "--optimize", "--accuracy", "cosine=abc"])
+    assert exc.value.code == 2
+    assert "--accuracy 'cosine=abc': expected cosine=<value>" in capsys.readouterr().err

@@ -51,12 +51,19 @@ def parse_accuracy(spec: str | float | None) -> float:
     """``"cosine=0.9995"`` (or a float) -> the cosine budget; None -> the default 0.999."""
     if spec is None:
         return DEFAULT_COSINE
+    bad = ValueError(f"accuracy {spec!r}: expected cosine=<value> with 0 < value <= 1, "
+                     "e.g. cosine=0.9995")
     if isinstance(spec, (int, float)):
-        return float(spec)
-    key, _, val = spec.partition("=")
-    if key.strip() != "cosine" or not val:
-        raise ValueError(f"accuracy {spec!r}: expected cosine=<value>, e.g. cosine=0.9995")
-    return float(val)
+        value = float(spec)
+    else:
+        key, _, val = spec.partition("=")
+        try:
+            value = float(val) if key.strip() == "cosine" else float("nan")
+        except ValueError:
+            raise bad from None
+    if not 0 < value <= 1:  # also NaN
+        raise bad
+    return value
 
 
 def graph_dims(onnx_path: str | os.PathLike[str]) -> tuple[list[str], list[list[Any]]]:
@@ -203,14 +210,16 @@ def block_list_findings(res: OptimizationResult, stage: str = "optimize") -> lis
 
 def attach_to_export(result: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                      *, precision: str = "fp32", target: str = "cpu",
-                     accuracy: str | float | None = None, timeout: float = 600.0) -> None:
+                     accuracy: str | float | None = None, timeout: float = 600.0,
+                     cuda_graph: bool | str = True) -> None:
     """The ``export(..., optimize=True)`` hook: optimize the verified export written at
     ``result.path`` in place (atomically; the plain export stays when nothing beats it), record
     ``result.optimization`` and an OM720/OM721 finding."""
     if not (result.ok and result.path):
         return
     res = optimize(result.path, model, args, kwargs=kwargs, out=result.path, target=target,
-                   precision=precision, accuracy=accuracy, timeout=timeout)
+                   precision=precision, accuracy=accuracy, timeout=timeout,
+                   cuda_graph=cuda_graph)
     result.optimization = res
     result.findings.append(optimization_finding(res))
     result.findings += target_findings(res) + block_list_findings(res)

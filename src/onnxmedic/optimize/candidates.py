@@ -380,7 +380,8 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
                                     for s, o in base.steps[at:]], precision="int8")
         cv, path = _build(pipe, pre, folder, timeout, suffix=f"-keep{k}")
         cv.name, cv.passes = base.name, v.passes
-        measured_step = ([{"step": step, **{k: o for k, o in options.items() if k not in extra},
+        measured_step = ([{"step": step, **{key: o for key, o in options.items()
+                                            if key not in extra},
                            "ranking": [[n, e] for n, e in ranking[:max(8, k)]]}]
                          if ranking else [])
         cv.steps = pre_steps + measured_step + cv.steps

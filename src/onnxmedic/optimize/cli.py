@@ -15,6 +15,10 @@ def add_export_flags(e: argparse.ArgumentParser) -> None:
     e.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32",
                    help="with --optimize: float32 passes only, or also int8 (CPU) or float16 "
                    "(GPU targets; float32 I/O, measured block list)")
+    e.add_argument("--accuracy", metavar="cosine=X", help="with --optimize: the "
+                   "reduced-precision budget (default cosine=0.999 per output)")
+    e.add_argument("--cuda-graph", choices=["auto", "deploy", "off"], default="auto",
+                   help="with --optimize --target cuda: as `onnxmedic optimize --cuda-graph`")
 
 
 def add_parser(sub: Any) -> None:
