@@ -366,13 +366,24 @@ def quantize_static_int8(src: str, dst: str, calibration: str,
     graph = onnx.load(src, load_external_data=False).graph
     layers = [n.name for n in graph.node if n.op_type in STATIC_OPS and n.name]
     excluded = _with_producers(graph, list(nodes_to_exclude or []))
-    quantize_static(src, dst, feed_reader(feeds), quant_format=QuantFormat.QDQ,
-                    per_channel=per_channel, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
-                    nodes_to_exclude=excluded,
-                    use_external_data_format=has_external_data(src),
-                    calibration_providers=["CPUExecutionProvider"])
+    def run(op_types: list[str] | None) -> None:
+        quantize_static(src, dst, feed_reader(feeds), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=op_types, per_channel=per_channel,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=excluded,
+                        use_external_data_format=has_external_data(src),
+                        calibration_providers=["CPUExecutionProvider"])
+
+    op_types = "every op type ONNX Runtime quantizes"
+    try:
+        run(None)
+    except ValueError as e:  # e.g. "Quantization parameter shared mode is not supported for
+        # weight yet": a constant shared by several normalisations (diffusers' VAE)
+        logger.info("quantize_static on every op type failed (%s); layers only", e)
+        run(list(STATIC_OPS))
+        op_types = f"{', '.join(STATIC_OPS)} only (every op type: {str(e)[:120]})"
     info = op_count_diff(before, op_counts(dst))
+    info["op_types"] = op_types
     info["excluded"] = excluded
     info["layers"] = layers
     info["calibration_sets"] = len(feeds)
