@@ -179,3 +179,37 @@ def test_export_optimize_fp16_reports_the_block_list(tmp_path: Path,
     assert v.name == "fp16" and v.verified and len(v.blocked) == 3
     om724 = [f for f in res.findings if f.code == "OM724"]
     assert om724 and set(om724[0].details["nodes"]) == set(v.blocked)
+
+
+class Plain(_TwoLayers):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_a_variant_outside_only_the_accuracy_budget_is_timed_but_never_chosen(
+        tmp_path: Path) -> None:
+    """float16 rounding (cosine ~0.9999995) against a budget of 0.99999999: the variant is
+    rejected for accuracy, yet timed beside the others so that the report gives its speed."""
+    model = Plain().eval()
+    x = torch.randn(8, 16)
+    src = _export(model, x, tmp_path / "m.onnx")
+    res = optimize(src, model, (x,), precision="fp16", accuracy="cosine=0.99999999",
+                   pipelines=FP16, **FAST)
+    v = res.variants[1]
+    assert not v.verified and v.rejected.startswith("outside the accuracy budget")
+    assert 0.999 < min(m["cosine"] for m in v.accuracy.values()) < 0.99999999
+    assert v.median_ms is not None and v.speedup is not None  # timed
+    assert res.chosen == "plain"
+
+
+def test_a_faster_near_miss_names_the_budget_that_would_admit_it() -> None:
+    from onnxmedic.optimize.candidates import Variant, _budget_hint
+
+    v = Variant("int8-static", precision="int8", speedup=3.04,
+                accuracy={"y": {"cosine": 0.99696}, "z": {"cosine": 0.9999}})
+    hint = _budget_hint(v)
+    assert "3.04x faster" in hint and "`--accuracy cosine=0.996`" in hint and "0.99696" in hint
+    assert _budget_hint(Variant("slow", precision="int8", speedup=0.8,
+                                accuracy={"y": {"cosine": 0.99696}})) == ""
+    assert _budget_hint(Variant("lost", precision="int8", speedup=3.0,
+                                accuracy={"y": {"cosine": 0.0004}})) == ""
