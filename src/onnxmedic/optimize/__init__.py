@@ -175,7 +175,8 @@ def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> An
             f"{k}: {v if isinstance(v, str) else json.dumps(v)}"
             for k, v in res.run_settings.items()) + ".")
     return info(code, stage, f"{res.message} (target {res.target}, {res.threads} intra-op "
-                f"threads, median of {res.rounds}x{res.repeats} runs). " + "; ".join(lines)
+                f"threads, median of {res.rounds}x{res.repeats} runs; reduced precision judged "
+                f"by cosine >= {res.cosine:g} per output). " + "; ".join(lines)
                 + how, details=res.to_dict())
 
 

@@ -119,6 +119,7 @@ class OptimizationResult:
     # how to run the written file at the chosen variant's speed ({}: a default session;
     # GRAPH_SETTINGS for a CUDA-graph twin, also in the file's metadata, RUN_SETTINGS_KEY)
     run_settings: dict[str, Any] = field(default_factory=dict)
+    cosine: float = DEFAULT_COSINE  # the reduced-precision budget (worst cosine per output)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -845,7 +846,8 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         result = OptimizationResult(variants, chosen.name, threads, repeats, warmup, rounds,
                                     message=_outcome(plain, chosen, variants, target, absent,
                                                      twin),
-                                    target=target, providers=used, target_missing=absent or "")
+                                    target=target, providers=used, target_missing=absent or "",
+                                    cosine=cosine)
         if mode == "auto" and not absent:
             twin = _try_graph(chosen, plain, names, feeds, expected, cosine, timeout,
                               references, target, **timing)

@@ -47,6 +47,16 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--json", action="store_true")
 
 
+def _accuracy(v: Any) -> str:
+    """A variant's accuracy in one cell: the worst cosine (reduced precision) or the largest
+    absolute error (float32), over its outputs and input sets; "-" when it was not judged."""
+    if not v.accuracy:
+        return "-"
+    if v.precision != "fp32":
+        return f"cos {min(m['cosine'] for m in v.accuracy.values()):.5f}"
+    return f"max abs {max(m.get('max_abs', 0.0) for m in v.accuracy.values()):.2g}"
+
+
 def main(ns: argparse.Namespace) -> int:
     """Run ``onnxmedic optimize``; print the variant table (or JSON). Exit 0, or 1 for a model
     or input problem (a finding, no traceback)."""
@@ -78,15 +88,17 @@ def main(ns: argparse.Namespace) -> int:
         return 0
     f = optimization_finding(res)
     print(f"{f.code} {res.message}")
+    print(f"float32 variants judged by the export's rule, reduced precision by cosine >= "
+          f"{res.cosine:g} per output (worst over the input sets; --accuracy)")
     print(f"{'variant':24} {'prec':5} {'verified':8} {'median ms':>10} {'p90 ms':>8} "
-          f"{'speed-up':>8}  fusions / why rejected")
+          f"{'speed-up':>8} {'accuracy':>16}  fusions / why rejected")
     for v in res.variants:
         med = f"{v.median_ms:.2f}" if v.median_ms is not None else "-"
         p90 = f"{v.p90_ms:.2f}" if v.p90_ms is not None else "-"
         sp = f"{v.speedup:.2f}x" if v.speedup else "-"
         fus = ",".join(f"{k}={n}" for k, n in v.fusions.items())
         print(f"{v.name:24} {v.precision:5} {'yes' if v.verified else 'no':8} {med:>10} "
-              f"{p90:>8} {sp:>8}  {fus} {v.rejected}".rstrip())
+              f"{p90:>8} {sp:>8} {_accuracy(v):>16}  {fus} {v.rejected}".rstrip())
     for b in target_findings(res) + block_list_findings(res):
         print(f"{b.code} {b.message}")
     if res.written:
