@@ -207,9 +207,14 @@ def static_errors(src: str, dst: str, feeds: str, calibration: str,
         qdq = str(Path(tmp) / "qdq.onnx")
         quantize_static_int8(src, qdq, calibration, per_channel=per_channel)
         values = []
-        for name, path in (("float", src), ("qdq", qdq)):
+        # the values a layer reads and writes only: in the QDQ graph those of the layers and
+        # the QuantizeLinear inputs, in the float graph also the Relu/Clip outputs (the name a
+        # layer's output takes where the quantizer folds the activation in)
+        for name, path, ops in (("float", src, [*STATIC_OPS, "Relu", "Clip"]),
+                                ("qdq", qdq, [*STATIC_OPS, "QuantizeLinear"])):
             aug = str(Path(tmp) / f"{name}-exposed.onnx")
-            modify_model_output_intermediate_tensors(path, aug, save_as_external_data=external)
+            modify_model_output_intermediate_tensors(path, aug, op_types_for_saving=ops,
+                                                     save_as_external_data=external)
             values.append(collect_activations(aug, feed_reader(feed_list)))
         floats, quantized = values
         graph = onnx.load(qdq, load_external_data=False).graph
@@ -219,7 +224,8 @@ def static_errors(src: str, dst: str, feeds: str, calibration: str,
         if name not in floats or name not in quantized:
             return 0.0
         got = quantized[name]
-        if name in relus and producer[name].op_type != "Relu":
+        made = producer.get(name)
+        if name in relus and (made is None or made.op_type != "Relu"):
             # the quantizer dropped the Relu: the uint8 QuantizeLinear after it clamps at 0
             got = [np.maximum(g, 0) for g in got]
         return _relative(got, floats[name])

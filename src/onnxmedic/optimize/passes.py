@@ -366,6 +366,7 @@ def quantize_static_int8(src: str, dst: str, calibration: str,
     graph = onnx.load(src, load_external_data=False).graph
     layers = [n.name for n in graph.node if n.op_type in STATIC_OPS and n.name]
     excluded = _with_producers(graph, list(nodes_to_exclude or []))
+
     def run(op_types: list[str] | None) -> None:
         quantize_static(src, dst, feed_reader(feeds), quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=op_types, per_channel=per_channel,
