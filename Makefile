@@ -22,10 +22,10 @@ demo: $(STAMP)
 		--input 4x16:float32 -o build/demo/gaussian_copula.onnx --report build/demo/report.html
 
 test: $(STAMP)
-	$(PY) -m pytest -n auto -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --dist worksteal -m "not slow" $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -n auto -m slow $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --dist worksteal -m slow $(PYTEST_ARGS)
 
 bench-overhead: $(STAMP)
 	$(PY) bench/overhead.py
