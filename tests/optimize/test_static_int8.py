@@ -195,5 +195,6 @@ def test_static_int8_quantizes_layers_only_where_the_quantizer_refuses_every_op(
     cal = fp16.save_feeds([{"x": x.numpy()}], tmp_path / "c.npz")
     info = passes.quantize_static_int8(str(src), str(tmp_path / "q.onnx"), str(cal))
     assert asked == [None, ["Conv", "MatMul", "Gemm"]]
-    assert info["op_types"].startswith("Conv, MatMul, Gemm only") and "shared mode" in info["op_types"]
+    assert info["op_types"].startswith("Conv, MatMul, Gemm only")
+    assert "shared mode" in info["op_types"]
     assert info["new_ops"]["QuantizeLinear"] >= 3  # every Conv reads a quantized input

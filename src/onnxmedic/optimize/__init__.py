@@ -41,9 +41,9 @@ from onnxmedic.verify.size_rules import rules_from_metadata
 logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_COSINE", "BenchResult", "bench", "OptimizationResult", "Pipeline", "Variant",
-           "block_list_findings", "calibration_feeds", "default_pipelines", "judge_reduced", "optimize", "optimize_file",
-           "ort_model_type", "parse_accuracy", "reference_sets", "run_pipeline",
-           "target_findings", "time_variants"]
+           "block_list_findings", "calibration_feeds", "default_pipelines", "judge_reduced",
+           "optimize", "optimize_file", "ort_model_type", "parse_accuracy", "reference_sets",
+           "run_pipeline", "target_findings", "time_variants"]
 
 
 
