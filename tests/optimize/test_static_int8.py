@@ -89,7 +89,8 @@ def test_static_int8_keeps_the_layer_reading_the_outlier_in_float32(
 
 
 def test_static_errors_score_each_layers_own_error(
-        outlier: tuple[torch.nn.Module, torch.Tensor, Path], tmp_path: Path) -> None:
+        outlier: tuple[torch.nn.Module, torch.Tensor, Path], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """b's output is ~90 % off (its input rounded); a's output, compared past the Relu the
     quantizer folds into its QuantizeLinear, is within a few %; c adds no error of its own."""
     from onnxmedic.optimize import fp16, int8
@@ -102,6 +103,16 @@ def test_static_errors_score_each_layers_own_error(
     errors = int8.static_errors(str(src), "", str(feeds), str(cal))["errors"]
     assert set(errors) == {a, b, c}
     assert errors[b] > 0.5 and abs(errors[a]) < 0.05 and errors[c] < 0.05
+    # given the QDQ file the search already built, it ranks that file and quantizes nothing
+    qdq = tmp_path / "qdq.onnx"
+    passes.quantize_static_int8(str(src), str(qdq), str(cal))
+
+    def no_second_calibration(*args: object, **kwargs: object) -> None:
+        raise AssertionError("quantized twice")
+
+    monkeypatch.setattr(passes, "quantize_static_int8", no_second_calibration)
+    again = int8.static_errors(str(src), "", str(feeds), "", quantized=str(qdq))["errors"]
+    assert again == pytest.approx(errors)
 
 
 def test_calibration_sets_are_apart_from_the_verification_sets(
@@ -132,9 +143,17 @@ def test_static_int8_is_a_candidate_for_convolutional_graphs(
 
 
 def test_static_int8_without_calibration_sets_is_rejected_with_the_reason(
-        outlier: tuple[torch.nn.Module, torch.Tensor, Path]) -> None:
+        outlier: tuple[torch.nn.Module, torch.Tensor, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxmedic.optimize import candidates
+
     model, x, src = outlier
     feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
+
+    def no_prefix(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the prefix was built for a candidate rejected without it")
+
+    monkeypatch.setattr(candidates, "_prefix", no_prefix)
     res = optimize_file(src, feeds, expected, pipelines=[STATIC], **FAST)
     assert res.chosen == "plain" and "calibration input sets" in res.variants[1].rejected
 

@@ -362,18 +362,18 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
     import time
 
     deadline = time.monotonic() + search_seconds
-    qstep = next(s for s, _ in base.steps if s.endswith(QUANTIZE_STEPS))
+    qstep, qopts = next((s, o) for s, o in base.steps if s.endswith(QUANTIZE_STEPS))
+    measure = _sensitivity_step(qstep, dict(qopts), folder, calibration)
+    if measure is None:
+        return Variant(base.name, precision=base.precision, passes=[s for s, _ in base.steps],
+                       rejected="static int8 needs calibration input sets (optimize() derives "
+                       "them from the example); none were given"), src
+    step, options, extra = measure
     suffix = qstep[qstep.index(":"):]
     v, pre, at = _prefix(base, suffix, src, folder, timeout)
     if v.rejected:
         return v, pre
     pre_steps = list(v.steps)
-    measure = _sensitivity_step(qstep, dict(base.steps[at][1]), folder, calibration)
-    if measure is None:
-        v.rejected = ("static int8 needs calibration input sets (optimize() derives them from "
-                      "the example); none were given")
-        return v, pre
-    step, options, extra = measure
     ranking: list[tuple[str, float]] = []
 
     def attempt(k: int) -> tuple[Variant, Path, bool]:
@@ -401,8 +401,9 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
             return cv, path
         if cv.verified:
             return _fewest_excluded(attempt, failed, k, (cv, path), deadline)
-        if not ranking:
-            measured, err = _measure(step, pre, feeds, folder, timeout, options)
+        if not ranking:  # static int8 ranks the very file that failed (k = 0: all layers)
+            measured, err = _measure(step, pre, feeds, folder, timeout,
+                                     dict(options, quantized=str(path)) if extra else options)
             if measured is None:
                 cv.rejected += f" (measuring the layers' quantization error failed: {err})"
                 return cv, path

@@ -172,10 +172,11 @@ def _quantized_source(name: str, producer: dict[str, Any]) -> str | None:
 
 
 def static_errors(src: str, dst: str, feeds: str, calibration: str,
-                  per_channel: bool = True) -> dict[str, Any]:
+                  per_channel: bool = True, quantized: str | None = None) -> dict[str, Any]:
     """A pass-pipeline step (runs in the pass child): {"errors": {node name: score}} for each
     layer static int8 quantizes (passes.STATIC_OPS). ``src`` is quantized as
-    passes.quantize_static_int8 does (``calibration``: its .npz), then the float and the QDQ
+    passes.quantize_static_int8 does (``calibration``: its .npz) - or ``quantized`` is that
+    QDQ file already (the search's all-layers attempt, not built twice) - then the float and the QDQ
     graph run on the ``feeds`` .npz with every float value exposed (ONNX Runtime's own
     ``qdq_loss_debug`` tools: ``modify_model_output_intermediate_tensors``,
     ``collect_activations``). A layer's score is the error it adds: the relative error of its
@@ -204,8 +205,9 @@ def static_errors(src: str, dst: str, feeds: str, calibration: str,
     layers = {n.name for n in float_graph.node if n.op_type in STATIC_OPS and n.name}
     relus = {n.output[0] for n in float_graph.node if n.op_type == "Relu"}
     with tempfile.TemporaryDirectory(prefix="onnxmedic-qdq-") as tmp:
-        qdq = str(Path(tmp) / "qdq.onnx")
-        quantize_static_int8(src, qdq, calibration, per_channel=per_channel)
+        qdq = quantized or str(Path(tmp) / "qdq.onnx")
+        if not quantized:
+            quantize_static_int8(src, qdq, calibration, per_channel=per_channel)
         values = []
         # the values a layer reads and writes only: in the QDQ graph those of the layers and
         # the QuantizeLinear inputs, in the float graph also the Relu/Clip outputs (the name a
