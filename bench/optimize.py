@@ -276,7 +276,7 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
             kept = (f" [{len(v.blocked)} node(s) kept float32]" if v.precision == "fp16" else
                     f" [{len(v.steps[-1].get('excluded', []))} layer(s) kept float32]"
                     if v.precision == "int8" and v.steps else "")
-            cos = (f" cos {min(m['cosine'] for m in v.accuracy.values()):.5f}"
+            cos = (f" cos {v.worst_cosine():.5f}"
                    if v.precision != "fp32" and v.accuracy else "")
             ops = {k: n for st in v.steps for k, n in st.get("new_ops", {}).items()}
             print(f"    {v.name} ({v.precision}): {med}{cos}{kept} {ops or ''} "

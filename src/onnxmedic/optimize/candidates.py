@@ -98,6 +98,11 @@ class Variant:
     path: str = ""
     blocked: dict[str, str] = field(default_factory=dict)  # fp16: node kept float32 -> why
 
+    def worst_cosine(self) -> float | None:
+        """The lowest cosine over the outputs (each already the worst over the input sets);
+        None when the variant was not judged."""
+        return min(m["cosine"] for m in self.accuracy.values()) if self.accuracy else None
+
 
 @dataclass
 class OptimizationResult:
@@ -634,15 +639,15 @@ def _near_miss(v: Variant) -> bool:
     """A reduced-precision variant that ran and failed only its cosine budget (its speed is
     worth reporting: the user may accept a looser budget)."""
     return (not v.verified and v.precision != "fp32" and v.rejected.startswith(OUTSIDE_BUDGET)
-            and bool(v.accuracy) and min(m["cosine"] for m in v.accuracy.values()) > 0)
+            and (v.worst_cosine() or 0.0) > 0)
 
 
 def _budget_hint(v: Variant) -> str:
     """For a near miss faster than the plain file: the loosest budget (three decimals, rounded
     down from its worst cosine) under which it would have competed ("" otherwise)."""
-    if not v.speedup or v.speedup <= 1 or not v.accuracy:
+    worst = v.worst_cosine()
+    if not v.speedup or v.speedup <= 1 or worst is None:
         return ""
-    worst = min(m["cosine"] for m in v.accuracy.values())
     need = math.floor(worst * 1000) / 1000
     if need <= 0:
         return ""

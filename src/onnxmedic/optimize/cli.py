@@ -53,7 +53,7 @@ def _accuracy(v: Any) -> str:
     if not v.accuracy:
         return "-"
     if v.precision != "fp32":
-        return f"cos {min(m['cosine'] for m in v.accuracy.values()):.5f}"
+        return f"cos {v.worst_cosine():.5f}"
     return f"max abs {max(m.get('max_abs', 0.0) for m in v.accuracy.values()):.2g}"
 
 
