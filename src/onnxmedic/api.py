@@ -102,11 +102,15 @@ def _finish(result: ExportResult, report: str | os.PathLike[str] | None) -> Expo
 
 
 def _optimize_request(optimize: bool, precision: str, target: str,
-                      accuracy: str | float | None, cuda_graph: bool | str
-                      ) -> dict[str, Any] | None:
+                      accuracy: str | float | None, cuda_graph: bool | str,
+                      calibration: Any = None) -> dict[str, Any] | None:
     """export()'s optimize options, checked before anything runs (ValueError); None without
     ``optimize``."""
     _check_choice("export", "precision", precision, ("fp32", "fp16", "int8"))
+    if calibration is not None and not (optimize and precision == "int8"):
+        raise ValueError("onnxmedic.export: calibration sets are for optimize=True, "
+                         f"precision='int8' (static int8), not optimize={optimize}, "
+                         f"precision={precision!r}")
     if not optimize:
         return None
     from onnxmedic.optimize import parse_accuracy
@@ -119,7 +123,8 @@ def _optimize_request(optimize: bool, precision: str, target: str,
         mode = graph_mode(cuda_graph)
     except ValueError as e:
         raise ValueError(f"onnxmedic.export: {e}") from None
-    return {"precision": precision, "accuracy": accuracy, "cuda_graph": mode}
+    return {"precision": precision, "accuracy": accuracy, "cuda_graph": mode,
+            "calibration": calibration}
 
 
 def _optimize_written(result: ExportResult, model: Any, args: tuple[Any, ...],
@@ -210,13 +215,15 @@ def export(
     precision: str = "fp32",
     accuracy: str | float | None = None,
     cuda_graph: bool | str = True,
+    calibration: Any = None,
 ) -> ExportResult:
     """Export ``model`` to ONNX, verify it in an isolated ONNX Runtime, and report.
 
     With ``optimize`` (and ``f``), the verified file is replaced by the fastest candidate
     variant at ``precision`` (fp32, int8, or fp16 for GPU targets) that verifies too, reduced
     precision within ``accuracy`` (e.g. ``"cosine=0.9995"``; default 0.999), with
-    ``cuda_graph`` as in :func:`onnxmedic.optimize.optimize`; see :mod:`onnxmedic.optimize`.
+    ``cuda_graph`` and ``calibration`` (static int8's input sets) as in
+    :func:`onnxmedic.optimize.optimize`; see :mod:`onnxmedic.optimize`.
 
     When the outputs differ from PyTorch (OM601) and ``localize`` is on, the first divergent
     node is localised (OM610); this costs nothing when the model verifies.
@@ -235,7 +242,8 @@ def export(
     _check_repro("export", repro, model_spec)
     _check_choice("export", "target", target, TARGETS)
     _check_choice("export", "dtype_policy", dtype_policy, DTYPE_POLICIES)
-    optimizing = _optimize_request(optimize, precision, target, accuracy, cuda_graph)
+    optimizing = _optimize_request(optimize, precision, target, accuracy, cuda_graph,
+                                   calibration)
     opts = ExportOptions(f=f, dynamic_shapes=dynamic_shapes, target=target, opset=opset,
                          verify=verify, keep_unverified=keep_unverified, timeout=timeout,
                          tolerance=tolerance, explain=explain, dtype_policy=dtype_policy,

@@ -229,6 +229,8 @@ def _run(ns: argparse.Namespace) -> Any:
                                  model_spec=ns.model, input_specs=ns.input, repro=ns.repro,
                                  optimize=ns.optimize, precision=ns.precision,
                                  accuracy=ns.accuracy, cuda_graph=ns.cuda_graph,
+                                 calibration=(inputs.load_calibration(ns.calibration)
+                                              if ns.calibration else None),
                                  on_stage=on_stage, **options)
         else:
             res = api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,
@@ -307,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
 
         bad = precision_error(ns.precision, ns.target, flags=True)
         if bad:
+            build_parser().error(bad)
+    if ns.command == "export":
+        from onnxmedic.optimize.cli import calibration_error
+
+        if bad := calibration_error(ns):
             build_parser().error(bad)
     if ns.command in ("export", "optimize") and getattr(ns, "accuracy", None) is not None:
         from onnxmedic.optimize import parse_accuracy

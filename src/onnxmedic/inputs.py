@@ -328,6 +328,12 @@ def _as_args_kwargs(value: Any, where: str) -> tuple[tuple[Any, ...], dict[str, 
                f"of arguments, a dict of keyword arguments or (args, kwargs).")
 
 
+def as_input_set(value: Any, where: str) -> Inputs:
+    """One input set from a tensor, a tuple of args, a dict of keyword args or (args, kwargs)
+    (OM005 for anything else; ``where`` names it in the message)."""
+    return Inputs(*_as_args_kwargs(value, where))
+
+
 def _load_npz(path: Path) -> tuple[tuple[Any, ...], dict[str, Any]]:
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -343,6 +349,10 @@ def _load_npz(path: Path) -> tuple[tuple[Any, ...], dict[str, Any]]:
 
 
 def _load_pt(path: Path) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return _as_args_kwargs(_torch_load(path), str(path))
+
+
+def _torch_load(path: Path) -> Any:
     try:
         value = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -352,7 +362,73 @@ def _load_pt(path: Path) -> tuple[tuple[Any, ...], dict[str, Any]]:
                else f"cannot read {str(path)!r} as a torch file ({type(e).__name__}).")
         raise _err("OM005", msg, "Save inputs as tensors only: torch.save((x, y), 'in.pt') or "
                    "torch.save({'x': x}, 'in.pt').") from e
-    return _as_args_kwargs(value, str(path))
+    return value
+
+
+def _call_spec(spec: str, example: str) -> Any:
+    """What the function named by ``file.py:fn`` or ``pkg.module:fn`` returns."""
+    target, attr = _split_spec(spec)
+    if attr is None:
+        raise _err("OM004", f"cannot read input spec {spec!r}.",
+                   f"Use file.py:{example} or pkg.module:{example}.")
+    module, _ = _import_target(target)
+    fn = _get_attr(module, attr, target)
+    if not callable(fn):
+        raise _err("OM005", f"{spec} is not a function.")
+    try:
+        return fn()
+    except Exception as e:
+        raise _err("OM005", f"{spec} raised {type(e).__name__}: {e}") from e
+
+
+_CALIBRATION_FORMS = ("a .pt file holding a list of input sets (torch.save([x1, x2, ...]) or "
+                      "[(x, mask), ...]), an .npz whose arrays stack the sets on a first axis "
+                      "(numpy.savez('cal.npz', x=np.stack(xs))), or file.py:fn returning a "
+                      "list of input sets")
+
+
+def load_calibration(spec: str) -> list[Inputs]:
+    """Static int8's calibration input sets (``--calibration``): each set is what an
+    ``--input`` file holds (a tensor, a tuple of args, a dict of keyword args or (args,
+    kwargs)). ``spec``: a .pt file holding a list of sets, an .npz whose arrays (positional
+    ``arr_0 ...`` or named like the inputs) have the sets stacked on a first axis, or
+    ``file.py:fn`` / ``pkg.module:fn`` returning an iterable of sets."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise _err("OM004", f"empty calibration spec {spec!r}.", f"Give {_CALIBRATION_FORMS}.")
+    spec = spec.strip()
+    low = spec.lower()
+    if low.endswith((".npz", ".pt", ".pth")):
+        if not Path(spec).is_file():
+            raise _err("OM005", f"calibration file {spec!r} does not exist.")
+        if low.endswith(".npz"):
+            args, kwargs = _load_npz(Path(spec))
+            return _unstack(spec, args, kwargs)
+        value = _torch_load(Path(spec))
+    elif ":" in spec:
+        value = _call_spec(spec, "calibration_sets")
+    else:
+        raise _err("OM004", f"cannot read calibration spec {spec!r}.",
+                   f"Give {_CALIBRATION_FORMS}.")
+    if not isinstance(value, (list, Iterator)):  # a tuple or dict is one set's arguments
+        raise _err("OM005", f"{spec} holds {type(value).__name__}, not a list of input sets.",
+                   f"Give {_CALIBRATION_FORMS}.")
+    sets = [as_input_set(v, f"{spec} set {i}") for i, v in enumerate(value)]
+    if not sets:
+        raise _err("OM005", f"{spec} holds no input sets.", f"Give {_CALIBRATION_FORMS}.")
+    return sets
+
+
+def _unstack(spec: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Inputs]:
+    """The sets an .npz stacks on the first axis of every array (all of one length)."""
+    arrays = [*args, *kwargs.values()]
+    counts = {int(a.shape[0]) if a.ndim else -1 for a in arrays}
+    if len(counts) != 1 or min(counts) < 1:
+        raise _err("OM005", f"{spec}: the calibration arrays must stack the sets on their first "
+                   f"axis, each with as many sets (first dims: "
+                   f"{[int(a.shape[0]) if a.ndim else 'scalar' for a in arrays]}).",
+                   f"Give {_CALIBRATION_FORMS}.")
+    return [Inputs(tuple(a[i] for a in args), {k: v[i] for k, v in kwargs.items()})
+            for i in range(counts.pop())]
 
 
 def load_inputs(specs: list[str] | tuple[str, ...], *, seed: int = DEFAULT_SEED) -> Inputs:
@@ -374,19 +450,7 @@ def load_inputs(specs: list[str] | tuple[str, ...], *, seed: int = DEFAULT_SEED)
             shape, dtype, rng = parse_shape_spec(spec)
             a, k = (random_tensor(shape, dtype, gen, rng),), {}
         elif ":" in spec:
-            target, attr = _split_spec(spec)
-            if attr is None:
-                raise _err("OM004", f"cannot read input spec {spec!r}.",
-                           "Use file.py:make_inputs or pkg.module:make_inputs.")
-            module, _ = _import_target(target)
-            fn = _get_attr(module, attr, target)
-            if not callable(fn):
-                raise _err("OM005", f"{spec} is not a function.")
-            try:
-                value = fn()
-            except Exception as e:
-                raise _err("OM005", f"{spec} raised {type(e).__name__}: {e}") from e
-            a, k = _as_args_kwargs(value, spec)
+            a, k = _as_args_kwargs(_call_spec(spec, "make_inputs"), spec)
         else:
             parse_shape_spec(spec)  # raises the OM004 message listing the accepted forms
             raise AssertionError("unreachable")

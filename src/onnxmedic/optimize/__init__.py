@@ -3,10 +3,11 @@
 ``optimize(onnx_path, model, args)`` builds candidate variants (onnxscript's optimizer, its ONNX
 Runtime fusions, ONNX Runtime's offline optimizer, int8 dynamic quantization (per tensor, per
 channel, fused), weight-only block-wise int8 (MatMulNBits) and, for convolutional graphs,
-static QDQ int8 calibrated on input sets apart from the verification sets, each with per-layer
-sensitivity, float16 with a measured block list - see ``optimize/fp16.py``), verifies each against PyTorch on the same input sets as an export (the example,
-derived random sets, every dynamic size), times the verified ones in the sandbox and writes the
-fastest one that beats the plain file beyond the measurement noise.
+static QDQ int8 calibrated on input sets apart from the verification sets (or on the user's,
+``calibration=``), each with per-layer sensitivity, float16 with a measured block list - see
+``optimize/fp16.py``), verifies each against PyTorch on the same input sets as an export (the
+example, derived random sets, every dynamic size), times the verified ones in the sandbox and
+writes the fastest one that beats the plain file beyond the measurement noise.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from onnxmedic import inputs as inputs_mod
 from onnxmedic._tensors import flatten_tensors, to_numpy
 from onnxmedic.inputs import DEFAULT_SEED
-from onnxmedic.onnxfile import graph_io, make_feeds
+from onnxmedic.onnxfile import check_feeds, graph_io, make_feeds
 from onnxmedic.optimize.bench import BenchResult, bench
 from onnxmedic.optimize.candidates import (
     DEFAULT_COSINE,
@@ -41,9 +42,10 @@ from onnxmedic.verify.size_rules import rules_from_metadata
 logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_COSINE", "BenchResult", "bench", "OptimizationResult", "Pipeline", "Variant",
-           "block_list_findings", "calibration_feeds", "default_pipelines", "judge_reduced",
-           "optimize", "optimize_file", "ort_model_type", "parse_accuracy", "reference_sets",
-           "run_pipeline", "target_findings", "time_variants"]
+           "block_list_findings", "calibration_feeds", "default_pipelines",
+           "given_calibration_feeds", "judge_reduced", "optimize", "optimize_file",
+           "ort_model_type", "parse_accuracy", "reference_sets", "run_pipeline",
+           "target_findings", "time_variants"]
 
 
 
@@ -88,6 +90,41 @@ def calibration_feeds(onnx_path: str | os.PathLike[str], example: inputs_mod.Inp
             for s in derived_input_sets(example, count, seed=CALIBRATION_SEED)]
 
 
+def given_calibration_feeds(onnx_path: str | os.PathLike[str], sets: Any
+                            ) -> list[dict[str, np.ndarray]]:
+    """The user's calibration sets (``optimize(..., calibration=)``: a spec for
+    inputs.load_calibration, or a list of input sets - each a tensor, a tuple of args, a dict
+    of keyword args, (args, kwargs) or an Inputs) as ONNX feeds, each checked against the
+    file's inputs (OM008: count, rank, fixed dims; other dtypes are cast: a range is all
+    calibration reads)."""
+    import onnx
+
+    from onnxmedic.findings import OnnxMedicError, error
+
+    if isinstance(sets, (str, os.PathLike)):
+        sets = inputs_mod.load_calibration(str(sets))
+    elif not isinstance(sets, list):  # a tuple or dict would be one set's arguments
+        raise TypeError("calibration must be a spec (str or path) or a list of input sets")
+    proto = onnx.load(str(onnx_path), load_external_data=False)
+    names, _, _ = graph_io(proto)
+    feeds = []
+    for i, s in enumerate(sets):
+        s = s if isinstance(s, inputs_mod.Inputs) else inputs_mod.as_input_set(
+            s, f"calibration set {i}")
+        try:
+            feed, found = check_feeds(proto, make_feeds(names, s.args, s.kwargs), cast="all")
+        except OnnxMedicError as e:
+            found = [e.finding]
+        bad = next((f for f in found if f.severity == "error"), None)
+        if bad is not None:
+            raise OnnxMedicError(error("OM008", "optimize", f"calibration set {i}: "
+                                       f"{bad.message}", suggestion=bad.suggestion))
+        feeds.append(feed)
+    if not feeds:
+        raise OnnxMedicError(error("OM005", "optimize", "no calibration sets were given."))
+    return feeds
+
+
 def reference_sets(onnx_path: str | os.PathLike[str], model: Any, example: inputs_mod.Inputs
                    ) -> tuple[list[dict[str, np.ndarray]], list[list[np.ndarray]], list[str],
                               list[inputs_mod.Inputs]]:
@@ -121,8 +158,8 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
              kwargs: dict[str, Any] | None = None, out: str | os.PathLike[str] | None = None,
              target: str = "cpu", precision: str = "fp32", accuracy: str | float | None = None,
              timeout: float = 600.0, threads: int = 2, repeats: int = 10, rounds: int = 3,
-             pipelines: list[Pipeline] | None = None, cuda_graph: bool | str = True
-             ) -> OptimizationResult:
+             pipelines: list[Pipeline] | None = None, cuda_graph: bool | str = True,
+             calibration: Any = None) -> OptimizationResult:
     """The fastest variant of ``onnx_path`` that still verifies against ``model`` (PyTorch) on
     ``args``/``kwargs`` and every derived input set; written to ``out`` when given (the plain
     file when no variant beats it beyond noise). ``precision``: fp32, int8 (CPU) or fp16 (for
@@ -134,10 +171,17 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     the target's provider they are verified on the CPU and the plain export is kept (OM725).
     ``cuda_graph`` (on cuda): ``"auto"``/True - also try the chosen file as a CUDA graph
     (``run_settings`` where that is faster); ``"deploy"`` - compare every verified file as a
-    CUDA graph and write the fastest (for a deployment that runs one); ``"off"``/False."""
+    CUDA graph and write the fastest (for a deployment that runs one); ``"off"``/False.
+    ``calibration`` (precision int8): static int8's calibration sets - real data, as
+    :func:`given_calibration_feeds` takes them; static int8 is then a candidate whatever the
+    graph (without it: on convolutional graphs, calibrated on sets derived from the example)."""
     if not isinstance(args, tuple):
         raise TypeError("args must be a tuple of example inputs, like torch.onnx.export")
     cosine = parse_accuracy(accuracy)
+    if calibration is not None and precision != "int8":
+        raise ValueError(f"calibration sets are for precision int8 (static int8), not "
+                         f"{precision}")
+    given = None if calibration is None else given_calibration_feeds(onnx_path, calibration)
     was_training = getattr(model, "training", False)
     if was_training:
         model.eval()
@@ -153,9 +197,11 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
                          precision=precision, cosine=cosine, pipelines=pipelines,
                          threads=threads, repeats=repeats, rounds=rounds, timeout=timeout,
                          references=references, model_type=ort_model_type(fn),
-                         cuda_graph=cuda_graph,
-                         calibration=(calibration_feeds(onnx_path, example)
-                                      if precision == "int8" else None))
+                         cuda_graph=cuda_graph, static_int8=True if given else None,
+                         calibration=(given if given else calibration_feeds(onnx_path, example)
+                                      if precision == "int8" else None),
+                         calibration_source="" if given else
+                         f"{CALIBRATION_SETS} sets derived from the example")
 
 
 def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> Any:
@@ -176,7 +222,9 @@ def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> An
             for k, v in res.run_settings.items()) + ".")
     return info(code, stage, f"{res.message} (target {res.target}, {res.threads} intra-op "
                 f"threads, median of {res.rounds}x{res.repeats} runs; reduced precision judged "
-                f"by cosine >= {res.cosine:g} per output). " + "; ".join(lines)
+                f"by cosine >= {res.cosine:g} per output"
+                + (f"; static int8 calibrated on {res.calibration}" if res.calibration else "")
+                + "). " + "; ".join(lines)
                 + how, details=res.to_dict())
 
 
@@ -212,7 +260,7 @@ def block_list_findings(res: OptimizationResult, stage: str = "optimize") -> lis
 def attach_to_export(result: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                      *, precision: str = "fp32", target: str = "cpu",
                      accuracy: str | float | None = None, timeout: float = 600.0,
-                     cuda_graph: bool | str = True) -> None:
+                     cuda_graph: bool | str = True, calibration: Any = None) -> None:
     """The ``export(..., optimize=True)`` hook: optimize the verified export written at
     ``result.path`` in place (atomically; the plain export stays when nothing beats it), record
     ``result.optimization`` and an OM720/OM721 finding."""
@@ -220,7 +268,7 @@ def attach_to_export(result: Any, model: Any, args: tuple[Any, ...], kwargs: dic
         return
     res = optimize(result.path, model, args, kwargs=kwargs, out=result.path, target=target,
                    precision=precision, accuracy=accuracy, timeout=timeout,
-                   cuda_graph=cuda_graph)
+                   cuda_graph=cuda_graph, calibration=calibration)
     result.optimization = res
     result.findings.append(optimization_finding(res))
     result.findings += target_findings(res) + block_list_findings(res)

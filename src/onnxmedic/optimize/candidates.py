@@ -125,6 +125,7 @@ class OptimizationResult:
     # GRAPH_SETTINGS for a CUDA-graph twin, also in the file's metadata, RUN_SETTINGS_KEY)
     run_settings: dict[str, Any] = field(default_factory=dict)
     cosine: float = DEFAULT_COSINE  # the reduced-precision budget (worst cosine per output)
+    calibration: str = ""  # what static int8 was calibrated on ("" when it was not a candidate)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -635,6 +636,15 @@ def _time_and_choose(plain: Variant, variants: list[Variant], paths: dict[str, P
     return chosen
 
 
+def _calibrated(variants: list[Variant], source: str,
+                calibration: list[dict[str, np.ndarray]] | None) -> str:
+    """What static int8 was calibrated on, for the report ("" where it was no candidate)."""
+    if not calibration or not any(s.endswith(":quantize_static_int8") for v in variants
+                                  for s in v.passes):
+        return ""
+    return source or f"{len(calibration)} given set(s)"
+
+
 def _near_miss(v: Variant) -> bool:
     """A reduced-precision variant that ran and failed only its cosine budget (its speed is
     worth reporting: the user may accept a looser budget)."""
@@ -786,8 +796,11 @@ def _candidate(pipe: Pipeline, src: Path, folder: Path, names: list[str],
     """Build and verify one pipeline's variant (int8 with its sensitivity search, float16 with
     its measured block list)."""
     if pipe.precision == "int8":
-        return _int8_with_sensitivity(pipe, src, folder, names, feeds, expected, cosine,
-                                      timeout, calibration=calibration)
+        v, path = _int8_with_sensitivity(pipe, src, folder, names, feeds, expected, cosine,
+                                         timeout, calibration=calibration)
+        if calibration and v.rejected.startswith(OUTSIDE_BUDGET):
+            v.rejected += _coverage_hint(calibration, feeds)
+        return v, path
     if pipe.precision == "fp16":
         return _fp16_with_block_list(pipe, src, folder, names, feeds, expected, cosine,
                                      timeout, target)
@@ -797,6 +810,42 @@ def _candidate(pipe: Pipeline, src: Path, folder: Path, names: list[str],
     return v, path
 
 
+def _coverage_hint(calibration: list[dict[str, np.ndarray]],
+                   feeds: list[dict[str, np.ndarray]]) -> str:
+    """Where the verification sets reach beyond the calibration sets' range (by over 1 % of
+    that range) on a float input: static int8 clips what lies outside the calibrated
+    activation ranges - say so ("" otherwise)."""
+    out = []
+    for name, first in feeds[0].items():
+        if not np.issubdtype(first.dtype, np.floating) or any(name not in c for c in calibration):
+            continue
+        clo = min(float(np.min(c[name])) for c in calibration)
+        chi = max(float(np.max(c[name])) for c in calibration)
+        vlo = min(float(np.min(f[name])) for f in feeds if name in f)
+        vhi = max(float(np.max(f[name])) for f in feeds if name in f)
+        slack = 0.01 * max(chi - clo, 1e-12)
+        if vlo < clo - slack or vhi > chi + slack:
+            out.append(f"{name}: [{vlo:.3g}, {vhi:.3g}] against [{clo:.3g}, {chi:.3g}]")
+    if not out:
+        return ""
+    return ("; the verification inputs reach beyond the calibration sets' range ("
+            + "; ".join(out[:4]) + "): static int8 clips activations outside the calibrated "
+            "ranges - calibrate on sets that cover the inputs the model will see")
+
+
+def _plan(src: Path, pipelines: list[Pipeline] | None, target: str, precision: str,
+          model_type: str | None, static_int8: bool | None) -> tuple[list[str], list[Pipeline]]:
+    """The file's output names and the candidates: ``pipelines``, or the defaults for the
+    target and precision (static int8 where ``static_int8``, None: convolutional graphs)."""
+    import onnx
+
+    names = [o.name for o in onnx.load(str(src), load_external_data=False).graph.output]
+    if pipelines is not None:
+        return names, pipelines
+    static = is_convolutional(src) if static_int8 is None else static_int8
+    return names, default_pipelines(target, precision, model_type, static)
+
+
 def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
                   expected: list[list[np.ndarray]], *, out: str | os.PathLike[str] | None = None,
                   target: str = "cpu", precision: str = "fp32", cosine: float = DEFAULT_COSINE,
@@ -804,7 +853,8 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
                   repeats: int = 10, rounds: int = 3, timeout: float = 600.0,
                   references: list[list[np.ndarray | None]] | None = None,
                   model_type: str | None = None, cuda_graph: bool | str = True,
-                  calibration: list[dict[str, np.ndarray]] | None = None
+                  calibration: list[dict[str, np.ndarray]] | None = None,
+                  static_int8: bool | None = None, calibration_source: str = ""
                   ) -> OptimizationResult:
     """Build each candidate pipeline on ``onnx_path``, verify it on every feed against
     ``expected`` (PyTorch's outputs, one list per feed; ``feeds[0]`` is the example), time the
@@ -816,14 +866,12 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
     GRAPH_MODES): auto - the chosen file is also tried as a CUDA graph (:func:`_try_graph`) and
     where that is faster beyond noise ``run_settings`` says how to run it so (the file written
     is the same); deploy - every verified file is compared as a CUDA graph
-    (:func:`_deploy_graphs`). ``calibration``: feeds apart from ``feeds`` for static int8."""
+    (:func:`_deploy_graphs`). ``calibration``: feeds apart from ``feeds`` for static int8
+    (``calibration_source`` says where from); ``static_int8``: whether it is a candidate at
+    precision int8 (None: where the graph is convolutional, passes.is_convolutional)."""
     mode = _checked_mode(precision, target, cuda_graph)
     src = Path(onnx_path)
-    import onnx
-
-    names = [o.name for o in onnx.load(str(src), load_external_data=False).graph.output]
-    pipes = (pipelines if pipelines is not None else
-             default_pipelines(target, precision, model_type, is_convolutional(src)))
+    names, pipes = _plan(src, pipelines, target, precision, model_type, static_int8)
     folder = Path(tempfile.mkdtemp(prefix="onnxmedic-opt-"))
     try:
         plain = Variant("plain", passes=[], path=str(src))
@@ -853,7 +901,8 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
                                     message=_outcome(plain, chosen, variants, target, absent,
                                                      twin),
                                     target=target, providers=used, target_missing=absent or "",
-                                    cosine=cosine)
+                                    cosine=cosine, calibration=_calibrated(
+                                        variants, calibration_source, calibration))
         if mode == "auto" and not absent:
             twin = _try_graph(chosen, plain, names, feeds, expected, cosine, timeout,
                               references, target, **timing)

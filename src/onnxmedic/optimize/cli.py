@@ -19,6 +19,20 @@ def add_export_flags(e: argparse.ArgumentParser) -> None:
                    "reduced-precision budget (default cosine=0.999 per output)")
     e.add_argument("--cuda-graph", choices=["auto", "deploy", "off"], default="auto",
                    help="with --optimize --target cuda: as `onnxmedic optimize --cuda-graph`")
+    e.add_argument("--calibration", metavar="SPEC", help="with --optimize --precision int8: "
+                   "as `onnxmedic optimize --calibration`")
+
+
+def calibration_error(ns: argparse.Namespace) -> str:
+    """Why ``--calibration`` cannot be used with these flags ("" when it can)."""
+    if getattr(ns, "calibration", None) is None:
+        return ""
+    if ns.command == "export" and not ns.optimize:
+        return "--calibration is for --optimize --precision int8"
+    if ns.precision != "int8":
+        return (f"--calibration is for --precision int8 (static int8's activation ranges), "
+                f"not {ns.precision}")
+    return ""
 
 
 def add_parser(sub: Any) -> None:
@@ -42,6 +56,11 @@ def add_parser(sub: Any) -> None:
                    help="--target cuda: auto - also try the chosen file as a CUDA graph and "
                    "recommend it (run settings) where faster; deploy - compare every verified "
                    "file as a CUDA graph and write the fastest; off")
+    o.add_argument("--calibration", metavar="SPEC", help="--precision int8: calibrate static "
+                   "int8 on these input sets (real data) and make it a candidate whatever the "
+                   "graph: a .pt holding a list of input sets, an .npz stacking them on a first "
+                   "axis, or file.py:fn returning a list (default: on convolutional graphs, 8 "
+                   "sets derived from --input)")
     o.add_argument("--timeout", type=float, default=600.0, metavar="S")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--json", action="store_true")
@@ -70,16 +89,18 @@ def main(ns: argparse.Namespace) -> int:
     )
     from onnxmedic.optimize.passes import precision_error
 
-    bad = precision_error(ns.precision, ns.target, flags=True)
+    bad = precision_error(ns.precision, ns.target, flags=True) or calibration_error(ns)
     if bad:
         sys.stderr.write(f"onnxmedic optimize: error: {bad}\n")
         return 2
     try:
         model, _ = inputs.load_model(ns.model)
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
+        cal = inputs.load_calibration(ns.calibration) if ns.calibration else None
         res = optimize(ns.onnx, model, ex.args, kwargs=ex.kwargs, out=ns.output,
                        target=ns.target, precision=ns.precision, accuracy=ns.accuracy,
-                       timeout=ns.timeout, threads=ns.threads, cuda_graph=ns.cuda_graph)
+                       timeout=ns.timeout, threads=ns.threads, cuda_graph=ns.cuda_graph,
+                       calibration=cal)
     except OnnxMedicError as err:
         sys.stderr.write(err.finding.one_paragraph() + "\n")
         return err.finding.exit_code
@@ -90,6 +111,9 @@ def main(ns: argparse.Namespace) -> int:
     print(f"{f.code} {res.message}")
     print(f"float32 variants judged by the export's rule, reduced precision by cosine >= "
           f"{res.cosine:g} per output (worst over the input sets; --accuracy)")
+    if res.calibration:
+        print(f"static int8 calibrated on {res.calibration} (--calibration); verified, like "
+              "every variant, on the export's input sets")
     print(f"{'variant':24} {'prec':5} {'verified':8} {'median ms':>10} {'p90 ms':>8} "
           f"{'speed-up':>8} {'accuracy':>16}  fusions / why rejected")
     for v in res.variants:
