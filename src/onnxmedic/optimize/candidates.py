@@ -361,8 +361,8 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
     each MatMul's own output error with its operands quantized as that step's scheme does;
     int8.static_errors for static int8, calibrated on ``calibration``; measured once on the
     verification feeds, after the first failure) and retry - up to
-    ``max_excluded`` layers (default: a quarter of them, at least 4; the doubling's last try is
-    at that cap) and ``search_seconds``.
+    ``max_excluded`` layers (default: a quarter of them, at least 4; never all of them; the
+    doubling's last try is at that cap) and ``search_seconds``.
     When k layers pass and k/2 failed, the gap is halved until it is one layer or an eighth of
     k (:func:`_fewest_excluded`): doubling alone could keep twice the layers needed."""
     import time
@@ -417,9 +417,11 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
             if not ranking:
                 return cv, path
         cap = max_excluded if max_excluded is not None else max(4, len(ranking) // 4)
-        nxt = _next_count(k, min(cap, len(ranking)))
+        # one layer at least stays int8: with every layer float32 nothing is quantized
+        nxt = _next_count(k, min(cap, len(ranking) - 1))
         if nxt is None:
-            cv.rejected += f" (with the {k} most sensitive layer(s) in float32)"
+            cv.rejected += (f" (with the {k} most sensitive layer(s) in float32)" if k else
+                            " (its only layer int8)")
             return cv, path
         failed, k = k, nxt
         if time.monotonic() > deadline:
