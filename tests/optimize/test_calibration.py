@@ -5,6 +5,7 @@ inputs, used by the quantizer, and refused where it cannot apply."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -153,7 +154,9 @@ def test_static_int8_is_only_as_good_as_its_calibration_sets(
     assert v.steps[-1]["calibration_sets"] == 4
     # two of three layers float32 (never all: nothing would be quantized), still outside
     assert not v.verified and len(v.steps[-1]["excluded"]) == 2
-    assert "(with the 2 most sensitive layer(s) in float32)" in v.rejected
+    assert re.search(r"\(with the 2 most sensitive layer\(s\) in float32; worst cosine by "
+                     r"layers kept float32: 0 -> 0\.\d{5}, 1 -> 0\.\d{5}, 2 -> 0\.\d{5}\)",
+                     v.rejected)
     # and the report says why: the inputs reach far beyond the calibrated range
     assert "reach beyond the calibration sets' range" in v.rejected
     assert res.calibration == "4 given set(s)"
@@ -230,3 +233,16 @@ def test_export_optimize_passes_the_calibration_sets_on(
     bad = next(f for f in res.findings if f.code == "OM008")
     assert not res.ok and res.exit_code == 1 and bad.message.startswith("calibration set 0:")
     assert (tmp_path / "b.onnx").is_file() and len(asked) == 1
+
+
+def test_the_int8_search_says_why_it_stopped_and_how_the_cosine_moved() -> None:
+    from onnxmedic.optimize.candidates import _search_end
+
+    tries = [(0, 0.99696), (1, 0.997), (2, 0.99702)]
+    assert _search_end(2, None, tries, 600) == (
+        " (with the 2 most sensitive layer(s) in float32; worst cosine by layers kept float32: "
+        "0 -> 0.99696, 1 -> 0.99700, 2 -> 0.99702)")
+    assert _search_end(1, 2, tries[:2], 60) == (
+        " (sensitivity search stopped after 60 s; worst cosine by layers kept float32: "
+        "0 -> 0.99696, 1 -> 0.99700)")
+    assert _search_end(0, None, tries[:1], 600) == " (its only layer int8)"

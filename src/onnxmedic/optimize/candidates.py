@@ -401,12 +401,14 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
         return cv, path, True
 
     k = failed = 0
+    tries: list[tuple[int, float | None]] = []  # (layers float32, worst cosine) that failed
     while True:
         cv, path, built = attempt(k)
         if not built:
             return cv, path
         if cv.verified:
             return _fewest_excluded(attempt, failed, k, (cv, path), deadline)
+        tries.append((k, cv.worst_cosine()))
         if not ranking:  # static int8 ranks the very file that failed (k = 0: all layers)
             measured, err = _measure(step, pre, feeds, folder, timeout,
                                      dict(options, quantized=str(path)) if extra else options)
@@ -419,16 +421,25 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
         cap = max_excluded if max_excluded is not None else max(4, len(ranking) // 4)
         # one layer at least stays int8: with every layer float32 nothing is quantized
         nxt = _next_count(k, min(cap, len(ranking) - 1))
-        if nxt is None:
-            cv.rejected += (f" (with the {k} most sensitive layer(s) in float32)" if k else
-                            " (its only layer int8)")
+        if nxt is None or time.monotonic() > deadline:
+            cv.rejected += _search_end(k, nxt, tries, search_seconds)
             return cv, path
         failed, k = k, nxt
-        if time.monotonic() > deadline:
-            cv.rejected += f" (sensitivity search stopped after {search_seconds:g} s)"
-            return cv, path
         logger.info("int8 (%s): keeping %d layer(s) in float32: %s", base.name, k,
                     ", ".join(n for n, _ in ranking[:k]))
+
+
+def _search_end(k: int, nxt: int | None, tries: list[tuple[int, float | None]],
+                search_seconds: float) -> str:
+    """Why the int8 search stopped at ``k`` float32 layers (``nxt``: the count it would have
+    tried next), and how the worst cosine moved over its failed tries - whether more float32
+    layers would help, or the error is spread out."""
+    why = ((f"with the {k} most sensitive layer(s) in float32" if k else "its only layer int8")
+           if nxt is None else f"sensitivity search stopped after {search_seconds:g} s")
+    if len(tries) > 1 and all(c is not None for _, c in tries):
+        why += "; worst cosine by layers kept float32: " + ", ".join(
+            f"{n} -> {c:.5f}" for n, c in tries)
+    return f" ({why})"
 
 
 def _sensitivity_step(qstep: str, qopts: dict[str, Any], folder: Path,
