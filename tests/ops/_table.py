@@ -65,6 +65,9 @@ class OpEntry:
     xfail: dict[str, str] = field(default_factory=dict)  # dtype name or "*" -> reason
     # outputs defined only up to sign: onnxmedic.ops.testing.comparator_for's comparator
     comparator: Comparator | None = None
+    # dtype names whose case runs with -m slow only (make test-slow): a second dtype of an op
+    # whose exports are long (a Jacobi solver's unrolled sweeps), its first dtype in the suite
+    slow: tuple[str, ...] = ()
 
     @property
     def callable(self) -> Callable[..., Any]:
@@ -90,6 +93,7 @@ def _cases(entries: Iterable[OpEntry]) -> list[Any]:
             dn = _dtype_name(dtype)
             reason = e.xfail.get(dn) or e.xfail.get("*")
             marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+            marks += [pytest.mark.slow] if dn in e.slow else []
             test_id = f"{e.name}{'.' + e.variant if e.variant else ''}-{dn}"
             cases.append(pytest.param(e, dtype, id=test_id, marks=marks))
     return cases

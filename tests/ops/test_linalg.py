@@ -320,6 +320,9 @@ def _mexp_edges(dtype):
 
 F32 = {"float32": (1e-5, 1e-5)}
 F64 = (torch.float32, torch.float64)
+# float64 of the solvers whose exports take 15-50 s a dtype (the onnxscript rewriter on their
+# unrolled sweeps): -m slow only; float32 runs in the suite
+SLOW64 = ("float64",)
 
 ENTRIES = [
     OpEntry("linalg.inv", dtypes=F64, edge=_square_edges, max_samples=3,
@@ -353,7 +356,7 @@ ENTRIES = [
             edge=lambda dt: _square_edges(dt)[:4] + _rect_lu_edges(dt),
             tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),
     OpEntry("linalg.lu_factor_ex", max_samples=6, edge=_rect_lu_edges, tolerance=F32),
-    OpEntry("linalg.lu", dtypes=F64, max_samples=6,
+    OpEntry("linalg.lu", dtypes=F64, slow=SLOW64, max_samples=6,
             edge=lambda dt: _square_edges(dt)[:4] + _rect_lu_edges(dt),
             tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),
     OpEntry("linalg.lu_solve", max_samples=8, edge=_lu_solve_edges,
@@ -361,23 +364,23 @@ ENTRIES = [
     OpEntry("linalg.qr", dtypes=F64, edge=_qr_edges, max_samples=3,
             tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),
     # Jacobi: values to ~1e-6 of the largest |value| (absolute), hence atol scaled per sample
-    OpEntry("linalg.eigh", dtypes=F64, comparator=EIGH_COMPARATOR, max_samples=6,
+    OpEntry("linalg.eigh", dtypes=F64, slow=SLOW64, comparator=EIGH_COMPARATOR, max_samples=6,
             edge=lambda dt: [s for s in _eigh_edges(dt) if s[0][0].abs().max() < 1e3],
             tolerance={"float32": (1e-5, 2e-5), "float64": (1e-9, 1e-10)}),
-    OpEntry("linalg.eigvalsh", dtypes=F64, edge=_eigvalsh_edges, max_samples=3,
+    OpEntry("linalg.eigvalsh", dtypes=F64, slow=SLOW64, edge=_eigvalsh_edges, max_samples=3,
             tolerance={"float32": (1e-5, 2e-5), "float64": (1e-9, 1e-10)}),
-    OpEntry("linalg.svd", dtypes=F64, comparator=SVD_COMPARATOR, max_samples=8,
+    OpEntry("linalg.svd", dtypes=F64, slow=SLOW64, comparator=SVD_COMPARATOR, max_samples=8,
             edge=_svd_edges, tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),
     OpEntry("svd", comparator=TORCH_SVD_COMPARATOR, max_samples=8,
             edge=lambda dt: [((_rand(5, 3, dtype=dt),), {"some": False}),
                              ((_rand(2, 3, 5, dtype=dt),), {"compute_uv": False})],
             tolerance={"float32": (1e-5, 1e-5)}),
-    OpEntry("linalg.svdvals", dtypes=F64, edge=_svdvals_edges, max_samples=3,
+    OpEntry("linalg.svdvals", dtypes=F64, slow=SLOW64, edge=_svdvals_edges, max_samples=3,
             tolerance={"float32": (1e-5, 1e-5), "float64": (1e-9, 1e-10)}),
     OpEntry("linalg.pinv", edge=_pinv_edges, max_samples=3, tolerance={"float32": (1e-4, 1e-5)}),
     OpEntry("linalg.matrix_norm", use_opinfo=False, edge=_matrix_norm_edges, tolerance=F32),
     OpEntry("linalg.matrix_rank", edge=_rank_edges, max_samples=3),
-    OpEntry("linalg.lstsq", dtypes=F64, max_samples=12, edge=_lstsq_edges,
+    OpEntry("linalg.lstsq", dtypes=F64, slow=SLOW64, max_samples=12, edge=_lstsq_edges,
             # gelsy default: the SVD truncation at rcond * largest singular value
             tolerance={"float32": (1e-4, 1e-5), "float64": (1e-9, 1e-10)}),
     OpEntry("linalg.lstsq", "grad_oriented", max_samples=12, tolerance={"float32": (1e-4, 1e-5)}),
