@@ -350,6 +350,10 @@ def _measure(step: str, pre: Path, feeds: list[dict[str, np.ndarray]], folder: P
     return (info[0] if ok else None), err
 
 
+NO_CALIBRATION = ("static int8 needs calibration input sets (optimize() derives them from the "
+                  "example); none were given")
+
+
 def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[str],
                            feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
                            cosine: float, timeout: float, max_excluded: int | None = None,
@@ -360,11 +364,11 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
     the 1, 2, 4, 8 ... layers that lose most to quantization in float32 (int8.layer_errors:
     each MatMul's own output error with its operands quantized as that step's scheme does;
     int8.static_errors for static int8, calibrated on ``calibration``; measured once on the
-    verification feeds, after the first failure) and retry - up to
-    ``max_excluded`` layers (default: a quarter of them, at least 4; never all of them; the
-    doubling's last try is at that cap) and ``search_seconds``.
+    verification feeds, after the first failure) and retry - up to ``max_excluded`` layers
+    (default: a quarter, at least 4, never all; the last try at that cap) and ``search_seconds``.
     When k layers pass and k/2 failed, the gap is halved until it is one layer or an eighth of
-    k (:func:`_fewest_excluded`): doubling alone could keep twice the layers needed."""
+    k (:func:`_fewest_excluded`): doubling alone could keep twice the layers needed. A failed
+    search reports its all-layers variant (the fastest file) with its tries (_search_end)."""
     import time
 
     deadline = time.monotonic() + search_seconds
@@ -372,8 +376,7 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
     measure = _sensitivity_step(qstep, dict(qopts), folder, calibration)
     if measure is None:
         return Variant(base.name, precision=base.precision, passes=[s for s, _ in base.steps],
-                       rejected="static int8 needs calibration input sets (optimize() derives "
-                       "them from the example); none were given"), src
+                       rejected=NO_CALIBRATION), src
     step, options, extra = measure
     suffix = qstep[qstep.index(":"):]
     v, pre, at = _prefix(base, suffix, src, folder, timeout)
@@ -381,6 +384,11 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
         return v, pre
     pre_steps = list(v.steps)
     ranking: list[tuple[str, float]] = []
+
+    def ranked(k: int) -> list[dict[str, Any]]:
+        """The ranking step as reported beside a try with ``k`` layers float32."""
+        return ([{"step": step, **{key: o for key, o in options.items() if key not in extra},
+                  "ranking": [[n, e] for n, e in ranking[:max(8, k)]]}] if ranking else [])
 
     def attempt(k: int) -> tuple[Variant, Path, bool]:
         """Quantize with the ``k`` most sensitive layers kept; (variant, file, built)."""
@@ -390,11 +398,7 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
                                     for s, o in base.steps[at:]], precision="int8")
         cv, path = _build(pipe, pre, folder, timeout, suffix=f"-keep{k}")
         cv.name, cv.passes = base.name, v.passes
-        measured_step = ([{"step": step, **{key: o for key, o in options.items()
-                                            if key not in extra},
-                           "ranking": [[n, e] for n, e in ranking[:max(8, k)]]}]
-                         if ranking else [])
-        cv.steps = pre_steps + measured_step + cv.steps
+        cv.steps = pre_steps + ranked(k) + cv.steps
         if cv.rejected:
             return cv, path, False
         _verify(cv, path, names, feeds, expected, cosine, timeout)
@@ -409,6 +413,8 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
         if cv.verified:
             return _fewest_excluded(attempt, failed, k, (cv, path), deadline)
         tries.append((k, cv.worst_cosine()))
+        if not k:  # every layer int8: the fastest file, the one a failed search reports
+            first = (cv, path)
         if not ranking:  # static int8 ranks the very file that failed (k = 0: all layers)
             measured, err = _measure(step, pre, feeds, folder, timeout,
                                      dict(options, quantized=str(path)) if extra else options)
@@ -422,8 +428,9 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
         # one layer at least stays int8: with every layer float32 nothing is quantized
         nxt = _next_count(k, min(cap, len(ranking) - 1))
         if nxt is None or time.monotonic() > deadline:
-            cv.rejected += _search_end(k, nxt, tries, search_seconds)
-            return cv, path
+            first[0].rejected += _search_end(k, nxt, tries, search_seconds)
+            first[0].steps[len(pre_steps):len(pre_steps)] = ranked(0)  # measured after it
+            return first
         failed, k = k, nxt
         logger.info("int8 (%s): keeping %d layer(s) in float32: %s", base.name, k,
                     ", ".join(n for n, _ in ranking[:k]))
@@ -431,12 +438,18 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
 
 def _search_end(k: int, nxt: int | None, tries: list[tuple[int, float | None]],
                 search_seconds: float) -> str:
-    """Why the int8 search stopped at ``k`` float32 layers (``nxt``: the count it would have
-    tried next), and how the worst cosine moved over its failed tries - whether more float32
-    layers would help, or the error is spread out."""
-    why = ((f"with the {k} most sensitive layer(s) in float32" if k else "its only layer int8")
-           if nxt is None else f"sensitivity search stopped after {search_seconds:g} s")
-    if len(tries) > 1 and all(c is not None for _, c in tries):
+    """For the all-layers variant a failed int8 search reports (the fastest file it built, the
+    one a looser budget would admit as it is): the search's outcome - up to ``k`` float32
+    layers tried (``nxt``: the count it would have tried next, None at its cap) - and how the
+    worst cosine moved over its tries: whether more float32 layers would help, or the error
+    is spread out."""
+    if not k:
+        return " (its only layer int8)" if nxt is None else (
+            f" (every layer int8; sensitivity search stopped after {search_seconds:g} s)")
+    why = (f"every layer int8; keeping up to the {k} most sensitive layer(s) in float32 did not "
+           "reach the budget either" if nxt is None else
+           f"every layer int8; sensitivity search stopped after {search_seconds:g} s")
+    if all(c is not None for _, c in tries):
         why += "; worst cosine by layers kept float32: " + ", ".join(
             f"{n} -> {c:.5f}" for n, c in tries)
     return f" ({why})"
