@@ -1,7 +1,7 @@
 """How long optimize's static int8 candidate (calibration, search, verification, timing) takes on
 real-size ResNet-50 (random weights, 224x224), and what it decides; one JSON line.
 
-    PYTHONPATH=src python bench/static_search.py [--repeats 5] [--rounds 2]
+    PYTHONPATH=src python bench/static_search.py [--repeats 5] [--rounds 2] [--accuracy cosine=X]
 
 Run it on two trees one after the other (PYTHONPATH=<tree>/src) to compare them.
 """
@@ -29,6 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--accuracy", default=None, help="the budget, e.g. cosine=0.997")
     ns = ap.parse_args()
     torch.manual_seed(0)
     model, args, _ = resnet50()
@@ -39,7 +40,7 @@ def main() -> None:
                   if p.name == "int8-static"]
         t0 = time.perf_counter()
         res = optimize(src, model, args, precision="int8", pipelines=static,
-                       repeats=ns.repeats, rounds=ns.rounds)
+                       repeats=ns.repeats, rounds=ns.rounds, accuracy=ns.accuracy)
         seconds = time.perf_counter() - t0
     v = res.variants[1]
     print(json.dumps({"onnxmedic": onnxmedic.__file__, "seconds": round(seconds, 1),
