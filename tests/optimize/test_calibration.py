@@ -15,17 +15,9 @@ import torch
 import onnxmedic
 from onnxmedic.findings import OnnxMedicError
 from onnxmedic.inputs import load_calibration
-from onnxmedic.optimize import (
-    Pipeline,
-    given_calibration_feeds,
-    optimization_finding,
-    optimize,
-    passes,
-)
+from onnxmedic.optimize import given_calibration_feeds, optimization_finding, optimize
+from tests.optimize.test_static_int8 import FAST, STATIC
 
-FAST = {"repeats": 3, "rounds": 1}
-STATIC = Pipeline("int8-static", [(f"{passes.__name__}:quantize_static_int8",
-                                   {"per_channel": True})], precision="int8")
 CNN = """
 import torch
 
