@@ -230,7 +230,7 @@ def _run(ns: argparse.Namespace) -> Any:
                                  optimize=ns.optimize, precision=ns.precision,
                                  accuracy=ns.accuracy, cuda_graph=ns.cuda_graph,
                                  calibration=(inputs.load_calibration(ns.calibration)
-                                              if ns.calibration else None),
+                                              if ns.calibration is not None else None),
                                  on_stage=on_stage, **options)
         else:
             res = api.verify(ns.onnx, model, ex.args, kwargs=ex.kwargs, report=ns.report,

@@ -15,7 +15,13 @@ import torch
 import onnxmedic
 from onnxmedic.findings import OnnxMedicError
 from onnxmedic.inputs import load_calibration
-from onnxmedic.optimize import given_calibration_feeds, optimization_finding, optimize
+from onnxmedic.optimize import (
+    Pipeline,
+    given_calibration_feeds,
+    optimization_finding,
+    optimize,
+    passes,
+)
 from tests.optimize.test_static_int8 import FAST, STATIC
 
 CNN = """
@@ -242,3 +248,22 @@ def test_the_int8_search_says_why_it_stopped_and_how_the_cosine_moved() -> None:
     assert _search_end(0, None, tries[:1], 600) == " (its only layer int8)"
     assert _search_end(0, 1, tries[:1], 60) == (
         " (every layer int8; sensitivity search stopped after 60 s)")
+
+
+def test_the_coverage_hint_is_for_static_int8_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamic int8 measures its ranges at run time: calibration sets cannot explain its
+    failure."""
+    from onnxmedic.optimize import Variant, candidates
+
+    monkeypatch.setattr(candidates, "_int8_with_sensitivity", lambda pipe, *a, **k: (
+        Variant(pipe.name, "int8", rejected=candidates.OUTSIDE_BUDGET + ": out: cosine 0.9"),
+        Path("unused.onnx")))
+    cal = [{"x": np.zeros(2, np.float32)}]
+    feeds = [{"x": np.array([-1.0, 1.0], np.float32)}]
+    dynamic = Pipeline("int8-dynamic", [(f"{passes.__name__}:quantize_int8", {})],
+                       precision="int8")
+    hints = [candidates._candidate(p, Path("m.onnx"), Path("."), ["out"], feeds, [], 0.999,
+                                   60.0, None, "cpu", cal)[0].rejected
+             for p in (STATIC, dynamic)]
+    assert "reach beyond the calibration sets' range" in hints[0]
+    assert "calibration" not in hints[1]

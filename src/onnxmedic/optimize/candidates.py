@@ -824,7 +824,8 @@ def _candidate(pipe: Pipeline, src: Path, folder: Path, names: list[str],
     if pipe.precision == "int8":
         v, path = _int8_with_sensitivity(pipe, src, folder, names, feeds, expected, cosine,
                                          timeout, calibration=calibration)
-        if calibration and v.rejected.startswith(OUTSIDE_BUDGET):
+        static = any(s.endswith(":quantize_static_int8") for s, _ in pipe.steps)
+        if static and calibration and v.rejected.startswith(OUTSIDE_BUDGET):
             v.rejected += _coverage_hint(calibration, feeds)
         return v, path
     if pipe.precision == "fp16":

@@ -96,7 +96,7 @@ def main(ns: argparse.Namespace) -> int:
     try:
         model, _ = inputs.load_model(ns.model)
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
-        cal = inputs.load_calibration(ns.calibration) if ns.calibration else None
+        cal = None if ns.calibration is None else inputs.load_calibration(ns.calibration)
         res = optimize(ns.onnx, model, ex.args, kwargs=ex.kwargs, out=ns.output,
                        target=ns.target, precision=ns.precision, accuracy=ns.accuracy,
                        timeout=ns.timeout, threads=ns.threads, cuda_graph=ns.cuda_graph,
