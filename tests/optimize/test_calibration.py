@@ -83,7 +83,8 @@ class Evil:
     ("evil.pt", Evil(), "OM005", "refused without running any of its code"),
     ("ragged.npz", {"x": np.zeros((3, 2)), "m": np.zeros((2, 2))}, "OM005", "first axis"),
     ("missing.pt", None, "OM005", "does not exist"),
-    ("nonsense", None, "OM004", "cannot read calibration spec")])
+    ("nonsense", None, "OM004", "cannot read calibration spec"),
+    ("", None, "OM004", "empty calibration spec")])
 def test_load_calibration_refuses_what_is_not_a_list_of_input_sets(
         tmp_path: Path, name: str, content: object, code: str, message: str) -> None:
     path = tmp_path / name
