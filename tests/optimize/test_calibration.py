@@ -268,3 +268,29 @@ def test_the_coverage_hint_is_for_static_int8_only(monkeypatch: pytest.MonkeyPat
              for p in (STATIC, dynamic)]
     assert "reach beyond the calibration sets' range" in hints[0]
     assert "calibration" not in hints[1]
+
+
+def test_cli_optimize_table_says_what_static_int8_was_calibrated_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from onnxmedic.cli import main
+    from onnxmedic.optimize import OptimizationResult, Variant
+
+    asked = {}
+
+    def canned(*args: object, **kwargs: object) -> OptimizationResult:
+        asked.update(kwargs)
+        return OptimizationResult([Variant("plain", verified=True)], "plain", 2, 1, 1, 1,
+                                  message="no variant beat the plain export",
+                                  calibration="2 given set(s)")
+
+    monkeypatch.setattr(sys.modules["onnxmedic.optimize"], "optimize", canned)
+    (tmp_path / "m.py").write_text("import torch\nM = torch.nn.ReLU\n")
+    torch.save([torch.randn(2), torch.randn(2)], tmp_path / "cal.pt")
+    assert main(["optimize", "in.onnx", f"{tmp_path / 'm.py'}:M", "--input", "2:float32",
+                 "--precision", "int8", "--calibration", str(tmp_path / "cal.pt")]) == 0
+    assert len(asked["calibration"]) == 2
+    assert ("static int8 calibrated on 2 given set(s) (--calibration); verified, like every "
+            "variant, on the export's input sets") in capsys.readouterr().out
