@@ -443,13 +443,12 @@ def _search_end(k: int, nxt: int | None, tries: list[tuple[int, float | None]],
     layers tried (``nxt``: the count it would have tried next, None at its cap) - and how the
     worst cosine moved over its tries: whether more float32 layers would help, or the error
     is spread out."""
-    if not k:
-        return " (its only layer int8)" if nxt is None else (
-            f" (every layer int8; sensitivity search stopped after {search_seconds:g} s)")
-    why = (f"every layer int8; keeping up to the {k} most sensitive layer(s) in float32 did not "
-           "reach the budget either" if nxt is None else
-           f"every layer int8; sensitivity search stopped after {search_seconds:g} s")
-    if all(c is not None for _, c in tries):
+    if nxt is None and not k:
+        return " (its only layer int8)"
+    why = "every layer int8; " + (
+        f"keeping up to the {k} most sensitive layer(s) in float32 did not reach the budget "
+        "either" if nxt is None else f"sensitivity search stopped after {search_seconds:g} s")
+    if len(tries) > 1 and all(c is not None for _, c in tries):
         why += "; worst cosine by layers kept float32: " + ", ".join(
             f"{n} -> {c:.5f}" for n, c in tries)
     return f" ({why})"
