@@ -9,9 +9,10 @@ same export (and for convolutional models blind quantize_static, QDQ, every laye
 optimize at each precision (--precisions; fp16 is for GPU targets). Every ONNX variant is timed
 with the same sandbox timer (alternating rounds, medians, 2 intra-op threads) and judged on the
 same input sets as onnxmedic's own candidates (the reduced-precision budget: cosine >= 0.999 per
-output unless --accuracy, worst over every input set; worst cosine and max abs error shown). Models (random weights): BERT-base
-(seq 128), GPT-2 (seq 128), ResNet-50, ViT-B/16, Whisper-base encoder (80x3000 mel), a
-Llama-shaped ~110M decoder step (1 new token, 128 past positions per layer, keys/values out).
+output unless --accuracy, worst over every input set; worst cosine and max abs error shown).
+Models (random weights): BERT-base (seq 128), GPT-2 (seq 128), ResNet-50, ViT-B/16,
+Whisper-base encoder (80x3000 mel), a Llama-shaped ~110M decoder step (1 new token, 128 past
+positions per layer, keys/values out).
 """
 
 from __future__ import annotations
