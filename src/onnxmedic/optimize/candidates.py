@@ -100,8 +100,10 @@ class Variant:
 
     def worst_cosine(self) -> float | None:
         """The lowest cosine over the outputs (each already the worst over the input sets);
-        None when the variant was not judged."""
-        return min(m["cosine"] for m in self.accuracy.values()) if self.accuracy else None
+        None when the variant was not judged by the cosine budget (not judged, or float32:
+        its accuracy is max abs/rel errors)."""
+        cosines = [m["cosine"] for m in self.accuracy.values() if "cosine" in m]
+        return min(cosines) if cosines else None
 
 
 @dataclass
