@@ -625,3 +625,35 @@ def test_cli_export_refuses_a_bad_accuracy_flag(capsys: pytest.CaptureFixture[st
         main(["export", "m.py:M", "-o", "x.onnx", "--optimize", "--accuracy", "cosine=abc"])
     assert exc.value.code == 2
     assert "--accuracy 'cosine=abc': expected cosine=<value>" in capsys.readouterr().err
+
+
+class PaddedMHA(torch.nn.Module):
+    """nn.MultiheadAttention with a key padding mask: in eval mode without gradients PyTorch
+    takes its fused fast path, which returns NaN for a query whose keys are all masked, while
+    the path torch.export captures (scaled_dot_product_attention) returns 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mha = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        return self.mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+
+
+def test_optimize_judges_against_the_outputs_the_export_verified(tmp_path: Path) -> None:
+    """optimize computes PyTorch's outputs as the export does (MHA's fast path off): the plain
+    file, verified by the export, verifies here too - it used to be refused against the fast
+    path's NaN on the fully masked rows, and every candidate with it (int8 at cosine 0)."""
+    torch.manual_seed(0)
+    model = PaddedMHA().eval()
+    x, pad = torch.randn(2, 5, 16), torch.zeros(2, 5, dtype=torch.bool)
+    pad[0] = True  # every key of the first sequence masked
+    with torch.no_grad():
+        assert torch.isnan(model(x, pad)).any()  # the fast path, as a user's call runs it
+    out = tmp_path / "m.onnx"
+    assert onnxmedic.export(model, (x, pad), out).ok  # its SDPA: 0 on those rows, as captured
+    int8 = Pipeline("int8", [("onnxmedic.optimize.passes:quantize_int8", {})], precision="int8")
+    plain, v = optimize(out, model, (x, pad), precision="int8", pipelines=[int8],
+                        **FAST).variants
+    assert plain.verified and plain.accuracy, v.rejected
+    assert v.verified and v.worst_cosine() > 0.999, v.rejected
