@@ -60,7 +60,30 @@ def test_nan_and_inf_positions_must_match():
     assert judge_output("y", y, o, ref).ok
     o2 = o.copy()
     o2[5] = np.inf
-    assert not judge_output("y", y, o2, ref).ok
+    c = judge_output("y", y, o2, ref)
+    assert not c.ok and c.mismatched == 1
+    assert c.reason.startswith("ONNX Runtime's output is infinite at 1 of 64 elements where "
+                               "PyTorch's is not that infinity; on the others its error is")
+    assert "over the budget" not in c.reason
+
+
+def test_nan_where_pytorch_has_numbers_is_said_in_words():
+    """Every element NaN (a pass that broke the graph at one size) used to read 'ONNX Runtime's
+    error is 0x PyTorch's own float32 error; 64 of 64 elements over it'."""
+    ref, y, o = _deep_sum(n=64)
+    c = judge_output("y", y, np.full_like(o, np.nan), ref)
+    assert not c.ok and c.mismatched == 64
+    assert c.reason == "ONNX Runtime's output is NaN at 64 of 64 elements where PyTorch's is a number"
+    y[:2] = np.nan  # and the reverse, with a real error on the rest
+    c = judge_output("y", y, o * 1.01, ref)
+    assert c.reason.startswith("ONNX Runtime's output is a number at 2 of 64 elements where "
+                               "PyTorch's is NaN; on the others its error is")
+    assert c.reason.endswith("62 of them over the budget (10x)")
+    c = judge_output("y", y, o * 1.01, None)  # the scaled normwise rule says it too
+    assert c.reason.startswith("ONNX Runtime's output is a number at 2 of 64 elements where")
+    y[5], o[5] = np.inf, 1.0  # PyTorch's inf, a number here
+    assert "finite at 1 of 64 elements where PyTorch's is infinite" in judge_output(
+        "y", y, o, ref).reason
 
 
 def test_integers_and_booleans_are_exact_and_a_user_tolerance_is_kept():

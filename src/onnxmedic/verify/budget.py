@@ -126,6 +126,20 @@ def _special_mismatch(exp: np.ndarray, act: np.ndarray) -> int:
                                                    & ~(nan_e | nan_a))))
 
 
+def special_reason(exp: np.ndarray, act: np.ndarray) -> str:
+    """Where NaN or inf do not match (:func:`_special_mismatch`), in words: "NaN at 3 of 64
+    elements where PyTorch's is a number" ("" where they match)."""
+    e, a = np.asarray(exp).astype(np.float64), np.asarray(act).astype(np.float64)
+    nan_e, nan_a, inf_e, inf_a = np.isnan(e), np.isnan(a), np.isinf(e), np.isinf(a)
+    with np.errstate(invalid="ignore"):
+        other_inf = inf_a & ~nan_e & ~(inf_e & (e == a))
+    cases = ((nan_a & ~nan_e, "NaN", "a number"), (nan_e & ~nan_a, "a number", "NaN"),
+             (other_inf, "infinite", "not that infinity"),
+             (inf_e & ~inf_a & ~nan_a, "finite", "infinite"))
+    return " and ".join(f"{what} at {n} of {e.size} elements where PyTorch's is {theirs}"
+                        for mask, what, theirs in cases if (n := int(np.count_nonzero(mask))))
+
+
 def _usable(reference: np.ndarray | None, exp: np.ndarray) -> np.ndarray | None:
     """The reference as float64, when it is one (same shape, more precise than ``exp``)."""
     if reference is None:
@@ -169,6 +183,13 @@ def _budget(c: OutputComparison, exp: np.ndarray, act: np.ndarray, ref: np.ndarr
     c.histogram = error_histogram(e_o, norm_r / math.sqrt(max(r.size, 1)))
     c.mismatched = mismatched
     c.ok = normwise_ok and mismatched == 0
+    if special:  # NaN/inf where PyTorch has none (or the reverse): said first, in words
+        over_n = mismatched - special
+        c.reason = (f"ONNX Runtime's output is {special_reason(exp, act)}" + (
+            f"; on the others its error is {_times(c.ratio)} PyTorch's own float32 error"
+            + (f", {over_n} of them over the budget ({BUDGET:g}x)" if over_n else "")
+            if e_o.size else ""))
+        return
     c.reason = "" if c.ok else (
         f"ONNX Runtime's error is {_times(c.ratio)} PyTorch's own float32 error (budget "
         f"{BUDGET:g}x)" + ("" if normwise_ok else " normwise")
@@ -273,7 +294,8 @@ def _normwise(c: OutputComparison, exp: np.ndarray, act: np.ndarray, dtype: str,
     c.mismatched = mismatched
     c.ok = normwise_ok and mismatched == 0
     c.reason = "" if c.ok else (
-        f"{mismatched} of {exp.size} elements outside rtol={rtol:g}, atol={atol:.3g} "
+        (f"ONNX Runtime's output is {special_reason(exp, act)}; " if special else "")
+        + f"{mismatched} of {exp.size} elements outside rtol={rtol:g}, atol={atol:.3g} "
         f"(scaled normwise rule; normwise error {c.onnx_error:.3g})")
 
 
