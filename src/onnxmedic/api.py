@@ -22,7 +22,7 @@ from onnxmedic.findings import info, listed
 from onnxmedic.fixes.opset import parse_ort_version
 from onnxmedic.inputs import Inputs
 from onnxmedic.onnxfile import load_checked, opset_of
-from onnxmedic.optimize.passes import precision_error
+from onnxmedic.optimize.passes import calibration_error, precision_error
 from onnxmedic.pipeline import run_export
 from onnxmedic.reduction import reduce_stages
 from onnxmedic.report import write_report
@@ -107,10 +107,8 @@ def _optimize_request(optimize: bool, precision: str, target: str,
     """export()'s optimize options, checked before anything runs (ValueError); None without
     ``optimize``."""
     _check_choice("export", "precision", precision, ("fp32", "fp16", "int8"))
-    if calibration is not None and not (optimize and precision == "int8"):
-        raise ValueError("onnxmedic.export: calibration sets are for optimize=True, "
-                         f"precision='int8' (static int8), not optimize={optimize}, "
-                         f"precision={precision!r}")
+    if calibration is not None and (bad := calibration_error(precision, optimize)):
+        raise ValueError(f"onnxmedic.export: {bad}")
     if not optimize:
         return None
     from onnxmedic.optimize import parse_accuracy

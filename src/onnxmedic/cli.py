@@ -311,9 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             build_parser().error(bad)
     if ns.command == "export":
-        from onnxmedic.optimize.cli import calibration_error
+        from onnxmedic.optimize.cli import calibration_flag_error
 
-        if bad := calibration_error(ns):
+        if bad := calibration_flag_error(ns):
             build_parser().error(bad)
     if ns.command in ("export", "optimize") and getattr(ns, "accuracy", None) is not None:
         from onnxmedic.optimize import parse_accuracy

@@ -191,10 +191,13 @@ def test_calibration_is_refused_where_it_cannot_apply(
     assert rc == 1 and "input file unusable: calibration file" in err and "does not exist" in err
     assert not (tmp_path / "m.onnx").exists()  # refused before the export ran
 
-    with pytest.raises(ValueError, match="calibration sets are for optimize=True"):
-        onnxmedic.export(torch.nn.ReLU(), (torch.randn(2),), optimize=True,
-                         calibration=[torch.randn(2)])
-    with pytest.raises(ValueError, match="calibration sets are for precision int8"):
+    for options, got in (({"optimize": True}, "not precision='fp32'"),
+                         ({"precision": "int8"}, "not optimize=False, precision='int8'")):
+        with pytest.raises(ValueError) as err:
+            onnxmedic.export(torch.nn.ReLU(), (torch.randn(2),), calibration=[torch.randn(2)],
+                             **options)
+        assert "calibration sets are for " in str(err.value) and got in str(err.value)
+    with pytest.raises(ValueError, match=r"for precision='int8' \(static int8\), not precision="):
         optimize("unused.onnx", torch.nn.ReLU(), (torch.randn(2),), precision="fp32",
                  calibration=[torch.randn(2)])
     with pytest.raises(SystemExit) as exc:

@@ -33,7 +33,13 @@ from onnxmedic.optimize.candidates import (
     optimize_file,
     time_variants,
 )
-from onnxmedic.optimize.passes import Pipeline, default_pipelines, ort_model_type, run_pipeline
+from onnxmedic.optimize.passes import (
+    Pipeline,
+    calibration_error,
+    default_pipelines,
+    ort_model_type,
+    run_pipeline,
+)
 from onnxmedic.verify.input_sets import derived_input_sets, same_shape_sets, shape_variants
 from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.size_rules import rules_from_metadata
@@ -178,9 +184,8 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     if not isinstance(args, tuple):
         raise TypeError("args must be a tuple of example inputs, like torch.onnx.export")
     cosine = parse_accuracy(accuracy)
-    if calibration is not None and precision != "int8":
-        raise ValueError(f"calibration sets are for precision int8 (static int8), not "
-                         f"{precision}")
+    if calibration is not None and (bad := calibration_error(precision)):
+        raise ValueError(bad)
     given = None if calibration is None else given_calibration_feeds(onnx_path, calibration)
     was_training = getattr(model, "training", False)
     if was_training:

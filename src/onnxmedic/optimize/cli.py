@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from onnxmedic.optimize.passes import calibration_error
+
 
 def add_export_flags(e: argparse.ArgumentParser) -> None:
     """``--optimize`` and ``--precision`` on ``onnxmedic export``."""
@@ -23,16 +25,12 @@ def add_export_flags(e: argparse.ArgumentParser) -> None:
                    "as `onnxmedic optimize --calibration`")
 
 
-def calibration_error(ns: argparse.Namespace) -> str:
+def calibration_flag_error(ns: argparse.Namespace) -> str:
     """Why ``--calibration`` cannot be used with these flags ("" when it can)."""
     if getattr(ns, "calibration", None) is None:
         return ""
-    if ns.command == "export" and not ns.optimize:
-        return "--calibration is for --optimize --precision int8"
-    if ns.precision != "int8":
-        return (f"--calibration is for --precision int8 (static int8's activation ranges), "
-                f"not {ns.precision}")
-    return ""
+    return calibration_error(ns.precision, ns.command != "export" or ns.optimize,
+                             flags=True) or ""
 
 
 def add_parser(sub: Any) -> None:
@@ -89,7 +87,7 @@ def main(ns: argparse.Namespace) -> int:
     )
     from onnxmedic.optimize.passes import precision_error
 
-    bad = precision_error(ns.precision, ns.target, flags=True) or calibration_error(ns)
+    bad = precision_error(ns.precision, ns.target, flags=True) or calibration_flag_error(ns)
     if bad:
         sys.stderr.write(f"onnxmedic optimize: error: {bad}\n")
         return 2

@@ -412,6 +412,22 @@ def precision_error(precision: str, target: str, flags: bool = False) -> str | N
             f"kernels run on the CPU); use {p}{q('fp16')} for {t}{q(target)}")
 
 
+def calibration_error(precision: str, optimize: bool = True, flags: bool = False) -> str | None:
+    """Why calibration sets cannot be used (None when they can): they are static int8's, so
+    for ``optimize`` at precision int8 only. Worded with the CLI's flags (``flags``) or the
+    API's arguments."""
+    if optimize and precision == "int8":
+        return None
+    if flags:
+        return ("--calibration is for --optimize --precision int8" if not optimize else
+                f"--calibration is for --precision int8 (static int8's activation ranges), "
+                f"not {precision}")
+    need, got = "precision='int8'", f"precision={precision!r}"
+    if not optimize:
+        need, got = f"optimize=True, {need}", f"optimize={optimize}, {got}"
+    return f"calibration sets are for {need} (static int8), not {got}"
+
+
 @dataclass
 class Pipeline:
     """A named candidate: steps run in order, each ``(module:function, options)``."""
