@@ -39,6 +39,7 @@ def test_run_error_is_a_finding(tmp_path):
     assert r.status == "run_error"
     f = r.finding()
     assert f.code == "OM511" and "input set 0" in f.message
+    assert r.summary().startswith("run_error: ") and r.error.strip()[:40] in r.summary()
 
 
 def test_hang_is_killed_and_reported(tmp_path):
@@ -69,6 +70,9 @@ def test_crash_is_reported_with_signal(tmp_path, monkeypatch, fault, code, signa
     assert f.code == code and signal in f.message
     expected_phase = "loading the model" if fault.endswith("load") else "running input set 0"
     assert expected_phase in f.message
+    # one line for a rejected variant: the signal and phase, never the stderr's first lines
+    # (Python's warnings, where the child died without a word)
+    assert r.summary() == f"crash: {signal} while {expected_phase}"
 
 
 def test_memory_cap_turns_allocation_failure_into_oom(tmp_path):

@@ -166,14 +166,24 @@ class SandboxResult:
                        f"run and verified on {on}.",
                        suggestion=f"{hint}, to verify on the target.")
 
+    def _where(self) -> str:
+        if self.phase.startswith("run:"):
+            return f"running input set {self.phase.split(':')[1]}"
+        return "loading the model" if self.phase == "load" else "starting ONNX Runtime"
+
+    def summary(self) -> str:
+        """A failed run in one line: "crash: SIGSEGV while loading the model", "timeout while
+        running input set 2", else the status and ONNX Runtime's own first lines (a dead
+        child's stderr starts with whatever Python warned, so a crash is named by its signal)."""
+        if self.status == "crash":
+            return f"crash: {self.signal} while {self._where()}"
+        if self.status == "timeout":
+            return f"timeout while {self._where()}"
+        return f"{self.status}: {_first_lines(self.error)}"
+
     def finding(self, stage: str = "runtime", timeout: float | None = None) -> Finding | None:
         """The finding for a failed run (None when ok)."""
-        if self.phase.startswith("run:"):
-            where = f"running input set {self.phase.split(':')[1]}"
-        elif self.phase == "load":
-            where = "loading the model"
-        else:
-            where = "starting ONNX Runtime"
+        where = self._where()
         if self.status == "ok":
             return None
         if self.status == "load_error":

@@ -179,7 +179,7 @@ def _time_graph(res: BenchResult, onnx_path: str | os.PathLike[str],
         res.graph_error = ("a CUDA graph needs ONNX Runtime's CUDA provider, which this session "
                            f"does not use ({', '.join(sbx.providers) or sbx.error[:200]})")
     elif not sbx.ok:
-        res.graph_error = f"{sbx.status}: {sbx.error[:400]}"
+        res.graph_error = sbx.summary()[:400]
     else:
         g = sorted(t * 1000 for t in sbx.timed_seconds)
         res.graph_median_ms = statistics.median(g)

@@ -195,7 +195,7 @@ def _verify(variant: Variant, path: Path, names: list[str], feeds: list[dict[str
     float32 without TF32, as PyTorch does); returns the providers the session used."""
     sbx = sandbox.run_model(path, feeds, timeout=timeout, providers=sandbox.providers(target))
     if not sbx.ok:
-        variant.rejected = f"ONNX Runtime refused it ({sbx.status}: {sbx.error[:200]})"
+        variant.rejected = f"ONNX Runtime refused it ({sbx.summary()[:200]})"
         return sbx.providers
     _judge(variant, names, expected, sbx.outputs, cosine, references)
     return sbx.providers
@@ -246,7 +246,7 @@ def _graph_twin(base: Variant, path: Path, names: list[str], feed: dict[str, np.
     sbx = sandbox.run_model(path, [feed], timeout=timeout, providers=sandbox.providers(target),
                             timing={"warmup": 2, "repeats": 1, "graph": True})
     if not sbx.ok:
-        twin.rejected = f"ONNX Runtime refused the CUDA graph ({sbx.status}: {sbx.error[:200]})"
+        twin.rejected = f"ONNX Runtime refused the CUDA graph ({sbx.summary()[:200]})"
     elif not sbx.timed_outputs:
         twin.rejected = "ONNX Runtime returned no outputs from the CUDA graph's replay"
     else:
