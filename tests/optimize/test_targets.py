@@ -431,3 +431,26 @@ def test_cuda_graph_deploy_compares_every_file_as_a_graph(
         assert ("onnxscript-optimize", False) in calls  # compared without graphs
     with pytest.raises(ValueError, match="cuda_graph 'always'"):
         optimize(path, model, (x,), target="cuda", cuda_graph="always")
+
+
+def test_a_file_the_cpu_stand_in_refuses_is_not_blamed_on_the_target() -> None:
+    """Where the target's provider is missing, candidates run on the CPU provider: one it
+    refuses (float16 ScatterElements-add has no CPU kernel: transformers' MoE routing) says
+    that it was the CPU - the target's provider may run it. Other rejections stay as they are,
+    and with the target present nothing is added."""
+    from onnxmedic.optimize.candidates import REFUSED, Variant, _outcome
+
+    def variants() -> list[Variant]:
+        return [Variant("plain", verified=True), Variant("ok", verified=True),
+                Variant("fp16", "fp16", rejected=f"{REFUSED} (run_error: ScatterElements)"),
+                Variant("wrong", rejected="failed verification: y at set 0")]
+
+    vs = variants()
+    _outcome(vs[0], vs[0], vs, "cuda", "CUDAExecutionProvider is not available")
+    assert vs[2].rejected == (f"{REFUSED} (run_error: ScatterElements) - on the CPU, standing "
+                              "in for cuda, whose provider may run it")
+    assert vs[3].rejected == "failed verification: y at set 0"
+    assert vs[1].rejected.startswith("verified on the CPU, not timed on cuda")
+    vs = variants()
+    _outcome(vs[0], vs[0], vs, "cpu", None)
+    assert vs[2].rejected == f"{REFUSED} (run_error: ScatterElements)"

@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 NOISE_FRACTION = 0.03
 DEFAULT_COSINE = 0.999
 OUTSIDE_BUDGET = "outside the accuracy budget"  # a reduced-precision variant's rejection
+REFUSED = "ONNX Runtime refused it"  # a variant that did not load or run
 TARGETS = ("cpu", "cuda", "tensorrt")
 # Targets whose files are also tried as CUDA graphs (a "twin": the same file run with the
 # settings below): at small batch a GPU waits on kernel launches, a graph replay is one launch
@@ -195,7 +196,7 @@ def _verify(variant: Variant, path: Path, names: list[str], feeds: list[dict[str
     float32 without TF32, as PyTorch does); returns the providers the session used."""
     sbx = sandbox.run_model(path, feeds, timeout=timeout, providers=sandbox.providers(target))
     if not sbx.ok:
-        variant.rejected = f"ONNX Runtime refused it ({sbx.summary()[:200]})"
+        variant.rejected = f"{REFUSED} ({sbx.summary()[:200]})"
         return sbx.providers
     _judge(variant, names, expected, sbx.outputs, cosine, references)
     return sbx.providers
@@ -748,6 +749,9 @@ def _outcome(plain: Variant, chosen: Variant, variants: list[Variant], target: s
         for v in variants[1:]:
             if v.verified:
                 v.rejected = f"verified on the CPU, not timed on {target}: {absent}"
+            elif v.rejected.startswith(REFUSED):  # a CPU kernel gap says nothing of the target
+                v.rejected += (f" - on the CPU, standing in for {target}, whose provider may "
+                               "run it")
         plain.rejected = ""
         return f"no variant could be timed on {target} ({absent}); the plain export is kept"
     if chosen is plain:
