@@ -18,6 +18,16 @@ def wrong_pass(src: str, dst: str) -> dict[str, Any]:
     return {}
 
 
+def littering_pass(src: str, dst: str) -> dict[str, Any]:
+    """Copies the model, leaving a dump in the working directory as ONNX Runtime's symbolic
+    shape inference does when it is incomplete (sym_shape_infer_temp.onnx and a uuid-named
+    .data file, both in the current directory)."""
+    proto = onnx.load(src)
+    onnx.save(proto, "sym_shape_infer_temp.onnx")
+    onnx.save(proto, dst)
+    return {"cwd": os.getcwd()}
+
+
 def crashing_pass(src: str, dst: str) -> dict[str, Any]:
     os.abort()
 

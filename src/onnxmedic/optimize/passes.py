@@ -537,16 +537,21 @@ def _int8_pipelines(convolutional: bool) -> list[Pipeline]:
 def run_pipeline(pipe: Pipeline, src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                  timeout: float = DEFAULT_PASS_TIMEOUT) -> tuple[bool, list[dict[str, Any]], str]:
     """Run ``pipe`` on ``src`` in a child process, writing ``dst``. Returns (ok, per-step info,
-    error). A crash, a hang past ``timeout`` or an exception is ``ok=False`` with the reason."""
-    request = {"src": str(src), "dst": str(dst), "steps": pipe.steps}
+    error). A crash, a hang past ``timeout`` or an exception is ``ok=False`` with the reason.
+    The child works in a scratch directory, removed after it: some tools dump files into the
+    current one (ONNX Runtime's symbolic shape inference, when incomplete)."""
+    request = {"src": str(Path(src).absolute()), "dst": str(Path(dst).absolute()),
+               "steps": pipe.steps}
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p])
     with tempfile.TemporaryDirectory(prefix="onnxmedic-pass-") as tmp:
         req = Path(tmp) / "request.json"
         res = Path(tmp) / "result.json"
         req.write_text(json.dumps(request))
+        work = Path(tmp) / "cwd"
+        work.mkdir()
         proc = subprocess.Popen([sys.executable, "-m", _HERE, str(req), str(res)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
         try:
             _, err = proc.communicate(timeout=timeout)
