@@ -213,3 +213,39 @@ def test_a_faster_near_miss_names_the_budget_that_would_admit_it() -> None:
                                 accuracy={"y": {"cosine": 0.99696}})) == ""
     assert _budget_hint(Variant("lost", precision="int8", speedup=3.0,
                                 accuracy={"y": {"cosine": 0.0004}})) == ""
+
+
+class Normalize(torch.nn.Module):
+    """F.normalize of a projection, one row of it masked to zero (sentence-transformers'
+    normalised mean pooling over an all-padding sequence): its norm 0 is clamped to eps=1e-12
+    and the row divided by it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(self.proj(x) * keep, p=2, dim=1)
+
+
+def test_fp16_keeps_a_divisor_that_underflows_in_float32(tmp_path: Path) -> None:
+    """A divisor with one element below float16's range breaks the quotient, though that
+    element carries no share of its magnitude (the underflow rule's measure). Here the
+    underflow rule kept the clamp (it reads the 1e-12) in float32, whose output 1e-12 was then
+    cast to float16 - 0 - and divided: 0 / 0 = NaN on the zero row (found on the ecosystem
+    zoo's sentence-transformers mean pooling). The divisor's producer and the Div stay float32
+    too now; the value's other readers do not have to."""
+    model = Normalize().eval()
+    x, keep = torch.randn(3, 16), torch.ones(3, 1)
+    keep[1] = 0
+    src = tmp_path / "m.onnx"
+    torch.onnx.export(model, (x, keep), str(src), dynamo=True, verbose=False)
+    res = optimize(src, model, (x, keep), precision="fp16", pipelines=FP16, **FAST)
+    v = res.variants[1]
+    assert v.verified and v.worst_cosine() >= 0.999, v.rejected
+    pre = tmp_path / "pre.onnx"
+    passes.onnxscript_optimize(str(src), str(pre))
+    (div,) = _names(pre, {"Div"})
+    assert v.blocked[div].startswith("divides by ") and "8 of its 24 nonzero" in v.blocked[div]
+    assert any("a divisor that has" in why for why in v.blocked.values())

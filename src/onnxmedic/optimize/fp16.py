@@ -175,28 +175,47 @@ def value_problem(stats: list[float]) -> str:
     return ""
 
 
+def divisor_problem(stats: list[float]) -> str:
+    """Why a value cannot be a float16 divisor ("" when it can): a nonzero value below
+    FP16_TINY is subnormal or 0 in float16, and the quotient overflows or is inf - one such
+    element is enough, however little of the value's magnitude it carries (value_problem's
+    rule): ``torch.clamp(n, min=1e-9)`` under a mean over a mask that is empty for some row,
+    as in sentence-transformers' mean pooling."""
+    tiny, nonzero = int(stats[2]), int(stats[3])
+    return (f"has {tiny} of its {nonzero} nonzero values below {FP16_TINY:.4g} (subnormal or 0 "
+            "in float16: the quotient overflows)") if tiny else ""
+
+
 def block_list(model_path: str | Path, values: dict[str, list[float]]) -> dict[str, str]:
     """Node name -> why it stays float32: the producer and every consumer of each value that
-    :func:`value_problem` refuses (graph inputs and initializers have consumers only)."""
+    :func:`value_problem` refuses (graph inputs and initializers have consumers only), and
+    the producer and the dividing consumers of a divisor :func:`divisor_problem` refuses."""
     import onnx
 
     graph = onnx.load(str(model_path), load_external_data=False).graph
     producer: dict[str, str] = {}
-    consumers: dict[str, list[str]] = {}
+    consumers: dict[str, list[tuple[str, bool]]] = {}  # value -> [(node, divides by it)]
     for n in graph.node:
         for o in n.output:
             producer[o] = n.name
-        for i in n.input:
-            consumers.setdefault(i, []).append(n.name)
+        for k, i in enumerate(n.input):
+            divides = (n.op_type == "Div" and k == 1) or n.op_type == "Reciprocal"
+            consumers.setdefault(i, []).append((n.name, divides))
     blocked: dict[str, str] = {}
     for value, st in values.items():
-        why = value_problem(st)
-        if not why:
+        users = consumers.get(value, [])
+        if why := value_problem(st):
+            made, read = f"computes {value}, which {why}", f"reads {value}, which {why}"
+        elif any(d for _, d in users) and (why := divisor_problem(st)):
+            made, read = (f"computes {value}, a divisor that {why}",
+                          f"divides by {value}, which {why}")
+            users = [(c, d) for c, d in users if d]  # its other readers are fine in float16
+        else:
             continue
         if value in producer:
-            blocked.setdefault(producer[value], f"computes {value}, which {why}")
-        for c in consumers.get(value, []):
-            blocked.setdefault(c, f"reads {value}, which {why}")
+            blocked.setdefault(producer[value], made)
+        for c, _ in users:
+            blocked.setdefault(c, read)
     return blocked
 
 
