@@ -150,11 +150,14 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
     return rec
 
 
-def _run_child(zoo: str, name: str, timeout: float, threads: int) -> dict[str, Any]:
+def _run_child(zoo: str, name: str, timeout: float, threads: int, script: str = __file__,
+               extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``script --zoo ZOO --one NAME --out FILE --threads N *extra`` in its own process group,
+    killed after ``timeout``: the record it wrote, or {"name", "crashed": why}."""
     with tempfile.TemporaryDirectory() as td:
         out = Path(td) / "r.json"
-        cmd = [sys.executable, __file__, "--zoo", zoo, "--one", name, "--out", str(out),
-               "--threads", str(threads)]
+        cmd = [sys.executable, script, "--zoo", zoo, "--one", name, "--out", str(out),
+               "--threads", str(threads), *extra]
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(Path(td) / "log", "w"),
                              start_new_session=True)
