@@ -27,7 +27,6 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -38,7 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from zoo_bench import _run_child  # noqa: E402 - the same worker isolation as the zoo benchmark
+from zoo_bench import (  # noqa: E402 - the same worker isolation as the zoo benchmark
+    _run_child,
+    child_record,
+    prior_results,
+)
 
 # a rejected variant's reason -> its kind in the table (the rest: slower, changed nothing)
 KINDS = (("ONNX Runtime refused", "refused"), ("failed verification", "wrong"),
@@ -155,20 +158,12 @@ def main() -> int:
     ap.add_argument("--one-precision", default="fp32", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.one:
-        try:
-            rec = one(ns.zoo, ns.one, ns.one_precision, ns.threads)
-        except Exception as e:  # out of export(): a defect, reported as such
-            rec = {"name": ns.one, "precision": ns.one_precision,
-                   "crashed": f"{type(e).__name__}: {e}",
-                   "traceback": traceback.format_exc()[-2000:]}
-        Path(ns.out).write_text(json.dumps(rec, default=str))
-        return 0
+        return child_record(ns.out, lambda: one(ns.zoo, ns.one, ns.one_precision, ns.threads),
+                            {"name": ns.one, "precision": ns.one_precision})
     from onnxmedic.report.files import atomic_write_text
     from onnxmedic.sweep import load_zoo
 
-    results = Path(ns.results)
-    results.parent.mkdir(parents=True, exist_ok=True)
-    recs = json.loads(results.read_text()) if (ns.resume or ns.table) and results.exists() else []
+    results, recs = prior_results(ns.results, ns.resume or ns.table)
     if ns.table:
         print(table(recs))
         return 0

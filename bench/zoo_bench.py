@@ -176,6 +176,25 @@ def _run_child(zoo: str, name: str, timeout: float, threads: int, script: str = 
         return {"name": name, "crashed": f"exit {rc}: {log}", "seconds": time.perf_counter() - t0}
 
 
+def child_record(out: str, run: Any, ident: dict[str, Any]) -> int:
+    """In the worker: ``run()``'s record written to ``out`` - or, where it raised, ``ident``
+    with "crashed" and the traceback (an exception out of onnxmedic is a defect to report)."""
+    try:
+        rec = run()
+    except Exception as e:
+        rec = {**ident, "crashed": f"{type(e).__name__}: {e}",
+               "traceback": traceback.format_exc()[-2000:]}
+    Path(out).write_text(json.dumps(rec, default=str))
+    return 0
+
+
+def prior_results(path: str, keep: bool) -> tuple[Path, list[dict[str, Any]]]:
+    """The results file (its folder made) and the records already in it where ``keep``."""
+    results = Path(path)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    return results, json.loads(results.read_text()) if keep and results.exists() else []
+
+
 def table(recs: list[dict[str, Any]]) -> str:
     lines = ["| model | torch.onnx | onnxmedic | export s torch.onnx | export s onnxmedic | "
              "ratio | ORT ms | eager ms | peak MiB | why not (onnxmedic / torch.onnx) |",
@@ -229,19 +248,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.one:
-        try:
-            rec = one(ns.zoo, ns.one, ns.threads)
-        except Exception as e:
-            rec = {"name": ns.one, "crashed": f"{type(e).__name__}: {e}",
-                   "traceback": traceback.format_exc()[-2000:]}
-        Path(ns.out).write_text(json.dumps(rec, default=str))
-        return 0
+        return child_record(ns.out, lambda: one(ns.zoo, ns.one, ns.threads), {"name": ns.one})
     from onnxmedic.report.files import atomic_write_text
     from onnxmedic.sweep import load_zoo
 
-    results = Path(ns.results)
-    results.parent.mkdir(parents=True, exist_ok=True)
-    recs = json.loads(results.read_text()) if (ns.resume or ns.table) and results.exists() else []
+    results, recs = prior_results(ns.results, ns.resume or ns.table)
     if ns.table:
         print(table(recs))
         return 0
