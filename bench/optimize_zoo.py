@@ -41,6 +41,7 @@ from zoo_bench import (  # noqa: E402 - the same worker isolation as the zoo ben
     _run_child,
     child_record,
     prior_results,
+    zoo_flags,
 )
 
 # a rejected variant's reason -> its kind in the table (the rest: slower, changed nothing)
@@ -143,18 +144,8 @@ def summary(recs: list[dict[str, Any]]) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--zoo", default=str(ROOT / "bench" / "zoo" / "ecosystem.py") + ":ZOO")
+    ap = zoo_flags(__doc__, "ecosystem.py:ZOO", "optimize_zoo.json", 1200)
     ap.add_argument("--precision", default="int8,fp16", help="comma-separated: fp32,fp16,int8")
-    ap.add_argument("--only", default="")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--timeout", type=float, default=1200)
-    ap.add_argument("--results", default=str(ROOT / "build" / "optimize_zoo.json"))
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--table", action="store_true", help="only print the table of --results")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--one-precision", default="fp32", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.one:

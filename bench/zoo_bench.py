@@ -176,6 +176,23 @@ def _run_child(zoo: str, name: str, timeout: float, threads: int, script: str = 
         return {"name": name, "crashed": f"exit {rc}: {log}", "seconds": time.perf_counter() - t0}
 
 
+def zoo_flags(doc: str, zoo: str, results: str, timeout: float) -> argparse.ArgumentParser:
+    """The flags a zoo benchmark takes (defaults: ``bench/zoo/<zoo>``, ``build/<results>``),
+    and the worker's own (--one NAME --out FILE --threads N)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--zoo", default=str(ROOT / "bench" / "zoo" / zoo))
+    ap.add_argument("--only", default="")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--timeout", type=float, default=timeout)
+    ap.add_argument("--results", default=str(ROOT / "build" / results))
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--table", action="store_true", help="only print the table of --results")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    return ap
+
+
 def child_record(out: str, run: Any, ident: dict[str, Any]) -> int:
     """In the worker: ``run()``'s record written to ``out`` - or, where it raised, ``ident``
     with "crashed" and the traceback (an exception out of onnxmedic is a defect to report)."""
@@ -235,18 +252,7 @@ def table(recs: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--zoo", default=str(ROOT / "bench" / "zoo" / "hf.py") + ":ALL")
-    ap.add_argument("--only", default="")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--timeout", type=float, default=900)
-    ap.add_argument("--results", default=str(ROOT / "build" / "zoo_bench.json"))
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--table", action="store_true", help="only print the table of --results")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
-    ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
-    ns = ap.parse_args()
+    ns = zoo_flags(__doc__, "hf.py:ALL", "zoo_bench.json", 900).parse_args()
     if ns.one:
         return child_record(ns.out, lambda: one(ns.zoo, ns.one, ns.threads), {"name": ns.one})
     from onnxmedic.report.files import atomic_write_text
