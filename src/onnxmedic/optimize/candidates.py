@@ -35,6 +35,7 @@ from onnxmedic.optimize.passes import (
     Pipeline,
     default_pipelines,
     is_convolutional,
+    is_static,
     precision_error,
     run_pipeline,
 )
@@ -465,7 +466,7 @@ def _sensitivity_step(qstep: str, qopts: dict[str, Any], folder: Path,
     ``calibration`` (saved once to ``folder``); None where it has none."""
     from onnxmedic.optimize import fp16
 
-    if not qstep.endswith(":quantize_static_int8"):
+    if not is_static([qstep]):
         scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level")
                   if k in qopts}
         return "onnxmedic.optimize.int8:layer_errors", {"scheme": scheme}, {}
@@ -667,8 +668,7 @@ def _time_and_choose(plain: Variant, variants: list[Variant], paths: dict[str, P
 def _calibrated(variants: list[Variant], source: str,
                 calibration: list[dict[str, np.ndarray]] | None) -> str:
     """What static int8 was calibrated on, for the report ("" where it was no candidate)."""
-    if not calibration or not any(s.endswith(":quantize_static_int8") for v in variants
-                                  for s in v.passes):
+    if not calibration or not any(is_static(v.passes) for v in variants):
         return ""
     return source or f"{len(calibration)} given set(s)"
 
@@ -829,7 +829,7 @@ def _candidate(pipe: Pipeline, src: Path, folder: Path, names: list[str],
     if pipe.precision == "int8":
         v, path = _int8_with_sensitivity(pipe, src, folder, names, feeds, expected, cosine,
                                          timeout, calibration=calibration)
-        static = any(s.endswith(":quantize_static_int8") for s, _ in pipe.steps)
+        static = is_static(s for s, _ in pipe.steps)
         if static and calibration and v.rejected.startswith(OUTSIDE_BUDGET):
             v.rejected += _coverage_hint(calibration, feeds)
         return v, path

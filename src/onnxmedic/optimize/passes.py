@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -399,7 +400,14 @@ def is_convolutional(path: str | os.PathLike[str]) -> bool:
     return counts["Conv"] > 0 and counts["Conv"] >= counts["MatMul"] + counts["Gemm"]
 
 
-QUANTIZE_STEPS = (":quantize_int8", ":quantize_weight_only", ":quantize_static_int8")
+STATIC_STEP = ":quantize_static_int8"
+QUANTIZE_STEPS = (":quantize_int8", ":quantize_weight_only", STATIC_STEP)
+
+
+def is_static(steps: Iterable[str]) -> bool:
+    """Whether the step specs ``steps`` ("module:function") quantize statically (QDQ,
+    calibrated activation ranges)."""
+    return any(s.endswith(STATIC_STEP) for s in steps)
 
 
 def precision_error(precision: str, target: str, flags: bool = False) -> str | None:

@@ -115,29 +115,30 @@ def _agreement(c: OutputComparison, exp: np.ndarray, act: np.ndarray, dtype: str
         c.histogram = error_histogram(d, rms)
 
 
+def _special_masks(exp: np.ndarray, act: np.ndarray) -> list[tuple[np.ndarray, str, str]]:
+    """The disjoint ways NaN or inf do not match (NaN must be NaN, inf the same inf): (mask,
+    what ONNX Runtime has there, what PyTorch has)."""
+    e, a = np.asarray(exp).astype(np.float64), np.asarray(act).astype(np.float64)
+    nan_e, nan_a, inf_e, inf_a = np.isnan(e), np.isnan(a), np.isinf(e), np.isinf(a)
+    with np.errstate(invalid="ignore"):
+        other_inf = inf_a & ~nan_e & ~(inf_e & (e == a))
+    return [(nan_a & ~nan_e, "NaN", "a number"), (nan_e & ~nan_a, "a number", "NaN"),
+            (other_inf, "infinite", "not that infinity"),
+            (inf_e & ~inf_a & ~nan_a, "finite", "infinite")]
+
+
 def _special_mismatch(exp: np.ndarray, act: np.ndarray) -> int:
     """Elements where NaN or inf does not match (NaN must be NaN, inf the same inf)."""
-    e, a = exp.astype(np.float64), act.astype(np.float64)
-    nan_e, nan_a = np.isnan(e), np.isnan(a)
-    inf_e, inf_a = np.isinf(e), np.isinf(a)
-    with np.errstate(invalid="ignore"):
-        same_inf = inf_e & inf_a & (e == a)
-    return int(np.count_nonzero((nan_e ^ nan_a) | ((inf_e | inf_a) & ~same_inf
-                                                   & ~(nan_e | nan_a))))
+    return sum(int(np.count_nonzero(m)) for m, _, _ in _special_masks(exp, act))
 
 
 def special_reason(exp: np.ndarray, act: np.ndarray) -> str:
     """Where NaN or inf do not match (:func:`_special_mismatch`), in words: "NaN at 3 of 64
     elements where PyTorch's is a number" ("" where they match)."""
-    e, a = np.asarray(exp).astype(np.float64), np.asarray(act).astype(np.float64)
-    nan_e, nan_a, inf_e, inf_a = np.isnan(e), np.isnan(a), np.isinf(e), np.isinf(a)
-    with np.errstate(invalid="ignore"):
-        other_inf = inf_a & ~nan_e & ~(inf_e & (e == a))
-    cases = ((nan_a & ~nan_e, "NaN", "a number"), (nan_e & ~nan_a, "a number", "NaN"),
-             (other_inf, "infinite", "not that infinity"),
-             (inf_e & ~inf_a & ~nan_a, "finite", "infinite"))
-    return " and ".join(f"{what} at {n} of {e.size} elements where PyTorch's is {theirs}"
-                        for mask, what, theirs in cases if (n := int(np.count_nonzero(mask))))
+    size = np.asarray(exp).size
+    return " and ".join(f"{what} at {n} of {size} elements where PyTorch's is {theirs}"
+                        for m, what, theirs in _special_masks(exp, act)
+                        if (n := int(np.count_nonzero(m))))
 
 
 def _usable(reference: np.ndarray | None, exp: np.ndarray) -> np.ndarray | None:
