@@ -249,3 +249,57 @@ def test_fp16_keeps_a_divisor_that_underflows_in_float32(tmp_path: Path) -> None
     (div,) = _names(pre, {"Div"})
     assert v.blocked[div].startswith("divides by ") and "8 of its 24 nonzero" in v.blocked[div]
     assert any("a divisor that has" in why for why in v.blocked.values())
+
+
+def _untypable(path: Path) -> Path:
+    """A blocked com.microsoft node (Gelu: ONNX's inference leaves its output untyped) whose
+    output reaches a float16 Transpose through a Reshape, and a ReduceMax with its axes as an
+    input feeding a Where - on which ONNX Runtime's symbolic shape inference raises."""
+    nodes = [
+        helper.make_node("Mul", ["x", "big"], ["a"], name="scale_up"),
+        helper.make_node("Gelu", ["a"], ["g"], name="gelu", domain="com.microsoft"),
+        helper.make_node("Mul", ["g", "small"], ["s"], name="scale_down"),
+        helper.make_node("Reshape", ["s", "shape"], ["r"], name="reshape"),
+        helper.make_node("Transpose", ["r"], ["t"], name="transpose", perm=[1, 0]),
+        helper.make_node("ReduceMax", ["x", "axes"], ["mx"], name="rmax", keepdims=1),
+        helper.make_node("Cast", ["mx"], ["mb"], name="cast", to=TensorProto.BOOL),
+        helper.make_node("Where", ["mb", "t", "zero"], ["y"], name="where"),
+    ]
+    inits = [helper.make_tensor("big", TensorProto.FLOAT, [], [1e5]),
+             helper.make_tensor("small", TensorProto.FLOAT, [], [1e-5]),
+             helper.make_tensor("shape", TensorProto.INT64, [2], [4, 4]),
+             helper.make_tensor("axes", TensorProto.INT64, [1], [1]),
+             helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     [4, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])], inits,
+                          value_info=[helper.make_tensor_value_info("t", TensorProto.FLOAT,
+                                                                    [4, 4])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18),
+                                                  helper.make_opsetid("com.microsoft", 1)]),
+              str(path))
+    return path
+
+
+def test_blocked_nodes_are_cast_back_where_symbolic_inference_fails(tmp_path: Path) -> None:
+    """The converter casts a blocked node's output to float16 only where the output is typed:
+    symbolic shape inference raising left the fused op's output untyped, so the float32 value
+    reached a Transpose declared float16 and ONNX Runtime refused the file ("Type Error"; a
+    padded BERT's fused attention blocked by its mask, MoE models). ONNX Runtime types it now."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    src = _untypable(tmp_path / "m.onnx")
+    with pytest.raises(TypeError):  # the upstream failure this is about
+        SymbolicShapeInference.infer_shapes(onnx.load(str(src)), auto_merge=True,
+                                            guess_output_rank=False)
+    info = fp16.float16(str(src), str(tmp_path / "h.onnx"),
+                        node_block_list=["scale_up", "gelu", "scale_down"])
+    assert info["blocked"] == ["scale_up", "gelu", "scale_down"]
+    x = np.random.default_rng(0).random((4, 4), dtype=np.float32)
+    sbx = onnxmedic.sandbox.run_model(tmp_path / "h.onnx", [{"x": x}])
+    assert sbx.ok, sbx.summary()
+    ref = onnxmedic.sandbox.run_model(src, [{"x": x}])
+    np.testing.assert_allclose(sbx.outputs[0][0], ref.outputs[0][0], rtol=2e-3, atol=1e-4)
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in onnx.load(str(tmp_path / "h.onnx")).graph.value_info}
+    assert types["t"] == TensorProto.FLOAT16  # the Transpose itself runs in float16

@@ -109,7 +109,6 @@ def range_stats(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
     every feed of the ``feeds`` .npz - and return, per float32 value (node outputs, graph
     inputs, initializers), the worst :func:`_stats` over the feeds. ``dst`` is not written."""
     import onnx
-    import onnxruntime as ort
     from onnx import numpy_helper
 
     del dst
@@ -126,21 +125,9 @@ def range_stats(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
     graph_outputs = [o.name for o in proto.graph.output]
     exposed = list(dict.fromkeys(o for n in proto.graph.node for o in n.output
                                  if o and o not in graph_outputs))
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the nodes as is
     with tempfile.TemporaryDirectory(prefix="onnxmedic-fp16-") as tmp:
         for chunk in value_chunks(proto, exposed, chunk_bytes):
-            del proto.graph.output[len(graph_outputs):]
-            for o in chunk:
-                proto.graph.output.add().name = o  # untyped: ONNX Runtime infers the type
-            try:
-                model: Any = proto.SerializeToString()
-            except ValueError:  # over 2 GiB: through a file with external data
-                model = str(Path(tmp) / "m.onnx")
-                Path(model + ".data").unlink(missing_ok=True)
-                onnx.save(proto, model, save_as_external_data=True, location="m.onnx.data")
-            sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-            del model
+            sess = _session_exposing(proto, chunk, tmp)
             for feed in feed_list:
                 for name, a in zip(graph_outputs + chunk, sess.run(None, feed)):
                     if isinstance(a, np.ndarray) and a.dtype == np.float32:
@@ -162,6 +149,31 @@ def load_feeds(path: str | Path) -> list[dict[str, np.ndarray]]:
     data = np.load(path)
     layout = json.loads(str(data["__layout__"]))
     return [{k: data[f"{i}_{j}"] for j, k in enumerate(keys)} for i, keys in enumerate(layout)]
+
+
+def _session_exposing(proto: Any, names: list[str], tmp: str) -> Any:
+    """A CPU session of ``proto`` (its nodes as they are: no graph optimization) with the
+    values ``names`` as extra graph outputs, untyped - ONNX Runtime infers their types, the
+    com.microsoft ops' included. ``proto``'s outputs are restored; over 2 GiB it goes through
+    a file with external data in ``tmp``."""
+    import onnx
+    import onnxruntime as ort
+
+    kept = len(proto.graph.output)
+    for o in names:
+        proto.graph.output.add().name = o
+    try:
+        try:
+            model: Any = proto.SerializeToString()
+        except ValueError:  # over 2 GiB
+            model = str(Path(tmp) / "m.onnx")
+            Path(model + ".data").unlink(missing_ok=True)
+            onnx.save(proto, model, save_as_external_data=True, location="m.onnx.data")
+    finally:
+        del proto.graph.output[kept:]
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the nodes as is
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
 def value_problem(stats: list[float]) -> str:
@@ -219,30 +231,61 @@ def block_list(model_path: str | Path, values: dict[str, list[float]]) -> dict[s
     return blocked
 
 
+_ELEM_TYPES = {"tensor(float)": 1, "tensor(uint8)": 2, "tensor(int8)": 3, "tensor(uint16)": 4,
+               "tensor(int16)": 5, "tensor(int32)": 6, "tensor(int64)": 7, "tensor(string)": 8,
+               "tensor(bool)": 9, "tensor(float16)": 10, "tensor(double)": 11,
+               "tensor(uint32)": 12, "tensor(uint64)": 13, "tensor(bfloat16)": 16}
+
+
 def _typed(model: Any) -> tuple[Any, bool]:
-    """The model with element types for every value it can type (shapes left out), from ONNX
-    Runtime's symbolic shape inference, which knows the com.microsoft fused ops that ONNX's own
-    inference leaves untyped (the converter would leave their outputs float32). Returns (model,
-    True) or (model, False) when it fails (the converter then runs ONNX's inference)."""
+    """The model with element types for every top-level value read (shapes left out), which the
+    converter needs to put Casts around blocked nodes: from ONNX Runtime's symbolic shape
+    inference, which knows the com.microsoft fused ops that ONNX's own inference leaves
+    untyped; where it fails or leaves values untyped (it raises on values it cannot shape,
+    e.g. behind a ReduceMax with axes as an input), from ONNX Runtime itself
+    (:func:`ort_types`). Returns (model, True), or (model, False) when neither could type it
+    (the converter then runs ONNX's inference)."""
     import onnx
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
     try:
         typed = SymbolicShapeInference.infer_shapes(model, auto_merge=True,
                                                     guess_output_rank=False)
-    except Exception as e:  # noqa: BLE001 - fall back to ONNX shape inference
-        logger.info("symbolic shape inference failed (%s); using ONNX's", e)
-        return model, False
-    if typed is None:
-        return model, False
-    known = {vi.name for vi in model.graph.value_info}
-    for vi in typed.graph.value_info:
+    except Exception as e:  # noqa: BLE001 - ONNX Runtime types the rest below
+        logger.info("symbolic shape inference failed (%s); typing with ONNX Runtime", e)
+        typed = None
+    g = model.graph
+    known = {vi.name for vi in g.value_info} | {v.name for v in g.output} | {
+        v.name for v in g.input}
+    for vi in typed.graph.value_info if typed is not None else []:
         if vi.name and vi.name not in known and vi.type.tensor_type.elem_type:
             v = onnx.ValueInfoProto()
             v.CopyFrom(vi)
             v.type.tensor_type.ClearField("shape")
-            model.graph.value_info.append(v)
+            g.value_info.append(v)
+            known.add(vi.name)
+    read = _referenced(g, set())  # an unread output (SkipLayerNormalization's float mean) is
+    missing = list(dict.fromkeys(o for n in g.node for o in n.output  # best left untyped
+                                 if o and o not in known and o in read))
+    if not missing:
+        return model, True
+    try:
+        types = ort_types(model, missing)
+    except Exception as e:  # noqa: BLE001 - the converter runs ONNX's inference
+        logger.info("ONNX Runtime could not type the graph (%s); using ONNX's inference", e)
+        return model, False
+    for name, elem in types.items():
+        g.value_info.append(onnx.helper.make_tensor_value_info(name, elem, None))
     return model, True
+
+
+def ort_types(model: Any, names: list[str]) -> dict[str, int]:
+    """Element type (TensorProto enum) of each top-level value in ``names``, as ONNX Runtime
+    types it when it loads ``model`` (nothing runs); sequences and maps are left out."""
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-fp16-") as tmp:
+        sess = _session_exposing(model, names, tmp)
+        return {o.name: _ELEM_TYPES[o.type] for o in sess.get_outputs()
+                if o.name in names and o.type in _ELEM_TYPES}
 
 
 def _referenced(graph: Any, into: set[str]) -> set[str]:
