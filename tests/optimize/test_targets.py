@@ -436,17 +436,24 @@ def test_cuda_graph_deploy_compares_every_file_as_a_graph(
 def test_a_file_the_cpu_stand_in_refuses_is_not_blamed_on_the_target() -> None:
     """Where the target's provider is missing, candidates run on the CPU provider: one it
     refuses (float16 ScatterElements-add has no CPU kernel: transformers' MoE routing) says
-    that it was the CPU - the target's provider may run it. Other rejections stay as they are,
-    and with the target present nothing is added."""
+    that it was the CPU - the target's provider may run it; one its type checks reject is
+    invalid on any provider. Other rejections stay as they are, and with the target present
+    nothing is added."""
     from onnxmedic.optimize.candidates import REFUSED, Variant, _outcome
 
     def variants() -> list[Variant]:
         return [Variant("plain", verified=True), Variant("ok", verified=True),
                 Variant("fp16", "fp16", rejected=f"{REFUSED} (run_error: ScatterElements)"),
-                Variant("wrong", rejected="failed verification: y at set 0")]
+                Variant("wrong", rejected="failed verification: y at set 0"),
+                Variant("typed", "fp16", rejected=f"{REFUSED} (load_error: Fail: Load model from "
+                        "m.onnx failed:Type Error: Type (tensor(float16)) of output arg (t) of "
+                        "node (transpose) does not match expected type (tensor(float)).)")]
 
     vs = variants()
     _outcome(vs[0], vs[0], vs, "cuda", "CUDAExecutionProvider is not available")
+    # a graph ONNX Runtime rejects while typing it is no provider's gap
+    assert vs[4].rejected.endswith("(tensor(float)).) - the graph itself is invalid, on any "
+                                   "provider")
     assert vs[2].rejected == (f"{REFUSED} (run_error: ScatterElements) - on the CPU, standing "
                               "in for cuda, whose provider may run it")
     assert vs[3].rejected == "failed verification: y at set 0"

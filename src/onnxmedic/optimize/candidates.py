@@ -48,6 +48,10 @@ NOISE_FRACTION = 0.03
 DEFAULT_COSINE = 0.999
 OUTSIDE_BUDGET = "outside the accuracy budget"  # a reduced-precision variant's rejection
 REFUSED = "ONNX Runtime refused it"  # a variant that did not load or run
+# ONNX Runtime's words for a graph it rejects before any provider is chosen (its type and
+# shape checks, a malformed file): no provider would run it
+INVALID_GRAPH = ("Type Error", "TypeInferenceError", "ShapeInferenceError", "INVALID_GRAPH",
+                 "INVALID_PROTOBUF")
 TARGETS = ("cpu", "cuda", "tensorrt")
 # Targets whose files are also tried as CUDA graphs (a "twin": the same file run with the
 # settings below): at small batch a GPU waits on kernel launches, a graph replay is one launch
@@ -750,7 +754,9 @@ def _outcome(plain: Variant, chosen: Variant, variants: list[Variant], target: s
             if v.verified:
                 v.rejected = f"verified on the CPU, not timed on {target}: {absent}"
             elif v.rejected.startswith(REFUSED):  # a CPU kernel gap says nothing of the target
-                v.rejected += (f" - on the CPU, standing in for {target}, whose provider may "
+                v.rejected += (" - the graph itself is invalid, on any provider"
+                               if any(w in v.rejected for w in INVALID_GRAPH) else
+                               f" - on the CPU, standing in for {target}, whose provider may "
                                "run it")
         plain.rejected = ""
         return f"no variant could be timed on {target} ({absent}); the plain export is kept"
