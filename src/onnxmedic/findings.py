@@ -655,6 +655,15 @@ CODES: dict[str, CodeInfo] = {
         "ONNX Runtime refused the capture (a node outside the CUDA provider, device copies); "
         "its reason is quoted. The file itself runs, without a graph.",
     ),
+    "OM727": CodeInfo(
+        "float16 fill values saturated", 0,
+        "--precision fp16: values whose only elements beyond float16's range are fill values "
+        "(|x| >= 1e8: an attention mask's torch.finfo(torch.float32).min, a masked_fill's "
+        "-1e9) were left in float16, where they saturate to +-65504 or +-inf, instead of "
+        "keeping every node that reads them (a fused attention, a softmax) in float32; the "
+        "variant was verified like any other. Where it was not, the finding says why and the "
+        "nodes were kept in float32 (OM724).",
+    ),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -303,3 +304,77 @@ def test_blocked_nodes_are_cast_back_where_symbolic_inference_fails(tmp_path: Pa
     types = {vi.name: vi.type.tensor_type.elem_type
              for vi in onnx.load(str(tmp_path / "h.onnx")).graph.value_info}
     assert types["t"] == TensorProto.FLOAT16  # the Transpose itself runs in float16
+
+
+class MaskedAttention(torch.nn.Module):
+    """Attention with transformers' additive padding mask: (1 - mask) * finfo(float32).min."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = (torch.nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) * 2.0
+        bias = (1.0 - mask[:, None, :].float()) * torch.finfo(torch.float32).min
+        return torch.softmax(scores + bias, dim=-1) @ self.v(x)
+
+
+def _masked(mask: torch.Tensor, tmp_path: Path) -> tuple[Any, Path]:
+    model = MaskedAttention().eval()
+    x = torch.randn(2, 8, 16)
+    src = tmp_path / "m.onnx"
+    torch.onnx.export(model, (x, mask), str(src), dynamo=True, verbose=False)
+    res = optimize(src, model, (x, mask), precision="fp16", pipelines=FP16, **FAST)
+    return res, src
+
+
+def test_mask_fill_values_saturate_in_float16_instead_of_blocking(tmp_path: Path) -> None:
+    """A padding mask's finfo.min is 'over 65504' only in its fill values: kept float32 it
+    blocked every node reading the mask (the softmax here; a fused attention in BERT/GPT-2).
+    Saturated to -65504 in float16 the masked scores still vanish: no node blocked, verified,
+    the values named (OM727)."""
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    mask[1, 6:] = 0  # padding: no query row is fully masked, in any permutation of it
+    res, _ = _masked(mask, tmp_path)
+    v = res.variants[1]
+    assert v.verified, v.rejected
+    assert v.blocked == {} and v.saturation_rejected == ""
+    assert v.saturated and all("only in fill values" in r and "3.403e+38" in r
+                               for r in v.saturated.values())
+    (f,) = block_list_findings(res)
+    assert f.code == "OM727" and set(f.details["values"]) == set(v.saturated)
+    assert "saturate" in f.message
+
+
+def test_fill_values_that_change_the_result_are_kept_float32(tmp_path: Path) -> None:
+    """A fully masked row: in float32 finfo.min absorbs every score (a uniform softmax), while
+    -65504 in float16 does not (softmax of the scores): the saturating variant fails its
+    budget, so the strict block list is built and verified instead, and OM727 says why."""
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    mask[1, :] = 0
+    res, _ = _masked(mask, tmp_path)
+    v = res.variants[1]
+    assert v.verified, v.rejected
+    assert v.saturated == {} and v.blocked
+    assert any("softmax" in n.lower() for n in v.blocked)
+    assert v.saturation_rejected.startswith("leaving ")
+    assert "outside the accuracy budget" in v.saturation_rejected
+    codes = {f.code: f for f in block_list_findings(res)}
+    assert set(codes) == {"OM724", "OM727"}
+    assert "kept in float32 instead" in codes["OM727"].message
+
+
+def test_fill_statistics() -> None:
+    mask = np.array([0.5, -3.4028235e38, 2.0, -1e9], np.float32)
+    st = fp16._stats(mask)
+    assert "65504" in fp16.value_problem(st)  # the strict rule
+    assert fp16.value_problem(st, saturate=True) == ""
+    assert "within 2" in fp16.fill_problem(st)
+    big = np.array([0.5, 7e4, -3.4e38], np.float32)  # a computed 7e4 beside the fill
+    assert "65504" in fp16.value_problem(fp16._stats(big), saturate=True)
+    assert fp16.fill_problem(fp16._stats(big)) == ""
+    # the underflow share is of the computed elements' magnitude, not the fill's
+    tiny = np.array([1e-6] * 10 + [-3.4e38], np.float32)
+    assert "underflows" in fp16.value_problem(fp16._stats(tiny), saturate=True)
+    assert fp16.saturated({"m": st, "b": fp16._stats(big)}) == {"m": fp16.fill_problem(st)}

@@ -248,17 +248,29 @@ def target_findings(res: OptimizationResult, stage: str = "optimize") -> list[An
 
 
 def block_list_findings(res: OptimizationResult, stage: str = "optimize") -> list[Any]:
-    """OM724 for each float16 variant that kept nodes in float32: which nodes and why."""
+    """OM724 for each float16 variant that kept nodes in float32: which nodes and why; OM727
+    for each that left fill values to saturate in float16, or tried to and why it did not."""
     from onnxmedic.findings import info, listed
 
     out = []
     for v in res.variants:
-        if v.precision != "fp16" or not v.blocked:
+        if v.precision != "fp16":
             continue
-        why = [f"{n} ({r})" for n, r in v.blocked.items()]
-        out.append(info("OM724", stage, f"{v.name}: {len(v.blocked)} node(s) kept in float32 "
-                        f"- {listed(why, 8, '; ')}", details={"variant": v.name,
-                                                            "nodes": dict(v.blocked)}))
+        if v.blocked:
+            why = [f"{n} ({r})" for n, r in v.blocked.items()]
+            out.append(info("OM724", stage, f"{v.name}: {len(v.blocked)} node(s) kept in "
+                            f"float32 - {listed(why, 8, '; ')}",
+                            details={"variant": v.name, "nodes": dict(v.blocked)}))
+        if v.saturated:
+            why = [f"{n} ({r})" for n, r in v.saturated.items()]
+            out.append(info("OM727", stage, f"{v.name}: {len(v.saturated)} value(s) left in "
+                            "float16 where only fill values exceed its range (they saturate; "
+                            f"verified) - {listed(why, 8, '; ')}",
+                            details={"variant": v.name, "values": dict(v.saturated)}))
+        elif v.saturation_rejected:
+            out.append(info("OM727", stage, f"{v.name}: {v.saturation_rejected}; their nodes "
+                            "were kept in float32 instead",
+                            details={"variant": v.name, "rejected": v.saturation_rejected}))
     return out
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from onnxmedic import sandbox
+from onnxmedic.findings import listed
 from onnxmedic.optimize.passes import (
     QUANTIZE_STEPS,
     Pipeline,
@@ -103,6 +104,9 @@ class Variant:
     rejected: str = ""  # why not chosen ("" for the chosen one)
     path: str = ""
     blocked: dict[str, str] = field(default_factory=dict)  # fp16: node kept float32 -> why
+    # fp16: value left float16 whose fill values (a mask's finfo.min) saturate -> its range
+    saturated: dict[str, str] = field(default_factory=dict)
+    saturation_rejected: str = ""  # fp16: why the variant that saturated them was not kept
 
     def worst_cosine(self) -> float | None:
         """The lowest cosine over the outputs (each already the worst over the input sets);
@@ -248,7 +252,8 @@ def _graph_twin(base: Variant, path: Path, names: list[str], feed: dict[str, np.
     runs (the file itself was verified at every size)."""
     twin = Variant(base.name + GRAPH_SUFFIX, precision=base.precision,
                    passes=base.passes + ["cuda-graph"], steps=base.steps, fusions=base.fusions,
-                   nodes=base.nodes, path=str(path), blocked=base.blocked)
+                   nodes=base.nodes, path=str(path), blocked=base.blocked,
+                   saturated=base.saturated)
     sbx = sandbox.run_model(path, [feed], timeout=timeout, providers=sandbox.providers(target),
                             timing={"warmup": 2, "repeats": 1, "graph": True})
     if not sbx.ok:
@@ -516,7 +521,13 @@ def _fp16_with_block_list(base: Pipeline, src: Path, folder: Path, names: list[s
                           ) -> tuple[Variant, Path]:
     """The steps before the float16 step (and node naming) run first; the float32 values of
     that graph are measured on every feed (fp16.range_stats, in the pass child); the nodes that
-    compute or read a value float16 cannot hold stay float32 (fp16.block_list); then float16."""
+    compute or read a value float16 cannot hold stay float32 (fp16.block_list); then float16.
+    Values that overflow only in fill values (an attention mask's finfo.min: keeping them
+    float32 keeps every fused attention reading the mask in float32) are first left in
+    float16 to saturate (fp16.saturated); where that variant is not verified, the strict
+    block list is built instead and says why (``saturation_rejected``)."""
+    import copy
+
     from onnxmedic.optimize import fp16
 
     v, pre, at = _prefix(base, ":float16", src, folder, timeout)
@@ -526,19 +537,36 @@ def _fp16_with_block_list(base: Pipeline, src: Path, folder: Path, names: list[s
     if measured is None:
         v.rejected = f"measuring float32 ranges failed: {err}"
         return v, pre
-    v.blocked = fp16.block_list(pre, measured["values"])
-    if v.blocked:
-        logger.info("fp16: keeping %d node(s) in float32: %s", len(v.blocked),
-                    ", ".join(v.blocked))
-    conv = Pipeline(base.name, [(s, dict(o, node_block_list=sorted(v.blocked)))
-                                for s, o in base.steps[at:]], precision="fp16")
-    cv, path = _build(conv, pre, folder, timeout)
-    v.steps += cv.steps
-    v.fusions.update(cv.fusions)
-    v.nodes, v.rejected, v.path = cv.nodes, cv.rejected, cv.path
-    if not v.rejected:
-        _verify(v, path, names, feeds, expected, cosine, timeout, target=target)
-    return v, path
+    values = measured["values"]
+
+    def convert(blocked: dict[str, str], suffix: str) -> tuple[Variant, Path]:
+        cv = copy.deepcopy(v)
+        cv.blocked = blocked
+        if blocked:
+            logger.info("fp16 (%s): keeping %d node(s) in float32: %s", base.name,
+                        len(blocked), ", ".join(blocked))
+        conv = Pipeline(base.name, [(s, dict(o, node_block_list=sorted(blocked)))
+                                    for s, o in base.steps[at:]], precision="fp16")
+        built, path = _build(conv, pre, folder, timeout, suffix=suffix)
+        cv.steps += built.steps
+        cv.fusions.update(built.fusions)
+        cv.nodes, cv.rejected, cv.path = built.nodes, built.rejected, built.path
+        if not cv.rejected:
+            _verify(cv, path, names, feeds, expected, cosine, timeout, target=target)
+        return cv, path
+
+    strict = fp16.block_list(pre, values)
+    lean = fp16.block_list(pre, values, saturate=True)
+    if lean == strict:
+        return convert(strict, "")
+    sv, spath = convert(lean, "-saturated")
+    sv.saturated = fp16.saturated(values)
+    if sv.verified:
+        return sv, spath
+    cv, path = convert(strict, "")
+    cv.saturation_rejected = (f"leaving {listed(sv.saturated, 4)} in float16 to saturate was "
+                              f"rejected: {sv.rejected}")
+    return cv, path
 
 
 def _build(pipe: Pipeline, src: Path, folder: Path, timeout: float, suffix: str = ""
@@ -739,6 +767,14 @@ def _deploy_graphs(plain: Variant, variants: list[Variant], paths: dict[str, Pat
     return next(v for v, t in ok if t is best), best
 
 
+def _stand_in(refusal: str, target: str) -> str:
+    """What to add to a refusal on the CPU provider standing in for ``target``'s: a CPU kernel
+    gap says nothing of the target; a graph ONNX Runtime rejects while typing it fails on any."""
+    if any(w in refusal for w in INVALID_GRAPH):
+        return " - the graph itself is invalid, on any provider"
+    return f" - on the CPU, standing in for {target}, whose provider may run it"
+
+
 def _outcome(plain: Variant, chosen: Variant, variants: list[Variant], target: str,
              absent: str | None, deployed: Variant | None = None) -> str:
     """The result's message (and the plain variant's and, where the target could not be timed,
@@ -753,11 +789,10 @@ def _outcome(plain: Variant, chosen: Variant, variants: list[Variant], target: s
         for v in variants[1:]:
             if v.verified:
                 v.rejected = f"verified on the CPU, not timed on {target}: {absent}"
-            elif v.rejected.startswith(REFUSED):  # a CPU kernel gap says nothing of the target
-                v.rejected += (" - the graph itself is invalid, on any provider"
-                               if any(w in v.rejected for w in INVALID_GRAPH) else
-                               f" - on the CPU, standing in for {target}, whose provider may "
-                               "run it")
+            elif v.rejected.startswith(REFUSED):
+                v.rejected += _stand_in(v.rejected, target)
+            if REFUSED in v.saturation_rejected:
+                v.saturation_rejected += _stand_in(v.saturation_rejected, target)
         plain.rejected = ""
         return f"no variant could be timed on {target} ({absent}); the plain export is kept"
     if chosen is plain:

@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 FP16_MAX = 65504.0
 FP16_TINY = 2.0**-14  # 6.1035e-05, float16's smallest normal
 UNDERFLOW_MASS = 0.01  # share of a value's sum(|x|) below FP16_TINY that blocks it
+# |x| from which an element is a fill value, not a computed one: an attention mask's
+# torch.finfo(torch.float32).min (-3.4e38) or -1e9, a masked_fill's "minus infinity"
+FILL_MIN = 1e8
 CHUNK_BYTES = 256 * 1024**2  # exposed values per measuring session (as in verify/localize.py)
 
 
@@ -60,22 +63,24 @@ def name_nodes(src: str, dst: str) -> dict[str, Any]:
 
 
 def _stats(a: np.ndarray) -> list[float]:
-    """[max |x| over finite elements, share of sum|x| in 0 < |x| < FP16_TINY, count of such
-    elements, nonzero count]."""
+    """[max |x| over finite elements, share of the sum|x| of the non-fill elements (|x| <
+    FILL_MIN) in 0 < |x| < FP16_TINY, count of such elements, nonzero count, max |x| over the
+    finite non-fill elements]."""
     x = np.abs(a[np.isfinite(a)].astype(np.float64, copy=False))
     if x.size == 0:
-        return [0.0, 0.0, 0, 0]
+        return [0.0, 0.0, 0, 0, 0.0]
     nz = x > 0
     tiny = nz & (x < FP16_TINY)
-    total = float(x.sum())
+    body = x[x < FILL_MIN]
+    total = float(body.sum())
     return [float(x.max()), float(x[tiny].sum() / total) if total else 0.0, int(tiny.sum()),
-            int(nz.sum())]
+            int(nz.sum()), float(body.max()) if body.size else 0.0]
 
 
 def _merge(old: list[float] | None, new: list[float]) -> list[float]:
     if old is None:
         return new
-    return [max(old[0], new[0]), max(old[1], new[1]), max(old[2], new[2]), max(old[3], new[3])]
+    return [max(o, n) for o, n in zip(old, new)]
 
 
 def _nbytes(vi: Any) -> int:
@@ -176,14 +181,27 @@ def _session_exposing(proto: Any, names: list[str], tmp: str) -> Any:
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
-def value_problem(stats: list[float]) -> str:
-    """Why a value cannot live in float16 ("" when it can)."""
-    mx, tiny_share, tiny, nonzero = stats
-    if mx > FP16_MAX:
+def value_problem(stats: list[float], saturate: bool = False) -> str:
+    """Why a value cannot live in float16 ("" when it can). ``saturate``: a value whose only
+    elements beyond float16's range are fill values (:func:`fill_problem`) can - they
+    saturate (the converter clips such constants to +-65504; computed ones become +-inf),
+    which leaves a mask a mask."""
+    mx, tiny_share, tiny, nonzero = stats[:4]
+    if mx > FP16_MAX and not (saturate and fill_problem(stats)):
         return f"reaches |x| = {mx:.4g} > {FP16_MAX:g} (float16 overflows to inf)"
     if tiny_share >= UNDERFLOW_MASS:
         return (f"{tiny_share:.1%} of its magnitude is in {int(tiny)} of {int(nonzero)} nonzero "
                 f"values below {FP16_TINY:.4g} (float16 underflows)")
+    return ""
+
+
+def fill_problem(stats: list[float]) -> str:
+    """Where a value's elements beyond float16's range are all fill values (|x| >= FILL_MIN)
+    and the others fit: the words for it ("" otherwise)."""
+    mx, body = stats[0], stats[4] if len(stats) > 4 else stats[0]
+    if mx > FP16_MAX >= body:
+        return (f"reaches |x| = {mx:.4g} only in fill values (|x| >= {FILL_MIN:g}; its other "
+                f"elements within {body:.4g})")
     return ""
 
 
@@ -198,10 +216,12 @@ def divisor_problem(stats: list[float]) -> str:
             "in float16: the quotient overflows)") if tiny else ""
 
 
-def block_list(model_path: str | Path, values: dict[str, list[float]]) -> dict[str, str]:
+def block_list(model_path: str | Path, values: dict[str, list[float]], saturate: bool = False
+               ) -> dict[str, str]:
     """Node name -> why it stays float32: the producer and every consumer of each value that
     :func:`value_problem` refuses (graph inputs and initializers have consumers only), and
-    the producer and the dividing consumers of a divisor :func:`divisor_problem` refuses."""
+    the producer and the dividing consumers of a divisor :func:`divisor_problem` refuses.
+    ``saturate``: values whose overflow is only fill values (:func:`saturated`) do not block."""
     import onnx
 
     graph = onnx.load(str(model_path), load_external_data=False).graph
@@ -216,7 +236,7 @@ def block_list(model_path: str | Path, values: dict[str, list[float]]) -> dict[s
     blocked: dict[str, str] = {}
     for value, st in values.items():
         users = consumers.get(value, [])
-        if why := value_problem(st):
+        if why := value_problem(st, saturate):
             made, read = f"computes {value}, which {why}", f"reads {value}, which {why}"
         elif any(d for _, d in users) and (why := divisor_problem(st)):
             made, read = (f"computes {value}, a divisor that {why}",
@@ -229,6 +249,14 @@ def block_list(model_path: str | Path, values: dict[str, list[float]]) -> dict[s
         for c, _ in users:
             blocked.setdefault(c, read)
     return blocked
+
+
+def saturated(values: dict[str, list[float]]) -> dict[str, str]:
+    """Value -> :func:`fill_problem`'s words, for each value that blocks its nodes only for its
+    fill values: what ``block_list(..., saturate=True)`` leaves in float16 that the strict
+    list keeps float32."""
+    return {v: fill_problem(st) for v, st in values.items()
+            if value_problem(st) and not value_problem(st, saturate=True)}
 
 
 _ELEM_TYPES = {"tensor(float)": 1, "tensor(uint8)": 2, "tensor(int8)": 3, "tensor(uint16)": 4,
