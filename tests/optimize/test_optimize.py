@@ -595,6 +595,39 @@ def test_ort_fusions_restore_the_reshape_gpt2s_attention_fusion_drops(
         ort.InferenceSession(str(tmp_path / "broken.onnx"), providers=["CPUExecutionProvider"])
 
 
+class BatchFirstMatMul(torch.nn.Module):
+    """nn.Transformer's pattern: an (S, B, D) input made batch-first, times a transposed 2-D
+    weight."""
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(x.transpose(0, 1), w.t())
+
+
+def test_ort_fusions_unbatch_a_fused_matmul_the_kernel_refuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxscript 0.7 folds the Transpose(perm=[1, 0, 2]) into FusedMatMul's transBatchA
+    against a 2-D weight; ONNX Runtime's kernel needs equal ranks >= 3 for it and fails at run
+    time (every ort-fusions candidate of nn.Transformer was refused). The pass puts the
+    Transpose back and clears the flag: the file computes PyTorch's output."""
+    x, w = torch.randn(5, 3, 16), torch.randn(8, 16)
+    src = _export(BatchFirstMatMul(), (x, w), tmp_path / "m.onnx")
+    feed = {"x": x.numpy(), "w": w.numpy()}
+    info = passes.ort_fusions(str(src), str(tmp_path / "f.onnx"))
+    assert info["new_ops"] == {"FusedMatMul": 1} and info["unbatched_fused_matmuls"] == 1
+    fused = {n.op_type: n for n in onnx.load(str(tmp_path / "f.onnx")).graph.node}
+    attrs = {a.name: a.i for a in fused["FusedMatMul"].attribute}
+    assert attrs["transB"] == 1 and not attrs.get("transBatchA")
+    assert list(fused["Transpose"].attribute[0].ints) == [1, 0, 2]
+    sbx = onnxmedic.sandbox.run_model(tmp_path / "f.onnx", [feed])
+    assert sbx.ok, sbx.summary()
+    np.testing.assert_allclose(sbx.outputs[0][0], BatchFirstMatMul()(x, w).numpy(),
+                               rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(passes, "unbatch_fused_matmul", lambda model: 0)
+    passes.ort_fusions(str(src), str(tmp_path / "broken.onnx"))
+    broken = onnxmedic.sandbox.run_model(tmp_path / "broken.onnx", [feed])
+    assert broken.status == "run_error" and "transBatchA" in broken.error
+
+
 @pytest.mark.parametrize("spec, value", [(None, 0.999), ("cosine=0.9995", 0.9995), (0.99, 0.99),
                                          (" cosine =0.5", 0.5)])
 def test_parse_accuracy_reads_the_cosine_budget(spec: object, value: float) -> None:

@@ -119,11 +119,14 @@ def ort_fusions(src: str, dst: str, norm_fusions: bool = True) -> dict[str, Any]
             stack.enter_context(mock.patch.object(_core, name, lambda *a, **k: 0))
         model, counts = optimize_for_ort(model)
     restored = restore_flattened_attention(model)
+    unbatched = unbatch_fused_matmul(model)
     _save_ir(model, dst)
     info = op_count_diff(before, op_counts(dst))
     info["fusions"] = {k: int(v) for k, v in counts.items() if v}
     if restored:
         info["restored_reshapes"] = restored
+    if unbatched:
+        info["unbatched_fused_matmuls"] = unbatched
     return info
 
 
@@ -157,6 +160,40 @@ def restore_flattened_attention(model: Any) -> int:
         out.shape = None
         restored += 1
     return restored
+
+
+def unbatch_fused_matmul(model: Any) -> int:
+    """Mend onnxscript 0.7's FusedMatMul rules where they fold a batch transpose
+    (``Transpose(perm=[1, ..., N-2, 0, N-1])``) into ``transBatchA``/``transBatchB`` although
+    the other input's rank differs (nn.Transformer's ``(S, B, D)`` input against a 2-D weight):
+    ONNX Runtime's kernel needs both inputs of the same rank >= 3 then, and fails at run time.
+    The Transpose is put back in front and the flag cleared (``transA``/``transB`` flip the last
+    two dims after it, as the flag's definition does). Returns how many inputs were mended."""
+    import onnx_ir as ir
+
+    def rank(v: Any) -> int | None:
+        return None if v is None or v.shape is None else len(v.shape)
+
+    mended = 0
+    for node in list(model.graph):
+        if node.domain != "com.microsoft" or node.op_type != "FusedMatMul":
+            continue
+        ranks = [rank(node.inputs[0]), rank(node.inputs[1])]
+        if ranks[0] is not None and ranks[0] == ranks[1] and ranks[0] >= 3:
+            continue  # what the kernel supports
+        for i, flag in enumerate(("transBatchA", "transBatchB")):
+            n = ranks[i]
+            if not node.attributes.get_int(flag, 0) or n is None:
+                continue
+            if n >= 3:  # at rank 2 the batch transpose is the identity
+                t = ir.Node("", "Transpose", [node.inputs[i]],
+                            attributes=[ir.AttrInt64s("perm", [*range(1, n - 1), 0, n - 1])],
+                            name=f"{node.name}_{flag}_transpose")
+                model.graph.insert_before(node, t)
+                node.replace_input_with(i, t.outputs[0])
+            node.attributes[flag] = ir.AttrInt64(flag, 0)
+            mended += 1
+    return mended
 
 
 def ort_offline(src: str, dst: str, level: str = "basic") -> dict[str, Any]:
