@@ -78,7 +78,9 @@ def one(zoo: str, name: str, precision: str, threads: int) -> dict[str, Any]:
     if opt is not None:
         rec.update(chosen=opt.chosen, message=opt.message, variants=[
             {"name": v.name, "verified": v.verified, "speedup": v.speedup,
-             "rejected": v.rejected[:400], "cosine": v.worst_cosine()} for v in opt.variants])
+             "rejected": v.rejected[:400], "cosine": v.worst_cosine(),
+             "blocked": len(v.blocked), "saturated": len(v.saturated),
+             "saturation_rejected": v.saturation_rejected[:300]} for v in opt.variants])
     return rec
 
 
@@ -140,7 +142,26 @@ def summary(recs: list[dict[str, Any]]) -> list[str]:
                "target's)" if kinds["stand-in"] else "") + ", "
             f"{kinds['wrong']} failed verification, {kinds['budget']} outside the accuracy "
             f"budget, {kinds['pass failed']} passes crashed or hung - each a rejected variant")
+        out += _fp16_summary(opt) if prec == "fp16" else []
     return out
+
+
+def _fp16_summary(recs: list[dict[str, Any]]) -> list[str]:
+    """The float16 block list over the zoo: variants that kept nodes in float32, and those
+    whose mask fill values saturated in float16 instead (OM727) or were tried and rejected."""
+    vs = [v for r in recs for v in r["variants"] if "blocked" in v and v["name"] != "plain"
+          and (v["blocked"] or v["saturated"] or v["saturation_rejected"])]
+    if not vs:
+        return []
+    sat = [v for v in vs if v["saturated"]]
+    rej = [v for v in vs if v["saturation_rejected"]]
+    return [f"  - float16 block lists: {sum(1 for v in vs if v['blocked'])} variants kept "
+            f"nodes in float32 ({sum(v['blocked'] for v in vs)} nodes); {len(sat)} variants "
+            f"left {sum(v['saturated'] for v in sat)} values with mask fill values in float16 "
+            f"instead (saturated, verified: OM727) in "
+            f"{len({r['name'] for r in recs for v in r['variants'] if v in sat})} entries; "
+            f"{len(rej)} tried that and kept the nodes float32 after all"
+            + (f" (first: {rej[0]['saturation_rejected'][:160]})" if rej else "")]
 
 
 def main() -> int:
