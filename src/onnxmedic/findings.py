@@ -638,7 +638,8 @@ CODES: dict[str, CodeInfo] = {
         "float16 block list", 0,
         "--precision fp16: nodes kept in float32 because a value they compute or read, "
         "measured in float32 on the verification inputs, exceeds float16's range "
-        "(|x| > 65504) or underflows it (1% or more of its magnitude below 6.1e-05, float16's "
+        "(|x| > 65504; where only fill values do, they are first left to saturate: OM727) "
+        "or underflows it (1% or more of its magnitude below 6.1e-05, float16's "
         "smallest normal). Each node is named with the value and the measurement.",
     ),
     "OM725": CodeInfo(
