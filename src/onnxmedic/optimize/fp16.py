@@ -132,7 +132,7 @@ def range_stats(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
                                  if o and o not in graph_outputs))
     with tempfile.TemporaryDirectory(prefix="onnxmedic-fp16-") as tmp:
         for chunk in value_chunks(proto, exposed, chunk_bytes):
-            sess = _session_exposing(proto, chunk, tmp)
+            sess = session_exposing(proto, chunk, tmp)
             for feed in feed_list:
                 for name, a in zip(graph_outputs + chunk, sess.run(None, feed)):
                     if isinstance(a, np.ndarray) and a.dtype == np.float32:
@@ -156,7 +156,7 @@ def load_feeds(path: str | Path) -> list[dict[str, np.ndarray]]:
     return [{k: data[f"{i}_{j}"] for j, k in enumerate(keys)} for i, keys in enumerate(layout)]
 
 
-def _session_exposing(proto: Any, names: list[str], tmp: str) -> Any:
+def session_exposing(proto: Any, names: list[str], tmp: str) -> Any:
     """A CPU session of ``proto`` (its nodes as they are: no graph optimization) with the
     values ``names`` as extra graph outputs, untyped - ONNX Runtime infers their types, the
     com.microsoft ops' included. ``proto``'s outputs are restored; over 2 GiB it goes through
@@ -311,7 +311,7 @@ def ort_types(model: Any, names: list[str]) -> dict[str, int]:
     """Element type (TensorProto enum) of each top-level value in ``names``, as ONNX Runtime
     types it when it loads ``model`` (nothing runs); sequences and maps are left out."""
     with tempfile.TemporaryDirectory(prefix="onnxmedic-fp16-") as tmp:
-        sess = _session_exposing(model, names, tmp)
+        sess = session_exposing(model, names, tmp)
         return {o.name: _ELEM_TYPES[o.type] for o in sess.get_outputs()
                 if o.name in names and o.type in _ELEM_TYPES}
 

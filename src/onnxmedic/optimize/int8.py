@@ -92,10 +92,9 @@ def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES,
     named MatMul/Gemm with a weight B, worst over the feeds of the ``feeds`` .npz (see
     fp16.save_feeds), each layer quantized as ``scheme`` says. ``dst`` is not written."""
     import onnx
-    import onnxruntime as ort
     from onnx import numpy_helper
 
-    from onnxmedic.optimize.fp16 import load_feeds, value_chunks
+    from onnxmedic.optimize.fp16 import load_feeds, session_exposing, value_chunks
 
     del dst
     proto = onnx.load(src)
@@ -119,22 +118,9 @@ def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES,
     graph_inputs = {i.name for i in proto.graph.input}
     exposed = list(dict.fromkeys(a for _, a, _ in layers if a not in graph_inputs))
     errors: dict[str, float] = {}
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    n_out = len(proto.graph.output)
     with tempfile.TemporaryDirectory(prefix="onnxmedic-int8-") as tmp:
         for chunk in value_chunks(proto, exposed, chunk_bytes) if exposed else [[]]:
-            del proto.graph.output[n_out:]
-            for o in chunk:
-                proto.graph.output.add().name = o
-            try:
-                model: Any = proto.SerializeToString()
-            except ValueError:  # over 2 GiB
-                model = str(Path(tmp) / "m.onnx")
-                Path(model + ".data").unlink(missing_ok=True)
-                onnx.save(proto, model, save_as_external_data=True, location="m.onnx.data")
-            sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-            del model
+            sess = session_exposing(proto, chunk, tmp)
             wanted = set(chunk)
             for feed in feed_list:
                 got = dict(zip(chunk, sess.run(chunk, feed))) if chunk else {}
