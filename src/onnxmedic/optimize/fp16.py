@@ -310,10 +310,11 @@ def _typed(model: Any) -> tuple[Any, bool]:
 def ort_types(model: Any, names: list[str]) -> dict[str, int]:
     """Element type (TensorProto enum) of each top-level value in ``names``, as ONNX Runtime
     types it when it loads ``model`` (nothing runs); sequences and maps are left out."""
+    wanted = set(names)
     with tempfile.TemporaryDirectory(prefix="onnxmedic-fp16-") as tmp:
         sess = session_exposing(model, names, tmp)
         return {o.name: _ELEM_TYPES[o.type] for o in sess.get_outputs()
-                if o.name in names and o.type in _ELEM_TYPES}
+                if o.name in wanted and o.type in _ELEM_TYPES}
 
 
 def _referenced(graph: Any, into: set[str]) -> set[str]:
