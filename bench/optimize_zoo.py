@@ -149,17 +149,17 @@ def summary(recs: list[dict[str, Any]]) -> list[str]:
 def _fp16_summary(recs: list[dict[str, Any]]) -> list[str]:
     """The float16 block list over the zoo: variants that kept nodes in float32, and those
     whose mask fill values saturated in float16 instead (OM727) or were tried and rejected."""
-    vs = [v for r in recs for v in r["variants"] if "blocked" in v and v["name"] != "plain"
-          and (v["blocked"] or v["saturated"] or v["saturation_rejected"])]
+    vs = [v for r in recs for v in r["variants"]
+          if v.get("blocked") or v.get("saturated") or v.get("saturation_rejected")]
     if not vs:
         return []
     sat = [v for v in vs if v["saturated"]]
     rej = [v for v in vs if v["saturation_rejected"]]
+    entries = sum(any(v.get("saturated") for v in r["variants"]) for r in recs)
     return [f"  - float16 block lists: {sum(1 for v in vs if v['blocked'])} variants kept "
             f"nodes in float32 ({sum(v['blocked'] for v in vs)} nodes); {len(sat)} variants "
             f"left {sum(v['saturated'] for v in sat)} values with mask fill values in float16 "
-            f"instead (saturated, verified: OM727) in "
-            f"{len({r['name'] for r in recs for v in r['variants'] if v in sat})} entries; "
+            f"instead (saturated, verified: OM727) in {entries} entries; "
             f"{len(rej)} tried that and kept the nodes float32 after all"
             + (f" (first: {rej[0]['saturation_rejected'][:160]})" if rej else "")]
 

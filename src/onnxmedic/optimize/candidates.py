@@ -556,11 +556,12 @@ def _fp16_with_block_list(base: Pipeline, src: Path, folder: Path, names: list[s
         return cv, path
 
     strict = fp16.block_list(pre, values)
-    lean = fp16.block_list(pre, values, saturate=True)
+    fills = fp16.saturated(values)
+    lean = fp16.block_list(pre, values, saturate=True) if fills else strict
     if lean == strict:
         return convert(strict, "")
     sv, spath = convert(lean, "-saturated")
-    sv.saturated = fp16.saturated(values)
+    sv.saturated = fills
     if sv.verified:
         return sv, spath
     cv, path = convert(strict, "")
