@@ -5,6 +5,7 @@ counts). Steps are named ``"module:function"`` so that a pipeline can run in a c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,6 @@ def ort_fusions(src: str, dst: str, norm_fusions: bool = True) -> dict[str, Any]
     Emits ``com.microsoft`` ops: ONNX Runtime only. ``norm_fusions=False`` leaves out the
     residual-add norm and bias-GELU fusions (:data:`SKIP_NORM_FUSIONS`), keeping attention,
     rotary, RMSNorm and GELU: the CPU variant."""
-    import contextlib
     from unittest import mock
 
     import onnxscript.optimizer
@@ -117,6 +117,7 @@ def ort_fusions(src: str, dst: str, norm_fusions: bool = True) -> dict[str, Any]
         # AttributeError if onnxscript renames one, which rejects the variant with that reason
         for name in () if norm_fusions else SKIP_NORM_FUSIONS:
             stack.enter_context(mock.patch.object(_core, name, lambda *a, **k: 0))
+        stack.enter_context(keeping_sequence_types())
         model, counts = optimize_for_ort(model)
     restored = restore_flattened_attention(model)
     unbatched = unbatch_fused_matmul(model)
@@ -128,6 +129,41 @@ def ort_fusions(src: str, dst: str, norm_fusions: bool = True) -> dict[str, Any]
     if unbatched:
         info["unbatched_fused_matmuls"] = unbatched
     return info
+
+
+@contextlib.contextmanager
+def keeping_sequence_types() -> Iterator[None]:
+    """Mend onnx-ir 1.1's ShapeInferencePass (which onnxscript's ORT fusions run) while it is
+    active: its merge copies an inferred value's ``dtype`` only, so a value ONNX infers as a
+    sequence of float tensors, and which carried no type before (a Loop body's carried
+    sequence: EmbeddingBag's), becomes a float *tensor* - ONNX Runtime then refuses the file
+    ("Loop ... Type mismatch"). Inferred non-tensor types (sequence, optional, map) are set
+    whole after the library's merge. Where onnx-ir no longer has the merge, nothing is patched."""
+    from unittest import mock
+
+    import onnx_ir as ir
+    from onnx_ir.convenience import create_value_mapping
+    from onnx_ir.passes.common import shape_inference
+
+    merge = getattr(shape_inference, "_merge_func", None)
+    if merge is None:
+        yield
+        return
+
+    def merged(model: Any, inferred_proto: Any) -> bool:
+        modified = bool(merge(model, inferred_proto))
+        inferred = ir.serde.deserialize_model(inferred_proto)
+        for graph, inferred_graph in zip(model.graphs(), inferred.graphs()):
+            types = {k: v.type for k, v in create_value_mapping(inferred_graph).items()}
+            for name, value in create_value_mapping(graph).items():
+                kind = types.get(name)
+                if kind is not None and not isinstance(kind, ir.TensorType) and value.type != kind:
+                    value.type = kind
+                    modified = True
+        return modified
+
+    with mock.patch.object(shape_inference, "_merge_func", merged):
+        yield
 
 
 def restore_flattened_attention(model: Any) -> int:
