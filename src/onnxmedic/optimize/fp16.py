@@ -367,6 +367,33 @@ def drop_round_trips(model: Any) -> int:
     return bypassed
 
 
+def route_initializer_outputs(graph: Any, top: bool = True) -> int:
+    """Where a subgraph (an If branch, a Loop body) returns one of its own float initializers
+    as it is (EmbeddingBag's empty-bag branch returns a zeros row), put an Identity between
+    them: ONNX Runtime's converter turns every float subgraph output to float16 but converts
+    an initializer only where a node reads it, so the branch declared float16 and returned
+    float32 and ONNX Runtime refused the file ("Mismatched tensor element type"). Returns how
+    many outputs were routed, in ``graph``'s subgraphs at every depth."""
+    import onnx
+    from onnx import TensorProto
+
+    routed = 0
+    if not top:
+        floats = {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT}
+        for out in graph.output:
+            if out.name in floats:
+                name = f"{out.name}_routed"
+                graph.node.append(onnx.helper.make_node("Identity", [out.name], [name],
+                                                        name=f"{name}_identity"))
+                out.name = name
+                routed += 1
+    for n in graph.node:
+        for at in n.attribute:
+            for g in ([at.g] if at.HasField("g") else []) + list(at.graphs):
+                routed += route_initializer_outputs(g, top=False)
+    return routed
+
+
 def float16(src: str, dst: str, node_block_list: list[str] | None = None,
             op_block_list: list[str] | None = None) -> dict[str, Any]:
     """onnxruntime.transformers.float16.convert_float_to_float16 with float32 inputs and outputs
@@ -381,6 +408,7 @@ def float16(src: str, dst: str, node_block_list: list[str] | None = None,
 
     before = op_counts(src)
     model, typed = _typed(onnx.load(src))
+    routed = route_initializer_outputs(model.graph)
     model = convert_float_to_float16(model, keep_io_types=True, disable_shape_infer=typed,
                                      node_block_list=list(node_block_list or []),
                                      op_block_list=(DEFAULT_OP_BLOCK_LIST if op_block_list is None
@@ -390,4 +418,6 @@ def float16(src: str, dst: str, node_block_list: list[str] | None = None,
     info = op_count_diff(before, op_counts(dst))
     info["blocked"] = list(node_block_list or [])
     info["round_trips_bypassed"] = bypassed
+    if routed:
+        info["routed_initializer_outputs"] = routed
     return info
