@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -707,3 +708,72 @@ def test_optimize_judges_against_the_outputs_the_export_verified(tmp_path: Path)
                         **FAST).variants
     assert plain.verified and plain.accuracy, v.rejected
     assert v.verified and v.worst_cosine() > 0.999, v.rejected
+
+
+class Bags(torch.nn.Module):
+    """EmbeddingBag over explicit offsets: torch.onnx writes a Loop carrying a sequence of
+    rows, and an If whose empty-bag branch returns a zeros initializer as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.bag = torch.nn.EmbeddingBag(20, 8, mode="mean")
+
+    def forward(self, tokens: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.bag(tokens, offsets)
+
+
+BAG_ARGS = (torch.tensor([1, 4, 7, 2, 9, 11]), torch.tensor([0, 3, 3, 5]))  # bag 1 is empty
+
+
+@pytest.fixture(scope="module")
+def bags_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _export(Bags().eval(), BAG_ARGS, tmp_path_factory.mktemp("bags") / "bags.onnx")
+
+
+def _run_bags(path: Path) -> Any:
+    return onnxmedic.sandbox.run_model(path, [{"tokens": BAG_ARGS[0].numpy(),
+                                               "offsets": BAG_ARGS[1].numpy()}])
+
+
+def test_ort_fusions_keep_a_loop_carried_sequence_a_sequence(bags_onnx: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """onnx-ir 1.1's shape-inference merge (run inside onnxscript's ORT fusions) typed the
+    Loop body's untyped carried sequence as a float tensor: ONNX Runtime refused every
+    ort-fusions candidate of an EmbeddingBag ("Loop ... Type mismatch"). With the merge mended
+    the file loads and computes PyTorch's output, the empty bag's zeros row included."""
+    expected = Bags().eval()(*BAG_ARGS).detach().numpy()
+    passes.ort_fusions(str(bags_onnx), str(tmp_path / "f.onnx"))
+    sbx = _run_bags(tmp_path / "f.onnx")
+    assert sbx.ok, sbx.summary()
+    np.testing.assert_allclose(sbx.outputs[0][0], expected, rtol=1e-6, atol=1e-6)
+    assert not sbx.outputs[0][0][1].any()
+    import contextlib
+
+    monkeypatch.setattr(passes, "keeping_sequence_types", contextlib.nullcontext)
+    passes.ort_fusions(str(bags_onnx), str(tmp_path / "broken.onnx"))
+    broken = _run_bags(tmp_path / "broken.onnx")
+    assert broken.status == "load_error" and "Type mismatch" in broken.error
+
+
+def test_float16_converts_an_initializer_a_branch_returns(bags_onnx: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """ONNX Runtime's float16 converter made the empty-bag branch's output float16 but left the
+    zeros initializer it returns float32 (no node reads it): the file was refused. Routed
+    through an Identity, the initializer is converted with it and the file computes PyTorch's
+    output within float16's error."""
+    from onnxmedic.optimize import fp16
+
+    expected = Bags().eval()(*BAG_ARGS).detach().numpy()
+    info = fp16.float16(str(bags_onnx), str(tmp_path / "h.onnx"))
+    assert info["routed_initializer_outputs"] == 1
+    sbx = _run_bags(tmp_path / "h.onnx")
+    assert sbx.ok, sbx.summary()
+    np.testing.assert_allclose(sbx.outputs[0][0], expected, rtol=0, atol=2e-3)
+    assert not sbx.outputs[0][0][1].any()
+    monkeypatch.setattr(fp16, "route_initializer_outputs", lambda graph: 0)
+    fp16.float16(str(bags_onnx), str(tmp_path / "broken.onnx"))
+    broken = _run_bags(tmp_path / "broken.onnx")
+    assert broken.status == "load_error" and "element type" in broken.error
