@@ -777,3 +777,31 @@ def test_float16_converts_an_initializer_a_branch_returns(bags_onnx: Path, tmp_p
     fp16.float16(str(bags_onnx), str(tmp_path / "broken.onnx"))
     broken = _run_bags(tmp_path / "broken.onnx")
     assert broken.status == "load_error" and "element type" in broken.error
+
+
+def test_onnxslim_shapes_are_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxslim's symbolic inference declared julius' FFT filter bank's frequency-domain values
+    (203 bins) and its time-domain blocks (405 samples) with one dim name, and ONNX Runtime's
+    memory planner reused one's buffer for the other: "Shape mismatch attempting to re-use
+    buffer" at every size. Its intermediate shapes are left out (ONNX Runtime infers them), the
+    outputs keep the source's declared types, and the file computes PyTorch's output."""
+    julius = pytest.importorskip("julius")
+    model = julius.LowPassFilters([0.1, 0.25]).eval()
+    x = torch.randn(2, 400)
+    src = tmp_path / "m.onnx"
+    assert onnxmedic.export(model, (x,), src,
+                            dynamic_shapes=({0: "batch", 1: "samples"},)).ok
+    info = passes.onnxslim_pass(str(src), str(tmp_path / "s.onnx"))
+    assert info["shapes_dropped"] > 0
+    slim = onnx.load(str(tmp_path / "s.onnx"))
+    assert not any(vi.type.tensor_type.HasField("shape") for vi in slim.graph.value_info)
+    assert slim.graph.output[0].type == onnx.load(str(src)).graph.output[0].type
+    feeds = [torch.randn(2, 400), torch.randn(3, 777)]
+    sbx = onnxmedic.sandbox.run_model(tmp_path / "s.onnx", [{"input": f.numpy()} for f in feeds])
+    assert sbx.ok, sbx.summary()
+    for got, f in zip(sbx.outputs, feeds):
+        np.testing.assert_allclose(got[0], model(f).numpy(), rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(passes, "drop_slim_shapes", lambda proto, declared: 0)
+    passes.onnxslim_pass(str(src), str(tmp_path / "broken.onnx"))
+    broken = onnxmedic.sandbox.run_model(tmp_path / "broken.onnx", [{"input": x.numpy()}])
+    assert broken.status == "run_error" and "re-use buffer" in broken.error
