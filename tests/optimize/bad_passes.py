@@ -64,3 +64,12 @@ def corrupt_nbits_blocks(src: str, dst: str) -> dict[str, Any]:
             hit += 1
     onnx.save(proto, dst)
     return {"corrupted": hit}
+
+
+def _lookup(table: dict[str, int], key: str) -> int:
+    return table[key]
+
+
+def raising_pass(src: str, dst: str) -> dict[str, Any]:
+    """Raises from a helper, as a library's pass does from deep inside it."""
+    return {"n": _lookup({}, "heads")}

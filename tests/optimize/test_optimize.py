@@ -168,7 +168,8 @@ def test_ort_transformers_optimizer_fuses_bias_gelu_and_skip_layernorm(tmp_path:
 
 
 @pytest.mark.parametrize(("model_type", "expect"), [
-    ("bert", "bert"), ("vit", "vit"), ("llama", "gpt2"), ("qwen2", "gpt2"), ("whisper", "bart"),
+    ("bert", "bert"), ("vit", "vit"), ("llama", "gpt2"), ("qwen2", "gpt2"), ("phi", "gpt2"),
+    ("whisper", "bart"),
     ("segformer", "vit"), ("roberta", "bert"), ("resnet", None), ("convnext", None),
     (None, None)])
 def test_ort_model_type_from_the_model_or_a_wrapped_submodule(model_type: str | None,
@@ -183,6 +184,18 @@ def test_ort_model_types_are_the_optimizers_own() -> None:
 
     assert set(passes.ORT_MODEL_TYPES) <= set(MODEL_TYPES)
     assert set(passes._ORT_TYPE_FAMILIES) <= set(MODEL_TYPES)
+
+
+def test_ort_phi_optimizer_fails_on_a_dynamo_export_so_phi_is_a_decoder(tmp_path: Path) -> None:
+    """ONNX Runtime's "phi" optimizer unrolls a per-layer local function torch's exporter no
+    longer writes, and raises on any export (HF zoo phi: both ort-transformers-phi candidates
+    "the pass failed"); the "gpt2" optimizer runs. If ONNX Runtime mends it, this fails:
+    time to give phi back its own type."""
+    src = _export(FeedForward("phi").eval(), (torch.randn(2, 16, 32),), tmp_path / "m.onnx")
+    with pytest.raises(TypeError, match="'method' object is not iterable"):
+        passes.ort_transformers(str(src), str(tmp_path / "phi.onnx"), model_type="phi")
+    assert passes.ort_transformers(str(src), str(tmp_path / "g.onnx"), model_type="gpt2")
+    assert passes.ort_model_type(FeedForward("phi")) == "gpt2"
 
 
 def test_optimize_tries_ort_transformers_for_a_transformers_model(tmp_path: Path) -> None:
@@ -341,6 +354,26 @@ def test_crashing_or_hanging_pass_is_a_rejected_variant(tmp_path: Path, step: st
     v = res.variants[1]
     assert reason in v.rejected and not v.verified
     assert res.chosen == "plain" and (tmp_path / "o.onnx").exists()
+
+
+def test_a_raising_pass_says_which_step_and_where(tmp_path: Path) -> None:
+    """A library's pass that raises (ONNX Runtime's transformers optimizer on phi: "TypeError:
+    'method' object is not iterable") is reported with the step that ran it and the line
+    that raised, not the bare exception."""
+    _, _, src = _two_layer(tmp_path)
+    pipe = Pipeline("raises", [("onnxmedic.optimize.passes:onnxscript_optimize", {}),
+                               ("tests.optimize.bad_passes:raising_pass", {})])
+    ok, steps, err = passes.run_pipeline(pipe, src, tmp_path / "out.onnx")
+    assert not ok and [s["step"] for s in steps] == ["onnxmedic.optimize.passes:onnxscript_optimize"]
+    assert err.startswith("KeyError: 'heads' (in tests.optimize.bad_passes:raising_pass, ")
+    assert err.endswith("raised at tests/optimize/bad_passes.py:"
+                        f"{_line_of('tests/optimize/bad_passes.py', 'return table[key]')} "
+                        "in _lookup)")
+
+
+def _line_of(path: str, text: str) -> int:
+    lines = Path(path).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
 
 
 def test_a_pass_that_writes_into_its_working_directory_leaves_nothing_behind(

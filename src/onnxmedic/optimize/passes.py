@@ -315,13 +315,16 @@ def quantize_int8(src: str, dst: str, nodes_to_exclude: list[str] | None = None,
 
 
 # the model types ONNX Runtime's transformers optimizer knows by name (its MODEL_TYPES, read
-# without importing it into the exporting process)
-ORT_MODEL_TYPES = ("bart", "bert", "clip", "conformer", "gpt2", "gpt_neox", "phi", "qwen3", "sam2",
+# without importing it into the exporting process). Not "phi": that optimizer unrolls the
+# local function torch's first dynamo exporter wrote per Phi-2 decoder layer and raises where
+# there is none (ORT 1.32: "TypeError: 'method' object is not iterable" in preprocess_onnx on
+# every torch 2.13 export); phi goes with the decoders below.
+ORT_MODEL_TYPES = ("bart", "bert", "clip", "conformer", "gpt2", "gpt_neox", "qwen3", "sam2",
                    "swin", "t5", "unet", "vae", "vit")
 # for the rest, the type optimum's exporter picks for the architecture (decoders as gpt2,
 # seq2seq as bart, vision transformers as vit, other encoders as bert)
 _ORT_TYPE_FAMILIES = {
-    "gpt2": ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "gemma2", "phi3",
+    "gpt2": ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "gemma2", "phi", "phi3",
              "falcon", "gptj", "gpt_neo", "gpt_bigcode", "bloom", "codegen", "granite", "olmo",
              "opt", "stablelm", "starcoder2", "smollm3"),
     "bart": ("whisper", "marian", "mbart", "m2m_100", "pegasus", "blenderbot", "mt5", "plbart"),
@@ -682,6 +685,7 @@ def _child(req_path: str, res_path: str) -> None:
     req = json.loads(Path(req_path).read_text())
     infos: list[dict[str, Any]] = []
     src = req["src"]
+    spec = ""
     try:
         with tempfile.TemporaryDirectory(prefix="onnxmedic-step-") as tmp:
             for i, (spec, opts) in enumerate(req["steps"]):
@@ -693,8 +697,28 @@ def _child(req_path: str, res_path: str) -> None:
                 src = dst
         out = {"ok": True, "steps": infos}
     except Exception as e:  # noqa: BLE001 - reported as a rejected variant
-        out = {"ok": False, "steps": infos, "error": f"{type(e).__name__}: {str(e)[:400]}"}
+        out = {"ok": False, "steps": infos, "error": step_error(spec, e)}
     Path(res_path).write_text(json.dumps(out))
+
+
+def step_error(spec: str, e: BaseException) -> str:
+    """What a failed step says: the exception, the step, and where it was raised (the last
+    frame, its path from the import root it was found under) - "TypeError: 'method' object
+    is not iterable (in onnxmedic.optimize.passes:ort_transformers, raised at
+    onnxruntime/transformers/onnx_model_phi.py:873 in fuse)"."""
+    import traceback
+
+    where = ""
+    frames = traceback.extract_tb(e.__traceback__)
+    if frames:
+        f = frames[-1]
+        path = os.path.abspath(f.filename)
+        roots = sorted({os.path.abspath(p) for p in sys.path if p}, key=len, reverse=True)
+        root = next((r for r in roots if path.startswith(r + os.sep)), None)
+        path = (path[len(root) + 1:] if root else path).replace(os.sep, "/")
+        where = f", raised at {path}:{f.lineno} in {f.name}"
+    step = f" (in {spec}{where})" if spec else ""
+    return f"{type(e).__name__}: {str(e)[:400]}{step}"
 
 
 if __name__ == "__main__":
