@@ -179,6 +179,8 @@ def keeping_sequence_types() -> Iterator[None]:
 
     def merged(model: Any, inferred_proto: Any) -> bool:
         modified = bool(merge(model, inferred_proto))
+        if not _has_non_tensor_values(inferred_proto.graph):
+            return modified  # the common case: nothing to mend, no second deserialization
         inferred = ir.serde.deserialize_model(inferred_proto)
         for graph, inferred_graph in zip(model.graphs(), inferred.graphs()):
             types = {k: v.type for k, v in create_value_mapping(inferred_graph).items()}
@@ -191,6 +193,15 @@ def keeping_sequence_types() -> Iterator[None]:
 
     with mock.patch.object(shape_inference, "_merge_func", merged):
         yield
+
+
+def _has_non_tensor_values(graph: Any) -> bool:
+    """Whether a GraphProto, or one of its subgraphs, types a value other than as a tensor."""
+    for vi in (*graph.input, *graph.output, *graph.value_info):
+        if vi.type.WhichOneof("value") not in (None, "tensor_type"):
+            return True
+    return any(_has_non_tensor_values(g) for n in graph.node for at in n.attribute
+               for g in ([at.g] if at.HasField("g") else []) + list(at.graphs))
 
 
 def restore_flattened_attention(model: Any) -> int:
@@ -703,9 +714,9 @@ def _child(req_path: str, res_path: str) -> None:
 
 def step_error(spec: str, e: BaseException) -> str:
     """What a failed step says: the exception, the step, and where it was raised (the last
-    frame, its path from the import root it was found under) - "TypeError: 'method' object
-    is not iterable (in onnxmedic.optimize.passes:ort_transformers, raised at
-    onnxruntime/transformers/onnx_model_phi.py:873 in fuse)"."""
+    frame, its path from the installed package or the outermost import root) - "TypeError:
+    'method' object is not iterable (in onnxmedic.optimize.passes:ort_transformers, raised
+    at onnxruntime/transformers/onnx_model_phi.py:450 in preprocess_onnx)"."""
     import traceback
 
     where = ""
@@ -713,9 +724,11 @@ def step_error(spec: str, e: BaseException) -> str:
     if frames:
         f = frames[-1]
         path = os.path.abspath(f.filename)
-        roots = sorted({os.path.abspath(p) for p in sys.path if p}, key=len, reverse=True)
+        roots = sorted({os.path.abspath(p) for p in sys.path if p}, key=len)
         root = next((r for r in roots if path.startswith(r + os.sep)), None)
         path = (path[len(root) + 1:] if root else path).replace(os.sep, "/")
+        for packages in ("/site-packages/", "/dist-packages/"):  # an installed package
+            path = path.rsplit(packages, 1)[-1]
         where = f", raised at {path}:{f.lineno} in {f.name}"
     step = f" (in {spec}{where})" if spec else ""
     return f"{type(e).__name__}: {str(e)[:400]}{step}"
