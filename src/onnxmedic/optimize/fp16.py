@@ -319,12 +319,13 @@ def ort_types(model: Any, names: list[str]) -> dict[str, int]:
 
 def _referenced(graph: Any, into: set[str]) -> set[str]:
     """Every value name read by a node of ``graph`` or of its subgraphs, and its outputs."""
+    from onnxmedic.optimize.passes import node_subgraphs
+
     into.update(o.name for o in graph.output)
     for n in graph.node:
         into.update(n.input)
-        for at in n.attribute:
-            for g in ([at.g] if at.HasField("g") else []) + list(at.graphs):
-                _referenced(g, into)
+        for g in node_subgraphs(n):
+            _referenced(g, into)
     return into
 
 
@@ -377,6 +378,8 @@ def route_initializer_outputs(graph: Any, top: bool = True) -> int:
     import onnx
     from onnx import TensorProto
 
+    from onnxmedic.optimize.passes import node_subgraphs
+
     routed = 0
     if not top:
         floats = {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT}
@@ -388,9 +391,8 @@ def route_initializer_outputs(graph: Any, top: bool = True) -> int:
                 out.name = name
                 routed += 1
     for n in graph.node:
-        for at in n.attribute:
-            for g in ([at.g] if at.HasField("g") else []) + list(at.graphs):
-                routed += route_initializer_outputs(g, top=False)
+        for g in node_subgraphs(n):
+            routed += route_initializer_outputs(g, top=False)
     return routed
 
 

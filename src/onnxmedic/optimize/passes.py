@@ -195,13 +195,18 @@ def keeping_sequence_types() -> Iterator[None]:
         yield
 
 
+def node_subgraphs(node: Any) -> list[Any]:
+    """The GraphProtos a NodeProto holds in its attributes (If's branches, Loop's body ...)."""
+    return [g for at in node.attribute
+            for g in ([at.g] if at.HasField("g") else []) + list(at.graphs)]
+
+
 def _has_non_tensor_values(graph: Any) -> bool:
     """Whether a GraphProto, or one of its subgraphs, types a value other than as a tensor."""
     for vi in (*graph.input, *graph.output, *graph.value_info):
         if vi.type.WhichOneof("value") not in (None, "tensor_type"):
             return True
-    return any(_has_non_tensor_values(g) for n in graph.node for at in n.attribute
-               for g in ([at.g] if at.HasField("g") else []) + list(at.graphs))
+    return any(_has_non_tensor_values(g) for n in graph.node for g in node_subgraphs(n))
 
 
 def restore_flattened_attention(model: Any) -> int:
@@ -335,9 +340,9 @@ ORT_MODEL_TYPES = ("bart", "bert", "clip", "conformer", "gpt2", "gpt_neox", "qwe
 # for the rest, the type optimum's exporter picks for the architecture (decoders as gpt2,
 # seq2seq as bart, vision transformers as vit, other encoders as bert)
 _ORT_TYPE_FAMILIES = {
-    "gpt2": ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "gemma2", "phi", "phi3",
-             "falcon", "gptj", "gpt_neo", "gpt_bigcode", "bloom", "codegen", "granite", "olmo",
-             "opt", "stablelm", "starcoder2", "smollm3"),
+    "gpt2": ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "gemma2", "phi",
+             "phi3", "falcon", "gptj", "gpt_neo", "gpt_bigcode", "bloom", "codegen", "granite",
+             "olmo", "opt", "stablelm", "starcoder2", "smollm3"),
     "bart": ("whisper", "marian", "mbart", "m2m_100", "pegasus", "blenderbot", "mt5", "plbart"),
     "vit": ("segformer", "deit", "beit", "dinov2", "pix2struct", "vit_mae", "yolos"),
 }
