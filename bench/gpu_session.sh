@@ -8,7 +8,11 @@
 #                                          # resnet50,gpt2,whisper,llama by default)
 #
 # onnxruntime-gpu must be importable (PYTHONPATH), the image's python3 holds CUDA torch,
-# torchvision and timm. `main` runs, at the same time:
+# torchvision and timm: bench/gpu_pack.sh packs the wheel into pieces a call can carry, and
+#   bash bench/gpu_assemble.sh bash bench/gpu_session.sh opt $OUT
+# in the last call assembles it and runs this. OPT_ROUNDS / OPT_REPEATS / OPT_MODELS /
+# OPT_SECONDS / OPT_DEADLINE size the opt run to the device time left.
+# `main` runs, at the same time:
 #   - bench/optimize.py --target cuda (GPU: PyTorch eager float32/float16, the plain export on
 #     ONNX Runtime's CUDA provider, ORT's float16 recipes, onnxmedic optimize --precision fp16);
 #   - bench/verify_calibration.py --models vision in two processes (CPU: onnxmedic export+verify
@@ -66,8 +70,8 @@ mkdir -p "$out"
 if [ "$mode" = opt ]; then  # the optimize benchmark alone: the rows issue 17 still lacks
     timeout "${OPT_SECONDS:-540}" python3 bench/optimize.py --target cuda \
         --cuda-graph "${CUDA_GRAPH:-deploy}" \
-        --models "${OPT_MODELS:-resnet50,gpt2,whisper,llama}" --threads 4 --repeats 50 \
-        --rounds 3 --deadline "${OPT_DEADLINE:-420}" --json "$out/opt.json" >"$out/opt.log" 2>&1
+        --models "${OPT_MODELS:-resnet50,gpt2,whisper,llama}" --threads 4 \
+        --repeats "${OPT_REPEATS:-50}" --rounds "${OPT_ROUNDS:-3}" --deadline "${OPT_DEADLINE:-420}" --json "$out/opt.json" >"$out/opt.log" 2>&1
     grep -v '^  ' "$out/opt.log" | tail -60
     grep -i 'cuda-graph' "$out/opt.log" | tail -20
     exit 0
