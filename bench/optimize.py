@@ -37,7 +37,7 @@ from onnxmedic.optimize import (
     reference_sets,
     time_variants,
 )
-from onnxmedic.optimize.candidates import GRAPH_SUFFIX
+from onnxmedic.optimize.candidates import GRAPH_SUFFIX, NHWC_OPTIONS, NHWC_SUFFIX
 from onnxmedic.optimize.passes import is_convolutional
 
 
@@ -69,7 +69,8 @@ class _DecoderStep(torch.nn.Module):
         for i in range(self.n):
             cache.update(past[2 * i], past[2 * i + 1], i)
         seen = past[0].shape[2]
-        pos = torch.arange(seen, seen + ids.shape[1]).unsqueeze(0)
+        # on the ids' device: the step also runs eagerly on a GPU (bench --target cuda)
+        pos = torch.arange(seen, seen + ids.shape[1], device=ids.device).unsqueeze(0)
         out = self.m(input_ids=ids, past_key_values=cache, position_ids=pos, use_cache=True)
         kv = out.past_key_values.layers
         return (out.last_hidden_state,) + tuple(t for layer in kv[:self.n]
@@ -227,6 +228,7 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
         rows = [{"variant": "pytorch eager", "ms": _eager_ms(model, args, threads),
                  "verified": "-"}]
     paths = {"plain export": plain}
+    options: dict[str, dict[str, str]] = {}  # CUDA provider options of a graph row (nhwc)
     failed: dict[str, str] = {}
     if target == "cuda":
         _gpu_peers(name, plain, ort_type, folder, paths, failed)
@@ -268,8 +270,12 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
                        target=target, repeats=repeats, rounds=rounds, cuda_graph=cuda_graph,
                        accuracy=accuracy)
         paths[f"onnxmedic optimize {prec} ({res.chosen})"] = out
-        if res.run_settings:  # as optimize recommends running it: a CUDA graph
-            paths[f"onnxmedic optimize {prec} ({res.chosen}){GRAPH_SUFFIX}"] = out
+        if res.run_settings:  # as optimize recommends running it: a CUDA graph (in NHWC)
+            opts = {k: v for k, v in res.run_settings["provider_options"][
+                "CUDAExecutionProvider"].items() if k != "enable_cuda_graph"}
+            label = (f"onnxmedic optimize {prec} ({res.chosen}){GRAPH_SUFFIX}"
+                     + (NHWC_SUFFIX if opts else ""))
+            paths[label], options[label] = out, opts
         print(f"  {name} optimize {prec}: {res.message} [{time.perf_counter() - t0:.0f} s]",
               file=sys.stderr)
         for v in res.variants:
@@ -282,17 +288,20 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
             ops = {k: n for st in v.steps for k, n in st.get("new_ops", {}).items()}
             print(f"    {v.name} ({v.precision}): {med}{cos}{kept} {ops or ''} "
                   f"{v.rejected or 'chosen'}"[:400], file=sys.stderr)
-    if target == "cuda":  # the peer of a CUDA-graph run setting: the plain file as a graph
+    if target == "cuda":  # the peers of a CUDA-graph run setting: the plain file as a graph
         paths["plain export" + GRAPH_SUFFIX] = plain
-    graphs = {k for k in paths if k.endswith(GRAPH_SUFFIX)}
+        if is_convolutional(plain):
+            label = "plain export" + GRAPH_SUFFIX + NHWC_SUFFIX
+            paths[label], options[label] = plain, dict(NHWC_OPTIONS)
+    graphs = {k for k in paths if GRAPH_SUFFIX in k}
     times = time_variants(paths, feeds[0], threads=threads, repeats=repeats, rounds=rounds,
-                          target=target, graphs=graphs)
+                          target=target, graphs=graphs, cuda_options=options)
     for label, path in paths.items():
         graph = label in graphs  # checked on its replays' outputs, at the example's shape
         sbx = sandbox.run_model(path, feeds[:1] if graph else feeds,
                                 providers=sandbox.providers(target),
                                 timing={"warmup": 2, "repeats": 1, "graph": True} if graph
-                                else None)
+                                else None, cuda_options=options.get(label))
         if label == "plain export":
             used = sbx.providers
         if not sbx.ok:
@@ -372,6 +381,9 @@ def main() -> None:
     if ns.target == "cuda":
         import onnxruntime as ort
 
+        if "CUDAExecutionProvider" not in ort.get_available_providers():  # before any model
+            sys.exit(f"--target cuda: onnxruntime {ort.__version__} at {ort.__file__} has no "
+                     f"CUDA provider ({ort.get_available_providers()}); install onnxruntime-gpu")
         print(f"onnxruntime {ort.__version__} {ort.get_available_providers()}, torch "
               f"{torch.__version__}, {torch.cuda.get_device_name(0)}", flush=True)
     print(f"{'model':10} {'variant':48} {'median ms':>10} {'vs plain':>9}  verified (accuracy; "

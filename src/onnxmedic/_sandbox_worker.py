@@ -238,6 +238,7 @@ def _load_session(ort, req_dir: str, req: dict, result: dict):
         # CUDA provider uses TF32 by default, 1e-4..1e-3 relative off (bench/gpu_check.py)
         if not req.get("cuda_tf32"):  # timings ask for the deployed default instead
             cuda.update(TF32_OFF)
+        cuda.update(req.get("cuda_options") or {})  # e.g. prefer_nhwc (optimize's twins)
         if req.get("graph"):  # the session that times with fixed buffers (_time_runs)
             cuda.update(CUDA_GRAPH)
         if cuda:

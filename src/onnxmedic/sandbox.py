@@ -316,6 +316,7 @@ class Worker:
         lean: bool | None = None,
         timing: dict[str, Any] | None = None,
         cuda_tf32: bool = False,
+        cuda_options: dict[str, str] | None = None,
     ) -> SandboxResult:
         """Send the one request and wait for it, at most ``timeout`` seconds. Feeds after the
         first ``n_required`` are optional: a run error there is recorded in ``run_errors`` and
@@ -327,7 +328,8 @@ class Worker:
         once - on CUDA captured as a CUDA graph and replayed - the last run's outputs in
         ``timed_outputs``); the seconds are in ``timed_seconds``. ``cuda_tf32``: leave ONNX Runtime's
         CUDA default (TF32 matmuls and convolutions, as deployed; for timing) instead of full
-        float32 (for verification: PyTorch computes without TF32)."""
+        float32 (for verification: PyTorch computes without TF32). ``cuda_options``: more
+        CUDA provider options for every session of the request (``{"prefer_nhwc": "1"}``)."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("sandbox worker already used")
@@ -348,6 +350,7 @@ class Worker:
             "n_required": len(feeds) if n_required is None else n_required,
             "timing": timing,
             "cuda_tf32": cuda_tf32,
+            "cuda_options": dict(cuda_options or {}),
         })
         timed_out, stderr_b = _wait(proc, timeout)
         self.proc = None
@@ -498,15 +501,18 @@ def run_model(
     lean: bool | None = False,
     timing: dict[str, Any] | None = None,
     cuda_tf32: bool = False,
+    cuda_options: dict[str, str] | None = None,
 ) -> SandboxResult:
     """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
-    failures of the model or of ONNX Runtime. ``lean``, ``timing``, ``cuda_tf32``: see
+    failures of the model or of ONNX Runtime. ``lean``, ``timing``, ``cuda_tf32``,
+    ``cuda_options``: see
     :meth:`Worker.run`; a default session unless asked (timings, as optimize's, are of the
     session users deploy)."""
     with Worker(memory_limit) as w:
         return w.run(model_path, feeds, timeout=timeout, providers=providers, threads=threads,
                      disable_optimizations=disable_optimizations, probe_opset=probe_opset,
-                     lean=lean, timing=timing, cuda_tf32=cuda_tf32)
+                     lean=lean, timing=timing, cuda_tf32=cuda_tf32,
+                     cuda_options=cuda_options)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

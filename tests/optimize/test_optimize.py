@@ -579,9 +579,11 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
     from onnxmedic import sandbox
 
     timed: list = []
+    options: list = []
     real = sandbox.run_model
 
     def spy(*a, **kw):
+        options.append(kw.get("cuda_options"))
         timed.append(real(*a, **kw))
         return timed[-1]
 
@@ -590,7 +592,14 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
     got = onnxmedic.bench(src, feed, target="cuda", repeats=3, cuda_graph=True)
     assert len(timed) == 1 and len(timed[0].timed_seconds) == 3, timed
     assert got.graph_median_ms is not None and got.graph_p90_ms >= got.graph_median_ms
-    assert not got.graph_error
+    assert not got.graph_error and options == [{}]
+    # settings that also ask for NHWC kernels: the graph's session gets that option too
+    from onnxmedic.optimize.candidates import NHWC_OPTIONS, twin_settings
+
+    nhwc = _export(Shift(), (torch.randn(8),), tmp_path / "n.onnx")
+    append_metadata(nhwc, RUN_SETTINGS_KEY, json.dumps(twin_settings(NHWC_OPTIONS)))
+    assert onnxmedic.bench(nhwc, feed, target="cuda", repeats=2).graph_median_ms is not None
+    assert options[-1] == NHWC_OPTIONS
 
 
 def test_ort_fusions_restore_the_reshape_gpt2s_attention_fusion_drops(

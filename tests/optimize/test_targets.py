@@ -433,6 +433,123 @@ def test_cuda_graph_deploy_compares_every_file_as_a_graph(
         optimize(path, model, (x,), target="cuda", cuda_graph="always")
 
 
+class ConvNet(torch.nn.Module):
+    """Conv + BatchNorm + ReLU + pooling: a convolutional graph (passes.is_convolutional)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.n = torch.nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.adaptive_avg_pool2d(torch.relu(self.n(self.c(x))), 1)
+
+
+@pytest.mark.parametrize("mode", ["auto", "deploy"])
+def test_a_convolutional_file_is_also_tried_as_an_nhwc_cuda_graph(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """cuDNN's float16 tensor-core convolutions work channels-last: a convolutional file's
+    twins include one whose session asks ONNX Runtime's CUDA provider for NHWC kernels
+    (prefer_nhwc), verified on its replays and timed with that option; where it is the fastest
+    it becomes the run setting with both options (result, finding, written file, bench). A
+    graph without convolutions gets no such twin, and a refused NHWC twin says so."""
+    import json
+
+    from onnxmedic.optimize import candidates, optimization_finding
+    from onnxmedic.optimize.bench import _graph_options
+    from onnxmedic.optimize.candidates import NHWC_OPTIONS, RUN_SETTINGS_KEY, twin_settings
+
+    monkeypatch.setattr(sandbox, "providers", lambda target: ["CPUExecutionProvider"])
+    asked: list[tuple[str, dict]] = []
+    real = sandbox.run_model
+
+    def spy(path, feeds, **kw):
+        asked.append((Path(path).name, dict(kw.get("cuda_options") or {})))
+        return real(path, feeds, **kw)
+
+    monkeypatch.setattr(sandbox, "run_model", spy)
+    ms = {"plain": [1.0, 1.0, 1.0], "plain+cuda-graph": [0.6, 0.6, 0.6],
+          "plain+cuda-graph+nhwc": [0.4, 0.41, 0.4]}
+    timed: list[dict] = []
+    _, fake = _fake_times(ms, [])
+
+    def fake_times(paths, feed, **kw):
+        timed.append(dict(kw.get("cuda_options") or {}))
+        return fake(paths, feed, **kw)
+
+    monkeypatch.setattr(candidates, "time_variants", fake_times)
+    torch.manual_seed(0)
+    model, x = ConvNet().eval(), torch.randn(1, 3, 16, 16)
+    path = tmp_path / "c.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=True, verbose=False)
+    out = tmp_path / "o.onnx"
+    res = optimize(path, model, (x,), out=out, target="cuda", pipelines=[], cuda_graph=mode,
+                   **FAST)
+    by = {v.name: v for v in res.variants}
+    nhwc = by["plain+cuda-graph+nhwc"]
+    assert nhwc.verified and not nhwc.rejected and nhwc.cuda_options == NHWC_OPTIONS
+    assert nhwc.passes == ["cuda-graph", "nhwc"] and nhwc.speedup == pytest.approx(2.5)
+    assert by["plain+cuda-graph"].rejected == "slower than plain+cuda-graph+nhwc"
+    assert (path.name, NHWC_OPTIONS) in asked  # its replays verified with the option
+    assert timed[-1]["plain+cuda-graph+nhwc"] == NHWC_OPTIONS  # and timed with it
+    assert not timed[-1].get("plain+cuda-graph")
+    settings = twin_settings(NHWC_OPTIONS)
+    assert res.run_settings == settings
+    assert settings["provider_options"] == {
+        "CUDAExecutionProvider": {"enable_cuda_graph": "1", "prefer_nhwc": "1"}}
+    assert "'prefer_nhwc': '1'" in settings["session"]
+    assert "plain+cuda-graph+nhwc: 0.40 ms, 2.50x - chosen run setting" in (
+        optimization_finding(res).message)
+    meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert json.loads(meta[RUN_SETTINGS_KEY]) == settings
+    assert _graph_options(out) == NHWC_OPTIONS  # what bench then times the graph with
+    # refused in NHWC (here: the fault injected into every graph session) - said so
+    monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "segv:timing")
+    res = optimize(path, model, (x,), target="cuda", pipelines=[], cuda_graph=mode, **FAST)
+    by = {v.name: v for v in res.variants}
+    assert "refused the CUDA graph in NHWC" in by["plain+cuda-graph+nhwc"].rejected
+    assert not res.run_settings
+    monkeypatch.delenv("ONNXMEDIC_SANDBOX_FAULT")
+    _, x2, p2 = _export(tmp_path)  # no convolution: no NHWC twin
+    res = optimize(p2, Block().eval(), (x2,), target="cuda", pipelines=[], cuda_graph=mode,
+                   **FAST)
+    assert not [v for v in res.variants if v.name.endswith("+nhwc")]
+
+
+def test_the_worker_passes_cuda_options_to_every_session_of_the_request() -> None:
+    """The sandbox request's cuda_options join TF32 off (verification) and enable_cuda_graph
+    (the graph session) in the CUDA provider's options; a CPU provider gets none."""
+    from onnxmedic import _sandbox_worker
+
+    made: list = []
+
+    class Opts:
+        def add_session_config_entry(self, *a: str) -> None:
+            pass
+
+    class FakeOrt:
+        SessionOptions = Opts
+        GraphOptimizationLevel = ExecutionOrder = None
+
+        @staticmethod
+        def InferenceSession(model, opts, providers, disabled_optimizers):  # noqa: N802
+            made.append(providers)
+            return object()
+
+    req = {"model": "m.onnx", "providers": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+           "cuda_options": {"prefer_nhwc": "1"}}
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        for r in (req, dict(req, graph=True), dict(req, cuda_tf32=True, cuda_options={})):
+            assert _sandbox_worker._load_session(FakeOrt, d, r, {}) is not None
+    assert made[0] == [("CUDAExecutionProvider", {"use_tf32": "0", "prefer_nhwc": "1"}),
+                       "CPUExecutionProvider"]
+    assert made[1][0] == ("CUDAExecutionProvider", {"use_tf32": "0", "prefer_nhwc": "1",
+                                                    "enable_cuda_graph": "1"})
+    assert made[2] == ["CUDAExecutionProvider", "CPUExecutionProvider"]  # nothing asked
+
+
 def test_a_file_the_cpu_stand_in_refuses_is_not_blamed_on_the_target() -> None:
     """Where the target's provider is missing, candidates run on the CPU provider: one it
     refuses (float16 ScatterElements-add has no CPU kernel: transformers' MoE routing) says

@@ -175,9 +175,10 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     cuda or tensorrt - candidates are verified and timed with that target's execution
     providers (on a GPU inputs and outputs bound on the device); where this ONNX Runtime lacks
     the target's provider they are verified on the CPU and the plain export is kept (OM725).
-    ``cuda_graph`` (on cuda): ``"auto"``/True - also try the chosen file as a CUDA graph
-    (``run_settings`` where that is faster); ``"deploy"`` - compare every verified file as a
-    CUDA graph and write the fastest (for a deployment that runs one); ``"off"``/False.
+    ``cuda_graph`` (on cuda): ``"auto"``/True - also try the chosen file as a CUDA graph, a
+    convolutional one also with the provider's NHWC kernels (``run_settings`` where that is
+    faster); ``"deploy"`` - compare every verified file as a CUDA graph (so) and write the
+    fastest (for a deployment that runs one); ``"off"``/False.
     ``calibration`` (precision int8): static int8's calibration sets - real data, as
     :func:`given_calibration_feeds` takes them; static int8 is then a candidate whatever the
     graph (without it: on convolutional graphs, calibrated on sets derived from the example)."""
@@ -217,7 +218,7 @@ def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> An
     lines = [f"{v.name}: " + (f"{v.median_ms:.2f} ms" if v.median_ms is not None else "untimed")
              + (f", {v.speedup:.2f}x" if v.speedup else "")
              + (f" - rejected: {v.rejected}" if v.rejected else
-                " - chosen run setting" if v.name.endswith(GRAPH_SUFFIX) else " - chosen")
+                " - chosen run setting" if GRAPH_SUFFIX in v.name else " - chosen")
              for v in res.variants]
     code = "OM721" if res.chosen == "plain" else "OM720"
     how = ""

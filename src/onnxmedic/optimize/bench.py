@@ -100,13 +100,15 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
     execution provider ran (from ONNX Runtime's profiling) and the device copies. Findings:
     OM722 for nodes that fell back to the CPU on a GPU target, OM723 for device copies.
     ``cuda_graph`` (target cuda): also time the file run as a CUDA graph (``graph_*``); None:
-    when the file's metadata says to run it so (optimize's ``run_settings``)."""
+    when the file's metadata says to run it so (optimize's ``run_settings``, whose other CUDA
+    provider options - prefer_nhwc - the graph's session then takes too)."""
     if target not in PROVIDERS:
         raise ValueError(f"target {target!r}: choose one of {', '.join(PROVIDERS)}")
     if cuda_graph and target != "cuda":
         raise ValueError(f"cuda_graph is for target='cuda', not {target!r}")
+    settings = _graph_options(onnx_path) if target == "cuda" else None
     if cuda_graph is None:
-        cuda_graph = target == "cuda" and _wants_graph(onnx_path)
+        cuda_graph = settings is not None
     res = BenchResult(target, threads=threads)
     with tempfile.TemporaryDirectory(prefix="onnxmedic-bench-") as tmp:
         feed = Path(tmp) / "feed.npz"
@@ -137,7 +139,7 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
     res.placement = data["placement"]
     res.copies = [n for nodes in res.placement.values() for n in nodes if "Memcpy" in n]
     if cuda_graph:
-        _time_graph(res, onnx_path, feeds, warmup, repeats, timeout)
+        _time_graph(res, onnx_path, feeds, warmup, repeats, timeout, settings or {})
     if res.graph_error:
         res.findings.append(warning(
             "OM726", "bench", f"not timed as a CUDA graph: {res.graph_error}",
@@ -165,15 +167,17 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
 
 
 def _time_graph(res: BenchResult, onnx_path: str | os.PathLike[str],
-                feeds: dict[str, np.ndarray], warmup: int, repeats: int, timeout: float) -> None:
+                feeds: dict[str, np.ndarray], warmup: int, repeats: int, timeout: float,
+                cuda_options: dict[str, str]) -> None:
     """The file run as a CUDA graph, timed by the sandbox as optimize times one (a session with
-    ``enable_cuda_graph``, inputs and outputs bound to buffers allocated once): ``graph_*`` of
-    ``res``, or ``graph_error`` with why not (no CUDA provider, ONNX Runtime's refusal)."""
+    ``enable_cuda_graph`` and ``cuda_options``, inputs and outputs bound to buffers allocated
+    once): ``graph_*`` of ``res``, or ``graph_error`` with why not (no CUDA provider, ONNX
+    Runtime's refusal)."""
     from onnxmedic import sandbox
 
     wanted = PROVIDERS[res.target][0]
     sbx = sandbox.run_model(onnx_path, [feeds], timeout=timeout, providers=PROVIDERS[res.target],
-                            threads=res.threads, cuda_tf32=True,
+                            threads=res.threads, cuda_tf32=True, cuda_options=cuda_options,
                             timing={"warmup": warmup, "repeats": repeats, "graph": True})
     if wanted not in sbx.providers:
         res.graph_error = ("a CUDA graph needs ONNX Runtime's CUDA provider, which this session "
@@ -186,18 +190,22 @@ def _time_graph(res: BenchResult, onnx_path: str | os.PathLike[str],
         res.graph_p90_ms = g[min(len(g) - 1, int(0.9 * len(g)))]
 
 
-def _wants_graph(onnx_path: str | os.PathLike[str]) -> bool:
-    """Whether the file's run settings (optimize's metadata) enable a CUDA graph."""
+def _graph_options(onnx_path: str | os.PathLike[str]) -> dict[str, str] | None:
+    """Where the file's run settings (optimize's metadata) enable a CUDA graph: the other CUDA
+    provider options they set ({} for none); None where they enable no graph."""
     import onnx
 
     from onnxmedic.optimize.candidates import RUN_SETTINGS_KEY
 
     try:
         proto = onnx.load(str(onnx_path), load_external_data=False)
-    except Exception:  # noqa: BLE001 - the child reports an unreadable file
-        return False
-    value = next((p.value for p in proto.metadata_props if p.key == RUN_SETTINGS_KEY), "")
-    return "enable_cuda_graph" in value
+        value = next((p.value for p in proto.metadata_props if p.key == RUN_SETTINGS_KEY), "")
+        opts = json.loads(value)["provider_options"]["CUDAExecutionProvider"] if value else {}
+    except Exception:  # noqa: BLE001 - the child reports an unreadable file; odd settings: none
+        return None
+    if not isinstance(opts, dict) or opts.get("enable_cuda_graph") != "1":
+        return None
+    return {str(k): str(v) for k, v in opts.items() if k != "enable_cuda_graph"}
 
 
 if __name__ == "__main__":

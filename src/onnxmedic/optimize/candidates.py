@@ -67,11 +67,35 @@ GRAPH_SETTINGS = {
     "shapes": "fixed: a captured graph replays the input shapes of its capture (another shape: "
               "another session, or a graph per shape with the run option gpu_graph_id)",
 }
-RUN_SETTINGS_KEY = "onnxmedic.run_settings"  # metadata_props key: GRAPH_SETTINGS as JSON
+# Convolutional files are also tried as CUDA graphs with the provider computing channels-last
+# (prefer_nhwc: ONNX Runtime's layout transformer moves Conv, pooling and normalisation to its
+# NHWC kernels, the layout cuDNN's float16 tensor-core convolutions work in, instead of
+# transposing around each one): twins named "<file>+cuda-graph+nhwc"
+NHWC_SUFFIX = "+nhwc"
+NHWC_OPTIONS = {"prefer_nhwc": "1"}
+RUN_SETTINGS_KEY = "onnxmedic.run_settings"  # metadata_props key: twin_settings() as JSON
 # cuda_graph: "auto" - the best file, and a CUDA graph recommended for it where that is faster;
 # "deploy" - every verified file compared as a CUDA graph (for a deployment that runs one);
 # "off" - no graphs
 GRAPH_MODES = ("auto", "deploy", "off")
+
+
+def twin_settings(cuda_options: dict[str, str] | None = None) -> dict[str, Any]:
+    """How to run a twin: GRAPH_SETTINGS, with ``cuda_options`` (NHWC_OPTIONS) added to its
+    provider options and session line."""
+    if not cuda_options:
+        return dict(GRAPH_SETTINGS)
+    opts = {**GRAPH_SETTINGS["provider_options"]["CUDAExecutionProvider"], **cuda_options}
+    return dict(GRAPH_SETTINGS, provider_options={"CUDAExecutionProvider": opts},
+                session="onnxruntime.InferenceSession(path, providers=[('CUDAExecutionProvider'"
+                        f", {opts!r}), 'CPUExecutionProvider'])")
+
+
+def twin_layouts(path: Path, target: str) -> list[dict[str, str]]:
+    """The CUDA options each file's twins run with: the provider's defaults, and for a
+    convolutional graph NHWC_OPTIONS too."""
+    return [{}] + ([dict(NHWC_OPTIONS)] if target in GRAPH_TARGETS and is_convolutional(path)
+                   else [])
 
 
 def graph_mode(value: bool | str | None) -> str:
@@ -107,6 +131,7 @@ class Variant:
     # fp16: value left float16 whose fill values (a mask's finfo.min) saturate -> its range
     saturated: dict[str, str] = field(default_factory=dict)
     saturation_rejected: str = ""  # fp16: why the variant that saturated them was not kept
+    cuda_options: dict[str, str] = field(default_factory=dict)  # a twin's (NHWC_OPTIONS)
 
     def worst_cosine(self) -> float | None:
         """The lowest cosine over the outputs (each already the worst over the input sets);
@@ -245,19 +270,26 @@ def _judge(variant: Variant, names: list[str], expected: list[list[np.ndarray]],
 
 def _graph_twin(base: Variant, path: Path, names: list[str], feed: dict[str, np.ndarray],
                 expected: list[np.ndarray], cosine: float, timeout: float,
-                references: list[np.ndarray | None] | None, target: str) -> Variant:
+                references: list[np.ndarray | None] | None, target: str,
+                cuda_options: dict[str, str] | None = None) -> Variant:
     """``base``'s file run as a CUDA graph (GRAPH_SETTINGS): a session whose second run
-    captures the kernels and whose later runs replay them on the same buffers. Judged like
-    ``base`` on the replays' outputs for the example feed - the one shape a captured graph
-    runs (the file itself was verified at every size)."""
-    twin = Variant(base.name + GRAPH_SUFFIX, precision=base.precision,
-                   passes=base.passes + ["cuda-graph"], steps=base.steps, fusions=base.fusions,
-                   nodes=base.nodes, path=str(path), blocked=base.blocked,
-                   saturated=base.saturated)
+    captures the kernels and whose later runs replay them on the same buffers; with
+    ``cuda_options`` (NHWC_OPTIONS) set too. Judged like ``base`` on the replays' outputs for
+    the example feed - the one shape a captured graph runs (the file itself was verified at
+    every size)."""
+    nhwc = bool(cuda_options)
+    twin = Variant(base.name + GRAPH_SUFFIX + (NHWC_SUFFIX if nhwc else ""),
+                   precision=base.precision,
+                   passes=base.passes + ["cuda-graph"] + (["nhwc"] if nhwc else []),
+                   steps=base.steps, fusions=base.fusions, nodes=base.nodes, path=str(path),
+                   blocked=base.blocked, saturated=base.saturated,
+                   cuda_options=dict(cuda_options or {}))
     sbx = sandbox.run_model(path, [feed], timeout=timeout, providers=sandbox.providers(target),
-                            timing={"warmup": 2, "repeats": 1, "graph": True})
+                            timing={"warmup": 2, "repeats": 1, "graph": True},
+                            cuda_options=twin.cuda_options)
     if not sbx.ok:
-        twin.rejected = f"ONNX Runtime refused the CUDA graph ({sbx.summary()[:200]})"
+        twin.rejected = (f"ONNX Runtime refused the CUDA graph{' in NHWC' if nhwc else ''} "
+                         f"({sbx.summary()[:200]})")
     elif not sbx.timed_outputs:
         twin.rejected = "ONNX Runtime returned no outputs from the CUDA graph's replay"
     else:
@@ -283,7 +315,9 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
                   timeout: float = 600.0, target: str = "cpu",
                   per_round: dict[str, list[float]] | None = None,
                   baseline: str | None = None,
-                  graphs: Collection[str] = ()) -> dict[str, tuple[float, float]]:
+                  graphs: Collection[str] = (),
+                  cuda_options: dict[str, dict[str, str]] | None = None
+                  ) -> dict[str, tuple[float, float]]:
     """Median and p90 latency (ms) of each file, in the sandbox with ``threads`` intra-op
     threads: ``rounds`` alternating rounds of ``warmup`` discarded + ``repeats`` timed runs, each
     round one session with ONNX Runtime's default options (on a GPU target CUDA's TF32 math
@@ -293,7 +327,7 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
     (a key of ``paths``): a file whose round median is not below the baseline's in the same
     round is not timed in later rounds - under the paired noise rule it can no longer win.
     ``graphs``: keys timed as CUDA graphs (fixed buffers, ``enable_cuda_graph``; see
-    GRAPH_SETTINGS)."""
+    GRAPH_SETTINGS); ``cuda_options``: more CUDA provider options by key (NHWC_OPTIONS)."""
     samples: dict[str, list[float]] = {k: [] for k in paths}
     rounds_ms: dict[str, list[float]] = {k: [] for k in paths}
     live = list(paths)
@@ -303,7 +337,8 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
             sbx = sandbox.run_model(paths[name], [feed], timeout=timeout, threads=threads,
                                     providers=sandbox.providers(target), cuda_tf32=True,
                                     timing={"warmup": warmup, "repeats": repeats,
-                                            "iobinding": gpu, "graph": name in graphs})
+                                            "iobinding": gpu, "graph": name in graphs},
+                                    cuda_options=(cuda_options or {}).get(name))
             ms = [s * 1000 for s in sbx.timed_seconds] if sbx.ok else []
             samples[name] += ms
             rounds_ms[name].append(statistics.median(ms) if ms else float("nan"))
@@ -730,17 +765,19 @@ def _deploy_graphs(plain: Variant, variants: list[Variant], paths: dict[str, Pat
                    names: list[str], feeds: list[dict[str, np.ndarray]],
                    expected: list[list[np.ndarray]], cosine: float, timeout: float,
                    references: list[list[np.ndarray | None]] | None, target: str,
-                   timing: dict[str, int]) -> tuple[Variant, Variant | None] | None:
+                   timing: dict[str, int], layouts: list[dict[str, str]]
+                   ) -> tuple[Variant, Variant | None] | None:
     """``cuda_graph="deploy"``: every verified file runs as a CUDA graph (:func:`_graph_twin`,
-    its replays verified), the twins are timed in paired rounds beside the plain file without
-    one, and the fastest twin that beats the plain file's own twin by the noise rule - and the
-    plain file without a graph too - is kept: (its file's variant, the twin). The plain file
-    with no twin kept: (plain, None). None when the plain file cannot run as a graph at all
-    (the files are then compared without graphs)."""
+    its replays verified; one twin per ``layouts`` entry, twin_layouts), the twins are timed in
+    paired rounds beside the plain file without one, and the fastest twin that beats the plain
+    file's own default twin by the noise rule - and the plain file without a graph too - is
+    kept: (its file's variant, the twin). The plain file with no twin kept: (plain, None).
+    None when the plain file cannot run as a graph at all (the files are then compared without
+    graphs)."""
     refs = references[0] if references else None
     twins = [(v, _graph_twin(v, paths[v.name], names, feeds[0], expected[0], cosine, timeout,
-                             refs, target)) for v in variants if v.verified]
-    base = next((t for v, t in twins if v is plain), None)
+                             refs, target, o)) for v in variants if v.verified for o in layouts]
+    base = next((t for v, t in twins if v is plain and not t.cuda_options), None)
     if base is None or not base.verified:
         variants += [t for _, t in twins]
         return None
@@ -748,7 +785,8 @@ def _deploy_graphs(plain: Variant, variants: list[Variant], paths: dict[str, Pat
     per_round: dict[str, list[float]] = {}
     times = time_variants({"plain": paths["plain"]} | {t.name: paths[v.name] for v, t in ok},
                           feeds[0], timeout=timeout, target=target, per_round=per_round,
-                          baseline=base.name, graphs={t.name for _, t in ok}, **timing)
+                          baseline=base.name, graphs={t.name for _, t in ok},
+                          cuda_options={t.name: t.cuda_options for _, t in ok}, **timing)
     _record_times([plain] + [t for _, t in ok], times, per_round)
     best = _choose(base, [base] + [t for _, t in ok if t is not base])
     if best is not base:
@@ -807,34 +845,45 @@ def _try_graph(chosen: Variant, plain: Variant, names: list[str],
                feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
                cosine: float, timeout: float,
                references: list[list[np.ndarray | None]] | None, target: str, *,
-               threads: int, warmup: int, repeats: int, rounds: int) -> Variant:
-    """The chosen file as a CUDA graph (:func:`_graph_twin`), verified, then timed in rounds of
-    its own beside the chosen file run without one (and the plain file, for its speed-up):
-    kept (``rejected`` empty) only when it beats the chosen file by the noise rule, every
-    round. The file written never depends on it: without graphs it is the best one still."""
-    twin = _graph_twin(chosen, Path(chosen.path), names, feeds[0], expected[0], cosine,
-                       timeout, references[0] if references else None, target)
-    if not twin.verified:
-        return twin
-    paths = {"plain": Path(plain.path), chosen.name: Path(chosen.path),
-             twin.name: Path(chosen.path)}
+               layouts: list[dict[str, str]], threads: int, warmup: int, repeats: int,
+               rounds: int) -> list[Variant]:
+    """The chosen file as a CUDA graph, one twin per ``layouts`` entry (:func:`_graph_twin`),
+    verified, then timed in rounds of their own beside the chosen file run without one (and the
+    plain file, for their speed-up): the fastest twin that beats the chosen file by the noise
+    rule, every round, is kept (``rejected`` empty), the others say why not. The file written
+    never depends on them: without graphs it is the best one still."""
+    twins = [_graph_twin(chosen, Path(chosen.path), names, feeds[0], expected[0], cosine,
+                         timeout, references[0] if references else None, target, o)
+             for o in layouts]
+    ok = [t for t in twins if t.verified]
+    if not ok:
+        return twins
+    paths = {"plain": Path(plain.path), chosen.name: Path(chosen.path)}
+    paths |= {t.name: Path(chosen.path) for t in ok}
     per_round: dict[str, list[float]] = {}
     times = time_variants(paths, feeds[0], threads=threads, warmup=warmup, repeats=repeats,
                           rounds=rounds, timeout=timeout, target=target, per_round=per_round,
-                          baseline=chosen.name, graphs={twin.name})
-    if twin.name not in times or chosen.name not in times:
-        twin.rejected = "could not be timed"
-        return twin
-    _record_times([twin], times, per_round)
-    base = times[chosen.name][0]
-    if "plain" in times:
-        twin.speedup = times["plain"][0] / twin.median_ms
-    beats, lost, limit = _beats(twin, base, per_round.get(chosen.name, []))
-    if not beats:
-        twin.rejected = (f"not faster than {chosen.name} without a CUDA graph beyond noise "
-                         f"({twin.median_ms:.3f} ms vs {base:.3f} ms, needs <= {limit:.3f} ms"
-                         + (f", not faster in round {lost}" if lost is not None else "") + ")")
-    return twin
+                          baseline=chosen.name, graphs={t.name for t in ok},
+                          cuda_options={t.name: t.cuda_options for t in ok})
+    base = times.get(chosen.name, (None,))[0]
+    for twin in ok:
+        if twin.name not in times or base is None:
+            twin.rejected = "could not be timed"
+            continue
+        _record_times([twin], times, per_round)
+        if "plain" in times:
+            twin.speedup = times["plain"][0] / twin.median_ms
+        beats, lost, limit = _beats(twin, base, per_round.get(chosen.name, []))
+        if not beats:
+            twin.rejected = (f"not faster than {chosen.name} without a CUDA graph beyond noise "
+                             f"({twin.median_ms:.3f} ms vs {base:.3f} ms, needs <= "
+                             f"{limit:.3f} ms"
+                             + (f", not faster in round {lost}" if lost is not None else "")
+                             + ")")
+    kept = sorted((t for t in ok if not t.rejected), key=lambda t: t.median_ms or math.inf)
+    for twin in kept[1:]:
+        twin.rejected = f"slower than {kept[0].name}"
+    return twins
 
 
 def _write(src: Path, out: Path, run_settings: dict[str, Any] | None = None) -> None:
@@ -963,8 +1012,9 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
             if v.verified or _near_miss(v):
                 (paths if v.verified else near)[v.name] = path
         timing = {"threads": threads, "warmup": warmup, "repeats": repeats, "rounds": rounds}
+        layouts = twin_layouts(src, target)
         deployed = (_deploy_graphs(plain, variants, paths, names, feeds, expected, cosine,
-                                   timeout, references, target, timing)
+                                   timeout, references, target, timing, layouts)
                     if mode == "deploy" and not absent else None)
         if deployed is not None:
             chosen, twin = deployed
@@ -978,16 +1028,17 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
                                     cosine=cosine, calibration=_calibrated(
                                         variants, calibration_source, calibration))
         if mode == "auto" and not absent:
-            twin = _try_graph(chosen, plain, names, feeds, expected, cosine, timeout,
-                              references, target, **timing)
-            variants.append(twin)
-            if not twin.rejected:
+            tried = _try_graph(chosen, plain, names, feeds, expected, cosine, timeout,
+                               references, target, layouts=layouts, **timing)
+            variants += tried
+            twin = next((t for t in tried if not t.rejected), None)
+            if twin is not None:
                 result.message += (f"; run as a CUDA graph ({twin.name}) it takes "
                                    f"{twin.median_ms:.3f} ms"
                                    + (f", {twin.speedup:.2f}x faster than the plain export"
                                       if twin.speedup else "") + " - see run_settings")
         if twin is not None and not twin.rejected:
-            result.run_settings = dict(GRAPH_SETTINGS)
+            result.run_settings = twin_settings(twin.cuda_options)
         if out is not None:
             _write(Path(chosen.path), Path(out), result.run_settings)
             result.written = str(out)

@@ -51,9 +51,10 @@ def add_parser(sub: Any) -> None:
                    "providers; GPU targets need onnxruntime-gpu and a GPU (else OM725)")
     o.add_argument("--threads", type=int, default=2, help="intra-op threads when timing")
     o.add_argument("--cuda-graph", choices=["auto", "deploy", "off"], default="auto",
-                   help="--target cuda: auto - also try the chosen file as a CUDA graph and "
-                   "recommend it (run settings) where faster; deploy - compare every verified "
-                   "file as a CUDA graph and write the fastest; off")
+                   help="--target cuda: auto - also try the chosen file as a CUDA graph (a "
+                   "convolutional one in NHWC too) and recommend it (run settings) where "
+                   "faster; deploy - compare every verified file as a CUDA graph and write the "
+                   "fastest; off")
     o.add_argument("--calibration", metavar="SPEC", help="--precision int8: calibrate static "
                    "int8 on these input sets (real data) and make it a candidate whatever the "
                    "graph: a .pt holding a list of input sets, an .npz stacking them on a first "
