@@ -31,6 +31,7 @@ TF32_OFF = {"use_tf32": "0"}  # ONNX Runtime CUDA provider option
 # ONNX Runtime CUDA provider option: the second run captures the kernels in a CUDA graph,
 # later runs replay it (one launch) - on the buffers bound at the capture
 CUDA_GRAPH = {"enable_cuda_graph": "1"}
+MAX_WARMUP_RUNS = 10000  # a timed warm-up (warmup_seconds) stops here however fast the runs
 # sandbox.LEAN_FOLD_BYTES and sandbox.LEAN_DISABLED (this script imports nothing of onnxmedic)
 LEAN_FOLD_BYTES = 1 << 20
 LEAN_DISABLED = ("TransposeOptimizer",)
@@ -361,7 +362,8 @@ def _time_runs(np, ort, sess, req_dir: str, req: dict, result: dict,
     (:func:`bind_io`). ``graph``: outputs bound to fixed buffers shaped as ``first`` (feed 0's
     outputs), on a CUDA session captured as a CUDA graph (``sess`` was loaded so); the outputs
     of the last timed run are saved (out_timing), to check what the replays compute.
-    ``result["timing"]``: the timed runs' seconds, after ``warmup`` discarded ones."""
+    ``result["timing"]``: the timed runs' seconds, after ``warmup`` discarded ones - and more
+    until ``warmup_seconds`` have passed (a GPU's clocks rise from idle over such a time)."""
     _phase(req_dir, "timing")
     _fault("timing")
     t = req["timing"]
@@ -384,13 +386,17 @@ def _time_runs(np, ort, sess, req_dir: str, req: dict, result: dict,
 
             def once():
                 sess.run_with_ort_values(None, ort_feeds)
-        for i in range(int(t.get("warmup", 0)) + int(t.get("repeats", 1))):
+        warm, until = 0, time.perf_counter() + float(t.get("warmup_seconds") or 0)
+        while warm < int(t.get("warmup", 0)) or (time.perf_counter() < until
+                                                  and warm < MAX_WARMUP_RUNS):
+            once()
+            warm += 1
+        for _ in range(int(t.get("repeats", 1))):
             t0 = time.perf_counter()
             once()
-            if i >= int(t.get("warmup", 0)):
-                seconds.append(time.perf_counter() - t0)
+            seconds.append(time.perf_counter() - t0)
         timing = {"seconds": seconds, "device": device, "iobinding": binding is not None,
-                  "graph": graph}
+                  "graph": graph, "warmup_runs": warm}
         if graph:
             outs = [from_ortvalue(np, v) for v in binding.get_outputs()]
             if os.environ.get("ONNXMEDIC_SANDBOX_FAULT") == "corrupt:timing":

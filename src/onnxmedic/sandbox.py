@@ -143,6 +143,7 @@ class SandboxResult:
     lean: bool = False  # the session was memory-lean (lean_session)
     timed_seconds: list[float] = field(default_factory=list)  # with timing: the timed runs
     timing_device: str = ""  # with timing: where inputs and outputs were bound (cpu, cuda)
+    warmup_runs: int = 0  # with timing: the discarded runs before the timed ones
     timed_outputs: list[np.ndarray] = field(default_factory=list)  # with timing["graph"]: the
     # last timed run's outputs (what the fixed buffers / the CUDA graph's replays compute)
 
@@ -324,12 +325,14 @@ class Worker:
         decides by the model's size and the memory available now. ``timing``: after the
         feeds, time ``repeats`` runs of the first feed after ``warmup`` discarded ones
         (``iobinding``: inputs and outputs bound on the session's device, the GPU for a CUDA
-        session; ``graph``: in a second session, with the outputs bound to buffers allocated
-        once - on CUDA captured as a CUDA graph and replayed - the last run's outputs in
-        ``timed_outputs``); the seconds are in ``timed_seconds``. ``cuda_tf32``: leave ONNX Runtime's
-        CUDA default (TF32 matmuls and convolutions, as deployed; for timing) instead of full
-        float32 (for verification: PyTorch computes without TF32). ``cuda_options``: more
-        CUDA provider options for every session of the request (``{"prefer_nhwc": "1"}``)."""
+        session; ``warmup_seconds``: warm up at least that long too, ``warmup_runs`` says how
+        many runs that took; ``graph``: in a second session, with the outputs bound to buffers
+        allocated once - on CUDA captured as a CUDA graph and replayed - the last run's outputs
+        in ``timed_outputs``); the seconds are in ``timed_seconds``. ``cuda_tf32``: leave ONNX
+        Runtime's CUDA default (TF32 matmuls and convolutions, as deployed; for timing) instead
+        of full float32 (for verification: PyTorch computes without TF32). ``cuda_options``:
+        more CUDA provider options for every session of the request (``{"prefer_nhwc":
+        "1"}``)."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("sandbox worker already used")
@@ -457,6 +460,7 @@ def _read_result(req_dir: Path, res: dict[str, Any], phase: str, wall: float, st
         providers=res.get("providers", []), lean=bool(res.get("lean")),
         timed_seconds=res.get("timing", {}).get("seconds", []),
         timing_device=res.get("timing", {}).get("device", ""),
+        warmup_runs=res.get("timing", {}).get("warmup_runs", 0),
     )
     for i, run in enumerate(res.get("runs", [])):
         if "error" in run:

@@ -487,6 +487,26 @@ def test_bench_names_cpu_fallback_nodes_for_cuda_on_a_cpu_machine(tmp_path: Path
     assert onnxmedic.bench(scalar, {"x": np.array(2.0, np.float32)}, repeats=2).ok
 
 
+def test_bench_times_runs_the_profiler_does_not_see(tmp_path: Path) -> None:
+    """Placement comes from ONNX Runtime's profiler, which records every node of every run (a
+    400-node chain ran 65x slower with it on): only the warm-up runs are profiled, the timed
+    ones not, however many - and the placement still names every node."""
+    n = 40
+    nodes = [helper.make_node("Neg" if i % 2 else "Relu", [f"t{i}" if i else "x"],
+                              [f"t{i + 1}"], name=f"n{i}") for i in range(n)]
+    g = helper.make_graph(nodes, "chain",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                          [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [4, 16])])
+    src = tmp_path / "chain.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    feed = {"x": np.random.rand(4, 16).astype(np.float32)}
+    for warmup, repeats in ((2, 7), (0, 3)):
+        res = onnxmedic.bench(src, feed, warmup=warmup, repeats=repeats)
+        assert res.ok, res.error
+        assert res.profiled_runs == max(1, warmup)  # not warmup + repeats
+        assert len(res.placement["CPUExecutionProvider"]) == n
+
+
 def _external(folder: Path) -> tuple[Path, np.ndarray, np.ndarray]:
     """y = relu(x @ W) with W in ``m.onnx.data`` beside the model (as torch.onnx.export saves
     real-size weights)."""
@@ -556,7 +576,11 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
     from onnxmedic.cli import main
     from onnxmedic.onnxfile import append_metadata
     from onnxmedic.optimize.bench import PROVIDERS
-    from onnxmedic.optimize.candidates import GRAPH_SETTINGS, RUN_SETTINGS_KEY
+    from onnxmedic.optimize.candidates import (
+        GPU_WARMUP_SECONDS,
+        GRAPH_SETTINGS,
+        RUN_SETTINGS_KEY,
+    )
 
     src = _export(Shift(), (torch.randn(8),), tmp_path / "m.onnx")
     feed = {"x": np.random.rand(8).astype(np.float32)}
@@ -584,6 +608,7 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
 
     def spy(*a, **kw):
         options.append(kw.get("cuda_options"))
+        assert kw["timing"]["warmup_seconds"] == GPU_WARMUP_SECONDS  # a GPU target's warm-up
         timed.append(real(*a, **kw))
         return timed[-1]
 

@@ -68,6 +68,34 @@ def test_sandbox_timing_runs_the_first_feed_repeatedly(tmp_path: Path, iobinding
     np.testing.assert_array_equal(sbx.outputs[0][0], plain.outputs[0][0])
 
 
+def test_a_gpu_targets_timing_warms_up_for_a_time_not_only_a_count(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's clocks rise from idle over longer than a batch-1 model's few warm-up runs: the
+    sandbox warms up for ``warmup_seconds`` too (counted in ``warmup_runs``), and optimize's
+    timing asks for GPU_WARMUP_SECONDS on a GPU target only."""
+    from onnxmedic.optimize.candidates import GPU_WARMUP_SECONDS, time_variants
+
+    _, x, path = _export(tmp_path)
+    feed = {"x": x.numpy()}
+    counted = sandbox.run_model(path, [feed], timing={"warmup": 2, "repeats": 3})
+    assert counted.ok and counted.warmup_runs == 2
+    timed = sandbox.run_model(path, [feed], timing={"warmup": 2, "repeats": 3,
+                                                    "warmup_seconds": 0.3})
+    assert timed.ok and len(timed.timed_seconds) == 3
+    assert timed.warmup_runs > 10  # the time, not the count of 2, ended the warm-up
+    asked: list[dict] = []
+
+    def fake_run(p, feeds, **kw):
+        asked.append(kw["timing"])
+        return sandbox.SandboxResult(status="ok", timed_seconds=[0.001])
+
+    monkeypatch.setattr(sandbox, "run_model", fake_run)
+    for target in ("cuda", "cpu"):
+        time_variants({"a": path}, feed, rounds=1, target=target)
+    assert [t["warmup_seconds"] for t in asked] == [GPU_WARMUP_SECONDS, 0]
+    assert GPU_WARMUP_SECONDS >= 0.1
+
+
 @pytest.mark.parametrize("fault,status", [("segv", "crash"), ("hang", "timeout")])
 def test_sandbox_timing_that_crashes_or_hangs_is_reported(tmp_path: Path, fault: str,
                                                            status: str,

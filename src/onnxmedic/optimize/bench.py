@@ -39,6 +39,7 @@ class BenchResult:
     providers: list[str] = field(default_factory=list)
     bound_on: str = ""  # where inputs and outputs were bound while timing (cpu, cuda)
     placement: dict[str, list[str]] = field(default_factory=dict)  # provider -> node names
+    profiled_runs: int = 0  # the warm-up runs placement was read from (timed runs unprofiled)
     copies: list[str] = field(default_factory=list)  # Memcpy nodes
     # with cuda_graph: the same file run as a CUDA graph (fixed buffers, enable_cuda_graph)
     graph_median_ms: float | None = None
@@ -73,22 +74,31 @@ def _child(req_path: str, res_path: str) -> None:
     from onnxmedic._sandbox_worker import bind_io
 
     binding, device = bind_io(ort, np, sess, feed)
-    times = []
-    for i in range(req["warmup"] + req["repeats"]):
-        t = time.perf_counter()
+    # the warm-up runs are profiled (where each node ran), the timed ones not: ONNX Runtime's
+    # profiler records every node of every run - a 400-node chain ran 65x slower with it on
+    until = time.perf_counter() + req.get("warmup_seconds", 0)
+    for _ in range(max(1, req["warmup"])):
         sess.run_with_iobinding(binding)  # synchronises the provider's stream before returning
-        if i >= req["warmup"]:
-            times.append((time.perf_counter() - t) * 1000)
-    prof = sess.end_profiling()
+    prof = sess.end_profiling()  # and stops profiling the runs below
+    while time.perf_counter() < until:  # a GPU's clocks rise from idle (GPU_WARMUP_SECONDS)
+        sess.run_with_iobinding(binding)
+    times = []
+    for _ in range(req["repeats"]):
+        t = time.perf_counter()
+        sess.run_with_iobinding(binding)
+        times.append((time.perf_counter() - t) * 1000)
     placement: dict[str, set[str]] = {}
+    runs: dict[str, int] = {}  # kernel events per node: the runs the profile saw
     for ev in json.loads(Path(prof).read_text()):
         args = ev.get("args", {})
         if ev.get("cat") == "Node" and "provider" in args:
             name = ev["name"].rsplit("_kernel_time", 1)[0]
             placement.setdefault(args["provider"], set()).add(name)
+            runs[name] = runs.get(name, 0) + 1
     Path(res_path).write_text(json.dumps({
         "times": times, "load": load, "providers": sess.get_providers(), "bound_on": device,
         "placement": {k: sorted(v) for k, v in placement.items()},
+        "profiled_runs": max(runs.values(), default=0),
         "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 
 
@@ -116,6 +126,7 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
         req, out = Path(tmp) / "req.json", Path(tmp) / "res.json"
         req.write_text(json.dumps({"model": str(Path(onnx_path).resolve()), "feed": str(feed),
                                    "threads": threads, "warmup": warmup, "repeats": repeats,
+                                   "warmup_seconds": _warmup_seconds(target),
                                    "providers": PROVIDERS[target]}))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
@@ -137,6 +148,7 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
     res.providers = data["providers"]
     res.bound_on = data.get("bound_on", "")
     res.placement = data["placement"]
+    res.profiled_runs = data.get("profiled_runs", 0)
     res.copies = [n for nodes in res.placement.values() for n in nodes if "Memcpy" in n]
     if cuda_graph:
         _time_graph(res, onnx_path, feeds, warmup, repeats, timeout, settings or {})
@@ -178,7 +190,8 @@ def _time_graph(res: BenchResult, onnx_path: str | os.PathLike[str],
     wanted = PROVIDERS[res.target][0]
     sbx = sandbox.run_model(onnx_path, [feeds], timeout=timeout, providers=PROVIDERS[res.target],
                             threads=res.threads, cuda_tf32=True, cuda_options=cuda_options,
-                            timing={"warmup": warmup, "repeats": repeats, "graph": True})
+                            timing={"warmup": warmup, "repeats": repeats, "graph": True,
+                                    "warmup_seconds": _warmup_seconds(res.target)})
     if wanted not in sbx.providers:
         res.graph_error = ("a CUDA graph needs ONNX Runtime's CUDA provider, which this session "
                            f"does not use ({', '.join(sbx.providers) or sbx.error[:200]})")
@@ -188,6 +201,13 @@ def _time_graph(res: BenchResult, onnx_path: str | os.PathLike[str],
         g = sorted(t * 1000 for t in sbx.timed_seconds)
         res.graph_median_ms = statistics.median(g)
         res.graph_p90_ms = g[min(len(g) - 1, int(0.9 * len(g)))]
+
+
+def _warmup_seconds(target: str) -> float:
+    """How long the timing warms up at least: optimize's GPU_WARMUP_SECONDS on a GPU target."""
+    from onnxmedic.optimize.candidates import GPU_WARMUP_SECONDS
+
+    return GPU_WARMUP_SECONDS if target != "cpu" else 0.0
 
 
 def _graph_options(onnx_path: str | os.PathLike[str]) -> dict[str, str] | None:

@@ -46,6 +46,10 @@ from onnxmedic.verify.compare import compare_outputs
 logger = logging.getLogger(__name__)
 
 NOISE_FRACTION = 0.03
+# a GPU target's timing warms up at least this long (besides its warm-up runs): the GPU's clocks
+# rise from idle (an H200 here: SM 345 MHz idle, 1980 MHz under load) while a batch-1 model's
+# few warm-up runs take milliseconds
+GPU_WARMUP_SECONDS = 0.2
 DEFAULT_COSINE = 0.999
 OUTSIDE_BUDGET = "outside the accuracy budget"  # a reduced-precision variant's rejection
 REFUSED = "ONNX Runtime refused it"  # a variant that did not load or run
@@ -322,7 +326,8 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
     threads: ``rounds`` alternating rounds of ``warmup`` discarded + ``repeats`` timed runs, each
     round one session with ONNX Runtime's default options (on a GPU target CUDA's TF32 math
     included, as deployed) and the inputs and outputs bound on the target's device
-    (IOBinding: a GPU run's time is the GPU's work, not host copies). ``per_round``, when
+    (IOBinding: a GPU run's time is the GPU's work, not host copies); on a GPU target the
+    warm-up lasts GPU_WARMUP_SECONDS at least. ``per_round``, when
     given, receives each file's median per round (nan for a round it failed). ``baseline``
     (a key of ``paths``): a file whose round median is not below the baseline's in the same
     round is not timed in later rounds - under the paired noise rule it can no longer win.
@@ -337,7 +342,8 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
             sbx = sandbox.run_model(paths[name], [feed], timeout=timeout, threads=threads,
                                     providers=sandbox.providers(target), cuda_tf32=True,
                                     timing={"warmup": warmup, "repeats": repeats,
-                                            "iobinding": gpu, "graph": name in graphs},
+                                            "iobinding": gpu, "graph": name in graphs,
+                                            "warmup_seconds": GPU_WARMUP_SECONDS if gpu else 0},
                                     cuda_options=(cuda_options or {}).get(name))
             ms = [s * 1000 for s in sbx.timed_seconds] if sbx.ok else []
             samples[name] += ms
