@@ -37,7 +37,12 @@ from onnxmedic.optimize import (
     reference_sets,
     time_variants,
 )
-from onnxmedic.optimize.candidates import GRAPH_SUFFIX, NHWC_OPTIONS, NHWC_SUFFIX
+from onnxmedic.optimize.candidates import (
+    GRAPH_SUFFIX,
+    NHWC_OPTIONS,
+    NHWC_SUFFIX,
+    twin_options,
+)
 from onnxmedic.optimize.passes import is_convolutional
 
 
@@ -275,8 +280,7 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
                        accuracy=accuracy)
         paths[f"onnxmedic optimize {prec} ({res.chosen})"] = out
         if res.run_settings:  # as optimize recommends running it: a CUDA graph (in NHWC)
-            opts = {k: v for k, v in res.run_settings["provider_options"][
-                "CUDAExecutionProvider"].items() if k != "enable_cuda_graph"}
+            opts = twin_options(res.run_settings) or {}
             label = (f"onnxmedic optimize {prec} ({res.chosen}){GRAPH_SUFFIX}"
                      + (NHWC_SUFFIX if opts else ""))
             paths[label], options[label] = out, opts

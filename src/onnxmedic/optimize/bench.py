@@ -116,7 +116,8 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
         raise ValueError(f"target {target!r}: choose one of {', '.join(PROVIDERS)}")
     if cuda_graph and target != "cuda":
         raise ValueError(f"cuda_graph is for target='cuda', not {target!r}")
-    settings = _graph_options(onnx_path) if target == "cuda" else None
+    settings = (_graph_options(onnx_path) if target == "cuda" and cuda_graph is not False
+                else None)
     if cuda_graph is None:
         cuda_graph = settings is not None
     res = BenchResult(target, threads=threads)
@@ -215,17 +216,14 @@ def _graph_options(onnx_path: str | os.PathLike[str]) -> dict[str, str] | None:
     provider options they set ({} for none); None where they enable no graph."""
     import onnx
 
-    from onnxmedic.optimize.candidates import RUN_SETTINGS_KEY
+    from onnxmedic.optimize.candidates import RUN_SETTINGS_KEY, twin_options
 
     try:
         proto = onnx.load(str(onnx_path), load_external_data=False)
         value = next((p.value for p in proto.metadata_props if p.key == RUN_SETTINGS_KEY), "")
-        opts = json.loads(value)["provider_options"]["CUDAExecutionProvider"] if value else {}
+        return twin_options(json.loads(value)) if value else None
     except Exception:  # noqa: BLE001 - the child reports an unreadable file; odd settings: none
         return None
-    if not isinstance(opts, dict) or opts.get("enable_cuda_graph") != "1":
-        return None
-    return {str(k): str(v) for k, v in opts.items() if k != "enable_cuda_graph"}
 
 
 if __name__ == "__main__":

@@ -95,6 +95,15 @@ def twin_settings(cuda_options: dict[str, str] | None = None) -> dict[str, Any]:
                         f", {opts!r}), 'CPUExecutionProvider'])")
 
 
+def twin_options(settings: dict[str, Any]) -> dict[str, str] | None:
+    """:func:`twin_settings` read back: where ``settings`` enable a CUDA graph, the other CUDA
+    provider options they set ({} for none); None where they enable none."""
+    opts = settings.get("provider_options", {}).get("CUDAExecutionProvider")
+    if not isinstance(opts, dict) or opts.get("enable_cuda_graph") != "1":
+        return None
+    return {str(k): str(v) for k, v in opts.items() if k != "enable_cuda_graph"}
+
+
 def twin_layouts(path: Path, target: str) -> list[dict[str, str]]:
     """The CUDA options each file's twins run with: the provider's defaults, and for a
     convolutional graph NHWC_OPTIONS too."""
@@ -1018,7 +1027,7 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
             if v.verified or _near_miss(v):
                 (paths if v.verified else near)[v.name] = path
         timing = {"threads": threads, "warmup": warmup, "repeats": repeats, "rounds": rounds}
-        layouts = twin_layouts(src, target)
+        layouts = twin_layouts(src, target) if mode != "off" and not absent else []
         deployed = (_deploy_graphs(plain, variants, paths, names, feeds, expected, cosine,
                                    timeout, references, target, timing, layouts)
                     if mode == "deploy" and not absent else None)
