@@ -1,12 +1,14 @@
 """The child side of the sandbox: load an ONNX model in ONNX Runtime, run it, write results.
 
-Run as ``python _sandbox_worker.py REQUEST_DIR [MEMORY_LIMIT]``. Imports only numpy and onnxruntime
+Run as ``python _sandbox_worker.py REQUEST_DIR [MEMORY_LIMIT [serve]]``: one request, or with
+``serve`` one request after another (sandbox.Server) until the parent kills it. Imports only numpy and onnxruntime
 (never torch), writes its phase to ``phase`` before each step so the parent can tell where a hang
 or crash happened, and outputs as .npz files (no pickles) plus ``result.json``.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -42,10 +44,14 @@ def _phase(req_dir: str, text: str) -> None:
         f.write(text)
 
 
+_MODEL = [""]  # the model of the request being served (for _fault's "@" filter)
+
+
 def _fault(phase: str) -> None:
-    """Fault injection for onnxmedic's own tests of the sandbox (ONNXMEDIC_SANDBOX_FAULT)."""
-    want = os.environ.get("ONNXMEDIC_SANDBOX_FAULT", "")
-    if not want or not want.endswith(":" + phase):
+    """Fault injection for onnxmedic's own tests of the sandbox (ONNXMEDIC_SANDBOX_FAULT:
+    ``kind:phase``, or ``kind:phase@text`` - only for models whose path holds ``text``)."""
+    want, _, only = os.environ.get("ONNXMEDIC_SANDBOX_FAULT", "").partition("@")
+    if not want or not want.endswith(":" + phase) or only and only not in _MODEL[0]:
         return
     kind = want.split(":", 1)[0]
     if kind == "abort":
@@ -161,7 +167,9 @@ def _wait_for_request(req_dir: str) -> dict:
         time.sleep(delay)
         delay = min(delay * 1.5, 0.02)
     with open(path) as f:
-        return json.load(f)
+        req = json.load(f)
+    os.remove(path)  # taken: a serving worker then waits for the next one
+    return req
 
 
 def _finish(req_dir: str, result: dict, code: int = 0) -> int:
@@ -411,17 +419,33 @@ def _time_runs(np, ort, sess, req_dir: str, req: dict, result: dict,
     return True
 
 
-def main(req_dir: str) -> int:
-    """Serve one request in ``req_dir``: load the model, run it on each feed, write
-    result.json (and the outputs). Returns the exit code."""
+def main(req_dir: str, serve: bool = False) -> int:
+    """Serve one request in ``req_dir`` (with ``serve``, one after another until killed): load
+    the model, run it on each feed, write result.json (and the outputs). Returns the exit
+    code."""
     _die_with_parent()
     _phase(req_dir, "import")
+    t0 = time.perf_counter()
     import numpy as np
     import onnxruntime as ort
 
-    _phase(req_dir, "wait")
-    req = _wait_for_request(req_dir)
-    result: dict = {"status": "ok", "phase": "import"}
+    started = time.perf_counter() - t0
+    while True:
+        _phase(req_dir, "wait")
+        req = _wait_for_request(req_dir)
+        cap = _address_cap()
+        code = _serve(np, ort, req_dir, req, started)
+        if not serve:
+            return code
+        started = 0.0
+        _restore_cap(cap)  # a lean request raised it by its mapped weights (_map_allowance)
+        gc.collect()
+
+
+def _serve(np, ort, req_dir: str, req: dict, started: float) -> int:
+    """One request: the session, each feed, the timing; result.json last."""
+    _MODEL[0] = str(req.get("model", ""))
+    result: dict = {"status": "ok", "phase": "import", "import_seconds": started}
     result["ort_version"] = ort.__version__
     result["lean"] = bool(req.get("lean"))
     if req.get("probe_opset"):
@@ -446,9 +470,31 @@ def main(req_dir: str) -> int:
             return _finish(req_dir, result)
     if timing and not _time_runs(np, ort, sess, req_dir, req, result, first):
         return _finish(req_dir, result)
+    sess = None  # released before the parent reads the result (a serving worker's next)
     result["phase"] = "done"
     _phase(req_dir, "done")
     return _finish(req_dir, result)
+
+
+def _address_cap():
+    """The address-space limits now (None where they cannot be read)."""
+    try:
+        import resource
+
+        return resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, ValueError, OSError):
+        return None
+
+
+def _restore_cap(cap) -> None:
+    if cap is None:
+        return
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, cap)
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 if __name__ == "__main__":
@@ -458,7 +504,7 @@ if __name__ == "__main__":
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     limit_memory(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     try:
-        sys.exit(main(sys.argv[1]))
+        sys.exit(main(sys.argv[1], serve=sys.argv[3:4] == ["serve"]))
     except Exception:
         traceback.print_exc()
         sys.exit(70)

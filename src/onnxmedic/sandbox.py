@@ -7,6 +7,8 @@ own process group and is killed with it; it also dies if onnxmedic dies (PR_SET_
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +134,7 @@ class SandboxResult:
     outputs_meta: list[dict[str, Any]] = field(default_factory=list)
     run_seconds: list[float] = field(default_factory=list)
     load_seconds: float = 0.0
+    import_seconds: float = 0.0  # the child's import of ONNX Runtime (0 in a reused child)
     signal: str | None = None
     max_opset: int | None = None  # with probe_opset: the highest opset the runtime loads
     ort_version: str | None = None
@@ -268,13 +272,20 @@ def _restore(a: np.ndarray, dtype: str) -> np.ndarray:
 
 class Worker:
     """A sandbox child started ahead of time: it imports ONNX Runtime while the caller is still
-    capturing and translating, then waits for one request. Use as a context manager."""
+    capturing and translating, then waits for one request. Use as a context manager. With
+    ``serve`` it serves one request after another (:class:`Server` keeps it while they
+    succeed)."""
 
-    def __init__(self, memory_limit: int | None = -1) -> None:
+    def __init__(self, memory_limit: int | None = -1, serve: bool = False) -> None:
         if memory_limit == -1:
             memory_limit = default_memory_limit()
         self.memory_limit = memory_limit
+        self.serve = serve
         self.dir = Path(tempfile.mkdtemp(prefix="onnxmedic-sbx-"))
+        # a serving child's stderr goes to a file: a pipe nobody reads until the child exits
+        # would fill up and block it
+        self.log = (tempfile.TemporaryFile(prefix="onnxmedic-sbx-", suffix=".log")
+                    if serve else None)
         # The worker runs as a plain script (not -m onnxmedic...): importing the onnxmedic
         # package would import torch, which the child never needs and which costs seconds.
         # The child caps its own address space first thing (_sandbox_worker.limit_memory), not
@@ -282,8 +293,10 @@ class Worker:
         # several GiB) are copied and whose pages the child shares until it execs - a
         # multi-GiB resident double in /proc for a moment, and slower.
         self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, str(WORKER), str(self.dir), str(memory_limit or 0)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [sys.executable, str(WORKER), str(self.dir), str(memory_limit or 0)]
+            + (["serve"] if serve else []),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL if serve else subprocess.PIPE,
+            stderr=self.log if serve else subprocess.PIPE,
             start_new_session=True,
         )
 
@@ -301,6 +314,9 @@ class Worker:
             except (subprocess.TimeoutExpired, ValueError, OSError):
                 pass
             self.proc = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def run(
@@ -338,6 +354,10 @@ class Worker:
             raise RuntimeError("sandbox worker already used")
         t_start = time.perf_counter()
         req_dir = self.dir
+        log_at = 0
+        if self.serve:
+            _clear(req_dir)  # the previous request's feeds, outputs and result
+            log_at = self.log.seek(0, os.SEEK_END) if self.log is not None else 0
         if lean is None:
             lean = _env_lean()
         if lean is None:
@@ -355,9 +375,7 @@ class Worker:
             "cuda_tf32": cuda_tf32,
             "cuda_options": dict(cuda_options or {}),
         })
-        timed_out, stderr_b = _wait(proc, timeout)
-        self.proc = None
-        stderr = stderr_b.decode("utf-8", "replace") if stderr_b else ""
+        timed_out, stderr = self._await(proc, timeout, log_at)
         phase_file = req_dir / "phase"
         phase = phase_file.read_text() if phase_file.exists() else "start"
         wall = time.perf_counter() - t_start
@@ -377,6 +395,24 @@ class Worker:
                 out.memory_limit += _external_bytes(model_path)
         return out
 
+    def _await(self, proc: subprocess.Popen[bytes], timeout: float, log_at: int
+               ) -> tuple[bool, str]:
+        """Wait for the request's end: (timed out, the child's stderr meanwhile). A one-shot
+        child has exited; a serving one is kept while alive (``log_at``: where its stderr
+        file stood when the request was sent)."""
+        if self.serve:
+            timed_out = _await_result(proc, self.dir / "result.json", timeout)
+            stderr_b = b""
+            if self.log is not None:  # its last 64 KiB since log_at
+                self.log.seek(max(log_at, self.log.seek(0, os.SEEK_END) - (1 << 16)))
+                stderr_b = self.log.read()
+            if proc.poll() is not None:  # dead (killed, crashed): not served again
+                self.proc = None
+        else:
+            timed_out, stderr_b = _wait(proc, timeout)
+            self.proc = None
+        return timed_out, stderr_b.decode("utf-8", "replace") if stderr_b else ""
+
     def _send(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
               options: dict[str, Any]) -> None:
         """Write the feeds, then request.json, which the waiting worker reads."""
@@ -391,6 +427,36 @@ class Worker:
         tmp = req_dir / "request.json.tmp"
         tmp.write_text(json.dumps(request))
         os.replace(tmp, req_dir / "request.json")  # the worker waits for this name
+
+
+def _clear(folder: Path) -> None:
+    """Remove a serving child's files of the last request (it took request.json itself)."""
+    for f in folder.iterdir():
+        if f.name != "request.json":
+            f.unlink(missing_ok=True)
+
+
+def _await_result(proc: subprocess.Popen[bytes], result_file: Path, timeout: float) -> bool:
+    """Wait until a serving child has written ``result_file`` or died, at most ``timeout``
+    seconds, then kill it (its group): whether it timed out. Any exception
+    (KeyboardInterrupt) kills the child before it propagates."""
+    deadline = time.monotonic() + timeout
+    delay = 0.0005
+    try:
+        while not result_file.exists():
+            if proc.poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                _kill_group(proc)
+                proc.wait()
+                return True
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.01)
+    except BaseException:
+        _kill_group(proc)
+        proc.wait()
+        raise
+    return False
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bool, bytes | None]:
@@ -456,6 +522,7 @@ def _read_result(req_dir: Path, res: dict[str, Any], phase: str, wall: float, st
         inputs=res.get("inputs", []), outputs_meta=res.get("outputs", []),
         output_names=[o["name"] for o in res.get("outputs", [])],
         load_seconds=res.get("load_seconds", 0.0), wall_seconds=wall, stderr=stderr,
+        import_seconds=res.get("import_seconds", 0.0),
         max_opset=res.get("max_opset"), ort_version=res.get("ort_version"),
         providers=res.get("providers", []), lean=bool(res.get("lean")),
         timed_seconds=res.get("timing", {}).get("seconds", []),
@@ -492,6 +559,79 @@ def providers(target: str) -> list[str]:
                          "CPUExecutionProvider"]}.get(target, ["CPUExecutionProvider"])
 
 
+class Server:
+    """Sandbox runs one after another in a child kept between them (optimize's dozens of
+    runs): the child is started on the first request and kept while its requests succeed, so
+    that a run does not pay a child's start - importing ONNX Runtime and, on a GPU, loading its
+    CUDA provider's libraries and creating a CUDA context, seconds each. A failed request
+    retires the child (a crashed, hung or out-of-memory one is dead anyway; a CUDA error can
+    poison the process), and a failure in a child that served before is run again in a fresh
+    one - a timeout excepted - so that reuse never changes a verdict. ``stats``: requests,
+    children started, their import seconds, the requests' wall seconds."""
+
+    def __init__(self, memory_limit: int | None = -1) -> None:
+        self.memory_limit = memory_limit
+        self.child: Worker | None = None
+        self.stats = {"runs": 0, "children": 0, "import_seconds": 0.0, "wall_seconds": 0.0}
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.close()
+            self.child = None
+
+    def run(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
+            **options: Any) -> SandboxResult:
+        """:meth:`Worker.run` in the kept child (a fresh one where there is none)."""
+        reused = self.child is not None and self.child.proc is not None
+        out = self._once(model_path, feeds, options)
+        if not out.ok and reused and out.status != "timeout":
+            logger.info("sandbox: %s in a reused child; run again in a fresh one",
+                        out.summary())
+            out = self._once(model_path, feeds, options)
+        return out
+
+    def _once(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
+              options: dict[str, Any]) -> SandboxResult:
+        if self.child is None or self.child.proc is None:
+            self.close()
+            self.child = Worker(self.memory_limit, serve=True)
+            self.stats["children"] += 1
+        out = self.child.run(model_path, feeds, **options)
+        self.stats["runs"] += 1
+        self.stats["import_seconds"] += out.import_seconds
+        self.stats["wall_seconds"] += out.wall_seconds
+        if not out.ok:
+            self.close()
+        return out
+
+
+_SERVER: contextvars.ContextVar[Server | None] = contextvars.ContextVar("onnxmedic_sandbox",
+                                                                        default=None)
+
+
+@contextlib.contextmanager
+def reuse(memory_limit: int | None = -1) -> Iterator[Server]:
+    """Within the block, :func:`run_model` calls with the default memory cap run in one kept
+    child (:class:`Server`) instead of a child each; nested blocks share the outer one."""
+    outer = _SERVER.get()
+    if outer is not None:
+        yield outer
+        return
+    server = Server(memory_limit)
+    token = _SERVER.set(server)
+    try:
+        yield server
+    finally:
+        _SERVER.reset(token)
+        server.close()
+
+
 def run_model(
     model_path: str | os.PathLike[str],
     feeds: list[dict[str, np.ndarray]],
@@ -511,7 +651,13 @@ def run_model(
     failures of the model or of ONNX Runtime. ``lean``, ``timing``, ``cuda_tf32``,
     ``cuda_options``: see
     :meth:`Worker.run`; a default session unless asked (timings, as optimize's, are of the
-    session users deploy)."""
+    session users deploy). Inside :func:`reuse`, a kept child serves it (the default cap)."""
+    server = _SERVER.get()
+    if server is not None and memory_limit == -1:
+        return server.run(model_path, feeds, timeout=timeout, providers=providers,
+                          threads=threads, disable_optimizations=disable_optimizations,
+                          probe_opset=probe_opset, lean=lean, timing=timing,
+                          cuda_tf32=cuda_tf32, cuda_options=cuda_options)
     with Worker(memory_limit) as w:
         return w.run(model_path, feeds, timeout=timeout, providers=providers, threads=threads,
                      disable_optimizations=disable_optimizations, probe_opset=probe_opset,

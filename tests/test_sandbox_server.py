@@ -1,0 +1,129 @@
+"""sandbox.Server / sandbox.reuse: one kept child serves runs one after another, and reuse never
+changes a verdict (a failure in a reused child is run again in a fresh one)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import numpy as np
+import pytest
+
+from onnxmedic import sandbox
+from tests import onnx_models as om
+
+X = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+
+
+def _pid(server: sandbox.Server) -> int | None:
+    child = server.child
+    return child.proc.pid if child is not None and child.proc is not None else None
+
+
+def _address_cap(pid: int) -> str:
+    """The soft 'Max address space' limit of a process, as /proc shows it."""
+    text = open(f"/proc/{pid}/limits").read()
+    return re.search(r"Max address space\s+(\S+)", text).group(1)
+
+
+def test_kept_child_serves_runs_one_after_another(tmp_path):
+    a = om.scaled_model(tmp_path / "a.onnx", 2.0)
+    b = om.scaled_model(tmp_path / "b.onnx", 3.0)
+    with sandbox.Server() as server:
+        first = server.run(a, [X])
+        pid = _pid(server)
+        runs = [server.run(b, [X, {"x": X["x"] + 1}]),
+                server.run(a, [X], timing={"warmup": 1, "repeats": 3, "graph": True}),
+                server.run(b, [X], threads=1)]
+        assert _pid(server) == pid  # one process served all four
+        folder = server.child.dir
+    assert first.ok and all(r.ok for r in runs), [r.summary() for r in runs]
+    np.testing.assert_array_equal(first.outputs[0][0], X["x"] * 2)
+    np.testing.assert_array_equal(runs[0].outputs[1][0], (X["x"] + 1) * 3)  # no stale files
+    np.testing.assert_array_equal(runs[1].timed_outputs[0], X["x"] * 2)
+    assert len(runs[1].timed_seconds) == 3 and len(runs[2].outputs) == 1
+    assert first.import_seconds > 0 and all(r.import_seconds == 0 for r in runs)
+    assert server.stats["runs"] == 4 and server.stats["children"] == 1
+    assert not os.path.exists(f"/proc/{pid}") and not folder.exists()  # closed: killed, removed
+
+
+@pytest.mark.parametrize(("fault", "status"), [("segv:run", "crash"), ("abort:load", "crash"),
+                                               ("oom:run", "oom")])
+def test_failure_in_a_reused_child_is_run_again_in_a_fresh_one(tmp_path, monkeypatch, fault,
+                                                                status):
+    """The fault hits only bad.onnx: its verdict in a kept child equals a one-shot child's, the
+    run was tried twice (the second time in a fresh child), and the next run still works."""
+    monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", f"{fault}@bad.onnx")
+    good = om.identity_model(tmp_path / "good.onnx")
+    bad = om.identity_model(tmp_path / "bad.onnx")
+    alone = sandbox.run_model(bad, [X], memory_limit=2 * 1024**3, timeout=60)
+    with sandbox.Server(memory_limit=2 * 1024**3) as server:
+        assert server.run(good, [X]).ok
+        pid = _pid(server)
+        r = server.run(bad, [X], timeout=60)
+        assert server.stats == {**server.stats, "runs": 3, "children": 2}
+        assert _pid(server) is None and not os.path.exists(f"/proc/{pid}")  # retired
+        after = server.run(good, [X])
+        assert after.ok and server.stats["children"] == 3
+    assert r.status == alone.status == status
+    assert r.summary() == alone.summary() and r.signal == alone.signal
+
+
+def test_run_error_retires_the_child_and_keeps_the_verdict(tmp_path):
+    """An error ONNX Runtime raises (it could leave a CUDA context poisoned) retires the child;
+    the verdict is the one a one-shot child gives."""
+    p = om.identity_model(tmp_path / "m.onnx")
+    wrong = {"x": np.zeros((5, 7), np.float32)}
+    alone = sandbox.run_model(p, [wrong])
+    with sandbox.Server() as server:
+        assert server.run(p, [X]).ok
+        r = server.run(p, [wrong])
+        assert server.stats["runs"] == 3 and server.child is None
+        assert server.run(p, [X]).ok and server.stats["children"] == 3
+    assert r.status == alone.status == "run_error"
+    assert r.finding().code == "OM511" and r.summary() == alone.summary()
+
+
+def test_timeout_in_a_kept_child_is_not_run_again(tmp_path):
+    """A hang is killed at the timeout once (a second try would double the wait); the next run
+    gets a fresh child."""
+    good = om.identity_model(tmp_path / "good.onnx")
+    hang = om.endless_loop_model(tmp_path / "hang.onnx")
+    with sandbox.Server() as server:
+        assert server.run(good, [X]).ok
+        pid = _pid(server)
+        t0 = time.perf_counter()
+        r = server.run(hang, [X], timeout=4)
+        elapsed = time.perf_counter() - t0
+        assert r.status == "timeout" and r.finding(timeout=4).code == "OM512"
+        assert r.phase == "run:0"
+        assert elapsed < 4 + 20 and server.stats["runs"] == 2
+        assert not os.path.exists(f"/proc/{pid}")  # killed and reaped
+        assert server.run(good, [X]).ok and server.stats["children"] == 2
+
+
+def test_a_lean_run_leaves_the_kept_childs_cap_as_it_was(tmp_path):
+    """A lean session raises the child's address-space cap by its mapped weights
+    (_map_allowance); a kept child puts it back before the next request."""
+    p = om.external_data_model(tmp_path / "w.onnx", "w.onnx.data")
+    (tmp_path / "w.onnx.data").write_bytes(np.ones(6, np.float32).tobytes() * 2**14)
+    with sandbox.Server(memory_limit=4 * 1024**3) as server:
+        assert server.run(p, [X]).ok
+        pid = _pid(server)
+        before = _address_cap(pid)
+        assert server.run(p, [X], lean=True).ok and _pid(server) == pid
+        time.sleep(0.05)  # the child restores the cap right after writing its result
+        assert _address_cap(pid) == before == str(4 * 1024**3)
+
+
+def test_reuse_routes_run_model_and_nests(tmp_path):
+    p = om.scaled_model(tmp_path / "m.onnx", 2.0)
+    with sandbox.reuse() as outer:
+        with sandbox.reuse() as inner:
+            assert inner is outer
+            assert sandbox.run_model(p, [X]).ok
+        assert sandbox.run_model(p, [X]).ok
+        assert sandbox.run_model(p, [X], memory_limit=2 * 1024**3).ok  # its own cap: one-shot
+        assert outer.stats["runs"] == 2 and outer.stats["children"] == 1
+    assert outer.child is None and sandbox._SERVER.get() is None
