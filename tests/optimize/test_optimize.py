@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,10 @@ def test_optimize_verifies_and_lists_every_variant(tmp_path: Path) -> None:
     assert chosen.verified and chosen.rejected == ""
     assert all(v.rejected for v in res.variants if v.name != res.chosen)
     assert (tmp_path / "best.onnx").exists() and res.written
+    # every verification and timing run in one kept sandbox child; where the time went
+    assert res.sandbox["children"] == 1 and res.sandbox["runs"] >= 2 * len(res.variants)
+    assert list(res.seconds) == ["references", "candidates", "timing"]
+    assert all(t > 0 for t in res.seconds.values())
 
 
 def _two_layer(tmp_path: Path) -> tuple[torch.nn.Module, torch.Tensor, Path]:
@@ -357,6 +362,26 @@ def test_crashing_or_hanging_pass_is_a_rejected_variant(tmp_path: Path, step: st
     assert res.chosen == "plain" and (tmp_path / "o.onnx").exists()
 
 
+def test_a_variant_that_crashes_onnx_runtime_spares_the_others(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidates share a kept sandbox child: one whose file crashes ONNX Runtime
+    (injected) is rejected as refused, the child is replaced, and the variants verified and
+    timed after it are not affected."""
+    monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "segv:load@onnxscript-optimize.onnx")
+    model = NormAttention().eval()
+    x = torch.randn(1, 16, 32)
+    src = _export(model, (x,), tmp_path / "m.onnx")
+    pipes = [p for p in passes.default_pipelines()
+             if p.name in ("onnxscript-optimize", "ort-fusions")]
+    res = optimize(src, model, (x,), pipelines=pipes, **FAST)
+    plain, crashed, fused = res.variants
+    assert crashed.name == "onnxscript-optimize" and not crashed.verified
+    assert "ONNX Runtime refused" in crashed.rejected and "SIGSEGV" in crashed.rejected
+    assert plain.verified and fused.verified and fused.median_ms and plain.median_ms
+    # the crash took the kept child and its second try a fresh one; then a third served on
+    assert res.sandbox["children"] == 3
+
+
 def test_a_raising_pass_says_which_step_and_where(tmp_path: Path) -> None:
     """A library's pass that raises (ONNX Runtime's transformers optimizer on phi: "TypeError:
     'method' object is not iterable") is reported with the step that ran it and the line
@@ -464,6 +489,10 @@ def test_cli_optimize_prints_every_variant(tmp_path: Path, capsys: pytest.Captur
     rows = [line for line in table.splitlines() if line.startswith(("plain ", "onnxscript"))]
     assert len(rows) == 2 and "max abs" in rows[0]  # the accuracy column (float32: max error)
     assert rows[1].split()[-4:] == ["the", "passes", "changed", "nothing"]  # unjudged: "-"
+    took = next(line for line in table.splitlines() if line.startswith("took "))
+    assert re.fullmatch(r"took [0-9.]+ s: PyTorch's reference outputs [0-9.]+ s, building and "
+                        r"verifying [0-9.]+ s, timing [0-9.]+ s; \d+ sandbox runs in 1 child "
+                        r"process", took), took
 
 
 def test_bench_names_cpu_fallback_nodes_for_cuda_on_a_cpu_machine(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -191,6 +192,7 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     was_training = getattr(model, "training", False)
     if was_training:
         model.eval()
+    t0 = time.perf_counter()
     try:
         example = inputs_mod.Inputs(args, kwargs or {})
         feeds, expected, _, sets = reference_sets(onnx_path, model, example)
@@ -199,7 +201,8 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     finally:
         if was_training:
             model.train()
-    return optimize_file(onnx_path, feeds, expected, out=out, target=target,
+    took = time.perf_counter() - t0
+    res = optimize_file(onnx_path, feeds, expected, out=out, target=target,
                          precision=precision, cosine=cosine, pipelines=pipelines,
                          threads=threads, repeats=repeats, rounds=rounds, timeout=timeout,
                          references=references, model_type=ort_model_type(fn),
@@ -208,6 +211,8 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
                                       if precision == "int8" else None),
                          calibration_source="" if given else
                          f"{CALIBRATION_SETS} sets derived from the example")
+    res.seconds = {"references": took, **res.seconds}
+    return res
 
 
 def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> Any:

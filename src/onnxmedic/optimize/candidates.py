@@ -15,6 +15,7 @@ that spread alone rejected variants 10 % faster in every round.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -22,7 +23,8 @@ import os
 import shutil
 import statistics
 import tempfile
-from collections.abc import Collection
+import time
+from collections.abc import Collection, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,6 +178,10 @@ class OptimizationResult:
     run_settings: dict[str, Any] = field(default_factory=dict)
     cosine: float = DEFAULT_COSINE  # the reduced-precision budget (worst cosine per output)
     calibration: str = ""  # what static int8 was calibrated on ("" when it was not a candidate)
+    # where the time went: "references" (PyTorch's outputs, optimize), "candidates" (built and
+    # verified, the plain file's verification included), "timing" (rounds, CUDA-graph twins)
+    seconds: dict[str, float] = field(default_factory=dict)
+    sandbox: dict[str, int] = field(default_factory=dict)  # runs, and children they took
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -432,8 +438,6 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
     When k layers pass and k/2 failed, the gap is halved until it is one layer or an eighth of
     k (:func:`_fewest_excluded`): doubling alone could keep twice the layers needed. A failed
     search reports its all-layers variant (the fastest file) with its tries (_search_end)."""
-    import time
-
     deadline = time.monotonic() + search_seconds
     qstep, qopts = next((s, o) for s, o in base.steps if s.endswith(QUANTIZE_STEPS))
     measure = _sensitivity_step(qstep, dict(qopts), folder, calibration)
@@ -553,8 +557,6 @@ def _fewest_excluded(attempt: Any, failed: int, passed: int, best: tuple[Variant
     """Between ``failed`` layers in float32 (outside the budget) and ``passed`` (within it),
     halve the gap while it is over one in eight of ``passed`` (and time is left): the verified
     variant with the fewest float32 layers found."""
-    import time
-
     while passed - failed > max(1, passed // 8) and time.monotonic() < deadline:
         mid = (failed + passed) // 2
         cv, path, _ = attempt(mid)
@@ -1010,8 +1012,8 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
     mode = _checked_mode(precision, target, cuda_graph)
     src = Path(onnx_path)
     names, pipes = _plan(src, pipelines, target, precision, model_type, static_int8)
-    folder = Path(tempfile.mkdtemp(prefix="onnxmedic-opt-"))
-    try:
+    t0 = time.perf_counter()
+    with sandbox.reuse() as server, _scratch() as folder:
         plain = Variant("plain", passes=[], path=str(src))
         used = _verify(plain, src, names, feeds, expected, cosine, timeout, references, target)
         wanted = sandbox.providers(target)[0]
@@ -1019,13 +1021,9 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         absent = (None if target == "cpu" or wanted in used else
                   f"{wanted} is not available in this ONNX Runtime "
                   f"({', '.join(used) or 'no session'} used instead)")
-        variants, paths, near = [plain], {"plain": src}, {}
-        for pipe in pipes:
-            v, path = _candidate(pipe, src, folder, names, feeds, expected, cosine, timeout,
-                                 references, target, calibration)
-            variants.append(v)
-            if v.verified or _near_miss(v):
-                (paths if v.verified else near)[v.name] = path
+        variants, paths, near = _candidates(plain, pipes, src, folder, names, feeds, expected,
+                                            cosine, timeout, references, target, calibration)
+        t_built = time.perf_counter()
         timing = {"threads": threads, "warmup": warmup, "repeats": repeats, "rounds": rounds}
         layouts = twin_layouts(src, target) if mode != "off" and not absent else []
         deployed = (_deploy_graphs(plain, variants, paths, names, feeds, expected, cosine,
@@ -1043,17 +1041,12 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
                                     cosine=cosine, calibration=_calibrated(
                                         variants, calibration_source, calibration))
         if mode == "auto" and not absent:
-            tried = _try_graph(chosen, plain, names, feeds, expected, cosine, timeout,
-                               references, target, layouts=layouts, **timing)
-            variants += tried
-            twin = next((t for t in tried if not t.rejected), None)
-            if twin is not None:
-                result.message += (f"; run as a CUDA graph ({twin.name}) it takes "
-                                   f"{twin.median_ms:.3f} ms"
-                                   + (f", {twin.speedup:.2f}x faster than the plain export"
-                                      if twin.speedup else "") + " - see run_settings")
+            twin = _auto_graph(result, chosen, plain, names, feeds, expected, cosine, timeout,
+                               references, target, layouts, timing)
         if twin is not None and not twin.rejected:
             result.run_settings = twin_settings(twin.cuda_options)
+        result.seconds = {"candidates": t_built - t0, "timing": time.perf_counter() - t_built}
+        result.sandbox = {k: server.stats[k] for k in ("runs", "children")}
         if out is not None:
             _write(Path(chosen.path), Path(out), result.run_settings)
             result.written = str(out)
@@ -1061,6 +1054,51 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
             if v is not plain:
                 v.path = ""  # temp files are removed
         return result
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    """optimize_file's folder for its candidates' files, removed after it."""
+    folder = Path(tempfile.mkdtemp(prefix="onnxmedic-opt-"))
+    try:
+        yield folder
     finally:
         _PREFIXES.pop(str(folder), None)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _candidates(plain: Variant, pipes: list[Pipeline], src: Path, folder: Path,
+                names: list[str], feeds: list[dict[str, np.ndarray]],
+                expected: list[list[np.ndarray]], cosine: float, timeout: float,
+                references: list[list[np.ndarray | None]] | None, target: str,
+                calibration: list[dict[str, np.ndarray]] | None
+                ) -> tuple[list[Variant], dict[str, Path], dict[str, Path]]:
+    """Each pipeline's variant built and verified (:func:`_candidate`), after ``plain``: the
+    variants, the verified files and those outside only the accuracy budget (_near_miss)."""
+    variants, paths, near = [plain], {"plain": src}, {}
+    for pipe in pipes:
+        v, path = _candidate(pipe, src, folder, names, feeds, expected, cosine, timeout,
+                             references, target, calibration)
+        variants.append(v)
+        if v.verified or _near_miss(v):
+            (paths if v.verified else near)[v.name] = path
+    return variants, paths, near
+
+
+def _auto_graph(result: OptimizationResult, chosen: Variant, plain: Variant, names: list[str],
+                feeds: list[dict[str, np.ndarray]], expected: list[list[np.ndarray]],
+                cosine: float, timeout: float,
+                references: list[list[np.ndarray | None]] | None, target: str,
+                layouts: list[dict[str, str]], timing: dict[str, int]) -> Variant | None:
+    """``cuda_graph="auto"``: the chosen file tried as a CUDA graph (:func:`_try_graph`), its
+    twins added to the result's variants; the kept twin (None when none is faster)."""
+    tried = _try_graph(chosen, plain, names, feeds, expected, cosine, timeout, references,
+                       target, layouts=layouts, **timing)
+    result.variants += tried
+    twin = next((t for t in tried if not t.rejected), None)
+    if twin is not None:
+        result.message += (f"; run as a CUDA graph ({twin.name}) it takes "
+                           f"{twin.median_ms:.3f} ms"
+                           + (f", {twin.speedup:.2f}x faster than the plain export"
+                              if twin.speedup else "") + " - see run_settings")
+    return twin

@@ -75,6 +75,20 @@ def _accuracy(v: Any) -> str:
     return f"max abs {max(m.get('max_abs', 0.0) for m in v.accuracy.values()):.2g}"
 
 
+STAGES = {"references": "PyTorch's reference outputs", "candidates": "building and verifying",
+          "timing": "timing"}
+
+
+def took(res: Any) -> str:
+    """Where optimize's time went, in one line (res.seconds, res.sandbox)."""
+    parts = [f"{STAGES.get(k, k)} {v:.1f} s" for k, v in res.seconds.items()]
+    runs = res.sandbox.get("runs", 0)
+    kids = res.sandbox.get("children", 0)
+    return (f"took {sum(res.seconds.values()):.1f} s: " + ", ".join(parts)
+            + (f"; {runs} sandbox runs in {kids} child process{'es' if kids != 1 else ''}"
+               if runs else ""))
+
+
 def main(ns: argparse.Namespace) -> int:
     """Run ``onnxmedic optimize``; print the variant table (or JSON). Exit 0, or 1 for a model
     or input problem (a finding, no traceback)."""
@@ -124,6 +138,8 @@ def main(ns: argparse.Namespace) -> int:
               f"{p90:>8} {sp:>8} {_accuracy(v):>16}  {fus} {v.rejected}".rstrip())
     for b in target_findings(res) + block_list_findings(res):
         print(f"{b.code} {b.message}")
+    if res.seconds:
+        print(took(res))
     if res.written:
         print(f"written: {res.written} ({res.chosen})")
     for key, val in res.run_settings.items():
