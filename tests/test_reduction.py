@@ -103,6 +103,45 @@ def test_mismatch_reduces_to_the_swapped_node(tmp_path):
     assert not (tmp_path / "none.onnx").exists()
 
 
+def test_mismatch_candidates_share_one_kept_sandbox_child(tmp_path, monkeypatch):
+    """Every candidate of a mismatch reduction runs in one kept child (sandbox.reuse); the
+    model and the runs are the ones a child per run finds."""
+    import contextlib
+
+    from onnxmedic import sandbox
+
+    servers = []
+    real = sandbox.reuse
+
+    @contextlib.contextmanager
+    def spy(*a, **k):
+        with real(*a, **k) as server:
+            servers.append(server)
+            yield server
+
+    monkeypatch.setattr(sandbox, "reuse", spy)
+    good = _chain(40, -1)
+    bad = onnx.ModelProto()
+    bad.CopyFrom(good)
+    assert bad.graph.node[8].op_type == "Mul"
+    bad.graph.node[8].op_type = "Add"
+    onnx.save(bad, tmp_path / "bad.onnx")
+    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
+    from onnx.reference import ReferenceEvaluator
+
+    values = ReferenceEvaluator(good).run(None, {"x": x}, intermediate=True)
+    np.savez(tmp_path / "ref.npz", **{k: v for k, v in values.items()
+                                      if isinstance(v, np.ndarray) and v.dtype != object})
+    np.savez(tmp_path / "x.npz", x=x)
+    rc = cli.main(["reduce", str(tmp_path / "bad.onnx"), "-o", str(tmp_path / "min.onnx"),
+                   "--until", "mismatch", "--input", str(tmp_path / "x.npz"),
+                   "--reference", str(tmp_path / "ref.npz")])
+    assert rc == 0
+    assert [n.name for n in onnx.load(tmp_path / "min.onnx").graph.node] == ["n7"]
+    (server,) = servers
+    assert server.stats["children"] == 1 and server.stats["runs"] >= 8
+
+
 def test_command_criterion_keeps_the_marked_node(tmp_path):
     onnx.save(_chain(16, 9), tmp_path / "m.onnx")
     checker = tmp_path / "check.py"
