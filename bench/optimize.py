@@ -43,6 +43,7 @@ from onnxmedic.optimize.candidates import (
     NHWC_SUFFIX,
     twin_options,
 )
+from onnxmedic.optimize.cli import took
 from onnxmedic.optimize.passes import is_convolutional
 
 
@@ -284,8 +285,8 @@ def run_one(name: str, threads: int, folder: Path, precisions: list[str],
             label = (f"onnxmedic optimize {prec} ({res.chosen}){GRAPH_SUFFIX}"
                      + (NHWC_SUFFIX if opts else ""))
             paths[label], options[label] = out, opts
-        print(f"  {name} optimize {prec}: {res.message} [{time.perf_counter() - t0:.0f} s]",
-              file=sys.stderr)
+        print(f"  {name} optimize {prec}: {res.message} [{time.perf_counter() - t0:.0f} s; "
+              f"{took(res)}]", file=sys.stderr)
         for v in res.variants:
             med = f"{v.median_ms:.1f} ms" if v.median_ms is not None else "untimed"
             kept = (f" [{len(v.blocked)} node(s) kept float32]" if v.precision == "fp16" else
