@@ -402,7 +402,9 @@ def main() -> None:
         if ns.deadline and time.perf_counter() - t_start > ns.deadline:
             print(f"{name:10} skipped: past the --deadline", flush=True)
             continue
-        with tempfile.TemporaryDirectory(prefix="onnxmedic-bench-opt-") as tmp:
+        # one kept sandbox child for the model's every run, optimize's and the table's
+        with tempfile.TemporaryDirectory(prefix="onnxmedic-bench-opt-") as tmp, \
+                sandbox.reuse():
             try:
                 rows = run_one(name, ns.threads, Path(tmp), precisions, ns.target,
                                ns.repeats, ns.rounds, ns.cuda_graph, ns.accuracy)

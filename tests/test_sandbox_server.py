@@ -126,4 +126,7 @@ def test_reuse_routes_run_model_and_nests(tmp_path):
         assert sandbox.run_model(p, [X]).ok
         assert sandbox.run_model(p, [X], memory_limit=2 * 1024**3).ok  # its own cap: one-shot
         assert outer.stats["runs"] == 2 and outer.stats["children"] == 1
+        mark = outer.mark()  # what a nested caller (optimize in bench/optimize.py) reports
+        assert sandbox.run_model(p, [X]).ok
+        assert outer.since(mark) == {"runs": 1, "children": 1}
     assert outer.child is None and sandbox._SERVER.get() is None

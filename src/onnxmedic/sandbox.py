@@ -585,6 +585,17 @@ class Server:
             self.child.close()
             self.child = None
 
+    def mark(self) -> dict[str, Any]:
+        """The stats now, for :meth:`since` (a caller inside an outer reuse() block)."""
+        return {**self.stats, "alive": self.child is not None and self.child.proc is not None}
+
+    def since(self, mark: dict[str, Any]) -> dict[str, int]:
+        """Runs since ``mark`` and the children they took (the child alive at ``mark``
+        counts when it served one)."""
+        runs = self.stats["runs"] - mark["runs"]
+        kids = self.stats["children"] - mark["children"] + int(bool(mark["alive"] and runs))
+        return {"runs": runs, "children": kids}
+
     def run(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
             **options: Any) -> SandboxResult:
         """:meth:`Worker.run` in the kept child (a fresh one where there is none)."""

@@ -1014,6 +1014,7 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
     names, pipes = _plan(src, pipelines, target, precision, model_type, static_int8)
     t0 = time.perf_counter()
     with sandbox.reuse() as server, _scratch() as folder:
+        mark = server.mark()  # an outer reuse() block may have served runs before
         plain = Variant("plain", passes=[], path=str(src))
         used = _verify(plain, src, names, feeds, expected, cosine, timeout, references, target)
         wanted = sandbox.providers(target)[0]
@@ -1046,7 +1047,7 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         if twin is not None and not twin.rejected:
             result.run_settings = twin_settings(twin.cuda_options)
         result.seconds = {"candidates": t_built - t0, "timing": time.perf_counter() - t_built}
-        result.sandbox = {k: server.stats[k] for k in ("runs", "children")}
+        result.sandbox = server.since(mark)
         if out is not None:
             _write(Path(chosen.path), Path(out), result.run_settings)
             result.written = str(out)
