@@ -130,3 +130,52 @@ def test_reuse_routes_run_model_and_nests(tmp_path):
         assert sandbox.run_model(p, [X]).ok
         assert outer.since(mark) == {"runs": 1, "children": 1}
     assert outer.child is None and sandbox._SERVER.get() is None
+
+
+def test_ctrl_c_while_a_kept_child_runs_leaves_no_child_or_folder(tmp_path):
+    """KeyboardInterrupt while a kept child serves (a hang here): the child is killed and its
+    request folder removed before the interrupt propagates."""
+    import signal
+    import subprocess
+    import sys
+
+    hang = om.endless_loop_model(tmp_path / "hang.onnx")
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import signal, sys, numpy as np\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from onnxmedic import sandbox\n"
+        "x = {'x': np.zeros((2, 3), np.float32)}\n"
+        "try:\n"
+        "    with sandbox.reuse() as s:\n"
+        "        sandbox.run_model(sys.argv[1], [x], timeout=120)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted', flush=True)\n"
+        "    sys.exit(130)\n")
+    p = subprocess.Popen([sys.executable, str(script), str(hang)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        child = None
+        deadline = time.time() + 60
+        while child is None and time.time() < deadline:
+            ps = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True,
+                                text=True).stdout
+            for line in ps.splitlines()[1:]:
+                pid, ppid, args = line.split(None, 2)
+                if ppid == str(p.pid) and "_sandbox_worker" in args and "serve" in args:
+                    child = (pid, args.split()[-3])  # its pid and request folder
+            time.sleep(0.2)
+        assert child is not None
+        phase = os.path.join(child[1], "phase")
+        while time.time() < deadline and not (os.path.exists(phase)
+                                              and open(phase).read() == "run:0"):
+            time.sleep(0.1)  # the kept child is running the hanging model
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and "interrupted" in out, err
+    time.sleep(0.5)
+    assert child[0] not in subprocess.run(["ps", "-eo", "pid"], capture_output=True,
+                                          text=True).stdout.split()
+    assert not os.path.exists(child[1])
