@@ -133,7 +133,7 @@ class SandboxResult:
     inputs: list[dict[str, Any]] = field(default_factory=list)
     outputs_meta: list[dict[str, Any]] = field(default_factory=list)
     run_seconds: list[float] = field(default_factory=list)
-    load_seconds: float = 0.0
+    load_seconds: float = 0.0  # creating the request's sessions
     import_seconds: float = 0.0  # the child's import of ONNX Runtime (0 in a reused child)
     signal: str | None = None
     max_opset: int | None = None  # with probe_opset: the highest opset the runtime loads
@@ -566,13 +566,15 @@ class Server:
     CUDA provider's libraries and creating a CUDA context, seconds each. A failed request
     retires the child (a crashed, hung or out-of-memory one is dead anyway; a CUDA error can
     poison the process), and a failure in a child that served before is run again in a fresh
-    one - a timeout excepted - so that reuse never changes a verdict. ``stats``: requests,
-    children started, their import seconds, the requests' wall seconds."""
+    one - a timeout excepted - so that reuse never changes a verdict. ``stats``: runs,
+    children started, their import seconds, the sessions' load seconds, the runs' wall
+    seconds."""
 
     def __init__(self, memory_limit: int | None = -1) -> None:
         self.memory_limit = memory_limit
         self.child: Worker | None = None
-        self.stats = {"runs": 0, "children": 0, "import_seconds": 0.0, "wall_seconds": 0.0}
+        self.stats = {"runs": 0, "children": 0, "import_seconds": 0.0, "load_seconds": 0.0,
+                      "wall_seconds": 0.0}
 
     def __enter__(self) -> Server:
         return self
@@ -589,12 +591,12 @@ class Server:
         """The stats now, for :meth:`since` (a caller inside an outer reuse() block)."""
         return {**self.stats, "alive": self.child is not None and self.child.proc is not None}
 
-    def since(self, mark: dict[str, Any]) -> dict[str, int]:
-        """Runs since ``mark`` and the children they took (the child alive at ``mark``
-        counts when it served one)."""
-        runs = self.stats["runs"] - mark["runs"]
-        kids = self.stats["children"] - mark["children"] + int(bool(mark["alive"] and runs))
-        return {"runs": runs, "children": kids}
+    def since(self, mark: dict[str, Any]) -> dict[str, Any]:
+        """Since ``mark``: the runs, the children they took (the child alive at ``mark``
+        counts when it served one) and the seconds (import, load, wall) - stats' keys."""
+        out: dict[str, Any] = {k: v - mark[k] for k, v in self.stats.items()}
+        out["children"] += int(bool(mark["alive"] and out["runs"]))
+        return out
 
     def run(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
             **options: Any) -> SandboxResult:
@@ -616,6 +618,7 @@ class Server:
         out = self.child.run(model_path, feeds, **options)
         self.stats["runs"] += 1
         self.stats["import_seconds"] += out.import_seconds
+        self.stats["load_seconds"] += out.load_seconds
         self.stats["wall_seconds"] += out.wall_seconds
         if not out.ok:
             self.close()

@@ -492,7 +492,8 @@ def test_cli_optimize_prints_every_variant(tmp_path: Path, capsys: pytest.Captur
     took = next(line for line in table.splitlines() if line.startswith("took "))
     assert re.fullmatch(r"took [0-9.]+ s: PyTorch's reference outputs [0-9.]+ s, building and "
                         r"verifying [0-9.]+ s, timing [0-9.]+ s; \d+ sandbox runs in 1 child "
-                        r"process", took), took
+                        r"process \([0-9.]+ s: importing ONNX Runtime [0-9.]+ s, creating "
+                        r"sessions [0-9.]+ s\)", took), took
 
 
 def test_bench_names_cpu_fallback_nodes_for_cuda_on_a_cpu_machine(tmp_path: Path) -> None:

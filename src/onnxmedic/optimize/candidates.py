@@ -181,7 +181,8 @@ class OptimizationResult:
     # where the time went: "references" (PyTorch's outputs, optimize), "candidates" (built and
     # verified, the plain file's verification included), "timing" (rounds, CUDA-graph twins)
     seconds: dict[str, float] = field(default_factory=dict)
-    sandbox: dict[str, int] = field(default_factory=dict)  # runs, and children they took
+    # runs, the children they took, seconds: importing ONNX Runtime, sessions, runs in all
+    sandbox: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -82,11 +82,13 @@ STAGES = {"references": "PyTorch's reference outputs", "candidates": "building a
 def took(res: Any) -> str:
     """Where optimize's time went, in one line (res.seconds, res.sandbox)."""
     parts = [f"{STAGES.get(k, k)} {v:.1f} s" for k, v in res.seconds.items()]
-    runs = res.sandbox.get("runs", 0)
-    kids = res.sandbox.get("children", 0)
+    sbx = res.sandbox
+    runs, kids = sbx.get("runs", 0), sbx.get("children", 0)
     return (f"took {sum(res.seconds.values()):.1f} s: " + ", ".join(parts)
-            + (f"; {runs} sandbox runs in {kids} child process{'es' if kids != 1 else ''}"
-               if runs else ""))
+            + (f"; {runs} sandbox runs in {kids} child process{'es' if kids != 1 else ''} "
+               f"({sbx.get('wall_seconds', 0):.1f} s: importing ONNX Runtime "
+               f"{sbx.get('import_seconds', 0):.1f} s, creating sessions "
+               f"{sbx.get('load_seconds', 0):.1f} s)" if runs else ""))
 
 
 def main(ns: argparse.Namespace) -> int:
