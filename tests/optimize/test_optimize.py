@@ -382,6 +382,36 @@ def test_a_variant_that_crashes_onnx_runtime_spares_the_others(
     assert res.sandbox["children"] == 3
 
 
+def test_a_float16_candidate_starts_from_the_float32_candidate_of_its_passes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ort-fusions-fp16 converts the ort-fusions candidate's file (named): the fusions run
+    once, and the float16 variant is the one running them again would give."""
+    from onnxmedic.optimize import candidates
+
+    ran: list[list[str]] = []
+    real = candidates.run_pipeline
+
+    def spy(pipe: Pipeline, *a: Any, **k: Any) -> Any:
+        ran.append([s.rsplit(":", 1)[-1] for s, _ in pipe.steps])
+        return real(pipe, *a, **k)
+
+    monkeypatch.setattr(candidates, "run_pipeline", spy)
+    model = NormAttention().eval()
+    x = torch.randn(1, 16, 32)
+    src = _export(model, (x,), tmp_path / "m.onnx")
+    pipes = [p for p in passes.default_pipelines("cuda", "fp16")
+             if p.name in ("ort-fusions", "ort-fusions-fp16")]
+    res = optimize(src, model, (x,), pipelines=pipes, precision="fp16", target="cpu", **FAST)
+    _, fused, half = res.variants
+    assert sum("ort_fusions" in steps for steps in ran) == 1, ran
+    assert ["name_nodes"] in ran  # the prefix: naming the fused file
+    assert half.verified and half.fusions == fused.fusions and fused.fusions.get("sdpa") == 1
+    assert half.passes == ["onnxmedic.optimize.passes:ort_fusions",
+                           "onnxmedic.optimize.fp16:float16"]
+    assert [st["step"].rsplit(":", 1)[-1] for st in half.steps] == [
+        "ort_fusions", "name_nodes", "float16"]
+
+
 def test_a_raising_pass_says_which_step_and_where(tmp_path: Path) -> None:
     """A library's pass that raises (ONNX Runtime's transformers optimizer on phi: "TypeError:
     'method' object is not iterable") is reported with the step that ran it and the line

@@ -378,6 +378,13 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
 
 
 _PREFIXES: dict[str, dict[str, tuple[Variant, Path]]] = {}  # folder -> steps -> (variant, file)
+_BUILT: dict[str, dict[str, tuple[Variant, Path]]] = {}  # folder -> steps -> a built pipeline
+NAME_NODES = ("onnxmedic.optimize.fp16:name_nodes", {})
+CHANGED_NOTHING = "the passes changed nothing"
+
+
+def _steps_key(src: Path, steps: list[Any]) -> str:
+    return json.dumps([str(src), steps], sort_keys=True, default=str)
 
 
 def _prefix(base: Pipeline, last: str, src: Path, folder: Path, timeout: float
@@ -388,20 +395,40 @@ def _prefix(base: Pipeline, last: str, src: Path, folder: Path, timeout: float
     of the ``last`` step. Candidates with the same leading steps share that graph (built once
     per ``folder``)."""
     import copy
-    import json
 
     at = next(i for i, (s, _) in enumerate(base.steps) if s.endswith(last))
-    pre_steps = list(base.steps[:at]) + [("onnxmedic.optimize.fp16:name_nodes", {})]
-    key = json.dumps([str(src), pre_steps], sort_keys=True, default=str)
+    pre_steps = list(base.steps[:at]) + [NAME_NODES]
+    key = _steps_key(src, pre_steps)
     cache = _PREFIXES.setdefault(str(folder), {})
     if key not in cache:
-        cache[key] = _build(Pipeline(f"{base.name}-pre", pre_steps), src, folder, timeout)
+        cache[key] = (_named(base, at, src, folder, timeout)
+                      or _build(Pipeline(f"{base.name}-pre", pre_steps), src, folder, timeout))
     v, pre = copy.deepcopy(cache[key][0]), cache[key][1]
     v.name, v.precision = base.name, base.precision
     v.passes = [s for s, _ in base.steps]
-    if v.rejected.startswith("the passes changed nothing"):  # already folded and named
+    if v.rejected.startswith(CHANGED_NOTHING):  # already folded and named
         v.rejected, pre = "", src
     return v, pre, at
+
+
+def _named(base: Pipeline, at: int, src: Path, folder: Path, timeout: float
+           ) -> tuple[Variant, Path] | None:
+    """The prefix of ``base`` (its steps before ``at``) from the candidate that ran exactly
+    those steps already (ort-fusions for ort-fusions-fp16): node naming on its file, not
+    the passes again (Llama's fusions took about 12 s on this CPU). None when no candidate
+    did, or its passes failed."""
+    done = _BUILT.get(str(folder), {}).get(_steps_key(src, list(base.steps[:at])))
+    if done is None or done[0].rejected and not done[0].rejected.startswith(CHANGED_NOTHING):
+        return None
+    first, built = done
+    start = src if first.rejected else built
+    v, path = _build(Pipeline(f"{base.name}-pre", [NAME_NODES]), start, folder, timeout)
+    if v.rejected.startswith(CHANGED_NOTHING) and start is built:
+        v.rejected, path = "", built  # named already, but not src
+    v.steps = first.steps + v.steps
+    v.fusions, v.nodes = {**first.fusions, **v.fusions}, first.nodes
+    v.passes = [s for s, _ in base.steps[:at]] + v.passes
+    return v, path
 
 
 def _measure(step: str, pre: Path, feeds: list[dict[str, np.ndarray]], folder: Path,
@@ -636,7 +663,8 @@ def _build(pipe: Pipeline, src: Path, folder: Path, timeout: float, suffix: str 
     if not ok:
         v.rejected = f"the pass failed: {err}"
     elif _same_graph(src, path):
-        v.rejected = "the passes changed nothing"
+        v.rejected = CHANGED_NOTHING
+    _BUILT.setdefault(str(folder), {})[_steps_key(src, list(pipe.steps))] = (v, path)
     return v, path
 
 
@@ -1066,6 +1094,7 @@ def _scratch() -> Iterator[Path]:
         yield folder
     finally:
         _PREFIXES.pop(str(folder), None)
+        _BUILT.pop(str(folder), None)
         shutil.rmtree(folder, ignore_errors=True)
 
 
