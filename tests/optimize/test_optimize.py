@@ -412,6 +412,18 @@ def test_a_float16_candidate_starts_from_the_float32_candidate_of_its_passes(
         "ort_fusions", "name_nodes", "float16"]
 
 
+def test_the_pass_child_does_not_import_torch(tmp_path: Path) -> None:
+    """A pass child imports the passes, not onnxmedic's package (torch and the exporter, 1.9 s
+    a child here); its steps still import what they use, onnxmedic's modules included."""
+    src = _export(Shift(), (torch.randn(2, 3),), tmp_path / "m.onnx")
+    pipe = Pipeline("mods", [("tests.optimize.bad_passes:modules_pass", {}),
+                             ("onnxmedic.optimize.fp16:name_nodes", {}),
+                             ("onnxmedic.optimize.passes:onnxscript_optimize", {})])
+    ok, steps, err = passes.run_pipeline(pipe, src, tmp_path / "o.onnx")
+    assert ok, err
+    assert steps[0]["imported"] == [] and "named" in steps[1] and "nodes_after" in steps[2]
+
+
 def test_a_raising_pass_says_which_step_and_where(tmp_path: Path) -> None:
     """A library's pass that raises (ONNX Runtime's transformers optimizer on phi: "TypeError:
     'method' object is not iterable") is reported with the step that ran it and the line

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from onnxmedic.findings import Finding, warning
+from onnxmedic.optimize.passes import CHILD
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"],
              "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
@@ -53,7 +54,8 @@ class BenchResult:
         return d
 
 
-def _child(req_path: str, res_path: str) -> None:
+def run_child(req_path: str, res_path: str) -> None:
+    """bench's timing child (run by _child.py, without torch)."""
     import time
 
     import onnxruntime as ort
@@ -131,7 +133,8 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
                                    "providers": PROVIDERS[target]}))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         try:
-            proc = subprocess.run([sys.executable, "-m", __name__, str(req), str(out)],
+            proc = subprocess.run([sys.executable, str(CHILD), f"{__name__}:run_child",
+                                   str(req), str(out)],
                                   env=env, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             res.error = f"did not finish within {timeout:g} s"
@@ -224,7 +227,3 @@ def _graph_options(onnx_path: str | os.PathLike[str]) -> dict[str, str] | None:
         return twin_options(json.loads(value)) if value else None
     except Exception:  # noqa: BLE001 - the child reports an unreadable file; odd settings: none
         return None
-
-
-if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2])

@@ -62,10 +62,11 @@ def save_proto(proto: Any, dst: str) -> None:
 def has_external_data(path: str | os.PathLike[str]) -> bool:
     """Whether the file at ``path`` keeps weights in external data (its graph read alone)."""
     import onnx
+    from onnx.external_data_helper import uses_external_data
 
-    from onnxmedic import onnxfile
-
-    return onnxfile.has_external_data(onnx.load(str(path), load_external_data=False))
+    # (onnx only: the pass child never imports torch, see _child.py)
+    proto = onnx.load(str(path), load_external_data=False)
+    return any(uses_external_data(t) for t in proto.graph.initializer)
 
 
 def onnxscript_optimize(src: str, dst: str) -> dict[str, Any]:
@@ -568,6 +569,9 @@ class Pipeline:
 
 
 _HERE = __name__
+# the children's script: it imports this module without onnxmedic's package (torch), which
+# cost each pass child 1.9 s here
+CHILD = Path(__file__).resolve().parent / "_child.py"
 
 
 def default_pipelines(target: str = "cpu", precision: str = "fp32",
@@ -677,7 +681,8 @@ def run_pipeline(pipe: Pipeline, src: str | os.PathLike[str], dst: str | os.Path
         req.write_text(json.dumps(request))
         work = Path(tmp) / "cwd"
         work.mkdir()
-        proc = subprocess.Popen([sys.executable, "-m", _HERE, str(req), str(res)], env=env,
+        proc = subprocess.Popen([sys.executable, str(CHILD), f"{_HERE}:run_child", str(req),
+                                 str(res)], env=env,
                                 cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
         try:
@@ -695,7 +700,8 @@ def run_pipeline(pipe: Pipeline, src: str | os.PathLike[str], dst: str | os.Path
         return out["ok"], out["steps"], out.get("error", "")
 
 
-def _child(req_path: str, res_path: str) -> None:
+def run_child(req_path: str, res_path: str) -> None:
+    """The pass child (run by _child.py): the request's steps, one after another."""
     import importlib
 
     req = json.loads(Path(req_path).read_text())
@@ -737,7 +743,3 @@ def step_error(spec: str, e: BaseException) -> str:
         where = f", raised at {path}:{f.lineno} in {f.name}"
     step = f" (in {spec}{where})" if spec else ""
     return f"{type(e).__name__}: {str(e)[:400]}{step}"
-
-
-if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2])
