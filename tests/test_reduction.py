@@ -74,12 +74,14 @@ def test_hang_reduces_to_the_endless_loop(tmp_path):
     assert p.returncode == 1 and "did not finish" in p.stdout
 
 
-def test_mismatch_reduces_to_the_swapped_node(tmp_path):
-    good = _chain(12, -1)
+def _reduce_swapped_mul(tmp_path, n: int) -> tuple[str, dict]:
+    """A chain of ``n`` nodes whose node 8 (v8 = v7 * 0.5) became v8 = v7 + 0.5, reduced by
+    the CLI (--until mismatch) against the good chain's values: (its name, those values)."""
+    good = _chain(n, -1)
     bad = onnx.ModelProto()
     bad.CopyFrom(good)
     target = bad.graph.node[8]
-    assert target.op_type == "Mul"  # v8 = v7 * 0.5 becomes v8 = v7 + 0.5
+    assert target.op_type == "Mul"
     target.op_type = "Add"
     onnx.save(bad, tmp_path / "bad.onnx")
     x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
@@ -93,8 +95,13 @@ def test_mismatch_reduces_to_the_swapped_node(tmp_path):
                    "--until", "mismatch", "--input", str(tmp_path / "x.npz"),
                    "--reference", str(tmp_path / "ref.npz")])
     assert rc == 0
+    return target.name, values
+
+
+def test_mismatch_reduces_to_the_swapped_node(tmp_path):
+    name, values = _reduce_swapped_mul(tmp_path, 12)
     small = onnx.load(tmp_path / "min.onnx")
-    assert [n.name for n in small.graph.node] == [target.name]
+    assert [n.name for n in small.graph.node] == [name]
     feeds = dict(np.load(tmp_path / "min.inputs.npz"))
     np.testing.assert_allclose(feeds["v7"], values["v7"])  # recorded, not random
     # the same model against onnx's own reference: nothing to reduce (OM541)
@@ -120,24 +127,8 @@ def test_mismatch_candidates_share_one_kept_sandbox_child(tmp_path, monkeypatch)
             yield server
 
     monkeypatch.setattr(sandbox, "reuse", spy)
-    good = _chain(40, -1)
-    bad = onnx.ModelProto()
-    bad.CopyFrom(good)
-    assert bad.graph.node[8].op_type == "Mul"
-    bad.graph.node[8].op_type = "Add"
-    onnx.save(bad, tmp_path / "bad.onnx")
-    x = np.random.default_rng(0).standard_normal(SHAPE).astype(np.float32)
-    from onnx.reference import ReferenceEvaluator
-
-    values = ReferenceEvaluator(good).run(None, {"x": x}, intermediate=True)
-    np.savez(tmp_path / "ref.npz", **{k: v for k, v in values.items()
-                                      if isinstance(v, np.ndarray) and v.dtype != object})
-    np.savez(tmp_path / "x.npz", x=x)
-    rc = cli.main(["reduce", str(tmp_path / "bad.onnx"), "-o", str(tmp_path / "min.onnx"),
-                   "--until", "mismatch", "--input", str(tmp_path / "x.npz"),
-                   "--reference", str(tmp_path / "ref.npz")])
-    assert rc == 0
-    assert [n.name for n in onnx.load(tmp_path / "min.onnx").graph.node] == ["n7"]
+    name, _ = _reduce_swapped_mul(tmp_path, 40)
+    assert [n.name for n in onnx.load(tmp_path / "min.onnx").graph.node] == [name]
     (server,) = servers
     assert server.stats["children"] == 1 and server.stats["runs"] >= 8
 
