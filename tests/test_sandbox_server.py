@@ -124,8 +124,10 @@ def test_reuse_routes_run_model_and_nests(tmp_path):
             assert inner is outer
             assert sandbox.run_model(p, [X]).ok
         assert sandbox.run_model(p, [X]).ok
-        assert sandbox.run_model(p, [X], memory_limit=2 * 1024**3).ok  # its own cap: one-shot
         assert outer.stats["runs"] == 2 and outer.stats["children"] == 1
+        assert sandbox.run_model(p, [X], memory_limit=2 * 1024**3).ok  # its own cap: one-shot
+        assert sandbox.run_model(p, [X], fresh=True).ok  # asked for a child of its own
+        assert outer.stats["runs"] == 4 and outer.stats["children"] == 3  # counted all the same
         mark = outer.mark()  # what a nested caller (optimize in bench/optimize.py) reports
         assert sandbox.run_model(p, [X]).ok
         since = outer.since(mark)
@@ -181,3 +183,18 @@ def test_ctrl_c_while_a_kept_child_runs_leaves_no_child_or_folder(tmp_path):
     assert child[0] not in subprocess.run(["ps", "-eo", "pid"], capture_output=True,
                                           text=True).stdout.split()
     assert not os.path.exists(child[1])
+
+
+def test_timings_take_a_fresh_child_inside_reuse(tmp_path):
+    """optimize's timing runs (time_variants) never run in the kept child: a model loaded into a
+    process earlier sessions used runs at another speed than in the fresh process a deployment
+    loads it into."""
+    from onnxmedic.optimize import time_variants
+
+    p = om.scaled_model(tmp_path / "m.onnx", 2.0)
+    with sandbox.reuse() as server:
+        assert sandbox.run_model(p, [X]).ok  # a kept child now serves
+        kept = _pid(server)
+        times = time_variants({"a": p, "b": p}, X, repeats=2, rounds=2)
+        assert set(times) == {"a", "b"} and _pid(server) == kept
+        assert server.stats["runs"] == 5 and server.stats["children"] == 5  # 1 kept + 4 fresh

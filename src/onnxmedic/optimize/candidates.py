@@ -360,7 +360,8 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
                                     timing={"warmup": warmup, "repeats": repeats,
                                             "iobinding": gpu, "graph": name in graphs,
                                             "warmup_seconds": GPU_WARMUP_SECONDS if gpu else 0},
-                                    cuda_options=(cuda_options or {}).get(name))
+                                    cuda_options=(cuda_options or {}).get(name),
+                                    fresh=True)  # as deployed: a process of its own
             ms = [s * 1000 for s in sbx.timed_seconds] if sbx.ok else []
             samples[name] += ms
             rounds_ms[name].append(statistics.median(ms) if ms else float("nan"))
