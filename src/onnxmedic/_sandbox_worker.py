@@ -1,9 +1,10 @@
 """The child side of the sandbox: load an ONNX model in ONNX Runtime, run it, write results.
 
 Run as ``python _sandbox_worker.py REQUEST_DIR [MEMORY_LIMIT [serve]]``: one request, or with
-``serve`` one request after another (sandbox.Server) until the parent kills it. Imports only numpy and onnxruntime
-(never torch), writes its phase to ``phase`` before each step so the parent can tell where a hang
-or crash happened, and outputs as .npz files (no pickles) plus ``result.json``.
+``serve`` one request after another (sandbox.Server) until the parent kills it. Imports only
+numpy and onnxruntime (never torch), writes its phase to ``phase`` before each step so the
+parent can tell where a hang or crash happened, and outputs as .npz files (no pickles) plus
+``result.json``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Collection, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -665,7 +665,8 @@ def _build(pipe: Pipeline, src: Path, folder: Path, timeout: float, suffix: str 
         v.rejected = f"the pass failed: {err}"
     elif _same_graph(src, path):
         v.rejected = CHANGED_NOTHING
-    _BUILT.setdefault(str(folder), {})[_steps_key(src, list(pipe.steps))] = (v, path)
+    # as built (verification later marks the variant itself)
+    _BUILT.setdefault(str(folder), {})[_steps_key(src, list(pipe.steps))] = (replace(v), path)
     return v, path
 
 
