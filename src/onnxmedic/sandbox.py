@@ -588,8 +588,8 @@ class Server:
             self.child = None
 
     def count(self, out: SandboxResult, child: bool = False) -> None:
-        """Add a run to ``stats`` (``child``: it took a child of its own, run_model's
-        ``fresh``)."""
+        """Add a run to ``stats`` (``child``: it started a child - a kept one, or its own:
+        run_model's ``fresh``)."""
         self.stats["runs"] += 1
         self.stats["children"] += int(child)
         self.stats["import_seconds"] += out.import_seconds
@@ -620,12 +620,12 @@ class Server:
 
     def _once(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
               options: dict[str, Any]) -> SandboxResult:
-        if self.child is None or self.child.proc is None:
+        started = self.child is None or self.child.proc is None
+        if started:
             self.close()
             self.child = Worker(self.memory_limit, serve=True)
-            self.stats["children"] += 1
         out = self.child.run(model_path, feeds, **options)
-        self.count(out)
+        self.count(out, child=started)
         if not out.ok:
             self.close()
         return out
@@ -676,16 +676,15 @@ def run_model(
     unless ``fresh``: timings take a child of their own, as a deployment loads its model into
     a fresh process - in a kept one the memory earlier sessions left changes a memory-bound
     model's speed (the Llama step's float32 decoder step: 7.6 ms there, 10.4 ms fresh)."""
+    options = {"timeout": timeout, "providers": providers, "threads": threads,
+               "disable_optimizations": disable_optimizations, "probe_opset": probe_opset,
+               "lean": lean, "timing": timing, "cuda_tf32": cuda_tf32,
+               "cuda_options": cuda_options}
     server = _SERVER.get()
     if server is not None and memory_limit == -1 and not fresh:
-        return server.run(model_path, feeds, timeout=timeout, providers=providers,
-                          threads=threads, disable_optimizations=disable_optimizations,
-                          probe_opset=probe_opset, lean=lean, timing=timing,
-                          cuda_tf32=cuda_tf32, cuda_options=cuda_options)
+        return server.run(model_path, feeds, **options)
     with Worker(memory_limit) as w:
-        out = w.run(model_path, feeds, timeout=timeout, providers=providers, threads=threads,
-                    disable_optimizations=disable_optimizations, probe_opset=probe_opset,
-                    lean=lean, timing=timing, cuda_tf32=cuda_tf32, cuda_options=cuda_options)
+        out = w.run(model_path, feeds, **options)
     if server is not None:  # a fresh child inside reuse(): counted all the same
         server.count(out, child=True)
     return out

@@ -378,8 +378,8 @@ def time_variants(paths: dict[str, Path], feed: dict[str, np.ndarray], *, thread
     return out
 
 
-_PREFIXES: dict[str, dict[str, tuple[Variant, Path]]] = {}  # folder -> steps -> (variant, file)
-_BUILT: dict[str, dict[str, tuple[Variant, Path]]] = {}  # folder -> steps -> a built pipeline
+# folder -> (source, steps) -> (variant, file) of every pipeline built there (a prefix too)
+_BUILT: dict[str, dict[str, tuple[Variant, Path]]] = {}
 NAME_NODES = ("onnxmedic.optimize.fp16:name_nodes", {})
 CHANGED_NOTHING = "the passes changed nothing"
 
@@ -400,8 +400,8 @@ def _prefix(base: Pipeline, last: str, src: Path, folder: Path, timeout: float
     at = next(i for i, (s, _) in enumerate(base.steps) if s.endswith(last))
     pre_steps = list(base.steps[:at]) + [NAME_NODES]
     key = _steps_key(src, pre_steps)
-    cache = _PREFIXES.setdefault(str(folder), {})
-    if key not in cache:
+    cache = _BUILT.setdefault(str(folder), {})
+    if key not in cache:  # _build records it under ``key``; _named's result is recorded here
         cache[key] = (_named(base, at, src, folder, timeout)
                       or _build(Pipeline(f"{base.name}-pre", pre_steps), src, folder, timeout))
     v, pre = copy.deepcopy(cache[key][0]), cache[key][1]
@@ -1095,7 +1095,6 @@ def _scratch() -> Iterator[Path]:
     try:
         yield folder
     finally:
-        _PREFIXES.pop(str(folder), None)
         _BUILT.pop(str(folder), None)
         shutil.rmtree(folder, ignore_errors=True)
 
