@@ -40,7 +40,7 @@ def one(name: str, folder: Path) -> list[dict[str, Any]]:
     import onnx
 
     from onnxmedic.optimize import fp16, passes
-    from onnxmedic.optimize.candidates import _cosine
+    from onnxmedic.optimize.int8 import cosine as _cosine
 
     torch.manual_seed(0)
     model, args, _ = bench_optimize.MODELS[name]()

@@ -169,7 +169,7 @@ def _eager_cuda(model: Any, args: tuple[Any, ...], dtype: torch.dtype,
     import copy
 
     from onnxmedic._tensors import flatten_tensors
-    from onnxmedic.optimize.candidates import _cosine
+    from onnxmedic.optimize.int8 import cosine as _cosine
 
     torch.backends.cudnn.benchmark = True
 

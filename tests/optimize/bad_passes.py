@@ -47,8 +47,10 @@ def subtle_pass(src: str, dst: str) -> dict[str, Any]:
 
 
 def corrupt_nbits_blocks(src: str, dst: str) -> dict[str, Any]:
-    """After the weight-only quantizer: sets the first block of the first column of every
-    MatMulNBits weight to the largest code (a flipped/garbled block in a quantized file)."""
+    """After the weight-only quantizer: sets the first block of the first 8 columns of every
+    MatMulNBits weight to the largest code (a garbled stretch of a quantized file). One block
+    alone was too little: the search on the whole model found the file within the budget with
+    the last layer float32, the other five corrupted blocks included."""
     import numpy as np
     from onnx import numpy_helper
 
@@ -59,7 +61,7 @@ def corrupt_nbits_blocks(src: str, dst: str) -> dict[str, Any]:
         if n.op_type == "MatMulNBits":
             t = inits[n.input[1]]
             q = numpy_helper.to_array(t).copy()  # (N, K blocks, block bytes) uint8
-            q[0, 0, :] = np.uint8(255)
+            q[:8, 0, :] = np.uint8(255)
             t.CopyFrom(numpy_helper.from_array(q, t.name))
             hit += 1
     onnx.save(proto, dst)
@@ -82,3 +84,17 @@ def modules_pass(src: str, dst: str) -> dict[str, Any]:
     onnx.save(onnx.load(src), dst)
     return {"imported": sorted(m for m in ("torch", "onnxmedic.api", "transformers")
                                if m in sys.modules)}
+
+
+def misleading_gains(src: str, dst: str, feeds: str, quantized: str, cosine: float,
+                     max_excluded: int | None = None, seconds: float = 300.0) -> dict[str, Any]:
+    """int8.float_gains with its two best layers swapped and one layer predicted to do: a
+    prediction the verification sets then refute."""
+    from onnxmedic.optimize import int8
+
+    out = int8.float_gains(src, dst, feeds, quantized, cosine, max_excluded, seconds)
+    gains = out["errors"]
+    first, second = sorted(gains, key=lambda n: -gains[n])[:2]
+    gains[first], gains[second] = gains[second], gains[first]
+    out["predicted"] = 1
+    return out

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
+import pytest
 import torch
 
 import onnxmedic
@@ -128,10 +130,22 @@ def test_layer_error_models_the_block_scheme() -> None:
     assert int8.layer_error(a, w, {"block_size": 32, "accuracy_level": 4}) < 0.01
 
 
-def test_corrupted_quantized_block_is_rejected(tmp_path: Path) -> None:
-    """A fault injected after the quantizer (one block per layer set to the largest code) is
+def test_corrupted_quantized_block_is_rejected(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fault injected after the quantizer (8 blocks per layer set to the largest code) is
     judged on the candidate's real outputs: rejected, the plain file kept. Six layers, so the
-    sensitivity search (at most 4 kept in float32) cannot exclude every corrupted one."""
+    sensitivity search (at most 4 kept in float32) cannot exclude every corrupted one; it
+    predicts so on the switchable file and builds no other count."""
+    from onnxmedic.optimize import candidates
+
+    built: list[str] = []
+    real = candidates._build
+
+    def spy(pipe: Pipeline, src: Path, folder: Path, timeout: float, suffix: str = "") -> Any:
+        built.append(f"{pipe.name}{suffix}")
+        return real(pipe, src, folder, timeout, suffix=suffix)
+
+    monkeypatch.setattr(candidates, "_build", spy)
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
     for _ in range(6):
@@ -151,6 +165,8 @@ def test_corrupted_quantized_block_is_rejected(tmp_path: Path) -> None:
     assert bad.steps[-1]["corrupted"] == 6
     assert not bad.verified and bad.rejected.startswith("outside the accuracy budget")
     assert "keeping up to the 4 most sensitive layer(s) in float32 did not" in bad.rejected
+    assert "predicted on 8 calibration set(s)" in bad.rejected
+    assert [b for b in built if b.startswith(faulty.name)] == [f"{faulty.name}-keep0"]
     assert min(m["cosine"] for m in bad.accuracy.values()) < 0.999
     assert res.chosen != bad.name
 

@@ -302,7 +302,7 @@ def test_int8_search_narrows_the_float32_layers_after_doubling() -> None:
 def test_int8_search_doubles_up_to_its_cap_and_tries_the_cap_itself() -> None:
     """1, 2, 4, 8, 16 layers, then the cap (21 of 84 on the Llama step, where 16 failed: it
     used to stop there untried), then nothing."""
-    from onnxmedic.optimize.candidates import _next_count
+    from onnxmedic.optimize.int8 import next_count as _next_count
 
     seq, k = [], 0
     while (k := _next_count(k, 21)) is not None:

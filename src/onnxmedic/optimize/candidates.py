@@ -33,6 +33,8 @@ import numpy as np
 
 from onnxmedic import sandbox
 from onnxmedic.findings import listed
+from onnxmedic.optimize.int8 import SEARCH_SETS, exclusion_cap, next_count
+from onnxmedic.optimize.int8 import cosine as cosine_of
 from onnxmedic.optimize.passes import (
     QUANTIZE_STEPS,
     Pipeline,
@@ -188,15 +190,6 @@ class OptimizationResult:
         return asdict(self)
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a = np.asarray(a, dtype=np.float64).ravel()
-    b = np.asarray(b, dtype=np.float64).ravel()
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    if na == 0 or nb == 0:
-        return 1.0 if na == nb else 0.0
-    return float(a @ b / (na * nb))
-
-
 def judge_reduced(names: list[str], expected: list[list[np.ndarray]],
                   actual: list[list[np.ndarray]], cosine: float = DEFAULT_COSINE
                   ) -> tuple[bool, dict[str, dict[str, float]], str]:
@@ -228,7 +221,7 @@ def judge_reduced(names: list[str], expected: list[list[np.ndarray]],
                               f"are finite at set {s}")
                 continue
             d = np.abs(np.asarray(a, np.float64) - np.asarray(e, np.float64))
-            m["cosine"] = min(m["cosine"], _cosine(e, a))
+            m["cosine"] = min(m["cosine"], cosine_of(e, a))
             m["max_abs"] = max(m["max_abs"], float(d.max()) if d.size else 0.0)
             m["mean_abs"] = max(m["mean_abs"], float(d.mean()) if d.size else 0.0)
             if np.ndim(e) >= 2 and np.shape(e)[-1] >= 2:
@@ -458,43 +451,40 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
                            search_seconds: float = 600.0,
                            calibration: list[dict[str, np.ndarray]] | None = None
                            ) -> tuple[Variant, Path]:
-    """Quantize (``base``'s quantize step: passes.QUANTIZE_STEPS); while the budget fails, keep
-    the 1, 2, 4, 8 ... layers that lose most to quantization in float32 (int8.layer_errors:
-    each MatMul's own output error with its operands quantized as that step's scheme does;
-    int8.static_errors for static int8, calibrated on ``calibration``; measured once on the
-    verification feeds, after the first failure) and retry - up to ``max_excluded`` layers
-    (default: a quarter, at least 4, never all; the last try at that cap) and ``search_seconds``.
-    When k layers pass and k/2 failed, the gap is halved until it is one layer or an eighth of
-    k (:func:`_fewest_excluded`): doubling alone could keep twice the layers needed. A failed
-    search reports its all-layers variant (the fastest file) with its tries (_search_end)."""
+    """Quantize (``base``'s quantize step: passes.QUANTIZE_STEPS); when the budget fails, keep
+    the layers that lose most to quantization in float32 and retry - up to ``max_excluded``
+    layers (int8.exclusion_cap: by default a quarter, at least 4, never all) and
+    ``search_seconds``.
+
+    Dynamic and weight-only int8 rank the layers on the whole model and predict the fewest the
+    budget needs (int8.float_gains: one file with each layer switchable between its int8 and
+    its float32 node, run on the calibration sets - the verification sets where there are
+    none); that count is built and verified, and a miss goes on doubling from it. Where no
+    count within the cap is predicted to pass, the search ends without building one. Static
+    int8 ranks by each layer's own error in the QDQ graph (int8.static_errors) and tries 1, 2,
+    4, 8 ... layers. When k layers pass and k/2 failed, the gap is halved until it is one
+    layer or an eighth of k (:func:`_fewest_excluded`). A failed search reports its
+    all-layers variant (the fastest file) with its tries (:func:`_search_end`)."""
     deadline = time.monotonic() + search_seconds
     qstep, qopts = next((s, o) for s, o in base.steps if s.endswith(QUANTIZE_STEPS))
-    measure = _sensitivity_step(qstep, dict(qopts), folder, calibration)
-    if measure is None:
+    search = _Search(qstep, dict(qopts), folder, feeds, calibration, cosine, max_excluded)
+    if not search.step:
         return Variant(base.name, precision=base.precision, passes=[s for s, _ in base.steps],
                        rejected=NO_CALIBRATION), src
-    step, options, extra = measure
     suffix = qstep[qstep.index(":"):]
     v, pre, at = _prefix(base, suffix, src, folder, timeout)
     if v.rejected:
         return v, pre
     pre_steps = list(v.steps)
-    ranking: list[tuple[str, float]] = []
-
-    def ranked(k: int) -> list[dict[str, Any]]:
-        """The ranking step as reported beside a try with ``k`` layers float32."""
-        return ([{"step": step, **{key: o for key, o in options.items() if key not in extra},
-                  "ranking": [[n, e] for n, e in ranking[:max(8, k)]]}] if ranking else [])
 
     def attempt(k: int) -> tuple[Variant, Path, bool]:
         """Quantize with the ``k`` most sensitive layers kept; (variant, file, built)."""
-        excluded = [n for n, _ in ranking[:k]]
-        pipe = Pipeline(base.name, [(s, dict(o, nodes_to_exclude=excluded, **extra)
+        pipe = Pipeline(base.name, [(s, dict(o, nodes_to_exclude=search.kept(k), **search.extra)
                                      if s.endswith(QUANTIZE_STEPS) else o)
                                     for s, o in base.steps[at:]], precision="int8")
         cv, path = _build(pipe, pre, folder, timeout, suffix=f"-keep{k}")
         cv.name, cv.passes = base.name, v.passes
-        cv.steps = pre_steps + ranked(k) + cv.steps
+        cv.steps = pre_steps + search.report(k) + cv.steps
         if cv.rejected:
             return cv, path, False
         _verify(cv, path, names, feeds, expected, cosine, timeout)
@@ -511,25 +501,115 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
         tries.append((k, cv.worst_cosine()))
         if not k:  # every layer int8: the fastest file, the one a failed search reports
             first = (cv, path)
-        if not ranking:  # static int8 ranks the very file that failed (k = 0: all layers)
-            measured, err = _measure(step, pre, feeds, folder, timeout,
-                                     dict(options, quantized=str(path)) if extra else options)
-            if measured is None:
-                cv.rejected += f" (measuring the layers' quantization error failed: {err})"
+            why = search.rank(pre, path, feeds, folder, timeout, deadline)
+            if why is not None:  # no ranking, or no count predicted to reach the budget
+                cv.rejected += why
+                cv.steps[len(pre_steps):len(pre_steps)] = search.report(0)
                 return cv, path
-            ranking = sorted(measured["errors"].items(), key=lambda kv: -kv[1])
-            if not ranking:
-                return cv, path
-        cap = max_excluded if max_excluded is not None else max(4, len(ranking) // 4)
-        # one layer at least stays int8: with every layer float32 nothing is quantized
-        nxt = _next_count(k, min(cap, len(ranking) - 1))
-        if nxt is None or time.monotonic() > deadline:
-            first[0].rejected += _search_end(k, nxt, tries, search_seconds)
-            first[0].steps[len(pre_steps):len(pre_steps)] = ranked(0)  # measured after it
-            return first
-        failed, k = k, nxt
+        if not k and search.predicted:  # the switch search: one layer fewer failed there
+            failed, k = search.predicted - 1, search.predicted
+        else:
+            nxt = next_count(k, exclusion_cap(len(search.ranking), max_excluded))
+            if nxt is None or time.monotonic() > deadline:
+                first[0].rejected += _search_end(k, nxt, tries, search_seconds)
+                first[0].steps[len(pre_steps):len(pre_steps)] = search.report(0)
+                return first
+            failed, k = k, nxt
         logger.info("int8 (%s): keeping %d layer(s) in float32: %s", base.name, k,
-                    ", ".join(n for n, _ in ranking[:k]))
+                    ", ".join(search.kept(k)))
+
+
+FLOAT_GAINS = "onnxmedic.optimize.int8:float_gains"
+LAYER_ERRORS = "onnxmedic.optimize.int8:layer_errors"
+
+
+class _Search:
+    """The int8 search's ranking of the layers: how the quantize step ``qstep`` (options
+    ``qopts``) measures it, run once after the all-layers try failed, and what it found.
+    ``step``: the measuring step ("" where static int8 has no ``calibration``); ``options``:
+    its options; ``extra``: options the quantize step needs too (static int8's calibration
+    file). Static int8 ranks by int8.static_errors (calibrated on ``calibration``), the others
+    by int8.float_gains on ``calibration`` (else on ``feeds``, the verification sets) - or,
+    where that finds no layer to switch, by int8.layer_errors of their scheme."""
+
+    def __init__(self, qstep: str, qopts: dict[str, Any], folder: Path,
+                 feeds: list[dict[str, np.ndarray]],
+                 calibration: list[dict[str, np.ndarray]] | None, cosine: float,
+                 max_excluded: int | None) -> None:
+        from onnxmedic.optimize import fp16
+
+        self.ranking: list[tuple[str, float]] = []
+        self.found: dict[str, Any] = {}  # the switch search's prediction, for the report
+        self.predicted: int | None = None
+        self.extra: dict[str, Any] = {}
+        self.scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level")
+                       if k in qopts}
+        if not is_static([qstep]):
+            sets, kind = (calibration, "calibration") if calibration else (feeds, "verification")
+            npz = folder / f"search-{kind}.npz"
+            if not npz.exists():
+                fp16.save_feeds(sets[:SEARCH_SETS], npz)
+            self.sets = f"{min(len(sets), SEARCH_SETS)} {kind} set(s)"
+            self.step = FLOAT_GAINS
+            self.options = {"feeds": str(npz), "cosine": cosine, "max_excluded": max_excluded}
+            return
+        self.step, self.options = "", {}
+        if calibration:
+            npz = folder / "calibration.npz"
+            if not npz.exists():
+                fp16.save_feeds(calibration, npz)
+            self.extra = {"calibration": str(npz)}
+            self.step = "onnxmedic.optimize.int8:static_errors"
+            self.options = {"per_channel": qopts.get("per_channel", True), **self.extra}
+
+    def kept(self, k: int) -> list[str]:
+        """The ``k`` most sensitive layers."""
+        return [n for n, _ in self.ranking[:k]]
+
+    def report(self, k: int) -> list[dict[str, Any]]:
+        """The ranking step as reported beside a try with ``k`` layers float32."""
+        if not self.ranking:
+            return []
+        hidden = {*self.extra, "feeds", "quantized", "seconds"}
+        return [{"step": self.step, **{key: o for key, o in self.options.items()
+                                       if key not in hidden},
+                 **self.found, "ranking": [[n, e] for n, e in self.ranking[:max(8, k)]]}]
+
+    def rank(self, pre: Path, quantized: Path, feeds: list[dict[str, np.ndarray]],
+             folder: Path, timeout: float, deadline: float) -> str | None:
+        """Rank the layers of ``pre`` (``quantized``: every layer int8, which failed). None to
+        go on; else why the search ends, for the all-layers variant's rejection."""
+        options = dict(self.options, quantized=str(quantized))
+        if self.step == FLOAT_GAINS:
+            options["seconds"] = max(1.0, min(deadline - time.monotonic(), 0.8 * timeout))
+        measured, err = _measure(self.step, pre, feeds, folder, timeout, options)
+        if self.step == FLOAT_GAINS and not (measured or {}).get("errors"):
+            logger.info("int8: the switch search gave no ranking (%s); ranking by each "
+                        "layer's own error", err or "no layer it could switch")
+            self.step, self.options = LAYER_ERRORS, {"scheme": self.scheme}
+            measured, err = _measure(self.step, pre, feeds, folder, timeout, self.options)
+        if measured is None:
+            return f" (measuring the layers' quantization error failed: {err})"
+        self.ranking = sorted(measured["errors"].items(), key=lambda kv: -kv[1])
+        if not self.ranking:
+            return ""
+        if self.step != FLOAT_GAINS:
+            return None
+        self.predicted = measured["predicted"]
+        self.found = {"search_sets": self.sets, "predicted": self.predicted,
+                      "curve": measured["curve"]}
+        return None if self.predicted else _predicted_end(measured, self.sets)
+
+
+def _predicted_end(measured: dict[str, Any], sets: str) -> str:
+    """Why the switch search (int8.float_gains' result ``measured``, on ``sets``) predicts
+    that no count of float32 layers within its cap reaches the budget."""
+    curve = ", ".join(f"{int(k)} -> {c:.5f}" for k, c in measured["curve"])
+    why = (f"the search ran out of time after {measured['seconds']:.0f} s"
+           if measured["stopped"] else f"keeping up to the {measured['cap']} most sensitive "
+           "layer(s) in float32 did not reach the budget either")
+    return (f" (every layer int8; {why}, predicted on {sets} by one file with each layer "
+            f"switchable; worst cosine by layers kept float32: {curve})")
 
 
 def _search_end(k: int, nxt: int | None, tries: list[tuple[int, float | None]],
@@ -548,37 +628,6 @@ def _search_end(k: int, nxt: int | None, tries: list[tuple[int, float | None]],
         why += "; worst cosine by layers kept float32: " + ", ".join(
             f"{n} -> {c:.5f}" for n, c in tries)
     return f" ({why})"
-
-
-def _sensitivity_step(qstep: str, qopts: dict[str, Any], folder: Path,
-                      calibration: list[dict[str, np.ndarray]] | None
-                      ) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
-    """How the quantize step ``qstep`` (options ``qopts``) ranks its layers: (measuring step,
-    its options, options the quantize step needs besides its own). Static int8 calibrates on
-    ``calibration`` (saved once to ``folder``); None where it has none."""
-    from onnxmedic.optimize import fp16
-
-    if not is_static([qstep]):
-        scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level")
-                  if k in qopts}
-        return "onnxmedic.optimize.int8:layer_errors", {"scheme": scheme}, {}
-    if not calibration:
-        return None
-    npz = folder / "calibration.npz"
-    if not npz.exists():
-        fp16.save_feeds(calibration, npz)
-    extra = {"calibration": str(npz)}
-    return ("onnxmedic.optimize.int8:static_errors",
-            {"per_channel": qopts.get("per_channel", True), **extra}, extra)
-
-
-def _next_count(k: int, limit: int) -> int | None:
-    """The int8 search's next count of float32 layers after ``k`` failed: 1, 2, 4, 8 ...,
-    the last try at ``limit`` itself (doubling past it would skip it); None when ``k`` was
-    the limit already."""
-    if k >= limit:
-        return None
-    return min(limit, 2 * k if k else 1)
 
 
 def _fewest_excluded(attempt: Any, failed: int, passed: int, best: tuple[Variant, Path],

@@ -1,27 +1,37 @@
-"""Per-layer int8 sensitivity, measured once: which MatMul/Gemm loses most to quantization.
+"""Per-layer int8 sensitivity: which MatMul/Gemm the budget needs kept float32.
 
+The search on the whole model (:func:`float_gains`, dynamic and weight-only int8): after the
+all-layers int8 file failed the budget, :func:`switchable` writes one file in which each layer
+the quantizer changed runs as int8 or float32 by a bool input (``Where(switch[i], float32,
+int8)``), so trying a set of float32 layers is one run per search set, not a quantization and
+a verification. It ranks the layers by what keeping each alone float32 buys the worst output
+cosine, and predicts the fewest of them that reach the budget; candidates._int8_with_sensitivity
+builds and verifies that count. A layer's own error can mislead both ways: an outlier that
+wrecks a layer whose output hardly matters, or a small error that the rest of the model
+amplifies (the ~110M Llama step of bench/optimize.py, weight-only int8: ranked by their own
+errors, 11 layers had to stay float32; ranked on the whole model, 2).
+
+The layers' own errors (:func:`layer_errors`; the fallback where no layer can be switched):
 ``onnxruntime.quantization.quantize_dynamic`` (MatMulConstBOnly, the default) quantizes each
 MatMul/Gemm whose B is a weight: B to int8, symmetric, one scale per tensor (max |w| / 127), and
 at run time the activation A to uint8, asymmetric, one scale per tensor over the range
 [min(0, min A), max(0, max A)] (DynamicQuantizeLinear). :func:`layer_errors` runs the float32
 graph once with every such A exposed (on each verification feed, in the pass child), computes
 that layer's output with both operands quantized exactly so, and scores the layer by the
-relative error of its own output, ``||A'B' - AB|| / ||AB||`` (worst over the feeds). An
-outlier weight or activation that flattens the per-tensor scale shows up here at once, where a
-leave-one-out search would need one quantize-and-verify per layer. The ranking orders the
-layers kept in float32 (``candidates._int8_with_sensitivity``); the budget is still judged on
-the whole model's outputs.
+relative error of its own output, ``||A'B' - AB|| / ||AB||`` (worst over the feeds).
 
 The other int8 candidates are scored by their own scheme (``scheme`` of :func:`layer_errors`,
 the options of their quantize step): ``per_channel`` (quantize_dynamic with one weight scale
 per output column), and ``block_size`` (MatMulNBits: weights int8 symmetric, one scale per
 ``block_size`` weights of a column along K; with ``accuracy_level`` 4 the kernel quantizes A
-to int8 symmetric per row and per block of the same size, otherwise A stays float32).
+to int8 symmetric per row and per block of the same size, otherwise A stays float32). Static
+int8 (QDQ) scores each layer by the error it adds in the QDQ graph (:func:`static_errors`).
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +235,207 @@ def static_errors(src: str, dst: str, feeds: str, calibration: str,
         reads = [t for t in (_quantized_source(i, producer) for i in n.input if i) if t]
         errors[n.name] = err(n.output[0]) - max((err(t) for t in reads), default=0.0)
     return {"errors": errors}
+
+
+# -- the search on the whole model: one file with every layer switchable ------------------------
+
+SWITCH = "onnxmedic_float32_layers"  # the switchable file's bool input: True keeps a layer float32
+SEARCH_SETS = 8  # at most this many search sets are run per try
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine similarity of ``a`` and ``b`` flattened (float64); two zero vectors agree."""
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(a @ b / (na * nb))
+
+
+def worst_cosine(got: list[np.ndarray], want: list[np.ndarray]) -> float:
+    """The worst per-output cosine of ``got`` against ``want`` as the reduced-precision budget
+    scores it (candidates.judge_reduced): 0 for another shape, for an integer output that
+    differs, and for non-finite values where ``want`` has finite ones."""
+    worst = 1.0
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.shape != w.shape:
+            return 0.0
+        if not np.issubdtype(w.dtype, np.floating):
+            worst = min(worst, 1.0 if np.array_equal(g, w) else 0.0)
+        elif (~np.isfinite(g) & np.isfinite(w)).any():
+            return 0.0
+        else:
+            worst = min(worst, cosine(w, g))
+    return worst
+
+
+def exclusion_cap(layers: int, max_excluded: int | None = None) -> int:
+    """How many layers the search may keep float32: ``max_excluded``, by default a quarter of
+    ``layers`` (at least 4); never all of them (then nothing would be quantized)."""
+    cap = max_excluded if max_excluded is not None else max(4, layers // 4)
+    return max(0, min(cap, layers - 1))
+
+
+def next_count(k: int, limit: int) -> int | None:
+    """The search's next count of float32 layers after ``k`` failed: 1, 2, 4, 8 ..., the last
+    try at ``limit`` itself (doubling past it would skip it); None when ``k`` was the limit."""
+    if k >= limit:
+        return None
+    return min(limit, 2 * k if k else 1)
+
+
+def switchable(src: str, quantized: str, dst: str) -> list[str]:
+    """Write ``dst``: the int8 file ``quantized`` (``src`` with every layer quantized) with each
+    layer it changed made switchable back to ``src``'s float32 node. A bool input
+    :data:`SWITCH` (one entry per layer) picks each layer's output: ``Where(SWITCH[i], float32,
+    int8)``. A layer is a MatMul/Gemm of ``src`` whose output ``quantized`` computes with
+    another node (ONNX Runtime's quantizers keep a layer's output name) and whose inputs are
+    there before it (or are ``src``'s weights, which come along - renamed where ``quantized``
+    holds another tensor by that name). Returns the layers (``src``'s node names) in the order
+    of the switch's entries."""
+    import copy
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    fgraph = onnx.load(src).graph
+    model = onnx.load(quantized)
+    graph = model.graph
+    layers_at = {n.output[0]: n for n in fgraph.node
+                 if n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx") and n.name}
+    floats = {t.name: t for t in fgraph.initializer}
+    held = {t.name: t for t in graph.initializer}
+    known = {*held, *(i.name for i in graph.input)}
+    layers: list[str] = []
+    nodes = []
+    for q in graph.node:
+        nodes.append(q)
+        f = layers_at.get(q.output[0]) if q.output else None
+        if f is None or (q.name == f.name and q.op_type == f.op_type) or not all(
+                not i or i in known or i in floats for i in f.input):
+            known.update(q.output)
+            continue
+        i, out = len(layers), q.output[0]
+        layers.append(f.name)
+        keep = copy.deepcopy(f)
+        keep.name, keep.output[0], q.output[0] = f"{f.name}__float32", f"{out}__float32", f"{out}__int8"
+        for j, name in enumerate(keep.input):
+            if name not in floats or _same_tensor(held.get(name), floats[name]):
+                continue  # an activation, or a weight the int8 file holds as it is
+            if name in held:  # another tensor by that name in the int8 file
+                keep.input[j] = f"{name}__float32"
+            if keep.input[j] not in held:
+                held[keep.input[j]] = weight = onnx.TensorProto()
+                weight.CopyFrom(floats[name])
+                weight.name = keep.input[j]
+                graph.initializer.append(weight)
+        index = helper.make_tensor(f"{SWITCH}_{i}_index", TensorProto.INT64, [], [i])
+        graph.initializer.append(index)
+        nodes += [keep, helper.make_node("Gather", [SWITCH, index.name], [f"{SWITCH}_{i}"],
+                                         name=f"{SWITCH}_{i}_gather"),
+                  helper.make_node("Where", [f"{SWITCH}_{i}", keep.output[0], q.output[0]], [out],
+                                   name=f"{SWITCH}_{i}_where")]
+        known.update([*q.output, out])
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.input.append(helper.make_tensor_value_info(SWITCH, TensorProto.BOOL, [len(layers)]))
+    onnx.save(model, dst, save_as_external_data=True, location=Path(dst).name + ".data")
+    return layers
+
+
+def _same_tensor(a: Any, b: Any) -> bool:
+    """Whether initializers ``a`` and ``b`` (either may be None) hold the same tensor."""
+    return a is not None and b is not None and a.SerializeToString() == b.SerializeToString()
+
+
+class _Switched:
+    """A session of a :func:`switchable` file: the worst cosine over the search sets with a set
+    of layers float32, against the file with every layer float32 (``src`` itself)."""
+
+    def __init__(self, path: str, layers: int, feeds: list[dict[str, np.ndarray]]) -> None:
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        self.layers, self.feeds = layers, feeds
+        self.runs = 0
+        self.want = [self.outputs(range(layers), f) for f in feeds]
+
+    def outputs(self, keep: Any, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        switch = np.zeros(self.layers, dtype=bool)
+        switch[list(keep)] = True
+        self.runs += 1
+        return self.session.run(None, {**feed, SWITCH: switch})
+
+    def worst(self, keep: Any, sets: list[int] | None = None) -> float:
+        """The worst cosine over the search sets ``sets`` (all by default)."""
+        return min(worst_cosine(self.outputs(keep, self.feeds[s]), self.want[s])
+                   for s in (range(len(self.feeds)) if sets is None else sets))
+
+
+def float_gains(src: str, dst: str, feeds: str, quantized: str, cosine: float,
+                max_excluded: int | None = None, seconds: float = 300.0) -> dict[str, Any]:
+    """A pass-pipeline step (runs in the pass child): rank the layers by what keeping each alone
+    float32 buys the whole model, and predict how many of them the budget needs.
+
+    ``quantized`` is ``src`` with every layer quantized (the search's first, failed try). One
+    :func:`switchable` file runs each layer as int8 or float32 by an input, so a try is one
+    run per search set (the ``feeds`` .npz, at most :data:`SEARCH_SETS`), not a quantization.
+    A layer's score (``errors``) is the worst output cosine with it alone float32 less that of
+    every layer int8, on the search set where every layer int8 does worst (the hardest set).
+    Then 1, 2, 4 ... of the ranked layers (up to :func:`exclusion_cap`) are kept float32 until
+    the worst cosine over every search set reaches ``cosine``, and the gap to the last count
+    that failed is halved down to one layer: ``predicted`` is the fewest that reach it (None:
+    not within ``cap`` or ``seconds``), ``curve`` each count tried with its worst cosine (0:
+    every layer int8, worst over the search sets). The reference is ``src``'s own outputs (the
+    file with every layer float32), so the search sets need no PyTorch outputs. The search
+    stops at ``seconds`` (``stopped``; layers left unscored rank last). ``dst`` is not
+    written."""
+    from onnxmedic.optimize.fp16 import load_feeds
+
+    del dst
+    deadline = time.monotonic() + seconds
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-switch-") as tmp:
+        path = str(Path(tmp) / "switch.onnx")
+        layers = switchable(src, quantized, path)
+        if not layers:
+            return {"errors": {}, "predicted": None, "curve": [], "cap": 0, "stopped": False,
+                    "seconds": 0.0, "runs": 0}
+        run = _Switched(path, len(layers), load_feeds(feeds)[:SEARCH_SETS])
+        every = [run.worst((), [s]) for s in range(len(run.feeds))]
+        hardest = int(np.argmin(every))
+        gains: dict[int, float] = {}
+        for i in range(len(layers)):
+            if time.monotonic() > deadline:
+                break
+            gains[i] = run.worst((i,), [hardest]) - every[hardest]
+        order = sorted(gains, key=lambda i: -gains[i]) + [i for i in range(len(layers))
+                                                          if i not in gains]
+        cap = exclusion_cap(len(layers), max_excluded)
+        predicted, curve = _fewest(run, order, cosine, cap, deadline)
+        del run.session
+    stopped = len(gains) < len(layers) or (predicted is None and (not curve or curve[-1][0] < cap))
+    return {"errors": {layers[i]: g for i, g in gains.items()}, "predicted": predicted,
+            "curve": [[0, min(every)], *curve], "cap": cap, "stopped": stopped,
+            "seconds": seconds - (deadline - time.monotonic()), "runs": run.runs}
+
+
+def _fewest(run: _Switched, order: list[int], cosine: float, cap: int, deadline: float
+            ) -> tuple[int | None, list[list[float]]]:
+    """The fewest of ``order``'s first layers kept float32 whose worst cosine reaches
+    ``cosine``: doubling up to ``cap``, then halving the gap to the last count that failed.
+    Returns it (None: none within ``cap`` or before ``deadline``) and each count tried."""
+    tried: dict[int, float] = {}
+    failed, passed, k = 0, None, 0
+    while (k := next_count(k, cap)) is not None and time.monotonic() < deadline:
+        tried[k] = run.worst(order[:k])
+        if tried[k] >= cosine:
+            passed = k
+            break
+        failed = k
+    while passed is not None and passed - failed > 1 and time.monotonic() < deadline:
+        mid = (failed + passed) // 2
+        tried[mid] = run.worst(order[:mid])
+        failed, passed = (failed, mid) if tried[mid] >= cosine else (mid, passed)
+    return passed, [[k, c] for k, c in sorted(tried.items())]
