@@ -118,7 +118,7 @@ def test_the_search_keeps_the_layer_the_whole_model_needs(
     assert v.steps[-1]["excluded"] == [b]
     assert built == ["-keep0", "-keep1"]
     search = next(s for s in v.steps if s["step"] == candidates.FLOAT_GAINS)
-    assert search["predicted"] == 1 and search["search_sets"] == "8 calibration set(s)"
+    assert search["predicted"] == 1 and search["search_sets"].endswith(" verification set(s)")
     assert search["ranking"][0][0] == b and search["ranking"][0][1] > search["ranking"][1][1]
     assert search["curve"][0][1] < 0.999 <= search["curve"][-1][1]
 
@@ -140,13 +140,31 @@ def test_without_the_switch_search_each_layers_own_error_ranks(
     assert [n for n, _ in ranked["ranking"]] == [a, b]
 
 
-def test_a_prediction_the_verification_refutes_goes_on_doubling(
+def test_a_prediction_the_verification_refutes_hands_over_to_the_layers_own_errors(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A wrong prediction (here: the two best layers swapped, one layer said to do) is built,
-    fails verification, and the search doubles from it: the variant still verifies, with the
-    two layers."""
+    """A wrong prediction (here: the two best layers swapped, one layer said to do) is built
+    and fails verification; the layers' own errors then rank, from one layer (``a``, which
+    fails too), then two (``a`` and ``b``): the variant still verifies, and its report keeps
+    the refuted prediction."""
     model, x, src, b, a = _misleading(tmp_path, third=True)
     monkeypatch.setattr(candidates, "FLOAT_GAINS", "tests.optimize.bad_passes:misleading_gains")
+    built = _builds(monkeypatch)
+    res = optimize(src, model, (x,), precision="int8", pipelines=[WEIGHT_ONLY], **FAST)
+    v = res.variants[1]
+    assert v.verified, v.rejected
+    assert v.steps[-1]["excluded"] == [a, b]
+    assert built == ["-keep0", "-keep1", "-keep1", "-keep2"]
+    ranked = next(s for s in v.steps if s["step"] == candidates.LAYER_ERRORS)
+    refuted = ranked["switch_search"]
+    assert refuted["predicted"] == 1 and refuted["verified_cosine"] < 0.999
+
+
+def test_a_prediction_missed_near_its_figure_doubles_on_along_the_ranking(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prediction whose file misses the budget near the switch's figure for it (here: its
+    error 1.5x the figure's) keeps the switch ranking: two layers next, the first two of it."""
+    model, x, src, b, a = _misleading(tmp_path, third=True)
+    monkeypatch.setattr(candidates, "FLOAT_GAINS", "tests.optimize.bad_passes:optimistic_gains")
     built = _builds(monkeypatch)
     res = optimize(src, model, (x,), precision="int8", pipelines=[WEIGHT_ONLY], **FAST)
     v = res.variants[1]
@@ -154,6 +172,7 @@ def test_a_prediction_the_verification_refutes_goes_on_doubling(
     excluded = v.steps[-1]["excluded"]
     assert len(excluded) == 2 and excluded[1] == b
     assert built == ["-keep0", "-keep1", "-keep2"]
+    assert not any(s["step"] == candidates.LAYER_ERRORS for s in v.steps)
 
 
 class _Curve:

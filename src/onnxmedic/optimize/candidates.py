@@ -452,19 +452,13 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
                            calibration: list[dict[str, np.ndarray]] | None = None
                            ) -> tuple[Variant, Path]:
     """Quantize (``base``'s quantize step: passes.QUANTIZE_STEPS); when the budget fails, keep
-    the layers that lose most to quantization in float32 and retry - up to ``max_excluded``
-    layers (int8.exclusion_cap: by default a quarter, at least 4, never all) and
-    ``search_seconds``.
-
-    Dynamic and weight-only int8 rank the layers on the whole model and predict the fewest the
-    budget needs (int8.float_gains: one file with each layer switchable between its int8 and
-    its float32 node, run on the calibration sets - the verification sets where there are
-    none); that count is built and verified, and a miss goes on doubling from it. Where no
-    count within the cap is predicted to pass, the search ends without building one. Static
-    int8 ranks by each layer's own error in the QDQ graph (int8.static_errors) and tries 1, 2,
-    4, 8 ... layers. When k layers pass and k/2 failed, the gap is halved until it is one
-    layer or an eighth of k (:func:`_fewest_excluded`). A failed search reports its
-    all-layers variant (the fastest file) with its tries (:func:`_search_end`)."""
+    the layers that lose most to quantization (:class:`_Search`: ranked on the whole model, or
+    by their own errors) in float32 and retry - up to ``max_excluded`` layers
+    (int8.exclusion_cap: by default a quarter, at least 4, never all) and ``search_seconds``:
+    the count the switch search predicts, else 1, 2, 4 ...; when k layers pass and k/2
+    failed, the gap is halved until it is one layer or an eighth of k
+    (:func:`_fewest_excluded`). A failed search reports its all-layers variant (the fastest
+    file) with its tries (:func:`_search_end`)."""
     deadline = time.monotonic() + search_seconds
     qstep, qopts = next((s, o) for s, o in base.steps if s.endswith(QUANTIZE_STEPS))
     search = _Search(qstep, dict(qopts), folder, feeds, calibration, cosine, max_excluded)
@@ -491,14 +485,15 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
         return cv, path, True
 
     k = failed = 0
-    tries: list[tuple[int, float | None]] = []  # (layers float32, worst cosine) that failed
+    tries: list[tuple[int | str, float | None]] = []  # (layers float32, worst cosine): failed
     while True:
         cv, path, built = attempt(k)
         if not built:
             return cv, path
         if cv.verified:
             return _fewest_excluded(attempt, failed, k, (cv, path), deadline)
-        tries.append((k, cv.worst_cosine()))
+        tries.append((f"{k} (predicted)" if k and k == search.predicted else k,
+                      cv.worst_cosine()))
         if not k:  # every layer int8: the fastest file, the one a failed search reports
             first = (cv, path)
             why = search.rank(pre, path, feeds, folder, timeout, deadline)
@@ -506,6 +501,13 @@ def _int8_with_sensitivity(base: Pipeline, src: Path, folder: Path, names: list[
                 cv.rejected += why
                 cv.steps[len(pre_steps):len(pre_steps)] = search.report(0)
                 return cv, path
+        elif k == search.predicted and not search.near(cv.worst_cosine()):
+            # refuted far from the switch's figure: the layers' own errors rank, from one layer
+            why = search.own_errors(pre, feeds, folder, timeout, cv.worst_cosine())
+            if why is not None:
+                first[0].rejected += why
+                return first
+            k = 0
         if not k and search.predicted:  # the switch search: one layer fewer failed there
             failed, k = search.predicted - 1, search.predicted
         else:
@@ -528,9 +530,18 @@ class _Search:
     ``qopts``) measures it, run once after the all-layers try failed, and what it found.
     ``step``: the measuring step ("" where static int8 has no ``calibration``); ``options``:
     its options; ``extra``: options the quantize step needs too (static int8's calibration
-    file). Static int8 ranks by int8.static_errors (calibrated on ``calibration``), the others
-    by int8.float_gains on ``calibration`` (else on ``feeds``, the verification sets) - or,
-    where that finds no layer to switch, by int8.layer_errors of their scheme."""
+    file).
+
+    Dynamic and weight-only int8 rank the layers on the whole model and predict the fewest the
+    budget needs (int8.float_gains: one file with each layer switchable between its int8 and
+    its float32 node, run on ``feeds``, the verification sets); only that count is built and
+    verified. Where no count within the cap is predicted to pass, the search ends without
+    building one. A count the verification refutes near the switch's figure doubles on along
+    the ranking; one refuted far from it (a model whose int8 error turns on rounding, where
+    the built file and the switch part ways) hands the search to the layers' own errors
+    (int8.layer_errors of the step's scheme, from one layer) - as where the switch search
+    finds no layer to switch. Static int8 ranks by int8.static_errors (each layer's own error
+    in the QDQ graph, calibrated on ``calibration``)."""
 
     def __init__(self, qstep: str, qopts: dict[str, Any], folder: Path,
                  feeds: list[dict[str, np.ndarray]],
@@ -544,12 +555,11 @@ class _Search:
         self.extra: dict[str, Any] = {}
         self.scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level")
                        if k in qopts}
-        if not is_static([qstep]):
-            sets, kind = (calibration, "calibration") if calibration else (feeds, "verification")
-            npz = folder / f"search-{kind}.npz"
+        if not is_static([qstep]):  # on the sets the budget is judged on (see float_gains)
+            npz = folder / "search.npz"
             if not npz.exists():
-                fp16.save_feeds(sets[:SEARCH_SETS], npz)
-            self.sets = f"{min(len(sets), SEARCH_SETS)} {kind} set(s)"
+                fp16.save_feeds(feeds[:SEARCH_SETS], npz)
+            self.sets = f"{min(len(feeds), SEARCH_SETS)} verification set(s)"
             self.step = FLOAT_GAINS
             self.options = {"feeds": str(npz), "cosine": cosine, "max_excluded": max_excluded}
             return
@@ -586,8 +596,7 @@ class _Search:
         if self.step == FLOAT_GAINS and not (measured or {}).get("errors"):
             logger.info("int8: the switch search gave no ranking (%s); ranking by each "
                         "layer's own error", err or "no layer it could switch")
-            self.step, self.options = LAYER_ERRORS, {"scheme": self.scheme}
-            measured, err = _measure(self.step, pre, feeds, folder, timeout, self.options)
+            return self.own_errors(pre, feeds, folder, timeout)
         if measured is None:
             return f" (measuring the layers' quantization error failed: {err})"
         self.ranking = sorted(measured["errors"].items(), key=lambda kv: -kv[1])
@@ -599,6 +608,31 @@ class _Search:
         self.found = {"search_sets": self.sets, "predicted": self.predicted,
                       "curve": measured["curve"]}
         return None if self.predicted else _predicted_end(measured, self.sets)
+
+    def near(self, verified: float | None) -> bool:
+        """Whether the predicted count's file missed the budget near the switch's own figure
+        for it (its error ``1 - cosine`` at most twice the switch's): the ranking stands and
+        the search doubles on along it. A miss far off means the switch does not compute
+        what the built files do (see :meth:`own_errors`)."""
+        at = dict((int(k), c) for k, c in self.found.get("curve", []))
+        predicted = at.get(self.predicted or -1)
+        return verified is not None and predicted is not None and (
+            1.0 - verified <= 2.0 * (1.0 - predicted))
+
+    def own_errors(self, pre: Path, feeds: list[dict[str, np.ndarray]], folder: Path,
+                   timeout: float, refuted: float | None = None) -> str | None:
+        """Rank by each layer's own error (int8.layer_errors of the quantize step's scheme):
+        where the switch search gave no ranking, or its prediction failed verification (with
+        worst cosine ``refuted``: a model whose int8 error turns on rounding, where the built
+        file and the switch part ways). As :meth:`rank` returns."""
+        if refuted is not None:
+            self.found = {"switch_search": {**self.found, "verified_cosine": refuted}}
+        self.step, self.options, self.predicted = LAYER_ERRORS, {"scheme": self.scheme}, None
+        measured, err = _measure(self.step, pre, feeds, folder, timeout, self.options)
+        if measured is None:
+            return f" (measuring the layers' quantization error failed: {err})"
+        self.ranking = sorted(measured["errors"].items(), key=lambda kv: -kv[1])
+        return None if self.ranking else ""
 
 
 def _predicted_end(measured: dict[str, Any], sets: str) -> str:
@@ -612,7 +646,7 @@ def _predicted_end(measured: dict[str, Any], sets: str) -> str:
             f"switchable; worst cosine by layers kept float32: {curve})")
 
 
-def _search_end(k: int, nxt: int | None, tries: list[tuple[int, float | None]],
+def _search_end(k: int, nxt: int | None, tries: list[tuple[int | str, float | None]],
                 search_seconds: float) -> str:
     """For the all-layers variant a failed int8 search reports (the fastest file it built, the
     one a looser budget would admit as it is): the search's outcome - up to ``k`` float32
