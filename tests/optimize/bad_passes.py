@@ -99,22 +99,3 @@ def misleading_gains(src: str, dst: str, feeds: str, quantized: str, cosine: flo
     out["predicted"] = 1
     return out
 
-
-def optimistic_gains(src: str, dst: str, feeds: str, quantized: str, cosine: float,
-                     max_excluded: int | None = None, seconds: float = 300.0) -> dict[str, Any]:
-    """As :func:`misleading_gains`, but the figure given for the one layer is the switch's own
-    for that layer, its error shrunk 1.5x: a prediction that misses near its figure."""
-    import tempfile
-    from pathlib import Path
-
-    from onnxmedic.optimize import fp16, int8
-
-    out = misleading_gains(src, dst, feeds, quantized, cosine, max_excluded, seconds)
-    top = max(out["errors"], key=lambda n: out["errors"][n])
-    with tempfile.TemporaryDirectory() as tmp:
-        layers = int8.switchable(src, quantized, str(Path(tmp) / "s.onnx"))
-        run = int8._Switched(str(Path(tmp) / "s.onnx"), len(layers), fp16.load_feeds(feeds))
-        figure = run.worst([layers.index(top)])
-        del run
-    out["curve"] = [out["curve"][0], [1, 1.0 - (1.0 - figure) / 1.5]]
-    return out

@@ -159,22 +159,6 @@ def test_a_prediction_the_verification_refutes_hands_over_to_the_layers_own_erro
     assert refuted["predicted"] == 1 and refuted["verified_cosine"] < 0.999
 
 
-def test_a_prediction_missed_near_its_figure_doubles_on_along_the_ranking(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A prediction whose file misses the budget near the switch's figure for it (here: its
-    error 1.5x the figure's) keeps the switch ranking: two layers next, the first two of it."""
-    model, x, src, b, a = _misleading(tmp_path, third=True)
-    monkeypatch.setattr(candidates, "FLOAT_GAINS", "tests.optimize.bad_passes:optimistic_gains")
-    built = _builds(monkeypatch)
-    res = optimize(src, model, (x,), precision="int8", pipelines=[WEIGHT_ONLY], **FAST)
-    v = res.variants[1]
-    assert v.verified, v.rejected
-    excluded = v.steps[-1]["excluded"]
-    assert len(excluded) == 2 and excluded[1] == b
-    assert built == ["-keep0", "-keep1", "-keep2"]
-    assert not any(s["step"] == candidates.LAYER_ERRORS for s in v.steps)
-
-
 class _Curve:
     """A stand-in for int8._Switched: the worst cosine rises with the layers kept float32."""
 
