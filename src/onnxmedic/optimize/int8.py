@@ -9,7 +9,7 @@ cosine, and predicts the fewest of them that reach the budget; candidates._int8_
 builds and verifies that count. A layer's own error can mislead both ways: an outlier that
 wrecks a layer whose output hardly matters, or a small error that the rest of the model
 amplifies (the ~110M Llama step of bench/optimize.py, weight-only int8: ranked by their own
-errors, 11 layers had to stay float32; ranked on the whole model, 2).
+errors, 11 layers had to stay float32; ranked on the whole model, 3).
 
 The layers' own errors (:func:`layer_errors`; the fallback where no layer can be switched):
 ``onnxruntime.quantization.quantize_dynamic`` (MatMulConstBOnly, the default) quantizes each
