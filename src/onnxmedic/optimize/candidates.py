@@ -541,8 +541,9 @@ class _Search:
     errors (int8.layer_errors of the step's scheme, from one layer) - as where the switch
     search finds no layer to switch. On torchcde's CDE the switch predicted one layer at
     cosine 0.99923 and the built file gave 0.99900; along the switch's ranking 2, 4 and 8
-    layers gave 0.99224, 0.99858 and 0.99753, by own errors 5 layers verify. Static int8 ranks by int8.static_errors (each layer's own error
-    in the QDQ graph, calibrated on ``calibration``)."""
+    layers gave 0.99224, 0.99858 and 0.99753, by own errors 5 layers verify. Static int8
+    ranks by int8.static_errors (each layer's own error in the QDQ graph, calibrated on
+    ``calibration``)."""
 
     def __init__(self, qstep: str, qopts: dict[str, Any], folder: Path,
                  feeds: list[dict[str, np.ndarray]],

@@ -320,7 +320,8 @@ def switchable(src: str, quantized: str, dst: str) -> list[str]:
         i, out = len(layers), q.output[0]
         layers.append(f.name)
         keep = copy.deepcopy(f)
-        keep.name, keep.output[0], q.output[0] = f"{f.name}__float32", f"{out}__float32", f"{out}__int8"
+        keep.name, keep.output[0] = f"{f.name}__float32", f"{out}__float32"
+        q.output[0] = f"{out}__int8"
         for j, name in enumerate(keep.input):
             if name not in floats or _same_tensor(held.get(name), floats[name]):
                 continue  # an activation, or a weight the int8 file holds as it is
@@ -382,11 +383,6 @@ def float_gains(src: str, dst: str, feeds: str, quantized: str, cosine: float,
     ``quantized`` is ``src`` with every layer quantized (the search's first, failed try). One
     :func:`switchable` file runs each layer as int8 or float32 by an input, so a try is one
     run per search set (the ``feeds`` .npz, at most :data:`SEARCH_SETS`), not a quantization.
-    candidates passes the verification sets, those the budget is judged on: sets apart from
-    them (the calibration sets) were tried, and on a model whose error moves non-monotonically
-    with the layers kept float32 (torchcde's CDE: 0 -> 0.9942, 1 -> 0.9851, 4 -> 0.9985, 6 ->
-    0.9973, 8 -> 0.9991 there) the count they predicted failed verification where counts found
-    on the verification sets pass.
     A layer's score (``errors``) is the worst output cosine with it alone float32 less that of
     every layer int8, on the search set where every layer int8 does worst (the hardest set).
     Then 1, 2, 4 ... of the ranked layers (up to :func:`exclusion_cap`) are kept float32 until
@@ -396,7 +392,13 @@ def float_gains(src: str, dst: str, feeds: str, quantized: str, cosine: float,
     every layer int8, worst over the search sets). The reference is ``src``'s own outputs (the
     file with every layer float32), so the search sets need no PyTorch outputs. The search
     stops at ``seconds`` (``stopped``; layers left unscored rank last). ``dst`` is not
-    written."""
+    written.
+
+    candidates passes the verification sets, those the budget is judged on. Sets apart from
+    them (the calibration sets) were tried first: on a model whose error moves
+    non-monotonically with the layers kept float32 (torchcde's CDE, per-channel dynamic int8:
+    0 -> 0.9942, 1 -> 0.9851, 4 -> 0.9985, 6 -> 0.9973, 8 -> 0.9991 there) the count they
+    predicted failed verification (0.99651)."""
     from onnxmedic.optimize.fp16 import load_feeds
 
     del dst
