@@ -231,3 +231,18 @@ def test_the_switchable_file_brings_the_float32_weights_it_needs(tmp_path: Path)
     off = sess.run(None, {"x": x, int8.SWITCH: np.array([False])})[0]
     np.testing.assert_allclose(on, (x @ w1) @ np.round(w2.T), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(off, (x @ np.round(w1)) @ np.round(w2.T), rtol=1e-5, atol=1e-5)
+
+
+def test_a_search_out_of_time_says_so(tmp_path: Path) -> None:
+    """No time left: no layer scored, nothing predicted, and the rejection says the search
+    ran out of time rather than that no count reached the budget."""
+    _, x, src, _, _ = _misleading(tmp_path)
+    q = tmp_path / "q.onnx"
+    passes.quantize_weight_only(str(src), str(q), **SCHEME)
+    npz = fp16.save_feeds([{"x": x.numpy()}], tmp_path / "f.npz")
+    out = int8.float_gains(str(src), "", str(npz), str(q), 0.999, seconds=0.0)
+    assert out["stopped"] and out["predicted"] is None and out["errors"] == {}
+    why = candidates._predicted_end(out, "1 verification set(s)")
+    assert "the search ran out of time" in why and "did not reach" not in why
+    done = int8.float_gains(str(src), "", str(npz), str(q), 0.999)
+    assert not done["stopped"] and done["predicted"] == 1 and len(done["errors"]) == 2
