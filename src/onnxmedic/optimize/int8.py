@@ -327,11 +327,10 @@ def switchable(src: str, quantized: str, dst: str) -> list[str]:
                 continue  # an activation, or a weight the int8 file holds as it is
             if name in held:  # another tensor by that name in the int8 file
                 keep.input[j] = f"{name}__float32"
-            if keep.input[j] not in held:
-                held[keep.input[j]] = weight = onnx.TensorProto()
+            if keep.input[j] not in held:  # one copy: append() would copy it again
+                held[keep.input[j]] = weight = graph.initializer.add()
                 weight.CopyFrom(floats[name])
                 weight.name = keep.input[j]
-                graph.initializer.append(weight)
         index = helper.make_tensor(f"{SWITCH}_{i}_index", TensorProto.INT64, [], [i])
         graph.initializer.append(index)
         nodes += [keep, helper.make_node("Gather", [SWITCH, index.name], [f"{SWITCH}_{i}"],
