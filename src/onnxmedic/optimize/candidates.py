@@ -558,12 +558,9 @@ class _Search:
         self.scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level")
                        if k in qopts}
         if not is_static([qstep]):  # on the sets the budget is judged on (see float_gains)
-            npz = folder / "search.npz"
-            if not npz.exists():
-                fp16.save_feeds(feeds[:SEARCH_SETS], npz)
             self.sets = f"{min(len(feeds), SEARCH_SETS)} verification set(s)"
-            self.step = FLOAT_GAINS
-            self.options = {"feeds": str(npz), "cosine": cosine, "max_excluded": max_excluded}
+            self.step = FLOAT_GAINS  # _measure gives it the verification sets' file
+            self.options = {"cosine": cosine, "max_excluded": max_excluded}
             return
         self.step, self.options = "", {}
         if calibration:
@@ -582,9 +579,8 @@ class _Search:
         """The ranking step as reported beside a try with ``k`` layers float32."""
         if not self.ranking:
             return []
-        hidden = {*self.extra, "feeds", "quantized", "seconds"}
         return [{"step": self.step, **{key: o for key, o in self.options.items()
-                                       if key not in hidden},
+                                       if key not in self.extra},
                  **self.found, "ranking": [[n, e] for n, e in self.ranking[:max(8, k)]]}]
 
     def rank(self, pre: Path, quantized: Path, feeds: list[dict[str, np.ndarray]],
