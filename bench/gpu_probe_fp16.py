@@ -1,0 +1,90 @@
+"""Float16 error amplification on ONNX Runtime's CUDA provider (never run by the tests).
+
+Issue 17's float16 block list has a rule the CPU cannot show: nodes that amplify float16's error
+should stay float32. ONNX Runtime's CPU provider runs a chain of float16 nodes in float32 behind
+one Cast pair, so `Linear -> (h + 1000) - 1000 -> Linear` verifies there at cosine 0.99999996.
+This measures it on CUDA: the plain float16 file (ONNX Runtime's converter, float32 I/O, as
+optimize writes it), then the same with each node kept float32 alone, and with the Add and Sub
+kept float32 together - the data the rule is to be built on.
+
+    python bench/gpu_probe_fp16.py [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _model():
+    import torch
+
+    class Cancel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 64)
+            self.b = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b((h + 1000.0) - 1000.0)
+
+    torch.manual_seed(0)
+    return Cancel().eval(), torch.randn(8, 64)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-300))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ns = ap.parse_args()
+    import onnx
+    import onnxruntime as ort
+    import torch
+
+    from onnxmedic.optimize import fp16
+
+    model, x = _model()
+    ref = model(x).detach().numpy()
+    rows = []
+    with tempfile.TemporaryDirectory() as td:
+        src = Path(td) / "m.onnx"
+        torch.onnx.export(model, (x,), str(src), dynamo=True)
+        proto = onnx.load(str(src))
+        name = proto.graph.input[0].name
+        nodes = [n.name for n in proto.graph.node if n.op_type not in ("Constant",)]
+        variants = [("float32", None), ("float16", [])] + [(f"float16, {n} float32", [n])
+                                                           for n in nodes]
+        adds = [n.name for n in proto.graph.node if n.op_type in ("Add", "Sub")
+                and not any(i in {t.name for t in proto.graph.initializer} for i in n.input[:1])]
+        variants.append((f"float16, {'+'.join(adds)} float32", adds))
+        for label, block in variants:
+            path = src if block is None else Path(td) / f"v{len(rows)}.onnx"
+            if block is not None:
+                fp16.float16(str(src), str(path), node_block_list=block)
+            for prov, opts in (("CUDAExecutionProvider", {"use_tf32": "0"}),
+                               ("CPUExecutionProvider", {})):
+                t0 = time.perf_counter()
+                s = ort.InferenceSession(str(path), providers=[(prov, opts)])
+                out = s.run(None, {name: x.numpy()})[0]
+                row = {"variant": label, "provider": s.get_providers()[0],
+                       "cosine": _cosine(out, ref),
+                       "max_abs": float(np.abs(out.astype(np.float64) - ref).max()),
+                       "seconds": round(time.perf_counter() - t0, 2)}
+                rows.append(row)
+                print(f"{label:40} {row['provider']:24} cos {row['cosine']:.8f} "
+                      f"max abs {row['max_abs']:.3g}", flush=True)
+    if ns.json:
+        Path(ns.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
