@@ -378,3 +378,28 @@ def test_fill_statistics() -> None:
     tiny = np.array([1e-6] * 10 + [-3.4e38], np.float32)
     assert "underflows" in fp16.value_problem(fp16._stats(tiny), saturate=True)
     assert fp16.saturated({"m": st, "b": fp16._stats(big)}) == {"m": fp16.fill_problem(st)}
+
+
+def test_a_converter_that_casts_once_per_reader_still_loads() -> None:
+    """onnxruntime-gpu 1.31.1's converter puts one Cast per blocked reader of a float16 value,
+    all of one name: ONNX Runtime refused such a file (two blocked nodes reading a Constant)."""
+    cast = helper.make_node("Cast", ["c"], ["c_cast_to_fp32"], to=TensorProto.FLOAT,
+                            name="c_cast_to_fp32_node")
+    nodes = [helper.make_node("Constant", [], ["c"], name="k",
+                              value=helper.make_tensor("v", TensorProto.FLOAT16, [], [2.0])),
+             cast, helper.make_node("Add", ["x", "c_cast_to_fp32"], ["a"], name="add"),
+             cast, helper.make_node("Sub", ["a", "c_cast_to_fp32"], ["y"], name="sub")]
+    vi = helper.make_tensor_value_info("c_cast_to_fp32", TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [2])],
+                              [helper.make_tensor_value_info("y", 1, [2])], value_info=[vi, vi])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(model)
+    assert fp16.drop_duplicate_nodes(model) == 1
+    onnx.checker.check_model(model)
+    assert [n.name for n in model.graph.node] == ["k", "c_cast_to_fp32_node", "add", "sub"]
+    assert len(model.graph.value_info) == 1
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"x": np.ones(2, np.float32)})[0], [1.0, 1.0])

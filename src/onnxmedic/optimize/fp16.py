@@ -416,10 +416,40 @@ def float16(src: str, dst: str, node_block_list: list[str] | None = None,
                                      op_block_list=(DEFAULT_OP_BLOCK_LIST if op_block_list is None
                                                     else op_block_list))
     bypassed = drop_round_trips(model)
+    doubled = drop_duplicate_nodes(model)
     save_proto(model, dst)
     info = op_count_diff(before, op_counts(dst))
     info["blocked"] = list(node_block_list or [])
     info["round_trips_bypassed"] = bypassed
     if routed:
         info["routed_initializer_outputs"] = routed
+    if doubled:
+        info["duplicate_casts_dropped"] = doubled
     return info
+
+
+def drop_duplicate_nodes(model: Any) -> int:
+    """Drop each top-level node that repeats an earlier one exactly (name, inputs, outputs,
+    attributes), and each repeated value_info. The converter of onnxruntime-gpu 1.31.1 (its
+    CPU wheel's is newer) puts one float16 -> float32 Cast before every blocked node that
+    reads a float16 value, all of the same name and output: two blocked nodes reading one
+    value (an Add and a Sub of one constant) made a file ONNX Runtime refuses ("two nodes with
+    same node name"). Returns how many nodes were dropped."""
+    g = model.graph
+    seen: set[bytes] = set()
+    keep = []
+    for n in g.node:
+        key = n.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            keep.append(n)
+    dropped = len(g.node) - len(keep)
+    if dropped:
+        del g.node[:]
+        g.node.extend(keep)
+    names: set[str] = set()
+    infos = [vi for vi in g.value_info if not (vi.name in names or names.add(vi.name))]
+    if len(infos) != len(g.value_info):
+        del g.value_info[:]
+        g.value_info.extend(infos)
+    return dropped
