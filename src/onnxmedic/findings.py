@@ -640,7 +640,10 @@ CODES: dict[str, CodeInfo] = {
         "measured in float32 on the verification inputs, exceeds float16's range "
         "(|x| > 65504; where only fill values do, they are first left to saturate: OM727) "
         "or underflows it (1% or more of its magnitude below 6.1e-05, float16's "
-        "smallest normal). Each node is named with the value and the measurement.",
+        "smallest normal); where the candidate still failed its budget, also the nodes that "
+        "add most error in float16 (measured against float32 on the verification inputs, "
+        "on the target's provider) with the nodes they read from. Each node is named with "
+        "the value and the measurement.",
     ),
     "OM725": CodeInfo(
         "optimize target not available", 0,

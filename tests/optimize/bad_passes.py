@@ -99,3 +99,18 @@ def misleading_gains(src: str, dst: str, feeds: str, quantized: str, cosine: flo
     out["predicted"] = 1
     return out
 
+
+
+def misleading_amplifiers(src: str, dst: str, feeds: str, float16: str,
+                          **kw: Any) -> dict[str, Any]:
+    """fp16.amplifiers ranking only the first Gemm (a layer float16 computes well): a
+    block list that cannot reach the budget."""
+    import onnx
+
+    from onnxmedic.optimize import fp16
+
+    out = fp16.amplifiers(src, dst, feeds, float16, **kw)
+    gemm = sorted(n.name for n in onnx.load(src).graph.node if n.op_type == "Gemm")[0]
+    out["ranked"] = [{"node": gemm, "added": 1.0, "output_err": 1.0, "input_err": 0.0,
+                      "keep": [gemm]}]
+    return out

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 import onnxmedic
 from onnxmedic.optimize import (
     block_list_findings,
+    candidates,
     fp16,
     judge_reduced,
     optimize,
@@ -378,6 +379,80 @@ def test_fill_statistics() -> None:
     tiny = np.array([1e-6] * 10 + [-3.4e38], np.float32)
     assert "underflows" in fp16.value_problem(fp16._stats(tiny), saturate=True)
     assert fp16.saturated({"m": st, "b": fp16._stats(big)}) == {"m": fp16.fill_problem(st)}
+
+
+class Cancellation(torch.nn.Module):
+    """A value of magnitude 1000 that a Sub cancels back down to h's (about 0.5): float16
+    keeps 1000 + h to 2**-11 of 1000, so h to about 0.25. Harmless in float32, and nothing
+    float16 cannot hold (no overflow, no underflow) - the range rule keeps nothing. The
+    Concat and Slice between the Add and the Sub have float16 kernels on ONNX Runtime's CPU
+    provider, so the 1000 + h it hands them is really float16 here too (a plain
+    ``(h + 1000) - 1000`` runs in float32 on the CPU, and fails only on a GPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(64, 64)
+        self.b = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x) + 1000.0
+        return self.b(torch.cat([h, h], 1)[:, 3:67] - 1000.0)
+
+
+def test_nodes_that_amplify_float16_error_stay_float32(tmp_path: Path) -> None:
+    model = Cancellation().eval()
+    x = torch.randn(8, 64)
+    src = _export(model, x, tmp_path / "m.onnx")
+    feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
+    pre = tmp_path / "pre.onnx"
+    passes.onnxscript_optimize(str(src), str(pre))
+    assert not fp16.block_list(pre, {})  # nothing out of float16's range
+    fp16.float16(str(pre), str(tmp_path / "plain16.onnx"), node_block_list=[])
+    sbx = onnxmedic.sandbox.run_model(tmp_path / "plain16.onnx", feeds)
+    assert sbx.ok
+    ok, acc, _ = judge_reduced(["y"], expected, sbx.outputs)
+    assert not ok and acc["y"]["cosine"] < 0.99  # the fault: float16 alone fails the budget
+
+    res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
+    v = res.variants[1]
+    assert v.verified, v.rejected
+    assert v.worst_cosine() >= 0.999
+    sub = _names(pre, {"Sub"}).pop()
+    # the Sub that amplifies, with the chain that carries the 1000 + h it cancels; never the
+    # Linear layers, which float16 computes well
+    assert set(v.blocked) == _names(pre, {"Sub", "Slice", "Concat", "Add"})
+    assert v.blocked[sub].startswith("adds float16 error")
+    assert all(r.startswith(f"feeds {sub}") for n, r in v.blocked.items() if n != sub)
+    search = v.steps[-1]
+    assert search["step"].endswith(":amplifiers") and search["ranked"][0][0] == sub
+    assert search["tries"] == [[1, 4, v.worst_cosine()]]
+    (f,) = block_list_findings(res)
+    assert f.code == "OM724" and sub in f.message and "amplifies" in f.message
+
+
+def test_an_amplifier_search_that_misses_the_budget_is_rejected(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search only proposes block lists; each is verified. A ranking that names the wrong
+    node (the first Linear layer) leaves the candidate rejected and says what it tried; a
+    measuring step that fails leaves it rejected and says that."""
+    model = Cancellation().eval()
+    x = torch.randn(8, 64)
+    src = _export(model, x, tmp_path / "m.onnx")
+    monkeypatch.setattr(candidates, "AMPLIFIERS",
+                        "tests.optimize.bad_passes:misleading_amplifiers")
+    res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
+    v = res.variants[1]
+    assert not v.verified and v.rejected.startswith(candidates.OUTSIDE_BUDGET)
+    assert "did not reach the budget either" in v.rejected
+    assert "worst cosine by nodes kept float32: 1 -> 0.9" in v.rejected
+    assert not v.blocked  # the failed variant as it was: no node kept float32
+    assert v.steps[-1]["tries"][0][:2] == [1, 1]
+
+    monkeypatch.setattr(candidates, "AMPLIFIERS", "tests.optimize.bad_passes:raising_pass")
+    res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
+    v = res.variants[1]
+    assert not v.verified and "measuring where float16 adds error failed" in v.rejected
 
 
 def test_a_converter_that_casts_once_per_reader_still_loads() -> None:

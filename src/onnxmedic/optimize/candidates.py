@@ -711,15 +711,70 @@ def _fp16_with_block_list(base: Pipeline, src: Path, folder: Path, names: list[s
     fills = fp16.saturated(values)
     lean = fp16.block_list(pre, values, saturate=True) if fills else strict
     if lean == strict:
-        return convert(strict, "")
-    sv, spath = convert(lean, "-saturated")
-    sv.saturated = fills
-    if sv.verified:
-        return sv, spath
-    cv, path = convert(strict, "")
-    cv.saturation_rejected = (f"leaving {listed(sv.saturated, 4)} in float16 to saturate was "
-                              f"rejected: {sv.rejected}")
+        cv, path = convert(strict, "")
+    else:
+        sv, spath = convert(lean, "-saturated")
+        sv.saturated = fills
+        if sv.verified:
+            return sv, spath
+        cv, path = convert(strict, "")
+        cv.saturation_rejected = (f"leaving {listed(sv.saturated, 4)} in float16 to saturate "
+                                  f"was rejected: {sv.rejected}")
+    if cv.rejected.startswith(OUTSIDE_BUDGET):
+        return _keep_amplifiers(cv, path, pre, convert, feeds, folder, timeout, target)
     return cv, path
+
+
+AMPLIFIERS = "onnxmedic.optimize.fp16:amplifiers"
+
+
+def _keep_amplifiers(failed: Variant, path: Path, pre: Path, convert: Any,
+                     feeds: list[dict[str, np.ndarray]], folder: Path, timeout: float,
+                     target: str) -> tuple[Variant, Path]:
+    """The float16 block list's second rule, where ``failed`` (its file ``path``, built from
+    ``pre`` by ``convert(blocked, suffix)``) is outside the budget: rank the nodes that add
+    most error in float16 (fp16.amplifiers, in the pass child on ``target``'s providers, on
+    the verification sets) and keep the top 1, 2, 4 ... float32 with what they read from,
+    each try built and verified. Returns the first try verified; else ``failed``, its
+    rejection saying what the search tried."""
+    from onnxmedic.optimize import fp16
+
+    measured, err = _measure(AMPLIFIERS, pre, feeds, folder, timeout,
+                             {"float16": str(path), "providers": sandbox.providers(target)})
+    if measured is None:
+        failed.rejected += f" (measuring where float16 adds error failed: {err})"
+        return failed, path
+    ranked = measured["ranked"]
+    if not ranked:
+        failed.rejected += (f" (no node adds float16 error of {fp16.ADDED_MIN:g} or more to "
+                            "its inputs': no float32 node would help)")
+        return failed, path
+    report = {"step": AMPLIFIERS, "seconds": measured["seconds"],
+              "ranked": [[e["node"], e["added"]] for e in ranked], "tries": []}
+    blocked, k = dict(failed.blocked), 1
+    while True:
+        for e in ranked[:k]:
+            blocked.setdefault(e["node"], (
+                f"adds float16 error: its output is {e['output_err']:.2g} off (relative), "
+                f"its inputs {e['input_err']:.2g}"))
+            for name in e["keep"][1:]:
+                blocked.setdefault(name, f"feeds {e['node']}, which amplifies float16's error")
+        cv, cpath = convert(dict(blocked), f"-amplified{k}")
+        report["tries"].append([k, len(blocked), cv.worst_cosine()])
+        cv.steps.append({**report, "tries": list(report["tries"])})
+        cv.saturation_rejected = failed.saturation_rejected
+        if cv.verified or k >= len(ranked):
+            break
+        k = min(2 * k, len(ranked))
+    if cv.verified:
+        return cv, cpath
+    curve = ", ".join(f"{n} -> {c:.5f}" if c is not None else f"{n} -> not judged"
+                      for _, n, c in report["tries"])
+    failed.rejected += (f" (keeping float32 up to the {len(ranked)} node(s) that add most "
+                        f"float16 error, with what they read from, did not reach the budget "
+                        f"either; worst cosine by nodes kept float32: {curve})")
+    failed.steps.append(report)
+    return failed, path
 
 
 def _build(pipe: Pipeline, src: Path, folder: Path, timeout: float, suffix: str = ""

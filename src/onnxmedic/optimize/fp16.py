@@ -12,7 +12,9 @@ inputs, initializers) is read on the verification inputs, in a child process, an
 
 The node that computes such a value and every node that reads it stay float32 (the converter
 puts Casts around them), so the value never exists in float16. The result is judged by the
-reduced-precision budget like int8 (``candidates.judge_reduced``).
+reduced-precision budget like int8 (``candidates.judge_reduced``). Where it fails, the second
+rule (:func:`amplifiers`) ranks the nodes by the error they add in float16 - measured, value by
+value, against the float32 graph - and the candidates search keeps the top ones float32.
 
 Targets: float16 is a GPU precision (CUDA/TensorRT have float16 kernels for nearly every op). On
 the CPU provider ONNX Runtime runs the ops it has no float16 kernel for in float32 behind
@@ -156,11 +158,12 @@ def load_feeds(path: str | Path) -> list[dict[str, np.ndarray]]:
     return [{k: data[f"{i}_{j}"] for j, k in enumerate(keys)} for i, keys in enumerate(layout)]
 
 
-def session_exposing(proto: Any, names: list[str], tmp: str) -> Any:
-    """A CPU session of ``proto`` (its nodes as they are: no graph optimization) with the
-    values ``names`` as extra graph outputs, untyped - ONNX Runtime infers their types, the
-    com.microsoft ops' included. ``proto``'s outputs are restored; over 2 GiB it goes through
-    a file with external data in ``tmp``."""
+def session_exposing(proto: Any, names: list[str], tmp: str,
+                     providers: list[Any] | None = None) -> Any:
+    """A session of ``proto`` (CPU unless ``providers``; its nodes as they are: no graph
+    optimization) with the values ``names`` as extra graph outputs, untyped - ONNX Runtime
+    infers their types, the com.microsoft ops' included. ``proto``'s outputs are restored;
+    over 2 GiB it goes through a file with external data in ``tmp``."""
     import onnx
     import onnxruntime as ort
 
@@ -178,7 +181,7 @@ def session_exposing(proto: Any, names: list[str], tmp: str) -> Any:
         del proto.graph.output[kept:]
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the nodes as is
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model, so, providers=providers or ["CPUExecutionProvider"])
 
 
 def value_problem(stats: list[float], saturate: bool = False) -> str:
@@ -453,3 +456,123 @@ def drop_duplicate_nodes(model: Any) -> int:
         del g.value_info[:]
         g.value_info.extend(infos)
     return dropped
+
+
+# -- float16 error amplification: the block list's second rule (issue 17) --------------------
+# The first rule keeps float32 the values float16 cannot hold. A value it can hold still loses
+# 2**-11 of its magnitude, and a node can turn that into a large error: (h + 1000) - 1000 in
+# float16 keeps h to about 0.25 (cosine 0.975 on ONNX Runtime's CUDA provider). Where a float16
+# candidate fails its budget, every value of the float16 file is compared with the float32
+# graph's on the verification sets, each node is ranked by the error it adds (its output's
+# relative error less its inputs'), and the candidates search keeps the top ones float32.
+ADDED_MIN = 1e-3  # relative error a node must add to be ranked
+AMPLIFIERS_MAX = 8  # ranked nodes returned (the search tries 1, 2, 4, 8 of them)
+AMPLITUDE_RATIO = 16.0  # an upstream value this many times the amplifier's output RMS is
+# what it cancels (float16 keeps it to 2**-11 of that magnitude): its producer stays float32
+UPSTREAM_MAX = 16  # nodes kept float32 with one amplifier at most
+ERR_CAP = 1e3  # relative error of a value that is inf/nan or of another shape in float16
+
+
+def _rel_err(a: Any, ref: Any) -> float:
+    """Relative normwise error of ``a`` against ``ref`` (ERR_CAP where they cannot be
+    compared or ``a`` is not finite)."""
+    if not isinstance(a, np.ndarray) or not isinstance(ref, np.ndarray) or a.shape != ref.shape:
+        return ERR_CAP
+    x, r = a.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    if not np.isfinite(x).all():
+        return ERR_CAP
+    denom = float(np.linalg.norm(r))
+    err = float(np.linalg.norm(x - r))
+    return min(ERR_CAP, err / denom) if denom > 0 else (0.0 if err == 0 else ERR_CAP)
+
+
+def _providers(names: list[str] | None) -> list[Any]:
+    """ONNX Runtime providers for a measuring session: CUDA computes float32 without TF32
+    (as the sandbox verifies); providers this ONNX Runtime lacks are left out."""
+    import onnxruntime as ort
+
+    have = set(ort.get_available_providers())
+    return [(p, {"use_tf32": "0"}) if p == "CUDAExecutionProvider" else p
+            for p in (names or []) if p in have] or ["CPUExecutionProvider"]
+
+
+def value_errors(src: str, half: str, feeds: list[dict[str, np.ndarray]],
+                 providers: list[str] | None = None, chunk_bytes: int = CHUNK_BYTES
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+    """(relative error of each float16 value of ``half`` against ``src``'s, worst over the
+    feeds; RMS of each float32 value of ``src``, largest over the feeds), for the top-level
+    float node outputs both graphs compute under one name (the converter keeps them)."""
+    import onnx
+
+    p32, p16 = onnx.load(src), onnx.load(half)
+    made16 = {o for n in p16.graph.node for o in n.output}
+    outs = [o.name for o in p32.graph.output]
+    names = list(dict.fromkeys(o for n in p32.graph.node for o in n.output
+                               if o and o in made16 and o not in outs))
+    errs: dict[str, float] = {}
+    rms: dict[str, float] = {}
+    prov = _providers(providers)
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-fp16-") as tmp:
+        for chunk in value_chunks(p32, names, chunk_bytes // 2):
+            s32 = session_exposing(p32, chunk, tmp, prov)
+            s16 = session_exposing(p16, chunk, tmp, prov)
+            for feed in feeds:
+                ref = s32.run(None, feed)
+                got = s16.run(None, feed)
+                for name, r, a in zip(outs + chunk, ref, got):
+                    if isinstance(r, np.ndarray) and r.dtype == np.float32:
+                        errs[name] = max(errs.get(name, 0.0), _rel_err(a, r))
+                        rms[name] = max(rms.get(name, 0.0), float(np.sqrt(np.mean(
+                            np.square(r.astype(np.float64))))) if r.size else 0.0)
+            del s32, s16
+    return errs, rms
+
+
+def _upstream(node: Any, producer: dict[str, Any], rms: dict[str, float],
+              out_rms: float) -> list[str]:
+    """``node`` and the nodes it reads from, then further up only through values of at least
+    AMPLITUDE_RATIO times ``out_rms`` (what the node cancels): these stay float32 with it."""
+    keep, stack = [node.name], [(node, True)]
+    while stack and len(keep) < UPSTREAM_MAX:
+        n, first = stack.pop()
+        for i in n.input:
+            p = producer.get(i)
+            if p is None or p.name in keep or p.op_type == "Constant":
+                continue
+            if first or rms.get(i, 0.0) >= AMPLITUDE_RATIO * out_rms:
+                keep.append(p.name)
+                stack.append((p, False))
+    return keep[:UPSTREAM_MAX]
+
+
+def amplifiers(src: str, dst: str, feeds: str, float16: str,
+               providers: list[str] | None = None, chunk_bytes: int = CHUNK_BYTES
+               ) -> dict[str, Any]:
+    """A pass-pipeline step (runs in the pass child; ``dst`` is not written): the nodes of
+    ``src`` (float32, named) that add most error in ``float16`` (its float16 file that failed
+    the budget), run on ``providers`` on the ``feeds`` .npz. Returns ``ranked``: up to
+    AMPLIFIERS_MAX entries, largest added error first, each ``{"node", "added", "output_err",
+    "input_err", "keep"}`` - ``keep`` the node with what it reads from (:func:`_upstream`)."""
+    import time
+
+    import onnx
+
+    del dst
+    t0 = time.monotonic()
+    errs, rms = value_errors(src, float16, load_feeds(feeds), providers, chunk_bytes)
+    graph = onnx.load(src, load_external_data=False).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    ranked = []
+    for n in graph.node:
+        outs = [errs[o] for o in n.output if o in errs]
+        if not outs:
+            continue
+        e_in = max((errs.get(i, 0.0) for i in n.input if i), default=0.0)
+        if max(outs) - e_in >= ADDED_MIN:
+            ranked.append((max(outs) - e_in, max(outs), e_in, n))
+    ranked.sort(key=lambda r: -r[0])
+    return {"ranked": [{"node": n.name, "added": added, "output_err": e_out, "input_err": e_in,
+                        "keep": _upstream(n, producer, rms,
+                                          max((rms.get(o, 0.0) for o in n.output), default=0.0))}
+                       for added, e_out, e_in, n in ranked[:AMPLIFIERS_MAX]],
+            "measured": len(errs), "seconds": round(time.monotonic() - t0, 2)}
