@@ -82,8 +82,36 @@ def main() -> None:
                 rows.append(row)
                 print(f"{label:40} {row['provider']:24} cos {row['cosine']:.8f} "
                       f"max abs {row['max_abs']:.3g}", flush=True)
+    rows.append(_optimized(model, x))
     if ns.json:
         Path(ns.json).write_text(json.dumps(rows, indent=1))
+
+
+def _optimized(model, x) -> dict:
+    """onnxmedic optimize --precision fp16 on the provider the probe ran (CUDA where there
+    is one): its float16 candidate, the nodes it kept float32 and why."""
+    import onnxruntime as ort
+    import torch
+
+    from onnxmedic.optimize import optimize, passes
+
+    target = "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+    pipes = [p for p in passes.default_pipelines(precision="fp16") if p.name == "fp16"]
+    with tempfile.TemporaryDirectory() as td:
+        src = Path(td) / "m.onnx"
+        torch.onnx.export(model, (x,), str(src), dynamo=True)
+        t0 = time.perf_counter()
+        res = optimize(src, model, (x,), precision="fp16", target=target, pipelines=pipes,
+                       repeats=5, rounds=1, cuda_graph="off")
+    v = res.variants[1]
+    row = {"variant": "onnxmedic optimize fp16", "target": target, "verified": v.verified,
+           "cosine": v.worst_cosine(), "blocked": v.blocked, "rejected": v.rejected,
+           "search": [s for s in v.steps if str(s.get("step", "")).endswith(":amplifiers")],
+           "seconds": round(time.perf_counter() - t0, 1)}
+    print(f"optimize fp16 on {target}: verified {v.verified}, cos {v.worst_cosine()}, "
+          f"kept float32 {sorted(v.blocked)}, {row['seconds']} s; {v.rejected[:300]}",
+          flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 #   bench/gpu_session.sh main OUT          # the two benchmarks below, side by side
 #   bench/gpu_session.sh opt OUT           # bench/optimize.py --target cuda alone (OPT_MODELS:
 #                                          # resnet50,gpt2,whisper,llama by default)
-#   PROBE=1 bench/gpu_session.sh ...       # first bench/gpu_probe_fp16.py (float16 amplification)
+#   bench/gpu_session.sh probe OUT         # bench/gpu_probe_fp16.py alone (float16 amplification;
+#                                          # PROBE=1 runs it before another mode)
 #
 # onnxruntime-gpu must be importable (PYTHONPATH), the image's python3 holds CUDA torch,
 # torchvision and timm: bench/gpu_pack.sh packs the wheel into pieces a call can carry, and
@@ -68,10 +69,11 @@ EOF
     exit 0
 fi
 mkdir -p "$out"
-if [ "${PROBE:-0}" = 1 ]; then  # float16 error amplification on CUDA (bench/gpu_probe_fp16.py)
+if [ "${PROBE:-0}" = 1 ] || [ "$mode" = probe ]; then  # bench/gpu_probe_fp16.py
     timeout "${PROBE_SECONDS:-90}" python3 bench/gpu_probe_fp16.py --json "$out/probe.json" \
         >"$out/probe.log" 2>&1
-    grep -E ' cos |Error' "$out/probe.log"
+    grep -E ' cos |Error|optimize fp16' "$out/probe.log"
+    [ "$mode" = probe ] && exit 0
 fi
 if [ "$mode" = opt ]; then  # the optimize benchmark alone: the rows issue 17 still lacks
     timeout "${OPT_SECONDS:-540}" python3 bench/optimize.py --target cuda \
