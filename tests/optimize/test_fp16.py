@@ -478,3 +478,17 @@ def test_a_converter_that_casts_once_per_reader_still_loads() -> None:
 
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(sess.run(None, {"x": np.ones(2, np.float32)})[0], [1.0, 1.0])
+
+
+def test_relative_error_leaves_the_models_own_inf_and_nan_out() -> None:
+    """A guarded division's inf in the float32 graph is the model's own: float16 computing the
+    same inf there adds no error; a float16 inf or nan where float32 is finite (or a finite
+    value where float32 is inf) is the largest error there is."""
+    ref = np.array([1.0, np.inf, np.nan, 2.0], np.float32)
+    close = np.array([1.001, np.inf, np.nan, 2.0], np.float16)
+    assert 0 < fp16.relative_error(close, ref) < 1e-3
+    for bad in ([1.0, 5.0, np.nan, 2.0], [1.0, np.inf, np.nan, np.inf],
+                [np.nan, np.inf, np.nan, 2.0], [1.0, -np.inf, np.nan, 2.0]):
+        assert fp16.relative_error(np.array(bad, np.float16), ref) == fp16.ERR_CAP
+    assert fp16.relative_error(np.zeros(3, np.float16), np.zeros(3, np.float32)) == 0.0
+    assert fp16.relative_error(np.zeros(3, np.float16), np.zeros(4, np.float32)) == fp16.ERR_CAP

@@ -473,17 +473,31 @@ UPSTREAM_MAX = 16  # nodes kept float32 with one amplifier at most
 ERR_CAP = 1e3  # relative error of a value that is inf/nan or of another shape in float16
 
 
-def _rel_err(a: Any, ref: Any) -> float:
-    """Relative normwise error of ``a`` against ``ref`` (ERR_CAP where they cannot be
-    compared or ``a`` is not finite)."""
+def relative_error(a: Any, ref: Any) -> float:
+    """Relative normwise error of ``a`` against ``ref`` over the elements finite in ``ref``
+    (ERR_CAP where they cannot be compared, or ``a`` is not finite where ``ref`` is, or not
+    the same inf or nan where ``ref`` is not finite: a guarded division's inf is the model's
+    own)."""
     if not isinstance(a, np.ndarray) or not isinstance(ref, np.ndarray) or a.shape != ref.shape:
         return ERR_CAP
     x, r = a.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    fin = np.isfinite(r)
+    if not fin.all():
+        same = (x[~fin] == r[~fin]) | (np.isnan(x[~fin]) & np.isnan(r[~fin]))
+        if not same.all():
+            return ERR_CAP
+        x, r = x[fin], r[fin]
     if not np.isfinite(x).all():
         return ERR_CAP
     denom = float(np.linalg.norm(r))
     err = float(np.linalg.norm(x - r))
     return min(ERR_CAP, err / denom) if denom > 0 else (0.0 if err == 0 else ERR_CAP)
+
+
+def _rms(a: np.ndarray) -> float:
+    """Root mean square of the finite elements (0 for none)."""
+    x = a[np.isfinite(a)].astype(np.float64)
+    return float(np.sqrt(np.mean(np.square(x)))) if x.size else 0.0
 
 
 def _providers(names: list[str] | None) -> list[Any]:
@@ -521,9 +535,8 @@ def value_errors(src: str, half: str, feeds: list[dict[str, np.ndarray]],
                 got = s16.run(None, feed)
                 for name, r, a in zip(outs + chunk, ref, got):
                     if isinstance(r, np.ndarray) and r.dtype == np.float32:
-                        errs[name] = max(errs.get(name, 0.0), _rel_err(a, r))
-                        rms[name] = max(rms.get(name, 0.0), float(np.sqrt(np.mean(
-                            np.square(r.astype(np.float64))))) if r.size else 0.0)
+                        errs[name] = max(errs.get(name, 0.0), relative_error(a, r))
+                        rms[name] = max(rms.get(name, 0.0), _rms(r))
             del s32, s16
     return errs, rms
 
