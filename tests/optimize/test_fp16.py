@@ -61,20 +61,26 @@ def _names(path: Path, ops: set[str]) -> set[str]:
     return {n.name for n in onnx.load(str(path)).graph.node if n.op_type in ops}
 
 
-def test_fp16_overflows_without_the_block_list_and_verifies_with_it(tmp_path: Path) -> None:
-    model = Overflow().eval()
-    x = torch.randn(4, 16) * 4
-    with torch.no_grad():
-        assert (model.a(x).abs() * 1e5).max() > 65504  # the intermediate float16 cannot hold
+def _without_block_list(model: torch.nn.Module, x: torch.Tensor, tmp_path: Path
+                        ) -> tuple[Path, Path, tuple[bool, dict[str, Any], str]]:
+    """The export, the graph the converter sees (onnxscript's optimizer) and the verdict on
+    that graph in float16 with no block list (``judge_reduced`` on the export's input sets)."""
     src = _export(model, x, tmp_path / "m.onnx")
     feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
-    # the graph the converter sees: onnxscript's optimizer, then float16 with no block list
     pre = tmp_path / "pre.onnx"
     passes.onnxscript_optimize(str(src), str(pre))
     fp16.float16(str(pre), str(tmp_path / "plain16.onnx"), node_block_list=[])
     sbx = onnxmedic.sandbox.run_model(tmp_path / "plain16.onnx", feeds)
     assert sbx.ok
-    ok, acc, why = judge_reduced(["y"], expected, sbx.outputs)
+    return src, pre, judge_reduced(["y"], expected, sbx.outputs)
+
+
+def test_fp16_overflows_without_the_block_list_and_verifies_with_it(tmp_path: Path) -> None:
+    model = Overflow().eval()
+    x = torch.randn(4, 16) * 4
+    with torch.no_grad():
+        assert (model.a(x).abs() * 1e5).max() > 65504  # the intermediate float16 cannot hold
+    src, pre, (ok, acc, why) = _without_block_list(model, x, tmp_path)
     assert not ok and "cosine" in why and acc["y"]["cosine"] < 0.999
 
     res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
@@ -97,13 +103,8 @@ def test_fp16_overflows_without_the_block_list_and_verifies_with_it(tmp_path: Pa
 def test_fp16_underflow_is_blocked_too(tmp_path: Path) -> None:
     model = Underflow().eval()
     x = torch.randn(4, 16)
-    src = _export(model, x, tmp_path / "m.onnx")
-    feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
-    pre = tmp_path / "pre.onnx"
-    passes.onnxscript_optimize(str(src), str(pre))
-    fp16.float16(str(pre), str(tmp_path / "plain16.onnx"), node_block_list=[])
-    sbx = onnxmedic.sandbox.run_model(tmp_path / "plain16.onnx", feeds)
-    assert sbx.ok and not judge_reduced(["y"], expected, sbx.outputs)[0]
+    src, pre, (ok, _, _) = _without_block_list(model, x, tmp_path)
+    assert not ok
 
     res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
     v = res.variants[1]
@@ -403,15 +404,7 @@ class Cancellation(torch.nn.Module):
 def test_nodes_that_amplify_float16_error_stay_float32(tmp_path: Path) -> None:
     model = Cancellation().eval()
     x = torch.randn(8, 64)
-    src = _export(model, x, tmp_path / "m.onnx")
-    feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
-    pre = tmp_path / "pre.onnx"
-    passes.onnxscript_optimize(str(src), str(pre))
-    assert not fp16.block_list(pre, {})  # nothing out of float16's range
-    fp16.float16(str(pre), str(tmp_path / "plain16.onnx"), node_block_list=[])
-    sbx = onnxmedic.sandbox.run_model(tmp_path / "plain16.onnx", feeds)
-    assert sbx.ok
-    ok, acc, _ = judge_reduced(["y"], expected, sbx.outputs)
+    src, pre, (ok, acc, _) = _without_block_list(model, x, tmp_path)
     assert not ok and acc["y"]["cosine"] < 0.99  # the fault: float16 alone fails the budget
 
     res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
