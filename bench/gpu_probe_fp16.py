@@ -37,11 +37,6 @@ def _model():
     return Cancel().eval(), torch.randn(8, 64)
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-300))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -51,6 +46,7 @@ def main() -> None:
     import torch
 
     from onnxmedic.optimize import fp16
+    from onnxmedic.optimize.int8 import cosine
 
     model, x = _model()
     ref = model(x).detach().numpy()
@@ -76,7 +72,7 @@ def main() -> None:
                 s = ort.InferenceSession(str(path), providers=[(prov, opts)])
                 out = s.run(None, {name: x.numpy()})[0]
                 row = {"variant": label, "provider": s.get_providers()[0],
-                       "cosine": _cosine(out, ref),
+                       "cosine": cosine(out, ref),
                        "max_abs": float(np.abs(out.astype(np.float64) - ref).max()),
                        "seconds": round(time.perf_counter() - t0, 2)}
                 rows.append(row)

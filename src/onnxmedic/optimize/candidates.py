@@ -751,8 +751,8 @@ def _keep_amplifiers(failed: Variant, path: Path, pre: Path, convert: Any,
         return failed, path
     report = {"step": AMPLIFIERS, "seconds": measured["seconds"],
               "ranked": [[e["node"], e["added"]] for e in ranked], "tries": []}
-    blocked, k = dict(failed.blocked), 1
-    while True:
+    blocked, k = dict(failed.blocked), 0
+    while (k := next_count(k, len(ranked))) is not None:
         for e in ranked[:k]:
             blocked.setdefault(e["node"], (
                 f"adds float16 error: its output is {e['output_err']:.2g} off (relative), "
@@ -763,9 +763,8 @@ def _keep_amplifiers(failed: Variant, path: Path, pre: Path, convert: Any,
         report["tries"].append([k, len(blocked), cv.worst_cosine()])
         cv.steps.append({**report, "tries": list(report["tries"])})
         cv.saturation_rejected = failed.saturation_rejected
-        if cv.verified or k >= len(ranked):
+        if cv.verified:
             break
-        k = min(2 * k, len(ranked))
     if cv.verified:
         return cv, cpath
     curve = ", ".join(f"{n} -> {c:.5f}" if c is not None else f"{n} -> not judged"

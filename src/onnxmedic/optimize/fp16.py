@@ -505,20 +505,20 @@ def _providers(names: list[str] | None) -> list[Any]:
     (as the sandbox verifies); providers this ONNX Runtime lacks are left out."""
     import onnxruntime as ort
 
+    from onnxmedic._sandbox_worker import TF32_OFF
+
     have = set(ort.get_available_providers())
-    return [(p, {"use_tf32": "0"}) if p == "CUDAExecutionProvider" else p
+    return [(p, dict(TF32_OFF)) if p == "CUDAExecutionProvider" else p
             for p in (names or []) if p in have] or ["CPUExecutionProvider"]
 
 
-def value_errors(src: str, half: str, feeds: list[dict[str, np.ndarray]],
+def value_errors(p32: Any, p16: Any, feeds: list[dict[str, np.ndarray]],
                  providers: list[str] | None = None, chunk_bytes: int = CHUNK_BYTES
                  ) -> tuple[dict[str, float], dict[str, float]]:
-    """(relative error of each float16 value of ``half`` against ``src``'s, worst over the
-    feeds; RMS of each float32 value of ``src``, largest over the feeds), for the top-level
-    float node outputs both graphs compute under one name (the converter keeps them)."""
-    import onnx
-
-    p32, p16 = onnx.load(src), onnx.load(half)
+    """(relative error of each float16 value of the model ``p16`` against float32 ``p32``'s,
+    worst over the feeds; RMS of each float32 value of ``p32``, largest over the feeds), for
+    the top-level float node outputs both graphs compute under one name (the converter keeps
+    them)."""
     made16 = {o for n in p16.graph.node for o in n.output}
     outs = [o.name for o in p32.graph.output]
     names = list(dict.fromkeys(o for n in p32.graph.node for o in n.output
@@ -572,8 +572,9 @@ def amplifiers(src: str, dst: str, feeds: str, float16: str,
 
     del dst
     t0 = time.monotonic()
-    errs, rms = value_errors(src, float16, load_feeds(feeds), providers, chunk_bytes)
-    graph = onnx.load(src, load_external_data=False).graph
+    p32 = onnx.load(src)
+    errs, rms = value_errors(p32, onnx.load(float16), load_feeds(feeds), providers, chunk_bytes)
+    graph = p32.graph
     producer = {o: n for n in graph.node for o in n.output}
     ranked = []
     for n in graph.node:
