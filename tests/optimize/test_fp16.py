@@ -428,7 +428,8 @@ def test_an_amplifier_search_that_misses_the_budget_is_rejected(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The search only proposes block lists; each is verified. A ranking that names the wrong
     node (the first Linear layer) leaves the candidate rejected and says what it tried; a
-    measuring step that fails leaves it rejected and says that."""
+    measuring step that fails, or that finds no node adding error, leaves it rejected and says
+    that."""
     model = Cancellation().eval()
     x = torch.randn(8, 64)
     src = _export(model, x, tmp_path / "m.onnx")
@@ -446,6 +447,12 @@ def test_an_amplifier_search_that_misses_the_budget_is_rejected(
     res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
     v = res.variants[1]
     assert not v.verified and "measuring where float16 adds error failed" in v.rejected
+
+    monkeypatch.setattr(candidates, "AMPLIFIERS", "tests.optimize.bad_passes:no_amplifiers")
+    res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
+    v = res.variants[1]
+    assert not v.verified and v.rejected.startswith(candidates.OUTSIDE_BUDGET)
+    assert "no node adds float16 error of 0.001 or more" in v.rejected and not v.blocked
 
 
 def test_a_converter_that_casts_once_per_reader_still_loads() -> None:
