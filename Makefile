@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow bench bench-overhead bench-zoo bench-eco lint clean
+.PHONY: demo test test-slow docs bench bench-overhead bench-zoo bench-eco lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,11 @@ demo: $(STAMP)
 	$(VENV)/bin/onnxmedic export examples/gaussian_copula.py:GaussianCopulaHead \
 		--input 4x16:float32 -o build/demo/gaussian_copula.onnx --report build/demo/report.html
 
-test: $(STAMP)
+# the docs site (mkdocs.yml): --strict turns a broken link or a missing nav page into a failure
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q
+
+test: $(STAMP) docs
 	$(PY) -m pytest -n auto --dist worksteal -m "not slow" $(PYTEST_ARGS)
 
 test-slow: $(STAMP)

@@ -181,18 +181,19 @@ TORCH_PRIVATE_ALLOWED = {"torch.utils._pytree", "torch._ops"}
 TORCH_ATTRS_ALLOWED = {"_check", "_assert_async", "_ops", "_C"}
 
 
-def _torch_private_uses(path: Path) -> list[str]:
+def _torch_private_uses(path: Path, root: Path = SRC) -> list[str]:
     out = []
+    where = path.relative_to(root)
     for n in ast.walk(ast.parse(path.read_text())):
         names = ([a.name for a in n.names] if isinstance(n, ast.Import) else
                  [n.module] if isinstance(n, ast.ImportFrom) and n.module else [])
-        out += [f"{path.relative_to(SRC)}:{n.lineno} imports {m}" for m in names
+        out += [f"{where}:{n.lineno} imports {m}" for m in names
                 if m.split(".")[0] == "torch" and m not in TORCH_PRIVATE_ALLOWED
                 and any(c.startswith("_") for c in m.split(".")[1:])]
         if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and \
                 n.value.id == "torch" and n.attr.startswith("_") and \
                 not n.attr.startswith("__") and n.attr not in TORCH_ATTRS_ALLOWED:
-            out.append(f"{path.relative_to(SRC)}:{n.lineno} uses torch.{n.attr}")
+            out.append(f"{where}:{n.lineno} uses torch.{n.attr}")
     return out
 
 
@@ -205,11 +206,11 @@ def test_torch_private_apis_only_in_torch_compat():
 
 
 def test_the_private_api_check_finds_one(tmp_path):
-    p = SRC / "_probe_private_use.py"
-    try:
-        p.write_text("import torch\nfrom torch._subclasses.fake_tensor import FakeTensor\n"
-                     "t = torch._decomp.decomposition_table\n")
-        assert [u.split(" ", 1)[1] for u in _torch_private_uses(p)] == [
-            "imports torch._subclasses.fake_tensor", "uses torch._decomp"]
-    finally:
-        p.unlink()
+    """The probe file lives in tmp_path: the source tree is never written to."""
+    p = tmp_path / "_probe_private_use.py"
+    p.write_text("import torch\nfrom torch._subclasses.fake_tensor import FakeTensor\n"
+                 "t = torch._decomp.decomposition_table\n")
+    uses = _torch_private_uses(p, root=tmp_path)
+    assert [u.split(" ", 1)[1] for u in uses] == [
+        "imports torch._subclasses.fake_tensor", "uses torch._decomp"]
+    assert uses[0].startswith("_probe_private_use.py:2 ")

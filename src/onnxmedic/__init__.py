@@ -26,8 +26,7 @@ from onnxmedic.api import (
 from onnxmedic.findings import CODES, Finding, Location, Severity
 from onnxmedic.ops import translation
 from onnxmedic.optimize import bench, optimize
-
-__version__ = "0.1.0"
+from onnxmedic.version import __version__
 
 __all__ = [
     "CODES",

@@ -33,6 +33,8 @@ class Stage:
 
 
 def _preflight(ctx: ExportContext) -> bool:
+    """Run the model eagerly on the example inputs; its outputs are the reference the later
+    stages compare with."""
     ctx.expected = preflight_stage(ctx.result, ctx.model, ctx.args, ctx.kwargs)
     if ctx.expected is not None:  # capture sees the state a plain call sees (OM125, OM126)
         first_call_state(ctx.result, ctx.model, ctx.state)

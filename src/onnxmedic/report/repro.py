@@ -83,7 +83,7 @@ def write_repro(folder: str | os.PathLike[str], result: Any, model_spec: str,
                 onnx_path: str | os.PathLike[str] | None = None,
                 options: dict[str, Any] | None = None) -> Path:
     """Write repro.py, inputs.pt and (when there is one) model.onnx into ``folder``."""
-    from onnxmedic import __version__
+    from onnxmedic.version import __version__
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
