@@ -32,19 +32,19 @@ test-slow: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal -m slow $(PYTEST_ARGS)
 
 bench-overhead: $(STAMP)
-	$(PY) bench/overhead.py
+	$(PY) bench/peers/overhead.py
 
 # the whole Hugging Face zoo: its slow test, then the torch.onnx-vs-onnxmedic table
 bench-zoo: $(STAMP)
 	$(PY) -m pip install -q -e '.[hf]'
 	$(PY) -m pytest -m slow tests/sweep/test_zoo.py $(PYTEST_ARGS)
-	$(PY) bench/zoo_bench.py --zoo bench/zoo/hf.py:ALL --results build/zoo_bench.json
+	$(PY) bench/peers/zoo_bench.py --zoo bench/zoo/hf.py:ALL --results build/zoo_bench.json
 
 # the ecosystem zoo (issue 15): its slow test, then the torch.onnx-vs-onnxmedic table
 bench-eco: $(STAMP)
 	$(PY) -m pip install -q -e '.[zoo]'
 	$(PY) -m pytest -m slow tests/sweep/test_ecosystem.py $(PYTEST_ARGS)
-	$(PY) bench/zoo_bench.py --zoo bench/zoo/ecosystem.py:ALL --results build/eco_bench.json
+	$(PY) bench/peers/zoo_bench.py --zoo bench/zoo/ecosystem.py:ALL --results build/eco_bench.json
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench tools examples

@@ -1,4 +1,4 @@
-"""Hostile files shared by the tests and bench/hostile.py."""
+"""Hostile files shared by the tests and bench/accuracy/hostile.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """GPU targets verified on a machine without a GPU, and what the GPU run taught
-(bench/gpu_check.py on an H100 with onnxruntime-gpu 1.31.1):
+(bench/gpu/gpu_check.py on an H100 with onnxruntime-gpu 1.31.1):
 
 - onnxruntime-gpu's get_all_opkernel_def segfaults when TensorRT's libnvinfer is missing, so the
   kernel registrations are asked for in a child process (a crash there falls back to the shipped

@@ -128,7 +128,7 @@ def test_reuse_routes_run_model_and_nests(tmp_path):
         assert sandbox.run_model(p, [X], memory_limit=2 * 1024**3).ok  # its own cap: one-shot
         assert sandbox.run_model(p, [X], fresh=True).ok  # asked for a child of its own
         assert outer.stats["runs"] == 4 and outer.stats["children"] == 3  # counted all the same
-        mark = outer.mark()  # what a nested caller (optimize in bench/optimize.py) reports
+        mark = outer.mark()  # what a nested caller (optimize in bench/optimize/optimize.py) reports
         assert sandbox.run_model(p, [X]).ok
         since = outer.since(mark)
         assert (since["runs"], since["children"], since["import_seconds"]) == (1, 1, 0)

@@ -15,7 +15,7 @@ the dynamic shapes a user of that library would declare, and a note of what it e
   neuraloperator, asteroid-filterbanks and julius (DSP).
 
     onnxmedic sweep bench/zoo/ecosystem.py:ALL --jobs 2 --results build/eco.json
-    python bench/zoo_bench.py --zoo bench/zoo/ecosystem.py:ALL --results build/eco_bench.json
+    python bench/peers/zoo_bench.py --zoo bench/zoo/ecosystem.py:ALL --results build/eco_bench.json
 
 ``ZOO`` maps a name ("library/model") to a factory; ``ALL`` holds every entry twice (string dims,
 and ``torch.export.Dim`` objects as ``NAME@Dim``), each written file also run at its declared

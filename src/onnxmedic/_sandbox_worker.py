@@ -245,7 +245,7 @@ def _load_session(ort, req_dir: str, req: dict, result: dict):
         cuda: dict = {}
         # verification compares with PyTorch, whose CUDA matmuls and convolutions are full
         # float32 by default (torch.backends.cuda.matmul.allow_tf32 = False); ONNX Runtime's
-        # CUDA provider uses TF32 by default, 1e-4..1e-3 relative off (bench/gpu_check.py)
+        # CUDA provider uses TF32 by default, 1e-4..1e-3 relative off (bench/gpu/gpu_check.py)
         if not req.get("cuda_tf32"):  # timings ask for the deployed default instead
             cuda.update(TF32_OFF)
         cuda.update(req.get("cuda_options") or {})  # e.g. prefer_nhwc (optimize's twins)

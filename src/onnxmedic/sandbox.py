@@ -42,7 +42,7 @@ LEAN_SHARE = 0.05
 # ... and a model of at least this many bytes always is: onnxmedic writes such a model's weights
 # as external data (onnxfile.EXTERNAL_DATA_THRESHOLD), which a lean session maps; a default
 # session's float32 copies of them would take the export past 2.5x the weights wherever the
-# machine has room (bench/big_models.py: 3.7x for the 0.5 B bf16 decoder, 2.8x lean)
+# machine has room (bench/peers/big_models.py: 3.7x for the 0.5 B bf16 decoder, 2.8x lean)
 LEAN_MIN_BYTES = 1 << 30
 # ONNX Runtime folds no constant bigger than this in a lean session (bytes)
 LEAN_FOLD_BYTES = 1 << 20
@@ -69,7 +69,7 @@ def lean_session(model_bytes: int | None, available: int | None) -> bool:
     (every fusion of the extended level, and the TransposeOptimizer of the basic one) has a
     higher index than every weight's Cast, which then all run before it - every bf16 weight
     in float32 at once (1.9 GiB instead of 0.25 GiB of anonymous memory for the 0.5 B bf16
-    decoder of bench/big_models.py). A lean session therefore runs ONNX Runtime's basic
+    decoder of bench/peers/big_models.py). A lean session therefore runs ONNX Runtime's basic
     optimizations without LEAN_DISABLED: it verifies the graph without the extended fusions
     (SimplifiedLayerNormalization, attention and GELU fusions...) that a default session adds.
 

@@ -1,4 +1,4 @@
-"""The OpInfo coverage harness (bench/opinfo_coverage.py) on a few ops, through its Python API."""
+"""The OpInfo coverage harness (bench/peers/opinfo_coverage.py) on a few ops, through its Python API."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "opinfo_coverage.py"
+_PATH = Path(__file__).resolve().parents[2] / "bench" / "peers" / "opinfo_coverage.py"
 
 
 @pytest.fixture(scope="module")

@@ -453,7 +453,7 @@ def test_a_pass_that_writes_into_its_working_directory_leaves_nothing_behind(
     """Passes run in a scratch directory, removed with them: ONNX Runtime's symbolic shape
     inference (the float16 pass's typing, its transformers optimizer) dumps
     sym_shape_infer_temp.onnx and a uuid-named .data file into the current directory when it
-    is incomplete - found in the user's directory after bench/optimize_zoo.py. A relative
+    is incomplete - found in the user's directory after bench/optimize/optimize_zoo.py. A relative
     path to the model still works."""
     _, _, src = _two_layer(tmp_path)
     monkeypatch.chdir(tmp_path)

@@ -4,7 +4,7 @@ device), the GPU pipelines, and what happens where the target's provider is miss
 CI has no GPU: the CUDA path is run here with ``sandbox.providers`` pointed at the CPU provider
 (so the code that a CUDA session takes - verification with the target's providers, timing with
 inputs and outputs bound on the session's device - runs for real), and on a CPU-only ONNX Runtime
-as it is (the plain export is kept and OM725 says why). bench/optimize.py --target cuda measured
+as it is (the plain export is kept and OM725 says why). bench/optimize/optimize.py --target cuda measured
 it on a GPU."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ ZOO = str(ROOT / "bench" / "zoo" / "ecosystem.py")
 # entries that do not export and verify yet, each with the finding it ends in and why. Kept
 # honest by the slow test: an entry listed here that starts to pass, or one not listed that
 # fails, fails the test.
-# (filled from `python bench/zoo_bench.py --zoo bench/zoo/ecosystem.py:ZOO`, 2026-11-25;
+# (filled from `python bench/peers/zoo_bench.py --zoo bench/zoo/ecosystem.py:ZOO`, 2026-11-25;
 # the Dim spelling is expected to end the same way. Since capture.caches (OM118), verified
 # with `onnxmedic sweep ... --only NAME,NAME@Dim`: neuralop/fno - tensorly's einsum cache
 # switched off, backed sizes, OM408 minimums - and x_transformers/decoder - its einx.where

@@ -166,7 +166,7 @@ def _unit_triangular_inverse(N, b: int, like):
 
 # Panel width of the blocked Gauss-Jordan: wide enough that the rest of the matrix is touched
 # by few MatMuls, narrow enough that the per-column steps stay on small tensors (measured with
-# bench/latency_linalg.py: 16 beat 8, 12 and 32 at n = 32 and 64).
+# bench/latency/latency_linalg.py: 16 beat 8, 12 and 32 at n = 32 and 64).
 _GJ_PANEL = 16
 
 

@@ -1,6 +1,6 @@
 """Ops torchlib translates *silently wrong*: the model exports and runs, the numbers are wrong.
 
-Found by the OpInfo coverage harness (bench/opinfo_coverage.py, "silent mismatch" column) and
+Found by the OpInfo coverage harness (bench/peers/opinfo_coverage.py, "silent mismatch" column) and
 listed in docs/miscompiles.md with the inputs that show each one. Every translation here
 replaces torchlib's (``overrides_torchlib=True``); tests/ops/test_miscompiles.py proves both
 that torchlib's result is wrong and that this one matches PyTorch.

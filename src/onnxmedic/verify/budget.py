@@ -13,7 +13,7 @@ float64 (verify/reference.py) and ``o`` ONNX Runtime's output:
 
 ``eps`` is the output dtype's machine epsilon; the floor is the few ulps a different libm or
 kernel may round differently even where PyTorch happens to be exact. BUDGET and FLOOR_ULPS were
-chosen from bench/verify_calibration.py (real-size models with random weights): there ONNX
+chosen from bench/accuracy/verify_calibration.py (real-size models with random weights): there ONNX
 Runtime's error is 0.5-3x PyTorch's own, while one weight scaled by 1 + 1e-3 moves the output by
 100-1000x PyTorch's own error.
 

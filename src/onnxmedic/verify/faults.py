@@ -1,5 +1,5 @@
 """Faults injected into an ONNX model, to show that verification catches real miscompiles
-(bench/verify_calibration.py and the tests): each returns a changed copy, or None where the
+(bench/accuracy/verify_calibration.py and the tests): each returns a changed copy, or None where the
 model has nothing of that kind.
 
 - ``scale_weight(m, delta)``: the largest float initializer's elements multiplied by
