@@ -106,7 +106,7 @@ def test_kernel_query_started_ahead_is_asked_once(monkeypatch):
     import threading
 
     calls, release = [], threading.Event()
-    real = fx._query_kernels
+    real = fx.query_kernels
 
     def slow():
         calls.append(threading.current_thread().name)
@@ -115,7 +115,7 @@ def test_kernel_query_started_ahead_is_asked_once(monkeypatch):
 
     fx.registered_kernels.cache_clear()
     fx.kernel_table.cache_clear()
-    monkeypatch.setattr(fx, "_query_kernels", slow)
+    monkeypatch.setattr(fx, "query_kernels", slow)
     try:
         fx.prefetch_kernels()
         fx.prefetch_kernels()  # already being asked

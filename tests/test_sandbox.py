@@ -258,7 +258,7 @@ def test_lean_session_differs_only_by_weight_packing(tmp_path):
 
 def test_lean_session_is_chosen_by_model_size(tmp_path, monkeypatch):
     path, feeds = _weights_model(tmp_path / "m.onnx", 64)
-    size = sandbox._model_bytes(path)
+    size = sandbox.model_file_bytes(path)
     assert sandbox.lean_session(size, int(size / sandbox.LEAN_SHARE) + 1) is False
     assert sandbox.lean_session(size, int(size / sandbox.LEAN_SHARE) - 1) is True
     assert sandbox.lean_session(None, 1 << 30) is False

@@ -361,7 +361,7 @@ class Worker:
         if lean is None:
             lean = _env_lean()
         if lean is None:
-            lean = lean_session(_model_bytes(model_path), available_memory())
+            lean = lean_session(model_file_bytes(model_path), available_memory())
         self._send(model_path, feeds, {
             "lean": lean,
             # what a lean session maps of the weights, on top of the memory cap
@@ -388,9 +388,9 @@ class Worker:
             out = _read_result(req_dir, json.loads(result_file.read_text()), phase, wall,
                                stderr)
         if lean:
-            out.model_bytes = _model_bytes(model_path)
+            out.model_bytes = model_file_bytes(model_path)
         if out.status == "oom":  # what the finding needs to say how far off it was
-            out.memory_limit, out.model_bytes = self.memory_limit, _model_bytes(model_path)
+            out.memory_limit, out.model_bytes = self.memory_limit, model_file_bytes(model_path)
             if lean and out.memory_limit:
                 out.memory_limit += _external_bytes(model_path)
         return out
@@ -478,7 +478,7 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> tuple[bool, bytes | 
     return timed_out, stderr_b
 
 
-def _model_bytes(path: str | os.PathLike[str]) -> int | None:
+def model_file_bytes(path: str | os.PathLike[str]) -> int | None:
     """Bytes of a model file and the external data files beside it named after it."""
     try:
         return Path(path).stat().st_size + _data_bytes(Path(path))

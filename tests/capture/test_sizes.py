@@ -124,10 +124,10 @@ def test_a_module_that_compares_types_keeps_its_builtins():
     """``type(v) is int`` would answer differently with a shadowing class: such a module is
     left alone (its line then fixes the dim as before)."""
     name = "int"
-    assert sizes._compares_types(f"if type(v) is {name}:\n    pass", name)
-    assert sizes._compares_types(f"ok = type(v) in ({name}, bool)", name)
-    assert not sizes._compares_types(f"ok = isinstance(v, ({name}, float))", name)
-    assert not sizes._compares_types(f"n: {name} = {name}(x)", name)
+    assert sizes.compares_types(f"if type(v) is {name}:\n    pass", name)
+    assert sizes.compares_types(f"ok = type(v) in ({name}, bool)", name)
+    assert not sizes.compares_types(f"ok = isinstance(v, ({name}, float))", name)
+    assert not sizes.compares_types(f"n: {name} = {name}(x)", name)
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 7, 24, 101])
@@ -136,7 +136,7 @@ def test_symbolic_linspace_matches_torch(n, ends):
     """Same values as torch.linspace to the last bit of float32 rounding, both ends exact."""
     a, b = ends
     ref = torch.linspace(a, b, n)
-    got = sizes._linspace_symbolic(a, b, n, torch.float32, None)
+    got = sizes.linspace_symbolic(a, b, n, torch.float32, None)
     assert got.shape == ref.shape and got.dtype == ref.dtype
     torch.testing.assert_close(got, ref, rtol=2.0**-23, atol=2.0**-23 * max(abs(a), abs(b)))
     if n > 1:

@@ -215,12 +215,12 @@ def test_runtime_failures_point_at_the_node_and_its_neighbourhood(tmp_path):
 def test_kernel_versions_match_like_onnx_runtime():
     """A kernel registered without an end version serves only the schema version it starts
     at (ONNX Runtime's VerifyKernelDef); a versioned one serves its whole range."""
-    from onnxmedic.fixes.dtypes import _version_matches
+    from onnxmedic.fixes.dtypes import version_matches
 
     open_end = 2**31 - 1
-    assert _version_matches(1, open_end, 1) and not _version_matches(1, open_end, 22)
-    assert _version_matches(13, 18, 13) and _version_matches(13, 18, 18)
-    assert not _version_matches(13, 18, 19) and not _version_matches(13, 18, 12)
+    assert version_matches(1, open_end, 1) and not version_matches(1, open_end, 22)
+    assert version_matches(13, 18, 13) and version_matches(13, 18, 18)
+    assert not version_matches(13, 18, 19) and not version_matches(13, 18, 12)
 
 
 class RandLike(torch.nn.Module):

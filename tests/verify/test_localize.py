@@ -414,29 +414,29 @@ def test_replayed_program_computes_the_model(name):
 def test_printed_arguments_parse_against_the_schema():
     from onnxmedic.verify import replay
 
-    args = replay._split("(%x, [2, -1], 1e-05, None, torch.float64)")
+    args = replay.parse_printed("(%x, [2, -1], 1e-05, None, torch.float64)")
     assert args == (replay.Ref("x"), ["2", "-1"], "1e-05", "None", "torch.float64")
-    kwargs = replay._split("{dtype: torch.float16, device: cpu, approximate: tanh}")
+    kwargs = replay.parse_printed("{dtype: torch.float16, device: cpu, approximate: tanh}")
     assert kwargs == {"dtype": "torch.float16", "device": "cpu", "approximate": "tanh"}
-    assert replay._coerce(args[1], "SymInt[]") == [2, -1]
-    assert replay._coerce("inf", "float") == math.inf
-    assert replay._coerce("False", "bool") is False
-    assert replay._coerce("tanh", "str") == "tanh"
-    assert replay._coerce("torch.float16", "ScalarType?") is torch.float16
-    assert replay._coerce("cpu", "Device?") == torch.device("cpu")
-    assert replay._coerce([replay.Ref("a"), "None"], "Tensor?[]") == [replay.Ref("a"), None]
-    a, k = replay._arguments(torch.ops.aten.gelu.default, (replay.Ref("x"),),
+    assert replay.coerce_printed(args[1], "SymInt[]") == [2, -1]
+    assert replay.coerce_printed("inf", "float") == math.inf
+    assert replay.coerce_printed("False", "bool") is False
+    assert replay.coerce_printed("tanh", "str") == "tanh"
+    assert replay.coerce_printed("torch.float16", "ScalarType?") is torch.float16
+    assert replay.coerce_printed("cpu", "Device?") == torch.device("cpu")
+    assert replay.coerce_printed([replay.Ref("a"), "None"], "Tensor?[]") == [replay.Ref("a"), None]
+    a, k = replay.typed_arguments(torch.ops.aten.gelu.default, (replay.Ref("x"),),
                              {"approximate": "tanh"})
     assert a == (replay.Ref("x"),) and k == {"approximate": "tanh"}
     with pytest.raises(replay.NotReplayable):
-        replay._coerce("tanh", "float")
+        replay.coerce_printed("tanh", "float")
     with pytest.raises(replay.NotReplayable):
-        replay._arguments(torch.ops.aten.gelu.default, (replay.Ref("x"),), {"bogus": "1"})
+        replay.typed_arguments(torch.ops.aten.gelu.default, (replay.Ref("x"),), {"bogus": "1"})
     with pytest.raises(replay.NotReplayable):
-        replay._split("[1, 2, ...[total_len=300]]")
-    assert replay._target("torch.ops.aten.add.Tensor") is torch.ops.aten.add.Tensor
+        replay.parse_printed("[1, 2, ...[total_len=300]]")
+    assert replay.replay_target("torch.ops.aten.add.Tensor") is torch.ops.aten.add.Tensor
     with pytest.raises(replay.NotReplayable):  # only ATen ops run from a file's metadata
-        replay._target("torch.ops.profiler._record_function_enter.default")
+        replay.replay_target("torch.ops.profiler._record_function_enter.default")
 
 
 def test_module_path_from_full_name_scopes():

@@ -87,7 +87,7 @@ def _has_symbolic(data: Any) -> bool:
     return leaves is not None and any(isinstance(v, SYM) for v in leaves)
 
 
-def _linspace_symbolic(start: Any, end: Any, steps: Any, dtype: torch.dtype, device: Any
+def linspace_symbolic(start: Any, end: Any, steps: Any, dtype: torch.dtype, device: Any
                        ) -> torch.Tensor:
     """``torch.linspace(start, end, steps)`` for a symbolic ``steps`` (or endpoints) by the
     formula of torch's kernel: ``step = (end - start) / (steps - 1)`` in ``dtype``, the first
@@ -110,7 +110,7 @@ def symbolic_factories(record: Kept, active: bool = True) -> Iterator[None]:
     """While active, ``torch.as_tensor``/``torch.asarray`` of Python and symbolic scalars are
     ``torch.tensor`` of them (which keeps symbolic values symbolic), and ``torch.linspace``
     with a symbolic number of steps (its schema takes an ``int``, so torch fixes it) or
-    symbolic endpoints is computed from them (``_linspace_symbolic``); restored on exit."""
+    symbolic endpoints is computed from them (``linspace_symbolic``); restored on exit."""
     if not active:
         yield
         return
@@ -124,7 +124,7 @@ def symbolic_factories(record: Kept, active: bool = True) -> Iterator[None]:
                 and layout == torch.strided and not pin_memory and dt.is_floating_point \
                 and all(isinstance(v, (int, float, *SYM)) for v in (start, end, steps)):
             record.note("torch.linspace over a size computed from the symbolic size")
-            return _linspace_symbolic(start, end, steps, dt, device).requires_grad_(
+            return linspace_symbolic(start, end, steps, dt, device).requires_grad_(
                 requires_grad)
         return linspace(start, end, steps, out=out, dtype=dtype, layout=layout, device=device,
                         pin_memory=pin_memory, requires_grad=requires_grad)
@@ -181,7 +181,7 @@ def _symbolic_int(v: Any) -> Any:
 SHADOWED = {"float": (builtins.float, torch.sym_float), "int": (builtins.int, _symbolic_int)}
 
 
-def _compares_types(source: str, name: str) -> bool:
+def compares_types(source: str, name: str) -> bool:
     """Whether module source compares with ``name`` by identity, equality or membership
     (``type(v) is int``, ``t == float``, ``type(v) in (int, bool)``), which a shadowing class
     would answer differently. Source that does not parse counts as comparing."""
@@ -220,7 +220,7 @@ def sizes_stay_symbolic(modules: list[str], record: Kept) -> Iterator[None]:
             except (OSError, TypeError):
                 continue
             for shadowed, (builtin, convert) in SHADOWED.items():
-                if _compares_types(source, shadowed) or shadowed in vars(mod) and \
+                if compares_types(source, shadowed) or shadowed in vars(mod) and \
                         vars(mod)[shadowed] is not builtin:
                     continue
                 saved.append((vars(mod), shadowed, vars(mod).get(shadowed, missing)))

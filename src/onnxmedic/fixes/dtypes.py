@@ -124,7 +124,7 @@ def prefetch_kernels() -> None:
 
     def ask() -> None:
         try:
-            fut.set_result(_query_kernels())
+            fut.set_result(query_kernels())
         except BaseException as e:  # handed to the reader, who sees what a direct call would
             fut.set_exception(e)
 
@@ -141,10 +141,13 @@ def registered_kernels() -> Kernels:
         started = _PREFETCH.pop() if _PREFETCH else None
     if started is not None:
         return started.result()
-    return _query_kernels()
+    return query_kernels()
 
 
-def _query_kernels() -> Kernels:
+def query_kernels() -> Kernels:
+    """The installed onnxruntime's kernels, asked now in a child process (uncached: see
+    :func:`registered_kernels`); [] when the child fails, which is logged. A child, because the
+    query segfaults in some onnxruntime-gpu builds."""
     import subprocess
     import sys
 
@@ -272,7 +275,7 @@ def _domain(domain: str) -> str:
 _OPEN = 2**31 - 1  # a kernel registered without an end version
 
 
-def _version_matches(lo: int, hi: int, since: int) -> bool:
+def version_matches(lo: int, hi: int, since: int) -> bool:
     """ONNX Runtime's own rule (KernelRegistry::VerifyKernelDef): a kernel without an end
     version serves only the schema version it starts at (RandomUniformLike's kernel from
     version 1 does not serve RandomUniformLike-22); a versioned one serves its range."""
@@ -281,7 +284,7 @@ def _version_matches(lo: int, hi: int, since: int) -> bool:
 
 def _has_kernel(kernels: list[tuple[int, int, dict[str, set[str]]]], since: int,
                 bound: dict[str, str]) -> bool:
-    return any(_version_matches(lo, hi, since) and
+    return any(version_matches(lo, hi, since) and
                all(c not in bound or bound[c] in allowed for c, allowed in cons.items())
                for lo, hi, cons in kernels)
 

@@ -83,7 +83,7 @@ class Replay:
         return location_from_onnx_node(node) if node is not None else None
 
 
-def _split(text: str) -> Any:
+def parse_printed(text: str) -> Any:
     """The printed ``args``/``kwargs`` as nested lists, tuples and dicts of raw atoms (str) and
     ``Ref``s. FX prints strings unquoted, so an atom is kept as text until the schema says what
     it is."""
@@ -192,19 +192,21 @@ def _atom(tok: str, typ: str) -> Any:
     return v
 
 
-def _coerce(value: Any, typ: str) -> Any:
-    """Printed ``value`` (from ``_split``) as schema type ``typ``: refs stay refs."""
+def coerce_printed(value: Any, typ: str) -> Any:
+    """Printed ``value`` (from ``parse_printed``) as schema type ``typ``: refs stay refs."""
     if isinstance(value, Ref):
         return value
     if isinstance(value, (list, tuple)):
         elem = _elem(typ)
-        return [_coerce(v, elem) for v in value]
+        return [coerce_printed(v, elem) for v in value]
     if isinstance(value, dict):
         raise NotReplayable("a dict argument")
     return _atom(value, typ)
 
 
-def _target(text: str) -> Any:
+def replay_target(text: str) -> Any:
+    """The callable an FX node's printed target names: ``operator.getitem`` or an ATen
+    overload (``torch.ops.aten.add.Tensor``); any other is refused (NotReplayable)."""
     if text in ("operator.getitem", "<built-in function getitem>"):
         return operator.getitem
     # ATen only: the file is not trusted like the model's code is, and these ops run in this
@@ -221,7 +223,9 @@ def _target(text: str) -> Any:
     return op
 
 
-def _arguments(target: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def typed_arguments(target: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args``/``kwargs`` as :func:`parse_printed` read them, coerced to ``target``'s schema
+    types (NotReplayable for an argument the schema does not have)."""
     if target is operator.getitem:
         if len(args) != 2 or not isinstance(args[0], Ref):
             raise NotReplayable("getitem")
@@ -231,12 +235,12 @@ def _arguments(target: Any, args: Any, kwargs: Any) -> tuple[tuple[Any, ...], di
     if len(args) > len(positional):
         raise NotReplayable(f"{target}: too many arguments")
     by_name = {a.name: a for a in schema}
-    out_args = tuple(_coerce(v, str(a.type)) for v, a in zip(args, positional))
+    out_args = tuple(coerce_printed(v, str(a.type)) for v, a in zip(args, positional))
     out_kwargs = {}
     for k, v in kwargs.items():
         if k not in by_name:
             raise NotReplayable(f"{target}: no argument {k}")
-        out_kwargs[k] = _coerce(v, str(by_name[k].type))
+        out_kwargs[k] = coerce_printed(v, str(by_name[k].type))
     return out_args, out_kwargs
 
 
@@ -351,12 +355,12 @@ def _parse(text: str) -> tuple[str, tuple[Any, tuple[Any, ...], dict[str, Any]]]
     m = _NODE_RE.match(text)
     if not m:
         raise NotReplayable(f"FX node not parsed: {text[:100]}")
-    target = _target(m.group(2))
-    args = _split(m.group(3))
-    kwargs = _split(m.group(4))
+    target = replay_target(m.group(2))
+    args = parse_printed(m.group(3))
+    kwargs = parse_printed(m.group(4))
     if not isinstance(args, tuple) or not isinstance(kwargs, dict):
         raise NotReplayable(f"FX node {m.group(1)}: arguments not parsed")
-    return m.group(1), (target, *_arguments(target, args, kwargs))
+    return m.group(1), (target, *typed_arguments(target, args, kwargs))
 
 
 # The rebuilt ops run in this process (not the sandbox): a size argument no real model of the
