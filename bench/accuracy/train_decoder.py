@@ -1,0 +1,193 @@
+"""A small Llama-style decoder trained here on the Python standard library's own sources (issue 40).
+
+With random weights a decoder's logits are nearly uniform, so greedy tokens flip on any noise
+and perplexity means nothing; the int4 task budget (``onnxmedic.optimize.int4``) needs a model
+that has learnt something. The text is on every machine (``sysconfig``'s ``stdlib`` folder: the
+``.py`` files of its top level, sorted by name, tests left out), the tokenizer a byte-level BPE
+trained on that text with the ``tokenizers`` library, the model ``transformers``'
+``LlamaForCausalLM`` from a config (no download). Everything is seeded and runs on 2 threads,
+so that one Python version and one torch build give the same weights.
+
+    python bench/accuracy/train_decoder.py --preset figures   # ~13 M parameters, a few minutes
+    python bench/accuracy/train_decoder.py --preset test      # ~0.1 M, seconds (the tests' model)
+
+The folder (``build/decoders/<preset>-<hash>/``: the model's ``save_pretrained`` files,
+``tokenizer.json``, ``train.json`` with the losses and the held-out perplexity) is cached: a
+second call with the same preset and script returns it at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / "build" / "decoders"
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # the tests' model: trains in well under 30 s on 2 busy cores
+    "test": dict(vocab=384, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
+                 seq=64, batch=16, steps=220, lr=4e-3, chars=400_000),
+    # the figures' model (~13 M parameters): a few minutes
+    "figures": dict(vocab=4096, hidden=320, layers=6, heads=8, kv_heads=4, intermediate=896,
+                    seq=128, batch=16, steps=700, lr=2e-3, chars=6_000_000),
+}
+SEED = 1234
+HELD_OUT = 0.05  # the last 5 % of the token stream: not trained on
+
+
+def corpus(chars: int) -> str:
+    """The text: the standard library's top-level ``.py`` files, sorted, up to ``chars``."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    parts, total = [], 0
+    for f in sorted(stdlib.glob("*.py")):
+        if f.name.startswith(("test", "_")):
+            continue
+        try:
+            t = f.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        parts.append(t)
+        total += len(t)
+        if total >= chars:
+            break
+    return "\n".join(parts)[:chars]
+
+
+def train_tokenizer(text: str, vocab: int) -> Any:
+    """A byte-level BPE of ``vocab`` tokens trained on ``text`` (``tokenizers``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    chunk = 4096
+    tok.train_from_iterator((text[i:i + chunk] for i in range(0, len(text), chunk)), trainer)
+    return tok
+
+
+def config_for(p: dict[str, Any]) -> Any:
+    """The Llama config of a preset (untied LM head: its own MatMul, as in most decoders)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=p["vocab"], hidden_size=p["hidden"],
+                       num_hidden_layers=p["layers"], num_attention_heads=p["heads"],
+                       num_key_value_heads=p["kv_heads"], intermediate_size=p["intermediate"],
+                       max_position_embeddings=max(256, 2 * p["seq"]),
+                       tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)
+
+
+def _batches(ids: Any, p: dict[str, Any], gen: Any) -> Any:
+    import torch
+
+    starts = torch.randint(0, len(ids) - p["seq"] - 1, (p["batch"],), generator=gen)
+    x = torch.stack([ids[s:s + p["seq"] + 1] for s in starts.tolist()])
+    return x[:, :-1], x[:, 1:]
+
+
+def held_out_ppl(model: Any, ids: Any, seq: int) -> float:
+    """Perplexity of ``model`` on ``ids`` in windows of ``seq`` tokens."""
+    import torch
+
+    n = (len(ids) - 1) // seq * seq
+    x, y = ids[:n].view(-1, seq), ids[1:n + 1].view(-1, seq)
+    with torch.no_grad():
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 y.reshape(-1))
+    return float(math.exp(loss))
+
+
+def train(preset: str, out: Path) -> dict[str, Any]:
+    """Train the ``preset`` model and write its folder ``out``; returns train.json's record."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    p = PRESETS[preset]
+    t0 = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        text = corpus(p["chars"])
+        tok = train_tokenizer(text, p["vocab"])
+        ids = torch.tensor(tok.encode(text).ids, dtype=torch.long)
+        split = int(len(ids) * (1 - HELD_OUT))
+        train_ids, test_ids = ids[:split], ids[split:]
+        torch.manual_seed(SEED)
+        model = LlamaForCausalLM(config_for(p))
+        opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], weight_decay=0.01)
+        gen = torch.Generator().manual_seed(SEED)
+        losses = []
+        for step in range(p["steps"]):
+            lr = p["lr"] * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step
+                                                                              / p["steps"]))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            x, y = _batches(train_ids, p, gen)
+            logits = model(input_ids=x).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, p["vocab"]),
+                                                     y.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(round(float(loss), 4))
+        model.eval()
+        ppl = held_out_ppl(model, test_ids[: 64 * p["seq"] + 1], p["seq"])
+    finally:
+        torch.set_num_threads(threads)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save(str(out / "tokenizer.json"))
+    record = {"preset": preset, "settings": p, "seed": SEED,
+              "parameters": sum(t.numel() for t in model.parameters()),
+              "tokens": len(ids), "seconds": round(time.perf_counter() - t0, 1),
+              "loss_first": losses[0], "loss_last": losses[-1],
+              "held_out_perplexity": round(ppl, 3), "losses_every_20": losses[::20]}
+    (out / "train.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def folder(preset: str = "test") -> Path:
+    """The cached folder of ``preset`` (trained first when missing)."""
+    key = hashlib.sha256(json.dumps(PRESETS[preset], sort_keys=True).encode()
+                         + Path(__file__).read_bytes()).hexdigest()[:10]
+    out = CACHE / f"{preset}-{key}"
+    if not (out / "train.json").exists():
+        tmp = out.with_name(out.name + ".tmp")
+        train(preset, tmp)
+        tmp.rename(out)
+    return out
+
+
+def load(path: Path) -> tuple[Any, Any]:
+    """(model in eval mode, ``tokenizers.Tokenizer``) of a trained folder."""
+    from tokenizers import Tokenizer
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(path).eval()
+    return model, Tokenizer.from_file(str(path / "tokenizer.json"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="test")
+    ns = ap.parse_args()
+    out = folder(ns.preset)
+    print(out)
+    print((out / "train.json").read_text())
+
+
+if __name__ == "__main__":
+    main()
