@@ -43,6 +43,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 SEED = 1234
 HELD_OUT = 0.05  # the last 5 % of the token stream: not trained on
+RECIPE = 1  # bump when the training code changes what it trains (the cache key)
 
 
 def corpus(chars: int) -> str:
@@ -142,7 +143,7 @@ def train(preset: str, out: Path) -> dict[str, Any]:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            losses.append(round(float(loss), 4))
+            losses.append(round(float(loss.detach()), 4))
         model.eval()
         ppl = held_out_ppl(model, test_ids[: 64 * p["seq"] + 1], p["seq"])
     finally:
@@ -161,8 +162,8 @@ def train(preset: str, out: Path) -> dict[str, Any]:
 
 def folder(preset: str = "test") -> Path:
     """The cached folder of ``preset`` (trained first when missing)."""
-    key = hashlib.sha256(json.dumps(PRESETS[preset], sort_keys=True).encode()
-                         + Path(__file__).read_bytes()).hexdigest()[:10]
+    key = hashlib.sha256(json.dumps([PRESETS[preset], SEED, HELD_OUT, RECIPE],
+                                    sort_keys=True).encode()).hexdigest()[:10]
     out = CACHE / f"{preset}-{key}"
     if not (out / "train.json").exists():
         tmp = out.with_name(out.name + ".tmp")
@@ -180,12 +181,64 @@ def load(path: Path) -> tuple[Any, Any]:
     return model, Tokenizer.from_file(str(path / "tokenizer.json"))
 
 
+def _decode_step_class() -> Any:
+    """bench/zoo/hf.py's DecodeStep (input_ids + flat past -> logits + present)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_zoo_hf", ROOT / "bench" / "zoo" / "hf.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.DecodeStep, mod.flat_cache
+
+
+def step_model(preset: str = "test") -> Any:
+    """The trained ``preset`` model as one decoding step with its past (DecodeStep), with its
+    tokenizer as ``.tokenizer`` (so that ``onnxmedic optimize --precision int4`` measures
+    perplexity on its built-in text): ``bench/accuracy/train_decoder.py:step_model``."""
+    decode_step, _ = _decode_step_class()
+    lm, tok = load(folder(preset))
+    step = decode_step(lm).eval()
+    step.tokenizer = tok
+    return step
+
+
+def export_step(preset: str, path: Path) -> Path:
+    """The ``preset`` decoder step exported and verified by onnxmedic to ``path`` (cached)."""
+    import torch
+
+    import onnxmedic
+
+    path = Path(path)
+    if path.exists():
+        return path
+    step = step_model(preset)
+    _, flat_cache = _decode_step_class()
+    tok = step.tokenizer
+    ids = torch.tensor([tok.encode("def foo(self").ids[:3]])
+    with torch.no_grad():
+        past = flat_cache(step.model(input_ids=torch.tensor([tok.encode("import os\n").ids]),
+                                     use_cache=True).past_key_values)
+    dims = [{0: "batch", 2: "past"} for _ in past]
+    tmp = path.with_name(path.name + ".tmp.onnx")
+    res = onnxmedic.export(step, (ids, past), tmp, dynamic_shapes=({0: "batch", 1: "sequence"},
+                                                                    dims))
+    if not res.ok:
+        raise RuntimeError(f"the {preset} decoder step did not export: "
+                           f"{[f.code for f in res.findings]}")
+    tmp.rename(path)
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="test")
+    ap.add_argument("--export", action="store_true", help="also export the decoder step "
+                    "(<folder>/step.onnx)")
     ns = ap.parse_args()
     out = folder(ns.preset)
     print(out)
+    if ns.export:
+        print(export_step(ns.preset, out / "step.onnx"))
     print((out / "train.json").read_text())
 
 

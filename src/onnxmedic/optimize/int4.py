@@ -39,9 +39,8 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 

@@ -206,12 +206,14 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
                   out: str | os.PathLike[str] | None = None, tokenizer: Any = None,
                   data: int4.TaskData | None = None, budget: int4.TaskBudget | None = None,
                   grid: Sequence[tuple[int, int, str]] | None = None, algo: str = "rtn",
-                  threads: int = 2, timeout: float = 600.0) -> Int4Result:
+                  threads: int = 2, timeout: float = 600.0,
+                  reference_scores: dict[str, Any] | None = None) -> Int4Result:
     """Weight-only int4 candidates of the decoder step ``onnx_path`` (see optimize/int4.py),
     each judged against ``reference`` (PyTorch, ``(input_ids, past) -> (logits, present)``)
     by ``budget`` on ``data`` (default: the built-in text through ``tokenizer``, or text
     sampled from the reference) and timed; the fastest within the budget is written to
-    ``out``. Raises ValueError when the file is not a decoder step."""
+    ``out``. ``reference_scores``: PyTorch's :func:`int4.score` on ``data``, when already
+    computed. Raises ValueError when the file is not a decoder step."""
     budget = budget or int4.DEFAULT_BUDGET
     src = str(onnx_path)
     t0 = time.perf_counter()
@@ -219,7 +221,7 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
     ref_step = int4.torch_step(reference)
     data = data or task_data(src, ref_step, past0, tokenizer, budget)
     data = int4.TaskData(data.prompts[:budget.prompts], data.text, data.source)
-    ref = int4.score(ref_step, past0, data, budget.steps)
+    ref = reference_scores or int4.score(ref_step, past0, data, budget.steps)
     seconds = {"reference": time.perf_counter() - t0}
     res = Int4Result(budget, data.source, ref["perplexity"], [])
     with tempfile.TemporaryDirectory(prefix="onnxmedic-int4-") as work:
@@ -236,3 +238,83 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
         choose(res, out)
     res.seconds = seconds
     return res
+
+
+def optimize_decoder(onnx_path: str | os.PathLike[str], model: Any, *,
+                     out: str | os.PathLike[str] | None = None, accuracy: Any = None,
+                     threads: int = 2, timeout: float = 600.0) -> Int4Result:
+    """``optimize(..., precision="int4")``: :func:`optimize_int4` with the budget parsed from
+    ``accuracy`` (:func:`int4.parse_budget`) and the model's own ``tokenizer`` attribute, where
+    it has one. A file that is not a decoder step raises OnnxMedicError (OM733)."""
+    from onnxmedic.findings import OnnxMedicError, error
+
+    budget = accuracy if isinstance(accuracy, int4.TaskBudget) else int4.parse_budget(accuracy)
+    try:
+        int4.empty_past(str(onnx_path))
+    except ValueError as e:
+        raise OnnxMedicError(error("OM733", "optimize", str(e), suggestion="Export one "
+                                   "decoding step with its past as bench/zoo/hf.py's DecodeStep "
+                                   "does, and give that module as the model.")) from e
+    was_training = getattr(model, "training", False)
+    if was_training:
+        model.eval()
+    try:
+        return optimize_int4(onnx_path, model, out=out, tokenizer=getattr(model, "tokenizer", None),
+                             budget=budget, threads=threads, timeout=timeout)
+    finally:
+        if was_training:
+            model.train()
+
+
+def print_result(res: Int4Result) -> None:
+    """The int4 candidate table (``onnxmedic optimize --precision int4``)."""
+    print(f"int4 judged by the task budget: {res.budget.describe()} (--accuracy); text: "
+          f"{res.data_source}; PyTorch float32 perplexity {res.reference_perplexity:.4g}")
+    print(f"{'candidate':28} {'perplexity':>10} {'delta':>8} {'agree':>7} {'own':>7} "
+          f"{'decode ms':>9} {'MiB':>7}  why rejected")
+    for c in res.candidates:
+        if c.perplexity is None:
+            print(f"{c.name:28} {'-':>10} {'-':>8} {'-':>7} {'-':>7} {'-':>9} {'-':>7}  "
+                  f"{c.rejected}")
+            continue
+        ms = f"{c.decode_ms:.3f}" if c.decode_ms is not None else "-"
+        mib = f"{c.size_bytes / 2**20:.2f}" if c.size_bytes else "-"
+        print(f"{c.name:28} {c.perplexity:10.4g} {(c.perplexity_ratio - 1) * 100:+7.2f}% "
+              f"{c.agreement * 100:6.1f}% {c.free_agreement * 100:6.1f}% {ms:>9} {mib:>7}  "
+              f"{c.rejected}".rstrip())
+    for f in res.findings():
+        if f.code != "OM730":
+            print(f"{f.code} {f.message}")
+
+
+def cli_main(ns: Any) -> int:
+    """``onnxmedic optimize --precision int4``: 0 when an int4 file is within the budget
+    (written with -o), 1 when none is (OM731) or the file is not a decoder step (OM733), 2 for
+    a bad budget or target."""
+    import json
+    import sys
+
+    from onnxmedic import inputs
+    from onnxmedic.findings import OnnxMedicError
+
+    if ns.target != "cpu" or ns.calibration is not None:
+        sys.stderr.write("onnxmedic optimize: error: --precision int4 is for --target cpu "
+                         "and takes no --calibration yet\n")
+        return 2
+    try:
+        budget = int4.parse_budget(ns.accuracy)
+    except ValueError as e:
+        sys.stderr.write(f"onnxmedic optimize: error: {e}\n")
+        return 2
+    try:
+        model, _ = inputs.load_model(ns.model)
+        res = optimize_decoder(ns.onnx, model, out=ns.output, accuracy=budget,
+                               threads=ns.threads, timeout=ns.timeout)
+    except OnnxMedicError as err:
+        sys.stderr.write(err.finding.one_paragraph() + "\n")
+        return err.finding.exit_code
+    if ns.json:
+        sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
+    else:
+        print_result(res)
+    return 0 if res.ok else 1
