@@ -207,13 +207,16 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
                   data: int4.TaskData | None = None, budget: int4.TaskBudget | None = None,
                   grid: Sequence[tuple[int, int, str]] | None = None, algo: str = "rtn",
                   threads: int = 2, timeout: float = 600.0,
-                  reference_scores: dict[str, Any] | None = None) -> Int4Result:
+                  reference_scores: dict[str, Any] | None = None,
+                  search: bool = True) -> Int4Result:
     """Weight-only int4 candidates of the decoder step ``onnx_path`` (see optimize/int4.py),
     each judged against ``reference`` (PyTorch, ``(input_ids, past) -> (logits, present)``)
     by ``budget`` on ``data`` (default: the built-in text through ``tokenizer``, or text
     sampled from the reference) and timed; the fastest within the budget is written to
     ``out``. ``reference_scores``: PyTorch's :func:`int4.score` on ``data``, when already
-    computed. Raises ValueError when the file is not a decoder step."""
+    computed. ``search``: where no candidate is within the budget, the per-layer search
+    (:func:`layer_search`) on the best of them. Raises ValueError when the file is not a
+    decoder step."""
     budget = budget or int4.DEFAULT_BUDGET
     src = str(onnx_path)
     t0 = time.perf_counter()
@@ -234,6 +237,11 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
                 measure(c, ref, data, budget, threads=threads, timeout=timeout)
             res.candidates.append(c)
             logger.info("int4: %s", c.figures())
+        tried = [c for c in res.candidates[1:] if c.perplexity is not None]
+        if search and tried and not any(c.within for c in tried):
+            best = max(tried, key=_merit)
+            res.candidates += layer_search(src, work, best, ref, data, budget,
+                                           threads=threads, timeout=timeout)
         seconds["candidates"] = time.perf_counter() - t1
         choose(res, out)
     res.seconds = seconds
@@ -318,3 +326,55 @@ def cli_main(ns: Any) -> int:
     else:
         print_result(res)
     return 0 if res.ok else 1
+
+
+def quantizable(src: str) -> list[str]:
+    """Names of the MatMuls with a constant 2-D weight (what the quantizer turns into
+    MatMulNBits), in graph order."""
+    import onnx
+
+    graph = onnx.load(src, load_external_data=False).graph
+    weights = {i.name for i in graph.initializer if len(i.dims) == 2}
+    return [n.name for n in graph.node
+            if n.op_type == "MatMul" and n.name and len(n.input) > 1 and n.input[1] in weights]
+
+
+def _merit(c: Int4Candidate) -> float:
+    """One number to rank by: agreement minus the perplexity's relative rise."""
+    if c.perplexity is None:
+        return float("-inf")
+    return (c.agreement or 0.0) - ((c.perplexity_ratio or 1.0) - 1.0)
+
+
+def layer_search(src: str, work: str, base: Int4Candidate, ref: dict[str, Any],
+                 data: int4.TaskData, budget: int4.TaskBudget, *, threads: int = 2,
+                 timeout: float = 600.0, max_keep: int = 16) -> list[Int4Candidate]:
+    """The per-layer search of an int4 candidate outside the budget: each layer it quantized
+    kept float32 alone ranks the layers by what that buys (agreement minus the perplexity's
+    rise); then the top 1, 2, 4, ... stay float32 (their original MatMul) until a candidate is
+    within the budget or ``max_keep`` is reached. Returns that curve's candidates."""
+    cell = (base.block_size or 32, base.accuracy_level or 0, base.lm_head or "int4")
+    layers = quantizable(src)
+    import onnx
+
+    head = int4.lm_head_node(onnx.load(src, load_external_data=False).graph)
+    if cell[2] != "int4":
+        layers = [n for n in layers if n != head]
+    gains = {}
+    for name in layers:
+        c = build(src, work, cell, base.algo, exclude=[name], timeout=timeout)
+        if not c.rejected:
+            measure(c, ref, data, budget, threads=threads, timeout=timeout)
+        gains[name] = _merit(c) - _merit(base)
+    ranked = sorted(layers, key=lambda n: -gains[n])
+    curve, k = [], 1
+    while k <= min(max_keep, len(ranked)):
+        c = build(src, work, cell, base.algo, exclude=ranked[:k], timeout=timeout)
+        if not c.rejected:
+            measure(c, ref, data, budget, threads=threads, timeout=timeout)
+        curve.append(c)
+        logger.info("int4 layer search: %s", c.figures())
+        if c.within:
+            break
+        k *= 2
+    return curve
