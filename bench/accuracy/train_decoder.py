@@ -6,9 +6,10 @@ that has learnt something. The text is on every machine (``sysconfig``'s ``stdli
 ``.py`` files of its top level, sorted by name, tests left out), the tokenizer a byte-level BPE
 trained on that text with the ``tokenizers`` library, the model ``transformers``'
 ``LlamaForCausalLM`` from a config (no download). Everything is seeded and runs on 2 threads,
-so that one Python version and one torch build give the same weights.
+so that one Python version and one torch build give the same weights (the
+figures preset runs on 1 thread, for a shared machine).
 
-    python bench/accuracy/train_decoder.py --preset figures   # ~2.4 M parameters, ~5 minutes
+    python bench/accuracy/train_decoder.py --preset figures   # ~4 M parameters, a few minutes
     python bench/accuracy/train_decoder.py --preset test      # ~0.1 M, seconds (the tests' model)
 
 The folder (``build/decoders/<preset>-<hash>/``: the model's ``save_pretrained`` files,
@@ -37,11 +38,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # the tests' model: trains in well under 30 s on 2 busy cores
     "test": dict(vocab=384, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
                  seq=64, batch=16, steps=220, lr=4e-3, chars=400_000),
-    # the figures' model (~2.4 M parameters): ~5 minutes on 2 cores shared by six agents
-    # (the issue asks ~10-30 M; at the ~5 s per step this machine gave a 5 M model, that did
-    # not fit the 10-minute budget)
-    "figures": dict(vocab=2048, hidden=192, layers=4, heads=6, kv_heads=2, intermediate=512,
-                    seq=64, batch=8, steps=300, lr=3e-3, chars=1_000_000),
+    # the figures' model (~4 M parameters): ~5 minutes on 1 thread of this shared machine
+    # (the issue asks ~10-30 M; six agents share 2 cores here, and a 5 M model on 2 threads
+    # took ~5 s a step)
+    "figures": dict(vocab=2048, hidden=256, layers=4, heads=8, kv_heads=4, intermediate=688,
+                    seq=64, batch=8, steps=400, lr=3e-3, chars=1_000_000, threads=1),
 }
 SEED = 1234
 HELD_OUT = 0.05  # the last 5 % of the token stream: not trained on
@@ -120,7 +121,9 @@ def train(preset: str, out: Path) -> dict[str, Any]:
     p = PRESETS[preset]
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
-    torch.set_num_threads(2)
+    # one thread where the machine is shared: two spinning threads on two busy cores ran
+    # 5 s a step here
+    torch.set_num_threads(p.get("threads", 2))
     try:
         text = corpus(p["chars"])
         tok = train_tokenizer(text, p["vocab"])
@@ -146,6 +149,9 @@ def train(preset: str, out: Path) -> dict[str, Any]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             losses.append(round(float(loss.detach()), 4))
+            if step % 25 == 0:
+                logger.warning("step %d/%d loss %.3f (%.0f s)", step, p["steps"], losses[-1],
+                               time.perf_counter() - t0)
         model.eval()
         ppl = held_out_ppl(model, test_ids[: 64 * p["seq"] + 1], p["seq"])
     finally:

@@ -157,16 +157,34 @@ def test_nothing_is_written_outside_the_budget_om731_om730(decoder, task, tmp_pa
     assert res.findings()[0].exit_code == 1
 
 
-def test_cli_int4_rejects_a_file_that_is_not_a_decoder_step_om733(tmp_path, capsys):
+def _relu_file(tmp_path):
     from onnx import TensorProto, helper
-
-    from onnxmedic.cli import main
 
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     src = tmp_path / "relu.onnx"
     onnx.save(helper.make_model(g), str(src))
+    return src
+
+
+def test_optimize_int4_refuses_a_file_that_is_not_a_decoder_step_om733(tmp_path):
+    import torch
+
+    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.optimize import optimize
+
+    with pytest.raises(OnnxMedicError) as e:
+        optimize(_relu_file(tmp_path), torch.nn.ReLU(), (torch.ones(2),), precision="int4",
+                 out=tmp_path / "o.onnx")
+    assert e.value.finding.code == "OM733" and "not a decoder step" in e.value.finding.message
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_cli_int4_rejects_a_file_that_is_not_a_decoder_step_om733(tmp_path, capsys):
+    from onnxmedic.cli import main
+
+    src = _relu_file(tmp_path)
     (tmp_path / "m.py").write_text("import torch\nclass M(torch.nn.Module):\n"
                                    "    def forward(self, x):\n        return x.relu()\n")
     rc = main(["optimize", str(src), f"{tmp_path / 'm.py'}:M", "--precision", "int4",

@@ -88,7 +88,8 @@ class Int4Result:
         from onnxmedic.findings import error, info
 
         out = [info("OM730", stage, f"int4 candidate {c.name} outside the budget "
-                    f"({self.budget.describe()}): {c.rejected}", details=asdict(c))
+                    f"({self.budget.describe()}): {c.rejected}",
+                    details={k: v for k, v in asdict(c).items() if k != "path"})
                for c in self.candidates if c.name != "fp32" and c.rejected]
         if self.chosen:
             out.insert(0, info("OM732", stage, self.message, details=self.to_dict()))
