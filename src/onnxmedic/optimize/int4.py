@@ -15,10 +15,13 @@ Gather stays float32), as its ``rtn_last`` option does (8-bit), or float32.
 
 Each candidate is judged by what a user of a decoder sees (:class:`TaskBudget`):
 
-- greedy agreement: from each of a few prompts, PyTorch float32 and the candidate in ONNX Runtime
-  each generate ``steps`` tokens greedily, each fed its own tokens; the share of positions
-  whose tokens are identical, over all prompts (a token that flips early costs every later
-  position that differs);
+- greedy agreement: from each of a few prompts PyTorch float32 generates ``steps`` tokens
+  greedily; the candidate, in ONNX Runtime, is fed the same tokens one at a time (its own
+  past: the decode path) and its greedy pick at each step is compared with PyTorch's next
+  token - the share of identical picks. Free generation (each fed its own tokens) is reported
+  beside it with the first divergence per prompt, but not judged: in a model with near-ties
+  one early flip makes every later token differ, so it measures where a tie fell more than
+  what quantization cost;
 - perplexity on a built-in text (:data:`BUILTIN_TEXT`, through the model's tokenizer), or on
   text sampled from the reference itself where no tokenizer is known, against PyTorch's.
 
