@@ -86,6 +86,7 @@ def measure_child(req_path: str) -> None:
     spec = importlib.util.spec_from_file_location(
         "int4_alone", ROOT / "src" / "onnxmedic" / "optimize" / "int4.py")
     int4 = importlib.util.module_from_spec(spec)
+    sys.modules["int4_alone"] = int4  # dataclasses look their module up
     spec.loader.exec_module(int4)
     import onnxruntime  # noqa: F401 - imported before the peak is reset
 
