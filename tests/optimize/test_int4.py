@@ -241,3 +241,15 @@ def test_layer_search_keeps_the_costliest_layers_float(decoder, task, tmp_path):
     assert curve and all("-keep" in c.name for c in curve)
     assert [len(c.excluded) for c in curve] == [2 ** i for i in range(len(curve))]
     assert res.ok and res.chosen == curve[-1].name and curve[-1].agreement >= 0.95
+
+
+def test_hqq_candidate_is_built_with_zero_points_and_scored(decoder, task, tmp_path):
+    # ONNX Runtime's HQQ config: asymmetric 4-bit with a zero point per block (RTN: symmetric)
+    out = tmp_path / "hqq.onnx"
+    int4.quantize_int4(decoder[1], str(out), 32, 0, "fp32", algo="hqq")
+    nbits = [n for n in onnx.load(str(out)).graph.node if n.op_type == "MatMulNBits"]
+    assert nbits and all(len(n.input) >= 4 and n.input[3] for n in nbits)
+    j = _judge(out, task)
+    assert j["perplexity_ratio"] < 1.05  # its agreement is measured, not asserted
+    with pytest.raises(ValueError, match="algo"):
+        int4.quantize_int4(decoder[1], str(tmp_path / "x.onnx"), algo="awq")
