@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if bad := calibration_flag_error(ns):
             build_parser().error(bad)
-    if ns.command in ("export", "optimize") and getattr(ns, "accuracy", None) is not None:
+    if (ns.command in ("export", "optimize") and getattr(ns, "accuracy", None) is not None
+            and getattr(ns, "precision", "") != "int4"):  # int4: a task budget (optimize/int4)
         from onnxmedic.optimize import parse_accuracy
 
         try:

@@ -668,6 +668,33 @@ CODES: dict[str, CodeInfo] = {
         "variant was verified like any other. Where it was not, the finding says why and the "
         "nodes were kept in float32 (OM724).",
     ),
+    "OM730": CodeInfo(
+        "int4 candidate outside the task budget", 0,
+        "--precision int4: an int4 candidate of the decoder step was measured outside the "
+        "task budget (perplexity on the built-in text against PyTorch float32's, greedy "
+        "agreement with PyTorch float32's tokens over N steps from several prompts); the "
+        "finding gives both figures and the first step where it diverges per prompt. It was "
+        "not written.",
+    ),
+    "OM731": CodeInfo(
+        "no int4 candidate within the task budget", 1,
+        "--precision int4: no int4 candidate of the decoder step was within the task budget, "
+        "so no int4 file was written; every candidate's perplexity and greedy agreement are "
+        "listed. Keep the float32 file, or give a looser budget with --accuracy if those "
+        "figures suit the task.",
+    ),
+    "OM732": CodeInfo(
+        "int4 decoder written", 0,
+        "--precision int4: the fastest int4 candidate within the task budget was written; "
+        "its perplexity, greedy agreement and decode-step latency are given with every "
+        "other candidate's.",
+    ),
+    "OM733": CodeInfo(
+        "not a decoder step", 1,
+        "--precision int4 takes a decoder step: input_ids and the flat past (batch, heads, "
+        "past, head_dim) in, the logits and the present out, with a PyTorch model of the same "
+        "contract (bench/zoo/hf.py's DecodeStep); the file given is not one.",
+    ),
 }
 
 

@@ -169,7 +169,9 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
              calibration: Any = None) -> OptimizationResult:
     """The fastest variant of ``onnx_path`` that still verifies against ``model`` (PyTorch) on
     ``args``/``kwargs`` and every derived input set; written to ``out`` when given (the plain
-    file when no variant beats it beyond noise). ``precision``: fp32, int8 (CPU) or fp16 (for
+    file when no variant beats it beyond noise). ``precision``: fp32, int8 (CPU), int4 (a decoder
+    step: returns optimize/int4_search.py's Int4Result, ``accuracy`` its task budget, e.g.
+    ``"perplexity=5%,agreement=95%"``; see docs/int4.md) or fp16 (for
     GPU targets; on cpu ONNX Runtime runs most float16 ops in float32 behind Casts, so it is
     built and verified but normally rejected as slower);
     ``accuracy``: the reduced-precision budget, e.g. ``"cosine=0.9995"``. ``target``: cpu,
@@ -185,6 +187,11 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     graph (without it: on convolutional graphs, calibrated on sets derived from the example)."""
     if not isinstance(args, tuple):
         raise TypeError("args must be a tuple of example inputs, like torch.onnx.export")
+    if precision == "int4":  # a decoder step judged by the task budget (optimize/int4.py)
+        from onnxmedic.optimize.int4_search import optimize_decoder
+
+        return optimize_decoder(onnx_path, model, out=out, accuracy=accuracy, threads=threads,
+                                timeout=timeout)  # type: ignore[return-value]
     cosine = parse_accuracy(accuracy)
     if calibration is not None and (bad := calibration_error(precision)):
         raise ValueError(bad)

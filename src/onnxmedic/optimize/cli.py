@@ -41,11 +41,12 @@ def add_parser(sub: Any) -> None:
     o.add_argument("model", metavar="MODEL")
     o.add_argument("--input", "-i", action="append", default=[], metavar="SPEC")
     o.add_argument("-o", "--output", metavar="OUT.onnx")
-    o.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32",
+    o.add_argument("--precision", choices=["fp32", "fp16", "int8", "int4"], default="fp32",
                    help="int8: CPU; fp16: GPU targets (on cpu it is built, verified and "
-                   "normally rejected as slower)")
+                   "normally rejected as slower); int4: a decoder step (docs/int4.md)")
     o.add_argument("--accuracy", metavar="cosine=X", help="reduced-precision budget "
-                   "(default cosine=0.999 per output)")
+                   "(default cosine=0.999 per output; int4: perplexity=5%%,agreement=95%%,"
+                   "steps=32,prompts=4)")
     o.add_argument("--target", choices=["cpu", "cuda", "tensorrt"], default="cpu",
                    help="time (and verify) the candidates with this target's execution "
                    "providers; GPU targets need onnxruntime-gpu and a GPU (else OM725)")
@@ -108,6 +109,10 @@ def main(ns: argparse.Namespace) -> int:
     if bad:
         sys.stderr.write(f"onnxmedic optimize: error: {bad}\n")
         return 2
+    if ns.precision == "int4":
+        from onnxmedic.optimize.int4_search import cli_main
+
+        return cli_main(ns)
     try:
         model, _ = inputs.load_model(ns.model)
         ex = inputs.load_inputs(ns.input, seed=ns.seed)

@@ -1,0 +1,452 @@
+"""``--precision int4`` for decoders: weight-only 4-bit MatMulNBits judged by a task budget.
+
+The input is a *decoder step* ONNX file - ``input_ids`` and the flat past (``[k0, v0, k1, v1,
+...]``, dims ``(batch, heads, past, head_dim)``) in, ``logits`` and the present out, as
+``bench/zoo/hf.py``'s ``DecodeStep`` exports - and a PyTorch reference with the same contract
+(``reference(input_ids, past) -> (logits, present)``, float32).
+
+Candidates come from ONNX Runtime's own quantizer
+(``onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer``, RTN: symmetric 4-bit
+weights, one float32 scale per ``block_size`` consecutive weights of a column along K) over a
+small grid: block 32/64/128, ``accuracy_level`` 0 (the kernel dequantizes to float32) or 4 (it
+quantizes the activations to int8 per block and uses int8 dot products), and the LM head as
+onnxruntime-genai's model builder leaves it by default (4-bit like the rest; the embedding's
+Gather stays float32), as its ``rtn_last`` option does (8-bit), or float32.
+
+Each candidate is judged by what a user of a decoder sees (:class:`TaskBudget`):
+
+- greedy agreement: from each of a few prompts PyTorch float32 generates ``steps`` tokens
+  greedily; the candidate, in ONNX Runtime, is fed the same tokens one at a time (its own
+  past: the decode path) and its greedy pick at each step is compared with PyTorch's next
+  token - the share of identical picks. Free generation (each fed its own tokens) is reported
+  beside it with the first divergence per prompt, but not judged: in a model with near-ties
+  one early flip makes every later token differ, so it measures where a tie fell more than
+  what quantization cost;
+- perplexity on a built-in text (:data:`BUILTIN_TEXT`, through the model's tokenizer), or on
+  text sampled from the reference itself where no tokenizer is known, against PyTorch's.
+
+A candidate outside the budget is never written; the fastest one inside it (decode step, one
+token after a past of :data:`DECODE_PAST`, timed in the sandbox) is. Where none is, nothing is
+written (OM731) and the finding gives each candidate's figures.
+
+This module imports neither torch nor onnxmedic's package at its top: its quantize step and
+its scoring run in optimize's children (``_child.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+CHILD = HERE / "_child.py"
+DECODE_PAST = 128  # the past length a decode step is timed at
+SAMPLED_TOKENS = 256  # the text drawn from the reference where no tokenizer is known
+
+BUILTIN_PROMPTS = ['def __init__(self', 'import os\nimport sys\n', '    """Return the',
+                   'for i in range(']
+# the built-in text perplexity is measured on: Python in the standard library's style, written
+# for this module (so in no training set)
+BUILTIN_TEXT = '''class Window:
+    """A fixed-size window over a stream of numbers.
+
+    The window keeps the last *size* values and reports their mean and
+    their largest value. It is used to smooth timings before they are
+    compared, so that one slow run does not decide a choice.
+    """
+
+    def __init__(self, size=8):
+        if size <= 0:
+            raise ValueError("size must be positive")
+        self.size = size
+        self.values = []
+
+    def add(self, value):
+        """Add *value* to the window and drop the oldest one if it is full."""
+        self.values.append(value)
+        if len(self.values) > self.size:
+            del self.values[0]
+
+    def mean(self):
+        """Return the mean of the values in the window."""
+        if not self.values:
+            return 0.0
+        return sum(self.values) / len(self.values)
+
+    def largest(self):
+        """Return the largest value, or None when the window is empty."""
+        return max(self.values, default=None)
+
+
+def read_lines(path, encoding="utf-8"):
+    """Return the lines of the file at *path* without their line endings."""
+    with open(path, encoding=encoding) as f:
+        return [line.rstrip("\\n") for line in f]
+'''
+
+
+# ------------------------------------------------------------------------------------------
+# the budget
+
+
+@dataclass(frozen=True)
+class TaskBudget:
+    """What a reduced-precision decoder may cost: its perplexity at most ``perplexity`` times
+    PyTorch float32's, and at least ``agreement`` of the greedy tokens identical over
+    ``steps`` steps from each of ``prompts`` prompts."""
+
+    perplexity: float = 1.05
+    agreement: float = 0.95
+    steps: int = 32
+    prompts: int = 4
+
+    def describe(self) -> str:
+        """The budget in one line."""
+        return (f"perplexity within +{(self.perplexity - 1) * 100:.3g} % of PyTorch float32's "
+                f"and >= {self.agreement * 100:.3g} % of greedy tokens identical over "
+                f"{self.steps} steps from {self.prompts} prompts")
+
+
+DEFAULT_BUDGET = TaskBudget()
+
+
+def parse_budget(spec: str | None) -> TaskBudget:
+    """``"perplexity=5%,agreement=95%,steps=32,prompts=4"`` (any subset; ``perplexity`` may also
+    be a ratio, 1.05) -> a :class:`TaskBudget`; None -> the default."""
+    if not spec:
+        return DEFAULT_BUDGET
+    kw: dict[str, Any] = {}
+    for part in spec.split(","):
+        key, _, val = part.strip().partition("=")
+        try:
+            pct = val.strip().endswith("%")
+            num = float(val.strip().rstrip("%"))
+            if key == "perplexity":
+                kw[key] = 1 + num / 100 if pct or num < 1 else num
+            elif key == "agreement":
+                kw[key] = num / 100 if pct or num > 1 else num
+            elif key in ("steps", "prompts") and num == int(num) and num > 0:
+                kw[key] = int(num)
+            else:
+                raise ValueError(key)
+        except ValueError:
+            raise ValueError(f"int4 budget {spec!r}: expected perplexity=<+%>, agreement=<%>, "
+                             "steps=<n>, prompts=<n>, e.g. perplexity=5%,agreement=95%") from None
+    b = TaskBudget(**{**asdict(DEFAULT_BUDGET), **kw})
+    if not (b.perplexity >= 1 and 0 < b.agreement <= 1):
+        raise ValueError(f"int4 budget {spec!r}: perplexity must be >= +0 % and agreement in "
+                         "(0, 100 %]")
+    return b
+
+
+@dataclass
+class TaskData:
+    """Token ids the budget is measured on: the prompts and the perplexity text."""
+
+    prompts: list[list[int]]
+    text: list[int]
+    source: str = ""
+
+
+def builtin_data(encode: Callable[[str], Any], prompts: int = 4) -> TaskData:
+    """The built-in prompts and text through ``encode`` (a tokenizer's encode: a list of ids
+    or an object with ``.ids``, as ``tokenizers`` returns)."""
+
+    def ids(s: str) -> list[int]:
+        e = encode(s)
+        return [int(i) for i in getattr(e, "ids", e)]
+
+    ps = [ids(p) for p in BUILTIN_PROMPTS[:prompts]]
+    return TaskData(ps, ids(BUILTIN_TEXT), "the built-in text (a Python class, "
+                    f"{len(BUILTIN_TEXT)} characters) and {len(ps)} built-in prompts")
+
+
+# ------------------------------------------------------------------------------------------
+# scoring a step function (PyTorch's or ONNX Runtime's) on the task
+
+Step = Callable[[np.ndarray, list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]]
+WINDOW = 128  # perplexity windows (tokens), each from an empty past
+
+
+def generate(step: Step, past0: list[np.ndarray], prompt: list[int], steps: int
+             ) -> list[int]:
+    """Greedy decoding: ``steps`` tokens after ``prompt``, each step fed its own token."""
+    logits, past = step(np.asarray([prompt], np.int64), past0)
+    out: list[int] = []
+    for _ in range(steps):
+        tok = int(np.argmax(logits[0, -1]))
+        out.append(tok)
+        logits, past = step(np.asarray([[tok]], np.int64), past)
+    return out
+
+
+def mean_nll(step: Step, past0: list[np.ndarray], text: list[int]) -> tuple[float, int]:
+    """(summed negative log-likelihood, tokens) of ``text`` in windows of :data:`WINDOW`."""
+    total, count = 0.0, 0
+    for start in range(0, max(len(text) - 1, 0), WINDOW):
+        chunk = text[start:start + WINDOW + 1]
+        if len(chunk) < 2:
+            break
+        logits, _ = step(np.asarray([chunk[:-1]], np.int64), past0)
+        lg = logits[0].astype(np.float64)
+        lg = lg - lg.max(-1, keepdims=True)
+        logp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
+        total -= float(logp[np.arange(len(chunk) - 1), chunk[1:]].sum())
+        count += len(chunk) - 1
+    return total, count
+
+
+def forced(step: Step, past0: list[np.ndarray], prompt: list[int], ref: list[int]
+           ) -> list[int]:
+    """Teacher-forced greedy picks: after ``prompt``, fed ``ref``'s tokens one at a time (the
+    decode path, with its past), the token ``step`` would pick at each position."""
+    logits, past = step(np.asarray([prompt], np.int64), past0)
+    picks = [int(np.argmax(logits[0, -1]))]
+    for tok in ref[:-1]:
+        logits, past = step(np.asarray([[tok]], np.int64), past)
+        picks.append(int(np.argmax(logits[0, -1])))
+    return picks
+
+
+def score(step: Step, past0: list[np.ndarray], data: TaskData, steps: int,
+          reference: list[list[int]] | None = None) -> dict[str, Any]:
+    """The task figures of ``step``: its own greedy tokens per prompt, its picks along the
+    ``reference`` tokens (teacher-forced; its own tokens when None) and its perplexity."""
+    tokens = [generate(step, past0, p, steps) for p in data.prompts]
+    picks = ([forced(step, past0, p, r) for p, r in zip(data.prompts, reference)]
+             if reference is not None else tokens)
+    nll, n = mean_nll(step, past0, data.text)
+    return {"tokens": tokens, "picks": picks,
+            "perplexity": math.exp(nll / n) if n else float("nan"), "text_tokens": n}
+
+
+def agreement(ref: list[list[int]], got: list[list[int]]) -> float:
+    """Share of positions where two sets of token sequences hold the same token."""
+    pairs = [(a, b) for r, g in zip(ref, got) for a, b in zip(r, g)]
+    return sum(a == b for a, b in pairs) / len(pairs) if pairs else 0.0
+
+
+def first_divergence(ref: list[list[int]], got: list[list[int]]) -> list[int | None]:
+    """Per prompt, the first step whose token differs (None: none does)."""
+    return [next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), None)
+            for r, g in zip(ref, got)]
+
+
+def judge(ref: dict[str, Any], got: dict[str, Any], budget: TaskBudget) -> dict[str, Any]:
+    """The candidate's figures against the reference's and the budget: perplexity ratio,
+    greedy agreement (teacher-forced picks against PyTorch's greedy tokens), free-running
+    agreement and first divergence per prompt, and ``rejected`` (why; "" when within)."""
+    ratio = got["perplexity"] / ref["perplexity"]
+    agree = agreement(ref["tokens"], got["picks"])
+    free = agreement(ref["tokens"], got["tokens"])
+    div = first_divergence(ref["tokens"], got["tokens"])
+    why = []
+    if not ratio <= budget.perplexity:  # NaN too
+        why.append(f"perplexity {got['perplexity']:.4g} is {(ratio - 1) * 100:+.2f} % of "
+                   f"PyTorch's {ref['perplexity']:.4g} (budget "
+                   f"+{(budget.perplexity - 1) * 100:.3g} %)")
+    if not agree >= budget.agreement:
+        why.append(f"greedy agreement {agree * 100:.1f} % (budget {budget.agreement * 100:.3g} "
+                   f"%; generating on its own, {free * 100:.1f} % of tokens identical, first "
+                   f"divergence per prompt at step {div})")
+    return {"perplexity": got["perplexity"], "perplexity_ratio": ratio, "agreement": agree,
+            "free_agreement": free, "first_divergence": div, "rejected": "; ".join(why)}
+
+
+# ------------------------------------------------------------------------------------------
+# the two sides: PyTorch in this process, ONNX Runtime in a child
+
+
+def empty_past(onnx_path: str | os.PathLike[str]) -> list[np.ndarray]:
+    """Zero-length past tensors (batch 1) for the step file's past inputs (all but the first
+    input); raises ValueError when the file is not a decoder step."""
+    import onnx
+
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    inits = {i.name for i in graph.initializer}
+    ins = [i for i in graph.input if i.name not in inits]
+    if len(ins) < 2 or len(graph.output) != len(ins):
+        raise ValueError(f"{onnx_path}: not a decoder step (input_ids + past -> logits + "
+                         f"present): {len(ins)} inputs, {len(graph.output)} outputs")
+    past = []
+    for i in ins[1:]:
+        dims = i.type.tensor_type.shape.dim
+        if len(dims) != 4 or not (dims[1].dim_value and dims[3].dim_value):
+            raise ValueError(f"{onnx_path}: past input {i.name!r} is not (batch, heads, "
+                             "past, head_dim) with fixed heads and head_dim")
+        past.append(np.zeros((1, dims[1].dim_value, 0, dims[3].dim_value), np.float32))
+    return past
+
+
+def torch_step(reference: Callable[..., Any]) -> Step:
+    """A :data:`Step` over a PyTorch reference ``(input_ids, past) -> (logits, present)``."""
+    import torch
+
+    def step(ids: np.ndarray, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        with torch.no_grad():
+            logits, present = reference(torch.from_numpy(ids),
+                                        [torch.from_numpy(np.ascontiguousarray(p))
+                                         for p in past])
+        return logits.float().numpy(), [t.detach().numpy() for t in present]
+
+    return step
+
+
+def ort_step(onnx_path: str, threads: int = 2) -> Step:
+    """A :data:`Step` over an ONNX Runtime CPU session of the step file."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+
+    def step(ids: np.ndarray, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        out = sess.run(None, dict(zip(names, [ids, *past])))
+        return out[0], out[1:]
+
+    return step
+
+
+def score_child(req_path: str, res_path: str) -> None:
+    """The scoring child (run by _child.py): the request's file scored on its task data."""
+    req = json.loads(Path(req_path).read_text())
+    try:
+        past0 = empty_past(req["path"])
+        data = TaskData(req["prompts"], req["text"])
+        out = {"ok": True, **score(ort_step(req["path"], req["threads"]), past0, data,
+                                   req["steps"], req["reference"])}
+    except Exception as e:  # noqa: BLE001 - reported as a rejected candidate
+        out = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
+    Path(res_path).write_text(json.dumps(out))
+
+
+def score_onnx(onnx_path: str | os.PathLike[str], data: TaskData, steps: int,
+               reference: list[list[int]], *, threads: int = 2, timeout: float = 600.0
+               ) -> dict[str, Any]:
+    """:func:`score` of the step file in ONNX Runtime (its picks along ``reference``, the
+    PyTorch model's greedy tokens), in a child process (a crash or a hang past ``timeout`` is
+    ``ok=False`` with the reason)."""
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-int4-") as tmp:
+        req, res = Path(tmp) / "req.json", Path(tmp) / "res.json"
+        req.write_text(json.dumps({"path": str(Path(onnx_path).absolute()), "threads": threads,
+                                   "prompts": data.prompts, "text": data.text,
+                                   "steps": steps, "reference": reference}))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p])
+        proc = subprocess.Popen([sys.executable, str(CHILD), f"{__name__}:score_child",
+                                 str(req), str(res)], env=env, cwd=tmp,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+            return {"ok": False, "error": f"scoring did not finish within {timeout:g} s"}
+        if not res.exists():
+            tail = " ".join(err.decode("utf-8", "replace").strip().splitlines()[-3:])
+            return {"ok": False, "error": f"scoring crashed (exit {proc.returncode}): "
+                    f"{tail[:300]}"}
+        return json.loads(res.read_text())
+
+
+def sampled_data(reference: Step, past0: list[np.ndarray], vocab: int, prompts: int = 4,
+                 seed: int = 0) -> TaskData:
+    """Task data without a tokenizer: ``prompts`` prompts of 4 random ids, and a text of
+    :data:`SAMPLED_TOKENS` tokens sampled (temperature 1, seeded) from the reference itself."""
+    rng = np.random.default_rng(seed)
+    ps = [[int(t) for t in rng.integers(4, vocab, 4)] for _ in range(prompts)]
+    text = list(ps[0])
+    logits, past = reference(np.asarray([text], np.int64), past0)
+    while len(text) < SAMPLED_TOKENS:
+        lg = logits[0, -1].astype(np.float64)
+        p = np.exp(lg - lg.max())
+        tok = int(rng.choice(len(p), p=p / p.sum()))
+        text.append(tok)
+        logits, past = reference(np.asarray([[tok]], np.int64), past)
+    return TaskData(ps, text, f"{prompts} random prompts and {SAMPLED_TOKENS} tokens sampled "
+                    "from the PyTorch model (no tokenizer known: give the model a `tokenizer`)")
+
+
+# ------------------------------------------------------------------------------------------
+# the quantize step (a pass: run in optimize's pass child)
+
+LM_HEADS = ("int4", "int8", "fp32")
+
+
+def lm_head_node(graph: Any) -> str | None:
+    """The MatMul with a constant weight that computes the first output (the logits), found
+    by walking back from it through single-producer nodes; None when there is none."""
+    inits = {i.name for i in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    name, seen = graph.output[0].name, 0
+    while name in producer and seen < 16:
+        node = producer[name]
+        if node.op_type == "MatMul" and any(i in inits for i in node.input[1:]):
+            return node.name or None
+        name = next((i for i in node.input if i in producer), "")
+        seen += 1
+    return None
+
+
+def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int = 4,
+                  lm_head: str = "int4", algo: str = "rtn",
+                  nodes_to_exclude: Sequence[str] = ()) -> dict[str, Any]:
+    """Weight-only 4-bit MatMulNBits with ONNX Runtime's ``MatMulNBitsQuantizer``: every MatMul
+    with a constant 2-D weight except ``nodes_to_exclude`` (``algo`` "rtn": symmetric,
+    one scale per ``block_size`` weights along K; "hqq": its HQQ config, asymmetric with zero
+    points). ``lm_head`` (the MatMul computing the logits): "int4" like the rest, "int8"
+    (8-bit MatMulNBits, the genai builder's ``rtn_last``) or "fp32" (left as it is). The
+    embedding's Gather is left float32, as the builder leaves it."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        HQQWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    from onnxmedic.optimize.passes import op_count_diff, op_counts, save_proto
+
+    if lm_head not in LM_HEADS:
+        raise ValueError(f"lm_head {lm_head!r}: choose one of {', '.join(LM_HEADS)}")
+    before = op_counts(src)
+    model = onnx.load(src)
+    head = lm_head_node(model.graph)
+    exclude = list(nodes_to_exclude) + ([head] if head and lm_head != "int4" else [])
+    if algo == "hqq":
+        cfg: Any = HQQWeightOnlyQuantConfig(block_size=block_size, bits=4)
+    elif algo == "rtn":
+        cfg = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True,
+                                           accuracy_level=accuracy_level or None, bits=4)
+    else:
+        raise ValueError(f"algo {algo!r}: choose rtn or hqq")
+    q = MatMulNBitsQuantizer(model, bits=4, block_size=block_size, is_symmetric=True,
+                             accuracy_level=accuracy_level or None, nodes_to_exclude=exclude,
+                             algo_config=cfg)
+    q.process()
+    out = q.model.model
+    if head and lm_head == "int8":  # only the head still has a constant-weight MatMul
+        q8 = MatMulNBitsQuantizer(out, bits=8, block_size=block_size, is_symmetric=True,
+                                  accuracy_level=accuracy_level or None,
+                                  nodes_to_exclude=list(nodes_to_exclude))
+        q8.process()
+        out = q8.model.model
+    save_proto(out, dst)
+    info = op_count_diff(before, op_counts(dst))
+    info.update(lm_head_node=head, lm_head=lm_head, excluded=list(nodes_to_exclude))
+    return info

@@ -1,0 +1,381 @@
+"""The int4 candidates of a decoder step, each judged by the task budget and timed; the fastest
+within the budget written (``optimize(..., precision="int4")``; see ``optimize/int4.py``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxmedic.optimize import int4
+from onnxmedic.optimize.bench import bench
+from onnxmedic.optimize.passes import Pipeline, run_pipeline
+
+logger = logging.getLogger(__name__)
+
+# (block_size, accuracy_level, lm_head): every block and level with the builder's 4-bit head,
+# then the 8-bit and float32 heads at the builder's CPU level (4)
+DEFAULT_GRID: list[tuple[int, int, str]] = (
+    [(b, a, "int4") for b in (32, 64, 128) for a in (0, 4)]
+    + [(b, 4, h) for b in (32, 128) for h in ("int8", "fp32")])
+
+
+@dataclass
+class Int4Candidate:
+    """One candidate (or the plain float32 file, ``name`` "fp32"): how it was built, its task
+    figures, its decode-step latency and size; ``rejected`` says why it may not be written."""
+
+    name: str
+    block_size: int | None = None
+    accuracy_level: int | None = None
+    lm_head: str = ""
+    algo: str = "rtn"
+    excluded: list[str] = field(default_factory=list)
+    perplexity: float | None = None
+    perplexity_ratio: float | None = None
+    agreement: float | None = None
+    free_agreement: float | None = None
+    first_divergence: list[int | None] = field(default_factory=list)
+    decode_ms: float | None = None
+    size_bytes: int | None = None
+    rejected: str = ""
+    path: str = ""  # the built file, in the work folder (gone after optimize_int4)
+
+    @property
+    def within(self) -> bool:
+        """Built, scored and inside the budget."""
+        return self.perplexity is not None and not self.rejected
+
+    def figures(self) -> str:
+        """Its figures in one line."""
+        if self.perplexity is None:
+            return f"{self.name}: {self.rejected}"
+        ms = f", decode {self.decode_ms:.2f} ms" if self.decode_ms is not None else ""
+        return (f"{self.name}: perplexity {self.perplexity:.4g} ({(self.perplexity_ratio - 1) * 100:+.2f} %), "
+                f"greedy agreement {self.agreement * 100:.1f} % (on its own "
+                f"{self.free_agreement * 100:.1f} %){ms}")
+
+
+@dataclass
+class Int4Result:
+    """What ``optimize(..., precision="int4")`` built, measured and wrote."""
+
+    budget: int4.TaskBudget
+    data_source: str
+    reference_perplexity: float
+    candidates: list[Int4Candidate]
+    chosen: str | None = None
+    written: str | None = None
+    message: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """An int4 candidate was within the budget."""
+        return self.chosen is not None
+
+    def findings(self, stage: str = "optimize") -> list[Any]:
+        """OM732 (written) or OM731 (none within the budget, nothing written), and OM730 for
+        each int4 candidate outside the budget."""
+        from onnxmedic.findings import error, info
+
+        out = [info("OM730", stage, f"int4 candidate {c.name} outside the budget "
+                    f"({self.budget.describe()}): {c.rejected}",
+                    details={k: v for k, v in asdict(c).items() if k != "path"})
+               for c in self.candidates if c.name != "fp32" and c.rejected]
+        if self.chosen:
+            out.insert(0, info("OM732", stage, self.message, details=self.to_dict()))
+        else:
+            out.insert(0, error("OM731", stage, self.message, details=self.to_dict(),
+                                suggestion="Keep the float32 file, or loosen the budget "
+                                "(--accuracy perplexity=10%,agreement=90%) if the figures "
+                                "above are acceptable for your task."))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for c in d["candidates"]:
+            c.pop("path", None)
+        return d
+
+
+def decode_feeds(onnx_path: str, past: int = int4.DECODE_PAST, seed: int = 0
+                 ) -> dict[str, np.ndarray]:
+    """One token after a past of ``past`` positions (random values): a decode step's feeds."""
+    import onnx
+
+    graph = onnx.load(onnx_path, load_external_data=False).graph
+    inits = {i.name for i in graph.initializer}
+    names = [i.name for i in graph.input if i.name not in inits]
+    rng = np.random.default_rng(seed)
+    feeds = {names[0]: np.asarray([[5]], np.int64)}
+    for name, p in zip(names[1:], int4.empty_past(onnx_path)):
+        feeds[name] = rng.standard_normal((1, p.shape[1], past, p.shape[3])).astype(np.float32)
+    return feeds
+
+
+def file_bytes(path: str) -> int:
+    """The file's size with its external data."""
+    p = Path(path)
+    return p.stat().st_size + sum(f.stat().st_size for f in p.parent.glob(p.name + ".data"))
+
+
+def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: int4.TaskBudget,
+            *, threads: int, timeout: float) -> Int4Candidate:
+    """Score ``c.path`` on the task, judge it, and time its decode step."""
+    got = int4.score_onnx(c.path, data, budget.steps, ref["tokens"], threads=threads,
+                          timeout=timeout)
+    if not got.get("ok"):
+        c.rejected = got.get("error", "scoring failed")
+        return c
+    j = int4.judge(ref, got, budget)
+    c.perplexity, c.perplexity_ratio = j["perplexity"], j["perplexity_ratio"]
+    c.agreement, c.free_agreement = j["agreement"], j["free_agreement"]
+    c.first_divergence, c.rejected = j["first_divergence"], j["rejected"]
+    c.size_bytes = file_bytes(c.path)
+    b = bench(c.path, decode_feeds(c.path), threads=threads, repeats=20, timeout=timeout)
+    c.decode_ms = b.median_ms if b.ok else None
+    return c
+
+
+def build(src: str, work: str, cell: tuple[int, int, str], algo: str = "rtn",
+          exclude: Sequence[str] = (), timeout: float = 600.0) -> Int4Candidate:
+    """Quantize ``src`` at one grid cell (block, accuracy_level, lm_head) in the pass child."""
+    block, level, head = cell
+    name = f"int4-b{block}-a{level}-head{head}" + (f"-{algo}" if algo != "rtn" else "")
+    if exclude:
+        name += f"-keep{len(exclude)}"
+    c = Int4Candidate(name, block, level, head, algo, list(exclude),
+                      path=str(Path(work) / f"{name}.onnx"))
+    opts = {"block_size": block, "accuracy_level": level, "lm_head": head, "algo": algo,
+            "nodes_to_exclude": list(exclude)}
+    ok, _, err = run_pipeline(Pipeline(name, [("onnxmedic.optimize.int4:quantize_int4", opts)],
+                                       precision="int4"), src, c.path, timeout=timeout)
+    if not ok:
+        c.rejected = f"not built: {err}"
+    return c
+
+
+def task_data(onnx_path: str, ref_step: int4.Step, past0: list[np.ndarray], tokenizer: Any,
+              budget: int4.TaskBudget) -> int4.TaskData:
+    """The built-in text through the tokenizer, or text sampled from the reference."""
+    encode = getattr(tokenizer, "encode", None)
+    if encode is not None:
+        return int4.builtin_data(encode, budget.prompts)
+    import onnx
+
+    out = onnx.load(onnx_path, load_external_data=False).graph.output[0]
+    vocab = out.type.tensor_type.shape.dim[-1].dim_value
+    if not vocab:
+        raise ValueError(f"{onnx_path}: the logits' last dim (the vocabulary) is not fixed")
+    return int4.sampled_data(ref_step, past0, vocab, budget.prompts)
+
+
+def choose(res: Int4Result, out: str | os.PathLike[str] | None) -> None:
+    """Pick the fastest int4 candidate within the budget; write it to ``out`` atomically."""
+    ok = [c for c in res.candidates if c.name != "fp32" and c.within]
+    fp32 = next((c for c in res.candidates if c.name == "fp32"), None)
+    if not ok:
+        res.message = (f"no int4 candidate is within the budget ({res.budget.describe()}); "
+                       "nothing was written. " + "; ".join(c.figures() for c in res.candidates))
+        return
+    best = min(ok, key=lambda c: (c.decode_ms is None, c.decode_ms or 0.0))
+    res.chosen = best.name
+    speed = (f", {fp32.decode_ms / best.decode_ms:.2f}x the float32 file's decode step"
+             if fp32 and fp32.decode_ms and best.decode_ms else "")
+    res.message = (f"int4 candidate {best.figures()}{speed}; {len(ok)} of "
+                   f"{len(res.candidates) - 1} int4 candidates within the budget "
+                   f"({res.budget.describe()}; PyTorch float32 perplexity "
+                   f"{res.reference_perplexity:.4g} on {res.data_source})")
+    if out is not None:
+        tmp = f"{out}.tmp-int4"
+        shutil.copyfile(best.path, tmp)
+        os.replace(tmp, out)
+        res.written = str(out)
+        res.message += f"; written to {out}"
+
+
+def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., Any], *,
+                  out: str | os.PathLike[str] | None = None, tokenizer: Any = None,
+                  data: int4.TaskData | None = None, budget: int4.TaskBudget | None = None,
+                  grid: Sequence[tuple[int, int, str]] | None = None, algo: str = "rtn",
+                  threads: int = 2, timeout: float = 600.0,
+                  reference_scores: dict[str, Any] | None = None,
+                  search: bool = True) -> Int4Result:
+    """Weight-only int4 candidates of the decoder step ``onnx_path`` (see optimize/int4.py),
+    each judged against ``reference`` (PyTorch, ``(input_ids, past) -> (logits, present)``)
+    by ``budget`` on ``data`` (default: the built-in text through ``tokenizer``, or text
+    sampled from the reference) and timed; the fastest within the budget is written to
+    ``out``. ``reference_scores``: PyTorch's :func:`int4.score` on ``data``, when already
+    computed. ``search``: where no candidate is within the budget, the per-layer search
+    (:func:`layer_search`) on the best of them. Raises ValueError when the file is not a
+    decoder step."""
+    budget = budget or int4.DEFAULT_BUDGET
+    src = str(onnx_path)
+    t0 = time.perf_counter()
+    past0 = int4.empty_past(src)
+    ref_step = int4.torch_step(reference)
+    data = data or task_data(src, ref_step, past0, tokenizer, budget)
+    data = int4.TaskData(data.prompts[:budget.prompts], data.text, data.source)
+    ref = reference_scores or int4.score(ref_step, past0, data, budget.steps)
+    seconds = {"reference": time.perf_counter() - t0}
+    res = Int4Result(budget, data.source, ref["perplexity"], [])
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-int4-") as work:
+        t1 = time.perf_counter()
+        res.candidates.append(measure(Int4Candidate("fp32", path=src), ref, data, budget,
+                                      threads=threads, timeout=timeout))
+        for cell in grid or DEFAULT_GRID:
+            c = build(src, work, cell, algo, timeout=timeout)
+            if not c.rejected:
+                measure(c, ref, data, budget, threads=threads, timeout=timeout)
+            res.candidates.append(c)
+            logger.info("int4: %s", c.figures())
+        tried = [c for c in res.candidates[1:] if c.perplexity is not None]
+        if search and tried and not any(c.within for c in tried):
+            best = max(tried, key=_merit)
+            res.candidates += layer_search(src, work, best, ref, data, budget,
+                                           threads=threads, timeout=timeout)
+        seconds["candidates"] = time.perf_counter() - t1
+        choose(res, out)
+    res.seconds = seconds
+    return res
+
+
+def optimize_decoder(onnx_path: str | os.PathLike[str], model: Any, *,
+                     out: str | os.PathLike[str] | None = None, accuracy: Any = None,
+                     threads: int = 2, timeout: float = 600.0) -> Int4Result:
+    """``optimize(..., precision="int4")``: :func:`optimize_int4` with the budget parsed from
+    ``accuracy`` (:func:`int4.parse_budget`) and the model's own ``tokenizer`` attribute, where
+    it has one. A file that is not a decoder step raises OnnxMedicError (OM733)."""
+    from onnxmedic.findings import OnnxMedicError, error
+
+    budget = accuracy if isinstance(accuracy, int4.TaskBudget) else int4.parse_budget(accuracy)
+    try:
+        int4.empty_past(str(onnx_path))
+    except ValueError as e:
+        raise OnnxMedicError(error("OM733", "optimize", str(e), suggestion="Export one "
+                                   "decoding step with its past as bench/zoo/hf.py's DecodeStep "
+                                   "does, and give that module as the model.")) from e
+    was_training = getattr(model, "training", False)
+    if was_training:
+        model.eval()
+    try:
+        return optimize_int4(onnx_path, model, out=out, tokenizer=getattr(model, "tokenizer", None),
+                             budget=budget, threads=threads, timeout=timeout)
+    finally:
+        if was_training:
+            model.train()
+
+
+def print_result(res: Int4Result) -> None:
+    """The int4 candidate table (``onnxmedic optimize --precision int4``)."""
+    print(f"int4 judged by the task budget: {res.budget.describe()} (--accuracy); text: "
+          f"{res.data_source}; PyTorch float32 perplexity {res.reference_perplexity:.4g}")
+    print(f"{'candidate':28} {'perplexity':>10} {'delta':>8} {'agree':>7} {'own':>7} "
+          f"{'decode ms':>9} {'MiB':>7}  why rejected")
+    for c in res.candidates:
+        if c.perplexity is None:
+            print(f"{c.name:28} {'-':>10} {'-':>8} {'-':>7} {'-':>7} {'-':>9} {'-':>7}  "
+                  f"{c.rejected}")
+            continue
+        ms = f"{c.decode_ms:.3f}" if c.decode_ms is not None else "-"
+        mib = f"{c.size_bytes / 2**20:.2f}" if c.size_bytes else "-"
+        print(f"{c.name:28} {c.perplexity:10.4g} {(c.perplexity_ratio - 1) * 100:+7.2f}% "
+              f"{c.agreement * 100:6.1f}% {c.free_agreement * 100:6.1f}% {ms:>9} {mib:>7}  "
+              f"{c.rejected}".rstrip())
+    for f in res.findings():
+        if f.code != "OM730":
+            print(f"{f.code} {f.message}")
+
+
+def cli_main(ns: Any) -> int:
+    """``onnxmedic optimize --precision int4``: 0 when an int4 file is within the budget
+    (written with -o), 1 when none is (OM731) or the file is not a decoder step (OM733), 2 for
+    a bad budget or target."""
+    import json
+    import sys
+
+    from onnxmedic import inputs
+    from onnxmedic.findings import OnnxMedicError
+
+    if ns.target != "cpu" or ns.calibration is not None:
+        sys.stderr.write("onnxmedic optimize: error: --precision int4 is for --target cpu "
+                         "and takes no --calibration yet\n")
+        return 2
+    try:
+        budget = int4.parse_budget(ns.accuracy)
+    except ValueError as e:
+        sys.stderr.write(f"onnxmedic optimize: error: {e}\n")
+        return 2
+    try:
+        model, _ = inputs.load_model(ns.model)
+        res = optimize_decoder(ns.onnx, model, out=ns.output, accuracy=budget,
+                               threads=ns.threads, timeout=ns.timeout)
+    except OnnxMedicError as err:
+        sys.stderr.write(err.finding.one_paragraph() + "\n")
+        return err.finding.exit_code
+    if ns.json:
+        sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
+    else:
+        print_result(res)
+    return 0 if res.ok else 1
+
+
+def quantizable(src: str) -> list[str]:
+    """Names of the MatMuls with a constant 2-D weight (what the quantizer turns into
+    MatMulNBits), in graph order."""
+    import onnx
+
+    graph = onnx.load(src, load_external_data=False).graph
+    weights = {i.name for i in graph.initializer if len(i.dims) == 2}
+    return [n.name for n in graph.node
+            if n.op_type == "MatMul" and n.name and len(n.input) > 1 and n.input[1] in weights]
+
+
+def _merit(c: Int4Candidate) -> float:
+    """One number to rank by: agreement minus the perplexity's relative rise."""
+    if c.perplexity is None:
+        return float("-inf")
+    return (c.agreement or 0.0) - ((c.perplexity_ratio or 1.0) - 1.0)
+
+
+def layer_search(src: str, work: str, base: Int4Candidate, ref: dict[str, Any],
+                 data: int4.TaskData, budget: int4.TaskBudget, *, threads: int = 2,
+                 timeout: float = 600.0, max_keep: int = 16) -> list[Int4Candidate]:
+    """The per-layer search of an int4 candidate outside the budget: each layer it quantized
+    kept float32 alone ranks the layers by what that buys (agreement minus the perplexity's
+    rise); then the top 1, 2, 4, ... stay float32 (their original MatMul) until a candidate is
+    within the budget or ``max_keep`` is reached. Returns that curve's candidates."""
+    cell = (base.block_size or 32, base.accuracy_level or 0, base.lm_head or "int4")
+    layers = quantizable(src)
+    import onnx
+
+    head = int4.lm_head_node(onnx.load(src, load_external_data=False).graph)
+    if cell[2] != "int4":
+        layers = [n for n in layers if n != head]
+    gains = {}
+    for name in layers:
+        c = build(src, work, cell, base.algo, exclude=[name], timeout=timeout)
+        if not c.rejected:
+            measure(c, ref, data, budget, threads=threads, timeout=timeout)
+        gains[name] = _merit(c) - _merit(base)
+    ranked = sorted(layers, key=lambda n: -gains[n])
+    curve, k = [], 1
+    while k <= min(max_keep, len(ranked)):
+        c = build(src, work, cell, base.algo, exclude=ranked[:k], timeout=timeout)
+        if not c.rejected:
+            measure(c, ref, data, budget, threads=threads, timeout=timeout)
+        curve.append(c)
+        logger.info("int4 layer search: %s", c.figures())
+        if c.within:
+            break
+        k *= 2
+    return curve
