@@ -8,7 +8,7 @@ a verification. It ranks the layers by what keeping each alone float32 buys the 
 cosine, and predicts the fewest of them that reach the budget; candidates._int8_with_sensitivity
 builds and verifies that count. A layer's own error can mislead both ways: an outlier that
 wrecks a layer whose output hardly matters, or a small error that the rest of the model
-amplifies (the ~110M Llama step of bench/optimize.py, weight-only int8: ranked by their own
+amplifies (the ~110M Llama step of bench/optimize/optimize.py, weight-only int8: ranked by their own
 errors, 11 layers had to stay float32; ranked on the whole model, 3).
 
 The layers' own errors (:func:`layer_errors`; the fallback where no layer can be switched):
