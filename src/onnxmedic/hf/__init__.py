@@ -13,11 +13,13 @@ package (onnxmedic.hf.generation).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,7 @@ STAGE = "inputs"
 EXPORT_OPTIONS = ("timeout", "tolerance", "explain", "dtype_policy", "ort_version", "localize",
                   "on_stage", "optimize", "precision", "accuracy", "cuda_graph")
 # dims the model fixed: the export is retried with the batch dims alone
-_DIM_FAILURES = {"OM401", "OM402", "OM407"}
+_DIM_FAILURES = {"OM111", "OM401", "OM402", "OM407"}
 
 
 @dataclass
@@ -316,11 +318,14 @@ def _export_task(loaded: Loaded, f: Any, dynamic: Any, report: Any,
     tmp = Path(tempfile.mkdtemp(prefix=".onnxmedic-hf-", dir=dest.parent)) if dest else None
     try:
         target = tmp / dest.name if tmp is not None and dest is not None else None
-        res = api.export(module, (), target, kwargs=ex.kwargs, dynamic_shapes=dyn, **options)
-        if dynamic is True and _dims_failed(res):
-            batch = {k: {d: n for d, n in v.items() if d == 0} for k, v in ex.dynamic.items()}
-            loaded.notes.append("only the batch dims are dynamic: the model fixed the others "
-                                f"({', '.join(sorted(_dim_codes(res)))} at the first try)")
+        warm_up(module, ex.kwargs)
+        batch = {k: {d: n for d, n in v.items() if d == 0} for k, v in ex.dynamic.items()}
+        retry = dynamic is True and batch != ex.dynamic
+        with _quiet_torch(retry):
+            res = api.export(module, (), target, kwargs=ex.kwargs, dynamic_shapes=dyn, **options)
+        if retry and _dims_failed(res):
+            loaded.notes.append("only the batch dims are dynamic: with the others dynamic too "
+                                f"the export failed ({', '.join(sorted(_dim_codes(res)))})")
             res = api.export(module, (), target, kwargs=ex.kwargs, dynamic_shapes=batch,
                              **options)
         _name_outputs(res, module.output_names, target, dest)
@@ -328,6 +333,40 @@ def _export_task(loaded: Loaded, f: Any, dynamic: Any, report: Any,
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return _finish(_annotate(res, loaded, spec, ex, module.output_names), report)
+
+
+def warm_up(module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
+    """One eager call in eval mode, before export: transformers (5.x) installs its
+    output-capturing hooks on a model's first call and marks the model with an attribute.
+    Export puts the attributes a call adds back as they were, but not the hooks, so a second
+    export of that model would install them twice (and compute wrong values). Called here,
+    the hooks and the mark are there before export looks. The global RNG and each
+    submodule's mode are left as they were."""
+    from onnxmedic import borrow
+
+    modes = borrow.module_modes(module)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            module.eval()
+            module(**kwargs)
+    except Exception:  # export's preflight reports a model that fails in PyTorch
+        logger.debug("warm-up call failed", exc_info=True)
+    finally:
+        borrow.restore_modes(modes)
+
+
+@contextlib.contextmanager
+def _quiet_torch(quiet: bool) -> Iterator[None]:
+    """torch.export logs each guard it cannot satisfy at ERROR level; a first try whose
+    failure is retried with fewer dynamic dims keeps that out of the user's terminal."""
+    log = logging.getLogger("torch._guards")
+    level = log.level
+    if quiet:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _dim_codes(res: ExportResult) -> set[str]:

@@ -109,7 +109,11 @@ def main_input(model_type: str) -> str | None:
 
 
 def _modality_ok(task: Task, model_type: str) -> bool:
-    if task.modality in ("any", "text+vision"):
+    if task.modality == "text+vision":
+        return True
+    if classes_for("MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES", model_type):
+        return False  # a dual encoder (CLIP): its base model takes text and images together
+    if task.modality == "any":
         return True
     main = main_input(model_type)
     want = {"text": "input_ids", "vision": "pixel_values", "audio": "input_values"}[task.modality]
@@ -139,7 +143,11 @@ def detect_task(config: dict[str, Any], folder: Path | None = None) -> str | Non
     for name, (_auto, mapping) in GENERATION.items():
         if name.endswith("-with-past") and arch in classes_for(mapping, model_type):
             return name
-    for task in TASKS.values():
+    # the base model (feature-extraction) last: a CLIPModel is both a base model and the
+    # zero-shot-image-classification model
+    order = [t for t in TASKS.values() if t.name != "feature-extraction"] + \
+        [TASKS["feature-extraction"]]
+    for task in order:
         if task.name == "sentence-similarity":
             continue
         if any(arch in classes_for(m, model_type) for m in task.mappings) and \
@@ -215,7 +223,7 @@ class TaskModule(torch.nn.Module):
         self.model = model
         self.task = task
         self.pooling = pooling
-        self.output_names: list[str] = []
+        self.output_names = output_names(task, model)
         self.training = model.training  # export() switches (and restores) the modes itself
 
     def forward(self, input_ids: torch.Tensor | None = None,
@@ -227,17 +235,24 @@ class TaskModule(torch.nn.Module):
                                    ("token_type_ids", token_type_ids),
                                    ("pixel_values", pixel_values), ("input_values", input_values))
                  if v is not None}
+        if self.task == "text-generation":
+            given["use_cache"] = False  # one forward pass: the logits, no cache
         out = self.model(**given, return_dict=True)
         if self.task == "sentence-similarity":
             tokens = out["last_hidden_state"]
-            values = {"token_embeddings": tokens,
-                      "sentence_embedding": self.pooling(tokens, attention_mask)}
-        else:
-            values = {k: out[k] for k in TASKS[self.task].outputs
-                      if isinstance(out.get(k), torch.Tensor)}
-        if not self.output_names:
-            self.output_names = list(values)
-        return tuple(values[k] for k in self.output_names)
+            return tokens, self.pooling(tokens, attention_mask)
+        return tuple(out[k] for k in self.output_names)
+
+
+def output_names(task: str, model: torch.nn.Module) -> list[str]:
+    """The outputs the task exports, named as optimum names them; image-segmentation: a
+    semantic-segmentation model's logits, or DETR's logits, boxes and masks."""
+    names = list(TASKS[task].outputs)
+    if task == "image-segmentation":
+        semantic = classes_for("MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+                               getattr(model.config, "model_type", ""))
+        return names[:1] if type(model).__name__ in semantic else names
+    return names
 
 
 # ---------------------------------------------------------------------------------------------
