@@ -281,14 +281,16 @@ def _max_length(config: Any) -> int:
     return int(getattr(config, "max_position_embeddings", 0) or 512)
 
 
-def _tokenize(task: str, tokenizer: Any, config: Any) -> dict[str, torch.Tensor]:
+def _tokenize(task: str, tokenizer: Any, config: Any, segments: bool) -> dict[str, torch.Tensor]:
     if tokenizer.pad_token is None and getattr(tokenizer, "eos_token", None) is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    kw = dict(return_tensors="pt", padding=tokenizer.pad_token is not None, truncation=True,
-              max_length=_max_length(config))
+    kw: dict[str, Any] = dict(return_tensors="pt", padding=tokenizer.pad_token is not None,
+                              truncation=True, max_length=_max_length(config))
+    if segments:  # the model has segment embeddings: the tokenizer's token_type_ids
+        kw["return_token_type_ids"] = True
     texts = TEXTS if tokenizer.pad_token is not None else TEXTS[:1]
     if task == "fill-mask" and tokenizer.mask_token is not None:
-        texts = [t.replace("every", tokenizer.mask_token, 1) for t in texts]
+        texts = [t.rsplit(" ", 1)[0] + " " + tokenizer.mask_token for t in texts]
     if task == "question-answering":
         return dict(tokenizer(QUESTIONS[:len(texts)], texts, **kw))
     if task == "multiple-choice":
@@ -376,15 +378,16 @@ def example_inputs(task: str, model: torch.nn.Module, tokenizer: Any = None,
     dims: dict[str, dict[int, str]] = {}
     sources = []
     if modality in ("text", "text+vision"):
+        segments = _accepts(model, "token_type_ids") and \
+            int(getattr(config, "type_vocab_size", 0) or 0) > 1
         if tokenizer is not None:
-            kwargs.update(_tokenize(task, tokenizer, config))
+            kwargs.update(_tokenize(task, tokenizer, config, segments))
             sources.append("text through the folder's tokenizer")
         else:
             kwargs.update(_synthetic_ids(task, config, gen))
             sources.append("token ids from the config (no tokenizer)")
         kwargs = {k: v for k, v in kwargs.items() if _accepts(model, k)}
-        if "token_type_ids" not in kwargs and _accepts(model, "token_type_ids") and \
-                int(getattr(config, "type_vocab_size", 0) or 0) > 1:
+        if "token_type_ids" not in kwargs and segments:
             kwargs["token_type_ids"] = torch.zeros_like(kwargs["input_ids"])
         text_dims = CHOICE_DIMS if task == "multiple-choice" else TEXT_DIMS
         if modality == "text+vision":
