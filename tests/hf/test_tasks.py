@@ -72,7 +72,8 @@ def test_task_exports_verified_with_optimum_names(hf_folder, tmp_path, name, tas
                                                    inputs, outputs):
     folder = hf_folder(name)
     out = tmp_path / "model.onnx"
-    res = onnxmedic.export_pretrained(folder, out, task=task)
+    # segformer's symbolic sizes take long to capture: static here (yolos covers height/width)
+    res = onnxmedic.export_pretrained(folder, out, task=task, dynamic=name != "segformer")
     assert res.ok, [f.one_paragraph() for f in res.errors]
     assert res.path == str(out) and out.is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]  # no temp left over
@@ -83,8 +84,10 @@ def test_task_exports_verified_with_optimum_names(hf_folder, tmp_path, name, tas
     assert [i.name for i in model.graph.input] == inputs
     assert [o.name for o in model.graph.output] == outputs
     first = _dims(model.graph.input[0])
-    assert first[0] in ("batch_size", "text_batch_size")
-    if inputs[0] in ("input_ids", "input_values"):
+    assert first[0] in ("batch_size", "text_batch_size") or name == "segformer"
+    if name == "segformer":
+        assert first == [2, 3, 64, 64]
+    elif inputs[0] in ("input_ids", "input_values"):
         assert first[-1] == "sequence_length"
     if expected == "multiple-choice":
         assert first == ["batch_size", "num_choices", "sequence_length"]

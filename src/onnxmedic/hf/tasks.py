@@ -357,6 +357,7 @@ def _audio(processor: Any, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor],
     return {"input_values": x.to(dtype)}, "two tones, normalised (no feature extractor)"
 
 
+INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids", "pixel_values", "input_values")
 TEXT_DIMS = {0: "batch_size", 1: "sequence_length"}
 CHOICE_DIMS = {0: "batch_size", 1: "num_choices", 2: "sequence_length"}
 
@@ -404,4 +405,5 @@ def example_inputs(task: str, model: torch.nn.Module, tokenizer: Any = None,
         kwargs.update(audio)
         dims.update({k: dict(TEXT_DIMS) for k in audio})
         sources.append(how)
+    kwargs = {k: kwargs[k] for k in INPUT_ORDER if k in kwargs}  # optimum's input order
     return Example(kwargs, dims, "; ".join(sources))
