@@ -56,8 +56,15 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
 def tokenizer(kind: str = "wordpiece") -> Any:
     """A tokenizer trained here on CORPUS: WordPiece with [CLS]/[SEP] (BERT-like), or
     byte-level BPE with an end-of-text token (GPT-2-like)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers import trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     if kind == "bpe":
