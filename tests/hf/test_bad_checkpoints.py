@@ -92,6 +92,8 @@ class TinyModel(PreTrainedModel):
         self.emb = torch.nn.Embedding(config.vocab_size, config.hidden_size)
         self.post_init()
     def forward(self, input_ids, attention_mask=None, return_dict=True, **kw):
+        if getattr(self.config, "fail_forward", False):
+            raise RuntimeError("this model fails in PyTorch")
         h = self.emb(input_ids)
         if attention_mask is not None:
             h = h * attention_mask.unsqueeze(-1)
@@ -135,6 +137,19 @@ def test_remote_code_runs_when_trusted(remote_folder, out):
     assert res.ok, [f.one_paragraph() for f in res.findings]
     assert (remote_folder / "RAN").exists()
     assert [p.name for p in out.iterdir()] == ["m.onnx"]
+
+
+def test_a_model_that_fails_to_export_writes_nothing(remote_folder, out):
+    cfg = json.loads((remote_folder / "config.json").read_text())
+    (remote_folder / "config.json").write_text(json.dumps(dict(cfg, fail_forward=True)))
+    dest = out / "m.onnx"
+    res = onnxmedic.export_pretrained(remote_folder, dest, task="feature-extraction",
+                                      trust_remote_code=True)
+    assert not res.ok and "OM100" in _codes(res)
+    assert list(out.iterdir()) == []  # no file, no temporary folder
+    not_written = next(f for f in res.findings if f.code == "OM010")
+    assert str(dest) in not_written.message
+    assert res.stages["inputs"] == "passed" and res.stages["preflight"] == "failed"
 
 
 class Payload:

@@ -31,7 +31,6 @@ CASES = [
      ["start_logits", "end_logits"]),
     ("bert-mc", None, "multiple-choice", ["input_ids", "attention_mask", "token_type_ids"],
      ["logits"]),
-    ("distilbert", None, "text-classification", ["input_ids", "attention_mask"], ["logits"]),
     ("gpt2", "text-generation", "text-generation", ["input_ids", "attention_mask"], ["logits"]),
     ("vit", None, "image-classification", ["pixel_values"], ["logits"]),
     ("segformer", None, "image-segmentation", ["pixel_values"], ["logits"]),
