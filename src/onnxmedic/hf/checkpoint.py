@@ -198,8 +198,11 @@ def load_model(ckpt: Checkpoint, auto_class: str, dtype: str, trust_remote_code:
 
     check_pickles(ckpt)
     cls = getattr(transformers, auto_class)
+    # transformers renamed torch_dtype to dtype in 4.56
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
     try:
-        model = cls.from_pretrained(str(ckpt.folder), dtype=DTYPES[dtype],
+        model = cls.from_pretrained(str(ckpt.folder), **{dtype_kw: DTYPES[dtype]},
                                     trust_remote_code=trust_remote_code, **(extra or {}))
     except Exception as e:
         if "trust_remote_code" in str(e):
