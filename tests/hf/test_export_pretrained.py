@@ -117,3 +117,33 @@ def test_bert_base_real_size(tmp_path):
                                                    "token_type_ids"]
     assert [o.name for o in model.graph.output] == ["last_hidden_state"]
     assert out.stat().st_size > 400e6
+
+
+def test_with_past_tasks_go_to_the_generation_package(monkeypatch, hf_folder, tmp_path):
+    """The contract with onnxmedic.hf.generation: export_generation(model, out_dir, *,
+    tokenizer, task, verify, steps, prompts, opset, report, timeout) gets the loaded model (in
+    eval mode) and the folder's tokenizer."""
+    import sys
+    import types
+
+    import onnxmedic.hf as hf
+    from onnxmedic.result import ExportResult
+
+    calls = []
+
+    def export_generation(model, out_dir, **kw):
+        calls.append((model, out_dir, kw))
+        return ExportResult(ok=True, path=str(out_dir))
+
+    fake = types.ModuleType("onnxmedic.hf.generation")
+    fake.export_generation = export_generation
+    monkeypatch.setitem(sys.modules, "onnxmedic.hf.generation", fake)
+    monkeypatch.setattr(hf, "generation", fake, raising=False)
+    monkeypatch.setattr(hf, "_generation_available", lambda: True)
+    res = onnxmedic.export_pretrained(hf_folder("gpt2"), tmp_path / "pkg", timeout=30)
+    assert res.ok and len(calls) == 1
+    model, out_dir, kw = calls[0]
+    assert type(model).__name__ == "GPT2LMHeadModel" and not model.training
+    assert out_dir == tmp_path / "pkg"
+    assert kw["task"] == "text-generation-with-past" and kw["timeout"] == 30
+    assert kw["tokenizer"] is not None and kw["verify"] is True
