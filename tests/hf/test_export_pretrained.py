@@ -67,11 +67,16 @@ def test_no_output_file_keeps_the_model_in_memory(hf_folder):
 
 
 def test_dynamic_dims_as_given(hf_folder, tmp_path):
-    out = tmp_path / "m.onnx"
+    out, report = tmp_path / "m.onnx", tmp_path / "r.json"
     res = onnxmedic.export_pretrained(
-        hf_folder("distilbert"), out,
+        hf_folder("distilbert"), out, report=report,
         dynamic={"input_ids": {0: "n"}, "attention_mask": {0: "n"}})
     assert res.ok
+    data = json.loads(report.read_text())  # the report is the checkpoint's, written at the end
+    assert data["ok"] and data["path"] == str(out) and data["model"].startswith("hf:")
+    assert data["findings"][0]["code"] == "OM809"
+    assert data["stages"]["inputs"] == "passed"
+    assert {c["name"] for c in data["verification"]} == {"logits"}
     dims = [d.dim_param or d.dim_value for d in
             onnx.load(str(out)).graph.input[0].type.tensor_type.shape.dim]
     assert dims[0] == "n" and isinstance(dims[1], int)
