@@ -24,6 +24,7 @@ from onnxmedic.api import (
     verify,
 )
 from onnxmedic.findings import CODES, Finding, Location, Severity
+from onnxmedic.hf import export_pretrained
 from onnxmedic.ops import translation
 from onnxmedic.optimize import bench, optimize
 from onnxmedic.version import __version__
@@ -42,6 +43,7 @@ __all__ = [
     "bench",
     "doctor",
     "export",
+    "export_pretrained",
     "localize",
     "optimize",
     "reduce",

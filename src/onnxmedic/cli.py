@@ -56,7 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="export a model to ONNX and verify it", epilog=EPILOG)
     e.add_argument("model", metavar="MODEL",
-                   help="path/file.py:Attr, pkg.module:Attr or model.pt2")
+                   help="path/file.py:Attr, pkg.module:Attr, model.pt2, or hf:ID_OR_FOLDER (a "
+                   "Hugging Face hub id or a folder written by save_pretrained)")
+    e.add_argument("--task", metavar="TASK",
+                   help="hf: models: the task, by optimum's name (fill-mask, "
+                   "text-classification, question-answering, image-classification, "
+                   "text-generation-with-past ...); detected from config.architectures if left "
+                   "out")
+    e.add_argument("--dtype", choices=["fp32", "fp16", "bf16"],
+                   help="hf: models: the dtype the checkpoint is loaded in (default fp32)")
+    e.add_argument("--trust-remote-code", action="store_true",
+                   help="hf: models: allow the checkpoint's own Python code (never implied)")
     e.add_argument("-o", "--output", metavar="OUT.onnx", help="where to write the verified model")
     e.add_argument("--dynamic", action="append", default=[], metavar="SPEC",
                    help="dynamic dims: INPUT:DIM=NAME[,DIM=NAME], e.g. x:0=batch; or "
@@ -212,6 +222,8 @@ def _run(ns: argparse.Namespace) -> Any:
         return _sweep_command(ns)
     result = api.ExportResult(command=ns.command, model=ns.model, inputs=list(ns.input))
     try:
+        if ns.command == "export" and ns.model.startswith(HF_PREFIX):
+            return _hf_export(ns)
         model, _source = inputs.load_model(ns.model)
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
         if ns.command == "export":
@@ -248,6 +260,44 @@ def _run(ns: argparse.Namespace) -> Any:
 
         write_report(result, ns.report)
     return result
+
+
+HF_PREFIX = "hf:"
+
+
+def _hf_flag_error(ns: argparse.Namespace) -> str | None:
+    """Flags that only go with hf: models, and those that do not go with them."""
+    if ns.command != "export":
+        return None
+    if not ns.model.startswith(HF_PREFIX):
+        used = [f for f, v in (("--task", ns.task), ("--dtype", ns.dtype),
+                               ("--trust-remote-code", ns.trust_remote_code)) if v]
+        return (f"{', '.join(used)} {'goes' if len(used) == 1 else 'go'} only with hf: models "
+                "(hf:ID_OR_FOLDER)") if used else None
+    if ns.input:
+        return ("--input is not used with hf: models: the example inputs come from the "
+                "checkpoint's tokenizer or processor and its config")
+    if ns.repro or ns.calibration is not None:
+        return "--repro and --calibration are not available for hf: models"
+    return None
+
+
+def _hf_export(ns: argparse.Namespace) -> Any:
+    """export hf:ID_OR_FOLDER: onnxmedic.export_pretrained with the export command's flags."""
+    from onnxmedic import inputs
+    from onnxmedic.hf import export_pretrained
+
+    dynamic: Any = True
+    if ns.dynamic:
+        dynamic = inputs.parse_dynamic_specs(ns.dynamic)
+    return export_pretrained(
+        ns.model, ns.output, task=ns.task, dtype=ns.dtype or "fp32",
+        trust_remote_code=ns.trust_remote_code, dynamic=dynamic, target=ns.target,
+        opset=ns.opset, verify=not ns.no_verify, report=ns.report,
+        keep_unverified=ns.keep_unverified, timeout=ns.timeout, tolerance=_tolerance(ns),
+        explain=ns.explain, dtype_policy=ns.dtype_policy, ort_version=ns.ort_version,
+        optimize=ns.optimize, precision=ns.precision, accuracy=ns.accuracy,
+        cuda_graph=ns.cuda_graph)
 
 
 @contextlib.contextmanager
@@ -313,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "export":
         from onnxmedic.optimize.cli import calibration_flag_error
 
-        if bad := calibration_flag_error(ns):
+        if bad := calibration_flag_error(ns) or _hf_flag_error(ns):
             build_parser().error(bad)
     if (ns.command in ("export", "optimize") and getattr(ns, "accuracy", None) is not None
             and getattr(ns, "precision", "") != "int4"):  # int4: a task budget (optimize/int4)

@@ -695,6 +695,62 @@ CODES: dict[str, CodeInfo] = {
         "past, head_dim) in, the logits and the present out, with a PyTorch model of the same "
         "contract (bench/zoo/hf.py's DecodeStep); the file given is not one.",
     ),
+    # OM80x: Hugging Face checkpoints (onnxmedic.hf, export hf:...)
+    "OM800": CodeInfo(
+        "not a Hugging Face checkpoint", 1,
+        "The folder given is missing, a file, or not a checkpoint: no config.json, a config "
+        "that cannot be read, or a config without weights (model.safetensors, "
+        "pytorch_model.bin). Nothing was loaded or written.",
+    ),
+    "OM801": CodeInfo(
+        "hub checkpoint cannot be fetched", 1,
+        "A hub id was given but its files cannot be downloaded or found in the local cache: "
+        "no network, HF_HUB_OFFLINE set without a cached snapshot, or no such repository.",
+    ),
+    "OM802": CodeInfo(
+        "checkpoint needs its own code", 1,
+        "The checkpoint's architecture is defined only by Python code it ships (config.json "
+        "auto_map); onnxmedic never runs it unless trust_remote_code=True "
+        "(--trust-remote-code) is given, and ran nothing from it.",
+    ),
+    "OM803": CodeInfo(
+        "unsafe pickled weights refused", 1,
+        "A pytorch_model.bin holds Python objects that are not plain tensors: unpickling it "
+        "could run code. .bin weights are read only with torch.load(weights_only=True); the "
+        "file was refused and nothing of it was run.",
+    ),
+    "OM804": CodeInfo(
+        "unknown task", 2,
+        "The task named is not one of optimum's task names that onnxmedic knows; the message "
+        "lists them.",
+    ),
+    "OM805": CodeInfo(
+        "task not served by the model", 1,
+        "The model cannot serve the task asked for (its type has no head for it), or the task "
+        "cannot be told from config.architectures; the message names the tasks it can serve.",
+    ),
+    "OM806": CodeInfo(
+        "tokenizer missing", 1,
+        "The task takes text but the checkpoint folder has no tokenizer (or it cannot be "
+        "loaded): the example inputs and the deployment both need it.",
+    ),
+    "OM807": CodeInfo(
+        "task not available", 1,
+        "A generation task (with a KV cache, or an encoder-decoder) whose export is not "
+        "available in this onnxmedic; the message names what is.",
+    ),
+    "OM808": CodeInfo(
+        "checkpoint cannot be loaded", 1,
+        "transformers cannot build the model from the checkpoint (corrupt or mismatched "
+        "weights, a model type the installed transformers does not know), or transformers / "
+        "huggingface_hub is not installed.",
+    ),
+    "OM809": CodeInfo(
+        "checkpoint exported for a task", 0,
+        "What export_pretrained did: the task (given or detected from config.architectures), "
+        "the dtype the checkpoint was loaded in, where the example inputs came from (the "
+        "folder's tokenizer, the config), and the input and output names.",
+    ),
 }
 
 

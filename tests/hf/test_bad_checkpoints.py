@@ -1,0 +1,324 @@
+"""Bad input to export_pretrained and `onnxmedic export hf:...`: each gets its finding code
+(OM800-OM808) and exit code, nothing is written, and nothing of an unsafe checkpoint runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import onnxmedic
+from onnxmedic.cli import main
+
+
+def _codes(res):
+    return [f.code for f in res.errors]
+
+
+def _fails_with(res, code, out_dir, exit_code=1):
+    assert not res.ok and _codes(res) == [code], [f.one_paragraph() for f in res.findings]
+    assert res.exit_code == exit_code
+    assert res.stages == {"inputs": "failed"}
+    assert list(out_dir.iterdir()) == []  # nothing written, no temp left over
+
+
+@pytest.fixture
+def out(tmp_path):
+    d = tmp_path / "out"
+    d.mkdir()
+    return d
+
+
+def test_folder_without_config_is_not_a_checkpoint(tmp_path, out):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "weights.txt").write_text("x")
+    res = onnxmedic.export_pretrained(tmp_path / "ckpt", out / "m.onnx")
+    _fails_with(res, "OM800", out)
+    assert "no config.json" in res.errors[0].message and "weights.txt" in res.errors[0].message
+
+
+def test_config_without_weights_is_not_a_checkpoint(tmp_path, out, hf_folder):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    shutil.copy(hf_folder("bert") / "config.json", folder)
+    res = onnxmedic.export_pretrained(str(folder), out / "m.onnx")
+    _fails_with(res, "OM800", out)
+    assert "no weights" in res.errors[0].message
+
+
+@pytest.mark.parametrize("spec", ["./no/such/folder", "/no/such/folder", "a/b/c"])
+def test_missing_folder_is_not_a_checkpoint(spec, out):
+    _fails_with(onnxmedic.export_pretrained(spec, out / "m.onnx"), "OM800", out)
+
+
+def test_a_file_or_a_broken_config_is_not_a_checkpoint(tmp_path, out):
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    _fails_with(onnxmedic.export_pretrained(tmp_path / "model.safetensors", out / "m.onnx"),
+                "OM800", out)
+    (tmp_path / "config.json").write_text("{not json")
+    _fails_with(onnxmedic.export_pretrained(tmp_path, out / "m.onnx"), "OM800", out)
+
+
+def test_hub_id_without_network_is_om801(monkeypatch, tmp_path, out):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    res = onnxmedic.export_pretrained("onnxmedic-test/no-such-model", out / "m.onnx")
+    _fails_with(res, "OM801", out)
+    assert "HF_HUB_OFFLINE" in res.errors[0].message
+
+
+REMOTE_CODE = '''
+import pathlib
+pathlib.Path(MARKER).write_text("the checkpoint's code ran")
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+
+class TinyConfig(PretrainedConfig):
+    model_type = "onnxmedic_tiny"
+    def __init__(self, vocab_size=128, hidden_size=8, **kw):
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        super().__init__(**kw)
+
+class TinyModel(PreTrainedModel):
+    config_class = TinyConfig
+    def __init__(self, config):
+        super().__init__(config)
+        self.emb = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        self.post_init()
+    def forward(self, input_ids, attention_mask=None, return_dict=True, **kw):
+        if getattr(self.config, "fail_forward", False):
+            raise RuntimeError("this model fails in PyTorch")
+        h = self.emb(input_ids)
+        if attention_mask is not None:
+            h = h * attention_mask.unsqueeze(-1)
+        return BaseModelOutput(last_hidden_state=torch.tanh(h))
+'''
+
+
+@pytest.fixture
+def remote_folder(tmp_path, hf_folder):
+    """A checkpoint whose architecture only its own code defines (config.json auto_map); its
+    code leaves a file RAN beside it when it runs."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    # transformers runs a copy of the code (in its modules cache): the marker's path is absolute
+    (folder / "tiny.py").write_text(f"MARKER = {str(folder / 'RAN')!r}\n" + REMOTE_CODE)
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "onnxmedic_tiny", "architectures": ["TinyModel"], "vocab_size": 128,
+        "hidden_size": 8, "auto_map": {"AutoConfig": "tiny.TinyConfig",
+                                       "AutoModel": "tiny.TinyModel"}}))
+    g = torch.Generator().manual_seed(0)
+    save_file({"emb.weight": torch.randn(128, 8, generator=g)}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf_folder("bert") / name, folder)
+    (folder / "RAN").unlink(missing_ok=True)
+    return folder
+
+
+def test_remote_code_is_refused_and_not_run(remote_folder, out):
+    res = onnxmedic.export_pretrained(remote_folder, out / "m.onnx")
+    _fails_with(res, "OM802", out)
+    assert "tiny.TinyModel" in res.errors[0].message
+    assert not (remote_folder / "RAN").exists()
+
+
+def test_remote_code_runs_when_trusted(remote_folder, out):
+    res = onnxmedic.export_pretrained(remote_folder, out / "m.onnx", task="feature-extraction",
+                                      trust_remote_code=True)
+    assert res.ok, [f.one_paragraph() for f in res.findings]
+    assert (remote_folder / "RAN").exists()
+    assert [p.name for p in out.iterdir()] == ["m.onnx"]
+
+
+def test_a_model_that_fails_to_export_writes_nothing(remote_folder, out):
+    cfg = json.loads((remote_folder / "config.json").read_text())
+    (remote_folder / "config.json").write_text(json.dumps(dict(cfg, fail_forward=True)))
+    dest = out / "m.onnx"
+    res = onnxmedic.export_pretrained(remote_folder, dest, task="feature-extraction",
+                                      trust_remote_code=True)
+    assert not res.ok and "OM100" in _codes(res)
+    assert list(out.iterdir()) == []  # no file, no temporary folder
+    not_written = next(f for f in res.findings if f.code == "OM010")
+    assert str(dest) in not_written.message
+    assert res.stages["inputs"] == "passed" and res.stages["preflight"] == "failed"
+
+
+class Payload:
+    """Unpickled with weights_only=False, this creates the file it names."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_pickle_carrying_code_is_refused(tmp_path, out, hf_folder):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(hf_folder("bert-cls"), folder)
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "UNPICKLED"
+    torch.save({"bert.embeddings.word_embeddings.weight": torch.zeros(128, 32),
+                "extra": Payload(marker)}, folder / "pytorch_model.bin")
+    res = onnxmedic.export_pretrained(folder, out / "m.onnx")
+    _fails_with(res, "OM803", out)
+    assert not marker.exists()
+
+
+def test_plain_bin_weights_load(tmp_path, out):
+    from tests.hf import checkpoints
+
+    folder = checkpoints.save(tmp_path / "bin", "distilbert", bin_weights=True)
+    assert not (folder / "model.safetensors").exists()
+    res = onnxmedic.export_pretrained(folder, out / "m.onnx", dynamic=False)
+    assert res.ok, [f.one_paragraph() for f in res.findings]
+
+
+def test_unknown_task_is_a_usage_error(hf_folder, out):
+    res = onnxmedic.export_pretrained(hf_folder("bert"), out / "m.onnx", task="summarize")
+    _fails_with(res, "OM804", out, exit_code=2)
+    assert "fill-mask" in res.errors[0].suggestion
+
+
+def test_task_the_model_cannot_serve_names_those_it_can(hf_folder, out):
+    res = onnxmedic.export_pretrained(hf_folder("bert"), out / "m.onnx",
+                                      task="image-classification")
+    _fails_with(res, "OM805", out)
+    msg = res.errors[0].message
+    assert "fill-mask" in msg and "question-answering" in msg and "image-" not in msg.split(
+        "serves:")[1]
+
+
+def test_no_architectures_and_no_task_is_om805(tmp_path, out, hf_folder):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(hf_folder("bert"), folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["architectures"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    res = onnxmedic.export_pretrained(folder, out / "m.onnx")
+    _fails_with(res, "OM805", out)
+    assert "--task" in res.errors[0].suggestion
+
+
+def test_model_object_without_the_task_head_is_om805():
+    from tests.hf import checkpoints
+
+    model = checkpoints.build("bert-base")
+    res = onnxmedic.export_pretrained(model, task="fill-mask")
+    assert _codes(res) == ["OM805"] and "BertModel" in res.errors[0].message
+    assert "feature-extraction" in res.errors[0].message
+
+
+def test_missing_tokenizer_for_a_text_task(tmp_path, out):
+    from tests.hf import checkpoints
+
+    folder = checkpoints.save(tmp_path / "notok", "bert-cls", tok=None)
+    res = onnxmedic.export_pretrained(folder, out / "m.onnx")
+    _fails_with(res, "OM806", out)
+    assert "tokenizer.save_pretrained" in res.errors[0].suggestion
+
+
+def test_seq2seq_without_past_is_not_available(tmp_path, out):
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    from tests.hf import checkpoints
+
+    cfg = AutoConfig.for_model("t5", d_model=16, d_ff=32, d_kv=8, num_layers=1, num_heads=2,
+                               vocab_size=128, decoder_start_token_id=0)
+    folder = tmp_path / "t5"
+    AutoModelForSeq2SeqLM.from_config(cfg).save_pretrained(folder)
+    checkpoints.tokenizer().save_pretrained(folder)
+    res = onnxmedic.export_pretrained(folder, out / "m", task="text2text-generation")
+    _fails_with(res, "OM807", out)
+
+
+def test_with_past_without_the_generation_module_is_om807(monkeypatch, hf_folder, out):
+    import onnxmedic.hf as hf
+
+    monkeypatch.setattr(hf, "_generation_available", lambda: False)
+    res = onnxmedic.export_pretrained(hf_folder("gpt2"), out / "pkg")
+    _fails_with(res, "OM807", out)
+    assert "text-generation-with-past" in res.errors[0].message
+
+
+def test_corrupt_weights_are_om808(tmp_path, out, hf_folder):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(hf_folder("bert-cls"), folder)
+    (folder / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")
+    _fails_with(onnxmedic.export_pretrained(folder, out / "m.onnx"), "OM808", out)
+
+
+def test_unknown_model_type_is_om808(tmp_path, out, hf_folder):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(hf_folder("bert-cls"), folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_type"] = "bert_from_the_future"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    res = onnxmedic.export_pretrained(folder, out / "m.onnx")
+    _fails_with(res, "OM808", out)
+    assert "bert_from_the_future" in res.errors[0].message
+
+
+def test_failure_leaves_an_existing_output_as_it_was(hf_folder, tmp_path):
+    dest = tmp_path / "m.onnx"
+    dest.write_bytes(b"the user's earlier model")
+    res = onnxmedic.export_pretrained(hf_folder("bert"), dest, task="image-classification")
+    assert _codes(res) == ["OM805"]
+    assert dest.read_bytes() == b"the user's earlier model"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_report_is_written_for_a_failure(tmp_path, out):
+    report = tmp_path / "r.json"
+    res = onnxmedic.export_pretrained(tmp_path / "nothing-here", out / "m.onnx", report=report)
+    assert _codes(res) == ["OM800"]
+    data = json.loads(report.read_text())
+    assert [f["code"] for f in data["findings"]] == ["OM800"]
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="dtype"):
+        onnxmedic.export_pretrained("x", dtype="int8")
+    with pytest.raises(TypeError, match="model must be"):
+        onnxmedic.export_pretrained(3)
+    with pytest.raises(TypeError, match="plain nn.Module"):
+        onnxmedic.export_pretrained(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        onnxmedic.export_pretrained("x", input_specs=["2x3"])
+
+
+# --- the command line ------------------------------------------------------------------------
+
+def test_cli_exit_codes_for_bad_checkpoints(tmp_path, hf_folder, capsys):
+    out = tmp_path / "m.onnx"
+    assert main(["export", f"hf:{tmp_path / 'missing'}", "-o", str(out)]) == 1
+    assert "OM800" in capsys.readouterr().err
+    assert main(["export", f"hf:{hf_folder('bert')}", "--task", "nope", "-o", str(out)]) == 2
+    assert "OM804" in capsys.readouterr().err
+    assert main(["export", f"hf:{hf_folder('bert')}", "--task", "audio-classification",
+                 "-o", str(out), "--json"]) == 1
+    text = capsys.readouterr().out
+    assert "OM805" in text and '"ok": false' in text
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["export", "model.py:M", "--task", "fill-mask"],
+    ["export", "model.py:M", "--trust-remote-code"],
+    ["export", "hf:some/model", "--input", "2x3"],
+    ["export", "hf:some/model", "--dtype", "int4"],
+])
+def test_cli_flag_misuse_is_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "error:" in capsys.readouterr().err
