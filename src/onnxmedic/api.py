@@ -302,7 +302,9 @@ def verify(
         loc_worker = sandbox.Worker() if localize else None
         try:
             with sandbox.Worker() as worker:
-                verify_file(result, proto, Path(onnx_path), model, Inputs(args, kwargs),
+                # a copy: the caller's inputs are borrowed (each run copies it again)
+                verify_file(result, proto, Path(onnx_path), model,
+                            Inputs(*borrow.copy_inputs((args, kwargs))),
                             timeout, tolerance, worker, localize, loc_worker)
         finally:
             if loc_worker is not None:

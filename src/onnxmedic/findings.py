@@ -83,6 +83,16 @@ CODES: dict[str, CodeInfo] = {
         "initialisation, e.g. gpytorch's variational strategy) are named and left as the model "
         "wrote them, as a plain call would.",
     ),
+    "OM013": CodeInfo(
+        "the model writes its inputs", 0,
+        "forward() writes one of its inputs in place (`x.add_()`, `x[i] = v`, "
+        "`x.index_add_()`, an `out=` op, a list or dict element replaced). Every run during "
+        "export had its own copy of the example inputs, so the caller's tensors come back "
+        "bit-equal and every reference is computed on pristine inputs. ONNX has no in-place "
+        "inputs and torch.onnx does not return an input mutation as an output, so the file "
+        "computes the outputs but cannot hand back the written input: return it from "
+        "forward() if the caller needs it.",
+    ),
     # OM1xx: preflight and capture
     "OM100": CodeInfo(
         "model fails in PyTorch", 1,

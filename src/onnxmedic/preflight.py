@@ -6,6 +6,7 @@ of inputs whose dtype does not match the model's parameters.
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -119,10 +120,14 @@ def preflight_stage(result: Any, model: Any, args: tuple[Any, ...],
     """The preflight stage on ``result``: the example's outputs (numpy) in PyTorch, or None
     (and the stage failed with its finding)."""
     with result.stage(STAGE) as st:
+        record = borrow.record_inputs(args, kwargs)
         pre = run(model, args, kwargs)
         if not pre.ok:
             st.fail(pre.finding)
             return None
+        written = borrow.inputs_written(record)
+        if written:
+            result.findings.append(inputs_written_finding(model, written))
         outputs = flatten_tensors(pre.outputs)
         odd = [type(t).__name__ for t in outputs if type(t) is not torch.Tensor
                and not isinstance(t, torch.nn.Parameter)]
@@ -136,6 +141,42 @@ def preflight_stage(result: Any, model: Any, args: tuple[Any, ...],
                 details={"output_types": odd}))
             return None
     return [to_numpy(t) for t in outputs]
+
+
+def _parameter_names(model: Any, written: list[str]) -> list[str]:
+    """``args[0]`` -> ``args[0] (x)`` where forward()'s signature names the argument."""
+    try:
+        fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+        params = [p for p in inspect.signature(fn.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError, AttributeError):
+        return written
+    out = []
+    for w in written:
+        m = re.match(r"args\[(\d+)\]", w)
+        i = int(m.group(1)) if m else len(params)
+        out.append(f"{w} ({params[i].name})" if i < len(params) else w)
+    return out
+
+
+def inputs_written_finding(model: Any, written: list[str]) -> Finding:
+    """OM013: forward() writes its inputs in place. Every run had its own copy of the example
+    inputs (borrow.copy_inputs), so the caller's are unchanged; the ONNX file computes the
+    outputs from the values given, but cannot hand back the written input."""
+    names = _parameter_names(model, written)
+    return info(
+        "OM013", STAGE, f"forward() writes its input(s) in place: {listed(names, 6)}. Every "
+        "run of the model during export had its own copy of the example inputs, so your "
+        "tensors are unchanged and each reference was computed on pristine inputs. ONNX has "
+        "no in-place inputs: the ONNX file computes the outputs from the values it is fed, "
+        "but it cannot change the caller's input buffer, and torch.onnx does not return the "
+        "written value (an input mutation is not a graph output), so code that reads the "
+        "input again after calling the model sees the new value in PyTorch and the old one "
+        "with ONNX Runtime.",
+        suggestion="If the caller needs the written value, return it from forward() (e.g. "
+        "`return out, x`) so that the ONNX file has it as an output; or write into a copy "
+        "(`x = x.clone()` first) to make the model pure.",
+        details={"inputs": written})
 
 
 def _shown(value: Any) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from onnxmedic import inputs as inputs_mod
+from onnxmedic.borrow import copy_inputs
 from onnxmedic.inputs import DEFAULT_SEED
 from onnxmedic.onnxfile import check_feeds, graph_io, make_feeds
 from onnxmedic.optimize.bench import BenchResult, bench
@@ -194,7 +195,8 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
         model.eval()
     t0 = time.perf_counter()
     try:
-        example = inputs_mod.Inputs(args, kwargs or {})
+        # a copy: the caller's inputs are borrowed (each run copies it again)
+        example = inputs_mod.Inputs(*copy_inputs((args, kwargs or {})))
         feeds, expected, _, sets = reference_sets(onnx_path, model, example)
         fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
         references = reference_outputs(fn, sets, expected).outputs  # [] when not possible

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnxmedic import checks, sandbox
+from onnxmedic import borrow, checks, sandbox
 from onnxmedic._locate import location_from_onnx_node, onnx_neighbourhood, onnx_node_in_error
 from onnxmedic._tensors import flatten_tensors, reference_mode, to_numpy
 from onnxmedic.capture import capture
@@ -59,8 +59,9 @@ def expected_outputs(model: Any, sets: list[Inputs]) -> list[list[np.ndarray]]:
     fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
     out = []
     with reference_mode():
-        for s in sets:
-            out.append([to_numpy(t) for t in flatten_tensors(fn(*s.args, **s.kwargs))])
+        for s in sets:  # each run on a copy of its own (a model may write its inputs)
+            args, kwargs = borrow.copy_inputs((s.args, s.kwargs))
+            out.append([to_numpy(t) for t in flatten_tensors(fn(*args, **kwargs))])
     return out
 
 
