@@ -149,7 +149,7 @@ def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
     try:
         with result.guard():
             if was_training:
-                model.eval()
+                borrow.to_eval(model)
                 result.findings.append(info(
                     "OM011", "preflight", "the model was in training mode; it is exported and "
                     "verified in eval mode (call model.eval() first to silence this)."))

@@ -453,6 +453,10 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit-equal: dtype, shape and bytes (a NaN equal to the same NaN)."""
     if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
         return False
+    if a.is_quantized or b.is_quantized:  # no byte view of a quantized tensor (it crashes)
+        return (a.is_quantized and b.is_quantized and a.qscheme() == b.qscheme()
+                and bool(torch.equal(a.int_repr(), b.int_repr()))
+                and bool(torch.equal(a.dequantize(), b.dequantize())))
     if a.layout != torch.strided or b.layout != torch.strided:
         return bool(torch.equal(a.to_dense(), b.to_dense()))
     x, y = a.detach().reshape(-1).contiguous(), b.detach().reshape(-1).contiguous()
@@ -481,3 +485,15 @@ def same_inputs(a: Any, b: Any) -> bool:
         elif type(x) in _SCALARS and x != y:
             return False
     return True
+
+
+def to_eval(model: torch.nn.Module) -> None:
+    """``model.eval()``; on a module that refuses it (a ``torch.export``-ed module, e.g. a PT2E
+    quantized one: "Calling train() or eval() is not supported for exported models"), each
+    submodule's ``training`` flag is set to False directly - the exported graph fixed its
+    train/eval behaviour at capture, so only the flag is left to set."""
+    try:
+        model.eval()
+    except NotImplementedError:
+        for m in model.modules():
+            m.training = False

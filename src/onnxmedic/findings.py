@@ -301,6 +301,22 @@ CODES: dict[str, CodeInfo] = {
         "A translation registration was invalid or its module failed to import; the other "
         "translations are unaffected.",
     ),
+    "OM211": CodeInfo(
+        "quantized PyTorch op has no ONNX form", 1,
+        "The model is quantized with torch.ao (eager quantize_dynamic, eager prepare + "
+        "convert, FX prepare_fx + convert_fx): its modules run PyTorch's own quantized kernels "
+        "(quantized::linear_dynamic, quantized::conv2d, ...) on QUInt8/QInt8 tensors and "
+        "packed weights, which torch.export cannot trace and torch.onnx cannot translate. The "
+        "finding names the op and the modules that run it, and the way around it: export the "
+        "float model and quantize in ONNX Runtime with `--optimize --precision int8` (which "
+        "verifies), dequantize the module, or quantize with PT2E (QDQ form).",
+    ),
+    "OM212": CodeInfo(
+        "quantized input tensor", 1,
+        "An example input is a quantized tensor (torch.quint8/qint8): ONNX Runtime has no "
+        "quantized tensor type to feed. Pass the float tensor and quantize inside the model, "
+        "or pass its int_repr() with the scale and zero point.",
+    ),
     # OM3xx: dtypes for the target runtime
     "OM301": CodeInfo(
         "no kernel for this op and dtype on the target", 1,

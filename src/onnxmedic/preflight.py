@@ -17,6 +17,7 @@ from onnxmedic import borrow
 from onnxmedic._locate import attribute_writes, location_from_exception
 from onnxmedic._tensors import describe, flatten_tensors, reference_mode, to_numpy
 from onnxmedic.findings import Finding, error, info, listed, warning
+from onnxmedic.quantized import quantized_findings
 
 STAGE = "preflight"
 
@@ -120,6 +121,10 @@ def preflight_stage(result: Any, model: Any, args: tuple[Any, ...],
     """The preflight stage on ``result``: the example's outputs (numpy) in PyTorch, or None
     (and the stage failed with its finding)."""
     with result.stage(STAGE) as st:
+        quantized = quantized_findings(model, args, kwargs)
+        if quantized:  # torch.ao's quantized kernels: no ONNX form (OM211, OM212)
+            st.fail(*quantized)
+            return None
         record = borrow.record_inputs(args, kwargs)
         pre = run(model, args, kwargs)
         if not pre.ok:
