@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnxmedic.borrow import copy_inputs
 from onnxmedic._tensors import flatten_tensors, reference_mode, to_numpy
+from onnxmedic.borrow import copy_inputs
 from onnxmedic.inputs import Inputs
 from onnxmedic.sandbox import available_memory
 
