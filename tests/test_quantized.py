@@ -112,6 +112,19 @@ def test_a_quantized_input_tensor_is_a_finding_not_a_crash() -> None:
     assert borrow.same_inputs(given, (qx,))
 
 
+def test_a_model_that_returns_a_quantized_tensor_is_a_finding() -> None:
+    """No quantized module, but forward() quantizes itself: the output's conversion to numpy
+    ended in OM009 'unsupported ScalarType QUInt8'."""
+    class Quantizes(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.quantize_per_tensor(x * 2, 0.05, 10, torch.quint8)
+
+    result = onnxmedic.export(Quantizes(), (X,))
+    codes = [f.code for f in result.findings if f.severity.name.lower() == "error"]
+    assert codes == ["OM211"]
+    assert "output 0 (torch.quint8)" in result.findings[-1].message
+
+
 # -- QDQ (PT2E form) ----------------------------------------------------------------------------
 class Qdq(nn.Module):
     """What convert_pt2e leaves: float Linear layers between quantize/dequantize pairs of

@@ -1,7 +1,7 @@
 """Zero internal errors: export every model of the repo's cheap zoos and fixtures, and every
 ``torch.nn`` module that builds with default arguments, and list each OM009 (issue 41).
 
-    PYTHONPATH=src python bench/zoo/internal_errors.py [--hf] [--json out.json]
+    PYTHONPATH=src:. python bench/zoo/internal_errors.py [--hf] [--ecosystem] [--json out.json]
 
 For each ``torch.nn`` module class with a no-argument constructor (and ~70 that need
 arguments, built small: convolutions, norms, recurrent layers, attention, pools, pads), the first of a few tiny
@@ -201,15 +201,17 @@ def fixtures() -> dict[str, Any]:
     return out
 
 
-def hf_fast() -> dict[str, Any]:
-    """bench/zoo/hf.py's FAST entries (tiny configs; needs transformers)."""
-    from bench.zoo import hf
+def zoo_fast(which: str) -> dict[str, Any]:
+    """bench/zoo/<which>.py's FAST entries (hf: tiny transformers configs; ecosystem: kornia,
+    torch-geometric, zuko and torch.nn attention)."""
+    import importlib
 
+    zoo = importlib.import_module(f"bench.zoo.{which}")
     out = {}
-    for name in hf.FAST:
-        case = hf.ALL[name]()
-        out[f"hf.{name}"] = (case.model, tuple(case.args), dict(case.kwargs or {}),
-                             case.dynamic_shapes)
+    for name in zoo.FAST:
+        case = zoo.ALL[name]()
+        out[f"{which}.{name}"] = (case.model, tuple(case.args), dict(case.kwargs or {}),
+                                  case.dynamic_shapes)
     return out
 
 
@@ -232,12 +234,15 @@ def run_one(entry: Any) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--hf", action="store_true", help="also bench/zoo/hf.py's FAST entries")
+    p.add_argument("--ecosystem", action="store_true",
+                   help="also bench/zoo/ecosystem.py's FAST entries")
     p.add_argument("--only", default="", help="substring of the entries to run")
     p.add_argument("--json", help="write the per-model results here")
     ns = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     entries = {**fixtures(), **nn_modules(), **nn_modules_with_args(),
-               **(hf_fast() if ns.hf else {})}
+               **(zoo_fast("hf") if ns.hf else {}),
+               **(zoo_fast("ecosystem") if ns.ecosystem else {})}
     results = {}
     for name, entry in entries.items():
         if ns.only not in name:

@@ -17,7 +17,7 @@ from onnxmedic import borrow
 from onnxmedic._locate import attribute_writes, location_from_exception
 from onnxmedic._tensors import describe, flatten_tensors, reference_mode, to_numpy
 from onnxmedic.findings import Finding, error, info, listed, warning
-from onnxmedic.quantized import quantized_findings
+from onnxmedic.quantized import quantized_findings, quantized_outputs_finding
 
 STAGE = "preflight"
 
@@ -134,6 +134,9 @@ def preflight_stage(result: Any, model: Any, args: tuple[Any, ...],
         if written:
             result.findings.append(inputs_written_finding(model, written))
         outputs = flatten_tensors(pre.outputs)
+        if (bad := quantized_outputs_finding(outputs)) is not None:
+            st.fail(bad)
+            return None
         odd = [type(t).__name__ for t in outputs if type(t) is not torch.Tensor
                and not isinstance(t, torch.nn.Parameter)]
         if odd:  # a FakeTensor/FunctionalTensor left in the model by an earlier trace

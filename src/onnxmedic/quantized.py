@@ -153,3 +153,22 @@ def quantized_findings(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
             "`x.int_repr()` (uint8/int8) with its scale and zero point as inputs.",
             details={"inputs": bad_inputs}))
     return found
+
+
+def quantized_outputs_finding(outputs: list[Any]) -> Finding | None:
+    """OM211 for a model whose outputs are quantized tensors though none of its modules is
+    a torch.ao quantized one (forward() calls ``torch.quantize_per_tensor`` itself); None
+    when no output is quantized."""
+    bad = [f"output {i} ({t.dtype})" for i, t in enumerate(outputs)
+           if isinstance(t, torch.Tensor) and t.is_quantized]
+    if not bad:
+        return None
+    return error(
+        "OM211", STAGE,
+        f"forward() returns quantized tensors: {listed(bad, 6)}. A quantized tensor "
+        "(torch.quantize_per_tensor and PyTorch's quantized kernels) has no ONNX form in "
+        "torch.onnx and no ONNX Runtime type.",
+        op="aten::quantize_per_tensor", suggestion="Return `y.dequantize()` (or "
+        "`y.int_repr()` with its scale and zero point), or use the quantized_decomposed "
+        "ops (PT2E form), which export as ONNX QDQ. " + SUGGESTION,
+        details={"outputs": bad})
