@@ -98,6 +98,13 @@ WRITES = {f.__name__.lstrip("_"): f for f in (
     _list_element_replaced, _dict_written, _resize, _data_written, _pure)}
 
 
+# the input path each write is named by (D: the dict, by position or keyword)
+WRITTEN = {"add_": "args[0]", "index_add_": "args[0]", "setitem": "args[0]", "copy_": "args[0]",
+           "mul_view": "args[0]", "out_op": "args[0]", "list_element_written": "args[1][1]",
+           "list_element_replaced": "args[1]", "dict_written": "D['a']", "resize": "args[1][0]",
+           "data_written": "args[0]", "pure": ""}
+
+
 class Writer(nn.Module):
     def __init__(self, fns: list[Any]) -> None:
         super().__init__()
@@ -143,29 +150,35 @@ def test_same_inputs_sees_one_bit() -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(writes=st.lists(st.sampled_from(sorted(WRITES)), min_size=1, max_size=3, unique=True),
-       seed=st.integers(0, 2**16), rows=st.integers(3, 5))
+       seed=st.integers(0, 2**16), rows=st.integers(3, 5), keyword=st.booleans())
 def test_every_run_of_the_model_gets_its_own_inputs(writes: list[str], seed: int,
-                                                    rows: int) -> None:
+                                                    rows: int, keyword: bool) -> None:
     """Property: whatever forward() writes, preflight, the expected outputs of the input sets
     and the float64 references leave the caller's inputs bit-equal; every run sees pristine
     inputs (the example's output equals a plain call's on a fresh copy, and the float64
     reference of the example agrees with it); OM013 says exactly when an input is written."""
     model = Writer([WRITES[w] for w in writes]).eval()
-    args = _inputs(seed, rows)
-    given_ = borrow.copy_inputs(args)
+    args, kwargs = _inputs(seed, rows), {}
+    if keyword:  # the dict (and what is written into it) passed by keyword
+        args, kwargs = args[:2], {"d": args[2]}
+    given_ = borrow.copy_inputs((args, kwargs))
     with torch.no_grad():
-        plain = model(*borrow.copy_inputs(args))
-    ctx = ExportContext(ExportResult(command="export"), model, args, {}, ExportOptions())
+        plain = model(*borrow.copy_inputs(args), **borrow.copy_inputs(kwargs))
+    ctx = ExportContext(ExportResult(command="export"), model, args, kwargs, ExportOptions())
     assert _preflight(ctx)
-    assert borrow.same_inputs(given_, args)
+    assert borrow.same_inputs(given_, (args, kwargs))
     assert torch.equal(torch.from_numpy(ctx.expected[0]), plain)
     om013 = [f for f in ctx.result.findings if f.code == "OM013"]
     assert bool(om013) == (writes != ["pure"])
+    named = om013[0].details["inputs"] if om013 else []
+    for w in writes:  # each write is named by the input it wrote (or a container above it)
+        want = WRITTEN[w].replace("D", "kwargs['d']" if keyword else "args[2]")
+        assert w == "pure" or any(want.startswith(n) for n in named), (w, named)
     sets = [ctx.example, *derived_input_sets(ctx.example, 1)]
     expected = expected_outputs(model, sets)
     assert torch.equal(torch.from_numpy(expected[0][0]), plain)
     ref = reference_outputs(model, sets, expected)
-    assert borrow.same_inputs(given_, args)
+    assert borrow.same_inputs(given_, (args, kwargs))
     if ref.outputs:
         assert abs(float(ref.outputs[0][0][0]) - float(plain[0])) <= 1e-4 * abs(float(plain[0]))
 
