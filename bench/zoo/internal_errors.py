@@ -192,9 +192,13 @@ def fixtures() -> dict[str, Any]:
     from tests.sweep_zoo import tiny
 
     x = models.make_inputs()
-    out = {f"fixture.{n}": (getattr(models, n)(), x) for n in (
-        "ConvLog1p", "PoolView", "TwoLinear", "DataDependentIf", "MultiOutput", "NamedScript",
-        "CustomNorm", "Identity", "Erfinv")}
+    image = (torch.randn(2, 3, 8, 8),)
+    shaped = {"ConvLog1p": image, "PoolView": image, "BilinearAlignCorners": image,
+              "CustomNorm": (torch.randn(2, 8),), "NamedScript": (torch.randn(2, 4),)}
+    out = {f"fixture.{n}": (getattr(models, n)(), shaped.get(n, x)) for n in (
+        "ConvLog1p", "PoolView", "BilinearAlignCorners", "TwoLinear", "DataDependentIf",
+        "MultiOutput", "NamedScript", "CustomNorm", "Identity", "Erfinv", "KwargsModel",
+        "Raises")}
     for name, factory in tiny.GOOD.items():
         case = factory()
         out[f"tiny.{name}"] = (case.model, case.args) if hasattr(case, "model") else case
