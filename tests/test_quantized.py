@@ -229,3 +229,23 @@ def test_pt2e_quantized_model_exports_and_verifies(tmp_path) -> None:
     assert result.ok, [(f.code, f.message) for f in result.findings]
     ops = [n.op_type for n in onnx.load(tmp_path / "p.onnx").graph.node]
     assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
+
+
+def test_an_exported_module_that_refuses_eval_is_exported() -> None:
+    """convert_pt2e's module refuses train()/eval() (torchao's _disallow_eval_train raises
+    NotImplementedError); export() called model.eval() and ended in OM009. The same refusal
+    on a torch.export module, without torchao."""
+    import types
+
+    def refuse(self, mode: bool = True):
+        raise NotImplementedError("Calling train() or eval() is not supported for exported "
+                                  "models.")
+
+    gm = torch.export.export(Qdq().eval(), (X,)).module()
+    gm.train = types.MethodType(refuse, gm)
+    gm.eval = types.MethodType(refuse, gm)
+    gm.training = True
+    result = onnxmedic.export(gm, (X,))
+    assert result.ok, [(f.code, f.message) for f in result.findings]
+    assert "OM009" not in [f.code for f in result.findings]
+    assert gm.training  # its flag back as it was
