@@ -249,3 +249,23 @@ def test_an_exported_module_that_refuses_eval_is_exported() -> None:
     assert result.ok, [(f.code, f.message) for f in result.findings]
     assert "OM009" not in [f.code for f in result.findings]
     assert gm.training  # its flag back as it was
+
+
+def test_qdq_ops_translate_after_a_float_export_in_the_same_process() -> None:
+    """onnxmedic caches its torch.onnx registry; built by a float export before the
+    quantized_decomposed ops were defined (a PT2E model made later in the same process), it
+    had no QuantizeLinear translation: OM201."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, onnxmedic\n"
+        "sys.path.insert(0, '.')\n"
+        "assert onnxmedic.export(torch.nn.Linear(8, 4), (torch.randn(2, 8),), verify=False).ok\n"
+        "assert 'torch.ao.quantization.fx._decomposed' in sys.modules\n"
+        "from tests.test_quantized import Qdq, X\n"
+        "r = onnxmedic.export(Qdq().eval(), (X,), verify=False)\n"
+        "assert r.ok, [(f.code, f.message) for f in r.findings]\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
