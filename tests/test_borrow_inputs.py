@@ -220,3 +220,23 @@ def test_verify_and_optimize_leave_the_inputs_unchanged(tmp_path) -> None:
 
     optimize(path, IndexAdd(), (x, idx, src), out=tmp_path / "o.onnx", repeats=2, rounds=1)
     assert borrow.same_inputs(given_, (x, idx, src))
+
+
+class ReturnsIt(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y.mul_(3)
+        return x.sum(0), x.add_(1)
+
+
+def test_om013_says_which_written_input_the_file_returns() -> None:
+    """``return x.add_(1)``: the new value of x is output 1 of the file; y's is not returned,
+    and the finding says the file cannot hand it back."""
+    x, y = torch.ones(2, 3), torch.ones(2)
+    given_ = borrow.copy_inputs((x, y))
+    result = onnxmedic.export(ReturnsIt(), (x, y))
+    assert result.ok, [(f.code, f.message) for f in result.findings]
+    assert borrow.same_inputs(given_, (x, y))
+    f = next(f for f in result.findings if f.code == "OM013")
+    assert f.details["returned"] == {"args[0]": 1}
+    assert "args[0] (x), returned as output 1" in f.message
+    assert "For args[1] (y) it cannot" in f.message

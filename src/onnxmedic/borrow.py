@@ -497,3 +497,27 @@ def to_eval(model: torch.nn.Module) -> None:
     except NotImplementedError:
         for m in model.modules():
             m.training = False
+
+
+def returned_as(rec: InputRecord, written: list[str], outputs: list[Any]) -> dict[str, int]:
+    """Written input path -> the index of the output (flattened) that is that tensor after
+    the run, the same object or a view of the same memory with its shape: ``return x.add_(1)``
+    hands the new value back, so the ONNX file has it as that output."""
+    out: dict[str, int] = {}
+    now = dict(_leaves(*rec.inputs))
+    for name in written:
+        t = now.get(name)
+        if not isinstance(t, torch.Tensor) or t.is_quantized or t.device.type == "meta":
+            continue
+        for i, o in enumerate(outputs):
+            if not isinstance(o, torch.Tensor) or o.is_quantized or o.device.type == "meta":
+                continue
+            try:
+                same = o is t or (o.shape == t.shape and o.data_ptr() == t.data_ptr()
+                                  and o.stride() == t.stride())
+            except RuntimeError:  # a tensor without storage
+                same = o is t
+            if same:
+                out[name] = i
+                break
+    return out

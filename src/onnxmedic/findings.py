@@ -89,9 +89,10 @@ CODES: dict[str, CodeInfo] = {
         "`x.index_add_()`, an `out=` op, a list or dict element replaced). Every run during "
         "export had its own copy of the example inputs, so the caller's tensors come back "
         "bit-equal and every reference is computed on pristine inputs. ONNX has no in-place "
-        "inputs and torch.onnx does not return an input mutation as an output, so the file "
-        "computes the outputs but cannot hand back the written input: return it from "
-        "forward() if the caller needs it.",
+        "inputs and torch.onnx does not return an input mutation as an output: the file "
+        "computes the outputs, and hands back a written input's new value only where "
+        "forward() returns it (the finding names that output); for the others it says so - "
+        "return them from forward() if the caller needs them.",
     ),
     # OM1xx: preflight and capture
     "OM100": CodeInfo(

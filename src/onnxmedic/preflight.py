@@ -131,9 +131,10 @@ def preflight_stage(result: Any, model: Any, args: tuple[Any, ...],
             st.fail(pre.finding)
             return None
         written = borrow.inputs_written(record)
-        if written:
-            result.findings.append(inputs_written_finding(model, written))
         outputs = flatten_tensors(pre.outputs)
+        if written:
+            returned = borrow.returned_as(record, written, outputs)
+            result.findings.append(inputs_written_finding(model, written, returned))
         if (bad := quantized_outputs_finding(outputs)) is not None:
             st.fail(bad)
             return None
@@ -167,24 +168,35 @@ def _parameter_names(model: Any, written: list[str]) -> list[str]:
     return out
 
 
-def inputs_written_finding(model: Any, written: list[str]) -> Finding:
+def inputs_written_finding(model: Any, written: list[str],
+                           returned: dict[str, int] | None = None) -> Finding:
     """OM013: forward() writes its inputs in place. Every run had its own copy of the example
     inputs (borrow.copy_inputs), so the caller's are unchanged; the ONNX file computes the
-    outputs from the values given, but cannot hand back the written input."""
+    outputs from the values given, and hands back a written input's new value only where
+    forward() returns it (``returned``: input path -> output index)."""
+    returned = returned or {}
     names = _parameter_names(model, written)
+    shown = [f"{n}, returned as output {returned[w]}" if w in returned else n
+             for w, n in zip(written, names)]
+    kept = [n for w, n in zip(written, names) if w not in returned]
+    tail = (" The file returns the new value of each input forward() also returns (the "
+            "outputs named above)." if returned else "")
+    if kept:
+        tail += (f" For {listed(kept, 6)} it cannot: ONNX has no in-place inputs, so the file "
+                 "cannot change the caller's input buffer, and torch.onnx does not return an "
+                 "input mutation as a graph output - code that reads the input again after "
+                 "calling the model sees the new value in PyTorch and the old one with ONNX "
+                 "Runtime.")
     return info(
-        "OM013", STAGE, f"forward() writes its input(s) in place: {listed(names, 6)}. Every "
+        "OM013", STAGE, f"forward() writes its input(s) in place: {listed(shown, 6)}. Every "
         "run of the model during export had its own copy of the example inputs, so your "
-        "tensors are unchanged and each reference was computed on pristine inputs. ONNX has "
-        "no in-place inputs: the ONNX file computes the outputs from the values it is fed, "
-        "but it cannot change the caller's input buffer, and torch.onnx does not return the "
-        "written value (an input mutation is not a graph output), so code that reads the "
-        "input again after calling the model sees the new value in PyTorch and the old one "
-        "with ONNX Runtime.",
-        suggestion="If the caller needs the written value, return it from forward() (e.g. "
-        "`return out, x`) so that the ONNX file has it as an output; or write into a copy "
-        "(`x = x.clone()` first) to make the model pure.",
-        details={"inputs": written})
+        "tensors are unchanged and each reference was computed on pristine inputs; the ONNX "
+        "file computes the outputs from the values it is fed." + tail,
+        suggestion=("If the caller needs a written value, return it from forward() (e.g. "
+                    "`return out, x`) so that the ONNX file has it as an output; or write "
+                    "into a copy (`x = x.clone()` first) to make the model pure.")
+        if kept else "Nothing to do: read the new values from the outputs.",
+        details={"inputs": written, "returned": returned})
 
 
 def _shown(value: Any) -> str:
