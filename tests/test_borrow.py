@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import onnxmedic
+from onnxmedic import borrow
 from tests import models
 from tests._state import snapshot_state, state_differences
 from tests.sweep_zoo import tiny
@@ -43,8 +44,10 @@ def test_export_leaves_model_and_torch_state_unchanged(name: str, training: bool
     model, args = _cases()[name]
     model.train(training)
     before = snapshot_state(model)
+    given = borrow.copy_inputs(args)  # the caller's inputs come back bit-equal too (issue 41)
     onnxmedic.export(model, args)
     assert state_differences(before, snapshot_state(model)) == []
+    assert borrow.same_inputs(given, args)
 
 
 def test_mixed_modes_come_back_mixed() -> None:

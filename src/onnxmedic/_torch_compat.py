@@ -41,7 +41,13 @@ def torchlib_opset() -> int:
 
 
 def torchlib_registry(opset_version: int) -> Any:
-    """A fresh torch.onnx registry of torchlib's translations for ``opset_version``."""
+    """A fresh torch.onnx registry of torchlib's translations for ``opset_version``.
+
+    torchlib registers only the ops that exist when the registry is built: the
+    ``quantized_decomposed`` quantize/dequantize ops of a PT2E-quantized model (QuantizeLinear /
+    DequantizeLinear) are defined first, whatever the order of imports (the registry is
+    cached, and a first export of a float model would otherwise build it without them)."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401 - defines quantized_decomposed
     from torch.onnx._internal.exporter import _registration
 
     return _registration.ONNXRegistry.from_torchlib(opset_version=opset_version)

@@ -20,7 +20,7 @@ from onnxmedic.context import ExportContext, ExportOptions
 from onnxmedic.doctor import doctor_stages, run_stages
 from onnxmedic.findings import info, listed
 from onnxmedic.fixes.opset import parse_ort_version
-from onnxmedic.inputs import Inputs
+from onnxmedic.inputs import Inputs, dynamic_names_problem
 from onnxmedic.onnxfile import load_checked, opset_of
 from onnxmedic.optimize.passes import calibration_error, precision_error
 from onnxmedic.pipeline import run_export
@@ -149,7 +149,7 @@ def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
     try:
         with result.guard():
             if was_training:
-                model.eval()
+                borrow.to_eval(model)
                 result.findings.append(info(
                     "OM011", "preflight", "the model was in training mode; it is exported and "
                     "verified in eval mode (call model.eval() first to silence this)."))
@@ -242,6 +242,8 @@ def export(
     _check_choice("export", "dtype_policy", dtype_policy, DTYPE_POLICIES)
     optimizing = _optimize_request(optimize, precision, target, accuracy, cuda_graph,
                                    calibration)
+    if bad := dynamic_names_problem(model, dynamic_shapes, args, kwargs):
+        raise ValueError(f"onnxmedic.export: {bad}")
     opts = ExportOptions(f=f, dynamic_shapes=dynamic_shapes, target=target, opset=opset,
                          verify=verify, keep_unverified=keep_unverified, timeout=timeout,
                          tolerance=tolerance, explain=explain, dtype_policy=dtype_policy,
@@ -302,7 +304,9 @@ def verify(
         loc_worker = sandbox.Worker() if localize else None
         try:
             with sandbox.Worker() as worker:
-                verify_file(result, proto, Path(onnx_path), model, Inputs(args, kwargs),
+                # a copy: the caller's inputs are borrowed (each run copies it again)
+                verify_file(result, proto, Path(onnx_path), model,
+                            Inputs(*borrow.copy_inputs((args, kwargs))),
                             timeout, tolerance, worker, localize, loc_worker)
         finally:
             if loc_worker is not None:

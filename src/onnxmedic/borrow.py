@@ -330,3 +330,194 @@ def _refill(container: Any, items: Any) -> None:
         container.extend(items)
     else:
         container.update(items)
+
+
+# -- inputs -----------------------------------------------------------------------------------
+# The example inputs are borrowed like the model: every run of the model gets its own copy, so
+# that a model that writes an input (``x.add_(1)``, ``x[0] = v``, ``x.index_add_``) changes
+# neither the caller's tensors nor the inputs of the runs after it (the references are computed
+# on pristine copies).
+
+
+def _copy_leaf(leaf: Any, memo: dict[int, Any]) -> Any:
+    """A tensor: a detached clone (same strides where possible, same ``requires_grad``); a
+    plain Python value: itself; any other object (a cache object, a user class): a deep copy
+    (the object itself when it cannot be copied)."""
+    if id(leaf) in memo:
+        return memo[id(leaf)]
+    if isinstance(leaf, torch.Tensor):
+        from onnxmedic._torch_compat import is_fake
+
+        if leaf.device.type == "meta" or is_fake(leaf):
+            out: Any = leaf
+        else:
+            with torch.no_grad():
+                out = leaf.detach().clone()
+            if leaf.requires_grad and leaf.is_leaf:
+                out.requires_grad_(True)
+    elif type(leaf) in _SCALARS or isinstance(leaf, (torch.dtype, torch.device, torch.Size,
+                                                      type, types.FunctionType)):
+        out = leaf
+    else:
+        import copy
+
+        try:
+            out = copy.deepcopy(leaf, {k: v for k, v in memo.items()})
+        except Exception:  # noqa: BLE001 - an object that cannot be copied is lent as it is
+            logger.debug("input of type %s not copied", type(leaf).__name__)
+            out = leaf
+    memo[id(leaf)] = out
+    return out
+
+
+def copy_inputs(value: Any) -> Any:
+    """A copy of example inputs (a tensor, or tuples, lists, dicts, named tuples and other
+    pytree containers of them, nested): every tensor cloned, the structure rebuilt; a tensor
+    that appears twice is cloned once (the copy keeps that aliasing)."""
+    memo: dict[int, Any] = {}
+    return torch.utils._pytree.tree_map(lambda leaf: _copy_leaf(leaf, memo), value)
+
+
+def _path_name(path: Any) -> str:
+    return ("args" if path[0].idx == 0 else "kwargs") + torch.utils._pytree.keystr(path[1:])
+
+
+def _leaves(args: Any, kwargs: Any) -> list[tuple[str, Any]]:
+    """(path, leaf) of every leaf of the inputs: ``args[0]``, ``args[1][2]``,
+    ``kwargs['cache']``."""
+    flat, _ = torch.utils._pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
+    return [(_path_name(path), leaf) for path, leaf in flat]
+
+
+def _structures(args: Any, kwargs: Any) -> dict[str, Any]:
+    """Each top-level input's container structure (pytree spec) by name."""
+    out = {f"args[{i}]": torch.utils._pytree.tree_structure(a) for i, a in enumerate(args)}
+    out.update({f"kwargs[{k!r}]": torch.utils._pytree.tree_structure(v)
+                for k, v in kwargs.items()})
+    return out
+
+
+@dataclass
+class InputRecord:
+    """A copy of the inputs before a run: the tensors (path, tensor, version counter, a copy
+    of its value, shape), every leaf's identity by path, and each input's structure (a list
+    element replaced or appended, a dict key added, is a write too)."""
+
+    tensors: list[tuple[str, torch.Tensor, int, torch.Tensor | None, tuple[int, ...]]] = (
+        field(default_factory=list))
+    leaves: dict[str, int] = field(default_factory=dict)
+    structures: dict[str, Any] = field(default_factory=dict)
+    inputs: tuple[Any, Any] = ((), {})
+
+
+def record_inputs(args: Any, kwargs: Any) -> InputRecord:
+    """Record the inputs' tensors (version counters, values and shapes) and containers before
+    a run."""
+    leaves = _leaves(args, kwargs)
+    rec = InputRecord(leaves={n: id(v) for n, v in leaves},
+                      structures=_structures(args, kwargs), inputs=(args, kwargs))
+    for name, t in leaves:
+        if not isinstance(t, torch.Tensor):
+            continue
+        from onnxmedic._torch_compat import is_fake
+
+        plain = t.device.type != "meta" and not is_fake(t)
+        with torch.no_grad():
+            saved = t.detach().clone() if plain else None
+        rec.tensors.append((name, t, t._version, saved, tuple(t.shape)))
+    return rec
+
+
+def inputs_written(rec: InputRecord) -> list[str]:
+    """The paths of the inputs a run wrote: a tensor in place (version counter), resized, or
+    with other values (a write through ``.data``); a container element replaced, added or
+    removed."""
+    out = []
+    for name, t, version, saved, shape in rec.tensors:
+        if t._version != version or tuple(t.shape) != shape:
+            out.append(name)
+        elif saved is not None and not same_tensor(saved, t):
+            out.append(name)
+    args, kwargs = rec.inputs
+    now = _structures(args, kwargs)
+    changed = [n for n, spec in rec.structures.items() if now.get(n) != spec]
+    for name, leaf in _leaves(args, kwargs):
+        if any(name.startswith(c) for c in changed):
+            continue
+        if rec.leaves.get(name, id(leaf)) != id(leaf) and name not in out:
+            out.append(name)  # an element replaced by another object
+    return changed + out
+
+
+def same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-equal: dtype, shape and bytes (a NaN equal to the same NaN)."""
+    if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    if a.is_quantized or b.is_quantized:  # no byte view of a quantized tensor (it crashes)
+        return (a.is_quantized and b.is_quantized and a.qscheme() == b.qscheme()
+                and bool(torch.equal(a.int_repr(), b.int_repr()))
+                and bool(torch.equal(a.dequantize(), b.dequantize())))
+    if a.layout != torch.strided or b.layout != torch.strided:
+        return bool(torch.equal(a.to_dense(), b.to_dense()))
+    x, y = a.detach().reshape(-1).contiguous(), b.detach().reshape(-1).contiguous()
+    if x.dtype.is_complex:
+        x, y = torch.view_as_real(x), torch.view_as_real(y)
+    if x.dtype == torch.bool:
+        return bool(torch.equal(x, y))
+    try:
+        return bool(torch.equal(x.view(torch.uint8), y.view(torch.uint8)))
+    except RuntimeError:
+        return bool(torch.equal(x, y))
+
+
+def same_inputs(a: Any, b: Any) -> bool:
+    """Whether two input structures are bit-equal: the same containers (types, keys,
+    lengths) and bit-equal tensors; other leaves compared with ``==`` where they can be."""
+    fa, sa = torch.utils._pytree.tree_flatten(a)
+    fb, sb = torch.utils._pytree.tree_flatten(b)
+    if sa != sb or len(fa) != len(fb):
+        return False
+    for x, y in zip(fa, fb):
+        if isinstance(x, torch.Tensor) or isinstance(y, torch.Tensor):
+            if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+                    and same_tensor(x, y)):
+                return False
+        elif type(x) in _SCALARS and x != y:
+            return False
+    return True
+
+
+def to_eval(model: torch.nn.Module) -> None:
+    """``model.eval()``; on a module that refuses it (a ``torch.export``-ed module, e.g. a PT2E
+    quantized one: "Calling train() or eval() is not supported for exported models"), each
+    submodule's ``training`` flag is set to False directly - the exported graph fixed its
+    train/eval behaviour at capture, so only the flag is left to set."""
+    try:
+        model.eval()
+    except NotImplementedError:
+        for m in model.modules():
+            m.training = False
+
+
+def returned_as(rec: InputRecord, written: list[str], outputs: list[Any]) -> dict[str, int]:
+    """Written input path -> the index of the output (flattened) that is that tensor after
+    the run, the same object or a view of the same memory with its shape: ``return x.add_(1)``
+    hands the new value back, so the ONNX file has it as that output."""
+    out: dict[str, int] = {}
+    now = dict(_leaves(*rec.inputs))
+    for name in written:
+        t = now.get(name)
+        if not isinstance(t, torch.Tensor) or t.is_quantized or t.device.type == "meta":
+            continue
+        for i, o in enumerate(outputs):
+            if not isinstance(o, torch.Tensor) or o.is_quantized or o.device.type == "meta":
+                continue
+            try:
+                same = o is t or (o.shape == t.shape and o.data_ptr() == t.data_ptr()
+                                  and o.stride() == t.stride())
+            except RuntimeError:  # a tensor without storage
+                same = o is t
+            if same:
+                out[name] = i
+                break
+    return out

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxmedic import borrow
 from onnxmedic.inputs import Inputs
 from onnxmedic.result import ExportResult
 
@@ -38,8 +39,8 @@ class ExportContext:
 
     result: ExportResult
     model: Any
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
+    given_args: tuple[Any, ...]  # pristine copies of the example inputs (never run)
+    given_kwargs: dict[str, Any]
     opts: ExportOptions
     worker: Any = None  # sandbox.Worker started ahead (imports ONNX Runtime during capture)
     state: Any = None  # borrow.State: the model as export found it (put back at the end)
@@ -62,8 +63,21 @@ class ExportContext:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def args(self) -> tuple[Any, ...]:
+        """A fresh copy of the positional example inputs: each run of the model gets its own
+        (a model that writes an input changes only its copy; see borrow.copy_inputs)."""
+        return borrow.copy_inputs(self.given_args)
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """A fresh copy of the keyword example inputs (see ``args``)."""
+        return borrow.copy_inputs(self.given_kwargs)
+
+    @property
     def example(self) -> Inputs:
-        return Inputs(self.args, self.kwargs)
+        """A fresh copy of the example inputs (see ``args``)."""
+        args, kwargs = borrow.copy_inputs((self.given_args, self.given_kwargs))
+        return Inputs(args, kwargs)
 
     @property
     def dest(self) -> Path | None:

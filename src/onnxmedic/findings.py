@@ -83,6 +83,17 @@ CODES: dict[str, CodeInfo] = {
         "initialisation, e.g. gpytorch's variational strategy) are named and left as the model "
         "wrote them, as a plain call would.",
     ),
+    "OM013": CodeInfo(
+        "the model writes its inputs", 0,
+        "forward() writes one of its inputs in place (`x.add_()`, `x[i] = v`, "
+        "`x.index_add_()`, an `out=` op, a list or dict element replaced). Every run during "
+        "export had its own copy of the example inputs, so the caller's tensors come back "
+        "bit-equal and every reference is computed on pristine inputs. ONNX has no in-place "
+        "inputs and torch.onnx does not return an input mutation as an output: the file "
+        "computes the outputs, and hands back a written input's new value only where "
+        "forward() returns it (the finding names that output); for the others it says so - "
+        "return them from forward() if the caller needs them.",
+    ),
     # OM1xx: preflight and capture
     "OM100": CodeInfo(
         "model fails in PyTorch", 1,
@@ -290,6 +301,22 @@ CODES: dict[str, CodeInfo] = {
         "translation registry entry rejected", 1,
         "A translation registration was invalid or its module failed to import; the other "
         "translations are unaffected.",
+    ),
+    "OM211": CodeInfo(
+        "quantized PyTorch op has no ONNX form", 1,
+        "The model is quantized with torch.ao (eager quantize_dynamic, eager prepare + "
+        "convert, FX prepare_fx + convert_fx): its modules run PyTorch's own quantized kernels "
+        "(quantized::linear_dynamic, quantized::conv2d, ...) on QUInt8/QInt8 tensors and "
+        "packed weights, which torch.export cannot trace and torch.onnx cannot translate. The "
+        "finding names the op and the modules that run it, and the way around it: export the "
+        "float model and quantize in ONNX Runtime with `--optimize --precision int8` (which "
+        "verifies), dequantize the module, or quantize with PT2E (QDQ form).",
+    ),
+    "OM212": CodeInfo(
+        "quantized input tensor", 1,
+        "An example input is a quantized tensor (torch.quint8/qint8): ONNX Runtime has no "
+        "quantized tensor type to feed. Pass the float tensor and quantize inside the model, "
+        "or pass its int_repr() with the scale and zero point.",
     ),
     # OM3xx: dtypes for the target runtime
     "OM301": CodeInfo(

@@ -526,6 +526,43 @@ def dynamic_axes_to_specs(axes: Any) -> dict[str, dict[int, str]]:
             for k, v in axes.items()}
 
 
+def _names_nothing(what: str, unknown: list[str], given: list[str]) -> str:
+    return (f"{what} names {', '.join(repr(u) for u in unknown)}, which "
+            f"{'is' if len(unknown) == 1 else 'are'} not among forward()'s inputs by name "
+            f"or position: they are {', '.join(f'{n} (position {i})' for i, n in enumerate(given)) or 'none'}. "
+            "Its dims would be dropped and the file would come out static. An output needs "
+            "no entry: its dims follow from the inputs'.")
+
+
+def dynamic_names_problem(model: Any, dynamic_shapes: Any, args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> str | None:
+    """Why ``dynamic_shapes`` (torch.export's form, or torch.onnx's dynamic_axes) names
+    something the model does not have, or None: a dict key that is no input of forward()
+    given an example (by name), or a positional spec (tuple or list) with more entries than
+    inputs (OM410)."""
+    if dynamic_shapes is None or isinstance(dynamic_shapes, str) \
+            or not isinstance(model, torch.nn.Module):
+        return None
+    try:
+        kinds = {p.kind for p in inspect.signature(model.forward).parameters.values()}
+        names = _forward_names(model, "dynamic_shapes")
+    except (InputError, TypeError, ValueError):
+        return None
+    if kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+        return None  # forward(*args, **kw): torch.export matches the spec itself
+    given = names[:len(args)] + [k for k in kwargs]
+    if isinstance(dynamic_shapes, dict):
+        unknown = [k for k in dynamic_shapes if k not in given]
+        if unknown:
+            return _names_nothing("dynamic_shapes", [str(u) for u in unknown], given)
+    elif isinstance(dynamic_shapes, (list, tuple)) and len(dynamic_shapes) > len(given):
+        return (f"dynamic_shapes has {len(dynamic_shapes)} positional entries but the model "
+                f"is given {len(given)} input(s) ({', '.join(given) or 'none'}): entries "
+                f"{len(given)} to {len(dynamic_shapes) - 1} (from 0) name nothing. Give one entry per input, in order "
+                "(None for an input with no dynamic dim).")
+    return None
+
+
 def is_dynamic_axes(dyn: Any) -> bool:
     """True for torch.onnx's old dynamic_axes form (lists of ints), which torch.export's
     dynamic_shapes would misread as per-dim specs."""
@@ -575,9 +612,8 @@ def complete_dynamic_shapes(model: Any, dyn: dict[str, dict[int, str]] | str,
     given = names[:len(args)] + [k for k in kwargs]
     unknown = set(dyn) - set(given)
     if unknown:
-        raise _err("OM004", f"--dynamic names {', '.join(sorted(unknown))}, which "
-                   f"{'is' if len(unknown) == 1 else 'are'} not among forward()'s inputs "
-                   f"({', '.join(given) or 'none'}).")
+        raise _err("OM004", _names_nothing("--dynamic", sorted(unknown), given),
+                   "Name forward()'s parameters (the ones given an example input).")
     values = dict(zip(names[:len(args)], args)) | dict(kwargs)
     for name, dims in dyn.items():
         t = values[name]

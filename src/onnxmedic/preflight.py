@@ -6,6 +6,7 @@ of inputs whose dtype does not match the model's parameters.
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from onnxmedic import borrow
 from onnxmedic._locate import attribute_writes, location_from_exception
 from onnxmedic._tensors import describe, flatten_tensors, reference_mode, to_numpy
 from onnxmedic.findings import Finding, error, info, listed, warning
+from onnxmedic.quantized import quantized_findings, quantized_outputs_finding
 
 STAGE = "preflight"
 
@@ -119,11 +121,23 @@ def preflight_stage(result: Any, model: Any, args: tuple[Any, ...],
     """The preflight stage on ``result``: the example's outputs (numpy) in PyTorch, or None
     (and the stage failed with its finding)."""
     with result.stage(STAGE) as st:
+        quantized = quantized_findings(model, args, kwargs)
+        if quantized:  # torch.ao's quantized kernels: no ONNX form (OM211, OM212)
+            st.fail(*quantized)
+            return None
+        record = borrow.record_inputs(args, kwargs)
         pre = run(model, args, kwargs)
         if not pre.ok:
             st.fail(pre.finding)
             return None
+        written = borrow.inputs_written(record)
         outputs = flatten_tensors(pre.outputs)
+        if written:
+            returned = borrow.returned_as(record, written, outputs)
+            result.findings.append(inputs_written_finding(model, written, returned))
+        if (bad := quantized_outputs_finding(outputs)) is not None:
+            st.fail(bad)
+            return None
         odd = [type(t).__name__ for t in outputs if type(t) is not torch.Tensor
                and not isinstance(t, torch.nn.Parameter)]
         if odd:  # a FakeTensor/FunctionalTensor left in the model by an earlier trace
@@ -136,6 +150,53 @@ def preflight_stage(result: Any, model: Any, args: tuple[Any, ...],
                 details={"output_types": odd}))
             return None
     return [to_numpy(t) for t in outputs]
+
+
+def _parameter_names(model: Any, written: list[str]) -> list[str]:
+    """``args[0]`` -> ``args[0] (x)`` where forward()'s signature names the argument."""
+    try:
+        fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+        params = [p for p in inspect.signature(fn.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError, AttributeError):
+        return written
+    out = []
+    for w in written:
+        m = re.match(r"args\[(\d+)\]", w)
+        i = int(m.group(1)) if m else len(params)
+        out.append(f"{w} ({params[i].name})" if i < len(params) else w)
+    return out
+
+
+def inputs_written_finding(model: Any, written: list[str],
+                           returned: dict[str, int] | None = None) -> Finding:
+    """OM013: forward() writes its inputs in place. Every run had its own copy of the example
+    inputs (borrow.copy_inputs), so the caller's are unchanged; the ONNX file computes the
+    outputs from the values given, and hands back a written input's new value only where
+    forward() returns it (``returned``: input path -> output index)."""
+    returned = returned or {}
+    names = _parameter_names(model, written)
+    shown = [f"{n}, returned as output {returned[w]}" if w in returned else n
+             for w, n in zip(written, names)]
+    kept = [n for w, n in zip(written, names) if w not in returned]
+    tail = (" The file returns the new value of each input forward() also returns (the "
+            "outputs named above)." if returned else "")
+    if kept:
+        tail += (f" For {listed(kept, 6)} it cannot: ONNX has no in-place inputs, so the file "
+                 "cannot change the caller's input buffer, and torch.onnx does not return an "
+                 "input mutation as a graph output - code that reads the input again after "
+                 "calling the model sees the new value in PyTorch and the old one with ONNX "
+                 "Runtime.")
+    return info(
+        "OM013", STAGE, f"forward() writes its input(s) in place: {listed(shown, 6)}. Every "
+        "run of the model during export had its own copy of the example inputs, so your "
+        "tensors are unchanged and each reference was computed on pristine inputs; the ONNX "
+        "file computes the outputs from the values it is fed." + tail,
+        suggestion=("If the caller needs a written value, return it from forward() (e.g. "
+                    "`return out, x`) so that the ONNX file has it as an output; or write "
+                    "into a copy (`x = x.clone()` first) to make the model pure.")
+        if kept else "Nothing to do: read the new values from the outputs.",
+        details={"inputs": written, "returned": returned})
 
 
 def _shown(value: Any) -> str:

@@ -446,3 +446,17 @@ def test_fmax_fmin_integers_and_mixed(fn):
     a, b = torch.tensor([3, -2, 7], dtype=torch.int32), torch.tensor([1, 5, 7], dtype=torch.int64)
     assert check_call(fn, (a, b)).ok  # int32 with int64: promoted, no NaN logic
     assert check_call(fn, (a, torch.tensor([0.5, float("nan"), 9.0]))).ok  # int with float
+
+
+@pytest.mark.parametrize("bounds", [(0.125, 1.0 / 3.0), (0.01, 0.5)])
+def test_rrelu_in_eval_mode_exports_and_verifies(bounds) -> None:
+    """nn.RReLU in eval mode is a leaky ReLU with the mean slope; torch.onnx had no
+    translation for rrelu_with_noise_functional (OM201, found by the torch.nn sweep of
+    bench/zoo/internal_errors.py)."""
+    import onnxmedic
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8)
+    x[0, 0, :3] = torch.tensor([-0.0, -INF, NAN])
+    result = onnxmedic.export(torch.nn.RReLU(*bounds).eval(), (x,))
+    assert result.ok, [(f.code, f.message) for f in result.findings]

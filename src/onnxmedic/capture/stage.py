@@ -487,9 +487,10 @@ def _eager_runs_at(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], di
     branch on it) and making the dim static would silently drop what the user declared: OM401
     names that line instead. The model's state is put back after the call."""
     from onnxmedic._tensors import reference_mode
-    from onnxmedic.borrow import record_state, restore_state
+    from onnxmedic.borrow import copy_inputs, record_state, restore_state
     from onnxmedic.verify.input_sets import tensor_like
 
+    args, kwargs = copy_inputs((args, kwargs))  # the model may write its inputs
     try:
         bound = inspect.signature(model.forward).bind(*args, **kwargs)
     except (TypeError, ValueError):

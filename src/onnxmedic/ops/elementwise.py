@@ -1,6 +1,6 @@
 """Elementwise ops torchlib lacks or gets wrong at the edges.
 
-Missing in torchlib (export fails): hypot, copysign, nextafter, frexp, gcd, lcm,
+Missing in torchlib (export fails): hypot, copysign, nextafter, frexp, gcd, lcm, rrelu (eval),
 ``__lshift__.Tensor`` / ``__rshift__.Tensor``.
 
 Overridden because torchlib's translation silently differs from PyTorch:
@@ -734,3 +734,22 @@ def aten_fmax(self, other):
 def aten_fmin(self, other):
     """fmin(Tensor self, Tensor other) -> Tensor (torchlib: not implemented)"""
     return _fmaxmin(self, other, op.Min)
+
+
+# ----------------------------------------------------------------------------------------- rrelu
+
+@translation(aten.rrelu_with_noise_functional.default)
+def aten_rrelu_with_noise_functional(self, noise, lower=0.125, upper=1.0 / 3.0, training=False,
+                                     generator=None):
+    """rrelu_with_noise_functional(Tensor self, Tensor noise, Scalar lower=0.125,
+    Scalar upper=0.3333333333333333, bool training=False, Generator? generator=None)
+    -> (Tensor, Tensor noise_out) (torchlib: not implemented)
+
+    Inference (``training=False``, what ``nn.RReLU`` does in eval mode): a leaky ReLU with the
+    mean slope ``(lower + upper) / 2``, the noise passed through unchanged. Training mode
+    draws random slopes: no deterministic ONNX form, refused.
+    """
+    if training:
+        raise NotImplementedError("rrelu in training mode draws random slopes; export the "
+                                  "model in eval mode")
+    return op.LeakyRelu(self, alpha=(float(lower) + float(upper)) / 2.0), op.Identity(noise)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from onnxmedic import inputs as inputs_mod
+from onnxmedic.borrow import copy_inputs, module_modes, restore_modes, to_eval
 from onnxmedic.inputs import DEFAULT_SEED
 from onnxmedic.onnxfile import check_feeds, graph_io, make_feeds
 from onnxmedic.optimize.bench import BenchResult, bench
@@ -197,17 +198,18 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
         raise ValueError(bad)
     given = None if calibration is None else given_calibration_feeds(onnx_path, calibration)
     was_training = getattr(model, "training", False)
+    modes = module_modes(model) if was_training else []  # each submodule's own flag
     if was_training:
-        model.eval()
+        to_eval(model)
     t0 = time.perf_counter()
     try:
-        example = inputs_mod.Inputs(args, kwargs or {})
+        # a copy: the caller's inputs are borrowed (each run copies it again)
+        example = inputs_mod.Inputs(*copy_inputs((args, kwargs or {})))
         feeds, expected, _, sets = reference_sets(onnx_path, model, example)
         fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
         references = reference_outputs(fn, sets, expected).outputs  # [] when not possible
     finally:
-        if was_training:
-            model.train()
+        restore_modes(modes)
     took = time.perf_counter() - t0
     res = optimize_file(onnx_path, feeds, expected, out=out, target=target,
                          precision=precision, cosine=cosine, pipelines=pipelines,

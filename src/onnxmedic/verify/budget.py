@@ -324,3 +324,55 @@ def budget_note(c: OutputComparison) -> str:
         return ""
     return (f"ONNX Runtime's error is {_times(c.ratio)} PyTorch's own float32 error (budget "
             f"{BUDGET:g}x)")
+
+
+# -- quantized (QDQ) outputs ------------------------------------------------------------------
+# An output a DequantizeLinear produces is s * (q - z) with q an integer: PyTorch's reference
+# (float arithmetic between quantize/dequantize pairs, as PT2E's convert_pt2e leaves it) and
+# ONNX Runtime's quantized kernels (QDQ fused into QLinearMatMul/QGemm/QLinearConv, integer
+# accumulation, their own requantisation rounding - which differs between instruction sets)
+# may round a value that lies near a half step to neighbouring integers, so they may differ by
+# one step s at an element, and by no more where every step before agrees. A real fault (a
+# wrong weight, scale or zero point, a wrong op) moves the integers by more: see
+# tests/test_quantized.py's fault injection.
+RULE_QUANT = "one quantization step"
+QUANT_STEPS = 1.0
+
+
+def quantization_scales(proto: object) -> dict[str, float]:
+    """Graph output name -> the output scale of the DequantizeLinear that produces it (the
+    largest, for a per-channel scale), where the scale is an initializer or Constant."""
+    from onnx import numpy_helper
+
+    graph = proto.graph  # type: ignore[attr-defined]
+    consts = {t.name: t for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = n.attribute[0].t
+    producers = {o: n for n in graph.node for o in n.output}
+    out: dict[str, float] = {}
+    for o in graph.output:
+        node = producers.get(o.name)
+        if node is None or node.op_type != "DequantizeLinear" or len(node.input) < 2:
+            continue
+        scale = consts.get(node.input[1])
+        if scale is not None:
+            out[o.name] = float(np.max(np.abs(numpy_helper.to_array(scale))))
+    return out
+
+
+def judge_quantized(c: OutputComparison, expected: np.ndarray, actual: np.ndarray | None,
+                    scale: float) -> OutputComparison:
+    """``c`` (a float comparison that did not accept the output) judged again for an output of
+    quantization step ``scale``: accepted when every element is within QUANT_STEPS steps
+    (and NaN/inf positions match); otherwise ``c`` as it was, its reason naming the step."""
+    if actual is None or c.reason and "elements outside" not in c.reason:
+        return c
+    atol = QUANT_STEPS * scale * (1 + 1e-6)
+    q = compare_arrays(c.name, expected, actual, input_set=c.input_set, tolerance=(0.0, atol))
+    q.rule = RULE_QUANT
+    if q.ok:
+        return q
+    c.reason = (f"{c.reason or 'outside the budget'}; beyond one quantization step "
+                f"({scale:.3g}) of the output's DequantizeLinear too")
+    return c

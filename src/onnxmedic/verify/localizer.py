@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxmedic import sandbox
+from onnxmedic import borrow, sandbox
 from onnxmedic.findings import Severity, warning
 from onnxmedic.inputs import Inputs
 from onnxmedic.result import PASSED, ExportResult
@@ -65,7 +65,9 @@ class _Job:
     model_dir: Any = None
 
     def localize(self, program: Any, worker: sandbox.Worker, **kw: Any) -> Any:
-        return loc_mod.localize(self.proto, program, self.inputs.args, self.inputs.kwargs,
+        # a copy of its own: a model that writes an input must not change the set's values
+        args, kwargs = borrow.copy_inputs((self.inputs.args, self.inputs.kwargs))
+        return loc_mod.localize(self.proto, program, args, kwargs,
                                 feeds=self.feeds, tolerance=self.tolerance,
                                 timeout=self.timeout, input_set=self.label, worker=worker,
                                 model_dir=self.model_dir, **kw)

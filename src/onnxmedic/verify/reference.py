@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from onnxmedic._tensors import flatten_tensors, reference_mode, to_numpy
+from onnxmedic.borrow import copy_inputs
 from onnxmedic.inputs import Inputs
 from onnxmedic.sandbox import available_memory
 
@@ -224,7 +225,9 @@ def _runs(fn: Any, sets: list[Inputs], expected: list[list[np.ndarray]],
                 out.why_not = (f"the {name} runs took over {limit:.0f} s; the "
                                "remaining input sets are judged without them")
                 continue
-            got = flatten_tensors(fn(*_convert(s.args, dtype), **_convert(s.kwargs, dtype)))
+            # a copy of its own (a model may write its inputs; _convert keeps float64 ones)
+            args, kwargs = copy_inputs((_convert(s.args, dtype), _convert(s.kwargs, dtype)))
+            got = flatten_tensors(fn(*args, **kwargs))
             out.outputs.append(_matched([to_numpy(t) for t in got], exp, name))
     return out
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnxmedic import checks, sandbox
+from onnxmedic import borrow, checks, sandbox
 from onnxmedic._locate import location_from_onnx_node, onnx_neighbourhood, onnx_node_in_error
 from onnxmedic._tensors import flatten_tensors, reference_mode, to_numpy
 from onnxmedic.capture import capture
@@ -33,6 +33,8 @@ from onnxmedic.verify.budget import (
     RULE_PENDING,
     estimated_budget,
     judge_output,
+    judge_quantized,
+    quantization_scales,
     torch_error_scale,
 )
 from onnxmedic.verify.compare import OutputComparison, compare_outputs
@@ -59,8 +61,9 @@ def expected_outputs(model: Any, sets: list[Inputs]) -> list[list[np.ndarray]]:
     fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
     out = []
     with reference_mode():
-        for s in sets:
-            out.append([to_numpy(t) for t in flatten_tensors(fn(*s.args, **s.kwargs))])
+        for s in sets:  # each run on a copy of its own (a model may write its inputs)
+            args, kwargs = borrow.copy_inputs((s.args, s.kwargs))
+            out.append([to_numpy(t) for t in flatten_tensors(fn(*args, **kwargs))])
     return out
 
 
@@ -424,13 +427,15 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
     shape variants that fail. Outputs within a few ulps of PyTorch's are accepted as they are;
     the model runs in float64 only for the sets with outputs that are not (budget.py)."""
     ran = [i for i in range(len(sets.sets)) if i < len(sbx.outputs) and i not in sbx.run_errors]
+    steps = quantization_scales(proto)  # QDQ outputs: one quantization step (budget.py)
     comps = {i: compare_outputs(names, sets.expected[i], sbx.outputs[i],
                                 input_set=sets.labels[i], judge=_judge([], sets.labels[i],
                                                                        tolerance, fast=True))
              for i in ran}
     pending = [i for i in ran if any(c.rule == RULE_PENDING for c in comps[i])]
     if pending:
-        _judge_pending(result, model, sets, sbx.outputs, names, tolerance, comps, pending)
+        _judge_pending(result, model, sets, sbx.outputs, names, tolerance, comps, pending,
+                       steps)
     shape_failures: list[Finding] = []
     for i, label in enumerate(sets.labels[:len(sbx.outputs)]):
         if i in sbx.run_errors:
@@ -452,14 +457,16 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
 
 def _judge_pending(result: ExportResult, model: Any, sets: InputSets, outputs: list[Any],
                    names: list[str], tolerance: tuple[float, float] | None,
-                   comps: dict[int, list[OutputComparison]], pending: list[int]) -> None:
+                   comps: dict[int, list[OutputComparison]], pending: list[int],
+                   steps: dict[str, float] | None = None) -> None:
     """Judge the sets float32 agreement left open (into ``comps``): the example against its
     own float64 run first; each other set is accepted by the example's measured float32 error
     where that shows it within budget (budget.estimated_budget), and only the sets it does not
     show run in float64 too and are judged by the exact rule."""
     def rejudge(i: int, refs: list[np.ndarray | None]) -> None:
         comps[i] = compare_outputs(names, sets.expected[i], outputs[i], input_set=sets.labels[i],
-                                   judge=_judge(refs, sets.labels[i], tolerance))
+                                   judge=_judge(refs, sets.labels[i], tolerance,
+                                                steps=steps))
 
     def exact(which: list[int]) -> None:
         add_references(result, model, sets, which)
@@ -508,10 +515,18 @@ def _estimated(fast: list[OutputComparison], expected: list[np.ndarray], actual:
 
 
 def _judge(refs: list[np.ndarray | None], label: str,
-           tolerance: tuple[float, float] | None, fast: bool = False) -> Any:
+           tolerance: tuple[float, float] | None, fast: bool = False,
+           steps: dict[str, float] | None = None) -> Any:
+    """The judge of one set's outputs; ``steps``: output name -> quantization step of the
+    DequantizeLinear producing it (an output the float rule does not accept is judged again
+    by one step, budget.judge_quantized)."""
     def one(name: str, exp: np.ndarray, act: np.ndarray | None, i: int) -> OutputComparison:
-        return judge_output(name, exp, act, refs[i] if i < len(refs) else None,
-                            input_set=label, tolerance=tolerance, fast=fast)
+        c = judge_output(name, exp, act, refs[i] if i < len(refs) else None,
+                         input_set=label, tolerance=tolerance, fast=fast)
+        if steps and name in steps and tolerance is None and not c.ok \
+                and (not fast or c.rule != RULE_PENDING):
+            c = judge_quantized(c, exp, act, steps[name])
+        return c
     return one
 
 

@@ -1,0 +1,271 @@
+"""Quantized torch.ao models (issue 41). Eager quantize_dynamic, eager prepare + convert and
+FX prepare_fx + convert_fx run PyTorch's own quantized kernels: each ends in a precise finding
+naming the op, the modules and the way around it (OM211; a quantized input tensor: OM212),
+never in an internal error. PT2E-style models (float tensors with quantized_decomposed
+quantize/dequantize ops) export to ONNX QDQ form and verify, each QDQ output judged with a
+budget of one quantization step of its DequantizeLinear (a fault beyond it is caught)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import onnxmedic
+from onnxmedic import borrow
+from onnxmedic.verify.budget import RULE_QUANT, judge_quantized, quantization_scales
+from onnxmedic.verify.compare import compare_arrays
+
+warnings.filterwarnings("ignore", message=".*quantiz.*")
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.relu, self.fc2 = nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.relu(self.fc1(x)))
+
+
+class Stubbed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = torch.ao.quantization.QuantStub()
+        self.mlp = Mlp()
+        self.dequant = torch.ao.quantization.DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.mlp(self.quant(x)))
+
+
+X = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
+
+
+def _eager_dynamic() -> nn.Module:
+    torch.manual_seed(0)
+    return torch.ao.quantization.quantize_dynamic(Mlp().eval(), {nn.Linear}, dtype=torch.qint8)
+
+
+def _eager_static() -> nn.Module:
+    torch.manual_seed(0)
+    m = Stubbed().eval()
+    m.qconfig = torch.ao.quantization.get_default_qconfig("x86")
+    torch.ao.quantization.prepare(m, inplace=True)
+    m(X)
+    return torch.ao.quantization.convert(m, inplace=True)
+
+
+def _fx() -> nn.Module:
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    torch.manual_seed(0)
+    p = prepare_fx(Mlp().eval(), torch.ao.quantization.get_default_qconfig_mapping("x86"), (X,))
+    p(X)
+    return convert_fx(p)
+
+
+@pytest.mark.parametrize(("make", "op", "modules"), [
+    (_eager_dynamic, "quantized::linear_dynamic", ["fc1", "fc2"]),
+    (_eager_static, "quantized::linear", ["mlp.fc1", "mlp.fc2"]),
+    (_fx, "quantized::linear_relu", ["fc1"]),
+])
+def test_torch_ao_quantized_models_end_in_a_precise_finding(make, op, modules) -> None:
+    model = make()
+    given = borrow.copy_inputs((X,))
+    result = onnxmedic.export(model, (X,))
+    assert not result.ok
+    codes = [f.code for f in result.findings]
+    assert "OM009" not in codes and "OM211" in codes
+    found = [f for f in result.findings if f.code == "OM211" and f.op == op]
+    assert len(found) == 1, [(f.op, f.message) for f in result.findings]
+    msg = found[0].message
+    assert all(f"{m} (torch.ao.nn." in msg for m in modules)
+    assert "--precision int8" in found[0].suggestion and "dequantize" in found[0].suggestion
+    assert result.stages["preflight"] == "failed" and result.stages["capture"] != "failed"
+    assert borrow.same_inputs(given, (X,))
+
+
+def test_static_model_names_its_quantize_and_dequantize_modules_too() -> None:
+    result = onnxmedic.export(_eager_static(), (X,))
+    ops = {f.op for f in result.findings if f.code == "OM211"}
+    assert {"aten::quantize_per_tensor", "aten::dequantize", "quantized::linear"} <= ops
+
+
+def test_a_quantized_input_tensor_is_a_finding_not_a_crash() -> None:
+    """A quantized example input crashed (a byte view of a quantized tensor segfaults) or
+    ended in OM009 'unsupported ScalarType QUInt8'."""
+    class Deq(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.dequantize() * 2
+
+    qx = torch.quantize_per_tensor(X, 0.05, 10, torch.quint8)
+    given = borrow.copy_inputs((qx,))
+    result = onnxmedic.export(Deq(), (qx,))
+    assert [f.code for f in result.findings if f.severity.name.lower() == "error"] == ["OM212"]
+    assert "args[0] (torch.quint8" in next(f.message for f in result.findings
+                                            if f.code == "OM212")
+    assert borrow.same_inputs(given, (qx,))
+
+
+def test_a_model_that_returns_a_quantized_tensor_is_a_finding() -> None:
+    """No quantized module, but forward() quantizes itself: the output's conversion to numpy
+    ended in OM009 'unsupported ScalarType QUInt8'."""
+    class Quantizes(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.quantize_per_tensor(x * 2, 0.05, 10, torch.quint8)
+
+    result = onnxmedic.export(Quantizes(), (X,))
+    codes = [f.code for f in result.findings if f.severity.name.lower() == "error"]
+    assert codes == ["OM211"]
+    assert "output 0 (torch.quint8)" in result.findings[-1].message
+
+
+# -- QDQ (PT2E form) ----------------------------------------------------------------------------
+class Qdq(nn.Module):
+    """What convert_pt2e leaves: float Linear layers between quantize/dequantize pairs of
+    quantized_decomposed ops (int8 weights dequantized, activations quantized per tensor)."""
+
+    def __init__(self, out_scale: float = 0.02) -> None:
+        super().__init__()
+        import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers the ops
+
+        torch.manual_seed(0)
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+        self.out_scale = out_scale
+
+    @staticmethod
+    def _qdq(x: torch.Tensor, scale: float, zp: int) -> torch.Tensor:
+        ops = torch.ops.quantized_decomposed
+        q = ops.quantize_per_tensor.default(x, scale, zp, -128, 127, torch.int8)
+        return ops.dequantize_per_tensor.default(q, scale, zp, -128, 127, torch.int8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w1 = self._qdq(self.fc1.weight, 0.003, 0)
+        w2 = self._qdq(self.fc2.weight, 0.002, 0)
+        h = torch.relu(nn.functional.linear(self._qdq(x, 0.015, 3), w1, self.fc1.bias))
+        y = nn.functional.linear(self._qdq(h, 0.005, -128), w2, self.fc2.bias)
+        return self._qdq(y, self.out_scale, -5)
+
+
+def test_a_qdq_model_exports_to_onnx_qdq_and_verifies(tmp_path) -> None:
+    path = tmp_path / "q.onnx"
+    result = onnxmedic.export(Qdq().eval(), (X,), path)
+    assert result.ok, [(f.code, f.message) for f in result.findings]
+    ops = [n.op_type for n in onnx.load(path).graph.node]
+    assert ops.count("QuantizeLinear") >= 3 and ops.count("DequantizeLinear") >= 3
+    assert quantization_scales(onnx.load(path)) == {
+        onnx.load(path).graph.output[0].name: pytest.approx(0.02)}
+
+
+def test_a_fault_beyond_one_quantization_step_is_caught(tmp_path) -> None:
+    """Fault injection: the ONNX file's output scale 10% off (the integers are right, the
+    values up to ~10 steps off) and one bias three output steps off are both refused
+    (OM601), the comparison saying they are beyond one quantization step."""
+    path = tmp_path / "q.onnx"
+    assert onnxmedic.export(Qdq().eval(), (X,), path).ok
+    proto = onnx.load(path)
+    out_dq = next(n for n in proto.graph.node if n.output[0] == proto.graph.output[0].name)
+    scale = next(onnx.numpy_helper.to_array(t) for t in proto.graph.initializer
+                 if t.name == out_dq.input[1])
+    # the output DequantizeLinear gets a scale of its own, 10% off (the QuantizeLinear before
+    # it shares the original one)
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(
+        (scale * 1.1).astype(np.float32), "bad_scale"))
+    out_dq.input[1] = "bad_scale"
+    onnx.save(proto, tmp_path / "bad_scale.onnx")
+    # one bias of the last layer off by three output steps (a wrong parameter)
+    wrong = onnx.load(path)
+    b = next(t for t in wrong.graph.initializer if t.name == "fc2.bias")
+    arr = onnx.numpy_helper.to_array(b).copy()
+    arr[0] += 3 * 0.02
+    b.CopyFrom(onnx.numpy_helper.from_array(arr, b.name))
+    onnx.save(wrong, tmp_path / "bad_bias.onnx")
+    for name in ("bad_scale.onnx", "bad_bias.onnx"):
+        r = onnxmedic.verify(tmp_path / name, Qdq().eval(), (X,))
+        assert not r.ok and "OM601" in [f.code for f in r.findings], name
+        assert any("quantization step" in c.reason for c in r.verification if not c.ok)
+
+
+def test_one_quantization_step_is_the_budget() -> None:
+    """The rule itself: a QDQ output one step s off at an element (a half-way value rounded
+    the other way by a quantized kernel) is accepted; 1.5 steps, or a NaN where PyTorch has a
+    number, is not."""
+    s = 0.02
+    exp = (np.arange(-6, 6, dtype=np.float32) * s).reshape(3, 4)
+    for delta, ok in ((s, True), (-s, True), (1.5 * s, False), (3 * s, False)):
+        act = exp.copy()
+        act[1, 2] += delta
+        c = judge_quantized(compare_arrays("y", exp, act), exp, act, s)
+        assert c.ok is ok, delta
+        assert (c.rule == RULE_QUANT) is ok
+    act = exp.copy()
+    act[0, 0] = np.nan
+    assert not judge_quantized(compare_arrays("y", exp, act), exp, act, s).ok
+
+
+def test_pt2e_quantized_model_exports_and_verifies(tmp_path) -> None:
+    """The real PT2E flow (torchao's prepare_pt2e / convert_pt2e with the XNNPACK quantizer;
+    torch 2.13 moved PT2E out of torch.ao). The exported module refused eval() with
+    NotImplementedError, which ended in OM009."""
+    pytest.importorskip("torchao")
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.testing.pt2e._xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+
+    torch.manual_seed(0)
+    gm = torch.export.export(Mlp().eval(), (X,)).module()
+    prepared = prepare_pt2e(gm, XNNPACKQuantizer().set_global(
+        get_symmetric_quantization_config()))
+    prepared(X)
+    model = convert_pt2e(prepared)
+    result = onnxmedic.export(model, (X,), tmp_path / "p.onnx")
+    assert result.ok, [(f.code, f.message) for f in result.findings]
+    ops = [n.op_type for n in onnx.load(tmp_path / "p.onnx").graph.node]
+    assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
+
+
+def test_an_exported_module_that_refuses_eval_is_exported() -> None:
+    """convert_pt2e's module refuses train()/eval() (torchao's _disallow_eval_train raises
+    NotImplementedError); export() called model.eval() and ended in OM009. The same refusal
+    on a torch.export module, without torchao."""
+    import types
+
+    def refuse(self, mode: bool = True):
+        raise NotImplementedError("Calling train() or eval() is not supported for exported "
+                                  "models.")
+
+    gm = torch.export.export(Qdq().eval(), (X,)).module()
+    gm.train = types.MethodType(refuse, gm)
+    gm.eval = types.MethodType(refuse, gm)
+    gm.training = True
+    result = onnxmedic.export(gm, (X,))
+    assert result.ok, [(f.code, f.message) for f in result.findings]
+    assert "OM009" not in [f.code for f in result.findings]
+    assert gm.training  # its flag back as it was
+
+
+def test_qdq_ops_translate_after_a_float_export_in_the_same_process() -> None:
+    """onnxmedic caches its torch.onnx registry; built by a float export before the
+    quantized_decomposed ops were defined (a PT2E model made later in the same process), it
+    had no QuantizeLinear translation: OM201."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, onnxmedic\n"
+        "sys.path.insert(0, '.')\n"
+        "assert onnxmedic.export(torch.nn.Linear(8, 4), (torch.randn(2, 8),), verify=False).ok\n"
+        "assert 'torch.ao.quantization.fx._decomposed' in sys.modules\n"
+        "from tests.test_quantized import Qdq, X\n"
+        "r = onnxmedic.export(Qdq().eval(), (X,), verify=False)\n"
+        "assert r.ok, [(f.code, f.message) for f in r.findings]\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
