@@ -240,12 +240,17 @@ def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> An
 
 
 def target_findings(res: OptimizationResult, stage: str = "optimize") -> list[Any]:
-    """OM725 when the target's execution provider was missing: nothing could be timed."""
+    """OM725 when the target's execution provider was missing: nothing could be timed; for
+    int8 candidates OM729 (their settings, the instruction set verified on) and OM728 (an
+    instruction set named in the target that is not this CPU's), see onnxmedic/isa.py."""
     from onnxmedic.findings import warning
+    from onnxmedic.isa import optimize_findings
 
+    int8 = optimize_findings(res.target, any(v.precision == "int8" for v in res.variants),
+                             stage)
     if not res.target_missing:
-        return []
-    return [warning("OM725", stage, f"--target {res.target}: {res.target_missing}; the "
+        return int8
+    return int8 + [warning("OM725", stage, f"--target {res.target}: {res.target_missing}; the "
                     "candidates were verified on the CPU but not timed on the target, so the "
                     "plain export was kept.",
                     suggestion="Run `onnxmedic optimize` on a machine where onnxruntime-gpu "
