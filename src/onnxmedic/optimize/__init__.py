@@ -23,6 +23,7 @@ import torch
 
 from onnxmedic import inputs as inputs_mod
 from onnxmedic.inputs import DEFAULT_SEED
+from onnxmedic.isa import split_target
 from onnxmedic.onnxfile import check_feeds, graph_io, make_feeds
 from onnxmedic.optimize.bench import BenchResult, bench
 from onnxmedic.optimize.candidates import (
@@ -186,6 +187,7 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     if not isinstance(args, tuple):
         raise TypeError("args must be a tuple of example inputs, like torch.onnx.export")
     cosine = parse_accuracy(accuracy)
+    split_target(target)  # a target or instruction set it does not know: ValueError now
     if calibration is not None and (bad := calibration_error(precision)):
         raise ValueError(bad)
     given = None if calibration is None else given_calibration_feeds(onnx_path, calibration)
