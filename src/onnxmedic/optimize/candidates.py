@@ -1147,7 +1147,7 @@ def _plan(src: Path, pipelines: list[Pipeline] | None, target: str, precision: s
     if pipelines is not None:
         return names, pipelines
     static = is_convolutional(src) if static_int8 is None else static_int8
-    return names, default_pipelines(target, precision, model_type, static, isa)
+    return names, default_pipelines(target, precision, model_type, static, isa=isa)
 
 
 def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
