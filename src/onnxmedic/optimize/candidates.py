@@ -556,9 +556,9 @@ class _Search:
         self.found: dict[str, Any] = {}  # the switch search's prediction, for the report
         self.predicted: int | None = None
         self.extra: dict[str, Any] = {}
-        self.scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level",
-                                             "reduce_range")
+        self.scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level")
                        if k in qopts}
+        self.scheme["reduce_range"] = qopts.get("reduce_range", True)  # quantize_int8's
         if not is_static([qstep]):  # on the sets the budget is judged on (see float_gains)
             self.sets = f"{min(len(feeds), SEARCH_SETS)} verification set(s)"
             self.step = FLOAT_GAINS  # _measure gives it the verification sets' file

@@ -75,13 +75,14 @@ def _quant_blocks(x: np.ndarray, block: int, axis: int, qmax: int = 127) -> np.n
 def quantized_operands(a: np.ndarray, w: np.ndarray, scheme: dict[str, Any] | None = None
                        ) -> tuple[np.ndarray, np.ndarray]:
     """``a`` (M, K) and ``w`` (K, N) as the int8 scheme sees them (see the module doc;
-    quantize_dynamic's weights are 7-bit, |q| <= 64, unless ``reduce_range`` is False)."""
+    quantize_dynamic's weights are 7-bit, |q| <= 64, with ``reduce_range``: the portable
+    default of passes.quantize_int8)."""
     scheme = scheme or {}
     if "block_size" in scheme:
         block = int(scheme["block_size"])
         qa = _quant_blocks(a, block, axis=1) if scheme.get("accuracy_level") == 4 else a
         return qa, _quant_blocks(w, block, axis=0)
-    qmax = 64 if scheme.get("reduce_range", True) else 127
+    qmax = 64 if scheme.get("reduce_range") else 127
     if scheme.get("per_channel"):
         return _quant_act(a), _quant_blocks(w, w.shape[0], axis=0, qmax=qmax)
     return _quant_act(a), _quant_weight(w, qmax)
