@@ -69,6 +69,22 @@ def _check_choice(fn: str, what: str, value: Any, choices: tuple[str, ...]) -> N
                          f"{value!r}")
 
 
+def _base_target(target: Any) -> str:
+    """export's ``target`` without an instruction set (``"cpu:avx2"`` -> ``"cpu"``; the
+    instruction set picks optimize's int8 settings, onnxmedic/isa.py); ValueError for a
+    target or instruction set it does not take."""
+    from onnxmedic.isa import ISAS, split_target
+
+    try:
+        base, _ = split_target(target) if isinstance(target, str) else (target, None)
+    except ValueError:
+        base = None
+    if base not in TARGETS:
+        raise ValueError(f"onnxmedic.export: target must be one of {', '.join(TARGETS)} "
+                         f"(or cpu:{', cpu:'.join(ISAS)}), not {target!r}")
+    return base
+
+
 def _report_problem(result: ExportResult, report: str | os.PathLike[str] | None) -> bool:
     """Fail fast when the report cannot be written where asked (nothing else runs)."""
     if report is None:
@@ -122,7 +138,7 @@ def _optimize_request(optimize: bool, precision: str, target: str,
     except ValueError as e:
         raise ValueError(f"onnxmedic.export: {e}") from None
     return {"precision": precision, "accuracy": accuracy, "cuda_graph": mode,
-            "calibration": calibration}
+            "calibration": calibration, "target": target}
 
 
 def _optimize_written(result: ExportResult, model: Any, args: tuple[Any, ...],
@@ -133,8 +149,7 @@ def _optimize_written(result: ExportResult, model: Any, args: tuple[Any, ...],
     if opts.on_stage is not None and result.ok and result.path:
         opts.on_stage("optimize")
     with result.timed("optimize"):
-        attach_to_export(result, model, args, kwargs, target=opts.target,
-                         timeout=opts.timeout, **optimizing)
+        attach_to_export(result, model, args, kwargs, timeout=opts.timeout, **optimizing)
 
 
 def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
@@ -238,9 +253,9 @@ def export(
     """
     args, kwargs = _check_args(model, args, kwargs)
     _check_repro("export", repro, model_spec)
-    _check_choice("export", "target", target, TARGETS)
+    named, target = target, _base_target(target)  # "cpu:avx2": the int8 settings' ISA
     _check_choice("export", "dtype_policy", dtype_policy, DTYPE_POLICIES)
-    optimizing = _optimize_request(optimize, precision, target, accuracy, cuda_graph,
+    optimizing = _optimize_request(optimize, precision, named, accuracy, cuda_graph,
                                    calibration)
     if bad := dynamic_names_problem(model, dynamic_shapes, args, kwargs):
         raise ValueError(f"onnxmedic.export: {bad}")

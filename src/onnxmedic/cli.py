@@ -13,6 +13,7 @@ import traceback
 from typing import Any
 
 from onnxmedic import __version__
+from onnxmedic.isa import target_arg
 
 EPILOG = ("exit codes: 0 verified; 1 a problem with the model or inputs (findings printed); "
           "2 bad command-line usage; 3 internal error of onnxmedic. Finding codes: docs/findings.md")
@@ -72,7 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dynamic dims: INPUT:DIM=NAME[,DIM=NAME], e.g. x:0=batch; or "
                    "torch.onnx's dynamic_axes dict, e.g. \"{'x': [0, 1]}\"; or auto (every "
                    "dim dynamic where the model allows it)")
-    e.add_argument("--target", choices=["cpu", "cuda", "tensorrt"], default="cpu")
+    e.add_argument("--target", type=target_arg, default="cpu",
+                   metavar="{cpu,cpu:ISA,cuda,tensorrt}",
+                   help="cpu:ISA (avx2, avx-vnni, avx512-vnni, amx, arm64): with --optimize "
+                   "--precision int8, int8 settings for that instruction set instead of the "
+                   "portable ones (docs/optimize-isa.md)")
     e.add_argument("--ort-version", metavar="X.Y", type=_ort_arg,
                    help="the ONNX Runtime release the model must load in (opset and IR version "
                    "are fitted to it and verified)")

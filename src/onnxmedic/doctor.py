@@ -26,6 +26,7 @@ from onnxmedic.fixes.kernels import (
     trt_fallback_finding,
 )
 from onnxmedic.fixes.opset import limits
+from onnxmedic.isa import int8_findings
 from onnxmedic.onnxfile import (
     all_graphs,
     check_feeds,
@@ -166,6 +167,7 @@ def doctor_stages(result: ExportResult, path: Path, target: str, timeout: float,
     with result.stage("lint") as st:
         found = lint(proto, ort_opset=sbx.max_opset if sbx is not None else None)
         found += kernel_lint(proto, target) + ort_version_lint(proto, ort)
+        found += int8_findings(proto, "lint") if target == "cpu" else []
         st.add(*found)
         if any(f.severity == Severity.ERROR for f in found):
             st.fail()
@@ -189,6 +191,8 @@ def run_stages(result: RunResult, onnx_path: Any, feeds: Any, cast: str, target:
         if proto is None:
             st.fail(*bad)
             return
+        if target == "cpu":  # an int8 file verified on another instruction set
+            st.add(*int8_findings(proto, "load"))
     with result.stage("inputs") as st:
         if isinstance(feeds, (list, tuple)):
             names = input_names(proto)

@@ -545,6 +545,19 @@ CODES: dict[str, CodeInfo] = {
         "bad --until criterion", 2,
         "The --until value is not crash, hang, mismatch or a shell command containing {model}.",
     ),
+    "OM544": CodeInfo(
+        "int8 file verified for another instruction set", 0,
+        "doctor/run: an int8 file onnxmedic verified with settings for one CPU instruction set "
+        "(optimize --target cpu:avx512-vnni, cpu:amx, ...: full 8-bit weights) meets a CPU "
+        "whose u8s8 int8 kernels add pairs of products in int16 (x86-64 without VNNI), where "
+        "they can saturate: its outputs may fall outside the budget it was verified to.",
+    ),
+    "OM545": CodeInfo(
+        "int8 file verified on another instruction set", 0,
+        "doctor/run: an int8 file onnxmedic verified on another CPU instruction set than this "
+        "one (the file's metadata onnxmedic.int8.verified_on); its settings do not saturate "
+        "here, but it was not verified here.",
+    ),
     # OM6xx: numbers
     "OM601": CodeInfo(
         "output values differ from PyTorch", 1,
@@ -685,6 +698,19 @@ CODES: dict[str, CodeInfo] = {
         "settings optimize recorded in it) but could not run as one here: no CUDA provider, or "
         "ONNX Runtime refused the capture (a node outside the CUDA provider, device copies); "
         "its reason is quoted. The file itself runs, without a graph.",
+    ),
+    "OM728": CodeInfo(
+        "int8 not verified on the named instruction set", 0,
+        "optimize --target cpu:<isa>: the int8 candidates were verified on this CPU, whose "
+        "instruction set is not the one named, so what that instruction set's int8 kernels "
+        "compute was not checked.",
+    ),
+    "OM729": CodeInfo(
+        "int8 settings and instruction set", 0,
+        "optimize --precision int8: the int8 settings (portable: 7-bit weights that ONNX "
+        "Runtime's u8s8 kernels do not saturate on any x86-64 CPU; or full 8-bit weights for "
+        "a named instruction set) and the CPU instruction set the candidates were verified on, "
+        "which an int8 file written records in its metadata.",
     ),
     "OM727": CodeInfo(
         "float16 fill values saturated", 0,

@@ -24,6 +24,7 @@ import torch
 from onnxmedic import inputs as inputs_mod
 from onnxmedic.borrow import copy_inputs, module_modes, restore_modes, to_eval
 from onnxmedic.inputs import DEFAULT_SEED
+from onnxmedic.isa import split_target
 from onnxmedic.onnxfile import check_feeds, graph_io, make_feeds
 from onnxmedic.optimize.bench import BenchResult, bench
 from onnxmedic.optimize.candidates import (
@@ -194,6 +195,7 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
         return optimize_decoder(onnx_path, model, out=out, accuracy=accuracy, threads=threads,
                                 timeout=timeout)  # type: ignore[return-value]
     cosine = parse_accuracy(accuracy)
+    split_target(target)  # a target or instruction set it does not know: ValueError now
     if calibration is not None and (bad := calibration_error(precision)):
         raise ValueError(bad)
     given = None if calibration is None else given_calibration_feeds(onnx_path, calibration)
@@ -249,12 +251,17 @@ def optimization_finding(res: OptimizationResult, stage: str = "optimize") -> An
 
 
 def target_findings(res: OptimizationResult, stage: str = "optimize") -> list[Any]:
-    """OM725 when the target's execution provider was missing: nothing could be timed."""
+    """OM725 when the target's execution provider was missing: nothing could be timed; for
+    int8 candidates OM729 (their settings, the instruction set verified on) and OM728 (an
+    instruction set named in the target that is not this CPU's), see onnxmedic/isa.py."""
     from onnxmedic.findings import warning
+    from onnxmedic.isa import optimize_findings
 
+    int8 = optimize_findings(res.target, any(v.precision == "int8" for v in res.variants),
+                             stage)
     if not res.target_missing:
-        return []
-    return [warning("OM725", stage, f"--target {res.target}: {res.target_missing}; the "
+        return int8
+    return int8 + [warning("OM725", stage, f"--target {res.target}: {res.target_missing}; the "
                     "candidates were verified on the CPU but not timed on the target, so the "
                     "plain export was kept.",
                     suggestion="Run `onnxmedic optimize` on a machine where onnxruntime-gpu "

@@ -33,6 +33,7 @@ import numpy as np
 
 from onnxmedic import sandbox
 from onnxmedic.findings import listed
+from onnxmedic.isa import int8_metadata, split_target
 from onnxmedic.optimize.int8 import SEARCH_SETS, exclusion_cap, next_count
 from onnxmedic.optimize.int8 import cosine as cosine_of
 from onnxmedic.optimize.passes import (
@@ -557,6 +558,7 @@ class _Search:
         self.extra: dict[str, Any] = {}
         self.scheme = {k: qopts[k] for k in ("per_channel", "block_size", "accuracy_level")
                        if k in qopts}
+        self.scheme["reduce_range"] = qopts.get("reduce_range", True)  # quantize_int8's
         if not is_static([qstep]):  # on the sets the budget is judged on (see float_gains)
             self.sets = f"{min(len(feeds), SEARCH_SETS)} verification set(s)"
             self.step = FLOAT_GAINS  # _measure gives it the verification sets' file
@@ -1059,16 +1061,18 @@ def _try_graph(chosen: Variant, plain: Variant, names: list[str],
     return twins
 
 
-def _write(src: Path, out: Path, run_settings: dict[str, Any] | None = None) -> None:
+def _write(src: Path, out: Path, run_settings: dict[str, Any] | None = None,
+           metadata: dict[str, str] | None = None) -> None:
     """Copy ``src`` to ``out`` atomically; a file with external weights (torch.onnx.export
     writes ``<name>.data`` beside the model) is saved again with ``<out>.data`` beside ``out``.
-    ``run_settings``: recorded in the file's metadata (RUN_SETTINGS_KEY)."""
+    ``run_settings``: recorded in the file's metadata (RUN_SETTINGS_KEY), and ``metadata``
+    (an int8 file: the instruction set it was verified on, isa.int8_metadata)."""
     import onnx
 
     from onnxmedic.onnxfile import append_metadata
     from onnxmedic.optimize.passes import has_external_data
 
-    if src.resolve() == out.resolve() and not run_settings:
+    if src.resolve() == out.resolve() and not run_settings and not metadata:
         return
     tmp = out.with_name(out.name + ".tmp")
     if has_external_data(src):
@@ -1079,6 +1083,8 @@ def _write(src: Path, out: Path, run_settings: dict[str, Any] | None = None) -> 
         shutil.copyfile(src, tmp)
     if run_settings:
         append_metadata(tmp, RUN_SETTINGS_KEY, json.dumps(run_settings))
+    for key, value in (metadata or {}).items():
+        append_metadata(tmp, key, value)
     os.replace(tmp, out)
 
 
@@ -1130,16 +1136,18 @@ def _coverage_hint(calibration: list[dict[str, np.ndarray]],
 
 
 def _plan(src: Path, pipelines: list[Pipeline] | None, target: str, precision: str,
-          model_type: str | None, static_int8: bool | None) -> tuple[list[str], list[Pipeline]]:
+          model_type: str | None, static_int8: bool | None, isa: str | None = None
+          ) -> tuple[list[str], list[Pipeline]]:
     """The file's output names and the candidates: ``pipelines``, or the defaults for the
-    target and precision (static int8 where ``static_int8``, None: convolutional graphs)."""
+    target and precision (static int8 where ``static_int8``, None: convolutional graphs;
+    int8 settings for the instruction set ``isa``, None: portable)."""
     import onnx
 
     names = [o.name for o in onnx.load(str(src), load_external_data=False).graph.output]
     if pipelines is not None:
         return names, pipelines
     static = is_convolutional(src) if static_int8 is None else static_int8
-    return names, default_pipelines(target, precision, model_type, static)
+    return names, default_pipelines(target, precision, model_type, static, isa=isa)
 
 
 def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
@@ -1165,9 +1173,10 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
     (:func:`_deploy_graphs`). ``calibration``: feeds apart from ``feeds`` for static int8
     (``calibration_source`` says where from); ``static_int8``: whether it is a candidate at
     precision int8 (None: where the graph is convolutional, passes.is_convolutional)."""
+    named, (target, isa) = target, split_target(target)  # "cpu:avx2": int8 settings for it
     mode = _checked_mode(precision, target, cuda_graph)
     src = Path(onnx_path)
-    names, pipes = _plan(src, pipelines, target, precision, model_type, static_int8)
+    names, pipes = _plan(src, pipelines, target, precision, model_type, static_int8, isa)
     t0 = time.perf_counter()
     with sandbox.reuse() as server, _scratch() as folder:
         mark = server.mark()  # an outer reuse() block may have served runs before
@@ -1194,7 +1203,7 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         result = OptimizationResult(variants, chosen.name, threads, repeats, warmup, rounds,
                                     message=_outcome(plain, chosen, variants, target, absent,
                                                      twin),
-                                    target=target, providers=used, target_missing=absent or "",
+                                    target=named, providers=used, target_missing=absent or "",
                                     cosine=cosine, calibration=_calibrated(
                                         variants, calibration_source, calibration))
         if mode == "auto" and not absent:
@@ -1205,7 +1214,8 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         result.seconds = {"candidates": t_built - t0, "timing": time.perf_counter() - t_built}
         result.sandbox = server.since(mark)
         if out is not None:
-            _write(Path(chosen.path), Path(out), result.run_settings)
+            _write(Path(chosen.path), Path(out), result.run_settings,
+                   int8_metadata(isa) if chosen.precision == "int8" else None)
             result.written = str(out)
         for v in variants:
             if v is not plain:

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from onnxmedic.isa import target_arg
 from onnxmedic.optimize.passes import calibration_error
 
 
@@ -47,9 +48,13 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--accuracy", metavar="cosine=X", help="reduced-precision budget "
                    "(default cosine=0.999 per output; int4: perplexity=5%%,agreement=95%%,"
                    "steps=32,prompts=4)")
-    o.add_argument("--target", choices=["cpu", "cuda", "tensorrt"], default="cpu",
+    o.add_argument("--target", type=target_arg, default="cpu",
+                   metavar="{cpu,cpu:ISA,cuda,tensorrt}",
                    help="time (and verify) the candidates with this target's execution "
-                   "providers; GPU targets need onnxruntime-gpu and a GPU (else OM725)")
+                   "providers; GPU targets need onnxruntime-gpu and a GPU (else OM725). int8 "
+                   "on cpu is portable across x86-64 CPUs; cpu:avx512-vnni, cpu:amx, "
+                   "cpu:avx-vnni, cpu:arm64 or cpu:avx2 picks the int8 settings for that "
+                   "instruction set (docs/optimize-isa.md)")
     o.add_argument("--threads", type=int, default=2, help="intra-op threads when timing")
     o.add_argument("--cuda-graph", choices=["auto", "deploy", "off"], default="auto",
                    help="--target cuda: auto - also try the chosen file as a CUDA graph (a "

@@ -51,38 +51,41 @@ def _quant_act(a: np.ndarray) -> np.ndarray:
     return ((q - zp) * scale).astype(np.float32)
 
 
-def _quant_weight(w: np.ndarray) -> np.ndarray:
-    """int8 symmetric per tensor, dequantized."""
-    scale = float(np.abs(w).max()) / 127.0
+def _quant_weight(w: np.ndarray, qmax: int = 127) -> np.ndarray:
+    """int8 symmetric per tensor (|q| <= ``qmax``: 64 with reduce_range), dequantized."""
+    scale = float(np.abs(w).max()) / qmax
     if scale == 0:
         return w
-    return (np.clip(np.rint(w / scale), -127, 127) * scale).astype(np.float32)
+    return (np.clip(np.rint(w / scale), -qmax, qmax) * scale).astype(np.float32)
 
 
-def _quant_blocks(x: np.ndarray, block: int, axis: int) -> np.ndarray:
-    """int8 symmetric with one scale (max |x| / 127) per ``block`` consecutive values along
-    ``axis`` (the last block may be short), dequantized."""
+def _quant_blocks(x: np.ndarray, block: int, axis: int, qmax: int = 127) -> np.ndarray:
+    """int8 symmetric with one scale (max |x| / ``qmax``) per ``block`` consecutive values
+    along ``axis`` (the last block may be short), dequantized."""
     x = np.moveaxis(np.asarray(x, np.float32), axis, -1)
     n = x.shape[-1]
     pad = (-n) % block
     xp = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)]).reshape(*x.shape[:-1], -1, block)
-    scale = np.abs(xp).max(-1, keepdims=True) / 127.0
+    scale = np.abs(xp).max(-1, keepdims=True) / float(qmax)
     safe = np.where(scale == 0, 1.0, scale)
-    q = np.clip(np.rint(xp / safe), -127, 127) * scale
+    q = np.clip(np.rint(xp / safe), -qmax, qmax) * scale
     return np.moveaxis(q.reshape(*x.shape[:-1], -1)[..., :n], -1, axis).astype(np.float32)
 
 
 def quantized_operands(a: np.ndarray, w: np.ndarray, scheme: dict[str, Any] | None = None
                        ) -> tuple[np.ndarray, np.ndarray]:
-    """``a`` (M, K) and ``w`` (K, N) as the int8 scheme sees them (see the module doc)."""
+    """``a`` (M, K) and ``w`` (K, N) as the int8 scheme sees them (see the module doc;
+    quantize_dynamic's weights are 7-bit, |q| <= 64, with ``reduce_range``: the portable
+    default of passes.quantize_int8)."""
     scheme = scheme or {}
     if "block_size" in scheme:
         block = int(scheme["block_size"])
         qa = _quant_blocks(a, block, axis=1) if scheme.get("accuracy_level") == 4 else a
         return qa, _quant_blocks(w, block, axis=0)
+    qmax = 64 if scheme.get("reduce_range") else 127
     if scheme.get("per_channel"):
-        return _quant_act(a), _quant_blocks(w, w.shape[0], axis=0)
-    return _quant_act(a), _quant_weight(w)
+        return _quant_act(a), _quant_blocks(w, w.shape[0], axis=0, qmax=qmax)
+    return _quant_act(a), _quant_weight(w, qmax)
 
 
 def layer_error(a: np.ndarray, w: np.ndarray, scheme: dict[str, Any] | None = None) -> float:

@@ -300,10 +300,12 @@ def ort_offline(src: str, dst: str, level: str = "basic") -> dict[str, Any]:
 
 
 def quantize_int8(src: str, dst: str, nodes_to_exclude: list[str] | None = None,
-                  per_channel: bool = False) -> dict[str, Any]:
+                  per_channel: bool = False, reduce_range: bool = True) -> dict[str, Any]:
     """onnxruntime.quantization.quantize_dynamic: int8 weights of MatMul/Gemm (one scale per
     tensor, or per output channel with ``per_channel``), activations quantized at run time, one
-    scale per tensor (CPU). ``nodes_to_exclude`` stay float32."""
+    scale per tensor (CPU). ``nodes_to_exclude`` stay float32. ``reduce_range`` (the portable
+    default, isa.py): 7-bit weights, which ONNX Runtime's u8s8 kernels do not saturate on any
+    x86-64 CPU; False (``--target cpu:avx512-vnni``, ...): full 8-bit weights."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     before = op_counts(src)
@@ -321,13 +323,14 @@ def quantize_int8(src: str, dst: str, nodes_to_exclude: list[str] | None = None,
         layers = [n.name for n in onnx.load(pre, load_external_data=False).graph.node
                   if n.op_type in ("MatMul", "Gemm") and n.name]
         quantize_dynamic(pre, dst, weight_type=QuantType.QInt8, per_channel=per_channel,
-                         op_types_to_quantize=["MatMul", "Gemm"],
+                         reduce_range=reduce_range, op_types_to_quantize=["MatMul", "Gemm"],
                          # the quantizer splits a Gemm into <name>_MatMul + <name>_Add first
                          nodes_to_exclude=[m for n in nodes_to_exclude or []
                                            for m in (n, f"{n}_MatMul")])
     info = op_count_diff(before, op_counts(dst))
     info["excluded"] = list(nodes_to_exclude or [])
     info["layers"] = layers  # the quantizable layers, named as nodes_to_exclude expects
+    info["reduce_range"] = reduce_range
     return info
 
 
@@ -462,7 +465,8 @@ def _with_producers(graph: Any, names: list[str]) -> list[str]:
 
 def quantize_static_int8(src: str, dst: str, calibration: str,
                          nodes_to_exclude: list[str] | None = None,
-                         per_channel: bool = True) -> dict[str, Any]:
+                         per_channel: bool = True, reduce_range: bool = True
+                         ) -> dict[str, Any]:
     """Static int8 in the QDQ format with ONNX Runtime's own quantizer
     (``onnxruntime.quantization.quantize_static``): weights int8 symmetric (one scale per output
     channel with ``per_channel``), activations uint8 with ranges fixed ahead of time - the
@@ -471,7 +475,9 @@ def quantize_static_int8(src: str, dst: str, calibration: str,
     QLinearConv (likewise MatMul, Add, pooling): the int8 lever for convolutions, which
     quantize_dynamic turns into ConvInteger with run-time activation ranges - slower than
     float32 on the CPU (ResNet-50: 0.27x). ``nodes_to_exclude`` stay float32. Standard ONNX ops
-    (portable), the accuracy depends on how well the calibration feeds cover the real inputs."""
+    (portable), the accuracy depends on how well the calibration feeds cover the real inputs.
+    ``reduce_range``: 7-bit weights (as :func:`quantize_int8`; int8 activations would not
+    help: ONNX Runtime's x86 kernels shift them to uint8 and saturate alike)."""
     import onnx
     from onnxruntime.quantization import (
         CalibrationMethod,
@@ -491,7 +497,7 @@ def quantize_static_int8(src: str, dst: str, calibration: str,
     def run(op_types: list[str] | None) -> None:
         quantize_static(src, dst, feed_reader(feeds), quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=op_types, per_channel=per_channel,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        reduce_range=reduce_range, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=excluded,
                         use_external_data_format=has_external_data(src),
                         calibration_providers=["CPUExecutionProvider"])
@@ -509,6 +515,7 @@ def quantize_static_int8(src: str, dst: str, calibration: str,
     info["excluded"] = excluded
     info["layers"] = layers
     info["calibration_sets"] = len(feeds)
+    info["reduce_range"] = reduce_range
     return info
 
 
@@ -533,7 +540,7 @@ def is_static(steps: Iterable[str]) -> bool:
 def precision_error(precision: str, target: str, flags: bool = False) -> str | None:
     """Why ``precision`` cannot be built for ``target`` (None when it can): int8 is CPU-only.
     Worded with the CLI's flags (``flags``) or the API's arguments."""
-    if precision != "int8" or target == "cpu":
+    if precision != "int8" or target.partition(":")[0] == "cpu":  # cpu:<isa> too
         return None
     p, t, q = ("--precision ", "--target ", str) if flags else ("precision=", "target=", repr)
     return (f"{p}{q('int8')} is for {t}{q('cpu')} (ONNX Runtime's dynamic and weight-only int8 "
@@ -575,11 +582,12 @@ CHILD = Path(__file__).resolve().parent / "_child.py"
 
 
 def default_pipelines(target: str = "cpu", precision: str = "fp32",
-                      model_type: str | None = None, convolutional: bool = False
-                      ) -> list[Pipeline]:
+                      model_type: str | None = None, convolutional: bool = False,
+                      isa: str | None = None) -> list[Pipeline]:
     """The candidates for ``target`` and ``precision`` (the plain export is always the baseline);
     ``model_type`` (:func:`ort_model_type`) adds ONNX Runtime's transformers optimizer;
-    ``convolutional`` (:func:`is_convolutional`) adds static int8 at precision int8. GPU
+    ``convolutional`` (:func:`is_convolutional`) adds static int8 at precision int8, with
+    settings for the instruction set ``isa`` (None: portable, see onnxmedic/isa.py). GPU
     targets drop the CPU-only saved levels; tensorrt keeps the portable pipelines only
     (``com.microsoft`` ops would leave TensorRT for the CUDA provider)."""
     out = [
@@ -626,25 +634,33 @@ def default_pipelines(target: str = "cpu", precision: str = "fp32",
     if target == "tensorrt":  # TensorRT fuses on its own and takes standard ONNX ops only
         out = [p for p in out if p.portable]
     if precision == "int8":
-        out += _int8_pipelines(convolutional)
+        out += _int8_pipelines(convolutional, isa)
     return out
 
 
-def _int8_pipelines(convolutional: bool) -> list[Pipeline]:
+def _int8_pipelines(convolutional: bool, isa: str | None = None) -> list[Pipeline]:
     """The int8 candidates (CPU): dynamic per tensor and per channel, dynamic behind the
-    attention fusions, weight-only MatMulNBits; static QDQ for convolutional graphs."""
+    attention fusions, weight-only MatMulNBits; static QDQ for convolutional graphs. The
+    quantize steps' defaults are portable (7-bit weights); an ``isa`` whose u8s8 kernels do
+    not saturate gets full 8-bit weights. MatMulNBits saturates nowhere (signed int8 both
+    sides), so it is the same for every ``isa``."""
+    from onnxmedic.isa import reduce_range
+
+    full = {} if reduce_range(isa) else {"reduce_range": False}
     opt = (f"{_HERE}:onnxscript_optimize", {})
     out = [
-        Pipeline("int8-dynamic", [opt, (f"{_HERE}:quantize_int8", {})], precision="int8",
+        Pipeline("int8-dynamic", [opt, (f"{_HERE}:quantize_int8", dict(full))],
+                 precision="int8",
                  note="onnxscript optimizer + quantize_dynamic (MatMul/Gemm int8, one "
                  "weight scale per tensor)"),
         Pipeline("int8-dynamic-per-channel",
-                 [opt, (f"{_HERE}:quantize_int8", {"per_channel": True})], precision="int8",
+                 [opt, (f"{_HERE}:quantize_int8", {"per_channel": True, **full})],
+                 precision="int8",
                  note="onnxscript optimizer + quantize_dynamic per_channel (one weight "
                  "scale per output channel)"),
         Pipeline("int8-dynamic-fused",
                  [(f"{_HERE}:ort_fusions", {"norm_fusions": False}),
-                  (f"{_HERE}:quantize_int8", {"per_channel": True})],
+                  (f"{_HERE}:quantize_int8", {"per_channel": True, **full})],
                  precision="int8", portable=False,
                  note="onnxscript ORT attention fusions (no skip-norm/bias-GELU) + "
                  "quantize_dynamic per channel: the attention that int8 leaves float32 "
@@ -658,7 +674,8 @@ def _int8_pipelines(convolutional: bool) -> list[Pipeline]:
     ]
     if convolutional:
         out.append(Pipeline(
-            "int8-static", [opt, (f"{_HERE}:quantize_static_int8", {"per_channel": True})],
+            "int8-static",
+            [opt, (f"{_HERE}:quantize_static_int8", {"per_channel": True, **full})],
             precision="int8", note="onnxscript optimizer + quantize_static, QDQ (Conv, "
             "MatMul, ... int8; weights per channel; activation ranges calibrated on input "
             "sets apart from the verification sets)"))

@@ -1,0 +1,201 @@
+"""The CPU instruction set an int8 file is verified on, and int8 settings that hold on any.
+
+ONNX Runtime picks its int8 kernels by CPU feature at run time. On an x86-64 CPU without VNNI
+(AVX2 only: Haswell to Skylake client, many AMD EPYC before Zen 4) its u8s8 kernels add pairs of
+uint8 x int8 products in int16 (VPMADDUBSW), which saturates at 32767: two activations near 255
+against weights near 127 give 2 x 255 x 127 = 64770. With VNNI (AVX-VNNI, AVX-512 VNNI), AMX or
+on arm64 the products are added in int32 and nothing saturates. So an int8 file verified on one
+CPU can compute differently, and worse, on another (docs/optimize-isa.md has the measurements).
+
+``--target cpu`` int8 is therefore *portable*: ``reduce_range`` (7-bit weights, |w| <= 64, so
+2 x 255 x 64 = 32640 fits int16) - the u8s8 kernels keep their speed and compute the same
+integers on every x86-64 CPU. ``--target cpu:<isa>`` (:data:`ISAS`) names the instruction set
+the file will run on; where that one does not saturate, full 8-bit weights are used.
+
+The instruction set present (:func:`present_isa`) is told from the CPU's flags and, on x86-64,
+by running a model built to saturate: the kernels ONNX Runtime actually picks decide it (an
+emulator or a hypervisor can hide a flag). ``ONNXMEDIC_CPU_ISA`` overrides it (tests, and the
+question "what would doctor say on that machine").
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import platform
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+ISAS = ("avx2", "avx-vnni", "avx512-vnni", "amx", "arm64")
+# where ONNX Runtime's u8s8 kernels add in int32 (no saturation): full 8-bit weights are safe
+NO_SATURATION = ("avx-vnni", "avx512-vnni", "amx", "arm64")
+PORTABLE = "portable"
+VERIFIED_KEY = "onnxmedic.int8.verified_on"  # metadata_props: the instruction set verified on
+SETTINGS_KEY = "onnxmedic.int8.settings"  # metadata_props: "portable" or the named isa
+ENV = "ONNXMEDIC_CPU_ISA"
+INT8_OPS = ("MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "QuantizeLinear",
+            "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention",
+            "MatMulNBits")
+
+
+def split_target(target: str) -> tuple[str, str | None]:
+    """``"cpu:avx2"`` -> ("cpu", "avx2"); ``"cuda"`` -> ("cuda", None). ValueError for an
+    instruction set onnxmedic does not know, or one on a GPU target."""
+    base, sep, isa = str(target).partition(":")
+    if not sep:
+        return base, None
+    isa = isa.strip().lower().replace("_", "-")
+    if base != "cpu" or isa not in ISAS:
+        raise ValueError(f"target {target!r}: an instruction set goes with cpu only - "
+                         f"cpu:{', cpu:'.join(ISAS)}")
+    return base, isa
+
+
+def reduce_range(isa: str | None) -> bool:
+    """Whether int8 for ``isa`` (None: portable) needs 7-bit weights so that the u8s8 kernels
+    do not saturate."""
+    return isa not in NO_SATURATION
+
+
+def settings_name(isa: str | None) -> str:
+    """What the file's int8 settings were chosen for: "portable" or the named isa."""
+    return isa or PORTABLE
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def u8s8_saturates() -> bool:
+    """Whether ONNX Runtime's u8s8 MatMulInteger saturates on this CPU: a model built to
+    (2 x 255 x 127 per pair of products) run in this process."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    k = 64
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["A", "B"], ["Y"])], "probe",
+        [helper.make_tensor_value_info("A", TensorProto.UINT8, [1, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.INT32, [1, 1])],
+        [numpy_helper.from_array(np.full((k, 1), 127, np.int8), "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"A": np.full((1, k), 255, np.uint8)})[0]
+    return int(got[0, 0]) != 255 * 127 * k
+
+
+@functools.lru_cache(maxsize=1)
+def _detected() -> str:
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return "arm64"
+    if machine not in ("x86_64", "amd64"):
+        return machine
+    try:
+        if u8s8_saturates():
+            return "avx2"
+    except Exception as e:  # noqa: BLE001 - no runtime: tell by the flags alone
+        logger.debug("u8s8 probe failed: %s", e)
+    flags = _cpu_flags()
+    for flag, name in (("amx_int8", "amx"), ("avx512_vnni", "avx512-vnni"),
+                       ("avx_vnni", "avx-vnni")):
+        if flag in flags:
+            return name
+    return "avx2"
+
+
+def present_isa() -> str:
+    """The instruction set ONNX Runtime's int8 kernels use here (:data:`ISAS`; the machine's
+    name on other architectures); ``ONNXMEDIC_CPU_ISA`` overrides it."""
+    return os.environ.get(ENV) or _detected()
+
+
+def int8_metadata(isa: str | None) -> dict[str, str]:
+    """The metadata an int8 file verified here records: the instruction set present and what
+    its settings were chosen for."""
+    return {VERIFIED_KEY: present_isa(), SETTINGS_KEY: settings_name(isa)}
+
+
+def _meta(proto: Any) -> dict[str, str]:
+    return {p.key: p.value for p in proto.metadata_props}
+
+
+def int8_findings(proto: Any, stage: str) -> list[Any]:
+    """doctor and run: OM544 when an int8 file onnxmedic verified for one instruction set's
+    kernels (full 8-bit weights) meets another here; OM545 when a portable one was verified
+    on another instruction set than this one (the integers are the same, it was not run
+    here)."""
+    from onnxmedic.findings import info, warning
+
+    meta = _meta(proto)
+    verified, settings = meta.get(VERIFIED_KEY), meta.get(SETTINGS_KEY, PORTABLE)
+    here = present_isa()
+    if not verified:
+        return []
+    details = {"verified_on": verified, "settings": settings, "present": here}
+    if settings != PORTABLE and settings != here and reduce_range(here):
+        return [warning(
+            "OM544", stage, f"this int8 file was verified on {verified} with settings for "
+            f"{settings} (full 8-bit weights); this CPU is {here}, whose u8s8 int8 kernels "
+            "add pairs of products in int16 and can saturate, so its outputs may fall outside "
+            "the accuracy budget it was verified to.", details=details,
+            suggestion="Re-run `onnxmedic optimize --precision int8 --target cpu` (portable "
+            f"settings) or `--target cpu:{here}` on this machine.")]
+    if verified != here:
+        return [info(
+            "OM545", stage, f"this int8 file was verified on {verified}, not on this CPU "
+            f"({here}); its settings ({settings}) do not saturate here, but it was not "
+            "verified here.", details=details,
+            suggestion="`onnxmedic verify` it against the PyTorch model on this machine.")]
+    return []
+
+
+def optimize_findings(target: str, int8: bool, stage: str = "optimize") -> list[Any]:
+    """optimize: OM729 (the int8 settings and the instruction set they were verified on) and
+    OM728 when the instruction set named in ``target`` is not the one present, so the int8
+    candidates could not be verified on it."""
+    from onnxmedic.findings import info, warning
+
+    if not int8:
+        return []
+    _, named = split_target(target)
+    here = present_isa()
+    how = ("full 8-bit weights" if not reduce_range(named) else
+           "reduce_range: 7-bit weights, so ONNX Runtime's u8s8 kernels do not saturate on "
+           "x86-64 CPUs without VNNI")
+    out = [info("OM729", stage, f"int8 settings for {settings_name(named)} ({how}); verified "
+                f"on this CPU ({here}), recorded in the file's metadata ({VERIFIED_KEY}).",
+                details={"settings": settings_name(named), "verified_on": here})]
+    if named and named != here:
+        out.append(warning(
+            "OM728", stage, f"--target cpu:{named}: the int8 candidates were verified on this "
+            f"CPU ({here}), not on {named}; what {named}'s int8 kernels compute was not checked.",
+            details={"named": named, "verified_on": here},
+            suggestion=f"Run optimize on a {named} machine, or use --target cpu (portable)."))
+    return out
+
+
+def target_arg(value: str) -> str:
+    """argparse ``type`` for a ``--target`` that takes an instruction set (optimize, export):
+    cpu, cpu:<isa>, cuda or tensorrt (exit 2 with the choices otherwise)."""
+    import argparse
+
+    try:
+        base, _ = split_target(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if base not in ("cpu", "cuda", "tensorrt"):
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from cpu, "
+                                         f"cpu:{', cpu:'.join(ISAS)}, cuda, tensorrt)")
+    return value
