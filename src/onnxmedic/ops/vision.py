@@ -41,7 +41,7 @@ _INT64 = ir.DataType.INT64
 _INT64_MAX = 0x7FFFFFFFFFFFFFFF
 
 
-@translation("torchvision::nms", defined_later=True, overrides_torchlib=True,
+@translation("torchvision::nms", defined_later=True,
              note="torchvision's nms; torchlib registers its own only when torchvision is "
                   "installed before torch.onnx builds its registry")
 def torchvision_nms(dets, scores, iou_threshold: float):
@@ -54,7 +54,7 @@ def torchvision_nms(dets, scores, iou_threshold: float):
     return op.Reshape(op.Slice(selected, ints([2]), ints([3]), ints([1])), ints([-1]))
 
 
-@translation("torchvision::roi_align", defined_later=True, overrides_torchlib=True,
+@translation("torchvision::roi_align", defined_later=True,
              note="RoiAlign: aligned=True as half_pixel, aligned=False as output_half_pixel")
 def torchvision_roi_align(input, rois, spatial_scale: float, pooled_height: int,
                           pooled_width: int, sampling_ratio: int, aligned: bool):
@@ -84,7 +84,7 @@ def torchvision_roi_pool(input, rois, spatial_scale: float, pooled_height: int,
     return out, argmax
 
 
-@translation("torchvision::deform_conv2d", defined_later=True, overrides_torchlib=True,
+@translation("torchvision::deform_conv2d", defined_later=True,
              note="DeformConv (opset 19)")
 def torchvision_deform_conv2d(input, weight, offset, mask, bias, stride_h: int, stride_w: int,
                               pad_h: int, pad_w: int, dilation_h: int, dilation_w: int,
