@@ -134,3 +134,22 @@ def test_translations_are_onnxmedics() -> None:
         meta = REGISTRY.get(f"torchvision::{name}")
         assert meta is not None and meta.family == "vision", name
         assert meta.overrides_torchlib == (name == "roi_pool"), name
+
+
+class _PositionSensitive(torch.nn.Module):
+    def forward(self, x: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
+        return tv.ps_roi_align(x, rois, 0.5, 2, 2, 2)[0] + 1
+
+
+def test_position_sensitive_pooling_says_it_has_no_onnx_form() -> None:
+    """ps_roi_align has no ONNX operator: OM220 names it and the way out, not a bare OM201."""
+    import onnxmedic
+
+    x = torch.randn(1, 8, 10, 10)
+    rois = torch.tensor([[0, 1.0, 1.0, 12.0, 14.0]])
+    res = onnxmedic.export(_PositionSensitive(), (x, rois))
+    codes = [f.code for f in res.findings]
+    assert not res.ok and "OM220" in codes and "OM201" not in codes, codes
+    f = next(f for f in res.findings if f.code == "OM220")
+    assert "position-sensitive" in f.message and "roi_align" in f.suggestion
+    assert res.exit_code == 1

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -189,3 +190,54 @@ def compare_detections(expected: tuple[np.ndarray, np.ndarray, np.ndarray],
         return out
     out.findings = _leftovers(exp, act, missing, extra, budget, scale, name)
     return out
+
+
+RULE_DETECTIONS = "detection set"
+
+
+def detection_triples(expected: list[np.ndarray], dynamic_rows: list[bool]) -> list[int]:
+    """Where (boxes [N, 4] float, scores [N] float, labels [N] integer) outputs follow each
+    other with a data-dependent N (``dynamic_rows[j]``: output j's first dim is not static in
+    the ONNX model): the index of each triple's boxes output."""
+    found, j = [], 0
+    while j + 2 < len(expected):
+        b, s, lab = (np.asarray(expected[j + k]) for k in range(3))
+        if (b.ndim == 2 and b.shape[1] == 4 and b.dtype.kind == "f" and s.dtype.kind == "f"
+                and s.shape == b.shape[:1] and lab.shape == b.shape[:1]
+                and lab.dtype.kind in "iu" and all(dynamic_rows[j:j + 3])):
+            found.append(j)
+            j += 3
+        else:
+            j += 1
+    return found
+
+
+def _as_comparison(c: Any, res: DetectionComparison) -> Any:
+    """``c`` (an OutputComparison) judged as part of a detection set."""
+    c.rule = RULE_DETECTIONS
+    c.ok = res.ok
+    c.mismatched = 0 if res.ok else len(res.findings)
+    c.reason = "" if res.ok else f"the detection set differs ({res.findings[0].code})"
+    if res.ok:  # the largest corner or score difference between matched detections
+        c.max_abs = max(res.max_box_error, res.max_score_error)
+        c.max_rel = 0.0
+    return c
+
+
+def rejudge_detections(names: list[str], expected: list[np.ndarray], actual: list[Any],
+                       comps: list[Any], dynamic_rows: list[bool], label: str) -> list[Finding]:
+    """Judge the detection triples among the outputs as sets where their element-wise
+    comparison failed (the counts or the order of equal scores differ): ``comps`` (one
+    OutputComparison per output) are updated in place; returns the OM613-OM618 findings."""
+    findings: list[Finding] = []
+    for j in detection_triples(expected, dynamic_rows):
+        trio = comps[j:j + 3]
+        if all(c.ok for c in trio) or j + 2 >= len(actual) or any(
+                actual[j + k] is None for k in range(3)):
+            continue
+        name = f"{names[j]}/{names[j + 1]}/{names[j + 2]} at {label}"
+        res = compare_detections(tuple(expected[j:j + 3]), tuple(actual[j:j + 3]), name=name)
+        for c in trio:
+            _as_comparison(c, res)
+        findings += res.findings
+    return findings
