@@ -15,7 +15,12 @@ scores to agree within the budget, and names every detection left over:
 - OM617 a matched detection whose score is outside the budget;
 - OM618 the outputs are not a detection set (shapes that disagree).
 
-Ties at the cut are tolerated: where a postprocess keeps the top k of a set, boxes whose scores
+Ties are tolerated: a detection left over whose class and score another detection on its side
+shares (a tie group) may be exchanged for one of the same class and score on the other side -
+which of several tied boxes survive top-k and NMS depends on the order a kernel visits equal
+scores (torch's topk does not promise one; ONNX's TopK takes the lower index), so a tied box is
+checked by its group's count, not by its place. A moved box, a dropped box or a wrong class in
+a group of one is still a finding. Ties at the cut too: where a postprocess keeps the top k of a set, boxes whose scores
 equal the lowest kept score (within the budget), a score that other kept boxes share, may be
 exchanged for others of that score on the other side, as many dropped as added. Anything else
 left over is a finding.
@@ -53,6 +58,7 @@ class DetectionComparison:
     matched: int = 0
     expected: int = 0
     actual: int = 0
+    tied: int = 0  # exchanged within a group of equal class and score (tolerated)
     tied_at_cut: int = 0  # exchanged among equal scores at the cut (tolerated)
     max_box_error: float = 0.0
     max_score_error: float = 0.0
@@ -115,6 +121,33 @@ def _match(exp: tuple[np.ndarray, ...], act: tuple[np.ndarray, ...], budget: Det
         out.max_box_error = max(out.max_box_error, float(corner[j]))
         out.max_score_error = max(out.max_score_error, float(abs(as_[j] - es[i])))
     return missing, [int(j) for j in np.flatnonzero(free)]
+
+
+def _tied_pairs(missing: list[int], extra: list[int], exp: tuple[np.ndarray, ...],
+                act: tuple[np.ndarray, ...], budget: DetectionBudget
+                ) -> tuple[list[int], list[int], int]:
+    """Pair leftovers that belong to a tie: the same class and score as another detection on
+    their own side. Among tied boxes, which survive a top-k or NMS depends on the order the
+    kernel visits equal scores, so a tied box is checked by its group's count, not its place.
+    Returns the leftovers still unpaired and the number of pairs."""
+    (_, es, el), (_, as_, al) = exp, act
+
+    def tied(scores: np.ndarray, labels: np.ndarray, k: int) -> bool:
+        same = (labels == labels[k]) & (np.abs(scores - scores[k]) <= budget.score_atol)
+        return int(same.sum()) >= 2
+
+    free = [j for j in extra if tied(as_, al, j)]
+    left, pairs = [], 0
+    for i in missing:
+        j = next((j for j in free if al[j] == el[i] and
+                  abs(as_[j] - es[i]) <= budget.score_atol), None)
+        if j is None or not tied(es, el, i):
+            left.append(i)
+            continue
+        free.remove(j)
+        pairs += 1
+    paired = set(j for j in extra if tied(as_, al, j)) - set(free)
+    return left, [j for j in extra if j not in paired], pairs
 
 
 def _at_cut(missing: list[int], extra: list[int], es: np.ndarray, as_: np.ndarray,
@@ -185,6 +218,9 @@ def compare_detections(expected: tuple[np.ndarray, np.ndarray, np.ndarray],
     act = (act[0].astype(np.float64), act[1].astype(np.float64), act[2])
     scale = max(1.0, float(np.abs(exp[0]).max(initial=0.0)))
     missing, extra = _match(exp, act, budget, scale, out)
+    missing, extra, out.tied = _tied_pairs(missing, extra, exp, act, budget)
+    if not missing and not extra:
+        return out
     if _at_cut(missing, extra, exp[1], act[1], budget):
         out.tied_at_cut = len(missing)
         return out
