@@ -84,15 +84,28 @@ class FirstImage(nn.Module):
         return out["boxes"], out["scores"], out["labels"]
 
 
-def _scored(m: nn.Module) -> nn.Module:
-    """Random (non-zero) weights in every head: a fresh detection head scores all boxes alike,
-    and among equal scores which boxes survive top-k and NMS is arbitrary."""
-    g = torch.Generator().manual_seed(1)
+def calibrated(m: nn.Module, size: int, seed: int = 5) -> nn.Module:
+    """A detector with random weights made to score like a trained one: its heads' weights
+    random (a fresh head scores every box alike) and its BatchNorm statistics measured on a few
+    random images (with the default ones, deep random backbones saturate and many locations
+    get the same features). Among equal scores, which boxes survive top-k and NMS is arbitrary;
+    with these weights the scores are distinct."""
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in m.named_parameters():
             if "head" in name or "predictor" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    return m
+        bns = [b for b in m.modules() if isinstance(b, nn.BatchNorm2d)]
+        for b in bns:
+            b.reset_running_stats()
+            b.momentum = None  # a cumulative average
+        m.train()
+        for _ in range(3):
+            images = list(torch.rand(2, 3, size, size, generator=g))
+            m.backbone(m.transform(images)[0].tensors)
+        for b in bns:
+            b.momentum = 0.1
+    return m.eval()
 
 
 def _segmentation(name: str, size: int = 256) -> Callable[[], ZooCase]:
@@ -107,7 +120,7 @@ def _segmentation(name: str, size: int = 256) -> Callable[[], ZooCase]:
 def _detection(name: str, size: int, **kw) -> Callable[[], ZooCase]:
     def make() -> ZooCase:
         torch.manual_seed(0)
-        m = _scored(_tv(name, weights_backbone=None, num_classes=11, **kw)())
+        m = calibrated(_tv(name, weights_backbone=None, num_classes=11, **kw)(), size)
         return ZooCase(FirstImage(m).eval(), (_image(size, batch=1),), {}, None,
                        note="torchvision detection: one image, data-dependent detections")
     return make
