@@ -120,3 +120,37 @@ def test_ssdlite_exports_and_verifies(tmp_path) -> None:
     assert len(scores) > 50 and len(torch.unique(scores)) == len(scores)  # distinct scores
     res = onnxmedic.export(model, (image,), tmp_path / "ssd.onnx")
     assert res.ok, [(f.code, f.message[:300]) for f in res.findings]
+
+
+class Pooler(nn.Module):
+    """MultiScaleRoIAlign over a two-level pyramid: each box goes to its level by its area
+    (torchvision's LevelMapper), then roi_align there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = torchvision.ops.MultiScaleRoIAlign(["p2", "p3"], 3, 2)
+
+    def forward(self, p2: torch.Tensor, p3: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        return self.pool({"p2": p2, "p3": p3}, [boxes], [(256, 256)])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "OM203: torch's decompositions fail on the per-level torch.where/index_put of "
+    "torchvision's _multiscale_roi_align (PendingUnbackedSymbolNotFound for the levels' "
+    "unbacked box counts); not fixed yet"))
+def test_multiscale_roi_align_maps_boxes_to_levels(tmp_path) -> None:
+    g = torch.Generator().manual_seed(3)
+    p2, p3 = torch.randn(1, 4, 64, 64, generator=g), torch.randn(1, 4, 32, 32, generator=g)
+    xy = torch.rand(9, 2, generator=g) * 150
+    boxes = torch.cat([xy, xy + torch.tensor([[8.0, 8.0]]) + torch.rand(9, 2, generator=g) * 200],
+                      1)  # small and large boxes: both levels
+    res = onnxmedic.export(Pooler().eval(), (p2, p3, boxes), tmp_path / "pool.onnx",
+                           dynamic_shapes=(None, None, {0: "boxes"}))
+    assert res.ok, [(f.code, f.message[:300]) for f in res.findings]
+    sess = ort.InferenceSession(str(tmp_path / "pool.onnx"), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    for n in (1, 4):
+        out = sess.run(None, dict(zip(names, [p2.numpy(), p3.numpy(), boxes[:n].numpy()])))[0]
+        with torch.no_grad():
+            ref = Pooler()(p2, p3, boxes[:n])
+        np.testing.assert_allclose(out, ref.numpy(), rtol=1e-4, atol=1e-5)
