@@ -34,8 +34,15 @@ demo: $(STAMP)
 	$(VENV)/bin/onnxmedic export examples/gaussian_copula.py:GaussianCopulaHead \
 		--input 4x16:float32 -o build/demo/gaussian_copula.onnx --report build/demo/report.html
 
-test: $(STAMP)
+# VISION=0 leaves out the vision tests (and .venv-vision): about 1 minute to create the venv from
+# the local wheels, and a minute of tests on 2 cores
+VISION ?= 1
+
+test: $(STAMP) $(if $(filter 1,$(VISION)),$(VSTAMP))
 	$(PY) -m pytest -n auto --dist worksteal -m "not slow" $(PYTEST_ARGS)
+ifeq ($(VISION),1)
+	$(VPY) -m pytest -n auto --dist worksteal -m "not slow" tests/vision $(PYTEST_ARGS)
+endif
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal -m slow $(PYTEST_ARGS)
