@@ -122,3 +122,30 @@ def test_a_box_moved_outside_a_tie_is_still_caught() -> None:
     relabeled = lab.copy()
     relabeled[3] = 2  # a tied box with another class is not a tie exchange
     assert "OM615" in _codes((b, s, lab), (b, s, relabeled))
+
+
+def _positional(exp, act):
+    from onnxmedic.verify.compare import compare_outputs
+
+    return compare_outputs(["boxes", "scores", "labels"], list(exp), list(act))
+
+
+def test_verification_rejudges_reordered_detections_as_a_set() -> None:
+    """The compare stage's hook: reordered detections fail element-wise, pass as a set; a
+    dropped one fails with OM613; outputs with a fixed first dim are left element-wise."""
+    from onnxmedic.verify.detections import RULE_DETECTIONS, rejudge_detections
+
+    exp = _dets()
+    perm = np.random.default_rng(2).permutation(len(exp[0]))
+    act = tuple(a[perm] for a in exp)
+    comps = _positional(exp, act)
+    assert not all(c.ok for c in comps)
+    names = ["boxes", "scores", "labels"]
+    fixed = rejudge_detections(names, list(exp), list(act), comps, [False] * 3, "example")
+    assert fixed == [] and not all(c.ok for c in comps)  # a fixed N: not a detection set
+    assert rejudge_detections(names, list(exp), list(act), comps, [True] * 3, "example") == []
+    assert all(c.ok and c.rule == RULE_DETECTIONS for c in comps)
+    dropped = tuple(a[1:] for a in act)
+    comps = _positional(exp, dropped)
+    found = rejudge_detections(names, list(exp), list(dropped), comps, [True] * 3, "example")
+    assert [f.code for f in found] == ["OM613"] and not any(c.ok for c in comps)
