@@ -69,9 +69,13 @@ def _compare(a: Any, b: Any) -> dict[str, Any]:
         return {"ok": False, "why": f"shape {tuple(a.shape)} vs {tuple(b.shape)}"}
     if a.dtype in (torch.int64, torch.int32):
         return {"ok": bool(torch.equal(a, b)), "n": a.numel()}
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    if not torch.equal(nan_a, nan_b):
+        return {"ok": False, "why": f"NaN at {int((nan_a ^ nan_b).sum())} elements on one side"}
+    a, b = a.masked_fill(nan_a, 0), b.masked_fill(nan_b, 0)  # NaN where both are NaN: equal
     err = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
     return {"ok": err <= 1e-4 * max(1.0, b.abs().max().item() if b.numel() else 1.0),
-            "max_abs": err}
+            "max_abs": err, "nan": int(nan_a.sum())}
 
 
 def run_op(name: str, args: tuple[Any, ...], extra: tuple[Any, ...], devices: list[str]

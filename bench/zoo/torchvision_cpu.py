@@ -229,13 +229,20 @@ def ps_roi_align_ref(input: torch.Tensor, rois: torch.Tensor, spatial_scale: flo
                      pooled_height: int, pooled_width: int, sampling_ratio: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """torchvision::ps_roi_align: position-sensitive roi_align (the -0.5 shift always on, no
-    minimum RoI size); bin (i, j) of output channel c reads input channel (c*ph + i)*pw + j."""
+    minimum RoI size; an adaptive grid of a reversed RoI divides by a count of 0, NaN, as the
+    kernel does); bin (i, j) of output channel c reads input channel (c*ph + i)*pw + j."""
     k, ph, pw = rois.shape[0], pooled_height, pooled_width
     c_out = input.shape[1] // (ph * pw)
     chan = _ps_channels(c_out, ph, pw)
     out = input.new_zeros(k, c_out, ph, pw)
     for r in range(k):
         box = rois[r, 1:] * spatial_scale - 0.5
+        if sampling_ratio <= 0:  # the kernel's adaptive grid, unclamped: count 0 gives 0/0
+            gh = math.ceil(float(box[3] - box[1]) / ph)
+            gw = math.ceil(float(box[2] - box[0]) / pw)
+            if gh <= 0 or gw <= 0:
+                out[r] = float("nan") if gh * gw == 0 else 0.0
+                continue
         full = _align_one(input[int(rois[r, 0])], box, ph, pw, sampling_ratio, clamp_size=False)
         full = full.reshape(c_out, ph * pw, ph, pw)
         ii, jj = torch.meshgrid(torch.arange(ph), torch.arange(pw), indexing="ij")
@@ -257,12 +264,12 @@ def ps_roi_pool_ref(input: torch.Tensor, rois: torch.Tensor, spatial_scale: floa
         rw, rh = max(ew - sw, 1), max(eh - sh, 1)
         bin_h = torch.tensor(rh / ph, dtype=torch.float32)
         bin_w = torch.tensor(rw / pw, dtype=torch.float32)
-        for i in range(ph):
-            hs = min(max(int(torch.floor(i * bin_h)) + sh, 0), h)
-            he = min(max(int(torch.ceil((i + 1) * bin_h)) + sh, 0), h)
+        for i in range(ph):  # the forward kernel clips to [0, size - 1] (roi_pool: size)
+            hs = min(max(int(torch.floor(i * bin_h)) + sh, 0), h - 1)
+            he = min(max(int(torch.ceil((i + 1) * bin_h)) + sh, 0), h - 1)
             for j in range(pw):
-                ws = min(max(int(torch.floor(j * bin_w)) + sw, 0), w)
-                we = min(max(int(torch.ceil((j + 1) * bin_w)) + sw, 0), w)
+                ws = min(max(int(torch.floor(j * bin_w)) + sw, 0), w - 1)
+                we = min(max(int(torch.ceil((j + 1) * bin_w)) + sw, 0), w - 1)
                 if he <= hs or we <= ws:
                     continue
                 region = image[chan[:, i, j].long(), hs:he, ws:we]
