@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow docs bench bench-overhead bench-zoo bench-eco lint clean
+.PHONY: demo test test-slow test-vision test-vision-slow docs bench bench-overhead bench-zoo \
+	bench-eco lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,6 +15,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
+
+# torchvision + timm live in their own venv (pyproject's [vision] extra): in .venv, transformers
+# would import torchvision, whose CUDA-built ops do not load next to the CPU torch
+VVENV := .venv-vision
+VPY := $(VVENV)/bin/python
+VSTAMP := $(VVENV)/.installed
+
+$(VSTAMP): pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VVENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -e '.[vision]'
+	touch $(VSTAMP)
 
 demo: $(STAMP)
 	@mkdir -p build/demo
@@ -25,11 +39,25 @@ demo: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q
 
-test: $(STAMP) docs
+# VISION=0 leaves out the vision tests (and .venv-vision): about 1 minute to create the venv from
+# the local wheels, and a minute of tests on 2 cores
+VISION ?= 1
+
+test: $(STAMP) docs $(if $(filter 1,$(VISION)),$(VSTAMP))
 	$(PY) -m pytest -n auto --dist worksteal -m "not slow" $(PYTEST_ARGS)
+ifeq ($(VISION),1)
+	$(VPY) -m pytest -n auto --dist worksteal -m "not slow" tests/vision $(PYTEST_ARGS)
+endif
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal -m slow $(PYTEST_ARGS)
+
+# the vision tests (tests/vision: torchvision ops, detection, timm) in .venv-vision
+test-vision: $(VSTAMP)
+	$(VPY) -m pytest -n auto --dist worksteal -m "not slow" tests/vision tests/ops/test_vision.py $(PYTEST_ARGS)
+
+test-vision-slow: $(VSTAMP)
+	$(VPY) -m pytest -n auto --dist worksteal -m slow tests/vision $(PYTEST_ARGS)
 
 bench-overhead: $(STAMP)
 	$(PY) bench/peers/overhead.py

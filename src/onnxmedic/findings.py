@@ -318,6 +318,12 @@ CODES: dict[str, CodeInfo] = {
         "quantized tensor type to feed. Pass the float tensor and quantize inside the model, "
         "or pass its int_repr() with the scale and zero point.",
     ),
+    "OM220": CodeInfo(
+        "torchvision op with no ONNX form", 1,
+        "A torchvision operator ONNX has no operator for (ps_roi_align, ps_roi_pool: position-"
+        "sensitive RoI pooling; box_iou_rotated) is in the model; the finding names the op and "
+        "what to do (compute it outside the ONNX model, or with torchvision's per-bin roi_align).",
+    ),
     # OM3xx: dtypes for the target runtime
     "OM301": CodeInfo(
         "no kernel for this op and dtype on the target", 1,
@@ -602,6 +608,36 @@ CODES: dict[str, CodeInfo] = {
         "no divergent intermediate value", 0,
         "Localisation compared the intermediate values it could match and none is outside "
         "tolerance.",
+    ),
+    "OM613": CodeInfo(
+        "detection dropped", 1,
+        "Detection comparison: a detection (box, score, class) PyTorch makes has no counterpart "
+        "in ONNX Runtime's set: no box of its class within the budget, and no leftover box that "
+        "explains it (OM615-OM617).",
+    ),
+    "OM614": CodeInfo(
+        "extra detection", 1,
+        "Detection comparison: ONNX Runtime makes a detection PyTorch does not, and it explains "
+        "no dropped one.",
+    ),
+    "OM615": CodeInfo(
+        "detection with the wrong class", 1,
+        "Detection comparison: a detection is found at its box (IoU at least the match threshold)"
+        " but with another class.",
+    ),
+    "OM616": CodeInfo(
+        "detection box elsewhere", 1,
+        "Detection comparison: a detection of the right class overlaps its counterpart but its "
+        "corners are outside the budget (a wrong box).",
+    ),
+    "OM617": CodeInfo(
+        "detection score outside the budget", 1,
+        "Detection comparison: a detection is found with its class and box but its score differs "
+        "by more than the budget.",
+    ),
+    "OM618": CodeInfo(
+        "outputs are not a detection set", 1,
+        "Detection comparison: boxes are not [N, 4], or boxes, scores and labels disagree on N.",
     ),
     # OM7xx: sweeps over a model zoo
     "OM700": CodeInfo(

@@ -302,6 +302,22 @@ _NO_FUNCTION = re.compile(r"No ONNX function found for <OpOverload\(op='([^']+)'
                           r"overload='([^']+)'\)>")
 
 
+# torchvision ops ONNX has no operator for: (why, what to do)
+_NO_ONNX_FORM: dict[str, tuple[str, str]] = {
+    name: ("ONNX has no position-sensitive RoI pooling (each output bin reads its own group of "
+           "channels)",
+           "Run the position-sensitive pooling and what follows it outside the ONNX model "
+           "(export the backbone up to its input), or write it with torchvision.ops.roi_align "
+           "per output bin on that bin's channel slice (roi_align translates to RoiAlign).")
+    for name in ("torchvision.ps_roi_align", "torchvision.ps_roi_pool")
+} | {
+    "torchvision.box_iou_rotated": (
+        "ONNX has no rotated-box (polygon) intersection",
+        "Compute rotated IoU outside the ONNX model, or with axis-aligned boxes "
+        "(torchvision.ops.box_iou, plain tensor arithmetic)."),
+}
+
+
 def _innermost(e: BaseException) -> BaseException:
     seen = set()
     while e.__cause__ is not None and id(e) not in seen:
@@ -334,6 +350,15 @@ def _diagnose(program: torch.export.ExportedProgram, registry: TranslationRegist
             node = nodes[0]
             loc = location_from_node(node)
             ns = name.split(".")[0]
+            no_form = _NO_ONNX_FORM.get(name.rsplit(".", 1)[0])
+            if no_form is not None:
+                findings.append(error(
+                    "OM220", STAGE,
+                    f"{name} has no ONNX form: {no_form[0]}; used {len(nodes)} time(s), first "
+                    f"with ({_node_signature(node)}).",
+                    op=name, location=loc, suggestion=no_form[1],
+                    details={"count": len(nodes), "signature": _node_signature(node)}))
+                continue
             if ns == "aten" or ns == "prims":
                 sugg = (f"onnxmedic has no translation for {name} yet. Register one with "
                         f"@onnxmedic.translation(torch.ops.{name}) (an ONNX Script function), "

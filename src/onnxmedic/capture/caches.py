@@ -174,6 +174,36 @@ def _einx_off(einx: ModuleType) -> Callable[[], None]:
     return undo
 
 
+def _batched_nms_traceable(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor,
+                           iou_threshold: float) -> torch.Tensor:
+    """torchvision's batched_nms by its coordinate trick alone, without a branch on the box
+    count: each class's boxes are moved by ``class * (max coordinate + 1)`` so that boxes of
+    different classes never overlap, then one ``nms``. The max over no boxes is -inf (no
+    offsets are made from it), where torchvision returns early."""
+    top = torch.cat([boxes.reshape(-1), boxes.new_full((1,), float("-inf"))]).max()
+    offsets = idxs.to(boxes) * (top + 1)
+    return torch.ops.torchvision.nms(boxes + offsets[:, None], scores, iou_threshold)
+
+
+def _torchvision_off(boxes: ModuleType) -> Callable[[], None]:
+    """torchvision.ops.boxes.batched_nms picks the per-class loop or the coordinate trick by
+    ``boxes.numel() > 4000``, a branch on a count that depends on the data (a guard no capture
+    can make); both compute the same kept indices, and the trick is one ``nms`` node. Undo puts
+    the function back (detection models call it as ``box_ops.batched_nms``)."""
+    original = boxes.batched_nms
+    boxes.batched_nms = _batched_nms_traceable
+    ops = sys.modules.get("torchvision.ops")
+    exported = ops is not None and getattr(ops, "batched_nms", None) is original
+    if exported:
+        ops.batched_nms = _batched_nms_traceable
+
+    def undo() -> None:
+        boxes.batched_nms = original
+        if exported:
+            ops.batched_nms = original
+    return undo
+
+
 SWITCHES: list[CacheSwitch] = [
     CacheSwitch(
         "tensorly", "tensorly.plugins", ("tensorly/plugins.py",),
@@ -188,6 +218,12 @@ SWITCHES: list[CacheSwitch] = [
         "broadcasting (einx has no switch of its own)",
         "einx builds each call's graph from the sizes as Python ints and caches it under them",
         lambda einx: True, _einx_off, documented=False),
+    CacheSwitch(
+        "torchvision", "torchvision.ops.boxes", ("torchvision/ops/boxes.py",),
+        "torchvision.ops.batched_nms by its coordinate trick for every box count",
+        "torchvision's batched_nms chooses its algorithm by the number of boxes, which a "
+        "detection model's postprocess makes data dependent",
+        lambda boxes: True, _torchvision_off, documented=False),
 ]
 
 

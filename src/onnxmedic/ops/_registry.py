@@ -35,6 +35,7 @@ BUILTIN_FAMILIES: tuple[str, ...] = (
     "onnxmedic.ops.grouped",
     "onnxmedic.ops.complex",
     "onnxmedic.ops.rnn",
+    "onnxmedic.ops.vision",
 )
 
 

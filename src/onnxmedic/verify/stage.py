@@ -38,6 +38,7 @@ from onnxmedic.verify.budget import (
     torch_error_scale,
 )
 from onnxmedic.verify.compare import OutputComparison, compare_outputs
+from onnxmedic.verify.detections import rejudge_detections
 from onnxmedic.verify.input_sets import (
     branch_probe_sets,
     dim_symbols,
@@ -437,6 +438,10 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
         _judge_pending(result, model, sets, sbx.outputs, names, tolerance, comps, pending,
                        steps)
     shape_failures: list[Finding] = []
+    dynamic = _dynamic_rows(proto, len(names))
+    for i in ran:  # detection outputs (boxes, scores, labels) are sets, compared as such
+        shape_failures += rejudge_detections(names, sets.expected[i], sbx.outputs[i], comps[i],
+                                             dynamic, sets.labels[i])
     for i, label in enumerate(sets.labels[:len(sbx.outputs)]):
         if i in sbx.run_errors:
             shape_failures.append(shape_finding(proto, label, sbx.run_errors[i]))
@@ -453,6 +458,19 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
                 "or -1 in view/reshape.",
                 details={"comparison": bad[0].to_dict(), "input_set": label}))
     return shape_failures
+
+
+def _dynamic_rows(proto: Any, n: int) -> list[bool]:
+    """Per graph output: whether its first dim is not a fixed number (data dependent or
+    declared dynamic)."""
+    out = []
+    try:
+        for o in list(proto.graph.output)[:n]:
+            dims = o.type.tensor_type.shape.dim
+            out.append(bool(dims) and not dims[0].HasField("dim_value"))
+    except AttributeError:  # no ONNX graph to read: nothing is judged as a detection set
+        out = []
+    return out + [False] * (n - len(out))
 
 
 def _judge_pending(result: ExportResult, model: Any, sets: InputSets, outputs: list[Any],

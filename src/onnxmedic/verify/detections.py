@@ -1,0 +1,279 @@
+"""Comparing detection sets: (boxes [N, 4], scores [N], labels [N]) from PyTorch and ONNX Runtime.
+
+A detector's outputs are sets, not arrays: the count depends on the data, and boxes whose scores
+are equal (or equal within float32 rounding) may come out in either order. Comparing them
+element by element raises false alarms; comparing them as sets still has to catch a wrong box, a
+dropped box and a wrong class. :func:`compare_detections` matches each expected detection to an
+actual one of the same class with the highest IoU, requires the matched boxes' corners and
+scores to agree within the budget, and names every detection left over:
+
+- OM613 a detection PyTorch makes and ONNX Runtime drops;
+- OM614 a detection ONNX Runtime makes and PyTorch does not;
+- OM615 a detection found with a different class;
+- OM616 a detection of the right class whose box is elsewhere (IoU below the match threshold, or
+  corners outside the budget);
+- OM617 a matched detection whose score is outside the budget;
+- OM618 the outputs are not a detection set (shapes that disagree).
+
+Ties are tolerated: a detection left over whose class and score another detection on its side
+shares (a tie group) may be exchanged for one of the same class and score on the other side -
+which of several tied boxes survive top-k and NMS depends on the order a kernel visits equal
+scores (torch's topk does not promise one; ONNX's TopK takes the lower index), so a tied box is
+checked by its group's count, not by its place. A moved box, a dropped box or a wrong class in
+a group of one is still a finding. Ties at the cut too: where a postprocess keeps the top k of a set, boxes whose scores
+equal the lowest kept score (within the budget), a score that other kept boxes share, may be
+exchanged for others of that score on the other side, as many dropped as added. Anything else
+left over is a finding.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from onnxmedic.findings import Finding, error
+
+logger = logging.getLogger(__name__)
+STAGE = "compare"
+
+
+@dataclass(frozen=True)
+class DetectionBudget:
+    """How close matched detections must be. ``rtol``/``atol`` for the box corners and scores,
+    relative to the set's coordinate scale (the largest |corner|, at least 1) and to 1;
+    ``min_iou``: a pair of the same class below it is not the same box."""
+
+    box_rtol: float = 1e-4
+    score_atol: float = 1e-4
+    min_iou: float = 0.5
+
+
+@dataclass
+class DetectionComparison:
+    """What matched and what did not; ``findings`` is empty when the sets agree."""
+
+    matched: int = 0
+    expected: int = 0
+    actual: int = 0
+    tied: int = 0  # exchanged within a group of equal class and score (tolerated)
+    tied_at_cut: int = 0  # exchanged among equal scores at the cut (tolerated)
+    max_box_error: float = 0.0
+    max_score_error: float = 0.0
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU [len(a), len(b)] of (x1, y1, x2, y2) boxes; 0 where there is no union."""
+    area_a = np.clip(a[:, 2] - a[:, 0], 0, None) * np.clip(a[:, 3] - a[:, 1], 0, None)
+    area_b = np.clip(b[:, 2] - b[:, 0], 0, None) * np.clip(b[:, 3] - b[:, 1], 0, None)
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    wh = np.clip(rb - lt, 0, None)
+    inter = wh[..., 0] * wh[..., 1]
+    union = area_a[:, None] + area_b[None, :] - inter
+    same = np.all(a[:, None, :] == b[None, :, :], axis=-1)  # also a zero-area box is itself
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(same, 1.0, np.where(union > 0, inter / union, 0.0))
+
+
+def _malformed(boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray, side: str
+               ) -> str | None:
+    if boxes.ndim != 2 or boxes.shape[1] != 4:
+        return f"{side} boxes have shape {list(boxes.shape)}, not [N, 4]"
+    if scores.shape != (boxes.shape[0],) or labels.shape != (boxes.shape[0],):
+        return (f"{side} boxes {list(boxes.shape)}, scores {list(scores.shape)} and labels "
+                f"{list(labels.shape)} do not describe one set of N detections")
+    return None
+
+
+def _describe(i: int, boxes: np.ndarray, scores: np.ndarray, labels: np.ndarray) -> str:
+    b = ", ".join(f"{v:.4g}" for v in boxes[i])
+    return f"#{i} class {int(labels[i])} score {float(scores[i]):.4g} box [{b}]"
+
+
+def _match(exp: tuple[np.ndarray, ...], act: tuple[np.ndarray, ...], budget: DetectionBudget,
+           scale: float, out: DetectionComparison) -> tuple[list[int], list[int]]:
+    """Greedy matching by decreasing expected score: the same class, the highest IoU, corners
+    and score within the budget. Returns the unmatched expected and actual indices."""
+    (eb, es, el), (ab, as_, al) = exp, act
+    iou = _iou(eb, ab) if len(eb) and len(ab) else np.zeros((len(eb), len(ab)))
+    free = np.ones(len(ab), dtype=bool)
+    missing = []
+    for i in np.argsort(-es, kind="stable"):
+        ok = free & (al == el[i]) & (iou[i] >= budget.min_iou)
+        corner = np.abs(ab - eb[i]).max(axis=1) if len(ab) else np.zeros(0)
+        close = ok & (corner <= budget.box_rtol * scale) & \
+            (np.abs(as_ - es[i]) <= budget.score_atol)
+        pick = close if close.any() else np.zeros_like(close)
+        if not pick.any():
+            missing.append(int(i))
+            continue
+        j = int(np.argmax(np.where(pick, iou[i], -1.0)))
+        free[j] = False
+        out.matched += 1
+        out.max_box_error = max(out.max_box_error, float(corner[j]))
+        out.max_score_error = max(out.max_score_error, float(abs(as_[j] - es[i])))
+    return missing, [int(j) for j in np.flatnonzero(free)]
+
+
+def _tied_pairs(missing: list[int], extra: list[int], exp: tuple[np.ndarray, ...],
+                act: tuple[np.ndarray, ...], budget: DetectionBudget
+                ) -> tuple[list[int], list[int], int]:
+    """Pair leftovers that belong to a tie: the same class and score as another detection on
+    their own side. Among tied boxes, which survive a top-k or NMS depends on the order the
+    kernel visits equal scores, so a tied box is checked by its group's count, not its place.
+    Returns the leftovers still unpaired and the number of pairs."""
+    (_, es, el), (_, as_, al) = exp, act
+
+    def tied(scores: np.ndarray, labels: np.ndarray, k: int) -> bool:
+        same = (labels == labels[k]) & (np.abs(scores - scores[k]) <= budget.score_atol)
+        return int(same.sum()) >= 2
+
+    free = [j for j in extra if tied(as_, al, j)]
+    left, pairs = [], 0
+    for i in missing:
+        j = next((j for j in free if al[j] == el[i] and
+                  abs(as_[j] - es[i]) <= budget.score_atol), None)
+        if j is None or not tied(es, el, i):
+            left.append(i)
+            continue
+        free.remove(j)
+        pairs += 1
+    paired = set(j for j in extra if tied(as_, al, j)) - set(free)
+    return left, [j for j in extra if j not in paired], pairs
+
+
+def _at_cut(missing: list[int], extra: list[int], es: np.ndarray, as_: np.ndarray,
+            budget: DetectionBudget) -> bool:
+    """Whether every leftover on both sides scores the lowest kept score, as many on each
+    side, and that score is tied: a matched detection on each side has it too (a top-k cut
+    among equal scores, not one box exchanged for another)."""
+    if len(missing) != len(extra) or not missing:
+        return False
+    cut = min(float(es.min()), float(as_.min()))
+    at_e = np.abs(es - cut) <= budget.score_atol
+    at_a = np.abs(as_ - cut) <= budget.score_atol
+    return bool(at_e[missing].all() and at_a[extra].all() and
+                at_e.sum() > len(missing) and at_a.sum() > len(extra))
+
+
+def _leftovers(exp: tuple[np.ndarray, ...], act: tuple[np.ndarray, ...], missing: list[int],
+               extra: list[int], budget: DetectionBudget, scale: float, name: str
+               ) -> list[Finding]:
+    """A finding per leftover: wrong class, moved box or wrong score where an actual leftover
+    explains an expected one, else dropped; actual leftovers nothing explains are extra."""
+    (eb, es, el), (ab, as_, al) = exp, act
+    found: list[Finding] = []
+    iou = _iou(eb, ab) if len(eb) and len(ab) else np.zeros((len(eb), len(ab)))
+    used: set[int] = set()
+    for i in missing:
+        cands = [j for j in extra if j not in used]
+        best = max(cands, key=lambda j: iou[i, j], default=None)
+        want = _describe(i, eb, es, el)
+        if best is not None and iou[i, best] >= budget.min_iou and al[best] != el[i]:
+            code, what = "OM615", "found with another class"
+        elif best is not None and al[best] == el[i] and iou[i, best] >= budget.min_iou and \
+                np.abs(ab[best] - eb[i]).max() <= budget.box_rtol * scale:
+            code, what = "OM617", "found with a score outside the budget"
+        elif best is not None and al[best] == el[i] and iou[i, best] > 0:
+            code, what = "OM616", "found with its box elsewhere"
+        else:
+            code, what, best = "OM613", "dropped by ONNX Runtime", None
+        if best is not None:
+            used.add(best)
+            what += f": {_describe(best, ab, as_, al)} (IoU {iou[i, best]:.3f})"
+        found.append(error(code, STAGE, f"{name}: PyTorch's detection {want} is {what}.",
+                           details={"output": name}))
+    for j in extra:
+        if j not in used:
+            found.append(error("OM614", STAGE, f"{name}: ONNX Runtime's detection "
+                               f"{_describe(j, ab, as_, al)} is not among PyTorch's.",
+                               details={"output": name}))
+    return found
+
+
+def compare_detections(expected: tuple[np.ndarray, np.ndarray, np.ndarray],
+                       actual: tuple[np.ndarray, np.ndarray, np.ndarray],
+                       budget: DetectionBudget | None = None, *, name: str = "detections"
+                       ) -> DetectionComparison:
+    """Compare PyTorch's (boxes, scores, labels) with ONNX Runtime's as sets of detections."""
+    budget = budget or DetectionBudget()
+    exp = tuple(np.asarray(a) for a in expected)
+    act = tuple(np.asarray(a) for a in actual)
+    out = DetectionComparison(expected=len(exp[0]), actual=len(act[0]))
+    for side, arrays in (("PyTorch's", exp), ("ONNX Runtime's", act)):
+        why = _malformed(*arrays, side)
+        if why is not None:
+            out.findings.append(error("OM618", STAGE, f"{name}: {why}.",
+                                      details={"output": name}))
+            return out
+    exp = (exp[0].astype(np.float64), exp[1].astype(np.float64), exp[2])
+    act = (act[0].astype(np.float64), act[1].astype(np.float64), act[2])
+    scale = max(1.0, float(np.abs(exp[0]).max(initial=0.0)))
+    missing, extra = _match(exp, act, budget, scale, out)
+    missing, extra, out.tied = _tied_pairs(missing, extra, exp, act, budget)
+    if not missing and not extra:
+        return out
+    if _at_cut(missing, extra, exp[1], act[1], budget):
+        out.tied_at_cut = len(missing)
+        return out
+    out.findings = _leftovers(exp, act, missing, extra, budget, scale, name)
+    return out
+
+
+RULE_DETECTIONS = "detection set"
+
+
+def detection_triples(expected: list[np.ndarray], dynamic_rows: list[bool]) -> list[int]:
+    """Where (boxes [N, 4] float, scores [N] float, labels [N] integer) outputs follow each
+    other with a data-dependent N (``dynamic_rows[j]``: output j's first dim is not static in
+    the ONNX model): the index of each triple's boxes output."""
+    found, j = [], 0
+    while j + 2 < len(expected):
+        b, s, lab = (np.asarray(expected[j + k]) for k in range(3))
+        if (b.ndim == 2 and b.shape[1] == 4 and b.dtype.kind == "f" and s.dtype.kind == "f"
+                and s.shape == b.shape[:1] and lab.shape == b.shape[:1]
+                and lab.dtype.kind in "iu" and all(dynamic_rows[j:j + 3])):
+            found.append(j)
+            j += 3
+        else:
+            j += 1
+    return found
+
+
+def _as_comparison(c: Any, res: DetectionComparison) -> Any:
+    """``c`` (an OutputComparison) judged as part of a detection set."""
+    c.rule = RULE_DETECTIONS
+    c.ok = res.ok
+    c.mismatched = 0 if res.ok else len(res.findings)
+    c.reason = "" if res.ok else f"the detection set differs ({res.findings[0].code})"
+    if res.ok:  # the largest corner or score difference between matched detections
+        c.max_abs = max(res.max_box_error, res.max_score_error)
+        c.max_rel = 0.0
+    return c
+
+
+def rejudge_detections(names: list[str], expected: list[np.ndarray], actual: list[Any],
+                       comps: list[Any], dynamic_rows: list[bool], label: str) -> list[Finding]:
+    """Judge the detection triples among the outputs as sets where their element-wise
+    comparison failed (the counts or the order of equal scores differ): ``comps`` (one
+    OutputComparison per output) are updated in place; returns the OM613-OM618 findings."""
+    findings: list[Finding] = []
+    for j in detection_triples(expected, dynamic_rows):
+        trio = comps[j:j + 3]
+        if all(c.ok for c in trio) or j + 2 >= len(actual) or any(
+                actual[j + k] is None for k in range(3)):
+            continue
+        name = f"{names[j]}/{names[j + 1]}/{names[j + 2]} at {label}"
+        res = compare_detections(tuple(expected[j:j + 3]), tuple(actual[j:j + 3]), name=name)
+        for c in trio:
+            _as_comparison(c, res)
+        findings += res.findings
+    return findings

@@ -1,0 +1,151 @@
+"""The detection comparator: sets of (box, score, class) matched by class and IoU. It tolerates
+reordering and rounding, ties exchanged at a top-k cut, and catches each injected fault: a
+dropped box, an extra box, a wrong class, a moved box, a wrong score, malformed outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxmedic.findings import CODES
+from onnxmedic.verify.detections import DetectionBudget, compare_detections
+
+
+def _dets(n: int = 12, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    xy = rng.uniform(0, 300, (n, 2)).astype(np.float32)
+    boxes = np.concatenate([xy, xy + rng.uniform(10, 80, (n, 2)).astype(np.float32)], 1)
+    scores = np.sort(rng.uniform(0.05, 1.0, n).astype(np.float32))[::-1].copy()
+    labels = rng.integers(1, 4, n).astype(np.int64)
+    return boxes, scores, labels
+
+
+def _codes(exp, act, **kw) -> list[str]:
+    return [f.code for f in compare_detections(exp, act, **kw).findings]
+
+
+def test_identical_and_reordered_sets_agree() -> None:
+    exp = _dets()
+    perm = np.random.default_rng(1).permutation(len(exp[0]))
+    act = tuple(a[perm] for a in exp)
+    res = compare_detections(exp, act)
+    assert res.ok and res.matched == len(exp[0])
+
+
+def test_float32_rounding_is_within_budget() -> None:
+    b, s, lab = _dets()
+    act = (b * (1 + 3e-7), s + np.float32(2e-7), lab)
+    res = compare_detections((b, s, lab), act)
+    assert res.ok, [f.message for f in res.findings]
+    assert 0 < res.max_box_error < 1e-3
+
+
+def test_empty_sets_agree_and_empty_vs_some_does_not() -> None:
+    empty = (np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64))
+    assert compare_detections(empty, empty).ok
+    assert _codes(_dets(2), empty) == ["OM613", "OM613"]
+    assert _codes(empty, _dets(1)) == ["OM614"]
+
+
+def test_ties_at_the_cut_are_tolerated() -> None:
+    """A top-k cut among equal scores may keep different boxes on each side."""
+    b, s, lab = _dets(10)
+    s[-3:] = s[-3]  # the last three share the lowest kept score
+    other = b.copy()
+    other[-1] += 200.0  # ONNX Runtime kept another box of that score
+    res = compare_detections((b, s, lab), (other, s, lab))
+    assert res.ok and res.tied_at_cut == 1
+
+
+@pytest.mark.parametrize(("fault", "code"), [
+    ("drop", "OM613"), ("extra", "OM614"), ("label", "OM615"), ("move", "OM616"),
+    ("score", "OM617"), ("shape", "OM618"),
+])
+def test_injected_faults_are_caught(fault: str, code: str) -> None:
+    b, s, lab = _dets()
+    ab, as_, al = b.copy(), s.copy(), lab.copy()
+    if fault == "drop":
+        keep = [i for i in range(len(b)) if i != 3]
+        ab, as_, al = b[keep], s[keep], lab[keep]
+    elif fault == "extra":
+        ab = np.concatenate([ab, [[500, 500, 540, 560]]]).astype(np.float32)
+        as_ = np.concatenate([as_, [0.5]]).astype(np.float32)
+        al = np.concatenate([al, [2]])
+    elif fault == "label":
+        al[3] = al[3] % 3 + 1
+    elif fault == "move":
+        ab[3] += np.float32(4.0)  # still overlapping: the same object, a wrong box
+    elif fault == "score":
+        as_[3] += np.float32(0.01)
+    elif fault == "shape":
+        as_ = as_[:-1]
+    codes = _codes((b, s, lab), (ab, as_, al))
+    assert codes == [code], codes
+    assert code in CODES
+
+
+def test_a_wrong_score_at_the_cut_is_still_caught() -> None:
+    """The tie tolerance is for equal scores only."""
+    b, s, lab = _dets(6)
+    other = b.copy()
+    other[-1] += 200.0
+    assert _codes((b, s, lab), (other, s, lab)) == ["OM613", "OM614"]
+
+
+def test_budget_is_adjustable() -> None:
+    b, s, lab = _dets()
+    act = (b, s + np.float32(1e-3), lab)
+    assert not compare_detections((b, s, lab), act).ok
+    assert compare_detections((b, s, lab), act, DetectionBudget(score_atol=2e-3)).ok
+
+
+def test_boxes_exchanged_within_a_tie_group_are_tolerated() -> None:
+    """Two boxes of one class and score: which one NMS keeps is arbitrary."""
+    b, s, lab = _dets(8)
+    s[2] = s[3] = np.float32(0.5)
+    s[:2] = [0.9, 0.8]
+    lab[2] = lab[3] = 1
+    tie_b = b.copy()
+    tie_b[3] += 150.0  # ONNX Runtime kept another box of the tie
+    res = compare_detections((b, s, lab), (tie_b, s, lab))
+    assert res.ok and res.tied == 1, [f.message for f in res.findings]
+
+
+def test_a_box_moved_outside_a_tie_is_still_caught() -> None:
+    b, s, lab = _dets(8)
+    s[2] = s[3] = np.float32(0.5)
+    lab[2] = lab[3] = 1
+    lab[5] = 2 if lab[5] != 2 else 3
+    moved = b.copy()
+    moved[5] += np.float32(3.0)
+    assert _codes((b, s, lab), (moved, s, lab)) == ["OM616"]
+    relabeled = lab.copy()
+    relabeled[3] = 2  # a tied box with another class is not a tie exchange
+    assert "OM615" in _codes((b, s, lab), (b, s, relabeled))
+
+
+def _positional(exp, act):
+    from onnxmedic.verify.compare import compare_outputs
+
+    return compare_outputs(["boxes", "scores", "labels"], list(exp), list(act))
+
+
+def test_verification_rejudges_reordered_detections_as_a_set() -> None:
+    """The compare stage's hook: reordered detections fail element-wise, pass as a set; a
+    dropped one fails with OM613; outputs with a fixed first dim are left element-wise."""
+    from onnxmedic.verify.detections import RULE_DETECTIONS, rejudge_detections
+
+    exp = _dets()
+    perm = np.random.default_rng(2).permutation(len(exp[0]))
+    act = tuple(a[perm] for a in exp)
+    comps = _positional(exp, act)
+    assert not all(c.ok for c in comps)
+    names = ["boxes", "scores", "labels"]
+    fixed = rejudge_detections(names, list(exp), list(act), comps, [False] * 3, "example")
+    assert fixed == [] and not all(c.ok for c in comps)  # a fixed N: not a detection set
+    assert rejudge_detections(names, list(exp), list(act), comps, [True] * 3, "example") == []
+    assert all(c.ok and c.rule == RULE_DETECTIONS for c in comps)
+    dropped = tuple(a[1:] for a in act)
+    comps = _positional(exp, dropped)
+    found = rejudge_detections(names, list(exp), list(dropped), comps, [True] * 3, "example")
+    assert [f.code for f in found] == ["OM613"] and not any(c.ok for c in comps)
