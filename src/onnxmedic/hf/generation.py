@@ -29,9 +29,9 @@ import torch
 from onnxmedic import sandbox
 from onnxmedic.findings import error, info
 from onnxmedic.hf.gen_config import write_side_files
-from onnxmedic.hf.gen_verify import GenerationCheck, verify_generation
+from onnxmedic.hf.gen_verify import verify_generation
 from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD
-from onnxmedic.result import ExportResult
+from onnxmedic.result import STAGES, ExportResult, stages_of
 
 logger = logging.getLogger(__name__)
 
@@ -183,8 +183,7 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
         sub = onnxmedic.export(GenerationDecoder(model, positions).eval(), args, raw,
                                dynamic_shapes=shapes, opset=opset, timeout=timeout,
                                model_spec=type(model).__name__)
-    for name, status in sub.stages.items():
-        result.stages[name] = status
+    result.stages.update(sub.stages)  # the graph's own stages, as its export recorded them
     # the shape variants that break past + new = total are rejected by the wrapper (OM403):
     # generation below runs the graph at past 0 and 1..N instead
     result.findings.extend(f for f in sub.findings
@@ -238,8 +237,8 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
                          f"{', '.join(TASKS)}, not {task!r}")
     timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else timeout
     out = Path(out_dir)
-    result = ExportResult(command="export", path=None, model=type(model).__name__)
-    result.stages["generate"] = "not run"
+    result = ExportResult(command="export", path=None, model=type(model).__name__,
+                          stages=stages_of(*STAGES, "generate"))
     with result.guard():
         _export_package(result, model, out, tokenizer, verify, steps, prompts, opset,
                         timeout, keep_unverified)
@@ -303,7 +302,7 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tok
         result.fail("write", _not_written(out))
         return
     _put_in_place(tmp, out)
-    result.stages["write"] = "passed"
+    result.record("write").passed()
     result.path = str(out)
     result.ok = verified and not result.errors
     result.findings.append(info(
