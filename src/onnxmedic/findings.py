@@ -724,6 +724,13 @@ CODES: dict[str, CodeInfo] = {
         "generation package written", 0,
         "The package folder was written, with the files it holds.",
     ),
+    "OM820": CodeInfo(
+        "cache layout GenAI cannot describe", 0,
+        "The decoder's cache has different head counts or head sizes for keys and values, or "
+        "between layers (DeepSeek's compressed attention cache): genai_config.json has one of "
+        "each, so none is written. The package serves ONNX Runtime, verified by onnxmedic's "
+        "generation loop, but not onnxruntime-genai.",
+    ),
 }
 
 

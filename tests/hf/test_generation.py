@@ -226,6 +226,18 @@ def _family(family, tmp_path):
     assert r.ok, [f.one_paragraph() for f in r.errors]
     g = r.generation
     assert g.tokens_onnx == g.tokens_torch
-    if gen_verify.genai_available():
+    if family == "deepseek_v3":  # keys and values of different head sizes: no genai_config
+        assert "OM820" in codes(r.findings) and g.tokens_genai is None
+        assert not (tmp_path / "pkg" / "genai_config.json").exists()
+    elif gen_verify.genai_available():
         assert g.tokens_genai == g.tokens_torch
     assert torch.is_grad_enabled()
+
+
+def test_genai_problem_names_a_cache_genai_cannot_size():
+    from onnxmedic.hf.generation import genai_problem
+
+    same = [torch.zeros(1, 2, 3, 16)] * 4
+    assert genai_problem(same) is None
+    mla = [torch.zeros(1, 1, 3, 16), torch.zeros(1, 1, 3, 8)] * 2
+    assert "keys [(1, 16)] and values [(1, 8)]" in genai_problem(mla)

@@ -82,13 +82,14 @@ def genai_config(model: Any, tokenizer: Any, layout: dict[str, Any],
     }
 
 
-def write_side_files(model: Any, tokenizer: Any, folder: Path, layout: dict[str, Any]
-                     ) -> list[str]:
-    """Write genai_config.json, config.json, generation_config.json and the tokenizer's
-    files into ``folder``; returns the names written."""
+def write_side_files(model: Any, tokenizer: Any, folder: Path, layout: dict[str, Any],
+                     genai: bool = True) -> list[str]:
+    """Write genai_config.json (with ``genai``), config.json, generation_config.json and the
+    tokenizer's files into ``folder``; returns the names written."""
     folder = Path(folder)
-    (folder / "genai_config.json").write_text(
-        json.dumps(genai_config(model, tokenizer, layout), indent=2) + "\n")
+    if genai:
+        (folder / "genai_config.json").write_text(
+            json.dumps(genai_config(model, tokenizer, layout), indent=2) + "\n")
     model.config.save_pretrained(folder)
     gen = getattr(model, "generation_config", None)
     if gen is not None:

@@ -287,7 +287,8 @@ def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: 
         proc = subprocess.run([sys.executable, str(CHILD), str(folder), spec],
                               capture_output=True, text=True, timeout=timeout)
         out = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
-        why = "" if out else (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        why = "" if out else " ".join(
+            (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-3:])
     except subprocess.TimeoutExpired:
         out, why = None, f"no result within {timeout:g} s"
     except (ValueError, IndexError) as e:

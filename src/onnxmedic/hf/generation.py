@@ -27,7 +27,7 @@ import onnx
 import torch
 
 from onnxmedic import sandbox
-from onnxmedic.findings import error, info
+from onnxmedic.findings import error, info, warning
 from onnxmedic.hf.gen_config import write_side_files
 from onnxmedic.hf.gen_verify import verify_generation
 from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD
@@ -202,8 +202,22 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
     shutil.rmtree(raw.parent)
     past = args[3]
     layout = {"filename": GRAPH, "layers": len(past) // 2, "kv_heads": int(past[0].shape[1]),
-              "head_size": int(past[0].shape[3]), "position_ids": positions, "names": names}
+              "head_size": int(past[0].shape[3]), "position_ids": positions, "names": names,
+              "genai_problem": genai_problem(past)}
     return sub.program, layout
+
+
+def genai_problem(past: list[torch.Tensor]) -> str | None:
+    """Why genai_config.json cannot describe this cache (None when it can): GenAI sizes every
+    key and value buffer by one head count and one head size."""
+    shapes = {(int(t.shape[1]), int(t.shape[3])) for t in past}
+    if len(shapes) == 1:
+        return None
+    keys = sorted({(int(t.shape[1]), int(t.shape[3])) for t in past[0::2]})
+    values = sorted({(int(t.shape[1]), int(t.shape[3])) for t in past[1::2]})
+    return (f"its cache's (heads, head size) differ between keys {keys} and values {values} "
+            "or between layers (e.g. DeepSeek's compressed attention cache), and "
+            "genai_config.json has one head count and one head size for all of them")
 
 
 def _put_in_place(tmp: Path, out: Path) -> None:
@@ -285,13 +299,20 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tok
         return
     program, layout = built
     result.program = program
+    genai = layout["genai_problem"] is None
+    if not genai:
+        result.findings.append(warning(
+            "OM820", "write", f"no genai_config.json: {layout['genai_problem']}. The package "
+            "serves ONNX Runtime (onnxmedic's generation loop verifies it) but not "
+            "onnxruntime-genai.", suggestion="Use the graph with your own generation loop "
+            "(past_key_values.{i}.key/value in, present.{i}.key/value out)."))
     with result.stage("write", conclude=False):
-        files = write_side_files(model, tokenizer, tmp, layout)
+        files = write_side_files(model, tokenizer, tmp, layout, genai=genai)
     verified = True
     if verify:
         with result.stage("generate") as st:
             check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,
-                                      program=program, timeout=timeout)
+                                      program=program, timeout=timeout, genai=genai)
             result.verification.extend(check.comparisons)
             result.findings.extend(check.findings)
             result.generation = check  # type: ignore[attr-defined]
