@@ -253,6 +253,7 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
     out = Path(out_dir)
     result = ExportResult(command="export", path=None, model=type(model).__name__,
                           stages=stages_of(*STAGES, "generate"))
+    result.generation = None  # type: ignore[attr-defined]  # gen_verify.GenerationCheck
     with result.guard():
         _export_package(result, model, out, tokenizer, verify, steps, prompts, opset,
                         timeout, keep_unverified)
