@@ -186,9 +186,11 @@ def test_not_a_decoder(tmp_path):
 
     bert = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                 intermediate_size=64, vocab_size=64)).eval()
-    r = export_generation(bert, tmp_path / "pkg")
+    r = export_generation(bert, tmp_path / "pkg", report=tmp_path / "report.json")
     assert not r.ok and codes(r.errors) == ["OM817"] and r.exit_code == 1
     assert not (tmp_path / "pkg").exists()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "OM817" in json.dumps(report["findings"])
 
 
 def test_failed_graph_export_writes_nothing(tmp_path, monkeypatch):
