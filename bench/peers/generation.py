@@ -97,14 +97,16 @@ def _exporters(model: Any, tok: Any, folder: Path, out: Path, steps: int) -> dic
                 f"{str(e).strip().splitlines()[0][:250] if str(e).strip() else ''}"}
     row: dict[str, Any] = {"export_s": time.perf_counter() - t0}
     try:
-        row.update(_exporters_generate(ex, ids, steps))
+        row.update(_exporters_generate(ex, ids, steps, model.config))
     except Exception as e:
         row["error"] = f"generation: {type(e).__name__}: {str(e)[:250]}"
     return row
 
 
-def _exporters_generate(ex: Any, ids: Any, steps: int) -> dict[str, Any]:
-    """Greedy generation through transformers.exporters' ONNX Runtime runners."""
+def _exporters_generate(ex: Any, ids: Any, steps: int, config: Any) -> dict[str, Any]:
+    """Greedy generation through transformers.exporters' ONNX Runtime runners, with the cache
+    generate() makes (``DynamicCache(config=...)``: sliding-window layers where the model has
+    them)."""
     import torch
     from transformers import DynamicCache
 
@@ -112,7 +114,7 @@ def _exporters_generate(ex: Any, ids: Any, steps: int) -> dict[str, Any]:
     n = ids.shape[1]
     t0 = time.perf_counter()
     out = pre(input_ids=ids, position_ids=torch.arange(n)[None],
-              past_key_values=DynamicCache())
+              past_key_values=DynamicCache(config=config))
     tokens = [int(out.logits[0, -1].argmax())]
     cache = out.past_key_values
     for k in range(1, steps):
