@@ -139,6 +139,22 @@ def test_divergence_is_localised_to_a_node(llama, tmp_path):
     assert loc and "prompt 0 step 0" in loc[0].message
 
 
+def test_big_weights_go_to_external_data(llama, tmp_path, monkeypatch):
+    """Over the threshold the weights are written as model.onnx.data; both runtimes load it."""
+    from onnxmedic.hf import generation
+
+    model, tok, result, pkg = llama
+    monkeypatch.setattr(generation, "EXTERNAL_DATA_THRESHOLD", 0)
+    big = tmp_path / "big"
+    shutil.copytree(pkg, big, ignore=shutil.ignore_patterns("model.onnx"))
+    generation.save_graph(onnx.load(str(pkg / "model.onnx")), big)
+    assert (big / "model.onnx.data").stat().st_size > (big / "model.onnx").stat().st_size
+    check = verify_generation(big, model, tok, steps=2, prompts=["Return the"])
+    assert check.ok and check.tokens_onnx == check.tokens_torch
+    if gen_verify.genai_available():
+        assert check.tokens_genai == check.tokens_torch
+
+
 def test_genai_config_that_does_not_match_the_graph(llama, tmp_path):
     if not gen_verify.genai_available():
         pytest.skip("onnxruntime-genai not installed")
