@@ -10,7 +10,8 @@ prefill/decode pair through its own ONNX Runtime runners (it writes no GenAI fol
 
     python bench/peers/generation.py [--families llama,gpt2] [--steps 16]
 
-Rows go to build/gen_peers/results.jsonl as they finish; the table to
+Rows go to build/gen_peers/results.jsonl as they finish (a later run's row for the same family
+and tool replaces the earlier one); the table of all of them to
 bench/results/generation_peers.md.
 """
 
@@ -193,17 +194,25 @@ def main() -> None:
         return
     root.mkdir(parents=True, exist_ok=True)
     command = "python bench/peers/generation.py " + " ".join(sys.argv[1:])
-    rows: list[dict[str, Any]] = []
     for family in a.families.split(","):
         for tool in a.tools.split(","):
-            rows.append(_run_one(tool, family, root, a.steps))
+            row = _run_one(tool, family, root, a.steps)
             with open(root / "results.jsonl", "a") as f:
-                f.write(json.dumps(rows[-1]) + "\n")
+                f.write(json.dumps(row) + "\n")
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.out).write_text(_table(rows, command.strip()))
-            print(f"{family:12s} {tool:24s} {rows[-1]['correct']} "
-                  f"{rows[-1].get('export_s', 0):.1f}s {rows[-1].get('error', '')[:120]}",
-                  flush=True)
+            Path(a.out).write_text(_table(_rows(root), command.strip()))
+            print(f"{family:12s} {tool:24s} {row['correct']} "
+                  f"{row.get('export_s', 0):.1f}s {row.get('error', '')[:120]}", flush=True)
+
+
+def _rows(root: Path) -> list[dict[str, Any]]:
+    """Every (family, tool) measured in ``root`` (its latest row): runs over other families
+    add to the table."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for line in (root / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        rows[(r["family"], r["tool"])] = r
+    return list(rows.values())
 
 
 def _run_one(tool: str, family: str, root: Path, steps: int) -> dict[str, Any]:
