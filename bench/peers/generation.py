@@ -77,8 +77,9 @@ def _builder(model: Any, tok: Any, folder: Path, out: Path, steps: int) -> dict[
                           capture_output=True, text=True, timeout=1200)
     row: dict[str, Any] = {"export_s": time.perf_counter() - t0}
     if proc.returncode or not (out / "genai_config.json").exists():
-        lines = [x for x in (proc.stderr + proc.stdout).strip().splitlines() if x.strip()]
-        row["error"] = " ".join(lines[-2:])[:300]
+        # the builder's own error is stderr's last line (its stdout ends with a usage banner)
+        lines = [x for x in (proc.stderr or proc.stdout).strip().splitlines() if x.strip()]
+        row["error"] = (lines[-1] if lines else f"exit {proc.returncode}")[:300]
     return row
 
 
