@@ -58,6 +58,20 @@ def _genai(folder: Path, ids: list[int], steps: int) -> dict[str, Any]:
     return {"tokens": out["tokens"][0], "tok_s": out["generated"] / max(out["seconds"], 1e-9)}
 
 
+def _ort_only(out: Path, ids: list[int], steps: int) -> dict[str, Any]:
+    """A package without genai_config.json (OM820: a cache GenAI cannot size): its tokens
+    from onnxmedic's ONNX Runtime loop (a sandbox run per step: no tokens/s)."""
+    import onnx
+
+    from onnxmedic.hf import gen_verify
+
+    layout = gen_verify.graph_layout(onnx.load(str(out / "model.onnx"), load_external_data=False))
+    check = gen_verify.GenerationCheck()
+    tokens, _, _ = gen_verify.onnx_generation(out / "model.onnx", layout, ids, steps, 600.0,
+                                              check)
+    return {"tokens": tokens, "note": "ONNX Runtime loop; no genai_config.json (OM820)"}
+
+
 def _onnxmedic(model: Any, tok: Any, folder: Path, out: Path, steps: int) -> dict[str, Any]:
     from onnxmedic.hf.generation import export_generation
 
@@ -144,7 +158,9 @@ def one(tool: str, family: str, root: Path, steps: int) -> dict[str, Any]:
     fn = {"onnxmedic": _onnxmedic, "genai-builder": _builder,
           "transformers.exporters": _exporters}[tool]
     row = {"tool": tool, "family": family, **fn(model, tok, folder, out, steps)}
-    if tool != "transformers.exporters" and "error" not in row:
+    if tool == "onnxmedic" and "error" not in row and not (out / "genai_config.json").exists():
+        row.update(_ort_only(out, ids, steps))
+    elif tool != "transformers.exporters" and "error" not in row:
         row.update(_genai(out, ids, steps))
     got = row.get("tokens")
     eos = {int(model.generation_config.eos_token_id or -1)}
@@ -167,6 +183,8 @@ def _table(rows: list[dict[str, Any]], command: str) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         ok = "yes" if r["correct"] else f"no: {r.get('error', 'tokens differ')}"[:160]
+        if r.get("note"):
+            ok += f" ({r['note']})"
         fmt = lambda k, f: f.format(r[k]) if r.get(k) is not None else "-"  # noqa: E731
         lines.append(f"| {r['family']} | {r['tool']} | {ok.replace('|', '/')} | "
                      f"{fmt('export_s', '{:.1f}')} | {fmt('peak_mib', '{:.0f}')} | "

@@ -138,7 +138,8 @@ def reference_steps(model: Any, ids: list[int], tokens: list[int], expected: lis
     return [whole[:, :n]] + [whole[:, n + k - 1:n + k] for k in range(1, len(expected))]
 
 
-def _layout(proto: onnx.ModelProto) -> dict[str, Any]:
+def graph_layout(proto: onnx.ModelProto) -> dict[str, Any]:
+    """The names, dims and dtypes of a package graph's inputs that generation feeds."""
     g = proto.graph
     past = [i for i in g.input if i.name.startswith("past_key_values.")]
     dims = [[d.dim_value if d.HasField("dim_value") else None
@@ -327,7 +328,7 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     folder = Path(folder)
     path = folder / "model.onnx"
     check = GenerationCheck()
-    layout = _layout(onnx.load(str(path), load_external_data=False))
+    layout = graph_layout(onnx.load(str(path), load_external_data=False))
     check.prompts = prompt_ids(tokenizer, prompts, int(model.config.vocab_size))
     t0 = time.perf_counter()
     with sandbox.reuse():
