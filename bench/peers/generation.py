@@ -177,7 +177,8 @@ def _table(rows: list[dict[str, Any]], command: str) -> str:
 
     cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo")
                 if x.startswith("model name")), platform.processor())
-    lines = [f"`{command}` · {datetime.date.today()} · {cpu}, {os.cpu_count()} cores "
+    lines = [f"`python bench/peers/generation.py` (each family and tool's latest row; last run "
+             f"`{command}`) · {datetime.date.today()} · {cpu}, {os.cpu_count()} cores "
              f"(shared) · CPU onnxruntime, float32", "",
              "| family | tool | generates correctly | export s | peak MiB | ONNX MB | tokens/s |",
              "|---|---|---|---|---|---|---|"]
