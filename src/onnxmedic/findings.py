@@ -840,6 +840,69 @@ CODES: dict[str, CodeInfo] = {
         "the dtype the checkpoint was loaded in, where the example inputs came from (the "
         "folder's tokenizer, the config), and the input and output names.",
     ),
+    # OM810-OM829: generation packages of Hugging Face decoders (hf/generation.py)
+    "OM810": CodeInfo(
+        "decoder graph not exported", 1,
+        "text-generation-with-past: the decoder's one-step graph (input ids, attention mask, "
+        "position ids and the KV cache in; logits and the new cache out) did not export and "
+        "verify with onnxmedic.export; the export's own findings say why. Nothing is written.",
+    ),
+    "OM811": CodeInfo(
+        "generated tokens differ", 1,
+        "Greedy generation in ONNX Runtime (onnxmedic's loop, fed its own cache) chose another "
+        "token than PyTorch's generate(do_sample=False), and the logits of that step are "
+        "outside the float64 budget; the prompt, step and position are named, and the first "
+        "ONNX node outside its budget at that step is localised (OM610).",
+    ),
+    "OM812": CodeInfo(
+        "generation logits outside budget", 1,
+        "A generation step's logits are outside the float64-anchored budget although the greedy "
+        "tokens so far match (a wrong cache shows from the first decode step).",
+    ),
+    "OM813": CodeInfo(
+        "greedy tie", 0,
+        "Greedy generation picked another token than PyTorch at a step whose logits are within "
+        "the float64 budget: the two best logits are closer than float32 rounding can tell "
+        "apart. The steps after it are not compared.",
+    ),
+    "OM814": CodeInfo(
+        "onnxruntime-genai tokens differ", 1,
+        "onnxruntime-genai, generating greedily from the package folder, gave other tokens than "
+        "PyTorch's generate(do_sample=False).",
+    ),
+    "OM815": CodeInfo(
+        "onnxruntime-genai not installed", 0,
+        "The package was verified with onnxmedic's own generation loop only: onnxruntime-genai "
+        "is not installed (pip install onnxruntime-genai).",
+    ),
+    "OM816": CodeInfo(
+        "onnxruntime-genai cannot use the package", 1,
+        "onnxruntime-genai could not load or generate from the package folder (its error is "
+        "quoted): a genai_config.json that does not match the graph, or a layout it does not "
+        "support.",
+    ),
+    "OM817": CodeInfo(
+        "model cannot serve the task", 1,
+        "text-generation-with-past needs a decoder-only model with a language-model head "
+        "(AutoModelForCausalLM); an encoder, an encoder-decoder or a model without generate() "
+        "cannot serve it.",
+    ),
+    "OM818": CodeInfo(
+        "generation package not written", 1,
+        "The package folder was not written (an existing one is left as it was) because the "
+        "graph or its generation is not verified; keep_unverified=True keeps it anyway.",
+    ),
+    "OM819": CodeInfo(
+        "generation package written", 0,
+        "The package folder was written, with the files it holds.",
+    ),
+    "OM820": CodeInfo(
+        "cache layout GenAI cannot describe", 0,
+        "The decoder's cache has different head counts or head sizes for keys and values, or "
+        "between layers (DeepSeek's compressed attention cache): genai_config.json has one of "
+        "each, so none is written. The package serves ONNX Runtime, verified by onnxmedic's "
+        "generation loop, but not onnxruntime-genai.",
+    ),
 }
 
 

@@ -1,0 +1,358 @@
+"""Generation verified as it is used: greedy generation of N tokens in ONNX Runtime
+(onnxmedic's own loop, each step run in the sandbox, fed its own cache) against PyTorch's
+``generate(do_sample=False)``, token for token; each step's logits judged by the float64
+budget of verify/budget.py (the reference: the model run in float64 over the whole generated
+sequence, verify/reference.py); the first divergent step localised (verify/localize.py); and
+onnxruntime-genai generating from the folder, when it is installed (in a child process).
+
+Findings: OM811 tokens differ (logits outside the budget there), OM812 logits outside the
+budget with the same tokens, OM813 a greedy tie (tokens differ, logits within the budget),
+OM814 onnxruntime-genai's tokens differ, OM815 onnxruntime-genai not installed, OM816
+onnxruntime-genai cannot load or run the folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from onnxmedic import sandbox
+from onnxmedic.findings import Finding, error, info, warning
+from onnxmedic.inputs import Inputs
+from onnxmedic.verify.budget import judge_output
+from onnxmedic.verify.compare import OutputComparison
+from onnxmedic.verify.reference import reference_outputs
+
+logger = logging.getLogger(__name__)
+
+STAGE = "generate"
+DEFAULT_PROMPTS = ("The quick brown fox jumps over the lazy dog because",
+                   "def add(a, b):\n    return")
+CHILD = Path(__file__).resolve().parent / "gen_genai_child.py"
+
+
+@dataclass
+class GenerationCheck:
+    """The verdict on a package's generation. ``comparisons``: each step's logits judged."""
+
+    ok: bool = True
+    findings: list[Finding] = field(default_factory=list)
+    comparisons: list[OutputComparison] = field(default_factory=list)
+    prompts: list[list[int]] = field(default_factory=list)
+    tokens_torch: list[list[int]] = field(default_factory=list)
+    tokens_onnx: list[list[int]] = field(default_factory=list)
+    tokens_genai: list[list[int]] | None = None
+    divergence: dict[str, Any] | None = None  # prompt, step, position, tokens
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def fail(self, *findings: Finding) -> None:
+        self.ok = False
+        self.findings.extend(findings)
+
+
+def prompt_ids(tokenizer: Any, prompts: Any, vocab: int) -> list[list[int]]:
+    """Token ids of the prompts: through the tokenizer when there is one, else (no tokenizer)
+    seeded ids clear of the low special ids; ``prompts`` may also be lists of ids."""
+    if prompts is None:
+        prompts = list(DEFAULT_PROMPTS)
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str) and tokenizer is not None:
+            ids = [int(t) for t in tokenizer(p)["input_ids"]]
+        elif isinstance(p, str):
+            g = torch.Generator().manual_seed(i)
+            ids = torch.randint(min(4, vocab - 1), vocab, (7 + i,), generator=g).tolist()
+        else:
+            ids = [int(t) for t in p]
+        out.append(ids or [0])
+    return out
+
+
+def _neutral_config(model: Any, steps: int) -> Any:
+    """Greedy search and nothing else: no stop at EOS (N tokens always), no logits processor
+    (repetition penalties, suppressed tokens) - the graph is verified, not the search."""
+    from transformers import GenerationConfig
+
+    pad = getattr(model.generation_config, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(model.config, "pad_token_id", None) or 0
+    return GenerationConfig(max_new_tokens=steps, min_new_tokens=0, do_sample=False,
+                            num_beams=1, eos_token_id=None, pad_token_id=_first(pad),
+                            bos_token_id=None, repetition_penalty=1.0, no_repeat_ngram_size=0,
+                            output_logits=True, return_dict_in_generate=True)
+
+
+def _first(value: Any) -> Any:
+    return value[0] if isinstance(value, (list, tuple)) else value
+
+
+def torch_generation(model: Any, ids: list[int], steps: int
+                     ) -> tuple[list[int], list[np.ndarray]]:
+    """PyTorch's greedy tokens and, per step, the logits ONNX Runtime's step returns: all the
+    prompt's positions at the prefill, the new token's after."""
+    x = torch.tensor([ids])
+    mask = torch.ones_like(x)
+    with torch.no_grad():
+        out = model.generate(x, attention_mask=mask, generation_config=_neutral_config(
+            model, steps))
+        prefill = model(input_ids=x, attention_mask=mask, use_cache=False).logits
+    tokens = out.sequences[0, len(ids):].tolist()
+    logits = [prefill.float().numpy()] + [lg[:, None, :].float().numpy()
+                                          for lg in out.logits[1:]]
+    return tokens, logits
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
+def reference_steps(model: Any, ids: list[int], tokens: list[int], expected: list[np.ndarray]
+                    ) -> list[np.ndarray | None]:
+    """The float64 reference of each step's logits: the model in float64 over the whole
+    sequence (prompt and generated tokens), sliced as the steps return them."""
+    seq = torch.tensor([ids + tokens[:-1]])
+    wrapped = _Logits(model).eval()
+    with torch.no_grad():
+        full = wrapped(seq).float().numpy()
+    ref = reference_outputs(wrapped, [Inputs(args=(seq,))], [[full]]).outputs
+    whole = ref[0][0] if ref and ref[0] else None
+    if whole is None:
+        return [None] * len(expected)
+    n = len(ids)
+    return [whole[:, :n]] + [whole[:, n + k - 1:n + k] for k in range(1, len(expected))]
+
+
+def graph_layout(proto: onnx.ModelProto) -> dict[str, Any]:
+    """The names, dims and dtypes of a package graph's inputs that generation feeds."""
+    g = proto.graph
+    past = [i for i in g.input if i.name.startswith("past_key_values.")]
+    dims = [[d.dim_value if d.HasField("dim_value") else None
+             for d in i.type.tensor_type.shape.dim] for i in past]
+    types = [onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in past]
+    return {"inputs": [i.name for i in g.input], "past": [i.name for i in past],
+            "past_dims": dims, "past_types": types}
+
+
+def _feed(layout: dict[str, Any], ids: list[int], total: int, past: list[np.ndarray] | None
+          ) -> dict[str, np.ndarray]:
+    n = len(ids)
+    feed = {"input_ids": np.asarray([ids], dtype=np.int64),
+            "attention_mask": np.ones((1, total), dtype=np.int64)}
+    if "position_ids" in layout["inputs"]:
+        feed["position_ids"] = np.arange(total - n, total, dtype=np.int64)[None]
+    for i, name in enumerate(layout["past"]):
+        if past is None:
+            d = layout["past_dims"][i]
+            shape = (1, d[1] or 1, 0, d[3] or 1)
+            feed[name] = np.zeros(shape, dtype=layout["past_types"][i])
+        else:
+            feed[name] = past[i]
+    return feed
+
+
+def onnx_generation(path: Path, layout: dict[str, Any], ids: list[int], steps: int,
+                    timeout: float, check: GenerationCheck
+                    ) -> tuple[list[int], list[np.ndarray], list[dict[str, np.ndarray]]]:
+    """Greedy generation in ONNX Runtime (a sandbox run per step, its own cache fed back):
+    the tokens, each step's logits and feeds. Stops at a failed run (a finding in ``check``)."""
+    tokens: list[int] = []
+    logits: list[np.ndarray] = []
+    feeds: list[dict[str, np.ndarray]] = []
+    past, new = None, list(ids)
+    for step in range(steps):
+        feed = _feed(layout, new, len(ids) + step, past)
+        sbx = sandbox.run_model(path, [feed], timeout=timeout)
+        if not sbx.ok:
+            f = sbx.finding(STAGE, timeout)
+            if f is not None:
+                f.message = f"generation step {step}: {f.message}"
+                check.fail(f)
+            break
+        out = dict(zip(sbx.output_names, sbx.outputs[0]))
+        feeds.append(feed)
+        logits.append(out["logits"])
+        past = [out[n.replace("past_key_values", "present")] for n in layout["past"]]
+        new = [int(np.argmax(out["logits"][0, -1]))]
+        tokens.append(new[0])
+    return tokens, logits, feeds
+
+
+def top2_gap(logits: np.ndarray) -> float:
+    """The gap between the two largest logits of the last position."""
+    last = np.sort(np.asarray(logits, dtype=np.float64)[0, -1])
+    return float(last[-1] - last[-2]) if last.size > 1 else float("inf")
+
+
+def judge_prompt(check: GenerationCheck, p: int, n_prompt: int, torch_tokens: list[int],
+                 onnx_tokens: list[int], expected: list[np.ndarray], actual: list[np.ndarray],
+                 refs: list[np.ndarray | None]) -> int | None:
+    """Judge one prompt's steps in order; returns the first step that fails (OM811, OM812),
+    or None. Tokens that differ where the logits are within the budget are a greedy tie
+    (OM813, a warning): float32 rounding alone may flip such an argmax."""
+    for k, (exp, act, ref) in enumerate(zip(expected, actual, refs)):
+        c = judge_output("logits", exp, act, ref, input_set=f"prompt {p} step {k}")
+        check.comparisons.append(c)
+        position = n_prompt + k - 1 if k else n_prompt - 1
+        same = k >= len(torch_tokens) or torch_tokens[k] == onnx_tokens[k]
+        where = f"prompt {p}, step {k} (position {position})"
+        if not same:
+            check.divergence = {"prompt": p, "step": k, "position": position,
+                                "torch": torch_tokens[k], "onnx": onnx_tokens[k]}
+            if c.ok:
+                check.findings.append(warning(
+                    "OM813", STAGE, f"greedy generation picks another token at {where}: "
+                    f"PyTorch {torch_tokens[k]}, ONNX Runtime {onnx_tokens[k]}, but the logits "
+                    f"there are within the float64 budget ({c.rule}; PyTorch's top-2 gap "
+                    f"{top2_gap(exp):.3g}, max abs error {c.max_abs:.3g}): a tie that float32 "
+                    "rounding decides. The steps after it are not compared.",
+                    details={"divergence": check.divergence}))
+                return None
+            check.fail(error(
+                "OM811", STAGE, f"greedy generation diverges at {where}: PyTorch's generate "
+                f"chose token {torch_tokens[k]}, ONNX Runtime {onnx_tokens[k]}; the logits "
+                f"there are outside the budget ({c.rule}: max abs error {c.max_abs:.3g}, "
+                f"{c.mismatched} of {c.total} outside; {c.reason}). Tokens before it match: "
+                f"{onnx_tokens[:k]}.", details={"divergence": check.divergence,
+                                                 "comparison": c.to_dict()},
+                suggestion="The localisation below names the first ONNX node outside its "
+                "budget at that step; a wrong cache output shows from the first decode step."))
+            return k
+        if not c.ok:
+            check.divergence = {"prompt": p, "step": k, "position": position}
+            check.fail(error(
+                "OM812", STAGE, f"the logits of {where} are outside the float64 budget "
+                f"({c.rule}: max abs error {c.max_abs:.3g}, {c.mismatched} of {c.total} "
+                f"outside; {c.reason}), although the greedy tokens so far match.",
+                details={"comparison": c.to_dict()}))
+            return k
+    return None
+
+
+def localize_step(check: GenerationCheck, path: Path, program: Any,
+                  feed: dict[str, np.ndarray], label: str, timeout: float) -> None:
+    """Localise the failing step like any other mismatch (OM610: the first ONNX node outside
+    its budget, with the user's line), with the step's own feeds."""
+    from onnxmedic.verify.localize import localize
+
+    names = [n for n in feed if n.startswith("past_key_values.")]
+    args = (torch.from_numpy(feed["input_ids"]), torch.from_numpy(feed["attention_mask"]),
+            torch.from_numpy(feed["position_ids"]) if "position_ids" in feed else None,
+            [torch.from_numpy(feed[n]) for n in names])
+    try:
+        loc = localize(onnx.load(str(path), load_external_data=False), program, args,
+                       feeds=feed, timeout=timeout, input_set=label, full=False,
+                       model_dir=path.parent)
+    except Exception:  # localisation is a help, never the verdict
+        logger.info("generation: localisation failed", exc_info=True)
+        return
+    for f in loc.findings:
+        f.stage = STAGE
+        if f.severity.value == "error":
+            check.fail(f)
+        else:
+            check.findings.append(f)
+
+
+def genai_available() -> bool:
+    return importlib.util.find_spec("onnxruntime_genai") is not None
+
+
+def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: float,
+                     eos: set[int]) -> None:
+    """onnxruntime-genai generating from ``folder`` (a child process) must give PyTorch's
+    tokens (up to an EOS it stops at)."""
+    if not genai_available():
+        check.findings.append(info(
+            "OM815", STAGE, "onnxruntime-genai is not installed: the package was not "
+            "generated from with it.", suggestion="pip install onnxruntime-genai"))
+        return
+    spec = json.dumps({"prompts": check.prompts, "steps": steps})
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, str(CHILD), str(folder), spec],
+                              capture_output=True, text=True, timeout=timeout)
+        out = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+        why = "" if out else " ".join(
+            (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-3:])
+    except subprocess.TimeoutExpired:
+        out, why = None, f"no result within {timeout:g} s"
+    except (ValueError, IndexError) as e:
+        out, why = None, f"unreadable result ({e})"
+    check.seconds["genai"] = time.perf_counter() - t0
+    if out is None:
+        check.fail(error("OM816", STAGE, f"onnxruntime-genai could not generate from the "
+                         f"folder {folder.name}: {why[:400]}", details={"error": why}))
+        return
+    check.tokens_genai = out["tokens"]
+    check.seconds["genai_generate"] = out["seconds"]
+    for p, (got, want) in enumerate(zip(out["tokens"], check.tokens_torch)):
+        stopped = len(got) < len(want) and got and got[-1] in eos
+        if got != want[:len(got)] or (len(got) < len(want) and not stopped):
+            k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(got))
+            check.fail(error(
+                "OM814", STAGE, f"onnxruntime-genai's greedy tokens differ from PyTorch's "
+                f"for prompt {p} at step {k}: {got} vs {want}.",
+                details={"prompt": p, "step": k, "genai": got, "torch": want}))
+            return
+
+
+def _eos_ids(model: Any) -> set[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    return set(eos) if isinstance(eos, (list, tuple)) else {eos} if eos is not None else set()
+
+
+def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, steps: int = 8,
+                      prompts: Any = None, program: Any = None,
+                      timeout: float = sandbox.DEFAULT_TIMEOUT, genai: bool = True
+                      ) -> GenerationCheck:
+    """Verify the generation package in ``folder`` against ``model`` (see the module
+    docstring). ``program``: the graph's ExportedProgram, for localising a divergence."""
+    folder = Path(folder)
+    path = folder / "model.onnx"
+    check = GenerationCheck()
+    layout = graph_layout(onnx.load(str(path), load_external_data=False))
+    check.prompts = prompt_ids(tokenizer, prompts, int(model.config.vocab_size))
+    t0 = time.perf_counter()
+    with sandbox.reuse():
+        for p, ids in enumerate(check.prompts):
+            tt = time.perf_counter()
+            torch_tokens, expected = torch_generation(model, ids, steps)
+            check.seconds["torch"] = check.seconds.get("torch", 0.0) + time.perf_counter() - tt
+            tt = time.perf_counter()
+            tokens, actual, feeds = onnx_generation(path, layout, ids, steps, timeout, check)
+            check.seconds["onnx"] = check.seconds.get("onnx", 0.0) + time.perf_counter() - tt
+            check.tokens_torch.append(torch_tokens)
+            check.tokens_onnx.append(tokens)
+            if len(tokens) < steps:  # a failed run: its finding is in check
+                return check
+            refs = reference_steps(model, ids, torch_tokens, expected)
+            bad = judge_prompt(check, p, len(ids), torch_tokens, tokens, expected, actual, refs)
+            if bad is not None:
+                if program is not None:
+                    localize_step(check, path, program, feeds[bad], f"prompt {p} step {bad}",
+                                  timeout)
+                break
+            if check.divergence is not None:  # a tie: the later prompts still run
+                continue
+    check.seconds["verify"] = time.perf_counter() - t0
+    if genai and check.ok:
+        genai_generation(folder, check, steps, timeout, _eos_ids(model))
+    return check

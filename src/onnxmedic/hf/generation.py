@@ -1,0 +1,340 @@
+"""``text-generation-with-past``: a decoder as one ONNX graph serving prefill and decode, in a
+folder ONNX Runtime GenAI can load, verified by greedy generation against PyTorch.
+
+The graph (exported and verified by :func:`onnxmedic.export`) takes ``input_ids``,
+``attention_mask`` (past and new tokens), ``position_ids`` and ``past_key_values.{i}.key`` /
+``.value`` ([batch_size, kv_heads, past_sequence_length, head_size], length 0 at prefill) and
+returns ``logits`` and ``present.{i}.key`` / ``.value`` ([..., total_sequence_length, ...]):
+the names, layout and dim names of optimum's and the GenAI model builder's decoders. The folder
+holds ``model.onnx`` (weights as external data for big models), ``genai_config.json``, the
+model's ``config.json`` and ``generation_config.json`` and the tokenizer's files.
+
+The folder is built in a temporary folder beside ``out_dir`` and renamed into place only when
+generation is verified (hf/gen_verify.py), unless ``keep_unverified``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from onnxmedic import sandbox
+from onnxmedic.findings import error, info, warning
+from onnxmedic.hf.gen_config import write_side_files
+from onnxmedic.hf.gen_verify import verify_generation
+from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD
+from onnxmedic.result import STAGES, ExportResult, stages_of
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("text-generation-with-past",)
+GRAPH = "model.onnx"
+MASK_RULE = "attention_mask must cover the past and the new tokens"
+# example shapes of the graph's export: batch 2 (1 would be specialised), 3 new tokens after a
+# past of 4 (a real past: the model's own cache of 4 tokens)
+EXAMPLE_BATCH, EXAMPLE_NEW, EXAMPLE_PAST = 2, 3, 4
+
+
+def flat_cache(cache: Any) -> list[torch.Tensor]:
+    """[k0, v0, k1, v1, ...] of a transformers cache (``DynamicCache`` and its layers)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [t for layer in layers for t in (layer.keys, layer.values)]
+    return [t for pair in cache for t in pair[:2]]
+
+
+class GenerationDecoder(torch.nn.Module):
+    """The decoder as the graph's function: (input_ids, attention_mask, position_ids, [k0, v0,
+    k1, v1, ...]) -> (logits, [present k0, v0, ...]). The cache is a plain ``DynamicCache``
+    (full length in every layer: sliding-window layers are masked, not truncated, so every
+    present is past + new tokens long, as GenAI's buffers are)."""
+
+    def __init__(self, model: torch.nn.Module, position_ids: bool = True) -> None:
+        super().__init__()
+        self.model = model
+        self.takes_positions = position_ids
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor | None, past: list[torch.Tensor]
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        from transformers import DynamicCache
+
+        # the graph's total length is past + new: torch.export keeps the relation, and
+        # PyTorch rejects sizes that break it (the verification's shape variants)
+        torch._check(attention_mask.shape[1] == input_ids.shape[1] + past[0].shape[2],
+                     lambda: MASK_RULE)
+        cache = DynamicCache([(past[i], past[i + 1]) for i in range(0, len(past), 2)])
+        kw: dict[str, Any] = {"position_ids": position_ids} if self.takes_positions else {}
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         past_key_values=cache, use_cache=True, **kw)
+        return out.logits, flat_cache(out.past_key_values)
+
+
+def takes_position_ids(model: torch.nn.Module) -> bool:
+    try:
+        return "position_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _not_a_decoder(model: Any) -> str | None:
+    """Why ``model`` cannot serve text-generation-with-past (None when it can)."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        return f"{type(model).__name__} is not a transformers PreTrainedModel"
+    if getattr(model.config, "is_encoder_decoder", False):
+        return (f"{type(model).__name__} is an encoder-decoder; text-generation-with-past "
+                "takes a decoder-only model (AutoModelForCausalLM)")
+    if not hasattr(model, "generate") or not getattr(model, "can_generate", lambda: False)():
+        return (f"{type(model).__name__} cannot generate (it has no language-model head); "
+                "load it with AutoModelForCausalLM")
+    return None
+
+
+def example_inputs(model: torch.nn.Module, vocab: int | None = None
+                   ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The graph's example inputs (a real past of EXAMPLE_PAST tokens) and dynamic shapes."""
+    from torch.export import Dim
+
+    vocab = vocab or int(model.config.vocab_size)
+    g = torch.Generator().manual_seed(0)
+    total = EXAMPLE_PAST + EXAMPLE_NEW
+    ids = torch.randint(min(4, vocab - 1), vocab, (EXAMPLE_BATCH, total), generator=g)
+    mask = torch.ones(EXAMPLE_BATCH, total, dtype=torch.int64)
+    with torch.no_grad():
+        out = model(input_ids=ids[:, :EXAMPLE_PAST], attention_mask=mask[:, :EXAMPLE_PAST],
+                    use_cache=True)
+    past = [t.detach().clone() for t in flat_cache(out.past_key_values)]
+    pos = torch.arange(EXAMPLE_PAST, total).expand(EXAMPLE_BATCH, EXAMPLE_NEW).contiguous()
+    b, s = Dim("batch_size"), Dim("sequence_length")
+    p = Dim("past_sequence_length")
+    args = (ids[:, EXAMPLE_PAST:].contiguous(), mask, pos, past)
+    shapes = ({0: b, 1: s}, {0: b, 1: Dim.AUTO}, {0: b, 1: s}, [{0: b, 2: p} for _ in past])
+    return args, shapes
+
+
+def io_names(n_cache: int) -> tuple[list[str], list[str]]:
+    """GenAI's and optimum's names: the cache inputs and the outputs, in the graph's order."""
+    past = [f"past_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}"
+            for i in range(n_cache)]
+    present = ["logits"] + [n.replace("past_key_values", "present") for n in past]
+    return past, present
+
+
+def _rename_dims(value: Any) -> None:
+    for d in value.type.tensor_type.shape.dim:
+        if d.dim_param and "past_sequence_length" in d.dim_param and "+" in d.dim_param:
+            d.dim_param = "total_sequence_length"
+
+
+def rename_io(proto: onnx.ModelProto, positions: bool) -> dict[str, str]:
+    """Rename the graph's inputs and outputs (and their uses) to GenAI's names; returns
+    {new name: old name}."""
+    g = proto.graph
+    fixed = ["input_ids", "attention_mask"] + (["position_ids"] if positions else [])
+    n_cache = len(g.output) - 1
+    past, present = io_names(n_cache)
+    mapping: dict[str, str] = {}
+    inputs = [i.name for i in g.input]
+    for old, new in zip(inputs[len(inputs) - n_cache:], past):
+        mapping[old] = new
+    for old, new in zip([o.name for o in g.output], present):
+        mapping[old] = new
+    for name in fixed:
+        mapping.setdefault(name, name)
+    for node in g.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        v.name = mapping.get(v.name, v.name)
+        _rename_dims(v)
+    return {new: old for old, new in mapping.items()}
+
+
+def save_graph(proto: onnx.ModelProto, folder: Path) -> Path:
+    """``folder/model.onnx``; weights over EXTERNAL_DATA_THRESHOLD in ``model.onnx.data``."""
+    path = folder / GRAPH
+    big = sum(len(t.raw_data) for t in proto.graph.initializer) > EXTERNAL_DATA_THRESHOLD
+    onnx.save_model(proto, path, save_as_external_data=big, all_tensors_to_one_file=True,
+                    location=f"{GRAPH}.data" if big else None, size_threshold=1024)
+    return path
+
+
+def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int | None,
+           timeout: float) -> tuple[Any, dict[str, Any]] | None:
+    """Export and verify the decoder graph with onnxmedic.export, then give it GenAI's names
+    in ``tmp/model.onnx``; returns (the graph's ExportedProgram, its layout) or None (OM810)."""
+    import onnxmedic
+
+    positions = takes_position_ids(model)
+    with result.stage("capture", conclude=False) as st:
+        args, shapes = example_inputs(model)
+        if not positions:
+            args, shapes = args[:2] + (None,) + args[3:], shapes[:2] + (None,) + shapes[3:]
+        raw = tmp / "graph" / "decoder.onnx"
+        raw.parent.mkdir()
+        sub = onnxmedic.export(GenerationDecoder(model, positions).eval(), args, raw,
+                               dynamic_shapes=shapes, opset=opset, timeout=timeout,
+                               model_spec=type(model).__name__)
+    result.stages.update(sub.stages)  # the graph's own stages, as its export recorded them
+    # the shape variants that break past + new = total are rejected by the wrapper (OM403):
+    # generation below runs the graph at past 0 and 1..N instead
+    result.findings.extend(f for f in sub.findings
+                           if not (f.code == "OM403" and MASK_RULE in f.message))
+    result.verification.extend(sub.verification)
+    result.opset = sub.opset
+    if not sub.ok:
+        st.fail(error("OM810", "capture", f"the decoder graph of {type(model).__name__} "
+                      "(one step with its cache) did not export and verify; the export's "
+                      "findings above say why.", suggestion="Fix the first error above; "
+                      "`onnxmedic.export` on GenerationDecoder(model) reproduces it."))
+        return None
+    proto = onnx.load(str(raw))
+    names = rename_io(proto, positions)
+    save_graph(proto, tmp)
+    shutil.rmtree(raw.parent)
+    past = args[3]
+    layout = {"filename": GRAPH, "layers": len(past) // 2, "kv_heads": int(past[0].shape[1]),
+              "head_size": int(past[0].shape[3]), "position_ids": positions, "names": names,
+              "genai_problem": genai_problem(past)}
+    return sub.program, layout
+
+
+def genai_problem(past: list[torch.Tensor]) -> str | None:
+    """Why genai_config.json cannot describe this cache (None when it can): GenAI sizes every
+    key and value buffer by one head count and one head size."""
+    shapes = {(int(t.shape[1]), int(t.shape[3])) for t in past}
+    if len(shapes) == 1:
+        return None
+    keys = sorted({(int(t.shape[1]), int(t.shape[3])) for t in past[0::2]})
+    values = sorted({(int(t.shape[1]), int(t.shape[3])) for t in past[1::2]})
+    return (f"its cache's (heads, head size) differ between keys {keys} and values {values} "
+            "or between layers (e.g. DeepSeek's compressed attention cache), and "
+            "genai_config.json has one head count and one head size for all of them")
+
+
+def _put_in_place(tmp: Path, out: Path) -> None:
+    """Replace ``out`` by ``tmp`` (an existing folder is moved aside first, removed after)."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
+                      tokenizer: Any = None, task: str = "text-generation-with-past",
+                      verify: bool = True, steps: int = 8, prompts: Any = None,
+                      opset: int | None = None, report: str | os.PathLike[str] | None = None,
+                      timeout: float | None = None, keep_unverified: bool = False
+                      ) -> ExportResult:
+    """Write a generation package for ``model`` (a loaded transformers causal LM) at
+    ``out_dir``: one decoder graph with its KV cache serving prefill and decode,
+    genai_config.json, the model's configs and the tokenizer's files (see the module
+    docstring). With ``verify``, greedy generation of ``steps`` tokens from each of
+    ``prompts`` (strings through ``tokenizer``, or lists of ids) in ONNX Runtime and in
+    onnxruntime-genai must match PyTorch's ``generate(do_sample=False)``, each step's logits
+    within the float64 budget. The folder is written only when verified (or with
+    ``keep_unverified``); an existing folder is replaced only then. Problems of the model are
+    findings of the returned ExportResult."""
+    if task not in TASKS:
+        raise ValueError(f"onnxmedic.export_generation: task must be one of "
+                         f"{', '.join(TASKS)}, not {task!r}")
+    timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else timeout
+    out = Path(out_dir)
+    result = ExportResult(command="export", path=None, model=type(model).__name__,
+                          stages=stages_of(*STAGES, "generate"))
+    result.generation = None  # type: ignore[attr-defined]  # gen_verify.GenerationCheck
+    with result.guard():
+        _export_package(result, model, out, tokenizer, verify, steps, prompts, opset,
+                        timeout, keep_unverified)
+    if report is not None:
+        from onnxmedic.report import write_report
+
+        write_report(result, report)
+    return result
+
+
+def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any, verify: bool,
+                    steps: int, prompts: Any, opset: int | None, timeout: float,
+                    keep_unverified: bool) -> None:
+    why = _not_a_decoder(model)
+    if why is not None:
+        result.fail("preflight", error(
+            "OM817", "preflight", f"cannot export for text-generation-with-past: {why}.",
+            suggestion="Load the checkpoint with transformers.AutoModelForCausalLM, or pick a "
+            "task the model serves (feature-extraction for an encoder)."))
+        return
+    if not out.parent.is_dir():
+        result.fail("write", error("OM006", "write", f"cannot write {out}: the folder "
+                                   f"{out.parent} does not exist."))
+        return
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        was_training = model.training
+        model.eval()
+        try:
+            _build_and_check(result, model, out, tmp, tokenizer, verify, steps, prompts, opset,
+                             timeout, keep_unverified)
+        finally:
+            model.train(was_training)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tokenizer: Any,
+                     verify: bool, steps: int, prompts: Any, opset: int | None,
+                     timeout: float, keep_unverified: bool) -> None:
+    built = _graph(result, model, tmp, opset, timeout)
+    if built is None:
+        result.findings.append(_not_written(out))
+        return
+    program, layout = built
+    result.program = program
+    genai = layout["genai_problem"] is None
+    if not genai:
+        result.findings.append(warning(
+            "OM820", "write", f"no genai_config.json: {layout['genai_problem']}. The package "
+            "serves ONNX Runtime (onnxmedic's generation loop verifies it) but not "
+            "onnxruntime-genai.", suggestion="Use the graph with your own generation loop "
+            "(past_key_values.{i}.key/value in, present.{i}.key/value out)."))
+    with result.stage("write", conclude=False):
+        files = write_side_files(model, tokenizer, tmp, layout, genai=genai)
+    verified = True
+    if verify:
+        with result.stage("generate") as st:
+            check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,
+                                      program=program, timeout=timeout, genai=genai)
+            result.verification.extend(check.comparisons)
+            result.findings.extend(check.findings)
+            result.generation = check  # type: ignore[attr-defined]
+            if not check.ok:
+                st.fail()
+        verified = check.ok
+    if not verified and not keep_unverified:
+        result.fail("write", _not_written(out))
+        return
+    _put_in_place(tmp, out)
+    result.record("write").passed()
+    result.path = str(out)
+    result.ok = verified and not result.errors
+    result.findings.append(info(
+        "OM819", "write", f"generation package written to {out}: {', '.join(files)}"
+        + ("" if verified else " (NOT verified: keep_unverified)") + "."))
+
+
+def _not_written(out: Path) -> Any:
+    return error("OM818", "write", f"the generation package was not written to {out} because "
+                 "it is not verified" + (" (the existing folder is left as it was)"
+                                         if out.exists() else "") + ".",
+                 suggestion="Fix the findings above, or pass keep_unverified=True to keep the "
+                 "unverified package.")

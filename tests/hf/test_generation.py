@@ -1,0 +1,261 @@
+"""text-generation-with-past packages (onnxmedic.hf.generation): the folder's layout, greedy
+generation verified against PyTorch in ONNX Runtime and onnxruntime-genai, and faults caught."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from onnxmedic.hf import gen_verify  # noqa: E402
+from onnxmedic.hf.gen_verify import GenerationCheck, judge_prompt, verify_generation  # noqa: E402
+from onnxmedic.hf.generation import export_generation  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from bench.zoo.generation import FAMILIES, FAST, build, save_family  # noqa: E402
+
+STEPS = 5
+
+
+def codes(findings):
+    return [f.code for f in findings]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A tiny Llama checkpoint folder with its tokenizer, and its verified package."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = tmp_path_factory.mktemp("gen")
+    folder = save_family("llama", root / "ckpt")
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    result = export_generation(model, root / "pkg", tokenizer=tok, steps=STEPS)
+    return model, tok, result, root / "pkg"
+
+
+def test_package_layout_and_generation(llama):
+    model, tok, result, pkg = llama
+    assert result.ok, [f.one_paragraph() for f in result.errors]
+    assert result.path == str(pkg) and result.stages["generate"] == "passed"
+    names = {p.name for p in pkg.iterdir()}
+    assert {"model.onnx", "genai_config.json", "config.json", "generation_config.json",
+            "tokenizer.json"} <= names
+    assert not [p for p in pkg.parent.iterdir() if ".tmp-" in p.name]  # no temp folder left
+    proto = onnx.load(str(pkg / "model.onnx"))
+    ins = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+           for i in proto.graph.input}
+    outs = {o.name: [d.dim_param or d.dim_value for d in o.type.tensor_type.shape.dim]
+            for o in proto.graph.output}
+    assert ins["input_ids"] == ["batch_size", "sequence_length"]
+    assert ins["attention_mask"] == ["batch_size", "total_sequence_length"]
+    assert ins["position_ids"] == ["batch_size", "sequence_length"]
+    assert ins["past_key_values.1.value"] == ["batch_size", 2, "past_sequence_length", 16]
+    assert outs["present.0.key"] == ["batch_size", 2, "total_sequence_length", 16]
+    assert list(outs)[0] == "logits" and len(outs) == 5
+    cfg = json.loads((pkg / "genai_config.json").read_text())
+    dec = cfg["model"]["decoder"]
+    assert dec["inputs"]["past_key_names"] == "past_key_values.%d.key"
+    assert dec["outputs"]["present_value_names"] == "present.%d.value"
+    assert (dec["num_key_value_heads"], dec["head_size"], dec["num_hidden_layers"]) == (2, 16, 2)
+    # verified as used: both prompts, STEPS tokens each, identical in all three runtimes
+    g = result.generation
+    assert len(g.tokens_torch) == 2 and all(len(t) == STEPS for t in g.tokens_torch)
+    assert g.tokens_onnx == g.tokens_torch
+    if gen_verify.genai_available():
+        assert g.tokens_genai == g.tokens_torch
+    # each step of each prompt judged by the float64 budget
+    steps = [c for c in g.comparisons]
+    assert len(steps) == 2 * STEPS and all(c.ok and c.rule == "float64 budget" for c in steps)
+
+
+def _corrupt(pkg: Path, dst: Path, output: str, scale: float) -> Path:
+    """A copy of the package whose graph output ``output`` is multiplied by ``scale``."""
+    shutil.copytree(pkg, dst)
+    proto = onnx.load(str(dst / "model.onnx"))
+    g = proto.graph
+    inner = output + "_before_fault"
+    for node in g.node:  # the graph reads the right value; only the output is wrong
+        node.output[:] = [inner if n == output else n for n in node.output]
+        node.input[:] = [inner if n == output else n for n in node.input]
+    g.initializer.append(onnx.numpy_helper.from_array(np.array(scale, np.float32), "fault_k"))
+    g.node.append(onnx.helper.make_node("Mul", [inner, "fault_k"], [output]))
+    onnx.save(proto, str(dst / "model.onnx"))
+    return dst
+
+
+def test_corrupted_cache_output_is_caught(llama, tmp_path):
+    """A present (cache) output off by 2%: the prefill's logits are right, the decode steps
+    read the wrong cache - caught at step 1, by onnxmedic's loop and by onnxruntime-genai."""
+    model, tok, result, pkg = llama
+    bad = _corrupt(pkg, tmp_path / "bad", "present.0.value", 1.02)
+    check = verify_generation(bad, model, tok, steps=STEPS, program=result.program)
+    assert not check.ok
+    first = next(f for f in check.findings if f.code in ("OM811", "OM812"))
+    assert check.divergence["prompt"] == 0 and check.divergence["step"] == 1
+    assert "step 1" in first.message
+    # the prefill step itself (step 0) was within budget
+    assert check.comparisons[0].ok and not check.comparisons[1].ok
+
+
+def test_wrong_tokens_caught_by_both_runtimes(llama, tmp_path):
+    """A cache output 10^4 times too large: the tokens differ (OM811), the first ONNX node outside its budget
+    at that step is localised, and onnxruntime-genai's tokens differ too (OM814)."""
+    model, tok, result, pkg = llama
+    bad = _corrupt(pkg, tmp_path / "bad", "present.1.value", 1e4)
+    check = verify_generation(bad, model, tok, steps=STEPS, program=result.program)
+    assert "OM811" in codes(check.findings), codes(check.findings)
+    assert check.tokens_onnx[0] != check.tokens_torch[0]
+    if gen_verify.genai_available():
+        check.ok = True  # judge the genai run on its own
+        gen_verify.genai_generation(bad, check, STEPS, 60.0, set())
+        assert "OM814" in codes(check.findings)
+
+
+def test_divergence_is_localised_to_a_node(llama, tmp_path):
+    """A weight of the package's graph scaled by 1 + 1e-2: the first step outside the budget
+    is localised like any other mismatch - the first ONNX node outside its budget (OM610)."""
+    from onnxmedic.verify.faults import scale_weight
+
+    model, tok, result, pkg = llama
+    bad = tmp_path / "bad"
+    shutil.copytree(pkg, bad)
+    proto = scale_weight(onnx.load(str(bad / "model.onnx")), 1e-2)
+    onnx.save(proto, str(bad / "model.onnx"))
+    check = verify_generation(bad, model, tok, steps=2, prompts=["Return the"],
+                              program=result.program)
+    assert not check.ok and check.divergence["step"] == 0
+    loc = [f for f in check.findings if f.code == "OM610"]
+    assert loc and "prompt 0 step 0" in loc[0].message
+
+
+def test_big_weights_go_to_external_data(llama, tmp_path, monkeypatch):
+    """Over the threshold the weights are written as model.onnx.data; both runtimes load it."""
+    from onnxmedic.hf import generation
+
+    model, tok, result, pkg = llama
+    monkeypatch.setattr(generation, "EXTERNAL_DATA_THRESHOLD", 0)
+    big = tmp_path / "big"
+    shutil.copytree(pkg, big, ignore=shutil.ignore_patterns("model.onnx"))
+    generation.save_graph(onnx.load(str(pkg / "model.onnx")), big)
+    assert (big / "model.onnx.data").stat().st_size > (big / "model.onnx").stat().st_size
+    check = verify_generation(big, model, tok, steps=2, prompts=["Return the"])
+    assert check.ok and check.tokens_onnx == check.tokens_torch
+    if gen_verify.genai_available():
+        assert check.tokens_genai == check.tokens_torch
+
+
+def test_genai_config_that_does_not_match_the_graph(llama, tmp_path):
+    if not gen_verify.genai_available():
+        pytest.skip("onnxruntime-genai not installed")
+    model, tok, result, pkg = llama
+    bad = tmp_path / "bad"
+    shutil.copytree(pkg, bad)
+    cfg = json.loads((bad / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["inputs"]["past_key_names"] = "past.%d.k"
+    (bad / "genai_config.json").write_text(json.dumps(cfg))
+    check = GenerationCheck(prompts=[[5, 6, 7]], tokens_torch=[[1, 2]])
+    gen_verify.genai_generation(bad, check, 2, 60.0, set())
+    assert not check.ok and codes(check.findings) == ["OM816"]
+
+
+def test_genai_missing_is_said(llama, monkeypatch):
+    model, tok, result, pkg = llama
+    monkeypatch.setattr(gen_verify, "genai_available", lambda: False)
+    check = GenerationCheck(prompts=[[5, 6, 7]], tokens_torch=[[1, 2]])
+    gen_verify.genai_generation(pkg, check, 2, 60.0, set())
+    assert check.ok and codes(check.findings) == ["OM815"]
+
+
+def test_a_tie_is_not_a_failure_but_a_wrong_token_is():
+    """Tokens that differ where the logits are within the float64 budget: a greedy tie
+    (OM813, warning); the same tokens with logits far off: OM811."""
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((1, 1, 16))
+    ref[0, 0, 3] = ref[0, 0, 7] = 5.0  # an exact tie in float64
+    exp = (ref + 1e-7 * rng.standard_normal(ref.shape)).astype(np.float32)
+    act = (ref + 1e-7 * rng.standard_normal(ref.shape)).astype(np.float32)
+    exp[0, 0, 3] += np.float32(1e-6)
+    act[0, 0, 7] += np.float32(1e-6)
+    check = GenerationCheck()
+    assert judge_prompt(check, 0, 4, [3], [7], [exp], [act], [ref]) is None
+    assert check.ok and codes(check.findings) == ["OM813"]
+    check = GenerationCheck()
+    far = act.copy()
+    far[0, 0, 7] += 1.0
+    assert judge_prompt(check, 0, 4, [3], [7], [exp], [far], [ref]) == 0
+    assert not check.ok and codes(check.findings) == ["OM811"]
+
+
+def test_not_a_decoder(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    bert = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=64, vocab_size=64)).eval()
+    r = export_generation(bert, tmp_path / "pkg", report=tmp_path / "report.json")
+    assert not r.ok and codes(r.errors) == ["OM817"] and r.exit_code == 1
+    assert not (tmp_path / "pkg").exists()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert "OM817" in json.dumps(report["findings"])
+
+
+def test_failed_graph_export_writes_nothing(tmp_path, monkeypatch):
+    """ONNX Runtime crashing on the graph (an injected abort): OM810, the existing folder is
+    left as it was, no temp folder is left."""
+    monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "abort:run")
+    out = tmp_path / "pkg"
+    out.mkdir()
+    (out / "keep.txt").write_text("old")
+    r = export_generation(build("gpt2"), out, steps=2)
+    assert not r.ok and {"OM810", "OM818"} <= set(codes(r.errors))
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in FAST])
+def test_family_sweep(family, tmp_path):
+    _family(family, tmp_path)
+
+
+@pytest.mark.parametrize("family", [f for f in FAST if f != "llama"])
+def test_fast_families(family, tmp_path):
+    _family(family, tmp_path)
+
+
+def _family(family, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = save_family(family, tmp_path / "ckpt")
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    r = export_generation(model, tmp_path / "pkg", tokenizer=tok, steps=STEPS, prompts=[
+        "Return the number of items"])
+    assert r.ok, [f.one_paragraph() for f in r.errors]
+    g = r.generation
+    assert g.tokens_onnx == g.tokens_torch
+    if family == "deepseek_v3":  # keys and values of different head sizes: no genai_config
+        assert "OM820" in codes(r.findings) and g.tokens_genai is None
+        assert not (tmp_path / "pkg" / "genai_config.json").exists()
+    elif gen_verify.genai_available():
+        assert g.tokens_genai == g.tokens_torch
+    assert torch.is_grad_enabled()
+
+
+def test_genai_problem_names_a_cache_genai_cannot_size():
+    from onnxmedic.hf.generation import genai_problem
+
+    same = [torch.zeros(1, 2, 3, 16)] * 4
+    assert genai_problem(same) is None
+    mla = [torch.zeros(1, 1, 3, 16), torch.zeros(1, 1, 3, 8)] * 2
+    assert "keys [(1, 16)] and values [(1, 8)]" in genai_problem(mla)
