@@ -39,8 +39,6 @@ import json
 import logging
 import math
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -49,10 +47,10 @@ from typing import Any
 
 import numpy as np
 
+from onnxmedic.optimize._child import run_request
+
 logger = logging.getLogger(__name__)
 
-HERE = Path(__file__).resolve().parent
-CHILD = HERE / "_child.py"
 DECODE_PAST = 128  # the past length a decode step is timed at
 SAMPLED_TOKENS = 256  # the text drawn from the reference where no tokenizer is known
 
@@ -341,28 +339,17 @@ def score_onnx(onnx_path: str | os.PathLike[str], data: TaskData, steps: int,
     """:func:`score` of the step file in ONNX Runtime (its picks along ``reference``, the
     PyTorch model's greedy tokens), in a child process (a crash or a hang past ``timeout`` is
     ``ok=False`` with the reason)."""
+    request = {"path": str(Path(onnx_path).absolute()), "threads": threads,
+               "prompts": data.prompts, "text": data.text, "steps": steps,
+               "reference": reference}
     with tempfile.TemporaryDirectory(prefix="onnxmedic-int4-") as tmp:
-        req, res = Path(tmp) / "req.json", Path(tmp) / "res.json"
-        req.write_text(json.dumps({"path": str(Path(onnx_path).absolute()), "threads": threads,
-                                   "prompts": data.prompts, "text": data.text,
-                                   "steps": steps, "reference": reference}))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p])
-        proc = subprocess.Popen([sys.executable, str(CHILD), f"{__name__}:score_child",
-                                 str(req), str(res)], env=env, cwd=tmp,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        try:
-            _, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.communicate()
-            return {"ok": False, "error": f"scoring did not finish within {timeout:g} s"}
-        if not res.exists():
-            tail = " ".join(err.decode("utf-8", "replace").strip().splitlines()[-3:])
-            return {"ok": False, "error": f"scoring crashed (exit {proc.returncode}): "
-                    f"{tail[:300]}"}
-        return json.loads(res.read_text())
+        run = run_request(f"{__name__}:score_child", request, tmp, cwd=tmp, timeout=timeout)
+    if run.timed_out:
+        return {"ok": False, "error": f"scoring did not finish within {timeout:g} s"}
+    if run.result is None:
+        return {"ok": False, "error": f"scoring crashed (exit {run.returncode}): "
+                f"{' '.join(run.stderr_tail)[:300]}"}
+    return run.result
 
 
 def sampled_data(reference: Step, past0: list[np.ndarray], vocab: int, prompts: int = 4,

@@ -9,7 +9,6 @@ import contextlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -17,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from onnxmedic.optimize._child import run_request
 
 logger = logging.getLogger(__name__)
 
@@ -690,31 +691,17 @@ def run_pipeline(pipe: Pipeline, src: str | os.PathLike[str], dst: str | os.Path
     current one (ONNX Runtime's symbolic shape inference, when incomplete)."""
     request = {"src": str(Path(src).absolute()), "dst": str(Path(dst).absolute()),
                "steps": pipe.steps}
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p])
     with tempfile.TemporaryDirectory(prefix="onnxmedic-pass-") as tmp:
-        req = Path(tmp) / "request.json"
-        res = Path(tmp) / "result.json"
-        req.write_text(json.dumps(request))
         work = Path(tmp) / "cwd"
         work.mkdir()
-        proc = subprocess.Popen([sys.executable, str(CHILD), f"{_HERE}:run_child", str(req),
-                                 str(res)], env=env,
-                                cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        try:
-            _, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.communicate()
-            return False, [], f"the pass did not finish within {timeout:g} s and was killed"
-        if not res.exists():
-            tail = err.decode("utf-8", "replace").strip().splitlines()[-3:]
-            how = (f"signal {-proc.returncode}" if proc.returncode < 0
-                   else f"exit code {proc.returncode}")
-            return False, [], f"the pass crashed ({how}): {' '.join(tail)[:300]}"
-        out = json.loads(res.read_text())
-        return out["ok"], out["steps"], out.get("error", "")
+        run = run_request(f"{_HERE}:run_child", request, tmp, cwd=work, timeout=timeout)
+    if run.timed_out:
+        return False, [], f"the pass did not finish within {timeout:g} s and was killed"
+    if run.result is None:
+        how = (f"signal {-run.returncode}" if run.returncode < 0
+               else f"exit code {run.returncode}")
+        return False, [], f"the pass crashed ({how}): {' '.join(run.stderr_tail)[:300]}"
+    return run.result["ok"], run.result["steps"], run.result.get("error", "")
 
 
 def run_child(req_path: str, res_path: str) -> None:
