@@ -129,3 +129,34 @@ def save_family(name: str, root: str | Path) -> Path:
     train_tokenizer(folder)
     (folder / "zoo.json").write_text(json.dumps({"family": name}) + "\n")
     return folder
+
+
+# Qwen2.5-0.5B's published shape (494 M parameters, tied embeddings, 14 query / 2 KV heads):
+# the ~0.5 B decoder the speed figures use, with random weights
+HALF_B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+              intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768,
+              rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def save_half_b(root: str | Path = "build/decoders") -> Path:
+    """``root/qwen2-0.5b``: a Qwen2.5-0.5B-shaped checkpoint (float32, random weights seeded,
+    with a tokenizer trained here), made once; about 2 GiB on disk."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(root) / "qwen2-0.5b"
+    if (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model("qwen2", **HALF_B)
+    AutoModelForCausalLM.from_config(cfg).eval().save_pretrained(folder)
+    train_tokenizer(folder, vocab=4096)
+    (folder / "zoo.json").write_text(json.dumps({"family": "qwen2-0.5b"}) + "\n")
+    return folder
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(save_half_b(sys.argv[1] if len(sys.argv) > 1 else "build/decoders"))
