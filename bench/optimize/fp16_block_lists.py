@@ -39,7 +39,7 @@ def _run(path: Path, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
 def one(name: str, folder: Path) -> list[dict[str, Any]]:
     import onnx
 
-    from onnxmedic.optimize import fp16, passes
+    from onnxmedic.optimize import files, fp16, passes
     from onnxmedic.optimize.int8 import cosine as _cosine
 
     torch.manual_seed(0)
@@ -50,7 +50,7 @@ def one(name: str, folder: Path) -> list[dict[str, Any]]:
     fp16.name_nodes(str(fused), str(named))
     graph = onnx.load(str(named), load_external_data=False).graph
     feed = {i.name: a.numpy() for i, a in zip(graph.input, args)}
-    fp16.save_feeds([feed], folder / "feeds.npz")
+    files.save_feeds([feed], folder / "feeds.npz")
     values = fp16.range_stats(str(named), "", str(folder / "feeds.npz"))["values"]
     ops = {n.name: n.op_type for n in graph.node}
     want = _run(named, feed)

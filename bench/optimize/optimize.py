@@ -195,7 +195,7 @@ def _eager_cuda(model: Any, args: tuple[Any, ...], dtype: torch.dtype,
 def _static(plain: Path, args: tuple[Any, ...], dst: Path) -> None:
     """quantize_static as ONNX Runtime's docs give it (QDQ, per channel, MinMax), calibrated on
     the calibration sets onnxmedic's own static candidate uses, no layer kept float32."""
-    from onnxmedic.optimize.fp16 import save_feeds
+    from onnxmedic.optimize.files import save_feeds
     from onnxmedic.optimize.passes import quantize_static_int8
 
     cal = save_feeds(calibration_feeds(plain, inputs_mod.Inputs(args)), dst.with_suffix(".npz"))

@@ -15,6 +15,7 @@ import onnxmedic
 from onnxmedic.optimize import (
     block_list_findings,
     candidates,
+    files,
     fp16,
     judge_reduced,
     optimize,
@@ -120,7 +121,7 @@ def test_range_stats_in_chunks_measures_the_same(tmp_path: Path) -> None:
     model = Overflow().eval()
     x = torch.randn(4, 16) * 4
     src = _export(model, x, tmp_path / "m.onnx")
-    npz = fp16.save_feeds([{"x": x.numpy()}, {"x": -x.numpy()}], tmp_path / "f.npz")
+    npz = files.save_feeds([{"x": x.numpy()}, {"x": -x.numpy()}], tmp_path / "f.npz")
     whole = fp16.range_stats(str(src), "", str(npz))["values"]
     split = fp16.range_stats(str(src), "", str(npz), chunk_bytes=1)["values"]  # one a run
     assert whole == split

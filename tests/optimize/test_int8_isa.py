@@ -126,7 +126,7 @@ def test_portable_static_int8_keeps_the_budget_on_avx2(tmp_path: Path) -> None:
     onnx.save(model, str(src))
     x = rng.uniform(0.7, 1.0, (1, 8, 8, 8)).astype(np.float32)
     x[0, 0, 0, 0] = 0.0
-    from onnxmedic.optimize.fp16 import save_feeds
+    from onnxmedic.optimize.files import save_feeds
 
     save_feeds([{"x": x}], tmp_path / "cal.npz")
     portable, full = tmp_path / "portable.onnx", tmp_path / "full.onnx"

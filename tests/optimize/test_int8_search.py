@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from onnxmedic.optimize import candidates, fp16, int8, optimize, passes
+from onnxmedic.optimize import candidates, files, int8, optimize, passes
 
 FAST = {"repeats": 3, "rounds": 1}
 WEIGHT_ONLY = next(p for p in passes.default_pipelines("cpu", "int8")
@@ -108,7 +108,7 @@ def test_the_search_keeps_the_layer_the_whole_model_needs(
     is the one that matters. The search keeps ``b`` alone float32 and builds only the count it
     predicted (the all-layers try, then one layer)."""
     model, x, src, b, a = _misleading(tmp_path)
-    npz = fp16.save_feeds([{"x": x.numpy()}], tmp_path / "f.npz")
+    npz = files.save_feeds([{"x": x.numpy()}], tmp_path / "f.npz")
     own = int8.layer_errors(str(src), "", str(npz), scheme=SCHEME)["errors"]
     assert own[a] > 0.5 > 0.2 > own[b] > 0.02  # the local measure misleads
     built = _builds(monkeypatch)
@@ -239,7 +239,7 @@ def test_a_search_out_of_time_says_so(tmp_path: Path) -> None:
     _, x, src, _, _ = _misleading(tmp_path)
     q = tmp_path / "q.onnx"
     passes.quantize_weight_only(str(src), str(q), **SCHEME)
-    npz = fp16.save_feeds([{"x": x.numpy()}], tmp_path / "f.npz")
+    npz = files.save_feeds([{"x": x.numpy()}], tmp_path / "f.npz")
     out = int8.float_gains(str(src), "", str(npz), str(q), 0.999, seconds=0.0)
     assert out["stopped"] and out["predicted"] is None and out["errors"] == {}
     why = candidates._predicted_end(out, "1 verification set(s)")

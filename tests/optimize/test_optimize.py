@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper
 
 import onnxmedic
-from onnxmedic.optimize import Pipeline, judge_reduced, optimize, optimize_file, passes
+from onnxmedic.optimize import Pipeline, files, judge_reduced, optimize, optimize_file, passes
 
 FAST = {"repeats": 3, "rounds": 1}
 
@@ -314,11 +314,11 @@ def test_int8_search_doubles_up_to_its_cap_and_tries_the_cap_itself() -> None:
 def test_layer_errors_rank_the_layer_quantization_breaks(tmp_path: Path) -> None:
     """The 1e4 weight makes the first layer's per-tensor int8 scale round every other weight
     to zero: its own output error is ~1 (everything lost), the second layer's is small."""
-    from onnxmedic.optimize import fp16, int8
+    from onnxmedic.optimize import int8
 
     model, x, src = _two_layer(tmp_path)
     names = [n.name for n in onnx.load(str(src)).graph.node if n.op_type == "Gemm"]
-    npz = fp16.save_feeds([{"input": x.numpy()}], tmp_path / "f.npz")
+    npz = files.save_feeds([{"input": x.numpy()}], tmp_path / "f.npz")
     errors = int8.layer_errors(str(src), "", str(npz))["errors"]
     assert set(errors) == set(names)
     assert errors[names[0]] > 0.9 and errors[names[1]] < 0.05

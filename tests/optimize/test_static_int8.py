@@ -15,6 +15,7 @@ from onnxmedic.optimize import (
     Pipeline,
     calibration_feeds,
     default_pipelines,
+    files,
     judge_reduced,
     optimize,
     optimize_file,
@@ -67,9 +68,8 @@ def test_static_int8_keeps_the_layer_reading_the_outlier_in_float32(
     feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
     calibration = calibration_feeds(src, onnxmedic.inputs.Inputs((x,)))
     # all layers int8 (what a blind quantize_static writes): outside the budget
-    from onnxmedic.optimize import fp16
 
-    npz = fp16.save_feeds(calibration, tmp_path / "cal.npz")
+    npz = files.save_feeds(calibration, tmp_path / "cal.npz")
     blind = Pipeline("blind", [(STATIC.steps[0][0], {"calibration": str(npz)})])
     ok, _, err = passes.run_pipeline(blind, src, tmp_path / "blind.onnx")
     assert ok, err
@@ -93,13 +93,13 @@ def test_static_errors_score_each_layers_own_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """b's output is ~90 % off (its input rounded); a's output, compared past the Relu the
     quantizer folds into its QuantizeLinear, is within a few %; c adds no error of its own."""
-    from onnxmedic.optimize import fp16, int8
+    from onnxmedic.optimize import int8
 
     model, x, src = outlier
     a, b, c = _conv_names(src)
     inputs = onnxmedic.inputs.Inputs((x,))
-    feeds = fp16.save_feeds(reference_sets(src, model, inputs)[0], tmp_path / "f.npz")
-    cal = fp16.save_feeds(calibration_feeds(src, inputs), tmp_path / "c.npz")
+    feeds = files.save_feeds(reference_sets(src, model, inputs)[0], tmp_path / "f.npz")
+    cal = files.save_feeds(calibration_feeds(src, inputs), tmp_path / "c.npz")
     errors = int8.static_errors(str(src), "", str(feeds), str(cal))["errors"]
     assert set(errors) == {a, b, c}
     assert errors[b] > 0.5 and abs(errors[a]) < 0.05 and errors[c] < 0.05
@@ -198,7 +198,6 @@ def test_static_int8_quantizes_layers_only_where_the_quantizer_refuses_every_op(
     step then quantizes the layers (Conv, MatMul, Gemm) only and says so."""
     import onnxruntime.quantization as q
 
-    from onnxmedic.optimize import fp16
 
     _, x, src = outlier
     real, asked = q.quantize_static, []
@@ -211,7 +210,7 @@ def test_static_int8_quantizes_layers_only_where_the_quantizer_refuses_every_op(
         real(*args, op_types_to_quantize=op_types_to_quantize, **kwargs)
 
     monkeypatch.setattr(q, "quantize_static", refuses_every_op)
-    cal = fp16.save_feeds([{"x": x.numpy()}], tmp_path / "c.npz")
+    cal = files.save_feeds([{"x": x.numpy()}], tmp_path / "c.npz")
     info = passes.quantize_static_int8(str(src), str(tmp_path / "q.onnx"), str(cal))
     assert asked == [None, ["Conv", "MatMul", "Gemm"]]
     assert info["op_types"].startswith("Conv, MatMul, Gemm only")

@@ -171,7 +171,7 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
            timeout: float) -> tuple[Any, dict[str, Any]] | None:
     """Export and verify the decoder graph with onnxmedic.export, then give it GenAI's names
     in ``tmp/model.onnx``; returns (the graph's ExportedProgram, its layout) or None (OM810)."""
-    import onnxmedic
+    from onnxmedic.api import export
 
     positions = takes_position_ids(model)
     with result.stage("capture", conclude=False) as st:
@@ -180,9 +180,9 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
             args, shapes = args[:2] + (None,) + args[3:], shapes[:2] + (None,) + shapes[3:]
         raw = tmp / "graph" / "decoder.onnx"
         raw.parent.mkdir()
-        sub = onnxmedic.export(GenerationDecoder(model, positions).eval(), args, raw,
-                               dynamic_shapes=shapes, opset=opset, timeout=timeout,
-                               model_spec=type(model).__name__)
+        sub = export(GenerationDecoder(model, positions).eval(), args, raw,
+                     dynamic_shapes=shapes, opset=opset, timeout=timeout,
+                     model_spec=type(model).__name__)
     result.stages.update(sub.stages)  # the graph's own stages, as its export recorded them
     # the shape variants that break past + new = total are rejected by the wrapper (OM403):
     # generation below runs the graph at past 0 and 1..N instead

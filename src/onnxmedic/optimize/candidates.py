@@ -34,6 +34,7 @@ import numpy as np
 from onnxmedic import sandbox
 from onnxmedic.findings import listed
 from onnxmedic.isa import int8_metadata, split_target
+from onnxmedic.optimize.files import has_external_data, save_feeds
 from onnxmedic.optimize.int8 import SEARCH_SETS, exclusion_cap, next_count
 from onnxmedic.optimize.int8 import cosine as cosine_of
 from onnxmedic.optimize.passes import (
@@ -431,11 +432,9 @@ def _measure(step: str, pre: Path, feeds: list[dict[str, np.ndarray]], folder: P
              ) -> tuple[dict[str, Any] | None, str]:
     """Run a measuring step (``module:function(src, dst, feeds=..., **options)``) in the pass
     child."""
-    from onnxmedic.optimize import fp16
-
     npz = folder / "feeds.npz"
     if not npz.exists():
-        fp16.save_feeds(feeds, npz)
+        save_feeds(feeds, npz)
     ok, info, err = run_pipeline(Pipeline("measure", [(step, {"feeds": str(npz),
                                                               **(options or {})})]), pre,
                                  folder / "unused.onnx", timeout=timeout)
@@ -550,8 +549,6 @@ class _Search:
                  feeds: list[dict[str, np.ndarray]],
                  calibration: list[dict[str, np.ndarray]] | None, cosine: float,
                  max_excluded: int | None) -> None:
-        from onnxmedic.optimize import fp16
-
         self.ranking: list[tuple[str, float]] = []
         self.found: dict[str, Any] = {}  # the switch search's prediction, for the report
         self.predicted: int | None = None
@@ -568,7 +565,7 @@ class _Search:
         if calibration:
             npz = folder / "calibration.npz"
             if not npz.exists():
-                fp16.save_feeds(calibration, npz)
+                save_feeds(calibration, npz)
             self.extra = {"calibration": str(npz)}
             self.step = "onnxmedic.optimize.int8:static_errors"
             self.options = {"per_channel": qopts.get("per_channel", True), **self.extra}
@@ -1070,7 +1067,6 @@ def _write(src: Path, out: Path, run_settings: dict[str, Any] | None = None,
     import onnx
 
     from onnxmedic.onnxfile import append_metadata
-    from onnxmedic.optimize.passes import has_external_data
 
     if src.resolve() == out.resolve() and not run_settings and not metadata:
         return

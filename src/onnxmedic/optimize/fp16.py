@@ -24,13 +24,21 @@ built and verified, and rejected as slower (or as refused, where ONNX Runtime ca
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from onnxmedic.optimize.files import (  # noqa: F401 - save_feeds: importable here too
+    load_feeds,
+    node_subgraphs,
+    op_count_diff,
+    op_counts,
+    save_feeds,
+    save_proto,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +55,6 @@ def name_nodes(src: str, dst: str) -> dict[str, Any]:
     """Give every unnamed top-level node a unique name (the converter's block list is by name)."""
     import onnx
 
-    from onnxmedic.optimize.passes import save_proto
 
     proto = onnx.load(src)
     taken = {n.name for n in proto.graph.node if n.name}
@@ -141,21 +148,6 @@ def range_stats(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
                         values[name] = _merge(values.get(name), _stats(a))
             del sess
     return {"values": values}
-
-
-def save_feeds(feeds: list[dict[str, np.ndarray]], path: Path) -> Path:
-    """The feeds as one .npz for :func:`range_stats`."""
-    arrays = {f"{i}_{j}": np.asarray(a) for i, f in enumerate(feeds) for j, a in
-              enumerate(f.values())}
-    np.savez(path, __layout__=np.array(json.dumps([list(f) for f in feeds])), **arrays)
-    return path
-
-
-def load_feeds(path: str | Path) -> list[dict[str, np.ndarray]]:
-    """The feeds :func:`save_feeds` wrote, in order."""
-    data = np.load(path)
-    layout = json.loads(str(data["__layout__"]))
-    return [{k: data[f"{i}_{j}"] for j, k in enumerate(keys)} for i, keys in enumerate(layout)]
 
 
 def session_exposing(proto: Any, names: list[str], tmp: str,
@@ -322,7 +314,6 @@ def ort_types(model: Any, names: list[str]) -> dict[str, int]:
 
 def _referenced(graph: Any, into: set[str]) -> set[str]:
     """Every value name read by a node of ``graph`` or of its subgraphs, and its outputs."""
-    from onnxmedic.optimize.passes import node_subgraphs
 
     into.update(o.name for o in graph.output)
     for n in graph.node:
@@ -381,7 +372,6 @@ def route_initializer_outputs(graph: Any, top: bool = True) -> int:
     import onnx
     from onnx import TensorProto
 
-    from onnxmedic.optimize.passes import node_subgraphs
 
     routed = 0
     if not top:
@@ -409,7 +399,6 @@ def float16(src: str, dst: str, node_block_list: list[str] | None = None,
     import onnx
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
-    from onnxmedic.optimize.passes import op_count_diff, op_counts, save_proto
 
     before = op_counts(src)
     model, typed = _typed(onnx.load(src))

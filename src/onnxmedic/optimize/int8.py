@@ -103,11 +103,12 @@ def layer_errors(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES,
                  scheme: dict[str, Any] | None = None) -> dict[str, Any]:
     """A pass-pipeline step (runs in the pass child): {"errors": {node name: score}} for each
     named MatMul/Gemm with a weight B, worst over the feeds of the ``feeds`` .npz (see
-    fp16.save_feeds), each layer quantized as ``scheme`` says. ``dst`` is not written."""
+    files.save_feeds), each layer quantized as ``scheme`` says. ``dst`` is not written."""
     import onnx
     from onnx import numpy_helper
 
-    from onnxmedic.optimize.fp16 import load_feeds, session_exposing, value_chunks
+    from onnxmedic.optimize.files import load_feeds
+    from onnxmedic.optimize.fp16 import session_exposing, value_chunks
 
     del dst
     proto = onnx.load(src)
@@ -189,7 +190,7 @@ def static_errors(src: str, dst: str, feeds: str, calibration: str,
         modify_model_output_intermediate_tensors,
     )
 
-    from onnxmedic.optimize.fp16 import load_feeds
+    from onnxmedic.optimize.files import load_feeds
     from onnxmedic.optimize.passes import (
         STATIC_OPS,
         feed_reader,
@@ -401,7 +402,7 @@ def float_gains(src: str, dst: str, feeds: str, quantized: str, cosine: float,
     non-monotonically with the layers kept float32 (torchcde's CDE, per-channel dynamic int8:
     0 -> 0.9942, 1 -> 0.9851, 4 -> 0.9985, 6 -> 0.9973, 8 -> 0.9991 there) the count they
     predicted failed verification (0.99651)."""
-    from onnxmedic.optimize.fp16 import load_feeds
+    from onnxmedic.optimize.files import load_feeds
 
     del dst
     deadline = time.monotonic() + seconds

@@ -11,63 +11,26 @@ import logging
 import os
 import sys
 import tempfile
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from onnxmedic.optimize._child import run_request
+from onnxmedic.optimize.files import (
+    has_external_data,
+    load_feeds,
+    load_ir,
+    node_subgraphs,
+    op_count_diff,
+    op_counts,
+    save_ir,
+    save_proto,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PASS_TIMEOUT = 600.0
-
-
-def op_counts(path: str | os.PathLike[str]) -> Counter[str]:
-    import onnx
-
-    proto = onnx.load(str(path), load_external_data=False)
-    return Counter(n.op_type for n in proto.graph.node)
-
-
-def op_count_diff(before: Counter[str], after: Counter[str]) -> dict[str, Any]:
-    return {"nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
-            "new_ops": {k: v for k, v in after.items() if v > before.get(k, 0) and k not in before}}
-
-
-def _load_ir(src: str) -> Any:
-    import onnx
-    import onnx_ir as ir
-
-    return ir.from_proto(onnx.load(src))  # every tensor in memory: dst may be elsewhere
-
-
-def _save_ir(model: Any, dst: str) -> None:
-    import onnx_ir as ir
-
-    save_proto(ir.to_proto(model), dst)
-
-
-def save_proto(proto: Any, dst: str) -> None:
-    """Save, with the weights in ``<dst>.data`` when the file would near protobuf's 2 GiB."""
-    import onnx
-
-    try:
-        big = proto.ByteSize() > 1_800_000_000
-    except Exception:  # noqa: BLE001 - protobuf refuses to size a message over 2 GiB
-        big = True
-    onnx.save(proto, dst, save_as_external_data=big, location=Path(dst).name + ".data")
-
-
-def has_external_data(path: str | os.PathLike[str]) -> bool:
-    """Whether the file at ``path`` keeps weights in external data (its graph read alone)."""
-    import onnx
-    from onnx.external_data_helper import uses_external_data
-
-    # (onnx only: the pass child never imports torch, see _child.py)
-    proto = onnx.load(str(path), load_external_data=False)
-    return any(uses_external_data(t) for t in proto.graph.initializer)
 
 
 def onnxscript_optimize(src: str, dst: str) -> dict[str, Any]:
@@ -76,9 +39,9 @@ def onnxscript_optimize(src: str, dst: str) -> dict[str, Any]:
     import onnxscript.optimizer
 
     before = op_counts(src)
-    model = _load_ir(src)
+    model = load_ir(src)
     onnxscript.optimizer.optimize(model)
-    _save_ir(model, dst)
+    save_ir(model, dst)
     return op_count_diff(before, op_counts(dst))
 
 
@@ -139,7 +102,7 @@ def ort_fusions(src: str, dst: str, norm_fusions: bool = True) -> dict[str, Any]
     from onnxscript.rewriter.ort_fusions import _core, optimize_for_ort
 
     before = op_counts(src)
-    model = _load_ir(src)
+    model = load_ir(src)
     onnxscript.optimizer.optimize(model)
     with contextlib.ExitStack() as stack:
         # fuse_xformers calls each fusion by its module-level name; patch.object raises
@@ -150,7 +113,7 @@ def ort_fusions(src: str, dst: str, norm_fusions: bool = True) -> dict[str, Any]
         model, counts = optimize_for_ort(model)
     restored = restore_flattened_attention(model)
     unbatched = unbatch_fused_matmul(model)
-    _save_ir(model, dst)
+    save_ir(model, dst)
     info = op_count_diff(before, op_counts(dst))
     info["fusions"] = {k: int(v) for k, v in counts.items() if v}
     if restored:
@@ -195,12 +158,6 @@ def keeping_sequence_types() -> Iterator[None]:
 
     with mock.patch.object(shape_inference, "_merge_func", merged):
         yield
-
-
-def node_subgraphs(node: Any) -> list[Any]:
-    """The GraphProtos a NodeProto holds in its attributes (If's branches, Loop's body ...)."""
-    return [g for at in node.attribute
-            for g in ([at.g] if at.HasField("g") else []) + list(at.graphs)]
 
 
 def _has_non_tensor_values(graph: Any) -> bool:
@@ -471,7 +428,7 @@ def quantize_static_int8(src: str, dst: str, calibration: str,
     """Static int8 in the QDQ format with ONNX Runtime's own quantizer
     (``onnxruntime.quantization.quantize_static``): weights int8 symmetric (one scale per output
     channel with ``per_channel``), activations uint8 with ranges fixed ahead of time - the
-    min/max each tensor reaches over the ``calibration`` feeds (a ``fp16.save_feeds`` .npz).
+    min/max each tensor reaches over the ``calibration`` feeds (a ``files.save_feeds`` .npz).
     ONNX Runtime runs the QuantizeLinear/DequantizeLinear pairs around a Conv as one int8
     QLinearConv (likewise MatMul, Add, pooling): the int8 lever for convolutions, which
     quantize_dynamic turns into ConvInteger with run-time activation ranges - slower than
@@ -487,7 +444,6 @@ def quantize_static_int8(src: str, dst: str, calibration: str,
         quantize_static,
     )
 
-    from onnxmedic.optimize.fp16 import load_feeds
 
     feeds = load_feeds(calibration)
     before = op_counts(src)

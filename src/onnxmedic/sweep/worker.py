@@ -60,7 +60,7 @@ def main(payload: dict[str, Any]) -> int:
 
 def export_case(entry: Any, case: Any, payload: dict[str, Any], t0: float) -> dict[str, Any]:
     """Export and verify one ZooCase with onnxmedic.export; the record for the results file."""
-    import onnxmedic
+    from onnxmedic.api import export
     from onnxmedic.findings import error
     from onnxmedic.sweep.results import record
 
@@ -69,9 +69,9 @@ def export_case(entry: Any, case: Any, payload: dict[str, Any], t0: float) -> di
         safe = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in entry.name)
         f = Path(out_dir or td) / f"{safe}.onnx"
         t1 = time.perf_counter()
-        res = onnxmedic.export(case.model, case.args, f, kwargs=case.kwargs,
-                               dynamic_shapes=case.dynamic_shapes,
-                               verify=payload.get("verify", True), tolerance=case.tolerance)
+        res = export(case.model, case.args, f, kwargs=case.kwargs,
+                     dynamic_shapes=case.dynamic_shapes,
+                     verify=payload.get("verify", True), tolerance=case.tolerance)
         export_seconds = time.perf_counter() - t1
         d = res.to_dict()
         summary = d["verification_summary"]
