@@ -37,13 +37,13 @@ from onnxmedic.optimize import (
     reference_sets,
     time_variants,
 )
-from onnxmedic.optimize.candidates import (
+from onnxmedic.optimize.cli import took
+from onnxmedic.optimize.graphs import (
     GRAPH_SUFFIX,
     NHWC_OPTIONS,
     NHWC_SUFFIX,
     twin_options,
 )
-from onnxmedic.optimize.cli import took
 from onnxmedic.optimize.passes import is_convolutional
 
 

@@ -209,14 +209,14 @@ def test_calibration_is_refused_where_it_cannot_apply(
 
 
 def test_the_coverage_hint_names_float_inputs_beyond_the_calibrated_range() -> None:
-    from onnxmedic.optimize.candidates import _coverage_hint
+    from onnxmedic.optimize.int8_search import coverage_hint
 
     cal = [{"x": np.array([-1.0, 0.5], np.float32), "ids": np.array([5])},
            {"x": np.array([1.0], np.float32), "ids": np.array([6])}]
     within = [{"x": np.array([-1.01, 1.0], np.float32), "ids": np.array([90])}]
-    assert _coverage_hint(cal, within) == ""  # 1 % slack; integer inputs are not ranges
+    assert coverage_hint(cal, within) == ""  # 1 % slack; integer inputs are not ranges
     beyond = within + [{"x": np.array([0.0, 3.0], np.float32), "ids": np.array([1])}]
-    assert "(x: [-1.01, 3] against [-1, 1])" in _coverage_hint(cal, beyond)
+    assert "(x: [-1.01, 3] against [-1, 1])" in coverage_hint(cal, beyond)
 
 
 def test_export_optimize_passes_the_calibration_sets_on(
@@ -239,35 +239,38 @@ def test_export_optimize_passes_the_calibration_sets_on(
 
 
 def test_the_int8_search_says_why_it_stopped_and_how_the_cosine_moved() -> None:
-    from onnxmedic.optimize.candidates import _search_end
+    from onnxmedic.optimize.int8_search import search_end
 
     tries = [(0, 0.99696), (1, 0.997), (2, 0.99702)]
-    assert _search_end(2, None, tries, 600) == (
+    assert search_end(2, None, tries, 600) == (
         " (every layer int8; keeping up to the 2 most sensitive layer(s) in float32 did not "
         "reach the budget either; worst cosine by layers kept float32: 0 -> 0.99696, "
         "1 -> 0.99700, 2 -> 0.99702)")
-    assert _search_end(1, 2, tries[:2], 60) == (
+    assert search_end(1, 2, tries[:2], 60) == (
         " (every layer int8; sensitivity search stopped after 60 s; worst cosine by layers "
         "kept float32: 0 -> 0.99696, 1 -> 0.99700)")
-    assert _search_end(0, None, tries[:1], 600) == " (its only layer int8)"
-    assert _search_end(0, 1, tries[:1], 60) == (
+    assert search_end(0, None, tries[:1], 600) == " (its only layer int8)"
+    assert search_end(0, 1, tries[:1], 60) == (
         " (every layer int8; sensitivity search stopped after 60 s)")
 
 
 def test_the_coverage_hint_is_for_static_int8_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dynamic int8 measures its ranges at run time: calibration sets cannot explain its
     failure."""
-    from onnxmedic.optimize import Variant, candidates
+    from onnxmedic.optimize import Rejection, Variant, Verifier, Why, candidates
+    from onnxmedic.optimize.builder import Builder
 
-    monkeypatch.setattr(candidates, "_int8_with_sensitivity", lambda pipe, *a, **k: (
-        Variant(pipe.name, "int8", rejected=candidates.OUTSIDE_BUDGET + ": out: cosine 0.9"),
+    monkeypatch.setattr(candidates, "int8_with_sensitivity", lambda pipe, *a, **k: (
+        Variant(pipe.name, "int8", rejection=Rejection(
+            Why.OUTSIDE_BUDGET, candidates.OUTSIDE_BUDGET + ": out: cosine 0.9")),
         Path("unused.onnx")))
     cal = [{"x": np.zeros(2, np.float32)}]
     feeds = [{"x": np.array([-1.0, 1.0], np.float32)}]
     dynamic = Pipeline("int8-dynamic", [(f"{passes.__name__}:quantize_int8", {})],
                        precision="int8")
-    hints = [candidates._candidate(p, Path("m.onnx"), Path("."), ["out"], feeds, [], 0.999,
-                                   60.0, None, "cpu", cal)[0].rejected
+    verifier = Verifier(["out"], feeds, [], 0.999, 60.0, None, "cpu")
+    hints = [candidates.candidate(p, Path("m.onnx"), Builder(Path("."), 60.0), verifier,
+                                  cal)[0].rejected
              for p in (STATIC, dynamic)]
     assert "reach beyond the calibration sets' range" in hints[0]
     assert "calibration" not in hints[1]

@@ -13,10 +13,12 @@ from onnx import TensorProto, helper
 
 import onnxmedic
 from onnxmedic.optimize import (
+    Why,
     block_list_findings,
     candidates,
     files,
     fp16,
+    fp16_search,
     judge_reduced,
     optimize,
     passes,
@@ -137,10 +139,10 @@ def test_a_few_tiny_values_in_a_large_tensor_do_not_block() -> None:
     """A softmax's far tail: many elements below 6.1e-05 but almost none of the magnitude."""
     p = np.full(1000, 1e-9, np.float32)
     p[0] = 1.0
-    assert fp16.value_problem(fp16._stats(p)) == ""
-    assert "underflows" in fp16.value_problem(fp16._stats(np.full(10, 1e-6, np.float32)))
-    assert "65504" in fp16.value_problem(fp16._stats(np.array([1.0, -7e4], np.float32)))
-    assert fp16.value_problem(fp16._stats(np.array([65504.0, np.inf], np.float32))) == ""
+    assert fp16.value_problem(fp16.value_stats(p)) == ""
+    assert "underflows" in fp16.value_problem(fp16.value_stats(np.full(10, 1e-6, np.float32)))
+    assert "65504" in fp16.value_problem(fp16.value_stats(np.array([1.0, -7e4], np.float32)))
+    assert fp16.value_problem(fp16.value_stats(np.array([65504.0, np.inf], np.float32))) == ""
 
 
 def test_round_trips_are_bypassed_but_a_models_own_casts_are_not() -> None:
@@ -171,7 +173,6 @@ def test_judge_reduced_fails_non_finite_outputs() -> None:
 
 def test_export_optimize_fp16_reports_the_block_list(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from onnxmedic.optimize import candidates
 
     # the fp16 candidate only (the float32 ones are tested elsewhere)
     monkeypatch.setattr(candidates, "default_pipelines", lambda *a, **k: FP16)
@@ -207,15 +208,16 @@ def test_a_variant_outside_only_the_accuracy_budget_is_timed_but_never_chosen(
 
 
 def test_a_faster_near_miss_names_the_budget_that_would_admit_it() -> None:
-    from onnxmedic.optimize.candidates import Variant, _budget_hint
+    from onnxmedic.optimize import Variant
+    from onnxmedic.optimize.candidates import budget_hint
 
     v = Variant("int8-static", precision="int8", speedup=3.04,
                 accuracy={"y": {"cosine": 0.99696}, "z": {"cosine": 0.9999}})
-    hint = _budget_hint(v)
+    hint = budget_hint(v)
     assert "3.04x faster" in hint and "`--accuracy cosine=0.996`" in hint and "0.99696" in hint
-    assert _budget_hint(Variant("slow", precision="int8", speedup=0.8,
+    assert budget_hint(Variant("slow", precision="int8", speedup=0.8,
                                 accuracy={"y": {"cosine": 0.99696}})) == ""
-    assert _budget_hint(Variant("lost", precision="int8", speedup=3.0,
+    assert budget_hint(Variant("lost", precision="int8", speedup=3.0,
                                 accuracy={"y": {"cosine": 0.0004}})) == ""
 
 
@@ -370,17 +372,17 @@ def test_fill_values_that_change_the_result_are_kept_float32(tmp_path: Path) -> 
 
 def test_fill_statistics() -> None:
     mask = np.array([0.5, -3.4028235e38, 2.0, -1e9], np.float32)
-    st = fp16._stats(mask)
+    st = fp16.value_stats(mask)
     assert "65504" in fp16.value_problem(st)  # the strict rule
     assert fp16.value_problem(st, saturate=True) == ""
     assert "within 2" in fp16.fill_problem(st)
     big = np.array([0.5, 7e4, -3.4e38], np.float32)  # a computed 7e4 beside the fill
-    assert "65504" in fp16.value_problem(fp16._stats(big), saturate=True)
-    assert fp16.fill_problem(fp16._stats(big)) == ""
+    assert "65504" in fp16.value_problem(fp16.value_stats(big), saturate=True)
+    assert fp16.fill_problem(fp16.value_stats(big)) == ""
     # the underflow share is of the computed elements' magnitude, not the fill's
     tiny = np.array([1e-6] * 10 + [-3.4e38], np.float32)
-    assert "underflows" in fp16.value_problem(fp16._stats(tiny), saturate=True)
-    assert fp16.saturated({"m": st, "b": fp16._stats(big)}) == {"m": fp16.fill_problem(st)}
+    assert "underflows" in fp16.value_problem(fp16.value_stats(tiny), saturate=True)
+    assert fp16.saturated({"m": st, "b": fp16.value_stats(big)}) == {"m": fp16.fill_problem(st)}
 
 
 class Cancellation(torch.nn.Module):
@@ -434,25 +436,25 @@ def test_an_amplifier_search_that_misses_the_budget_is_rejected(
     model = Cancellation().eval()
     x = torch.randn(8, 64)
     src = _export(model, x, tmp_path / "m.onnx")
-    monkeypatch.setattr(candidates, "AMPLIFIERS",
+    monkeypatch.setattr(fp16_search, "AMPLIFIERS",
                         "tests.optimize.bad_passes:misleading_amplifiers")
     res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
     v = res.variants[1]
-    assert not v.verified and v.rejected.startswith(candidates.OUTSIDE_BUDGET)
+    assert not v.verified and v.is_rejected(Why.OUTSIDE_BUDGET)
     assert "did not reach the budget either" in v.rejected
     assert "worst cosine by nodes kept float32: 1 -> 0.9" in v.rejected
     assert not v.blocked  # the failed variant as it was: no node kept float32
     assert v.steps[-1]["tries"][0][:2] == [1, 1]
 
-    monkeypatch.setattr(candidates, "AMPLIFIERS", "tests.optimize.bad_passes:raising_pass")
+    monkeypatch.setattr(fp16_search, "AMPLIFIERS", "tests.optimize.bad_passes:raising_pass")
     res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
     v = res.variants[1]
     assert not v.verified and "measuring where float16 adds error failed" in v.rejected
 
-    monkeypatch.setattr(candidates, "AMPLIFIERS", "tests.optimize.bad_passes:no_amplifiers")
+    monkeypatch.setattr(fp16_search, "AMPLIFIERS", "tests.optimize.bad_passes:no_amplifiers")
     res = optimize(src, model, (x,), precision="fp16", pipelines=FP16, **FAST)
     v = res.variants[1]
-    assert not v.verified and v.rejected.startswith(candidates.OUTSIDE_BUDGET)
+    assert not v.verified and v.is_rejected(Why.OUTSIDE_BUDGET)
     assert "no node adds float16 error of 0.001 or more" in v.rejected and not v.blocked
 
 

@@ -14,7 +14,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from onnxmedic.optimize import candidates, files, int8, optimize, passes
+from onnxmedic.optimize import files, int8, int8_search, optimize, passes
+from onnxmedic.optimize.builder import Builder
 
 FAST = {"repeats": 3, "rounds": 1}
 WEIGHT_ONLY = next(p for p in passes.default_pipelines("cpu", "int8")
@@ -62,14 +63,14 @@ def _misleading(tmp_path: Path, third: bool = False
 def _builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The int8 tries the search builds, by suffix ("-keep0", "-keep1" ...)."""
     built: list[str] = []
-    real = candidates._build
+    real = Builder.build
 
-    def spy(pipe: Any, src: Path, folder: Path, timeout: float, suffix: str = "") -> Any:
+    def spy(self: Builder, pipe: Any, src: Path, suffix: str = "") -> Any:
         if suffix.startswith("-keep"):
             built.append(suffix)
-        return real(pipe, src, folder, timeout, suffix=suffix)
+        return real(self, pipe, src, suffix=suffix)
 
-    monkeypatch.setattr(candidates, "_build", spy)
+    monkeypatch.setattr(Builder, "build", spy)
     return built
 
 
@@ -117,7 +118,7 @@ def test_the_search_keeps_the_layer_the_whole_model_needs(
     assert v.verified, v.rejected
     assert v.steps[-1]["excluded"] == [b]
     assert built == ["-keep0", "-keep1"]
-    search = next(s for s in v.steps if s["step"] == candidates.FLOAT_GAINS)
+    search = next(s for s in v.steps if s["step"] == int8_search.FLOAT_GAINS)
     assert search["predicted"] == 1 and search["search_sets"].endswith(" verification set(s)")
     assert search["ranking"][0][0] == b and search["ranking"][0][1] > search["ranking"][1][1]
     assert search["curve"][0][1] < 0.999 <= search["curve"][-1][1]
@@ -129,14 +130,14 @@ def test_without_the_switch_search_each_layers_own_error_ranks(
     them, as before it: ``a`` first - and with one of two layers at most kept float32, the
     search ends there: rejected, where the switch search (above) found ``b``."""
     model, x, src, b, a = _misleading(tmp_path)
-    monkeypatch.setattr(candidates, "FLOAT_GAINS", "tests.optimize.bad_passes:raising_pass")
+    monkeypatch.setattr(int8_search, "FLOAT_GAINS", "tests.optimize.bad_passes:raising_pass")
     built = _builds(monkeypatch)
     res = optimize(src, model, (x,), precision="int8", pipelines=[WEIGHT_ONLY], **FAST)
     v = res.variants[1]
     assert not v.verified
     assert "keeping up to the 1 most sensitive layer(s) in float32 did not" in v.rejected
     assert built == ["-keep0", "-keep1"]
-    ranked = next(s for s in v.steps if s["step"] == candidates.LAYER_ERRORS)
+    ranked = next(s for s in v.steps if s["step"] == int8_search.LAYER_ERRORS)
     assert [n for n, _ in ranked["ranking"]] == [a, b]
 
 
@@ -147,14 +148,14 @@ def test_a_prediction_the_verification_refutes_hands_over_to_the_layers_own_erro
     fails too), then two (``a`` and ``b``): the variant still verifies, and its report keeps
     the refuted prediction."""
     model, x, src, b, a = _misleading(tmp_path, third=True)
-    monkeypatch.setattr(candidates, "FLOAT_GAINS", "tests.optimize.bad_passes:misleading_gains")
+    monkeypatch.setattr(int8_search, "FLOAT_GAINS", "tests.optimize.bad_passes:misleading_gains")
     built = _builds(monkeypatch)
     res = optimize(src, model, (x,), precision="int8", pipelines=[WEIGHT_ONLY], **FAST)
     v = res.variants[1]
     assert v.verified, v.rejected
     assert v.steps[-1]["excluded"] == [a, b]
     assert built == ["-keep0", "-keep1", "-keep1", "-keep2"]
-    ranked = next(s for s in v.steps if s["step"] == candidates.LAYER_ERRORS)
+    ranked = next(s for s in v.steps if s["step"] == int8_search.LAYER_ERRORS)
     refuted = ranked["switch_search"]
     assert refuted["predicted"] == 1 and refuted["verified_cosine"] < 0.999
 
@@ -173,14 +174,14 @@ class _Curve:
 def test_the_predicted_count_is_the_fewest_found_by_doubling_then_halving() -> None:
     """11 layers needed, cap 21: 1, 2, 4, 8, 16 (passes), then 12, 10, 11 - the fewest."""
     run = _Curve(11)
-    k, curve = int8._fewest(run, list(range(84)), 0.999, 21, time.monotonic() + 60)
+    k, curve = int8.fewest_float32(run, list(range(84)), 0.999, 21, time.monotonic() + 60)
     assert k == 11 and run.tried == [1, 2, 4, 8, 16, 12, 10, 11]
     assert [c[0] for c in curve] == sorted(run.tried)
     run = _Curve(30)  # beyond the cap: tried up to the cap itself, none predicted
-    assert int8._fewest(run, list(range(84)), 0.999, 21, time.monotonic() + 60)[0] is None
+    assert int8.fewest_float32(run, list(range(84)), 0.999, 21, time.monotonic() + 60)[0] is None
     assert run.tried[-1] == 21
     run = _Curve(11)  # out of time: nothing tried, none predicted
-    assert int8._fewest(run, list(range(84)), 0.999, 21, time.monotonic() - 1) == (None, [])
+    assert int8.fewest_float32(run, list(range(84)), 0.999, 21, time.monotonic() - 1) == (None, [])
 
 
 def test_worst_cosine_scores_as_the_budget_does() -> None:
@@ -242,7 +243,7 @@ def test_a_search_out_of_time_says_so(tmp_path: Path) -> None:
     npz = files.save_feeds([{"x": x.numpy()}], tmp_path / "f.npz")
     out = int8.float_gains(str(src), "", str(npz), str(q), 0.999, seconds=0.0)
     assert out["stopped"] and out["predicted"] is None and out["errors"] == {}
-    why = candidates._predicted_end(out, "1 verification set(s)")
+    why = int8_search.predicted_end(out, "1 verification set(s)")
     assert "the search ran out of time" in why and "did not reach" not in why
     done = int8.float_gains(str(src), "", str(npz), str(q), 0.999)
     assert not done["stopped"] and done["predicted"] == 1 and len(done["errors"]) == 2

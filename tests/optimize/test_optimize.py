@@ -185,7 +185,7 @@ def test_ort_model_types_are_the_optimizers_own() -> None:
     from onnxruntime.transformers.optimizer import MODEL_TYPES
 
     assert set(passes.ORT_MODEL_TYPES) <= set(MODEL_TYPES)
-    assert set(passes._ORT_TYPE_FAMILIES) <= set(MODEL_TYPES)
+    assert set(passes.ORT_TYPE_FAMILIES) <= set(MODEL_TYPES)
 
 
 def test_ort_phi_optimizer_fails_on_a_dynamo_export_so_phi_is_a_decoder(tmp_path: Path) -> None:
@@ -279,7 +279,8 @@ def test_int8_search_narrows_the_float32_layers_after_doubling() -> None:
     its deadline."""
     import time
 
-    from onnxmedic.optimize.candidates import Variant, _fewest_excluded
+    from onnxmedic.optimize import Variant
+    from onnxmedic.optimize.int8_search import fewest_excluded
 
     tried: list[int] = []
 
@@ -288,14 +289,14 @@ def test_int8_search_narrows_the_float32_layers_after_doubling() -> None:
         return Variant(f"keep{k}", verified=k >= 11), Path(f"keep{k}.onnx"), True
 
     best = (Variant("keep16", verified=True), Path("keep16.onnx"))
-    v, path = _fewest_excluded(attempt, 8, 16, best, time.monotonic() + 60)
+    v, path = fewest_excluded(attempt, 8, 16, best, time.monotonic() + 60)
     assert tried == [12, 10, 11] and v.name == "keep11" and path == Path("keep11.onnx")
     tried.clear()  # 4 passed, 2 failed: 3 is tried and fails (needs 11 here): 4 is kept
     keep4 = (Variant("keep4", verified=True), Path("keep4.onnx"))
-    assert _fewest_excluded(attempt, 2, 4, keep4, time.monotonic() + 60) == keep4
+    assert fewest_excluded(attempt, 2, 4, keep4, time.monotonic() + 60) == keep4
     assert tried == [3]
     tried.clear()
-    assert _fewest_excluded(attempt, 8, 16, best, time.monotonic() - 1)[0] is best[0]
+    assert fewest_excluded(attempt, 8, 16, best, time.monotonic() - 1)[0] is best[0]
     assert tried == []
 
 
@@ -389,16 +390,16 @@ def test_a_float16_candidate_starts_from_the_float32_candidate_of_its_passes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ort-fusions-fp16 converts the ort-fusions candidate's file (named): the fusions run
     once, and the float16 variant is the one running them again would give."""
-    from onnxmedic.optimize import candidates
+    from onnxmedic.optimize import builder
 
     ran: list[list[str]] = []
-    real = candidates.run_pipeline
+    real = builder.run_passes
 
     def spy(pipe: Pipeline, *a: Any, **k: Any) -> Any:
         ran.append([s.rsplit(":", 1)[-1] for s, _ in pipe.steps])
         return real(pipe, *a, **k)
 
-    monkeypatch.setattr(candidates, "run_pipeline", spy)
+    monkeypatch.setattr(builder, "run_passes", spy)
     model = NormAttention().eval()
     x = torch.randn(1, 16, 32)
     src = _export(model, (x,), tmp_path / "m.onnx")
@@ -624,11 +625,12 @@ def test_run_settings_are_written_in_place_and_beside_external_weights(tmp_path:
     (atomically), and a file with external weights keeps them loadable."""
     import json
 
-    from onnxmedic.optimize.candidates import GRAPH_SETTINGS, RUN_SETTINGS_KEY, _write
+    from onnxmedic.optimize.candidates import write
+    from onnxmedic.optimize.graphs import GRAPH_SETTINGS, RUN_SETTINGS_KEY
 
     src, x, y = _external(tmp_path / "a")
     for out in (src, tmp_path / "a" / "copy.onnx"):
-        _write(src, out, GRAPH_SETTINGS)
+        write(src, out, GRAPH_SETTINGS)
         meta = {p.key: p.value for p in onnx.load(str(out), load_external_data=False)
                 .metadata_props}
         assert json.loads(meta[RUN_SETTINGS_KEY]) == GRAPH_SETTINGS
@@ -651,11 +653,8 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
     from onnxmedic.cli import main
     from onnxmedic.onnxfile import append_metadata
     from onnxmedic.optimize.bench import PROVIDERS
-    from onnxmedic.optimize.candidates import (
-        GPU_WARMUP_SECONDS,
-        GRAPH_SETTINGS,
-        RUN_SETTINGS_KEY,
-    )
+    from onnxmedic.optimize.graphs import GRAPH_SETTINGS, RUN_SETTINGS_KEY
+    from onnxmedic.optimize.timing import GPU_WARMUP_SECONDS
 
     src = _export(Shift(), (torch.randn(8),), tmp_path / "m.onnx")
     feed = {"x": np.random.rand(8).astype(np.float32)}
@@ -694,7 +693,7 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
     assert got.graph_median_ms is not None and got.graph_p90_ms >= got.graph_median_ms
     assert not got.graph_error and options == [{}]
     # settings that also ask for NHWC kernels: the graph's session gets that option too
-    from onnxmedic.optimize.candidates import NHWC_OPTIONS, twin_settings
+    from onnxmedic.optimize.graphs import NHWC_OPTIONS, twin_settings
 
     nhwc = _export(Shift(), (torch.randn(8),), tmp_path / "n.onnx")
     append_metadata(nhwc, RUN_SETTINGS_KEY, json.dumps(twin_settings(NHWC_OPTIONS)))

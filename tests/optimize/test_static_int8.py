@@ -145,7 +145,7 @@ def test_static_int8_is_a_candidate_for_convolutional_graphs(
 def test_static_int8_without_calibration_sets_is_rejected_with_the_reason(
         outlier: tuple[torch.nn.Module, torch.Tensor, Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from onnxmedic.optimize import candidates
+    from onnxmedic.optimize.builder import Builder
 
     model, x, src = outlier
     feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
@@ -153,7 +153,7 @@ def test_static_int8_without_calibration_sets_is_rejected_with_the_reason(
     def no_prefix(*args: object, **kwargs: object) -> None:
         raise AssertionError("the prefix was built for a candidate rejected without it")
 
-    monkeypatch.setattr(candidates, "_prefix", no_prefix)
+    monkeypatch.setattr(Builder, "prefix", no_prefix)
     res = optimize_file(src, feeds, expected, pipelines=[STATIC], **FAST)
     assert res.chosen == "plain" and "calibration input sets" in res.variants[1].rejected
 
@@ -185,9 +185,9 @@ def test_excluding_a_layer_excludes_the_layer_it_reads_through_a_relu() -> None:
          helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
          helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2"),
          helper.make_node("Conv", ["x", "w3"], ["c3"], name="conv3")], "g", [], [])
-    assert passes._with_producers(graph, ["conv2"]) == ["conv2", "conv1"]
-    assert passes._with_producers(graph, ["conv3"]) == ["conv3"]  # reads the graph input
-    assert passes._with_producers(graph, ["conv1", "conv2"]) == ["conv1", "conv2"]
+    assert passes.with_producers(graph, ["conv2"]) == ["conv2", "conv1"]
+    assert passes.with_producers(graph, ["conv3"]) == ["conv3"]  # reads the graph input
+    assert passes.with_producers(graph, ["conv1", "conv2"]) == ["conv1", "conv2"]
 
 
 def test_static_int8_quantizes_layers_only_where_the_quantizer_refuses_every_op(

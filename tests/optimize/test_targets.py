@@ -73,7 +73,7 @@ def test_a_gpu_targets_timing_warms_up_for_a_time_not_only_a_count(
     """A GPU's clocks rise from idle over longer than a batch-1 model's few warm-up runs: the
     sandbox warms up for ``warmup_seconds`` too (counted in ``warmup_runs``), and optimize's
     timing asks for GPU_WARMUP_SECONDS on a GPU target only."""
-    from onnxmedic.optimize.candidates import GPU_WARMUP_SECONDS, time_variants
+    from onnxmedic.optimize.timing import GPU_WARMUP_SECONDS, time_variants
 
     _, x, path = _export(tmp_path)
     feed = {"x": x.numpy()}
@@ -199,7 +199,7 @@ def test_cli_int8_on_a_gpu_target_exits_2(tmp_path: Path,
 
 
 def _timed(name: str, median: float, p90: float, rounds: list[float]):
-    from onnxmedic.optimize.candidates import Variant
+    from onnxmedic.optimize import Variant
 
     return Variant(name, verified=True, median_ms=median, p90_ms=p90, round_ms=rounds)
 
@@ -208,12 +208,13 @@ def test_noise_rule_pairs_rounds_instead_of_plain_spread() -> None:
     """A variant 10 % faster in every round wins although plain's p90 spread is wide (a GPU's
     launch jitter: the old rule asked for < median - (p90 - median) and kept plain); one that is
     faster overall but lost a round does not; one within 3 % never does."""
-    from onnxmedic.optimize.candidates import _choose
+    from onnxmedic.optimize import Why
+    from onnxmedic.optimize.timing import choose as choose_fastest
 
     def choose(*variants):
         plain = _timed("plain", 1.00, 1.30, [1.02, 0.99, 1.00])
         vs = [plain, *variants]
-        return _choose(plain, vs), vs
+        return choose_fastest(plain, vs), vs
 
     steady = _timed("steady", 0.90, 0.95, [0.91, 0.89, 0.90])
     chosen, _ = choose(steady)
@@ -221,6 +222,7 @@ def test_noise_rule_pairs_rounds_instead_of_plain_spread() -> None:
     lucky = _timed("lucky", 0.90, 1.20, [0.80, 1.05, 0.90])  # slower than plain in round 2
     chosen, _ = choose(lucky)
     assert chosen.name == "plain" and "not faster in round 2" in lucky.rejected
+    assert lucky.is_rejected(Why.NOT_FASTER) and lucky.rejection.figures["round"] == 2
     close = _timed("close", 0.98, 0.99, [0.99, 0.97, 0.98])  # faster each round, by < 3 %
     chosen, _ = choose(close)
     assert chosen.name == "plain" and "needs <= 0.97 ms" in close.rejected
@@ -229,6 +231,7 @@ def test_noise_rule_pairs_rounds_instead_of_plain_spread() -> None:
     assert chosen.name == "plain" and "round 2" in failed.rejected
     chosen, vs = choose(lucky, steady, close)
     assert chosen is steady and all(v.rejected for v in vs[1:] if v is not steady)
+    assert [v.rejection.kind for v in (vs[1], vs[3])] == [Why.NOT_FASTER, Why.NOT_FASTER]
 
 
 def test_sandbox_timing_binds_a_bfloat16_input(tmp_path: Path) -> None:
@@ -256,7 +259,7 @@ def test_timing_drops_a_variant_once_it_loses_a_round(monkeypatch: pytest.Monkey
     """With a baseline, a file slower than (or failing beside) the baseline in a round is not
     timed again - it can no longer win under the paired rule - and _choose still names the
     round it lost; without one (the benchmark's peers) every file is timed every round."""
-    from onnxmedic.optimize.candidates import _choose, time_variants
+    from onnxmedic.optimize.timing import choose, time_variants
 
     ms = {"plain": [10, 10, 10], "fast": [9, 9, 9], "slow": [11, 9, 9], "late": [9, 11, 9],
           "broken": [None, 9, 9]}
@@ -279,7 +282,7 @@ def test_timing_drops_a_variant_once_it_loses_a_round(monkeypatch: pytest.Monkey
     assert np.isnan(rounds["broken"][0]) and "broken" not in times
     variants = [_timed(k, *times[k], rounds[k]) if k in times else _timed(k, None, None, [])
                 for k in ms]
-    chosen = _choose(variants[0], variants)
+    chosen = choose(variants[0], variants)
     assert chosen.name == "fast"
     assert "round 1" in variants[2].rejected and "round 2" in variants[3].rejected
     calls.clear()
@@ -318,6 +321,14 @@ def _fake_times(ms: dict[str, list[float]], calls: list[tuple[str, bool]]):
     return candidates, fake
 
 
+def _patch_times(monkeypatch: pytest.MonkeyPatch, fake) -> None:
+    """Time with ``fake`` wherever optimize times files: the candidates and the graph twins."""
+    from onnxmedic.optimize import candidates, graphs
+
+    for module in (candidates, graphs):
+        monkeypatch.setattr(module, "time_variants", fake)
+
+
 def test_cuda_graph_twin_faster_every_round_becomes_the_run_setting(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -328,13 +339,13 @@ def test_cuda_graph_twin_faster_every_round_becomes_the_run_setting(
     import json
 
     from onnxmedic.optimize import optimization_finding
-    from onnxmedic.optimize.candidates import GRAPH_SETTINGS, RUN_SETTINGS_KEY
+    from onnxmedic.optimize.graphs import GRAPH_SETTINGS, RUN_SETTINGS_KEY
 
     monkeypatch.setattr(sandbox, "providers", lambda target: ["CPUExecutionProvider"])
     calls: list[tuple[str, bool]] = []
     candidates, fake = _fake_times({"plain": [1.0, 1.0, 1.0],
                                     "plain+cuda-graph": [0.5, 0.52, 0.49]}, calls)
-    monkeypatch.setattr(candidates, "time_variants", fake)
+    _patch_times(monkeypatch, fake)
     model, x, path = _export(tmp_path)
     out = tmp_path / "o.onnx"
     res = optimize(path, model, (x,), out=out, target="cuda", pipelines=[], **FAST)
@@ -383,13 +394,13 @@ def test_cuda_graph_twin_is_rejected_with_its_reason(
     """A twin within noise, one that lost a round, one whose replays compute something else, one
     whose session dies: each is listed with its reason and no run setting is recorded;
     ``cuda_graph=False`` tries none."""
-    from onnxmedic.optimize.candidates import RUN_SETTINGS_KEY
+    from onnxmedic.optimize.graphs import RUN_SETTINGS_KEY
 
     monkeypatch.setattr(sandbox, "providers", lambda target: ["CPUExecutionProvider"])
     twin_ms = {"slower": [0.99, 0.98, 0.98], "lost a round": [0.6, 1.1, 0.6]}.get(
         why, [0.5, 0.5, 0.5])
     candidates, fake = _fake_times({"plain": [1.0, 1.0, 1.0], "plain+cuda-graph": twin_ms}, [])
-    monkeypatch.setattr(candidates, "time_variants", fake)
+    _patch_times(monkeypatch, fake)
     if why == "wrong replay":
         monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "corrupt:timing")
     if why == "crash":
@@ -418,8 +429,7 @@ def test_cuda_graph_deploy_compares_every_file_as_a_graph(
     fastest twin beating the plain file's twin - and the plain file itself - is written with its
     run settings. Where no twin beats the plain file nothing is recommended; where the plain
     file cannot run as a graph the files are compared without graphs."""
-    from onnxmedic.optimize import candidates
-    from onnxmedic.optimize.candidates import GRAPH_SETTINGS, RUN_SETTINGS_KEY
+    from onnxmedic.optimize.graphs import GRAPH_SETTINGS, RUN_SETTINGS_KEY
 
     monkeypatch.setattr(sandbox, "providers", lambda target: ["CPUExecutionProvider"])
     ms = {"plain": [1.0, 1.0, 1.0], "plain+cuda-graph": [0.6, 0.6, 0.6],
@@ -431,7 +441,7 @@ def test_cuda_graph_deploy_compares_every_file_as_a_graph(
         monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "segv:timing")
     calls: list[tuple[str, bool]] = []
     _, fake = _fake_times(ms, calls)
-    monkeypatch.setattr(candidates, "time_variants", fake)
+    _patch_times(monkeypatch, fake)
     model, x, path = _export(tmp_path)
     out = tmp_path / "o.onnx"
     pipes = [p for p in passes.default_pipelines("cuda") if p.name == "onnxscript-optimize"]
@@ -483,9 +493,9 @@ def test_a_convolutional_file_is_also_tried_as_an_nhwc_cuda_graph(
     graph without convolutions gets no such twin, and a refused NHWC twin says so."""
     import json
 
-    from onnxmedic.optimize import candidates, optimization_finding
-    from onnxmedic.optimize.bench import _graph_options
-    from onnxmedic.optimize.candidates import NHWC_OPTIONS, RUN_SETTINGS_KEY, twin_settings
+    from onnxmedic.optimize import optimization_finding
+    from onnxmedic.optimize.bench import graph_options
+    from onnxmedic.optimize.graphs import NHWC_OPTIONS, RUN_SETTINGS_KEY, twin_settings
 
     monkeypatch.setattr(sandbox, "providers", lambda target: ["CPUExecutionProvider"])
     asked: list[tuple[str, dict]] = []
@@ -505,7 +515,7 @@ def test_a_convolutional_file_is_also_tried_as_an_nhwc_cuda_graph(
         timed.append(dict(kw.get("cuda_options") or {}))
         return fake(paths, feed, **kw)
 
-    monkeypatch.setattr(candidates, "time_variants", fake_times)
+    _patch_times(monkeypatch, fake_times)
     torch.manual_seed(0)
     model, x = ConvNet().eval(), torch.randn(1, 3, 16, 16)
     path = tmp_path / "c.onnx"
@@ -530,7 +540,7 @@ def test_a_convolutional_file_is_also_tried_as_an_nhwc_cuda_graph(
         optimization_finding(res).message)
     meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
     assert json.loads(meta[RUN_SETTINGS_KEY]) == settings
-    assert _graph_options(out) == NHWC_OPTIONS  # what bench then times the graph with
+    assert graph_options(out) == NHWC_OPTIONS  # what bench then times the graph with
     # refused in NHWC (here: the fault injected into every graph session) - said so
     monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "segv:timing")
     res = optimize(path, model, (x,), target="cuda", pipelines=[], cuda_graph=mode, **FAST)
@@ -584,18 +594,22 @@ def test_a_file_the_cpu_stand_in_refuses_is_not_blamed_on_the_target() -> None:
     that it was the CPU - the target's provider may run it; one its type checks reject is
     invalid on any provider. Other rejections stay as they are, and with the target present
     nothing is added."""
-    from onnxmedic.optimize.candidates import REFUSED, Variant, _outcome
+    from onnxmedic.optimize import Rejection, Variant, Why
+    from onnxmedic.optimize.candidates import REFUSED, outcome
 
     def variants() -> list[Variant]:
         return [Variant("plain", verified=True), Variant("ok", verified=True),
-                Variant("fp16", "fp16", rejected=f"{REFUSED} (run_error: ScatterElements)"),
-                Variant("wrong", rejected="failed verification: y at set 0"),
-                Variant("typed", "fp16", rejected=f"{REFUSED} (load_error: Fail: Load model from "
-                        "m.onnx failed:Type Error: Type (tensor(float16)) of output arg (t) of "
-                        "node (transpose) does not match expected type (tensor(float)).)")]
+                Variant("fp16", "fp16", rejection=Rejection(
+                    Why.REFUSED, f"{REFUSED} (run_error: ScatterElements)")),
+                Variant("wrong", rejection=Rejection(Why.FAILED_VERIFICATION,
+                                                     "failed verification: y at set 0")),
+                Variant("typed", "fp16", rejection=Rejection(
+                    Why.REFUSED, f"{REFUSED} (load_error: Fail: Load model from m.onnx "
+                    "failed:Type Error: Type (tensor(float16)) of output arg (t) of node "
+                    "(transpose) does not match expected type (tensor(float)).)"))]
 
     vs = variants()
-    _outcome(vs[0], vs[0], vs, "cuda", "CUDAExecutionProvider is not available")
+    outcome(vs[0], vs[0], vs, "cuda", "CUDAExecutionProvider is not available")
     # a graph ONNX Runtime rejects while typing it is no provider's gap
     assert vs[4].rejected.endswith("(tensor(float)).) - the graph itself is invalid, on any "
                                    "provider")
@@ -604,5 +618,5 @@ def test_a_file_the_cpu_stand_in_refuses_is_not_blamed_on_the_target() -> None:
     assert vs[3].rejected == "failed verification: y at set 0"
     assert vs[1].rejected.startswith("verified on the CPU, not timed on cuda")
     vs = variants()
-    _outcome(vs[0], vs[0], vs, "cpu", None)
+    outcome(vs[0], vs[0], vs, "cpu", None)
     assert vs[2].rejected == f"{REFUSED} (run_error: ScatterElements)"

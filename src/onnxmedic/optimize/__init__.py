@@ -27,15 +27,8 @@ from onnxmedic.inputs import DEFAULT_SEED
 from onnxmedic.isa import split_target
 from onnxmedic.onnxfile import check_feeds, graph_io, make_feeds
 from onnxmedic.optimize.bench import BenchResult, bench
-from onnxmedic.optimize.candidates import (
-    DEFAULT_COSINE,
-    GRAPH_SUFFIX,
-    OptimizationResult,
-    Variant,
-    judge_reduced,
-    optimize_file,
-    time_variants,
-)
+from onnxmedic.optimize.candidates import optimize_file
+from onnxmedic.optimize.graphs import GRAPH_SUFFIX
 from onnxmedic.optimize.passes import (
     Pipeline,
     calibration_error,
@@ -43,6 +36,15 @@ from onnxmedic.optimize.passes import (
     ort_model_type,
     run_pipeline,
 )
+from onnxmedic.optimize.timing import time_variants
+from onnxmedic.optimize.variant import (
+    DEFAULT_COSINE,
+    OptimizationResult,
+    Rejection,
+    Variant,
+    Why,
+)
+from onnxmedic.optimize.verifier import Verifier, judge_reduced
 from onnxmedic.verify.input_sets import derived_input_sets, same_shape_sets, shape_variants
 from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.size_rules import rules_from_metadata
@@ -53,8 +55,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["DEFAULT_COSINE", "BenchResult", "bench", "OptimizationResult", "Pipeline", "Variant",
            "block_list_findings", "calibration_feeds", "default_pipelines",
            "given_calibration_feeds", "judge_reduced", "optimize", "optimize_file",
-           "ort_model_type", "parse_accuracy", "reference_sets", "run_pipeline",
-           "target_findings", "time_variants"]
+           "ort_model_type", "parse_accuracy", "reference_sets", "Rejection", "run_pipeline",
+           "target_findings", "time_variants", "Verifier", "Why"]
 
 
 

@@ -118,7 +118,7 @@ def bench(onnx_path: str | os.PathLike[str], feeds: dict[str, np.ndarray], *,
         raise ValueError(f"target {target!r}: choose one of {', '.join(PROVIDERS)}")
     if cuda_graph and target != "cuda":
         raise ValueError(f"cuda_graph is for target='cuda', not {target!r}")
-    settings = (_graph_options(onnx_path) if target == "cuda" and cuda_graph is not False
+    settings = (graph_options(onnx_path) if target == "cuda" and cuda_graph is not False
                 else None)
     if cuda_graph is None:
         cuda_graph = settings is not None
@@ -209,17 +209,17 @@ def _time_graph(res: BenchResult, onnx_path: str | os.PathLike[str],
 
 def _warmup_seconds(target: str) -> float:
     """How long the timing warms up at least: optimize's GPU_WARMUP_SECONDS on a GPU target."""
-    from onnxmedic.optimize.candidates import GPU_WARMUP_SECONDS
+    from onnxmedic.optimize.timing import GPU_WARMUP_SECONDS
 
     return GPU_WARMUP_SECONDS if target != "cpu" else 0.0
 
 
-def _graph_options(onnx_path: str | os.PathLike[str]) -> dict[str, str] | None:
+def graph_options(onnx_path: str | os.PathLike[str]) -> dict[str, str] | None:
     """Where the file's run settings (optimize's metadata) enable a CUDA graph: the other CUDA
     provider options they set ({} for none); None where they enable no graph."""
     import onnx
 
-    from onnxmedic.optimize.candidates import RUN_SETTINGS_KEY, twin_options
+    from onnxmedic.optimize.graphs import RUN_SETTINGS_KEY, twin_options
 
     try:
         proto = onnx.load(str(onnx_path), load_external_data=False)

@@ -8,6 +8,7 @@ numpy only (the pass child never imports torch, see _child.py).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
@@ -86,3 +87,19 @@ def load_feeds(path: str | Path) -> list[dict[str, np.ndarray]]:
     data = np.load(path)
     layout = json.loads(str(data["__layout__"]))
     return [{k: data[f"{i}_{j}"] for j, k in enumerate(keys)} for i, keys in enumerate(layout)]
+
+
+def same_graph(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Same nodes (with their attributes) and the same initializers (values included): a pass
+    that only rewrote a weight or an attribute did change the model."""
+    import onnx
+
+    def key(path: str | os.PathLike[str]) -> list[Any]:
+        g = onnx.load(str(path), load_external_data=False).graph
+        nodes = [(n.op_type, n.domain, list(n.input), list(n.output),
+                  [x.SerializeToString() for x in n.attribute]) for n in g.node]
+        inits = sorted((t.name, hashlib.sha256(t.SerializeToString()).hexdigest())
+                       for t in g.initializer)
+        return [nodes, inits]
+
+    return key(a) == key(b)

@@ -71,7 +71,7 @@ def name_nodes(src: str, dst: str) -> dict[str, Any]:
     return {"named": named}
 
 
-def _stats(a: np.ndarray) -> list[float]:
+def value_stats(a: np.ndarray) -> list[float]:
     """[max |x| over finite elements, share of the sum|x| of the non-fill elements (|x| <
     FILL_MIN) in 0 < |x| < FP16_TINY, count of such elements, nonzero count, max |x| over the
     finite non-fill elements]."""
@@ -121,7 +121,7 @@ def range_stats(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
     """A pass-pipeline step (runs in the pass child process): run ``src`` with its top-level
     node outputs exposed - about ``chunk_bytes`` of them per session, each session run on
     every feed of the ``feeds`` .npz - and return, per float32 value (node outputs, graph
-    inputs, initializers), the worst :func:`_stats` over the feeds. ``dst`` is not written."""
+    inputs, initializers), the worst :func:`value_stats` over the feeds. ``dst`` is not written."""
     import onnx
     from onnx import numpy_helper
 
@@ -130,12 +130,12 @@ def range_stats(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
     values: dict[str, list[float]] = {}
     for init in proto.graph.initializer:
         if init.data_type == onnx.TensorProto.FLOAT:
-            values[init.name] = _stats(numpy_helper.to_array(init))
+            values[init.name] = value_stats(numpy_helper.to_array(init))
     feed_list = load_feeds(feeds)
     for feed in feed_list:
         for k, a in feed.items():
             if a.dtype == np.float32:
-                values[k] = _merge(values.get(k), _stats(a))
+                values[k] = _merge(values.get(k), value_stats(a))
     graph_outputs = [o.name for o in proto.graph.output]
     exposed = list(dict.fromkeys(o for n in proto.graph.node for o in n.output
                                  if o and o not in graph_outputs))
@@ -145,7 +145,7 @@ def range_stats(src: str, dst: str, feeds: str, chunk_bytes: int = CHUNK_BYTES
             for feed in feed_list:
                 for name, a in zip(graph_outputs + chunk, sess.run(None, feed)):
                     if isinstance(a, np.ndarray) and a.dtype == np.float32:
-                        values[name] = _merge(values.get(name), _stats(a))
+                        values[name] = _merge(values.get(name), value_stats(a))
             del sess
     return {"values": values}
 

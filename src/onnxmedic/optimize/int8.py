@@ -423,7 +423,7 @@ def float_gains(src: str, dst: str, feeds: str, quantized: str, cosine: float,
         order = sorted(gains, key=lambda i: -gains[i]) + [i for i in range(len(layers))
                                                           if i not in gains]
         cap = exclusion_cap(len(layers), max_excluded)
-        predicted, curve = _fewest(run, order, cosine, cap, deadline)
+        predicted, curve = fewest_float32(run, order, cosine, cap, deadline)
         del run.session
     stopped = len(gains) < len(layers) or (predicted is None and (not curve or curve[-1][0] < cap))
     return {"errors": {layers[i]: g for i, g in gains.items()}, "predicted": predicted,
@@ -431,7 +431,7 @@ def float_gains(src: str, dst: str, feeds: str, quantized: str, cosine: float,
             "seconds": seconds - (deadline - time.monotonic()), "runs": run.runs}
 
 
-def _fewest(run: _Switched, order: list[int], cosine: float, cap: int, deadline: float
+def fewest_float32(run: _Switched, order: list[int], cosine: float, cap: int, deadline: float
             ) -> tuple[int | None, list[list[float]]]:
     """The fewest of ``order``'s first layers kept float32 whose worst cosine reaches
     ``cosine``: doubling up to ``cap``, then halving the gap to the last count that failed.

@@ -27,6 +27,7 @@ from onnxmedic.optimize.files import (
     save_ir,
     save_proto,
 )
+from onnxmedic.optimize.pass_infra import PassResult, Sequential, StepPass
 
 logger = logging.getLogger(__name__)
 
@@ -301,7 +302,7 @@ ORT_MODEL_TYPES = ("bart", "bert", "clip", "conformer", "gpt2", "gpt_neox", "qwe
                    "swin", "t5", "unet", "vae", "vit")
 # for the rest, the type optimum's exporter picks for the architecture (decoders as gpt2,
 # seq2seq as bart, vision transformers as vit, other encoders as bert)
-_ORT_TYPE_FAMILIES = {
+ORT_TYPE_FAMILIES = {
     "gpt2": ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gemma", "gemma2", "phi",
              "phi3", "falcon", "gptj", "gpt_neo", "gpt_bigcode", "bloom", "codegen", "granite",
              "olmo", "opt", "stablelm", "starcoder2", "smollm3"),
@@ -327,7 +328,7 @@ def ort_model_type(model: Any) -> str | None:
         if isinstance(name, str) and name:
             if name in ORT_MODEL_TYPES:
                 return name
-            for family, names in _ORT_TYPE_FAMILIES.items():
+            for family, names in ORT_TYPE_FAMILIES.items():
                 if name in names:
                     return family
             # other encoders with attention as bert; a CNN (resnet, convnext, regnet: no
@@ -403,7 +404,7 @@ def feed_reader(feeds: list[dict[str, Any]]) -> Any:
 STATIC_OPS = ("Conv", "MatMul", "Gemm")  # the layers static int8 quantizes and ranks
 
 
-def _with_producers(graph: Any, names: list[str]) -> list[str]:
+def with_producers(graph: Any, names: list[str]) -> list[str]:
     """``names`` and the layers (STATIC_OPS) whose outputs they read, through a Relu or Clip:
     ONNX Runtime's QDQ quantizer quantizes a value where either side of it is quantized (a
     Conv's output, with the Relu after it folded in), so a layer reads its input in float32
@@ -449,7 +450,7 @@ def quantize_static_int8(src: str, dst: str, calibration: str,
     before = op_counts(src)
     graph = onnx.load(src, load_external_data=False).graph
     layers = [n.name for n in graph.node if n.op_type in STATIC_OPS and n.name]
-    excluded = _with_producers(graph, list(nodes_to_exclude or []))
+    excluded = with_producers(graph, list(nodes_to_exclude or []))
 
     def run(op_types: list[str] | None) -> None:
         quantize_static(src, dst, feed_reader(feeds), quant_format=QuantFormat.QDQ,
@@ -639,46 +640,67 @@ def _int8_pipelines(convolutional: bool, isa: str | None = None) -> list[Pipelin
     return out
 
 
-def run_pipeline(pipe: Pipeline, src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
-                 timeout: float = DEFAULT_PASS_TIMEOUT) -> tuple[bool, list[dict[str, Any]], str]:
-    """Run ``pipe`` on ``src`` in a child process, writing ``dst``. Returns (ok, per-step info,
-    error). A crash, a hang past ``timeout`` or an exception is ``ok=False`` with the reason.
-    The child works in a scratch directory, removed after it: some tools dump files into the
-    current one (ONNX Runtime's symbolic shape inference, when incomplete)."""
+@dataclass
+class PipelineRun:
+    """How a pipeline ran in the pass child: ``ok``, each step's info (``{"step": spec, ...}``,
+    the steps that ended), the ``error`` (""), and whether the file written differs from the
+    source (``modified``: pass_infra.Sequential; False where it failed or wrote no model)."""
+
+    ok: bool
+    steps: list[dict[str, Any]]
+    error: str = ""
+    modified: bool = False
+
+
+def run_passes(pipe: Pipeline, src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+               timeout: float = DEFAULT_PASS_TIMEOUT, writes: bool = True) -> PipelineRun:
+    """Run ``pipe`` on ``src`` in a child process, writing ``dst`` (``writes=False``: measuring
+    steps, which write no model). A crash, a hang past ``timeout`` or an exception is
+    ``ok=False`` with the reason. The child works in a scratch directory, removed after it:
+    some tools dump files into the current one (ONNX Runtime's symbolic shape inference, when
+    incomplete)."""
     request = {"src": str(Path(src).absolute()), "dst": str(Path(dst).absolute()),
-               "steps": pipe.steps}
+               "steps": pipe.steps, "writes": writes}
     with tempfile.TemporaryDirectory(prefix="onnxmedic-pass-") as tmp:
         work = Path(tmp) / "cwd"
         work.mkdir()
         run = run_request(f"{_HERE}:run_child", request, tmp, cwd=work, timeout=timeout)
     if run.timed_out:
-        return False, [], f"the pass did not finish within {timeout:g} s and was killed"
+        return PipelineRun(False, [], f"the pass did not finish within {timeout:g} s and was "
+                                      "killed")
     if run.result is None:
         how = (f"signal {-run.returncode}" if run.returncode < 0
                else f"exit code {run.returncode}")
-        return False, [], f"the pass crashed ({how}): {' '.join(run.stderr_tail)[:300]}"
-    return run.result["ok"], run.result["steps"], run.result.get("error", "")
+        return PipelineRun(False, [], f"the pass crashed ({how}): "
+                                      f"{' '.join(run.stderr_tail)[:300]}")
+    return PipelineRun(run.result["ok"], run.result["steps"], run.result.get("error", ""),
+                       run.result.get("modified", False))
+
+
+def run_pipeline(pipe: Pipeline, src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+                 timeout: float = DEFAULT_PASS_TIMEOUT) -> tuple[bool, list[dict[str, Any]], str]:
+    """:func:`run_passes` as (ok, per-step info, error)."""
+    run = run_passes(pipe, src, dst, timeout=timeout)
+    return run.ok, run.steps, run.error
 
 
 def run_child(req_path: str, res_path: str) -> None:
-    """The pass child (run by _child.py): the request's steps, one after another."""
-    import importlib
-
+    """The pass child (run by _child.py): the request's steps, one after another, as passes
+    (pass_infra.StepPass in a pass_infra.Sequential)."""
     req = json.loads(Path(req_path).read_text())
+    writes = req.get("writes", True)
     infos: list[dict[str, Any]] = []
-    src = req["src"]
-    spec = ""
+
+    def ended(p: StepPass, result: PassResult) -> None:
+        infos.append({"step": p.spec, **result.info})
+
     try:
         with tempfile.TemporaryDirectory(prefix="onnxmedic-step-") as tmp:
-            for i, (spec, opts) in enumerate(req["steps"]):
-                mod, fn = spec.split(":")
-                last = i == len(req["steps"]) - 1
-                dst = req["dst"] if last else str(Path(tmp) / f"step{i}.onnx")
-                info = getattr(importlib.import_module(mod), fn)(src, dst, **opts) or {}
-                infos.append({"step": spec, **info})
-                src = dst
-        out = {"ok": True, "steps": infos}
+            steps = [StepPass(spec, opts, writes=writes) for spec, opts in req["steps"]]
+            done = Sequential(*steps, scratch=Path(tmp), on_pass=ended)(req["src"], req["dst"])
+        out = {"ok": True, "steps": infos, "modified": done.modified}
     except Exception as e:  # noqa: BLE001 - reported as a rejected variant
+        spec = req["steps"][len(infos)][0] if len(infos) < len(req["steps"]) else ""
         out = {"ok": False, "steps": infos, "error": step_error(spec, e)}
     Path(res_path).write_text(json.dumps(out))
 
