@@ -39,10 +39,16 @@ def _resolve(name: str) -> str | None:
     return None
 
 
-def _imports(mod: str, path: Path, top_level_only: bool) -> list[tuple[str, list[str], int]]:
-    """(imported module, names imported from it, line) for each onnxmedic import."""
+def _imports(mod: str, path: Path, top_level_only: bool, runtime_only: bool = False
+             ) -> list[tuple[str, list[str], int]]:
+    """(imported module, names imported from it, line) for each onnxmedic import
+    (``runtime_only``: not those under ``if TYPE_CHECKING``, for annotations only)."""
     tree = ast.parse(path.read_text())
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    typing_only = {id(n) for b in ast.walk(tree) if runtime_only and isinstance(b, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(b.test) for s in b.body
+                   for n in ast.walk(s)}
+    nodes = tree.body if top_level_only else [n for n in ast.walk(tree)
+                                              if id(n) not in typing_only]
     if top_level_only:  # also imports under a top-level `if`/`try` (not TYPE_CHECKING)
         extra = []
         for n in tree.body:
@@ -79,7 +85,7 @@ def _imports(mod: str, path: Path, top_level_only: bool) -> list[tuple[str, list
 def _graph(top_level_only: bool) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for mod, path in MODULES.items():
-        for target, _names, _line in _imports(mod, path, top_level_only):
+        for target, _names, _line in _imports(mod, path, top_level_only, runtime_only=True):
             dep = _resolve(target)
             if dep is not None and dep != mod:
                 graph[mod].add(dep)

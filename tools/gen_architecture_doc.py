@@ -17,6 +17,7 @@ logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
 from onnxmedic.pipeline import EXPORT_STAGES  # noqa: E402
 from onnxmedic.result import STAGES  # noqa: E402
+from onnxmedic.stages import EXPORT_STAGE_LIST  # noqa: E402
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 BEGIN, END = "<!-- stages:begin -->", "<!-- stages:end -->"
@@ -35,12 +36,19 @@ def first_sentence(fn: object) -> str:
 def render_table() -> str:
     """The generated part of the page: the export's stages in order, then the recorded ones."""
     lines = [BEGIN, "",
-             "| # | stage | function | when it fails | what it does |", "|---|---|---|---|---|"]
+             "| # | stage | records | function | when it fails | what it does |",
+             "|---|---|---|---|---|---|"]
+    records = dict(EXPORT_STAGE_LIST)
     for i, stage in enumerate(EXPORT_STAGES, 1):
         where = f"`{stage.run.__module__}.{stage.run.__qualname__}`"
         notice = ("stops; OM010: the file is not written" if stage.notice
                   else "the export stops")
-        lines.append(f"| {i} | `{stage.name}` | {where} | {notice} | {first_sentence(stage.run)} |")
+        if stage.wanted is not None:
+            why = first_sentence(stage.wanted)
+            notice = f"optional: {why[:1].lower()}{why[1:]}; never stops the export"
+        recorded = ", ".join(f"`{s}`" for s in records[stage.name]) or "-"
+        lines.append(f"| {i} | `{stage.name}` | {recorded} | {where} | {notice} | "
+                     f"{first_sentence(stage.run)} |")
     lines += ["", "The statuses a result records (`onnxmedic.result.STAGES`, the keys of "
               "`result.stages`): " + ", ".join(f"`{s}`" for s in STAGES) + ".", "", END]
     return "\n".join(lines)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from onnxmedic import borrow, sandbox
-from onnxmedic.context import ExportContext, ExportOptions
+from onnxmedic.context import ExportContext, ExportOptions, OptimizeRequest
 from onnxmedic.doctor import doctor_stages, run_stages
 from onnxmedic.findings import info, listed
 from onnxmedic.fixes.opset import parse_ort_version
@@ -119,7 +119,7 @@ def _finish(result: ExportResult, report: str | os.PathLike[str] | None) -> Expo
 
 def _optimize_request(optimize: bool, precision: str, target: str,
                       accuracy: str | float | None, cuda_graph: bool | str,
-                      calibration: Any = None) -> dict[str, Any] | None:
+                      calibration: Any = None) -> OptimizeRequest | None:
     """export()'s optimize options, checked before anything runs (ValueError); None without
     ``optimize``."""
     _check_choice("export", "precision", precision, ("fp32", "fp16", "int8"))
@@ -128,7 +128,7 @@ def _optimize_request(optimize: bool, precision: str, target: str,
     if not optimize:
         return None
     from onnxmedic.optimize import parse_accuracy
-    from onnxmedic.optimize.candidates import graph_mode
+    from onnxmedic.optimize.graphs import graph_mode
 
     try:
         if bad := precision_error(precision, target):
@@ -137,25 +137,13 @@ def _optimize_request(optimize: bool, precision: str, target: str,
         mode = graph_mode(cuda_graph)
     except ValueError as e:
         raise ValueError(f"onnxmedic.export: {e}") from None
-    return {"precision": precision, "accuracy": accuracy, "cuda_graph": mode,
-            "calibration": calibration, "target": target}
-
-
-def _optimize_written(result: ExportResult, model: Any, args: tuple[Any, ...],
-                      kwargs: dict[str, Any], opts: ExportOptions,
-                      optimizing: dict[str, Any]) -> None:
-    from onnxmedic.optimize import attach_to_export
-
-    if opts.on_stage is not None and result.ok and result.path:
-        opts.on_stage("optimize")
-    with result.timed("optimize"):
-        attach_to_export(result, model, args, kwargs, timeout=opts.timeout, **optimizing)
+    return OptimizeRequest(precision=precision, target=target, accuracy=accuracy,
+                           cuda_graph=mode, calibration=calibration)
 
 
 def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
-                    kwargs: dict[str, Any], opts: ExportOptions,
-                    optimizing: dict[str, Any] | None) -> None:
-    """Run the export stages (and the optimize step) with the model in eval mode; each
+                    kwargs: dict[str, Any], opts: ExportOptions) -> None:
+    """Run the export stages (optimize too, where asked for) with the model in eval mode; each
     submodule's own training flag is restored afterwards, whatever happens."""
     was_training = isinstance(model, torch.nn.Module) and model.training
     # each submodule's own flag, restored exactly below (not model.train(True))
@@ -176,8 +164,6 @@ def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
             finally:
                 if worker is not None:
                     worker.close()
-            if optimizing:  # after the write: the verified file is replaced only by a faster one
-                _optimize_written(result, model, args, kwargs, opts, optimizing)
     finally:
         if was_training:
             borrow.restore_modes(modes)
@@ -263,12 +249,12 @@ def export(
                          verify=verify, keep_unverified=keep_unverified, timeout=timeout,
                          tolerance=tolerance, explain=explain, dtype_policy=dtype_policy,
                          ort_version=parse_ort_version(ort_version, "export"),
-                         localize=localize, on_stage=on_stage)
+                         localize=localize, on_stage=on_stage, optimize=optimizing)
     result = ExportResult(command="export", model=model_spec or type(model).__name__,
                           inputs=list(input_specs or []))
     if _report_problem(result, report):
         return result
-    _export_in_eval(result, model, args, kwargs, opts, optimizing)
+    _export_in_eval(result, model, args, kwargs, opts)
     if repro is not None and not result.ok:
         _write_repro(result, repro, model_spec, args, kwargs, {
             "dynamic_shapes": dynamic_shapes, "target": target, "opset": opset,

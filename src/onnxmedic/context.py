@@ -3,23 +3,53 @@ have made so far (ExportContext). Stages read and fill it; pipeline.py runs them
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
+import torch
 
-from onnxmedic import borrow
+from onnxmedic import borrow, sandbox
+from onnxmedic.findings import Finding
 from onnxmedic.inputs import Inputs
 from onnxmedic.result import ExportResult
+
+# torch.export's dynamic_shapes (a dict by argument name, or a tuple/list by position), or the
+# string forms export() takes ("auto"; dims named by strings)
+DynamicShapes: TypeAlias = "dict[str, Any] | tuple[Any, ...] | list[Any] | str"
+
+
+@dataclass(frozen=True)
+class OptimizeRequest:
+    """``export(..., optimize=True)``'s options for the optimize stage, checked by api.export
+    (see onnxmedic.optimize.optimize)."""
+
+    precision: str = "fp32"
+    target: str = "cpu"  # as given: "cpu:avx2" names the int8 settings' instruction set
+    accuracy: str | float | None = None
+    cuda_graph: str = "auto"  # optimize.graphs.GRAPH_MODES
+    calibration: Any = None  # input sets for static int8 (optimize's calibration=)
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """A stage's request to run the pipeline again from the earlier stage ``start`` (one it
+    declares in its ``Stage.reruns``), and the finding that says why. The driver, not the
+    stage, replaces what the stages run again had found."""
+
+    start: str
+    finding: Finding
 
 
 @dataclass
 class ExportOptions:
     """export()'s options, checked by api.export."""
 
-    f: Any = None
-    dynamic_shapes: Any = None
+    f: str | os.PathLike[str] | None = None
+    dynamic_shapes: DynamicShapes | None = None
     target: str = "cpu"
     opset: int | None = None
     verify: bool = True
@@ -30,7 +60,9 @@ class ExportOptions:
     dtype_policy: str = "upcast"
     ort_version: tuple[int, int] | None = None
     localize: bool = True
-    on_stage: Any = None  # called with each stage's name as it starts (progress display)
+    # called with each stage's name as it starts (progress display)
+    on_stage: Callable[[str], None] | None = None
+    optimize: OptimizeRequest | None = None  # the optional optimize stage, when asked for
 
 
 @dataclass
@@ -38,29 +70,33 @@ class ExportContext:
     """One export in progress."""
 
     result: ExportResult
-    model: Any
+    model: torch.nn.Module | torch.export.ExportedProgram
     given_args: tuple[Any, ...]  # pristine copies of the example inputs (never run)
     given_kwargs: dict[str, Any]
     opts: ExportOptions
-    worker: Any = None  # sandbox.Worker started ahead (imports ONNX Runtime during capture)
-    state: Any = None  # borrow.State: the model as export found it (put back at the end)
+    # started ahead: it imports ONNX Runtime during capture
+    worker: sandbox.Worker | None = None
+    state: borrow.State | None = None  # the model as export found it (put back at the end)
     expected: list[np.ndarray] | None = None  # the example's outputs in PyTorch (preflight)
     opset: int | None = None  # the opset to export (fixes.opset.plan_opset, resolve_opset)
     opset_bound: str = "asked for"  # what set it
     opset_lowered_from: int | None = None  # the default opset, when kernels lowered it (OM325)
-    program: Any = None  # the captured ExportedProgram
-    str_dims: Any = None  # string dims to rename the ONNX axes to
-    requested_dims: Any = None  # the dynamic shapes asked for ("auto"/dynamic_axes completed)
+    program: torch.export.ExportedProgram | None = None  # what capture made
+    str_dims: DynamicShapes | None = None  # string dims to rename the ONNX axes to
+    # the dynamic shapes asked for ("auto"/dynamic_axes completed)
+    requested_dims: DynamicShapes | None = None
     branch_probe: bool = False  # capture specialised a data-dependent branch
     mask_probe: bool = False  # capture took a branch through a boolean mask (capture.masked)
     # (input dim, guard, stack) of the capture's guards that divide an input dim (``//``, Mod)
-    size_guards: list[Any] = field(default_factory=list)
+    size_guards: list[tuple[str, str, list[Any]]] = field(default_factory=list)
     auto_dims: bool = False  # dynamic_shapes="auto"
-    onnx_program: Any = None  # torch.onnx.ONNXProgram
+    onnx_program: torch.onnx.ONNXProgram | None = None
     tmp_dir: Path | None = None  # the model is saved here until it is published
     onnx_path: Path | None = None
     verified: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    rerun: Rerun | None = None  # set by a stage that asks to run earlier stages again
+    # capture on fake weights: the model's real tensors by name, bound in at translation
+    real_weights: dict[str, torch.Tensor] | None = None
 
     @property
     def args(self) -> tuple[Any, ...]:

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from onnxmedic.findings import Finding, OnnxMedicError, ResultCodes, error
+from onnxmedic.stages import STATUSES
 
-STAGES = ("preflight", "capture", "translate", "check", "fix", "runtime", "compare", "write")
+STAGES = STATUSES  # the statuses an export records (stages.EXPORT_STAGE_LIST)
 NOT_RUN, PASSED, FAILED = "not run", "passed", "failed"
 
 

@@ -407,7 +407,7 @@ def translate_stage(ctx: Any) -> bool:
                 result.inventory = op_inventory(ctx.program, opset=ctx.opset)
             except Exception as e:  # the translate stage reports decomposition failures
                 logger.debug("op inventory failed: %s", e)
-    weights = ctx.extra.get("real_weights")
+    weights = ctx.real_weights
     with result.stage(STAGE) as st:
         try:
             tr = translate(ctx.program, ctx.args, ctx.kwargs, opset=ctx.opset, weights=weights)

@@ -228,9 +228,12 @@ def test_export_optimize_passes_the_calibration_sets_on(
     asked = []
     monkeypatch.setattr(candidates, "default_pipelines", lambda *a, **k: asked.append(a) or [])
     model, x = torch.nn.Linear(4, 2).eval(), torch.randn(3, 4)
+    seen: list[str] = []
     res = onnxmedic.export(model, (x,), tmp_path / "a.onnx", optimize=True, precision="int8",
-                           calibration=[torch.randn(3, 4)], cuda_graph="off")
+                           calibration=[torch.randn(3, 4)], cuda_graph="off",
+                           on_stage=seen.append)
     assert res.ok and asked == [("cpu", "int8", None, True)]
+    assert seen[-2:] == ["write", "optimize"]  # the pipeline's optional last stage
     res = onnxmedic.export(model, (x,), tmp_path / "b.onnx", optimize=True, precision="int8",
                            calibration=[torch.randn(3, 4, 5)], cuda_graph="off")
     bad = next(f for f in res.findings if f.code == "OM008")

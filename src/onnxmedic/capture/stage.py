@@ -131,7 +131,7 @@ def _wants_fake_weights(model: torch.nn.Module) -> tuple[int, int] | None:
 def _fake_capture(ctx: ExportContext, dims: Any, sizes: tuple[int, int]) -> list[Any] | None:
     """Capture on fake weights (the strategies that need no values); the attempts when one
     worked and every tensor of the program has a real counterpart to bind (the real tensors
-    are kept in ``ctx.extra["real_weights"]`` for translation), else None (said why)."""
+    are kept in ``ctx.real_weights`` for translation), else None (said why)."""
     result = ctx.result
     try:
         with fake_weights(ctx.model, ctx.args, ctx.kwargs) as (fargs, fkwargs, real):
@@ -149,7 +149,7 @@ def _fake_capture(ctx: ExportContext, dims: Any, sizes: tuple[int, int]) -> list
         result.skip_reason("capture on fake weights", "tensor(s) the model's own cannot be "
                            f"bound to (made while it runs, or complex): {listed(unbound, 5)}")
         return None
-    ctx.extra["real_weights"] = real
+    ctx.real_weights = real
     need, avail = sizes
     result.findings.append(info(
         "OM515", STAGE, f"the model's weights take {need / 2**30:.2f} GiB, more than "

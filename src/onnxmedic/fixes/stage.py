@@ -11,7 +11,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxmedic import checks
-from onnxmedic.context import ExportContext
+from onnxmedic.context import ExportContext, Rerun
 from onnxmedic.findings import Severity, info, warning
 from onnxmedic.fixes import dtypes as fx
 from onnxmedic.fixes import try_fix
@@ -61,8 +61,6 @@ def fix_stage(ctx: ExportContext) -> bool:
 
 
 _SOFT = ("soft", "cpu-fallback", "trt-fallback")
-# the stages translated again at a lower opset, whose first findings are dropped
-_RETRANSLATED = ("translate", "check", STAGE)
 
 
 def can_lower_opset(ctx: ExportContext, gaps: list[Any]) -> bool:
@@ -73,25 +71,21 @@ def can_lower_opset(ctx: ExportContext, gaps: list[Any]) -> bool:
 
 
 def lowered_opset(ctx: ExportContext, gaps: list[Any]) -> bool:
-    """Translate, check and fix again at the newest opset whose op versions ONNX Runtime runs
+    """Ask the pipeline to translate, check and fix again (``ctx.rerun``, from the translate
+    stage, as the fix stage declares) at the newest opset whose op versions ONNX Runtime runs
     (RandomUniformLike-22 has no kernel; opset 21's RandomUniformLike-1 has): the default opset
     is the highest the target supports, and these ops say it is lower (OM325)."""
-    from onnxmedic.checks import save_and_check_stage
-    from onnxmedic.translate import translate_stage
-
-    result = ctx.result
     ops = sorted({f"{g.op}-{g.since_version}" for g in gaps})
     ctx.opset_lowered_from, old = ctx.opset, ctx.opset
     ctx.opset = min(g.lower_opset for g in gaps)
     ctx.opset_bound = f"ONNX Runtime's kernels for {', '.join(ops)}"
-    result.findings[:] = [f for f in result.findings if f.stage not in _RETRANSLATED]
-    result.findings.append(info(
+    ctx.rerun = Rerun("translate", info(
         "OM325", STAGE, f"ONNX Runtime has no kernel for {', '.join(ops)} (node(s) "
         f"{', '.join(sorted({g.node for g in gaps})[:5])}) at opset {old}, but has one for the "
         f"op's previous version: translated again at opset {ctx.opset}.",
         suggestion=f"Nothing to do; pass opset={ctx.opset} to skip the first translation.",
         details={"from": old, "to": ctx.opset, "ops": ops}))
-    return translate_stage(ctx) and save_and_check_stage(ctx) and fix_stage(ctx)
+    return True
 
 
 def _not_fixed_warnings(report: Any, target: str, model: Any) -> list[Any]:
