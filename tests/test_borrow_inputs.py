@@ -16,7 +16,7 @@ from torch import nn
 import onnxmedic
 from onnxmedic import borrow
 from onnxmedic.context import ExportContext, ExportOptions
-from onnxmedic.pipeline import _preflight
+from onnxmedic.preflight import export_preflight
 from onnxmedic.result import ExportResult
 from onnxmedic.verify.input_sets import derived_input_sets
 from onnxmedic.verify.reference import reference_outputs
@@ -165,7 +165,7 @@ def test_every_run_of_the_model_gets_its_own_inputs(writes: list[str], seed: int
     with torch.no_grad():
         plain = model(*borrow.copy_inputs(args), **borrow.copy_inputs(kwargs))
     ctx = ExportContext(ExportResult(command="export"), model, args, kwargs, ExportOptions())
-    assert _preflight(ctx)
+    assert export_preflight(ctx)
     assert borrow.same_inputs(given_, (args, kwargs))
     assert torch.equal(torch.from_numpy(ctx.expected[0]), plain)
     om013 = [f for f in ctx.result.findings if f.code == "OM013"]

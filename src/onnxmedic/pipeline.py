@@ -17,7 +17,7 @@ from onnxmedic.fixes.opset import plan_opset
 from onnxmedic.fixes.stage import fix_stage
 from onnxmedic.onnxfile import not_written_finding, output_stage, write_stage
 from onnxmedic.optimize.stage import optimize_stage, optimize_wanted
-from onnxmedic.preflight import first_call_state, preflight_stage
+from onnxmedic.preflight import export_preflight
 from onnxmedic.result import FAILED
 from onnxmedic.stages import STAGE_NAMES
 from onnxmedic.translate import translate_stage
@@ -38,19 +38,10 @@ class Stage:
     reruns: tuple[str, ...] = ()
 
 
-def _preflight(ctx: ExportContext) -> bool:
-    """Run the model eagerly on the example inputs; its outputs are the reference the later
-    stages compare with."""
-    ctx.expected = preflight_stage(ctx.result, ctx.model, ctx.args, ctx.kwargs)
-    if ctx.expected is not None:  # capture sees the state a plain call sees (OM125, OM126)
-        first_call_state(ctx.result, ctx.model, ctx.state)
-    return ctx.expected is not None
-
-
 _STAGES = (
     Stage("output", output_stage),  # the output path, before anything slow runs
     Stage("plan", plan_opset),  # the opset asked for against the runtime asked for
-    Stage("preflight", _preflight),
+    Stage("preflight", export_preflight),
     Stage("capture", capture_stage),
     Stage("translate", translate_stage),
     Stage("check", save_and_check_stage, notice=True),

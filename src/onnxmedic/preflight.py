@@ -16,6 +16,7 @@ import torch
 from onnxmedic import borrow
 from onnxmedic._locate import attribute_writes, location_from_exception
 from onnxmedic._tensors import describe, flatten_tensors, reference_mode, to_numpy
+from onnxmedic.context import ExportContext
 from onnxmedic.findings import Finding, error, info, listed, warning
 from onnxmedic.quantized import quantized_findings, quantized_outputs_finding
 
@@ -283,3 +284,12 @@ def first_call_state(result: Any, model: Any, state: borrow.State | None) -> Non
         location=lines[0] if lines else None,
         suggestion="Nothing to do. The model is left as it was before export.",
         details={"state": details, "restored": True}))
+
+
+def export_preflight(ctx: ExportContext) -> bool:
+    """Run the model eagerly on the example inputs; its outputs are the reference the later
+    stages compare with."""
+    ctx.expected = preflight_stage(ctx.result, ctx.model, ctx.args, ctx.kwargs)
+    if ctx.expected is not None:  # capture sees the state a plain call sees (OM125, OM126)
+        first_call_state(ctx.result, ctx.model, ctx.state)
+    return ctx.expected is not None
