@@ -24,16 +24,17 @@ IDS = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
 BARTLIKE = dict(IDS, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                 decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
                 max_position_embeddings=128, init_std=0.5)
-# Whisper: 16 mel bins, 1 s chunks -> 100 frames = 2 x max_source_positions
-WHISPER = dict(BARTLIKE, num_mel_bins=16, max_source_positions=50, max_target_positions=64,
+# Whisper: 16 mel bins, Whisper's 30 s chunks -> 3000 frames = 2 x max_source_positions (the
+# frames onnxruntime-genai's Whisper takes)
+WHISPER = dict(BARTLIKE, num_mel_bins=16, max_source_positions=1500, max_target_positions=64,
                begin_suppress_tokens=None, suppress_tokens=None, forced_decoder_ids=None)
-WHISPER_AUDIO = dict(feature_size=16, sampling_rate=16000, hop_length=160, chunk_length=1,
+WHISPER_AUDIO = dict(feature_size=16, sampling_rate=16000, hop_length=160, chunk_length=30,
                      n_fft=400)
 
 # name -> (model_type, config keys)
 ENCODER_DECODERS: dict[str, tuple[str, dict[str, Any]]] = {
     "t5": ("t5", dict(IDS, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
-                      num_heads=4, relative_attention_num_buckets=8, initializer_factor=3.0,
+                      num_heads=4, relative_attention_num_buckets=8, initializer_factor=1.5,
                       decoder_start_token_id=0)),  # [relative position bias]
     "bart": ("bart", dict(BARTLIKE, forced_eos_token_id=2)),  # [learned positions, offset 2]
     "marian": ("marian", dict(BARTLIKE, decoder_start_token_id=0)),  # [sinusoidal positions]
@@ -55,7 +56,7 @@ def build(name: str) -> torch.nn.Module:
 
 
 def feature_extractor() -> Any:
-    """The tiny Whisper's feature extractor (16 mel bins, 1 s of audio -> 100 frames)."""
+    """The tiny Whisper's feature extractor (16 mel bins, 30 s of audio -> 3000 frames)."""
     from transformers import WhisperFeatureExtractor
 
     return WhisperFeatureExtractor(**WHISPER_AUDIO)

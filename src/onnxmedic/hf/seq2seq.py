@@ -178,9 +178,9 @@ def decoder_example(model: torch.nn.Module, enc: dict[str, torch.Tensor], start:
     past = interleave(selfs, [c.detach().clone() for c in cross])
     bd, s = Dim("batch_size"), Dim("decoder_sequence_length")
     p, e = Dim("past_decoder_sequence_length"), Dim("encoder_sequence_length")
-    if mask is None:
-        e = Dim("encoder_sequence_length_out")
-    past_dims = [{0: bd, 2: p} if i % 4 < 2 else {0: bd, 2: e} for i in range(len(past))]
+    # audio: the encoder's output length is fixed (Whisper's max_source_positions)
+    cross_dims = {0: bd, 2: e} if mask is not None else {0: bd}
+    past_dims = [{0: bd, 2: p} if i % 4 < 2 else cross_dims for i in range(len(past))]
     args = (ids[:, EXAMPLE_PAST:].contiguous(), mask, past)
     shapes = ({0: bd, 1: s}, None if mask is None else {0: bd, 1: e}, past_dims)
     return args, shapes

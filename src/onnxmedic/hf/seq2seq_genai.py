@@ -89,8 +89,8 @@ def write_genai_config(result: Any, model: Any, tokenizer: Any, folder: Path,
     return True
 
 
-def genai_generation(folder: Path, check: Any, inputs: list[dict[str, Any]], steps: int,
-                     timeout: float) -> None:
+def genai_generation(folder: Path, check: Any, inputs: list[dict[str, Any]], start: int,
+                     steps: int, timeout: float) -> None:
     """onnxruntime-genai generating from ``folder`` (a child process), fed each input's
     features, must give PyTorch's tokens."""
     if not gen_verify.genai_available():
@@ -105,7 +105,8 @@ def genai_generation(folder: Path, check: Any, inputs: list[dict[str, Any]], ste
             path = Path(tmp) / f"features{i}.npy"
             np.save(path, enc["input_features"].numpy())
             files.append(str(path))
-        spec = json.dumps({"features": files, "steps": steps})
+        spec = json.dumps({"features": files, "input": "input_features", "start": start,
+                           "steps": steps})
         try:
             proc = subprocess.run([sys.executable, str(CHILD), str(folder), spec],
                                   capture_output=True, text=True, timeout=timeout)

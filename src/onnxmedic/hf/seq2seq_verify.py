@@ -290,5 +290,5 @@ def verify_seq2seq(folder: str | Path, model: Any, tokenizer: Any = None, proces
     if genai and check.ok and (folder / "genai_config.json").is_file():
         from onnxmedic.hf import seq2seq_genai
 
-        seq2seq_genai.genai_generation(folder, check, inputs, steps, timeout)
+        seq2seq_genai.genai_generation(folder, check, inputs, start, steps, timeout)
     return check
