@@ -38,7 +38,7 @@ import onnx
 import torch
 
 from onnxmedic import sandbox
-from onnxmedic.findings import error, info
+from onnxmedic.findings import InputError, error, info
 from onnxmedic.hf.generation import flat_cache, put_in_place
 from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD
 from onnxmedic.result import STAGES, ExportResult, stages_of
@@ -129,6 +129,11 @@ class DecoderWithPast(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor | None,
                 past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return self.step(input_ids, encoder_attention_mask, past)
+
+    def step(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor | None,
+             past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The step itself (forward's, with or without the encoder's mask)."""
         from transformers import DynamicCache, EncoderDecoderCache
 
         if encoder_attention_mask is not None:
@@ -144,6 +149,23 @@ class DecoderWithPast(torch.nn.Module):
         out = self.model(decoder_input_ids=input_ids, encoder_outputs=(placeholder,),
                          past_key_values=cache, use_cache=True, **kw)
         return out.logits, split_cache(out.past_key_values)[0]
+
+
+class AudioDecoderWithPast(DecoderWithPast):
+    """An audio encoder-decoder's step (Whisper): no encoder mask among the inputs - the
+    encoder's output has a fixed length and no padding."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model, mask=False)
+
+    def forward(self, input_ids: torch.Tensor,  # type: ignore[override]
+                past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return self.step(input_ids, None, past)
+
+
+def decoder_module(model: torch.nn.Module, mask: bool) -> DecoderWithPast:
+    """The decoder step's module: with the encoder mask (text), or without (audio)."""
+    return DecoderWithPast(model, True) if mask else AudioDecoderWithPast(model)
 
 
 def encoder_example(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None
@@ -169,7 +191,7 @@ def decoder_example(model: torch.nn.Module, enc: dict[str, torch.Tensor], start:
     mask = enc.get("attention_mask")
     with torch.no_grad():
         hidden, cross = EncoderWithCross(model, start)(enc[main_input(model)], mask)
-        out = DecoderWithPast(model, mask is not None)(
+        out = DecoderWithPast(model, mask is not None).step(
             ids[:, :1], mask, interleave([c[:, :, :0] for c in cross], cross))
         past_out = model(decoder_input_ids=ids[:, :EXAMPLE_PAST], encoder_outputs=(hidden,),
                          attention_mask=mask, use_cache=True).past_key_values
@@ -181,9 +203,10 @@ def decoder_example(model: torch.nn.Module, enc: dict[str, torch.Tensor], start:
     # audio: the encoder's output length is fixed (Whisper's max_source_positions)
     cross_dims = {0: bd, 2: e} if mask is not None else {0: bd}
     past_dims = [{0: bd, 2: p} if i % 4 < 2 else cross_dims for i in range(len(past))]
-    args = (ids[:, EXAMPLE_PAST:].contiguous(), mask, past)
-    shapes = ({0: bd, 1: s}, None if mask is None else {0: bd, 1: e}, past_dims)
-    return args, shapes
+    if mask is None:
+        return (ids[:, EXAMPLE_PAST:].contiguous(), past), ({0: bd, 1: s}, past_dims)
+    return (ids[:, EXAMPLE_PAST:].contiguous(), mask, past), ({0: bd, 1: s}, {0: bd, 1: e},
+                                                             past_dims)
 
 
 def encoder_shapes(enc: dict[str, torch.Tensor], main: str) -> tuple[Any, ...]:
@@ -282,7 +305,7 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
                                        encoder_shapes(enc, main), raw / ENCODER, opset, timeout)}
         if subs["encoder"].ok:
             dargs, dshapes = decoder_example(model, enc, start)
-            subs["decoder"] = _export_one(result, "decoder", DecoderWithPast(model, mask), dargs,
+            subs["decoder"] = _export_one(result, "decoder", decoder_module(model, mask), dargs,
                                           dshapes, raw / DECODER, opset, timeout)
     failed = next((k for k, v in subs.items() if not v.ok), None)
     if failed is not None:
@@ -294,7 +317,7 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
                       f"onnxmedic.hf.seq2seq.{'EncoderWithCross' if failed == 'encoder' else 'DecoderWithPast'}"
                       "(model) reproduces it."))
         return None
-    past = dargs[2]
+    past = dargs[-1]
     names = io_names(len(past) // 4, mask, main)
     for which, fname in (("encoder", ENCODER), ("decoder", DECODER)):
         proto = onnx.load(str(raw / fname))
@@ -366,7 +389,8 @@ def export_seq2seq(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
     return result
 
 
-def _preflight(result: ExportResult, model: Any, out: Path, task: str) -> bool:
+def _preflight(result: ExportResult, model: Any, out: Path, task: str, tokenizer: Any,
+               processor: Any) -> bool:
     why = _not_a_seq2seq(model, task)
     if why is not None:
         result.fail("preflight", error(
@@ -386,12 +410,18 @@ def _preflight(result: ExportResult, model: Any, out: Path, task: str) -> bool:
         result.fail("write", error("OM006", "write", f"cannot write {out}: the folder "
                                    f"{out.parent} does not exist."))
         return False
+    try:  # the inputs the task takes (OM826: audio features the encoder cannot take)
+        encoder_example(model, tokenizer, processor)
+    except InputError as e:
+        e.finding.stage = "preflight"
+        result.fail("preflight", e.finding)
+        return False
     return True
 
 
 def _export_package(result: ExportResult, model: Any, out: Path, task: str,
                     opts: dict[str, Any]) -> None:
-    if not _preflight(result, model, out, task):
+    if not _preflight(result, model, out, task, opts["tokenizer"], opts["processor"]):
         return
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     was_training = model.training
@@ -406,8 +436,8 @@ def _export_package(result: ExportResult, model: Any, out: Path, task: str,
 def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path,
                      opts: dict[str, Any]) -> None:
     from onnxmedic.hf import seq2seq_genai
-    from onnxmedic.hf.seq2seq_verify import verify_seq2seq
     from onnxmedic.hf.seq2seq_inputs import default_processor
+    from onnxmedic.hf.seq2seq_verify import verify_seq2seq
 
     processor = opts["processor"]
     if processor is None and main_input(model) == "input_features":
@@ -418,6 +448,7 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path,
         result.findings.append(_not_written(out))
         return
     result.program = layout["programs"]["decoder"]
+    result.programs = layout["programs"]  # type: ignore[attr-defined]  # both graphs
     with result.stage("write", conclude=False):
         seq2seq_genai.write_genai_config(result, model, opts["tokenizer"], tmp, layout)
         files = write_side_files(model, opts["tokenizer"], opts["processor"] or (

@@ -219,9 +219,10 @@ def onnx_generation(folder: Path, layout: dict[str, Any], enc: dict[str, np.ndar
 def _args(feed: dict[str, np.ndarray], names: list[str]) -> tuple[Any, ...]:
     """The decoder program's arguments for a step's feed."""
     mask = feed.get("encoder_attention_mask")
-    return (torch.from_numpy(feed["input_ids"]),
-            torch.from_numpy(mask) if mask is not None else None,
-            [torch.from_numpy(feed[n]) for n in names])
+    past = [torch.from_numpy(feed[n]) for n in names]
+    if mask is None:  # an audio decoder (AudioDecoderWithPast)
+        return (torch.from_numpy(feed["input_ids"]), past)
+    return (torch.from_numpy(feed["input_ids"]), torch.from_numpy(mask), past)
 
 
 def _one_item(check: GenerationCheck, folder: Path, model: Any, layout: dict[str, Any],
@@ -244,7 +245,7 @@ def _one_item(check: GenerationCheck, folder: Path, model: Any, layout: dict[str
     bad = judge_encoder(check, model, start, enc, names, encoder, p)
     if bad is not None:
         if programs and programs.get("encoder") is not None:
-            args = (enc[main_input(model)], enc.get("attention_mask"))
+            args = tuple(enc[k] for k in (main_input(model), "attention_mask") if k in enc)
             gen_verify.localize_step(check, folder / ENCODER, programs["encoder"], _np(enc),
                                      f"input {p} encoder", timeout, args=args)
         return False
