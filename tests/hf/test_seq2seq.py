@@ -106,12 +106,20 @@ def _corrupt(pkg: Path, dst: Path, graph: str, output: str, scale: float) -> Pat
     return dst
 
 
-def test_corrupted_cross_attention_cache_is_caught(bart, tmp_path):
-    """A layer's cross-attention keys off by 2% in the encoder graph: the decoder graph is
-    right, but every step reads the wrong cache - named where it is (OM823), not as a
-    decoder step, and localised in the encoder graph."""
+def test_corrupted_cross_attention_weight_is_caught(bart, tmp_path):
+    """Layer 1's cross-attention key projection scaled by 1.02 in the encoder graph: the
+    decoder graph is right, but every step reads the wrong cache - named where it is (OM823),
+    not as a decoder step, and localised in the encoder graph (OM610)."""
     model, tok, result, pkg, _ = bart
-    bad = _corrupt(pkg, tmp_path / "bad", seq2seq.ENCODER, "present.1.encoder.key", 1.02)
+    bad = tmp_path / "bad"
+    shutil.copytree(pkg, bad)
+    proto = onnx.load(str(bad / seq2seq.ENCODER))
+    # the cross-attention projections read the encoder's output: k0, v0, k1, v1
+    weight = [n.input[1] for n in proto.graph.node
+              if n.op_type == "MatMul" and n.input[0] == "last_hidden_state"][2]
+    init = next(t for t in proto.graph.initializer if t.name == weight)
+    init.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(init) * 1.02, weight))
+    onnx.save(proto, str(bad / seq2seq.ENCODER))
     check = verify_seq2seq(bad, model, tok, steps=STEPS, prompts=["Return the list"],
                            programs=result.programs, genai=False)
     errors = [f for f in check.findings if f.severity.value == "error"]

@@ -262,7 +262,7 @@ def _not_a_seq2seq(model: Any, task: str) -> str | None:
         return f"{type(model).__name__} has no language-model head: it cannot generate"
     audio = main_input(model) == "input_features"
     if audio != task.startswith("automatic-speech"):
-        other = TASKS[0] if audio else TASKS[1]
+        other = TASKS[1] if audio else TASKS[0]
         return (f"{type(model).__name__} takes {main_input(model)}: it serves {other}, "
                 f"not {task}")
     return None
@@ -322,6 +322,7 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
     for which, fname in (("encoder", ENCODER), ("decoder", DECODER)):
         proto = onnx.load(str(raw / fname))
         rename_graph(proto, *names[which])
+        drop_unused_initializers(proto)
         save_graph(proto, tmp, fname)
     shutil.rmtree(raw)
     return {"encoder": ENCODER, "decoder": DECODER, "layers": len(past) // 4,
@@ -483,3 +484,20 @@ def _not_written(out: Path) -> Any:
                                                   if out.exists() else "") + ".",
                  suggestion="Fix the findings above, or pass keep_unverified=True to keep the "
                  "unverified package.")
+
+
+def drop_unused_initializers(proto: onnx.ModelProto) -> int:
+    """Remove the initializers no node reads (the encoder graph's copy of the decoder's
+    weights that the cross-attention cache does not need); returns how many."""
+    g = proto.graph
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    for n in g.node:  # subgraphs (If, Loop) read names of the outer graph too
+        for a in n.attribute:
+            if a.g is not None:
+                used |= {i for m in a.g.node for i in m.input}
+    keep = [t for t in g.initializer if t.name in used]
+    dropped = len(g.initializer) - len(keep)
+    if dropped:
+        del g.initializer[:]
+        g.initializer.extend(keep)
+    return dropped
