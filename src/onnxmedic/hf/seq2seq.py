@@ -276,9 +276,9 @@ def _export_one(result: ExportResult, which: str, module: torch.nn.Module, args:
 
     sub = onnxmedic.export(module.eval(), args, path, dynamic_shapes=shapes, opset=opset,
                            timeout=timeout, model_spec=f"{type(module.model).__name__} {which}")
-    for name, status in sub.stages.items():  # a stage failed in either graph stays failed
-        if result.stages.get(name) != "failed":
-            result.stages[name] = status
+    # a stage failed in either graph stays failed
+    result.stages.update({k: v for k, v in sub.stages.items()
+                          if result.stages.get(k) != "failed"})
     # shape variants that break the cross-attention rule are rejected by the wrapper (OM403)
     result.findings.extend(f for f in sub.findings
                            if not (f.code == "OM403" and CROSS_RULE in f.message))
