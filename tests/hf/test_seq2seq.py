@@ -131,6 +131,7 @@ def test_corrupted_cross_attention_weight_is_caught(bart, tmp_path):
     assert not [c for c in check.comparisons if "step" in c.input_set]
 
 
+@pytest.mark.slow  # the decoder-only suite covers a wrong self-attention cache by default
 def test_corrupted_self_attention_cache_is_caught(bart, tmp_path):
     """The decoder's grown self-attention cache off by 2%: the first step (past 0) is right,
     the next reads the wrong cache - caught at step 1 and localised in the decoder graph."""
