@@ -903,6 +903,46 @@ CODES: dict[str, CodeInfo] = {
         "each, so none is written. The package serves ONNX Runtime, verified by onnxmedic's "
         "generation loop, but not onnxruntime-genai.",
     ),
+    # OM821-OM834: encoder-decoder packages (hf/seq2seq.py, hf/seq2seq_verify.py)
+    "OM821": CodeInfo(
+        "encoder-decoder graph not exported", 1,
+        "text2text-generation-with-past / automatic-speech-recognition-with-past: the encoder "
+        "graph (the encoder and the cross-attention cache of its output) or the decoder graph "
+        "(one decoder step with its caches) did not export and verify with onnxmedic.export; "
+        "the message names which, the export's own findings say why. Nothing is written.",
+    ),
+    "OM822": CodeInfo(
+        "model cannot serve the encoder-decoder task", 1,
+        "text2text-generation-with-past needs an encoder-decoder with a language-model head "
+        "that takes text (AutoModelForSeq2SeqLM), automatic-speech-recognition-with-past one "
+        "that takes audio features (AutoModelForSpeechSeq2Seq); a decoder-only model, an "
+        "encoder, or the other modality's model cannot serve it.",
+    ),
+    "OM823": CodeInfo(
+        "encoder outputs outside budget", 1,
+        "In generation, the encoder graph's output (its hidden states or a layer's "
+        "cross-attention cache) is outside the float64-anchored budget: every decoder step "
+        "reads it, so the decoder steps are not judged; the first ONNX node of the encoder "
+        "graph outside its budget is localised (OM610).",
+    ),
+    "OM824": CodeInfo(
+        "no decoder start token", 1,
+        "The encoder-decoder names no decoder_start_token_id (generation_config.json or "
+        "config.json): its decoder has no first token to generate from.",
+    ),
+    "OM825": CodeInfo(
+        "no onnxruntime-genai model type", 0,
+        "onnxruntime-genai has no model type for this encoder-decoder (it serves Whisper alone "
+        "among them): the package has no genai_config.json and serves ONNX Runtime, verified "
+        "by onnxmedic's generation loop.",
+    ),
+    "OM826": CodeInfo(
+        "audio features the encoder cannot take", 1,
+        "The feature extractor's input_features do not have the mel bins and frames the audio "
+        "encoder takes (Whisper: num_mel_bins and 2 x max_source_positions), or no feature "
+        "extractor fits the config: the folder's preprocessor_config.json belongs to another "
+        "model, or is missing.",
+    ),
 }
 
 

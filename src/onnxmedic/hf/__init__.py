@@ -155,6 +155,8 @@ def _load_checkpoint(spec: Any, task: str | None, dtype: str, trust: bool) -> Lo
     extra = {"use_cache": False} if task == "text-generation" else {}
     model = checkpoint.load_model(ckpt, tasks.auto_class(task, ckpt.config), dtype, trust, extra)
     kind = {"audio": "audio"}.get(TASKS[task].modality if task in TASKS else "", "")
+    if task.startswith("automatic-speech-recognition"):
+        kind = "audio"  # the encoder-decoder's feature extractor
     if task in TASKS and TASKS[task].modality == "any" and \
             getattr(model, "main_input_name", "") == "input_values":
         kind = "audio"
@@ -280,6 +282,13 @@ def _export_generation(loaded: Loaded, f: Any, opset: Any, verify: bool, report:
     if f is None:
         raise ValueError("onnxmedic.export_pretrained: a *-with-past task writes a folder; "
                          "give it as f")
+    if loaded.task != "text-generation-with-past":  # an encoder-decoder (hf/seq2seq.py)
+        from onnxmedic.hf import seq2seq
+
+        return seq2seq.export_seq2seq(
+            loaded.model, f, tokenizer=loaded.tokenizer, processor=loaded.processor,
+            task=loaded.task, verify=verify, opset=opset, report=report,
+            timeout=options.get("timeout"))
     return generation.export_generation(
         loaded.model, f, tokenizer=loaded.tokenizer, task=loaded.task, verify=verify,
         opset=opset, report=report, timeout=options.get("timeout"))

@@ -93,6 +93,15 @@ def _neutral_config(model: Any, steps: int) -> Any:
                             output_logits=True, return_dict_in_generate=True)
 
 
+def neutral_config(model: Any, steps: int, **extra: Any) -> Any:
+    """The greedy-only GenerationConfig the verification generates with (``extra``: further
+    fields, e.g. an encoder-decoder's decoder_start_token_id)."""
+    cfg = _neutral_config(model, steps)
+    for key, value in extra.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
 def _first(value: Any) -> Any:
     return value[0] if isinstance(value, (list, tuple)) else value
 
@@ -245,15 +254,18 @@ def judge_prompt(check: GenerationCheck, p: int, n_prompt: int, torch_tokens: li
 
 
 def localize_step(check: GenerationCheck, path: Path, program: Any,
-                  feed: dict[str, np.ndarray], label: str, timeout: float) -> None:
+                  feed: dict[str, np.ndarray], label: str, timeout: float,
+                  args: tuple[Any, ...] | None = None) -> None:
     """Localise the failing step like any other mismatch (OM610: the first ONNX node outside
-    its budget, with the user's line), with the step's own feeds."""
+    its budget, with the user's line), with the step's own feeds (``args``: the program's
+    arguments for them; the decoder graph's when None)."""
     from onnxmedic.verify.localize import localize
 
-    names = [n for n in feed if n.startswith("past_key_values.")]
-    args = (torch.from_numpy(feed["input_ids"]), torch.from_numpy(feed["attention_mask"]),
-            torch.from_numpy(feed["position_ids"]) if "position_ids" in feed else None,
-            [torch.from_numpy(feed[n]) for n in names])
+    if args is None:
+        names = [n for n in feed if n.startswith("past_key_values.")]
+        args = (torch.from_numpy(feed["input_ids"]), torch.from_numpy(feed["attention_mask"]),
+                torch.from_numpy(feed["position_ids"]) if "position_ids" in feed else None,
+                [torch.from_numpy(feed[n]) for n in names])
     try:
         loc = localize(onnx.load(str(path), load_external_data=False), program, args,
                        feeds=feed, timeout=timeout, input_set=label, full=False,

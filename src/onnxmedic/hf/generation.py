@@ -231,6 +231,9 @@ def _put_in_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+put_in_place = _put_in_place  # the encoder-decoder packages (hf/seq2seq.py) use it too
+
+
 def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
                       tokenizer: Any = None, task: str = "text-generation-with-past",
                       verify: bool = True, steps: int = 8, prompts: Any = None,

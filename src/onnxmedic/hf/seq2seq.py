@@ -1,0 +1,503 @@
+"""``text2text-generation-with-past`` and ``automatic-speech-recognition-with-past``: an
+encoder-decoder (T5, BART, Marian, mBART, Whisper ...) as two ONNX graphs in a folder,
+verified by greedy generation against PyTorch (hf/seq2seq_verify.py).
+
+``encoder_model.onnx`` runs once per input: ``input_ids`` and ``attention_mask``
+([batch_size, encoder_sequence_length]; Whisper: ``input_features`` [batch_size, feature_size,
+encoder_sequence_length]) in, ``last_hidden_state`` and the cross-attention cache
+``present.{i}.encoder.key`` / ``.value`` ([batch_size, heads, encoder_sequence_length_out,
+head_size]: every decoder layer's keys and values of the encoder output, computed once) out.
+
+``decoder_with_past_model.onnx`` serves every decoder step, the first included (a past of
+length 0): ``input_ids`` [batch_size, decoder_sequence_length], ``encoder_attention_mask``
+(text models), ``past_key_values.{i}.decoder.key`` / ``.value`` (the self-attention cache,
+[batch_size, heads, past_decoder_sequence_length, head_size]) and
+``past_key_values.{i}.encoder.key`` / ``.value`` (the encoder's cross-attention cache) in;
+``logits`` and ``present.{i}.decoder.key`` / ``.value`` (the grown self-attention cache) out:
+the inputs, outputs and dim names of optimum's ``decoder_with_past_model.onnx``. The cross
+cache is the encoder graph's output, as onnxruntime-genai's Whisper encoder computes it, so
+one decoder graph serves all steps.
+
+The folder also holds the model's ``config.json`` and ``generation_config.json``, the
+tokenizer's files and the feature extractor's ``preprocessor_config.json``; for Whisper, the
+``genai_config.json`` of onnxruntime-genai's ``whisper`` model type (genai has no T5, BART or
+Marian model type: OM825). It is built beside ``out_dir`` and renamed into place only when
+verified.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from onnxmedic import sandbox
+from onnxmedic.findings import InputError, error, info
+from onnxmedic.hf.generation import flat_cache, put_in_place
+from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD
+from onnxmedic.result import STAGES, ExportResult, stages_of
+
+logger = logging.getLogger(__name__)
+
+TASKS = ("text2text-generation-with-past", "automatic-speech-recognition-with-past")
+ENCODER = "encoder_model.onnx"
+DECODER = "decoder_with_past_model.onnx"
+CROSS_RULE = "the encoder attention mask and the cross-attention cache cover the same positions"
+# example shapes of the decoder's export: batch 2, 3 new tokens after a past of 4, an encoder
+# output of 9 positions (all different: torch.export must not tie them)
+EXAMPLE_BATCH, EXAMPLE_NEW, EXAMPLE_PAST, EXAMPLE_ENCODER = 2, 3, 4, 9
+
+
+def split_cache(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The self-attention and the cross-attention caches of an ``EncoderDecoderCache`` as
+    flat [k0, v0, k1, v1, ...] lists."""
+    return flat_cache(cache.self_attention_cache), flat_cache(cache.cross_attention_cache)
+
+
+def interleave(selfs: list[torch.Tensor], cross: list[torch.Tensor]) -> list[torch.Tensor]:
+    """optimum's order: per layer decoder key, decoder value, encoder key, encoder value."""
+    out: list[torch.Tensor] = []
+    for i in range(0, len(selfs), 2):
+        out += [selfs[i], selfs[i + 1], cross[i], cross[i + 1]]
+    return out
+
+
+def main_input(model: torch.nn.Module) -> str:
+    """The encoder's main input: input_ids (text) or input_features (Whisper)."""
+    return str(getattr(model, "main_input_name", "input_ids") or "input_ids")
+
+
+def start_token(model: Any) -> int | None:
+    """The decoder's first token (decoder_start_token_id of the generation config or the
+    config), or None when neither says."""
+    for cfg in (getattr(model, "generation_config", None), model.config):
+        value = getattr(cfg, "decoder_start_token_id", None) if cfg is not None else None
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return None
+
+
+def hidden_size(model: Any) -> int:
+    cfg = model.config
+    return int(getattr(cfg, "d_model", None) or getattr(cfg, "hidden_size"))
+
+
+class EncoderWithCross(torch.nn.Module):
+    """The encoder and the decoder's cross-attention cache of its output: (input, mask) ->
+    (last_hidden_state, [cross k0, v0, k1, v1, ...]). The cache is what the model's own
+    cross-attention layers store on their first call (the decoder's token path feeds no
+    output, so the exported graph holds only the key and value projections)."""
+
+    def __init__(self, model: torch.nn.Module, start: int) -> None:
+        super().__init__()
+        self.model = model
+        self.start = start
+        self.main = main_input(model)
+
+    def forward(self, features: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        kw: dict[str, Any] = {self.main: features}
+        if attention_mask is not None:
+            kw["attention_mask"] = attention_mask
+        hidden = self.model.get_encoder()(**kw).last_hidden_state
+        first = torch.full((features.shape[0], 1), self.start, dtype=torch.long,
+                           device=features.device)
+        out = self.model(decoder_input_ids=first, encoder_outputs=(hidden,),
+                         attention_mask=attention_mask, use_cache=True)
+        return hidden, split_cache(out.past_key_values)[1]
+
+
+class DecoderWithPast(torch.nn.Module):
+    """One decoder step: (input_ids, encoder_attention_mask, [dec k0, dec v0, enc k0, enc v0,
+    ...]) -> (logits, [present dec k0, v0, ...]). The encoder output is not an input: the
+    cross-attention layers read the cache (a placeholder of the encoder output's shape tells
+    the model that cross-attention runs; no value of it is read)."""
+
+    def __init__(self, model: torch.nn.Module, mask: bool = True) -> None:
+        super().__init__()
+        self.model = model
+        self.takes_mask = mask
+        self.hidden = hidden_size(model)
+
+    def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor | None,
+                past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return self.step(input_ids, encoder_attention_mask, past)
+
+    def step(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor | None,
+             past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The step itself (forward's, with or without the encoder's mask)."""
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        if encoder_attention_mask is not None:
+            torch._check(encoder_attention_mask.shape[1] == past[2].shape[2],
+                         lambda: CROSS_RULE)
+        selfs = [(past[i], past[i + 1]) for i in range(0, len(past), 4)]
+        cross = [(past[i + 2], past[i + 3]) for i in range(0, len(past), 4)]
+        cache = EncoderDecoderCache(DynamicCache(selfs), DynamicCache(cross))
+        placeholder = past[2].new_zeros(input_ids.shape[0], past[2].shape[2], self.hidden)
+        kw: dict[str, Any] = {}
+        if self.takes_mask:
+            kw["attention_mask"] = encoder_attention_mask
+        out = self.model(decoder_input_ids=input_ids, encoder_outputs=(placeholder,),
+                         past_key_values=cache, use_cache=True, **kw)
+        return out.logits, split_cache(out.past_key_values)[0]
+
+
+class AudioDecoderWithPast(DecoderWithPast):
+    """An audio encoder-decoder's step (Whisper): no encoder mask among the inputs - the
+    encoder's output has a fixed length and no padding."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model, mask=False)
+
+    def forward(self, input_ids: torch.Tensor,  # type: ignore[override]
+                past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return self.step(input_ids, None, past)
+
+
+def decoder_module(model: torch.nn.Module, mask: bool) -> DecoderWithPast:
+    """The decoder step's module: with the encoder mask (text), or without (audio)."""
+    return DecoderWithPast(model, True) if mask else AudioDecoderWithPast(model)
+
+
+def encoder_example(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None
+                    ) -> dict[str, torch.Tensor]:
+    """The encoder's example inputs (batch 2): two texts through the tokenizer (padded), ids
+    from the config without one; Whisper: two tones through the feature extractor."""
+    from onnxmedic.hf import seq2seq_inputs
+
+    return seq2seq_inputs.encoder_inputs(model, tokenizer, processor, batch=EXAMPLE_BATCH)
+
+
+def decoder_example(model: torch.nn.Module, enc: dict[str, torch.Tensor], start: int
+                    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The decoder graph's example inputs (a real past of EXAMPLE_PAST tokens and the cross
+    cache of ``enc``, the encoder's example) and their dynamic shapes."""
+    from torch.export import Dim
+
+    g = torch.Generator().manual_seed(0)
+    vocab = int(model.config.vocab_size)
+    b = enc[main_input(model)].shape[0]
+    ids = torch.randint(min(4, vocab - 1), vocab, (b, EXAMPLE_PAST + EXAMPLE_NEW), generator=g)
+    ids[:, 0] = start
+    mask = enc.get("attention_mask")
+    with torch.no_grad():
+        hidden, cross = EncoderWithCross(model, start)(enc[main_input(model)], mask)
+        out = DecoderWithPast(model, mask is not None).step(
+            ids[:, :1], mask, interleave([c[:, :, :0] for c in cross], cross))
+        past_out = model(decoder_input_ids=ids[:, :EXAMPLE_PAST], encoder_outputs=(hidden,),
+                         attention_mask=mask, use_cache=True).past_key_values
+    del out
+    selfs = [t.detach().clone() for t in split_cache(past_out)[0]]
+    past = interleave(selfs, [c.detach().clone() for c in cross])
+    bd, s = Dim("batch_size"), Dim("decoder_sequence_length")
+    p, e = Dim("past_decoder_sequence_length"), Dim("encoder_sequence_length")
+    # audio: the encoder's output length is fixed (Whisper's max_source_positions)
+    cross_dims = {0: bd, 2: e} if mask is not None else {0: bd}
+    past_dims = [{0: bd, 2: p} if i % 4 < 2 else cross_dims for i in range(len(past))]
+    if mask is None:
+        return (ids[:, EXAMPLE_PAST:].contiguous(), past), ({0: bd, 1: s}, past_dims)
+    return (ids[:, EXAMPLE_PAST:].contiguous(), mask, past), ({0: bd, 1: s}, {0: bd, 1: e},
+                                                             past_dims)
+
+
+def encoder_shapes(enc: dict[str, torch.Tensor], main: str) -> tuple[Any, ...]:
+    """The encoder's dynamic dims: text [batch_size, encoder_sequence_length]; audio features
+    [batch_size, feature_size, frames] with the frames fixed (Whisper's encoder takes exactly
+    2 x max_source_positions of them)."""
+    from torch.export import Dim
+
+    b = Dim("batch_size")
+    if main == "input_ids":
+        e = Dim("encoder_sequence_length")
+        return ({0: b, 1: e}, {0: b, 1: e}) if "attention_mask" in enc else ({0: b, 1: e},)
+    return ({0: b},)
+
+
+def io_names(n_layers: int, mask: bool, main: str) -> dict[str, tuple[list[str], list[str]]]:
+    """The graphs' input and output names (optimum's), in the wrappers' order."""
+    cross = [f"present.{i}.encoder.{kv}" for i in range(n_layers) for kv in ("key", "value")]
+    past = [f"past_key_values.{i}.{part}.{kv}" for i in range(n_layers)
+            for part in ("decoder", "encoder") for kv in ("key", "value")]
+    present = [f"present.{i}.decoder.{kv}" for i in range(n_layers) for kv in ("key", "value")]
+    enc_in = [main] + (["attention_mask"] if mask else [])
+    dec_in = ["input_ids"] + (["encoder_attention_mask"] if mask else []) + past
+    return {"encoder": (enc_in, ["last_hidden_state"] + cross),
+            "decoder": (dec_in, ["logits"] + present)}
+
+
+def rename_graph(proto: onnx.ModelProto, inputs: list[str], outputs: list[str]) -> None:
+    """Rename the graph's inputs and outputs (and their uses) in order; a total decoder length
+    (past + new) is named total_decoder_sequence_length."""
+    g = proto.graph
+    mapping = dict(zip([i.name for i in g.input], inputs))
+    mapping.update(zip([o.name for o in g.output], outputs))
+    for node in g.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        v.name = mapping.get(v.name, v.name)
+        for d in v.type.tensor_type.shape.dim:
+            if "past_decoder_sequence_length" in d.dim_param and "+" in d.dim_param:
+                d.dim_param = "total_decoder_sequence_length"
+
+
+def _not_a_seq2seq(model: Any, task: str) -> str | None:
+    """Why ``model`` cannot serve ``task`` (None when it can)."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        return f"{type(model).__name__} is not a transformers PreTrainedModel"
+    if not getattr(model.config, "is_encoder_decoder", False) or \
+            not hasattr(model, "get_encoder"):
+        return (f"{type(model).__name__} is not an encoder-decoder; {task} takes one "
+                "(AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq)")
+    if not getattr(model, "can_generate", lambda: False)():
+        return f"{type(model).__name__} has no language-model head: it cannot generate"
+    audio = main_input(model) == "input_features"
+    if audio != task.startswith("automatic-speech"):
+        other = TASKS[1] if audio else TASKS[0]
+        return (f"{type(model).__name__} takes {main_input(model)}: it serves {other}, "
+                f"not {task}")
+    return None
+
+
+def _export_one(result: ExportResult, which: str, module: torch.nn.Module, args: tuple[Any, ...],
+                shapes: tuple[Any, ...], path: Path, opset: int | None, timeout: float) -> Any:
+    """One graph through onnxmedic.export (captured, translated, verified); its findings and
+    comparisons join ``result``; returns the export's result."""
+    import onnxmedic
+
+    sub = onnxmedic.export(module.eval(), args, path, dynamic_shapes=shapes, opset=opset,
+                           timeout=timeout, model_spec=f"{type(module.model).__name__} {which}")
+    # a stage failed in either graph stays failed
+    result.stages.update({k: v for k, v in sub.stages.items()
+                          if result.stages.get(k) != "failed"})
+    # shape variants that break the cross-attention rule are rejected by the wrapper (OM403)
+    result.findings.extend(f for f in sub.findings
+                           if not (f.code == "OM403" and CROSS_RULE in f.message))
+    for c in sub.verification:
+        c.input_set = f"{which}: {c.input_set}"
+    result.verification.extend(sub.verification)
+    result.opset = sub.opset
+    return sub
+
+
+def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, processor: Any,
+                 opset: int | None, timeout: float) -> dict[str, Any] | None:
+    """Export and verify both graphs into ``tmp`` with optimum's names; returns the layout
+    (file names, programs, heads, sizes) or None (OM821, the export's findings say why)."""
+    start = start_token(model)
+    with result.stage("capture", conclude=False) as st:
+        enc = encoder_example(model, tokenizer, processor)
+        main = main_input(model)
+        mask = "attention_mask" in enc
+        raw = tmp / "graphs"
+        raw.mkdir()
+        args = (enc[main],) + ((enc["attention_mask"],) if mask else ())
+        subs = {"encoder": _export_one(result, "encoder", EncoderWithCross(model, start), args,
+                                       encoder_shapes(enc, main), raw / ENCODER, opset, timeout)}
+        if subs["encoder"].ok:
+            dargs, dshapes = decoder_example(model, enc, start)
+            subs["decoder"] = _export_one(result, "decoder", decoder_module(model, mask), dargs,
+                                          dshapes, raw / DECODER, opset, timeout)
+    failed = next((k for k, v in subs.items() if not v.ok), None)
+    if failed is not None:
+        st.fail(error("OM821", "capture", f"the {failed} graph of {type(model).__name__} ("
+                      + ("the encoder and the cross-attention cache of its output"
+                         if failed == "encoder" else "one decoder step with its caches")
+                      + ") did not export and verify; the export's findings above say why.",
+                      suggestion="Fix the first error above; onnxmedic.export on "
+                      f"onnxmedic.hf.seq2seq.{'EncoderWithCross' if failed == 'encoder' else 'DecoderWithPast'}"
+                      "(model) reproduces it."))
+        return None
+    past = dargs[-1]
+    names = io_names(len(past) // 4, mask, main)
+    for which, fname in (("encoder", ENCODER), ("decoder", DECODER)):
+        proto = onnx.load(str(raw / fname))
+        rename_graph(proto, *names[which])
+        drop_unused_initializers(proto)
+        save_graph(proto, tmp, fname)
+    shutil.rmtree(raw)
+    return {"encoder": ENCODER, "decoder": DECODER, "layers": len(past) // 4,
+            "heads": int(past[0].shape[1]), "head_size": int(past[0].shape[3]),
+            "cross_heads": int(past[2].shape[1]), "main": main, "mask": mask, "start": start,
+            "programs": {k: v.program for k, v in subs.items()}}
+
+
+def save_graph(proto: onnx.ModelProto, folder: Path, name: str) -> Path:
+    """``folder/name``; weights over EXTERNAL_DATA_THRESHOLD in ``name.data``."""
+    path = folder / name
+    big = sum(len(t.raw_data) for t in proto.graph.initializer) > EXTERNAL_DATA_THRESHOLD
+    onnx.save_model(proto, path, save_as_external_data=big, all_tensors_to_one_file=True,
+                    location=f"{name}.data" if big else None, size_threshold=1024)
+    return path
+
+
+def write_side_files(model: Any, tokenizer: Any, processor: Any, folder: Path) -> list[str]:
+    """config.json, generation_config.json, the tokenizer's files and the feature extractor's
+    preprocessor_config.json; returns the names the folder holds."""
+    model.config.save_pretrained(folder)
+    gen = getattr(model, "generation_config", None)
+    if gen is not None:
+        gen.save_pretrained(folder)
+    for part in (tokenizer, processor):
+        if part is not None:
+            part.save_pretrained(folder)
+    return sorted(p.name for p in folder.iterdir())
+
+
+def export_seq2seq(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
+                   tokenizer: Any = None, processor: Any = None,
+                   task: str | None = None, verify: bool = True, steps: int = 8,
+                   prompts: Any = None, opset: int | None = None,
+                   report: str | os.PathLike[str] | None = None, timeout: float | None = None,
+                   keep_unverified: bool = False) -> ExportResult:
+    """Write an encoder-decoder package for ``model`` (a loaded transformers
+    ``...ForConditionalGeneration``) at ``out_dir``: the encoder graph (with the
+    cross-attention cache), one decoder graph with its caches, the configs, the tokenizer's
+    and feature extractor's files (see the module docstring). ``task``: detected from the
+    model's main input when None. With ``verify``, greedy generation of ``steps`` tokens
+    from each of ``prompts`` (texts or lists of ids; audio models: a number of synthetic
+    waveforms) in ONNX Runtime must match PyTorch's ``generate(do_sample=False)``, each
+    step's logits within the float64 budget (hf/seq2seq_verify.py). The folder is written
+    only when verified (or with ``keep_unverified``)."""
+    if task is None:
+        task = TASKS[1] if isinstance(model, torch.nn.Module) and \
+            main_input(model) == "input_features" else TASKS[0]
+    if task not in TASKS:
+        raise ValueError(f"onnxmedic.export_seq2seq: task must be one of {', '.join(TASKS)}, "
+                         f"not {task!r}")
+    timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else timeout
+    out = Path(out_dir)
+    result = ExportResult(command="export", path=None, model=type(model).__name__,
+                          stages=stages_of(*STAGES, "generate"))
+    result.generation = None  # type: ignore[attr-defined]  # gen_verify.GenerationCheck
+    with result.guard():
+        _export_package(result, model, out, task, dict(
+            tokenizer=tokenizer, processor=processor, verify=verify, steps=steps,
+            prompts=prompts, opset=opset, timeout=timeout, keep_unverified=keep_unverified))
+    if report is not None:
+        from onnxmedic.report import write_report
+
+        write_report(result, report)
+    return result
+
+
+def _preflight(result: ExportResult, model: Any, out: Path, task: str, tokenizer: Any,
+               processor: Any) -> bool:
+    why = _not_a_seq2seq(model, task)
+    if why is not None:
+        result.fail("preflight", error(
+            "OM822", "preflight", f"cannot export for {task}: {why}.",
+            suggestion="Load the checkpoint with AutoModelForSeq2SeqLM (text) or "
+            "AutoModelForSpeechSeq2Seq (audio), or pick a task the model serves "
+            "(text-generation-with-past for a decoder-only model)."))
+        return False
+    if start_token(model) is None:
+        result.fail("preflight", error(
+            "OM824", "preflight", f"{type(model).__name__} names no first decoder token "
+            "(decoder_start_token_id in generation_config.json or config.json): generation "
+            "cannot start.", suggestion="Set decoder_start_token_id in the checkpoint's "
+            "config (the model card says which token its decoder starts from)."))
+        return False
+    if not out.parent.is_dir():
+        result.fail("write", error("OM006", "write", f"cannot write {out}: the folder "
+                                   f"{out.parent} does not exist."))
+        return False
+    try:  # the inputs the task takes (OM826: audio features the encoder cannot take)
+        encoder_example(model, tokenizer, processor)
+    except InputError as e:
+        e.finding.stage = "preflight"
+        result.fail("preflight", e.finding)
+        return False
+    return True
+
+
+def _export_package(result: ExportResult, model: Any, out: Path, task: str,
+                    opts: dict[str, Any]) -> None:
+    if not _preflight(result, model, out, task, opts["tokenizer"], opts["processor"]):
+        return
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    was_training = model.training
+    try:
+        model.eval()
+        _build_and_check(result, model, out, tmp, opts)
+    finally:
+        model.train(was_training)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path,
+                     opts: dict[str, Any]) -> None:
+    from onnxmedic.hf import seq2seq_genai
+    from onnxmedic.hf.seq2seq_inputs import default_processor
+    from onnxmedic.hf.seq2seq_verify import verify_seq2seq
+
+    processor = opts["processor"]
+    if processor is None and main_input(model) == "input_features":
+        processor = default_processor(model)
+    layout = build_graphs(result, model, tmp, opts["tokenizer"], processor, opts["opset"],
+                          opts["timeout"])
+    if layout is None:
+        result.findings.append(_not_written(out))
+        return
+    result.program = layout["programs"]["decoder"]
+    result.programs = layout["programs"]  # type: ignore[attr-defined]  # both graphs
+    with result.stage("write", conclude=False):
+        seq2seq_genai.write_genai_config(result, model, opts["tokenizer"], tmp, layout)
+        files = write_side_files(model, opts["tokenizer"], opts["processor"] or (
+            processor if main_input(model) == "input_features" else None), tmp)
+    verified = True
+    if opts["verify"]:
+        with result.stage("generate") as st:
+            check = verify_seq2seq(tmp, model, opts["tokenizer"], processor,
+                                   steps=opts["steps"], prompts=opts["prompts"],
+                                   programs=layout["programs"], timeout=opts["timeout"])
+            result.verification.extend(check.comparisons)
+            result.findings.extend(check.findings)
+            result.generation = check  # type: ignore[attr-defined]
+            if not check.ok:
+                st.fail()
+        verified = check.ok
+    if not verified and not opts["keep_unverified"]:
+        result.fail("write", _not_written(out))
+        return
+    put_in_place(tmp, out)
+    result.record("write").passed()
+    result.path = str(out)
+    result.ok = verified and not result.errors
+    result.findings.append(info(
+        "OM819", "write", f"encoder-decoder package written to {out}: {', '.join(files)}"
+        + ("" if verified else " (NOT verified: keep_unverified)") + "."))
+
+
+def _not_written(out: Path) -> Any:
+    return error("OM818", "write", f"the encoder-decoder package was not written to {out} "
+                 "because it is not verified" + (" (the existing folder is left as it was)"
+                                                  if out.exists() else "") + ".",
+                 suggestion="Fix the findings above, or pass keep_unverified=True to keep the "
+                 "unverified package.")
+
+
+def drop_unused_initializers(proto: onnx.ModelProto) -> int:
+    """Remove the initializers no node reads (the encoder graph's copy of the decoder's
+    weights that the cross-attention cache does not need); returns how many."""
+    g = proto.graph
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    for n in g.node:  # subgraphs (If, Loop) read names of the outer graph too
+        for a in n.attribute:
+            if a.g is not None:
+                used |= {i for m in a.g.node for i in m.input}
+    keep = [t for t in g.initializer if t.name in used]
+    dropped = len(g.initializer) - len(keep)
+    if dropped:
+        del g.initializer[:]
+        g.initializer.extend(keep)
+    return dropped

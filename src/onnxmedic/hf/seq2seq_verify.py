@@ -1,0 +1,295 @@
+"""An encoder-decoder package verified as it is used (the machinery of hf/gen_verify.py): for
+each input (a text through the tokenizer, or a waveform through the feature extractor),
+ONNX Runtime runs the encoder graph once and the decoder graph step by step, fed its own
+self-attention cache and the encoder's cross-attention cache, in the sandbox; its greedy
+tokens must be PyTorch's ``generate(do_sample=False)``'s, each step's logits within the
+float64 budget.
+
+The encoder's outputs (its hidden states and the cross-attention cache) are judged first: a
+wrong cross-attention cache makes every decoder step wrong although the decoder graph is
+right, so it is named where it is (OM823, localised in the encoder graph). A failing decoder
+step is named and localised like the decoder-only case's (OM811 / OM812, OM610).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from onnxmedic import sandbox
+from onnxmedic.findings import error
+from onnxmedic.hf import gen_verify
+from onnxmedic.hf.gen_verify import GenerationCheck, judge_prompt
+from onnxmedic.hf.seq2seq import DECODER, ENCODER, EncoderWithCross, main_input, start_token
+from onnxmedic.hf.seq2seq_inputs import TEXTS, audio_features, default_processor, text_ids
+from onnxmedic.inputs import Inputs
+from onnxmedic.verify.budget import judge_output
+from onnxmedic.verify.reference import reference_outputs
+
+logger = logging.getLogger(__name__)
+
+STAGE = gen_verify.STAGE
+
+
+@contextlib.contextmanager
+def _generation_config(model: Any, cfg: Any) -> Iterator[None]:
+    """``cfg`` as the model's own for one generate() call: transformers fills a passed
+    config's unset fields from the model's (BART's forced_eos_token_id would end every
+    sequence with EOS), and the verification wants greedy search alone."""
+    old = model.generation_config
+    model.generation_config = cfg
+    try:
+        yield
+    finally:
+        model.generation_config = old
+
+
+def torch_generation(model: Any, enc: dict[str, torch.Tensor], steps: int, start: int
+                     ) -> tuple[list[int], list[np.ndarray]]:
+    """PyTorch's greedy tokens (GenerationMixin.generate: plain greedy search, also for
+    Whisper, whose own generate() adds language and timestamp logic) and each step's logits
+    ([1, 1, vocab])."""
+    from transformers import GenerationMixin
+
+    cfg = gen_verify.neutral_config(model, steps, decoder_start_token_id=start)
+    with torch.no_grad(), _generation_config(model, cfg):
+        out = GenerationMixin.generate(model, **enc, decoder_input_ids=torch.tensor([[start]]),
+                                       generation_config=cfg)
+    tokens = out.sequences[0, 1:].tolist()
+    return tokens, [lg[:, None, :].float().numpy() for lg in out.logits]
+
+
+class _Logits(torch.nn.Module):
+    """The model over a whole decoder sequence: the float64 reference of every step."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.main = main_input(model)
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor | None,
+                decoder_input_ids: torch.Tensor) -> torch.Tensor:
+        kw = {self.main: features, "decoder_input_ids": decoder_input_ids, "use_cache": False}
+        if mask is not None:
+            kw["attention_mask"] = mask
+        return self.model(**kw).logits
+
+
+def reference_steps(model: Any, enc: dict[str, torch.Tensor], start: int, tokens: list[int],
+                    expected: list[np.ndarray]) -> list[np.ndarray | None]:
+    """Each step's float64 reference logits, from one float64 run over [start] + tokens."""
+    seq = torch.tensor([[start] + tokens[:-1]])
+    wrapped = _Logits(model).eval()
+    args = (enc[wrapped.main], enc.get("attention_mask"), seq)
+    with torch.no_grad():
+        full = wrapped(*args).float().numpy()
+    ref = reference_outputs(wrapped, [Inputs(args=args)], [[full]]).outputs
+    whole = ref[0][0] if ref and ref[0] else None
+    if whole is None:
+        return [None] * len(expected)
+    return [whole[:, k:k + 1] for k in range(len(expected))]
+
+
+def decoder_layout(proto: onnx.ModelProto) -> dict[str, Any]:
+    """The decoder graph's inputs that generation feeds: names, head counts, sizes, dtypes."""
+    g = proto.graph
+    past = [i for i in g.input if i.name.startswith("past_key_values.")]
+    dims = [[d.dim_value if d.HasField("dim_value") else None
+             for d in i.type.tensor_type.shape.dim] for i in past]
+    types = [onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in past]
+    return {"inputs": [i.name for i in g.input], "past": [i.name for i in past],
+            "past_dims": dims, "past_types": types}
+
+
+def items(model: Any, tokenizer: Any, processor: Any, prompts: Any
+          ) -> list[dict[str, torch.Tensor]]:
+    """The encoder inputs generated from, one item each: ``prompts`` (texts, or lists of
+    ids; default two texts) through the tokenizer; for audio models, two waveforms through
+    the feature extractor (``prompts``: a number of them)."""
+    if main_input(model) == "input_features":
+        processor = processor if processor is not None else default_processor(model)
+        n = prompts if isinstance(prompts, int) else 2
+        feats = audio_features(model, processor, n)
+        return [{"input_features": feats[i:i + 1]} for i in range(n)]
+    prompts = list(TEXTS) if prompts is None else list(prompts)
+    vocab = int(model.config.vocab_size)
+    ids = [p if not isinstance(p, str) else text_ids(tokenizer, [p], vocab)[0] for p in prompts]
+    return [{"input_ids": torch.tensor([list(x)]), "attention_mask": torch.ones(1, len(x),
+                                                                                dtype=torch.long)}
+            for x in ids]
+
+
+def _np(enc: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in enc.items()}
+
+
+def judge_encoder(check: GenerationCheck, model: Any, start: int, enc: dict[str, torch.Tensor],
+                  names: list[str], actual: list[np.ndarray], p: int) -> int | None:
+    """The encoder graph's outputs (hidden states, cross-attention cache) against PyTorch's,
+    by the float64 budget; returns the index of the first output outside it (OM823)."""
+    module = EncoderWithCross(model, start).eval()
+    args = (enc[module.main], enc.get("attention_mask"))
+    with torch.no_grad():
+        hidden, cross = module(*args)
+    expected = [t.float().numpy() for t in [hidden, *cross]]
+    refs = reference_outputs(module, [Inputs(args=args)], [expected]).outputs
+    ref = refs[0] if refs and refs[0] else [None] * len(expected)
+    for i, (name, exp, act) in enumerate(zip(names, expected, actual)):
+        c = judge_output(name, exp, act, ref[i], input_set=f"input {p} encoder")
+        check.comparisons.append(c)
+        if not c.ok:
+            check.divergence = {"prompt": p, "graph": "encoder", "output": name}
+            check.fail(error(
+                "OM823", STAGE, f"the encoder graph's output {name} for input {p} is outside "
+                f"the float64 budget ({c.rule}: max abs error {c.max_abs:.3g}, {c.mismatched} "
+                f"of {c.total} outside; {c.reason}): every decoder step reads it, so the "
+                "decoder's steps were not judged.", details={"comparison": c.to_dict()},
+                suggestion="The localisation below names the first ONNX node of the encoder "
+                "graph outside its budget."))
+            return i
+    return None
+
+
+def _decoder_feed(layout: dict[str, Any], ids: list[int], mask: np.ndarray | None,
+                  selfs: list[np.ndarray] | None, cross: list[np.ndarray]
+                  ) -> dict[str, np.ndarray]:
+    feed = {"input_ids": np.asarray([ids], dtype=np.int64)}
+    if "encoder_attention_mask" in layout["inputs"] and mask is not None:
+        feed["encoder_attention_mask"] = mask
+    for i, name in enumerate(layout["past"]):
+        layer, part = i // 4, i % 4
+        if part >= 2:
+            feed[name] = cross[2 * layer + part - 2]
+        elif selfs is None:
+            d = layout["past_dims"][i]
+            feed[name] = np.zeros((1, d[1] or 1, 0, d[3] or 1), dtype=layout["past_types"][i])
+        else:
+            feed[name] = selfs[2 * layer + part]
+    return feed
+
+
+def onnx_generation(folder: Path, layout: dict[str, Any], enc: dict[str, np.ndarray],
+                    start: int, steps: int, timeout: float, check: GenerationCheck
+                    ) -> tuple[list[np.ndarray] | None, list[int], list[np.ndarray],
+                               list[dict[str, np.ndarray]]]:
+    """The encoder graph once, then greedy decoding with the decoder graph (a sandbox run per
+    step, its own self-attention cache fed back): the encoder's outputs, the tokens, each
+    step's logits and feeds. Stops at a failed run (a finding in ``check``)."""
+    def run(path: Path, feed: dict[str, np.ndarray], what: str) -> dict[str, np.ndarray] | None:
+        sbx = sandbox.run_model(path, [feed], timeout=timeout)
+        if not sbx.ok:
+            f = sbx.finding(STAGE, timeout)
+            if f is not None:
+                f.message = f"{what}: {f.message}"
+                check.fail(f)
+            return None
+        return dict(zip(sbx.output_names, sbx.outputs[0]))
+
+    out = run(folder / ENCODER, enc, "the encoder")
+    if out is None:
+        return None, [], [], []
+    encoder = list(out.values())
+    cross = [out[n] for n in out if n.startswith("present.")]
+    tokens: list[int] = []
+    logits: list[np.ndarray] = []
+    feeds: list[dict[str, np.ndarray]] = []
+    selfs, new = None, [start]
+    for step in range(steps):
+        feed = _decoder_feed(layout, new, enc.get("attention_mask"), selfs, cross)
+        res = run(folder / DECODER, feed, f"generation step {step}")
+        if res is None:
+            break
+        feeds.append(feed)
+        logits.append(res["logits"])
+        selfs = [res[n.replace("past_key_values", "present")] for n in layout["past"]
+                 if ".decoder." in n]
+        new = [int(np.argmax(res["logits"][0, -1]))]
+        tokens.append(new[0])
+    return encoder, tokens, logits, feeds
+
+
+def _args(feed: dict[str, np.ndarray], names: list[str]) -> tuple[Any, ...]:
+    """The decoder program's arguments for a step's feed."""
+    mask = feed.get("encoder_attention_mask")
+    past = [torch.from_numpy(feed[n]) for n in names]
+    if mask is None:  # an audio decoder (AudioDecoderWithPast)
+        return (torch.from_numpy(feed["input_ids"]), past)
+    return (torch.from_numpy(feed["input_ids"]), torch.from_numpy(mask), past)
+
+
+def _one_item(check: GenerationCheck, folder: Path, model: Any, layout: dict[str, Any],
+              enc: dict[str, torch.Tensor], p: int, start: int, steps: int, programs: Any,
+              timeout: float) -> bool:
+    """Generate from one input in both runtimes and judge it; False when the check stops."""
+    tt = time.perf_counter()
+    torch_tokens, expected = torch_generation(model, enc, steps, start)
+    check.seconds["torch"] = check.seconds.get("torch", 0.0) + time.perf_counter() - tt
+    tt = time.perf_counter()
+    encoder, tokens, actual, feeds = onnx_generation(folder, layout, _np(enc), start, steps,
+                                                     timeout, check)
+    check.seconds["onnx"] = check.seconds.get("onnx", 0.0) + time.perf_counter() - tt
+    check.tokens_torch.append(torch_tokens)
+    check.tokens_onnx.append(tokens)
+    if encoder is None or len(tokens) < steps:  # a failed run: its finding is in check
+        return False
+    names = [o.name for o in onnx.load(str(folder / ENCODER), load_external_data=False)
+             .graph.output]
+    bad = judge_encoder(check, model, start, enc, names, encoder, p)
+    if bad is not None:
+        if programs and programs.get("encoder") is not None:
+            args = tuple(enc[k] for k in (main_input(model), "attention_mask") if k in enc)
+            gen_verify.localize_step(check, folder / ENCODER, programs["encoder"], _np(enc),
+                                     f"input {p} encoder", timeout, args=args)
+        return False
+    refs = reference_steps(model, enc, start, torch_tokens, expected)
+    bad = judge_prompt(check, p, 1, torch_tokens, tokens, expected, actual, refs)
+    if bad is not None:
+        if programs and programs.get("decoder") is not None:
+            gen_verify.localize_step(check, folder / DECODER, programs["decoder"], feeds[bad],
+                                     f"prompt {p} step {bad}", timeout,
+                                     args=_args(feeds[bad], layout["past"]))
+        return False
+    return True
+
+
+def verify_seq2seq(folder: str | Path, model: Any, tokenizer: Any = None, processor: Any = None,
+                   *, steps: int = 8, prompts: Any = None, programs: dict[str, Any] | None = None,
+                   timeout: float = sandbox.DEFAULT_TIMEOUT, genai: bool = True
+                   ) -> GenerationCheck:
+    """Verify the encoder-decoder package in ``folder`` against ``model`` (see the module
+    docstring). ``prompts``: texts or lists of ids (text models), a number of waveforms
+    (audio models). ``programs``: the graphs' ExportedPrograms by "encoder" / "decoder", for
+    localising a divergence. ``genai``: generate with onnxruntime-genai too, where the folder
+    has a genai_config.json."""
+    folder = Path(folder)
+    check = GenerationCheck()
+    start = start_token(model)
+    if start is None:
+        check.fail(error("OM824", STAGE, f"{type(model).__name__} names no first decoder token "
+                         "(decoder_start_token_id in generation_config.json or config.json): "
+                         "generation cannot start.", suggestion="Set decoder_start_token_id "
+                         "in the checkpoint's generation_config.json."))
+        return check
+    layout = decoder_layout(onnx.load(str(folder / DECODER), load_external_data=False))
+    inputs = items(model, tokenizer, processor, prompts)
+    check.prompts = [e["input_ids"][0].tolist() for e in inputs if "input_ids" in e]
+    t0 = time.perf_counter()
+    with sandbox.reuse():
+        for p, enc in enumerate(inputs):
+            if not _one_item(check, folder, model, layout, enc, p, start, steps, programs,
+                             timeout):
+                break
+    check.seconds["verify"] = time.perf_counter() - t0
+    if genai and check.ok and (folder / "genai_config.json").is_file():
+        from onnxmedic.hf import seq2seq_genai
+
+        seq2seq_genai.genai_generation(folder, check, inputs, start, steps, timeout)
+    return check
