@@ -28,8 +28,8 @@ from onnxmedic import sandbox
 from onnxmedic.findings import error
 from onnxmedic.hf import gen_verify
 from onnxmedic.hf.gen_verify import GenerationCheck, judge_prompt
-from onnxmedic.hf.seq2seq import DECODER, ENCODER, EncoderWithCross, main_input, start_token
 from onnxmedic.hf.seq2seq_inputs import TEXTS, audio_features, default_processor, text_ids
+from onnxmedic.hf.seq2seq_modules import DECODER, ENCODER, EncoderWithCross, main_input, start_token
 from onnxmedic.inputs import Inputs
 from onnxmedic.verify.budget import judge_output
 from onnxmedic.verify.reference import reference_outputs
