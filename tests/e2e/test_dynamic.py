@@ -3,6 +3,7 @@ found and the op that baked it in is named."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import onnxmedic
@@ -109,6 +110,7 @@ def test_dynamic_axes_dict_form(tmp_path):
     assert x_dims[:2] == ["x_dim0", "x_dim1"] and x_dims[2] == 4 and y_dims == ["x_dim1"]
 
 
+@pytest.mark.slow  # CLI runs of what the API tests above check (23 s)
 def test_cli_dynamic_auto_and_dynamic_axes(tmp_path):
     import json
 

@@ -136,6 +136,7 @@ def test_doctor_lists_bf16_nodes_without_kernels(tmp_path):
                                                                        "Relu"]
 
 
+@pytest.mark.slow  # three CLI exports (28 s); the API tests above cover the policy, test_cli the exit codes
 def test_cli_dtype_policy(tmp_path):
     p = cli("export", f"{MODELS}:Bf16Linear", "--input", "2x4:bfloat16", "--dtype-policy", "keep")
     assert p.returncode == 1 and "OM301" in p.stderr
