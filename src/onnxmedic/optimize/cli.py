@@ -28,7 +28,8 @@ def add_export_flags(e: argparse.ArgumentParser) -> None:
 
 def calibration_flag_error(ns: argparse.Namespace) -> str:
     """Why ``--calibration`` cannot be used with these flags ("" when it can)."""
-    if getattr(ns, "calibration", None) is None:
+    if getattr(ns, "calibration", None) is None or (ns.precision == "int4"
+                                                    and ns.command == "optimize"):
         return ""
     return calibration_error(ns.precision, ns.command != "export" or ns.optimize,
                              flags=True) or ""
@@ -65,7 +66,9 @@ def add_parser(sub: Any) -> None:
                    "int8 on these input sets (real data) and make it a candidate whatever the "
                    "graph: a .pt holding a list of input sets, an .npz stacking them on a first "
                    "axis, or file.py:fn returning a list (default: on convolutional graphs, 8 "
-                   "sets derived from --input)")
+                   "sets derived from --input); --precision int4: a text file (UTF-8) that "
+                   "calibrates GPTQ candidates and whose held-out last quarter adds a "
+                   "perplexity to the budget (docs/int4.md)")
     o.add_argument("--timeout", type=float, default=600.0, metavar="S")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--json", action="store_true")
