@@ -185,7 +185,7 @@ def olive_int4(folder: Path, plain: Path) -> tuple[Path | None, str]:
     (folder / "olive.json").write_text(json.dumps(cfg))
     r = subprocess.run([sys.executable, "-c", "import sys; from olive.workflows import run; "
                         "run(sys.argv[1])", str(folder / "olive.json")], env=env,
-                       capture_output=True, text=True, timeout=1200)
+                       cwd=folder, capture_output=True, text=True, timeout=1200)
     found = sorted(out.rglob("*.onnx")) if out.exists() else []
     if r.returncode != 0 or not found:
         tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]

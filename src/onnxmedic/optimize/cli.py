@@ -48,7 +48,8 @@ def add_parser(sub: Any) -> None:
                    "normally rejected as slower); int4: a decoder step (docs/int4.md)")
     o.add_argument("--accuracy", metavar="cosine=X", help="reduced-precision budget "
                    "(default cosine=0.999 per output; int4: perplexity=5%%,agreement=95%%,"
-                   "steps=32,prompts=4)")
+                   "steps=32,prompts=4, agreement teacher-forced; free=95%% also judges "
+                   "free-running generation)")
     o.add_argument("--target", type=target_arg, default="cpu",
                    metavar="{cpu,cpu:ISA,cuda,tensorrt}",
                    help="time (and verify) the candidates with this target's execution "
