@@ -108,11 +108,11 @@ def hessians(model: Any, windows: list[list[int]], threads: int = 2) -> dict[str
 
 def cached_hessians(model: Any, src: str, calibration: str) -> dict[str, np.ndarray]:
     """:func:`hessians` on the windows of the ``calibration`` JSON file (``{"windows": [[ids],
-    ...]}``), cached beside it per source file (one optimize run builds several GPTQ
-    candidates of one file)."""
+    ...]}``), cached beside it per source file and windows (one optimize run builds several
+    GPTQ candidates of one file)."""
     st = os.stat(src)
     key = hashlib.sha256(f"{os.path.abspath(src)}:{st.st_size}:{st.st_mtime_ns}".encode()
-                         ).hexdigest()[:12]
+                         + Path(calibration).read_bytes()).hexdigest()[:12]
     cache = Path(f"{calibration}.{key}.npz")
     if cache.exists():
         with np.load(cache) as z:
