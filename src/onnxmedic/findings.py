@@ -784,6 +784,22 @@ CODES: dict[str, CodeInfo] = {
         "past, head_dim) in, the logits and the present out, with a PyTorch model of the same "
         "contract (bench/zoo/hf.py's DecodeStep); the file given is not one.",
     ),
+    "OM742": CodeInfo(
+        "int4 calibration text unusable", 1,
+        "--precision int4 --calibration TEXT: the text cannot calibrate GPTQ or be measured "
+        "on: the file cannot be read as UTF-8, the model has no tokenizer to encode it, or it "
+        "is shorter than two windows of 128 tokens (one to calibrate, one held out for the "
+        "perplexity on the user's text). Nothing was built.",
+    ),
+    "OM743": CodeInfo(
+        "written int4 file diverges when generating on its own", 0,
+        "--precision int4: the written candidate is within the budget, which reads greedy "
+        "agreement teacher-forced (each step fed PyTorch's tokens), but generating on its own "
+        "it keeps fewer of PyTorch float32's greedy tokens than the budget's share. The "
+        "finding gives the first divergence per prompt and PyTorch's own gap between its two "
+        "best logits there: a gap far below the median is a near tie of the float32 model. "
+        "Require free-running agreement too with --accuracy free=95%.",
+    ),
     # OM80x: Hugging Face checkpoints (onnxmedic.hf, export hf:...)
     "OM800": CodeInfo(
         "not a Hugging Face checkpoint", 1,

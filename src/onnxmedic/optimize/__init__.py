@@ -186,7 +186,7 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
     convolutional one also with the provider's NHWC kernels (``run_settings`` where that is
     faster); ``"deploy"`` - compare every verified file as a CUDA graph (so) and write the
     fastest (for a deployment that runs one); ``"off"``/False.
-    ``calibration`` (precision int8): static int8's calibration sets - real data, as
+    ``calibration`` (precision int4: a text file, for GPTQ and a perplexity on it; int8): static int8's calibration sets - real data, as
     :func:`given_calibration_feeds` takes them; static int8 is then a candidate whatever the
     graph (without it: on convolutional graphs, calibrated on sets derived from the example)."""
     if not isinstance(args, tuple):
@@ -195,7 +195,8 @@ def optimize(onnx_path: str | os.PathLike[str], model: Any, args: tuple[Any, ...
         from onnxmedic.optimize.int4_search import optimize_decoder
 
         return optimize_decoder(onnx_path, model, out=out, accuracy=accuracy, threads=threads,
-                                timeout=timeout)  # type: ignore[return-value]
+                                timeout=timeout,  # calibration: a text file (GPTQ)
+                                calibration=calibration)  # type: ignore[return-value]
     cosine = parse_accuracy(accuracy)
     split_target(target)  # a target or instruction set it does not know: ValueError now
     if calibration is not None and (bad := calibration_error(precision)):

@@ -28,7 +28,8 @@ def add_export_flags(e: argparse.ArgumentParser) -> None:
 
 def calibration_flag_error(ns: argparse.Namespace) -> str:
     """Why ``--calibration`` cannot be used with these flags ("" when it can)."""
-    if getattr(ns, "calibration", None) is None:
+    if getattr(ns, "calibration", None) is None or (ns.precision == "int4"
+                                                    and ns.command == "optimize"):
         return ""
     return calibration_error(ns.precision, ns.command != "export" or ns.optimize,
                              flags=True) or ""
@@ -47,7 +48,8 @@ def add_parser(sub: Any) -> None:
                    "normally rejected as slower); int4: a decoder step (docs/int4.md)")
     o.add_argument("--accuracy", metavar="cosine=X", help="reduced-precision budget "
                    "(default cosine=0.999 per output; int4: perplexity=5%%,agreement=95%%,"
-                   "steps=32,prompts=4)")
+                   "steps=32,prompts=4, agreement teacher-forced; free=95%% also judges "
+                   "free-running generation)")
     o.add_argument("--target", type=target_arg, default="cpu",
                    metavar="{cpu,cpu:ISA,cuda,tensorrt}",
                    help="time (and verify) the candidates with this target's execution "
@@ -65,7 +67,9 @@ def add_parser(sub: Any) -> None:
                    "int8 on these input sets (real data) and make it a candidate whatever the "
                    "graph: a .pt holding a list of input sets, an .npz stacking them on a first "
                    "axis, or file.py:fn returning a list (default: on convolutional graphs, 8 "
-                   "sets derived from --input)")
+                   "sets derived from --input); --precision int4: a text file (UTF-8) that "
+                   "calibrates GPTQ candidates and whose held-out last quarter adds a "
+                   "perplexity to the budget (docs/int4.md)")
     o.add_argument("--timeout", type=float, default=600.0, metavar="S")
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--json", action="store_true")

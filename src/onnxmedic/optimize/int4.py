@@ -104,18 +104,22 @@ def read_lines(path, encoding="utf-8"):
 class TaskBudget:
     """What a reduced-precision decoder may cost: its perplexity at most ``perplexity`` times
     PyTorch float32's, and at least ``agreement`` of the greedy tokens identical over
-    ``steps`` steps from each of ``prompts`` prompts."""
+    ``steps`` steps from each of ``prompts`` prompts (teacher-forced); ``free``: the share
+    required when the candidate generates on its own (0: reported, not judged)."""
 
     perplexity: float = 1.05
     agreement: float = 0.95
     steps: int = 32
     prompts: int = 4
+    free: float = 0.0
 
     def describe(self) -> str:
         """The budget in one line."""
+        free = (f" (and >= {self.free * 100:.3g} % generating on its own)" if self.free
+                else "")
         return (f"perplexity within +{(self.perplexity - 1) * 100:.3g} % of PyTorch float32's "
                 f"and >= {self.agreement * 100:.3g} % of greedy tokens identical over "
-                f"{self.steps} steps from {self.prompts} prompts")
+                f"{self.steps} steps from {self.prompts} prompts{free}")
 
 
 DEFAULT_BUDGET = TaskBudget()
@@ -134,7 +138,7 @@ def parse_budget(spec: str | None) -> TaskBudget:
             num = float(val.strip().rstrip("%"))
             if key == "perplexity":
                 kw[key] = 1 + num / 100 if pct or num < 1 else num
-            elif key == "agreement":
+            elif key in ("agreement", "free"):
                 kw[key] = num / 100 if pct or num > 1 else num
             elif key in ("steps", "prompts") and num == int(num) and num > 0:
                 kw[key] = int(num)
@@ -142,9 +146,10 @@ def parse_budget(spec: str | None) -> TaskBudget:
                 raise ValueError(key)
         except ValueError:
             raise ValueError(f"int4 budget {spec!r}: expected perplexity=<+%>, agreement=<%>, "
-                             "steps=<n>, prompts=<n>, e.g. perplexity=5%,agreement=95%") from None
+                             "free=<%>, steps=<n>, prompts=<n>, e.g. "
+                             "perplexity=5%,agreement=95%") from None
     b = TaskBudget(**{**asdict(DEFAULT_BUDGET), **kw})
-    if not (b.perplexity >= 1 and 0 < b.agreement <= 1):
+    if not (b.perplexity >= 1 and 0 < b.agreement <= 1 and 0 <= b.free <= 1):
         raise ValueError(f"int4 budget {spec!r}: perplexity must be >= +0 % and agreement in "
                          "(0, 100 %]")
     return b
@@ -260,6 +265,10 @@ def judge(ref: dict[str, Any], got: dict[str, Any], budget: TaskBudget) -> dict[
         why.append(f"greedy agreement {agree * 100:.1f} % (budget {budget.agreement * 100:.3g} "
                    f"%; generating on its own, {free * 100:.1f} % of tokens identical, first "
                    f"divergence per prompt at step {div})")
+    if not free >= budget.free:
+        why.append(f"generating on its own, {free * 100:.1f} % of greedy tokens identical "
+                   f"(budget {budget.free * 100:.3g} %; first divergence per prompt at step "
+                   f"{div})")
     return {"perplexity": got["perplexity"], "perplexity_ratio": ratio, "agreement": agree,
             "free_agreement": free, "first_divergence": div, "rejected": "; ".join(why)}
 
@@ -393,11 +402,13 @@ def lm_head_node(graph: Any) -> str | None:
 
 def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int = 4,
                   lm_head: str = "int4", algo: str = "rtn",
-                  nodes_to_exclude: Sequence[str] = ()) -> dict[str, Any]:
+                  nodes_to_exclude: Sequence[str] = (), calibration: str | None = None
+                  ) -> dict[str, Any]:
     """Weight-only 4-bit MatMulNBits with ONNX Runtime's ``MatMulNBitsQuantizer``: every MatMul
     with a constant 2-D weight except ``nodes_to_exclude`` (``algo`` "rtn": symmetric,
     one scale per ``block_size`` weights along K; "hqq": its HQQ config, asymmetric with zero
-    points). ``lm_head`` (the MatMul computing the logits): "int4" like the rest, "int8"
+    points; "gptq": optimize/int4_gptq.py against the Hessians of the ``calibration`` windows,
+    stored as RTN's). ``lm_head`` (the MatMul computing the logits): "int4" like the rest, "int8"
     (8-bit MatMulNBits, the genai builder's ``rtn_last``) or "fp32" (left as it is). The
     embedding's Gather is left float32, as the builder leaves it."""
     import onnx
@@ -415,18 +426,26 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
     model = onnx.load(src)
     head = lm_head_node(model.graph)
     exclude = list(nodes_to_exclude) + ([head] if head and lm_head != "int4" else [])
-    if algo == "hqq":
-        cfg: Any = HQQWeightOnlyQuantConfig(block_size=block_size, bits=4)
-    elif algo == "rtn":
-        cfg = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True,
-                                           accuracy_level=accuracy_level or None, bits=4)
+    if algo == "gptq":
+        from onnxmedic.optimize import int4_gptq
+
+        if not calibration:
+            raise ValueError("algo gptq needs calibration windows (--calibration TEXT)")
+        hs = int4_gptq.cached_hessians(model, src, calibration)
+        out = int4_gptq.gptq_model(model, hs, block_size, accuracy_level, exclude)
     else:
-        raise ValueError(f"algo {algo!r}: choose rtn or hqq")
-    q = MatMulNBitsQuantizer(model, bits=4, block_size=block_size, is_symmetric=True,
-                             accuracy_level=accuracy_level or None, nodes_to_exclude=exclude,
-                             algo_config=cfg)
-    q.process()
-    out = q.model.model
+        if algo == "hqq":
+            cfg: Any = HQQWeightOnlyQuantConfig(block_size=block_size, bits=4)
+        elif algo == "rtn":
+            cfg = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True,
+                                               accuracy_level=accuracy_level or None, bits=4)
+        else:
+            raise ValueError(f"algo {algo!r}: choose rtn, hqq or gptq")
+        q = MatMulNBitsQuantizer(model, bits=4, block_size=block_size, is_symmetric=True,
+                                 accuracy_level=accuracy_level or None,
+                                 nodes_to_exclude=exclude, algo_config=cfg)
+        q.process()
+        out = q.model.model
     if head and lm_head == "int8":  # only the head still has a constant-weight MatMul
         q8 = MatMulNBitsQuantizer(out, bits=8, block_size=block_size, is_symmetric=True,
                                   accuracy_level=accuracy_level or None,

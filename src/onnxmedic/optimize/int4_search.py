@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxmedic.optimize import int4
+from onnxmedic.optimize import int4, int4_text
 from onnxmedic.optimize.bench import bench
 from onnxmedic.optimize.passes import Pipeline, run_pipeline
 
@@ -26,6 +26,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_GRID: list[tuple[int, int, str]] = (
     [(b, a, "int4") for b in (32, 64, 128) for a in (0, 4)]
     + [(b, 4, h) for b in (32, 128) for h in ("int8", "fp32")])
+# with --calibration: GPTQ (optimize/int4_gptq.py) at every block with the 4-bit head, and
+# with the 8-bit head at blocks 32 and 128 (a cell's 4th item: the algorithm)
+GPTQ_GRID: list[tuple[Any, ...]] = (
+    [(b, 4, "int4", "gptq") for b in (32, 64, 128)]
+    + [(b, 4, "int8", "gptq") for b in (32, 128)])
 
 
 @dataclass
@@ -44,6 +49,9 @@ class Int4Candidate:
     agreement: float | None = None
     free_agreement: float | None = None
     first_divergence: list[int | None] = field(default_factory=list)
+    divergence_margins: list[float | None] = field(default_factory=list)
+    user_perplexity: float | None = None  # on the held-out part of --calibration's text
+    user_perplexity_ratio: float | None = None
     decode_ms: float | None = None
     size_bytes: int | None = None
     rejected: str = ""
@@ -59,9 +67,13 @@ class Int4Candidate:
         if self.perplexity is None:
             return f"{self.name}: {self.rejected}"
         ms = f", decode {self.decode_ms:.2f} ms" if self.decode_ms is not None else ""
-        return (f"{self.name}: perplexity {self.perplexity:.4g} ({(self.perplexity_ratio - 1) * 100:+.2f} %), "
-                f"greedy agreement {self.agreement * 100:.1f} % (on its own "
-                f"{self.free_agreement * 100:.1f} %){ms}")
+        user = (f", on your text {self.user_perplexity:.4g} "
+                f"({(self.user_perplexity_ratio - 1) * 100:+.2f} %)"
+                if self.user_perplexity is not None and self.user_perplexity_ratio else "")
+        return (f"{self.name}: perplexity {self.perplexity:.4g} "
+                f"({(self.perplexity_ratio - 1) * 100:+.2f} %){user}, greedy agreement "
+                f"{self.agreement * 100:.1f} % teacher-forced ({self.free_agreement * 100:.1f} "
+                f"% generating on its own){ms}")
 
 
 @dataclass
@@ -76,6 +88,9 @@ class Int4Result:
     written: str | None = None
     message: str = ""
     seconds: dict[str, float] = field(default_factory=dict)
+    user_text: str = ""  # --calibration: where the figures on the user's text come from
+    user_reference_perplexity: float | None = None
+    median_margin: float | None = None  # PyTorch's median top-2 logit gap over the steps
 
     @property
     def ok(self) -> bool:
@@ -93,12 +108,42 @@ class Int4Result:
                for c in self.candidates if c.name != "fp32" and c.rejected]
         if self.chosen:
             out.insert(0, info("OM732", stage, self.message, details=self.to_dict()))
+            drift = self.free_running_finding(stage)
+            if drift is not None:
+                out.insert(1, drift)
         else:
             out.insert(0, error("OM731", stage, self.message, details=self.to_dict(),
                                 suggestion="Keep the float32 file, or loosen the budget "
                                 "(--accuracy perplexity=10%,agreement=90%) if the figures "
                                 "above are acceptable for your task."))
         return out
+
+    def free_running_finding(self, stage: str = "optimize") -> Any:
+        """OM743 when the written candidate, generating on its own, keeps fewer than the
+        budget's share of PyTorch's greedy tokens (the budget reads teacher-forced
+        agreement): where it diverges and how close PyTorch's own two best tokens were."""
+        from onnxmedic.findings import warning
+
+        c = next((c for c in self.candidates if c.name == self.chosen), None)
+        if c is None or c.free_agreement is None or c.free_agreement >= self.budget.agreement:
+            return None
+        where = ", ".join(f"prompt {i + 1} at step {d} (PyTorch's top-2 logit gap there "
+                          f"{m:.3g})" for i, (d, m) in enumerate(zip(c.first_divergence,
+                                                                     c.divergence_margins))
+                          if d is not None and m is not None)
+        median = f"{self.median_margin:.3g}" if self.median_margin is not None else "?"
+        return warning("OM743", stage, f"the written int4 file {c.name}, generating on its own "
+                       f"for {self.budget.steps} steps, keeps {c.free_agreement * 100:.1f} % of "
+                       f"PyTorch float32's greedy tokens (teacher-forced: "
+                       f"{c.agreement * 100:.1f} %, the figure the budget reads); it first "
+                       f"diverges at {where}; PyTorch's median gap over all steps is {median}",
+                       details={"free_agreement": c.free_agreement,
+                                "first_divergence": c.first_divergence,
+                                "divergence_margins": c.divergence_margins,
+                                "median_margin": self.median_margin},
+                       suggestion="A divergence where the gap is far below the median is a "
+                       "near tie of the float32 model itself; if your task needs PyTorch's own "
+                       "text, require it with --accuracy free=95% (judged like the rest).")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -129,8 +174,10 @@ def file_bytes(path: str) -> int:
 
 
 def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: int4.TaskBudget,
-            *, threads: int, timeout: float) -> Int4Candidate:
-    """Score ``c.path`` on the task, judge it, and time its decode step."""
+            *, threads: int, timeout: float, user: int4_text.UserText | None = None
+            ) -> Int4Candidate:
+    """Score ``c.path`` on the task (and on the held-out part of the ``user``'s text), judge
+    it, and time its decode step."""
     got = int4.score_onnx(c.path, data, budget.steps, ref["tokens"], threads=threads,
                           timeout=timeout)
     if not got.get("ok"):
@@ -140,16 +187,40 @@ def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: 
     c.perplexity, c.perplexity_ratio = j["perplexity"], j["perplexity_ratio"]
     c.agreement, c.free_agreement = j["agreement"], j["free_agreement"]
     c.first_divergence, c.rejected = j["first_divergence"], j["rejected"]
+    if "margins" in ref:
+        c.divergence_margins = int4_text.divergence_margins(ref["margins"], c.first_divergence)
+    if user is not None:
+        _judge_user_text(c, user, budget, threads=threads, timeout=timeout)
     c.size_bytes = file_bytes(c.path)
     b = bench(c.path, decode_feeds(c.path), threads=threads, repeats=20, timeout=timeout)
     c.decode_ms = b.median_ms if b.ok else None
     return c
 
 
-def build(src: str, work: str, cell: tuple[int, int, str], algo: str = "rtn",
-          exclude: Sequence[str] = (), timeout: float = 600.0) -> Int4Candidate:
-    """Quantize ``src`` at one grid cell (block, accuracy_level, lm_head) in the pass child."""
-    block, level, head = cell
+def _judge_user_text(c: Int4Candidate, user: int4_text.UserText, budget: int4.TaskBudget, *,
+                     threads: int, timeout: float) -> None:
+    """The candidate's perplexity on the held-out user text, judged by the same budget."""
+    got = int4.score_onnx(c.path, int4.TaskData([], user.held), 0, [], threads=threads,
+                          timeout=timeout)
+    if not got.get("ok"):
+        c.rejected = "; ".join(filter(None, [c.rejected, got.get("error", "scoring failed")]))
+        return
+    c.user_perplexity = got["perplexity"]
+    c.user_perplexity_ratio = got["perplexity"] / user.reference_perplexity
+    if not c.user_perplexity_ratio <= budget.perplexity:  # NaN too
+        c.rejected = "; ".join(filter(None, [c.rejected, (
+            f"perplexity on your text {c.user_perplexity:.4g} is "
+            f"{(c.user_perplexity_ratio - 1) * 100:+.2f} % of PyTorch's "
+            f"{user.reference_perplexity:.4g} (budget +{(budget.perplexity - 1) * 100:.3g} %)")]))
+
+
+def build(src: str, work: str, cell: tuple[Any, ...], algo: str = "rtn",
+          exclude: Sequence[str] = (), timeout: float = 600.0,
+          calibration: str | None = None) -> Int4Candidate:
+    """Quantize ``src`` at one grid cell (block, accuracy_level, lm_head[, algo]) in the pass
+    child; ``calibration``: the windows file GPTQ reads (int4_text.UserText.windows_path)."""
+    block, level, head = cell[:3]
+    algo = cell[3] if len(cell) > 3 else algo
     name = f"int4-b{block}-a{level}-head{head}" + (f"-{algo}" if algo != "rtn" else "")
     if exclude:
         name += f"-keep{len(exclude)}"
@@ -157,6 +228,8 @@ def build(src: str, work: str, cell: tuple[int, int, str], algo: str = "rtn",
                       path=str(Path(work) / f"{name}.onnx"))
     opts = {"block_size": block, "accuracy_level": level, "lm_head": head, "algo": algo,
             "nodes_to_exclude": list(exclude)}
+    if algo == "gptq":
+        opts["calibration"] = calibration
     ok, _, err = run_pipeline(Pipeline(name, [("onnxmedic.optimize.int4:quantize_int4", opts)],
                                        precision="int4"), src, c.path, timeout=timeout)
     if not ok:
@@ -206,18 +279,22 @@ def choose(res: Int4Result, out: str | os.PathLike[str] | None) -> None:
 def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., Any], *,
                   out: str | os.PathLike[str] | None = None, tokenizer: Any = None,
                   data: int4.TaskData | None = None, budget: int4.TaskBudget | None = None,
-                  grid: Sequence[tuple[int, int, str]] | None = None, algo: str = "rtn",
+                  grid: Sequence[tuple[Any, ...]] | None = None, algo: str = "rtn",
                   threads: int = 2, timeout: float = 600.0,
                   reference_scores: dict[str, Any] | None = None,
-                  search: bool = True) -> Int4Result:
+                  search: bool = True, calibration: str | os.PathLike[str] | None = None,
+                  gptq_grid: Sequence[tuple[Any, ...]] | None = None) -> Int4Result:
     """Weight-only int4 candidates of the decoder step ``onnx_path`` (see optimize/int4.py),
     each judged against ``reference`` (PyTorch, ``(input_ids, past) -> (logits, present)``)
     by ``budget`` on ``data`` (default: the built-in text through ``tokenizer``, or text
     sampled from the reference) and timed; the fastest within the budget is written to
     ``out``. ``reference_scores``: PyTorch's :func:`int4.score` on ``data``, when already
     computed. ``search``: where no candidate is within the budget, the per-layer search
-    (:func:`layer_search`) on the best of them. Raises ValueError when the file is not a
-    decoder step."""
+    (:func:`layer_search`) on the best of them. ``calibration``: a text file (through
+    ``tokenizer``) that adds the GPTQ candidates of ``gptq_grid`` (default :data:`GPTQ_GRID`)
+    and a perplexity on its held-out part, judged like the built-in text's (int4_text.py).
+    Raises ValueError when the file is not a decoder step, OnnxMedicError (OM742) when the
+    calibration text cannot be used."""
     budget = budget or int4.DEFAULT_BUDGET
     src = str(onnx_path)
     t0 = time.perf_counter()
@@ -225,24 +302,37 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
     ref_step = int4.torch_step(reference)
     data = data or task_data(src, ref_step, past0, tokenizer, budget)
     data = int4.TaskData(data.prompts[:budget.prompts], data.text, data.source)
-    ref = reference_scores or int4.score(ref_step, past0, data, budget.steps)
-    seconds = {"reference": time.perf_counter() - t0}
-    res = Int4Result(budget, data.source, ref["perplexity"], [])
+    ref = dict(reference_scores or int4.score(ref_step, past0, data, budget.steps))
+    ref.setdefault("margins", int4_text.reference_margins(ref_step, past0, data.prompts,
+                                                          ref["tokens"]))
+    res = Int4Result(budget, data.source, ref["perplexity"], [],
+                     median_margin=int4_text.median_margin(ref["margins"]))
     with tempfile.TemporaryDirectory(prefix="onnxmedic-int4-") as work:
+        user = None
+        cells = list(grid or DEFAULT_GRID)
+        if calibration is not None:
+            user = int4_text.load_user_text(calibration, tokenizer, work)
+            nll, n = int4.mean_nll(ref_step, past0, user.held)
+            user.reference_perplexity = float(np.exp(nll / n))
+            res.user_text, res.user_reference_perplexity = (user.describe(),
+                                                            user.reference_perplexity)
+            cells += list(GPTQ_GRID if gptq_grid is None else gptq_grid)
+        seconds = {"reference": time.perf_counter() - t0}
         t1 = time.perf_counter()
-        res.candidates.append(measure(Int4Candidate("fp32", path=src), ref, data, budget,
-                                      threads=threads, timeout=timeout))
-        for cell in grid or DEFAULT_GRID:
-            c = build(src, work, cell, algo, timeout=timeout)
+        kw: dict[str, Any] = {"threads": threads, "timeout": timeout, "user": user}
+        res.candidates.append(measure(Int4Candidate("fp32", path=src), ref, data, budget, **kw))
+        cal = user.windows_path if user else None
+        for cell in cells:
+            c = build(src, work, cell, algo, timeout=timeout, calibration=cal)
             if not c.rejected:
-                measure(c, ref, data, budget, threads=threads, timeout=timeout)
+                measure(c, ref, data, budget, **kw)
             res.candidates.append(c)
             logger.info("int4: %s", c.figures())
         tried = [c for c in res.candidates[1:] if c.perplexity is not None]
         if search and tried and not any(c.within for c in tried):
             best = max(tried, key=_merit)
             res.candidates += layer_search(src, work, best, ref, data, budget,
-                                           threads=threads, timeout=timeout)
+                                           calibration=cal, **kw)
         seconds["candidates"] = time.perf_counter() - t1
         choose(res, out)
     res.seconds = seconds
@@ -251,10 +341,13 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
 
 def optimize_decoder(onnx_path: str | os.PathLike[str], model: Any, *,
                      out: str | os.PathLike[str] | None = None, accuracy: Any = None,
-                     threads: int = 2, timeout: float = 600.0) -> Int4Result:
+                     threads: int = 2, timeout: float = 600.0,
+                     calibration: str | os.PathLike[str] | None = None) -> Int4Result:
     """``optimize(..., precision="int4")``: :func:`optimize_int4` with the budget parsed from
     ``accuracy`` (:func:`int4.parse_budget`) and the model's own ``tokenizer`` attribute, where
-    it has one. A file that is not a decoder step raises OnnxMedicError (OM733)."""
+    it has one; ``calibration``: a text file for GPTQ and a perplexity on the user's text. A
+    file that is not a decoder step raises OnnxMedicError (OM733), an unusable calibration
+    text OnnxMedicError (OM742)."""
     from onnxmedic.findings import OnnxMedicError, error
 
     budget = accuracy if isinstance(accuracy, int4.TaskBudget) else int4.parse_budget(accuracy)
@@ -269,28 +362,44 @@ def optimize_decoder(onnx_path: str | os.PathLike[str], model: Any, *,
         model.eval()
     try:
         return optimize_int4(onnx_path, model, out=out, tokenizer=getattr(model, "tokenizer", None),
-                             budget=budget, threads=threads, timeout=timeout)
+                             budget=budget, threads=threads, timeout=timeout,
+                             calibration=calibration)
     finally:
         if was_training:
             model.train()
 
 
+def _row(c: Int4Candidate, user: bool) -> str:
+    """One candidate's line of the table."""
+    if c.perplexity is None:
+        return f"{c.name:30} {'-':>10} {'-':>8} " + ("- " * 6 if user else "- " * 5) + c.rejected
+    ms = f"{c.decode_ms:.3f}" if c.decode_ms is not None else "-"
+    mib = f"{c.size_bytes / 2**20:.2f}" if c.size_bytes else "-"
+    yours = ""
+    if user:
+        yours = (f"{(c.user_perplexity_ratio - 1) * 100:+7.2f}% " if c.user_perplexity_ratio
+                 else f"{'-':>8} ")
+    return (f"{c.name:30} {c.perplexity:10.4g} {(c.perplexity_ratio - 1) * 100:+7.2f}% "
+            f"{yours}{c.agreement * 100:6.1f}% {c.free_agreement * 100:6.1f}% {ms:>9} "
+            f"{mib:>7}  {c.rejected}").rstrip()
+
+
 def print_result(res: Int4Result) -> None:
-    """The int4 candidate table (``onnxmedic optimize --precision int4``)."""
+    """The int4 candidate table (``onnxmedic optimize --precision int4``): per candidate the
+    perplexity and its delta (built-in text; the user's held-out text with --calibration),
+    greedy agreement teacher-forced (``forced``: the budget's figure) and generating on its own
+    (``own``), decode-step time and size."""
     print(f"int4 judged by the task budget: {res.budget.describe()} (--accuracy); text: "
           f"{res.data_source}; PyTorch float32 perplexity {res.reference_perplexity:.4g}")
-    print(f"{'candidate':28} {'perplexity':>10} {'delta':>8} {'agree':>7} {'own':>7} "
+    user = bool(res.user_text)
+    if user:
+        print(f"your text (--calibration): {res.user_text}; PyTorch float32 perplexity "
+              f"{res.user_reference_perplexity:.4g}")
+    yours = f"{'yours':>8} " if user else ""
+    print(f"{'candidate':30} {'perplexity':>10} {'delta':>8} {yours}{'forced':>7} {'own':>7} "
           f"{'decode ms':>9} {'MiB':>7}  why rejected")
     for c in res.candidates:
-        if c.perplexity is None:
-            print(f"{c.name:28} {'-':>10} {'-':>8} {'-':>7} {'-':>7} {'-':>9} {'-':>7}  "
-                  f"{c.rejected}")
-            continue
-        ms = f"{c.decode_ms:.3f}" if c.decode_ms is not None else "-"
-        mib = f"{c.size_bytes / 2**20:.2f}" if c.size_bytes else "-"
-        print(f"{c.name:28} {c.perplexity:10.4g} {(c.perplexity_ratio - 1) * 100:+7.2f}% "
-              f"{c.agreement * 100:6.1f}% {c.free_agreement * 100:6.1f}% {ms:>9} {mib:>7}  "
-              f"{c.rejected}".rstrip())
+        print(_row(c, user))
     for f in res.findings():
         if f.code != "OM730":
             print(f"{f.code} {f.message}")
@@ -306,9 +415,8 @@ def cli_main(ns: Any) -> int:
     from onnxmedic import inputs
     from onnxmedic.findings import OnnxMedicError
 
-    if ns.target != "cpu" or ns.calibration is not None:
-        sys.stderr.write("onnxmedic optimize: error: --precision int4 is for --target cpu "
-                         "and takes no --calibration yet\n")
+    if ns.target != "cpu":
+        sys.stderr.write("onnxmedic optimize: error: --precision int4 is for --target cpu\n")
         return 2
     try:
         budget = int4.parse_budget(ns.accuracy)
@@ -318,7 +426,8 @@ def cli_main(ns: Any) -> int:
     try:
         model, _ = inputs.load_model(ns.model)
         res = optimize_decoder(ns.onnx, model, out=ns.output, accuracy=budget,
-                               threads=ns.threads, timeout=ns.timeout)
+                               threads=ns.threads, timeout=ns.timeout,
+                               calibration=ns.calibration)
     except OnnxMedicError as err:
         sys.stderr.write(err.finding.one_paragraph() + "\n")
         return err.finding.exit_code
@@ -349,7 +458,9 @@ def _merit(c: Int4Candidate) -> float:
 
 def layer_search(src: str, work: str, base: Int4Candidate, ref: dict[str, Any],
                  data: int4.TaskData, budget: int4.TaskBudget, *, threads: int = 2,
-                 timeout: float = 600.0, max_keep: int = 16) -> list[Int4Candidate]:
+                 timeout: float = 600.0, max_keep: int = 16,
+                 user: int4_text.UserText | None = None, calibration: str | None = None
+                 ) -> list[Int4Candidate]:
     """The per-layer search of an int4 candidate outside the budget: each layer it quantized
     kept float32 alone ranks the layers by what that buys (agreement minus the perplexity's
     rise); then the top 1, 2, 4, ... stay float32 (their original MatMul) until a candidate is
@@ -363,16 +474,18 @@ def layer_search(src: str, work: str, base: Int4Candidate, ref: dict[str, Any],
         layers = [n for n in layers if n != head]
     gains = {}
     for name in layers:
-        c = build(src, work, cell, base.algo, exclude=[name], timeout=timeout)
+        c = build(src, work, cell, base.algo, exclude=[name], timeout=timeout,
+                  calibration=calibration)
         if not c.rejected:
-            measure(c, ref, data, budget, threads=threads, timeout=timeout)
+            measure(c, ref, data, budget, threads=threads, timeout=timeout, user=user)
         gains[name] = _merit(c) - _merit(base)
     ranked = sorted(layers, key=lambda n: -gains[n])
     curve, k = [], 1
     while k <= min(max_keep, len(ranked)):
-        c = build(src, work, cell, base.algo, exclude=ranked[:k], timeout=timeout)
+        c = build(src, work, cell, base.algo, exclude=ranked[:k], timeout=timeout,
+                  calibration=calibration)
         if not c.rejected:
-            measure(c, ref, data, budget, threads=threads, timeout=timeout)
+            measure(c, ref, data, budget, threads=threads, timeout=timeout, user=user)
         curve.append(c)
         logger.info("int4 layer search: %s", c.figures())
         if c.within:
