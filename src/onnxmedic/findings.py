@@ -324,6 +324,14 @@ CODES: dict[str, CodeInfo] = {
         "sensitive RoI pooling; box_iou_rotated) is in the model; the finding names the op and "
         "what to do (compute it outside the ONNX model, or with torchvision's per-bin roi_align).",
     ),
+    "OM221": CodeInfo(
+        "torchvision detection code captured in a traceable form", 0,
+        "The model holds a torchvision module whose code torch.export cannot capture with "
+        "data-dependent sizes (MultiScaleRoIAlign's per-level write back, Mask R-CNN's "
+        "per-box mask pasting, Keypoint R-CNN's heatmap decoding): onnxmedic captured it with "
+        "functions that compute the same thing with ops torch.export keeps symbolic, and put "
+        "torchvision's back afterwards. Verification compares with torchvision's own code.",
+    ),
     # OM3xx: dtypes for the target runtime
     "OM301": CodeInfo(
         "no kernel for this op and dtype on the target", 1,

@@ -1,0 +1,150 @@
+"""torchvision's detection postprocess written so that torch.export can capture it.
+
+Each function here computes what torchvision's does, with the per-level or per-image steps whose
+sizes depend on the data written as ops with unbacked sizes that torch.export keeps symbolic.
+``Rewritten`` (used by capture.strategies.capture) puts them in place of torchvision's for the
+capture of a model that holds the torchvision module calling them, and torchvision's back when
+the capture ends (OM221 lists them); verification compares the ONNX model with torchvision's
+own code.
+
+- ``multiscale_roi_align``: MultiScaleRoIAlign's pooling. torchvision maps each box to a pyramid
+  level (LevelMapper: ``floor(k0 + log2(sqrt(area) / s0) + eps)`` clamped to the levels), pools
+  each level's boxes there and writes them back with ``result[idx_in_level] = ...``, an
+  ``index_put`` with an unbacked index whose decomposition loses the unbacked symbol
+  (PendingUnbackedSymbolNotFound). Here the write back is ``index_copy`` (ScatterND), the
+  level mapping torchvision's own.
+- ``paste_masks_in_image``: Mask R-CNN's masks resized to their boxes and pasted into the image,
+  per box in torchvision (a resize to a size read from the box's values), here for all boxes
+  at once as ``rows @ mask @ cols^T`` with the bilinear weights of each box's rows and columns.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+
+def multiscale_roi_align(x_filtered: list[torch.Tensor], boxes: list[torch.Tensor],
+                         output_size: list[int], sampling_ratio: int,
+                         scales: list[float] | None, mapper: Any) -> torch.Tensor:
+    """torchvision.ops.poolers._multiscale_roi_align with the boxes of each level written
+    back into box order by ``index_copy``."""
+    poolers = sys.modules["torchvision.ops.poolers"]
+    if scales is None or mapper is None:
+        raise ValueError("scales and mapper should not be None")
+    rois = poolers._convert_to_roi_format(boxes)
+    if len(x_filtered) == 1:
+        return poolers.roi_align(x_filtered[0], rois, output_size=output_size,
+                                 spatial_scale=scales[0], sampling_ratio=sampling_ratio)
+    levels = mapper(boxes)
+    dtype = x_filtered[0].dtype
+    result: torch.Tensor | None = None
+    for level, (feature, scale) in enumerate(zip(x_filtered, scales, strict=False)):
+        idx = torch.where(levels == level)[0]
+        pooled = poolers.roi_align(feature, rois[idx], output_size=output_size,
+                                   spatial_scale=scale, sampling_ratio=sampling_ratio)
+        if result is None:
+            result = pooled.new_zeros((rois.shape[0], *pooled.shape[1:]), dtype=dtype)
+        result = result.index_copy(0, idx, pooled.to(dtype))
+    assert result is not None
+    return result
+
+
+def _bilinear_rows(start: torch.Tensor, end: torch.Tensor, out: int, size: int
+                   ) -> torch.Tensor:
+    """[N, out, size]: row j of detection n holds the weights of ``F.interpolate(...,
+    mode="bilinear", align_corners=False)`` resizing ``size`` samples to the box's
+    ``end - start + 1`` (at least 1) pixels, for the image pixel j (zero outside the box)."""
+    length = (end - start + 1).clamp(min=1)
+    pixel = torch.arange(out, device=start.device)[None, :]
+    inside = (pixel >= start[:, None]) & (pixel <= end[:, None])
+    scale = size / length.to(torch.float32)  # as torch: input size / output size, in float
+    src = ((pixel - start[:, None]).to(torch.float32) + 0.5) * scale[:, None] - 0.5
+    src = src.clamp(min=0)
+    lo = src.floor().clamp(max=size - 1)
+    frac = src - lo
+    lo = lo.to(torch.int64)
+    hi = torch.where(lo < size - 1, lo + 1, lo)
+    k = torch.arange(size, device=start.device)[None, None, :]
+    weights = (1 - frac)[..., None] * (k == lo[..., None]) + frac[..., None] * (k == hi[..., None])
+    return weights * inside[..., None]
+
+
+def paste_masks_in_image(masks: torch.Tensor, boxes: torch.Tensor, img_shape: Any,
+                         padding: int = 1) -> torch.Tensor:
+    """torchvision.models.detection.roi_heads.paste_masks_in_image for every box at once:
+    each mask (padded, its box expanded alike and rounded to integers, as torchvision does)
+    resized bilinearly to its box and written into an image of zeros, as one product of
+    interpolation matrices ``rows @ mask @ cols^T`` instead of a loop over the boxes."""
+    roi_heads = sys.modules["torchvision.models.detection.roi_heads"]
+    masks, scale = roi_heads.expand_masks(masks, padding=padding)
+    boxes = roi_heads.expand_boxes(boxes, scale).to(dtype=torch.int64)
+    im_h, im_w = img_shape
+    size = masks.shape[-1]
+    rows = _bilinear_rows(boxes[:, 1], boxes[:, 3], im_h, size).to(masks.dtype)
+    cols = _bilinear_rows(boxes[:, 0], boxes[:, 2], im_w, size).to(masks.dtype)
+    return (rows @ masks[:, 0] @ cols.transpose(1, 2))[:, None]
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One torchvision function replaced for the capture: ``module.attr`` by ``replacement``,
+    when the model holds a module whose class is named one of ``modules`` (defined in
+    torchvision); ``what`` says what the replacement does differently, for OM221."""
+
+    module: str
+    attr: str
+    replacement: Callable[..., Any]
+    modules: tuple[str, ...]
+    what: str
+
+
+REWRITES: list[Rewrite] = [
+    Rewrite("torchvision.ops.poolers", "_multiscale_roi_align", multiscale_roi_align,
+            ("MultiScaleRoIAlign",),
+            "MultiScaleRoIAlign writes each pyramid level's pooled boxes back by index_copy "
+            "(torchvision: an index_put whose decomposition loses the level's unbacked box "
+            "count)"),
+    Rewrite("torchvision.models.detection.transform", "paste_masks_in_image",
+            paste_masks_in_image, ("MaskRCNNHeads", "MaskRCNNPredictor"),
+            "Mask R-CNN pastes every mask into the image at once with bilinear interpolation "
+            "matrices (torchvision: a Python loop over the detections, each resized to its "
+            "box's size)"),
+]
+
+
+def _uses(model: torch.nn.Module, names: tuple[str, ...]) -> bool:
+    return any(type(m).__name__ in names and type(m).__module__.startswith("torchvision.")
+               for m in model.modules())
+
+
+class Rewritten:
+    """The REWRITES that apply to ``model`` (torchvision imported, one of the modules in the
+    model), in place while the context is open; ``on``: what each one changed."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.on: list[str] = []
+        self._saved: list[tuple[ModuleType, str, Any]] = []
+
+    def __enter__(self) -> Rewritten:
+        if not isinstance(self.model, torch.nn.Module):
+            return self
+        for r in REWRITES:
+            mod = sys.modules.get(r.module)
+            if mod is None or not hasattr(mod, r.attr) or not _uses(self.model, r.modules):
+                continue
+            self._saved.append((mod, r.attr, getattr(mod, r.attr)))
+            setattr(mod, r.attr, r.replacement)
+            self.on.append(f"{r.module}.{r.attr}: {r.what}")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for mod, attr, original in reversed(self._saved):
+            setattr(mod, attr, original)
+        self._saved.clear()
