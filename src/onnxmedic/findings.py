@@ -647,6 +647,12 @@ CODES: dict[str, CodeInfo] = {
         "outputs are not a detection set", 1,
         "Detection comparison: boxes are not [N, 4], or boxes, scores and labels disagree on N.",
     ),
+    "OM619": CodeInfo(
+        "per-detection output differs", 1,
+        "Detection comparison: an output with a row per detection (Mask R-CNN's masks, Keypoint "
+        "R-CNN's keypoints or their scores) differs for a pair of matched detections by more "
+        "than the budget (a wrong mask, a shifted keypoint).",
+    ),
     # OM7xx: sweeps over a model zoo
     "OM700": CodeInfo(
         "zoo entry not verified", 1,

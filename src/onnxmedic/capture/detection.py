@@ -16,6 +16,9 @@ own code.
 - ``paste_masks_in_image``: Mask R-CNN's masks resized to their boxes and pasted into the image,
   per box in torchvision (a resize to a size read from the box's values), here for all boxes
   at once as ``rows @ mask @ cols^T`` with the bilinear weights of each box's rows and columns.
+- ``heatmaps_to_keypoints``: Keypoint R-CNN's heatmaps resized bicubically to their boxes'
+  ceiled sizes and decoded at their argmax, per box in torchvision, here for all boxes at once
+  (resized to the largest box, the rest masked out).
 """
 
 from __future__ import annotations
@@ -91,6 +94,69 @@ def paste_masks_in_image(masks: torch.Tensor, boxes: torch.Tensor, img_shape: An
     return (rows @ masks[:, 0] @ cols.transpose(1, 2))[:, None]
 
 
+def _cubic(t: torch.Tensor) -> list[torch.Tensor]:
+    """torch's bicubic coefficients (A = -0.75) of the taps at -1, 0, 1, 2 for offset ``t``."""
+    a = -0.75
+
+    def near(x: torch.Tensor) -> torch.Tensor:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: torch.Tensor) -> torch.Tensor:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def _bicubic_rows(length: torch.Tensor, out: int, size: int) -> torch.Tensor:
+    """[N, out, size]: the weights of ``F.interpolate(..., mode="bicubic",
+    align_corners=False)`` resizing ``size`` samples to ``length[n]`` pixels (rows past it
+    zero)."""
+    pixel = torch.arange(out, device=length.device)[None, :]
+    scale = size / length.to(torch.float32)
+    src = (pixel.to(torch.float32) + 0.5) * scale[:, None] - 0.5  # not clamped for cubic
+    base = src.floor()
+    t = src - base
+    base = base.to(torch.int64)
+    k = torch.arange(size, device=length.device)[None, None, :]
+    weights = torch.zeros(())
+    for tap, coef in zip(range(-1, 3), _cubic(t), strict=True):
+        at = (base + tap).clamp(0, size - 1)
+        weights = weights + coef[..., None] * (k == at[..., None])
+    return weights * (pixel < length[:, None])[..., None]
+
+
+def heatmaps_to_keypoints(maps: torch.Tensor, rois: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchvision.models.detection.roi_heads.heatmaps_to_keypoints for every box at once:
+    each heatmap resized bicubically to its box's ceiled size (as interpolation matrices,
+    padded to the largest box, the padding never the maximum), its argmax in row-major order
+    (ties: the first), the keypoint at the pixel's centre scaled back to the box."""
+    offset_x, offset_y = rois[:, 0], rois[:, 1]
+    widths = (rois[:, 2] - rois[:, 0]).clamp(min=1)
+    heights = (rois[:, 3] - rois[:, 1]).clamp(min=1)
+    wc, hc = widths.ceil(), heights.ceil()
+    n, k, size = maps.shape[0], maps.shape[1], maps.shape[-1]
+    # an integer item: torch.export keeps it an unbacked size (a float's int() it cannot)
+    top_h = int(torch.cat([hc, hc.new_ones(1)]).max().to(torch.int64).item())
+    top_w = int(torch.cat([wc, wc.new_ones(1)]).max().to(torch.int64).item())
+    torch._check(top_h >= 1)
+    torch._check(top_w >= 1)
+    rows = _bicubic_rows(hc.to(torch.int64), top_h, size).to(maps.dtype)
+    cols = _bicubic_rows(wc.to(torch.int64), top_w, size).to(maps.dtype)
+    roi_map = rows[:, None] @ maps @ cols[:, None].transpose(2, 3)  # [N, K, top_h, top_w]
+    inside = ((torch.arange(top_h)[None, :, None] < hc[:, None, None])
+              & (torch.arange(top_w)[None, None, :] < wc[:, None, None]))
+    roi_map = roi_map.masked_fill(~inside[:, None], float("-inf"))
+    flat = roi_map.reshape(n, k, top_h * top_w)
+    pos = flat.argmax(dim=2)
+    scores = flat.gather(2, pos[..., None])[..., 0]
+    y_int = torch.div(pos, top_w, rounding_mode="floor")
+    x_int = pos - y_int * top_w
+    x = (x_int.float() + 0.5) * (widths / wc)[:, None] + offset_x[:, None]
+    y = (y_int.float() + 0.5) * (heights / hc)[:, None] + offset_y[:, None]
+    xy = torch.stack([x, y, torch.ones_like(x)], dim=2)
+    return xy, scores
+
+
 @dataclass(frozen=True)
 class Rewrite:
     """One torchvision function replaced for the capture: ``module.attr`` by ``replacement``,
@@ -115,6 +181,11 @@ REWRITES: list[Rewrite] = [
             "Mask R-CNN pastes every mask into the image at once with bilinear interpolation "
             "matrices (torchvision: a Python loop over the detections, each resized to its "
             "box's size)"),
+    Rewrite("torchvision.models.detection.roi_heads", "heatmaps_to_keypoints",
+            heatmaps_to_keypoints, ("KeypointRCNNHeads", "KeypointRCNNPredictor"),
+            "Keypoint R-CNN decodes every box's heatmaps at once, resized bicubically to the "
+            "largest box by interpolation matrices (torchvision: a Python loop over the "
+            "detections, each resized to its box's size)"),
 ]
 
 
