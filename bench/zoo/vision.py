@@ -73,7 +73,8 @@ class SegmentationOut(nn.Module):
 
 
 class FirstImage(nn.Module):
-    """A detector's list-of-images API as one image in, (boxes, scores, labels) out."""
+    """A detector's list-of-images API as one image in, (boxes, scores, labels) out (then
+    masks, or keypoints and their scores, for Mask and Keypoint R-CNN)."""
 
     def __init__(self, detector: nn.Module) -> None:
         super().__init__()
@@ -81,7 +82,9 @@ class FirstImage(nn.Module):
 
     def forward(self, image: torch.Tensor):
         out = self.detector([image[0]])[0]
-        return out["boxes"], out["scores"], out["labels"]
+        # Mask R-CNN's masks, Keypoint R-CNN's keypoints and their scores after the triple
+        extra = tuple(out[k] for k in ("masks", "keypoints", "keypoints_scores") if k in out)
+        return (out["boxes"], out["scores"], out["labels"], *extra)
 
 
 def calibrated(m: nn.Module, size: int, seed: int = 5) -> nn.Module:
@@ -152,6 +155,12 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
     "tv/fcos_resnet50_fpn": _detection("fcos_resnet50_fpn", 320, min_size=320, max_size=320),
     "tv/fasterrcnn_mobilenet_v3_large_320_fpn": _detection(
         "fasterrcnn_mobilenet_v3_large_320_fpn", 320),
+    "tv/fasterrcnn_resnet50_fpn": _detection("fasterrcnn_resnet50_fpn", 320, min_size=320,
+                                             max_size=320),
+    "tv/maskrcnn_resnet50_fpn": _detection("maskrcnn_resnet50_fpn", 320, min_size=320,
+                                           max_size=320),
+    "tv/keypointrcnn_resnet50_fpn": _detection("keypointrcnn_resnet50_fpn", 320, min_size=320,
+                                               max_size=320),
     # timm CNNs
     "timm/resnet50d": _classifier(_timm("resnet50d")),
     "timm/efficientnet_b0": _classifier(_timm("efficientnet_b0")),
