@@ -327,8 +327,9 @@ CODES: dict[str, CodeInfo] = {
     "OM221": CodeInfo(
         "torchvision detection code captured in a traceable form", 0,
         "The model holds a torchvision module whose code torch.export cannot capture with "
-        "data-dependent sizes (MultiScaleRoIAlign's per-level write back, Mask R-CNN's "
-        "per-box mask pasting, Keypoint R-CNN's heatmap decoding): onnxmedic captured it with "
+        "data-dependent sizes (Mask R-CNN's per-box mask pasting, Keypoint R-CNN's heatmap "
+        "decoding: Python loops over the boxes, resized to sizes read from their values): "
+        "onnxmedic captured it with "
         "functions that compute the same thing with ops torch.export keeps symbolic, and put "
         "torchvision's back afterwards. Verification compares with torchvision's own code.",
     ),

@@ -147,7 +147,7 @@ def test_multiscale_roi_align_maps_boxes_to_levels(tmp_path) -> None:
     res = onnxmedic.export(Pooler().eval(), (p2, p3, boxes), tmp_path / "pool.onnx",
                            dynamic_shapes=(None, None, {0: "boxes"}))
     assert res.ok, [(f.code, f.message[:300]) for f in res.findings]
-    assert {"OM221", "OM325"} <= {f.code for f in res.findings}
+    assert "OM325" in {f.code for f in res.findings}
     sess = ort.InferenceSession(str(tmp_path / "pool.onnx"), providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     for n in (1, 4):

@@ -1,18 +1,12 @@
 """torchvision's detection postprocess written so that torch.export can capture it.
 
-Each function here computes what torchvision's does, with the per-level or per-image steps whose
-sizes depend on the data written as ops with unbacked sizes that torch.export keeps symbolic.
+Each function here computes what torchvision's does, with the per-box steps whose sizes depend on
+the data written as ops with unbacked sizes that torch.export keeps symbolic.
 ``Rewritten`` (used by capture.strategies.capture) puts them in place of torchvision's for the
 capture of a model that holds the torchvision module calling them, and torchvision's back when
 the capture ends (OM221 lists them); verification compares the ONNX model with torchvision's
 own code.
 
-- ``multiscale_roi_align``: MultiScaleRoIAlign's pooling. torchvision maps each box to a pyramid
-  level (LevelMapper: ``floor(k0 + log2(sqrt(area) / s0) + eps)`` clamped to the levels), pools
-  each level's boxes there and writes them back with ``result[idx_in_level] = ...``, an
-  ``index_put`` with an unbacked index whose decomposition loses the unbacked symbol
-  (PendingUnbackedSymbolNotFound). Here the write back is ``index_copy`` (ScatterND), the
-  level mapping torchvision's own.
 - ``paste_masks_in_image``: Mask R-CNN's masks resized to their boxes and pasted into the image,
   per box in torchvision (a resize to a size read from the box's values), here for all boxes
   at once as ``rows @ mask @ cols^T`` with the bilinear weights of each box's rows and columns.
@@ -30,32 +24,6 @@ from types import ModuleType
 from typing import Any
 
 import torch
-
-
-def multiscale_roi_align(x_filtered: list[torch.Tensor], boxes: list[torch.Tensor],
-                         output_size: list[int], sampling_ratio: int,
-                         scales: list[float] | None, mapper: Any) -> torch.Tensor:
-    """torchvision.ops.poolers._multiscale_roi_align with the boxes of each level written
-    back into box order by ``index_copy``."""
-    poolers = sys.modules["torchvision.ops.poolers"]
-    if scales is None or mapper is None:
-        raise ValueError("scales and mapper should not be None")
-    rois = poolers._convert_to_roi_format(boxes)
-    if len(x_filtered) == 1:
-        return poolers.roi_align(x_filtered[0], rois, output_size=output_size,
-                                 spatial_scale=scales[0], sampling_ratio=sampling_ratio)
-    levels = mapper(boxes)
-    dtype = x_filtered[0].dtype
-    result: torch.Tensor | None = None
-    for level, (feature, scale) in enumerate(zip(x_filtered, scales, strict=False)):
-        idx = torch.where(levels == level)[0]
-        pooled = poolers.roi_align(feature, rois[idx], output_size=output_size,
-                                   spatial_scale=scale, sampling_ratio=sampling_ratio)
-        if result is None:
-            result = pooled.new_zeros((rois.shape[0], *pooled.shape[1:]), dtype=dtype)
-        result = result.index_copy(0, idx, pooled.to(dtype))
-    assert result is not None
-    return result
 
 
 def _bilinear_rows(start: torch.Tensor, end: torch.Tensor, out: int, size: int
@@ -171,11 +139,6 @@ class Rewrite:
 
 
 REWRITES: list[Rewrite] = [
-    Rewrite("torchvision.ops.poolers", "_multiscale_roi_align", multiscale_roi_align,
-            ("MultiScaleRoIAlign",),
-            "MultiScaleRoIAlign writes each pyramid level's pooled boxes back by index_copy "
-            "(torchvision: an index_put whose decomposition loses the level's unbacked box "
-            "count)"),
     Rewrite("torchvision.models.detection.transform", "paste_masks_in_image",
             paste_masks_in_image, ("MaskRCNNHeads", "MaskRCNNPredictor"),
             "Mask R-CNN pastes every mask into the image at once with bilinear interpolation "
