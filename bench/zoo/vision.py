@@ -73,7 +73,8 @@ class SegmentationOut(nn.Module):
 
 
 class FirstImage(nn.Module):
-    """A detector's list-of-images API as one image in, (boxes, scores, labels) out."""
+    """A detector's list-of-images API as one image in, (boxes, scores, labels) out (then
+    masks, or keypoints and their scores, for Mask and Keypoint R-CNN)."""
 
     def __init__(self, detector: nn.Module) -> None:
         super().__init__()
@@ -81,7 +82,38 @@ class FirstImage(nn.Module):
 
     def forward(self, image: torch.Tensor):
         out = self.detector([image[0]])[0]
-        return out["boxes"], out["scores"], out["labels"]
+        # Mask R-CNN's masks, Keypoint R-CNN's keypoints and their scores after the triple
+        extra = tuple(out[k] for k in ("masks", "keypoints", "keypoints_scores") if k in out)
+        return (out["boxes"], out["scores"], out["labels"], *extra)
+
+
+class TinyYolo(nn.Module):
+    """A YOLO-style single-scale head: per cell (cx, cy, w, h), objectness and class logits;
+    detections above a score threshold (an input), then class-wise NMS."""
+
+    def __init__(self, classes: int = 3, stride: int = 8) -> None:
+        super().__init__()
+        self.stride = stride
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU(),
+                                  nn.Conv2d(16, 16, 3, 2, 1), nn.ReLU(),
+                                  nn.Conv2d(16, 5 + classes, 3, 2, 1))
+
+    def forward(self, image: torch.Tensor, threshold: torch.Tensor):
+        p = self.body(image)[0]  # [5 + C, h, w]
+        h, w = p.shape[-2:]
+        p = p.flatten(1).T  # [h*w, 5 + C]
+        ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        grid = torch.stack([xs, ys], -1).reshape(-1, 2).to(p)
+        centre = (grid + p[:, :2].sigmoid()) * self.stride
+        size = p[:, 2:4].exp().clamp(max=8.0) * self.stride * 3
+        boxes = torch.cat([centre - size / 2, centre + size / 2], 1)
+        scores, labels = (p[:, 4:5].sigmoid() * p[:, 5:].softmax(1)).max(1)
+        keep = scores > threshold
+        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+        from torchvision.ops import batched_nms
+
+        kept = batched_nms(boxes, scores, labels, 0.45)
+        return boxes[kept], scores[kept], labels[kept]
 
 
 def calibrated(m: nn.Module, size: int, seed: int = 5) -> nn.Module:
@@ -126,6 +158,12 @@ def _detection(name: str, size: int, **kw) -> Callable[[], ZooCase]:
     return make
 
 
+def _yolo(size: int = 320) -> ZooCase:
+    torch.manual_seed(0)
+    return ZooCase(TinyYolo().eval(), (_image(size, batch=1), torch.tensor(0.05)), {}, None,
+                   note="a YOLO-style head in plain torch: grid decode, threshold, batched_nms")
+
+
 ZOO: dict[str, Callable[[], ZooCase]] = {
     # torchvision classification
     "tv/resnet50": _classifier(_tv("resnet50")),
@@ -152,6 +190,13 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
     "tv/fcos_resnet50_fpn": _detection("fcos_resnet50_fpn", 320, min_size=320, max_size=320),
     "tv/fasterrcnn_mobilenet_v3_large_320_fpn": _detection(
         "fasterrcnn_mobilenet_v3_large_320_fpn", 320),
+    "tv/fasterrcnn_resnet50_fpn": _detection("fasterrcnn_resnet50_fpn", 320, min_size=320,
+                                             max_size=320),
+    "tv/maskrcnn_resnet50_fpn": _detection("maskrcnn_resnet50_fpn", 320, min_size=320,
+                                           max_size=320),
+    "tv/keypointrcnn_resnet50_fpn": _detection("keypointrcnn_resnet50_fpn", 320, min_size=320,
+                                               max_size=320),
+    "det/yolo_head": _yolo,
     # timm CNNs
     "timm/resnet50d": _classifier(_timm("resnet50d")),
     "timm/efficientnet_b0": _classifier(_timm("efficientnet_b0")),

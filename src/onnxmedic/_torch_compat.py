@@ -232,9 +232,31 @@ def prepare_for_export(program: Any, registry: Any) -> Any:
     import torch
     from torch.onnx._internal.exporter import _core
 
+    forget_pending_unbacked(program)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         return _core._prepare_exported_program_for_export(program, registry=registry)
+
+
+def forget_pending_unbacked(program: Any) -> None:
+    """Drop the unbacked symbols an earlier pass over ``program`` left pending in its shape
+    environment. torch.onnx's passes after the decompositions run ops with data-dependent
+    sizes (nonzero) on fake tensors and leave their fresh symbols pending; the next
+    ``run_decompositions`` of the same program (a translation again at a lower opset, OM325)
+    then fails binding them to its first node ("PendingUnbackedSymbolNotFound: Pending unbacked
+    symbols {u6, u7} not in returned outputs"). They belong to a trace that has ended."""
+    from torch._guards import detect_fake_mode
+
+    try:
+        mode = detect_fake_mode([n.meta.get("val") for n in program.graph.nodes
+                                 if n.op == "placeholder"])
+    except AssertionError:  # several fake modes: leave them
+        return
+    env = getattr(mode, "shape_env", None)
+    pending = getattr(env, "pending_fresh_unbacked_symbols", None)
+    if pending:
+        logger.debug("dropping pending unbacked symbols %s", pending)
+        pending.clear()
 
 
 @contextlib.contextmanager

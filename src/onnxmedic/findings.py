@@ -324,6 +324,15 @@ CODES: dict[str, CodeInfo] = {
         "sensitive RoI pooling; box_iou_rotated) is in the model; the finding names the op and "
         "what to do (compute it outside the ONNX model, or with torchvision's per-bin roi_align).",
     ),
+    "OM221": CodeInfo(
+        "torchvision detection code captured in a traceable form", 0,
+        "The model holds a torchvision module whose code torch.export cannot capture with "
+        "data-dependent sizes (Mask R-CNN's per-box mask pasting, Keypoint R-CNN's heatmap "
+        "decoding: Python loops over the boxes, resized to sizes read from their values): "
+        "onnxmedic captured it with "
+        "functions that compute the same thing with ops torch.export keeps symbolic, and put "
+        "torchvision's back afterwards. Verification compares with torchvision's own code.",
+    ),
     # OM3xx: dtypes for the target runtime
     "OM301": CodeInfo(
         "no kernel for this op and dtype on the target", 1,
@@ -638,6 +647,12 @@ CODES: dict[str, CodeInfo] = {
     "OM618": CodeInfo(
         "outputs are not a detection set", 1,
         "Detection comparison: boxes are not [N, 4], or boxes, scores and labels disagree on N.",
+    ),
+    "OM619": CodeInfo(
+        "per-detection output differs", 1,
+        "Detection comparison: an output with a row per detection (Mask R-CNN's masks, Keypoint "
+        "R-CNN's keypoints or their scores) differs for a pair of matched detections by more "
+        "than the budget (a wrong mask, a shifted keypoint).",
     ),
     # OM7xx: sweeps over a model zoo
     "OM700": CodeInfo(

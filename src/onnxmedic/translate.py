@@ -21,6 +21,7 @@ from onnxmedic._torch_compat import (
     bind_weights,
     core_export,
     default_opset,
+    forget_pending_unbacked,
     has_symbolic_inputs,
     prepare_for_export,
     rename_dynamic_axes,
@@ -178,6 +179,7 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
         result.findings.append(warning(
             "OM210", STAGE, f"onnxmedic's translations in {mod} failed to load ({err}); the "
             "other translations are used."))
+    forget_pending_unbacked(program)  # left by an earlier translation (OM325's second one)
     program, not_inlined = _inline_custom_ops(program, table, result)
     not_contiguous = _strides_from_sizes(program, result)
     try:

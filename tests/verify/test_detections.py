@@ -149,3 +149,54 @@ def test_verification_rejudges_reordered_detections_as_a_set() -> None:
     comps = _positional(exp, dropped)
     found = rejudge_detections(names, list(exp), list(dropped), comps, [True] * 3, "example")
     assert [f.code for f in found] == ["OM613"] and not any(c.ok for c in comps)
+
+
+def _with_rows(n: int = 12) -> tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray]:
+    """A detection set with Mask R-CNN-like masks [N, 1, 8, 8] and Keypoint R-CNN-like
+    keypoints [N, 3, 3] (x, y, visibility)."""
+    exp = _dets(n)
+    rng = np.random.default_rng(5)
+    masks = rng.uniform(0, 1, (n, 1, 8, 8)).astype(np.float32)
+    kps = np.concatenate([rng.uniform(0, 300, (n, 3, 2)), np.ones((n, 3, 1))], 2)
+    return exp, masks, kps.astype(np.float32)
+
+
+def test_per_detection_rows_follow_the_matching() -> None:
+    """Masks and keypoints are compared row by row for each matched pair: reordered with
+    their detections they agree; a wrong mask or a keypoint shifted by one pixel is OM619."""
+    exp, masks, kps = _with_rows()
+    perm = np.random.default_rng(3).permutation(len(exp[0]))
+    act = tuple(a[perm] for a in exp)
+
+    def codes(m: np.ndarray, k: np.ndarray) -> list[str]:
+        return _codes(exp, act, extras=[("masks", masks, m[perm]), ("keypoints", kps, k[perm])])
+
+    assert codes(masks, kps * (1 + 2e-7)) == []
+    wrong = masks.copy()
+    wrong[4, 0, 2:5, 2:5] = 1 - wrong[4, 0, 2:5, 2:5]
+    assert codes(wrong, kps) == ["OM619"]
+    shifted = kps.copy()
+    shifted[7, 1, 0] += 1.0
+    found = compare_detections(exp, act, extras=[("keypoints", kps, shifted[perm])]).findings
+    assert [f.code for f in found] == ["OM619"] and "#7" in found[0].message
+    assert "OM619" in CODES
+
+
+def test_verification_rejudges_masks_with_their_detections() -> None:
+    """The compare stage's hook takes the outputs after a triple with a row per detection
+    along: reordered masks pass as a set, a wrong mask fails with OM619."""
+    from onnxmedic.verify.compare import compare_outputs
+    from onnxmedic.verify.detections import rejudge_detections
+
+    exp, masks, _ = _with_rows()
+    perm = np.random.default_rng(4).permutation(len(exp[0]))
+    names = ["boxes", "scores", "labels", "masks"]
+    for fault in (False, True):
+        act_masks = masks.copy()
+        if fault:
+            act_masks[2] = np.roll(act_masks[2], 2, axis=-1)
+        act = [a[perm] for a in exp] + [act_masks[perm]]
+        comps = compare_outputs(names, [*exp, masks], act)
+        found = rejudge_detections(names, [*exp, masks], act, comps, [True] * 4, "example")
+        assert [f.code for f in found] == (["OM619"] if fault else [])
+        assert all(c.ok for c in comps) != fault

@@ -28,7 +28,9 @@ def test_zoo_covers_the_families() -> None:
     for family in ("tv/resnet50", "tv/deeplabv3_mobilenet_v3_large",
                    "tv/ssdlite320_mobilenet_v3_large", "tv/fasterrcnn_mobilenet_v3_large_320_fpn",
                    "timm/vit_small_patch16_224", "timm/coatnet_0_rw_224", "timm/mixer_b16_224",
-                   "timm/nest_tiny", "timm/hiera_tiny_224", "timm/samvit_base_patch16"):
+                   "timm/nest_tiny", "timm/hiera_tiny_224", "timm/samvit_base_patch16",
+                   "tv/fasterrcnn_resnet50_fpn", "tv/maskrcnn_resnet50_fpn",
+                   "tv/keypointrcnn_resnet50_fpn"):
         assert family in names, family
     assert set(VISION.FAST) <= names
 

@@ -180,6 +180,8 @@ def _capture_module(ctx: ExportContext) -> bool:
         return False
     if attempts[-1].caches:
         result.findings.append(caches_finding(attempts[-1].caches))
+    if attempts[-1].rewrites:
+        result.findings.append(rewrites_finding(attempts[-1].rewrites))
     neutralised = attempts[-1].neutralised
     if neutralised is not None and (neutralised.switches or neutralised.checks):
         result.findings.append(validation_off_finding(neutralised))
@@ -221,6 +223,16 @@ def caches_finding(caches: list[tuple[str, str, str]]) -> Finding:
         "with the model as it is (cache on).",
         suggestion="Nothing to do.",
         details={"switches": [switch for _lib, switch, _cache in caches]})
+
+
+def rewrites_finding(rewrites: list[str]) -> Finding:
+    """OM221: torchvision functions captured in a traceable form (capture.detection)."""
+    return info(
+        "OM221", STAGE, "torchvision's detection code captured with functions written so "
+        "that torch.export keeps their data-dependent sizes symbolic: " + "; ".join(rewrites)
+        + ". They compute what torchvision's do; torchvision's were put back after the "
+        "capture, and verification compared the ONNX model with them.",
+        suggestion="Nothing to do.", details={"rewrites": rewrites})
 
 
 def validation_off_finding(record: Any) -> Finding:

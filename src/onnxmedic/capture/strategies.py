@@ -40,6 +40,7 @@ from onnxmedic._torch_compat import (
 from onnxmedic.borrow import record_state, restore_state
 from onnxmedic.capture.caches import CachesOff
 from onnxmedic.capture.decomps import symbolic_shape_rules
+from onnxmedic.capture.detection import Rewritten
 from onnxmedic.capture.equal import equal_as_guard
 from onnxmedic.findings import Finding, Location, error
 
@@ -69,6 +70,8 @@ class Result:
     # (library, switch, what its cache keys on the sizes) of the size-keyed library caches
     # switched off for this attempt (capture.caches)
     caches: list[tuple[str, str, str]] = field(default_factory=list)
+    # torchvision functions replaced for the capture (capture.detection.Rewritten.on)
+    rewrites: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -548,7 +551,7 @@ def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
     # so they must be loaded before torch.export runs, not only before translation
     REGISTRY.load_builtin()
     results: list[Result] = []
-    with CachesOff() as caches:
+    with CachesOff() as caches, Rewritten(model) as rewritten:
         for cls in strategies or CAPTURE_STRATEGIES:
             strategy = cls()
             check = getattr(strategy, "check", None)
@@ -574,6 +577,8 @@ def capture(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
                             r.strategy += ", size-keyed caches off"
                     results += extra
                 break
+        for r in results:
+            r.rewrites = list(rewritten.on)
     return results
 
 

@@ -13,7 +13,9 @@ scores to agree within the budget, and names every detection left over:
 - OM616 a detection of the right class whose box is elsewhere (IoU below the match threshold, or
   corners outside the budget);
 - OM617 a matched detection whose score is outside the budget;
-- OM618 the outputs are not a detection set (shapes that disagree).
+- OM618 the outputs are not a detection set (shapes that disagree);
+- OM619 an output with a row per detection (Mask R-CNN's masks, Keypoint R-CNN's keypoints)
+  differs for a matched pair.
 
 Ties are tolerated: a detection left over whose class and score another detection on its side
 shares (a tie group) may be exchanged for one of the same class and score on the other side -
@@ -63,6 +65,8 @@ class DetectionComparison:
     max_box_error: float = 0.0
     max_score_error: float = 0.0
     findings: list[Finding] = field(default_factory=list)
+    # (expected, actual) index of each matched detection
+    pairs: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -118,6 +122,7 @@ def _match(exp: tuple[np.ndarray, ...], act: tuple[np.ndarray, ...], budget: Det
         j = int(np.argmax(np.where(pick, iou[i], -1.0)))
         free[j] = False
         out.matched += 1
+        out.pairs.append((int(i), j))
         out.max_box_error = max(out.max_box_error, float(corner[j]))
         out.max_score_error = max(out.max_score_error, float(abs(as_[j] - es[i])))
     return missing, [int(j) for j in np.flatnonzero(free)]
@@ -199,12 +204,52 @@ def _leftovers(exp: tuple[np.ndarray, ...], act: tuple[np.ndarray, ...], missing
     return found
 
 
+def _per_detection(extras: list[tuple[str, np.ndarray, np.ndarray]],
+                   pairs: list[tuple[int, int]], budget: DetectionBudget, name: str
+                   ) -> list[Finding]:
+    """OM619: an output with a row per detection (Mask R-CNN's masks, Keypoint R-CNN's
+    keypoints and their scores) compared row by row for each matched pair: within
+    ``box_rtol`` of the output's scale (its largest |value|, at least 1)."""
+    found: list[Finding] = []
+    for label, exp, act in extras:
+        exp, act = np.asarray(exp, np.float64), np.asarray(act, np.float64)
+        if exp.shape[1:] != act.shape[1:]:
+            found.append(error("OM619", STAGE, f"{name}: {label} has rows of shape "
+                               f"{list(act.shape[1:])} in ONNX Runtime, {list(exp.shape[1:])} "
+                               "in PyTorch.", details={"output": label}))
+            continue
+        scale = max(1.0, float(np.abs(exp).max(initial=0.0)))
+        for i, j in pairs:
+            diff = np.abs(exp[i] - act[j])
+            if diff.size and diff.max() > budget.box_rtol * scale:
+                at = np.unravel_index(int(diff.argmax()), diff.shape)
+                found.append(error(
+                    "OM619", STAGE, f"{name}: {label} of PyTorch's detection #{i} (ONNX "
+                    f"Runtime's #{j}) differs by {diff.max():.4g} at {list(map(int, at))} "
+                    f"({int((diff > budget.box_rtol * scale).sum())} of {diff.size} values "
+                    f"outside {budget.box_rtol * scale:.3g}).", details={"output": label}))
+                break
+    return found
+
+
 def compare_detections(expected: tuple[np.ndarray, np.ndarray, np.ndarray],
                        actual: tuple[np.ndarray, np.ndarray, np.ndarray],
-                       budget: DetectionBudget | None = None, *, name: str = "detections"
+                       budget: DetectionBudget | None = None, *, name: str = "detections",
+                       extras: list[tuple[str, np.ndarray, np.ndarray]] | None = None
                        ) -> DetectionComparison:
-    """Compare PyTorch's (boxes, scores, labels) with ONNX Runtime's as sets of detections."""
-    budget = budget or DetectionBudget()
+    """Compare PyTorch's (boxes, scores, labels) with ONNX Runtime's as sets of detections.
+    ``extras``: (name, PyTorch's, ONNX Runtime's) outputs with a row per detection (masks,
+    keypoints), compared for each matched pair (OM619)."""
+    out = _compare_sets(expected, actual, budget or DetectionBudget(), name)
+    if extras and out.expected == len(expected[0]) and not any(
+            f.code == "OM618" for f in out.findings):
+        out.findings += _per_detection(extras, out.pairs, budget or DetectionBudget(), name)
+    return out
+
+
+def _compare_sets(expected: tuple[np.ndarray, np.ndarray, np.ndarray],
+                  actual: tuple[np.ndarray, np.ndarray, np.ndarray],
+                  budget: DetectionBudget, name: str) -> DetectionComparison:
     exp = tuple(np.asarray(a) for a in expected)
     act = tuple(np.asarray(a) for a in actual)
     out = DetectionComparison(expected=len(exp[0]), actual=len(act[0]))
@@ -248,6 +293,16 @@ def detection_triples(expected: list[np.ndarray], dynamic_rows: list[bool]) -> l
     return found
 
 
+def _rows_of(expected: list[np.ndarray], actual: list[Any], dynamic_rows: list[bool],
+             j: int, stop: int) -> list[int]:
+    """The outputs after the triple at ``j`` (before ``stop``) with a row per detection: the
+    same data-dependent first dim as its boxes, in PyTorch and ONNX Runtime alike."""
+    n, m = len(expected[j]), (len(actual[j]) if actual[j] is not None else None)
+    return [k for k in range(j + 3, min(stop, len(actual)))
+            if dynamic_rows[k] and np.ndim(expected[k]) >= 1 and actual[k] is not None
+            and len(expected[k]) == n and len(actual[k]) == m]
+
+
 def _as_comparison(c: Any, res: DetectionComparison) -> Any:
     """``c`` (an OutputComparison) judged as part of a detection set."""
     c.rule = RULE_DETECTIONS
@@ -266,13 +321,16 @@ def rejudge_detections(names: list[str], expected: list[np.ndarray], actual: lis
     comparison failed (the counts or the order of equal scores differ): ``comps`` (one
     OutputComparison per output) are updated in place; returns the OM613-OM618 findings."""
     findings: list[Finding] = []
-    for j in detection_triples(expected, dynamic_rows):
-        trio = comps[j:j + 3]
+    triples = detection_triples(expected, dynamic_rows)
+    for t, j in enumerate(triples):
+        rows = _rows_of(expected, actual, dynamic_rows, j, (triples + [len(expected)])[t + 1])
+        trio = comps[j:j + 3] + [comps[k] for k in rows]
         if all(c.ok for c in trio) or j + 2 >= len(actual) or any(
                 actual[j + k] is None for k in range(3)):
             continue
         name = f"{names[j]}/{names[j + 1]}/{names[j + 2]} at {label}"
-        res = compare_detections(tuple(expected[j:j + 3]), tuple(actual[j:j + 3]), name=name)
+        res = compare_detections(tuple(expected[j:j + 3]), tuple(actual[j:j + 3]), name=name,
+                                 extras=[(names[k], expected[k], actual[k]) for k in rows])
         for c in trio:
             _as_comparison(c, res)
         findings += res.findings
