@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -183,6 +184,9 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
         sub = onnxmedic.export(GenerationDecoder(model, positions).eval(), args, raw,
                                dynamic_shapes=shapes, opset=opset, timeout=timeout,
                                model_spec=type(model).__name__)
+    if sub.onnx_model is not None:  # a failure is reported in the package's names too
+        outputs = [o.name for o in sub.onnx_model.graph.output]
+        package_names(sub, dict(zip(outputs, io_names(len(outputs) - 1)[1])))
     result.stages.update(sub.stages)  # the graph's own stages, as its export recorded them
     # the shape variants that break past + new = total are rejected by the wrapper (OM403):
     # generation below runs the graph at past 0 and 1..N instead
@@ -205,6 +209,20 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
               "head_size": int(past[0].shape[3]), "position_ids": positions, "names": names,
               "genai_problem": genai_problem(past)}
     return sub.program, layout
+
+
+def package_names(sub: ExportResult, renamed: dict[str, str]) -> None:
+    """The graph's verification and findings in the package's names (``present.0.key``, not
+    the exported graph's ``cat_11``): ``renamed`` is {graph name: package name}."""
+    renamed = {k: v for k, v in renamed.items() if k != v}
+    if not renamed:
+        return
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(
+        re.escape(k) for k in sorted(renamed, key=len, reverse=True)) + r")(?![\w.])")
+    for c in sub.verification:
+        c.name = renamed.get(c.name, c.name)
+    for f in sub.findings:
+        f.message = pattern.sub(lambda m: renamed[m.group(1)], f.message)
 
 
 def genai_problem(past: list[torch.Tensor]) -> str | None:
