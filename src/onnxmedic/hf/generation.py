@@ -99,6 +99,33 @@ def _not_a_decoder(model: Any) -> str | None:
     return None
 
 
+def _cannot_serve(why: str) -> Any:
+    return error("OM817", "preflight", f"cannot export for text-generation-with-past: {why}.",
+                 suggestion="Load the checkpoint with transformers.AutoModelForCausalLM, or "
+                 "pick a task the model serves (feature-extraction for an encoder).")
+
+
+def _no_cache(model: Any) -> str | None:
+    """Why ``model`` returns no KV cache when asked for one (None when it does, or when the
+    call fails: the export reports that): an encoder loaded with a language-model head (BERT's
+    BertLMHeadModel without is_decoder) attends both ways and keeps no cache."""
+    ids = torch.full((1, 2), min(4, int(model.config.vocab_size) - 1), dtype=torch.int64)
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
+        cache = getattr(out, "past_key_values", None)
+        if cache is not None and flat_cache(cache):
+            return None
+    except Exception:  # noqa: BLE001 - the graph's export says why it fails
+        logger.debug("generation: the cache probe failed", exc_info=True)
+        return None
+    hint = (" (its config has is_decoder=False: an encoder's causal-LM class so configured "
+            "attends both ways and keeps no cache)"
+            if getattr(model.config, "is_decoder", None) is False else "")
+    return (f"{type(model).__name__} returns no KV cache when called with use_cache=True"
+            f"{hint}; text-generation-with-past feeds the cache back at each step")
+
+
 def example_inputs(model: torch.nn.Module, vocab: int | None = None
                    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The graph's example inputs (a real past of EXAMPLE_PAST tokens) and dynamic shapes."""
@@ -287,10 +314,7 @@ def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any,
                     keep_unverified: bool) -> None:
     why = _not_a_decoder(model)
     if why is not None:
-        result.fail("preflight", error(
-            "OM817", "preflight", f"cannot export for text-generation-with-past: {why}.",
-            suggestion="Load the checkpoint with transformers.AutoModelForCausalLM, or pick a "
-            "task the model serves (feature-extraction for an encoder)."))
+        result.fail("preflight", _cannot_serve(why))
         return
     if not out.parent.is_dir():
         result.fail("write", error("OM006", "write", f"cannot write {out}: the folder "
@@ -301,6 +325,10 @@ def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any,
         was_training = model.training
         model.eval()
         try:
+            why = _no_cache(model)
+            if why is not None:
+                result.fail("preflight", _cannot_serve(why))
+                return
             _build_and_check(result, model, out, tmp, tokenizer, verify, steps, prompts, opset,
                              timeout, keep_unverified)
         finally:
