@@ -191,6 +191,27 @@ def test_big_weights_go_to_external_data(llama, tmp_path, monkeypatch):
         assert check.tokens_genai == check.tokens_torch
 
 
+def test_external_weights_are_moved_into_the_package(llama, tmp_path):
+    """The export's external data file becomes model.onnx.data (moved, not rewritten); the
+    graph points at it and generates as before."""
+    from onnxmedic.hf import generation
+
+    model, tok, result, pkg = llama
+    raw = tmp_path / "graph" / "decoder.onnx"
+    raw.parent.mkdir()
+    onnx.save_model(onnx.load(str(pkg / "model.onnx")), raw, save_as_external_data=True,
+                    location="decoder.onnx.data", size_threshold=256)  # as the export writes
+    data = (raw.parent / "decoder.onnx.data").stat()
+    out = tmp_path / "pkg"
+    shutil.copytree(pkg, out, ignore=shutil.ignore_patterns("model.onnx"))
+    generation.package_graph(raw, out, positions=True)
+    assert not (raw.parent / "decoder.onnx.data").exists()
+    moved = (out / "model.onnx.data").stat()
+    assert (moved.st_ino, moved.st_size) == (data.st_ino, data.st_size)
+    check = verify_generation(out, model, tok, steps=2, prompts=["Return the"])
+    assert check.ok and check.tokens_onnx == check.tokens_torch
+
+
 def test_genai_config_that_does_not_match_the_graph(llama, tmp_path):
     if not gen_verify.genai_available():
         pytest.skip("onnxruntime-genai not installed")

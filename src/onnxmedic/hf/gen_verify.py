@@ -344,7 +344,10 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
             check.tokens_onnx.append(tokens)
             if len(tokens) < steps:  # a failed run: its finding is in check
                 return check
+            tt = time.perf_counter()
             refs = reference_steps(model, ids, torch_tokens, expected)
+            check.seconds["reference"] = (check.seconds.get("reference", 0.0)
+                                          + time.perf_counter() - tt)
             bad = judge_prompt(check, p, len(ids), torch_tokens, tokens, expected, actual, refs)
             if bad is not None:
                 if program is not None:

@@ -195,6 +195,28 @@ def save_graph(proto: onnx.ModelProto, folder: Path) -> Path:
     return path
 
 
+def package_graph(raw: Path, folder: Path, positions: bool) -> dict[str, str]:
+    """The verified graph at ``raw`` as ``folder/model.onnx`` with GenAI's names (rename_io;
+    returns its {new name: old name}). Weights the export wrote as external data are moved,
+    not read and written again (2 GiB at 0.5 B): only the graph is rewritten, its initializers
+    pointing at ``model.onnx.data``."""
+    proto = onnx.load(str(raw), load_external_data=False)
+    names = rename_io(proto, positions)
+    located = [e for t in proto.graph.initializer for e in t.external_data
+               if e.key == "location"]
+    files = {e.value for e in located}
+    if len(files) != 1 or not (raw.parent / next(iter(files))).is_file():
+        if files:  # several files (not what the export writes): the weights read and saved
+            onnx.load_external_data_for_model(proto, str(raw.parent))
+        save_graph(proto, folder)
+        return names
+    os.replace(raw.parent / files.pop(), folder / f"{GRAPH}.data")
+    for e in located:
+        e.value = f"{GRAPH}.data"
+    onnx.save_model(proto, folder / GRAPH)
+    return names
+
+
 def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int | None,
            timeout: float) -> tuple[Any, dict[str, Any]] | None:
     """Export and verify the decoder graph with onnxmedic.export, then give it GenAI's names
@@ -215,6 +237,10 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
         outputs = [o.name for o in sub.onnx_model.graph.output]
         package_names(sub, dict(zip(outputs, io_names(len(outputs) - 1)[1])))
     result.stages.update(sub.stages)  # the graph's own stages, as its export recorded them
+    # and their seconds; "capture" was the whole block (the example cache, the graph's export)
+    whole = result.timings.pop("capture", 0.0)
+    result.timings.update(sub.timings)
+    result.timings["graph example"] = max(0.0, whole - sum(sub.timings.values()))
     # the shape variants that break past + new = total are rejected by the wrapper (OM403):
     # generation below runs the graph at past 0 and 1..N instead
     result.findings.extend(f for f in sub.findings
@@ -227,10 +253,9 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
                       "findings above say why.", suggestion="Fix the first error above; "
                       "`onnxmedic.export` on GenerationDecoder(model) reproduces it."))
         return None
-    proto = onnx.load(str(raw))
-    names = rename_io(proto, positions)
-    save_graph(proto, tmp)
-    shutil.rmtree(raw.parent)
+    with result.timed("package graph"):
+        names = package_graph(raw, tmp, positions)
+        shutil.rmtree(raw.parent)
     past = args[3]
     layout = {"filename": GRAPH, "layers": len(past) // 2, "kv_heads": int(past[0].shape[1]),
               "head_size": int(past[0].shape[3]), "position_ids": positions, "names": names,
@@ -363,6 +388,7 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tok
             result.verification.extend(check.comparisons)
             result.findings.extend(check.findings)
             result.generation = check  # type: ignore[attr-defined]
+            result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
             if not check.ok:
                 st.fail()
         verified = check.ok
