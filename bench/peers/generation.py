@@ -43,8 +43,14 @@ TOOLS = ("onnxmedic", "transformers.exporters", "genai-builder", "optimum-cli")
 PROMPT = "Return the number of items in the list"
 CHILD = ROOT / "src" / "onnxmedic" / "hf" / "gen_genai_child.py"
 OPTIMUM_VENV = ROOT / "build" / "venv-optimum"
-OPTIMUM_PINS = ("optimum-onnx 0.1.0 pins transformers<4.58: pip's ResolutionImpossible beside "
-                "transformers 5.23 (make bench-optimum-venv: its own venv, transformers 4.57)")
+OPTIMUM_PINS = ("optimum-onnx 0.1.0 (the latest) pins transformers<4.58; `pip install "
+                "'optimum-onnx[onnxruntime]' transformers==5.23.0` answers \"ERROR: Cannot install "
+                "optimum-onnx[onnxruntime]==0.0.1, optimum-onnx[onnxruntime]==0.0.2, "
+                "optimum-onnx[onnxruntime]==0.0.3, optimum-onnx[onnxruntime]==0.1.0 and "
+                "transformers==5.23.0 because these package versions have conflicting "
+                "dependencies ... optimum-onnx[onnxruntime] 0.1.0 depends on transformers<4.58.0 "
+                "and >=4.36 ... ResolutionImpossible\"; so it runs in its own venv (make "
+                "bench-optimum-venv) with transformers 4.57.6 and the same torch 2.13.0")
 # greedy generation through optimum's ORTModelForCausalLM, run in optimum's venv
 OPTIMUM_CHILD = r"""
 import json, sys, time
