@@ -159,6 +159,31 @@ def genai_speed(folder: Path, ids: list[int], steps: int, env: dict[str, str]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def session_ab(model: str, folder: Path) -> dict[str, Any]:
+    """The package's generation verification (onnxruntime-genai left out) with a session per
+    step, as before keep_session, and with one kept session: wall and ONNX-loop seconds."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from onnxmedic import sandbox
+    from onnxmedic.hf import gen_verify
+
+    lm = AutoModelForCausalLM.from_pretrained(model).eval()
+    tok = AutoTokenizer.from_pretrained(model)
+    run, out = sandbox.run_model, {}
+    try:
+        for mode, keep in (("session per step", False), ("kept session", True)):
+            gen_verify.sandbox.run_model = (  # type: ignore[assignment]
+                lambda *a, keep=keep, **k: run(*a, **dict(k, keep_session=keep)))
+            t0 = time.perf_counter()
+            c = gen_verify.verify_generation(folder, lm, tok, genai=False)
+            out[mode] = {"ok": c.ok, "wall_s": round(time.perf_counter() - t0, 1),
+                         "onnx_s": round(c.seconds["onnx"], 1),
+                         "tokens_match": c.tokens_onnx == c.tokens_torch}
+    finally:
+        gen_verify.sandbox.run_model = run  # type: ignore[assignment]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=MODEL)
@@ -168,8 +193,14 @@ def main() -> None:
     ap.add_argument("--skip-build", action="store_true", help="time the folders already built")
     ap.add_argument("--root", default=str(ROOT / "build" / "gen_05b"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "generation_05b.md"))
+    ap.add_argument("--session-ab", action="store_true", help="only: the verification of the "
+                    "onnxmedic folder built before, a session per step against one kept")
     a = ap.parse_args()
     root = Path(a.root)
+    if a.session_ab:
+        sys.path.insert(0, str(ROOT / "src"))
+        print(json.dumps(session_ab(a.model, root / "onnxmedic")))
+        return
     root.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
     tools = a.tools.split(",")
