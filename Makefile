@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-slow test-vision test-vision-slow docs bench bench-overhead bench-zoo \
-	bench-eco lint clean
+	bench-eco bench-optimum-venv lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,14 @@ bench-eco: $(STAMP)
 	$(PY) -m pip install -q -e '.[zoo]'
 	$(PY) -m pytest -m slow tests/sweep/test_ecosystem.py $(PYTEST_ARGS)
 	$(PY) bench/peers/zoo_bench.py --zoo bench/zoo/ecosystem.py:ALL --results build/eco_bench.json
+
+# optimum-cli, a peer of bench/peers/generation.py, in its own venv: optimum-onnx 0.1.0 pins
+# transformers<4.58 (pip refuses it beside transformers 5.x); the same pinned torch
+OVENV := build/venv-optimum
+bench-optimum-venv:
+	test -x $(OVENV)/bin/python || $(PYTHON) -m venv $(OVENV)
+	$(OVENV)/bin/python -m pip install -q torch==2.13.0
+	$(OVENV)/bin/python -m pip install -q 'optimum-onnx[onnxruntime]==0.1.0'
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench tools examples

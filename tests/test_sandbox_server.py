@@ -198,3 +198,26 @@ def test_timings_take_a_fresh_child_inside_reuse(tmp_path):
         times = time_variants({"a": p, "b": p}, X, repeats=2, rounds=2)
         assert set(times) == {"a", "b"} and _pid(server) == kept
         assert server.stats["runs"] == 5 and server.stats["children"] == 5  # 1 kept + 4 fresh
+
+
+def test_a_kept_session_serves_the_steps_of_a_loop(tmp_path):
+    """keep_session: the session of the first run serves the next runs of the same file with
+    the same options (a generation loop's steps); another file, other options or the file
+    written again load a new session, and the outputs are the same either way."""
+    a = om.scaled_model(tmp_path / "a.onnx", 2.0)
+    b = om.scaled_model(tmp_path / "b.onnx", 3.0)
+    with sandbox.reuse():
+        runs = [sandbox.run_model(a, [X], keep_session=True) for _ in range(3)]
+        other = sandbox.run_model(b, [X], keep_session=True)
+        threads = sandbox.run_model(b, [X], keep_session=True, threads=1)
+        plain = sandbox.run_model(b, [X], threads=1)
+        om.scaled_model(tmp_path / "a.onnx", 5.0)  # the same path, written again
+        again = sandbox.run_model(a, [X], keep_session=True)
+    assert [r.session_reused for r in runs] == [False, True, True]
+    assert runs[1].load_seconds == 0 < runs[0].load_seconds
+    assert not other.session_reused and not threads.session_reused
+    assert not plain.session_reused and not again.session_reused
+    for r in runs:
+        np.testing.assert_array_equal(r.outputs[0][0], X["x"] * 2)
+    np.testing.assert_array_equal(plain.outputs[0][0], X["x"] * 3)
+    np.testing.assert_array_equal(again.outputs[0][0], X["x"] * 5)

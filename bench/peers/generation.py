@@ -1,12 +1,19 @@
-"""Generation packages side by side: onnxmedic, transformers.exporters and the onnxruntime-genai
-model builder on the same tiny decoder checkpoints (bench/zoo/generation.py), same machine.
+"""Generation packages side by side: onnxmedic, transformers.exporters, the onnxruntime-genai
+model builder and optimum-cli on the same tiny decoder checkpoints (bench/zoo/generation.py),
+same machine.
 
 For each family and tool (each in a process of its own, so that its peak memory is its own):
 whether the package generates PyTorch's greedy tokens (``generate(do_sample=False)``, STEPS
 tokens), the export time (onnxmedic's includes its verification), the peak resident memory of
 the tool's process and its children, the size of the ONNX files, and tokens/s in ONNX Runtime
 (CPU): onnxmedic's and the builder's folders in onnxruntime-genai, transformers.exporters'
-prefill/decode pair through its own ONNX Runtime runners (it writes no GenAI folder).
+prefill/decode pair through its own ONNX Runtime runners (it writes no GenAI folder),
+optimum-cli's folder through optimum's ORTModelForCausalLM.generate.
+
+optimum-cli runs in its own venv (``make bench-optimum-venv``: build/venv-optimum): optimum-onnx
+0.1.0, the latest, pins transformers<4.58, which pip refuses beside transformers 5.x
+(ResolutionImpossible), so it runs with the transformers 4.57 its pins allow, on the same
+checkpoints (saved by transformers 5.x); its tokens are compared with PyTorch's under 5.x.
 
     python bench/peers/generation.py [--families llama,gpt2] [--steps 16]
 
@@ -32,9 +39,34 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-TOOLS = ("onnxmedic", "transformers.exporters", "genai-builder")
+TOOLS = ("onnxmedic", "transformers.exporters", "genai-builder", "optimum-cli")
 PROMPT = "Return the number of items in the list"
 CHILD = ROOT / "src" / "onnxmedic" / "hf" / "gen_genai_child.py"
+OPTIMUM_VENV = ROOT / "build" / "venv-optimum"
+OPTIMUM_PINS = ("optimum-onnx 0.1.0 (the latest) pins transformers<4.58; `pip install "
+                "'optimum-onnx[onnxruntime]' transformers==5.23.0` answers \"ERROR: Cannot install "
+                "optimum-onnx[onnxruntime]==0.0.1, optimum-onnx[onnxruntime]==0.0.2, "
+                "optimum-onnx[onnxruntime]==0.0.3, optimum-onnx[onnxruntime]==0.1.0 and "
+                "transformers==5.23.0 because these package versions have conflicting "
+                "dependencies ... optimum-onnx[onnxruntime] 0.1.0 depends on transformers<4.58.0 "
+                "and >=4.36 ... ResolutionImpossible\"; so it runs in its own venv (make "
+                "bench-optimum-venv) with transformers 4.57.6 and the same torch 2.13.0")
+# greedy generation through optimum's ORTModelForCausalLM, run in optimum's venv
+OPTIMUM_CHILD = r"""
+import json, sys, time
+import torch
+from optimum.onnxruntime import ORTModelForCausalLM
+model = ORTModelForCausalLM.from_pretrained(sys.argv[1], use_cache=True)
+ids = torch.tensor([json.loads(sys.argv[2])])
+steps = int(sys.argv[3])
+t0 = time.perf_counter()
+out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps,
+                     min_new_tokens=steps, do_sample=False, num_beams=1)
+seconds = time.perf_counter() - t0
+import transformers
+print(json.dumps({"tokens": out[0, ids.shape[1]:].tolist(), "seconds": seconds,
+                  "transformers": transformers.__version__}))
+"""
 
 
 def _size(folder: Path) -> int:
@@ -141,6 +173,34 @@ def _exporters_generate(ex: Any, ids: Any, steps: int, config: Any) -> dict[str,
     return {"tokens": tokens, "tok_s": steps / (time.perf_counter() - t0)}
 
 
+def _optimum(model: Any, tok: Any, folder: Path, out: Path, steps: int) -> dict[str, Any]:
+    """optimum-cli export onnx --task text-generation-with-past, in optimum's own venv, then
+    greedy generation there (ORTModelForCausalLM)."""
+    cli = OPTIMUM_VENV / "bin" / "optimum-cli"
+    if not cli.exists():
+        return {"error": f"not installed: {OPTIMUM_PINS}"}
+    t0 = time.perf_counter()
+    proc = subprocess.run([str(cli), "export", "onnx", "--model", str(folder), "--task",
+                           "text-generation-with-past", str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    row: dict[str, Any] = {"export_s": time.perf_counter() - t0}
+    if proc.returncode or not (out / "model.onnx").exists():
+        lines = [x for x in (proc.stderr or proc.stdout).strip().splitlines() if x.strip()]
+        row["error"] = (lines[-1] if lines else f"exit {proc.returncode}")[:300]
+        return row
+    ids = [int(t) for t in tok(PROMPT)["input_ids"]]
+    gen = subprocess.run([str(OPTIMUM_VENV / "bin" / "python"), "-c", OPTIMUM_CHILD, str(out),
+                          json.dumps(ids), str(steps)], capture_output=True, text=True,
+                         timeout=600)
+    if gen.returncode:
+        row["error"] = "generation: " + " ".join(gen.stderr.strip().splitlines()[-2:])[:300]
+        return row
+    res = json.loads(gen.stdout.strip().splitlines()[-1])
+    row.update(tokens=res["tokens"], tok_s=steps / max(res["seconds"], 1e-9),
+               note=f"transformers {res['transformers']} in optimum's venv")
+    return row
+
+
 def one(tool: str, family: str, root: Path, steps: int) -> dict[str, Any]:
     """One tool on one family, in this process."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -156,11 +216,11 @@ def one(tool: str, family: str, root: Path, steps: int) -> dict[str, Any]:
     out = root / tool / family
     out.parent.mkdir(parents=True, exist_ok=True)
     fn = {"onnxmedic": _onnxmedic, "genai-builder": _builder,
-          "transformers.exporters": _exporters}[tool]
+          "transformers.exporters": _exporters, "optimum-cli": _optimum}[tool]
     row = {"tool": tool, "family": family, **fn(model, tok, folder, out, steps)}
     if tool == "onnxmedic" and "error" not in row and not (out / "genai_config.json").exists():
         row.update(_ort_only(out, ids, steps))
-    elif tool != "transformers.exporters" and "error" not in row:
+    elif tool not in ("transformers.exporters", "optimum-cli") and "error" not in row:
         row.update(_genai(out, ids, steps))
     got = row.get("tokens")
     eos = {int(model.generation_config.eos_token_id or -1)}
@@ -194,6 +254,7 @@ def _table(rows: list[dict[str, Any]], command: str) -> str:
     for tool in TOOLS:
         mine = [r for r in rows if r["tool"] == tool]
         lines.append(f"| {tool} | {sum(r['correct'] for r in mine)} of {len(mine)} |")
+    lines += ["", f"optimum-cli: {OPTIMUM_PINS}."]
     return "\n".join(lines) + "\n"
 
 

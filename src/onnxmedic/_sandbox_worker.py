@@ -444,6 +444,41 @@ def main(req_dir: str, serve: bool = False) -> int:
         gc.collect()
 
 
+# what decides a session: a request with ``keep_session`` whose key is the kept one's reuses it
+_SESSION_KEYS = ("model", "lean", "providers", "threads", "disable_optimizations", "cuda_tf32",
+                 "cuda_options")
+_KEPT: dict = {}  # a serving worker's kept session: {"key": ..., "sess": ...}
+
+
+def _session_key(req: dict):
+    """The request's session: its options and the model's files (path, size, mtime - a file
+    written again is loaded again)."""
+    files = []
+    model = str(req.get("model", ""))
+    folder = os.path.dirname(model)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        if path == model or name.startswith(os.path.basename(model)) or name.endswith(".data"):
+            st = os.stat(path)
+            files.append((name, st.st_size, st.st_mtime_ns))
+    return json.dumps([req.get(k) for k in _SESSION_KEYS] + [files], sort_keys=True)
+
+
+def _session(ort, req_dir: str, req: dict, result: dict):
+    """The request's session: the kept one when the request asks to keep it and it is the
+    same (_session_key), else a new one - kept for the next request with ``keep_session``."""
+    key = _session_key(req) if req.get("keep_session") else None
+    if key is not None and _KEPT.get("key") == key:
+        _phase(req_dir, "load")
+        result["session_reused"] = True
+        return _KEPT["sess"]
+    _KEPT.clear()  # one copy of the weights at a time
+    sess = _load_session(ort, req_dir, req, result)
+    if sess is not None and key is not None:
+        _KEPT.update(key=key, sess=sess)
+    return sess
+
+
 def _serve(np, ort, req_dir: str, req: dict, started: float) -> int:
     """One request: the session, each feed, the timing; result.json last."""
     _MODEL[0] = str(req.get("model", ""))
@@ -453,7 +488,7 @@ def _serve(np, ort, req_dir: str, req: dict, started: float) -> int:
     if req.get("probe_opset"):
         result["max_opset"] = _probe_opset(ort)
     _map_allowance(req)
-    sess = _load_session(ort, req_dir, req, result)
+    sess = _session(ort, req_dir, req, result)
     if sess is None:
         return _finish(req_dir, result)
     result["inputs"] = _value_infos(sess.get_inputs())
@@ -461,12 +496,14 @@ def _serve(np, ort, req_dir: str, req: dict, started: float) -> int:
     result["providers"] = sess.get_providers()
     first: list = []
     if not _run_feeds(np, ort, sess, req_dir, req, result, first):
+        _KEPT.clear()  # a failed run retires the child (sandbox.Server) and its session
         return _finish(req_dir, result)
     timing = req.get("timing") or {}
     if timing.get("graph"):
         # a second session, loaded for the fixed-buffer (CUDA graph) timing: a captured
         # graph replays the buffers of its capture, so the feeds above ran without one
         sess = None  # one copy of the weights at a time
+        _KEPT.clear()
         sess = _load_session(ort, req_dir, dict(req, graph=True), result)
         if sess is None:
             return _finish(req_dir, result)

@@ -49,6 +49,9 @@ BUFFER_COPY_LIMIT = 256 * 2**20
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | {"training"}
 _MISSING = object()
 _CONTAINERS = (dict, list, set)
+# the dicts of hooks every nn.Module keeps (forward, backward, state_dict ...)
+_HOOK_DICTS = tuple(k for k, v in vars(torch.nn.Module()).items()
+                    if "hook" in k and isinstance(v, dict))
 _SCALARS = (int, float, bool, str, bytes, type(None))
 
 
@@ -68,6 +71,9 @@ class State:
     # objects reachable from the modules' attributes (``reach=True``): (object, shallow copy of
     # its __dict__, or of the dict/list/set itself)
     objects: list[tuple[Any, Any]] = field(default_factory=list)
+    # each module's hook dicts: (module, qualified prefix, {dict name: shallow copy})
+    hooks: list[tuple[torch.nn.Module, str, dict[str, dict[Any, Any]]]] = field(
+        default_factory=list)
 
 
 @dataclass
@@ -100,8 +106,8 @@ def _own_attributes(mod: torch.nn.Module) -> dict[str, Any]:
 def record_state(model: torch.nn.Module, *, values: bool = True, reach: bool = False) -> State:
     """Record the model's buffers (values copied, up to ``BUFFER_COPY_LIMIT`` bytes in all;
     not with ``values=False``), its parameters' version counters (no copy: an in-place write
-    bumps the counter) and every module's own attributes (the values, and a shallow copy of
-    each dict, list or set). With ``reach``, also the plain objects those attributes hold, and
+    bumps the counter), every module's own attributes (the values, and a shallow copy of
+    each dict, list or set) and its hooks (a shallow copy of each hook dict). With ``reach``, also the plain objects those attributes hold, and
     the objects they hold in turn (see :func:`_reachable`): a memo cache on an object a module
     keeps (linear_operator's ``_memoize_cache`` on a cached distribution) is put back too."""
     state = State()
@@ -119,6 +125,8 @@ def record_state(model: torch.nn.Module, *, values: bool = True, reach: bool = F
         attrs = _own_attributes(mod)
         state.attributes.append((mod, prefix, attrs, {
             k: type(v)(v) for k, v in attrs.items() if type(v) in _CONTAINERS}))
+        state.hooks.append((mod, prefix, {k: dict(d) for k in _HOOK_DICTS
+                                          if isinstance(d := vars(mod).get(k), dict)}))
     # the data pointer too: ``param.data = new`` (normflows' ActNorm) bumps no counter; and a
     # fingerprint of the values: ``param.data.copy_(v)`` (gpytorch's variational
     # initialisation) bumps no counter of the parameter's either
@@ -320,7 +328,28 @@ def restore_state(state: State) -> tuple[list[str], list[str]]:
             continue
         _refill(now, saved)  # in place: the same objects, as for module attributes
         restored.append(f"<{type(obj).__name__} held by an attribute>")
+    restored += _restore_hooks(state)
     return restored, params_written(state)
+
+
+def _restore_hooks(state: State) -> list[str]:
+    """Put back each module's hook dicts as recorded (in place: a hook's RemovableHandle keeps
+    a reference to its dict); returns one entry naming the modules whose hooks changed."""
+    changed: list[str] = []
+    for mod, prefix, saved in state.hooks:
+        now = vars(mod)
+        for name in _HOOK_DICTS:
+            hooks = now.get(name)
+            if not isinstance(hooks, dict) or name not in saved:
+                continue
+            if not _same_contents(saved[name], hooks):
+                _refill(hooks, saved[name])
+                if not changed or changed[-1] != (prefix or "<model>"):
+                    changed.append(prefix or "<model>")
+    if not changed:
+        return []
+    return [f"hooks of {len(changed)} module(s) (registered by a call: "
+            f"{', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''})"]
 
 
 def _refill(container: Any, items: Any) -> None:

@@ -134,6 +134,7 @@ class SandboxResult:
     outputs_meta: list[dict[str, Any]] = field(default_factory=list)
     run_seconds: list[float] = field(default_factory=list)
     load_seconds: float = 0.0  # creating the request's sessions
+    session_reused: bool = False  # a kept session served it (keep_session)
     import_seconds: float = 0.0  # the child's import of ONNX Runtime (0 in a reused child)
     signal: str | None = None
     max_opset: int | None = None  # with probe_opset: the highest opset the runtime loads
@@ -334,6 +335,7 @@ class Worker:
         timing: dict[str, Any] | None = None,
         cuda_tf32: bool = False,
         cuda_options: dict[str, str] | None = None,
+        keep_session: bool = False,
     ) -> SandboxResult:
         """Send the one request and wait for it, at most ``timeout`` seconds. Feeds after the
         first ``n_required`` are optional: a run error there is recorded in ``run_errors`` and
@@ -348,7 +350,10 @@ class Worker:
         Runtime's CUDA default (TF32 matmuls and convolutions, as deployed; for timing) instead
         of full float32 (for verification: PyTorch computes without TF32). ``cuda_options``:
         more CUDA provider options for every session of the request (``{"prefer_nhwc":
-        "1"}``)."""
+        "1"}``). ``keep_session``: a serving child keeps the session for the next request that
+        asks so for the same model files and session options (a generation loop's steps:
+        loading a 0.5 B decoder takes seconds, a step milliseconds); ``session_reused`` says
+        whether it did."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("sandbox worker already used")
@@ -374,6 +379,7 @@ class Worker:
             "timing": timing,
             "cuda_tf32": cuda_tf32,
             "cuda_options": dict(cuda_options or {}),
+            "keep_session": keep_session,
         })
         timed_out, stderr = self._await(proc, timeout, log_at)
         phase_file = req_dir / "phase"
@@ -528,6 +534,7 @@ def _read_result(req_dir: Path, res: dict[str, Any], phase: str, wall: float, st
         timed_seconds=res.get("timing", {}).get("seconds", []),
         timing_device=res.get("timing", {}).get("device", ""),
         warmup_runs=res.get("timing", {}).get("warmup_runs", 0),
+        session_reused=bool(res.get("session_reused")),
     )
     for i, run in enumerate(res.get("runs", [])):
         if "error" in run:
@@ -667,10 +674,11 @@ def run_model(
     cuda_tf32: bool = False,
     cuda_options: dict[str, str] | None = None,
     fresh: bool = False,
+    keep_session: bool = False,
 ) -> SandboxResult:
     """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
     failures of the model or of ONNX Runtime. ``lean``, ``timing``, ``cuda_tf32``,
-    ``cuda_options``: see
+    ``cuda_options``, ``keep_session`` (only inside :func:`reuse`): see
     :meth:`Worker.run`; a default session unless asked (timings, as optimize's, are of the
     session users deploy). Inside :func:`reuse`, a kept child serves it (the default cap)
     unless ``fresh``: timings take a child of their own, as a deployment loads its model into
@@ -679,7 +687,7 @@ def run_model(
     options = {"timeout": timeout, "providers": providers, "threads": threads,
                "disable_optimizations": disable_optimizations, "probe_opset": probe_opset,
                "lean": lean, "timing": timing, "cuda_tf32": cuda_tf32,
-               "cuda_options": cuda_options}
+               "cuda_options": cuda_options, "keep_session": keep_session}
     server = _SERVER.get()
     if server is not None and memory_limit == -1 and not fresh:
         return server.run(model_path, feeds, **options)

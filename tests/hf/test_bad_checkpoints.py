@@ -218,6 +218,25 @@ def test_model_object_without_the_task_head_is_om805():
     assert "feature-extraction" in res.errors[0].message
 
 
+def test_with_past_on_an_encoder_says_it_keeps_no_cache(hf_folder, out):
+    """BERT has a causal-LM class (BertLMHeadModel), so the task passes the checkpoint's
+    checks; loaded without is_decoder it returns no cache: OM817, not an internal error."""
+    res = onnxmedic.export_pretrained(hf_folder("bert"), out / "pkg",
+                                      task="text-generation-with-past")
+    assert not res.ok and _codes(res) == ["OM817"] and res.exit_code == 1
+    assert "returns no KV cache" in res.errors[0].message
+    assert "is_decoder=False" in res.errors[0].message
+    assert list(out.iterdir()) == []
+
+
+def test_with_past_without_a_tokenizer(tmp_path, out):
+    from tests.hf import checkpoints
+
+    folder = checkpoints.save(tmp_path / "notok", "gpt2", tok=None)
+    res = onnxmedic.export_pretrained(folder, out / "pkg", task="text-generation-with-past")
+    _fails_with(res, "OM806", out)
+
+
 def test_missing_tokenizer_for_a_text_task(tmp_path, out):
     from tests.hf import checkpoints
 

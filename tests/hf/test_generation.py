@@ -79,6 +79,42 @@ def test_package_layout_and_generation(llama):
     assert len(steps) == 2 * STEPS and all(c.ok and c.rule == "float64 budget" for c in steps)
 
 
+def test_the_graphs_verification_uses_the_package_names(llama, tmp_path):
+    """The graph's own verification (its input sets) names the outputs as the package does,
+    in the result, the JSON report and the terminal - not the exported graph's cat_11."""
+    import io
+
+    from rich.console import Console
+
+    from onnxmedic.report import write_report
+    from onnxmedic.report.terminal import render_terminal
+
+    model, tok, result, pkg = llama
+    names = {"logits", "present.0.key", "present.0.value", "present.1.key", "present.1.value"}
+    assert {c.name for c in result.verification} == names
+    write_report(result, tmp_path / "r.json")
+    text = (tmp_path / "r.json").read_text()
+    assert '"present.1.value"' in text and '"cat_' not in text
+    buf = io.StringIO()
+    render_terminal(result, Console(file=buf, width=200, soft_wrap=True))
+    assert "present.1.value" in buf.getvalue() and "cat_" not in buf.getvalue()
+
+
+def test_package_names_in_findings_and_comparisons():
+    from onnxmedic.findings import error
+    from onnxmedic.hf.generation import package_names
+    from onnxmedic.result import ExportResult
+    from onnxmedic.verify.compare import OutputComparison
+
+    sub = ExportResult(command="export")
+    sub.verification.append(OutputComparison("cat_1", "example", [1], [1], "float32",
+                                             "float32", 1.0, 1.0, 0, 0, 1, 1, False))
+    sub.findings.append(error("OM601", "compare", "output cat_1 (and cat_11, cat_1.x) is off"))
+    package_names(sub, {"cat_1": "present.0.key", "linear_3": "logits"})
+    assert sub.verification[0].name == "present.0.key"
+    assert sub.findings[0].message == "output present.0.key (and cat_11, cat_1.x) is off"
+
+
 def _corrupt(pkg: Path, dst: Path, output: str, scale: float) -> Path:
     """A copy of the package whose graph output ``output`` is multiplied by ``scale``."""
     shutil.copytree(pkg, dst)
@@ -153,6 +189,27 @@ def test_big_weights_go_to_external_data(llama, tmp_path, monkeypatch):
     assert check.ok and check.tokens_onnx == check.tokens_torch
     if gen_verify.genai_available():
         assert check.tokens_genai == check.tokens_torch
+
+
+def test_external_weights_are_moved_into_the_package(llama, tmp_path):
+    """The export's external data file becomes model.onnx.data (moved, not rewritten); the
+    graph points at it and generates as before."""
+    from onnxmedic.hf import generation
+
+    model, tok, result, pkg = llama
+    raw = tmp_path / "graph" / "decoder.onnx"
+    raw.parent.mkdir()
+    onnx.save_model(onnx.load(str(pkg / "model.onnx")), raw, save_as_external_data=True,
+                    location="decoder.onnx.data", size_threshold=256)  # as the export writes
+    data = (raw.parent / "decoder.onnx.data").stat()
+    out = tmp_path / "pkg"
+    shutil.copytree(pkg, out, ignore=shutil.ignore_patterns("model.onnx"))
+    generation.package_graph(raw, out, positions=True)
+    assert not (raw.parent / "decoder.onnx.data").exists()
+    moved = (out / "model.onnx.data").stat()
+    assert (moved.st_ino, moved.st_size) == (data.st_ino, data.st_size)
+    check = verify_generation(out, model, tok, steps=2, prompts=["Return the"])
+    assert check.ok and check.tokens_onnx == check.tokens_torch
 
 
 def test_genai_config_that_does_not_match_the_graph(llama, tmp_path):

@@ -192,3 +192,40 @@ def test_where_a_whole_copy_would_not_fit_the_time_limit_stops_the_first_run(mon
     ref = reference_outputs(model, [Inputs((X,), {})], exp)
     assert ref.outputs == [] and "was stopped" in ref.why_not
     assert "copy of the model needs" in ref.why_not and "GiB available" in ref.why_not
+
+
+class TiedEmbedding(torch.nn.Module):
+    """A language model's ends: an embedding table read by a few ids, tied to the output
+    projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(512, 8)
+        self.norm = torch.nn.LayerNorm(8)
+
+    def forward(self, ids):
+        return self.norm(self.emb(ids)) @ self.emb.weight.T
+
+
+def test_an_embedding_converts_only_the_rows_it_reads(monkeypatch):
+    """The upcast embedding picks its rows first, then converts them: bit-equal to the whole
+    float64 copy's, and the table is converted only where a matmul reads all of it."""
+    torch.manual_seed(0)
+    model = TiedEmbedding().eval()
+    ids = torch.tensor([[3, 7, 7, 500]])
+    with torch.no_grad():
+        want = [__import__("copy").deepcopy(model).double()(ids).numpy()]
+    converted = []
+    to = torch.Tensor.to
+
+    def counting_to(self, *args, **kwargs):
+        out = to(self, *args, **kwargs)
+        if out.dtype == torch.float64 and self.dtype == torch.float32:
+            converted.append(self.numel())
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    ref = reference_outputs(model, [Inputs((ids,), {})], [[model(ids).detach().numpy()]])
+    assert ref.why_not is None and np.array_equal(ref.outputs[0][0], want[0])
+    assert converted.count(512 * 8) == 1  # the projection's; the lookup converted 4 rows
+    assert 4 * 8 in converted

@@ -327,7 +327,6 @@ def _export_task(loaded: Loaded, f: Any, dynamic: Any, report: Any,
     tmp = Path(tempfile.mkdtemp(prefix=".onnxmedic-hf-", dir=dest.parent)) if dest else None
     try:
         target = tmp / dest.name if tmp is not None and dest is not None else None
-        warm_up(module, ex.kwargs)
         batch = {k: {d: n for d, n in v.items() if d == 0} for k, v in ex.dynamic.items()}
         retry = dynamic is True and batch != ex.dynamic
         with _quiet_torch(retry):
@@ -342,26 +341,6 @@ def _export_task(loaded: Loaded, f: Any, dynamic: Any, report: Any,
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return _finish(_annotate(res, loaded, spec, ex, module.output_names), report)
-
-
-def warm_up(module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
-    """One eager call in eval mode, before export: transformers (5.x) installs its
-    output-capturing hooks on a model's first call and marks the model with an attribute.
-    Export puts the attributes a call adds back as they were, but not the hooks, so a second
-    export of that model would install them twice (and compute wrong values). Called here,
-    the hooks and the mark are there before export looks. The global RNG and each
-    submodule's mode are left as they were."""
-    from onnxmedic import borrow
-
-    modes = borrow.module_modes(module)
-    try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            module.eval()
-            module(**kwargs)
-    except Exception:  # export's preflight reports a model that fails in PyTorch
-        logger.debug("warm-up call failed", exc_info=True)
-    finally:
-        borrow.restore_modes(modes)
 
 
 @contextlib.contextmanager

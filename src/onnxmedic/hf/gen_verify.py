@@ -178,15 +178,16 @@ def _feed(layout: dict[str, Any], ids: list[int], total: int, past: list[np.ndar
 def onnx_generation(path: Path, layout: dict[str, Any], ids: list[int], steps: int,
                     timeout: float, check: GenerationCheck
                     ) -> tuple[list[int], list[np.ndarray], list[dict[str, np.ndarray]]]:
-    """Greedy generation in ONNX Runtime (a sandbox run per step, its own cache fed back):
-    the tokens, each step's logits and feeds. Stops at a failed run (a finding in ``check``)."""
+    """Greedy generation in ONNX Runtime (a sandbox run per step, its own cache fed back; inside
+    :func:`sandbox.reuse` one session serves every step): the tokens, each step's logits and
+    feeds. Stops at a failed run (a finding in ``check``)."""
     tokens: list[int] = []
     logits: list[np.ndarray] = []
     feeds: list[dict[str, np.ndarray]] = []
     past, new = None, list(ids)
     for step in range(steps):
         feed = _feed(layout, new, len(ids) + step, past)
-        sbx = sandbox.run_model(path, [feed], timeout=timeout)
+        sbx = sandbox.run_model(path, [feed], timeout=timeout, keep_session=True)
         if not sbx.ok:
             f = sbx.finding(STAGE, timeout)
             if f is not None:
@@ -355,7 +356,10 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
             check.tokens_onnx.append(tokens)
             if len(tokens) < steps:  # a failed run: its finding is in check
                 return check
+            tt = time.perf_counter()
             refs = reference_steps(model, ids, torch_tokens, expected)
+            check.seconds["reference"] = (check.seconds.get("reference", 0.0)
+                                          + time.perf_counter() - tt)
             bad = judge_prompt(check, p, len(ids), torch_tokens, tokens, expected, actual, refs)
             if bad is not None:
                 if program is not None:

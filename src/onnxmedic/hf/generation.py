@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -98,6 +99,33 @@ def _not_a_decoder(model: Any) -> str | None:
     return None
 
 
+def _cannot_serve(why: str) -> Any:
+    return error("OM817", "preflight", f"cannot export for text-generation-with-past: {why}.",
+                 suggestion="Load the checkpoint with transformers.AutoModelForCausalLM, or "
+                 "pick a task the model serves (feature-extraction for an encoder).")
+
+
+def _no_cache(model: Any) -> str | None:
+    """Why ``model`` returns no KV cache when asked for one (None when it does, or when the
+    call fails: the export reports that): an encoder loaded with a language-model head (BERT's
+    BertLMHeadModel without is_decoder) attends both ways and keeps no cache."""
+    ids = torch.full((1, 2), min(4, int(model.config.vocab_size) - 1), dtype=torch.int64)
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
+        cache = getattr(out, "past_key_values", None)
+        if cache is not None and flat_cache(cache):
+            return None
+    except Exception:  # noqa: BLE001 - the graph's export says why it fails
+        logger.debug("generation: the cache probe failed", exc_info=True)
+        return None
+    hint = (" (its config has is_decoder=False: an encoder's causal-LM class so configured "
+            "attends both ways and keeps no cache)"
+            if getattr(model.config, "is_decoder", None) is False else "")
+    return (f"{type(model).__name__} returns no KV cache when called with use_cache=True"
+            f"{hint}; text-generation-with-past feeds the cache back at each step")
+
+
 def example_inputs(model: torch.nn.Module, vocab: int | None = None
                    ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The graph's example inputs (a real past of EXAMPLE_PAST tokens) and dynamic shapes."""
@@ -167,6 +195,28 @@ def save_graph(proto: onnx.ModelProto, folder: Path) -> Path:
     return path
 
 
+def package_graph(raw: Path, folder: Path, positions: bool) -> dict[str, str]:
+    """The verified graph at ``raw`` as ``folder/model.onnx`` with GenAI's names (rename_io;
+    returns its {new name: old name}). Weights the export wrote as external data are moved,
+    not read and written again (2 GiB at 0.5 B): only the graph is rewritten, its initializers
+    pointing at ``model.onnx.data``."""
+    proto = onnx.load(str(raw), load_external_data=False)
+    names = rename_io(proto, positions)
+    located = [e for t in proto.graph.initializer for e in t.external_data
+               if e.key == "location"]
+    files = {e.value for e in located}
+    if len(files) != 1 or not (raw.parent / next(iter(files))).is_file():
+        if files:  # several files (not what the export writes): the weights read and saved
+            onnx.load_external_data_for_model(proto, str(raw.parent))
+        save_graph(proto, folder)
+        return names
+    os.replace(raw.parent / files.pop(), folder / f"{GRAPH}.data")
+    for e in located:
+        e.value = f"{GRAPH}.data"
+    onnx.save_model(proto, folder / GRAPH)
+    return names
+
+
 def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int | None,
            timeout: float) -> tuple[Any, dict[str, Any]] | None:
     """Export and verify the decoder graph with onnxmedic.export, then give it GenAI's names
@@ -183,7 +233,14 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
         sub = export(GenerationDecoder(model, positions).eval(), args, raw,
                      dynamic_shapes=shapes, opset=opset, timeout=timeout,
                      model_spec=type(model).__name__)
+    if sub.onnx_model is not None:  # a failure is reported in the package's names too
+        outputs = [o.name for o in sub.onnx_model.graph.output]
+        package_names(sub, dict(zip(outputs, io_names(len(outputs) - 1)[1])))
     result.stages.update(sub.stages)  # the graph's own stages, as its export recorded them
+    # and their seconds; "capture" was the whole block (the example cache, the graph's export)
+    whole = result.timings.pop("capture", 0.0)
+    result.timings.update(sub.timings)
+    result.timings["graph example"] = max(0.0, whole - sum(sub.timings.values()))
     # the shape variants that break past + new = total are rejected by the wrapper (OM403):
     # generation below runs the graph at past 0 and 1..N instead
     result.findings.extend(f for f in sub.findings
@@ -196,15 +253,28 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
                       "findings above say why.", suggestion="Fix the first error above; "
                       "`onnxmedic.export` on GenerationDecoder(model) reproduces it."))
         return None
-    proto = onnx.load(str(raw))
-    names = rename_io(proto, positions)
-    save_graph(proto, tmp)
-    shutil.rmtree(raw.parent)
+    with result.timed("package graph"):
+        names = package_graph(raw, tmp, positions)
+        shutil.rmtree(raw.parent)
     past = args[3]
     layout = {"filename": GRAPH, "layers": len(past) // 2, "kv_heads": int(past[0].shape[1]),
               "head_size": int(past[0].shape[3]), "position_ids": positions, "names": names,
               "genai_problem": genai_problem(past)}
     return sub.program, layout
+
+
+def package_names(sub: ExportResult, renamed: dict[str, str]) -> None:
+    """The graph's verification and findings in the package's names (``present.0.key``, not
+    the exported graph's ``cat_11``): ``renamed`` is {graph name: package name}."""
+    renamed = {k: v for k, v in renamed.items() if k != v}
+    if not renamed:
+        return
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(
+        re.escape(k) for k in sorted(renamed, key=len, reverse=True)) + r")(?![\w.])")
+    for c in sub.verification:
+        c.name = renamed.get(c.name, c.name)
+    for f in sub.findings:
+        f.message = pattern.sub(lambda m: renamed[m.group(1)], f.message)
 
 
 def genai_problem(past: list[torch.Tensor]) -> str | None:
@@ -272,10 +342,7 @@ def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any,
                     keep_unverified: bool) -> None:
     why = _not_a_decoder(model)
     if why is not None:
-        result.fail("preflight", error(
-            "OM817", "preflight", f"cannot export for text-generation-with-past: {why}.",
-            suggestion="Load the checkpoint with transformers.AutoModelForCausalLM, or pick a "
-            "task the model serves (feature-extraction for an encoder)."))
+        result.fail("preflight", _cannot_serve(why))
         return
     if not out.parent.is_dir():
         result.fail("write", error("OM006", "write", f"cannot write {out}: the folder "
@@ -286,6 +353,10 @@ def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any,
         was_training = model.training
         model.eval()
         try:
+            why = _no_cache(model)
+            if why is not None:
+                result.fail("preflight", _cannot_serve(why))
+                return
             _build_and_check(result, model, out, tmp, tokenizer, verify, steps, prompts, opset,
                              timeout, keep_unverified)
         finally:
@@ -320,6 +391,7 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tok
             result.verification.extend(check.comparisons)
             result.findings.extend(check.findings)
             result.generation = check  # type: ignore[attr-defined]
+            result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
             if not check.ok:
                 st.fail()
         verified = check.ok

@@ -118,11 +118,22 @@ class _Upcast(torch.Tensor):
         if end is not None and time.perf_counter() > end:
             raise _TooSlow
 
+        if func in _GATHERS and isinstance(args[0], _Upcast) and not any(
+                isinstance(a, _Upcast) for a in args[1:]):
+            # rows picked, then converted: the same values (a conversion to the higher
+            # precision is exact, element by element), without converting the whole table -
+            # a 150k-token embedding is 1 GiB in float64, for the few rows a prompt reads
+            return func(args[0].inner, *args[1:], **kwargs).to(args[0].high)
+
         def unwrap(t: Any) -> Any:
             return t.inner.to(t.high) if isinstance(t, _Upcast) else t
 
         tree_map = torch.utils._pytree.tree_map
         return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+
+
+# ops that only pick elements of their first argument (no arithmetic on them)
+_GATHERS = (torch.ops.aten.embedding.default, torch.ops.aten.index_select.default)
 
 
 def _upcast_weights(model: torch.nn.Module, dtype: torch.dtype,
