@@ -784,6 +784,21 @@ CODES: dict[str, CodeInfo] = {
         "past, head_dim) in, the logits and the present out, with a PyTorch model of the same "
         "contract (bench/zoo/hf.py's DecodeStep); the file given is not one.",
     ),
+    "OM734": CodeInfo(
+        "fused decoder package written", 0,
+        "A generation package's decoder was rewritten with ONNX Runtime's transformer fusions "
+        "(onnxscript's ort_fusions: SkipSimplifiedLayerNormalization, "
+        "SimplifiedLayerNormalization, MultiHeadAttention or GroupQueryAttention, "
+        "FusedMatMul) and verified like any other candidate: greedy generation token by token "
+        "against PyTorch within the float32 budget, and in onnxruntime-genai. The finding "
+        "lists the fused ops.",
+    ),
+    "OM735": CodeInfo(
+        "fused decoder outside the budget", 1,
+        "A generation package's fused decoder generated tokens or logits outside the float32 "
+        "budget against PyTorch (or onnxruntime-genai disagreed); it was not written. The "
+        "finding gives the step and figures; keep the plain package.",
+    ),
     # OM80x: Hugging Face checkpoints (onnxmedic.hf, export hf:...)
     "OM800": CodeInfo(
         "not a Hugging Face checkpoint", 1,
