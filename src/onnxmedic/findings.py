@@ -799,6 +799,13 @@ CODES: dict[str, CodeInfo] = {
         "budget against PyTorch (or onnxruntime-genai disagreed); it was not written. The "
         "finding gives the step and figures; keep the plain package.",
     ),
+    "OM736": CodeInfo(
+        "int4 package not served by onnxruntime-genai", 1,
+        "--precision int4 on a generation package: the int4 decoder chosen within the task "
+        "budget was generated from with onnxruntime-genai, which did not give ONNX Runtime's "
+        "own greedy tokens for it (or could not load the folder); the int4 package was not "
+        "written.",
+    ),
     # OM80x: Hugging Face checkpoints (onnxmedic.hf, export hf:...)
     "OM800": CodeInfo(
         "not a Hugging Face checkpoint", 1,

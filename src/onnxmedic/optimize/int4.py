@@ -268,14 +268,37 @@ def judge(ref: dict[str, Any], got: dict[str, Any], budget: TaskBudget) -> dict[
 # the two sides: PyTorch in this process, ONNX Runtime in a child
 
 
+PACKAGE_PAST = "past_key_values."  # a generation package's past inputs (hf/generation.py)
+
+
+def step_feeds(names: Sequence[str], ids: np.ndarray, past: list[np.ndarray]
+               ) -> dict[str, np.ndarray]:
+    """The feeds of a step file: ``[input_ids, *past]`` in input order for a decoder step; for
+    a generation package's decoder also ``attention_mask`` (ones over past + new) and
+    ``position_ids`` (past .. total - 1), the past by name."""
+    if "attention_mask" not in names:
+        return dict(zip(names, [ids, *past]))
+    total = past[0].shape[2] + ids.shape[1] if past else ids.shape[1]
+    feeds = {"input_ids": ids, "attention_mask": np.ones((ids.shape[0], total), np.int64)}
+    if "position_ids" in names:
+        feeds["position_ids"] = np.broadcast_to(
+            np.arange(total - ids.shape[1], total, dtype=np.int64), ids.shape).copy()
+    feeds.update(zip([n for n in names if n.startswith(PACKAGE_PAST)], past))
+    return feeds
+
+
 def empty_past(onnx_path: str | os.PathLike[str]) -> list[np.ndarray]:
     """Zero-length past tensors (batch 1) for the step file's past inputs (all but the first
-    input); raises ValueError when the file is not a decoder step."""
+    input; a generation package's ``past_key_values.*``); raises ValueError when the file is
+    not a decoder step."""
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
     inits = {i.name for i in graph.initializer}
     ins = [i for i in graph.input if i.name not in inits]
+    pasts = [i for i in ins if i.name.startswith(PACKAGE_PAST)]
+    if pasts and len(graph.output) == len(pasts) + 1:
+        ins = [ins[0], *pasts]
     if len(ins) < 2 or len(graph.output) != len(ins):
         raise ValueError(f"{onnx_path}: not a decoder step (input_ids + past -> logits + "
                          f"present): {len(ins)} inputs, {len(graph.output)} outputs")
@@ -314,7 +337,7 @@ def ort_step(onnx_path: str, threads: int = 2) -> Step:
     names = [i.name for i in sess.get_inputs()]
 
     def step(ids: np.ndarray, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        out = sess.run(None, dict(zip(names, [ids, *past])))
+        out = sess.run(None, step_feeds(names, ids, past))
         return out[0], out[1:]
 
     return step
