@@ -259,3 +259,71 @@ def test_genai_problem_names_a_cache_genai_cannot_size():
     assert genai_problem(same) is None
     mla = [torch.zeros(1, 1, 3, 16), torch.zeros(1, 1, 3, 8)] * 2
     assert "keys [(1, 16)] and values [(1, 8)]" in genai_problem(mla)
+
+
+# ------------------------------------------------------------------------------------------
+# the package's fast path (#40): ONNX Runtime's fusions and int4, each a verified candidate
+
+
+def test_fused_package_is_verified_and_served(llama, tmp_path):
+    from onnxmedic.optimize.fuse_decoder import fuse_package
+
+    model, tok, _, pkg = llama
+    r = fuse_package(pkg, tmp_path / "fused", model, tok, steps=STEPS)
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert "OM734" in codes(r.findings) and r.folded_where >= 1
+    # the RMS norms (with the residual) and the attention core are ONNX Runtime's fused ops
+    assert r.ops.get("SkipSimplifiedLayerNormalization", 0) >= 2
+    assert r.ops.get("MultiHeadAttention", 0) == model.config.num_hidden_layers
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "fused" / "model.onnx")).graph.node}
+    assert {"Pow", "ReduceMean", "Softmax"}.isdisjoint(ops)
+    assert r.check.tokens_onnx == r.check.tokens_torch
+    if gen_verify.genai_available():
+        assert r.check.tokens_genai == r.check.tokens_torch
+    assert {p.name for p in pkg.iterdir()} <= {p.name for p in (tmp_path / "fused").iterdir()}
+
+
+def test_fused_package_with_a_wrong_rotary_cache_is_rejected(llama, tmp_path):
+    from onnxmedic.optimize.fuse_decoder import fuse_package
+
+    model, tok, _, pkg = llama
+
+    def wrong_rotary(proto):  # the rotary frequencies 2 % off: every position's angle drifts
+        t = next(i for i in proto.graph.initializer if i.name.endswith("inv_freq"))
+        t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 1.02, t.name))
+
+    r = fuse_package(pkg, tmp_path / "fused", model, tok, steps=STEPS, mutate=wrong_rotary)
+    assert not r.ok and "OM735" in codes(r.findings)
+    assert {"OM811", "OM812"} & set(codes(r.findings))  # the step's logits, with the figure
+    assert not (tmp_path / "fused").exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_int4_package_outside_the_budget_writes_nothing(llama, tmp_path):
+    from onnxmedic.optimize.int4 import TaskBudget
+    from onnxmedic.optimize.int4_package import int4_package
+
+    model, tok, _, pkg = llama
+    # random weights: near-uniform logits, every 4-bit head flips greedy picks
+    r = int4_package(pkg, tmp_path / "int4", model, tok, grid=[(32, 4, "int4")], search=False,
+                     budget=TaskBudget(steps=8, prompts=2))
+    assert not r.ok and "OM731" in codes(r.findings)
+    assert not (tmp_path / "int4").exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_int4_package_is_served_by_genai(llama, tmp_path):
+    from onnxmedic.optimize.int4 import TaskBudget
+    from onnxmedic.optimize.int4_package import int4_package
+
+    model, tok, _, pkg = llama
+    r = int4_package(pkg, tmp_path / "int4", model, tok, grid=[(32, 0, "fp32")], search=True,
+                     budget=TaskBudget(steps=16, prompts=2))
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert "OM732" in codes(r.findings)
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "int4" / "model.onnx")).graph.node}
+    assert "MatMulNBits" in ops
+    assert json.loads((tmp_path / "int4" / "genai_config.json").read_text()) == json.loads(
+        (pkg / "genai_config.json").read_text())
+    if gen_verify.genai_available():
+        assert r.tokens_genai == r.tokens_onnx
