@@ -272,29 +272,42 @@ def test_fused_package_is_verified_and_served(llama, tmp_path):
     r = fuse_package(pkg, tmp_path / "fused", model, tok, steps=STEPS)
     assert r.ok, [f.one_paragraph() for f in r.findings]
     assert "OM734" in codes(r.findings) and r.folded_where >= 1
-    # the RMS norms (with the residual) and the attention core are ONNX Runtime's fused ops
+    # the RMS norms (with the residual) and each layer's attention with its rotary embedding
+    # and KV cache are ONNX Runtime's fused ops; genai updates the cache in place
     assert r.ops.get("SkipSimplifiedLayerNormalization", 0) >= 2
-    assert r.ops.get("MultiHeadAttention", 0) == model.config.num_hidden_layers
+    assert r.ops.get("GroupQueryAttention", 0) == model.config.num_hidden_layers
     ops = {n.op_type for n in onnx.load(str(tmp_path / "fused" / "model.onnx")).graph.node}
-    assert {"Pow", "ReduceMean", "Softmax"}.isdisjoint(ops)
+    assert {"Pow", "ReduceMean", "Softmax", "Cos", "GatherND"}.isdisjoint(ops)
+    cfg = json.loads((tmp_path / "fused" / "genai_config.json").read_text())
+    assert cfg["search"]["past_present_share_buffer"] is True
     assert r.check.tokens_onnx == r.check.tokens_torch
     if gen_verify.genai_available():
         assert r.check.tokens_genai == r.check.tokens_torch
     assert {p.name for p in pkg.iterdir()} <= {p.name for p in (tmp_path / "fused").iterdir()}
 
 
-def test_fused_package_with_a_wrong_rotary_cache_is_rejected(llama, tmp_path):
+@pytest.mark.parametrize("fault", ["rotary cache", "kv heads"])
+def test_fused_package_with_a_fault_is_rejected(llama, tmp_path, fault):
     from onnxmedic.optimize.fuse_decoder import fuse_package
 
     model, tok, _, pkg = llama
 
-    def wrong_rotary(proto):  # the rotary frequencies 2 % off: every position's angle drifts
-        t = next(i for i in proto.graph.initializer if i.name.endswith("inv_freq"))
+    def wrong_rotary(proto):  # GroupQueryAttention's sin cache 2 % off
+        t = next(i for i in proto.graph.initializer if i.name == "gqa/sin_cache")
         t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 1.02, t.name))
 
-    r = fuse_package(pkg, tmp_path / "fused", model, tok, steps=STEPS, mutate=wrong_rotary)
+    def wrong_kv_heads(proto):  # one KV head fewer than the cache has
+        for n in proto.graph.node:
+            if n.op_type == "GroupQueryAttention":
+                a = next(a for a in n.attribute if a.name == "kv_num_heads")
+                a.i -= 1
+
+    mutate = wrong_rotary if fault == "rotary cache" else wrong_kv_heads
+    r = fuse_package(pkg, tmp_path / "fused", model, tok, steps=STEPS, mutate=mutate)
     assert not r.ok and "OM735" in codes(r.findings)
-    assert {"OM811", "OM812"} & set(codes(r.findings))  # the step's logits, with the figure
+    # the figure: the step's logits outside the budget; ONNX Runtime's refusal to run
+    want = {"OM811", "OM812"} if fault == "rotary cache" else {"OM511"}
+    assert want & set(codes(r.findings)), codes(r.findings)
     assert not (tmp_path / "fused").exists()
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
 

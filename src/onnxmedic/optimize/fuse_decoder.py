@@ -23,6 +23,7 @@ folder is built beside ``out`` and renamed into place only when verified.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import shutil
@@ -101,13 +102,33 @@ def op_counts(proto_or_ir: Any) -> dict[str, int]:
     return dict(collections.Counter(n.op_type for n in nodes))
 
 
-def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str]
-               ) -> tuple[dict[str, int], int]:
-    """Fuse the decoder graph at ``src`` into ``dst`` (weights over 1 KiB as external data
-    ``dst.data`` when the source has external data); returns (onnxscript's fusion counts,
-    the number of constant Wheres folded)."""
+def _ort_fusions(model: Any) -> dict[str, int]:
+    """onnxscript's ``optimize_for_ort`` without its FusedMatMul rules (a transposed weight
+    in FusedMatMul is no longer a MatMul the int4 quantizer takes; ONNX Runtime folds the
+    constant Transpose itself)."""
     import onnx_ir as ir
-    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+    import onnx_ir.passes.common as common_passes
+    from onnxscript.rewriter import rewrite
+    from onnxscript.rewriter.ort_fusions import _core, softmax
+    from onnxscript.rewriter.rules.common import _gemm_to_matmul_add
+
+    rewrite(model, [_gemm_to_matmul_add.gemm_to_matmul_add_rule])
+    model, counts = _core.fuse_xformers(model)
+    rewrite(model, [*softmax.rules.rules])
+    ir.passes.Sequential(
+        common_passes.LiftConstantsToInitializersPass(lift_all_constants=False, size_limit=1),
+        common_passes.RemoveInitializersFromInputsPass(),
+        common_passes.ShapeInferencePass())(model)
+    return {k: int(v) for k, v in counts.items() if v}
+
+
+def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+               gqa: bool = True, max_positions: int = 4096) -> tuple[dict[str, int], int]:
+    """Fuse the decoder graph at ``src`` into ``dst`` (weights over 1 KiB as external data
+    ``dst.data`` when the source has external data); with ``gqa``, each MultiHeadAttention
+    with its KV cache becomes GroupQueryAttention (:func:`to_gqa`, rotary caches of
+    ``max_positions``). Returns (the fusion counts, the number of constant Wheres folded)."""
+    import onnx_ir as ir
 
     src, dst = Path(src), Path(dst)
     proto = onnx.load(str(src))
@@ -116,12 +137,15 @@ def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str]
                    for i in onnx.load(str(src), load_external_data=False).graph.initializer)
     model = ir.from_proto(proto)
     del proto
-    model, counts = optimize_for_ort(model)
-    if external:
-        ir.save(model, dst, external_data=f"{dst.name}.data", size_threshold_bytes=1024)
-    else:
-        ir.save(model, dst)
-    return {k: int(v) for k, v in counts.items() if v}, folded
+    counts = _ort_fusions(model)
+    proto = ir.to_proto(model)
+    del model
+    if gqa:
+        from onnxmedic.optimize.gqa import to_gqa
+
+        counts["group_query_attention"] = to_gqa(proto, max_positions)
+    _resave(proto, dst, external)
+    return counts, folded
 
 
 def _fused_finding(res: FuseResult, folder: Path) -> Any:
@@ -165,7 +189,10 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         for p in folder.iterdir():
             if p.is_file() and not p.name.startswith(GRAPH):
                 shutil.copy2(p, tmp / p.name)
-        res.fusions, res.folded_where = fuse_graph(folder / GRAPH, tmp / GRAPH)
+        res.fusions, res.folded_where = fuse_graph(folder / GRAPH, tmp / GRAPH,
+                                                   max_positions=_context(tmp))
+        if res.fusions.get("group_query_attention"):
+            _share_buffer(tmp)
         if mutate is not None:
             proto = onnx.load(str(tmp / GRAPH))
             mutate(proto)
@@ -187,9 +214,27 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _resave(proto: onnx.ModelProto, path: Path) -> None:
-    big = any(i.data_location == onnx.TensorProto.EXTERNAL for i in proto.graph.initializer) \
-        or proto.ByteSize() > 2**30
+def _context(folder: Path) -> int:
+    """The context length of the package's genai_config.json (4096 without one)."""
+    cfg = folder / "genai_config.json"
+    if not cfg.exists():
+        return 4096
+    return int(json.loads(cfg.read_text())["model"].get("context_length") or 4096)
+
+
+def _share_buffer(folder: Path) -> None:
+    """GroupQueryAttention updates the KV cache in place: genai_config.json's
+    ``past_present_share_buffer`` on (GenAI then allocates the cache once, at max_length)."""
+    cfg = folder / "genai_config.json"
+    if cfg.exists():
+        data = json.loads(cfg.read_text())
+        data.setdefault("search", {})["past_present_share_buffer"] = True
+        cfg.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _resave(proto: onnx.ModelProto, path: Path, big: bool | None = None) -> None:
+    if big is None:
+        big = sum(len(t.raw_data) for t in proto.graph.initializer) > 2**30
     onnx.save_model(proto, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
                     location=f"{path.name}.data" if big else None, size_threshold=1024)
 
