@@ -53,7 +53,7 @@ def build(ckpt: Path, plain: Path | None) -> None:
     by hand: python -m onnxruntime_genai.models.builder -i CKPT -o build/half_b/genai_P -p P
     -e cpu)."""
     sys.path.insert(0, str(ROOT / "src"))
-    from onnxmedic.optimize.fuse_decoder import fuse_graph
+    from onnxmedic.optimize.fuse_decoder import context_length, fuse_graph, share_buffer
     from onnxmedic.optimize.int4 import quantize_int4
 
     BUILD.mkdir(parents=True, exist_ok=True)
@@ -69,7 +69,11 @@ def build(ckpt: Path, plain: Path | None) -> None:
             subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i",
                             str(ckpt), "-o", str(BUILD / p), "-p", p.split("_")[1], "-e", "cpu",
                             "-c", str(BUILD / "genai_cache")], check=True)
-    steps = [("om_fused", om, lambda s, d: print(fuse_graph(s, d))),
+    def fuse(s: str, d: str) -> None:
+        print(fuse_graph(s, d, max_positions=context_length(om)))
+        share_buffer(Path(d).parent)
+
+    steps = [("om_fused", om, fuse),
              ("om_int4", om, lambda s, d: print(quantize_int4(s, d, 32, 4, "int4"))),
              ("om_fused_int4", BUILD / "om_fused",
               lambda s, d: print(quantize_int4(s, d, 32, 4, "int4")))]

@@ -190,9 +190,9 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
             if p.is_file() and not p.name.startswith(GRAPH):
                 shutil.copy2(p, tmp / p.name)
         res.fusions, res.folded_where = fuse_graph(folder / GRAPH, tmp / GRAPH,
-                                                   max_positions=_context(tmp))
+                                                   max_positions=context_length(tmp))
         if res.fusions.get("group_query_attention"):
-            _share_buffer(tmp)
+            share_buffer(tmp)
         if mutate is not None:
             proto = onnx.load(str(tmp / GRAPH))
             mutate(proto)
@@ -214,7 +214,7 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _context(folder: Path) -> int:
+def context_length(folder: Path) -> int:
     """The context length of the package's genai_config.json (4096 without one)."""
     cfg = folder / "genai_config.json"
     if not cfg.exists():
@@ -222,7 +222,7 @@ def _context(folder: Path) -> int:
     return int(json.loads(cfg.read_text())["model"].get("context_length") or 4096)
 
 
-def _share_buffer(folder: Path) -> None:
+def share_buffer(folder: Path) -> None:
     """GroupQueryAttention updates the KV cache in place: genai_config.json's
     ``past_present_share_buffer`` on (GenAI then allocates the cache once, at max_length)."""
     cfg = folder / "genai_config.json"

@@ -414,6 +414,33 @@ def lm_head_node(graph: Any) -> str | None:
     return None
 
 
+def fold_weight_transposes(graph: Any) -> int:
+    """``MatMul(x, Transpose(W))`` with a constant 2-D ``W`` -> ``MatMul(x, W.T)`` (a new
+    initializer), so that the quantizer, which takes constant weights only, sees it: a tied
+    LM head reads the embedding's table transposed. Returns the number folded."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in graph.initializer}
+    prod = {o: n for n in graph.node for o in n.output}
+    users: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            users[i] = users.get(i, 0) + 1
+    folded = 0
+    for n in graph.node:
+        t = prod.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) == 2 else None
+        if t is None or t.op_type != "Transpose" or t.input[0] not in inits \
+                or len(inits[t.input[0]].dims) != 2 or users.get(t.output[0]) != 1:
+            continue
+        w = numpy_helper.to_array(inits[t.input[0]])
+        name = f"{t.input[0]}.T"
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w.T), name))
+        n.input[1] = name
+        graph.node.remove(t)
+        folded += 1
+    return folded
+
+
 def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int = 4,
                   lm_head: str = "int4", algo: str = "rtn",
                   nodes_to_exclude: Sequence[str] = ()) -> dict[str, Any]:
@@ -436,6 +463,7 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
         raise ValueError(f"lm_head {lm_head!r}: choose one of {', '.join(LM_HEADS)}")
     before = op_counts(src)
     model = onnx.load(src)
+    fold_weight_transposes(model.graph)
     head = lm_head_node(model.graph)
     exclude = list(nodes_to_exclude) + ([head] if head and lm_head != "int4" else [])
     if algo == "hqq":
