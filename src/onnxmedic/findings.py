@@ -806,6 +806,12 @@ CODES: dict[str, CodeInfo] = {
         "own greedy tokens for it (or could not load the folder); the int4 package was not "
         "written.",
     ),
+    "OM737": CodeInfo(
+        "package's PyTorch model cannot be loaded", 1,
+        "onnxmedic optimize PACKAGE_FOLDER MODEL: the generation package is verified against "
+        "the checkpoint it was exported from, and MODEL (a folder written by save_pretrained, "
+        "hf: optional) could not be loaded as a causal LM. Nothing was written.",
+    ),
     # OM80x: Hugging Face checkpoints (onnxmedic.hf, export hf:...)
     "OM800": CodeInfo(
         "not a Hugging Face checkpoint", 1,

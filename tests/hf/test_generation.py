@@ -265,13 +265,25 @@ def test_genai_problem_names_a_cache_genai_cannot_size():
 # the package's fast path (#40): ONNX Runtime's fusions and int4, each a verified candidate
 
 
-def test_fused_package_is_verified_and_served(llama, tmp_path):
-    from onnxmedic.optimize.fuse_decoder import fuse_package
+def test_fused_package_is_verified_and_served(llama, tmp_path, monkeypatch, capsys):
+    from onnxmedic.cli import main
+    from onnxmedic.optimize import fuse_decoder
 
     model, tok, _, pkg = llama
-    r = fuse_package(pkg, tmp_path / "fused", model, tok, steps=STEPS)
-    assert r.ok, [f.one_paragraph() for f in r.findings]
-    assert "OM734" in codes(r.findings) and r.folded_where >= 1
+    results = []
+    real = fuse_decoder.fuse_package
+
+    def spy(*a, **kw):
+        results.append(real(*a, **{**kw, "steps": STEPS}))
+        return results[-1]
+
+    monkeypatch.setattr(fuse_decoder, "fuse_package", spy)
+    rc = main(["optimize", str(pkg), f"hf:{pkg.parent / 'ckpt' / 'llama'}", "-o",
+               str(tmp_path / "fused")])
+    r = results[0]
+    assert rc == 0 and r.ok, [f.one_paragraph() for f in r.findings]
+    assert "OM734" in codes(r.findings) and "OM734" in capsys.readouterr().out
+    assert r.folded_where >= 1
     # the RMS norms (with the residual) and each layer's attention with its rotary embedding
     # and KV cache are ONNX Runtime's fused ops; genai updates the cache in place
     assert r.ops.get("SkipSimplifiedLayerNormalization", 0) >= 2
@@ -310,6 +322,15 @@ def test_fused_package_with_a_fault_is_rejected(llama, tmp_path, fault):
     assert want & set(codes(r.findings)), codes(r.findings)
     assert not (tmp_path / "fused").exists()
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_package_without_its_model_is_refused(llama, tmp_path, capsys):
+    from onnxmedic.cli import main
+
+    rc = main(["optimize", str(llama[3]), f"hf:{tmp_path / 'nowhere'}", "-o",
+               str(tmp_path / "out")])
+    assert rc == 1 and "OM737" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_int4_package_outside_the_budget_writes_nothing(llama, tmp_path):
