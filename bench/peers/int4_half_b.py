@@ -93,6 +93,36 @@ def build(ckpt: Path, plain: Path | None) -> None:
         os.replace(tmp, dst)
 
 
+def accuracy(trained: Path) -> dict[str, Any]:
+    """The accuracy side on a trained decoder (bench/accuracy/train_decoder.py's folder):
+    its package exported, fused and taken to int4 through ``onnxmedic optimize PACKAGE
+    --precision int4``'s functions with the default task budget; the int4 search's figures."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from onnxmedic.hf.generation import export_generation
+    from onnxmedic.optimize.fuse_decoder import fuse_package
+    from onnxmedic.optimize.int4_package import int4_package
+
+    model = AutoModelForCausalLM.from_pretrained(trained).eval()
+    tok = AutoTokenizer.from_pretrained(trained)
+    work = BUILD / "trained"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t = time.perf_counter()
+    plain = export_generation(model, work / "pkg", tokenizer=tok)
+    fused = fuse_package(work / "pkg", work / "fused", model, tok)
+    t1 = time.perf_counter()
+    q = int4_package(work / "fused" if fused.ok else work / "pkg", work / "int4", model, tok)
+    out = {"export_ok": plain.ok, "fused_ok": fused.ok, "fused_ops": fused.ops,
+           "int4_ok": q.ok, "int4_seconds": time.perf_counter() - t1,
+           "seconds": time.perf_counter() - t, "tokens_genai_match": q.tokens_genai == q.tokens_onnx,
+           "search": q.search.to_dict() if q.search is not None else None,
+           "parameters": sum(p.numel() for p in model.parameters())}
+    (BUILD / "accuracy.json").write_text(json.dumps(out, indent=1, default=str))
+    return out
+
+
 def _hwm_mib() -> float:
     return next(int(ln.split()[1]) for ln in Path("/proc/self/status").read_text().splitlines()
                 if ln.startswith("VmHWM")) / 1024
@@ -242,6 +272,8 @@ def main() -> None:
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--accuracy", type=Path, metavar="TRAINED",
+                    help="the accuracy side on a trained decoder folder (train_decoder.py)")
     ap.add_argument("--checkpoint", type=Path, default=CKPT)
     ap.add_argument("--plain", type=Path, help="an existing onnxmedic package of the checkpoint")
     ap.add_argument("--child-ort", help=argparse.SUPPRESS)
@@ -251,6 +283,8 @@ def main() -> None:
         out = child_ort(ns.child_ort) if ns.child_ort else child_genai(ns.child_genai)
         print(json.dumps(out))
         return
+    if ns.accuracy:
+        print(json.dumps(accuracy(ns.accuracy), indent=1, default=str)[:3000])
     if ns.build:
         build(ns.checkpoint, ns.plain)
     if ns.measure:
