@@ -264,7 +264,32 @@ def write(rows: dict[str, Any], cmd: str) -> None:
                      f"{cell(o, 'prefill_tok_s')} | {cell(o, 'peak_rss_mib')} | "
                      f"{cell(g, 'decode_tok_s')} | {cell(g, 'prefill_tok_s')} | "
                      f"{cell(g, 'peak_rss_mib')} |")
+    acc = BUILD / "accuracy.json"
+    if acc.exists():
+        lines += _accuracy_lines(json.loads(acc.read_text()))
     (RESULTS / "int4_half_b.md").write_text("\n".join(lines) + "\n")
+
+
+def _accuracy_lines(a: dict[str, Any]) -> list[str]:
+    """The trained decoder's int4 search (``--accuracy``): each candidate's figures."""
+    s = a["search"] or {"candidates": []}
+    lines = ["", f"`python bench/peers/int4_half_b.py --accuracy build/trained` - the accuracy "
+             f"side: bench/accuracy/train_decoder.py's figures preset ({a['parameters'] / 1e6:.1f}"
+             f" M parameters, trained); package fused: {a['fused_ok']} ({a['fused_ops']}); int4 "
+             f"package written: {a['int4_ok']} (onnxruntime-genai's tokens = ONNX Runtime's: "
+             f"{a['tokens_genai_match']}); chosen: {s.get('chosen')}; PyTorch float32 "
+             f"perplexity {s.get('reference_perplexity', float('nan')):.4g}", "",
+             "| candidate | perplexity delta | greedy agreement (own) | decode ms | MiB | "
+             "rejected |", "|---|---|---|---|---|---|"]
+    for c in s["candidates"]:
+        if c.get("perplexity") is None:
+            lines.append(f"| {c['name']} | - | - | - | - | {c['rejected'][:80]} |")
+            continue
+        ms = f"{c['decode_ms']:.3f}" if c.get("decode_ms") is not None else "-"
+        lines.append(f"| {c['name']} | {(c['perplexity_ratio'] - 1) * 100:+.2f} % | "
+                     f"{c['agreement'] * 100:.1f} % ({c['free_agreement'] * 100:.1f} %) | {ms} | "
+                     f"{(c.get('size_bytes') or 0) / 2**20:.2f} | {c['rejected'][:80]} |")
+    return lines
 
 
 def main() -> None:
@@ -272,6 +297,8 @@ def main() -> None:
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--write", action="store_true", help="rewrite the table from the cached "
+                    "measurements")
     ap.add_argument("--accuracy", type=Path, metavar="TRAINED",
                     help="the accuracy side on a trained decoder folder (train_decoder.py)")
     ap.add_argument("--checkpoint", type=Path, default=CKPT)
@@ -287,6 +314,9 @@ def main() -> None:
         print(json.dumps(accuracy(ns.accuracy), indent=1, default=str)[:3000])
     if ns.build:
         build(ns.checkpoint, ns.plain)
+    if ns.write:
+        write(json.loads((BUILD / "results.json").read_text()),
+              "python bench/peers/int4_half_b.py --measure")
     if ns.measure:
         rows = measure(ns.only)
         write(rows, "python bench/peers/int4_half_b.py --measure")
