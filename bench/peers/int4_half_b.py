@@ -167,6 +167,39 @@ def child_ort(folder: str) -> dict[str, Any]:
             "peak_rss_mib": _hwm_mib(), "load_s": load_s}
 
 
+def child_profile(folder: str) -> dict[str, Any]:
+    """ONNX Runtime's profiler over 10 decode steps (past 128): the share of kernel time per
+    op type, largest first."""
+    import onnxruntime as ort
+
+    sys.path.insert(0, str(ROOT / "src"))
+    from onnxmedic.optimize.int4 import step_feeds
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    so.log_severity_level = 3
+    so.enable_profiling = True
+    so.profile_file_prefix = str(BUILD / f"profile_{Path(folder).name}")
+    sess = ort.InferenceSession(str(Path(folder) / "model.onnx"), so,
+                                providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
+    rng = np.random.default_rng(0)
+    past = [rng.standard_normal((1, pasts[0].shape[1], PAST, pasts[0].shape[3]))
+            .astype(np.float32) for _ in pasts]
+    feeds = step_feeds(names, np.asarray([[5]], np.int64), past)
+    for _ in range(10):
+        sess.run(None, feeds)
+    trace = json.loads(Path(sess.end_profiling()).read_text())
+    per: dict[str, float] = {}
+    for ev in trace:
+        if ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time"):
+            op = ev.get("args", {}).get("op_name", "?")
+            per[op] = per.get(op, 0.0) + ev["dur"] / 10 / 1000
+    total = sum(per.values())
+    return {"step_ms": total, "ops_ms": dict(sorted(per.items(), key=lambda kv: -kv[1])[:8])}
+
+
 def child_genai(folder: str) -> dict[str, Any]:
     """onnxruntime-genai: prefill of 128 tokens, then 32 greedy tokens; tokens/s, peak RSS."""
     import onnxruntime_genai as og
@@ -305,11 +338,15 @@ def main() -> None:
     ap.add_argument("--plain", type=Path, help="an existing onnxmedic package of the checkpoint")
     ap.add_argument("--child-ort", help=argparse.SUPPRESS)
     ap.add_argument("--child-genai", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", metavar="PACKAGE", help="ONNX Runtime's per-op time of one "
+                    "package's decode step")
     ns = ap.parse_args()
     if ns.child_ort or ns.child_genai:
         out = child_ort(ns.child_ort) if ns.child_ort else child_genai(ns.child_genai)
         print(json.dumps(out))
         return
+    if ns.profile:
+        print(json.dumps(child_profile(str(BUILD / ns.profile)), indent=1))
     if ns.accuracy:
         print(json.dumps(accuracy(ns.accuracy), indent=1, default=str)[:3000])
     if ns.build:
