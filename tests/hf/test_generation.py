@@ -345,6 +345,25 @@ def test_int4_package_outside_the_budget_writes_nothing(llama, tmp_path):
     assert not (tmp_path / "int4").exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(not gen_verify.genai_available(), reason="needs onnxruntime-genai")
+def test_int4_package_genai_cannot_serve_writes_nothing(llama, tmp_path):
+    from onnxmedic.optimize.int4 import TaskBudget
+    from onnxmedic.optimize.int4_package import int4_package
+
+    model, tok, _, pkg = llama
+    bad = tmp_path / "pkg"
+    shutil.copytree(pkg, bad)
+    cfg = json.loads((bad / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["inputs"]["past_key_names"] = "past.%d.key"  # a stale config
+    (bad / "genai_config.json").write_text(json.dumps(cfg))
+    loose = TaskBudget(perplexity=100.0, agreement=0.01, steps=4, prompts=1)
+    r = int4_package(bad, tmp_path / "int4", model, tok, grid=[(32, 4, "int4")], search=False,
+                     budget=loose)
+    assert r.search.ok and not r.ok and "OM736" in codes(r.findings)
+    assert not (tmp_path / "int4").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
+
+
 @pytest.mark.slow
 def test_int4_package_is_served_by_genai(llama, tmp_path):
     from onnxmedic.optimize.int4 import TaskBudget
