@@ -12,7 +12,8 @@ the grouped heads, and the present, which ONNX Runtime can write in place of the
 are found by walking back from the MHA's query and from the two Concats to the
 ``Transpose(perm 0, 2, 1, 3)`` of a ``Reshape`` (the heads split), and the layer becomes one
 GroupQueryAttention writing the MHA's output and the two presents; what fed only the old path
-is removed. The cos / sin caches are computed from the graph's own rotary frequencies (the
+is removed. Where the three projections are constant MatMuls (+ bias) of one input they are
+packed into one (:func:`pack_qkv`), as the GenAI model builder packs them. The cos / sin caches are computed from the graph's own rotary frequencies (the
 initializer ``*inv_freq``) for positions ``0 .. max_positions - 1``.
 
 Only what the rewrite can see is checked here (one frequency initializer, the head counts from
@@ -147,6 +148,9 @@ def to_gqa(proto: onnx.ModelProto, max_positions: int) -> int:
                  "do_rotary": 1, "rotary_interleaved": 0}
         if _attr(mha, "scale"):
             attrs["scale"] = _attr(mha, "scale")
+        packed = pack_qkv(g, (q, k, v), f"gqa/{mha.name}/qkv", new_nodes)
+        if packed is not None:
+            q, k, v = packed, "", ""
         new_nodes.append(helper.make_node(
             "GroupQueryAttention", [q, k, v, kc.input[0], vc.input[0], "gqa/seqlens_k",
                                     "gqa/total", "gqa/cos_cache", "gqa/sin_cache"],
@@ -162,6 +166,48 @@ def to_gqa(proto: onnx.ModelProto, max_positions: int) -> int:
     if not any(o.domain == MS for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid(MS, 1))
     return len(plans)
+
+
+def _projection(graph: Any, name: str, prod: dict[str, Any], inits: dict[str, Any]
+                ) -> tuple[str, Any, Any] | None:
+    """(x, W, b or None) when ``name`` is ``MatMul(x, W)`` or ``Add(MatMul(x, W), b)`` with
+    constant W (2-D) and b."""
+    node, bias = prod.get(name), None
+    if node is not None and node.op_type == "Add":
+        consts = [i for i in node.input if i in inits]
+        others = [i for i in node.input if i not in inits]
+        if len(consts) != 1 or len(others) != 1:
+            return None
+        bias, node = inits[consts[0]], prod.get(others[0])
+    if node is None or node.op_type != "MatMul" or node.input[1] not in inits \
+            or len(inits[node.input[1]].dims) != 2:
+        return None
+    return node.input[0], inits[node.input[1]], bias
+
+
+def pack_qkv(graph: Any, names: tuple[str, str, str], prefix: str, new_nodes: list[Any]
+             ) -> str | None:
+    """The query, key and value projections of one input as one MatMul (+ Add) over the
+    concatenated weights, as the GenAI model builder packs them (GroupQueryAttention takes
+    the packed projection with no separate key and value); appends the nodes and
+    initializers to ``new_nodes`` / ``graph`` and returns the packed output, or None when the
+    three are not constant projections of the same input."""
+    prod = _producers(graph)
+    inits = {i.name: i for i in graph.initializer}
+    parts = [_projection(graph, n, prod, inits) for n in names]
+    if any(p is None for p in parts) or len({p[0] for p in parts}) != 1 \
+            or len({p[2] is None for p in parts}) != 1:
+        return None
+    w = np.concatenate([numpy_helper.to_array(p[1]) for p in parts], axis=1)
+    graph.initializer.append(numpy_helper.from_array(w, f"{prefix}.weight"))
+    new_nodes.append(helper.make_node("MatMul", [parts[0][0], f"{prefix}.weight"],
+                                      [f"{prefix}.mm"]))
+    if parts[0][2] is None:
+        return f"{prefix}.mm"
+    b = np.concatenate([numpy_helper.to_array(p[2]).ravel() for p in parts])
+    graph.initializer.append(numpy_helper.from_array(b, f"{prefix}.bias"))
+    new_nodes.append(helper.make_node("Add", [f"{prefix}.mm", f"{prefix}.bias"], [prefix]))
+    return prefix
 
 
 def drop_row_guards(graph: Any, attention_outputs: set[str]) -> int:
