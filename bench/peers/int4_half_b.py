@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "half_b"
 RESULTS = ROOT / "bench" / "results"
 CKPT = Path("/work/coord/models/qwen2-0.5b")
-PACKAGES = ("om_fp32", "om_fused", "genai_fp32", "om_int4", "om_fused_int4", "genai_int4")
+PACKAGES = ("om_fused", "genai_fp32", "om_fused_int4", "genai_int4", "om_fp32", "om_int4")
 PAST, PREFILL, DECODE = 128, 128, 32
 
 
