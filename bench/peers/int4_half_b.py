@@ -155,7 +155,8 @@ def child_ort(folder: str) -> dict[str, Any]:
     load_s = time.perf_counter() - t
     names = [i.name for i in sess.get_inputs()]
     pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
-    heads, dim = pasts[0].shape[1], pasts[0].shape[3]
+    dec_cfg = json.loads((Path(folder) / "genai_config.json").read_text())["model"]["decoder"]
+    heads, dim = dec_cfg["num_key_value_heads"], dec_cfg["head_size"]  # the builder's are named
     rng = np.random.default_rng(0)
     past = [rng.standard_normal((1, heads, PAST, dim)).astype(np.float32) for _ in pasts]
     empty = [np.zeros((1, heads, 0, dim), np.float32) for _ in pasts]
