@@ -290,7 +290,9 @@ def write(rows: dict[str, Any], cmd: str) -> None:
              "|---|---|---|---|---|---|---|---|"]
 
     def cell(r: dict[str, Any], key: str) -> str:
-        return f"{r[key]:.0f}" if key in r else r.get("error", "-")[:60]
+        if key in r:
+            return f"{r[key]:.1f}" if "decode" in key else f"{r[key]:.0f}"
+        return "not measured" if "error" in r else "-"
 
     for name, r in rows.items():
         o, g = r.get("ort", {}), r.get("genai", {})
