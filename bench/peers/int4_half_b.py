@@ -282,7 +282,9 @@ def write(rows: dict[str, Any], cmd: str) -> None:
         if ln.startswith("Model name")), platform.processor())
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "int4_half_b.json").write_text(json.dumps(rows, indent=1))
-    lines = [f"`{cmd}` - {datetime.date.today()} - {cpu}, {os.cpu_count()} cores, 2 intra-op "
+    lines = [f"`{cmd}` (the builder's ORT columns: `--measure --only genai_fp32 genai_int4`, "
+             "whose genai columns were contended and are kept in the .json only) - "
+             f"{datetime.date.today()} - {cpu}, {os.cpu_count()} cores, 2 intra-op "
              f"threads; Qwen2.5-0.5B shape (random weights, float32 checkpoint); decode after a "
              f"past of {PAST} (ORT) / after a {PREFILL}-token prompt (genai)", "",
              "| package | size MiB | ORT decode tok/s | ORT prefill-128 tok/s | ORT peak RSS MiB "
