@@ -799,6 +799,34 @@ CODES: dict[str, CodeInfo] = {
         "past, head_dim) in, the logits and the present out, with a PyTorch model of the same "
         "contract (bench/zoo/hf.py's DecodeStep); the file given is not one.",
     ),
+    "OM734": CodeInfo(
+        "fused decoder package written", 0,
+        "A generation package's decoder was rewritten with ONNX Runtime's transformer fusions "
+        "(onnxscript's ort_fusions: SkipSimplifiedLayerNormalization, "
+        "SimplifiedLayerNormalization, MultiHeadAttention or GroupQueryAttention, "
+        "FusedMatMul) and verified like any other candidate: greedy generation token by token "
+        "against PyTorch within the float32 budget, and in onnxruntime-genai. The finding "
+        "lists the fused ops.",
+    ),
+    "OM735": CodeInfo(
+        "fused decoder outside the budget", 1,
+        "A generation package's fused decoder generated tokens or logits outside the float32 "
+        "budget against PyTorch (or onnxruntime-genai disagreed); it was not written. The "
+        "finding gives the step and figures; keep the plain package.",
+    ),
+    "OM736": CodeInfo(
+        "int4 package not served by onnxruntime-genai", 1,
+        "--precision int4 on a generation package: the int4 decoder chosen within the task "
+        "budget was generated from with onnxruntime-genai, which did not give ONNX Runtime's "
+        "own greedy tokens for it (or could not load the folder); the int4 package was not "
+        "written.",
+    ),
+    "OM737": CodeInfo(
+        "package's PyTorch model cannot be loaded", 1,
+        "onnxmedic optimize PACKAGE_FOLDER MODEL: the generation package is verified against "
+        "the checkpoint it was exported from, and MODEL (a folder written by save_pretrained, "
+        "hf: optional) could not be loaded as a causal LM. Nothing was written.",
+    ),
     "OM742": CodeInfo(
         "int4 calibration text unusable", 1,
         "--precision int4 --calibration TEXT: the text cannot calibrate GPTQ or be measured "

@@ -316,3 +316,125 @@ def test_genai_problem_names_a_cache_genai_cannot_size():
     assert genai_problem(same) is None
     mla = [torch.zeros(1, 1, 3, 16), torch.zeros(1, 1, 3, 8)] * 2
     assert "keys [(1, 16)] and values [(1, 8)]" in genai_problem(mla)
+
+
+# ------------------------------------------------------------------------------------------
+# the package's fast path (#40): ONNX Runtime's fusions and int4, each a verified candidate
+
+
+def test_fused_package_is_verified_and_served(llama, tmp_path, monkeypatch, capsys):
+    from onnxmedic.cli import main
+    from onnxmedic.optimize import fuse_decoder
+
+    model, tok, _, pkg = llama
+    results = []
+    real = fuse_decoder.fuse_package
+
+    def spy(*a, **kw):
+        results.append(real(*a, **{**kw, "steps": STEPS}))
+        return results[-1]
+
+    monkeypatch.setattr(fuse_decoder, "fuse_package", spy)
+    rc = main(["optimize", str(pkg), f"hf:{pkg.parent / 'ckpt' / 'llama'}", "-o",
+               str(tmp_path / "fused")])
+    r = results[0]
+    assert rc == 0 and r.ok, [f.one_paragraph() for f in r.findings]
+    assert "OM734" in codes(r.findings) and "OM734" in capsys.readouterr().out
+    assert r.folded_where >= 1
+    # the RMS norms (with the residual) and each layer's attention with its rotary embedding
+    # and KV cache are ONNX Runtime's fused ops; genai updates the cache in place
+    assert r.ops.get("SkipSimplifiedLayerNormalization", 0) >= 2
+    assert r.ops.get("GroupQueryAttention", 0) == model.config.num_hidden_layers
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "fused" / "model.onnx")).graph.node}
+    assert {"Pow", "ReduceMean", "Softmax", "Cos", "GatherND"}.isdisjoint(ops)
+    cfg = json.loads((tmp_path / "fused" / "genai_config.json").read_text())
+    assert cfg["search"]["past_present_share_buffer"] is True
+    assert r.check.tokens_onnx == r.check.tokens_torch
+    if gen_verify.genai_available():
+        assert r.check.tokens_genai == r.check.tokens_torch
+    assert {p.name for p in pkg.iterdir()} <= {p.name for p in (tmp_path / "fused").iterdir()}
+
+
+@pytest.mark.parametrize("fault", ["rotary cache", "kv heads"])
+def test_fused_package_with_a_fault_is_rejected(llama, tmp_path, fault):
+    from onnxmedic.optimize.fuse_decoder import fuse_package
+
+    model, tok, _, pkg = llama
+
+    def wrong_rotary(proto):  # GroupQueryAttention's sin cache 2 % off
+        t = next(i for i in proto.graph.initializer if i.name == "gqa/sin_cache")
+        t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 1.02, t.name))
+
+    def wrong_kv_heads(proto):  # one KV head fewer than the cache has
+        for n in proto.graph.node:
+            if n.op_type == "GroupQueryAttention":
+                a = next(a for a in n.attribute if a.name == "kv_num_heads")
+                a.i -= 1
+
+    mutate = wrong_rotary if fault == "rotary cache" else wrong_kv_heads
+    r = fuse_package(pkg, tmp_path / "fused", model, tok, steps=STEPS, mutate=mutate)
+    assert not r.ok and "OM735" in codes(r.findings)
+    # the figure: the step's logits outside the budget; ONNX Runtime's refusal to run
+    want = {"OM811", "OM812"} if fault == "rotary cache" else {"OM510", "OM511"}  # load/run
+    assert want & set(codes(r.findings)), codes(r.findings)
+    assert not (tmp_path / "fused").exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_package_without_its_model_is_refused(llama, tmp_path, capsys):
+    from onnxmedic.cli import main
+
+    rc = main(["optimize", str(llama[3]), f"hf:{tmp_path / 'nowhere'}", "-o",
+               str(tmp_path / "out")])
+    assert rc == 1 and "OM737" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_int4_package_outside_the_budget_writes_nothing(llama, tmp_path):
+    from onnxmedic.optimize.int4 import TaskBudget
+    from onnxmedic.optimize.int4_package import int4_package
+
+    model, tok, _, pkg = llama
+    # random weights: near-uniform logits, every 4-bit head flips greedy picks
+    r = int4_package(pkg, tmp_path / "int4", model, tok, grid=[(32, 4, "int4")], search=False,
+                     budget=TaskBudget(steps=8, prompts=2))
+    assert not r.ok and "OM731" in codes(r.findings)
+    assert not (tmp_path / "int4").exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not gen_verify.genai_available(), reason="needs onnxruntime-genai")
+def test_int4_package_genai_cannot_serve_writes_nothing(llama, tmp_path):
+    from onnxmedic.optimize.int4 import TaskBudget
+    from onnxmedic.optimize.int4_package import int4_package
+
+    model, tok, _, pkg = llama
+    bad = tmp_path / "pkg"
+    shutil.copytree(pkg, bad)
+    cfg = json.loads((bad / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["inputs"]["past_key_names"] = "past.%d.key"  # a stale config
+    (bad / "genai_config.json").write_text(json.dumps(cfg))
+    loose = TaskBudget(perplexity=100.0, agreement=0.01, steps=4, prompts=1)
+    r = int4_package(bad, tmp_path / "int4", model, tok, grid=[(32, 4, "int4")], search=False,
+                     budget=loose)
+    assert r.search.ok and not r.ok and "OM736" in codes(r.findings)
+    assert not (tmp_path / "int4").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
+
+
+@pytest.mark.slow
+def test_int4_package_is_served_by_genai(llama, tmp_path):
+    from onnxmedic.optimize.int4 import TaskBudget
+    from onnxmedic.optimize.int4_package import int4_package
+
+    model, tok, _, pkg = llama
+    r = int4_package(pkg, tmp_path / "int4", model, tok, grid=[(32, 0, "fp32")], search=True,
+                     budget=TaskBudget(steps=16, prompts=2))
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert "OM732" in codes(r.findings)
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "int4" / "model.onnx")).graph.node}
+    assert "MatMulNBits" in ops
+    assert json.loads((tmp_path / "int4" / "genai_config.json").read_text()) == json.loads(
+        (pkg / "genai_config.json").read_text())
+    if gen_verify.genai_available():
+        assert r.tokens_genai == r.tokens_onnx

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from onnxmedic.isa import target_arg
@@ -39,7 +40,8 @@ def add_parser(sub: Any) -> None:
     """The ``optimize`` subcommand."""
     o = sub.add_parser("optimize", help="the fastest variant of an ONNX file that still "
                        "verifies against the PyTorch model, measured in the sandbox")
-    o.add_argument("onnx", metavar="IN.onnx")
+    o.add_argument("onnx", metavar="IN.onnx", help="an ONNX file, or a generation package "
+                   "folder (fused, or int4 with --precision int4: docs/int4.md)")
     o.add_argument("model", metavar="MODEL")
     o.add_argument("--input", "-i", action="append", default=[], metavar="SPEC")
     o.add_argument("-o", "--output", metavar="OUT.onnx")
@@ -118,6 +120,10 @@ def main(ns: argparse.Namespace) -> int:
     if bad:
         sys.stderr.write(f"onnxmedic optimize: error: {bad}\n")
         return 2
+    if Path(ns.onnx).is_dir():  # a generation package folder (docs/int4.md)
+        from onnxmedic.optimize.package_cli import cli_package
+
+        return cli_package(ns)
     if ns.precision == "int4":
         from onnxmedic.optimize.int4_search import cli_main
 

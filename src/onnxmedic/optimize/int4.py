@@ -277,14 +277,37 @@ def judge(ref: dict[str, Any], got: dict[str, Any], budget: TaskBudget) -> dict[
 # the two sides: PyTorch in this process, ONNX Runtime in a child
 
 
+PACKAGE_PAST = "past_key_values."  # a generation package's past inputs (hf/generation.py)
+
+
+def step_feeds(names: Sequence[str], ids: np.ndarray, past: list[np.ndarray]
+               ) -> dict[str, np.ndarray]:
+    """The feeds of a step file: ``[input_ids, *past]`` in input order for a decoder step; for
+    a generation package's decoder also ``attention_mask`` (ones over past + new) and
+    ``position_ids`` (past .. total - 1), the past by name."""
+    if "attention_mask" not in names:
+        return dict(zip(names, [ids, *past]))
+    total = past[0].shape[2] + ids.shape[1] if past else ids.shape[1]
+    feeds = {"input_ids": ids, "attention_mask": np.ones((ids.shape[0], total), np.int64)}
+    if "position_ids" in names:
+        feeds["position_ids"] = np.broadcast_to(
+            np.arange(total - ids.shape[1], total, dtype=np.int64), ids.shape).copy()
+    feeds.update(zip([n for n in names if n.startswith(PACKAGE_PAST)], past))
+    return feeds
+
+
 def empty_past(onnx_path: str | os.PathLike[str]) -> list[np.ndarray]:
     """Zero-length past tensors (batch 1) for the step file's past inputs (all but the first
-    input); raises ValueError when the file is not a decoder step."""
+    input; a generation package's ``past_key_values.*``); raises ValueError when the file is
+    not a decoder step."""
     import onnx
 
     graph = onnx.load(str(onnx_path), load_external_data=False).graph
     inits = {i.name for i in graph.initializer}
     ins = [i for i in graph.input if i.name not in inits]
+    pasts = [i for i in ins if i.name.startswith(PACKAGE_PAST)]
+    if pasts and len(graph.output) == len(pasts) + 1:
+        ins = [ins[0], *pasts]
     if len(ins) < 2 or len(graph.output) != len(ins):
         raise ValueError(f"{onnx_path}: not a decoder step (input_ids + past -> logits + "
                          f"present): {len(ins)} inputs, {len(graph.output)} outputs")
@@ -323,7 +346,7 @@ def ort_step(onnx_path: str, threads: int = 2) -> Step:
     names = [i.name for i in sess.get_inputs()]
 
     def step(ids: np.ndarray, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        out = sess.run(None, dict(zip(names, [ids, *past])))
+        out = sess.run(None, step_feeds(names, ids, past))
         return out[0], out[1:]
 
     return step
@@ -400,6 +423,33 @@ def lm_head_node(graph: Any) -> str | None:
     return None
 
 
+def fold_weight_transposes(graph: Any) -> int:
+    """``MatMul(x, Transpose(W))`` with a constant 2-D ``W`` -> ``MatMul(x, W.T)`` (a new
+    initializer), so that the quantizer, which takes constant weights only, sees it: a tied
+    LM head reads the embedding's table transposed. Returns the number folded."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in graph.initializer}
+    prod = {o: n for n in graph.node for o in n.output}
+    users: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            users[i] = users.get(i, 0) + 1
+    folded = 0
+    for n in graph.node:
+        t = prod.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) == 2 else None
+        if t is None or t.op_type != "Transpose" or t.input[0] not in inits \
+                or len(inits[t.input[0]].dims) != 2 or users.get(t.output[0]) != 1:
+            continue
+        w = numpy_helper.to_array(inits[t.input[0]])
+        name = f"{t.input[0]}.T"
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(w.T), name))
+        n.input[1] = name
+        graph.node.remove(t)
+        folded += 1
+    return folded
+
+
 def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int = 4,
                   lm_head: str = "int4", algo: str = "rtn",
                   nodes_to_exclude: Sequence[str] = (), calibration: str | None = None
@@ -424,6 +474,7 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
         raise ValueError(f"lm_head {lm_head!r}: choose one of {', '.join(LM_HEADS)}")
     before = op_counts(src)
     model = onnx.load(src)
+    fold_weight_transposes(model.graph)
     head = lm_head_node(model.graph)
     exclude = list(nodes_to_exclude) + ([head] if head and lm_head != "int4" else [])
     if algo == "gptq":

@@ -161,10 +161,9 @@ def decode_feeds(onnx_path: str, past: int = int4.DECODE_PAST, seed: int = 0
     inits = {i.name for i in graph.initializer}
     names = [i.name for i in graph.input if i.name not in inits]
     rng = np.random.default_rng(seed)
-    feeds = {names[0]: np.asarray([[5]], np.int64)}
-    for name, p in zip(names[1:], int4.empty_past(onnx_path)):
-        feeds[name] = rng.standard_normal((1, p.shape[1], past, p.shape[3])).astype(np.float32)
-    return feeds
+    pasts = [rng.standard_normal((1, p.shape[1], past, p.shape[3])).astype(np.float32)
+             for p in int4.empty_past(onnx_path)]
+    return int4.step_feeds(names, np.asarray([[5]], np.int64), pasts)
 
 
 def file_bytes(path: str) -> int:

@@ -1,0 +1,250 @@
+"""ONNX Runtime's transformer fusions on a generation package's decoder, as a verified candidate.
+
+The decoder graph of a generation package (hf/generation.py: ``model.onnx`` with
+``input_ids``, ``attention_mask``, ``position_ids`` and the past in, ``logits`` and the present
+out) is rewritten by onnxscript's ORT fusions (``onnxscript.rewriter.ort_fusions``,
+``optimize_for_ort``): RMS norms to ``SimplifiedLayerNormalization``, residual + RMS norm to
+``SkipSimplifiedLayerNormalization``, the attention core (scaled dot product with its mask) to
+``MultiHeadAttention``, scaled MatMuls to ``FusedMatMul``; it fuses the rotary embedding and
+the grouped-query attention with ONNX Runtime's in-place KV cache (``GroupQueryAttention``)
+only where the graph follows the patterns it knows (the exporter's graphs reach
+``MultiHeadAttention``: the rotary fusion is undone when no GQA consumes it).
+
+One step before: the export guards every ``ReduceMean`` with ``Where(False, NaN, mean)`` (the
+NaN an empty mean gives in PyTorch: ops/miscompiles.py); a ``Where`` whose condition is one
+constant boolean is that branch, so it is folded, and the RMS norm patterns match.
+
+The fused folder is a candidate like every other: generation is verified against PyTorch
+token by token with the float32 budget of the export (hf/gen_verify.py) and in
+onnxruntime-genai; a fused package outside it is not written (OM735), with the figure. The
+folder is built beside ``out`` and renamed into place only when verified.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+logger = logging.getLogger(__name__)
+
+GRAPH = "model.onnx"
+# the ops the fusions produce, counted in the result
+FUSED_OPS = ("SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
+             "MultiHeadAttention", "GroupQueryAttention", "RotaryEmbedding", "FusedMatMul")
+
+
+@dataclass
+class FuseResult:
+    """The fusion candidate's outcome: ``fusions`` (onnxscript's count per fusion), ``ops``
+    (the fused ops in the written graph), ``check`` (gen_verify's GenerationCheck) and
+    ``findings``; ``ok`` when the fused package was written."""
+
+    ok: bool = False
+    path: str | None = None
+    fusions: dict[str, int] = field(default_factory=dict)
+    ops: dict[str, int] = field(default_factory=dict)
+    folded_where: int = 0
+    check: Any = None
+    findings: list[Any] = field(default_factory=list)
+
+
+def fold_constant_where(proto: onnx.ModelProto) -> int:
+    """Replace each ``Where(c, a, b)`` whose condition is one constant boolean (an initializer
+    of one element) and whose other branch is one element by the branch it picks; returns the
+    number folded. (Broadcasting a one-element tensor does not change the picked branch's
+    shape unless it is a scalar, which the verification that follows would catch.)"""
+    g = proto.graph
+    small = {i.name: onnx.numpy_helper.to_array(i) for i in g.initializer
+             if int(np.prod(i.dims)) == 1}
+    rename: dict[str, str] = {}
+    keep = []
+    for node in g.node:
+        if node.op_type == "Where" and node.domain in ("", "ai.onnx") \
+                and node.input[0] in small and small[node.input[0]].dtype == np.bool_:
+            pick = bool(small[node.input[0]].ravel()[0])
+            other = node.input[2 if pick else 1]
+            if other in small:
+                rename[node.output[0]] = node.input[1 if pick else 2]
+                continue
+        keep.append(node)
+    if not rename:
+        return 0
+    outputs = {o.name for o in g.output}
+    for name in list(rename):  # follow chains of folded Wheres
+        target = rename[name]
+        while target in rename:
+            target = rename[target]
+        rename[name] = target
+    for node in keep:
+        node.input[:] = [rename.get(i, i) for i in node.input]
+    # a graph output produced by a folded Where: an Identity keeps its name
+    keep += [onnx.helper.make_node("Identity", [target], [name])
+             for name, target in rename.items() if name in outputs]
+    del g.node[:]
+    g.node.extend(keep)
+    return len(rename)
+
+
+def op_counts(proto_or_ir: Any) -> dict[str, int]:
+    """Node count per op type of an ONNX proto's or onnx_ir model's main graph."""
+    graph = getattr(proto_or_ir, "graph", proto_or_ir)
+    nodes = graph.node if hasattr(graph, "node") else graph
+    return dict(collections.Counter(n.op_type for n in nodes))
+
+
+def _ort_fusions(model: Any) -> dict[str, int]:
+    """onnxscript's ``optimize_for_ort`` without its FusedMatMul rules (a transposed weight
+    in FusedMatMul is no longer a MatMul the int4 quantizer takes; ONNX Runtime folds the
+    constant Transpose itself)."""
+    import onnx_ir as ir
+    import onnx_ir.passes.common as common_passes
+    from onnxscript.rewriter import rewrite
+    from onnxscript.rewriter.ort_fusions import _core, softmax
+    from onnxscript.rewriter.rules.common import _gemm_to_matmul_add
+
+    rewrite(model, [_gemm_to_matmul_add.gemm_to_matmul_add_rule])
+    model, counts = _core.fuse_xformers(model)
+    rewrite(model, [*softmax.rules.rules])
+    ir.passes.Sequential(
+        common_passes.LiftConstantsToInitializersPass(lift_all_constants=False, size_limit=1),
+        common_passes.RemoveInitializersFromInputsPass(),
+        common_passes.ShapeInferencePass())(model)
+    return {k: int(v) for k, v in counts.items() if v}
+
+
+def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+               gqa: bool = True, max_positions: int = 4096) -> tuple[dict[str, int], int]:
+    """Fuse the decoder graph at ``src`` into ``dst`` (weights over 1 KiB as external data
+    ``dst.data`` when the source has external data); with ``gqa``, each MultiHeadAttention
+    with its KV cache becomes GroupQueryAttention (:func:`to_gqa`, rotary caches of
+    ``max_positions``). Returns (the fusion counts, the number of constant Wheres folded)."""
+    import onnx_ir as ir
+
+    src, dst = Path(src), Path(dst)
+    proto = onnx.load(str(src))
+    folded = fold_constant_where(proto)
+    external = any(i.data_location == onnx.TensorProto.EXTERNAL
+                   for i in onnx.load(str(src), load_external_data=False).graph.initializer)
+    model = ir.from_proto(proto)
+    del proto
+    counts = _ort_fusions(model)
+    proto = ir.to_proto(model)
+    del model
+    if gqa:
+        from onnxmedic.optimize.gqa import to_gqa
+
+        counts["group_query_attention"] = to_gqa(proto, max_positions)
+    _resave(proto, dst, external)
+    return counts, folded
+
+
+def _fused_finding(res: FuseResult, folder: Path) -> Any:
+    from onnxmedic.findings import info
+
+    ops = ", ".join(f"{n} x{c}" for n, c in sorted(res.ops.items())) or "none"
+    return info("OM734", "optimize", f"fused decoder package written to {folder}: ONNX "
+                f"Runtime's fusions ({ops}; onnxscript's counts {res.fusions}) verified "
+                "token by token against PyTorch within the float32 budget.")
+
+
+def _rejected_finding(res: FuseResult, folder: Path) -> Any:
+    from onnxmedic.findings import error
+
+    why = "; ".join(f.message for f in res.check.findings
+                    if f.severity == "error")[:600] if res.check is not None else ""
+    div = res.check.divergence if res.check is not None else None
+    return error("OM735", "optimize", f"the fused decoder package was not written to {folder}: "
+                 f"its generation is outside the float32 budget ({why or 'no figure'}; "
+                 f"first divergence: {div})",
+                 suggestion="Keep the plain package; the figures above say which step and "
+                 "position differ.")
+
+
+def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
+                 tokenizer: Any = None, *, steps: int = 8, prompts: Any = None,
+                 genai: bool = True, timeout: float | None = None,
+                 mutate: Any = None) -> FuseResult:
+    """Write ``out``: the generation package ``folder`` with its decoder fused (see the module
+    docstring), verified against ``model`` (the PyTorch causal LM the package was exported
+    from) by greedy generation of ``steps`` tokens per prompt in ONNX Runtime and, with
+    ``genai``, onnxruntime-genai. ``mutate(proto)`` (tests) edits the fused graph before it
+    is verified. Nothing is written at ``out`` unless verified."""
+    from onnxmedic import sandbox
+    from onnxmedic.hf.gen_verify import verify_generation
+
+    folder, out = Path(folder), Path(out)
+    res = FuseResult()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        for p in folder.iterdir():
+            if p.is_file() and not p.name.startswith(GRAPH):
+                shutil.copy2(p, tmp / p.name)
+        res.fusions, res.folded_where = fuse_graph(folder / GRAPH, tmp / GRAPH,
+                                                   max_positions=context_length(tmp))
+        if res.fusions.get("group_query_attention"):
+            share_buffer(tmp)
+        if mutate is not None:
+            proto = onnx.load(str(tmp / GRAPH))
+            mutate(proto)
+            _resave(proto, tmp / GRAPH)
+        res.ops = {k: v for k, v in op_counts(onnx.load(str(tmp / GRAPH),
+                                                       load_external_data=False)).items()
+                   if k in FUSED_OPS}
+        res.check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,
+                                      genai=genai, timeout=timeout or sandbox.DEFAULT_TIMEOUT)
+        res.findings.extend(res.check.findings)
+        if not res.check.ok:
+            res.findings.append(_rejected_finding(res, out))
+            return res
+        _replace(tmp, out)
+        res.ok, res.path = True, str(out)
+        res.findings.append(_fused_finding(res, out))
+        return res
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def context_length(folder: Path) -> int:
+    """The context length of the package's genai_config.json (4096 without one)."""
+    cfg = folder / "genai_config.json"
+    if not cfg.exists():
+        return 4096
+    return int(json.loads(cfg.read_text())["model"].get("context_length") or 4096)
+
+
+def share_buffer(folder: Path) -> None:
+    """GroupQueryAttention updates the KV cache in place: genai_config.json's
+    ``past_present_share_buffer`` on (GenAI then allocates the cache once, at max_length)."""
+    cfg = folder / "genai_config.json"
+    if cfg.exists():
+        data = json.loads(cfg.read_text())
+        data.setdefault("search", {})["past_present_share_buffer"] = True
+        cfg.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _resave(proto: onnx.ModelProto, path: Path, big: bool | None = None) -> None:
+    if big is None:
+        big = sum(len(t.raw_data) for t in proto.graph.initializer) > 2**30
+    onnx.save_model(proto, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
+                    location=f"{path.name}.data" if big else None, size_threshold=1024)
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    """``tmp`` renamed to ``out`` (an existing ``out`` moved aside first, removed after)."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,144 @@
+"""``--precision int4`` on a generation package: an int4 package folder onnxruntime-genai serves.
+
+The package's decoder (hf/generation.py: ``input_ids``, ``attention_mask``, ``position_ids``
+and ``past_key_values.*`` in) goes through optimize/int4_search.py's candidates and task
+budget unchanged: each candidate (MatMulNBits through ONNX Runtime's quantizer) is judged
+against the PyTorch model the package was exported from (greedy agreement over N steps from
+several prompts, perplexity on the built-in text) and timed; the fastest within the budget
+becomes the new folder's ``model.onnx``. The folder's other files are copied;
+``genai_config.json`` is kept as it is (MatMulNBits is an ONNX Runtime contrib op: the
+graph's inputs, outputs and cache are unchanged, so nothing in it changes). onnxruntime-genai then
+generates from the new folder, and its greedy tokens must be ONNX Runtime's own for the chosen
+file (OM736 when they are not). The folder is built beside ``out`` and renamed into place only
+when all of this passed: nothing half-written on failure (OM731 when no candidate is within
+the budget).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+GRAPH = "model.onnx"
+
+
+class PackageReference:
+    """The PyTorch side of int4's step contract for a generation package's model:
+    ``(input_ids, past [k0, v0, ...]) -> (logits, present)``, with the attention mask and the
+    positions the package's loop feeds (all ones; past .. total - 1)."""
+
+    def __init__(self, model: Any) -> None:
+        from onnxmedic.hf.generation import GenerationDecoder, takes_position_ids
+
+        self.decoder = GenerationDecoder(model, takes_position_ids(model)).eval()
+        self.model = model
+
+    def __call__(self, input_ids: Any, past: list[Any]) -> tuple[Any, list[Any]]:
+        import torch
+
+        n, total = input_ids.shape[1], past[0].shape[2] + input_ids.shape[1]
+        mask = torch.ones(input_ids.shape[0], total, dtype=torch.int64)
+        pos = torch.arange(total - n, total).expand(input_ids.shape[0], n)
+        return self.decoder(input_ids, mask, pos, list(past))
+
+
+@dataclass
+class Int4PackageResult:
+    """The int4 search (``search``: int4_search.Int4Result), the genai check, findings."""
+
+    ok: bool = False
+    path: str | None = None
+    search: Any = None
+    tokens_onnx: list[list[int]] = field(default_factory=list)
+    tokens_genai: list[list[int]] | None = None
+    findings: list[Any] = field(default_factory=list)
+
+
+def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
+                 tokenizer: Any = None, *, budget: Any = None, grid: Any = None,
+                 genai: bool = True, search: bool = True, threads: int = 2,
+                 timeout: float = 600.0) -> Int4PackageResult:
+    """Write ``out``: the generation package ``folder`` at int4 (see the module docstring),
+    judged against ``model`` (the PyTorch causal LM) with ``budget`` (int4.TaskBudget;
+    default +5 % perplexity, 95 % greedy agreement) over ``grid`` (int4_search's default
+    grid when None; ``search``: its per-layer search where no cell is within the budget).
+    Nothing is written at ``out`` unless a candidate is within the budget and
+    onnxruntime-genai generates its tokens."""
+    from onnxmedic.optimize import int4
+    from onnxmedic.optimize.int4_search import optimize_int4
+
+    folder, out = Path(folder), Path(out)
+    res = Int4PackageResult()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        search = optimize_int4(folder / GRAPH, PackageReference(model), out=tmp / GRAPH,
+                               tokenizer=tokenizer, budget=budget, grid=grid,
+                               search=search, threads=threads, timeout=timeout)
+        res.search = search
+        res.findings.extend(search.findings())
+        if not search.ok:
+            return res
+        _copy_side_files(folder, tmp)
+        b = budget or int4.DEFAULT_BUDGET
+        prompts = (int4.builtin_data(tokenizer.encode, b.prompts).prompts
+                   if tokenizer is not None else
+                   [[int(t) for t in np.random.default_rng(i).integers(4, 64, 4)]
+                    for i in range(b.prompts)])
+        steps = b.steps
+        step = int4.ort_step(str(tmp / GRAPH), threads)
+        past0 = int4.empty_past(tmp / GRAPH)
+        res.tokens_onnx = [int4.generate(step, past0, p, steps) for p in prompts]
+        if genai and not _genai_agrees(res, tmp, prompts, steps, timeout):
+            return res
+        _replace(tmp, out)
+        res.ok, res.path = True, str(out)
+        return res
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _copy_side_files(folder: Path, tmp: Path) -> None:
+    for p in folder.iterdir():
+        if p.is_file() and not p.name.startswith(GRAPH):
+            shutil.copy2(p, tmp / p.name)
+
+
+def _genai_agrees(res: Int4PackageResult, tmp: Path, prompts: list[list[int]], steps: int,
+                  timeout: float) -> bool:
+    """onnxruntime-genai generating from ``tmp`` gives ONNX Runtime's own greedy tokens for the
+    chosen file (OM736 when not; OM815 when genai is not installed)."""
+    from onnxmedic.findings import error
+    from onnxmedic.hf.gen_verify import GenerationCheck, genai_generation
+
+    check = GenerationCheck(prompts=prompts, tokens_torch=res.tokens_onnx)
+    genai_generation(tmp, check, steps, timeout, eos=set())
+    res.tokens_genai = check.tokens_genai
+    if check.ok:
+        res.findings.extend(check.findings)
+        return True
+    why = " ".join(f.message for f in check.findings)[:500]
+    res.findings.append(error(
+        "OM736", "optimize", f"the int4 package was not written: onnxruntime-genai did not "
+        f"generate ONNX Runtime's tokens for the chosen int4 decoder ({why}).",
+        suggestion="Keep the float32 package; run onnxruntime-genai on the folder to see "
+        "why it differs."))
+    return False
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
