@@ -129,7 +129,8 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
                    onnxmedic_error=next((f"{f['code']}: {f['message'][:300]}"
                                          for f in med["findings"]
                                          if f["severity"] == "error"), ""),
-                   note=med["note"], check=med.get("check"))
+                   note=med["note"], check=med.get("check"),
+                   onnxmedic_timings=med.get("timings"))
         if med["ok"]:
             import onnxruntime as ort
 

@@ -43,6 +43,7 @@ class ExportContext:
     given_kwargs: dict[str, Any]
     opts: ExportOptions
     worker: Any = None  # sandbox.Worker started ahead (imports ONNX Runtime during capture)
+    ahead: Any = None  # verify.ahead.Ahead: the input sets' outputs computed during translation
     state: Any = None  # borrow.State: the model as export found it (put back at the end)
     expected: list[np.ndarray] | None = None  # the example's outputs in PyTorch (preflight)
     opset: int | None = None  # the opset to export (fixes.opset.plan_opset, resolve_opset)

@@ -19,7 +19,8 @@ from onnxmedic.onnxfile import not_written_finding, output_stage, write_stage
 from onnxmedic.preflight import first_call_state, preflight_stage
 from onnxmedic.result import FAILED
 from onnxmedic.translate import translate_stage
-from onnxmedic.verify.stage import verify_stage
+from onnxmedic.verify import ahead
+from onnxmedic.verify.stage import expected_outputs, verify_stage
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,23 @@ def _preflight(ctx: ExportContext) -> bool:
     return ctx.expected is not None
 
 
+def _capture(ctx: ExportContext) -> bool:
+    """Capture the program; once it is known, PyTorch's outputs on the input sets verification
+    will draw are computed in a child while the model translates (verify/ahead.py)."""
+    if not capture_stage(ctx):
+        return False
+    if ctx.opts.verify and ctx.program is not None and ctx.expected is not None:
+        model = ctx.model
+        ctx.ahead = ahead.start(model, ctx.example, ctx.program,
+                                lambda s: expected_outputs(model, [s])[0], ctx.opts.timeout)
+    return True
+
+
 EXPORT_STAGES: tuple[Stage, ...] = (
     Stage("output", output_stage),  # the output path, before anything slow runs
     Stage("plan", plan_opset),  # the opset asked for against the runtime asked for
     Stage("preflight", _preflight),
-    Stage("capture", capture_stage),
+    Stage("capture", _capture),
     Stage("translate", translate_stage),
     Stage("check", save_and_check_stage, notice=True),
     Stage("fix", fix_stage, notice=True),
@@ -56,7 +69,7 @@ EXPORT_STAGES: tuple[Stage, ...] = (
 
 def run_export(ctx: ExportContext, stages: tuple[Stage, ...] = EXPORT_STAGES) -> None:
     """Run ``stages`` in order until one stops the export; the temporary folder the model was
-    saved in is removed whatever happens."""
+    saved in, and the child computing input sets ahead, are removed whatever happens."""
     try:
         for stage in stages:
             if ctx.opts.on_stage is not None:
@@ -68,5 +81,7 @@ def run_export(ctx: ExportContext, stages: tuple[Stage, ...] = EXPORT_STAGES) ->
                 ctx.result.findings.append(not_written_finding(ctx.opts.f))
             return
     finally:
+        if ctx.ahead is not None:
+            ctx.ahead.close()
         if ctx.tmp_dir is not None:
             shutil.rmtree(ctx.tmp_dir, ignore_errors=True)

@@ -27,6 +27,7 @@ from onnxmedic.inputs import Inputs
 from onnxmedic.onnxfile import graph_io, make_feeds
 from onnxmedic.preflight import preflight_stage
 from onnxmedic.result import PASSED, ExportResult
+from onnxmedic.verify.ahead import Ahead
 from onnxmedic.verify.budget import (
     RULE_BUDGET,
     RULE_NORMWISE,
@@ -157,6 +158,7 @@ class InputSets:
     references: list[list[np.ndarray | None]] = field(default_factory=list)  # float64 runs
     torch_seconds: float = 0.0  # PyTorch's own runs of the sets it timed (timed_sets)
     timed_sets: int = 0
+    ahead: Ahead | None = None  # the sets' outputs computed while the model translated
 
     def add(self, label: str, inputs: Inputs, expected: list[np.ndarray]) -> None:
         self.sets.append(inputs)
@@ -164,12 +166,15 @@ class InputSets:
         self.expected.append(expected)
 
     def expected_of(self, model: Any, sets: list[Inputs]) -> list[list[np.ndarray]]:
-        """PyTorch's outputs on ``sets``, timed (for the reference's time limit)."""
+        """PyTorch's outputs on ``sets``, timed (for the reference's time limit); those
+        computed ahead (verify/ahead.py) are taken from there."""
+        got = self.ahead.take(sets) if self.ahead is not None else [None] * len(sets)
+        todo = [s for s, g in zip(sets, got) if g is None]
         t0 = time.perf_counter()
-        out = expected_outputs(model, sets)
-        self.torch_seconds += time.perf_counter() - t0
+        mine = iter(expected_outputs(model, todo) if todo else [])
+        self.torch_seconds += time.perf_counter() - t0 + sum(g[1] for g in got if g)
         self.timed_sets += len(sets)
-        return out
+        return [g[0] if g is not None else next(mine) for g in got]
 
     def seconds_for(self, which: list[int]) -> float:
         """PyTorch's time for the sets ``which``, estimated from the sets it timed."""
@@ -179,11 +184,13 @@ class InputSets:
 def input_sets(result: ExportResult, model: Any, example: Inputs,
                example_expected: list[np.ndarray] | None, onnx_dims: list[Any],
                probe_branches: bool = False, rules: dict[str, SizeRule] | None = None,
-               only_allowed: bool = False, probe_masks: bool = False) -> InputSets:
+               only_allowed: bool = False, probe_masks: bool = False,
+               ahead: Ahead | None = None) -> InputSets:
     """The example, further sets of its shapes (input_sets.same_shape_sets), branch probes (when
     a data-dependent branch was specialised), and the shape variants PyTorch itself accepts,
-    with PyTorch's outputs (``rules``, ``only_allowed``: see input_sets.shape_variants)."""
-    out = InputSets()
+    with PyTorch's outputs (``rules``, ``only_allowed``: see input_sets.shape_variants;
+    ``ahead``: outputs computed while the model translated, verify/ahead.py)."""
+    out = InputSets(ahead=ahead)
     with result.timed("compare"):
         out.add("example", example, example_expected if example_expected is not None
                 else out.expected_of(model, [example])[0])
@@ -200,7 +207,7 @@ def input_sets(result: ExportResult, model: Any, example: Inputs,
             result.findings.append(warning(
                 "OM603", "compare", f"PyTorch rejected the generated input sets "
                 f"({type(e).__name__}: {str(e)[:200]}); verifying on the example only."))
-            out = InputSets(out.sets[:1], out.labels[:1], out.expected[:1])
+            out = InputSets(out.sets[:1], out.labels[:1], out.expected[:1], ahead=ahead)
         out.n_required = len(out.sets)
         for label, variant in shape_variants(example, onnx_dims, rules=rules,
                                              only_allowed=only_allowed):
@@ -258,7 +265,8 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
                     worker: sandbox.Worker | None = None, target: str = "cpu",
                     localizer: Localizer | None = None, probe_branches: bool = False,
                     rules: dict[str, SizeRule] | None = None, only_allowed: bool = False,
-                    probe_masks: bool = False) -> dict[str, SizeRule]:
+                    probe_masks: bool = False, ahead: Ahead | None = None
+                    ) -> dict[str, SizeRule]:
     """runtime + compare stages, in one sandboxed session: the example, further input sets of
     the same shapes, and - for each dynamic dim of the ONNX model - sizes 1 and 2x. With a
     ``localizer``, a value mismatch (or every run, when it is ``always``) is localised.
@@ -267,7 +275,7 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
     With ``only_allowed`` (rules the file declares) only the sizes they allow are checked."""
     onnx_inputs, onnx_dims, onnx_outputs = graph_io(proto)
     sets = input_sets(result, model, example, example_expected, onnx_dims, probe_branches,
-                      rules, only_allowed, probe_masks)
+                      rules, only_allowed, probe_masks, ahead)
     with result.stage("runtime", conclude=False) as st:
         try:
             feeds = [make_feeds(onnx_inputs, s.args, s.kwargs) for s in sets.sets]
@@ -624,7 +632,7 @@ def verify_stage(ctx: ExportContext) -> bool:
             stand_in[1] if stand_in else result.onnx_model, ctx.example, ctx.expected,
             opts.timeout, opts.tolerance, ctx.worker, opts.target, localizer=localizer,
             probe_branches=ctx.branch_probe, rules=guard_rules(ctx),
-            probe_masks=ctx.mask_probe)
+            probe_masks=ctx.mask_probe, ahead=ctx.ahead)
     finally:
         shutil.rmtree(stand_in_dir, ignore_errors=True)
     ctx.verified = result.stages.get("compare") == PASSED

@@ -1,0 +1,107 @@
+"""PyTorch's outputs on the verification input sets, computed in a forked child while the
+model translates (verify/ahead.py): the parent no longer runs those sets itself, the verdict
+is the same, and a fault at another size is still caught."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import onnxmedic
+from onnxmedic.inputs import Inputs
+from onnxmedic.verify import ahead
+from onnxmedic.verify.stage import expected_outputs
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="sets are computed ahead on Linux only")
+
+CALLS: list[tuple[int, torch.dtype]] = []  # this process's real calls: (batch, dtype)
+
+
+class _Centre(torch.nn.Module):
+    """A batch-centring block (its mean over the dynamic batch is what the fault breaks) that
+    records each real call in this process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if type(x) is torch.Tensor:  # not a capture's fake tensor
+            CALLS.append((x.shape[0], x.dtype))
+        h = self.lin(x).relu()
+        return (h - h.mean(0, keepdim=True)).tanh()
+
+
+def _export(**kw):
+    CALLS.clear()
+    return onnxmedic.export(_Centre().eval(), (torch.randn(2, 4),),
+                            dynamic_shapes={"x": {0: "batch"}}, **kw)
+
+
+def _float32_sizes() -> set[int]:
+    return {b for b, dt in CALLS if dt == torch.float32}
+
+
+def test_the_parent_no_longer_runs_the_verification_sets(monkeypatch):
+    r = _export()
+    assert r.ok, [f.one_paragraph() for f in r.findings]
+    assert {"example", "random#1", "batch=1", "batch=3"} <= {c.input_set
+                                                              for c in r.verification}
+    assert _float32_sizes() == {2}  # the example only (preflight): the child ran 1 and 3
+    monkeypatch.setenv(ahead.ENV, "0")  # the control: without it, this process runs them
+    r = _export()
+    assert r.ok and {1, 3} <= _float32_sizes()
+
+
+def test_a_fault_at_another_size_is_caught_with_sets_computed_ahead(registry_snapshot):
+    """The mean over the batch translated as a sum divided by the example's batch: right at 2,
+    wrong at 1 and 3, whose PyTorch outputs came from the child."""
+    from onnxscript import opset18 as op
+
+    from onnxmedic.ops import translation
+
+    @translation(torch.ops.aten.mean.dim)
+    def aten_mean_dim(self, dim, keepdim=False, dtype=None):
+        axes = op.Constant(value_ints=list(dim))
+        return op.Div(op.ReduceSum(self, axes, keepdims=1 if keepdim else 0),
+                      op.Constant(value_float=2.0))
+
+    r = _export(localize=False)
+    assert not r.ok and r.stages["compare"] == "failed"
+    assert all(c.ok for c in r.verification if c.input_set in ("example", "random#1"))
+    assert {f.details["input_set"] for f in r.errors if f.code == "OM402"} == {"batch=1",
+                                                                              "batch=3"}
+    assert 1 not in _float32_sizes() and 3 not in _float32_sizes()
+
+
+def test_unplanned_and_failed_sets_are_left_to_the_parent():
+    model = _Centre().eval()
+    x = torch.randn(2, 4)
+    program = torch.export.export(model, (x,), dynamic_shapes={"x": {0: torch.export.Dim("b")}})
+    (dims,) = ahead.program_dims(program)
+    assert isinstance(dims[0], str) and dims[1] == 4  # the batch a symbol, the features not
+
+    def run(s: Inputs):
+        if s.args[0].shape[0] == 1:
+            raise ValueError("no batch of one")
+        return expected_outputs(model, [s])[0]
+
+    a = ahead.start(model, Inputs((x,), {}), program, run, timeout=60)
+    assert a is not None
+    try:
+        planned = a.sets
+        a.join()  # the child done: every planned set is its (no race with this process)
+        assert [s.args[0].shape[0] for s in planned] == [2, 1, 3]
+        got = a.take([Inputs((torch.randn(5, 4),), {})] + planned)
+        assert got[0] is None  # not planned
+        assert got[2] is None  # the child failed there: the parent computes it (and says why)
+        for s, g in zip([planned[0], planned[2]], [got[1], got[3]]):
+            assert g is not None
+            torch.testing.assert_close(torch.from_numpy(g[0][0]),
+                                       torch.from_numpy(expected_outputs(model, [s])[0][0]))
+    finally:
+        a.close()
