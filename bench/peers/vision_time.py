@@ -37,7 +37,8 @@ def _pair(zoo: str, name: str, timeout: float, threads: int) -> dict[str, Any]:
         os.environ["ONNXMEDIC_AHEAD"] = env
         try:
             rec[mode] = _run_child(zoo, name, timeout, threads,
-                                   script=str(ROOT / "bench" / "peers" / "zoo_bench.py"))
+                                   str(ROOT / "bench" / "peers" / "zoo_bench.py"),
+                                   ("--latency-runs", "0"))
         finally:
             if old is None:
                 os.environ.pop("ONNXMEDIC_AHEAD", None)

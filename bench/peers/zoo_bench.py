@@ -86,8 +86,9 @@ def _check_at_shapes(path: str, case: Any) -> tuple[bool, str, float]:
     return True, "", worst
 
 
-def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
-    """Everything for one entry, in this (worker) process."""
+def one(zoo: str, name: str, threads: int, latency_runs: int = 15) -> dict[str, Any]:
+    """Everything for one entry, in this (worker) process (``latency_runs``: timed runs of
+    ONNX Runtime and eager each, median taken; 0 leaves latency out)."""
     import logging
 
     import torch
@@ -131,7 +132,7 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
                                          if f["severity"] == "error"), ""),
                    note=med["note"], check=med.get("check"),
                    onnxmedic_timings=med.get("timings"))
-        if med["ok"]:
+        if med["ok"] and latency_runs > 0:
             import onnxruntime as ort
 
             from onnxmedic.onnxfile import graph_io, make_feeds
@@ -144,9 +145,11 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
 
             feeds = make_feeds(graph_io(onnx.load(path, load_external_data=False))[0],
                            case.args, case.kwargs)
-            rec["ort_ms"] = _median_ms(lambda: sess.run(None, feeds))
+            rec["ort_ms"] = _median_ms(lambda: sess.run(None, feeds), min(3, latency_runs),
+                                       latency_runs)
             with torch.no_grad():
-                rec["eager_ms"] = _median_ms(lambda: case.model(*case.args, **case.kwargs))
+                rec["eager_ms"] = _median_ms(lambda: case.model(*case.args, **case.kwargs),
+                                             min(3, latency_runs), latency_runs)
     rec["peak_rss_mb"] = peak_rss_mb()
     return rec
 
@@ -191,6 +194,8 @@ def zoo_flags(doc: str, zoo: str, results: str, timeout: float) -> argparse.Argu
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--latency-runs", type=int, default=15,
+                    help="timed runs of ONNX Runtime and eager per entry (0: no latency)")
     return ap
 
 
@@ -255,7 +260,8 @@ def table(recs: list[dict[str, Any]]) -> str:
 def main() -> int:
     ns = zoo_flags(__doc__, "hf.py:ALL", "zoo_bench.json", 900).parse_args()
     if ns.one:
-        return child_record(ns.out, lambda: one(ns.zoo, ns.one, ns.threads), {"name": ns.one})
+        return child_record(ns.out, lambda: one(ns.zoo, ns.one, ns.threads, ns.latency_runs),
+                            {"name": ns.one})
     from onnxmedic.report.files import atomic_write_text
     from onnxmedic.sweep import load_zoo
 
@@ -268,7 +274,8 @@ def main() -> int:
              (not ns.only or e.name in ns.only.split(","))]
     threads = max(1, (os.cpu_count() or 1) // ns.jobs)
     with ThreadPoolExecutor(ns.jobs) as pool:
-        futs = [pool.submit(_run_child, ns.zoo, n, ns.timeout, threads) for n in names]
+        futs = [pool.submit(_run_child, ns.zoo, n, ns.timeout, threads, __file__,
+                            ("--latency-runs", str(ns.latency_runs))) for n in names]
         for fut in as_completed(futs):
             r = fut.result()
             recs = [x for x in recs if x["name"] != r["name"]] + [r]
