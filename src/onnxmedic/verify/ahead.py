@@ -200,6 +200,9 @@ def _child(run: Callable[[Inputs], list[np.ndarray]], sets: list[Inputs],
            folder: Path) -> None:
     """In the forked child: each set not claimed by the parent, computed and written."""
     torch.set_num_threads(1)  # the parent's OpenMP pool does not exist here
+    devnull = os.open(os.devnull, os.O_WRONLY)  # the model's prints and warnings: said once,
+    os.dup2(devnull, 1)  # by the parent's own runs, not twice
+    os.dup2(devnull, 2)
     for j, s in enumerate(sets):
         if not _claim(folder, j):
             continue
