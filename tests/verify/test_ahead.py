@@ -90,7 +90,8 @@ def test_unplanned_and_failed_sets_are_left_to_the_parent():
             raise ValueError("no batch of one")
         return expected_outputs(model, [s])[0]
 
-    a = ahead.start(model, Inputs((x,), {}), program, run, timeout=60)
+    a = ahead.start(model, Inputs((x,), {}), program, run, timeout=60,
+                    reference=lambda seconds: ("float64 reference", seconds > 0))
     assert a is not None
     try:
         planned = a.sets
@@ -103,5 +104,8 @@ def test_unplanned_and_failed_sets_are_left_to_the_parent():
             assert g is not None
             torch.testing.assert_close(torch.from_numpy(g[0][0]),
                                        torch.from_numpy(expected_outputs(model, [s])[0][0]))
+        # the example's float64 reference, run after the sets, given one set's seconds
+        assert a.take_reference() == ("float64 reference", True)
+        assert a.take_reference() is None  # taken once
     finally:
         a.close()

@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 ENV = "ONNXMEDIC_AHEAD"
 MAX_BYTES = 2 * 2**30  # weights; above this the child's activations risk the memory budget
+REFERENCE_BYTES = 2**29  # weights up to which the child also runs the float64 reference
 POLL = 0.005  # seconds between looks for the child's result
 
 
@@ -124,6 +125,7 @@ class Ahead:
     sets: list[Inputs]
     timeout: float
     used: set[int] = field(default_factory=set)
+    reference: bool = False  # the child runs the example's float64 reference after the sets
 
     def take(self, sets: list[Inputs]) -> list[tuple[list[np.ndarray], float] | None]:
         """(outputs, seconds) for each of ``sets`` the child computed; None for a set the
@@ -139,7 +141,17 @@ class Ahead:
             out.append(None if _claim(self.folder, j) else self._wait(j))
         return out
 
-    def _wait(self, j: int) -> tuple[list[np.ndarray], float] | None:
+    def take_reference(self) -> Any:
+        """The example's float64 reference (verify.reference.Reference) from the child, or None
+        where the parent runs it itself (not planned, claimed by the parent now, or
+        failed)."""
+        j = len(self.sets)
+        if not self.reference or j in self.used:
+            return None
+        self.used.add(j)
+        return None if _claim(self.folder, j) else self._wait(j)
+
+    def _wait(self, j: int) -> Any:
         """The child's result for set ``j`` (it claimed it), once written; None where it
         failed there, died, or took longer than the timeout."""
         res = self.folder / f"{j}.pkl"
@@ -196,32 +208,46 @@ def _claim(folder: Path, j: int) -> bool:
         return False
 
 
-def _child(run: Callable[[Inputs], list[np.ndarray]], sets: list[Inputs],
-           folder: Path) -> None:
-    """In the forked child: each set not claimed by the parent, computed and written."""
+def _child(run: Callable[[Inputs], list[np.ndarray]], sets: list[Inputs], folder: Path,
+           reference: Callable[[float], Any] | None) -> None:
+    """In the forked child: each set not claimed by the parent, computed and written; then
+    ``reference(seconds of one set)`` (the example's float64 reference), unless claimed."""
     torch.set_num_threads(1)  # the parent's OpenMP pool does not exist here
     devnull = os.open(os.devnull, os.O_WRONLY)  # the model's prints and warnings: said once,
     os.dup2(devnull, 1)  # by the parent's own runs, not twice
     os.dup2(devnull, 2)
+    first = 0.0
     for j, s in enumerate(sets):
-        if not _claim(folder, j):
-            continue
-        t0 = time.perf_counter()
-        try:
-            outs = run(s)
-        except BaseException:
-            (folder / f"{j}.err").touch()  # the parent computes it and reports why
-            continue
-        tmp = folder / f"{j}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump((outs, time.perf_counter() - t0), f)
-        os.replace(tmp, folder / f"{j}.pkl")
+        if _claim(folder, j):
+            t0 = time.perf_counter()
+            _write(folder, j, lambda s=s: run(s), with_seconds=True)
+            first = first or time.perf_counter() - t0
+    if reference is not None and _claim(folder, len(sets)):
+        _write(folder, len(sets), lambda: reference(first), with_seconds=False)
+
+
+def _write(folder: Path, j: int, fn: Callable[[], Any], with_seconds: bool) -> None:
+    """``fn()`` (with its seconds) pickled as ``j.pkl``, or ``j.err`` where it raised: the
+    parent then computes it and reports why."""
+    t0 = time.perf_counter()
+    try:
+        value = fn()
+    except BaseException:
+        (folder / f"{j}.err").touch()
+        return
+    tmp = folder / f"{j}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump((value, time.perf_counter() - t0) if with_seconds else value, f)
+    os.replace(tmp, folder / f"{j}.pkl")
 
 
 def start(model: Any, example: Inputs, program: Any,
-          run: Callable[[Inputs], list[np.ndarray]], timeout: float) -> Ahead | None:
+          run: Callable[[Inputs], list[np.ndarray]], timeout: float,
+          reference: Callable[[float], Any] | None = None) -> Ahead | None:
     """Fork the child computing ``run`` on the sets verification will draw for ``program``'s
-    dims; None where that is not possible here (see :func:`why_not`) or nothing to plan."""
+    dims, then ``reference`` (the example's float64 reference, given the seconds one set took;
+    only for models up to REFERENCE_BYTES of weights); None where that is not possible here
+    (see :func:`why_not`) or nothing to plan."""
     reason = why_not(model, example)
     if reason is not None:
         logger.debug("input sets not computed ahead: %s", reason)
@@ -229,6 +255,10 @@ def start(model: Any, example: Inputs, program: Any,
     sets = planned_sets(example, program_dims(program))
     if not sets:
         return None
+    fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
+    if sum(t.numel() * t.element_size() for t in [*fn.parameters(), *fn.buffers()]) \
+            > REFERENCE_BYTES:
+        reference = None  # its float64 copy beside the parent's memory: left to the parent
     folder = Path(tempfile.mkdtemp(prefix="onnxmedic-ahead-"))
     sys.stdout.flush()
     sys.stderr.flush()
@@ -237,7 +267,7 @@ def start(model: Any, example: Inputs, program: Any,
         pid = os.fork()
     if pid == 0:  # the child: never returns into the caller's code
         try:
-            _child(run, sets, folder)
+            _child(run, sets, folder, reference)
         finally:
             os._exit(0)
-    return Ahead(pid, folder, sets, timeout)
+    return Ahead(pid, folder, sets, timeout, reference=reference is not None)
