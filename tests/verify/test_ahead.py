@@ -107,5 +107,29 @@ def test_unplanned_and_failed_sets_are_left_to_the_parent():
         # the example's float64 reference, run after the sets, given one set's seconds
         assert a.take_reference() == ("float64 reference", True)
         assert a.take_reference() is None  # taken once
+        assert a.take([planned[0]]) == [None]  # each set once, too
+    finally:
+        a.close()
+
+
+def test_a_reference_still_running_is_not_waited_for():
+    """On one thread a float64 run can take far longer than the parent's own: the parent
+    stops the child and runs it itself."""
+    import time
+
+    model = _Centre().eval()
+    x = torch.randn(2, 4)
+    program = torch.export.export(model, (x,), dynamic_shapes={"x": {0: torch.export.Dim("b")}})
+    a = ahead.start(model, Inputs((x,), {}), program, lambda s: expected_outputs(model, [s])[0],
+                    timeout=60, reference=lambda seconds: time.sleep(60))
+    assert a is not None
+    try:
+        deadline = time.monotonic() + 30
+        while not (a.folder / f"{len(a.sets)}.claim").exists():  # the child is at it
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        assert a.take_reference() is None and time.monotonic() - t0 < 5
+        assert a.pid == 0  # stopped
     finally:
         a.close()
