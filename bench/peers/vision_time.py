@@ -8,6 +8,9 @@ with it on. The table gives both tools' seconds, both ratios and onnxmedic's sta
 
     python bench/peers/vision_time.py --only tv/resnet50,timm/vit_small_patch16_224 \
         --results build/vision_time.json
+
+``--ab REPS``: onnxmedic alone, in this one process, the two modes alternated REPS times per
+entry after a warm-up export (medians; less noise from process start and machine load).
 """
 
 from __future__ import annotations
@@ -80,8 +83,37 @@ def table(recs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def ab(zoo: str, names: list[str], reps: int) -> None:
+    """Both modes alternated ``reps`` times per entry in this process; prints the medians."""
+    import time
+    import warnings
+
+    import onnxmedic
+    from onnxmedic.sweep import as_case, import_source, load_zoo
+
+    warnings.simplefilter("ignore")
+    for name in names:
+        entry = next(e for e in load_zoo(zoo) if e.name == name)
+        case = as_case(getattr(import_source(entry.source), entry.attr)[name](), name)
+        onnxmedic.export(case.model, case.args, dynamic_shapes=case.dynamic_shapes)
+        times: dict[str, list[float]] = {m: [] for m, _ in MODES}
+        for i in range(reps):
+            for mode, env in MODES if i % 2 else MODES[::-1]:
+                os.environ["ONNXMEDIC_AHEAD"] = env
+                t0 = time.perf_counter()
+                r = onnxmedic.export(case.model, case.args, dynamic_shapes=case.dynamic_shapes)
+                times[mode].append(time.perf_counter() - t0)
+                assert r.ok, name
+        print(f"{name}: " + ", ".join(f"{m} median {statistics.median(v):.2f} s "
+                                      f"({', '.join(f'{x:.1f}' for x in v)})"
+                                      for m, v in times.items()), flush=True)
+
+
 def main() -> int:
-    ns = zoo_flags(__doc__, "vision.py:ALL", "vision_time.json", 1200).parse_args()
+    ap = zoo_flags(__doc__, "vision.py:ALL", "vision_time.json", 1200)
+    ap.add_argument("--ab", type=int, default=0, help="onnxmedic alone, modes alternated N "
+                    "times in this process")
+    ns = ap.parse_args()
     from onnxmedic.report.files import atomic_write_text
     from onnxmedic.sweep import load_zoo
 
@@ -92,6 +124,9 @@ def main() -> int:
     done = {r["name"] for r in recs}
     names = [e.name for e in load_zoo(ns.zoo) if e.name not in done and
              (not ns.only or e.name in ns.only.split(","))]
+    if ns.ab:
+        ab(ns.zoo, names, ns.ab)
+        return 0
     threads = max(1, (os.cpu_count() or 1) // max(1, ns.jobs))
     for name in names:  # one at a time: the two modes must not share the machine
         r = _pair(ns.zoo, name, ns.timeout, threads)
