@@ -46,8 +46,9 @@ def _preflight(ctx: ExportContext) -> bool:
 
 
 def _capture(ctx: ExportContext) -> bool:
-    """Capture the program; once it is known, PyTorch's outputs on the input sets verification
-    will draw are computed in a child while the model translates (verify/ahead.py)."""
+    """Capture `ctx.model` as an ExportedProgram (capture/stage.py); then PyTorch's outputs on
+    the input sets verification will draw start in a child, run while the model translates
+    (verify/ahead.py)."""
     if not capture_stage(ctx):
         return False
     if ctx.opts.verify and ctx.program is not None and ctx.expected is not None:
