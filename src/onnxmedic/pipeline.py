@@ -10,8 +10,6 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from onnxmedic.capture.stage import capture_stage
 from onnxmedic.checks import save_and_check_stage
 from onnxmedic.context import ExportContext
@@ -22,7 +20,6 @@ from onnxmedic.preflight import first_call_state, preflight_stage
 from onnxmedic.result import FAILED
 from onnxmedic.translate import translate_stage
 from onnxmedic.verify import ahead
-from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.stage import expected_outputs, verify_stage
 
 
@@ -52,12 +49,9 @@ def _capture(ctx: ExportContext) -> bool:
     if not capture_stage(ctx):
         return False
     if ctx.opts.verify and ctx.program is not None and ctx.expected is not None:
-        model, example, expected = ctx.model, ctx.example, ctx.expected
-        fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
-        ctx.ahead = ahead.start(
-            model, ctx.example, ctx.program, lambda s: expected_outputs(model, [s])[0],
-            ctx.opts.timeout,
-            lambda seconds: reference_outputs(fn, [example], [expected], seconds))
+        model = ctx.model
+        ctx.ahead = ahead.start(model, ctx.example, ctx.program,
+                                lambda s: expected_outputs(model, [s])[0], ctx.opts.timeout)
     return True
 
 

@@ -46,7 +46,12 @@ def _float32_sizes() -> set[int]:
     return {b for b, dt in CALLS if dt == torch.float32}
 
 
-def test_the_parent_no_longer_runs_the_verification_sets(monkeypatch):
+@pytest.fixture
+def on(monkeypatch):
+    monkeypatch.setenv(ahead.ENV, "1")
+
+
+def test_the_parent_no_longer_runs_the_verification_sets(on, monkeypatch):
     r = _export()
     assert r.ok, [f.one_paragraph() for f in r.findings]
     assert {"example", "random#1", "batch=1", "batch=3"} <= {c.input_set
@@ -57,7 +62,7 @@ def test_the_parent_no_longer_runs_the_verification_sets(monkeypatch):
     assert r.ok and {1, 3} <= _float32_sizes()
 
 
-def test_a_fault_at_another_size_is_caught_with_sets_computed_ahead(registry_snapshot):
+def test_a_fault_at_another_size_is_caught_with_sets_computed_ahead(on, registry_snapshot):
     """The mean over the batch translated as a sum divided by the example's batch: right at 2,
     wrong at 1 and 3, whose PyTorch outputs came from the child."""
     from onnxscript import opset18 as op
@@ -78,7 +83,7 @@ def test_a_fault_at_another_size_is_caught_with_sets_computed_ahead(registry_sna
     assert 1 not in _float32_sizes() and 3 not in _float32_sizes()
 
 
-def test_unplanned_and_failed_sets_are_left_to_the_parent():
+def test_unplanned_and_failed_sets_are_left_to_the_parent(on):
     model = _Centre().eval()
     x = torch.randn(2, 4)
     program = torch.export.export(model, (x,), dynamic_shapes={"x": {0: torch.export.Dim("b")}})
@@ -112,7 +117,7 @@ def test_unplanned_and_failed_sets_are_left_to_the_parent():
         a.close()
 
 
-def test_a_reference_still_running_is_not_waited_for():
+def test_a_reference_still_running_is_not_waited_for(on):
     """On one thread a float64 run can take far longer than the parent's own: the parent
     stops the child and runs it itself."""
     import time

@@ -20,7 +20,10 @@ The child runs with one intra-op thread: a forked child cannot use the parent's 
 pool (libgomp hangs), and one thread is what is idle during translation anyway. It is used only
 on Linux, for a CPU model and inputs, with no other Python thread running a CUDA context, and
 not for models of more than ``MAX_BYTES`` of weights (their activations would double the peak
-memory); ``ONNXMEDIC_AHEAD=0`` turns it off.
+memory). It is off unless ``ONNXMEDIC_AHEAD=1``: the child's one-thread float32 outputs can
+differ from a two-thread run enough that fewer input sets are accepted by the example's
+measured error, and the extra float64 runs cost more than the overlap saved
+(tv/mobilenet_v3_large: 16.7 s against 7.8 s, bench/results/vision_time.md).
 """
 
 from __future__ import annotations
@@ -97,8 +100,8 @@ def same_inputs(a: Inputs, b: Inputs) -> bool:
 
 def why_not(model: Any, example: Inputs) -> str | None:
     """Why the sets cannot be computed ahead here, or None when they can."""
-    if os.environ.get(ENV, "1") == "0":
-        return f"{ENV}=0"
+    if os.environ.get(ENV, "0") != "1":
+        return f"off ({ENV}=1 turns it on)"
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return "not Linux"
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -226,15 +226,11 @@ def input_sets(result: ExportResult, model: Any, example: Inputs,
 def add_references(result: ExportResult, model: Any, sets: InputSets,
                    which: list[int]) -> None:
     """The float64 reference of the input sets ``which`` (verify/reference.py), or OM605
-    saying why there is none (those outputs are then judged by the scaled normwise rule). The
-    example's may have been run during translation (verify/ahead.py)."""
+    saying why there is none (those outputs are then judged by the scaled normwise rule)."""
     fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
     with result.timed("reference"):
-        ref = (sets.ahead.take_reference() if sets.ahead is not None and which == [0]
-               else None)
-        if ref is None:
-            ref = reference_outputs(fn, [sets.sets[i] for i in which],
-                                    [sets.expected[i] for i in which], sets.seconds_for(which))
+        ref = reference_outputs(fn, [sets.sets[i] for i in which],
+                                [sets.expected[i] for i in which], sets.seconds_for(which))
     if len(sets.references) != len(sets.sets):
         sets.references = [[] for _ in sets.sets]
     for i, outs in zip(which, ref.outputs):
