@@ -50,44 +50,25 @@ def _median_ms(fn: Any, warmup: int = 3, runs: int = 15) -> float:
 
 
 def _check_at_shapes(path: str, case: Any) -> tuple[bool, str, float]:
-    """Run an ONNX file in ONNX Runtime at the example and the shape variants of its dynamic
-    dims; (all match PyTorch, why not, worst max abs error)."""
-    import onnx
-    import onnxruntime as ort
-    import torch
+    """Verify an ONNX file written by another tool with ``onnxmedic.verify``: the input sets
+    and the judge onnxmedic's own export is held to (the example, a further set, each dynamic
+    dim at 1 and the prime above the example's size; float64 budget), so both tools' files are
+    judged alike. (all verified, why not, worst max abs error)."""
+    import onnxmedic
 
-    from onnxmedic import inputs as inputs_mod
-    from onnxmedic._tensors import flatten_tensors, to_numpy
-    from onnxmedic.onnxfile import graph_io, make_feeds
-    from onnxmedic.verify.compare import compare_outputs
-    from onnxmedic.verify.input_sets import shape_variants
-
-    proto = onnx.load(path, load_external_data=False)
-    names, dims, outs = graph_io(proto)
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    example = inputs_mod.Inputs(case.args, case.kwargs)
-    sets = [("example", example)] + shape_variants(example, dims)
-    worst = 0.0
-    for label, s in sets:
-        with torch.no_grad():
-            try:
-                exp = [to_numpy(t) for t in flatten_tensors(case.model(*s.args, **s.kwargs))]
-            except Exception:
-                continue  # PyTorch itself rejects that size; onnxmedic skips it too (OM403)
-        try:
-            act = sess.run(None, make_feeds(names, s.args, s.kwargs))
-        except Exception as e:
-            return False, f"ONNX Runtime fails at {label}: {str(e).splitlines()[0][:200]}", worst
-        comps = compare_outputs(outs, exp, act, input_set=label, tolerance=case.tolerance)
-        worst = max([worst] + [c.max_abs for c in comps if c.max_abs == c.max_abs])
-        bad = [c for c in comps if not c.ok]
-        if bad:
-            return False, f"{bad[0].name} wrong at {label}: {bad[0].reason}", worst
-    return True, "", worst
+    r = onnxmedic.verify(path, case.model, case.args, kwargs=case.kwargs,
+                         tolerance=case.tolerance)
+    worst = max((c.max_abs for c in r.verification if c.max_abs == c.max_abs), default=0.0)
+    if r.ok:
+        return True, "", worst
+    bad = r.errors[0] if r.errors else None
+    return False, (f"{bad.code}: {bad.message[:200]}" if bad is not None
+                   else "not verified"), worst
 
 
-def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
-    """Everything for one entry, in this (worker) process."""
+def one(zoo: str, name: str, threads: int, latency_runs: int = 15) -> dict[str, Any]:
+    """Everything for one entry, in this (worker) process (``latency_runs``: timed runs of
+    ONNX Runtime and eager each, median taken; 0 leaves latency out)."""
     import logging
 
     import torch
@@ -129,8 +110,9 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
                    onnxmedic_error=next((f"{f['code']}: {f['message'][:300]}"
                                          for f in med["findings"]
                                          if f["severity"] == "error"), ""),
-                   note=med["note"], check=med.get("check"))
-        if med["ok"]:
+                   note=med["note"], check=med.get("check"),
+                   onnxmedic_timings=med.get("timings"))
+        if med["ok"] and latency_runs > 0:
             import onnxruntime as ort
 
             from onnxmedic.onnxfile import graph_io, make_feeds
@@ -143,9 +125,11 @@ def one(zoo: str, name: str, threads: int) -> dict[str, Any]:
 
             feeds = make_feeds(graph_io(onnx.load(path, load_external_data=False))[0],
                            case.args, case.kwargs)
-            rec["ort_ms"] = _median_ms(lambda: sess.run(None, feeds))
+            rec["ort_ms"] = _median_ms(lambda: sess.run(None, feeds), min(3, latency_runs),
+                                       latency_runs)
             with torch.no_grad():
-                rec["eager_ms"] = _median_ms(lambda: case.model(*case.args, **case.kwargs))
+                rec["eager_ms"] = _median_ms(lambda: case.model(*case.args, **case.kwargs),
+                                             min(3, latency_runs), latency_runs)
     rec["peak_rss_mb"] = peak_rss_mb()
     return rec
 
@@ -190,6 +174,8 @@ def zoo_flags(doc: str, zoo: str, results: str, timeout: float) -> argparse.Argu
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--latency-runs", type=int, default=15,
+                    help="timed runs of ONNX Runtime and eager per entry (0: no latency)")
     return ap
 
 
@@ -254,7 +240,8 @@ def table(recs: list[dict[str, Any]]) -> str:
 def main() -> int:
     ns = zoo_flags(__doc__, "hf.py:ALL", "zoo_bench.json", 900).parse_args()
     if ns.one:
-        return child_record(ns.out, lambda: one(ns.zoo, ns.one, ns.threads), {"name": ns.one})
+        return child_record(ns.out, lambda: one(ns.zoo, ns.one, ns.threads, ns.latency_runs),
+                            {"name": ns.one})
     from onnxmedic.report.files import atomic_write_text
     from onnxmedic.sweep import load_zoo
 
@@ -267,7 +254,8 @@ def main() -> int:
              (not ns.only or e.name in ns.only.split(","))]
     threads = max(1, (os.cpu_count() or 1) // ns.jobs)
     with ThreadPoolExecutor(ns.jobs) as pool:
-        futs = [pool.submit(_run_child, ns.zoo, n, ns.timeout, threads) for n in names]
+        futs = [pool.submit(_run_child, ns.zoo, n, ns.timeout, threads, __file__,
+                            ("--latency-runs", str(ns.latency_runs))) for n in names]
         for fut in as_completed(futs):
             r = fut.result()
             recs = [x for x in recs if x["name"] != r["name"]] + [r]
