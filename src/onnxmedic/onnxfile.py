@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -511,3 +512,16 @@ def write_stage(ctx: Any) -> bool:
             "OM010", "write", f"{dest} was written although verification failed "
             "(keep_unverified=True)."))
     return True
+
+
+def replace_folder(tmp: Path, out: Path) -> None:
+    """Put the folder ``tmp`` in place as ``out``: an existing ``out`` is moved aside first and
+    removed after, so ``out`` is never half-written (generation packages, fused and int4
+    packages)."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

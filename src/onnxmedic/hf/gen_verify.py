@@ -286,19 +286,14 @@ def genai_available() -> bool:
     return importlib.util.find_spec("onnxruntime_genai") is not None
 
 
-def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: float,
-                     eos: set[int]) -> None:
-    """onnxruntime-genai generating from ``folder`` (a child process) must give PyTorch's
-    tokens (up to an EOS it stops at)."""
-    if not genai_available():
-        check.findings.append(info(
-            "OM815", STAGE, "onnxruntime-genai is not installed: the package was not "
-            "generated from with it.", suggestion="pip install onnxruntime-genai"))
-        return
-    spec = json.dumps({"prompts": check.prompts, "steps": steps})
+def run_genai_child(child: Path, folder: Path, spec: str, timeout: float,
+                    check: GenerationCheck) -> dict[str, Any] | None:
+    """Run the onnxruntime-genai child script ``child`` on ``folder`` with the JSON ``spec``;
+    its result (the last line of its stdout), or None after failing ``check`` with OM816 (the
+    child's error, a timeout, or an unreadable result). Its seconds go in check.seconds."""
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, str(CHILD), str(folder), spec],
+        proc = subprocess.run([sys.executable, str(child), str(folder), spec],
                               capture_output=True, text=True, timeout=timeout)
         out = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
         why = "" if out else " ".join(
@@ -311,6 +306,21 @@ def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: 
     if out is None:
         check.fail(error("OM816", STAGE, f"onnxruntime-genai could not generate from the "
                          f"folder {folder.name}: {why[:400]}", details={"error": why}))
+    return out
+
+
+def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: float,
+                     eos: set[int]) -> None:
+    """onnxruntime-genai generating from ``folder`` (a child process) must give PyTorch's
+    tokens (up to an EOS it stops at)."""
+    if not genai_available():
+        check.findings.append(info(
+            "OM815", STAGE, "onnxruntime-genai is not installed: the package was not "
+            "generated from with it.", suggestion="pip install onnxruntime-genai"))
+        return
+    spec = json.dumps({"prompts": check.prompts, "steps": steps})
+    out = run_genai_child(CHILD, folder, spec, timeout, check)
+    if out is None:
         return
     check.tokens_genai = out["tokens"]
     check.seconds["genai_generate"] = out["seconds"]

@@ -31,7 +31,7 @@ from onnxmedic import sandbox
 from onnxmedic.findings import error, info, warning
 from onnxmedic.hf.gen_config import write_side_files
 from onnxmedic.hf.gen_verify import verify_generation
-from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD
+from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD, replace_folder
 from onnxmedic.result import STAGES, ExportResult, stages_of
 
 logger = logging.getLogger(__name__)
@@ -290,18 +290,6 @@ def genai_problem(past: list[torch.Tensor]) -> str | None:
             "genai_config.json has one head count and one head size for all of them")
 
 
-def _put_in_place(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by ``tmp`` (an existing folder is moved aside first, removed after)."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-put_in_place = _put_in_place  # the encoder-decoder packages (hf/seq2seq.py) use it too
 
 
 def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
@@ -370,7 +358,7 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tok
                      timeout: float, keep_unverified: bool) -> None:
     built = _graph(result, model, tmp, opset, timeout)
     if built is None:
-        result.findings.append(_not_written(out))
+        result.findings.append(not_written(out))
         return
     program, layout = built
     result.program = program
@@ -395,21 +383,29 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tok
             if not check.ok:
                 st.fail()
         verified = check.ok
+    finish_package(result, tmp, out, files, verified, keep_unverified)
+
+
+def finish_package(result: ExportResult, tmp: Path, out: Path, files: list[str], verified: bool,
+                   keep_unverified: bool, what: str = "generation package") -> None:
+    """The write stage's end for a package built in ``tmp``: put in place as ``out`` when
+    verified (or kept unverified on request, said in OM819), else nothing written (OM818)."""
     if not verified and not keep_unverified:
-        result.fail("write", _not_written(out))
+        result.fail("write", not_written(out, what))
         return
-    _put_in_place(tmp, out)
+    replace_folder(tmp, out)
     result.record("write").passed()
     result.path = str(out)
     result.ok = verified and not result.errors
     result.findings.append(info(
-        "OM819", "write", f"generation package written to {out}: {', '.join(files)}"
+        "OM819", "write", f"{what} written to {out}: {', '.join(files)}"
         + ("" if verified else " (NOT verified: keep_unverified)") + "."))
 
 
-def _not_written(out: Path) -> Any:
-    return error("OM818", "write", f"the generation package was not written to {out} because "
-                 "it is not verified" + (" (the existing folder is left as it was)"
-                                         if out.exists() else "") + ".",
+def not_written(out: Path, what: str = "generation package") -> Any:
+    """OM818: the package ``out`` was not written because it is not verified."""
+    return error("OM818", "write", f"the {what} was not written to {out} because it is not "
+                 "verified" + (" (the existing folder is left as it was)"
+                               if out.exists() else "") + ".",
                  suggestion="Fix the findings above, or pass keep_unverified=True to keep the "
                  "unverified package.")

@@ -38,8 +38,8 @@ import onnx
 import torch
 
 from onnxmedic import sandbox
-from onnxmedic.findings import InputError, error, info
-from onnxmedic.hf.generation import put_in_place
+from onnxmedic.findings import InputError, error
+from onnxmedic.hf.generation import finish_package, not_written
 from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
     CROSS_RULE,
     DECODER,
@@ -63,6 +63,8 @@ from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD
 from onnxmedic.result import STAGES, ExportResult, stages_of
 
 logger = logging.getLogger(__name__)
+
+WHAT = "encoder-decoder package"
 
 
 def encoder_example(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None
@@ -343,7 +345,7 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path,
     layout = build_graphs(result, model, tmp, opts["tokenizer"], processor, opts["opset"],
                           opts["timeout"])
     if layout is None:
-        result.findings.append(_not_written(out))
+        result.findings.append(not_written(out, WHAT))
         return
     result.program = layout["programs"]["decoder"]
     result.programs = layout["programs"]  # type: ignore[attr-defined]  # both graphs
@@ -363,24 +365,7 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path,
             if not check.ok:
                 st.fail()
         verified = check.ok
-    if not verified and not opts["keep_unverified"]:
-        result.fail("write", _not_written(out))
-        return
-    put_in_place(tmp, out)
-    result.record("write").passed()
-    result.path = str(out)
-    result.ok = verified and not result.errors
-    result.findings.append(info(
-        "OM819", "write", f"encoder-decoder package written to {out}: {', '.join(files)}"
-        + ("" if verified else " (NOT verified: keep_unverified)") + "."))
-
-
-def _not_written(out: Path) -> Any:
-    return error("OM818", "write", f"the encoder-decoder package was not written to {out} "
-                 "because it is not verified" + (" (the existing folder is left as it was)"
-                                                  if out.exists() else "") + ".",
-                 suggestion="Fix the findings above, or pass keep_unverified=True to keep the "
-                 "unverified package.")
+    finish_package(result, tmp, out, files, verified, opts["keep_unverified"], WHAT)
 
 
 def drop_unused_initializers(proto: onnx.ModelProto) -> int:

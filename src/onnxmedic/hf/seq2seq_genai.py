@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +95,6 @@ def genai_generation(folder: Path, check: Any, inputs: list[dict[str, Any]], sta
             "OM815", STAGE, "onnxruntime-genai is not installed: the package was not "
             "generated from with it.", suggestion="pip install onnxruntime-genai"))
         return
-    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="onnxmedic-genai-") as tmp:
         files = []
         for i, enc in enumerate(inputs):
@@ -107,21 +103,8 @@ def genai_generation(folder: Path, check: Any, inputs: list[dict[str, Any]], sta
             files.append(str(path))
         spec = json.dumps({"features": files, "input": "input_features", "start": start,
                            "steps": steps})
-        try:
-            proc = subprocess.run([sys.executable, str(CHILD), str(folder), spec],
-                                  capture_output=True, text=True, timeout=timeout)
-            out = json.loads(proc.stdout.strip().splitlines()[-1]) \
-                if proc.returncode == 0 else None
-            why = "" if out else " ".join(
-                (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-3:])
-        except subprocess.TimeoutExpired:
-            out, why = None, f"no result within {timeout:g} s"
-        except (ValueError, IndexError) as e:
-            out, why = None, f"unreadable result ({e})"
-    check.seconds["genai"] = time.perf_counter() - t0
+        out = gen_verify.run_genai_child(CHILD, folder, spec, timeout, check)
     if out is None:
-        check.fail(error("OM816", STAGE, f"onnxruntime-genai could not generate from the "
-                         f"folder {folder.name}: {why[:400]}", details={"error": why}))
         return
     check.tokens_genai = out["tokens"]
     for p, (got, want) in enumerate(zip(out["tokens"], check.tokens_torch)):

@@ -98,17 +98,6 @@ def reference_steps(model: Any, enc: dict[str, torch.Tensor], start: int, tokens
     return [whole[:, k:k + 1] for k in range(len(expected))]
 
 
-def decoder_layout(proto: onnx.ModelProto) -> dict[str, Any]:
-    """The decoder graph's inputs that generation feeds: names, head counts, sizes, dtypes."""
-    g = proto.graph
-    past = [i for i in g.input if i.name.startswith("past_key_values.")]
-    dims = [[d.dim_value if d.HasField("dim_value") else None
-             for d in i.type.tensor_type.shape.dim] for i in past]
-    types = [onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in past]
-    return {"inputs": [i.name for i in g.input], "past": [i.name for i in past],
-            "past_dims": dims, "past_types": types}
-
-
 def items(model: Any, tokenizer: Any, processor: Any, prompts: Any
           ) -> list[dict[str, torch.Tensor]]:
     """The encoder inputs generated from, one item each: ``prompts`` (texts, or lists of
@@ -278,7 +267,7 @@ def verify_seq2seq(folder: str | Path, model: Any, tokenizer: Any = None, proces
                          "generation cannot start.", suggestion="Set decoder_start_token_id "
                          "in the checkpoint's generation_config.json."))
         return check
-    layout = decoder_layout(onnx.load(str(folder / DECODER), load_external_data=False))
+    layout = gen_verify.graph_layout(onnx.load(str(folder / DECODER), load_external_data=False))
     inputs = items(model, tokenizer, processor, prompts)
     check.prompts = [e["input_ids"][0].tolist() for e in inputs if "input_ids" in e]
     t0 = time.perf_counter()

@@ -35,6 +35,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxmedic.onnxfile import replace_folder
+
 logger = logging.getLogger(__name__)
 
 GRAPH = "model.onnx"
@@ -206,7 +208,7 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         if not res.check.ok:
             res.findings.append(_rejected_finding(res, out))
             return res
-        _replace(tmp, out)
+        replace_folder(tmp, out)
         res.ok, res.path = True, str(out)
         res.findings.append(_fused_finding(res, out))
         return res
@@ -238,13 +240,3 @@ def _resave(proto: onnx.ModelProto, path: Path, big: bool | None = None) -> None
     onnx.save_model(proto, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
                     location=f"{path.name}.data" if big else None, size_threshold=1024)
 
-
-def _replace(tmp: Path, out: Path) -> None:
-    """``tmp`` renamed to ``out`` (an existing ``out`` moved aside first, removed after)."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxmedic.onnxfile import replace_folder
+
 logger = logging.getLogger(__name__)
 
 GRAPH = "model.onnx"
@@ -99,7 +101,7 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         res.tokens_onnx = [int4.generate(step, past0, p, steps) for p in prompts]
         if genai and not _genai_agrees(res, tmp, prompts, steps, timeout):
             return res
-        _replace(tmp, out)
+        replace_folder(tmp, out)
         res.ok, res.path = True, str(out)
         return res
     finally:
@@ -133,12 +135,3 @@ def _genai_agrees(res: Int4PackageResult, tmp: Path, prompts: list[list[int]], s
         "why it differs."))
     return False
 
-
-def _replace(tmp: Path, out: Path) -> None:
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
