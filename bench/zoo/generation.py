@@ -121,16 +121,24 @@ def build(name: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_config(cfg).eval()
 
 
-def save_family(name: str, root: str | Path) -> Path:
-    """``root/name``: the family's checkpoint folder with its tokenizer (made once)."""
+def save_checkpoint(name: str, root: str | Path, make: Any, extra: Any = None) -> Path:
+    """``root/name``: ``make(name)``'s checkpoint folder with a tokenizer trained here (and
+    whatever ``extra(folder)`` saves), made once."""
     folder = Path(root) / name
     if (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    build(name).save_pretrained(folder)
+    make(name).save_pretrained(folder)
     train_tokenizer(folder)
+    if extra is not None:
+        extra(folder)
     (folder / "zoo.json").write_text(json.dumps({"family": name}) + "\n")
     return folder
+
+
+def save_family(name: str, root: str | Path) -> Path:
+    """``root/name``: the family's checkpoint folder with its tokenizer (made once)."""
+    return save_checkpoint(name, root, build)
 
 
 # Qwen2.5-0.5B's published shape (494 M parameters, tied embeddings, 14 query / 2 KV heads):

@@ -8,14 +8,13 @@ frames match the tiny encoder's positions.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.zoo.generation import VOCAB, train_tokenizer
+from bench.zoo.generation import VOCAB, save_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +64,5 @@ def feature_extractor() -> Any:
 def save_encoder_decoder(name: str, root: str | Path) -> Path:
     """``root/name``: the checkpoint folder with its tokenizer (and, for Whisper, its
     preprocessor_config.json), made once."""
-    folder = Path(root) / name
-    if (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    build(name).save_pretrained(folder)
-    train_tokenizer(folder)
-    if name in AUDIO:
-        feature_extractor().save_pretrained(folder)
-    (folder / "zoo.json").write_text(json.dumps({"family": name}) + "\n")
-    return folder
+    extra = (lambda folder: feature_extractor().save_pretrained(folder)) if name in AUDIO else None
+    return save_checkpoint(name, root, build, extra)

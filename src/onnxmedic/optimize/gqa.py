@@ -41,9 +41,9 @@ def _producers(graph: Any) -> dict[str, Any]:
     return {o: n for n in graph.node for o in n.output}
 
 
-def _heads_split(name: str, prod: dict[str, Any], limit: int = 24) -> str | None:
-    """Walking back from ``name``, the input of the first ``Reshape`` that feeds a
-    ``Transpose(perm=[0, 2, 1, 3])``: the projection before its heads were split."""
+def _walk_back(name: str, prod: dict[str, Any], match: Any, limit: int = 24) -> Any:
+    """Breadth-first from the value ``name`` up through its producers (at most ``limit``
+    nodes): the first node for which ``match(node)`` is true, or None."""
     seen, queue = set(), deque([name])
     while queue and len(seen) < limit:
         cur = queue.popleft()
@@ -51,12 +51,23 @@ def _heads_split(name: str, prod: dict[str, Any], limit: int = 24) -> str | None
         if node is None or cur in seen:
             continue
         seen.add(cur)
-        if node.op_type == "Transpose" and list(_attr(node, "perm") or []) == [0, 2, 1, 3]:
-            src = prod.get(node.input[0])
-            if src is not None and src.op_type == "Reshape":
-                return src.input[0]
+        if match(node):
+            return node
         queue.extend(i for i in node.input if i)
     return None
+
+
+def _heads_split(name: str, prod: dict[str, Any], limit: int = 24) -> str | None:
+    """Walking back from ``name``, the input of the first ``Reshape`` that feeds a
+    ``Transpose(perm=[0, 2, 1, 3])``: the projection before its heads were split."""
+    def split(node: Any) -> bool:
+        if node.op_type != "Transpose" or list(_attr(node, "perm") or []) != [0, 2, 1, 3]:
+            return False
+        src = prod.get(node.input[0])
+        return src is not None and src.op_type == "Reshape"
+
+    node = _walk_back(name, prod, split, limit)
+    return None if node is None else prod[node.input[0]].input[0]
 
 
 def _attr(node: Any, name: str) -> Any:
@@ -69,18 +80,9 @@ def _attr(node: Any, name: str) -> Any:
 def _present_concat(name: str, prod: dict[str, Any], outputs: set[str], kind: str,
                     limit: int = 24) -> Any:
     """The Concat producing a ``present.{i}.{kind}`` output, walking back from ``name``."""
-    seen, queue = set(), deque([name])
-    while queue and len(seen) < limit:
-        cur = queue.popleft()
-        node = prod.get(cur)
-        if node is None or cur in seen:
-            continue
-        seen.add(cur)
-        if node.op_type == "Concat" and node.output[0] in outputs \
-                and node.output[0].endswith(f".{kind}"):
-            return node
-        queue.extend(i for i in node.input if i)
-    return None
+    return _walk_back(name, prod, lambda node: node.op_type == "Concat"
+                      and node.output[0] in outputs and node.output[0].endswith(f".{kind}"),
+                      limit)
 
 
 def rotary_caches(graph: Any, max_positions: int) -> tuple[np.ndarray, np.ndarray] | None:
