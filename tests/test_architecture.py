@@ -232,3 +232,73 @@ def test_the_private_api_check_finds_one(tmp_path):
     assert [u.split(" ", 1)[1] for u in uses] == [
         "imports torch._subclasses.fake_tensor", "uses torch._decomp"]
     assert uses[0].startswith("_probe_private_use.py:2 ")
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _test_private_uses(path: Path, root: Path = TESTS) -> list[str]:
+    """Where a test file reaches a private name of an onnxmedic module: ``from m import _x``,
+    ``m._x`` (``m`` bound to an onnxmedic module), ``setattr(m, "_x", ...)`` (monkeypatch) and
+    ``"onnxmedic.m._x"`` as a patch target. A module whose own name is private (_torch_compat,
+    _tensors, ...) is a module of the package, not a name inside one: its tests import it."""
+    tree = ast.parse(path.read_text())
+    where = path.relative_to(root)
+    bound: dict[str, str] = {}  # local name -> the onnxmedic module it is bound to
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                if a.name.split(".")[0] == PACKAGE:
+                    bound[a.asname or PACKAGE] = a.name if a.asname else PACKAGE
+        elif isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] == PACKAGE:
+            for a in n.names:
+                full = f"{n.module}.{a.name}"
+                if full in MODULES:
+                    bound[a.asname or a.name] = full
+                elif _private(a.name):
+                    out.append(f"{where}:{n.lineno} imports {a.name} from {n.module}")
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and _private(n.attr):
+            chain, v = [n.attr], n.value
+            while isinstance(v, ast.Attribute):
+                chain.insert(0, v.attr)
+                v = v.value
+            if isinstance(v, ast.Name) and v.id in bound:
+                full = ".".join([bound[v.id], *chain])
+                if full not in MODULES:
+                    out.append(f"{where}:{n.lineno} uses {full}")
+        elif isinstance(n, ast.Call) and n.args:
+            first, second = n.args[0], n.args[1] if len(n.args) > 1 else None
+            if (isinstance(first, ast.Name) and first.id in bound
+                    and isinstance(second, ast.Constant) and isinstance(second.value, str)
+                    and _private(second.value)):
+                out.append(f"{where}:{n.lineno} patches {bound[first.id]}.{second.value}")
+            if (isinstance(first, ast.Constant) and isinstance(first.value, str)
+                    and first.value.split(".")[0] == PACKAGE
+                    and any(_private(p) for p in first.value.split("."))
+                    and first.value not in MODULES):
+                out.append(f"{where}:{n.lineno} patches {first.value}")
+    return sorted(out, key=lambda u: int(u.split(" ", 1)[0].rsplit(":", 1)[1]))
+
+
+def test_no_test_uses_a_private_name():
+    """Tests go through the names a module offers; a name a test needs is public (issue 42)."""
+    bad = [u for p in sorted(TESTS.rglob("*.py")) for u in _test_private_uses(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_private_name_check_finds_one(tmp_path):
+    p = tmp_path / "test_probe.py"
+    p.write_text("from onnxmedic import sandbox\nfrom onnxmedic.borrow import _x\n"
+                 "from onnxmedic import _tensors\n"
+                 "def test(monkeypatch):\n    sandbox._SERVER.get()\n"
+                 "    monkeypatch.setattr(sandbox, '_y', 1)\n"
+                 "    monkeypatch.setattr('onnxmedic.cli._z', 1)\n    _tensors.to_numpy\n")
+    assert [u.split(" ", 1)[1] for u in _test_private_uses(p, root=tmp_path)] == [
+        "imports _x from onnxmedic.borrow", "uses onnxmedic.sandbox._SERVER",
+        "patches onnxmedic.sandbox._y", "patches onnxmedic.cli._z"]

@@ -208,28 +208,28 @@ def test_a_write_through_data_that_keeps_sum_and_norm_is_named() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_fingerprint_sees_one_changed_element(dtype: torch.dtype) -> None:
-    from onnxmedic.borrow import _fingerprint
+    from onnxmedic.borrow import tensor_fingerprint
 
     p = nn.Parameter(torch.randn(3, 5).to(dtype))
-    before = _fingerprint(p)
-    assert before is not None and before == _fingerprint(p)
+    before = tensor_fingerprint(p)
+    assert before is not None and before == tensor_fingerprint(p)
     p.data[1, 2] = -p.data[1, 2] + 1
-    assert _fingerprint(p) != before
+    assert tensor_fingerprint(p) != before
     scalar = nn.Parameter(torch.tensor(1.5, dtype=dtype))  # 0-d and non-contiguous ones too
-    assert _fingerprint(scalar) is not None
+    assert tensor_fingerprint(scalar) is not None
     t = nn.Parameter(torch.randn(4, 6).to(dtype).t())
-    before = _fingerprint(t)
+    before = tensor_fingerprint(t)
     t.data[0, 1] += 1
-    assert _fingerprint(t) != before
+    assert tensor_fingerprint(t) != before
 
 
 def test_fingerprint_of_a_tensor_numpy_cannot_see_falls_back_to_sum_and_norm() -> None:
-    from onnxmedic.borrow import _fingerprint
+    from onnxmedic.borrow import tensor_fingerprint
 
     x = torch.tensor([1.0, -2.0, 3.0])
-    fp = _fingerprint(torch._neg_view(x))  # a negative view: no numpy() of its bytes
+    fp = tensor_fingerprint(torch._neg_view(x))  # a negative view: no numpy() of its bytes
     assert fp is not None and fp[0] == "sum-norm" and fp[1] == -2.0
-    assert _fingerprint(x)[0] == "crc32"
+    assert tensor_fingerprint(x)[0] == "crc32"
 
 
 def test_a_model_that_writes_nothing_has_its_parameters_fingerprinted_twice(
@@ -239,8 +239,8 @@ def test_a_model_that_writes_nothing_has_its_parameters_fingerprinted_twice(
     from onnxmedic import borrow
 
     calls = []
-    real = borrow._fingerprint
-    monkeypatch.setattr(borrow, "_fingerprint", lambda p: calls.append(1) or real(p))
+    real = borrow.tensor_fingerprint
+    monkeypatch.setattr(borrow, "tensor_fingerprint", lambda p: calls.append(1) or real(p))
     model = models.TwoLinear().eval()
     n = len(list(model.parameters()))
     res = onnxmedic.export(model, models.make_inputs())

@@ -86,7 +86,7 @@ def test_kernel_query_runs_in_a_child_and_survives_its_crash(monkeypatch):
                            for p, _, op, _, _ in rows)
     fx.registered_kernels.cache_clear()
     fx.kernel_table.cache_clear()
-    monkeypatch.setattr(fx, "_QUERY", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    monkeypatch.setattr(fx, "KERNEL_QUERY", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
     try:
         assert fx.registered_kernels() == []
         # CUDA falls back to the shipped table; the CPU has none to fall back to

@@ -39,11 +39,11 @@ def test_cli_stage_display_names_stage_and_size():
     from onnxmedic import cli
 
     buf = io.StringIO()
-    with cli._stage_display(torch.nn.Linear(1024, 1024), enabled=True,
+    with cli.stage_display(torch.nn.Linear(1024, 1024), enabled=True,
                             console=Console(file=buf, force_terminal=True)) as on_stage:
         on_stage("capture")
     assert "4 MiB of weights" in buf.getvalue() and "capture" in buf.getvalue()
-    with cli._stage_display(torch.nn.Linear(2, 2), enabled=False) as on_stage:
+    with cli.stage_display(torch.nn.Linear(2, 2), enabled=False) as on_stage:
         assert on_stage is None
 
 

@@ -133,7 +133,7 @@ def test_reuse_routes_run_model_and_nests(tmp_path):
         since = outer.since(mark)
         assert (since["runs"], since["children"], since["import_seconds"]) == (1, 1, 0)
         assert 0 < since["load_seconds"] < since["wall_seconds"]
-    assert outer.child is None and sandbox._SERVER.get() is None
+    assert outer.child is None and sandbox.active_server() is None
 
 
 def test_ctrl_c_while_a_kept_child_runs_leaves_no_child_or_folder(tmp_path):

@@ -219,7 +219,7 @@ def _map_allowance(req: dict) -> None:
         pass
 
 
-def _load_session(ort, req_dir: str, req: dict, result: dict):
+def load_session(ort, req_dir: str, req: dict, result: dict):
     """The InferenceSession for the request's model, or None with the failure in ``result``."""
     _phase(req_dir, "load")
     _fault("load")
@@ -473,7 +473,7 @@ def _session(ort, req_dir: str, req: dict, result: dict):
         result["session_reused"] = True
         return _KEPT["sess"]
     _KEPT.clear()  # one copy of the weights at a time
-    sess = _load_session(ort, req_dir, req, result)
+    sess = load_session(ort, req_dir, req, result)
     if sess is not None and key is not None:
         _KEPT.update(key=key, sess=sess)
     return sess
@@ -504,7 +504,7 @@ def _serve(np, ort, req_dir: str, req: dict, started: float) -> int:
         # graph replays the buffers of its capture, so the feeds above ran without one
         sess = None  # one copy of the weights at a time
         _KEPT.clear()
-        sess = _load_session(ort, req_dir, dict(req, graph=True), result)
+        sess = load_session(ort, req_dir, dict(req, graph=True), result)
         if sess is None:
             return _finish(req_dir, result)
     if timing and not _time_runs(np, ort, sess, req_dir, req, result, first):

@@ -132,7 +132,7 @@ def record_state(model: torch.nn.Module, *, values: bool = True, reach: bool = F
     # initialisation) bumps no counter of the parameter's either
     params = list(model.named_parameters())
     sized = sum(p.numel() * p.element_size() for _, p in params) <= PARAM_FINGERPRINT_LIMIT
-    state.params = [(n, p, p._version, _ptr(p), _fingerprint(p) if values and sized
+    state.params = [(n, p, p._version, _ptr(p), tensor_fingerprint(p) if values and sized
                      else None) for n, p in params]
     if reach:
         state.objects = _reachable([v for _, _, attrs, _ in state.attributes
@@ -193,7 +193,7 @@ def _ptr(p: torch.Tensor) -> int:
     return 0 if is_fake(p) else p.data_ptr()
 
 
-def _fingerprint(p: torch.Tensor) -> tuple[Any, ...] | None:
+def tensor_fingerprint(p: torch.Tensor) -> tuple[Any, ...] | None:
     """A fingerprint of a floating-point parameter's values, or None.
 
     A plain CPU tensor: the CRC-32 of its bytes (any changed byte changes it; about 40x
@@ -223,7 +223,7 @@ def params_written(state: State) -> list[str]:
     (data pointer) or written through ``.data`` (fingerprint)."""
     return [n for n, p, version, ptr, values in state.params
             if p._version != version or _ptr(p) != ptr
-            or values is not None and repr(_fingerprint(p)) != repr(values)]
+            or values is not None and repr(tensor_fingerprint(p)) != repr(values)]
 
 
 def _same_contents(saved: Any, now: Any) -> bool:

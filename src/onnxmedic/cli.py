@@ -238,7 +238,7 @@ def _run(ns: argparse.Namespace) -> Any:
             options = {"dynamic_shapes": dyn, "target": ns.target, "opset": ns.opset,
                        "timeout": ns.timeout, "tolerance": _tolerance(ns),
                        "dtype_policy": ns.dtype_policy, "ort_version": ns.ort_version}
-            with _stage_display(model, enabled=not ns.no_progress and sys.stderr.isatty()
+            with stage_display(model, enabled=not ns.no_progress and sys.stderr.isatty()
                                 ) as on_stage:
                 res = api.export(model, ex.args, ns.output, kwargs=ex.kwargs,
                                  verify=not ns.no_verify, report=ns.report,
@@ -306,7 +306,7 @@ def _hf_export(ns: argparse.Namespace) -> Any:
 
 
 @contextlib.contextmanager
-def _stage_display(model: Any, enabled: bool, console: Any = None) -> Any:
+def stage_display(model: Any, enabled: bool, console: Any = None) -> Any:
     """A live line on stderr while export runs: the stage, the model's size, time elapsed (a
     silent multi-minute export looks hung). Yields the on_stage callback, or None."""
     if not enabled:

@@ -659,6 +659,11 @@ def reuse(memory_limit: int | None = -1) -> Iterator[Server]:
         server.close()
 
 
+def active_server() -> Server | None:
+    """The Server a surrounding :func:`reuse` keeps in this context (None outside one)."""
+    return _SERVER.get()
+
+
 def run_model(
     model_path: str | os.PathLike[str],
     feeds: list[dict[str, np.ndarray]],
@@ -688,7 +693,7 @@ def run_model(
                "disable_optimizations": disable_optimizations, "probe_opset": probe_opset,
                "lean": lean, "timing": timing, "cuda_tf32": cuda_tf32,
                "cuda_options": cuda_options, "keep_session": keep_session}
-    server = _SERVER.get()
+    server = active_server()
     if server is not None and memory_limit == -1 and not fresh:
         return server.run(model_path, feeds, **options)
     with Worker(memory_limit) as w:

@@ -496,7 +496,7 @@ def test_dynamic_batch_dims():
     import numpy as np
     import onnxruntime as ort
 
-    from onnxmedic.ops._registry import REGISTRY
+    from onnxmedic.ops import REGISTRY
 
     class M(torch.nn.Module):
         def forward(self, a, b):
@@ -561,7 +561,7 @@ def test_empty_batch_and_empty_matrices(fn, shape):
 
 # ------------------------------------------------------------------ blocked Gauss-Jordan
 
-# inv / solve eliminate in panels of linalg._GJ_PANEL (16) columns; these sizes give several
+# inv / solve eliminate in panels of linalg.GJ_PANEL (16) columns; these sizes give several
 # panels, 40 and 33 not a multiple of the panel width (16 + 16 + 8, 16 + 16 + 1).
 _PANELS = {40: 3, 48: 3, 33: 3}
 
@@ -582,9 +582,9 @@ def _n_panels(model) -> int:
 
 @pytest.mark.parametrize("n", list(_PANELS))
 def test_blocked_inverse_matches_pytorch(n):
-    from onnxmedic.ops.linalg import _GJ_PANEL
+    from onnxmedic.ops.linalg import GJ_PANEL
 
-    assert 2 * _GJ_PANEL < n <= 3 * _GJ_PANEL
+    assert 2 * GJ_PANEL < n <= 3 * GJ_PANEL
     a = _rand(2, 3, n, n, dtype=torch.float64, seed=n)
     model, (x,) = _export_run(torch.linalg.inv, (a,))
     assert _n_panels(model) == _PANELS[n]

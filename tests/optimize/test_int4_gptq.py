@@ -96,7 +96,7 @@ def test_gptq_lowers_every_layers_output_error_on_text_it_was_not_calibrated_on(
     cal = int4_gptq.hessians(model, windows[0])
     held = int4_gptq.hessians(model, windows[1])
     weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    layers = int4_gptq._quantizable(model.graph)
+    layers = int4_gptq.quantizable_layers(model.graph)
     assert len(layers) == 15  # 2 x (q, k, v, o, gate, up, down) + the LM head
     for node in layers:
         w = weights[node.input[1]].astype(np.float64)

@@ -580,7 +580,7 @@ def test_the_worker_passes_cuda_options_to_every_session_of_the_request() -> Non
 
     with tempfile.TemporaryDirectory() as d:
         for r in (req, dict(req, graph=True), dict(req, cuda_tf32=True, cuda_options={})):
-            assert _sandbox_worker._load_session(FakeOrt, d, r, {}) is not None
+            assert _sandbox_worker.load_session(FakeOrt, d, r, {}) is not None
     assert made[0] == [("CUDAExecutionProvider", {"use_tf32": "0", "prefer_nhwc": "1"}),
                        "CPUExecutionProvider"]
     assert made[1][0] == ("CUDAExecutionProvider", {"use_tf32": "0", "prefer_nhwc": "1",

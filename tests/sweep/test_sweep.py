@@ -171,12 +171,12 @@ def test_worker_started_as_the_sweep_stops_kills_itself(monkeypatch):
     from onnxmedic.sweep import executors
 
     entry = next(e for e in load_zoo(TINY) if e.name == "hangs")
-    monkeypatch.setattr(executors, "_STOPPING", executors.threading.Event())
-    executors._STOPPING.set()
+    monkeypatch.setattr(executors, "STOPPING", executors.threading.Event())
+    executors.STOPPING.set()
     t0 = time.monotonic()
     rec = executors.run_entry(entry, executors.Options(timeout=30, verify=False))
     assert time.monotonic() - t0 < 20 and rec["status"] == "crashed"  # not "timeout"
-    assert not executors._LIVE
+    assert not executors.LIVE_WORKERS
 
 
 def test_unverified_entry_and_failed_check_are_findings(tmp_path):

@@ -214,7 +214,7 @@ def test_only_the_sets_the_estimate_does_not_show_run_in_float64(monkeypatch):
     pending = [i for i in range(3) if comps[i][0].rule == budget.RULE_PENDING]
     assert pending == [0, 1, 2], [c[0].rule for c in comps.values()]
     result = ExportResult()
-    stage._judge_pending(result, model, sets, outs, ["out"], None, comps, pending)
+    stage.judge_pending(result, model, sets, outs, ["out"], None, comps, pending)
     assert ran == ["example", "random#2"]  # random#1 needed no float64 run
     assert comps[0][0].ok and comps[0][0].rule == budget.RULE_BUDGET
     assert comps[1][0].ok and comps[1][0].rule == budget.RULE_ESTIMATED

@@ -113,7 +113,7 @@ def test_a_bf16_model_with_a_float32_buffer_gets_a_float32_reference():
     expected = to_numpy(model(xb).detach())  # ml_dtypes' bfloat16: numpy kind 'V', not 'f'
     ref = reference_outputs(model, [Inputs((xb,), {})], [[expected]])
     assert ref.dtype == "float32" and ref.outputs[0][0].dtype == np.float32
-    assert ref_mod._precision(torch.nn.Linear(8, 8))[0] == torch.float64
+    assert ref_mod.reference_precision(torch.nn.Linear(8, 8))[0] == torch.float64
 
 
 class ReadsWeightDtype(torch.nn.Module):

@@ -11,7 +11,7 @@ einx has no such switch (``EINX_CACHE_SIZE=0`` is read at import and drops only 
 solver still takes integer sizes and its graph reshapes to them, ``torch.reshape(a, (2, 10,
 1))``), so for its elementwise calls over plain axis names (``"b n, b n d, -> b n d"``)
 onnxmedic computes the same thing itself: the torch op einx's graph calls, on each operand
-moved to the output's axis order, with torch broadcasting (``_einx_off``).
+moved to the output's axis order, with torch broadcasting (``einx_off``).
 
 ``SWITCHES`` is a table of such switches. ``capture`` (capture/strategies.py) turns one on when
 an attempt failed in the cache's code (its file is on the failure's traceback or on the stack of
@@ -97,7 +97,7 @@ _EINX_ELEMENTWISE = {
 _AXIS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def _einx_plain(description: Any, operands: tuple[Any, ...]) -> tuple[list[list[str]], list[str]] | None:
+def einx_plain(description: Any, operands: tuple[Any, ...]) -> tuple[list[list[str]], list[str]] | None:
     """(each operand's axis names, the output's) when an elementwise einx call is over plain
     axis names only - ``"b n, b n d, -> b n d"``: one name per dim of each tensor, an empty
     operand for a Python scalar, no brackets, compositions or ellipses, ``1`` only in the
@@ -137,8 +137,8 @@ def _to_output_axes(x: torch.Tensor, names: list[str], out: list[str]) -> torch.
     return x
 
 
-def _einx_off(einx: ModuleType) -> Callable[[], None]:
-    """einx's elementwise calls over plain axis names (``_einx_plain``) computed with torch
+def einx_off(einx: ModuleType) -> Callable[[], None]:
+    """einx's elementwise calls over plain axis names (``einx_plain``) computed with torch
     broadcasting, the same torch op einx's graph calls, on tensors moved to the output's axis
     order; every other call, and every call outside the capture, goes to einx. Undo puts
     einx's functions back."""
@@ -147,7 +147,7 @@ def _einx_off(einx: ModuleType) -> Callable[[], None]:
     def plain(name: str, original: Any, fn: Any) -> Any:
         def call(description: Any, *operands: Any, **kwargs: Any) -> Any:
             arity = 3 if name == "where" else 2  # the torch op's (einx chains more)
-            parsed = None if kwargs or len(operands) != arity else _einx_plain(description,
+            parsed = None if kwargs or len(operands) != arity else einx_plain(description,
                                                                                 operands)
             if parsed is None:
                 return original(description, *operands, **kwargs)
@@ -217,7 +217,7 @@ SWITCHES: list[CacheSwitch] = [
         "einx's elementwise calls over plain axis names computed by onnxmedic with torch "
         "broadcasting (einx has no switch of its own)",
         "einx builds each call's graph from the sizes as Python ints and caches it under them",
-        lambda einx: True, _einx_off, documented=False),
+        lambda einx: True, einx_off, documented=False),
     CacheSwitch(
         "torchvision", "torchvision.ops.boxes", ("torchvision/ops/boxes.py",),
         "torchvision.ops.batched_nms by its coordinate trick for every box count",

@@ -130,7 +130,7 @@ class CaptureStrategy:
         raise NotImplementedError
 
 
-def _size_oblivious(dynamic_shapes: Any, strict: bool = False, oblivious: bool = True) -> Any:
+def size_oblivious(dynamic_shapes: Any, strict: bool = False, oblivious: bool = True) -> Any:
     """With dynamic shapes, capture like torch.onnx does: backed_size_oblivious=True, so that a
     size computed from a dynamic dim that happens to be 1 at the example (RegNet's last stage at
     32 px: 32 // 32) is not specialised to 1 - which bakes a static shape into the graph and
@@ -184,7 +184,7 @@ class TorchExportNonStrict(CaptureStrategy):
         from onnxmedic.capture.sizes import Kept, symbolic_factories
 
         self.kept = Kept()
-        with _size_oblivious(dynamic_shapes), \
+        with size_oblivious(dynamic_shapes), \
                 symbolic_factories(self.kept, active=bool(dynamic_shapes)):
             return torch.export.export(model, args, kwargs=kwargs,
                                        dynamic_shapes=dynamic_shapes, strict=False)
@@ -218,7 +218,7 @@ class SizesBacked(TorchExportNonStrict):
         from onnxmedic.capture.sizes import Kept, symbolic_factories
 
         self.kept = Kept()
-        with _size_oblivious(dynamic_shapes, oblivious=False), \
+        with size_oblivious(dynamic_shapes, oblivious=False), \
                 symbolic_factories(self.kept, active=bool(dynamic_shapes)):
             return torch.export.export(model, args, kwargs=kwargs,
                                        dynamic_shapes=dynamic_shapes, strict=False)
@@ -234,7 +234,7 @@ class TorchExportStrict(CaptureStrategy):
     equal_as_guard = False
 
     def _capture(self, model, args, kwargs, dynamic_shapes):
-        with _size_oblivious(dynamic_shapes, strict=True):
+        with size_oblivious(dynamic_shapes, strict=True):
             return torch.export.export(model, args, kwargs=kwargs,
                                        dynamic_shapes=dynamic_shapes, strict=True)
 
@@ -523,7 +523,7 @@ class DraftExportSpecialised(CaptureStrategy):
         from onnxmedic.capture.sizes import Kept, symbolic_factories
 
         self.kept = Kept()
-        with _size_oblivious(dynamic_shapes), parameters_carry_values(model), \
+        with size_oblivious(dynamic_shapes), parameters_carry_values(model), \
                 symbolic_factories(self.kept, active=bool(dynamic_shapes)):
             program = torch.export.draft_export(model, args, kwargs=kwargs,
                                                 dynamic_shapes=dynamic_shapes)

@@ -95,7 +95,7 @@ _SHIPPED_TABLES = {"CUDAExecutionProvider": "cuda_kernels.json"}
 # Runs in a child process: onnxruntime-gpu's get_all_opkernel_def loads every provider library
 # it was built with, and segfaults (onnxruntime-gpu 1.31.1, seen on an H100 machine) when the
 # TensorRT provider's libnvinfer is missing -- the usual onnxruntime-gpu install without TensorRT.
-_QUERY = """
+KERNEL_QUERY = """
 import json, sys
 from onnxruntime.capi import _pybind_state as C
 json.dump([[k.provider, k.domain, k.op_name, list(k.version_range),
@@ -134,7 +134,7 @@ def prefetch_kernels() -> None:
 @functools.lru_cache(maxsize=1)
 def registered_kernels() -> Kernels:
     """(provider, domain, op, (since lo, hi), {type var: types}) for every kernel the installed
-    onnxruntime registers, asked in a child process (see _QUERY); [] when the query is missing
+    onnxruntime registers, asked in a child process (see KERNEL_QUERY); [] when the query is missing
     or the child fails (logged). Asked once per process; the answer of a query
     :func:`prefetch_kernels` started is waited for rather than asked again."""
     with _PREFETCH_LOCK:
@@ -152,7 +152,7 @@ def query_kernels() -> Kernels:
     import sys
 
     try:
-        p = subprocess.run([sys.executable, "-c", _QUERY], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, "-c", KERNEL_QUERY], capture_output=True, text=True,
                            timeout=120, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as e:
         logger.warning("could not ask onnxruntime for its kernels: %s", e)

@@ -120,7 +120,8 @@ def _needs_text(task: str, model_type: str) -> bool:
         modality == "any" and tasks.main_input(model_type) in (None, "input_ids"))
 
 
-def _generation_available() -> bool:
+def generation_available() -> bool:
+    """Whether onnxmedic.hf.generation (the with-past decoder export) is installed."""
     try:
         return importlib.util.find_spec("onnxmedic.hf.generation") is not None
     except (ImportError, ValueError):
@@ -128,13 +129,13 @@ def _generation_available() -> bool:
 
 
 def _check_generation(task: str) -> None:
-    if task in GENERATION and (not task.endswith("-with-past") or not _generation_available()):
+    if task in GENERATION and (not task.endswith("-with-past") or not generation_available()):
         hint = (f"Export {task}-with-past (a generation package)" if
-                f"{task}-with-past" in GENERATION and _generation_available() else
+                f"{task}-with-past" in GENERATION and generation_available() else
                 "Use text-generation (one forward pass, logits) for a decoder's single step")
         raise _err("OM807", f"the task {task!r} is not available in this onnxmedic "
                    "(generation packages need onnxmedic.hf.generation"
-                   + ("" if _generation_available() else ", which is not installed") + ").",
+                   + ("" if generation_available() else ", which is not installed") + ").",
                    hint + ".")
 
 

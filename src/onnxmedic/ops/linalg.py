@@ -167,7 +167,7 @@ def _unit_triangular_inverse(N, b: int, like):
 # Panel width of the blocked Gauss-Jordan: wide enough that the rest of the matrix is touched
 # by few MatMuls, narrow enough that the per-column steps stay on small tensors (measured with
 # bench/latency/latency_linalg.py: 16 beat 8, 12 and 32 at n = 32 and 64).
-_GJ_PANEL = 16
+GJ_PANEL = 16
 
 
 def _panel_lu(Qp, b: int, col_shape):
@@ -213,7 +213,7 @@ def _eliminate_panel(Q, Qp0, lu, b: int, width: int, shape, like):
     return op.ScatterElements(op.Sub(Q, op.MatMul(Z, Qp0)), Ridx, Z, axis=-1), idx
 
 
-def _gauss_jordan(A, B, n: int, m: int, r: int, same_batch: bool, panel: int = _GJ_PANEL):
+def _gauss_jordan(A, B, n: int, m: int, r: int, same_batch: bool, panel: int = GJ_PANEL):
     """Solve A X = B for square [..., n, n] A and [..., n, m] B (broadcast batch dims; r is the
     rank of the result). Returns (X, 1-based info int32).
 

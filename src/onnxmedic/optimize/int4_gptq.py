@@ -64,7 +64,7 @@ def split_text(ids: Sequence[int], window: int = WINDOW, max_windows: int = MAX_
 # Hessians of every quantizable MatMul's input
 
 
-def _quantizable(graph: Any, exclude: Sequence[str] = ()) -> list[Any]:
+def quantizable_layers(graph: Any, exclude: Sequence[str] = ()) -> list[Any]:
     """MatMul nodes with a constant 2-D float weight, not in ``exclude``."""
     from onnx import TensorProto
 
@@ -84,7 +84,7 @@ def hessians(model: Any, windows: list[list[int]], threads: int = 2) -> dict[str
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
-    names = sorted({n.input[0] for n in _quantizable(m.graph)})
+    names = sorted({n.input[0] for n in quantizable_layers(m.graph)})
     have = {o.name for o in m.graph.output}
     m.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
                           for n in names if n not in have)
@@ -207,7 +207,7 @@ def gptq_model(model: Any, hs: dict[str, np.ndarray], block_size: int = 32,
 
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    targets = {n.name: n for n in _quantizable(graph, exclude)}
+    targets = {n.name: n for n in quantizable_layers(graph, exclude)}
     nodes, used = [], set()
     for node in graph.node:
         if node.name not in targets or not node.name:

@@ -25,11 +25,11 @@ from onnxmedic.sweep.zoo import Entry
 
 logger = logging.getLogger(__name__)
 
-_LIVE: set[subprocess.Popen[bytes]] = set()  # running workers, killed if the sweep is stopped
+LIVE_WORKERS: set[subprocess.Popen[bytes]] = set()  # running workers, killed if the sweep is stopped
 _LIVE_LOCK = threading.Lock()
 # set when a local sweep stops (Ctrl-C, an error): a worker started after the stop's sweep of
-# _LIVE (its Popen was returning) kills itself on registering instead of running to its timeout
-_STOPPING = threading.Event()
+# LIVE_WORKERS (its Popen was returning) kills itself on registering instead of running to its timeout
+STOPPING = threading.Event()
 
 
 @dataclass
@@ -73,8 +73,8 @@ def run_entry(entry: Entry, opts: Options) -> dict[str, Any]:
                                     stdout=fh, stderr=subprocess.STDOUT, env=_env(opts),
                                     start_new_session=True)
             with _LIVE_LOCK:
-                _LIVE.add(proc)
-                if _STOPPING.is_set():
+                LIVE_WORKERS.add(proc)
+                if STOPPING.is_set():
                     _kill_group(proc)
             try:
                 rc = proc.wait(timeout=opts.timeout)
@@ -89,7 +89,7 @@ def run_entry(entry: Entry, opts: Options) -> dict[str, Any]:
                 if proc.poll() is None:
                     _kill_group(proc)
                 with _LIVE_LOCK:
-                    _LIVE.discard(proc)
+                    LIVE_WORKERS.discard(proc)
         seconds = time.perf_counter() - t0
         if out.is_file():
             try:
@@ -121,18 +121,18 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def run_local(entries: list[Entry], opts: Options, jobs: int, _address: str | None
                ) -> Iterator[dict[str, Any]]:
-    _STOPPING.clear()
+    STOPPING.clear()
     pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="sweep")
     futures = [pool.submit(run_entry, e, opts) for e in entries]
     try:
         for fut in as_completed(futures):
             yield fut.result()
     finally:  # also on Ctrl-C or an error here: no worker outlives the sweep
-        _STOPPING.set()
+        STOPPING.set()
         for fut in futures:
             fut.cancel()
         with _LIVE_LOCK:
-            live = list(_LIVE)
+            live = list(LIVE_WORKERS)
         for proc in live:
             _kill_group(proc)
         pool.shutdown(wait=True)

@@ -55,7 +55,7 @@ class Reference:
     why_not: str | None = None  # why there is no reference at all
 
 
-def _precision(model: Any) -> tuple[torch.dtype | None, str | None]:
+def reference_precision(model: Any) -> tuple[torch.dtype | None, str | None]:
     """The dtype the reference runs at, or None with the reason: float32 for a model whose
     weights are float16/bfloat16 (its parameters decide: transformers keeps a bf16 model's
     rotary frequencies, a buffer, in float32), float64 otherwise."""
@@ -172,7 +172,7 @@ def reference_outputs(model: Any, sets: list[Inputs], expected: list[list[np.nda
     limit = max(TIME_LIMIT, TIME_FACTOR * torch_seconds)
     if not isinstance(model, torch.nn.Module):
         return Reference(why_not="the model is not an nn.Module")
-    dtype, why = _precision(model)
+    dtype, why = reference_precision(model)
     if dtype is None:
         return Reference(why_not=why)
     name = str(dtype)[6:]

@@ -435,7 +435,7 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
              for i in ran}
     pending = [i for i in ran if any(c.rule == RULE_PENDING for c in comps[i])]
     if pending:
-        _judge_pending(result, model, sets, sbx.outputs, names, tolerance, comps, pending,
+        judge_pending(result, model, sets, sbx.outputs, names, tolerance, comps, pending,
                        steps)
     shape_failures: list[Finding] = []
     dynamic = _dynamic_rows(proto, len(names))
@@ -473,7 +473,7 @@ def _dynamic_rows(proto: Any, n: int) -> list[bool]:
     return out + [False] * (n - len(out))
 
 
-def _judge_pending(result: ExportResult, model: Any, sets: InputSets, outputs: list[Any],
+def judge_pending(result: ExportResult, model: Any, sets: InputSets, outputs: list[Any],
                    names: list[str], tolerance: tuple[float, float] | None,
                    comps: dict[int, list[OutputComparison]], pending: list[int],
                    steps: dict[str, float] | None = None) -> None:
