@@ -17,36 +17,11 @@ import torch
 
 import onnxmedic
 from onnxmedic.optimize import Pipeline, judge_reduced, optimize, passes, reference_sets
+from tests.optimize.fixture_models import sink_model
 
 FAST = {"repeats": 3, "rounds": 1}
 WEIGHT_ONLY = next(p for p in passes.default_pipelines("cpu", "int8")
                    if p.name == "int8-weight-only")
-
-
-class SinkMLP(torch.nn.Module):
-    """A transformer MLP with a normalised output. Fed a 'massive activation' token (one
-    position ~1000x the others, as attention-sink tokens are in LLMs): quantize_dynamic's one
-    activation scale per tensor then rounds every other token's activations to zero, while
-    MatMulNBits' per-row, per-32-channel blocks keep each token's own scale."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.up = torch.nn.Linear(64, 256)
-        self.down = torch.nn.Linear(256, 64)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.down(torch.nn.functional.gelu(self.up(x)))
-        return torch.nn.functional.layer_norm(h, (64,))
-
-
-def _sink(tmp_path: Path) -> tuple[torch.nn.Module, torch.Tensor, Path]:
-    torch.manual_seed(0)
-    model = SinkMLP().eval()
-    x = torch.randn(1, 16, 64)
-    x[0, 0] *= 1000.0
-    path = tmp_path / "m.onnx"
-    torch.onnx.export(model, (x,), str(path), dynamo=True, verbose=False)
-    return model, x, path
 
 
 def _ops(path: Path) -> Counter[str]:
@@ -62,37 +37,8 @@ def _cosine(src: Path, pipe: Pipeline, feeds: list, expected: list, dst: Path) -
     return min(m["cosine"] for m in acc.values())
 
 
-def test_weight_only_turns_every_weight_matmul_into_matmulnbits(tmp_path: Path) -> None:
-    _, _, src = _sink(tmp_path)
-    before = _ops(src)
-    info = passes.quantize_weight_only(str(src), str(tmp_path / "q.onnx"))
-    after = _ops(tmp_path / "q.onnx")
-    assert before["MatMul"] + before["Gemm"] == 2
-    assert after["MatMulNBits"] == 2 and after["MatMul"] == 0 and after["Gemm"] == 0
-    assert info["new_ops"] == {"MatMulNBits": 2}
-    attrs = {a.name: onnx.helper.get_attribute_value(a)
-             for n in onnx.load(str(tmp_path / "q.onnx")).graph.node
-             if n.op_type == "MatMulNBits" for a in n.attribute}
-    assert attrs["bits"] == 8 and attrs["block_size"] == 32 and attrs["accuracy_level"] == 4
-
-
-def test_weight_only_splits_gemm_and_honours_exclusions(tmp_path: Path) -> None:
-    """2-D Linear layers export as Gemm: the quantizer's own replace_gemm_with_matmul splits
-    them; an excluded layer (named as the graph names it) stays float32."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 8)).eval()
-    src = tmp_path / "g.onnx"
-    torch.onnx.export(model, (torch.randn(4, 64),), str(src), dynamo=True, verbose=False)
-    gemms = [n.name for n in onnx.load(str(src)).graph.node if n.op_type == "Gemm"]
-    assert len(gemms) == 2
-    passes.quantize_weight_only(str(src), str(tmp_path / "q.onnx"), nodes_to_exclude=gemms[:1])
-    after = _ops(tmp_path / "q.onnx")
-    assert after["MatMulNBits"] == 1 and after["MatMul"] == 1 and after["Gemm"] == 0
-
-
 def test_weight_only_verifies_where_per_tensor_dynamic_fails(tmp_path: Path) -> None:
-    model, x, src = _sink(tmp_path)
+    model, x, src = sink_model(tmp_path)
     feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
     blind = Pipeline("blind", [(f"{passes.__name__}:quantize_int8", {})], precision="int8")
     per_channel = Pipeline("blind-pc", [(f"{passes.__name__}:quantize_int8",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections import Counter
 from pathlib import Path
@@ -12,11 +11,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
-import torch.nn.functional as F
 from onnx import TensorProto, helper
 
 import onnxmedic
 from onnxmedic.optimize import Pipeline, files, judge_reduced, optimize, optimize_file, passes
+from tests.optimize.fixture_models import BAG_ARGS, Bags, FeedForward, NormAttention, run_bags
 
 FAST = {"repeats": 3, "rounds": 1}
 
@@ -26,156 +25,8 @@ def _export(model: torch.nn.Module, args: tuple, path: Path) -> Path:
     return path
 
 
-class NormAttention(torch.nn.Module):
-    """An RMSNorm written out by hand and an SDPA call: ort_fusions fuses both."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.ones(32))
-        self.qkv = torch.nn.Linear(32, 96)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
-        q, k, v = self.qkv(h).view(1, -1, 3, 4, 8).unbind(2)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                           v.transpose(1, 2))
-        return o.sum(1)
-
-
 def _ops(path: Path) -> Counter[str]:
     return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
-
-
-def test_onnxscript_optimizer_folds_constants(tmp_path: Path) -> None:
-    c = helper.make_tensor("c", TensorProto.FLOAT, [4], [1.0, 2.0, 3.0, 4.0])
-    nodes = [helper.make_node("Add", ["c", "c"], ["c2"]),
-             helper.make_node("Mul", ["c2", "c"], ["c3"]),
-             helper.make_node("Add", ["x", "c3"], ["y"])]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], [c])
-    src = tmp_path / "c.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), src)
-    info = passes.onnxscript_optimize(str(src), str(tmp_path / "o.onnx"))
-    assert info["nodes_before"] == 3 and info["nodes_after"] == 1
-    assert _ops(tmp_path / "o.onnx") == Counter({"Add": 1})
-
-
-def test_ort_fusions_fuse_rmsnorm_and_attention(tmp_path: Path) -> None:
-    src = _export(NormAttention(), (torch.randn(1, 16, 32),), tmp_path / "m.onnx")
-    info = passes.ort_fusions(str(src), str(tmp_path / "f.onnx"))
-    assert info["fusions"].get("rms_normalization") == 1
-    assert info["fusions"].get("sdpa") == 1
-    ops = _ops(tmp_path / "f.onnx")
-    assert ops["SimplifiedLayerNormalization"] == 1 and ops["MultiHeadAttention"] == 1
-    assert info["nodes_after"] < info["nodes_before"]
-
-
-class ResidualBlock(torch.nn.Module):
-    """attention + residual LayerNorm + bias-GELU MLP + residual LayerNorm (a BERT layer)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.qkv = torch.nn.Linear(32, 96)
-        self.ln1 = torch.nn.LayerNorm(32)
-        self.up = torch.nn.Linear(32, 64)
-        self.down = torch.nn.Linear(64, 32)
-        self.ln2 = torch.nn.LayerNorm(32)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x).view(1, -1, 3, 4, 8).unbind(2)
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                           v.transpose(1, 2)).transpose(1, 2).reshape(1, -1, 32)
-        h = self.ln1(x + a)
-        return self.ln2(h + self.down(F.gelu(self.up(h))))
-
-
-def test_ort_fusions_without_norm_fusions_keeps_attention_only(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CPU variant: attention fused, residual norms and bias-GELU left to ONNX Runtime;
-    both variants compute what the plain export does. A fusion onnxscript no longer has by
-    that name fails the pass (a rejected variant), never silently fuses it."""
-    import onnxruntime as ort
-
-    x = torch.randn(1, 16, 32)
-    src = _export(ResidualBlock(), (x,), tmp_path / "m.onnx")
-    passes.ort_fusions(str(src), str(tmp_path / "full.onnx"))
-    info = passes.ort_fusions(str(src), str(tmp_path / "att.onnx"), norm_fusions=False)
-    full, att = _ops(tmp_path / "full.onnx"), _ops(tmp_path / "att.onnx")
-    assert full["SkipLayerNormalization"] == 2 and full["BiasGelu"] == 1
-    assert att["MultiHeadAttention"] == 1 and info["fusions"].get("sdpa") == 1
-    assert att["SkipLayerNormalization"] == 0 and att["BiasGelu"] == 0
-    assert att["LayerNormalization"] == 2
-    outs = [ort.InferenceSession(str(tmp_path / f), providers=["CPUExecutionProvider"]).run(
-        None, {"x": x.numpy()})[0] for f in ("m.onnx", "full.onnx", "att.onnx")]
-    assert np.allclose(outs[1], outs[0], atol=1e-5) and np.allclose(outs[2], outs[0], atol=1e-5)
-    assert "ort-fusions-attention" in [p.name for p in passes.default_pipelines("cpu")]
-    assert "ort-fusions-attention" not in [p.name for p in passes.default_pipelines("cuda")]
-    monkeypatch.setattr(passes, "SKIP_NORM_FUSIONS", ("fuse_skip_layer_norm_renamed",))
-    with pytest.raises(AttributeError):
-        passes.ort_fusions(str(src), str(tmp_path / "x.onnx"), norm_fusions=False)
-
-
-def test_ort_offline_extended_emits_contrib_ops(tmp_path: Path) -> None:
-    src = _export(NormAttention(), (torch.randn(1, 16, 32),), tmp_path / "m.onnx")
-    info = passes.ort_offline(str(src), str(tmp_path / "e.onnx"), level="extended")
-    assert info["nodes_after"] < info["nodes_before"]
-    assert "FusedMatMul" in info["new_ops"]  # com.microsoft: not portable
-
-
-class FeedForward(torch.nn.Module):
-    """A transformer block's feed-forward half: bias + GELU and residual + LayerNorm, the
-    patterns ONNX Runtime's transformers optimizer fuses (BiasGelu, SkipLayerNormalization)."""
-
-    def __init__(self, model_type: str | None = None) -> None:
-        super().__init__()
-        self.up, self.down = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32)
-        self.ln = torch.nn.LayerNorm(32)
-        if model_type:
-            cnn = model_type in ("resnet", "convnext")  # transformers' CNN configs: no heads
-            self.config = type("Config", (), {"model_type": model_type} if cnn else
-                               {"model_type": model_type, "num_attention_heads": 4})()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ln(x + self.down(F.gelu(self.up(x))))
-
-
-def test_ort_transformers_optimizer_fuses_bias_gelu_and_skip_layernorm(tmp_path: Path) -> None:
-    src = _export(FeedForward().eval(), (torch.randn(2, 16, 32),), tmp_path / "m.onnx")
-    info = passes.ort_transformers(str(src), str(tmp_path / "t.onnx"), model_type="bert")
-    assert info["fusions"] == {"BiasGelu": 1, "SkipLayerNormalization": 1}
-    assert _ops(tmp_path / "t.onnx")["SkipLayerNormalization"] == 1
-    assert info["nodes_after"] < info["nodes_before"]
-
-
-@pytest.mark.parametrize(("model_type", "expect"), [
-    ("bert", "bert"), ("vit", "vit"), ("llama", "gpt2"), ("qwen2", "gpt2"), ("phi", "gpt2"),
-    ("whisper", "bart"),
-    ("segformer", "vit"), ("roberta", "bert"), ("resnet", None), ("convnext", None),
-    (None, None)])
-def test_ort_model_type_from_the_model_or_a_wrapped_submodule(model_type: str | None,
-                                                              expect: str | None) -> None:
-    assert passes.ort_model_type(FeedForward(model_type)) == expect
-    wrapped = torch.nn.Sequential(torch.nn.Identity(), FeedForward(model_type))
-    assert passes.ort_model_type(wrapped) == expect
-
-
-def test_ort_model_types_are_the_optimizers_own() -> None:
-    from onnxruntime.transformers.optimizer import MODEL_TYPES
-
-    assert set(passes.ORT_MODEL_TYPES) <= set(MODEL_TYPES)
-    assert set(passes.ORT_TYPE_FAMILIES) <= set(MODEL_TYPES)
-
-
-def test_ort_phi_optimizer_fails_on_a_dynamo_export_so_phi_is_a_decoder(tmp_path: Path) -> None:
-    """ONNX Runtime's "phi" optimizer unrolls a per-layer local function torch's exporter no
-    longer writes, and raises on any export (HF zoo phi: both ort-transformers-phi candidates
-    "the pass failed"); the "gpt2" optimizer runs. If ONNX Runtime mends it, this fails:
-    time to give phi back its own type."""
-    src = _export(FeedForward("phi").eval(), (torch.randn(2, 16, 32),), tmp_path / "m.onnx")
-    with pytest.raises(TypeError, match="'method' object is not iterable"):
-        passes.ort_transformers(str(src), str(tmp_path / "phi.onnx"), model_type="phi")
-    assert passes.ort_transformers(str(src), str(tmp_path / "g.onnx"), model_type="gpt2")
-    assert passes.ort_model_type(FeedForward("phi")) == "gpt2"
 
 
 def test_optimize_tries_ort_transformers_for_a_transformers_model(tmp_path: Path) -> None:
@@ -679,77 +530,6 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
     assert options[-1] == NHWC_OPTIONS
 
 
-def test_ort_fusions_restore_the_reshape_gpt2s_attention_fusion_drops(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """onnxscript 0.7's MultiHeadAttention rewrite takes over GPT-2's Reshape to (B*S, D) (its
-    Conv1D flattens before the Gemm), so the Gemm reads rank 3 and ONNX Runtime refuses the
-    fused file; the pass puts the Reshape back: the file loads and computes the plain one's
-    output, attention still fused. Without the mend it is refused."""
-    import onnxruntime as ort
-    from transformers import GPT2Config, GPT2Model
-
-    torch.manual_seed(0)
-    gpt2 = GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100,
-                                n_positions=32, use_cache=False)).eval()
-
-    class Hidden(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = gpt2
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return self.m(input_ids=ids).last_hidden_state
-
-    ids = torch.randint(0, 100, (1, 8))
-    src = _export(Hidden().eval(), (ids,), tmp_path / "g.onnx")
-    feed = {onnx.load(str(src)).graph.input[0].name: ids.numpy()}
-    want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, feed)[0]
-    info = passes.ort_fusions(str(src), str(tmp_path / "f.onnx"))
-    assert info["fusions"].get("mha2") == 1 and info["restored_reshapes"] == 1
-    assert {n.op_type for n in onnx.load(str(tmp_path / "f.onnx")).graph.node} >= {
-        "MultiHeadAttention"}
-    got = ort.InferenceSession(str(tmp_path / "f.onnx"),
-                               providers=["CPUExecutionProvider"]).run(None, feed)[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    monkeypatch.setattr(passes, "restore_flattened_attention", lambda model: 0)
-    passes.ort_fusions(str(src), str(tmp_path / "broken.onnx"))
-    with pytest.raises(Exception, match="rank 2 but has rank 3"):
-        ort.InferenceSession(str(tmp_path / "broken.onnx"), providers=["CPUExecutionProvider"])
-
-
-class BatchFirstMatMul(torch.nn.Module):
-    """nn.Transformer's pattern: an (S, B, D) input made batch-first, times a transposed 2-D
-    weight."""
-
-    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(x.transpose(0, 1), w.t())
-
-
-def test_ort_fusions_unbatch_a_fused_matmul_the_kernel_refuses(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """onnxscript 0.7 folds the Transpose(perm=[1, 0, 2]) into FusedMatMul's transBatchA
-    against a 2-D weight; ONNX Runtime's kernel needs equal ranks >= 3 for it and fails at run
-    time (every ort-fusions candidate of nn.Transformer was refused). The pass puts the
-    Transpose back and clears the flag: the file computes PyTorch's output."""
-    x, w = torch.randn(5, 3, 16), torch.randn(8, 16)
-    src = _export(BatchFirstMatMul(), (x, w), tmp_path / "m.onnx")
-    feed = {"x": x.numpy(), "w": w.numpy()}
-    info = passes.ort_fusions(str(src), str(tmp_path / "f.onnx"))
-    assert info["new_ops"] == {"FusedMatMul": 1} and info["unbatched_fused_matmuls"] == 1
-    fused = {n.op_type: n for n in onnx.load(str(tmp_path / "f.onnx")).graph.node}
-    attrs = {a.name: a.i for a in fused["FusedMatMul"].attribute}
-    assert attrs["transB"] == 1 and not attrs.get("transBatchA")
-    assert list(fused["Transpose"].attribute[0].ints) == [1, 0, 2]
-    sbx = onnxmedic.sandbox.run_model(tmp_path / "f.onnx", [feed])
-    assert sbx.ok, sbx.summary()
-    np.testing.assert_allclose(sbx.outputs[0][0], BatchFirstMatMul()(x, w).numpy(),
-                               rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(passes, "unbatch_fused_matmul", lambda model: 0)
-    passes.ort_fusions(str(src), str(tmp_path / "broken.onnx"))
-    broken = onnxmedic.sandbox.run_model(tmp_path / "broken.onnx", [feed])
-    assert broken.status == "run_error" and "transBatchA" in broken.error
-
-
 @pytest.mark.parametrize("spec, value", [(None, 0.999), ("cosine=0.9995", 0.9995), (0.99, 0.99),
                                          (" cosine =0.5", 0.5)])
 def test_parse_accuracy_reads_the_cosine_budget(spec: object, value: float) -> None:
@@ -831,51 +611,6 @@ def test_optimize_judges_against_the_outputs_the_export_verified(tmp_path: Path)
     assert v.verified and v.worst_cosine() > 0.999, v.rejected
 
 
-class Bags(torch.nn.Module):
-    """EmbeddingBag over explicit offsets: torch.onnx writes a Loop carrying a sequence of
-    rows, and an If whose empty-bag branch returns a zeros initializer as it is."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.bag = torch.nn.EmbeddingBag(20, 8, mode="mean")
-
-    def forward(self, tokens: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        return self.bag(tokens, offsets)
-
-
-BAG_ARGS = (torch.tensor([1, 4, 7, 2, 9, 11]), torch.tensor([0, 3, 3, 5]))  # bag 1 is empty
-
-
-@pytest.fixture(scope="module")
-def bags_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _export(Bags().eval(), BAG_ARGS, tmp_path_factory.mktemp("bags") / "bags.onnx")
-
-
-def _run_bags(path: Path) -> Any:
-    return onnxmedic.sandbox.run_model(path, [{"tokens": BAG_ARGS[0].numpy(),
-                                               "offsets": BAG_ARGS[1].numpy()}])
-
-
-def test_ort_fusions_keep_a_loop_carried_sequence_a_sequence(bags_onnx: Path, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch
-                                                             ) -> None:
-    """onnx-ir 1.1's shape-inference merge (run inside onnxscript's ORT fusions) typed the
-    Loop body's untyped carried sequence as a float tensor: ONNX Runtime refused every
-    ort-fusions candidate of an EmbeddingBag ("Loop ... Type mismatch"). With the merge mended
-    the file loads and computes PyTorch's output, the empty bag's zeros row included."""
-    expected = Bags().eval()(*BAG_ARGS).detach().numpy()
-    passes.ort_fusions(str(bags_onnx), str(tmp_path / "f.onnx"))
-    sbx = _run_bags(tmp_path / "f.onnx")
-    assert sbx.ok, sbx.summary()
-    np.testing.assert_allclose(sbx.outputs[0][0], expected, rtol=1e-6, atol=1e-6)
-    assert not sbx.outputs[0][0][1].any()
-    monkeypatch.setattr(passes, "keeping_sequence_types", contextlib.nullcontext)
-    passes.ort_fusions(str(bags_onnx), str(tmp_path / "broken.onnx"))
-    broken = _run_bags(tmp_path / "broken.onnx")
-    assert broken.status == "load_error" and "Type mismatch" in broken.error
-
-
 def test_float16_converts_an_initializer_a_branch_returns(bags_onnx: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
@@ -888,11 +623,11 @@ def test_float16_converts_an_initializer_a_branch_returns(bags_onnx: Path, tmp_p
     expected = Bags().eval()(*BAG_ARGS).detach().numpy()
     info = fp16.float16(str(bags_onnx), str(tmp_path / "h.onnx"))
     assert info["routed_initializer_outputs"] == 1
-    sbx = _run_bags(tmp_path / "h.onnx")
+    sbx = run_bags(tmp_path / "h.onnx")
     assert sbx.ok, sbx.summary()
     np.testing.assert_allclose(sbx.outputs[0][0], expected, rtol=0, atol=2e-3)
     assert not sbx.outputs[0][0][1].any()
     monkeypatch.setattr(fp16, "route_initializer_outputs", lambda graph: 0)
     fp16.float16(str(bags_onnx), str(tmp_path / "broken.onnx"))
-    broken = _run_bags(tmp_path / "broken.onnx")
+    broken = run_bags(tmp_path / "broken.onnx")
     assert broken.status == "load_error" and "element type" in broken.error

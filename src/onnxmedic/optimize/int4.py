@@ -468,7 +468,7 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
         MatMulNBitsQuantizer,
     )
 
-    from onnxmedic.optimize.passes import op_count_diff, op_counts, save_proto
+    from onnxmedic.optimize.files import op_count_diff, op_counts, save_proto
 
     if lm_head not in LM_HEADS:
         raise ValueError(f"lm_head {lm_head!r}: choose one of {', '.join(LM_HEADS)}")

@@ -190,13 +190,8 @@ def static_errors(src: str, dst: str, feeds: str, calibration: str,
         modify_model_output_intermediate_tensors,
     )
 
-    from onnxmedic.optimize.files import load_feeds
-    from onnxmedic.optimize.passes import (
-        STATIC_OPS,
-        feed_reader,
-        has_external_data,
-        quantize_static_int8,
-    )
+    from onnxmedic.optimize.files import has_external_data, load_feeds
+    from onnxmedic.optimize.passes import STATIC_OPS, feed_reader, quantize_static_int8
 
     del dst
     feed_list = load_feeds(feeds)

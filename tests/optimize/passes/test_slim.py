@@ -1,4 +1,4 @@
-"""The onnxslim pass (optimize/slim.py): fewer bias kernels, the same outputs, and none of
+"""The onnxslim pass (optimize/passes/slim.py): fewer bias kernels, the same outputs, and none of
 onnxslim's own shapes left for ONNX Runtime's memory planner to trust."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import onnxmedic
-from onnxmedic.optimize import passes, slim
+from onnxmedic.optimize import passes
+from onnxmedic.optimize.passes import slim
 
 
 def _ops(path: Path) -> Counter[str]:

@@ -1,6 +1,6 @@
 """The onnxslim pass (the "onnxslim" candidate): onnxslim.slim with the shapes its own
 inference writes left out. Its step is named ``onnxmedic.optimize.passes:onnxslim_pass`` (as
-it was before it had a file of its own), and tests/optimize/test_slim.py tests it."""
+it was before it had a file of its own), and tests/optimize/passes/test_slim.py tests it."""
 
 from __future__ import annotations
 
