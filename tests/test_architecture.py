@@ -302,3 +302,15 @@ def test_the_private_name_check_finds_one(tmp_path):
     assert [u.split(" ", 1)[1] for u in _test_private_uses(p, root=tmp_path)] == [
         "imports _x from onnxmedic.borrow", "uses onnxmedic.sandbox._SERVER",
         "patches onnxmedic.sandbox._y", "patches onnxmedic.cli._z"]
+
+
+def test_every_stage_lives_in_the_module_named_after_it():
+    """One layout for the pipeline: stage ``name`` is ``stages/<name>.py``'s function, and
+    stages/ holds the declared stages only."""
+    from onnxmedic.pipeline import EXPORT_STAGES
+    from onnxmedic.stages import STAGE_NAMES
+
+    where = {s.name: s.run.__module__ for s in EXPORT_STAGES}
+    assert where == {n: f"{PACKAGE}.stages.{n}" for n in STAGE_NAMES}
+    modules = {p.stem for p in (SRC / "stages").glob("*.py")} - {"__init__"}
+    assert modules == set(STAGE_NAMES)

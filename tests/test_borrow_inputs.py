@@ -16,11 +16,11 @@ from torch import nn
 import onnxmedic
 from onnxmedic import borrow
 from onnxmedic.context import ExportContext, ExportOptions
-from onnxmedic.preflight import export_preflight
 from onnxmedic.result import ExportResult
+from onnxmedic.stages.preflight import export_preflight
+from onnxmedic.stages.verify import expected_outputs
 from onnxmedic.verify.input_sets import derived_input_sets
 from onnxmedic.verify.reference import reference_outputs
-from onnxmedic.verify.stage import expected_outputs
 
 
 class IndexAdd(nn.Module):

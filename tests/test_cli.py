@@ -156,7 +156,8 @@ def test_verify_abort(tmp_path):
 
 
 def test_internal_error_exits_3_with_traceback_in_report(tmp_path, monkeypatch, capsys):
-    from onnxmedic import cli, translate
+    from onnxmedic import cli
+    from onnxmedic.stages import translate
 
     def broken(*a, **k):
         raise RuntimeError("simulated onnxmedic bug")

@@ -64,7 +64,7 @@ def test_cuda_provider_asked_with_tf32_off_still_falls_back_without_a_gpu(tmp_pa
 
 
 def test_cuda_run_is_reported_as_verified_with_tf32_off():
-    from onnxmedic.verify.stage import record_runtime
+    from onnxmedic.stages.verify import record_runtime
 
     r = api.ExportResult(command="export")
     ran = sandbox.SandboxResult(status="ok", providers=["CUDAExecutionProvider",
@@ -136,16 +136,17 @@ def test_plan_leaves_the_default_opset_to_translation(monkeypatch):
     chosen when translation starts - the same one choose_opset gives."""
     from onnxmedic.context import ExportContext, ExportOptions
     from onnxmedic.fixes import opset as opset_fix
+    from onnxmedic.stages.plan import plan_opset
 
     fx.registered_kernels.cache_clear()
     fx.kernel_table.cache_clear()
     started = []
     monkeypatch.setattr(fx, "prefetch_kernels", lambda: started.append(1))
     ctx = ExportContext(api.ExportResult(command="export"), None, (), {}, ExportOptions())
-    assert opset_fix.plan_opset(ctx) and ctx.opset is None and started == [1]
+    assert plan_opset(ctx) and ctx.opset is None and started == [1]
     assert opset_fix.resolve_opset(ctx) == ctx.opset == opset_fix.choose_opset("cpu")[0]
     assert ctx.opset_bound == opset_fix.choose_opset("cpu")[1]
     asked = ExportContext(api.ExportResult(command="export"), None, (), {},
                           ExportOptions(opset=18))
-    assert opset_fix.plan_opset(asked) and (asked.opset, asked.opset_bound) == (18, "asked for")
+    assert plan_opset(asked) and (asked.opset, asked.opset_bound) == (18, "asked for")
     assert opset_fix.resolve_opset(asked) == 18

@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxmedic import checks
 from onnxmedic.onnxfile import skeleton
+from onnxmedic.stages import check as checks
 
 
 def _model(shape_const: bool = True) -> onnx.ModelProto:

@@ -85,7 +85,7 @@ def test_a_stage_runs_earlier_ones_again_only_as_declared():
 
 
 def test_the_stage_list_is_declared_once():
-    """pipeline.EXPORT_STAGES runs the stages stages.py declares, in its order, and the
+    """pipeline.EXPORT_STAGES runs the stages stages/__init__.py declares, in its order, and the
     statuses a result records are the ones that list says they record."""
     from onnxmedic.result import STAGES
     from onnxmedic.stages import EXPORT_STAGE_LIST

@@ -64,3 +64,28 @@ def reference_mode() -> Iterator[None]:
     finally:
         if fastpath is not None:
             fastpath.set_fastpath_enabled(before)
+
+
+def tensor_bytes(model: Any, dtype: torch.dtype | None = None) -> int:
+    """Bytes of the model's parameters and buffers, each tensor once (tied weights too), with
+    the floating ones converted to ``dtype`` when given (what a converted copy would hold)."""
+    size = torch.tensor([], dtype=dtype).element_size() if dtype is not None else None
+    seen = {id(t): t.numel() * (size if size is not None and t.is_floating_point()
+                                else t.element_size())
+            for t in list(model.parameters()) + list(model.buffers())}
+    return sum(seen.values())
+
+
+def tensor_like(t: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """A new tensor of ``shape`` with values in ``t``'s range and ``t``'s dtype."""
+    if t.dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=gen).bool()
+    flat = t.reshape(-1)
+    if t.dtype.is_floating_point:
+        finite = flat[torch.isfinite(flat)].double()
+        lo, hi = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
+        return (torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).to(t.dtype)
+    if t.is_complex() or flat.numel() == 0:
+        return torch.zeros(shape, dtype=t.dtype)
+    lo, hi = int(flat.min()), int(flat.max())
+    return torch.randint(lo, hi + 1, shape, generator=gen, dtype=torch.int64).to(t.dtype)

@@ -35,8 +35,8 @@ from onnxmedic.result import (
     VerifyResult,
     stages_of,
 )
+from onnxmedic.stages.verify import verify_file
 from onnxmedic.sweep import SweepResult, ZooCase, sweep  # sweep(): a zoo, in worker processes
-from onnxmedic.verify.stage import verify_file
 
 TARGETS = ("cpu", "cuda", "tensorrt")
 DTYPE_POLICIES = ("keep", "upcast", "boundary")

@@ -78,7 +78,7 @@ class ExportContext:
     worker: sandbox.Worker | None = None
     state: borrow.State | None = None  # the model as export found it (put back at the end)
     expected: list[np.ndarray] | None = None  # the example's outputs in PyTorch (preflight)
-    opset: int | None = None  # the opset to export (fixes.opset.plan_opset, resolve_opset)
+    opset: int | None = None  # the opset to export (stages.plan.plan_opset, fixes.opset.resolve_opset)
     opset_bound: str = "asked for"  # what set it
     opset_lowered_from: int | None = None  # the default opset, when kernels lowered it (OM325)
     program: torch.export.ExportedProgram | None = None  # what capture made

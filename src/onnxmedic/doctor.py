@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxmedic import checks, sandbox
+from onnxmedic import sandbox
 from onnxmedic.findings import Finding, Severity, error, info, warning
 from onnxmedic.fixes import dtypes as fx
 from onnxmedic.fixes.dtypes import tensorrt_table
@@ -37,7 +37,8 @@ from onnxmedic.onnxfile import (
     skeleton,
 )
 from onnxmedic.result import ExportResult, RunResult
-from onnxmedic.verify.stage import record_runtime
+from onnxmedic.stages import check as checks
+from onnxmedic.stages.verify import record_runtime
 
 STAGE = "lint"
 

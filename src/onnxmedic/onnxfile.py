@@ -18,7 +18,7 @@ import onnx
 import torch
 
 from onnxmedic._tensors import to_numpy
-from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
+from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info
 
 logger = logging.getLogger(__name__)
 
@@ -485,33 +485,6 @@ def not_written_finding(f: Any) -> Finding:
         "unverified model.")
 
 
-
-
-def output_stage(ctx: Any) -> bool:
-    """Fail fast, before the slow stages, when the output path cannot be written."""
-    bad = check_output_path(ctx.opts.f)
-    if bad is not None:
-        ctx.result.fail("write", bad)
-    return bad is None
-
-
-def write_stage(ctx: Any) -> bool:
-    """Publish the verified model (or, with keep_unverified, the unverified one, said so) to
-    the destination atomically; otherwise say it was not written."""
-    result, dest = ctx.result, ctx.dest
-    if dest is None:
-        return True
-    if not (ctx.verified or ctx.opts.keep_unverified):
-        result.findings.append(not_written_finding(ctx.opts.f))
-        return True
-    with result.stage("write"):
-        publish(ctx.tmp_dir, ctx.name, dest)
-    result.path = str(dest)
-    if not ctx.verified:
-        result.findings.append(warning(
-            "OM010", "write", f"{dest} was written although verification failed "
-            "(keep_unverified=True)."))
-    return True
 
 
 def replace_folder(tmp: Path, out: Path) -> None:

@@ -10,18 +10,20 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from onnxmedic.capture.stage import capture_stage
-from onnxmedic.checks import save_and_check_stage
 from onnxmedic.context import ExportContext
-from onnxmedic.fixes.opset import plan_opset
-from onnxmedic.fixes.stage import fix_stage
-from onnxmedic.onnxfile import not_written_finding, output_stage, write_stage
-from onnxmedic.optimize.stage import optimize_stage, optimize_wanted
-from onnxmedic.preflight import export_preflight
+from onnxmedic.onnxfile import not_written_finding
 from onnxmedic.result import FAILED
 from onnxmedic.stages import STAGE_NAMES
-from onnxmedic.translate import translate_stage
-from onnxmedic.verify.stage import verify_stage
+from onnxmedic.stages.capture import capture_stage
+from onnxmedic.stages.check import save_and_check_stage
+from onnxmedic.stages.fix import fix_stage
+from onnxmedic.stages.optimize import optimize_stage, optimize_wanted
+from onnxmedic.stages.output import output_stage
+from onnxmedic.stages.plan import plan_opset
+from onnxmedic.stages.preflight import export_preflight
+from onnxmedic.stages.translate import translate_stage
+from onnxmedic.stages.verify import verify_stage
+from onnxmedic.stages.write import write_stage
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ _STAGES = (
     # optional, after the write: the verified file is replaced only by a faster verified one
     Stage("optimize", optimize_stage, wanted=optimize_wanted),
 )
-# in the order stages.py declares (a stage bound here but not declared there, or the reverse,
+# in the order stages/__init__.py declares (a stage bound here but not declared there, or the reverse,
 # fails at import)
 EXPORT_STAGES: tuple[Stage, ...] = tuple({s.name: s for s in _STAGES}[name]
                                          for name in STAGE_NAMES)

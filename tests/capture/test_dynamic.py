@@ -124,7 +124,7 @@ def test_an_undeclared_mask_follows_its_declared_dims(tmp_path, dim):
 
 
 def test_static_declared_dims_names_input_dim_and_size():
-    from onnxmedic.capture.stage import static_declared_dims
+    from onnxmedic.stages.capture import static_declared_dims
 
     x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, "seq"])
     g = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g", [x],

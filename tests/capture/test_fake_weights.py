@@ -11,9 +11,9 @@ import torch
 import onnxmedic
 from onnxmedic import onnxfile
 from onnxmedic._torch_compat import fake_weights, is_fake
-from onnxmedic.capture import stage as capture_stage
 from onnxmedic.capture.strategies import capture
-from onnxmedic.translate import translate
+from onnxmedic.stages import capture as capture_stage
+from onnxmedic.stages.translate import translate
 
 
 class TinyDecoder(torch.nn.Module):

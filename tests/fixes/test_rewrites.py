@@ -13,7 +13,7 @@ import onnxmedic
 from onnxmedic._torch_compat import prepare_for_export
 from onnxmedic.fixes.rewrites import check_mixed_scalars_crash, strides_from_sizes
 from onnxmedic.ops import REGISTRY
-from onnxmedic.translate import onnx_export
+from onnxmedic.stages.translate import onnx_export
 
 
 class _Band(torch.nn.Module):

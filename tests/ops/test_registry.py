@@ -89,8 +89,8 @@ TEST_REGISTRY = TranslationRegistry()
 
 
 def test_load_error_becomes_OM210_finding(monkeypatch):
-    from onnxmedic import translate
     from onnxmedic.ops import REGISTRY
+    from onnxmedic.stages import translate
 
     monkeypatch.setitem(REGISTRY.load_errors, "onnxmedic.ops.broken", "ImportError: boom")
     ep = torch.export.export(torch.nn.ReLU(), (torch.randn(2),))

@@ -180,7 +180,7 @@ def test_only_the_sets_the_estimate_does_not_show_run_in_float64(monkeypatch):
 
     from onnxmedic.inputs import Inputs
     from onnxmedic.result import ExportResult
-    from onnxmedic.verify import stage
+    from onnxmedic.stages import verify as stage
 
     class Offset(torch.nn.Module):  # float32 rounds the sum at 3000's scale: its own error
         def forward(self, h):          # is ~1e-4 of the output, far above float32 agreement

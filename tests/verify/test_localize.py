@@ -257,7 +257,7 @@ def nested_file(tmp_path_factory):
 
 def _no_capture(monkeypatch):
     """Fail the test if localisation captures the model with torch.export."""
-    from onnxmedic.verify import stage as verify_stage
+    from onnxmedic.stages import verify as verify_stage
 
     def captured(*a, **k):
         raise AssertionError("localisation captured the model")
@@ -496,7 +496,7 @@ def test_localisation_worker_starts_with_verify_and_is_always_closed(tmp_path, m
     monkeypatch.setattr(sandbox, "Worker", Counted)
     model = Stack(depth=1)
     assert onnxmedic.export(model, (X,), tmp_path / "m.onnx").ok
-    from onnxmedic.verify import stage as verify_stage
+    from onnxmedic.stages import verify as verify_stage
 
     before_verifying = []
     run_and_compare = verify_stage.run_and_compare

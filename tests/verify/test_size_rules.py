@@ -6,6 +6,7 @@ from __future__ import annotations
 import onnx
 import torch
 
+from onnxmedic.stages.verify import size_pattern
 from onnxmedic.verify.size_rules import (
     METADATA_KEY,
     SizeRule,
@@ -13,7 +14,6 @@ from onnxmedic.verify.size_rules import (
     rules_from_guards,
     rules_from_metadata,
 )
-from onnxmedic.verify.stage import size_pattern
 
 
 class _Two(torch.nn.Module):

@@ -138,38 +138,8 @@ def limits(version: tuple[int, int]) -> tuple[int, int] | None:
     return None
 
 
-def plan_opset(ctx: Any) -> bool:
-    """Fix the export opset before anything runs: the one asked for, checked against the ONNX
-    Runtime release asked for (OM322), or - when none is asked for - the highest the target
-    supports, chosen by :func:`resolve_opset` when translation starts (the installed
-    onnxruntime's kernels, asked for here, are read then)."""
-    ort, opset = ctx.opts.ort_version, ctx.opts.opset
-    if ort is not None:
-        lim = limits(ort)
-        if lim is None:
-            ctx.result.fail("translate", error(
-                "OM322", "translate", f"ONNX Runtime {'.'.join(map(str, ort))} is "
-                "older than 1.0; onnxmedic cannot target it."))
-            return False
-        if opset is not None and opset > lim[0]:
-            ctx.result.fail("translate", error(
-                "OM322", "translate", f"opset {opset} was asked for, but ONNX Runtime "
-                f"{'.'.join(map(str, ort))} loads opsets up to {lim[0]}.",
-                suggestion=f"Use --opset {lim[0]} or lower, or a newer ONNX Runtime."))
-            return False
-    # the installed onnxruntime's kernels (a child process, ~0.5 s) are asked for while the
-    # model runs and is captured: the default opset (resolve_opset, when translation starts)
-    # and the dtype fixes read them
-    from onnxmedic.fixes.dtypes import prefetch_kernels
-
-    prefetch_kernels()
-    if opset is not None:
-        ctx.opset, ctx.opset_bound = opset, "asked for"
-    return True
-
-
 def resolve_opset(ctx: Any) -> int:
-    """The export opset: the one asked for, or (chosen on first use, see :func:`plan_opset`)
+    """The export opset: the one asked for, or (chosen on first use, see stages/plan.py)
     the highest the target supports."""
     if ctx.opset is None:  # the highest opset the target supports
         ctx.opset, ctx.opset_bound = choose_opset(ctx.opts.target, ctx.opts.ort_version)

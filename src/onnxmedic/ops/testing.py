@@ -66,7 +66,7 @@ def export_call(
     opset: int | None = None,
 ) -> tuple[onnx.ModelProto, tuple[torch.Tensor, ...]]:
     """Export ``fn(*args, **kwargs)``; ``registry=None`` exports with plain torch.onnx."""
-    from onnxmedic.translate import onnx_export
+    from onnxmedic.stages.translate import onnx_export
 
     if registry is not None:
         registry.load_builtin()  # before capture: a family may make an op traceable

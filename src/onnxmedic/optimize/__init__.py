@@ -45,10 +45,10 @@ from onnxmedic.optimize.variant import (
     Why,
 )
 from onnxmedic.optimize.verifier import Verifier, judge_reduced
+from onnxmedic.stages.verify import expected_outputs
 from onnxmedic.verify.input_sets import derived_input_sets, same_shape_sets, shape_variants
 from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.size_rules import rules_from_metadata
-from onnxmedic.verify.stage import expected_outputs
 
 logger = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ import torch
 
 from onnxmedic.inputs import DEFAULT_SEED, Inputs
 from onnxmedic.onnxfile import graph_io, make_feeds
+from onnxmedic.stages.verify import expected_outputs
 from onnxmedic.verify.budget import RULE_PENDING, judge_output
 from onnxmedic.verify.input_sets import next_prime, resized_sets
 from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.size_rules import SizeRule, rules_from_metadata
-from onnxmedic.verify.stage import expected_outputs
 
 # the error texts of a size that fails, kept in the check's record
 _MAX_TEXT = 300

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from onnxmedic._tensors import tensor_like
 from onnxmedic.inputs import DEFAULT_SEED, Inputs
 
 
@@ -192,18 +193,3 @@ def resized_sets(example: Inputs, symbols: dict[str, Any], sizes: Callable[[int]
             args, kwargs = torch.utils._pytree.tree_unflatten(new, spec)
             out.append((f"{name}={size}", Inputs(tuple(args), dict(kwargs), [f"{name}={size}"])))
     return out
-
-
-def tensor_like(t: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
-    """A new tensor of ``shape`` with values in ``t``'s range and ``t``'s dtype."""
-    if t.dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=gen).bool()
-    flat = t.reshape(-1)
-    if t.dtype.is_floating_point:
-        finite = flat[torch.isfinite(flat)].double()
-        lo, hi = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
-        return (torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo).to(t.dtype)
-    if t.is_complex() or flat.numel() == 0:
-        return torch.zeros(shape, dtype=t.dtype)
-    lo, hi = int(flat.min()), int(flat.max())
-    return torch.randint(lo, hi + 1, shape, generator=gen, dtype=torch.int64).to(t.dtype)

@@ -129,7 +129,7 @@ def decomposed_program(program: torch.export.ExportedProgram, opset: int | None 
     """The program as torch.onnx translates it (after its decompositions), whose node names
     are the ONNX value names."""
     from onnxmedic.ops import REGISTRY
-    from onnxmedic.translate import decompose_for_export
+    from onnxmedic.stages.translate import decompose_for_export
 
     return decompose_for_export(program, REGISTRY.onnx_registry(opset))
 

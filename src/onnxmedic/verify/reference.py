@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnxmedic._tensors import flatten_tensors, reference_mode, to_numpy
+from onnxmedic._tensors import flatten_tensors, reference_mode, tensor_bytes, to_numpy
 from onnxmedic.borrow import copy_inputs
 from onnxmedic.inputs import Inputs
 from onnxmedic.sandbox import available_memory
@@ -68,16 +68,6 @@ def reference_precision(model: Any) -> tuple[torch.dtype | None, str | None]:
         return None, "the model already computes in float64"
     return (torch.float32 if any(d in low for d in floats) and torch.float32 not in floats
             else torch.float64), None
-
-
-def tensor_bytes(model: Any, dtype: torch.dtype | None = None) -> int:
-    """Bytes of the model's parameters and buffers, each tensor once (tied weights too), with
-    the floating ones converted to ``dtype`` when given (what a converted copy would hold)."""
-    size = torch.tensor([], dtype=dtype).element_size() if dtype is not None else None
-    seen = {id(t): t.numel() * (size if size is not None and t.is_floating_point()
-                                else t.element_size())
-            for t in list(model.parameters()) + list(model.buffers())}
-    return sum(seen.values())
 
 
 class _TooSlow(Exception):

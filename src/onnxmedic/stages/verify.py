@@ -16,17 +16,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnxmedic import borrow, checks, sandbox
+from onnxmedic import borrow, sandbox
 from onnxmedic._locate import location_from_onnx_node, onnx_neighbourhood, onnx_node_in_error
 from onnxmedic._tensors import flatten_tensors, reference_mode, to_numpy
 from onnxmedic.capture import capture
 from onnxmedic.context import ExportContext
 from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
-from onnxmedic.fixes.stage import cpu_stand_in
 from onnxmedic.inputs import Inputs
 from onnxmedic.onnxfile import graph_io, make_feeds
-from onnxmedic.preflight import preflight_stage
 from onnxmedic.result import PASSED, ExportResult
+from onnxmedic.stages import check as checks
+from onnxmedic.stages.fix import cpu_stand_in
+from onnxmedic.stages.preflight import preflight_stage
 from onnxmedic.verify.budget import (
     RULE_BUDGET,
     RULE_NORMWISE,
@@ -603,7 +604,7 @@ def _badness(c: OutputComparison) -> tuple[float, float]:
 def verify_stage(ctx: ExportContext) -> bool:
     """Export's runtime + compare stages (or OM603 when verification is off); sets
     ``ctx.verified``. A GPU-target model with no CPU kernel on a machine without the GPU is
-    verified through a CPU stand-in (fixes/stage.py)."""
+    verified through a CPU stand-in (stages/fix.py)."""
     result, opts = ctx.result, ctx.opts
     if not opts.verify:
         ctx.verified = True  # verification not asked for: exported is all we can say

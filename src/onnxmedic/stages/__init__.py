@@ -3,6 +3,11 @@ on the result (the keys of ``result.stages``, in the JSON). pipeline.py binds ea
 function (``EXPORT_STAGES``, in this order); result.py's ``STAGES`` and the architecture page
 (tools/gen_architecture_doc.py) read this list.
 
+Each stage lives in this package, in the module named after it (``stages/<name>.py``: the
+stage's function and what only it does); the machinery stages share with the other commands
+stays in its own packages (capture/ strategies, verify/ the budget and comparison, fixes/ the
+fixes, optimize/ the searches). tests/test_architecture.py checks the layout.
+
 A stage that records no status (``output`` and ``plan`` check the request; ``optimize`` is
 optional and reports in ``result.optimization``) still runs in its place.
 """

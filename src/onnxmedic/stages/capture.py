@@ -119,7 +119,8 @@ def normalise_dims(dynamic_shapes: Any) -> tuple[Any, Any] | None:
 def _wants_fake_weights(model: torch.nn.Module) -> tuple[int, int] | None:
     """(weight bytes, available bytes) when the model's weights take more than
     FAKE_WEIGHTS_SHARE of the memory available; None otherwise."""
-    from onnxmedic.verify.reference import available_memory, tensor_bytes
+    from onnxmedic._tensors import tensor_bytes
+    from onnxmedic.sandbox import available_memory
 
     avail = available_memory()
     need = tensor_bytes(model)
@@ -498,9 +499,8 @@ def _eager_runs_at(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], di
     fails too); where eager runs, the capture specialised Python code (a loop over the size, a
     branch on it) and making the dim static would silently drop what the user declared: OM401
     names that line instead. The model's state is put back after the call."""
-    from onnxmedic._tensors import reference_mode
+    from onnxmedic._tensors import reference_mode, tensor_like
     from onnxmedic.borrow import copy_inputs, record_state, restore_state
-    from onnxmedic.verify.input_sets import tensor_like
 
     args, kwargs = copy_inputs((args, kwargs))  # the model may write its inputs
     try:

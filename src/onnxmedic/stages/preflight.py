@@ -1,4 +1,4 @@
-"""Stage 1: run the model eagerly on the example inputs.
+"""The preflight stage: run the model eagerly on the example inputs.
 
 A model that fails in PyTorch cannot be exported; say so plainly, and recognise the common case
 of inputs whose dtype does not match the model's parameters.

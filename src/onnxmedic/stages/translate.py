@@ -1,4 +1,4 @@
-"""Stage 3: translate the captured program to ONNX with torchlib plus onnxmedic's registry.
+"""The translate stage: the captured program to ONNX with torchlib plus onnxmedic's registry.
 
 On failure, every operator without a translation is collected in one pass (not only the first
 one torch.onnx tripped on), each with its module path and the user's line.
@@ -27,7 +27,6 @@ from onnxmedic._torch_compat import (
     rename_dynamic_axes,
 )
 from onnxmedic.capture.decomps import symbolic_shape_rules
-from onnxmedic.capture.stage import declared_dim_findings, report_auto_dims
 from onnxmedic.findings import Finding, error, info, warning
 from onnxmedic.fixes import opset as opset_fix
 from onnxmedic.fixes import try_fix
@@ -36,6 +35,7 @@ from onnxmedic.fixes.rewrites import REWRITES, strides_from_sizes
 from onnxmedic.fixes.shapes import static_dim_params
 from onnxmedic.onnxfile import graph_proto, opset_of
 from onnxmedic.ops import REGISTRY, TranslationRegistry
+from onnxmedic.stages.capture import declared_dim_findings, report_auto_dims
 from onnxmedic.verify.replay import record_removed_nodes
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def onnx_export(program: torch.export.ExportedProgram, args: tuple[Any, ...],
     opset, registry for that opset) and calls its core exporter; ``registry=None`` gives plain
     torchlib, as torch.onnx.export would.
 
-    ``weights``: the program was captured on fake weights (capture/stage.py); these real
+    ``weights``: the program was captured on fake weights (stages/capture.py); these real
     tensors are bound to the ONNX program after the translation and before the optimizer,
     whose constant folding reads values - the same graph as a translation of the real
     program.

@@ -1,4 +1,4 @@
-"""Stage 4: the ONNX checker and strict shape inference, on the saved file."""
+"""The check stage: the ONNX checker and strict shape inference, on the saved file."""
 
 from __future__ import annotations
 

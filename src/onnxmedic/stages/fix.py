@@ -10,7 +10,6 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from onnxmedic import checks
 from onnxmedic.context import ExportContext, Rerun
 from onnxmedic.findings import Severity, info, warning
 from onnxmedic.fixes import dtypes as fx
@@ -23,6 +22,7 @@ from onnxmedic.fixes.kernels import (
 )
 from onnxmedic.onnxfile import has_external_data, save_program, saved_proto
 from onnxmedic.sandbox import providers
+from onnxmedic.stages import check as checks
 
 STAGE = "fix"
 
