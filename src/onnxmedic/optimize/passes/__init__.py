@@ -12,7 +12,6 @@ passes shared one file, so the step names in reports and JSON do not change."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from typing import Any
 from onnxmedic.optimize._child import run_request
 from onnxmedic.optimize.pass_infra import PassResult, Sequential, StepPass
 from onnxmedic.optimize.passes.dynamic_int8 import quantize_int8
-from onnxmedic.optimize.passes.fusions import SKIP_NORM_FUSIONS, ort_fusions
+from onnxmedic.optimize.passes.fusions import ort_fusions
 from onnxmedic.optimize.passes.offline import ort_offline
 from onnxmedic.optimize.passes.onnxscript_optimizer import onnxscript_optimize
 from onnxmedic.optimize.passes.slim import onnxslim_pass
@@ -33,30 +32,21 @@ from onnxmedic.optimize.passes.static_int8 import (
     feed_reader,
     is_convolutional,
     quantize_static_int8,
-    with_producers,
 )
-from onnxmedic.optimize.passes.transformers_optimizer import (
-    ORT_MODEL_TYPES,
-    ORT_TYPE_FAMILIES,
-    ort_model_type,
-    ort_transformers,
-)
+from onnxmedic.optimize.passes.transformers_optimizer import ort_model_type, ort_transformers
 from onnxmedic.optimize.passes.weight_only_int8 import quantize_weight_only
 
 __all__ = [
     # the steps, named "onnxmedic.optimize.passes:<function>"
     "onnxscript_optimize", "ort_fusions", "ort_offline", "ort_transformers", "onnxslim_pass",
     "quantize_int8", "quantize_weight_only", "quantize_static_int8",
-    # what the candidates and searches read of the passes
-    "SKIP_NORM_FUSIONS", "ORT_MODEL_TYPES", "ORT_TYPE_FAMILIES", "ort_model_type", "STATIC_OPS",
-    "feed_reader", "is_convolutional", "with_producers",
+    # what the candidates, the searches and int8.py read of the passes
+    "ort_model_type", "STATIC_OPS", "feed_reader", "is_convolutional",
     # the pipelines and how they run
     "DEFAULT_PASS_TIMEOUT", "CHILD", "STATIC_STEP", "QUANTIZE_STEPS", "Pipeline", "PipelineRun",
     "default_pipelines", "is_static", "precision_error", "calibration_error", "run_passes",
     "run_pipeline", "run_child", "step_error",
 ]
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_PASS_TIMEOUT = 600.0
 
