@@ -175,12 +175,14 @@ def _rejected_finding(res: FuseResult, folder: Path) -> Any:
 def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
                  tokenizer: Any = None, *, steps: int = 8, prompts: Any = None,
                  genai: bool = True, timeout: float | None = None,
-                 mutate: Any = None) -> FuseResult:
+                 mutate: Any = None, torch_runs: dict[Any, Any] | None = None) -> FuseResult:
     """Write ``out``: the generation package ``folder`` with its decoder fused (see the module
     docstring), verified against ``model`` (the PyTorch causal LM the package was exported
     from) by greedy generation of ``steps`` tokens per prompt in ONNX Runtime and, with
     ``genai``, onnxruntime-genai. ``mutate(proto)`` (tests) edits the fused graph before it
-    is verified. Nothing is written at ``out`` unless verified."""
+    is verified. ``torch_runs``: the plain package's check's (gen_verify.GenerationCheck
+    ``torch_runs``): PyTorch's tokens, logits and references, not computed again. Nothing is
+    written at ``out`` unless verified."""
     from onnxmedic import sandbox
     from onnxmedic.hf.gen_verify import verify_generation
 
@@ -203,7 +205,8 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
                                                        load_external_data=False)).items()
                    if k in FUSED_OPS}
         res.check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,
-                                      genai=genai, timeout=timeout or sandbox.DEFAULT_TIMEOUT)
+                                      genai=genai, timeout=timeout or sandbox.DEFAULT_TIMEOUT,
+                                      torch_runs=torch_runs)
         res.findings.extend(res.check.findings)
         if not res.check.ok:
             res.findings.append(_rejected_finding(res, out))
