@@ -452,6 +452,8 @@ def test_export_optimize_writes_the_fused_package(llama, tmp_path, monkeypatch):
     r = export_generation(model, tmp_path / "pkg", tokenizer=tok, steps=STEPS,
                           prompts=["Return the"], optimize=True)
     assert r.ok and "OM734" in codes(r.findings), [f.one_paragraph() for f in r.findings]
+    fused = next(f for f in r.findings if f.code == "OM734")
+    assert f"written to {tmp_path / 'pkg'}:" in fused.message
     ops = {n.op_type for n in onnx.load(str(tmp_path / "pkg" / "model.onnx"),
                                         load_external_data=False).graph.node}
     assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= ops
@@ -484,6 +486,7 @@ def test_export_optimize_keeps_the_plain_package_when_the_fused_one_is_wrong(
     rejected = [f for f in r.findings if f.code == "OM735"]
     assert r.ok and rejected and rejected[0].severity == "warning", codes(r.findings)
     assert "first divergence" in rejected[0].message and "plain package" in rejected[0].message
+    assert f"not written to {tmp_path / 'pkg'}:" in rejected[0].message
     ops = {n.op_type for n in onnx.load(str(tmp_path / "pkg" / "model.onnx")).graph.node}
     assert "GroupQueryAttention" not in ops  # the plain package, verified, is written
     assert [p.name for p in tmp_path.iterdir()] == ["pkg"]

@@ -387,33 +387,40 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tok
                 st.fail()
         verified = check.ok
         if verified and optimize:
-            tmp = _fused(result, model, tokenizer, tmp, (steps, prompts, genai), timeout, check)
+            tmp = _fused(result, model, tokenizer, (tmp, out), (steps, prompts, genai), timeout,
+                         check)
     elif optimize:
         result.findings.append(not_optimized("the package is not verified (verify=False), and "
                                              "a fused package is written only when verified"))
     finish_package(result, tmp, out, files, verified, keep_unverified)
 
 
-def _fused(result: ExportResult, model: Any, tokenizer: Any, tmp: Path,
+def _fused(result: ExportResult, model: Any, tokenizer: Any, folders: tuple[Path, Path],
            how: tuple[int, Any, bool], timeout: float, check: Any) -> Path:
-    """The verified package in ``tmp`` fused (optimize/fuse_decoder.py), verified as it was
-    (``how``: steps, prompts, whether in onnxruntime-genai) against the PyTorch runs ``check``
-    made: the folder to write (``tmp/fused``), or ``tmp`` when the fused one does not verify
-    (its OM735 a warning: the plain package is written)."""
+    """The verified package in ``tmp`` (``folders``: tmp, and the package's folder ``out``)
+    fused (optimize/fuse_decoder.py), verified as it was (``how``: steps, prompts, whether in
+    onnxruntime-genai) against the PyTorch runs ``check`` made: the folder to write
+    (``tmp/fused``), or ``tmp`` when the fused one does not verify (its OM735 a warning: the
+    plain package is written)."""
     from onnxmedic.optimize.fuse_decoder import fuse_package
 
+    tmp, out = folders
     steps, prompts, genai = how
     with result.timed("optimize"):
         fused = fuse_package(tmp, tmp / "fused", model, tokenizer, steps=steps,
                              prompts=prompts, genai=genai, timeout=timeout,
                              torch_runs=check.torch_runs)
     if fused.ok:
-        result.findings.extend(f for f in fused.findings if f.code == "OM734")
+        for f in fused.findings:
+            if f.code == "OM734":  # the folder it names is the package's, once in place
+                f.message = f.message.replace(str(tmp / "fused"), str(out))
+                result.findings.append(f)
         return tmp / "fused"
     for f in fused.findings:
         if f.code == "OM735":
             result.findings.append(warning(
-                "OM735", "optimize", f.message + "; the plain package is written instead.",
+                "OM735", "optimize", f.message.replace(str(tmp / "fused"), str(out))
+                + "; the plain package is written instead.",
                 suggestion="Nothing to do: the plain package is verified. Report the figures "
                 "above if the fused decoder should match."))
     return tmp
