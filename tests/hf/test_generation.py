@@ -489,6 +489,8 @@ def test_export_optimize_keeps_the_plain_package_when_the_fused_one_is_wrong(
     assert f"not written to {tmp_path / 'pkg'}:" in rejected[0].message
     ops = {n.op_type for n in onnx.load(str(tmp_path / "pkg" / "model.onnx")).graph.node}
     assert "GroupQueryAttention" not in ops  # the plain package, verified, is written
+    if gen_verify.genai_available():  # and onnxruntime-genai generated from it
+        assert r.generation.tokens_genai == r.generation.tokens_torch
     assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
 
 

@@ -367,6 +367,13 @@ def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: 
             return
 
 
+def genai_check(folder: Path, check: GenerationCheck, model: Any, steps: int,
+                timeout: float) -> None:
+    """onnxruntime-genai generating from ``folder`` against ``check``'s PyTorch tokens (what
+    verify_generation does last, with ``genai``), its findings in ``check``."""
+    genai_generation(folder, check, steps, timeout, _eos_ids(model))
+
+
 def _eos_ids(model: Any) -> set[int]:
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None:

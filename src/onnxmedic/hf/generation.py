@@ -30,7 +30,7 @@ import torch
 from onnxmedic import sandbox
 from onnxmedic.findings import error, info, warning
 from onnxmedic.hf.gen_config import write_side_files
-from onnxmedic.hf.gen_verify import verify_generation
+from onnxmedic.hf.gen_verify import genai_check, verify_generation
 from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD, replace_folder
 from onnxmedic.result import STAGES, ExportResult, stages_of
 
@@ -377,18 +377,21 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tok
     verified = True
     if verify:
         with result.stage("generate") as st:
+            # with optimize, onnxruntime-genai generates from the package that is written:
+            # the fused one, or this one where the fused one does not verify (_fused)
             check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,
-                                      program=program, timeout=timeout, genai=genai)
+                                      program=program, timeout=timeout,
+                                      genai=genai and not optimize)
             result.verification.extend(check.comparisons)
             result.findings.extend(check.findings)
             result.generation = check  # type: ignore[attr-defined]
+            if check.ok and optimize:
+                tmp = _fused(result, model, tokenizer, (tmp, out), (steps, prompts, genai),
+                             timeout, check)
             result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
             if not check.ok:
                 st.fail()
         verified = check.ok
-        if verified and optimize:
-            tmp = _fused(result, model, tokenizer, (tmp, out), (steps, prompts, genai), timeout,
-                         check)
     elif optimize:
         result.findings.append(not_optimized("the package is not verified (verify=False), and "
                                              "a fused package is written only when verified"))
@@ -423,6 +426,10 @@ def _fused(result: ExportResult, model: Any, tokenizer: Any, folders: tuple[Path
                 + "; the plain package is written instead.",
                 suggestion="Nothing to do: the plain package is verified. Report the figures "
                 "above if the fused decoder should match."))
+    if genai:  # the plain package is the one written: onnxruntime-genai generates from it
+        known = len(check.findings)
+        genai_check(tmp, check, model, steps, timeout)
+        result.findings.extend(check.findings[known:])
     return tmp
 
 
