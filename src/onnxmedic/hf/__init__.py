@@ -245,7 +245,9 @@ def export_pretrained(
     images from the config and preprocessor_config.json, audio through the folder's feature
     extractor. The outputs are named as optimum names them (last_hidden_state, logits,
     start_logits, sentence_embedding ...). ``*-with-past`` tasks write a generation package
-    folder at ``f``. Problems of the checkpoint are findings (OM800-OM809), as with export();
+    folder at ``f`` (with ``optimize``, text-generation-with-past's is the fused package when
+    it verifies: docs/generation.md). Problems of the checkpoint are findings (OM800-OM809), as
+    with export();
     ``options``: further :func:`onnxmedic.export` options (timeout, tolerance, ...).
     """
     _check_args(model, task, dtype, dynamic, options)
