@@ -114,8 +114,11 @@ def _ort_fusions(model: Any) -> dict[str, int]:
     from onnxscript.rewriter.ort_fusions import _core, softmax
     from onnxscript.rewriter.rules.common import _gemm_to_matmul_add
 
+    from onnxmedic.rewrite_speed import sibling_slices
+
     rewrite(model, [_gemm_to_matmul_add.gemm_to_matmul_add_rule])
-    model, counts = _core.fuse_xformers(model)
+    with sibling_slices():  # fuse_xformers runs onnxscript's optimizer twice
+        model, counts = _core.fuse_xformers(model)
     rewrite(model, [*softmax.rules.rules])
     ir.passes.Sequential(
         common_passes.LiftConstantsToInitializersPass(lift_all_constants=False, size_limit=1),
