@@ -3,8 +3,6 @@ matched among one value's readers, and its rules are restored after the block.""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -41,21 +39,20 @@ def _slices_model(layers: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
-def _optimized(proto: onnx.ModelProto, fast: bool) -> tuple[onnx.ModelProto, float]:
+def _optimized(proto: onnx.ModelProto, fast: bool) -> onnx.ModelProto:
     model = ir.from_proto(proto)
-    t0 = time.perf_counter()
     if fast:
         with sibling_slices():
             optimizer.optimize_ir(model)
     else:
         optimizer.optimize_ir(model)
-    return ir.to_proto(model), time.perf_counter() - t0
+    return ir.to_proto(model)
 
 
 def test_same_graph_as_onnxscripts_matcher_and_rules_restored():
     proto = _slices_model(40)
-    slow, t_slow = _optimized(proto, fast=False)
-    fast, t_fast = _optimized(proto, fast=True)
+    slow = _optimized(proto, fast=False)
+    fast = _optimized(proto, fast=True)
     ops = [n.op_type for n in fast.graph.node]
     assert ops.count("Split") == 20
     assert ops == [n.op_type for n in slow.graph.node]
@@ -63,4 +60,3 @@ def test_same_graph_as_onnxscripts_matcher_and_rules_restored():
     assert [r.name for r in rewriter._DEFAULT_REWRITE_RULES].count(RULE) == 1
     assert not any("Sibling" in type(r._matcher).__name__
                    for r in rewriter._DEFAULT_REWRITE_RULES)
-    assert t_fast < t_slow
