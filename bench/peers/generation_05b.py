@@ -32,7 +32,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "/work/coord/models/qwen2-0.5b"
-TOOLS = ("onnxmedic", "genai-builder")
+# onnxmedic-optimize: the same export with --optimize (the decoder fused, verified)
+TOOLS = ("onnxmedic", "onnxmedic-optimize", "genai-builder")
 PROMPT = "Return the number of items in the list"
 REPEATS = 3
 
@@ -125,11 +126,11 @@ def build(tool: str, model: str, out: Path, env: dict[str, str]) -> dict[str, An
     """One tool's package of ``model`` at ``out``, measured."""
     shutil.rmtree(out, ignore_errors=True)
     py = sys.executable
-    if tool == "onnxmedic":
-        report = out.parent / "onnxmedic_report.json"
+    report = out.parent / f"{tool}_report.json"
+    if tool.startswith("onnxmedic"):
         cmd = [py, "-m", "onnxmedic", "export", f"hf:{model}", "--task",
                "text-generation-with-past", "-o", str(out), "--no-progress", "--report",
-               str(report)]
+               str(report)] + (["--optimize"] if tool == "onnxmedic-optimize" else [])
     else:
         cache = out.parent / "builder_cache"
         shutil.rmtree(cache, ignore_errors=True)
@@ -138,7 +139,7 @@ def build(tool: str, model: str, out: Path, env: dict[str, str]) -> dict[str, An
     row = {"tool": tool, "command": " ".join(cmd[1:]), **measured(cmd, env)}
     row["size_mb"] = _size_mb(out) if out.exists() else None
     row["ok"] = row["rc"] == 0 and (out / "genai_config.json").exists()
-    if tool == "onnxmedic" and report.exists():
+    if tool.startswith("onnxmedic") and report.exists():
         row["stages"] = _stage_seconds(json.loads(report.read_text()))
     return row
 
@@ -259,12 +260,17 @@ def table(rows: dict[str, Any], tools: list[str], a: argparse.Namespace, n_promp
             f" | {r.get('wall_s', 0):.0f} | {r.get('peak_mib', 0):.0f} | "
             f"{r.get('size_mb') or 0:.0f} | {r.get('tokens_match', '-')} | "
             f"{'-' if tps is None else f'{tps:.1f}'} | {'-' if pre is None else f'{pre:.0f}'} |")
-    om, gb = rows.get("onnxmedic", {}), rows.get("genai-builder", {})
-    if om.get("wall_s") and gb.get("wall_s"):
-        lines += ["", f"onnxmedic / builder build time: {om['wall_s'] / gb['wall_s']:.2f}x"]
-    if om.get("stages"):
-        lines += ["", "| onnxmedic stage | seconds |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in om["stages"].items()]
+    gb = rows.get("genai-builder", {})
+    oms = [t for t in tools if t.startswith("onnxmedic") and rows.get(t, {}).get("wall_s")]
+    if gb.get("wall_s") and oms:
+        lines += [""] + [f"{t} / builder build time: {rows[t]['wall_s'] / gb['wall_s']:.2f}x"
+                         for t in oms]
+    staged = [t for t in oms if rows[t].get("stages")]
+    if staged:
+        keys = list(dict.fromkeys(k for t in staged for k in rows[t]["stages"]))
+        lines += ["", f"| stage (s) | {' | '.join(staged)} |", "|---" * (len(staged) + 1) + "|"]
+        lines += [f"| {k} | " + " | ".join(str(rows[t]["stages"].get(k, "-")) for t in staged)
+                  + " |" for k in keys]
     return "\n".join(lines) + "\n"
 
 

@@ -812,7 +812,8 @@ CODES: dict[str, CodeInfo] = {
         "fused decoder outside the budget", 1,
         "A generation package's fused decoder generated tokens or logits outside the float32 "
         "budget against PyTorch (or onnxruntime-genai disagreed); it was not written. The "
-        "finding gives the step and figures; keep the plain package.",
+        "finding gives the step and figures; keep the plain package. From `export hf:... "
+        "--optimize` it is a warning: the plain package, verified, is written instead.",
     ),
     "OM736": CodeInfo(
         "int4 package not served by onnxruntime-genai", 1,
@@ -1001,6 +1002,15 @@ CODES: dict[str, CodeInfo] = {
         "encoder takes (Whisper: num_mel_bins and 2 x max_source_positions), or no feature "
         "extractor fits the config: the folder's preprocessor_config.json belongs to another "
         "model, or is missing.",
+    ),
+    # OM835-OM849: generation packages made fast in one command (hf/generation.py)
+    "OM835": CodeInfo(
+        "package not optimized", 0,
+        "export hf:... --optimize: the package asked for has no optimized variant here (an "
+        "encoder-decoder package; a --precision other than fp32 for a decoder package, whose "
+        "int4 variant is `onnxmedic optimize PACKAGE hf:CHECKPOINT -o OUT --precision int4`; "
+        "or --no-verify, as a fused decoder is written only when verified). The package is "
+        "exported as without --optimize.",
     ),
 }
 

@@ -438,3 +438,68 @@ def test_int4_package_is_served_by_genai(llama, tmp_path):
         (pkg / "genai_config.json").read_text())
     if gen_verify.genai_available():
         assert r.tokens_genai == r.tokens_onnx
+
+
+# ------------------------------------------------------------------------------------------
+# export --optimize on a generation package: the fused package in one command (#39)
+
+
+def test_export_optimize_writes_the_fused_package(llama, tmp_path, monkeypatch):
+    model, tok, _, _ = llama
+    runs = []
+    real = gen_verify.torch_generation
+    monkeypatch.setattr(gen_verify, "torch_generation", lambda *a: runs.append(1) or real(*a))
+    r = export_generation(model, tmp_path / "pkg", tokenizer=tok, steps=STEPS,
+                          prompts=["Return the"], optimize=True)
+    assert r.ok and "OM734" in codes(r.findings), [f.one_paragraph() for f in r.findings]
+    fused = next(f for f in r.findings if f.code == "OM734")
+    assert f"written to {tmp_path / 'pkg'}:" in fused.message
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "pkg" / "model.onnx"),
+                                        load_external_data=False).graph.node}
+    assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= ops
+    cfg = json.loads((tmp_path / "pkg" / "genai_config.json").read_text())
+    assert cfg["search"]["past_present_share_buffer"] is True
+    assert runs == [1]  # PyTorch generated once: the fused package judged by the same run
+    assert r.timings["optimize"] > 0 and r.stages["generate"] == "passed"
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]  # no temporary folder left
+
+
+@pytest.mark.slow
+def test_export_optimize_keeps_the_plain_package_when_the_fused_one_is_wrong(
+        llama, tmp_path, monkeypatch):
+    from onnxmedic.optimize import fuse_decoder
+
+    model, tok, _, _ = llama
+    real = fuse_decoder.fuse_graph
+
+    def wrong_rotary(src, dst, **kw):  # GroupQueryAttention's sin cache 2 % off
+        out = real(src, dst, **kw)
+        proto = onnx.load(str(dst))
+        t = next(i for i in proto.graph.initializer if i.name == "gqa/sin_cache")
+        t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 1.02, t.name))
+        onnx.save(proto, str(dst))
+        return out
+
+    monkeypatch.setattr(fuse_decoder, "fuse_graph", wrong_rotary)
+    r = export_generation(model, tmp_path / "pkg", tokenizer=tok, steps=STEPS,
+                          prompts=["Return the"], optimize=True)
+    rejected = [f for f in r.findings if f.code == "OM735"]
+    assert r.ok and rejected and rejected[0].severity == "warning", codes(r.findings)
+    assert "first divergence" in rejected[0].message and "plain package" in rejected[0].message
+    assert f"not written to {tmp_path / 'pkg'}:" in rejected[0].message
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "pkg" / "model.onnx")).graph.node}
+    assert "GroupQueryAttention" not in ops  # the plain package, verified, is written
+    if gen_verify.genai_available():  # and onnxruntime-genai generated from it
+        assert r.generation.tokens_genai == r.generation.tokens_torch
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
+
+
+def test_export_optimize_at_another_precision_is_said(llama, tmp_path):
+    from onnxmedic.hf import export_pretrained
+
+    model, tok, _, _ = llama
+    r = export_pretrained(model, tmp_path / "pkg", task="text-generation-with-past",
+                          verify=False, optimize=True, precision="fp16")
+    said = [f for f in r.findings if f.code == "OM835"]
+    assert said and "--precision int4" in said[0].message, codes(r.findings)
+    assert r.path == str(tmp_path / "pkg") and "OM734" not in codes(r.findings)

@@ -246,7 +246,9 @@ def export_pretrained(
     images from the config and preprocessor_config.json, audio through the folder's feature
     extractor. The outputs are named as optimum names them (last_hidden_state, logits,
     start_logits, sentence_embedding ...). ``*-with-past`` tasks write a generation package
-    folder at ``f``. Problems of the checkpoint are findings (OM800-OM809), as with export();
+    folder at ``f`` (with ``optimize``, text-generation-with-past's is the fused package when
+    it verifies: docs/generation.md). Problems of the checkpoint are findings (OM800-OM809), as
+    with export();
     ``options``: further :func:`onnxmedic.export` options (timeout, tolerance, ...).
     """
     _check_args(model, task, dtype, dynamic, options)
@@ -283,16 +285,38 @@ def _export_generation(loaded: Loaded, f: Any, opset: Any, verify: bool, report:
     if f is None:
         raise ValueError("onnxmedic.export_pretrained: a *-with-past task writes a folder; "
                          "give it as f")
+    why = _not_fusable(loaded.task, options)
     if loaded.task != "text-generation-with-past":  # an encoder-decoder (hf/seq2seq.py)
         from onnxmedic.hf import seq2seq
 
-        return seq2seq.export_seq2seq(
+        res = seq2seq.export_seq2seq(
             loaded.model, f, tokenizer=loaded.tokenizer, processor=loaded.processor,
-            task=loaded.task, verify=verify, opset=opset, report=report,
+            task=loaded.task, verify=verify, opset=opset, report=None,
             timeout=options.get("timeout"))
-    return generation.export_generation(
-        loaded.model, f, tokenizer=loaded.tokenizer, task=loaded.task, verify=verify,
-        opset=opset, report=report, timeout=options.get("timeout"))
+    else:
+        res = generation.export_generation(
+            loaded.model, f, tokenizer=loaded.tokenizer, task=loaded.task, verify=verify,
+            opset=opset, report=None, timeout=options.get("timeout"),
+            optimize=bool(options.get("optimize")) and why is None)
+    if why is not None:
+        res.findings.append(generation.not_optimized(why))
+    return _finish(res, report)
+
+
+def _not_fusable(task: str, options: dict[str, Any]) -> str | None:
+    """Why ``--optimize`` does not apply to this package (None when it does, or when not
+    asked for): a decoder package is fused at float32 (optimize/fuse_decoder.py)."""
+    if not options.get("optimize"):
+        return None
+    if task != "text-generation-with-past":
+        return (f"{task} packages have no fused variant (the decoder-only "
+                "text-generation-with-past package has)")
+    precision = options.get("precision") or "fp32"
+    if precision != "fp32":
+        return (f"a generation package is optimized at fp32 here (its decoder fused); "
+                f"--precision {precision} for it is `onnxmedic optimize PACKAGE hf:CHECKPOINT "
+                "-o OUT --precision int4` (docs/int4.md)")
+    return None
 
 
 def _dynamic(dynamic: Any, module: torch.nn.Module, ex: tasks.Example) -> Any:

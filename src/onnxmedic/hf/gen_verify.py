@@ -14,6 +14,7 @@ onnxruntime-genai cannot load or run the folder.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import logging
 import subprocess
@@ -43,6 +44,16 @@ CHILD = Path(__file__).resolve().parent / "gen_genai_child.py"
 
 
 @dataclass
+class TorchRun:
+    """PyTorch's side of one prompt: its greedy tokens, each step's logits, and their float64
+    references (None until computed: only a prompt whose ONNX generation ran needs them)."""
+
+    tokens: list[int]
+    logits: list[np.ndarray]
+    refs: list[np.ndarray | None] | None = None
+
+
+@dataclass
 class GenerationCheck:
     """The verdict on a package's generation. ``comparisons``: each step's logits judged."""
 
@@ -55,6 +66,9 @@ class GenerationCheck:
     tokens_genai: list[list[int]] | None = None
     divergence: dict[str, Any] | None = None  # prompt, step, position, tokens
     seconds: dict[str, float] = field(default_factory=dict)
+    # PyTorch's side per (prompt ids, steps): another candidate of the same model (a fused
+    # package) is judged against the same runs instead of running the model again
+    torch_runs: dict[tuple[Any, ...], TorchRun] = field(default_factory=dict, repr=False)
 
     def fail(self, *findings: Finding) -> None:
         self.ok = False
@@ -109,13 +123,30 @@ def _first(value: Any) -> Any:
 def torch_generation(model: Any, ids: list[int], steps: int
                      ) -> tuple[list[int], list[np.ndarray]]:
     """PyTorch's greedy tokens and, per step, the logits ONNX Runtime's step returns: all the
-    prompt's positions at the prefill, the new token's after."""
+    prompt's positions at the prefill, the new token's after. The prefill's are those of
+    ``generate``'s own first call (every position kept: ``logits_to_keep=0``), not of a second
+    forward pass over the prompt."""
     x = torch.tensor([ids])
     mask = torch.ones_like(x)
-    with torch.no_grad():
-        out = model.generate(x, attention_mask=mask, generation_config=_neutral_config(
-            model, steps))
-        prefill = model(input_ids=x, attention_mask=mask, use_cache=False).logits
+    first: list[torch.Tensor] = []
+
+    def prefill_logits(_module: Any, _args: Any, out: Any) -> None:
+        if not first:
+            first.append(out.logits if hasattr(out, "logits") else out[0])
+
+    keep_all = ({"logits_to_keep": 0} if "logits_to_keep" in
+                inspect.signature(model.forward).parameters else {})
+    hook = model.register_forward_hook(prefill_logits)
+    try:
+        with torch.no_grad():
+            out = model.generate(x, attention_mask=mask, generation_config=_neutral_config(
+                model, steps), **keep_all)
+    finally:
+        hook.remove()
+    prefill = first[0] if first and tuple(first[0].shape[:2]) == (1, len(ids)) else None
+    if prefill is None:  # a model whose generate calls it otherwise: the prompt again
+        with torch.no_grad():
+            prefill = model(input_ids=x, attention_mask=mask, use_cache=False).logits
     tokens = out.sequences[0, len(ids):].tolist()
     logits = [prefill.float().numpy()] + [lg[:, None, :].float().numpy()
                                           for lg in out.logits[1:]]
@@ -137,8 +168,9 @@ def reference_steps(model: Any, ids: list[int], tokens: list[int], expected: lis
     sequence (prompt and generated tokens), sliced as the steps return them."""
     seq = torch.tensor([ids + tokens[:-1]])
     wrapped = _Logits(model).eval()
-    with torch.no_grad():
-        full = wrapped(seq).float().numpy()
+    # the float32 output's shape and dtype, which reference_outputs matches the reference
+    # against (not a float32 run over the sequence: the steps' logits are ``expected``)
+    full = np.broadcast_to(np.float32(0), (1, seq.shape[1], expected[0].shape[-1]))
     ref = reference_outputs(wrapped, [Inputs(args=(seq,))], [[full]]).outputs
     whole = ref[0][0] if ref and ref[0] else None
     if whole is None:
@@ -335,6 +367,13 @@ def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: 
             return
 
 
+def genai_check(folder: Path, check: GenerationCheck, model: Any, steps: int,
+                timeout: float) -> None:
+    """onnxruntime-genai generating from ``folder`` against ``check``'s PyTorch tokens (what
+    verify_generation does last, with ``genai``), its findings in ``check``."""
+    genai_generation(folder, check, steps, timeout, _eos_ids(model))
+
+
 def _eos_ids(model: Any) -> set[int]:
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None:
@@ -342,34 +381,50 @@ def _eos_ids(model: Any) -> set[int]:
     return set(eos) if isinstance(eos, (list, tuple)) else {eos} if eos is not None else set()
 
 
+def _torch_run(check: GenerationCheck, model: Any, ids: list[int], steps: int) -> TorchRun:
+    """PyTorch's side of a prompt, from ``check.torch_runs`` or run now (and kept there)."""
+    key = (tuple(ids), steps)
+    run = check.torch_runs.get(key)
+    if run is None:
+        tt = time.perf_counter()
+        run = check.torch_runs[key] = TorchRun(*torch_generation(model, ids, steps))
+        check.seconds["torch"] = check.seconds.get("torch", 0.0) + time.perf_counter() - tt
+    return run
+
+
 def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, steps: int = 8,
                       prompts: Any = None, program: Any = None,
-                      timeout: float = sandbox.DEFAULT_TIMEOUT, genai: bool = True
+                      timeout: float = sandbox.DEFAULT_TIMEOUT, genai: bool = True,
+                      torch_runs: dict[tuple[Any, ...], TorchRun] | None = None
                       ) -> GenerationCheck:
     """Verify the generation package in ``folder`` against ``model`` (see the module
-    docstring). ``program``: the graph's ExportedProgram, for localising a divergence."""
+    docstring). ``program``: the graph's ExportedProgram, for localising a divergence.
+    ``torch_runs``: an earlier check's ``torch_runs`` for the same model (PyTorch's tokens,
+    logits and references reused, not computed again), filled in place."""
     folder = Path(folder)
     path = folder / "model.onnx"
     check = GenerationCheck()
     layout = graph_layout(onnx.load(str(path), load_external_data=False))
     check.prompts = prompt_ids(tokenizer, prompts, int(model.config.vocab_size))
+    if torch_runs is not None:
+        check.torch_runs = torch_runs
     t0 = time.perf_counter()
     with sandbox.reuse():
         for p, ids in enumerate(check.prompts):
-            tt = time.perf_counter()
-            torch_tokens, expected = torch_generation(model, ids, steps)
-            check.seconds["torch"] = check.seconds.get("torch", 0.0) + time.perf_counter() - tt
+            run = _torch_run(check, model, ids, steps)
             tt = time.perf_counter()
             tokens, actual, feeds = onnx_generation(path, layout, ids, steps, timeout, check)
             check.seconds["onnx"] = check.seconds.get("onnx", 0.0) + time.perf_counter() - tt
-            check.tokens_torch.append(torch_tokens)
+            check.tokens_torch.append(run.tokens)
             check.tokens_onnx.append(tokens)
             if len(tokens) < steps:  # a failed run: its finding is in check
                 return check
-            tt = time.perf_counter()
-            refs = reference_steps(model, ids, torch_tokens, expected)
-            check.seconds["reference"] = (check.seconds.get("reference", 0.0)
-                                          + time.perf_counter() - tt)
+            if run.refs is None:
+                tt = time.perf_counter()
+                run.refs = reference_steps(model, ids, run.tokens, run.logits)
+                check.seconds["reference"] = (check.seconds.get("reference", 0.0)
+                                              + time.perf_counter() - tt)
+            torch_tokens, expected, refs = run.tokens, run.logits, run.refs
             bad = judge_prompt(check, p, len(ids), torch_tokens, tokens, expected, actual, refs)
             if bad is not None:
                 if program is not None:

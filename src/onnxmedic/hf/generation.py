@@ -30,7 +30,7 @@ import torch
 from onnxmedic import sandbox
 from onnxmedic.findings import error, info, warning
 from onnxmedic.hf.gen_config import write_side_files
-from onnxmedic.hf.gen_verify import verify_generation
+from onnxmedic.hf.gen_verify import genai_check, verify_generation
 from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD, replace_folder
 from onnxmedic.result import STAGES, ExportResult, stages_of
 
@@ -296,8 +296,8 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
                       tokenizer: Any = None, task: str = "text-generation-with-past",
                       verify: bool = True, steps: int = 8, prompts: Any = None,
                       opset: int | None = None, report: str | os.PathLike[str] | None = None,
-                      timeout: float | None = None, keep_unverified: bool = False
-                      ) -> ExportResult:
+                      timeout: float | None = None, keep_unverified: bool = False,
+                      optimize: bool = False) -> ExportResult:
     """Write a generation package for ``model`` (a loaded transformers causal LM) at
     ``out_dir``: one decoder graph with its KV cache serving prefill and decode,
     genai_config.json, the model's configs and the tokenizer's files (see the module
@@ -305,8 +305,11 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
     ``prompts`` (strings through ``tokenizer``, or lists of ids) in ONNX Runtime and in
     onnxruntime-genai must match PyTorch's ``generate(do_sample=False)``, each step's logits
     within the float64 budget. The folder is written only when verified (or with
-    ``keep_unverified``); an existing folder is replaced only then. Problems of the model are
-    findings of the returned ExportResult."""
+    ``keep_unverified``); an existing folder is replaced only then. With ``optimize``, the
+    verified package's decoder fused by ONNX Runtime's transformer fusions
+    (optimize/fuse_decoder.py) is written instead when its generation verifies against the
+    same PyTorch runs (OM734); else the plain package is (OM735, a warning). Problems of the
+    model are findings of the returned ExportResult."""
     if task not in TASKS:
         raise ValueError(f"onnxmedic.export_generation: task must be one of "
                          f"{', '.join(TASKS)}, not {task!r}")
@@ -317,7 +320,7 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
     result.generation = None  # type: ignore[attr-defined]  # gen_verify.GenerationCheck
     with result.guard():
         _export_package(result, model, out, tokenizer, verify, steps, prompts, opset,
-                        timeout, keep_unverified)
+                        timeout, keep_unverified, optimize)
     if report is not None:
         from onnxmedic.report import write_report
 
@@ -327,7 +330,7 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
 
 def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any, verify: bool,
                     steps: int, prompts: Any, opset: int | None, timeout: float,
-                    keep_unverified: bool) -> None:
+                    keep_unverified: bool, optimize: bool) -> None:
     why = _not_a_decoder(model)
     if why is not None:
         result.fail("preflight", _cannot_serve(why))
@@ -346,7 +349,7 @@ def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any,
                 result.fail("preflight", _cannot_serve(why))
                 return
             _build_and_check(result, model, out, tmp, tokenizer, verify, steps, prompts, opset,
-                             timeout, keep_unverified)
+                             timeout, keep_unverified, optimize)
         finally:
             model.train(was_training)
     finally:
@@ -355,7 +358,7 @@ def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any,
 
 def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tokenizer: Any,
                      verify: bool, steps: int, prompts: Any, opset: int | None,
-                     timeout: float, keep_unverified: bool) -> None:
+                     timeout: float, keep_unverified: bool, optimize: bool) -> None:
     built = _graph(result, model, tmp, opset, timeout)
     if built is None:
         result.findings.append(not_written(out))
@@ -374,16 +377,67 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tok
     verified = True
     if verify:
         with result.stage("generate") as st:
+            # with optimize, onnxruntime-genai generates from the package that is written:
+            # the fused one, or this one where the fused one does not verify (_fused)
             check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,
-                                      program=program, timeout=timeout, genai=genai)
+                                      program=program, timeout=timeout,
+                                      genai=genai and not optimize)
             result.verification.extend(check.comparisons)
             result.findings.extend(check.findings)
             result.generation = check  # type: ignore[attr-defined]
+            if check.ok and optimize:
+                tmp = _fused(result, model, tokenizer, (tmp, out), (steps, prompts, genai),
+                             timeout, check)
             result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
             if not check.ok:
                 st.fail()
         verified = check.ok
+    elif optimize:
+        result.findings.append(not_optimized("the package is not verified (verify=False), and "
+                                             "a fused package is written only when verified"))
     finish_package(result, tmp, out, files, verified, keep_unverified)
+
+
+def _fused(result: ExportResult, model: Any, tokenizer: Any, folders: tuple[Path, Path],
+           how: tuple[int, Any, bool], timeout: float, check: Any) -> Path:
+    """The verified package in ``tmp`` (``folders``: tmp, and the package's folder ``out``)
+    fused (optimize/fuse_decoder.py), verified as it was (``how``: steps, prompts, whether in
+    onnxruntime-genai) against the PyTorch runs ``check`` made: the folder to write
+    (``tmp/fused``), or ``tmp`` when the fused one does not verify (its OM735 a warning: the
+    plain package is written)."""
+    from onnxmedic.optimize.fuse_decoder import fuse_package
+
+    tmp, out = folders
+    steps, prompts, genai = how
+    with result.timed("optimize"):
+        fused = fuse_package(tmp, tmp / "fused", model, tokenizer, steps=steps,
+                             prompts=prompts, genai=genai, timeout=timeout,
+                             torch_runs=check.torch_runs)
+    if fused.ok:
+        for f in fused.findings:
+            if f.code == "OM734":  # the folder it names is the package's, once in place
+                f.message = f.message.replace(str(tmp / "fused"), str(out))
+                result.findings.append(f)
+        return tmp / "fused"
+    for f in fused.findings:
+        if f.code == "OM735":
+            result.findings.append(warning(
+                "OM735", "optimize", f.message.replace(str(tmp / "fused"), str(out))
+                + "; the plain package is written instead.",
+                suggestion="Nothing to do: the plain package is verified. Report the figures "
+                "above if the fused decoder should match."))
+    if genai:  # the plain package is the one written: onnxruntime-genai generates from it
+        known = len(check.findings)
+        genai_check(tmp, check, model, steps, timeout)
+        result.findings.extend(check.findings[known:])
+    return tmp
+
+
+def not_optimized(why: str) -> Any:
+    """OM835: ``--optimize`` asked for a package it does not apply to; the plain package is
+    exported as without it."""
+    return warning("OM835", "optimize", f"the package is not optimized: {why}; it is "
+                   "exported as without --optimize.")
 
 
 def finish_package(result: ExportResult, tmp: Path, out: Path, files: list[str], verified: bool,

@@ -15,7 +15,8 @@ from onnxmedic.optimize.passes import calibration_error
 def add_export_flags(e: argparse.ArgumentParser) -> None:
     """``--optimize`` and ``--precision`` on ``onnxmedic export``."""
     e.add_argument("--optimize", action="store_true",
-                   help="write the fastest variant that still verifies (onnxmedic optimize)")
+                   help="write the fastest variant that still verifies (onnxmedic optimize; "
+                   "a text-generation-with-past package: its decoder fused, docs/generation.md)")
     e.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32",
                    help="with --optimize: float32 passes only, or also int8 (CPU) or float16 "
                    "(GPU targets; float32 I/O, measured block list)")

@@ -114,8 +114,11 @@ def _ort_fusions(model: Any) -> dict[str, int]:
     from onnxscript.rewriter.ort_fusions import _core, softmax
     from onnxscript.rewriter.rules.common import _gemm_to_matmul_add
 
+    from onnxmedic.rewrite_speed import sibling_slices
+
     rewrite(model, [_gemm_to_matmul_add.gemm_to_matmul_add_rule])
-    model, counts = _core.fuse_xformers(model)
+    with sibling_slices():  # fuse_xformers runs onnxscript's optimizer twice
+        model, counts = _core.fuse_xformers(model)
     rewrite(model, [*softmax.rules.rules])
     ir.passes.Sequential(
         common_passes.LiftConstantsToInitializersPass(lift_all_constants=False, size_limit=1),
@@ -175,12 +178,14 @@ def _rejected_finding(res: FuseResult, folder: Path) -> Any:
 def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
                  tokenizer: Any = None, *, steps: int = 8, prompts: Any = None,
                  genai: bool = True, timeout: float | None = None,
-                 mutate: Any = None) -> FuseResult:
+                 mutate: Any = None, torch_runs: dict[Any, Any] | None = None) -> FuseResult:
     """Write ``out``: the generation package ``folder`` with its decoder fused (see the module
     docstring), verified against ``model`` (the PyTorch causal LM the package was exported
     from) by greedy generation of ``steps`` tokens per prompt in ONNX Runtime and, with
     ``genai``, onnxruntime-genai. ``mutate(proto)`` (tests) edits the fused graph before it
-    is verified. Nothing is written at ``out`` unless verified."""
+    is verified. ``torch_runs``: the plain package's check's (gen_verify.GenerationCheck
+    ``torch_runs``): PyTorch's tokens, logits and references, not computed again. Nothing is
+    written at ``out`` unless verified."""
     from onnxmedic import sandbox
     from onnxmedic.hf.gen_verify import verify_generation
 
@@ -203,7 +208,8 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
                                                        load_external_data=False)).items()
                    if k in FUSED_OPS}
         res.check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,
-                                      genai=genai, timeout=timeout or sandbox.DEFAULT_TIMEOUT)
+                                      genai=genai, timeout=timeout or sandbox.DEFAULT_TIMEOUT,
+                                      torch_runs=torch_runs)
         res.findings.extend(res.check.findings)
         if not res.check.ok:
             res.findings.append(_rejected_finding(res, out))

@@ -276,7 +276,8 @@ def remove_dead(graph: Any) -> int:
     removed = len(graph.node) - len(keep)
     del graph.node[:]
     graph.node.extend(reversed(keep))
-    inits = [i for i in graph.initializer if i.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(inits)
+    # deleted in place: extending the field with the kept ones would copy every weight
+    for i in reversed(range(len(graph.initializer))):
+        if graph.initializer[i].name not in needed:
+            del graph.initializer[i]
     return removed

@@ -35,6 +35,7 @@ from onnxmedic.fixes.rewrites import REWRITES, strides_from_sizes
 from onnxmedic.fixes.shapes import static_dim_params
 from onnxmedic.onnxfile import graph_proto, opset_of
 from onnxmedic.ops import REGISTRY, TranslationRegistry
+from onnxmedic.rewrite_speed import sibling_slices
 from onnxmedic.stages.capture import declared_dim_findings, report_auto_dims
 from onnxmedic.verify.replay import record_removed_nodes
 
@@ -73,14 +74,16 @@ def onnx_export(program: torch.export.ExportedProgram, args: tuple[Any, ...],
         opset = default_opset()
     reg = (registry if registry is not None else _PLAIN).onnx_registry(opset)
     # torch.onnx decomposes the program again: with the shape rules its capture used
-    with symbolic_shape_rules(has_symbolic_inputs(program)):
+    # onnxscript's optimizer without its quadratic Slice-pair matching (rewrite_speed.py)
+    with symbolic_shape_rules(has_symbolic_inputs(program)), sibling_slices():
         prog = core_export(program, args, kwargs, registry=reg, opset=opset,
                            optimize=weights is None)
     if weights is not None:
         left = bind_weights(prog, weights)
         if left:
             raise RuntimeError(f"no real value for the fake weight(s) {', '.join(left[:5])}")
-        prog.optimize()
+        with sibling_slices():
+            prog.optimize()
     return prog
 
 
@@ -91,6 +94,11 @@ def decompose_for_export(program: torch.export.ExportedProgram, reg: Any) -> Any
 
 
 _PLAIN = TranslationRegistry(_loaded=True)  # no onnxmedic entries: plain torchlib
+
+
+def onnx_registry_plain(opset: int) -> Any:
+    """torch.onnx's registry of plain torchlib (no onnxmedic entries) at ``opset``."""
+    return _PLAIN.onnx_registry(opset)
 
 
 def _op_name(target: Any) -> str:
