@@ -165,7 +165,7 @@ def one(zoo: str, name: str, threads: int, latency_runs: int = 15,
 
     entry = next(e for e in load_zoo(zoo) if e.name == name)
     factory = getattr(import_source(entry.source), entry.attr)[name]
-    rec: dict[str, Any] = {"name": name}
+    rec: dict[str, Any] = {"name": name, "threads": threads}
     _warm_up()
     with tempfile.TemporaryDirectory() as td:
         if tool in ("both", "torch.onnx"):
