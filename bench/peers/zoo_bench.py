@@ -1,13 +1,15 @@
 """The zoo benchmark: plain torch.onnx.export(dynamo=True) against onnxmedic, one table.
 
-For every entry of a zoo (default: bench/zoo/hf.py:ALL), in its own worker process with a
-timeout (the same isolation as `onnxmedic sweep`):
+For every entry of a zoo (default: bench/zoo/hf.py:ALL), each tool in a fresh worker process of
+its own with a timeout (the same isolation as `onnxmedic sweep`), after the same warm-up (both
+tools export and verify a tiny conv net: imports and one-time set-up are paid before timing):
 
 - torch.onnx: ``torch.onnx.export(..., dynamic_shapes=..., dynamo=True, verify=True)``, then the
   model is run in ONNX Runtime at the example and at each dynamic dimension's size 1 and 2x and
   compared with PyTorch (onnxmedic's tolerances) - "exported and verified at several shapes";
 - onnxmedic: ``onnxmedic.export(...)`` (which verifies at the same shapes, in its sandbox);
-- export wall time of both (verification on in both) and their ratio;
+- export wall time of both (verification on in both: torch.onnx's ``verify=True``, onnxmedic's
+  sandboxed verification) and their ratio;
 - ONNX Runtime latency of the exported model against PyTorch eager on the CPU (median);
 - the worker's peak resident memory.
 
@@ -66,9 +68,91 @@ def _check_at_shapes(path: str, case: Any) -> tuple[bool, str, float]:
                    else "not verified"), worst
 
 
-def one(zoo: str, name: str, threads: int, latency_runs: int = 15) -> dict[str, Any]:
+def _warm_up() -> None:
+    """The same one-time costs paid before either tool is timed, in every worker: imports,
+    torch.export's and torch.onnx's set-up, ONNX Runtime, onnxmedic's modules - both tools
+    export and verify a tiny conv net once."""
+    import torch
+
+    import onnxmedic
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 6 * 6, 2)).eval()
+    args = (torch.randn(2, 3, 8, 8),)
+    dyn = ({0: "batch"},)
+    torch.onnx.export(model, args, dynamic_shapes=dyn, dynamo=True, verify=True, verbose=False)
+    with tempfile.TemporaryDirectory() as td:
+        onnxmedic.export(model, args, f"{td}/warm.onnx", dynamic_shapes=dyn)
+
+
+def _torch_onnx(case: Any, td: str) -> dict[str, Any]:
+    """torch.onnx.export(dynamo=True, verify=True) timed (wall, the file saved), then its file
+    judged at several shapes by onnxmedic.verify (not timed)."""
+    import torch
+
+    t0 = time.perf_counter()
+    try:
+        prog = torch.onnx.export(case.model, case.args, kwargs=case.kwargs,
+                                 dynamic_shapes=case.dynamic_shapes, dynamo=True,
+                                 verify=True, verbose=False)
+        prog.save(f"{td}/plain.onnx")
+        seconds = time.perf_counter() - t0
+    except Exception as e:
+        inner = e  # torch.onnx wraps the cause in a step banner; report the cause
+        while inner.__cause__ is not None:
+            inner = inner.__cause__
+        return {"torch_onnx_seconds": time.perf_counter() - t0, "torch_onnx_ok": False,
+                "torch_onnx_error": f"{type(inner).__name__}: "
+                f"{(str(inner).strip().splitlines() or [''])[0][:300]}"}
+    ok, why, err = _check_at_shapes(f"{td}/plain.onnx", case)
+    return {"torch_onnx_seconds": seconds, "torch_onnx_ok": ok, "torch_onnx_error": why,
+            "torch_onnx_max_abs": err}
+
+
+def _onnxmedic(entry: Any, case: Any, td: str, threads: int,
+               latency_runs: int) -> dict[str, Any]:
+    """onnxmedic.export with its verification, timed (wall), and the latency of its file."""
+    import torch
+
+    from onnxmedic.sweep.worker import export_case
+
+    med = export_case(entry, case, {"out_dir": td, "verify": True}, time.perf_counter())
+    rec = {"onnxmedic_ok": med["ok"], "onnxmedic_seconds": med["export_seconds"],
+           "onnxmedic_max_abs": med["max_abs"], "failed_stage": med["failed_stage"],
+           "onnxmedic_findings": sorted({f["code"] for f in med["findings"]}),
+           "onnxmedic_error": next((f"{f['code']}: {f['message'][:300]}"
+                                    for f in med["findings"] if f["severity"] == "error"), ""),
+           "note": med["note"], "check": med.get("check"),
+           "onnxmedic_timings": med.get("timings")}
+    if med["ok"] and latency_runs > 0:
+        import onnx
+        import onnxruntime as ort
+
+        from onnxmedic.onnxfile import graph_io, make_feeds
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        path = med["path"]
+        sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        feeds = make_feeds(graph_io(onnx.load(path, load_external_data=False))[0],
+                           case.args, case.kwargs)
+        rec["ort_ms"] = _median_ms(lambda: sess.run(None, feeds), min(3, latency_runs),
+                                   latency_runs)
+        with torch.no_grad():
+            rec["eager_ms"] = _median_ms(lambda: case.model(*case.args, **case.kwargs),
+                                         min(3, latency_runs), latency_runs)
+    return rec
+
+
+TOOLS = ("torch.onnx", "onnxmedic")
+
+
+def one(zoo: str, name: str, threads: int, latency_runs: int = 15,
+        tool: str = "both") -> dict[str, Any]:
     """Everything for one entry, in this (worker) process (``latency_runs``: timed runs of
-    ONNX Runtime and eager each, median taken; 0 leaves latency out)."""
+    ONNX Runtime and eager each, median taken; 0 leaves latency out). ``tool``: one of
+    TOOLS (main runs each in a worker of its own, after the same warm-up) or "both" (in this
+    process, torch.onnx first)."""
     import logging
 
     import torch
@@ -77,60 +161,33 @@ def one(zoo: str, name: str, threads: int, latency_runs: int = 15) -> dict[str, 
     logging.disable(logging.WARNING)
     torch.set_num_threads(threads)
     from onnxmedic.sweep import as_case, import_source, load_zoo
-    from onnxmedic.sweep.worker import export_case, peak_rss_mb
+    from onnxmedic.sweep.worker import peak_rss_mb
 
     entry = next(e for e in load_zoo(zoo) if e.name == name)
     factory = getattr(import_source(entry.source), entry.attr)[name]
-    rec: dict[str, Any] = {"name": name}
-    # warm-up: imports and torch.onnx's one-time set-up are paid before either is timed
-    torch.onnx.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),), dynamo=True, verbose=False)
+    rec: dict[str, Any] = {"name": name, "threads": threads}
+    _warm_up()
     with tempfile.TemporaryDirectory() as td:
-        case = as_case(factory(), name)
-        t0 = time.perf_counter()
-        try:
-            prog = torch.onnx.export(case.model, case.args, kwargs=case.kwargs,
-                                     dynamic_shapes=case.dynamic_shapes, dynamo=True,
-                                     verify=True, verbose=False)
-            prog.save(f"{td}/plain.onnx")
-            rec["torch_onnx_seconds"] = time.perf_counter() - t0
-            ok, why, err = _check_at_shapes(f"{td}/plain.onnx", case)
-            rec.update(torch_onnx_ok=ok, torch_onnx_error=why, torch_onnx_max_abs=err)
-        except Exception as e:
-            inner = e  # torch.onnx wraps the cause in a step banner; report the cause
-            while inner.__cause__ is not None:
-                inner = inner.__cause__
-            rec.update(torch_onnx_seconds=time.perf_counter() - t0, torch_onnx_ok=False,
-                       torch_onnx_error=f"{type(inner).__name__}: "
-                       f"{(str(inner).strip().splitlines() or [''])[0][:300]}")
-        case = as_case(factory(), name)  # a fresh model: nothing left over from torch.onnx
-        med = export_case(entry, case, {"out_dir": td, "verify": True}, time.perf_counter())
-        rec.update(onnxmedic_ok=med["ok"], onnxmedic_seconds=med["export_seconds"],
-                   onnxmedic_max_abs=med["max_abs"], failed_stage=med["failed_stage"],
-                   onnxmedic_findings=sorted({f["code"] for f in med["findings"]}),
-                   onnxmedic_error=next((f"{f['code']}: {f['message'][:300]}"
-                                         for f in med["findings"]
-                                         if f["severity"] == "error"), ""),
-                   note=med["note"], check=med.get("check"),
-                   onnxmedic_timings=med.get("timings"))
-        if med["ok"] and latency_runs > 0:
-            import onnxruntime as ort
-
-            from onnxmedic.onnxfile import graph_io, make_feeds
-
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = threads
-            path = med["path"]
-            sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-            import onnx
-
-            feeds = make_feeds(graph_io(onnx.load(path, load_external_data=False))[0],
-                           case.args, case.kwargs)
-            rec["ort_ms"] = _median_ms(lambda: sess.run(None, feeds), min(3, latency_runs),
-                                       latency_runs)
-            with torch.no_grad():
-                rec["eager_ms"] = _median_ms(lambda: case.model(*case.args, **case.kwargs),
-                                             min(3, latency_runs), latency_runs)
+        if tool in ("both", "torch.onnx"):
+            rec.update(_torch_onnx(as_case(factory(), name), td))
+        if tool in ("both", "onnxmedic"):  # a fresh model: nothing left over from torch.onnx
+            rec.update(_onnxmedic(entry, as_case(factory(), name), td, threads, latency_runs))
     rec["peak_rss_mb"] = peak_rss_mb()
+    return rec
+
+
+def run_pair(zoo: str, name: str, timeout: float, threads: int,
+             extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """torch.onnx and onnxmedic on one entry, each in a fresh worker (one after the other,
+    each with ``timeout`` and the same warm-up): one record. Peak memory is onnxmedic's
+    worker's; a crashed worker's message is kept under "crashed"."""
+    rec: dict[str, Any] = {"name": name}
+    for tool in TOOLS:
+        r = _run_child(zoo, name, timeout, threads, __file__, (*extra, "--tool", tool))
+        if "crashed" in r:
+            return {**rec, **r, "crashed": f"{tool}: {r['crashed']}"}
+        seconds = rec.get("seconds", 0.0) + r.pop("seconds", 0.0)
+        rec.update(r, seconds=seconds)
     return rec
 
 
@@ -176,6 +233,8 @@ def zoo_flags(doc: str, zoo: str, results: str, timeout: float) -> argparse.Argu
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--latency-runs", type=int, default=15,
                     help="timed runs of ONNX Runtime and eager per entry (0: no latency)")
+    ap.add_argument("--tool", default="both", choices=("both", *TOOLS),
+                    help=argparse.SUPPRESS)
     return ap
 
 
@@ -240,7 +299,8 @@ def table(recs: list[dict[str, Any]]) -> str:
 def main() -> int:
     ns = zoo_flags(__doc__, "hf.py:ALL", "zoo_bench.json", 900).parse_args()
     if ns.one:
-        return child_record(ns.out, lambda: one(ns.zoo, ns.one, ns.threads, ns.latency_runs),
+        return child_record(ns.out, lambda: one(ns.zoo, ns.one, ns.threads, ns.latency_runs,
+                                                        ns.tool),
                             {"name": ns.one})
     from onnxmedic.report.files import atomic_write_text
     from onnxmedic.sweep import load_zoo
@@ -254,7 +314,7 @@ def main() -> int:
              (not ns.only or e.name in ns.only.split(","))]
     threads = max(1, (os.cpu_count() or 1) // ns.jobs)
     with ThreadPoolExecutor(ns.jobs) as pool:
-        futs = [pool.submit(_run_child, ns.zoo, n, ns.timeout, threads, __file__,
+        futs = [pool.submit(run_pair, ns.zoo, n, ns.timeout, threads,
                             ("--latency-runs", str(ns.latency_runs))) for n in names]
         for fut in as_completed(futs):
             r = fut.result()

@@ -5,7 +5,7 @@ defines them first (run in .venv-vision: ``make .venv-vision/.installed``). Ever
 dynamic batch; detection entries take one image (the list-of-images API, per-image Python
 loops) with a data-dependent number of detections.
 
-    .venv-vision/bin/python bench/zoo_bench.py --zoo bench/zoo/vision.py:ALL --jobs 1 \
+    .venv-vision/bin/python bench/peers/zoo_bench.py --zoo bench/zoo/vision.py:ALL --jobs 1 \
         --results build/vision_bench.json
     .venv-vision/bin/python -m onnxmedic sweep bench/zoo/vision.py:ALL --jobs 1
 
