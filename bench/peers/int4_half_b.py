@@ -252,26 +252,43 @@ def size_mib(folder: Path) -> float:
                if p.name.startswith("model.onnx")) / 2**20
 
 
-def measure(only: list[str]) -> dict[str, Any]:
-    """Every package in a child per runtime."""
+def _child(name: str, kind: str) -> dict[str, Any]:
+    folder = BUILD / name
+    target = str(_genai_copy(folder) if kind == "genai" else folder)
+    proc = subprocess.run([sys.executable, __file__, f"--child-{kind}", target],
+                          capture_output=True, text=True, timeout=900)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": proc.stderr.strip()[-300:]}
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[-1]
+    out = {k: statistics.median(r[k] for r in ok) for k in ok[0]
+           if isinstance(ok[0][k], (int, float))}
+    out["runs"] = len(ok)
+    return out
+
+
+def measure(only: list[str], rounds: int = 1) -> dict[str, Any]:
+    """Every package in a child per runtime, ``rounds`` times with the packages alternating
+    (ours, the builder's, ...) in each round; each figure the median over the rounds."""
     path = BUILD / "results.json"
     rows = json.loads(path.read_text()) if path.exists() else {}
-    for name in only or PACKAGES:
-        folder = BUILD / name
-        if not (folder / "model.onnx").exists():
-            continue
-        row = {"size_mib": size_mib(folder)}
-        for kind in ("ort", "genai"):
-            target = str(_genai_copy(folder) if kind == "genai" else folder)
-            proc = subprocess.run([sys.executable, __file__, f"--child-{kind}", target],
-                                  capture_output=True, text=True, timeout=900)
-            try:
-                row[kind] = json.loads(proc.stdout.strip().splitlines()[-1])
-            except (IndexError, ValueError):
-                row[kind] = {"error": proc.stderr.strip()[-300:]}
-            print(name, kind, row[kind], flush=True)
-        rows[name] = row
-        path.write_text(json.dumps(rows, indent=1))
+    names = [n for n in (only or PACKAGES) if (BUILD / n / "model.onnx").exists()]
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in range(rounds):
+        for name in names:
+            for kind in ("ort", "genai"):
+                runs.setdefault((name, kind), []).append(_child(name, kind))
+                print(r, name, kind, runs[name, kind][-1], flush=True)
+    for name in names:
+        rows[name] = {"size_mib": size_mib(BUILD / name),
+                      **{kind: _medians(runs[name, kind]) for kind in ("ort", "genai")}}
+    path.write_text(json.dumps(rows, indent=1))
     return rows
 
 
@@ -282,11 +299,11 @@ def write(rows: dict[str, Any], cmd: str) -> None:
         if ln.startswith("Model name")), platform.processor())
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "int4_half_b.json").write_text(json.dumps(rows, indent=1))
-    lines = [f"`{cmd}` (the builder's ORT columns: `--measure --only genai_fp32 genai_int4`, "
-             "whose genai columns were contended and are kept in the .json only) - "
-             f"{datetime.date.today()} - {cpu}, {os.cpu_count()} cores, 2 intra-op "
+    n = max((r.get("ort", {}).get("runs", 1) for r in rows.values()), default=1)
+    lines = [f"`{cmd}` - {datetime.date.today()} - {cpu}, {os.cpu_count()} cores, 2 intra-op "
              f"threads; Qwen2.5-0.5B shape (random weights, float32 checkpoint); decode after a "
-             f"past of {PAST} (ORT) / after a {PREFILL}-token prompt (genai)", "",
+             f"past of {PAST} (ORT) / after a {PREFILL}-token prompt (genai); medians of {n} "
+             "rounds, packages alternating", "",
              "| package | size MiB | ORT decode tok/s | ORT prefill-128 tok/s | ORT peak RSS MiB "
              "| genai decode tok/s | genai prefill-128 tok/s | genai peak RSS MiB |",
              "|---|---|---|---|---|---|---|---|"]
@@ -335,6 +352,8 @@ def main() -> None:
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--rounds", type=int, default=3, help="measure rounds (packages "
+                    "alternating in each; medians)")
     ap.add_argument("--write", action="store_true", help="rewrite the table from the cached "
                     "measurements")
     ap.add_argument("--accuracy", type=Path, metavar="TRAINED",
@@ -360,8 +379,9 @@ def main() -> None:
         write(json.loads((BUILD / "results.json").read_text()),
               "python bench/peers/int4_half_b.py --measure")
     if ns.measure:
-        rows = measure(ns.only)
-        write(rows, "python bench/peers/int4_half_b.py --measure")
+        rows = measure(ns.only, ns.rounds)
+        write(rows, "python bench/peers/int4_half_b.py --measure"
+              + (f" --only {' '.join(ns.only)}" if ns.only else ""))
         print((RESULTS / "int4_half_b.md").read_text())
 
 
