@@ -10,8 +10,10 @@ random weights; ``--checkpoint``). Packages, cached under ``build/half_b``:
 - ``om_fp32``: ``onnxmedic export hf:CKPT --task text-generation-with-past`` (``--plain``
   points at an existing one);
 - ``om_fused``: optimize/fuse_decoder.py's ``fuse_graph`` of it (onnxscript's ORT fusions);
-- ``om_int4``: optimize/int4.py's ``quantize_int4`` of the fused graph at the builder's cell
-  (block 32, accuracy_level 4, LM head 4-bit, embedding float32). Random weights make the task
+- ``om_int4`` / ``om_fused_int4``: optimize/int4.py's ``quantize_int4`` of the plain / fused
+  graph at the builder's cell (block 32, accuracy_level 4, LM head 4-bit; the tied embedding
+  reads the 4-bit head, optimize/int4_embed.py); ``om_fused_int4_b128``: block 128, the cell
+  the int4 search chooses on the trained decoders (bench/peers/int4.py). Random weights make the task
   budget meaningless (near-uniform logits), so the accuracy side of int4 is
   bench/peers/int4.py's trained decoder;
 - ``genai_fp32`` / ``genai_int4``: the builder.
@@ -44,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "half_b"
 RESULTS = ROOT / "bench" / "results"
 CKPT = Path("/work/coord/models/qwen2-0.5b")
-PACKAGES = ("om_fused", "genai_fp32", "om_fused_int4", "genai_int4", "om_fp32", "om_int4")
+PACKAGES = ("om_fused", "genai_fp32", "om_fused_int4", "genai_int4", "om_fused_int4_b128",
+            "om_fp32", "om_int4")
 PAST, PREFILL, DECODE = 128, 128, 32
 
 
@@ -76,7 +79,9 @@ def build(ckpt: Path, plain: Path | None) -> None:
     steps = [("om_fused", om, fuse),
              ("om_int4", om, lambda s, d: print(quantize_int4(s, d, 32, 4, "int4"))),
              ("om_fused_int4", BUILD / "om_fused",
-              lambda s, d: print(quantize_int4(s, d, 32, 4, "int4")))]
+              lambda s, d: print(quantize_int4(s, d, 32, 4, "int4"))),
+             ("om_fused_int4_b128", BUILD / "om_fused",
+              lambda s, d: print(quantize_int4(s, d, 128, 4, "int4")))]
     for name, src, fn in steps:
         dst = BUILD / name
         if (dst / "model.onnx").exists():
