@@ -327,7 +327,31 @@ def write(rows: dict[str, Any], cmd: str) -> None:
     acc = BUILD / "accuracy.json"
     if acc.exists():
         lines += _accuracy_lines(json.loads(acc.read_text()))
+    tied = RESULTS / "int4_peers_figures-tied.json"
+    if tied.exists():
+        lines += _tied_lines(json.loads(tied.read_text()))
     (RESULTS / "int4_half_b.md").write_text("\n".join(lines) + "\n")
+
+
+def _tied_lines(t: dict[str, Any]) -> list[str]:
+    """The accuracy side with the embedding tied to the head, as Qwen2.5's: bench/peers/int4.py
+    --preset figures-tied's figures of ours and the builder's files."""
+    lines = ["", "`python bench/peers/int4.py --preset figures-tied` - the accuracy side, "
+             f"embedding tied to the LM head: train_decoder.py's figures-tied preset "
+             f"({t['parameters'] / 1e6:.1f} M parameters, trained), PyTorch float32 perplexity "
+             f"{t['reference_perplexity']:.4g}; decoder step files, ONNX Runtime (bench/results/"
+             "int4_peers_figures-tied.md)", "",
+             "| file | decode tok/s | prefill-128 tok/s | peak RSS MiB | size MiB | perplexity "
+             "delta | greedy agreement (own) | within budget |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in t["rows"].items():
+        if "error" in r:
+            lines.append(f"| {name} | {r['error']} |||||||")
+            continue
+        lines.append(f"| {name} | {r['decode_tokens_s']:.0f} | {r['prefill_tokens_s']:.0f} | "
+                     f"{r['peak_rss_mib']:.0f} | {r['size_mib']:.2f} | "
+                     f"{r['perplexity_delta_pct']:+.2f} % | {r['agreement_pct']:.1f} % "
+                     f"({r['free_agreement_pct']:.1f} %) | {'yes' if r['within_budget'] else 'no'} |")
+    return lines
 
 
 def _accuracy_lines(a: dict[str, Any]) -> list[str]:
