@@ -58,6 +58,7 @@ def build(ckpt: Path, plain: Path | None) -> None:
     sys.path.insert(0, str(ROOT / "src"))
     from onnxmedic.optimize.fuse_decoder import context_length, fuse_graph, share_buffer
     from onnxmedic.optimize.int4 import quantize_int4
+    from onnxmedic.optimize.int4_package import save_external
 
     BUILD.mkdir(parents=True, exist_ok=True)
     om = BUILD / "om_fp32"
@@ -94,6 +95,8 @@ def build(ckpt: Path, plain: Path | None) -> None:
                 shutil.copy2(p, tmp / p.name)
         t = time.perf_counter()
         fn(str(src / "model.onnx"), str(tmp / "model.onnx"))
+        if "int4" in name:  # as int4_package writes it (the weights in model.onnx.data)
+            save_external(tmp / "model.onnx")
         print(f"{name}: {time.perf_counter() - t:.0f} s", flush=True)
         os.replace(tmp, dst)
 

@@ -88,3 +88,24 @@ def test_an_untied_or_unquantized_head_keeps_the_float_embedding(tmp_path):
         ops = [n.op_type for n in onnx.load(str(dst)).graph.node]
         assert info["embedding"] == "float32" and "Gather" in ops, case
         assert "GatherBlockQuantized" not in ops, case
+
+
+def test_the_int4_package_keeps_its_weights_beside_the_graph(tmp_path):
+    """int4_package.save_external: the weights in model.onnx.data (ONNX Runtime builds the
+    session without the whole protobuf in memory), the outputs unchanged; a second save
+    replaces the data file rather than appending to it."""
+    from onnxmedic.optimize.int4_package import save_external
+
+    src, dst = tmp_path / "f.onnx", tmp_path / "model.onnx"
+    _decoder(src, 64, tied=True)
+    int4.quantize_int4(str(src), str(dst), 32, 0, "int4")
+    ids = np.asarray([[1, 2, 3]], np.int64)
+    before = _run(dst, ids)
+    save_external(dst)
+    data = tmp_path / "model.onnx.data"
+    size = data.stat().st_size
+    assert size > dst.stat().st_size
+    save_external(dst)
+    assert data.stat().st_size == size
+    for a, b in zip(before, _run(dst, ids)):
+        assert np.array_equal(a, b)
