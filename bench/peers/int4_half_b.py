@@ -278,6 +278,7 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out = {k: statistics.median(r[k] for r in ok) for k in ok[0]
            if isinstance(ok[0][k], (int, float))}
     out["runs"] = len(ok)
+    out["decode_tok_s_each"] = [round(r["decode_tok_s"], 1) for r in ok]  # round by round
     return out
 
 
