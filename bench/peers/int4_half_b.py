@@ -126,7 +126,8 @@ def accuracy(trained: Path) -> dict[str, Any]:
            "int4_ok": q.ok, "int4_seconds": time.perf_counter() - t1,
            "seconds": time.perf_counter() - t, "tokens_genai_match": q.tokens_genai == q.tokens_onnx,
            "search": q.search.to_dict() if q.search is not None else None,
-           "parameters": sum(p.numel() for p in model.parameters())}
+           "parameters": sum(p.numel() for p in model.parameters()),
+           "folder": str(trained)}
     (BUILD / "accuracy.json").write_text(json.dumps(out, indent=1, default=str))
     return out
 
@@ -361,8 +362,10 @@ def _tied_lines(t: dict[str, Any]) -> list[str]:
 def _accuracy_lines(a: dict[str, Any]) -> list[str]:
     """The trained decoder's int4 search (``--accuracy``): each candidate's figures."""
     s = a["search"] or {"candidates": []}
-    lines = ["", f"`python bench/peers/int4_half_b.py --accuracy build/trained` - the accuracy "
-             f"side: bench/accuracy/train_decoder.py's figures preset ({a['parameters'] / 1e6:.1f}"
+    folder = a.get("folder", "build/trained")
+    lines = ["", f"`python bench/peers/int4_half_b.py --accuracy {folder}` - the accuracy "
+             f"side: bench/accuracy/train_decoder.py's {Path(folder).name.rsplit('-', 1)[0]} "
+             f"preset ({a['parameters'] / 1e6:.1f}"
              f" M parameters, trained); package fused: {a['fused_ok']} ({a['fused_ops']}); int4 "
              f"package written: {a['int4_ok']} (onnxruntime-genai's tokens = ONNX Runtime's: "
              f"{a['tokens_genai_match']}); chosen: {s.get('chosen')}; PyTorch float32 "
@@ -408,13 +411,17 @@ def main() -> None:
         print(json.dumps(accuracy(ns.accuracy), indent=1, default=str)[:3000])
     if ns.build:
         build(ns.checkpoint, ns.plain)
+    cmd_file = BUILD / "measure_command.txt"  # the command that measured results.json
     if ns.write:
         write(json.loads((BUILD / "results.json").read_text()),
-              "python bench/peers/int4_half_b.py --measure")
+              cmd_file.read_text().strip() if cmd_file.exists()
+              else "python bench/peers/int4_half_b.py --measure")
     if ns.measure:
         rows = measure(ns.only, ns.rounds)
-        write(rows, "python bench/peers/int4_half_b.py --measure"
-              + (f" --only {' '.join(ns.only)}" if ns.only else ""))
+        cmd = ("python bench/peers/int4_half_b.py --measure"
+               + (f" --only {' '.join(ns.only)}" if ns.only else ""))
+        cmd_file.write_text(cmd + "\n")
+        write(rows, cmd)
         print((RESULTS / "int4_half_b.md").read_text())
 
 
