@@ -11,6 +11,7 @@ of the test preset is bit-identical).
 
     python bench/accuracy/train_decoder.py --preset figures   # ~4 M parameters, a few minutes
     python bench/accuracy/train_decoder.py --preset test      # ~0.1 M, seconds (the tests' model)
+    python bench/accuracy/train_decoder.py --preset figures-tied  # figures, embedding = LM head
 
 The folder (``build/decoders/<preset>-<hash>/``: the model's ``save_pretrained`` files,
 ``tokenizer.json``, ``train.json`` with the losses and the held-out perplexity) is cached: a
@@ -45,6 +46,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # took ~5 s a step)
     "figures": dict(vocab=2048, hidden=256, layers=4, heads=8, kv_heads=4, intermediate=688,
                     seq=64, batch=8, steps=400, lr=3e-3, chars=1_000_000, threads=1),
+    # the figures' model with its embedding tied to the LM head (tie_word_embeddings, as
+    # Qwen2.5-0.5B): int4's shared 4-bit embedding (optimize/int4_embed.py) is judged on it
+    "figures-tied": dict(vocab=2048, hidden=256, layers=4, heads=8, kv_heads=4,
+                         intermediate=688, seq=64, batch=8, steps=400, lr=3e-3,
+                         chars=1_000_000, threads=1, tied=True),
 }
 SEED = 1234
 HELD_OUT = 0.05  # the last 5 % of the token stream: not trained on
@@ -84,14 +90,16 @@ def train_tokenizer(text: str, vocab: int) -> Any:
 
 
 def config_for(p: dict[str, Any]) -> Any:
-    """The Llama config of a preset (untied LM head: its own MatMul, as in most decoders)."""
+    """The Llama config of a preset (untied LM head: its own MatMul, as in most decoders;
+    ``tied``: the embedding's table)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(vocab_size=p["vocab"], hidden_size=p["hidden"],
                        num_hidden_layers=p["layers"], num_attention_heads=p["heads"],
                        num_key_value_heads=p["kv_heads"], intermediate_size=p["intermediate"],
                        max_position_embeddings=max(256, 2 * p["seq"]),
-                       tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)
+                       tie_word_embeddings=p.get("tied", False), bos_token_id=0,
+                       eos_token_id=0)
 
 
 def _batches(ids: Any, p: dict[str, Any], gen: Any) -> Any:

