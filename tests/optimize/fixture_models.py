@@ -3,13 +3,26 @@ shares as files)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import onnx
 import torch
 import torch.nn.functional as F
 
 import onnxmedic
+
+
+def export_dynamo(model: torch.nn.Module, args: tuple, path: Path) -> Path:
+    """``model`` exported by plain torch.onnx (dynamo) to ``path``."""
+    torch.onnx.export(model, args, str(path), dynamo=True, verbose=False)
+    return path
+
+
+def op_types(path: Path) -> Counter[str]:
+    """How many nodes of each op type the ONNX file at ``path`` has."""
+    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
 
 
 class NormAttention(torch.nn.Module):

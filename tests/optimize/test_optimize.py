@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -15,24 +14,22 @@ from onnx import TensorProto, helper
 
 import onnxmedic
 from onnxmedic.optimize import Pipeline, files, judge_reduced, optimize, optimize_file, passes
-from tests.optimize.fixture_models import BAG_ARGS, Bags, FeedForward, NormAttention, run_bags
+from tests.optimize.fixture_models import (
+    BAG_ARGS,
+    Bags,
+    FeedForward,
+    NormAttention,
+    export_dynamo,
+    run_bags,
+)
 
 FAST = {"repeats": 3, "rounds": 1}
-
-
-def _export(model: torch.nn.Module, args: tuple, path: Path) -> Path:
-    torch.onnx.export(model, args, str(path), dynamo=True, verbose=False)
-    return path
-
-
-def _ops(path: Path) -> Counter[str]:
-    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
 
 
 def test_optimize_tries_ort_transformers_for_a_transformers_model(tmp_path: Path) -> None:
     model = FeedForward("roberta").eval()
     x = torch.randn(2, 16, 32)
-    src = _export(model, (x,), tmp_path / "m.onnx")
+    src = export_dynamo(model, (x,), tmp_path / "m.onnx")
     res = optimize(src, model, (x,), **FAST)
     ort = next(v for v in res.variants if v.name == "ort-transformers-bert")
     assert ort.verified and ort.fusions == {"BiasGelu": 1, "SkipLayerNormalization": 1}
@@ -46,7 +43,7 @@ def test_optimize_tries_ort_transformers_for_a_transformers_model(tmp_path: Path
 def test_optimize_verifies_and_lists_every_variant(tmp_path: Path) -> None:
     model = NormAttention().eval()
     x = torch.randn(1, 16, 32)
-    src = _export(model, (x,), tmp_path / "m.onnx")
+    src = export_dynamo(model, (x,), tmp_path / "m.onnx")
     res = optimize(src, model, (x,), out=tmp_path / "best.onnx", **FAST)
     names = [v.name for v in res.variants]
     assert names[0] == "plain" and "ort-fusions" in names and "onnxscript-optimize" in names
@@ -74,7 +71,7 @@ def _two_layer(tmp_path: Path) -> tuple[torch.nn.Module, torch.Tensor, Path]:
     model.eval()
     x = torch.randn(4, 64)
     x[:, 0] = 0.0
-    return model, x, _export(model, (x,), tmp_path / "m.onnx")
+    return model, x, export_dynamo(model, (x,), tmp_path / "m.onnx")
 
 
 def test_int8_keeps_the_sensitive_layer_in_float32(tmp_path: Path) -> None:
@@ -202,7 +199,7 @@ def test_a_variant_that_crashes_onnx_runtime_spares_the_others(
     monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "segv:load@onnxscript-optimize.onnx")
     model = NormAttention().eval()
     x = torch.randn(1, 16, 32)
-    src = _export(model, (x,), tmp_path / "m.onnx")
+    src = export_dynamo(model, (x,), tmp_path / "m.onnx")
     pipes = [p for p in passes.default_pipelines()
              if p.name in ("onnxscript-optimize", "ort-fusions")]
     res = optimize(src, model, (x,), pipelines=pipes, **FAST)
@@ -231,7 +228,7 @@ def test_a_float16_candidate_starts_from_the_float32_candidate_of_its_passes(
     monkeypatch.setattr(builder, "run_passes", spy)
     model = NormAttention().eval()
     x = torch.randn(1, 16, 32)
-    src = _export(model, (x,), tmp_path / "m.onnx")
+    src = export_dynamo(model, (x,), tmp_path / "m.onnx")
     pipes = [p for p in passes.default_pipelines("cuda", "fp16")
              if p.name in ("ort-fusions", "ort-fusions-fp16")]
     res = optimize(src, model, (x,), pipelines=pipes, precision="fp16", target="cpu", **FAST)
@@ -248,7 +245,7 @@ def test_a_float16_candidate_starts_from_the_float32_candidate_of_its_passes(
 def test_the_pass_child_does_not_import_torch(tmp_path: Path) -> None:
     """A pass child imports the passes, not onnxmedic's package (torch and the exporter, 1.9 s
     a child here); its steps still import what they use, onnxmedic's modules included."""
-    src = _export(Shift(), (torch.randn(2, 3),), tmp_path / "m.onnx")
+    src = export_dynamo(Shift(), (torch.randn(2, 3),), tmp_path / "m.onnx")
     pipe = Pipeline("mods", [("tests.optimize.bad_passes:modules_pass", {}),
                              ("onnxmedic.optimize.fp16:name_nodes", {}),
                              ("onnxmedic.optimize.passes:onnxscript_optimize", {})])
@@ -298,7 +295,7 @@ def test_a_pass_that_writes_into_its_working_directory_leaves_nothing_behind(
 def test_no_pass_changes_the_model_writes_plain_and_says_so(tmp_path: Path) -> None:
     model = torch.nn.ReLU()
     x = torch.randn(8)
-    src = _export(model, (x,), tmp_path / "m.onnx")
+    src = export_dynamo(model, (x,), tmp_path / "m.onnx")
     res = optimize(src, model, (x,), out=tmp_path / "o.onnx",
                    pipelines=[p for p in passes.default_pipelines() if p.portable], **FAST)
     assert res.chosen == "plain" and "plain export is kept" in res.message
@@ -348,7 +345,7 @@ def test_cli_optimize_prints_every_variant(tmp_path: Path, capsys: pytest.Captur
         "class M(torch.nn.Module):\n"
         "    def forward(self, x):\n"
         "        return torch.relu(x) + 1.0\n")
-    src = _export(Shift(), (torch.randn(2, 3),), tmp_path / "m.onnx")
+    src = export_dynamo(Shift(), (torch.randn(2, 3),), tmp_path / "m.onnx")
     rc = main(["optimize", str(src), f"{model_file}:M", "--input", "2x3:float32",
                "-o", str(tmp_path / "o.onnx"), "--json"])
     assert rc == 0
@@ -376,7 +373,7 @@ def test_bench_names_cpu_fallback_nodes_for_cuda_on_a_cpu_machine(tmp_path: Path
 
     if "CUDAExecutionProvider" in ort.get_available_providers():
         pytest.skip("CUDA present: no fallback to observe")
-    src = _export(Shift(), (torch.randn(8),), tmp_path / "m.onnx")
+    src = export_dynamo(Shift(), (torch.randn(8),), tmp_path / "m.onnx")
     res = onnxmedic.bench(src, {"x": np.random.rand(8).astype(np.float32)}, target="cuda",
                           repeats=3)
     assert res.ok and res.median_ms is not None and res.load_seconds is not None
@@ -388,7 +385,7 @@ def test_bench_names_cpu_fallback_nodes_for_cuda_on_a_cpu_machine(tmp_path: Path
     assert res.bound_on == "cpu"  # IOBinding on the device the session has
     cpu = onnxmedic.bench(src, {"x": np.random.rand(8).astype(np.float32)}, repeats=3)
     assert cpu.ok and not cpu.findings and cpu.bound_on == "cpu"
-    scalar = _export(Shift(), (torch.tensor(2.0),), tmp_path / "s.onnx")  # a 0-d input
+    scalar = export_dynamo(Shift(), (torch.tensor(2.0),), tmp_path / "s.onnx")  # a 0-d input
     assert onnxmedic.bench(scalar, {"x": np.array(2.0, np.float32)}, repeats=2).ok
 
 
@@ -485,7 +482,7 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
     from onnxmedic.optimize.graphs import GRAPH_SETTINGS, RUN_SETTINGS_KEY
     from onnxmedic.optimize.timing import GPU_WARMUP_SECONDS
 
-    src = _export(Shift(), (torch.randn(8),), tmp_path / "m.onnx")
+    src = export_dynamo(Shift(), (torch.randn(8),), tmp_path / "m.onnx")
     feed = {"x": np.random.rand(8).astype(np.float32)}
     plain = onnxmedic.bench(src, feed, target="cuda", repeats=2)
     assert plain.ok and plain.graph_median_ms is None and not plain.graph_error  # not asked
@@ -524,7 +521,7 @@ def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
     # settings that also ask for NHWC kernels: the graph's session gets that option too
     from onnxmedic.optimize.graphs import NHWC_OPTIONS, twin_settings
 
-    nhwc = _export(Shift(), (torch.randn(8),), tmp_path / "n.onnx")
+    nhwc = export_dynamo(Shift(), (torch.randn(8),), tmp_path / "n.onnx")
     append_metadata(nhwc, RUN_SETTINGS_KEY, json.dumps(twin_settings(NHWC_OPTIONS)))
     assert onnxmedic.bench(nhwc, feed, target="cuda", repeats=2).graph_median_ms is not None
     assert options[-1] == NHWC_OPTIONS

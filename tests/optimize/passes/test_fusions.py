@@ -4,7 +4,6 @@ for the CPU, and each mend of onnxscript and onnx-ir, shown by the file it break
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -16,24 +15,22 @@ import torch.nn.functional as F
 import onnxmedic
 from onnxmedic.optimize import passes
 from onnxmedic.optimize.passes import fusions
-from tests.optimize.fixture_models import BAG_ARGS, Bags, NormAttention, run_bags
-
-
-def _export(model: torch.nn.Module, args: tuple, path: Path) -> Path:
-    torch.onnx.export(model, args, str(path), dynamo=True, verbose=False)
-    return path
-
-
-def _ops(path: Path) -> Counter[str]:
-    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+from tests.optimize.fixture_models import (
+    BAG_ARGS,
+    Bags,
+    NormAttention,
+    export_dynamo,
+    op_types,
+    run_bags,
+)
 
 
 def test_ort_fusions_fuse_rmsnorm_and_attention(tmp_path: Path) -> None:
-    src = _export(NormAttention(), (torch.randn(1, 16, 32),), tmp_path / "m.onnx")
+    src = export_dynamo(NormAttention(), (torch.randn(1, 16, 32),), tmp_path / "m.onnx")
     info = fusions.ort_fusions(str(src), str(tmp_path / "f.onnx"))
     assert info["fusions"].get("rms_normalization") == 1
     assert info["fusions"].get("sdpa") == 1
-    ops = _ops(tmp_path / "f.onnx")
+    ops = op_types(tmp_path / "f.onnx")
     assert ops["SimplifiedLayerNormalization"] == 1 and ops["MultiHeadAttention"] == 1
     assert info["nodes_after"] < info["nodes_before"]
 
@@ -65,10 +62,10 @@ def test_ort_fusions_without_norm_fusions_keeps_attention_only(
     import onnxruntime as ort
 
     x = torch.randn(1, 16, 32)
-    src = _export(ResidualBlock(), (x,), tmp_path / "m.onnx")
+    src = export_dynamo(ResidualBlock(), (x,), tmp_path / "m.onnx")
     fusions.ort_fusions(str(src), str(tmp_path / "full.onnx"))
     info = fusions.ort_fusions(str(src), str(tmp_path / "att.onnx"), norm_fusions=False)
-    full, att = _ops(tmp_path / "full.onnx"), _ops(tmp_path / "att.onnx")
+    full, att = op_types(tmp_path / "full.onnx"), op_types(tmp_path / "att.onnx")
     assert full["SkipLayerNormalization"] == 2 and full["BiasGelu"] == 1
     assert att["MultiHeadAttention"] == 1 and info["fusions"].get("sdpa") == 1
     assert att["SkipLayerNormalization"] == 0 and att["BiasGelu"] == 0
@@ -105,7 +102,7 @@ def test_ort_fusions_restore_the_reshape_gpt2s_attention_fusion_drops(
             return self.m(input_ids=ids).last_hidden_state
 
     ids = torch.randint(0, 100, (1, 8))
-    src = _export(Hidden().eval(), (ids,), tmp_path / "g.onnx")
+    src = export_dynamo(Hidden().eval(), (ids,), tmp_path / "g.onnx")
     feed = {onnx.load(str(src)).graph.input[0].name: ids.numpy()}
     want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, feed)[0]
     info = fusions.ort_fusions(str(src), str(tmp_path / "f.onnx"))
@@ -136,7 +133,7 @@ def test_ort_fusions_unbatch_a_fused_matmul_the_kernel_refuses(
     time (every ort-fusions candidate of nn.Transformer was refused). The pass puts the
     Transpose back and clears the flag: the file computes PyTorch's output."""
     x, w = torch.randn(5, 3, 16), torch.randn(8, 16)
-    src = _export(BatchFirstMatMul(), (x, w), tmp_path / "m.onnx")
+    src = export_dynamo(BatchFirstMatMul(), (x, w), tmp_path / "m.onnx")
     feed = {"x": x.numpy(), "w": w.numpy()}
     info = fusions.ort_fusions(str(src), str(tmp_path / "f.onnx"))
     assert info["new_ops"] == {"FusedMatMul": 1} and info["unbatched_fused_matmuls"] == 1

@@ -3,31 +3,20 @@ fusions, and the model type it is given for a model."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
-import onnx
 import pytest
 import torch
 
 from onnxmedic.optimize.passes import transformers_optimizer
-from tests.optimize.fixture_models import FeedForward
-
-
-def _export(model: torch.nn.Module, args: tuple, path: Path) -> Path:
-    torch.onnx.export(model, args, str(path), dynamo=True, verbose=False)
-    return path
-
-
-def _ops(path: Path) -> Counter[str]:
-    return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+from tests.optimize.fixture_models import FeedForward, export_dynamo, op_types
 
 
 def test_ort_transformers_optimizer_fuses_bias_gelu_and_skip_layernorm(tmp_path: Path) -> None:
-    src = _export(FeedForward().eval(), (torch.randn(2, 16, 32),), tmp_path / "m.onnx")
+    src = export_dynamo(FeedForward().eval(), (torch.randn(2, 16, 32),), tmp_path / "m.onnx")
     info = transformers_optimizer.ort_transformers(str(src), str(tmp_path / "t.onnx"), model_type="bert")
     assert info["fusions"] == {"BiasGelu": 1, "SkipLayerNormalization": 1}
-    assert _ops(tmp_path / "t.onnx")["SkipLayerNormalization"] == 1
+    assert op_types(tmp_path / "t.onnx")["SkipLayerNormalization"] == 1
     assert info["nodes_after"] < info["nodes_before"]
 
 
@@ -55,7 +44,7 @@ def test_ort_phi_optimizer_fails_on_a_dynamo_export_so_phi_is_a_decoder(tmp_path
     longer writes, and raises on any export (HF zoo phi: both ort-transformers-phi candidates
     "the pass failed"); the "gpt2" optimizer runs. If ONNX Runtime mends it, this fails:
     time to give phi back its own type."""
-    src = _export(FeedForward("phi").eval(), (torch.randn(2, 16, 32),), tmp_path / "m.onnx")
+    src = export_dynamo(FeedForward("phi").eval(), (torch.randn(2, 16, 32),), tmp_path / "m.onnx")
     with pytest.raises(TypeError, match="'method' object is not iterable"):
         transformers_optimizer.ort_transformers(str(src), str(tmp_path / "phi.onnx"), model_type="phi")
     assert transformers_optimizer.ort_transformers(str(src), str(tmp_path / "g.onnx"), model_type="gpt2")
