@@ -440,8 +440,9 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
     shape_failures: list[Finding] = []
     dynamic = _dynamic_rows(proto, len(names))
     for i in ran:  # detection outputs (boxes, scores, labels) are sets, compared as such
-        shape_failures += rejudge_detections(names, sets.expected[i], sbx.outputs[i], comps[i],
-                                             dynamic, sets.labels[i])
+        shape_failures += rejudge_detections(
+            names, sets.expected[i], sbx.outputs[i], comps[i], dynamic, sets.labels[i],
+            reference=lambda i=i: _reference_of(result, model, sets, i))
     for i, label in enumerate(sets.labels[:len(sbx.outputs)]):
         if i in sbx.run_errors:
             shape_failures.append(shape_finding(proto, label, sbx.run_errors[i]))
@@ -458,6 +459,15 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
                 "or -1 in view/reshape.",
                 details={"comparison": bad[0].to_dict(), "input_set": label}))
     return shape_failures
+
+
+def _reference_of(result: ExportResult, model: Any, sets: InputSets, i: int
+                  ) -> list[np.ndarray | None]:
+    """Set ``i``'s float64 outputs, run now if no judgement asked for them yet (a detection
+    set that differs is judged against them: verify/detections.py)."""
+    if len(sets.references) != len(sets.sets) or not sets.references[i]:
+        add_references(result, model, sets, [i])
+    return sets.references[i]
 
 
 def _dynamic_rows(proto: Any, n: int) -> list[bool]:
