@@ -231,7 +231,7 @@ def test_verification_rejudges_detections_against_the_float64_run() -> None:
     still catches a dropped box (no near-tie in float32) and a moved keypoint (no more boxes
     dropped than float32 drops, but a row outside the budget)."""
     from onnxmedic.verify.compare import compare_outputs
-    from onnxmedic.verify.detections import rejudge_detections
+    from onnxmedic.verify.detections import RULE_DETECTIONS_F64, rejudge_detections
 
     ref, _, kps = _with_rows()
     names = ["boxes", "scores", "labels", "keypoints"]
@@ -244,6 +244,7 @@ def test_verification_rejudges_detections_against_the_float64_run() -> None:
         found = rejudge_detections(names, exp, act, comps, [True] * 4, "example",
                                    reference=lambda: asked.append(1) or [*ref, kps])
         assert all(c.ok for c in comps) == (not found)
+        assert all(c.rule == RULE_DETECTIONS_F64 for c in comps) == (not found and drop32 != ())
         return [f.code for f in found]
 
     assert run((), ()) == [] and asked == []  # the same sets: no float64 run

@@ -155,6 +155,7 @@ class InputSets:
     expected: list[list[np.ndarray]] = field(default_factory=list)
     n_required: int = 0
     references: list[list[np.ndarray | None]] = field(default_factory=list)  # float64 runs
+    raw_references: dict[int, list[np.ndarray]] = field(default_factory=dict)  # as they came
     torch_seconds: float = 0.0  # PyTorch's own runs of the sets it timed (timed_sets)
     timed_sets: int = 0
 
@@ -228,6 +229,9 @@ def add_references(result: ExportResult, model: Any, sets: InputSets,
         sets.references = [[] for _ in sets.sets]
     for i, outs in zip(which, ref.outputs):
         sets.references[i] = outs
+    for i, raw in zip(which, ref.raw):
+        if raw is not None:
+            sets.raw_references[i] = raw
     if ref.why_not is not None and not any(f.code == "OM605" for f in result.findings):
         result.findings.append(info(
             "OM605", "compare", f"no float64 reference for every input set: {ref.why_not}; "
@@ -462,12 +466,13 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
 
 
 def _reference_of(result: ExportResult, model: Any, sets: InputSets, i: int
-                  ) -> list[np.ndarray | None]:
-    """Set ``i``'s float64 outputs, run now if no judgement asked for them yet (a detection
-    set that differs is judged against them: verify/detections.py)."""
-    if len(sets.references) != len(sets.sets) or not sets.references[i]:
+                  ) -> list[np.ndarray] | None:
+    """Set ``i``'s float64 outputs as they came (a detection set's own count and labels), run
+    now if no judgement ran them yet (a detection set that differs is judged against them:
+    verify/detections.py)."""
+    if i not in sets.raw_references:
         add_references(result, model, sets, [i])
-    return sets.references[i]
+    return sets.raw_references.get(i)
 
 
 def _dynamic_rows(proto: Any, n: int) -> list[bool]:
