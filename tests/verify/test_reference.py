@@ -37,6 +37,25 @@ def test_an_output_the_model_computes_in_float32_itself_has_no_reference():
     assert ref.outputs[0][0] is None and ref.outputs[0][1].dtype == np.float64
 
 
+class Kept(torch.nn.Module):
+    def forward(self, x):
+        keep = x[:, 0] > 0.5  # a data-dependent count, as a detector's
+        return x[keep], torch.nonzero(keep)[:, 0]
+
+
+def test_the_raw_reference_keeps_outputs_of_another_shape_or_dtype():
+    """The per-output reference needs PyTorch's shape and a float dtype; the raw one keeps
+    what the float64 run gave (a detection set's own count and its integer labels)."""
+    m = Kept()
+    x = torch.full((4, 8), 0.5).index_fill_(0, torch.tensor([1]), 0.9)
+    exp = [t.numpy() for t in m(x)]
+    exp[0] = exp[0][:0]  # PyTorch's float32 run kept another number of rows
+    ref = reference_outputs(m, [Inputs((x,), {})], [exp])
+    assert ref.outputs[0] == [None, None]
+    raw = ref.raw[0]
+    assert raw[0].shape == (1, 8) and raw[0].dtype == np.float64 and raw[1].tolist() == [1]
+
+
 class Float32Only(torch.nn.Module):
     def forward(self, x):
         return x @ torch.ones(8, 3)  # a float32 constant: float64 inputs fail here

@@ -156,6 +156,7 @@ class InputSets:
     expected: list[list[np.ndarray]] = field(default_factory=list)
     n_required: int = 0
     references: list[list[np.ndarray | None]] = field(default_factory=list)  # float64 runs
+    raw_references: dict[int, list[np.ndarray]] = field(default_factory=dict)  # as they came
     torch_seconds: float = 0.0  # PyTorch's own runs of the sets it timed (timed_sets)
     timed_sets: int = 0
 
@@ -229,6 +230,9 @@ def add_references(result: ExportResult, model: Any, sets: InputSets,
         sets.references = [[] for _ in sets.sets]
     for i, outs in zip(which, ref.outputs):
         sets.references[i] = outs
+    for i, raw in zip(which, ref.raw):
+        if raw is not None:
+            sets.raw_references[i] = raw
     if ref.why_not is not None and not any(f.code == "OM605" for f in result.findings):
         result.findings.append(info(
             "OM605", "compare", f"no float64 reference for every input set: {ref.why_not}; "
@@ -441,8 +445,9 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
     shape_failures: list[Finding] = []
     dynamic = _dynamic_rows(proto, len(names))
     for i in ran:  # detection outputs (boxes, scores, labels) are sets, compared as such
-        shape_failures += rejudge_detections(names, sets.expected[i], sbx.outputs[i], comps[i],
-                                             dynamic, sets.labels[i])
+        shape_failures += rejudge_detections(
+            names, sets.expected[i], sbx.outputs[i], comps[i], dynamic, sets.labels[i],
+            reference=lambda i=i: _reference_of(result, model, sets, i))
     for i, label in enumerate(sets.labels[:len(sbx.outputs)]):
         if i in sbx.run_errors:
             shape_failures.append(shape_finding(proto, label, sbx.run_errors[i]))
@@ -459,6 +464,16 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
                 "or -1 in view/reshape.",
                 details={"comparison": bad[0].to_dict(), "input_set": label}))
     return shape_failures
+
+
+def _reference_of(result: ExportResult, model: Any, sets: InputSets, i: int
+                  ) -> list[np.ndarray] | None:
+    """Set ``i``'s float64 outputs as they came (a detection set's own count and labels), run
+    now if no judgement ran them yet (a detection set that differs is judged against them:
+    verify/detections.py)."""
+    if i not in sets.raw_references:
+        add_references(result, model, sets, [i])
+    return sets.raw_references.get(i)
 
 
 def _dynamic_rows(proto: Any, n: int) -> list[bool]:

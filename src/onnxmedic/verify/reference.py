@@ -51,6 +51,9 @@ class Reference:
     """Per input set, per output: the reference array, or None where there is none."""
 
     outputs: list[list[np.ndarray | None]] = field(default_factory=list)
+    # per input set: the run's outputs as they came (None: not run), whatever their shape
+    # and dtype - a detection set's count and labels at the higher precision (detections.py)
+    raw: list[list[np.ndarray] | None] = field(default_factory=list)
     dtype: str | None = None  # "float64" or "float32"
     why_not: str | None = None  # why there is no reference at all
 
@@ -223,13 +226,15 @@ def _runs(fn: Any, sets: list[Inputs], expected: list[list[np.ndarray]],
         for s, exp in zip(sets, expected):
             if out.outputs and time.perf_counter() - t0 > limit:
                 out.outputs.append([None] * len(exp))
+                out.raw.append(None)
                 out.why_not = (f"the {name} runs took over {limit:.0f} s; the "
                                "remaining input sets are judged without them")
                 continue
             # a copy of its own (a model may write its inputs; _convert keeps float64 ones)
             args, kwargs = copy_inputs((_convert(s.args, dtype), _convert(s.kwargs, dtype)))
-            got = flatten_tensors(fn(*args, **kwargs))
-            out.outputs.append(_matched([to_numpy(t) for t in got], exp, name))
+            got = [to_numpy(t) for t in flatten_tensors(fn(*args, **kwargs))]
+            out.outputs.append(_matched(got, exp, name))
+            out.raw.append(got)
     return out
 
 
