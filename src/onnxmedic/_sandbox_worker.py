@@ -232,6 +232,8 @@ def load_session(ort, req_dir: str, req: dict, result: dict):
         if req.get("disable_optimizations"):
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         disabled = []
+        if req.get("no_prepack"):
+            opts.add_session_config_entry("session.disable_prepacking", "1")
         if req.get("lean"):  # sandbox.lean_session says why each
             opts.add_session_config_entry(
                 "optimization.constant_folding_max_output_size_in_bytes", str(LEAN_FOLD_BYTES))
@@ -446,7 +448,7 @@ def main(req_dir: str, serve: bool = False) -> int:
 
 # what decides a session: a request with ``keep_session`` whose key is the kept one's reuses it
 _SESSION_KEYS = ("model", "lean", "providers", "threads", "disable_optimizations", "cuda_tf32",
-                 "cuda_options")
+                 "cuda_options", "no_prepack")
 _KEPT: dict = {}  # a serving worker's kept session: {"key": ..., "sess": ...}
 
 

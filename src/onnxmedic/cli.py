@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hf: models: the dtype the checkpoint is loaded in (default fp32)")
     e.add_argument("--trust-remote-code", action="store_true",
                    help="hf: models: allow the checkpoint's own Python code (never implied)")
+    e.add_argument("--backend", choices=["auto", "export", "builder"],
+                   help="hf: text-generation-with-past: who builds the package (default auto: "
+                   "onnxruntime-genai's model builder where it serves the checkpoint, its "
+                   "package verified like onnxmedic's own, else onnxmedic's export; export: "
+                   "onnxmedic's export; builder: the builder or nothing)")
     e.add_argument("-o", "--output", metavar="OUT.onnx", help="where to write the verified model")
     e.add_argument("--dynamic", action="append", default=[], metavar="SPEC",
                    help="dynamic dims: INPUT:DIM=NAME[,DIM=NAME], e.g. x:0=batch; or "
@@ -276,7 +281,8 @@ def _hf_flag_error(ns: argparse.Namespace) -> str | None:
         return None
     if not ns.model.startswith(HF_PREFIX):
         used = [f for f, v in (("--task", ns.task), ("--dtype", ns.dtype),
-                               ("--trust-remote-code", ns.trust_remote_code)) if v]
+                               ("--trust-remote-code", ns.trust_remote_code),
+                               ("--backend", ns.backend)) if v]
         return (f"{', '.join(used)} {'goes' if len(used) == 1 else 'go'} only with hf: models "
                 "(hf:ID_OR_FOLDER)") if used else None
     if ns.input:
@@ -302,7 +308,7 @@ def _hf_export(ns: argparse.Namespace) -> Any:
         keep_unverified=ns.keep_unverified, timeout=ns.timeout, tolerance=_tolerance(ns),
         explain=ns.explain, dtype_policy=ns.dtype_policy, ort_version=ns.ort_version,
         optimize=ns.optimize, precision=ns.precision, accuracy=ns.accuracy,
-        cuda_graph=ns.cuda_graph)
+        cuda_graph=ns.cuda_graph, backend=ns.backend or "auto")
 
 
 @contextlib.contextmanager

@@ -1012,6 +1012,30 @@ CODES: dict[str, CodeInfo] = {
         "or --no-verify, as a fused decoder is written only when verified). The package is "
         "exported as without --optimize.",
     ),
+    # OM836-OM838: onnxruntime-genai's model builder as a backend (hf/gen_builder.py)
+    "OM836": CodeInfo(
+        "package built by the genai builder", 0,
+        "export hf:... --task text-generation-with-past: onnxruntime-genai's model builder "
+        "built the package (its decoder fused: GroupQueryAttention, "
+        "SkipSimplifiedLayerNormalization) and onnxmedic verified it as its own: greedy "
+        "generation token for token against PyTorch, each step's logits within the float64 "
+        "budget, and in onnxruntime-genai. The default (--backend auto) for the architectures "
+        "whose builder package is known to verify.",
+    ),
+    "OM837": CodeInfo(
+        "genai builder's package not used", 0,
+        "onnxruntime-genai's model builder failed on the checkpoint, or its package did not "
+        "verify (the finding says which step and token); onnxmedic's own export wrote the "
+        "package instead. Nothing to do; report it to onnxruntime-genai if the builder should "
+        "serve the model.",
+    ),
+    "OM838": CodeInfo(
+        "genai builder cannot build the package", 1,
+        "--backend builder: onnxruntime-genai's model builder cannot build the package "
+        "(not installed, a model object rather than a checkpoint folder, a dtype other than "
+        "fp32, an opset asked for, remote code), or it failed, or its package did not verify; "
+        "nothing was written. Leave --backend out (auto) for onnxmedic's own export.",
+    ),
 }
 
 

@@ -336,6 +336,7 @@ class Worker:
         cuda_tf32: bool = False,
         cuda_options: dict[str, str] | None = None,
         keep_session: bool = False,
+        prepack: bool = True,
     ) -> SandboxResult:
         """Send the one request and wait for it, at most ``timeout`` seconds. Feeds after the
         first ``n_required`` are optional: a run error there is recorded in ``run_errors`` and
@@ -353,7 +354,9 @@ class Worker:
         "1"}``). ``keep_session``: a serving child keeps the session for the next request that
         asks so for the same model files and session options (a generation loop's steps:
         loading a 0.5 B decoder takes seconds, a step milliseconds); ``session_reused`` says
-        whether it did."""
+        whether it did. ``prepack=False``: the session does not repack the weights at load
+        (``session.disable_prepacking``; the same kernels on the weights as stored): a check
+        of a few runs of a big model, whose load the repacking of every weight dominates."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("sandbox worker already used")
@@ -380,6 +383,7 @@ class Worker:
             "cuda_tf32": cuda_tf32,
             "cuda_options": dict(cuda_options or {}),
             "keep_session": keep_session,
+            "no_prepack": not prepack,
         })
         timed_out, stderr = self._await(proc, timeout, log_at)
         phase_file = req_dir / "phase"
@@ -680,10 +684,11 @@ def run_model(
     cuda_options: dict[str, str] | None = None,
     fresh: bool = False,
     keep_session: bool = False,
+    prepack: bool = True,
 ) -> SandboxResult:
     """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
     failures of the model or of ONNX Runtime. ``lean``, ``timing``, ``cuda_tf32``,
-    ``cuda_options``, ``keep_session`` (only inside :func:`reuse`): see
+    ``cuda_options``, ``keep_session`` (only inside :func:`reuse`), ``prepack``: see
     :meth:`Worker.run`; a default session unless asked (timings, as optimize's, are of the
     session users deploy). Inside :func:`reuse`, a kept child serves it (the default cap)
     unless ``fresh``: timings take a child of their own, as a deployment loads its model into
@@ -692,7 +697,8 @@ def run_model(
     options = {"timeout": timeout, "providers": providers, "threads": threads,
                "disable_optimizations": disable_optimizations, "probe_opset": probe_opset,
                "lean": lean, "timing": timing, "cuda_tf32": cuda_tf32,
-               "cuda_options": cuda_options, "keep_session": keep_session}
+               "cuda_options": cuda_options, "keep_session": keep_session,
+               "prepack": prepack}
     server = active_server()
     if server is not None and memory_limit == -1 and not fresh:
         return server.run(model_path, feeds, **options)

@@ -55,13 +55,15 @@ class Loaded:
     processor: Any = None
     ckpt: Checkpoint | None = None
     notes: list[str] = field(default_factory=list)
+    builder: Any = None  # gen_builder.BuildJob: the genai builder writing the package
 
 
 def _err(code: str, message: str, suggestion: str | None = None) -> InputError:
     return InputError(error(code, STAGE, message, suggestion=suggestion))
 
 
-def _check_args(model: Any, task: Any, dtype: Any, dynamic: Any, options: dict[str, Any]) -> None:
+def _check_args(model: Any, task: Any, dtype: Any, dynamic: Any, options: dict[str, Any],
+                backend: Any = "auto") -> None:
     if not isinstance(model, (str, os.PathLike, torch.nn.Module)):
         raise TypeError("onnxmedic.export_pretrained: model must be a hub id, a checkpoint "
                         f"folder or a transformers PreTrainedModel, not {type(model).__name__}")
@@ -76,6 +78,11 @@ def _check_args(model: Any, task: Any, dtype: Any, dynamic: Any, options: dict[s
     if not (isinstance(dynamic, (bool, dict)) or dynamic is None or dynamic == "auto"):
         raise TypeError("onnxmedic.export_pretrained: dynamic must be True, False, 'auto' or a "
                         "dict {input: {dim: name}}")
+    from onnxmedic.hf.gen_builder import BACKENDS
+
+    if backend not in BACKENDS:
+        raise ValueError(f"onnxmedic.export_pretrained: backend must be one of "
+                         f"{', '.join(BACKENDS)}, not {backend!r}")
     unknown = set(options) - set(EXPORT_OPTIONS)
     if unknown:
         raise TypeError(f"onnxmedic.export_pretrained: unexpected keyword argument(s) "
@@ -139,9 +146,25 @@ def _check_generation(task: str) -> None:
                    hint + ".")
 
 
-def _load_checkpoint(spec: Any, task: str | None, dtype: str, trust: bool) -> Loaded:
+def _load_checkpoint(spec: Any, task: str | None, dtype: str, trust: bool,
+                     build: Any = None) -> Loaded:
     ckpt = checkpoint.resolve(os.fspath(spec))
     checkpoint.check_code(ckpt, trust)
+    job = None
+    if build is not None and not ckpt.remote_code:
+        # the genai builder (a child) starts first: it writes the package while the task is
+        # checked and the model loads here (a causal LM's task is told from its class alone)
+        job = build(ckpt, task if task is not None else detect_task(ckpt.config, ckpt.folder))
+    try:
+        return _load_for_task(ckpt, task, dtype, trust, job)
+    except BaseException:
+        if job is not None:
+            job.discard()
+        raise
+
+
+def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
+                   job: Any) -> Loaded:
     task, how = _pick_task(ckpt.config, task, ckpt.folder, known=not ckpt.remote_code)
     _check_generation(task)
     model_type = ckpt.config.get("model_type", "")
@@ -162,7 +185,7 @@ def _load_checkpoint(spec: Any, task: str | None, dtype: str, trust: bool) -> Lo
             getattr(model, "main_input_name", "") == "input_values":
         kind = "audio"
     return Loaded(model, task, ckpt.spec, tokenizer, checkpoint.load_processor(ckpt, kind),
-                  ckpt, [f"task {task} ({how})", f"loaded in {dtype}"])
+                  ckpt, [f"task {task} ({how})", f"loaded in {dtype}"], job)
 
 
 def _object_tasks(model: torch.nn.Module) -> list[str]:
@@ -207,7 +230,7 @@ def _load_object(model: torch.nn.Module, task: str | None, dtype: str) -> Loaded
                   [f"task {task} ({how})", f"the model object as it is ({model.dtype})"])
 
 
-def _load(model: Any, task: str | None, dtype: str, trust: bool) -> Loaded:
+def _load(model: Any, task: str | None, dtype: str, trust: bool, build: Any = None) -> Loaded:
     try:
         import transformers  # noqa: F401
     except ImportError as e:
@@ -215,7 +238,35 @@ def _load(model: Any, task: str | None, dtype: str, trust: bool) -> Loaded:
                    "pip install 'onnxmedic[hf]'.") from e
     if isinstance(model, torch.nn.Module):
         return _load_object(model, task, dtype)
-    return _load_checkpoint(model, task, dtype, trust)
+    return _load_checkpoint(model, task, dtype, trust, build)
+
+
+def _builder(f: Any, dtype: str, verify: bool, opset: int | None, backend: str) -> Any:
+    """The step that starts the genai builder for a checkpoint (hf/gen_builder.py) where it
+    builds a text-generation-with-past package: (ckpt, task) -> BuildJob or None (OM838 with
+    backend "builder" where it cannot)."""
+    from onnxmedic.hf import gen_builder
+
+    def build(ckpt: Checkpoint, task: str) -> Any:
+        if task != "text-generation-with-past" or f is None or backend == "export":
+            return None
+        why = gen_builder.why_not(ckpt.config, backend=backend, folder=ckpt.folder,
+                                  dtype=dtype, verify=verify, opset=opset,
+                                  remote_code=ckpt.remote_code)
+        if why is not None:
+            if backend == "builder":
+                raise _err("OM838", f"onnxruntime-genai's model builder cannot build "
+                           f"{ckpt.spec}: {why}.", "Leave --backend out (auto) for "
+                           "onnxmedic's own export.")
+            logger.info("the genai builder is not used: %s", why)
+            return None
+        out = Path(f)
+        if not out.parent.is_dir():
+            return None  # the package's export reports it (OM006)
+        checkpoint.check_pickles(ckpt)  # the builder loads the weights as transformers does
+        return gen_builder.start(ckpt.folder, out)
+
+    return build
 
 
 def export_pretrained(
@@ -231,6 +282,7 @@ def export_pretrained(
     verify: bool = True,
     report: str | os.PathLike[str] | None = None,
     keep_unverified: bool = False,
+    backend: str = "auto",
     **options: Any,
 ) -> ExportResult:
     """Export a Hugging Face model for a task, verified in ONNX Runtime like :func:`export`.
@@ -247,11 +299,14 @@ def export_pretrained(
     extractor. The outputs are named as optimum names them (last_hidden_state, logits,
     start_logits, sentence_embedding ...). ``*-with-past`` tasks write a generation package
     folder at ``f`` (with ``optimize``, text-generation-with-past's is the fused package when
-    it verifies: docs/generation.md). Problems of the checkpoint are findings (OM800-OM809), as
-    with export();
+    it verifies: docs/generation.md). ``backend`` (text-generation-with-past): ``"auto"``
+    onnxruntime-genai's model builder where it serves the checkpoint, its package verified
+    like onnxmedic's own (else onnxmedic's export: OM837); ``"export"`` onnxmedic's export;
+    ``"builder"`` the builder or nothing (OM838): hf/gen_builder.py. Problems of the checkpoint
+    are findings (OM800-OM809), as with export();
     ``options``: further :func:`onnxmedic.export` options (timeout, tolerance, ...).
     """
-    _check_args(model, task, dtype, dynamic, options)
+    _check_args(model, task, dtype, dynamic, options, backend)
     result = ExportResult(command="export", model=_spec_name(model), stages=stages_of(STAGE))
     from onnxmedic.report.files import report_path_problem
 
@@ -259,12 +314,23 @@ def export_pretrained(
         return result.fail("write", bad)
     try:
         with result.timed(STAGE):
-            loaded = _load(model, task, dtype, trust_remote_code)
+            loaded = _load(model, task, dtype, trust_remote_code,
+                           _builder(f, dtype, verify, opset, backend))
     except InputError as e:
         result.fail(STAGE, e.finding)
         return _finish(result, report)
     if loaded.task in GENERATION:
-        return _export_generation(loaded, f, opset, verify, report, options)
+        if backend == "builder" and loaded.builder is None and \
+                loaded.task == "text-generation-with-past":
+            why = ("the model is an object, not a checkpoint folder the builder reads"
+                   if loaded.ckpt is None or isinstance(model, torch.nn.Module)
+                   else "no package folder was given")
+            result.fail(STAGE, error("OM838", STAGE, "onnxruntime-genai's model builder "
+                                     f"cannot build {loaded.spec}: {why}.",
+                                     suggestion="Give a checkpoint folder (hf:FOLDER), or "
+                                     "leave backend out (auto)."))
+            return _finish(result, report)
+        return _export_generation(loaded, f, opset, verify, report, options, backend)
     return _export_task(loaded, f, dynamic, report, dict(
         options, target=target, opset=opset, verify=verify, keep_unverified=keep_unverified))
 
@@ -278,7 +344,7 @@ def _finish(result: ExportResult, report: Any) -> ExportResult:
 
 
 def _export_generation(loaded: Loaded, f: Any, opset: Any, verify: bool, report: Any,
-                       options: dict[str, Any]) -> ExportResult:
+                       options: dict[str, Any], backend: str = "auto") -> ExportResult:
     """``*-with-past``: a generation package folder (onnxmedic.hf.generation)."""
     from onnxmedic.hf import generation  # type: ignore[attr-defined]
 
@@ -297,7 +363,8 @@ def _export_generation(loaded: Loaded, f: Any, opset: Any, verify: bool, report:
         res = generation.export_generation(
             loaded.model, f, tokenizer=loaded.tokenizer, task=loaded.task, verify=verify,
             opset=opset, report=None, timeout=options.get("timeout"),
-            optimize=bool(options.get("optimize")) and why is None)
+            optimize=bool(options.get("optimize")) and why is None,
+            builder=loaded.builder, strict=backend == "builder")
     if why is not None:
         res.findings.append(generation.not_optimized(why))
     return _finish(res, report)

@@ -297,7 +297,8 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
                       verify: bool = True, steps: int = 8, prompts: Any = None,
                       opset: int | None = None, report: str | os.PathLike[str] | None = None,
                       timeout: float | None = None, keep_unverified: bool = False,
-                      optimize: bool = False) -> ExportResult:
+                      optimize: bool = False, builder: Any = None,
+                      strict: bool = False) -> ExportResult:
     """Write a generation package for ``model`` (a loaded transformers causal LM) at
     ``out_dir``: one decoder graph with its KV cache serving prefill and decode,
     genai_config.json, the model's configs and the tokenizer's files (see the module
@@ -308,19 +309,33 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
     ``keep_unverified``); an existing folder is replaced only then. With ``optimize``, the
     verified package's decoder fused by ONNX Runtime's transformer fusions
     (optimize/fuse_decoder.py) is written instead when its generation verifies against the
-    same PyTorch runs (OM734); else the plain package is (OM735, a warning). Problems of the
-    model are findings of the returned ExportResult."""
+    same PyTorch runs (OM734); else the plain package is (OM735, a warning). ``builder``: a
+    gen_builder.BuildJob writing the package (hf/gen_builder.py): its package, verified the
+    same way, is written when it verifies (OM836; it is fused already); else this export's
+    (OM837), or nothing with ``strict`` (OM838). Problems of the model are findings of the
+    returned ExportResult."""
     if task not in TASKS:
         raise ValueError(f"onnxmedic.export_generation: task must be one of "
                          f"{', '.join(TASKS)}, not {task!r}")
     timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else timeout
     out = Path(out_dir)
     result = ExportResult(command="export", path=None, model=type(model).__name__,
-                          stages=stages_of(*STAGES, "generate"))
+                          stages=stages_of(*(("build",) if builder is not None else ()),
+                                           *STAGES, "generate"))
     result.generation = None  # type: ignore[attr-defined]  # gen_verify.GenerationCheck
     with result.guard():
-        _export_package(result, model, out, tokenizer, verify, steps, prompts, opset,
-                        timeout, keep_unverified, optimize)
+        try:
+            runs = None
+            if builder is not None:  # None: the builder's package is written (or, strict,
+                # failed); else PyTorch's runs for the export below
+                runs = _from_builder(result, builder, model, out, tokenizer,
+                                     (steps, prompts, timeout, keep_unverified, strict))
+            if builder is None or runs is not None:
+                _export_package(result, model, out, tokenizer, verify, steps, prompts, opset,
+                                timeout, keep_unverified, optimize, runs)
+        finally:
+            if builder is not None:
+                builder.discard()
     if report is not None:
         from onnxmedic.report import write_report
 
@@ -328,9 +343,101 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
     return result
 
 
+def _from_builder(result: ExportResult, job: Any, model: Any, out: Path, tokenizer: Any,
+                  how: tuple[int, Any, float, bool, bool]) -> dict[Any, Any] | None:
+    """The genai builder's package (``job``, writing in a child) verified and written; None
+    when it is (or, ``strict``, when it fails: OM838), else PyTorch's runs for the export that
+    writes the package instead (OM837). PyTorch's side of the verification runs here while
+    the builder writes."""
+    from onnxmedic.hf.gen_builder import finish
+    from onnxmedic.hf.gen_verify import default_prompts, prompt_ids, torch_side
+
+    steps, prompts, timeout, keep_unverified, strict = how
+    was_training = model.training
+    model.eval()
+    try:
+        # one core each: the builder's child and PyTorch here (two threads here would take
+        # turns with the child on two cores)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with result.timed("generate: torch"):
+                runs = torch_side(model, prompt_ids(
+                    tokenizer, default_prompts(model) if prompts is None else prompts,
+                    int(model.config.vocab_size)), steps)
+        finally:
+            torch.set_num_threads(threads)
+        with result.timed("build wait"):
+            why = job.wait(timeout)
+        result.timings["build"] = job.seconds
+        if why is None:
+            result.record("build").passed()
+        check = None
+        if why is None:
+            with result.timed("write"):
+                files = finish(job, model, tokenizer)
+            with result.timed("generate"):
+                check = verify_generation(job.out, model, tokenizer, steps=steps,
+                                          prompts=prompts, timeout=timeout, torch_runs=runs)
+            result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
+            if check.ok:
+                result.generation = check  # type: ignore[attr-defined]
+                result.verification.extend(check.comparisons)
+                result.findings.extend(check.findings)
+                result.record("generate").passed()
+                result.stages = {k: v for k, v in result.stages.items()
+                                 if k in ("build", "write", "generate")}
+                result.findings.append(info(
+                    "OM836", "build", f"the package was built by onnxruntime-genai's model "
+                    f"builder in {job.seconds:.1f} s (its decoder fused: "
+                    f"{_fused_ops(job.out)}) and verified by onnxmedic: greedy generation "
+                    "token for token against PyTorch, each step's logits within the float64 "
+                    "budget, and in onnxruntime-genai.", details={"seconds": job.seconds}))
+                finish_package(result, job.out, out, files, True, keep_unverified)
+                return None
+            errors = [f for f in check.findings if f.severity.value == "error"]
+            why = "its package does not verify: " + (errors[0].message if errors else "?")
+        if strict:
+            if check is not None:
+                result.generation = check  # type: ignore[attr-defined]
+                result.verification.extend(check.comparisons)
+                result.findings.extend(check.findings)
+            result.fail("build", error(
+                "OM838", "build", f"onnxruntime-genai's model builder did not give a verified "
+                f"package: {why}", suggestion="Leave --backend out (auto): onnxmedic's own "
+                "export writes the package where the builder's does not verify."))
+            result.findings.append(not_written(out))
+            return None
+        # the export writes the package: its stages as without the builder, whose verdict
+        # stays as a warning
+        result.stages.pop("build", None)
+        result.timings = {("builder " + k if k.startswith("generate") else k): v
+                          for k, v in result.timings.items()}
+        result.findings.append(warning(
+            "OM837", "build", f"onnxruntime-genai's model builder did not give a verified "
+            f"package ({why}); onnxmedic's own export writes it instead.",
+            details={"builder_seconds": job.seconds, "log": job.log_tail()}))
+        return runs
+    finally:
+        model.train(was_training)
+
+
+def _fused_ops(folder: Path) -> str:
+    """The contrib ops of a package's graph (what the builder fused), for OM836."""
+    from collections import Counter
+
+    try:
+        proto = onnx.load(str(folder / GRAPH), load_external_data=False)
+    except Exception:  # noqa: BLE001 - a help in a message
+        return "?"
+    ops = Counter(n.op_type for n in proto.graph.node if n.domain == "com.microsoft")
+    return ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) or "none"
+
+
 def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any, verify: bool,
                     steps: int, prompts: Any, opset: int | None, timeout: float,
-                    keep_unverified: bool, optimize: bool) -> None:
+                    keep_unverified: bool, optimize: bool,
+                    torch_runs: dict[Any, Any] | None = None) -> None:
     why = _not_a_decoder(model)
     if why is not None:
         result.fail("preflight", _cannot_serve(why))
@@ -349,7 +456,7 @@ def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any,
                 result.fail("preflight", _cannot_serve(why))
                 return
             _build_and_check(result, model, out, tmp, tokenizer, verify, steps, prompts, opset,
-                             timeout, keep_unverified, optimize)
+                             timeout, keep_unverified, optimize, torch_runs)
         finally:
             model.train(was_training)
     finally:
@@ -358,7 +465,8 @@ def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any,
 
 def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tokenizer: Any,
                      verify: bool, steps: int, prompts: Any, opset: int | None,
-                     timeout: float, keep_unverified: bool, optimize: bool) -> None:
+                     timeout: float, keep_unverified: bool, optimize: bool,
+                     torch_runs: dict[Any, Any] | None = None) -> None:
     built = _graph(result, model, tmp, opset, timeout)
     if built is None:
         result.findings.append(not_written(out))
@@ -381,7 +489,7 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tok
             # the fused one, or this one where the fused one does not verify (_fused)
             check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,
                                       program=program, timeout=timeout,
-                                      genai=genai and not optimize)
+                                      genai=genai and not optimize, torch_runs=torch_runs)
             result.verification.extend(check.comparisons)
             result.findings.extend(check.findings)
             result.generation = check  # type: ignore[attr-defined]

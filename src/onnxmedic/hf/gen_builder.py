@@ -1,0 +1,242 @@
+"""onnxruntime-genai's model builder as a backend of ``text-generation-with-past``.
+
+The builder (``python -m onnxruntime_genai.models.builder``) writes a decoder package straight
+from a checkpoint's weights into graphs it knows by architecture (GroupQueryAttention,
+SkipSimplifiedLayerNormalization): fast to build and fused, but it verifies nothing, knows
+few architectures, and is not always right for those (bench/results/generation_peers.md).
+onnxmedic verifies its package exactly as its own (hf/gen_verify.py: greedy tokens against
+PyTorch's ``generate``, each step's logits within the float64 budget, onnxruntime-genai
+generating from the folder) and writes it only when it verifies (OM836). Where the builder
+fails, or its package does not verify, onnxmedic's own export writes the package (OM837).
+
+``backend``: ``"export"`` onnxmedic's own export (torch.export, hf/generation.py);
+``"builder"`` the builder, its failure an error (OM838); ``"auto"`` (the default) the builder
+where it serves (:func:`why_not`: a checkpoint folder of an architecture in ARCHITECTURES,
+float32, verified), else the export.
+
+The builder runs in a child process started as soon as the checkpoint is resolved (forked:
+it shares the imports already made): it writes while the model loads here and PyTorch's side
+of the verification runs (gen_verify.torch_side).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "export", "builder")
+# what the builder writes for every architecture it serves
+GRAPH, CONFIG = "model.onnx", "genai_config.json"
+# the architectures whose builder package generates PyTorch's tokens (bench/peers/generation.py
+# over the decoder families: bench/results/generation_peers.md); ``backend="builder"`` tries
+# any other too
+ARCHITECTURES = frozenset({
+    "GemmaForCausalLM", "Gemma2ForCausalLM", "GraniteForCausalLM", "LlamaForCausalLM",
+    "Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM"})
+LOG_TAIL = 6  # lines of the builder's log a finding quotes
+
+
+def available() -> bool:
+    """Whether onnxruntime-genai's model builder is installed."""
+    try:
+        return importlib.util.find_spec("onnxruntime_genai.models.builder") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def why_not(config: dict[str, Any], *, backend: str, folder: Path | None, dtype: str,
+            verify: bool, opset: int | None, remote_code: bool) -> str | None:
+    """Why the builder does not build this package (None when it does): for ``"auto"`` any
+    reason; for ``"builder"`` only those it cannot be tried with (the caller's OM838)."""
+    if backend == "export":
+        return "backend='export'"
+    arch = (config.get("architectures") or ["?"])[0]
+    hard = [
+        (not available(), "onnxruntime-genai's model builder is not installed "
+                          "(pip install onnxruntime-genai)"),
+        (folder is None, "the model is an object, not a checkpoint folder the builder reads"),
+        (dtype != "fp32", f"dtype {dtype}: the builder's CPU package is float32 here"),
+        (remote_code, "the checkpoint's architecture is its own code (trust_remote_code)"),
+        (opset is not None, "an opset was asked for; the builder picks its own"),
+    ]
+    soft = [
+        (not verify, "verification is off, and the builder's package is written only when it "
+                     "verifies"),
+        (arch not in ARCHITECTURES, f"the builder's package is not known to verify for {arch}"),
+    ]
+    for bad, why in hard + (soft if backend == "auto" else []):
+        if bad:
+            return why
+    return None
+
+
+@dataclass
+class BuildJob:
+    """The builder writing a package into ``root/package`` (:func:`start`); :meth:`wait` for
+    it, :meth:`discard` it."""
+
+    root: Path
+    started: float
+    pid: int | None = None  # a forked child
+    proc: subprocess.Popen[bytes] | None = None  # a child of its own (no fork here)
+    seconds: float = 0.0
+    code: int | None = field(default=None, repr=False)
+
+    @property
+    def out(self) -> Path:
+        return self.root / "package"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "builder.log"
+
+    def discard(self) -> None:
+        """Stop the builder and remove what it wrote."""
+        self.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _poll(self) -> int | None:
+        if self.code is not None:
+            return self.code
+        if self.proc is not None:
+            self.code = self.proc.poll()
+        elif self.pid is not None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+    def wait(self, timeout: float) -> str | None:
+        """Wait for the builder, at most ``timeout`` seconds from its start: None when it
+        wrote a package, else why not (its log's last lines, or the timeout)."""
+        while self._poll() is None:
+            if time.perf_counter() - self.started > timeout:
+                self.kill()
+                return f"no package within {timeout:g} s"
+            time.sleep(0.05)
+        self.seconds = time.perf_counter() - self.started
+        missing = [n for n in (GRAPH, CONFIG) if not (self.out / n).is_file()]
+        if self.code == 0 and not missing:
+            return None
+        tail = self.log_tail()
+        if self.code == 0:
+            return f"it wrote no {', '.join(missing)}" + (f": {tail}" if tail else "")
+        return f"it exited with {self.code}" + (f": {tail}" if tail else "")
+
+    def log_tail(self) -> str:
+        try:
+            lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines()
+                     if ln.strip()]
+        except OSError:
+            return ""
+        return " | ".join(lines[-LOG_TAIL:])[:600]
+
+    def kill(self) -> None:
+        """Stop the builder (its package no longer wanted, or too late)."""
+        if self._poll() is not None:
+            return
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        elif self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(self.pid, 0)
+        self.code = -signal.SIGKILL
+
+
+def _args(folder: Path, out: Path, cache: Path) -> list[str]:
+    return ["-m", str(folder), "-i", str(folder), "-o", str(out), "-p", "fp32", "-e", "cpu",
+            "-c", str(cache)]
+
+
+def start(folder: Path, dest: Path) -> BuildJob:
+    """Start the builder on the checkpoint ``folder``, writing the package for ``dest`` into
+    a temporary folder beside it (with its log and cache): forked where the platform forks -
+    the child has torch and transformers imported already - else a ``python -m`` child."""
+    import tempfile
+
+    job = BuildJob(Path(tempfile.mkdtemp(prefix=f".{dest.name}.builder-", dir=dest.parent)),
+                   time.perf_counter())
+    job.out.mkdir()
+    cache = job.root / "cache"
+    if not hasattr(os, "fork"):
+        with open(job.log, "wb") as f:
+            job.proc = subprocess.Popen(
+                [sys.executable, "-m", "onnxruntime_genai.models.builder",
+                 *_args(folder, job.out, cache)], stdout=f, stderr=subprocess.STDOUT)
+        return job
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        _child(folder, job.out, cache, job.log)
+    job.pid = pid
+    return job
+
+
+def _child(folder: Path, out: Path, cache: Path, log: Path) -> None:
+    code = 1
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)  # what native code prints
+        os.dup2(fd, 2)
+        # and Python's prints: sys.stdout may not be fd 1 here (a caller's capture)
+        sys.stdout = sys.stderr = os.fdopen(fd, "w", buffering=1)
+        import torch
+
+        # one thread: the parent computes PyTorch's side meanwhile; and no OpenMP team the
+        # parent may have started is used after the fork
+        torch.set_num_threads(1)
+        from onnxruntime_genai.models import builder
+
+        args = _args(folder, out, cache)
+        opts = builder.parse_extra_options(args[1], args[3], args[5], "fp32", "cpu", args[11],
+                                           [])
+        builder.create_model(args[1], args[3], args[5], "fp32", "cpu", args[11], **opts)
+        code = 0
+    except BaseException:  # noqa: BLE001 - the log says why; the parent reads it
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def finish(job: BuildJob, model: Any, tokenizer: Any) -> list[str]:
+    """The builder's folder completed as a package: its cache removed, and the model's
+    config.json and generation_config.json and the tokenizer's files it did not write (its
+    own genai_config.json and tokenizer files are kept). Returns the folder's file names."""
+    shutil.rmtree(job.root / "cache", ignore_errors=True)
+    side = job.root / "side"
+    side.mkdir()
+    try:
+        model.config.save_pretrained(side)
+        gen = getattr(model, "generation_config", None)
+        if gen is not None:
+            gen.save_pretrained(side)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(side)
+        for f in side.iterdir():
+            if not (job.out / f.name).exists():
+                os.replace(f, job.out / f.name)
+    finally:
+        shutil.rmtree(side, ignore_errors=True)
+    return sorted(p.name for p in job.out.iterdir())

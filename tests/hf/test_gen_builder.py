@@ -1,0 +1,162 @@
+"""onnxruntime-genai's model builder as a backend of text-generation-with-past
+(onnxmedic.hf.gen_builder): its package is written only when onnxmedic verifies it (OM836);
+a failing builder or a wrong package falls back to onnxmedic's own export (OM837), or is an
+error with backend="builder" (OM838)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+pytest.importorskip("transformers")
+
+import onnxmedic  # noqa: E402
+from onnxmedic.hf import gen_builder, gen_verify  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from bench.zoo.generation import save_family  # noqa: E402
+
+needs_builder = pytest.mark.skipif(not gen_builder.available(),
+                                   reason="onnxruntime-genai's model builder not installed")
+TASK = "text-generation-with-past"
+
+
+def codes(result):
+    return [f.code for f in result.findings]
+
+
+def ops(folder):
+    return {n.op_type for n in onnx.load(str(folder / "model.onnx"),
+                                         load_external_data=False).graph.node}
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory):
+    return save_family("qwen2", tmp_path_factory.mktemp("builder") / "ckpt")
+
+
+@needs_builder
+def test_auto_writes_the_builders_package_once_verified(qwen2, tmp_path):
+    r = onnxmedic.export_pretrained(qwen2, tmp_path / "pkg", task=TASK)
+    assert r.ok and "OM836" in codes(r), [f.one_paragraph() for f in r.findings]
+    said = next(f for f in r.findings if f.code == "OM836")
+    assert "GroupQueryAttention x" in said.message
+    assert r.stages == {"build": "passed", "write": "passed", "generate": "passed"}
+    pkg = tmp_path / "pkg"
+    assert {"GroupQueryAttention", "SkipSimplifiedLayerNormalization"} <= ops(pkg)
+    assert {"genai_config.json", "config.json", "generation_config.json",
+            "tokenizer.json", "model.onnx"} <= {p.name for p in pkg.iterdir()}
+    g = r.generation
+    assert g.ok and g.tokens_onnx == g.tokens_torch and len(g.tokens_torch[0]) == 8
+    assert g.tokens_genai == g.tokens_torch
+    # every step's logits judged against the float64 reference, as for onnxmedic's own
+    assert r.verification and all(c.ok and c.rule == "float64 budget" for c in r.verification)
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]  # no builder folder left
+
+
+def _wrong_layernorm(real):
+    """finish() then the builder's first layer norm 5 % off: a package that loads and runs
+    but computes other numbers."""
+
+    def finish(job, model, tokenizer):
+        files = real(job, model, tokenizer)
+        proto = onnx.load(str(job.out / "model.onnx"))
+        t = next(i for i in proto.graph.initializer if "layernorm" in i.name.lower()
+                 or "norm" in i.name.lower())
+        t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t) * 1.05, t.name))
+        onnx.save(proto, str(job.out / "model.onnx"), save_as_external_data=True,
+                  location="model.onnx.data")
+        return files
+
+    return finish
+
+
+@needs_builder
+def test_a_wrong_builder_package_is_caught_and_the_export_writes_instead(
+        qwen2, tmp_path, monkeypatch):
+    monkeypatch.setattr(gen_builder, "finish", _wrong_layernorm(gen_builder.finish))
+    r = onnxmedic.export_pretrained(qwen2, tmp_path / "pkg", task=TASK)
+    fell = [f for f in r.findings if f.code == "OM837"]
+    assert r.ok and fell and fell[0].severity == "warning", codes(r)
+    assert "does not verify" in fell[0].message and "OM836" not in codes(r)
+    assert "GroupQueryAttention" not in ops(tmp_path / "pkg")  # onnxmedic's own export
+    assert r.stages["capture"] == "passed" and r.stages["generate"] == "passed"
+    assert r.generation.tokens_onnx == r.generation.tokens_torch
+    assert [p.name for p in tmp_path.iterdir()] == ["pkg"]
+
+
+@needs_builder
+def test_backend_builder_writes_nothing_when_its_package_is_wrong(qwen2, tmp_path, monkeypatch):
+    monkeypatch.setattr(gen_builder, "finish", _wrong_layernorm(gen_builder.finish))
+    r = onnxmedic.export_pretrained(qwen2, tmp_path / "pkg", task=TASK, backend="builder")
+    assert not r.ok and "OM838" in codes(r) and r.exit_code == 1, codes(r)
+    # the divergence itself is reported, as for any package
+    assert {"OM811", "OM812"} & set(codes(r)) and "OM818" in codes(r)
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_builder
+def test_a_builder_that_fails_is_said_with_its_error(tmp_path, monkeypatch):
+    """GPT-2 has no builder class: with backend="builder" the builder runs and fails."""
+    folder = save_family("gpt2", tmp_path / "ckpt")
+    monkeypatch.setattr(gen_builder, "ARCHITECTURES",
+                        gen_builder.ARCHITECTURES | {"GPT2LMHeadModel"})
+    out = tmp_path / "out"
+    out.mkdir()
+    r = onnxmedic.export_pretrained(folder, out / "pkg", task=TASK, backend="builder")
+    err = [f for f in r.errors if f.code == "OM838"]
+    assert err and "exited with 1" in err[0].message and "not currently supported" in \
+        err[0].message, codes(r)
+    assert list(out.iterdir()) == []
+
+
+def test_backend_builder_refuses_what_it_cannot_build(qwen2, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(qwen2)
+    r = onnxmedic.export_pretrained(model, tmp_path / "pkg", task=TASK, backend="builder")
+    assert codes(r) == ["OM838"] and "object" in r.errors[0].message
+    r = onnxmedic.export_pretrained(qwen2, tmp_path / "pkg", task=TASK, backend="builder",
+                                    dtype="fp16")
+    assert codes(r) == ["OM838"] and "fp16" in r.errors[0].message and r.exit_code == 1
+    monkeypatch.setattr(gen_builder, "available", lambda: False)
+    r = onnxmedic.export_pretrained(qwen2, tmp_path / "pkg", task=TASK, backend="builder")
+    assert codes(r) == ["OM838"] and "pip install onnxruntime-genai" in r.errors[0].message
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="backend must be one of"):
+        onnxmedic.export_pretrained(qwen2, tmp_path / "pkg", task=TASK, backend="genai")
+
+
+def test_when_auto_leaves_the_builder_out():
+    cfg = {"architectures": ["Qwen2ForCausalLM"]}
+    kw = dict(folder=Path("."), dtype="fp32", verify=True, opset=None, remote_code=False)
+    available = gen_builder.available()
+    assert (gen_builder.why_not(cfg, backend="auto", **kw) is None) == available
+    assert "export" in gen_builder.why_not(cfg, backend="export", **kw)
+    assert "not known to verify" in gen_builder.why_not(
+        {"architectures": ["GPT2LMHeadModel"]}, backend="auto", **kw)
+    assert "verif" in gen_builder.why_not(cfg, backend="auto", **{**kw, "verify": False})
+    if available:  # "builder" tries what auto leaves out as not known to verify
+        assert gen_builder.why_not({"architectures": ["GPT2LMHeadModel"]},
+                                   backend="builder", **kw) is None
+
+
+def test_the_second_default_prompt_is_for_small_models_only():
+    import torch
+
+    small, big = torch.nn.Linear(4, 4), torch.nn.Module()
+    big.w = torch.nn.Parameter(torch.empty(gen_verify.SECOND_PROMPT_MAX_PARAMS + 1,
+                                           device="meta"))
+    assert gen_verify.default_prompts(small) == list(gen_verify.DEFAULT_PROMPTS[:2])
+    assert gen_verify.default_prompts(big) == list(gen_verify.DEFAULT_PROMPTS[:1])
+
+
+def test_cli_backend_goes_with_hf_models_only(capsys):
+    from onnxmedic.cli import main
+
+    code = main(["export", "model.py:Net", "--backend", "builder"])
+    assert code == 2 and "--backend" in capsys.readouterr().err
