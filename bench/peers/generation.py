@@ -1,5 +1,6 @@
-"""Generation packages side by side: onnxmedic, transformers.exporters, the onnxruntime-genai
-model builder and optimum-cli on the same tiny decoder checkpoints (bench/zoo/generation.py),
+"""Generation packages side by side: onnxmedic (its own export, and the default
+--backend auto from the checkpoint folder), transformers.exporters, the onnxruntime-genai model
+builder and optimum-cli on the same tiny decoder checkpoints (bench/zoo/generation.py),
 same machine.
 
 For each family and tool (each in a process of its own, so that its peak memory is its own):
@@ -39,7 +40,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-TOOLS = ("onnxmedic", "transformers.exporters", "genai-builder", "optimum-cli")
+# onnxmedic: its own export (a loaded model); onnxmedic-auto: the checkpoint folder with the
+# default --backend auto (the genai builder's package where it serves and verifies)
+TOOLS = ("onnxmedic", "onnxmedic-auto", "transformers.exporters", "genai-builder",
+         "optimum-cli")
 PROMPT = "Return the number of items in the list"
 CHILD = ROOT / "src" / "onnxmedic" / "hf" / "gen_genai_child.py"
 OPTIMUM_VENV = ROOT / "build" / "venv-optimum"
@@ -110,6 +114,22 @@ def _onnxmedic(model: Any, tok: Any, folder: Path, out: Path, steps: int) -> dic
     t0 = time.perf_counter()
     r = export_generation(model, out, tokenizer=tok, steps=8)
     row: dict[str, Any] = {"export_s": time.perf_counter() - t0, "verified": r.ok}
+    if not r.ok:
+        row["error"] = "; ".join(f"{f.code} {f.message[:160]}" for f in r.errors[:2])
+    return row
+
+
+def _onnxmedic_auto(model: Any, tok: Any, folder: Path, out: Path, steps: int
+                    ) -> dict[str, Any]:
+    from onnxmedic.hf import export_pretrained
+
+    t0 = time.perf_counter()
+    r = export_pretrained(folder, out, task="text-generation-with-past")
+    row: dict[str, Any] = {"export_s": time.perf_counter() - t0, "verified": r.ok}
+    found = {f.code for f in r.findings}
+    row["note"] = ("the builder's package" if "OM836" in found else
+                   "onnxmedic's export: the builder's package did not verify (OM837)"
+                   if "OM837" in found else "onnxmedic's export")
     if not r.ok:
         row["error"] = "; ".join(f"{f.code} {f.message[:160]}" for f in r.errors[:2])
     return row
@@ -215,10 +235,11 @@ def one(tool: str, family: str, root: Path, steps: int) -> dict[str, Any]:
     want, _ = torch_generation(model, ids, steps)
     out = root / tool / family
     out.parent.mkdir(parents=True, exist_ok=True)
-    fn = {"onnxmedic": _onnxmedic, "genai-builder": _builder,
+    fn = {"onnxmedic": _onnxmedic, "onnxmedic-auto": _onnxmedic_auto, "genai-builder": _builder,
           "transformers.exporters": _exporters, "optimum-cli": _optimum}[tool]
     row = {"tool": tool, "family": family, **fn(model, tok, folder, out, steps)}
-    if tool == "onnxmedic" and "error" not in row and not (out / "genai_config.json").exists():
+    if tool.startswith("onnxmedic") and "error" not in row and \
+            not (out / "genai_config.json").exists():
         row.update(_ort_only(out, ids, steps))
     elif tool not in ("transformers.exporters", "optimum-cli") and "error" not in row:
         row.update(_genai(out, ids, steps))

@@ -158,5 +158,7 @@ def test_the_second_default_prompt_is_for_small_models_only():
 def test_cli_backend_goes_with_hf_models_only(capsys):
     from onnxmedic.cli import main
 
-    code = main(["export", "model.py:Net", "--backend", "builder"])
-    assert code == 2 and "--backend" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", "model.py:Net", "--backend", "builder"])
+    assert exit_.value.code == 2
+    assert "--backend goes only with hf: models" in capsys.readouterr().err

@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,8 @@ class BuildJob:
     proc: subprocess.Popen[bytes] | None = None  # a child of its own (no fork here)
     seconds: float = 0.0
     code: int | None = field(default=None, repr=False)
+    # _poll and kill from two threads (a watcher waits while the caller may give up)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def out(self) -> Path:
@@ -107,15 +110,16 @@ class BuildJob:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _poll(self) -> int | None:
-        if self.code is not None:
+        with self.lock:
+            if self.code is not None:
+                return self.code
+            if self.proc is not None:
+                self.code = self.proc.poll()
+            elif self.pid is not None:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+                if done:
+                    self.code = os.waitstatus_to_exitcode(status)
             return self.code
-        if self.proc is not None:
-            self.code = self.proc.poll()
-        elif self.pid is not None:
-            done, status = os.waitpid(self.pid, os.WNOHANG)
-            if done:
-                self.code = os.waitstatus_to_exitcode(status)
-        return self.code
 
     def wait(self, timeout: float) -> str | None:
         """Wait for the builder, at most ``timeout`` seconds from its start: None when it
@@ -146,16 +150,19 @@ class BuildJob:
         """Stop the builder (its package no longer wanted, or too late)."""
         if self._poll() is not None:
             return
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-        elif self.pid is not None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(self.pid, 0)
-        self.code = -signal.SIGKILL
+        with self.lock:
+            if self.code is not None:
+                return
+            if self.proc is not None:
+                self.proc.kill()
+                self.proc.wait()
+            elif self.pid is not None:
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                os.waitpid(self.pid, 0)
+            self.code = -signal.SIGKILL
 
 
 def _args(folder: Path, out: Path, cache: Path) -> list[str]:

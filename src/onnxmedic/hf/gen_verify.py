@@ -533,23 +533,30 @@ CONCURRENT_MEMORY = 4
 OWN_LOOP_THREADS = 1  # the own loop's session threads then
 
 
-def _beside(path: Path) -> bool:
-    """Whether onnxruntime-genai may load ``path``'s package while the own loop runs."""
+def genai_beside(folder: Path, prompts: list[list[int]], steps: int) -> ChildRun | None:
+    """onnxruntime-genai's child generating from ``folder``, started now to run beside the
+    own loop (verify_generation's ``genai_run``), or None where it is not installed or the
+    memory would not hold both sessions (CONCURRENT_MEMORY)."""
     avail = sandbox.available_memory()
-    return avail is not None and avail > CONCURRENT_MEMORY * sandbox.model_file_bytes(path)
+    if not genai_available() or avail is None or \
+            avail <= CONCURRENT_MEMORY * sandbox.model_file_bytes(folder / "model.onnx"):
+        return None
+    return start_genai_child(CHILD, folder, json.dumps({"prompts": prompts, "steps": steps}))
 
 
 def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, steps: int = 8,
                       prompts: Any = None, program: Any = None,
                       timeout: float = sandbox.DEFAULT_TIMEOUT, genai: bool = True,
-                      torch_runs: dict[tuple[Any, ...], TorchRun] | None = None
-                      ) -> GenerationCheck:
+                      torch_runs: dict[tuple[Any, ...], TorchRun] | None = None,
+                      genai_run: ChildRun | None = None) -> GenerationCheck:
     """Verify the generation package in ``folder`` against ``model`` (see the module
     docstring). ``program``: the graph's ExportedProgram, for localising a divergence.
     ``torch_runs``: an earlier check's ``torch_runs`` for the same model (PyTorch's tokens,
     logits and references reused, not computed again; :func:`torch_side` makes them ahead),
     filled in place. onnxruntime-genai's child generates while the own loop runs where the
-    memory holds both (_beside); its verdict counts only when the own loop's is good."""
+    memory holds both (:func:`genai_beside`); its verdict counts only when the own loop's is
+    good. ``genai_run``: that child started already (:func:`genai_beside`), on the same
+    prompts and steps."""
     folder = Path(folder)
     path = folder / "model.onnx"
     check = GenerationCheck()
@@ -563,13 +570,14 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     if genai and not genai_available():
         check.findings.append(_not_installed())
         genai = False
-    early, threads = None, None
-    if genai and _beside(path):
-        # the own loop on one thread beside onnxruntime-genai's session (ONNX Runtime's
-        # threads spin while they wait: more threads than cores take turns)
-        threads = OWN_LOOP_THREADS
-        early = start_genai_child(CHILD, folder, json.dumps({"prompts": check.prompts,
-                                                             "steps": steps}))
+    early = genai_run if genai else None
+    if genai_run is not None and not genai:
+        genai_run.stop()
+    if genai and early is None:
+        early = genai_beside(folder, check.prompts, steps)
+    # the own loop on one thread beside onnxruntime-genai's session (ONNX Runtime's threads
+    # spin while they wait: more threads than cores take turns)
+    threads = OWN_LOOP_THREADS if early is not None else None
     try:
         ran = _own_loop(check, model, path, layout, steps, program, timeout, threads)
         if genai and ran and check.ok:

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -355,6 +356,12 @@ def _from_builder(result: ExportResult, job: Any, model: Any, out: Path, tokeniz
     steps, prompts, timeout, keep_unverified, strict = how
     was_training = model.training
     model.eval()
+    ids = prompt_ids(tokenizer, default_prompts(model) if prompts is None else prompts,
+                     int(model.config.vocab_size))
+    # onnxruntime-genai's check starts as soon as the package is there, while PyTorch's side
+    # may still run here
+    watch = _BuildWatch(job, timeout, ids, steps)
+    watch.start()
     try:
         # one core each: the builder's child and PyTorch here (two threads here would take
         # turns with the child on two cores)
@@ -362,13 +369,12 @@ def _from_builder(result: ExportResult, job: Any, model: Any, out: Path, tokeniz
         torch.set_num_threads(1)
         try:
             with result.timed("generate: torch"):
-                runs = torch_side(model, prompt_ids(
-                    tokenizer, default_prompts(model) if prompts is None else prompts,
-                    int(model.config.vocab_size)), steps)
+                runs = torch_side(model, ids, steps)
         finally:
             torch.set_num_threads(threads)
         with result.timed("build wait"):
-            why = job.wait(timeout)
+            watch.join()
+        why = watch.why
         result.timings["build"] = job.seconds
         if why is None:
             result.record("build").passed()
@@ -378,7 +384,9 @@ def _from_builder(result: ExportResult, job: Any, model: Any, out: Path, tokeniz
                 files = finish(job, model, tokenizer)
             with result.timed("generate"):
                 check = verify_generation(job.out, model, tokenizer, steps=steps,
-                                          prompts=prompts, timeout=timeout, torch_runs=runs)
+                                          prompts=ids, timeout=timeout, torch_runs=runs,
+                                          genai_run=watch.genai)
+                watch.genai = None
             result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
             if check.ok:
                 result.generation = check  # type: ignore[attr-defined]
@@ -419,7 +427,31 @@ def _from_builder(result: ExportResult, job: Any, model: Any, out: Path, tokeniz
             details={"builder_seconds": job.seconds, "log": job.log_tail()}))
         return runs
     finally:
+        if watch.is_alive():  # given up on (an error here): the builder is stopped
+            job.kill()
+        watch.join()
+        if watch.genai is not None:
+            watch.genai.stop()
         model.train(was_training)
+
+
+class _BuildWatch(threading.Thread):
+    """Waits for the builder's ``job``; once its package is there, starts onnxruntime-genai's
+    check of it (gen_verify.genai_beside: ``genai``), so that its load overlaps PyTorch's
+    side still running in the caller's thread. ``why``: the builder's failure, or None."""
+
+    def __init__(self, job: Any, timeout: float, ids: list[list[int]], steps: int) -> None:
+        super().__init__(daemon=True)
+        self.job, self.timeout, self.ids, self.steps = job, timeout, ids, steps
+        self.why: str | None = "not waited for"
+        self.genai: Any = None
+
+    def run(self) -> None:
+        from onnxmedic.hf.gen_verify import genai_beside
+
+        self.why = self.job.wait(self.timeout)
+        if self.why is None:
+            self.genai = genai_beside(self.job.out, self.ids, self.steps)
 
 
 def _fused_ops(folder: Path) -> str:
