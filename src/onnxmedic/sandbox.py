@@ -335,8 +335,7 @@ class Worker:
         timing: dict[str, Any] | None = None,
         cuda_tf32: bool = False,
         cuda_options: dict[str, str] | None = None,
-        keep_session: bool = False,
-        prepack: bool = True,
+        keep_session: bool = False, prepack: bool = True,
     ) -> SandboxResult:
         """Send the one request and wait for it, at most ``timeout`` seconds. Feeds after the
         first ``n_required`` are optional: a run error there is recorded in ``run_errors`` and
@@ -354,9 +353,7 @@ class Worker:
         "1"}``). ``keep_session``: a serving child keeps the session for the next request that
         asks so for the same model files and session options (a generation loop's steps:
         loading a 0.5 B decoder takes seconds, a step milliseconds); ``session_reused`` says
-        whether it did. ``prepack=False``: the session does not repack the weights at load
-        (``session.disable_prepacking``; the same kernels on the weights as stored): a check
-        of a few runs of a big model, whose load the repacking of every weight dominates."""
+        whether it did. ``prepack=False``: no weight repacking at load (a few runs, big model)."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("sandbox worker already used")
@@ -382,8 +379,7 @@ class Worker:
             "timing": timing,
             "cuda_tf32": cuda_tf32,
             "cuda_options": dict(cuda_options or {}),
-            "keep_session": keep_session,
-            "no_prepack": not prepack,
+            "keep_session": keep_session, "no_prepack": not prepack,
         })
         timed_out, stderr = self._await(proc, timeout, log_at)
         phase_file = req_dir / "phase"

@@ -548,7 +548,8 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
                       prompts: Any = None, program: Any = None,
                       timeout: float = sandbox.DEFAULT_TIMEOUT, genai: bool = True,
                       torch_runs: dict[tuple[Any, ...], TorchRun] | None = None,
-                      genai_run: ChildRun | None = None) -> GenerationCheck:
+                      genai_run: ChildRun | None = None,
+                      onnx_ahead: OnnxSide | None = None) -> GenerationCheck:
     """Verify the generation package in ``folder`` against ``model`` (see the module
     docstring). ``program``: the graph's ExportedProgram, for localising a divergence.
     ``torch_runs``: an earlier check's ``torch_runs`` for the same model (PyTorch's tokens,
@@ -556,7 +557,8 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     filled in place. onnxruntime-genai's child generates while the own loop runs where the
     memory holds both (:func:`genai_beside`); its verdict counts only when the own loop's is
     good. ``genai_run``: that child started already (:func:`genai_beside`), on the same
-    prompts and steps."""
+    prompts and steps; ``onnx_ahead``: the own loop's ONNX Runtime side run already
+    (:func:`onnx_side`), used when it ran the same prompts and steps."""
     folder = Path(folder)
     path = folder / "model.onnx"
     check = GenerationCheck()
@@ -579,7 +581,11 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     # spin while they wait: more threads than cores take turns)
     threads = OWN_LOOP_THREADS if early is not None else None
     try:
-        ran = _own_loop(check, model, path, layout, steps, program, timeout, threads)
+        if onnx_ahead is not None and (onnx_ahead.prompts, onnx_ahead.steps) != (
+                check.prompts, steps):
+            onnx_ahead = None
+        ran = _own_loop(check, model, path, layout, steps, program, timeout, threads,
+                        onnx_ahead)
         if genai and ran and check.ok:
             run = early or start_genai_child(CHILD, folder, json.dumps(
                 {"prompts": check.prompts, "steps": steps}))
@@ -591,19 +597,66 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     return check
 
 
+@dataclass
+class OnnxSide:
+    """onnxmedic's own loop in ONNX Runtime for every prompt, run ahead of the judging
+    (:func:`onnx_side`): per prompt its (tokens, logits, feeds), up to a failed run (whose
+    findings are in ``findings``)."""
+
+    prompts: list[list[int]]
+    steps: int
+    runs: list[tuple[list[int], list[np.ndarray], list[dict[str, np.ndarray]]]] = field(
+        default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def onnx_side(folder: Path, prompts: list[list[int]], steps: int, timeout: float,
+              threads: int | None = None) -> OnnxSide:
+    """The own loop's ONNX Runtime generation of ``prompts`` from the package in ``folder``,
+    with nothing of PyTorch's: it can run while PyTorch's side still does
+    (verify_generation's ``onnx_ahead``)."""
+    path = Path(folder) / "model.onnx"
+    layout = graph_layout(onnx.load(str(path), load_external_data=False))
+    _fill_head_size(layout, Path(folder))
+    scratch, out = GenerationCheck(), OnnxSide([list(p) for p in prompts], steps)
+    t0 = time.perf_counter()
+    with sandbox.reuse():
+        for ids in out.prompts:
+            out.runs.append(onnx_generation(path, layout, ids, steps, timeout, scratch,
+                                            threads))
+            if len(out.runs[-1][0]) < steps:
+                break
+    out.findings, out.seconds = scratch.findings, time.perf_counter() - t0
+    return out
+
+
 def _own_loop(check: GenerationCheck, model: Any, path: Path, layout: dict[str, Any],
-              steps: int, program: Any, timeout: float, threads: int | None = None) -> bool:
+              steps: int, program: Any, timeout: float, threads: int | None = None,
+              ahead: OnnxSide | None = None) -> bool:
     """onnxmedic's own greedy loop over check.prompts, each prompt judged step by step;
-    False where a run failed (its finding is in ``check``)."""
+    False where a run failed (its finding is in ``check``). ``ahead``: its ONNX Runtime
+    side run already (:func:`onnx_side`, the same prompts and steps)."""
     t0 = time.perf_counter()
     ran = True
+    if ahead is not None:
+        check.seconds["onnx"] = ahead.seconds
+        for f in ahead.findings:
+            check.fail(f)
     with sandbox.reuse():
         for p, ids in enumerate(check.prompts):
             run = _torch_run(check, model, ids, steps)
             tt = time.perf_counter()
-            tokens, actual, feeds = onnx_generation(path, layout, ids, steps, timeout, check,
-                                                    threads)
-            check.seconds["onnx"] = check.seconds.get("onnx", 0.0) + time.perf_counter() - tt
+            if ahead is not None:
+                if p >= len(ahead.runs):
+                    ran = False
+                    break
+                tokens, actual, feeds = ahead.runs[p]
+            else:
+                tokens, actual, feeds = onnx_generation(path, layout, ids, steps, timeout,
+                                                        check, threads)
+                check.seconds["onnx"] = (check.seconds.get("onnx", 0.0)
+                                         + time.perf_counter() - tt)
             check.tokens_torch.append(run.tokens)
             check.tokens_onnx.append(tokens)
             if len(tokens) < steps:  # a failed run: its finding is in check

@@ -350,7 +350,6 @@ def _from_builder(result: ExportResult, job: Any, model: Any, out: Path, tokeniz
     when it is (or, ``strict``, when it fails: OM838), else PyTorch's runs for the export that
     writes the package instead (OM837). PyTorch's side of the verification runs here while
     the builder writes."""
-    from onnxmedic.hf.gen_builder import finish
     from onnxmedic.hf.gen_verify import default_prompts, prompt_ids, torch_side
 
     steps, prompts, timeout, keep_unverified, strict = how
@@ -360,7 +359,7 @@ def _from_builder(result: ExportResult, job: Any, model: Any, out: Path, tokeniz
                      int(model.config.vocab_size))
     # onnxruntime-genai's check starts as soon as the package is there, while PyTorch's side
     # may still run here
-    watch = _BuildWatch(job, timeout, ids, steps)
+    watch = _BuildWatch(job, timeout, ids, steps, (model, tokenizer))
     watch.start()
     try:
         # one core each: the builder's child and PyTorch here (two threads here would take
@@ -374,58 +373,8 @@ def _from_builder(result: ExportResult, job: Any, model: Any, out: Path, tokeniz
             torch.set_num_threads(threads)
         with result.timed("build wait"):
             watch.join()
-        why = watch.why
-        result.timings["build"] = job.seconds
-        if why is None:
-            result.record("build").passed()
-        check = None
-        if why is None:
-            with result.timed("write"):
-                files = finish(job, model, tokenizer)
-            with result.timed("generate"):
-                check = verify_generation(job.out, model, tokenizer, steps=steps,
-                                          prompts=ids, timeout=timeout, torch_runs=runs,
-                                          genai_run=watch.genai)
-                watch.genai = None
-            result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
-            if check.ok:
-                result.generation = check  # type: ignore[attr-defined]
-                result.verification.extend(check.comparisons)
-                result.findings.extend(check.findings)
-                result.record("generate").passed()
-                result.stages = {k: v for k, v in result.stages.items()
-                                 if k in ("build", "write", "generate")}
-                result.findings.append(info(
-                    "OM836", "build", f"the package was built by onnxruntime-genai's model "
-                    f"builder in {job.seconds:.1f} s (its decoder fused: "
-                    f"{_fused_ops(job.out)}) and verified by onnxmedic: greedy generation "
-                    "token for token against PyTorch, each step's logits within the float64 "
-                    "budget, and in onnxruntime-genai.", details={"seconds": job.seconds}))
-                finish_package(result, job.out, out, files, True, keep_unverified)
-                return None
-            errors = [f for f in check.findings if f.severity.value == "error"]
-            why = "its package does not verify: " + (errors[0].message if errors else "?")
-        if strict:
-            if check is not None:
-                result.generation = check  # type: ignore[attr-defined]
-                result.verification.extend(check.comparisons)
-                result.findings.extend(check.findings)
-            result.fail("build", error(
-                "OM838", "build", f"onnxruntime-genai's model builder did not give a verified "
-                f"package: {why}", suggestion="Leave --backend out (auto): onnxmedic's own "
-                "export writes the package where the builder's does not verify."))
-            result.findings.append(not_written(out))
-            return None
-        # the export writes the package: its stages as without the builder, whose verdict
-        # stays as a warning
-        result.stages.pop("build", None)
-        result.timings = {("builder " + k if k.startswith("generate") else k): v
-                          for k, v in result.timings.items()}
-        result.findings.append(warning(
-            "OM837", "build", f"onnxruntime-genai's model builder did not give a verified "
-            f"package ({why}); onnxmedic's own export writes it instead.",
-            details={"builder_seconds": job.seconds, "log": job.log_tail()}))
-        return runs
+        return _builder_verdict(result, job, watch, (model, tokenizer, out),
+                                (steps, ids, timeout, keep_unverified, strict), runs)
     finally:
         if watch.is_alive():  # given up on (an error here): the builder is stopped
             job.kill()
@@ -437,21 +386,94 @@ def _from_builder(result: ExportResult, job: Any, model: Any, out: Path, tokeniz
 
 class _BuildWatch(threading.Thread):
     """Waits for the builder's ``job``; once its package is there, starts onnxruntime-genai's
-    check of it (gen_verify.genai_beside: ``genai``), so that its load overlaps PyTorch's
-    side still running in the caller's thread. ``why``: the builder's failure, or None."""
+    check of it (gen_verify.genai_beside: ``genai``) and runs onnxmedic's own loop's ONNX
+    Runtime side (gen_verify.onnx_side: ``onnx``), while PyTorch's side may still run in the
+    caller's thread: both judged there after. ``why``: the builder's failure, or None."""
 
-    def __init__(self, job: Any, timeout: float, ids: list[list[int]], steps: int) -> None:
+    def __init__(self, job: Any, timeout: float, ids: list[list[int]], steps: int,
+                 side: tuple[Any, Any]) -> None:
         super().__init__(daemon=True)
         self.job, self.timeout, self.ids, self.steps = job, timeout, ids, steps
+        self.side = side  # (model, tokenizer): their files complete the package (finish)
         self.why: str | None = "not waited for"
+        self.files: list[str] = []
         self.genai: Any = None
+        self.onnx: Any = None
 
     def run(self) -> None:
-        from onnxmedic.hf.gen_verify import genai_beside
+        from onnxmedic.hf import gen_builder
+        from onnxmedic.hf.gen_verify import OWN_LOOP_THREADS, genai_beside, onnx_side
 
         self.why = self.job.wait(self.timeout)
         if self.why is None:
+            try:  # the package complete before anything runs it
+                self.files = gen_builder.finish(self.job, *self.side)
+            except Exception as e:  # noqa: BLE001 - said as the builder's failure
+                logger.info("generation: completing the builder's package", exc_info=True)
+                self.why = f"its package could not be completed ({type(e).__name__}: {e})"
+                return
             self.genai = genai_beside(self.job.out, self.ids, self.steps)
+            try:
+                self.onnx = onnx_side(self.job.out, self.ids, self.steps, self.timeout,
+                                      OWN_LOOP_THREADS if self.genai is not None else None)
+            except Exception:  # noqa: BLE001 - the caller's own loop runs it again
+                logger.info("generation: the own loop ahead failed", exc_info=True)
+
+
+def _builder_verdict(result: ExportResult, job: Any, watch: _BuildWatch,
+                     what: tuple[Any, Any, Path], how: tuple[int, Any, float, bool, bool],
+                     runs: dict[Any, Any]) -> dict[Any, Any] | None:
+    """The builder's package (``watch`` waited for it) verified against PyTorch's ``runs``
+    and written (OM836), or failed (``strict``: OM838), or PyTorch's runs returned for the
+    export that writes the package instead (OM837): _from_builder's verdict."""
+    model, tokenizer, out = what
+    steps, ids, timeout, keep_unverified, strict = how
+    why = watch.why
+    result.timings["build"] = job.seconds
+    check = None
+    if why is None:
+        result.record("build").passed()
+        with result.timed("generate"):
+            check = verify_generation(job.out, model, tokenizer, steps=steps, prompts=ids,
+                                      timeout=timeout, torch_runs=runs,
+                                      genai_run=watch.genai, onnx_ahead=watch.onnx)
+            watch.genai = None
+        result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
+        if check.ok or strict:
+            result.generation = check  # type: ignore[attr-defined]
+            result.verification.extend(check.comparisons)
+            result.findings.extend(check.findings)
+        if check.ok:
+            result.record("generate").passed()
+            result.stages = {k: v for k, v in result.stages.items()
+                             if k in ("build", "write", "generate")}
+            result.findings.append(info(
+                "OM836", "build", f"the package was built by onnxruntime-genai's model "
+                f"builder in {job.seconds:.1f} s (its decoder fused: {_fused_ops(job.out)}) "
+                "and verified by onnxmedic: greedy generation token for token against "
+                "PyTorch, each step's logits within the float64 budget, and in "
+                "onnxruntime-genai.", details={"seconds": job.seconds}))
+            finish_package(result, job.out, out, watch.files, True, keep_unverified)
+            return None
+        errors = [f for f in check.findings if f.severity.value == "error"]
+        why = "its package does not verify: " + (errors[0].message if errors else "?")
+    if strict:
+        result.fail("build", error(
+            "OM838", "build", f"onnxruntime-genai's model builder did not give a verified "
+            f"package: {why}", suggestion="Leave --backend out (auto): onnxmedic's own "
+            "export writes the package where the builder's does not verify."))
+        result.findings.append(not_written(out))
+        return None
+    # the export writes the package: its stages as without the builder, whose verdict stays
+    # as a warning
+    result.stages.pop("build", None)
+    result.timings = {("builder " + k if k.startswith("generate") else k): v
+                      for k, v in result.timings.items()}
+    result.findings.append(warning(
+        "OM837", "build", f"onnxruntime-genai's model builder did not give a verified package "
+        f"({why}); onnxmedic's own export writes it instead.",
+        details={"builder_seconds": job.seconds, "log": job.log_tail()}))
+    return runs
 
 
 def _fused_ops(folder: Path) -> str:
