@@ -235,12 +235,9 @@ def finish(job: BuildJob, model: Any, tokenizer: Any) -> list[str]:
     side = job.root / "side"
     side.mkdir()
     try:
-        model.config.save_pretrained(side)
-        gen = getattr(model, "generation_config", None)
-        if gen is not None:
-            gen.save_pretrained(side)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(side)
+        from onnxmedic.hf.gen_config import write_side_files
+
+        write_side_files(model, tokenizer, side, {}, genai=False)
         for f in side.iterdir():
             if not (job.out / f.name).exists():
                 os.replace(f, job.out / f.name)
