@@ -123,3 +123,14 @@ def sink_model(tmp_path: Path) -> tuple[torch.nn.Module, torch.Tensor, Path]:
     path = tmp_path / "m.onnx"
     torch.onnx.export(model, (x,), str(path), dynamo=True, verbose=False)
     return model, x, path
+
+
+def mlp_model(tmp_path: Path, width: int, out_features: int, rows: int
+              ) -> tuple[torch.nn.Module, torch.Tensor, Path]:
+    """Linear(width, width), ReLU, Linear(width, out_features) (seeded), an input of ``rows``
+    rows, and its ONNX file (plain torch.onnx) in ``tmp_path``: two quantizable layers."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
+                                torch.nn.Linear(width, out_features)).eval()
+    x = torch.randn(rows, width)
+    return model, x, export_dynamo(model, (x,), tmp_path / "mlp.onnx")

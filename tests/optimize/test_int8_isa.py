@@ -27,6 +27,7 @@ from onnxmedic import isa
 from onnxmedic.onnxfile import append_metadata
 from onnxmedic.optimize import Pipeline, default_pipelines, optimize, passes, target_findings
 from onnxmedic.optimize.passes import precision_error
+from tests.optimize.fixture_models import mlp_model
 
 QEMU = shutil.which("qemu-x86_64")
 QEMU_CPU = "Haswell-noTSX,-pcid,-x2apic,-tsc-deadline,-invpcid"  # what QEMU's TCG emulates
@@ -233,12 +234,8 @@ def test_optimize_records_the_instruction_set_int8_was_verified_on(
     instruction set verified on; where that is another one (here made avx2 by the override)
     OM728 says the named one was not checked; a written int8 file records both."""
     monkeypatch.setenv(isa.ENV, "avx2")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 256)).eval()
-    x = torch.randn(64, 256)
-    src, out = tmp_path / "mlp.onnx", tmp_path / "out.onnx"
-    torch.onnx.export(model, (x,), str(src), dynamo=True, verbose=False)
+    model, x, src = mlp_model(tmp_path, 256, 256, rows=64)
+    out = tmp_path / "out.onnx"
     dyn = Pipeline("int8", [("onnxmedic.optimize.passes:quantize_int8",
                              {"reduce_range": False})], precision="int8")
     res = optimize(src, model, (x,), out=out, precision="int8", target="cpu:avx512-vnni",

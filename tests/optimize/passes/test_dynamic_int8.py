@@ -9,20 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import torch
 
 from onnxmedic.optimize.passes import dynamic_int8
+from tests.optimize.fixture_models import mlp_model
 
 
 def test_dynamic_int8_quantizes_every_layer_but_the_excluded_one(tmp_path: Path) -> None:
     import onnxruntime as ort
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 8)).eval()
-    x = torch.randn(4, 64)
-    src, dst = tmp_path / "m.onnx", tmp_path / "q.onnx"
-    torch.onnx.export(model, (x,), str(src), dynamo=True, verbose=False)
+    model, x, src = mlp_model(tmp_path, 64, 8, rows=4)
+    dst = tmp_path / "q.onnx"
     gemms = [n.name for n in onnx.load(str(src)).graph.node if n.op_type == "Gemm"]
     assert len(gemms) == 2
     info = dynamic_int8.quantize_int8(str(src), str(dst), nodes_to_exclude=gemms[:1])
