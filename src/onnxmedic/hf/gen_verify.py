@@ -231,16 +231,14 @@ def torch_side(model: Any, prompts: list[list[int]], steps: int,
     package is built (hf/gen_builder.py)."""
     runs = {} if runs is None else runs
     check = GenerationCheck(torch_runs=runs)
+    todo: dict[tuple[int, ...], tuple[list[int], TorchRun]] = {}  # one per prompt
     for ids in prompts:
-        _torch_run(check, model, ids, steps)
-    todo = [runs[(tuple(ids), steps)] for ids in prompts
-            if runs[(tuple(ids), steps)].refs is None]
-    todo = list({id(r): r for r in todo}.values())
-    if todo:
-        keys = {id(r): k for k, r in runs.items()}
-        refs = references(model, [(list(keys[id(r)][0]), r.tokens, r.logits) for r in todo])
-        for run, ref in zip(todo, refs):
-            run.refs = ref
+        run = _torch_run(check, model, ids, steps)
+        if run.refs is None:
+            todo.setdefault(tuple(ids), (ids, run))
+    refs = references(model, [(ids, r.tokens, r.logits) for ids, r in todo.values()])
+    for (_ids, run), ref in zip(todo.values(), refs):
+        run.refs = ref
     return runs
 
 
@@ -562,8 +560,6 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     folder = Path(folder)
     path = folder / "model.onnx"
     check = GenerationCheck()
-    layout = graph_layout(onnx.load(str(path), load_external_data=False))
-    _fill_head_size(layout, folder)
     if prompts is None:
         prompts = default_prompts(model)
     check.prompts = prompt_ids(tokenizer, prompts, int(model.config.vocab_size))
@@ -584,8 +580,7 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
         if onnx_ahead is not None and (onnx_ahead.prompts, onnx_ahead.steps) != (
                 check.prompts, steps):
             onnx_ahead = None
-        ran = _own_loop(check, model, path, layout, steps, program, timeout, threads,
-                        onnx_ahead)
+        ran = _own_loop(check, model, path, steps, program, timeout, threads, onnx_ahead)
         if genai and ran and check.ok:
             run = early or start_genai_child(CHILD, folder, json.dumps(
                 {"prompts": check.prompts, "steps": steps}))
@@ -631,35 +626,25 @@ def onnx_side(folder: Path, prompts: list[list[int]], steps: int, timeout: float
     return out
 
 
-def _own_loop(check: GenerationCheck, model: Any, path: Path, layout: dict[str, Any],
-              steps: int, program: Any, timeout: float, threads: int | None = None,
-              ahead: OnnxSide | None = None) -> bool:
-    """onnxmedic's own greedy loop over check.prompts, each prompt judged step by step;
-    False where a run failed (its finding is in ``check``). ``ahead``: its ONNX Runtime
-    side run already (:func:`onnx_side`, the same prompts and steps)."""
+def _own_loop(check: GenerationCheck, model: Any, path: Path, steps: int, program: Any,
+              timeout: float, threads: int | None = None, ahead: OnnxSide | None = None
+              ) -> bool:
+    """onnxmedic's own greedy loop over check.prompts (its ONNX Runtime side: ``ahead`` when
+    run already, else :func:`onnx_side` now), each prompt judged step by step; False where a
+    run failed (its finding is in ``check``)."""
     t0 = time.perf_counter()
     ran = True
-    if ahead is not None:
-        check.seconds["onnx"] = ahead.seconds
-        for f in ahead.findings:
-            check.fail(f)
     with sandbox.reuse():
-        for p, ids in enumerate(check.prompts):
+        if ahead is None:
+            ahead = onnx_side(path.parent, check.prompts, steps, timeout, threads)
+        check.seconds["onnx"] = ahead.seconds
+        for p, (ids, (tokens, actual, feeds)) in enumerate(zip(check.prompts, ahead.runs)):
             run = _torch_run(check, model, ids, steps)
-            tt = time.perf_counter()
-            if ahead is not None:
-                if p >= len(ahead.runs):
-                    ran = False
-                    break
-                tokens, actual, feeds = ahead.runs[p]
-            else:
-                tokens, actual, feeds = onnx_generation(path, layout, ids, steps, timeout,
-                                                        check, threads)
-                check.seconds["onnx"] = (check.seconds.get("onnx", 0.0)
-                                         + time.perf_counter() - tt)
             check.tokens_torch.append(run.tokens)
             check.tokens_onnx.append(tokens)
-            if len(tokens) < steps:  # a failed run: its finding is in check
+            if len(tokens) < steps:  # a failed run: its finding
+                for f in ahead.findings:
+                    check.fail(f)
                 ran = False
                 break
             if run.refs is None:
