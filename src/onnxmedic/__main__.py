@@ -1,5 +1,3 @@
-import sys
+from onnxmedic.cli import entry
 
-from onnxmedic.cli import main
-
-sys.exit(main())
+entry()

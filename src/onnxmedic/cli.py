@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -214,9 +215,17 @@ def _tolerance(ns: argparse.Namespace) -> tuple[float, float] | None:
 
 
 def _run(ns: argparse.Namespace) -> Any:
-    from onnxmedic import api, inputs
     from onnxmedic.findings import OnnxMedicError
-    from onnxmedic.result import stages_of
+
+    if ns.command == "export" and ns.model.startswith(HF_PREFIX):
+        # before onnxmedic.api is imported: export_pretrained starts onnxruntime-genai's
+        # builder (a forked child) as soon as the checkpoint's config is read, and imports
+        # the rest while it writes
+        try:
+            return _hf_export(ns)
+        except OnnxMedicError as err:
+            return _inputs_failed(ns, err)
+    from onnxmedic import api, inputs
 
     if ns.command == "doctor":
         return api.doctor(ns.onnx, target=ns.target, timeout=ns.timeout,
@@ -230,10 +239,7 @@ def _run(ns: argparse.Namespace) -> Any:
                           max_runs=ns.max_runs, seed=ns.seed, report=ns.report)
     if ns.command == "sweep":
         return _sweep_command(ns)
-    result = api.ExportResult(command=ns.command, model=ns.model, inputs=list(ns.input))
     try:
-        if ns.command == "export" and ns.model.startswith(HF_PREFIX):
-            return _hf_export(ns)
         model, _source = inputs.load_model(ns.model)
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
         if ns.command == "export":
@@ -263,8 +269,18 @@ def _run(ns: argparse.Namespace) -> Any:
             sys.stderr.write(f"reproduction written: python {res.repro}\n")
         return res
     except OnnxMedicError as err:
-        result.stages = stages_of("inputs")
-        result.fail("inputs", err.finding)
+        return _inputs_failed(ns, err)
+
+
+def _inputs_failed(ns: argparse.Namespace, err: Any) -> Any:
+    """The export or verify command's result when its model or inputs cannot be loaded
+    (``err``: the OnnxMedicError), its report written."""
+    from onnxmedic.api import ExportResult
+    from onnxmedic.result import stages_of
+
+    result = ExportResult(command=ns.command, model=ns.model, inputs=list(ns.input),
+                          stages=stages_of("inputs"))
+    result.fail("inputs", err.finding)
     if ns.report:
         from onnxmedic.report import write_report
 
@@ -423,5 +439,15 @@ def main(argv: list[str] | None = None) -> int:
     return result.exit_code
 
 
+def entry() -> None:
+    """The ``onnxmedic`` command and ``python -m onnxmedic``: :func:`main`, then the process
+    exits. What main made stays until then, so it is frozen first: the interpreter's final
+    garbage collections would walk every object of torch, transformers and the model (a
+    second after a 0.5 B checkpoint's export)."""
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

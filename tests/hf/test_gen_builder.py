@@ -5,6 +5,8 @@ error with backend="builder" (OM838)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -162,3 +164,25 @@ def test_cli_backend_goes_with_hf_models_only(capsys):
         main(["export", "model.py:Net", "--backend", "builder"])
     assert exit_.value.code == 2
     assert "--backend goes only with hf: models" in capsys.readouterr().err
+
+
+@needs_builder
+def test_the_command_starts_the_builder_before_loading_the_exporter(qwen2, tmp_path):
+    """The builder is the longest step: the command forks it as soon as the checkpoint's
+    config is read, with torch and transformers loaded (its child shares them) but not
+    onnxmedic.api, onnxscript or onnx-ir, which load while it writes."""
+    probe = (
+        "import sys, json\n"
+        "from onnxmedic.hf import gen_builder\n"
+        "def start(folder, dest):\n"
+        "    mods = ['torch', 'transformers', 'onnxmedic.api', 'onnx_ir', 'onnxscript']\n"
+        "    print(json.dumps({m: m in sys.modules for m in mods}), flush=True)\n"
+        "    raise SystemExit(0)\n"
+        "gen_builder.start = start\n"
+        "from onnxmedic.cli import main\n"
+        f"main(['export', 'hf:{qwen2}', '--task', '{TASK}', '-o', '{tmp_path / 'pkg'}'])\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=300)
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded == {"torch": True, "transformers": True, "onnxmedic.api": False,
+                      "onnx_ir": False, "onnxscript": False}, out.stderr

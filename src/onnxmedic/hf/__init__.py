@@ -149,13 +149,14 @@ def _check_generation(task: str) -> None:
 def _load_checkpoint(spec: Any, task: str | None, dtype: str, trust: bool,
                      build: Any = None) -> Loaded:
     ckpt = checkpoint.resolve(os.fspath(spec))
-    checkpoint.check_code(ckpt, trust)
     job = None
     if build is not None and not ckpt.remote_code:
-        # the genai builder (a child) starts first: it writes the package while the task is
-        # checked and the model loads here (a causal LM's task is told from its class alone)
+        # the genai builder (a child) starts first: it writes the package while the code is
+        # checked, the task too, and the model loads here (a causal LM's task is told from
+        # its class alone)
         job = build(ckpt, task if task is not None else detect_task(ckpt.config, ckpt.folder))
     try:
+        checkpoint.check_code(ckpt, trust)
         return _load_for_task(ckpt, task, dtype, trust, job)
     except BaseException:
         if job is not None:
