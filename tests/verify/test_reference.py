@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import resource
+import sys
+
 import numpy as np
+import pytest
 import torch
 
 import onnxmedic
@@ -235,7 +239,7 @@ def test_an_embedding_converts_only_the_rows_it_reads(monkeypatch):
     with torch.no_grad():
         want = [__import__("copy").deepcopy(model).double()(ids).numpy()]
     converted = []
-    to = torch.Tensor.to
+    to, copy_ = torch.Tensor.to, torch.Tensor.copy_
 
     def counting_to(self, *args, **kwargs):
         out = to(self, *args, **kwargs)
@@ -243,8 +247,67 @@ def test_an_embedding_converts_only_the_rows_it_reads(monkeypatch):
             converted.append(self.numel())
         return out
 
+    def counting_copy(self, src, *args, **kwargs):  # into a kept float64 buffer
+        if self.dtype == torch.float64 and src.dtype == torch.float32:
+            converted.append(src.numel())
+        return copy_(self, src, *args, **kwargs)
+
     monkeypatch.setattr(torch.Tensor, "to", counting_to)
+    monkeypatch.setattr(torch.Tensor, "copy_", counting_copy)
     ref = reference_outputs(model, [Inputs((ids,), {})], [[model(ids).detach().numpy()]])
     assert ref.why_not is None and np.array_equal(ref.outputs[0][0], want[0])
     assert converted.count(512 * 8) == 1  # the projection's; the lookup converted 4 rows
     assert 4 * 8 in converted
+
+
+class ViewsOfWeights(torch.nn.Module):
+    """Weights read through views (a transpose, a row, a split, an expand, a reshape) and
+    converted one after another in the same op sequence: a view kept while another weight
+    is converted must still hold its own values (the converted weights share buffers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.randn(8, 8))
+        self.w2 = torch.nn.Parameter(torch.randn(8, 8))
+        self.w3 = torch.nn.Parameter(torch.randn(16, 8))
+        self.b = torch.nn.Parameter(torch.randn(8))
+
+    def forward(self, x):
+        t1 = self.w1.t()  # a view, read after w2 and w3 are converted
+        doubled = self.w2 * 2.0  # a new tensor from w2's converted copy
+        top, bottom = torch.split(self.w3, 8)  # views of one weight, two outputs
+        row = self.w1[3]
+        wide = self.b.expand(4, 8)
+        flat = self.w2.reshape(-1)[:8]
+        y = x @ t1 + x @ doubled + x @ top.T - x @ bottom.T + row + wide + flat
+        return y, torch.nn.functional.linear(x, self.w3, None)
+
+
+def test_converted_weights_share_buffers_without_one_overwriting_another():
+    """Each op's converted weights go into buffers kept for the next op's: bit-equal to the
+    whole float64 copy's outputs, through views, split pieces and reused buffers alike."""
+    torch.manual_seed(1)
+    model = ViewsOfWeights().eval()
+    want = _whole_copy(model, X)
+    ref = reference_outputs(model, [Inputs((X,), {})], [[t.detach().numpy() for t in model(X)]])
+    assert ref.why_not is None
+    for got, exp in zip(ref.outputs[0], want):
+        assert np.array_equal(got, exp)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="page faults as Linux counts them")
+def test_the_converted_weights_reuse_their_buffers():
+    """Six same-size layers: their float64 copies (6 x 42 MiB, each read by one matmul) take
+    one buffer's pages, not six: a page fault per 4 KiB of fresh memory was as long as the
+    arithmetic of a 0.5 B decoder's reference."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(2304, 2304) for _ in range(6)]).eval()
+    x = torch.randn(4, 2304)
+    exp = [_expected(model, x)]
+    reference_outputs(model, [Inputs((x,), {})], exp)  # imports, first-call allocations
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    ref = reference_outputs(model, [Inputs((x,), {})], exp)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    fresh_each = 6 * 2304 * 2304 * 8 // resource.getpagesize()
+    assert ref.why_not is None
+    assert faults < fresh_each / 3, (faults, fresh_each)

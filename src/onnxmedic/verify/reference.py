@@ -4,10 +4,10 @@ user's model is never converted.
 
 The higher-precision model is not a whole copy: each floating weight is seen through an
 ``_Upcast`` tensor, which reports the higher dtype and hands every op that reads it a converted
-copy of the weight, freed after the op - the model runs exactly as a converted copy would
-(every op gets the same values and dtypes, ``weight.dtype`` reads the higher one), holding
-one converted weight at a time instead of the whole model twice over (a 2 GiB float32
-decoder needed 4 GiB more). Where that run fails (a model writing its weights), a whole
+copy of the weight, in a buffer kept for the next op's - the model runs exactly as a converted
+copy would (every op gets the same values and dtypes, ``weight.dtype`` reads the higher one),
+holding the converted weights of one op at a time instead of the whole model twice over (a
+2 GiB float32 decoder needed 4 GiB more), in the same pages from op to op. Where that run fails (a model writing its weights), a whole
 converted copy is made as before, when it fits.
 
 A reference is not made, and the outputs are judged by the scaled normwise rule instead
@@ -77,13 +77,58 @@ class _TooSlow(Exception):
     """The higher-precision run passed its deadline (stopped between two ops)."""
 
 
+class _Scratch:
+    """Buffers the converted weights of an op are written into, kept for the next op's.
+    A converted weight lives only during its op (the op's output never aliases it: views
+    of a weight stay _Upcast, see _Upcast), so a buffer is free again after it; fresh memory
+    for each would be a page fault per 4 KiB - 4 GiB of them in a 0.5 B decoder's pass, two
+    seconds of system time, as long as its arithmetic."""
+
+    def __init__(self) -> None:
+        self.free: list[torch.Tensor] = []
+
+    def take(self, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """A buffer laid out as ``like`` (its strides: what ``like.to(dtype)`` gives), or
+        None where ``like`` is not dense (a copy of its own then)."""
+        n = like.numel()
+        if not _dense(like) or n == 0:
+            return None
+        fits = [i for i, b in enumerate(self.free) if b.dtype == dtype and b.numel() >= n]
+        if fits:  # the smallest that fits (by position: == on tensors compares elements)
+            buf = self.free.pop(min(fits, key=lambda i: self.free[i].numel()))
+        else:
+            buf = torch.empty(n, dtype=dtype)
+        return buf.as_strided(like.shape, like.stride(), 0)
+
+    def give_back(self, views: list[torch.Tensor]) -> None:
+        for v in views:
+            self.free.append(v.as_strided((v.untyped_storage().nbytes() // v.element_size(),),
+                                          (1,), 0))
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether ``t``'s elements fill its storage span without gaps or overlaps, in some order
+    of its dims (a contiguous weight, or its transpose)."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 class _Upcast(torch.Tensor):
     """A weight seen at a higher precision (see the module's docstring): the dtype it reports
-    is ``high``; each op gets ``inner.to(high)``, a temporary. An op that would write it is
-    refused (a converted copy would keep the write; a temporary would lose it). Past
-    ``deadline[0]`` (perf_counter seconds; None: none) an op raises _TooSlow."""
+    is ``high``; each op gets ``inner`` converted, into a buffer of ``scratch`` kept for the
+    next op. A view op (a transpose, a reshape) gives a view of ``inner`` seen the same way,
+    converted by the op that reads it. An op that would write it is refused (a converted copy
+    would keep the write; a temporary would lose it). Past ``deadline[0]`` (perf_counter
+    seconds; None: none) an op raises _TooSlow."""
 
     deadline: list[float | None]
+    scratch: _Scratch
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor, high: torch.dtype) -> _Upcast:
@@ -99,6 +144,12 @@ class _Upcast(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    def seen(self, inner: torch.Tensor) -> _Upcast:
+        """``inner`` (a view of this one's) seen at the same precision, in the same run."""
+        out = _Upcast(inner, self.high)
+        out.deadline, out.scratch = self.deadline, self.scratch
+        return out
+
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
@@ -110,37 +161,69 @@ class _Upcast(torch.Tensor):
         end = upcast[0].deadline[0] if upcast else None
         if end is not None and time.perf_counter() > end:
             raise _TooSlow
-
-        if func in _GATHERS and isinstance(args[0], _Upcast) and not any(
-                isinstance(a, _Upcast) for a in args[1:]):
+        only_first = bool(args) and isinstance(args[0], _Upcast) and len(upcast) == 1
+        if func in _GATHERS and only_first:
             # rows picked, then converted: the same values (a conversion to the higher
             # precision is exact, element by element), without converting the whole table -
             # a 150k-token embedding is 1 GiB in float64, for the few rows a prompt reads
             return func(args[0].inner, *args[1:], **kwargs).to(args[0].high)
-
-        def unwrap(t: Any) -> Any:
-            return t.inner.to(t.high) if isinstance(t, _Upcast) else t
-
-        tree_map = torch.utils._pytree.tree_map
-        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+        if only_first and _one_view(func):  # w.t(), w.view(...): converted where read
+            return args[0].seen(func(args[0].inner, *args[1:], **kwargs))
+        return _converted_call(func, args, kwargs, upcast[0].scratch if upcast else None)
 
 
 # ops that only pick elements of their first argument (no arithmetic on them)
 _GATHERS = (torch.ops.aten.embedding.default, torch.ops.aten.index_select.default)
 
 
+def _one_view(func: Any) -> bool:
+    """Whether ``func`` returns one tensor, a view of its first argument (schema: Tensor(a))."""
+    rets = func._schema.returns
+    args = func._schema.arguments
+    return (len(rets) == 1 and rets[0].alias_info is not None and bool(args)
+            and args[0].alias_info is not None
+            and rets[0].alias_info.before_set == args[0].alias_info.before_set
+            and not rets[0].alias_info.is_write and str(rets[0].type) == "Tensor")
+
+
+def _converted_call(func: Any, args: Any, kwargs: dict[str, Any],
+                    scratch: _Scratch | None) -> Any:
+    """``func`` on its arguments with every _Upcast converted: into buffers of ``scratch``
+    where the op's outputs alias none of its inputs (given back after it), else copies."""
+    taken: list[torch.Tensor] = []
+    reuse = scratch is not None and all(r.alias_info is None for r in func._schema.returns)
+
+    def unwrap(t: Any) -> Any:
+        if not isinstance(t, _Upcast):
+            return t
+        buf = scratch.take(t.inner, t.high) if reuse and scratch is not None else None
+        if buf is None:
+            return t.inner.to(t.high)
+        taken.append(buf)
+        return buf.copy_(t.inner)
+
+    tree_map = torch.utils._pytree.tree_map
+    try:
+        return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+    finally:
+        if scratch is not None:
+            scratch.give_back(taken)
+
+
 def _upcast_weights(model: torch.nn.Module, dtype: torch.dtype,
                     deadline: list[float | None]) -> dict[str, Any]:
     """The model's floating parameters and buffers as ``_Upcast`` tensors sharing
-    ``deadline``, by name (tied ones one tensor), for torch.func.functional_call."""
+    ``deadline`` and a scratch (_Scratch), by name (tied ones one tensor), for
+    torch.func.functional_call."""
     by_id: dict[int, Any] = {}
+    scratch = _Scratch()
     out = {}
     for name, t in list(model.named_parameters(remove_duplicate=False)) + list(
             model.named_buffers(remove_duplicate=False)):
         if t.is_floating_point() and t.dtype != dtype:
             if id(t) not in by_id:
                 by_id[id(t)] = _Upcast(t.detach(), dtype)
-                by_id[id(t)].deadline = deadline
+                by_id[id(t)].deadline, by_id[id(t)].scratch = deadline, scratch
             out[name] = by_id[id(t)]
     return out
 
