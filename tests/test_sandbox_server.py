@@ -221,3 +221,26 @@ def test_a_kept_session_serves_the_steps_of_a_loop(tmp_path):
         np.testing.assert_array_equal(r.outputs[0][0], X["x"] * 2)
     np.testing.assert_array_equal(plain.outputs[0][0], X["x"] * 3)
     np.testing.assert_array_equal(again.outputs[0][0], X["x"] * 5)
+
+
+def test_a_child_started_ahead_serves_the_first_run(tmp_path):
+    """start(): the kept child is started before any run (its ONNX Runtime imported while the
+    caller waits for something else); the first run goes to it and is counted as the run
+    that took a child; closing without a run leaves no child or folder."""
+    p = om.scaled_model(tmp_path / "m.onnx", 2.0)
+    with sandbox.reuse() as server:
+        server.start()
+        pid = _pid(server)
+        assert pid is not None and os.path.exists(f"/proc/{pid}")
+        server.start()  # already there: the same child
+        assert _pid(server) == pid
+        out = sandbox.run_model(p, [X])
+        assert out.ok and _pid(server) == pid and out.import_seconds > 0
+        assert server.stats["runs"] == 1 and server.stats["children"] == 1
+        folder = server.child.dir
+    assert not os.path.exists(f"/proc/{pid}") and not folder.exists()
+    idle = sandbox.Server()
+    idle.start()
+    pid, folder = _pid(idle), idle.child.dir
+    idle.close()
+    assert not os.path.exists(f"/proc/{pid}") and not folder.exists()

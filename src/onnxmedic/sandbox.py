@@ -580,6 +580,7 @@ class Server:
     def __init__(self, memory_limit: int | None = -1) -> None:
         self.memory_limit = memory_limit
         self.child: Worker | None = None
+        self.unused = False  # the child was started ahead (start) and has served nothing yet
         self.stats = {"runs": 0, "children": 0, "import_seconds": 0.0, "load_seconds": 0.0,
                       "wall_seconds": 0.0}
 
@@ -593,6 +594,16 @@ class Server:
         if self.child is not None:
             self.child.close()
             self.child = None
+        self.unused = False
+
+    def start(self) -> None:
+        """Start the kept child now, where there is none: a caller with time to wait before
+        its first run (the genai builder writing the package) has the child import ONNX
+        Runtime meanwhile."""
+        if self.child is None or self.child.proc is None:
+            self.close()
+            self.child = Worker(self.memory_limit, serve=True)
+            self.unused = True
 
     def count(self, out: SandboxResult, child: bool = False) -> None:
         """Add a run to ``stats`` (``child``: it started a child - a kept one, or its own:
@@ -631,6 +642,7 @@ class Server:
         if started:
             self.close()
             self.child = Worker(self.memory_limit, serve=True)
+        started, self.unused = started or self.unused, False
         out = self.child.run(model_path, feeds, **options)
         self.count(out, child=started)
         if not out.ok:

@@ -318,6 +318,45 @@ def test_genai_problem_names_a_cache_genai_cannot_size():
     assert "keys [(1, 16)] and values [(1, 8)]" in genai_problem(mla)
 
 
+def _graph(op: str, domain: str = "", in_function: bool = False) -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
+    node = helper.make_node(op, ["x", "w"], ["y"], domain=domain)
+    io = dict(inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+              outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], [0.0] * 16)
+    if not in_function:
+        return helper.make_model(helper.make_graph([node], "g", initializer=[w], **io))
+    fn = helper.make_function("local", "F", ["x", "w"], ["y"], [node],
+                              [helper.make_opsetid(domain, 1)])
+    call = helper.make_node("F", ["x", "w"], ["y"], domain="local")
+    return helper.make_model(helper.make_graph([call], "g", initializer=[w], **io),
+                             functions=[fn])
+
+
+def test_weights_are_packed_at_load_only_where_they_are_quantized(llama, tmp_path):
+    """The verification's sessions pack MatMul weights only where they are quantized (packed,
+    MatMulNBits computes otherwise); a float package is loaded unpacked, by the own loop and
+    by onnxruntime-genai alike (its spec says so)."""
+    assert not gen_verify.quantized_weights(_graph("MatMul"))
+    assert gen_verify.quantized_weights(_graph("MatMulNBits", "com.microsoft"))
+    assert gen_verify.quantized_weights(_graph("DequantizeLinear", in_function=True))
+    prompts = [[5, 6, 7]]
+    spec = json.loads(gen_verify.genai_spec(llama[3], prompts, 4))
+    assert spec == {"prompts": prompts, "steps": 4, "prepack": False}
+    assert not gen_verify.graph_layout(onnx.load(str(llama[3] / "model.onnx"),
+                                                 load_external_data=False))["quantized"]
+    onnx.save(_graph("MatMulNBits", "com.microsoft"), str(tmp_path / "model.onnx"))
+    assert json.loads(gen_verify.genai_spec(tmp_path, prompts, 4))["prepack"] is True
+    # unreadable here: packed as where it is served; the child says what is wrong with it
+    assert json.loads(gen_verify.genai_spec(tmp_path / "none", prompts, 4))["prepack"] is True
+    if gen_verify.genai_available():  # the child loads the folder either way, same tokens
+        runs = [gen_verify.run_genai_child(gen_verify.CHILD, llama[3], json.dumps(
+            {**spec, "prepack": p}), 120, GenerationCheck()) for p in (False, True)]
+        assert runs[0] and runs[0]["tokens"] == runs[1]["tokens"]
+        assert len(runs[0]["tokens"][0]) == 4
+
+
 # ------------------------------------------------------------------------------------------
 # the package's fast path (#40): ONNX Runtime's fusions and int4, each a verified candidate
 

@@ -2,7 +2,9 @@
 or hang of the runtime must not take onnxmedic with it).
 
 Run as ``python gen_genai_child.py FOLDER SPEC_JSON``; SPEC_JSON: {"prompts": [[ids]],
-"steps": N}. Prints {"tokens": [[ids]], "seconds": s, "version": v} as JSON on stdout.
+"steps": N, "prepack": bool (optional, default true; false: the decoder's session packs no
+weights, session.disable_prepacking - gen_verify.quantized_weights says when)}. Prints
+{"tokens": [[ids]], "seconds": s, "version": v} as JSON on stdout.
 Imports only onnxruntime_genai (never torch or onnxmedic).
 """
 
@@ -17,7 +19,13 @@ def main() -> None:
     import onnxruntime_genai as og
 
     folder, spec = sys.argv[1], json.loads(sys.argv[2])
-    model = og.Model(folder)
+    if spec.get("prepack", True):
+        model = og.Model(folder)
+    else:
+        config = og.Config(folder)
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {
+            "session.disable_prepacking": "1"}}}}))
+        model = og.Model(config)
     tokens, t0, generated = [], 0.0, 0
     for ids in spec["prompts"]:
         params = og.GeneratorParams(model)

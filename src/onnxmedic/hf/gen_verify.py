@@ -242,15 +242,35 @@ def torch_side(model: Any, prompts: list[list[int]], steps: int,
     return runs
 
 
+# ops whose weights are quantized: their kernels compute otherwise once the weights are packed
+QUANTIZED_OPS = frozenset({
+    "MatMulNBits", "MatMulInteger", "MatMulIntegerToFloat", "QLinearMatMul", "QGemm",
+    "DynamicQuantizeMatMul", "QuantizeLinear", "DequantizeLinear", "GatherBlockQuantized",
+    "QMoE"})
+
+
+def quantized_weights(proto: onnx.ModelProto) -> bool:
+    """Whether an op of the graph has quantized weights (QUANTIZED_OPS). Only then do the
+    verification's sessions (the own loop's and onnxruntime-genai's) pack the weights at
+    load, as where the package is served: packed, those kernels compute otherwise (int8
+    activations). Float weights are not packed: packing copies every one into the MatMul
+    kernels' layout (2 GiB and 2 s for a 0.5 B decoder, more than its generation takes) and
+    changes only the order the kernels sum in (6e-6 on that decoder's logits: float32
+    rounding, what the float64 budget judges)."""
+    graphs = [proto.graph.node] + [f.node for f in proto.functions]
+    return any(n.op_type in QUANTIZED_OPS for nodes in graphs for n in nodes)
+
+
 def graph_layout(proto: onnx.ModelProto) -> dict[str, Any]:
-    """The names, dims and dtypes of a package graph's inputs that generation feeds."""
+    """The names, dims and dtypes of a package graph's inputs that generation feeds, and
+    whether its weights are quantized (quantized_weights)."""
     g = proto.graph
     past = [i for i in g.input if i.name.startswith("past_key_values.")]
     dims = [[d.dim_value if d.HasField("dim_value") else None
              for d in i.type.tensor_type.shape.dim] for i in past]
     types = [onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in past]
     return {"inputs": [i.name for i in g.input], "past": [i.name for i in past],
-            "past_dims": dims, "past_types": types}
+            "past_dims": dims, "past_types": types, "quantized": quantized_weights(proto)}
 
 
 def _fill_head_size(layout: dict[str, Any], folder: Path) -> None:
@@ -297,11 +317,10 @@ def onnx_generation(path: Path, layout: dict[str, Any], ids: list[int], steps: i
     past, new = None, list(ids)
     for step in range(steps):
         feed = _feed(layout, new, len(ids) + step, past)
-        # prepack=False: the loop's few runs do not repay repacking every weight at load (a
-        # 0.5 B decoder loads in 0.9 s instead of 2.4); onnxruntime-genai's run loads the
-        # package as it is deployed
+        # float weights not packed: the loop's few runs do not repay packing every weight at
+        # load (a 0.5 B decoder loads in 0.9 s instead of 2.4; quantized_weights says why)
         sbx = sandbox.run_model(path, [feed], timeout=timeout, keep_session=True,
-                                prepack=False, threads=threads)
+                                prepack=bool(layout.get("quantized")), threads=threads)
         if not sbx.ok:
             f = sbx.finding(STAGE, timeout)
             if f is not None:
@@ -396,6 +415,17 @@ def localize_step(check: GenerationCheck, path: Path, program: Any,
             check.findings.append(f)
 
 
+def genai_spec(folder: Path, prompts: list[list[int]], steps: int) -> str:
+    """The genai child's JSON spec for ``folder``: its session packs the weights only where
+    the graph has quantized ones (:func:`quantized_weights`), like the own loop's."""
+    try:
+        prepack = quantized_weights(onnx.load(str(folder / "model.onnx"),
+                                              load_external_data=False))
+    except Exception:  # noqa: BLE001 - unreadable here: the child says why, packed as served
+        prepack = True
+    return json.dumps({"prompts": prompts, "steps": steps, "prepack": prepack})
+
+
 def genai_available() -> bool:
     return importlib.util.find_spec("onnxruntime_genai") is not None
 
@@ -475,8 +505,7 @@ def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: 
     if not genai_available():
         check.findings.append(_not_installed())
         return
-    run = start_genai_child(CHILD, folder, json.dumps({"prompts": check.prompts,
-                                                       "steps": steps}))
+    run = start_genai_child(CHILD, folder, genai_spec(folder, check.prompts, steps))
     genai_tokens(run, check, steps, timeout, eos)
 
 
@@ -539,7 +568,7 @@ def genai_beside(folder: Path, prompts: list[list[int]], steps: int) -> ChildRun
     if not genai_available() or avail is None or \
             avail <= CONCURRENT_MEMORY * sandbox.model_file_bytes(folder / "model.onnx"):
         return None
-    return start_genai_child(CHILD, folder, json.dumps({"prompts": prompts, "steps": steps}))
+    return start_genai_child(CHILD, folder, genai_spec(folder, prompts, steps))
 
 
 def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, steps: int = 8,
@@ -582,8 +611,8 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
             onnx_ahead = None
         ran = _own_loop(check, model, path, steps, program, timeout, threads, onnx_ahead)
         if genai and ran and check.ok:
-            run = early or start_genai_child(CHILD, folder, json.dumps(
-                {"prompts": check.prompts, "steps": steps}))
+            run = early or start_genai_child(CHILD, folder, genai_spec(
+                folder, check.prompts, steps))
             early = None
             genai_tokens(run, check, steps, timeout, _eos_ids(model))
     finally:

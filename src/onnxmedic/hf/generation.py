@@ -401,6 +401,11 @@ class _BuildWatch(threading.Thread):
         self.onnx: Any = None
 
     def run(self) -> None:
+        with sandbox.reuse() as server:
+            server.start()  # the own loop's child imports ONNX Runtime while the builder writes
+            self._run()
+
+    def _run(self) -> None:
         from onnxmedic.hf import gen_builder
         from onnxmedic.hf.gen_verify import OWN_LOOP_THREADS, genai_beside, onnx_side
 
