@@ -219,3 +219,20 @@ def test_only_the_sets_the_estimate_does_not_show_run_in_float64(monkeypatch):
     assert comps[0][0].ok and comps[0][0].rule == budget.RULE_BUDGET
     assert comps[1][0].ok and comps[1][0].rule == budget.RULE_ESTIMATED
     assert not comps[2][0].ok and comps[2][0].rule == budget.RULE_BUDGET
+
+
+def test_the_error_histogram_counts_as_numpys_histogram_does():
+    """Decades of |error| / rms from 1e-10 to 10: zeros and values on an edge, over the last
+    edge and under the first, counted as np.histogram counts them (with its uneven bins)."""
+    edges = 10.0 ** np.arange(-10, 2)
+    err = np.concatenate([np.zeros(5), edges, edges * (1 + 1e-12), edges * (1 - 1e-12),
+                          [1e3, 10.0, 9.999, 1e-14], RNG.standard_normal(10_000)
+                          * 10.0 ** RNG.uniform(-13, 2, 10_000)])
+    err = err[:10_040].reshape(8, -1)  # an output's shape: counted over all its elements
+    for scale in (1.0, 0.37, 0.0):
+        rel = np.abs(err) / (scale or 1.0)
+        want = np.histogram(np.clip(rel, 0, edges[-1]), bins=np.concatenate([[0], edges]))[0]
+        got = budget.error_histogram(err, scale)
+        assert [e for e, _ in got] == list(edges)
+        assert [n for _, n in got] == want.tolist()
+    assert budget.error_histogram(np.zeros(0), 1.0) == []

@@ -51,3 +51,43 @@ def test_float32_and_nonfinite_are_unaffected():
     a16 = e16.copy()
     a16[0] = -np.inf
     assert not compare_arrays("y", e16, a16).ok
+
+
+def _errors_elementwise(exp, act, rtol, atol):
+    """max abs, max rel and the mismatched count, one element at a time (NaN matches NaN, an
+    inf the same inf; a special mismatch makes both maxima inf)."""
+    max_abs = max_rel = 0.0
+    bad = 0
+    special = False
+    for e, a in zip(np.asarray(exp, np.float64).ravel(), np.asarray(act, np.float64).ravel()):
+        if np.isnan(e) or np.isnan(a) or np.isinf(e) or np.isinf(a):
+            same = (np.isnan(e) and np.isnan(a)) or (e == a)
+            special |= not same
+            bad += not same
+            continue
+        d = abs(e - a)
+        max_abs = max(max_abs, d)
+        max_rel = max(max_rel, d / (abs(e) + atol + np.finfo(np.float64).tiny))
+        bad += d > atol + rtol * abs(e)
+    return (np.inf, np.inf, bad) if special else (max_abs, max_rel, bad)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("special", [None, "nan", "inf", "nan both", "inf both"])
+def test_the_error_measures_match_an_element_by_element_count(dtype, special):
+    rng = np.random.default_rng(3)
+    exp = (rng.standard_normal(300) * 10.0 ** rng.uniform(-6, 3, 300)).astype(dtype)
+    act = (exp.astype(np.float64) * (1 + rng.standard_normal(300) * 1e-3)).astype(dtype)
+    act[:3] = exp[:3]
+    if special == "nan":
+        act[5] = np.nan
+    elif special == "inf":
+        exp[7] = np.inf
+    elif special == "nan both":
+        exp[5] = act[5] = np.nan
+    elif special == "inf both":
+        exp[7] = act[7] = -np.inf
+    c = compare_arrays("y", exp, act, tolerance=(1e-3, 1e-5))
+    want = _errors_elementwise(exp, act, 1e-3, 1e-5)
+    assert (c.max_abs, c.mismatched) == (want[0], want[2])
+    assert c.max_rel == pytest.approx(want[1], rel=1e-12)

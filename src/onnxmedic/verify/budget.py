@@ -307,7 +307,10 @@ def error_histogram(err: np.ndarray, scale: float, bins: int = 12) -> list[list[
         return []
     rel = np.abs(err) / (scale if scale > 0 else 1.0)
     edges = 10.0 ** np.arange(-10, -10 + bins)
-    counts = np.histogram(np.clip(rel, 0, edges[-1]), bins=np.concatenate([[0], edges]))[0]
+    # np.histogram's bins [0, 1e-10), [1e-10, 1e-9) ... [1, 10] (values over 10 counted in
+    # the last), counted without the sort np.histogram makes for uneven bins
+    at = np.minimum(np.searchsorted(edges, rel.ravel(), side="right"), bins - 1)
+    counts = np.bincount(at, minlength=bins)
     return [[float(e), int(n)] for e, n in zip(edges, counts)]
 
 
