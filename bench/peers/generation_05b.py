@@ -256,7 +256,8 @@ def table(rows: dict[str, Any], tools: list[str], a: argparse.Namespace, n_promp
     import onnxruntime
     import onnxruntime_genai
 
-    lines = [f"`python bench/peers/generation_05b.py --model {a.model} --steps {a.steps}` · "
+    lines = [f"`python bench/peers/generation_05b.py --model {a.model} --steps {a.steps} "
+             f"--tools {','.join(tools)} --build-rounds {a.build_rounds}` · "
              f"{datetime.date.today()} · {cpu}, {os.cpu_count()} cores (shared) · onnxruntime "
              f"{onnxruntime.__version__}, onnxruntime-genai {onnxruntime_genai.__version__}, "
              f"float32 CPU; builds: {a.build_rounds} alternating rounds (median; each "
