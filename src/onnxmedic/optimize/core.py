@@ -1,17 +1,5 @@
-"""optimize() and its helpers: what ``onnxmedic.optimize`` gives (its __init__ imports them
-on first use).
-
-Verified, measured optimization of an ONNX file for a target (issue 17).
-
-``optimize(onnx_path, model, args)`` builds candidate variants (onnxscript's optimizer, its ONNX
-Runtime fusions, ONNX Runtime's offline optimizer, int8 dynamic quantization (per tensor, per
-channel, fused), weight-only block-wise int8 (MatMulNBits) and, for convolutional graphs,
-static QDQ int8 calibrated on input sets apart from the verification sets (or on the user's,
-``calibration=``), each with per-layer sensitivity, float16 with a measured block list - see
-``optimize/fp16.py``), verifies each against PyTorch on the same input sets as an export (the
-example, derived random sets, every dynamic size), times the verified ones in the sandbox and
-writes the fastest one that beats the plain file beyond the measurement noise.
-"""
+"""optimize() and its helpers: what ``onnxmedic.optimize`` gives (its __init__.py imports them
+on first use, and says what optimize does)."""
 
 from __future__ import annotations
 
