@@ -597,9 +597,9 @@ class Server:
         self.unused = False
 
     def start(self) -> None:
-        """Start the kept child now, where there is none: a caller with time to wait before
-        its first run (the genai builder writing the package) has the child import ONNX
-        Runtime meanwhile."""
+        """Start the kept child now, where there is none (a run does so first): a caller
+        with time to wait before its first run (the genai builder writing the package) has
+        the child import ONNX Runtime meanwhile."""
         if self.child is None or self.child.proc is None:
             self.close()
             self.child = Worker(self.memory_limit, serve=True)
@@ -638,11 +638,9 @@ class Server:
 
     def _once(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
               options: dict[str, Any]) -> SandboxResult:
-        started = self.child is None or self.child.proc is None
-        if started:
-            self.close()
-            self.child = Worker(self.memory_limit, serve=True)
-        started, self.unused = started or self.unused, False
+        self.start()  # where there is no child (or a dead one)
+        started, self.unused = self.unused, False  # this run takes the child start() made
+        assert self.child is not None
         out = self.child.run(model_path, feeds, **options)
         self.count(out, child=started)
         if not out.ok:
