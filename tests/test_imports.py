@@ -1,6 +1,6 @@
 """What ``import onnxmedic`` and the command line load, and when: the package's public names
 are imported on first use, so that the command line parses its arguments (and starts the genai
-builder, tests/hf/test_gen_builder.py) before torch.export, onnx-ir and the translations load;
+builder, tests/hf/test_backends.py) before torch.export, onnx-ir and the translations load;
 the names are still the functions they were when the package imported them all at once."""
 
 from __future__ import annotations

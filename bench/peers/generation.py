@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "src"))
 TOOLS = ("onnxmedic", "onnxmedic-auto", "transformers.exporters", "genai-builder",
          "optimum-cli")
 PROMPT = "Return the number of items in the list"
-CHILD = ROOT / "src" / "onnxmedic" / "hf" / "gen_genai_child.py"
+CHILD = ROOT / "src" / "onnxmedic" / "hf" / "genai_child.py"
 OPTIMUM_VENV = ROOT / "build" / "venv-optimum"
 OPTIMUM_PINS = ("optimum-onnx 0.1.0 (the latest) pins transformers<4.58; `pip install "
                 "'optimum-onnx[onnxruntime]' transformers==5.23.0` answers \"ERROR: Cannot install "

@@ -37,7 +37,7 @@ from bench.peers.generation import _peak_mib, _size  # noqa: E402
 
 TOOLS = ("onnxmedic", "transformers.exporters", "genai-builder")
 PROMPT = "Return the number of items in the list"
-CHILD = ROOT / "src" / "onnxmedic" / "hf" / "seq2seq_genai_child.py"
+CHILD = ROOT / "src" / "onnxmedic" / "hf" / "genai_child.py"
 
 
 def _load(name: str, root: Path) -> tuple[Any, Any, Any, Path]:

@@ -8,7 +8,7 @@
 
 The names below are imported on first use (PEP 562): ``import onnxmedic`` and the command
 line start without torch.export, onnx-ir and the translations loaded, so that the command
-line can start work that needs none of them (onnxruntime-genai's builder, hf/gen_builder.py)
+line can start work that needs none of them (onnxruntime-genai's builder, hf/builder.py)
 before loading them.
 """
 

@@ -263,7 +263,7 @@ def test_seq2seq_without_past_is_not_available(tmp_path, out):
 def test_with_past_without_the_generation_module_is_om807(monkeypatch, hf_folder, out):
     import onnxmedic.hf as hf
 
-    monkeypatch.setattr(hf, "generation_available", lambda: False)
+    monkeypatch.setattr(hf.load, "generation_available", lambda: False)
     res = onnxmedic.export_pretrained(hf_folder("gpt2"), out / "pkg")
     _fails_with(res, "OM807", out)
     assert "text-generation-with-past" in res.errors[0].message

@@ -144,7 +144,7 @@ def test_with_past_tasks_go_to_the_generation_package(monkeypatch, hf_folder, tm
     fake.export_generation = export_generation
     monkeypatch.setitem(sys.modules, "onnxmedic.hf.generation", fake)
     monkeypatch.setattr(hf, "generation", fake, raising=False)
-    monkeypatch.setattr(hf, "generation_available", lambda: True)
+    monkeypatch.setattr(hf.load, "generation_available", lambda: True)
     res = onnxmedic.export_pretrained(hf_folder("gpt2"), tmp_path / "pkg", timeout=30)
     assert res.ok and len(calls) == 1
     model, out_dir, kw = calls[0]

@@ -44,7 +44,7 @@ DEFAULT_PROMPTS = ("The quick brown fox jumps over the lazy dog because",
 # big model it would double the verification (PyTorch's run and its float64 reference, two
 # ONNX Runtime generations) for one more prefill length
 SECOND_PROMPT_MAX_PARAMS = 100_000_000
-CHILD = Path(__file__).resolve().parent / "gen_genai_child.py"
+CHILD = Path(__file__).resolve().parent / "genai_child.py"
 
 
 @dataclass
@@ -228,7 +228,7 @@ def torch_side(model: Any, prompts: list[list[int]], steps: int,
     """PyTorch's side of every prompt before any ONNX run: its greedy tokens and logits, and
     their float64 references in one pass (:func:`references`); ``runs`` (filled in place)
     keeps those already made. It needs nothing of the package, so it can run while the
-    package is built (hf/gen_builder.py)."""
+    package is built (hf/backends.py)."""
     runs = {} if runs is None else runs
     check = GenerationCheck(torch_runs=runs)
     todo: dict[tuple[int, ...], tuple[list[int], TorchRun]] = {}  # one per prompt
@@ -493,7 +493,7 @@ def run_genai_child(child: Path, folder: Path, spec: str, timeout: float,
     return finish_genai_child(start_genai_child(child, folder, spec), timeout, check)
 
 
-def _not_installed() -> Finding:
+def not_installed() -> Finding:
     return info("OM815", STAGE, "onnxruntime-genai is not installed: the package was not "
                 "generated from with it.", suggestion="pip install onnxruntime-genai")
 
@@ -503,28 +503,29 @@ def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: 
     """onnxruntime-genai generating from ``folder`` (a child process) must give PyTorch's
     tokens (up to an EOS it stops at)."""
     if not genai_available():
-        check.findings.append(_not_installed())
+        check.findings.append(not_installed())
         return
     run = start_genai_child(CHILD, folder, genai_spec(folder, check.prompts, steps))
     genai_tokens(run, check, steps, timeout, eos)
 
 
 def genai_tokens(run: ChildRun, check: GenerationCheck, steps: int, timeout: float,
-                 eos: set[int]) -> None:
+                 eos: set[int] | None, what: str = "prompt") -> None:
     """The tokens of the genai child ``run`` against check.tokens_torch (OM814 where they
-    differ, OM816 where it failed)."""
+    differ, OM816 where it failed): fewer tokens are a stop at one of ``eos`` (None: at any
+    token), ``what`` names the generation's items (prompts, an encoder-decoder's inputs)."""
     out = finish_genai_child(run, timeout, check)
     if out is None:
         return
     check.tokens_genai = out["tokens"]
     check.seconds["genai_generate"] = out["seconds"]
     for p, (got, want) in enumerate(zip(out["tokens"], check.tokens_torch)):
-        stopped = len(got) < len(want) and got and got[-1] in eos
+        stopped = len(got) < len(want) and got and (eos is None or got[-1] in eos)
         if got != want[:len(got)] or (len(got) < len(want) and not stopped):
             k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(got))
             check.fail(error(
                 "OM814", STAGE, f"onnxruntime-genai's greedy tokens differ from PyTorch's "
-                f"for prompt {p} at step {k}: {got} vs {want}.",
+                f"for {what} {p} at step {k}: {got} vs {want}.",
                 details={"prompt": p, "step": k, "genai": got, "torch": want}))
             return
 
@@ -595,7 +596,7 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     if torch_runs is not None:
         check.torch_runs = torch_runs
     if genai and not genai_available():
-        check.findings.append(_not_installed())
+        check.findings.append(not_installed())
         genai = False
     early = genai_run if genai else None
     if genai_run is not None and not genai:

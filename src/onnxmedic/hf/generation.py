@@ -21,7 +21,7 @@ import os
 import re
 import shutil
 import tempfile
-import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,9 @@ import torch
 
 from onnxmedic import sandbox
 from onnxmedic.findings import error, info, warning
-from onnxmedic.hf.gen_config import write_side_files
+from onnxmedic.hf import report_to
 from onnxmedic.hf.gen_verify import genai_check, verify_generation
+from onnxmedic.hf.genai_files import Layout, write_side_files
 from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD, replace_folder
 from onnxmedic.result import STAGES, ExportResult, stages_of
 
@@ -187,12 +188,13 @@ def rename_io(proto: onnx.ModelProto, positions: bool) -> dict[str, str]:
     return {new: old for old, new in mapping.items()}
 
 
-def save_graph(proto: onnx.ModelProto, folder: Path) -> Path:
-    """``folder/model.onnx``; weights over EXTERNAL_DATA_THRESHOLD in ``model.onnx.data``."""
-    path = folder / GRAPH
+def save_graph(proto: onnx.ModelProto, folder: Path, name: str = GRAPH) -> Path:
+    """A package's graph as ``folder/name``; weights over EXTERNAL_DATA_THRESHOLD in
+    ``name.data``."""
+    path = folder / name
     big = sum(len(t.raw_data) for t in proto.graph.initializer) > EXTERNAL_DATA_THRESHOLD
     onnx.save_model(proto, path, save_as_external_data=big, all_tensors_to_one_file=True,
-                    location=f"{GRAPH}.data" if big else None, size_threshold=1024)
+                    location=f"{name}.data" if big else None, size_threshold=1024)
     return path
 
 
@@ -219,9 +221,10 @@ def package_graph(raw: Path, folder: Path, positions: bool) -> dict[str, str]:
 
 
 def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int | None,
-           timeout: float) -> tuple[Any, dict[str, Any]] | None:
+           timeout: float) -> Layout | None:
     """Export and verify the decoder graph with onnxmedic.export, then give it GenAI's names
-    in ``tmp/model.onnx``; returns (the graph's ExportedProgram, its layout) or None (OM810)."""
+    in ``tmp/model.onnx``; returns its layout (its ExportedProgram as programs["decoder"]) or
+    None (OM810)."""
     from onnxmedic.api import export
 
     positions = takes_position_ids(model)
@@ -258,10 +261,9 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
         names = package_graph(raw, tmp, positions)
         shutil.rmtree(raw.parent)
     past = args[3]
-    layout = {"filename": GRAPH, "layers": len(past) // 2, "kv_heads": int(past[0].shape[1]),
-              "head_size": int(past[0].shape[3]), "position_ids": positions, "names": names,
-              "genai_problem": genai_problem(past)}
-    return sub.program, layout
+    return Layout(GRAPH, len(past) // 2, int(past[0].shape[1]), int(past[0].shape[3]),
+                  position_ids=positions, names=names, programs={"decoder": sub.program},
+                  genai_problem=genai_problem(past))
 
 
 def package_names(sub: ExportResult, renamed: dict[str, str]) -> None:
@@ -291,6 +293,22 @@ def genai_problem(past: list[torch.Tensor]) -> str | None:
             "genai_config.json has one head count and one head size for all of them")
 
 
+@dataclass
+class Request:
+    """What export_generation was asked for: the package of ``model`` at ``out``, how it is
+    made and judged. Every backend reads it (hf/backends.py)."""
+
+    model: Any
+    out: Path
+    tokenizer: Any = None
+    steps: int = 8
+    prompts: Any = None  # strings, or lists of ids (None: gen_verify.default_prompts)
+    timeout: float = sandbox.DEFAULT_TIMEOUT
+    verify: bool = True
+    opset: int | None = None
+    keep_unverified: bool = False
+    optimize: bool = False  # the decoder fused where it verifies (optimize/fuse_decoder.py)
+    strict: bool = False  # the builder's verified package or nothing (backend "builder")
 
 
 def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
@@ -298,7 +316,7 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
                       verify: bool = True, steps: int = 8, prompts: Any = None,
                       opset: int | None = None, report: str | os.PathLike[str] | None = None,
                       timeout: float | None = None, keep_unverified: bool = False,
-                      optimize: bool = False, builder: Any = None,
+                      optimize: bool = False, build_job: Any = None,
                       strict: bool = False) -> ExportResult:
     """Write a generation package for ``model`` (a loaded transformers causal LM) at
     ``out_dir``: one decoder graph with its KV cache serving prefill and decode,
@@ -310,200 +328,45 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
     ``keep_unverified``); an existing folder is replaced only then. With ``optimize``, the
     verified package's decoder fused by ONNX Runtime's transformer fusions
     (optimize/fuse_decoder.py) is written instead when its generation verifies against the
-    same PyTorch runs (OM734); else the plain package is (OM735, a warning). ``builder``: a
-    gen_builder.BuildJob writing the package (hf/gen_builder.py): its package, verified the
-    same way, is written when it verifies (OM836; it is fused already); else this export's
-    (OM837), or nothing with ``strict`` (OM838). Problems of the model are findings of the
-    returned ExportResult."""
+    same PyTorch runs (OM734); else the plain package is (OM735, a warning). ``build_job``: a
+    builder.BuildJob writing the package (onnxruntime-genai's model builder, hf/backends.py):
+    its package, verified the same way, is written when it verifies (OM836; it is fused
+    already); else this export's (OM837), or nothing with ``strict`` (OM838). Problems of the
+    model are findings of the returned ExportResult."""
     if task not in TASKS:
         raise ValueError(f"onnxmedic.export_generation: task must be one of "
                          f"{', '.join(TASKS)}, not {task!r}")
-    timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else timeout
-    out = Path(out_dir)
-    result = ExportResult(command="export", path=None, model=type(model).__name__,
-                          stages=stages_of(*(("build",) if builder is not None else ()),
-                                           *STAGES, "generate"))
-    result.generation = None  # type: ignore[attr-defined]  # gen_verify.GenerationCheck
+    req = Request(model, Path(out_dir), tokenizer, steps, prompts,
+                  sandbox.DEFAULT_TIMEOUT if timeout is None else timeout, verify, opset,
+                  keep_unverified, optimize, strict)
+    result = package_result(model, *(("build",) if build_job is not None else ()))
     with result.guard():
-        try:
-            runs = None
-            if builder is not None:  # None: the builder's package is written (or, strict,
-                # failed); else PyTorch's runs for the export below
-                runs = _from_builder(result, builder, model, out, tokenizer,
-                                     (steps, prompts, timeout, keep_unverified, strict))
-            if builder is None or runs is not None:
-                _export_package(result, model, out, tokenizer, verify, steps, prompts, opset,
-                                timeout, keep_unverified, optimize, runs)
-        finally:
-            if builder is not None:
-                builder.discard()
-    if report is not None:
-        from onnxmedic.report import write_report
+        from onnxmedic.hf.backends import make_package
 
-        write_report(result, report)
+        make_package(result, req, build_job)
+    return report_to(result, report)
+
+
+def package_result(model: Any, *before: str) -> ExportResult:
+    """The result of a package's export: the stages ``before`` the export's, then
+    "generate"; ``result.generation`` (gen_verify.GenerationCheck) None until verified."""
+    result = ExportResult(command="export", path=None, model=type(model).__name__,
+                          stages=stages_of(*before, *STAGES, "generate"))
+    result.generation = None  # type: ignore[attr-defined]
     return result
 
 
-def _from_builder(result: ExportResult, job: Any, model: Any, out: Path, tokenizer: Any,
-                  how: tuple[int, Any, float, bool, bool]) -> dict[Any, Any] | None:
-    """The genai builder's package (``job``, writing in a child) verified and written; None
-    when it is (or, ``strict``, when it fails: OM838), else PyTorch's runs for the export that
-    writes the package instead (OM837). PyTorch's side of the verification runs here while
-    the builder writes."""
-    from onnxmedic.hf.gen_verify import default_prompts, prompt_ids, torch_side
-
-    steps, prompts, timeout, keep_unverified, strict = how
-    was_training = model.training
-    model.eval()
-    ids = prompt_ids(tokenizer, default_prompts(model) if prompts is None else prompts,
-                     int(model.config.vocab_size))
-    # onnxruntime-genai's check starts as soon as the package is there, while PyTorch's side
-    # may still run here
-    watch = _BuildWatch(job, timeout, ids, steps, (model, tokenizer))
-    watch.start()
-    try:
-        # one core each: the builder's child and PyTorch here (two threads here would take
-        # turns with the child on two cores)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            with result.timed("generate: torch"):
-                runs = torch_side(model, ids, steps)
-        finally:
-            torch.set_num_threads(threads)
-        with result.timed("build wait"):
-            watch.join()
-        return _builder_verdict(result, job, watch, (model, tokenizer, out),
-                                (steps, ids, timeout, keep_unverified, strict), runs)
-    finally:
-        if watch.is_alive():  # given up on (an error here): the builder is stopped
-            job.kill()
-        watch.join()
-        if watch.genai is not None:
-            watch.genai.stop()
-        model.train(was_training)
-
-
-class _BuildWatch(threading.Thread):
-    """Waits for the builder's ``job``; once its package is there, starts onnxruntime-genai's
-    check of it (gen_verify.genai_beside: ``genai``) and runs onnxmedic's own loop's ONNX
-    Runtime side (gen_verify.onnx_side: ``onnx``), while PyTorch's side may still run in the
-    caller's thread: both judged there after. ``why``: the builder's failure, or None."""
-
-    def __init__(self, job: Any, timeout: float, ids: list[list[int]], steps: int,
-                 side: tuple[Any, Any]) -> None:
-        super().__init__(daemon=True)
-        self.job, self.timeout, self.ids, self.steps = job, timeout, ids, steps
-        self.side = side  # (model, tokenizer): their files complete the package (finish)
-        self.why: str | None = "not waited for"
-        self.files: list[str] = []
-        self.genai: Any = None
-        self.onnx: Any = None
-
-    def run(self) -> None:
-        with sandbox.reuse() as server:
-            server.start()  # the own loop's child imports ONNX Runtime while the builder writes
-            self._run()
-
-    def _run(self) -> None:
-        from onnxmedic.hf import gen_builder
-        from onnxmedic.hf.gen_verify import OWN_LOOP_THREADS, genai_beside, onnx_side
-
-        self.why = self.job.wait(self.timeout)
-        if self.why is None:
-            try:  # the package complete before anything runs it
-                self.files = gen_builder.finish(self.job, *self.side)
-            except Exception as e:  # noqa: BLE001 - said as the builder's failure
-                logger.info("generation: completing the builder's package", exc_info=True)
-                self.why = f"its package could not be completed ({type(e).__name__}: {e})"
-                return
-            self.genai = genai_beside(self.job.out, self.ids, self.steps)
-            try:
-                self.onnx = onnx_side(self.job.out, self.ids, self.steps, self.timeout,
-                                      OWN_LOOP_THREADS if self.genai is not None else None)
-            except Exception:  # noqa: BLE001 - the caller's own loop runs it again
-                logger.info("generation: the own loop ahead failed", exc_info=True)
-
-
-def _builder_verdict(result: ExportResult, job: Any, watch: _BuildWatch,
-                     what: tuple[Any, Any, Path], how: tuple[int, Any, float, bool, bool],
-                     runs: dict[Any, Any]) -> dict[Any, Any] | None:
-    """The builder's package (``watch`` waited for it) verified against PyTorch's ``runs``
-    and written (OM836), or failed (``strict``: OM838), or PyTorch's runs returned for the
-    export that writes the package instead (OM837): _from_builder's verdict."""
-    model, tokenizer, out = what
-    steps, ids, timeout, keep_unverified, strict = how
-    why = watch.why
-    result.timings["build"] = job.seconds
-    check = None
-    if why is None:
-        result.record("build").passed()
-        with result.timed("generate"):
-            check = verify_generation(job.out, model, tokenizer, steps=steps, prompts=ids,
-                                      timeout=timeout, torch_runs=runs,
-                                      genai_run=watch.genai, onnx_ahead=watch.onnx)
-            watch.genai = None
-        result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
-        if check.ok or strict:
-            result.generation = check  # type: ignore[attr-defined]
-            result.verification.extend(check.comparisons)
-            result.findings.extend(check.findings)
-        if check.ok:
-            result.record("generate").passed()
-            result.stages = {k: v for k, v in result.stages.items()
-                             if k in ("build", "write", "generate")}
-            result.findings.append(info(
-                "OM836", "build", f"the package was built by onnxruntime-genai's model "
-                f"builder in {job.seconds:.1f} s (its decoder fused: {_fused_ops(job.out)}) "
-                "and verified by onnxmedic: greedy generation token for token against "
-                "PyTorch, each step's logits within the float64 budget, and in "
-                "onnxruntime-genai.", details={"seconds": job.seconds}))
-            finish_package(result, job.out, out, watch.files, True, keep_unverified)
-            return None
-        errors = [f for f in check.findings if f.severity.value == "error"]
-        why = "its package does not verify: " + (errors[0].message if errors else "?")
-    if strict:
-        result.fail("build", error(
-            "OM838", "build", f"onnxruntime-genai's model builder did not give a verified "
-            f"package: {why}", suggestion="Leave --backend out (auto): onnxmedic's own "
-            "export writes the package where the builder's does not verify."))
-        result.findings.append(not_written(out))
-        return None
-    # the export writes the package: its stages as without the builder, whose verdict stays
-    # as a warning
-    result.stages.pop("build", None)
-    result.timings = {("builder " + k if k.startswith("generate") else k): v
-                      for k, v in result.timings.items()}
-    result.findings.append(warning(
-        "OM837", "build", f"onnxruntime-genai's model builder did not give a verified package "
-        f"({why}); onnxmedic's own export writes it instead.",
-        details={"builder_seconds": job.seconds, "log": job.log_tail()}))
-    return runs
-
-
-def _fused_ops(folder: Path) -> str:
-    """The contrib ops of a package's graph (what the builder fused), for OM836."""
-    from collections import Counter
-
-    try:
-        proto = onnx.load(str(folder / GRAPH), load_external_data=False)
-    except Exception:  # noqa: BLE001 - a help in a message
-        return "?"
-    ops = Counter(n.op_type for n in proto.graph.node if n.domain == "com.microsoft")
-    return ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) or "none"
-
-
-def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any, verify: bool,
-                    steps: int, prompts: Any, opset: int | None, timeout: float,
-                    keep_unverified: bool, optimize: bool,
-                    torch_runs: dict[Any, Any] | None = None) -> None:
+def export_package(result: ExportResult, req: Request,
+                   torch_runs: dict[Any, Any] | None = None) -> None:
+    """onnxmedic's own export of the package (the ``export`` backend), judged against
+    ``torch_runs`` where PyTorch's side ran already (gen_verify.torch_side)."""
+    model, out = req.model, req.out
     why = _not_a_decoder(model)
     if why is not None:
         result.fail("preflight", _cannot_serve(why))
         return
     if not out.parent.is_dir():
-        result.fail("write", error("OM006", "write", f"cannot write {out}: the folder "
-                                   f"{out.parent} does not exist."))
+        result.fail("write", no_folder(out))
         return
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -514,88 +377,87 @@ def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any,
             if why is not None:
                 result.fail("preflight", _cannot_serve(why))
                 return
-            _build_and_check(result, model, out, tmp, tokenizer, verify, steps, prompts, opset,
-                             timeout, keep_unverified, optimize, torch_runs)
+            _build_and_check(result, req, tmp, torch_runs)
         finally:
             model.train(was_training)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tokenizer: Any,
-                     verify: bool, steps: int, prompts: Any, opset: int | None,
-                     timeout: float, keep_unverified: bool, optimize: bool,
+def no_folder(out: Path) -> Any:
+    """OM006: the package's parent folder does not exist."""
+    return error("OM006", "write", f"cannot write {out}: the folder {out.parent} does not "
+                 "exist.")
+
+
+def _build_and_check(result: ExportResult, req: Request, tmp: Path,
                      torch_runs: dict[Any, Any] | None = None) -> None:
-    built = _graph(result, model, tmp, opset, timeout)
-    if built is None:
+    model, out = req.model, req.out
+    layout = _graph(result, model, tmp, req.opset, req.timeout)
+    if layout is None:
         result.findings.append(not_written(out))
         return
-    program, layout = built
-    result.program = program
-    genai = layout["genai_problem"] is None
+    result.program = layout.programs["decoder"]
+    genai = layout.genai_problem is None
     if not genai:
         result.findings.append(warning(
-            "OM820", "write", f"no genai_config.json: {layout['genai_problem']}. The package "
+            "OM820", "write", f"no genai_config.json: {layout.genai_problem}. The package "
             "serves ONNX Runtime (onnxmedic's generation loop verifies it) but not "
             "onnxruntime-genai.", suggestion="Use the graph with your own generation loop "
             "(past_key_values.{i}.key/value in, present.{i}.key/value out)."))
     with result.stage("write", conclude=False):
-        files = write_side_files(model, tokenizer, tmp, layout, genai=genai)
+        files = write_side_files(model, req.tokenizer, tmp, layout if genai else None)
     verified = True
-    if verify:
+    if req.verify:
         with result.stage("generate") as st:
             # with optimize, onnxruntime-genai generates from the package that is written:
             # the fused one, or this one where the fused one does not verify (_fused)
-            check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,
-                                      program=program, timeout=timeout,
-                                      genai=genai and not optimize, torch_runs=torch_runs)
+            check = verify_generation(tmp, model, req.tokenizer, steps=req.steps,
+                                      prompts=req.prompts, program=result.program,
+                                      timeout=req.timeout, genai=genai and not req.optimize,
+                                      torch_runs=torch_runs)
             result.verification.extend(check.comparisons)
             result.findings.extend(check.findings)
             result.generation = check  # type: ignore[attr-defined]
-            if check.ok and optimize:
-                tmp = _fused(result, model, tokenizer, (tmp, out), (steps, prompts, genai),
-                             timeout, check)
+            if check.ok and req.optimize:
+                tmp = _fused(result, req, tmp, genai, check)
             result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
             if not check.ok:
                 st.fail()
         verified = check.ok
-    elif optimize:
+    elif req.optimize:
         result.findings.append(not_optimized("the package is not verified (verify=False), and "
                                              "a fused package is written only when verified"))
-    finish_package(result, tmp, out, files, verified, keep_unverified)
+    finish_package(result, tmp, out, files, verified, req.keep_unverified)
 
 
-def _fused(result: ExportResult, model: Any, tokenizer: Any, folders: tuple[Path, Path],
-           how: tuple[int, Any, bool], timeout: float, check: Any) -> Path:
-    """The verified package in ``tmp`` (``folders``: tmp, and the package's folder ``out``)
-    fused (optimize/fuse_decoder.py), verified as it was (``how``: steps, prompts, whether in
-    onnxruntime-genai) against the PyTorch runs ``check`` made: the folder to write
-    (``tmp/fused``), or ``tmp`` when the fused one does not verify (its OM735 a warning: the
-    plain package is written)."""
+def _fused(result: ExportResult, req: Request, tmp: Path, genai: bool, check: Any) -> Path:
+    """The verified package in ``tmp`` fused (optimize/fuse_decoder.py), verified as it was
+    (in onnxruntime-genai too with ``genai``) against the PyTorch runs ``check`` made: the
+    folder to write (``tmp/fused``), or ``tmp`` when the fused one does not verify (its OM735
+    a warning: the plain package is written)."""
     from onnxmedic.optimize.fuse_decoder import fuse_package
 
-    tmp, out = folders
-    steps, prompts, genai = how
     with result.timed("optimize"):
-        fused = fuse_package(tmp, tmp / "fused", model, tokenizer, steps=steps,
-                             prompts=prompts, genai=genai, timeout=timeout,
+        fused = fuse_package(tmp, tmp / "fused", req.model, req.tokenizer, steps=req.steps,
+                             prompts=req.prompts, genai=genai, timeout=req.timeout,
                              torch_runs=check.torch_runs)
     if fused.ok:
         for f in fused.findings:
             if f.code == "OM734":  # the folder it names is the package's, once in place
-                f.message = f.message.replace(str(tmp / "fused"), str(out))
+                f.message = f.message.replace(str(tmp / "fused"), str(req.out))
                 result.findings.append(f)
         return tmp / "fused"
     for f in fused.findings:
         if f.code == "OM735":
             result.findings.append(warning(
-                "OM735", "optimize", f.message.replace(str(tmp / "fused"), str(out))
+                "OM735", "optimize", f.message.replace(str(tmp / "fused"), str(req.out))
                 + "; the plain package is written instead.",
                 suggestion="Nothing to do: the plain package is verified. Report the figures "
                 "above if the fused decoder should match."))
     if genai:  # the plain package is the one written: onnxruntime-genai generates from it
         known = len(check.findings)
-        genai_check(tmp, check, model, steps, timeout)
+        genai_check(tmp, check, req.model, req.steps, req.timeout)
         result.findings.extend(check.findings[known:])
     return tmp
 

@@ -38,8 +38,16 @@ import onnx
 import torch
 
 from onnxmedic import sandbox
-from onnxmedic.findings import InputError, error
-from onnxmedic.hf.generation import finish_package, not_written
+from onnxmedic.findings import InputError, error, info
+from onnxmedic.hf import report_to
+from onnxmedic.hf.genai_files import GENAI_TYPES, Layout, write_side_files
+from onnxmedic.hf.generation import (
+    finish_package,
+    no_folder,
+    not_written,
+    package_result,
+    save_graph,
+)
 from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
     CROSS_RULE,
     DECODER,
@@ -59,8 +67,7 @@ from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
     split_cache,
     start_token,
 )
-from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD
-from onnxmedic.result import STAGES, ExportResult, stages_of
+from onnxmedic.result import ExportResult
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +196,7 @@ def _export_one(result: ExportResult, which: str, module: torch.nn.Module, args:
 
 
 def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, processor: Any,
-                 opset: int | None, timeout: float) -> dict[str, Any] | None:
+                 opset: int | None, timeout: float) -> Layout | None:
     """Export and verify both graphs into ``tmp`` with optimum's names; returns the layout
     (file names, programs, heads, sizes) or None (OM821, the export's findings say why)."""
     start = start_token(model)
@@ -224,32 +231,10 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
         drop_unused_initializers(proto)
         save_graph(proto, tmp, fname)
     shutil.rmtree(raw)
-    return {"encoder": ENCODER, "decoder": DECODER, "layers": len(past) // 4,
-            "heads": int(past[0].shape[1]), "head_size": int(past[0].shape[3]),
-            "cross_heads": int(past[2].shape[1]), "main": main, "mask": mask, "start": start,
-            "programs": {k: v.program for k, v in subs.items()}}
-
-
-def save_graph(proto: onnx.ModelProto, folder: Path, name: str) -> Path:
-    """``folder/name``; weights over EXTERNAL_DATA_THRESHOLD in ``name.data``."""
-    path = folder / name
-    big = sum(len(t.raw_data) for t in proto.graph.initializer) > EXTERNAL_DATA_THRESHOLD
-    onnx.save_model(proto, path, save_as_external_data=big, all_tensors_to_one_file=True,
-                    location=f"{name}.data" if big else None, size_threshold=1024)
-    return path
-
-
-def write_side_files(model: Any, tokenizer: Any, processor: Any, folder: Path) -> list[str]:
-    """config.json, generation_config.json, the tokenizer's files and the feature extractor's
-    preprocessor_config.json; returns the names the folder holds."""
-    model.config.save_pretrained(folder)
-    gen = getattr(model, "generation_config", None)
-    if gen is not None:
-        gen.save_pretrained(folder)
-    for part in (tokenizer, processor):
-        if part is not None:
-            part.save_pretrained(folder)
-    return sorted(p.name for p in folder.iterdir())
+    return Layout(DECODER, len(past) // 4, int(past[0].shape[1]), int(past[0].shape[3]),
+                  encoder=ENCODER, main=main, mask=mask, start=start,
+                  cross_heads=int(past[2].shape[1]),
+                  programs={k: v.program for k, v in subs.items()})
 
 
 def export_seq2seq(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
@@ -274,19 +259,12 @@ def export_seq2seq(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
         raise ValueError(f"onnxmedic.export_seq2seq: task must be one of {', '.join(TASKS)}, "
                          f"not {task!r}")
     timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else timeout
-    out = Path(out_dir)
-    result = ExportResult(command="export", path=None, model=type(model).__name__,
-                          stages=stages_of(*STAGES, "generate"))
-    result.generation = None  # type: ignore[attr-defined]  # gen_verify.GenerationCheck
+    result = package_result(model)
     with result.guard():
-        _export_package(result, model, out, task, dict(
+        _export_package(result, model, Path(out_dir), task, dict(
             tokenizer=tokenizer, processor=processor, verify=verify, steps=steps,
             prompts=prompts, opset=opset, timeout=timeout, keep_unverified=keep_unverified))
-    if report is not None:
-        from onnxmedic.report import write_report
-
-        write_report(result, report)
-    return result
+    return report_to(result, report)
 
 
 def _preflight(result: ExportResult, model: Any, out: Path, task: str, tokenizer: Any,
@@ -307,8 +285,7 @@ def _preflight(result: ExportResult, model: Any, out: Path, task: str, tokenizer
             "config (the model card says which token its decoder starts from)."))
         return False
     if not out.parent.is_dir():
-        result.fail("write", error("OM006", "write", f"cannot write {out}: the folder "
-                                   f"{out.parent} does not exist."))
+        result.fail("write", no_folder(out))
         return False
     try:  # the inputs the task takes (OM826: audio features the encoder cannot take)
         encoder_example(model, tokenizer, processor)
@@ -335,7 +312,6 @@ def _export_package(result: ExportResult, model: Any, out: Path, task: str,
 
 def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path,
                      opts: dict[str, Any]) -> None:
-    from onnxmedic.hf import seq2seq_genai
     from onnxmedic.hf.seq2seq_inputs import default_processor
     from onnxmedic.hf.seq2seq_verify import verify_seq2seq
 
@@ -347,18 +323,21 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path,
     if layout is None:
         result.findings.append(not_written(out, WHAT))
         return
-    result.program = layout["programs"]["decoder"]
-    result.programs = layout["programs"]  # type: ignore[attr-defined]  # both graphs
+    result.program = layout.programs["decoder"]
+    result.programs = layout.programs  # type: ignore[attr-defined]  # both graphs
+    genai = getattr(model.config, "model_type", "") in GENAI_TYPES
+    if not genai:
+        result.findings.append(_no_genai(model))
     with result.stage("write", conclude=False):
-        seq2seq_genai.write_genai_config(result, model, opts["tokenizer"], tmp, layout)
-        files = write_side_files(model, opts["tokenizer"], opts["processor"] or (
-            processor if main_input(model) == "input_features" else None), tmp)
+        files = write_side_files(model, opts["tokenizer"], tmp, layout if genai else None,
+                                 opts["processor"] or (processor if main_input(model) ==
+                                                       "input_features" else None))
     verified = True
     if opts["verify"]:
         with result.stage("generate") as st:
             check = verify_seq2seq(tmp, model, opts["tokenizer"], processor,
                                    steps=opts["steps"], prompts=opts["prompts"],
-                                   programs=layout["programs"], timeout=opts["timeout"])
+                                   programs=layout.programs, timeout=opts["timeout"])
             result.verification.extend(check.comparisons)
             result.findings.extend(check.findings)
             result.generation = check  # type: ignore[attr-defined]
@@ -366,6 +345,17 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path,
                 st.fail()
         verified = check.ok
     finish_package(result, tmp, out, files, verified, opts["keep_unverified"], WHAT)
+
+
+def _no_genai(model: Any) -> Any:
+    """OM825: onnxruntime-genai has no model type for this encoder-decoder."""
+    return info(
+        "OM825", "write", f"no genai_config.json: onnxruntime-genai has no model type for the "
+        f"encoder-decoder {getattr(model.config, 'model_type', '')!r} (it serves Whisper alone "
+        "among them). The package serves ONNX Runtime (encoder_model.onnx once, "
+        "decoder_with_past_model.onnx per token), verified by onnxmedic's generation loop.",
+        suggestion="Run the two graphs with your own loop, or with optimum's "
+        "ORTModelForSeq2SeqLM-style code: the names are optimum's.")
 
 
 def drop_unused_initializers(proto: onnx.ModelProto) -> int:

@@ -14,7 +14,9 @@ step is named and localised like the decoder-only case's (OM811 / OM812, OM610).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -278,7 +280,25 @@ def verify_seq2seq(folder: str | Path, model: Any, tokenizer: Any = None, proces
                 break
     check.seconds["verify"] = time.perf_counter() - t0
     if genai and check.ok and (folder / "genai_config.json").is_file():
-        from onnxmedic.hf import seq2seq_genai
-
-        seq2seq_genai.genai_generation(folder, check, inputs, start, steps, timeout)
+        genai_generation(folder, check, inputs, start, steps, timeout)
     return check
+
+
+def genai_generation(folder: Path, check: GenerationCheck, inputs: list[dict[str, Any]],
+                     start: int, steps: int, timeout: float) -> None:
+    """onnxruntime-genai generating from the Whisper package in ``folder`` (the genai child,
+    hf/genai_child.py), fed each input's features as ONNX Runtime and PyTorch were, must give
+    PyTorch's tokens (OM814; OM816 where genai cannot load or run the folder)."""
+    if not gen_verify.genai_available():
+        check.findings.append(gen_verify.not_installed())
+        return
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-genai-") as tmp:
+        files = []
+        for i, enc in enumerate(inputs):
+            path = Path(tmp) / f"features{i}.npy"
+            np.save(path, enc["input_features"].numpy())
+            files.append(str(path))
+        spec = json.dumps({"features": files, "input": "input_features", "start": start,
+                           "steps": steps})
+        run = gen_verify.start_genai_child(gen_verify.CHILD, folder, spec)
+        gen_verify.genai_tokens(run, check, steps, timeout, None, "input")

@@ -1,22 +1,16 @@
-"""onnxruntime-genai's model builder as a backend of ``text-generation-with-past``.
+"""onnxruntime-genai's model builder (``python -m onnxruntime_genai.models.builder``), run in a
+child process: :func:`start` it on a checkpoint folder, :meth:`BuildJob.wait` for its package,
+:func:`finish` the package with the files it does not write. Whether it builds a package, and
+what is done with its package, is hf/backends.py's.
 
-The builder (``python -m onnxruntime_genai.models.builder``) writes a decoder package straight
-from a checkpoint's weights into graphs it knows by architecture (GroupQueryAttention,
-SkipSimplifiedLayerNormalization): fast to build and fused, but it verifies nothing, knows
-few architectures, and is not always right for those (bench/results/generation_peers.md).
-onnxmedic verifies its package exactly as its own (hf/gen_verify.py: greedy tokens against
-PyTorch's ``generate``, each step's logits within the float64 budget, onnxruntime-genai
-generating from the folder) and writes it only when it verifies (OM836). Where the builder
-fails, or its package does not verify, onnxmedic's own export writes the package (OM837).
+The builder writes a decoder package straight from a checkpoint's weights into graphs it knows
+by architecture (GroupQueryAttention, SkipSimplifiedLayerNormalization): fast to build and
+fused, but it verifies nothing, knows few architectures, and is not always right for those
+(bench/results/generation_peers.md).
 
-``backend``: ``"export"`` onnxmedic's own export (torch.export, hf/generation.py);
-``"builder"`` the builder, its failure an error (OM838); ``"auto"`` (the default) the builder
-where it serves (:func:`why_not`: a checkpoint folder of an architecture in ARCHITECTURES,
-float32, verified), else the export.
-
-The builder runs in a child process started as soon as the checkpoint is resolved (forked:
-it shares the imports already made): it writes while the model loads here and PyTorch's side
-of the verification runs (gen_verify.torch_side).
+The child is started as soon as the checkpoint is resolved (forked: it shares the imports
+already made, torch and transformers; this module imports nothing heavy): it writes while the
+model loads in the parent and PyTorch's side of the verification runs.
 """
 
 from __future__ import annotations
@@ -36,12 +30,11 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "export", "builder")
 # what the builder writes for every architecture it serves
 GRAPH, CONFIG = "model.onnx", "genai_config.json"
 # the architectures whose builder package generates PyTorch's tokens (bench/peers/generation.py
-# over the decoder families: bench/results/generation_peers.md); ``backend="builder"`` tries
-# any other too
+# over the decoder families: bench/results/generation_peers.md); backends.py's ``"builder"``
+# tries any other too
 ARCHITECTURES = frozenset({
     "GemmaForCausalLM", "Gemma2ForCausalLM", "GraniteForCausalLM", "LlamaForCausalLM",
     "Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM"})
@@ -54,32 +47,6 @@ def available() -> bool:
         return importlib.util.find_spec("onnxruntime_genai.models.builder") is not None
     except (ImportError, ValueError):
         return False
-
-
-def why_not(config: dict[str, Any], *, backend: str, folder: Path | None, dtype: str,
-            verify: bool, opset: int | None, remote_code: bool) -> str | None:
-    """Why the builder does not build this package (None when it does): for ``"auto"`` any
-    reason; for ``"builder"`` only those it cannot be tried with (the caller's OM838)."""
-    if backend == "export":
-        return "backend='export'"
-    arch = (config.get("architectures") or ["?"])[0]
-    hard = [
-        (not available(), "onnxruntime-genai's model builder is not installed "
-                          "(pip install onnxruntime-genai)"),
-        (folder is None, "the model is an object, not a checkpoint folder the builder reads"),
-        (dtype != "fp32", f"dtype {dtype}: the builder's CPU package is float32 here"),
-        (remote_code, "the checkpoint's architecture is its own code (trust_remote_code)"),
-        (opset is not None, "an opset was asked for; the builder picks its own"),
-    ]
-    soft = [
-        (not verify, "verification is off, and the builder's package is written only when it "
-                     "verifies"),
-        (arch not in ARCHITECTURES, f"the builder's package is not known to verify for {arch}"),
-    ]
-    for bad, why in hard + (soft if backend == "auto" else []):
-        if bad:
-            return why
-    return None
 
 
 @dataclass
@@ -235,9 +202,9 @@ def finish(job: BuildJob, model: Any, tokenizer: Any) -> list[str]:
     side = job.root / "side"
     side.mkdir()
     try:
-        from onnxmedic.hf.gen_config import write_side_files
+        from onnxmedic.hf.genai_files import write_side_files
 
-        write_side_files(model, tokenizer, side, {}, genai=False)
+        write_side_files(model, tokenizer, side)
         for f in side.iterdir():
             if not (job.out / f.name).exists():
                 os.replace(f, job.out / f.name)

@@ -1,7 +1,7 @@
 """onnxruntime-genai's model builder as a backend of text-generation-with-past
-(onnxmedic.hf.gen_builder): its package is written only when onnxmedic verifies it (OM836);
-a failing builder or a wrong package falls back to onnxmedic's own export (OM837), or is an
-error with backend="builder" (OM838)."""
+(onnxmedic.hf.backends; the builder's child: onnxmedic.hf.builder): its package is written
+only when onnxmedic verifies it (OM836); a failing builder or a wrong package falls back to
+onnxmedic's own export (OM837), or is an error with backend="builder" (OM838)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import pytest
 pytest.importorskip("transformers")
 
 import onnxmedic  # noqa: E402
-from onnxmedic.hf import gen_builder, gen_verify  # noqa: E402
+from onnxmedic.hf import backends, builder, gen_verify  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from bench.zoo.generation import save_family  # noqa: E402
 
-needs_builder = pytest.mark.skipif(not gen_builder.available(),
+needs_builder = pytest.mark.skipif(not builder.available(),
                                    reason="onnxruntime-genai's model builder not installed")
 TASK = "text-generation-with-past"
 
@@ -80,7 +80,7 @@ def _wrong_layernorm(real):
 @needs_builder
 def test_a_wrong_builder_package_is_caught_and_the_export_writes_instead(
         qwen2, tmp_path, monkeypatch):
-    monkeypatch.setattr(gen_builder, "finish", _wrong_layernorm(gen_builder.finish))
+    monkeypatch.setattr(builder, "finish", _wrong_layernorm(builder.finish))
     r = onnxmedic.export_pretrained(qwen2, tmp_path / "pkg", task=TASK)
     fell = [f for f in r.findings if f.code == "OM837"]
     assert r.ok and fell and fell[0].severity == "warning", codes(r)
@@ -93,7 +93,7 @@ def test_a_wrong_builder_package_is_caught_and_the_export_writes_instead(
 
 @needs_builder
 def test_backend_builder_writes_nothing_when_its_package_is_wrong(qwen2, tmp_path, monkeypatch):
-    monkeypatch.setattr(gen_builder, "finish", _wrong_layernorm(gen_builder.finish))
+    monkeypatch.setattr(builder, "finish", _wrong_layernorm(builder.finish))
     r = onnxmedic.export_pretrained(qwen2, tmp_path / "pkg", task=TASK, backend="builder")
     assert not r.ok and "OM838" in codes(r) and r.exit_code == 1, codes(r)
     # the divergence itself is reported, as for any package
@@ -105,8 +105,8 @@ def test_backend_builder_writes_nothing_when_its_package_is_wrong(qwen2, tmp_pat
 def test_a_builder_that_fails_is_said_with_its_error(tmp_path, monkeypatch):
     """GPT-2 has no builder class: with backend="builder" the builder runs and fails."""
     folder = save_family("gpt2", tmp_path / "ckpt")
-    monkeypatch.setattr(gen_builder, "ARCHITECTURES",
-                        gen_builder.ARCHITECTURES | {"GPT2LMHeadModel"})
+    monkeypatch.setattr(builder, "ARCHITECTURES",
+                        builder.ARCHITECTURES | {"GPT2LMHeadModel"})
     out = tmp_path / "out"
     out.mkdir()
     r = onnxmedic.export_pretrained(folder, out / "pkg", task=TASK, backend="builder")
@@ -125,7 +125,7 @@ def test_backend_builder_refuses_what_it_cannot_build(qwen2, tmp_path, monkeypat
     r = onnxmedic.export_pretrained(qwen2, tmp_path / "pkg", task=TASK, backend="builder",
                                     dtype="fp16")
     assert codes(r) == ["OM838"] and "fp16" in r.errors[0].message and r.exit_code == 1
-    monkeypatch.setattr(gen_builder, "available", lambda: False)
+    monkeypatch.setattr(builder, "available", lambda: False)
     r = onnxmedic.export_pretrained(qwen2, tmp_path / "pkg", task=TASK, backend="builder")
     assert codes(r) == ["OM838"] and "pip install onnxruntime-genai" in r.errors[0].message
     assert list(tmp_path.iterdir()) == []
@@ -136,14 +136,14 @@ def test_backend_builder_refuses_what_it_cannot_build(qwen2, tmp_path, monkeypat
 def test_when_auto_leaves_the_builder_out():
     cfg = {"architectures": ["Qwen2ForCausalLM"]}
     kw = dict(folder=Path("."), dtype="fp32", verify=True, opset=None, remote_code=False)
-    available = gen_builder.available()
-    assert (gen_builder.why_not(cfg, backend="auto", **kw) is None) == available
-    assert "export" in gen_builder.why_not(cfg, backend="export", **kw)
-    assert "not known to verify" in gen_builder.why_not(
+    available = builder.available()
+    assert (backends.why_not(cfg, backend="auto", **kw) is None) == available
+    assert "export" in backends.why_not(cfg, backend="export", **kw)
+    assert "not known to verify" in backends.why_not(
         {"architectures": ["GPT2LMHeadModel"]}, backend="auto", **kw)
-    assert "verif" in gen_builder.why_not(cfg, backend="auto", **{**kw, "verify": False})
+    assert "verif" in backends.why_not(cfg, backend="auto", **{**kw, "verify": False})
     if available:  # "builder" tries what auto leaves out as not known to verify
-        assert gen_builder.why_not({"architectures": ["GPT2LMHeadModel"]},
+        assert backends.why_not({"architectures": ["GPT2LMHeadModel"]},
                                    backend="builder", **kw) is None
 
 
@@ -173,12 +173,12 @@ def test_the_command_starts_the_builder_before_loading_the_exporter(qwen2, tmp_p
     onnxmedic.api, onnxscript or onnx-ir, which load while it writes."""
     probe = (
         "import sys, json\n"
-        "from onnxmedic.hf import gen_builder\n"
+        "from onnxmedic.hf import builder\n"
         "def start(folder, dest):\n"
         "    mods = ['torch', 'transformers', 'onnxmedic.api', 'onnx_ir', 'onnxscript']\n"
         "    print(json.dumps({m: m in sys.modules for m in mods}), flush=True)\n"
         "    raise SystemExit(0)\n"
-        "gen_builder.start = start\n"
+        "builder.start = start\n"
         "from onnxmedic.cli import main\n"
         f"main(['export', 'hf:{qwen2}', '--task', '{TASK}', '-o', '{tmp_path / 'pkg'}'])\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

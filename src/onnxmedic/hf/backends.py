@@ -1,0 +1,301 @@
+"""Who builds a ``text-generation-with-past`` package: the one place ``backend`` is read.
+
+Two backends write the package, and the same verification judges either (hf/gen_verify.py:
+greedy tokens against PyTorch's ``generate``, each step's logits within the float64 budget,
+onnxruntime-genai generating from the folder):
+
+- ``export``: onnxmedic's own export (hf/generation.py: the decoder captured by torch.export,
+  translated, verified as a graph, then as a package);
+- the builder: onnxruntime-genai's model builder (hf/builder.py runs it in a child process),
+  its package written only when it verifies (OM836).
+
+``backend`` (export_pretrained's, the command's ``--backend``): ``"auto"`` (the default) the
+builder where it serves (:func:`why_not`: a checkpoint folder of an architecture in
+builder.ARCHITECTURES, float32, verified), else the export, which also writes the package
+where the builder fails or its package does not verify (OM837); ``"export"`` the export alone;
+``"builder"`` the builder or nothing (OM838).
+
+The builder starts as soon as the checkpoint is resolved (:meth:`Backend.starter`); PyTorch's
+side of the verification runs while it writes, onnxruntime-genai's check and the own loop's
+ONNX Runtime side as soon as its package is there, and the judging follows
+(:func:`make_package`). This module imports nothing heavy at its top: the builder forks before
+the exporter loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onnxmedic.findings import Finding, InputError, error, info, warning
+from onnxmedic.hf import builder
+
+if TYPE_CHECKING:
+    from onnxmedic.hf.builder import BuildJob
+    from onnxmedic.hf.checkpoint import Checkpoint
+    from onnxmedic.hf.generation import Request
+    from onnxmedic.result import ExportResult
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "export", "builder")
+TASK = "text-generation-with-past"  # the one task the builder serves
+STAGE = "inputs"
+
+
+def why_not(config: dict[str, Any], *, backend: str, folder: Path | None, dtype: str,
+            verify: bool, opset: int | None, remote_code: bool) -> str | None:
+    """Why the builder does not build this package (None when it does): for ``"auto"`` any
+    reason; for ``"builder"`` only those it cannot be tried with (the caller's OM838)."""
+    if backend == "export":
+        return "backend='export'"
+    arch = (config.get("architectures") or ["?"])[0]
+    hard = [
+        (not builder.available(), "onnxruntime-genai's model builder is not installed "
+                                  "(pip install onnxruntime-genai)"),
+        (folder is None, "the model is an object, not a checkpoint folder the builder reads"),
+        (dtype != "fp32", f"dtype {dtype}: the builder's CPU package is float32 here"),
+        (remote_code, "the checkpoint's architecture is its own code (trust_remote_code)"),
+        (opset is not None, "an opset was asked for; the builder picks its own"),
+    ]
+    soft = [
+        (not verify, "verification is off, and the builder's package is written only when it "
+                     "verifies"),
+        (arch not in builder.ARCHITECTURES,
+         f"the builder's package is not known to verify for {arch}"),
+    ]
+    for bad, why in hard + (soft if backend == "auto" else []):
+        if bad:
+            return why
+    return None
+
+
+def _om838(spec: str, why: str, suggestion: str) -> Finding:
+    return error("OM838", STAGE, f"onnxruntime-genai's model builder cannot build {spec}: "
+                 f"{why}.", suggestion=suggestion)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The backend asked for (one of BACKENDS; a ValueError names them otherwise)."""
+
+    name: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.name not in BACKENDS:
+            raise ValueError(f"onnxmedic.export_pretrained: backend must be one of "
+                             f"{', '.join(BACKENDS)}, not {self.name!r}")
+
+    @property
+    def strict(self) -> bool:
+        """The builder's verified package or nothing (no fall back to the export)."""
+        return self.name == "builder"
+
+    def starter(self, f: Any, dtype: str, verify: bool, opset: int | None
+                ) -> Callable[[Checkpoint, str], BuildJob | None]:
+        """The step that starts the builder for a checkpoint where it builds this
+        text-generation-with-past package at ``f``: (ckpt, task) -> its BuildJob, or None
+        (the export builds it); an InputError (OM838) where ``"builder"`` cannot."""
+
+        def start(ckpt: Checkpoint, task: str) -> BuildJob | None:
+            if task != TASK or f is None or self.name == "export":
+                return None
+            why = why_not(ckpt.config, backend=self.name, folder=ckpt.folder, dtype=dtype,
+                          verify=verify, opset=opset, remote_code=ckpt.remote_code)
+            if why is not None:
+                if self.strict:
+                    raise InputError(_om838(ckpt.spec, why, "Leave --backend out (auto) for "
+                                            "onnxmedic's own export."))
+                logger.info("the genai builder is not used: %s", why)
+                return None
+            out = Path(f)
+            if not out.parent.is_dir():
+                return None  # the package's export reports it (OM006)
+            from onnxmedic.hf import checkpoint
+
+            checkpoint.check_pickles(ckpt)  # the builder loads the weights as transformers does
+            return builder.start(ckpt.folder, out)
+
+        return start
+
+    def refusal(self, task: str, job: BuildJob | None, spec: str, from_folder: bool
+                ) -> Finding | None:
+        """OM838 where ``"builder"`` was asked for a package it was not started on: a model
+        object (``from_folder`` False), or no package folder given."""
+        if not self.strict or job is not None or task != TASK:
+            return None
+        why = ("the model is an object, not a checkpoint folder the builder reads"
+               if not from_folder else "no package folder was given")
+        return _om838(spec, why, "Give a checkpoint folder (hf:FOLDER), or leave backend "
+                      "out (auto).")
+
+
+def make_package(result: ExportResult, req: Request, job: BuildJob | None) -> None:
+    """The package at ``req.out`` by the backend chosen: the builder's (``job``, writing in a
+    child) verified and written; else, where there is no job or (not ``req.strict``) its
+    package fails, onnxmedic's own export, judged against the PyTorch runs made meanwhile."""
+    from onnxmedic.hf.generation import export_package
+
+    try:
+        runs = None
+        if job is not None:
+            runs = _from_builder(result, job, req)
+            if runs is None:  # written, or (strict) failed
+                return
+        export_package(result, req, runs)
+    finally:
+        if job is not None:
+            job.discard()
+
+
+def _from_builder(result: ExportResult, job: BuildJob, req: Request) -> dict[Any, Any] | None:
+    """The builder's package verified and written; None when it is (or, ``req.strict``, when
+    it fails: OM838), else PyTorch's runs for the export that writes the package instead
+    (OM837). PyTorch's side of the verification runs here while the builder writes."""
+    import torch
+
+    from onnxmedic.hf.gen_verify import default_prompts, prompt_ids, torch_side
+
+    model = req.model
+    was_training = model.training
+    model.eval()
+    ids = prompt_ids(req.tokenizer, default_prompts(model) if req.prompts is None
+                     else req.prompts, int(model.config.vocab_size))
+    # onnxruntime-genai's check starts as soon as the package is there, while PyTorch's side
+    # may still run here
+    watch = _BuildWatch(job, req, ids)
+    watch.start()
+    try:
+        # one core each: the builder's child and PyTorch here (two threads here would take
+        # turns with the child on two cores)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with result.timed("generate: torch"):
+                runs = torch_side(model, ids, req.steps)
+        finally:
+            torch.set_num_threads(threads)
+        with result.timed("build wait"):
+            watch.join()
+        return _verdict(result, job, watch, req, runs)
+    finally:
+        if watch.is_alive():  # given up on (an error here): the builder is stopped
+            job.kill()
+        watch.join()
+        if watch.genai is not None:
+            watch.genai.stop()
+        model.train(was_training)
+
+
+class _BuildWatch(threading.Thread):
+    """Waits for the builder's ``job``; once its package is there, starts onnxruntime-genai's
+    check of it (gen_verify.genai_beside: ``genai``) and runs onnxmedic's own loop's ONNX
+    Runtime side (gen_verify.onnx_side: ``onnx``), while PyTorch's side may still run in the
+    caller's thread: both judged there after. ``why``: the builder's failure, or None."""
+
+    def __init__(self, job: BuildJob, req: Request, ids: list[list[int]]) -> None:
+        super().__init__(daemon=True)
+        self.job, self.req, self.ids = job, req, ids
+        self.why: str | None = "not waited for"
+        self.files: list[str] = []
+        self.genai: Any = None
+        self.onnx: Any = None
+
+    def run(self) -> None:
+        from onnxmedic import sandbox
+
+        with sandbox.reuse() as server:
+            server.start()  # the own loop's child imports ONNX Runtime while the builder writes
+            self._run()
+
+    def _run(self) -> None:
+        from onnxmedic.hf.gen_verify import OWN_LOOP_THREADS, genai_beside, onnx_side
+
+        req = self.req
+        self.why = self.job.wait(req.timeout)
+        if self.why is None:
+            try:  # the package complete before anything runs it
+                self.files = builder.finish(self.job, req.model, req.tokenizer)
+            except Exception as e:  # noqa: BLE001 - said as the builder's failure
+                logger.info("generation: completing the builder's package", exc_info=True)
+                self.why = f"its package could not be completed ({type(e).__name__}: {e})"
+                return
+            self.genai = genai_beside(self.job.out, self.ids, req.steps)
+            try:
+                self.onnx = onnx_side(self.job.out, self.ids, req.steps, req.timeout,
+                                      OWN_LOOP_THREADS if self.genai is not None else None)
+            except Exception:  # noqa: BLE001 - the caller's own loop runs it again
+                logger.info("generation: the own loop ahead failed", exc_info=True)
+
+
+def _verdict(result: ExportResult, job: BuildJob, watch: _BuildWatch, req: Request,
+             runs: dict[Any, Any]) -> dict[Any, Any] | None:
+    """The builder's package (``watch`` waited for it) verified against PyTorch's ``runs``
+    and written (OM836), or failed (``req.strict``: OM838), or PyTorch's runs returned for
+    the export that writes the package instead (OM837): _from_builder's verdict."""
+    from onnxmedic.hf.gen_verify import verify_generation
+    from onnxmedic.hf.generation import finish_package, not_written
+
+    why = watch.why
+    result.timings["build"] = job.seconds
+    if why is None:
+        result.record("build").passed()
+        with result.timed("generate"):
+            check = verify_generation(job.out, req.model, req.tokenizer, steps=req.steps,
+                                      prompts=watch.ids, timeout=req.timeout, torch_runs=runs,
+                                      genai_run=watch.genai, onnx_ahead=watch.onnx)
+            watch.genai = None
+        result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
+        if check.ok or req.strict:
+            result.generation = check  # type: ignore[attr-defined]
+            result.verification.extend(check.comparisons)
+            result.findings.extend(check.findings)
+        if check.ok:
+            result.record("generate").passed()
+            result.stages = {k: v for k, v in result.stages.items()
+                             if k in ("build", "write", "generate")}
+            result.findings.append(info(
+                "OM836", "build", f"the package was built by onnxruntime-genai's model "
+                f"builder in {job.seconds:.1f} s (its decoder fused: {_fused_ops(job.out)}) "
+                "and verified by onnxmedic: greedy generation token for token against "
+                "PyTorch, each step's logits within the float64 budget, and in "
+                "onnxruntime-genai.", details={"seconds": job.seconds}))
+            finish_package(result, job.out, req.out, watch.files, True, req.keep_unverified)
+            return None
+        errors = [f for f in check.findings if f.severity.value == "error"]
+        why = "its package does not verify: " + (errors[0].message if errors else "?")
+    if req.strict:
+        result.fail("build", error(
+            "OM838", "build", f"onnxruntime-genai's model builder did not give a verified "
+            f"package: {why}", suggestion="Leave --backend out (auto): onnxmedic's own "
+            "export writes the package where the builder's does not verify."))
+        result.findings.append(not_written(req.out))
+        return None
+    # the export writes the package: its stages as without the builder, whose verdict stays
+    # as a warning
+    result.stages.pop("build", None)
+    result.timings = {("builder " + k if k.startswith("generate") else k): v
+                      for k, v in result.timings.items()}
+    result.findings.append(warning(
+        "OM837", "build", f"onnxruntime-genai's model builder did not give a verified package "
+        f"({why}); onnxmedic's own export writes it instead.",
+        details={"builder_seconds": job.seconds, "log": job.log_tail()}))
+    return runs
+
+
+def _fused_ops(folder: Path) -> str:
+    """The contrib ops of a package's graph (what the builder fused), for OM836."""
+    from collections import Counter
+
+    import onnx
+
+    try:
+        proto = onnx.load(str(folder / builder.GRAPH), load_external_data=False)
+    except Exception:  # noqa: BLE001 - a help in a message
+        return "?"
+    ops = Counter(n.op_type for n in proto.graph.node if n.domain == "com.microsoft")
+    return ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) or "none"

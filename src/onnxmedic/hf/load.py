@@ -1,0 +1,203 @@
+"""Loading a Hugging Face model for a task: a checkpoint (a folder written by
+``save_pretrained``, or a hub id) resolved and loaded safely (checkpoint.py), its task given or
+told from config.architectures (tasks.py), its tokenizer and processor; or a loaded
+``PreTrainedModel``, borrowed as it is. The facade (hf/__init__.py) calls :func:`load`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from onnxmedic.findings import InputError, error
+from onnxmedic.hf import checkpoint, tasks
+from onnxmedic.hf.checkpoint import DTYPES, Checkpoint
+from onnxmedic.hf.tasks import ALL_TASKS, GENERATION, TASKS, detect_task, supported_tasks
+
+logger = logging.getLogger(__name__)
+
+STAGE = "inputs"
+
+
+@dataclass
+class Loaded:
+    """A checkpoint loaded for one task."""
+
+    model: Any
+    task: str
+    spec: str
+    tokenizer: Any = None
+    processor: Any = None
+    ckpt: Checkpoint | None = None
+    notes: list[str] = field(default_factory=list)
+    build_job: Any = None  # builder.BuildJob: onnxruntime-genai's model builder writing
+    # the package (hf/backends.py)
+
+
+def _err(code: str, message: str, suggestion: str | None = None) -> InputError:
+    return InputError(error(code, STAGE, message, suggestion=suggestion))
+
+
+def spec_name(model: Any) -> str:
+    if isinstance(model, torch.nn.Module):
+        return type(model).__name__
+    text = os.fspath(model)
+    return text if text.startswith(checkpoint.PREFIX) else checkpoint.PREFIX + text
+
+
+def _pick_task(config: dict[str, Any], task: str | None, folder: Path | None,
+               known: bool = True) -> tuple[str, str]:
+    """(task, how it was chosen): OM804 an unknown name, OM805 one the model cannot serve."""
+    supported = supported_tasks(config) if known else []
+    if task is None:
+        found = detect_task(config, folder)
+        if found is None:
+            archs = config.get("architectures") or "none"
+            raise _err("OM805", f"the task cannot be told from config.architectures ({archs}); "
+                       f"the model type {config.get('model_type')!r} serves: "
+                       f"{', '.join(supported) or 'no task onnxmedic knows'}.",
+                       "Give the task: --task NAME (task=...).")
+        return found, f"detected from config.architectures ({config['architectures'][0]})"
+    if task not in ALL_TASKS:
+        raise _err("OM804", f"unknown task {task!r}.",
+                   f"Tasks (optimum's names): {', '.join(ALL_TASKS)}.")
+    if known and task not in supported:
+        raise _err("OM805", f"a {config.get('model_type')!r} model cannot serve the task "
+                   f"{task!r}; it serves: {', '.join(supported) or 'none onnxmedic knows'}.",
+                   "Choose one of those tasks, or a checkpoint made for this one.")
+    return task, "given"
+
+
+def _needs_text(task: str, model_type: str) -> bool:
+    if task in GENERATION:
+        return task.startswith("text")
+    modality = TASKS[task].modality
+    return modality in ("text", "text+vision") or (
+        modality == "any" and tasks.main_input(model_type) in (None, "input_ids"))
+
+
+def generation_available() -> bool:
+    """Whether onnxmedic.hf.generation (the with-past decoder export) is installed."""
+    try:
+        return importlib.util.find_spec("onnxmedic.hf.generation") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _check_generation(task: str) -> None:
+    if task in GENERATION and (not task.endswith("-with-past") or not generation_available()):
+        hint = (f"Export {task}-with-past (a generation package)" if
+                f"{task}-with-past" in GENERATION and generation_available() else
+                "Use text-generation (one forward pass, logits) for a decoder's single step")
+        raise _err("OM807", f"the task {task!r} is not available in this onnxmedic "
+                   "(generation packages need onnxmedic.hf.generation"
+                   + ("" if generation_available() else ", which is not installed") + ").",
+                   hint + ".")
+
+
+def _load_checkpoint(spec: Any, task: str | None, dtype: str, trust: bool,
+                     build: Any = None) -> Loaded:
+    ckpt = checkpoint.resolve(os.fspath(spec))
+    job = None
+    if build is not None and not ckpt.remote_code:
+        # the genai builder (a child) starts first: it writes the package while the code is
+        # checked, the task too, and the model loads here (a causal LM's task is told from
+        # its class alone)
+        job = build(ckpt, task if task is not None else detect_task(ckpt.config, ckpt.folder))
+    try:
+        checkpoint.check_code(ckpt, trust)
+        return _load_for_task(ckpt, task, dtype, trust, job)
+    except BaseException:
+        if job is not None:
+            job.discard()
+        raise
+
+
+def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
+                   job: Any) -> Loaded:
+    task, how = _pick_task(ckpt.config, task, ckpt.folder, known=not ckpt.remote_code)
+    _check_generation(task)
+    model_type = ckpt.config.get("model_type", "")
+    if _needs_text(task, model_type) and not ckpt.has_tokenizer:
+        raise _err("OM806", f"{ckpt.spec} has no tokenizer, and the task {task!r} takes text "
+                   f"(looked for {', '.join(checkpoint.TOKENIZER_FILES[:4])} ...).",
+                   "Save the tokenizer beside the model: tokenizer.save_pretrained(folder).")
+    tokenizer = checkpoint.load_tokenizer(ckpt, trust)
+    if tokenizer is None and _needs_text(task, model_type):
+        raise _err("OM806", f"the tokenizer of {ckpt.spec} cannot be loaded (see the log).",
+                   "Save it again with tokenizer.save_pretrained(folder).")
+    extra = {"use_cache": False} if task == "text-generation" else {}
+    model = checkpoint.load_model(ckpt, tasks.auto_class(task, ckpt.config), dtype, trust, extra)
+    kind = {"audio": "audio"}.get(TASKS[task].modality if task in TASKS else "", "")
+    if task.startswith("automatic-speech-recognition"):
+        kind = "audio"  # the encoder-decoder's feature extractor
+    if task in TASKS and TASKS[task].modality == "any" and \
+            getattr(model, "main_input_name", "") == "input_values":
+        kind = "audio"
+    return Loaded(model, task, ckpt.spec, tokenizer, checkpoint.load_processor(ckpt, kind),
+                  ckpt, [f"task {task} ({how})", f"loaded in {dtype}"], job)
+
+
+def _object_tasks(model: torch.nn.Module) -> list[str]:
+    name, model_type = type(model).__name__, getattr(model.config, "model_type", "")
+    out = [t.name for t in TASKS.values()
+           if any(name in tasks.classes_for(m, model_type) for m in t.mappings)]
+    out += [g for g, (_a, m) in GENERATION.items() if name in tasks.classes_for(m, model_type)]
+    return out
+
+
+def _load_object(model: torch.nn.Module, task: str | None, dtype: str) -> Loaded:
+    """A PreTrainedModel the caller loaded: used as it is (borrowed, not converted)."""
+    if dtype != "fp32" and DTYPES[dtype] != getattr(model, "dtype", None):
+        raise ValueError("onnxmedic.export_pretrained: dtype sets the dtype a checkpoint is "
+                         "loaded in; convert a model object yourself (model.to(dtype))")
+    config = model.config.to_dict()
+    config["architectures"] = [type(model).__name__]
+    can = _object_tasks(model)
+    if task is None:
+        task = detect_task(config)
+        how = f"detected from the class {type(model).__name__}"
+    else:
+        how = "given"
+        if task not in ALL_TASKS:
+            raise _err("OM804", f"unknown task {task!r}.",
+                       f"Tasks (optimum's names): {', '.join(ALL_TASKS)}.")
+    if task is None or task not in can:
+        raise _err("OM805", f"a {type(model).__name__} cannot serve the task {task!r}; it "
+                   f"serves: {', '.join(can) or 'none onnxmedic knows'}.",
+                   "Load the model with the Auto class of the task (e.g. "
+                   "AutoModelForSequenceClassification for text-classification).")
+    _check_generation(task)
+    folder = Path(str(getattr(model, "name_or_path", "") or ""))
+    ckpt = None
+    if folder.is_dir() and (folder / "config.json").is_file():
+        try:
+            ckpt = checkpoint.resolve(str(folder))
+        except InputError:
+            ckpt = None
+    tokenizer = checkpoint.load_tokenizer(ckpt, False) if ckpt is not None else None
+    return Loaded(model, task, type(model).__name__, tokenizer, None, ckpt,
+                  [f"task {task} ({how})", f"the model object as it is ({model.dtype})"])
+
+
+def load(model: Any, task: str | None, dtype: str, trust: bool,
+         build: Callable[[Checkpoint, str], Any] | None = None) -> Loaded:
+    """``model`` (a checkpoint or a PreTrainedModel) loaded for ``task`` (detected when
+    None); ``build`` (hf/backends.py's starter) starts the package's builder first, as soon
+    as the checkpoint's config is read. Problems of the checkpoint are InputErrors
+    (OM800-OM809)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise _err("OM808", "transformers is not installed; Hugging Face checkpoints need it.",
+                   "pip install 'onnxmedic[hf]'.") from e
+    if isinstance(model, torch.nn.Module):
+        return _load_object(model, task, dtype)
+    return _load_checkpoint(model, task, dtype, trust, build)
