@@ -40,7 +40,7 @@ def before_generation(model, ids, steps):  # the prefill's logits from a second 
 
 def before_reference(model, ids, tokens, expected):  # a float32 pass beside the reference
     seq = torch.tensor([ids + tokens[:-1]])
-    wrapped = gen_verify._Logits(model).eval()
+    wrapped = gen_verify.Logits(model).eval()
     with torch.no_grad():
         full = wrapped(seq).float().numpy()
     whole = reference_outputs(wrapped, [Inputs(args=(seq,))], [[full]]).outputs[0][0]

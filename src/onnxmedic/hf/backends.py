@@ -238,7 +238,7 @@ def _verdict(result: ExportResult, job: BuildJob, watch: _BuildWatch, req: Reque
     and written (OM836), or failed (``req.strict``: OM838), or PyTorch's runs returned for
     the export that writes the package instead (OM837): _from_builder's verdict."""
     from onnxmedic.hf.gen_verify import verify_generation
-    from onnxmedic.hf.generation import finish_package, not_written
+    from onnxmedic.hf.generation import add_check, finish_package, not_written
 
     why = watch.why
     result.timings["build"] = job.seconds
@@ -251,9 +251,7 @@ def _verdict(result: ExportResult, job: BuildJob, watch: _BuildWatch, req: Reque
             watch.genai = None
         result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})
         if check.ok or req.strict:
-            result.generation = check  # type: ignore[attr-defined]
-            result.verification.extend(check.comparisons)
-            result.findings.extend(check.findings)
+            add_check(result, check)
         if check.ok:
             result.record("generate").passed()
             result.stages = {k: v for k, v in result.stages.items()

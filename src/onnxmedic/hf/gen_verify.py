@@ -108,9 +108,11 @@ def prompt_ids(tokenizer: Any, prompts: Any, vocab: int) -> list[list[int]]:
     return out
 
 
-def _neutral_config(model: Any, steps: int) -> Any:
-    """Greedy search and nothing else: no stop at EOS (N tokens always), no logits processor
-    (repetition penalties, suppressed tokens) - the graph is verified, not the search."""
+def neutral_config(model: Any, steps: int, **extra: Any) -> Any:
+    """The GenerationConfig the verification generates with: greedy search and nothing else,
+    no stop at EOS (N tokens always), no logits processor (repetition penalties, suppressed
+    tokens) - the graph is verified, not the search. ``extra``: further fields, e.g. an
+    encoder-decoder's decoder_start_token_id."""
     from transformers import GenerationConfig
 
     pad = getattr(model.generation_config, "pad_token_id", None)
@@ -119,16 +121,7 @@ def _neutral_config(model: Any, steps: int) -> Any:
     return GenerationConfig(max_new_tokens=steps, min_new_tokens=0, do_sample=False,
                             num_beams=1, eos_token_id=None, pad_token_id=_first(pad),
                             bos_token_id=None, repetition_penalty=1.0, no_repeat_ngram_size=0,
-                            output_logits=True, return_dict_in_generate=True)
-
-
-def neutral_config(model: Any, steps: int, **extra: Any) -> Any:
-    """The greedy-only GenerationConfig the verification generates with (``extra``: further
-    fields, e.g. an encoder-decoder's decoder_start_token_id)."""
-    cfg = _neutral_config(model, steps)
-    for key, value in extra.items():
-        setattr(cfg, key, value)
-    return cfg
+                            output_logits=True, return_dict_in_generate=True, **extra)
 
 
 def _first(value: Any) -> Any:
@@ -154,7 +147,7 @@ def torch_generation(model: Any, ids: list[int], steps: int
     hook = model.register_forward_hook(prefill_logits)
     try:
         with torch.no_grad():
-            out = model.generate(x, attention_mask=mask, generation_config=_neutral_config(
+            out = model.generate(x, attention_mask=mask, generation_config=neutral_config(
                 model, steps), **keep_all)
     finally:
         hook.remove()
@@ -168,15 +161,23 @@ def torch_generation(model: Any, ids: list[int], steps: int
     return tokens, logits
 
 
-class _Logits(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
+class Logits(torch.nn.Module):
+    """The model's logits over whole sequences, no cache: the float64 reference of every step.
+    A decoder's (input_ids, attention_mask); an encoder-decoder's (its ``main`` input, that
+    input's mask, decoder_input_ids)."""
 
-    def forward(self, input_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        kw = {} if attention_mask is None else {"attention_mask": attention_mask}
-        return self.model(input_ids=input_ids, use_cache=False, **kw).logits
+    def __init__(self, model: torch.nn.Module, main: str | None = None) -> None:
+        super().__init__()
+        self.model, self.main = model, main
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                decoder_input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        kw: dict[str, Any] = {self.main or "input_ids": input_ids, "use_cache": False}
+        if self.main is not None:
+            kw["decoder_input_ids"] = decoder_input_ids
+        if attention_mask is not None:
+            kw["attention_mask"] = attention_mask
+        return self.model(**kw).logits
 
 
 def reference_steps(model: Any, ids: list[int], tokens: list[int], expected: list[np.ndarray]
@@ -194,7 +195,7 @@ def references(model: Any, prompts: list[tuple[list[int], list[int], list[np.nda
     read once for all of them - per prompt where the batch gets no reference."""
     seqs = [ids + tokens[:-1] for ids, tokens, _ in prompts]
     vocab = prompts[0][2][0].shape[-1] if prompts else 0
-    wrapped = _Logits(model).eval()
+    wrapped = Logits(model).eval()
     whole: list[np.ndarray | None] = [None] * len(prompts)
     if len(prompts) > 1:
         n = max(len(q) for q in seqs)

@@ -15,12 +15,14 @@ generation is verified (hf/gen_verify.py), unless ``keep_unverified``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,10 +160,20 @@ def io_names(n_cache: int) -> tuple[list[str], list[str]]:
     return past, present
 
 
-def _rename_dims(value: Any) -> None:
-    for d in value.type.tensor_type.shape.dim:
-        if d.dim_param and "past_sequence_length" in d.dim_param and "+" in d.dim_param:
-            d.dim_param = "total_sequence_length"
+def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str],
+                 past: str = "past_sequence_length", total: str = "total_sequence_length"
+                 ) -> None:
+    """Rename the graph's values by ``mapping`` (old -> new: its inputs and outputs, and
+    their uses); a dim of ``past`` plus the new tokens is named ``total``."""
+    g = proto.graph
+    for node in g.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+    for v in list(g.input) + list(g.output) + list(g.value_info):
+        v.name = mapping.get(v.name, v.name)
+        for d in v.type.tensor_type.shape.dim:
+            if d.dim_param and past in d.dim_param and "+" in d.dim_param:
+                d.dim_param = total
 
 
 def rename_io(proto: onnx.ModelProto, positions: bool) -> dict[str, str]:
@@ -179,12 +191,7 @@ def rename_io(proto: onnx.ModelProto, positions: bool) -> dict[str, str]:
         mapping[old] = new
     for name in fixed:
         mapping.setdefault(name, name)
-    for node in g.node:
-        node.input[:] = [mapping.get(n, n) for n in node.input]
-        node.output[:] = [mapping.get(n, n) for n in node.output]
-    for v in list(g.input) + list(g.output) + list(g.value_info):
-        v.name = mapping.get(v.name, v.name)
-        _rename_dims(v)
+    rename_graph(proto, mapping)
     return {new: old for old, new in mapping.items()}
 
 
@@ -301,6 +308,7 @@ class Request:
     model: Any
     out: Path
     tokenizer: Any = None
+    processor: Any = None  # an encoder-decoder's feature extractor (Whisper)
     steps: int = 8
     prompts: Any = None  # strings, or lists of ids (None: gen_verify.default_prompts)
     timeout: float = sandbox.DEFAULT_TIMEOUT
@@ -336,9 +344,10 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
     if task not in TASKS:
         raise ValueError(f"onnxmedic.export_generation: task must be one of "
                          f"{', '.join(TASKS)}, not {task!r}")
-    req = Request(model, Path(out_dir), tokenizer, steps, prompts,
-                  sandbox.DEFAULT_TIMEOUT if timeout is None else timeout, verify, opset,
-                  keep_unverified, optimize, strict)
+    req = Request(model, Path(out_dir), tokenizer, steps=steps, prompts=prompts,
+                  timeout=sandbox.DEFAULT_TIMEOUT if timeout is None else timeout,
+                  verify=verify, opset=opset, keep_unverified=keep_unverified,
+                  optimize=optimize, strict=strict)
     result = package_result(model, *(("build",) if build_job is not None else ()))
     with result.guard():
         from onnxmedic.hf.backends import make_package
@@ -356,31 +365,44 @@ def package_result(model: Any, *before: str) -> ExportResult:
     return result
 
 
+def add_check(result: ExportResult, check: Any) -> None:
+    """A package's generation check (gen_verify.GenerationCheck) as the result's: its
+    comparisons, findings, and ``result.generation``."""
+    result.verification.extend(check.comparisons)
+    result.findings.extend(check.findings)
+    result.generation = check  # type: ignore[attr-defined]
+
+
 def export_package(result: ExportResult, req: Request,
                    torch_runs: dict[Any, Any] | None = None) -> None:
     """onnxmedic's own export of the package (the ``export`` backend), judged against
     ``torch_runs`` where PyTorch's side ran already (gen_verify.torch_side)."""
-    model, out = req.model, req.out
-    why = _not_a_decoder(model)
+    why = _not_a_decoder(req.model)
     if why is not None:
         result.fail("preflight", _cannot_serve(why))
         return
-    if not out.parent.is_dir():
-        result.fail("write", no_folder(out))
+    if not req.out.parent.is_dir():
+        result.fail("write", no_folder(req.out))
         return
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    with building(req) as tmp:
+        why = _no_cache(req.model)
+        if why is not None:
+            result.fail("preflight", _cannot_serve(why))
+            return
+        _build_and_check(result, req, tmp, torch_runs)
+
+
+@contextlib.contextmanager
+def building(req: Request) -> Iterator[Path]:
+    """A temporary folder beside the package's to build it in (removed after), the model in
+    eval mode meanwhile (its mode restored after)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{req.out.name}.tmp-", dir=req.out.parent))
+    was_training = req.model.training
     try:
-        was_training = model.training
-        model.eval()
-        try:
-            why = _no_cache(model)
-            if why is not None:
-                result.fail("preflight", _cannot_serve(why))
-                return
-            _build_and_check(result, req, tmp, torch_runs)
-        finally:
-            model.train(was_training)
+        req.model.eval()
+        yield tmp
     finally:
+        req.model.train(was_training)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -416,9 +438,7 @@ def _build_and_check(result: ExportResult, req: Request, tmp: Path,
                                       prompts=req.prompts, program=result.program,
                                       timeout=req.timeout, genai=genai and not req.optimize,
                                       torch_runs=torch_runs)
-            result.verification.extend(check.comparisons)
-            result.findings.extend(check.findings)
-            result.generation = check  # type: ignore[attr-defined]
+            add_check(result, check)
             if check.ok and req.optimize:
                 tmp = _fused(result, req, tmp, genai, check)
             result.timings.update({f"generate: {k}": v for k, v in check.seconds.items()})

@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +41,14 @@ from onnxmedic.findings import InputError, error, info
 from onnxmedic.hf import report_to
 from onnxmedic.hf.genai_files import GENAI_TYPES, Layout, write_side_files
 from onnxmedic.hf.generation import (
+    Request,
+    add_check,
+    building,
     finish_package,
     no_folder,
     not_written,
     package_result,
+    rename_graph,
     save_graph,
 )
 from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
@@ -140,22 +143,6 @@ def io_names(n_layers: int, mask: bool, main: str) -> dict[str, tuple[list[str],
             "decoder": (dec_in, ["logits"] + present)}
 
 
-def rename_graph(proto: onnx.ModelProto, inputs: list[str], outputs: list[str]) -> None:
-    """Rename the graph's inputs and outputs (and their uses) in order; a total decoder length
-    (past + new) is named total_decoder_sequence_length."""
-    g = proto.graph
-    mapping = dict(zip([i.name for i in g.input], inputs))
-    mapping.update(zip([o.name for o in g.output], outputs))
-    for node in g.node:
-        node.input[:] = [mapping.get(n, n) for n in node.input]
-        node.output[:] = [mapping.get(n, n) for n in node.output]
-    for v in list(g.input) + list(g.output) + list(g.value_info):
-        v.name = mapping.get(v.name, v.name)
-        for d in v.type.tensor_type.shape.dim:
-            if "past_decoder_sequence_length" in d.dim_param and "+" in d.dim_param:
-                d.dim_param = "total_decoder_sequence_length"
-
-
 def _not_a_seq2seq(model: Any, task: str) -> str | None:
     """Why ``model`` cannot serve ``task`` (None when it can)."""
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
@@ -227,7 +214,10 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
     names = io_names(len(past) // 4, mask, main)
     for which, fname in (("encoder", ENCODER), ("decoder", DECODER)):
         proto = onnx.load(str(raw / fname))
-        rename_graph(proto, *names[which])
+        ins, outs = names[which]
+        rename_graph(proto, {**dict(zip([i.name for i in proto.graph.input], ins)),
+                             **dict(zip([o.name for o in proto.graph.output], outs))},
+                     "past_decoder_sequence_length", "total_decoder_sequence_length")
         drop_unused_initializers(proto)
         save_graph(proto, tmp, fname)
     shutil.rmtree(raw)
@@ -258,17 +248,19 @@ def export_seq2seq(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
     if task not in TASKS:
         raise ValueError(f"onnxmedic.export_seq2seq: task must be one of {', '.join(TASKS)}, "
                          f"not {task!r}")
-    timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else timeout
+    req = Request(model, Path(out_dir), tokenizer, processor, steps=steps, prompts=prompts,
+                  timeout=sandbox.DEFAULT_TIMEOUT if timeout is None else timeout,
+                  verify=verify, opset=opset, keep_unverified=keep_unverified)
     result = package_result(model)
     with result.guard():
-        _export_package(result, model, Path(out_dir), task, dict(
-            tokenizer=tokenizer, processor=processor, verify=verify, steps=steps,
-            prompts=prompts, opset=opset, timeout=timeout, keep_unverified=keep_unverified))
+        if _preflight(result, req, task):
+            with building(req) as tmp:
+                _build_and_check(result, req, tmp)
     return report_to(result, report)
 
 
-def _preflight(result: ExportResult, model: Any, out: Path, task: str, tokenizer: Any,
-               processor: Any) -> bool:
+def _preflight(result: ExportResult, req: Request, task: str) -> bool:
+    model = req.model
     why = _not_a_seq2seq(model, task)
     if why is not None:
         result.fail("preflight", error(
@@ -284,11 +276,11 @@ def _preflight(result: ExportResult, model: Any, out: Path, task: str, tokenizer
             "cannot start.", suggestion="Set decoder_start_token_id in the checkpoint's "
             "config (the model card says which token its decoder starts from)."))
         return False
-    if not out.parent.is_dir():
-        result.fail("write", no_folder(out))
+    if not req.out.parent.is_dir():
+        result.fail("write", no_folder(req.out))
         return False
     try:  # the inputs the task takes (OM826: audio features the encoder cannot take)
-        encoder_example(model, tokenizer, processor)
+        encoder_example(model, req.tokenizer, req.processor)
     except InputError as e:
         e.finding.stage = "preflight"
         result.fail("preflight", e.finding)
@@ -296,32 +288,18 @@ def _preflight(result: ExportResult, model: Any, out: Path, task: str, tokenizer
     return True
 
 
-def _export_package(result: ExportResult, model: Any, out: Path, task: str,
-                    opts: dict[str, Any]) -> None:
-    if not _preflight(result, model, out, task, opts["tokenizer"], opts["processor"]):
-        return
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    was_training = model.training
-    try:
-        model.eval()
-        _build_and_check(result, model, out, tmp, opts)
-    finally:
-        model.train(was_training)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path,
-                     opts: dict[str, Any]) -> None:
+def _build_and_check(result: ExportResult, req: Request, tmp: Path) -> None:
     from onnxmedic.hf.seq2seq_inputs import default_processor
     from onnxmedic.hf.seq2seq_verify import verify_seq2seq
 
-    processor = opts["processor"]
-    if processor is None and main_input(model) == "input_features":
+    model, audio = req.model, main_input(req.model) == "input_features"
+    processor = req.processor
+    if processor is None and audio:
         processor = default_processor(model)
-    layout = build_graphs(result, model, tmp, opts["tokenizer"], processor, opts["opset"],
-                          opts["timeout"])
+    layout = build_graphs(result, model, tmp, req.tokenizer, processor, req.opset,
+                          req.timeout)
     if layout is None:
-        result.findings.append(not_written(out, WHAT))
+        result.findings.append(not_written(req.out, WHAT))
         return
     result.program = layout.programs["decoder"]
     result.programs = layout.programs  # type: ignore[attr-defined]  # both graphs
@@ -329,22 +307,19 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path,
     if not genai:
         result.findings.append(_no_genai(model))
     with result.stage("write", conclude=False):
-        files = write_side_files(model, opts["tokenizer"], tmp, layout if genai else None,
-                                 opts["processor"] or (processor if main_input(model) ==
-                                                       "input_features" else None))
+        files = write_side_files(model, req.tokenizer, tmp, layout if genai else None,
+                                 req.processor or (processor if audio else None))
     verified = True
-    if opts["verify"]:
+    if req.verify:
         with result.stage("generate") as st:
-            check = verify_seq2seq(tmp, model, opts["tokenizer"], processor,
-                                   steps=opts["steps"], prompts=opts["prompts"],
-                                   programs=layout.programs, timeout=opts["timeout"])
-            result.verification.extend(check.comparisons)
-            result.findings.extend(check.findings)
-            result.generation = check  # type: ignore[attr-defined]
+            check = verify_seq2seq(tmp, model, req.tokenizer, processor, steps=req.steps,
+                                   prompts=req.prompts, programs=layout.programs,
+                                   timeout=req.timeout)
+            add_check(result, check)
             if not check.ok:
                 st.fail()
         verified = check.ok
-    finish_package(result, tmp, out, files, verified, opts["keep_unverified"], WHAT)
+    finish_package(result, tmp, req.out, files, verified, req.keep_unverified, WHAT)
 
 
 def _no_genai(model: Any) -> Any:

@@ -69,27 +69,11 @@ def torch_generation(model: Any, enc: dict[str, torch.Tensor], steps: int, start
     return tokens, [lg[:, None, :].float().numpy() for lg in out.logits]
 
 
-class _Logits(torch.nn.Module):
-    """The model over a whole decoder sequence: the float64 reference of every step."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.main = main_input(model)
-
-    def forward(self, features: torch.Tensor, mask: torch.Tensor | None,
-                decoder_input_ids: torch.Tensor) -> torch.Tensor:
-        kw = {self.main: features, "decoder_input_ids": decoder_input_ids, "use_cache": False}
-        if mask is not None:
-            kw["attention_mask"] = mask
-        return self.model(**kw).logits
-
-
 def reference_steps(model: Any, enc: dict[str, torch.Tensor], start: int, tokens: list[int],
                     expected: list[np.ndarray]) -> list[np.ndarray | None]:
     """Each step's float64 reference logits, from one float64 run over [start] + tokens."""
     seq = torch.tensor([[start] + tokens[:-1]])
-    wrapped = _Logits(model).eval()
+    wrapped = gen_verify.Logits(model, main_input(model)).eval()
     args = (enc[wrapped.main], enc.get("attention_mask"), seq)
     with torch.no_grad():
         full = wrapped(*args).float().numpy()
