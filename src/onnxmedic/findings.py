@@ -1012,7 +1012,7 @@ CODES: dict[str, CodeInfo] = {
         "or --no-verify, as a fused decoder is written only when verified). The package is "
         "exported as without --optimize.",
     ),
-    # OM836-OM838: onnxruntime-genai's model builder as a backend (hf/gen_builder.py)
+    # OM836-OM838: onnxruntime-genai's model builder as a backend (hf/backends.py)
     "OM836": CodeInfo(
         "package built by the genai builder", 0,
         "export hf:... --task text-generation-with-past: onnxruntime-genai's model builder "

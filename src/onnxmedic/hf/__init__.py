@@ -22,8 +22,8 @@ import torch
 
 from onnxmedic.findings import InputError
 from onnxmedic.hf.backends import Backend
-from onnxmedic.hf.checkpoint import DTYPES
-from onnxmedic.hf.load import STAGE, Loaded, generation_available, load, spec_name
+from onnxmedic.hf.checkpoint import DTYPES, STAGE
+from onnxmedic.hf.load import Loaded, generation_available, load, spec_name
 from onnxmedic.hf.tasks import ALL_TASKS, GENERATION, TASKS, detect_task, supported_tasks
 from onnxmedic.result import ExportResult, stages_of
 

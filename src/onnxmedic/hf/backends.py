@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "export", "builder")
 TASK = "text-generation-with-past"  # the one task the builder serves
-STAGE = "inputs"
+STAGE = "inputs"  # checkpoint.STAGE: the builder is refused before the model loads
 
 
 def why_not(config: dict[str, Any], *, backend: str, folder: Path | None, dtype: str,

@@ -38,8 +38,12 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 _HUB_FILES = ["*.json", "*.txt", "*.model", "1_Pooling/*", "2_Normalize/*"]
 
 
-def _err(code: str, message: str, suggestion: str | None = None) -> InputError:
+def input_error(code: str, message: str, suggestion: str | None = None) -> InputError:
+    """A problem of the checkpoint or its loading: an error finding of the inputs stage."""
     return InputError(error(code, STAGE, message, suggestion=suggestion))
+
+
+_err = input_error
 
 
 def strip_prefix(spec: str) -> str:

@@ -43,10 +43,7 @@ class Layout:
     position_ids: bool = False  # the decoder takes position_ids
     encoder: str | None = None  # an encoder-decoder's encoder graph file (None: a decoder)
     main: str = "input_ids"  # the encoder's main input (input_features: Whisper)
-    mask: bool = False  # the encoder takes an attention mask (the decoder then too)
     start: int | None = None  # the decoder's first token
-    cross_heads: int | None = None
-    names: dict[str, str] = field(default_factory=dict)  # {package name: graph name}
     programs: dict[str, Any] = field(default_factory=dict, repr=False)  # by graph
     genai_problem: str | None = None  # why genai_config.json cannot describe it
 

@@ -247,17 +247,12 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
     if sub.onnx_model is not None:  # a failure is reported in the package's names too
         outputs = [o.name for o in sub.onnx_model.graph.output]
         package_names(sub, dict(zip(outputs, io_names(len(outputs) - 1)[1])))
-    result.stages.update(sub.stages)  # the graph's own stages, as its export recorded them
-    # and their seconds; "capture" was the whole block (the example cache, the graph's export)
+    merge_graph(result, sub, MASK_RULE)
+    # the graph's stages' seconds; "capture" was the whole block (the example cache, the
+    # graph's export)
     whole = result.timings.pop("capture", 0.0)
     result.timings.update(sub.timings)
     result.timings["graph example"] = max(0.0, whole - sum(sub.timings.values()))
-    # the shape variants that break past + new = total are rejected by the wrapper (OM403):
-    # generation below runs the graph at past 0 and 1..N instead
-    result.findings.extend(f for f in sub.findings
-                           if not (f.code == "OM403" and MASK_RULE in f.message))
-    result.verification.extend(sub.verification)
-    result.opset = sub.opset
     if not sub.ok:
         st.fail(error("OM810", "capture", f"the decoder graph of {type(model).__name__} "
                       "(one step with its cache) did not export and verify; the export's "
@@ -265,12 +260,27 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
                       "`onnxmedic.export` on GenerationDecoder(model) reproduces it."))
         return None
     with result.timed("package graph"):
-        names = package_graph(raw, tmp, positions)
+        package_graph(raw, tmp, positions)
         shutil.rmtree(raw.parent)
     past = args[3]
     return Layout(GRAPH, len(past) // 2, int(past[0].shape[1]), int(past[0].shape[3]),
-                  position_ids=positions, names=names, programs={"decoder": sub.program},
+                  position_ids=positions, programs={"decoder": sub.program},
                   genai_problem=genai_problem(past))
+
+
+def merge_graph(result: ExportResult, sub: ExportResult, rule: str, which: str = "") -> None:
+    """A package graph's export (``sub``) in the package's result: its stages as its export
+    recorded them (a stage failed in another graph stays failed), its findings but the shape
+    variants that break the wrapper's ``rule`` (OM403: generation runs the graph at the
+    shapes it serves instead), its comparisons (named with the graph, ``which``), its opset."""
+    result.stages.update({k: v for k, v in sub.stages.items()
+                          if result.stages.get(k) != "failed"})
+    result.findings.extend(f for f in sub.findings
+                           if not (f.code == "OM403" and rule in f.message))
+    for c in sub.verification:
+        c.input_set = f"{which}: {c.input_set}" if which else c.input_set
+    result.verification.extend(sub.verification)
+    result.opset = sub.opset
 
 
 def package_names(sub: ExportResult, renamed: dict[str, str]) -> None:

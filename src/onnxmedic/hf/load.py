@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from onnxmedic.findings import InputError, error
+from onnxmedic.findings import InputError
 from onnxmedic.hf import checkpoint, tasks
 from onnxmedic.hf.checkpoint import DTYPES, Checkpoint
+from onnxmedic.hf.checkpoint import input_error as _err
 from onnxmedic.hf.tasks import ALL_TASKS, GENERATION, TASKS, detect_task, supported_tasks
 
 logger = logging.getLogger(__name__)
 
-STAGE = "inputs"
 
 
 @dataclass
@@ -39,10 +39,6 @@ class Loaded:
     notes: list[str] = field(default_factory=list)
     build_job: Any = None  # builder.BuildJob: onnxruntime-genai's model builder writing
     # the package (hf/backends.py)
-
-
-def _err(code: str, message: str, suggestion: str | None = None) -> InputError:
-    return InputError(error(code, STAGE, message, suggestion=suggestion))
 
 
 def spec_name(model: Any) -> str:

@@ -45,6 +45,7 @@ from onnxmedic.hf.generation import (
     add_check,
     building,
     finish_package,
+    merge_graph,
     no_folder,
     not_written,
     package_result,
@@ -67,6 +68,7 @@ from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
     hidden_size,
     interleave,
     main_input,
+    no_start_token,
     split_cache,
     start_token,
 )
@@ -169,16 +171,7 @@ def _export_one(result: ExportResult, which: str, module: torch.nn.Module, args:
 
     sub = export(module.eval(), args, path, dynamic_shapes=shapes, opset=opset,
                  timeout=timeout, model_spec=f"{type(module.model).__name__} {which}")
-    # a stage failed in either graph stays failed
-    result.stages.update({k: v for k, v in sub.stages.items()
-                          if result.stages.get(k) != "failed"})
-    # shape variants that break the cross-attention rule are rejected by the wrapper (OM403)
-    result.findings.extend(f for f in sub.findings
-                           if not (f.code == "OM403" and CROSS_RULE in f.message))
-    for c in sub.verification:
-        c.input_set = f"{which}: {c.input_set}"
-    result.verification.extend(sub.verification)
-    result.opset = sub.opset
+    merge_graph(result, sub, CROSS_RULE, which)
     return sub
 
 
@@ -222,8 +215,7 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
         save_graph(proto, tmp, fname)
     shutil.rmtree(raw)
     return Layout(DECODER, len(past) // 4, int(past[0].shape[1]), int(past[0].shape[3]),
-                  encoder=ENCODER, main=main, mask=mask, start=start,
-                  cross_heads=int(past[2].shape[1]),
+                  encoder=ENCODER, main=main, start=start,
                   programs={k: v.program for k, v in subs.items()})
 
 
@@ -270,11 +262,7 @@ def _preflight(result: ExportResult, req: Request, task: str) -> bool:
             "(text-generation-with-past for a decoder-only model)."))
         return False
     if start_token(model) is None:
-        result.fail("preflight", error(
-            "OM824", "preflight", f"{type(model).__name__} names no first decoder token "
-            "(decoder_start_token_id in generation_config.json or config.json): generation "
-            "cannot start.", suggestion="Set decoder_start_token_id in the checkpoint's "
-            "config (the model card says which token its decoder starts from)."))
+        result.fail("preflight", no_start_token(model, "preflight"))
         return False
     if not req.out.parent.is_dir():
         result.fail("write", no_folder(req.out))

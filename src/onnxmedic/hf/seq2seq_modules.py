@@ -50,6 +50,17 @@ def start_token(model: Any) -> int | None:
     return None
 
 
+def no_start_token(model: Any, stage: str) -> Any:
+    """OM824: the model names no first decoder token (start_token is None)."""
+    from onnxmedic.findings import error
+
+    return error("OM824", stage, f"{type(model).__name__} names no first decoder token "
+                 "(decoder_start_token_id in generation_config.json or config.json): "
+                 "generation cannot start.", suggestion="Set decoder_start_token_id in the "
+                 "checkpoint's config (the model card says which token its decoder starts "
+                 "from).")
+
+
 def hidden_size(model: Any) -> int:
     cfg = model.config
     return int(getattr(cfg, "d_model", None) or getattr(cfg, "hidden_size"))

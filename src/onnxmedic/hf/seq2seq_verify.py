@@ -31,7 +31,14 @@ from onnxmedic.findings import error
 from onnxmedic.hf import gen_verify
 from onnxmedic.hf.gen_verify import GenerationCheck, judge_prompt
 from onnxmedic.hf.seq2seq_inputs import TEXTS, audio_features, default_processor, text_ids
-from onnxmedic.hf.seq2seq_modules import DECODER, ENCODER, EncoderWithCross, main_input, start_token
+from onnxmedic.hf.seq2seq_modules import (
+    DECODER,
+    ENCODER,
+    EncoderWithCross,
+    main_input,
+    no_start_token,
+    start_token,
+)
 from onnxmedic.inputs import Inputs
 from onnxmedic.verify.budget import judge_output
 from onnxmedic.verify.reference import reference_outputs
@@ -248,10 +255,7 @@ def verify_seq2seq(folder: str | Path, model: Any, tokenizer: Any = None, proces
     check = GenerationCheck()
     start = start_token(model)
     if start is None:
-        check.fail(error("OM824", STAGE, f"{type(model).__name__} names no first decoder token "
-                         "(decoder_start_token_id in generation_config.json or config.json): "
-                         "generation cannot start.", suggestion="Set decoder_start_token_id "
-                         "in the checkpoint's generation_config.json."))
+        check.fail(no_start_token(model, STAGE))
         return check
     layout = gen_verify.graph_layout(onnx.load(str(folder / DECODER), load_external_data=False))
     inputs = items(model, tokenizer, processor, prompts)

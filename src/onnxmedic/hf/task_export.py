@@ -19,7 +19,8 @@ import torch
 
 from onnxmedic.findings import InputError, info
 from onnxmedic.hf import checkpoint, report_to, tasks
-from onnxmedic.hf.load import STAGE, Loaded, spec_name
+from onnxmedic.hf.checkpoint import STAGE
+from onnxmedic.hf.load import Loaded, spec_name
 from onnxmedic.result import ExportResult, stages_of
 
 logger = logging.getLogger(__name__)
