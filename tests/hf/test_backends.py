@@ -186,3 +186,24 @@ def test_the_command_starts_the_builder_before_loading_the_exporter(qwen2, tmp_p
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert loaded == {"torch": True, "transformers": True, "onnxmedic.api": False,
                       "onnx_ir": False, "onnxscript": False}, out.stderr
+
+
+def test_the_backend_is_read_in_one_place(tmp_path):
+    """backends.Backend: the only reader of ``backend`` (what export_pretrained and the
+    command pass on): its validity, whether the builder is started, whether its failure is
+    final, and the OM838 of a builder asked for a package it was not started on."""
+    assert backends.Backend("builder").strict and not backends.Backend().strict
+    with pytest.raises(ValueError, match="backend must be one of auto, export, builder"):
+        backends.Backend("genai")
+    ckpt = type("Ckpt", (), {"config": {"architectures": ["Qwen2ForCausalLM"]},
+                             "folder": tmp_path, "spec": "hf:x", "remote_code": False})()
+    assert backends.Backend("export").starter(tmp_path / "pkg", "fp32", True, None)(
+        ckpt, TASK) is None
+    assert backends.Backend("auto").starter(tmp_path / "pkg", "fp32", True, None)(
+        ckpt, "text-classification") is None
+    with pytest.raises(onnxmedic.findings.InputError) as err:
+        backends.Backend("builder").starter(tmp_path / "pkg", "fp16", True, None)(ckpt, TASK)
+    assert err.value.finding.code == "OM838" and "fp16" in err.value.finding.message
+    refused = backends.Backend("builder").refusal(TASK, None, "LlamaForCausalLM", False)
+    assert refused.code == "OM838" and "object" in refused.message
+    assert backends.Backend("auto").refusal(TASK, None, "x", False) is None

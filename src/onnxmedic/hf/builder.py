@@ -1,16 +1,9 @@
-"""onnxruntime-genai's model builder (``python -m onnxruntime_genai.models.builder``), run in a
-child process: :func:`start` it on a checkpoint folder, :meth:`BuildJob.wait` for its package,
-:func:`finish` the package with the files it does not write. Whether it builds a package, and
-what is done with its package, is hf/backends.py's.
-
-The builder writes a decoder package straight from a checkpoint's weights into graphs it knows
-by architecture (GroupQueryAttention, SkipSimplifiedLayerNormalization): fast to build and
-fused, but it verifies nothing, knows few architectures, and is not always right for those
-(bench/results/generation_peers.md).
-
-The child is started as soon as the checkpoint is resolved (forked: it shares the imports
-already made, torch and transformers; this module imports nothing heavy): it writes while the
-model loads in the parent and PyTorch's side of the verification runs.
+"""onnxruntime-genai's model builder (``python -m onnxruntime_genai.models.builder``) in a child
+process: :func:`start` it on a checkpoint folder, :meth:`BuildJob.wait` for its package,
+:func:`finish` the package with the files it does not write. Whether it builds, and what is
+done with its package, is hf/backends.py's. The child is forked as soon as the checkpoint is
+resolved (it shares torch and transformers, imported already; this module imports nothing
+heavy) and writes while the model loads in the parent.
 """
 
 from __future__ import annotations
