@@ -1,25 +1,16 @@
 """Who builds a ``text-generation-with-past`` package: the one place ``backend`` is read.
 
-Two backends write the package, and the same verification judges either (hf/gen_verify.py:
-greedy tokens against PyTorch's ``generate``, each step's logits within the float64 budget,
-onnxruntime-genai generating from the folder):
-
-- ``export``: onnxmedic's own export (hf/generation.py: the decoder captured by torch.export,
-  translated, verified as a graph, then as a package);
-- the builder: onnxruntime-genai's model builder (hf/builder.py runs it in a child process),
-  its package written only when it verifies (OM836).
-
-``backend`` (export_pretrained's, the command's ``--backend``): ``"auto"`` (the default) the
-builder where it serves (:func:`why_not`: a checkpoint folder of an architecture in
-builder.ARCHITECTURES, float32, verified), else the export, which also writes the package
-where the builder fails or its package does not verify (OM837); ``"export"`` the export alone;
-``"builder"`` the builder or nothing (OM838).
+Two backends write the package, and the same verification judges either (hf/gen_verify.py):
+onnxmedic's own export (hf/generation.py) and onnxruntime-genai's model builder (hf/builder.py
+runs it in a child process; its package is written only when it verifies, OM836).
+``backend``: ``"auto"`` the builder where it serves (:func:`why_not`), else the export, which
+also writes the package where the builder fails or its package does not verify (OM837);
+``"export"`` the export alone; ``"builder"`` the builder or nothing (OM838).
 
 The builder starts as soon as the checkpoint is resolved (:meth:`Backend.starter`); PyTorch's
 side of the verification runs while it writes, onnxruntime-genai's check and the own loop's
-ONNX Runtime side as soon as its package is there, and the judging follows
-(:func:`make_package`). This module imports nothing heavy at its top: the builder forks before
-the exporter loads.
+ONNX Runtime side as soon as its package is there, then the judging (:func:`make_package`).
+Nothing heavy is imported at this module's top: the builder forks before the exporter loads.
 """
 
 from __future__ import annotations
