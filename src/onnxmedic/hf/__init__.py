@@ -23,7 +23,7 @@ import torch
 from onnxmedic.findings import InputError
 from onnxmedic.hf.backends import Backend
 from onnxmedic.hf.checkpoint import DTYPES, STAGE
-from onnxmedic.hf.load import Loaded, generation_available, load, spec_name
+from onnxmedic.hf.load import Loaded, generation_available, load_for_task, spec_name
 from onnxmedic.hf.tasks import ALL_TASKS, GENERATION, TASKS, detect_task, supported_tasks
 from onnxmedic.result import ExportResult, stages_of
 
@@ -105,8 +105,8 @@ def export_pretrained(
         return result.fail("write", bad)
     try:
         with result.timed(STAGE):
-            loaded = load(model, task, dtype, trust_remote_code,
-                          chosen.starter(f, dtype, verify, opset))
+            loaded = load_for_task(model, task, dtype, trust_remote_code,
+                                   chosen.starter(f, dtype, verify, opset))
     except InputError as e:
         result.fail(STAGE, e.finding)
         return report_to(result, report)

@@ -1,7 +1,7 @@
 """Loading a Hugging Face model for a task: a checkpoint (a folder written by
 ``save_pretrained``, or a hub id) resolved and loaded safely (checkpoint.py), its task given or
 told from config.architectures (tasks.py), its tokenizer and processor; or a loaded
-``PreTrainedModel``, borrowed as it is. The facade (hf/__init__.py) calls :func:`load`.
+``PreTrainedModel``, borrowed as it is. The facade (hf/__init__.py) calls :func:`load_for_task`.
 """
 
 from __future__ import annotations
@@ -183,8 +183,8 @@ def _load_object(model: torch.nn.Module, task: str | None, dtype: str) -> Loaded
                   [f"task {task} ({how})", f"the model object as it is ({model.dtype})"])
 
 
-def load(model: Any, task: str | None, dtype: str, trust: bool,
-         build: Callable[[Checkpoint, str], Any] | None = None) -> Loaded:
+def load_for_task(model: Any, task: str | None, dtype: str, trust: bool,
+                  build: Callable[[Checkpoint, str], Any] | None = None) -> Loaded:
     """``model`` (a checkpoint or a PreTrainedModel) loaded for ``task`` (detected when
     None); ``build`` (hf/backends.py's starter) starts the package's builder first, as soon
     as the checkpoint's config is read. Problems of the checkpoint are InputErrors
