@@ -17,6 +17,9 @@ logger = logging.getLogger(__name__)
 
 # torch.onnx warns about each torchvision op it cannot register when torchvision is absent.
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+# onnx_ir's initializer deduplication warns about each initializer that is a graph output (a
+# constant output: a Python number returned by forward(), OM214), which it rightly leaves alone.
+logging.getLogger("onnx_ir.passes.common.initializer_deduplication").setLevel(logging.ERROR)
 
 
 def default_opset() -> int:

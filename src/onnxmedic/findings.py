@@ -318,6 +318,22 @@ CODES: dict[str, CodeInfo] = {
         "quantized tensor type to feed. Pass the float tensor and quantize inside the model, "
         "or pass its int_repr() with the scale and zero point.",
     ),
+    "OM213": CodeInfo(
+        "set_ on an input worked around", 0,
+        "forward() calls `x.set_(y)` on an input x (x then shares y's storage, shape and "
+        "strides), which torch's decompositions cannot express for a graph input (\"Encountered "
+        "a set_ on a graph input\"); onnxmedic made the program read y wherever it read x "
+        "after the call (what x then is) and the translation succeeded. ONNX has no aliasing: "
+        "the file returns x's new value only where forward() returns it (OM013).",
+    ),
+    "OM214": CodeInfo(
+        "Python number output returned as a 0-d tensor", 0,
+        "forward() returns a Python int, float or bool (`return x.shape[1] / 2` with static "
+        "shapes, `dist.sample().size(0)`), which torch.export records as a constant. ONNX "
+        "outputs are tensors, so the file returns it as a 0-d tensor of torch.tensor(value)'s "
+        "dtype (float32, int64, bool), as torch.onnx's TorchScript exporter did; verification "
+        "compares it so. The finding names the output and its value, fixed at export.",
+    ),
     "OM220": CodeInfo(
         "torchvision op with no ONNX form", 1,
         "A torchvision operator ONNX has no operator for (ps_roi_align, ps_roi_pool: position-"

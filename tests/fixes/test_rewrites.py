@@ -121,3 +121,46 @@ def test_stride_query_of_a_transposed_tensor_is_left_alone():
     n, left = strides_from_sizes(ep)
     assert n == 0 and left == [q]
 
+
+
+class _SetInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.set_(y)
+        return x + 1
+
+
+def test_set_on_an_input_crashes_plain_torch_onnx_and_the_rewrite_reads_the_source():
+    """The class (issue 54): torch's decompositions assert on x.set_(y) of a graph input; after
+    the rewrite the program reads y where it read x, and decomposes."""
+    from onnxmedic.fixes.rewrites import check_set_input_crash, set_inputs_as_sources
+
+    x, y = torch.zeros(2, 3), torch.randn(4, 5)
+    ep = torch.export.export(_SetInput(), (x.clone(), y), strict=False)
+    try:
+        prepare_for_export(ep, REGISTRY.onnx_registry())
+    except AssertionError as e:
+        assert check_set_input_crash(e) is None
+    else:  # pragma: no cover - torch fixed it
+        raise AssertionError("torch's decompositions no longer assert on set_ of an input")
+    assert set_inputs_as_sources(ep) == 1
+    prepare_for_export(ep, REGISTRY.onnx_registry())
+    assert torch.equal(ep.module()(x.clone(), y), y + 1)
+
+
+class _Numbers(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple:
+        return x + 1, x.shape[1] / 2, x.shape[0], x.dim() == 2
+
+
+def test_number_outputs_become_0d_tensors_of_torch_tensors_dtype():
+    """Python numbers returned by forward() (constants at static shapes) become 0-d tensors;
+    each is reported with its index among the outputs."""
+    from onnxmedic.fixes.rewrites import constant_outputs_as_tensors
+
+    ep = torch.export.export(_Numbers(), (torch.randn(2, 3),), strict=False)
+    made = constant_outputs_as_tensors(ep)
+    assert made == [(1, 1.5, torch.float32), (2, 2, torch.int64), (3, True, torch.bool)]
+    out = ep.module()(torch.randn(2, 3))
+    assert [o.dtype for o in out[1:]] == [torch.float32, torch.int64, torch.bool]
+    assert [o.item() for o in out[1:]] == [1.5, 2, True]
+    assert constant_outputs_as_tensors(ep) == []  # nothing left to do

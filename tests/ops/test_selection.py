@@ -1,4 +1,5 @@
-"""Selection and sorting: stable sort/argsort, median, nanmedian, kthvalue, mode, searchsorted.
+"""Selection and sorting: stable sort/argsort, median, nanmedian, kthvalue, mode, searchsorted,
+argmax/argmin.
 
 OpInfo samples plus edge values (NaN, +-inf, -0, ties, all-NaN rows, empty, 0-d, batched),
 against PyTorch. Indices must match exactly (integer outputs are compared with zero tolerance).
@@ -133,6 +134,28 @@ def _quantile_edges(dtype):
     return out
 
 
+def _arg_all(x):
+    """argmax and argmin in every form on one input (one export): keepdim without a dim
+    (PyTorch keeps every dim as 1; torchlib gave [1]), along the first and last dim with and
+    without keepdim, and over all elements."""
+    return tuple(f(x, *a) for f in (torch.argmax, torch.argmin)
+                 for a in ((None, True), (None, False), (0, True), (-1, False)))
+
+
+def _arg_edges(dtype):
+    """Ties (the first index wins); for floats NaN (the first NaN wins, for argmin too), +-inf
+    and -0/0 ties."""
+    out = [((_ties(dtype, (2, 3, 4), seed=6),), {})]
+    if dtype.is_floating_point:
+        g = torch.Generator().manual_seed(6)
+        special = torch.randn(4, 6, generator=g).to(dtype)
+        special[0, [1, 4]] = nan
+        special[1] = torch.tensor([-0.0, 0.0, inf, -inf, inf, -inf], dtype=dtype)
+        special[2, 5] = nan
+        out.append(((special,), {}))
+    return out
+
+
 ENTRIES = [
     OpEntry("sort", tolerance=F32, edge=_sort_edges, max_samples=4),
     OpEntry("sort", fn=torch.sort, dtypes=(torch.float64, torch.int64, torch.uint8),
@@ -161,6 +184,10 @@ ENTRIES = [
             edge=lambda d: [((2.5, torch.tensor([0.0, 2.5, 2.5, 3.0], dtype=d)), {"right": r})
                             for r in (False, True)]),
     OpEntry("quantile", tolerance=F32, edge=_quantile_edges, max_samples=3),
+    OpEntry("argmax", max_samples=6),
+    OpEntry("argmin", max_samples=6),
+    OpEntry("argmax.argmin", fn=_arg_all, use_opinfo=False, edge=_arg_edges,
+            dtypes=(torch.float32, torch.float16, torch.int64, torch.uint8)),
     OpEntry("nanquantile", tolerance=F32, edge=_quantile_edges, max_samples=3),
 ]
 

@@ -38,6 +38,7 @@ from onnxmedic._torch_compat import (
     unused_constants_dropped,
 )
 from onnxmedic.borrow import record_state, restore_state
+from onnxmedic.capture.byte_masks import byte_masks_as_bool
 from onnxmedic.capture.caches import CachesOff
 from onnxmedic.capture.decomps import symbolic_shape_rules
 from onnxmedic.capture.detection import Rewritten
@@ -91,8 +92,9 @@ def _short_error(e: BaseException) -> str:
 class CaptureStrategy:
     name = "base"
     kept: Any = None  # sizes.Kept of the attempt under way (set by the strategies that keep)
-    # torch.equal computed as a data-dependent guard (capture.equal) during the capture:
-    # for the strategies that run the model's Python (not TorchDynamo's strict tracing)
+    # torch.equal computed as a data-dependent guard (capture.equal), and uint8 index masks
+    # indexed with as bool (capture.byte_masks), during the capture: for the strategies that
+    # run the model's Python (not TorchDynamo's strict tracing)
     equal_as_guard = True
 
     def __call__(self, model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -113,7 +115,8 @@ class CaptureStrategy:
             with warnings.catch_warnings(), contextlib.redirect_stderr(buf), \
                     record_specialisations(bool(dynamic_shapes), size_guards) as fixed, \
                     unused_constants_dropped(), \
-                    (equal_as_guard(equal) if self.equal_as_guard else contextlib.nullcontext()):
+                    (equal_as_guard(equal) if self.equal_as_guard else contextlib.nullcontext()), \
+                    (byte_masks_as_bool() if self.equal_as_guard else contextlib.nullcontext()):
                 warnings.simplefilter("ignore")
                 program = self._capture(model, args, kwargs, dynamic_shapes)
         except Exception as e:

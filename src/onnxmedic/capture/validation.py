@@ -214,9 +214,11 @@ TRACER_FILES = ("/torch/fx/", "/torch/_export/", "/torch/export/", "/torch/_subc
                  "/torch/__init__.py", "/torch/_compile.py")
 
 
-# capture/equal.py's torch-function mode sits between every call of the model and torch;
-# _torch_compat's hooks sit between torch's guard and this module's decision
-_OWN_FILES = ("/onnxmedic/capture/equal.py", "/onnxmedic/_torch_compat.py")
+# capture/equal.py's and capture/byte_masks.py's torch-function modes sit between every call of
+# the model and torch; _torch_compat's hooks sit between torch's guard and this module's
+# decision
+_OWN_FILES = ("/onnxmedic/capture/equal.py", "/onnxmedic/capture/byte_masks.py",
+              "/onnxmedic/_torch_compat.py")
 
 
 def guarding_frame(skip: tuple[str, ...] = ()) -> Any:

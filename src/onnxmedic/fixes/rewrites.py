@@ -14,6 +14,7 @@ has no strides, the clone is an Identity the optimiser removes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import re
@@ -168,6 +169,37 @@ def mixed_scalars_as_floats(program: torch.export.ExportedProgram) -> int:
     return count
 
 
+SET_INPUT_CRASH = re.compile(r"Encountered a set_ on a graph input")
+
+# ``x.set_(y)`` on an input: functionalization (torch's decompositions) cannot express the
+# input's new storage and shape and asserts
+check_set_input_crash = _error_check(SET_INPUT_CRASH, "the error is not a set_ on an input")
+_SET_SOURCE = (torch.ops.aten.set_.source_Tensor,)
+
+
+def set_inputs_as_sources(program: torch.export.ExportedProgram) -> int:
+    """Replace each ``aten.set_.source_Tensor(x, src)`` whose ``x`` is a user input by
+    ``src``, in place: after ``x.set_(src)``, ``x`` is ``src`` (the same storage, shape and
+    strides), so every later read of ``x`` - the set_'s result, or the input itself after it -
+    reads ``src``, and a later write to ``x`` writes ``src``, as in eager PyTorch. ONNX has
+    no aliasing and torch.onnx returns no input mutation: the new value of ``x`` reaches the
+    caller only where forward() returns it (OM013). Returns how many calls."""
+    inputs = set(program.graph_signature.user_inputs)
+    count = 0
+    for graph, node in _calls(program, lambda t: t in _SET_SOURCE):
+        target, src = node.args[0], node.args[1]
+        if not (isinstance(target, torch.fx.Node) and target.op == "placeholder"
+                and target.name in inputs and isinstance(src, torch.fx.Node)):
+            continue
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        for user in [u for u in target.users if u is not node and order[u] > order[node]]:
+            user.replace_input_with(target, src)
+        node.replace_all_uses_with(src)
+        graph.erase_node(node)
+        count += 1
+    return count
+
+
 @dataclass(frozen=True)
 class Rewrite:
     """A program rewrite as a fix: ``check(error)`` says why it does not apply to that
@@ -188,6 +220,9 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite("OM124", "rewrite: mixed int/float scalars as floats", check_mixed_scalars_crash,
             mixed_scalars_as_floats, "wrote the int Scalar arguments of {n} op call(s) that "
             "also take a float one (e.g. clamp(x, 50, 4000.0)) as floats"),
+    Rewrite("OM213", "rewrite: set_ on an input as its source", check_set_input_crash,
+            set_inputs_as_sources, "read the source tensor wherever the program read a model "
+            "input after `input.set_(source)` ({n} call(s))"),
 )
 
 
@@ -256,3 +291,47 @@ def _replace_with_int(node: torch.fx.Node, value: int) -> None:
     for user in list(node.users):
         user.args = torch.fx.node.map_arg(user.args, lambda a: value if a is node else a)
         user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda a: value if a is node else a)
+
+
+def constant_outputs_as_tensors(program: torch.export.ExportedProgram
+                                ) -> list[tuple[int, Any, torch.dtype]]:
+    """Make each output that is a Python number (``return x.shape[1] / 2`` at static shapes:
+    torch.export records the value 1.5, not a node) a 0-d tensor of that value, in place:
+    ``torch.tensor(value)``'s dtype (float32 for a float, int64 for an int, bool), as
+    torch.onnx's TorchScript exporter did and as verification compares it. ONNX outputs are
+    tensors; torch.onnx fails on such an output ("'float' object has no attribute 'name'").
+    Returns (index among the user outputs, value, dtype) of each output made a tensor."""
+    from torch.export.graph_signature import (
+        ConstantArgument,
+        OutputKind,
+        OutputSpec,
+        TensorArgument,
+    )
+
+    specs = program.graph_signature.output_specs
+    todo = [(i, spec.arg.value) for i, spec in enumerate(specs)
+            if spec.kind == OutputKind.USER_OUTPUT and isinstance(spec.arg, ConstantArgument)
+            and type(spec.arg.value) in (int, float, bool)]
+    if not todo:
+        return []
+    gm = program.graph_module
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    results = list(out.args[0])
+    fake_mode = next((n.meta["val"].fake_mode for n in gm.graph.nodes if n.op == "placeholder"
+                      and hasattr(n.meta.get("val"), "fake_mode")), None)
+    user = [i for i, spec in enumerate(specs) if spec.kind == OutputKind.USER_OUTPUT]
+    done = []
+    for i, value in todo:
+        dtype = torch.tensor(value).dtype
+        with gm.graph.inserting_before(out):
+            node = gm.graph.call_function(torch.ops.aten.scalar_tensor.default, (value,),
+                                          {"dtype": dtype})
+        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+            node.meta["val"] = torch.ops.aten.scalar_tensor.default(value, dtype=dtype)
+        results[i] = node
+        specs[i] = OutputSpec(kind=OutputKind.USER_OUTPUT, arg=TensorArgument(name=node.name),
+                              target=None)
+        done.append((user.index(i), value, dtype))
+    out.args = (type(out.args[0])(results),)
+    gm.recompile()
+    return done

@@ -36,6 +36,7 @@ BUILTIN_FAMILIES: tuple[str, ...] = (
     "onnxmedic.ops.complex",
     "onnxmedic.ops.rnn",
     "onnxmedic.ops.vision",
+    "onnxmedic.ops.convolution",
 )
 
 

@@ -1,5 +1,6 @@
 """Selection and sorting ops torchlib lacks or gets wrong: stable sort/argsort, median, nanmedian,
-kthvalue, mode, searchsorted, bucketize, quantile, topk (0-d).
+kthvalue, mode, searchsorted, bucketize, quantile, topk (0-d), argmax/argmin (keepdim without a
+dim, NaN).
 
 Sorting is built on ONNX TopK, whose spec makes it stable ("given two equivalent values, the
 element with the lower index appears first"); NaN, which TopK does not order, is handled by a
@@ -116,6 +117,57 @@ def aten_topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
     axis = _axis(dim, _rank(self))
     k_value = ints([k]) if isinstance(k, int) else op.Reshape(k, ints([1]))
     return op.TopK(self, k_value, axis=axis, largest=int(largest), sorted=int(sorted))
+
+
+_ARG_NATIVE = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.INT32, ir.DataType.INT64)
+
+
+def _arg_along(x, axis: int, keepdim: bool, largest: bool):
+    """int64 index of the first largest (smallest) element along ``axis``, as PyTorch: the
+    first NaN where the slice holds one (NaN propagates through max and min alike). ONNX
+    ArgMax/ArgMin with ``select_last_index=0`` pick the first of tied values, as PyTorch."""
+    key = x
+    if x.dtype not in _ARG_NATIVE:  # float16/bfloat16, small ints: exact in the wider type
+        key = op.Cast(x, to=ir.DataType.FLOAT if is_float(x) else ir.DataType.INT64)
+    pick = op.ArgMax if largest else op.ArgMin
+    idx = pick(key, axis=axis, keepdims=int(keepdim))
+    if not is_float(x):
+        return idx
+    nan = op.Cast(op.IsNaN(key), to=ir.DataType.INT32)
+    first_nan = op.ArgMax(nan, axis=axis, keepdims=int(keepdim))
+    any_nan = op.ReduceMax(nan, ints([axis]), keepdims=int(keepdim))
+    return op.Where(op.Cast(any_nan, to=ir.DataType.BOOL), first_nan, idx)
+
+
+def _arg_extreme(x, dim, keepdim: bool, largest: bool):
+    rank = _rank(x)
+    if dim is None:  # over all elements; keepdim keeps every dim, as 1
+        flat = op.Reshape(x, ints([-1]))
+        flat.dtype = x.dtype  # traced values carry no type; the helper reads it
+        idx = _arg_along(flat, 0, False, largest)
+        return op.Reshape(idx, ints([1] * rank)) if keepdim and rank > 0 else idx
+    if rank == 0:
+        _axis(dim, 0)
+        return _index_zero()
+    return _arg_along(x, _axis(dim, rank), keepdim, largest)
+
+
+@translation(aten.argmax.default, overrides_torchlib=True)
+def aten_argmax(self, dim=None, keepdim: bool = False):
+    """argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
+
+    Overrides torchlib, which with ``dim=None, keepdim=True`` returns shape [1] (PyTorch: a 1
+    for every dim of the input, [1, 1, 1] for a 3-D one) and ignores NaN (PyTorch: the index
+    of the first NaN)."""
+    return _arg_extreme(self, dim, keepdim, largest=True)
+
+
+@translation(aten.argmin.default, overrides_torchlib=True)
+def aten_argmin(self, dim=None, keepdim: bool = False):
+    """argmin(Tensor self, int? dim=None, bool keepdim=False) -> Tensor
+
+    As :func:`aten_argmax`, for the smallest element (NaN first too)."""
+    return _arg_extreme(self, dim, keepdim, largest=False)
 
 
 def _keep_shape(x, axis: int):

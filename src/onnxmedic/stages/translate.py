@@ -31,7 +31,7 @@ from onnxmedic.findings import Finding, error, info, warning
 from onnxmedic.fixes import opset as opset_fix
 from onnxmedic.fixes import try_fix
 from onnxmedic.fixes.custom_ops import CustomOpInlining
-from onnxmedic.fixes.rewrites import REWRITES, strides_from_sizes
+from onnxmedic.fixes.rewrites import REWRITES, constant_outputs_as_tensors, strides_from_sizes
 from onnxmedic.fixes.shapes import static_dim_params
 from onnxmedic.onnxfile import graph_proto, opset_of
 from onnxmedic.ops import REGISTRY, TranslationRegistry
@@ -190,6 +190,7 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
     forget_pending_unbacked(program)  # left by an earlier translation (OM325's second one)
     program, not_inlined = _inline_custom_ops(program, table, result)
     not_contiguous = _strides_from_sizes(program, result)
+    _constant_outputs(program, result)
     try:
         prog = onnx_export(program, args, kwargs, registry=registry, opset=opset,
                            weights=weights)
@@ -262,6 +263,29 @@ def _strides_from_sizes(program: torch.export.ExportedProgram,
             "computed them from the sizes (the product of the later dims' sizes).",
             op="aten.sym_stride.int", details={"replaced": n, "left": len(left)}))
     return len(left)
+
+
+def _constant_outputs(program: torch.export.ExportedProgram, result: TranslateResult) -> None:
+    """Outputs that are Python numbers become 0-d tensors (OM214)."""
+    try:
+        made = constant_outputs_as_tensors(program)
+    except Exception as e:  # never let the rewrite break translation
+        logger.debug("constant outputs not made tensors: %s", e)
+        result.not_applied.append(("Python number outputs as tensors",
+                                   f"{type(e).__name__}: {e}"[:300]))
+        return
+    for index, value, dtype in made:
+        kind = type(value).__name__
+        dt = str(dtype).replace("torch.", "")
+        result.findings.append(info(
+            "OM214", STAGE, f"output {index} of forward() is a Python {kind} ({value!r}), not "
+            f"a tensor; ONNX outputs are tensors, so the file returns it as a 0-d {dt} tensor "
+            f"(torch.tensor({value!r})). Its value was fixed at export (computed from sizes "
+            "that are static, or from no input at all): the file returns it for every input.",
+            suggestion=f"Nothing to do if {value!r} is right for every input. If it depends on "
+            "an input's size, declare that dim dynamic (the file then computes it); to keep a "
+            f"tensor everywhere, return torch.tensor(...) of it from forward().",
+            details={"output": index, "value": value, "dtype": dt}))
 
 
 def _retry_with_rewrites(result: TranslateResult, program: torch.export.ExportedProgram,
