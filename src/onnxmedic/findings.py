@@ -1003,6 +1003,21 @@ CODES: dict[str, CodeInfo] = {
         "extractor fits the config: the folder's preprocessor_config.json belongs to another "
         "model, or is missing.",
     ),
+    # OM827-OM834: the families of 2025-26 in generation packages (hf/generation.py)
+    "OM827": CodeInfo(
+        "cache with convolution or state-space states", 1,
+        "text-generation-with-past: the model's own cache holds states other than keys and "
+        "values (LFM2's convolution state; Mamba's, Falcon-H1's or Jamba's state-space "
+        "states). The package's decoder graph carries key/value caches only, so it is not "
+        "exported; --task text-generation (no cache) exports the model.",
+    ),
+    "OM828": CodeInfo(
+        "PyTorch fails on onnxmedic's step inputs", 1,
+        "text-generation-with-past: the model runs in PyTorch with its own cache, but not on "
+        "the decoder step's example inputs that onnxmedic built from that cache (a plain "
+        "DynamicCache of its keys and values): a limit of onnxmedic's package for this "
+        "family, not a fault of the model. The finding gives PyTorch's error.",
+    ),
     # OM835-OM849: generation packages made fast in one command (hf/generation.py)
     "OM835": CodeInfo(
         "package not optimized", 0,

@@ -45,6 +45,30 @@ MASK_RULE = "attention_mask must cover the past and the new tokens"
 EXAMPLE_BATCH, EXAMPLE_NEW, EXAMPLE_PAST = 2, 3, 4
 
 
+STATE_ATTRS = ("conv_states", "recurrent_states", "ssm_states")  # caches' non-K/V states
+
+
+def state_layers(cache: Any) -> list[str]:
+    """The layers of a transformers cache that hold more than keys and values, described
+    ("0 LinearAttentionLayer: conv_states [2, 64, 3]"): convolution and state-space states
+    (LFM2, Mamba, Falcon-H1, Jamba ...), which the package's graph does not carry."""
+    layers = getattr(cache, "layers", None)
+    holders = list(layers) if layers is not None else [cache]
+    said = []
+    for i, layer in enumerate(holders):
+        states = []
+        for name in STATE_ATTRS:
+            value = getattr(layer, name, None)
+            values = value.values() if isinstance(value, dict) else (
+                value if isinstance(value, (list, tuple)) else [value])
+            shapes = [list(t.shape) for t in values if isinstance(t, torch.Tensor)]
+            if shapes:
+                states.append(f"{name} {shapes[0]}")
+        if states or (layers is not None and not hasattr(layer, "keys")):
+            said.append(f"{i} {type(layer).__name__}: {', '.join(states) or 'no keys'}")
+    return said
+
+
 def flat_cache(cache: Any) -> list[torch.Tensor]:
     """[k0, v0, k1, v1, ...] of a transformers cache (``DynamicCache`` and its layers)."""
     layers = getattr(cache, "layers", None)
@@ -106,15 +130,27 @@ def _cannot_serve(why: str) -> Any:
                  "pick a task the model serves (feature-extraction for an encoder).")
 
 
-def _no_cache(model: Any) -> str | None:
-    """Why ``model`` returns no KV cache when asked for one (None when it does, or when the
-    call fails: the export reports that): an encoder loaded with a language-model head (BERT's
-    BertLMHeadModel without is_decoder) attends both ways and keeps no cache."""
+def _cache_problem(model: Any) -> Any:
+    """The finding when ``model``'s own cache cannot be the package's (None when it can, or
+    when the call fails: the export reports that): no KV cache at all (OM817: an encoder
+    loaded with a language-model head, BERT's BertLMHeadModel without is_decoder, attends both
+    ways and keeps none), or layers holding convolution or state-space states (OM827)."""
     ids = torch.full((1, 2), min(4, int(model.config.vocab_size) - 1), dtype=torch.int64)
     try:
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
         cache = getattr(out, "past_key_values", None)
+        states = state_layers(cache) if cache is not None else []
+        if states:
+            return error(
+                "OM827", "preflight", f"cannot export {type(model).__name__} for "
+                "text-generation-with-past: its own cache "
+                f"({type(cache).__name__}) holds states other than keys and values in layers "
+                f"{'; '.join(states)}. The package's decoder graph carries key/value caches "
+                "only (past_key_values.{i}.key/value), so a step could not be fed these.",
+                suggestion="Export the model without its cache (--task text-generation: "
+                "every step recomputes the whole sequence), or serve it with PyTorch.",
+                details={"cache": type(cache).__name__, "layers": states})
         if cache is not None and flat_cache(cache):
             return None
     except Exception:  # noqa: BLE001 - the graph's export says why it fails
@@ -123,8 +159,9 @@ def _no_cache(model: Any) -> str | None:
     hint = (" (its config has is_decoder=False: an encoder's causal-LM class so configured "
             "attends both ways and keeps no cache)"
             if getattr(model.config, "is_decoder", None) is False else "")
-    return (f"{type(model).__name__} returns no KV cache when called with use_cache=True"
-            f"{hint}; text-generation-with-past feeds the cache back at each step")
+    return _cannot_serve(f"{type(model).__name__} returns no KV cache when called with "
+                         f"use_cache=True{hint}; text-generation-with-past feeds the cache "
+                         "back at each step")
 
 
 def example_inputs(model: torch.nn.Module, vocab: int | None = None
@@ -244,7 +281,7 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
     result.timings["graph example"] = max(0.0, whole - sum(sub.timings.values()))
     # the shape variants that break past + new = total are rejected by the wrapper (OM403):
     # generation below runs the graph at past 0 and 1..N instead
-    result.findings.extend(f for f in sub.findings
+    result.findings.extend(_our_inputs(f, model) for f in sub.findings
                            if not (f.code == "OM403" and MASK_RULE in f.message))
     result.verification.extend(sub.verification)
     result.opset = sub.opset
@@ -262,6 +299,24 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
               "head_size": int(past[0].shape[3]), "position_ids": positions, "names": names,
               "genai_problem": genai_problem(past)}
     return sub.program, layout
+
+
+def _our_inputs(finding: Any, model: Any) -> Any:
+    """The graph export's finding, blaming onnxmedic's step inputs where PyTorch raised on them
+    (OM100 -> OM828): the model ran with its own cache in the probe before; the inputs that
+    fail are the example step onnxmedic built from that cache."""
+    if finding.code != "OM100":
+        return finding
+    exception = finding.details.get("exception", finding.message)
+    return error(
+        "OM828", finding.stage, f"PyTorch raised on the decoder step's example inputs that "
+        f"onnxmedic built for {type(model).__name__} (its own cache after "
+        f"{EXAMPLE_PAST} tokens, fed back as a plain DynamicCache of keys and values: "
+        f"{finding.details.get('inputs', '')}): {exception}. The model generates in PyTorch "
+        "with its own cache; these inputs are onnxmedic's, not yours.",
+        location=finding.location, suggestion="Export the model without its cache (--task "
+        "text-generation), and report the family to onnxmedic with this finding.",
+        details=dict(finding.details))
 
 
 def package_names(sub: ExportResult, renamed: dict[str, str]) -> None:
@@ -510,9 +565,9 @@ def _export_package(result: ExportResult, model: Any, out: Path, tokenizer: Any,
         was_training = model.training
         model.eval()
         try:
-            why = _no_cache(model)
-            if why is not None:
-                result.fail("preflight", _cannot_serve(why))
+            problem = _cache_problem(model)
+            if problem is not None:
+                result.fail("preflight", problem)
                 return
             _build_and_check(result, model, out, tmp, tokenizer, verify, steps, prompts, opset,
                              timeout, keep_unverified, optimize, torch_runs)
