@@ -194,9 +194,15 @@ def io_names(n_cache: int) -> tuple[list[str], list[str]]:
     return past, present
 
 
+TOTAL_TERMS = {"past_sequence_length", "sequence_length"}
+
+
 def _rename_dims(value: Any) -> None:
+    """past + new is GenAI's total_sequence_length; any other sum keeps its expression (a
+    different size: gpt-oss's attention-sink column makes past + new + 1, which named total
+    let ONNX Runtime reuse a buffer one column short, OM511 at the first step)."""
     for d in value.type.tensor_type.shape.dim:
-        if d.dim_param and "past_sequence_length" in d.dim_param and "+" in d.dim_param:
+        if d.dim_param and {t.strip() for t in d.dim_param.split("+")} == TOTAL_TERMS:
             d.dim_param = "total_sequence_length"
 
 
