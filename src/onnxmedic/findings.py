@@ -1013,10 +1013,12 @@ CODES: dict[str, CodeInfo] = {
     ),
     "OM828": CodeInfo(
         "PyTorch fails on onnxmedic's step inputs", 1,
-        "text-generation-with-past: the model runs in PyTorch with its own cache, but not on "
-        "the decoder step's example inputs that onnxmedic built from that cache (a plain "
-        "DynamicCache of its keys and values): a limit of onnxmedic's package for this "
-        "family, not a fault of the model. The finding gives PyTorch's error.",
+        "text-generation-with-past: PyTorch raises on the decoder step's example inputs that "
+        "onnxmedic built from the model's own cache (3 new tokens after a past of 4, the "
+        "cache fed back as a plain DynamicCache of its keys and values), a step generate() "
+        "does not take (MiniCPM3 with fewer KV heads than query heads): a limit of "
+        "onnxmedic's package for this model, not a fault of the model. The finding gives "
+        "PyTorch's error; --task text-generation exports the model without its cache.",
     ),
     # OM835-OM849: generation packages made fast in one command (hf/generation.py)
     "OM835": CodeInfo(

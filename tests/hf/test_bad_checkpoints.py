@@ -243,19 +243,22 @@ def test_with_past_on_a_state_cache_is_om827(name, state, hf_folder, out):
     assert list(out.iterdir()) == []
 
 
-def test_pytorch_failing_on_onnxmedics_step_inputs_is_om828(hf_folder, out, monkeypatch):
-    """Inputs onnxmedic built that PyTorch rejects blame onnxmedic, not the model: Falcon-H1
-    let past the state check runs with its own cache, but not with the step's plain
-    DynamicCache of its keys and values (no Mamba-2 states)."""
-    from onnxmedic.hf import generation
+def test_pytorch_failing_on_onnxmedics_step_inputs_is_om828(hf_folder, out):
+    """MiniCPM3 with fewer KV heads than query heads generates in PyTorch, but its attention
+    raises on the graph's example step (3 new tokens after a past of 4), a step generate()
+    never takes: the finding blames onnxmedic's inputs (was OM100: 'Fix the model')."""
+    import transformers
 
-    monkeypatch.setattr(generation, "state_layers", lambda cache: [])
-    res = onnxmedic.export_pretrained(hf_folder("falcon_h1"), out / "pkg",
-                                      task="text-generation-with-past")
+    folder = hf_folder("minicpm3")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.tensor([[5, 6, 7]])
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, 6)
+    res = onnxmedic.export_pretrained(folder, out / "pkg", task="text-generation-with-past")
     assert not res.ok and res.exit_code == 1 and "OM828" in _codes(res), _codes(res)
     assert "OM100" not in _codes(res) and "OM009" not in _codes(res)
     said = next(f for f in res.errors if f.code == "OM828")
-    assert "conv state" in said.message and "onnxmedic's, not yours" in said.message
+    assert "3 new tokens after a past of 4" in said.message
+    assert "onnxmedic's, not yours" in said.message and "size of tensor" in said.message
     assert list(out.iterdir()) == []
 
 

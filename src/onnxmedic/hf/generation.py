@@ -316,10 +316,11 @@ def _our_inputs(finding: Any, model: Any) -> Any:
     exception = finding.details.get("exception", finding.message)
     return error(
         "OM828", finding.stage, f"PyTorch raised on the decoder step's example inputs that "
-        f"onnxmedic built for {type(model).__name__} (its own cache after "
-        f"{EXAMPLE_PAST} tokens, fed back as a plain DynamicCache of keys and values: "
-        f"{finding.details.get('inputs', '')}): {exception}. The model generates in PyTorch "
-        "with its own cache; these inputs are onnxmedic's, not yours.",
+        f"onnxmedic built for {type(model).__name__}: {EXAMPLE_NEW} new tokens after a past "
+        f"of {EXAMPLE_PAST} (the model's own cache of those tokens, fed back as a plain "
+        f"DynamicCache of keys and values; {finding.details.get('inputs', '')}): "
+        f"{exception}. generate() takes other steps (the prompt, then one token at a time); "
+        "these inputs are onnxmedic's, not yours.",
         location=finding.location, suggestion="Export the model without its cache (--task "
         "text-generation), and report the family to onnxmedic with this finding.",
         details=dict(finding.details))
