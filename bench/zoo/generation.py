@@ -64,6 +64,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "starcoder2": ("starcoder2", dict(GQA, sliding_window=8)),
     "phi": ("phi", dict(BASE, partial_rotary_factor=0.5)),  # [partial rotary, parallel block]
     "olmo": ("olmo", dict(GQA, clip_qkv=8.0)),  # [clipped q/k/v]
+    # [attention sinks, alternating sliding/full layers, MoE]
+    "gpt_oss": ("gpt_oss", dict(GQA, intermediate_size=64, num_local_experts=4,
+                                num_experts_per_tok=2, sliding_window=8)),
+    # [ALiBi; its config has use_cache off, and the package still carries the cache]
+    "mpt": ("mpt", dict(d_model=64, n_layers=2, n_heads=4, expansion_ratio=2, vocab_size=VOCAB,
+                        max_seq_len=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)),
     "deepseek_v3": ("deepseek_v3", dict(BASE, num_key_value_heads=4, kv_lora_rank=16,
                                         q_lora_rank=32, qk_rope_head_dim=8,
                                         qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,

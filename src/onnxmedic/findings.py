@@ -1019,6 +1019,23 @@ CODES: dict[str, CodeInfo] = {
         "extractor fits the config: the folder's preprocessor_config.json belongs to another "
         "model, or is missing.",
     ),
+    # OM827-OM834: the families of 2025-26 in generation packages (hf/generation.py)
+    "OM827": CodeInfo(
+        "cache with convolution or state-space states", 1,
+        "text-generation-with-past: the model's own cache holds states other than keys and "
+        "values (LFM2's convolution state; Mamba's, Falcon-H1's or Jamba's state-space "
+        "states). The package's decoder graph carries key/value caches only, so it is not "
+        "exported; --task text-generation (no cache) exports the model.",
+    ),
+    "OM828": CodeInfo(
+        "PyTorch fails on onnxmedic's step inputs", 1,
+        "text-generation-with-past: PyTorch raises on the decoder step's example inputs that "
+        "onnxmedic built from the model's own cache (3 new tokens after a past of 4, the "
+        "cache fed back as a plain DynamicCache of its keys and values), a step generate() "
+        "does not take (MiniCPM3 with fewer KV heads than query heads): a limit of "
+        "onnxmedic's package for this model, not a fault of the model. The finding gives "
+        "PyTorch's error; --task text-generation exports the model without its cache.",
+    ),
     # OM835-OM849: generation packages made fast in one command (hf/generation.py)
     "OM835": CodeInfo(
         "package not optimized", 0,

@@ -33,6 +33,22 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gpt2": ("gpt2", "AutoModelForCausalLM",
              dict(n_embd=32, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=64,
                   bos_token_id=0, eos_token_id=0)),
+    # decoders whose cache holds more than keys and values: LFM2's convolution state,
+    # Falcon-H1's Mamba-2 states beside its keys and values
+    "lfm2": ("lfm2", "AutoModelForCausalLM",
+             dict(SMALL, num_key_value_heads=1, layer_types=["conv", "full_attention"],
+                  bos_token_id=0, eos_token_id=0)),
+    "falcon_h1": ("falcon_h1", "AutoModelForCausalLM",
+                  dict(SMALL, num_key_value_heads=1, head_dim=16, mamba_d_ssm=32,
+                       mamba_n_heads=2, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
+                       bos_token_id=0, eos_token_id=0)),
+    # multi-head latent attention with fewer KV heads than query heads: generate() runs (it
+    # prefills, then adds one token at a time), a step of several new tokens after a past
+    # raises in transformers' own MiniCPM3 attention
+    "minicpm3": ("minicpm3", "AutoModelForCausalLM",
+                 dict(SMALL, num_key_value_heads=1, kv_lora_rank=8, q_lora_rank=16,
+                      qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+                      bos_token_id=0, eos_token_id=0)),
     "vit": ("vit", "AutoModelForImageClassification",
             dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                  intermediate_size=64, image_size=32, patch_size=8, num_labels=3)),

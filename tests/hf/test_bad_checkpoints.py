@@ -229,6 +229,39 @@ def test_with_past_on_an_encoder_says_it_keeps_no_cache(hf_folder, out):
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize("name,state", [("lfm2", "LinearAttentionLayer: conv_states"),
+                                        ("falcon_h1", "recurrent_states")])
+def test_with_past_on_a_state_cache_is_om827(name, state, hf_folder, out):
+    """LFM2's cache holds a convolution state, Falcon-H1's Mamba-2 states beside its keys and
+    values: a precise refusal before any export (LFM2 was OM009, an internal error, reading
+    the keys of its convolution layer; Falcon-H1 OM100, blaming the model)."""
+    res = onnxmedic.export_pretrained(hf_folder(name), out / "pkg",
+                                      task="text-generation-with-past")
+    assert not res.ok and _codes(res) == ["OM827"] and res.exit_code == 1, _codes(res)
+    assert state in res.errors[0].message and "--task text-generation" in \
+        res.errors[0].suggestion
+    assert list(out.iterdir()) == []
+
+
+def test_pytorch_failing_on_onnxmedics_step_inputs_is_om828(hf_folder, out):
+    """MiniCPM3 with fewer KV heads than query heads generates in PyTorch, but its attention
+    raises on the graph's example step (3 new tokens after a past of 4), a step generate()
+    never takes: the finding blames onnxmedic's inputs (was OM100: 'Fix the model')."""
+    import transformers
+
+    folder = hf_folder("minicpm3")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.tensor([[5, 6, 7]])
+    assert model.generate(ids, max_new_tokens=3, do_sample=False).shape == (1, 6)
+    res = onnxmedic.export_pretrained(folder, out / "pkg", task="text-generation-with-past")
+    assert not res.ok and res.exit_code == 1 and "OM828" in _codes(res), _codes(res)
+    assert "OM100" not in _codes(res) and "OM009" not in _codes(res)
+    said = next(f for f in res.errors if f.code == "OM828")
+    assert "3 new tokens after a past of 4" in said.message
+    assert "onnxmedic's, not yours" in said.message and "size of tensor" in said.message
+    assert list(out.iterdir()) == []
+
+
 def test_with_past_without_a_tokenizer(tmp_path, out):
     from tests.hf import checkpoints
 

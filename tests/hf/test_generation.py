@@ -318,6 +318,34 @@ def test_genai_problem_names_a_cache_genai_cannot_size():
     assert "keys [(1, 16)] and values [(1, 8)]" in genai_problem(mla)
 
 
+def test_only_past_plus_new_is_named_total_sequence_length():
+    """gpt-oss concatenates an attention-sink column to its scores: past + new + 1 columns.
+    Named total_sequence_length too, ONNX Runtime reused a buffer one column short (a Concat
+    shape mismatch at the first step, OM511)."""
+    from onnx import TensorProto, helper
+
+    from onnxmedic.hf.generation import rename_io
+
+    def info(name, *dims):
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(dims))
+
+    new, past = "sequence_length", "past_sequence_length"
+    nodes = [helper.make_node("Identity", ["k"], ["pk"]), helper.make_node("Identity", ["v"],
+                                                                           ["pv"])]
+    graph = helper.make_graph(
+        nodes, "g", [info("input_ids", "b", new), info("attention_mask", "b", "t"),
+                     info("k", "b", 2, past, 4), info("v", "b", 2, past, 4)],
+        [info("logits", "b", new, 8), info("pk", "b", 2, f"{past} + {new}", 4),
+         info("pv", "b", 2, f"{new} + {past}", 4)],
+        value_info=[info("sinks", "b", 2, new, f"{past} + {new} + 1")])
+    proto = helper.make_model(graph)
+    rename_io(proto, positions=False)
+    dims = {v.name: [d.dim_param for d in v.type.tensor_type.shape.dim]
+            for v in list(proto.graph.output) + list(proto.graph.value_info)}
+    assert dims["present.0.key"][2] == dims["present.0.value"][2] == "total_sequence_length"
+    assert dims["sinks"][3] == f"{past} + {new} + 1"
+
+
 def _graph(op: str, domain: str = "", in_function: bool = False) -> onnx.ModelProto:
     from onnx import TensorProto, helper
 

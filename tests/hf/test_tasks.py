@@ -150,7 +150,10 @@ def test_the_fill_mask_text_holds_the_mask_token(hf_folder):
     ("DistilBertForQuestionAnswering", "distilbert", {}, "question-answering"),
     ("BertForMultipleChoice", "bert", {}, "multiple-choice"),
     ("GPT2LMHeadModel", "gpt2", {}, "text-generation-with-past"),
-    ("GPT2LMHeadModel", "gpt2", {"use_cache": False}, "text-generation"),
+    # a causal LM that can return a cache gets it whatever use_cache says (MPT's is off)
+    ("GPT2LMHeadModel", "gpt2", {"use_cache": False}, "text-generation-with-past"),
+    ("MptForCausalLM", "mpt", {"use_cache": False}, "text-generation-with-past"),
+    ("OpenAIGPTLMHeadModel", "openai-gpt", {}, "text-generation"),  # its forward has no cache
     ("LlamaForCausalLM", "llama", {}, "text-generation-with-past"),
     ("ViTForImageClassification", "vit", {}, "image-classification"),
     ("ViTModel", "vit", {}, "feature-extraction"),

@@ -197,7 +197,9 @@ class SizesBacked(TorchExportNonStrict):
     """After a failure on sizes torch lost track of (PendingUnbackedSymbolNotFound: under
     backed_size_oblivious, which capture turns on for dynamic shapes, a slice whose bounds
     depend on a branch on the size - FNO's mode selection, ``if start`` on ``max_modes -
-    min(size, n_modes)`` - gets unbacked bounds torch then cannot bind): torch.export(
+    min(size, n_modes)`` - gets unbacked bounds torch then cannot bind), or after a broadcast
+    of symbolic sizes it could not prove (a size of ``1 - Max(0, ...)``, MPT's ALiBi bias with
+    a cache): torch.export(
     strict=False) with ordinary backed sizes, as torch.export runs by default. A branch on a
     size then follows the example's sizes and is kept as a guard on the dim (``size >= 4``),
     not dropped: verification runs the dims at other sizes and a file valid only at some sizes
@@ -208,8 +210,10 @@ class SizesBacked(TorchExportNonStrict):
     def check(self, previous: list[Result], args: tuple[Any, ...], kwargs: dict[str, Any],
               model: torch.nn.Module | None = None) -> str | None:
         if not any(_UNBACKED_LOST.search(f"{type(r.error).__name__}: {r.error}")
+                   or _OBLIVIOUS_BROADCAST.search(str(r.error))
                    for r in previous if r.error is not None):
-            return "no earlier attempt lost an unbacked size"
+            return ("no earlier attempt lost an unbacked size or failed to broadcast a "
+                    "symbolic size")
         return None
 
     def __call__(self, model, args, kwargs, dynamic_shapes, previous=()):
@@ -228,6 +232,11 @@ class SizesBacked(TorchExportNonStrict):
 
 
 _UNBACKED_LOST = re.compile(r"PendingUnbackedSymbolNotFound|Pending unbacked symbols")
+# a broadcast of symbolic sizes backed_size_oblivious cannot prove (MPT's ALiBi bias sliced at
+# max(0, 1 - query_length): its query dim is 1 for every size, but only the sizes' own values
+# show it)
+_OBLIVIOUS_BROADCAST = re.compile(r"The size of tensor a \(.*\bs\d+.*\) must match the size of "
+                                  r"tensor b \(.*\bMax\(.*\) at non-singleton dimension")
 
 
 class TorchExportStrict(CaptureStrategy):

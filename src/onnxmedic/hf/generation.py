@@ -48,6 +48,30 @@ MASK_RULE = "attention_mask must cover the past and the new tokens"
 EXAMPLE_BATCH, EXAMPLE_NEW, EXAMPLE_PAST = 2, 3, 4
 
 
+STATE_ATTRS = ("conv_states", "recurrent_states", "ssm_states")  # caches' non-K/V states
+
+
+def state_layers(cache: Any) -> list[str]:
+    """The layers of a transformers cache that hold more than keys and values, described
+    ("0 LinearAttentionLayer: conv_states [2, 64, 3]"): convolution and state-space states
+    (LFM2, Mamba, Falcon-H1, Jamba ...), which the package's graph does not carry."""
+    layers = getattr(cache, "layers", None)
+    holders = list(layers) if layers is not None else [cache]
+    said = []
+    for i, layer in enumerate(holders):
+        states = []
+        for name in STATE_ATTRS:
+            value = getattr(layer, name, None)
+            values = value.values() if isinstance(value, dict) else (
+                value if isinstance(value, (list, tuple)) else [value])
+            shapes = [list(t.shape) for t in values if isinstance(t, torch.Tensor)]
+            if shapes:
+                states.append(f"{name} {shapes[0]}")
+        if states or (layers is not None and not hasattr(layer, "keys")):
+            said.append(f"{i} {type(layer).__name__}: {', '.join(states) or 'no keys'}")
+    return said
+
+
 def flat_cache(cache: Any) -> list[torch.Tensor]:
     """[k0, v0, k1, v1, ...] of a transformers cache (``DynamicCache`` and its layers)."""
     layers = getattr(cache, "layers", None)
@@ -109,15 +133,27 @@ def _cannot_serve(why: str) -> Any:
                  "pick a task the model serves (feature-extraction for an encoder).")
 
 
-def _no_cache(model: Any) -> str | None:
-    """Why ``model`` returns no KV cache when asked for one (None when it does, or when the
-    call fails: the export reports that): an encoder loaded with a language-model head (BERT's
-    BertLMHeadModel without is_decoder) attends both ways and keeps no cache."""
+def _cache_problem(model: Any) -> Any:
+    """The finding when ``model``'s own cache cannot be the package's (None when it can, or
+    when the call fails: the export reports that): no KV cache at all (OM817: an encoder
+    loaded with a language-model head, BERT's BertLMHeadModel without is_decoder, attends both
+    ways and keeps none), or layers holding convolution or state-space states (OM827)."""
     ids = torch.full((1, 2), min(4, int(model.config.vocab_size) - 1), dtype=torch.int64)
     try:
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
         cache = getattr(out, "past_key_values", None)
+        states = state_layers(cache) if cache is not None else []
+        if states:
+            return error(
+                "OM827", "preflight", f"cannot export {type(model).__name__} for "
+                "text-generation-with-past: its own cache "
+                f"({type(cache).__name__}) holds states other than keys and values in layers "
+                f"{'; '.join(states)}. The package's decoder graph carries key/value caches "
+                "only (past_key_values.{i}.key/value), so a step could not be fed these.",
+                suggestion="Export the model without its cache (--task text-generation: "
+                "every step recomputes the whole sequence), or serve it with PyTorch.",
+                details={"cache": type(cache).__name__, "layers": states})
         if cache is not None and flat_cache(cache):
             return None
     except Exception:  # noqa: BLE001 - the graph's export says why it fails
@@ -126,8 +162,9 @@ def _no_cache(model: Any) -> str | None:
     hint = (" (its config has is_decoder=False: an encoder's causal-LM class so configured "
             "attends both ways and keeps no cache)"
             if getattr(model.config, "is_decoder", None) is False else "")
-    return (f"{type(model).__name__} returns no KV cache when called with use_cache=True"
-            f"{hint}; text-generation-with-past feeds the cache back at each step")
+    return _cannot_serve(f"{type(model).__name__} returns no KV cache when called with "
+                         f"use_cache=True{hint}; text-generation-with-past feeds the cache "
+                         "back at each step")
 
 
 def example_inputs(model: torch.nn.Module, vocab: int | None = None
@@ -160,11 +197,14 @@ def io_names(n_cache: int) -> tuple[list[str], list[str]]:
     return past, present
 
 
-def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str],
-                 past: str = "past_sequence_length", total: str = "total_sequence_length"
-                 ) -> None:
+TOTAL_TERMS = {"past_sequence_length", "sequence_length"}
+
+
+def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str]) -> None:
     """Rename the graph's values by ``mapping`` (old -> new: its inputs and outputs, and
-    their uses); a dim of ``past`` plus the new tokens is named ``total``."""
+    their uses); a dim of past + new is GenAI's ``total_sequence_length``. Any other sum keeps
+    its expression (a different size: gpt-oss's attention-sink column makes past + new + 1,
+    which named total let ONNX Runtime reuse a buffer one column short, OM511 at step 0)."""
     g = proto.graph
     for node in g.node:
         node.input[:] = [mapping.get(n, n) for n in node.input]
@@ -172,8 +212,8 @@ def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str],
     for v in list(g.input) + list(g.output) + list(g.value_info):
         v.name = mapping.get(v.name, v.name)
         for d in v.type.tensor_type.shape.dim:
-            if d.dim_param and past in d.dim_param and "+" in d.dim_param:
-                d.dim_param = total
+            if d.dim_param and {t.strip() for t in d.dim_param.split("+")} == TOTAL_TERMS:
+                d.dim_param = "total_sequence_length"
 
 
 def rename_io(proto: onnx.ModelProto, positions: bool) -> dict[str, str]:
@@ -247,6 +287,7 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
     if sub.onnx_model is not None:  # a failure is reported in the package's names too
         outputs = [o.name for o in sub.onnx_model.graph.output]
         package_names(sub, dict(zip(outputs, io_names(len(outputs) - 1)[1])))
+    sub.findings[:] = [_our_inputs(f, model) for f in sub.findings]
     merge_graph(result, sub, MASK_RULE)
     # the graph's stages' seconds; "capture" was the whole block (the example cache, the
     # graph's export)
@@ -281,6 +322,25 @@ def merge_graph(result: ExportResult, sub: ExportResult, rule: str, which: str =
         c.input_set = f"{which}: {c.input_set}" if which else c.input_set
     result.verification.extend(sub.verification)
     result.opset = sub.opset
+
+
+def _our_inputs(finding: Any, model: Any) -> Any:
+    """The graph export's finding, blaming onnxmedic's step inputs where PyTorch raised on them
+    (OM100 -> OM828): the model ran with its own cache in the probe before; the inputs that
+    fail are the example step onnxmedic built from that cache."""
+    if finding.code != "OM100":
+        return finding
+    exception = finding.details.get("exception", finding.message)
+    return error(
+        "OM828", finding.stage, f"PyTorch raised on the decoder step's example inputs that "
+        f"onnxmedic built for {type(model).__name__}: {EXAMPLE_NEW} new tokens after a past "
+        f"of {EXAMPLE_PAST} (the model's own cache of those tokens, fed back as a plain "
+        f"DynamicCache of keys and values; {finding.details.get('inputs', '')}): "
+        f"{exception}. generate() takes other steps (the prompt, then one token at a time); "
+        "these inputs are onnxmedic's, not yours.",
+        location=finding.location, suggestion="Export the model without its cache (--task "
+        "text-generation), and report the family to onnxmedic with this finding.",
+        details=dict(finding.details))
 
 
 def package_names(sub: ExportResult, renamed: dict[str, str]) -> None:
@@ -395,9 +455,9 @@ def export_package(result: ExportResult, req: Request,
         result.fail("write", no_folder(req.out))
         return
     with building(req) as tmp:
-        why = _no_cache(req.model)
-        if why is not None:
-            result.fail("preflight", _cannot_serve(why))
+        problem = _cache_problem(req.model)
+        if problem is not None:
+            result.fail("preflight", problem)
             return
         _build_and_check(result, req, tmp, torch_runs)
 

@@ -129,17 +129,31 @@ def supported_tasks(config: dict[str, Any]) -> list[str]:
     return out
 
 
+def returns_cache(arch: str) -> bool:
+    """Whether the transformers class ``arch`` can return a KV cache: its forward takes
+    ``past_key_values`` (OpenAI GPT's and RWKV's do not; True for a class transformers does
+    not have: the export says what it finds)."""
+    import transformers
+
+    cls = getattr(transformers, arch, None)
+    try:
+        return cls is None or "past_key_values" in inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return True
+
+
 def detect_task(config: dict[str, Any], folder: Path | None = None) -> str | None:
     """The task config.architectures[0] was saved for (None when it names none): a causal LM
-    is text-generation-with-past (text-generation without its cache when use_cache is off), a
-    base model feature-extraction (sentence-similarity in a sentence-transformers folder)."""
+    is text-generation-with-past whatever its config's use_cache says (MPT's is off), unless
+    its class cannot return a cache (text-generation); a base model feature-extraction
+    (sentence-similarity in a sentence-transformers folder)."""
     archs = config.get("architectures") or []
     model_type = config.get("model_type", "")
     if not archs:
         return None
     arch = archs[0]
     if arch in classes_for("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", model_type):
-        return "text-generation-with-past" if config.get("use_cache", True) else "text-generation"
+        return "text-generation-with-past" if returns_cache(arch) else "text-generation"
     for name, (_auto, mapping) in GENERATION.items():
         if name.endswith("-with-past") and arch in classes_for(mapping, model_type):
             return name
