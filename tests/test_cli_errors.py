@@ -129,6 +129,21 @@ def test_optimize_refuses_a_folder_that_is_not_a_package(kind, code, tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("args", "code"), [
+    (["bench", "{model}"], "OM008"),  # no input for the model's x
+    (["bench", "{model}", "--input", "5x7"], "OM008"),
+    (["bench", "{model}", "--input", "2x3:int64"], "OM008"),
+    (["run", "{model}", "--input", "2x3", "--save", "{tmp}/no/out.npz"], "OM006"),
+    (["optimize", "{model}", MODEL, "--input", "2x3", "-o", "{tmp}/no/o.onnx"], "OM006"),
+])
+def test_inputs_and_outputs_are_checked_before_anything_runs(args, code, tmp_path, capsys):
+    """The input contract and the output path: findings first, not a failure (or a
+    traceback) after the work."""
+    model = om.identity_model(tmp_path / "m.onnx")
+    rc, out, err = _main([a.replace("{model}", str(model)) for a in args], tmp_path, capsys)
+    assert rc == 1 and code in out + err and "bench failed" not in out, (out, err)
+
+
 @pytest.mark.parametrize("command", ["optimize", "bench"])
 def test_a_file_that_is_not_onnx_is_om007(command, tmp_path, capsys):
     bad = tmp_path / "m.onnx"

@@ -106,6 +106,7 @@ def test_a_normal_hf_export_and_optimize_print_onnxmedics_lines_only(tmp_path):
     for args in (["export", f"hf:{tmp_path / 'ckpt'}", "-o", str(tmp_path / "m.onnx")],
                  ["optimize", str(tmp_path / "m.onnx"), f"{tmp_path / 'm.py'}:M",
                   "--input", "2x3:int64@0,100", "--input", "2x3:int64@1,2",
+                  "--input", "2x3:int64@0,1",
                   "-o", str(tmp_path / "o.onnx")]):
         p = subprocess.run([sys.executable, "-m", "onnxmedic", *args], cwd=ROOT,
                            capture_output=True, text=True, timeout=900)

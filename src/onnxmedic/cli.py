@@ -346,9 +346,12 @@ def stage_display(model: Any, enabled: bool, console: Any = None) -> Any:
 def _run_command(ns: argparse.Namespace) -> Any:
     from onnxmedic import api, inputs
     from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.onnxfile import check_output_path
     from onnxmedic.result import stages_of
 
     try:
+        if ns.save and (unwritable := check_output_path(ns.save, stage="inputs")) is not None:
+            raise OnnxMedicError(unwritable)  # before the model runs
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
     except OnnxMedicError as err:
         result = api.RunResult(command="run", path=ns.onnx, model=ns.onnx,
