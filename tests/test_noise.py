@@ -1,7 +1,8 @@
 """A normal run's stderr holds onnxmedic's lines only: the third-party messages it would carry
 (torchao's "Failed to load", torch's pytree deprecation, torch.onnx's axis-name warning,
 transformers' "Loading weights" bar) are dropped where they are emitted, each by its message,
-and every other message of the same library still shows."""
+and every other message of the same library still shows; what torch logs during a capture
+attempt (torch.export's guard warnings, draft_export's summary) goes with the attempt."""
 
 from __future__ import annotations
 
@@ -50,6 +51,28 @@ def test_each_known_message_is_dropped_and_nothing_else(caplog):
         logging.getLogger(name).warning("something else went wrong: %s", name)
     assert sorted(r.getMessage() for r in caplog.records) == sorted(
         f"something else went wrong: {name}" for name in SEEN)
+
+
+def test_torchs_own_handlers_write_into_the_stream_during_a_capture_only():
+    """torch's loggers have their own stderr handlers (redirect_stderr misses them): inside
+    torch_logs_to their lines go to the given stream (a capture attempt's notes), after it
+    to the handler again."""
+    import io
+
+    handler_out, notes = io.StringIO(), io.StringIO()
+    log = logging.getLogger("torch.onnxmedic_test_noise")
+    handler = logging.StreamHandler(handler_out)
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        with noise.torch_logs_to(notes):
+            log.warning("Unable to find user code corresponding to {u0}")
+        log.warning("after the capture")
+    finally:
+        log.removeHandler(handler)
+    assert notes.getvalue() == ("W torch.onnxmedic_test_noise: Unable to find user code "
+                                "corresponding to {u0}\n")
+    assert handler_out.getvalue() == "after the capture\n" and not handler.filters
 
 
 def test_progress_bars_off_unless_the_user_set_them(monkeypatch):

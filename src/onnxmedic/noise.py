@@ -9,10 +9,13 @@ transformers does on its first ``from_pretrained`` and onnxruntime-genai's build
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
+from collections.abc import Iterator
+from typing import TextIO
 
 # (logger, pattern of the message, why it is noise)
 KNOWN: tuple[tuple[str, str, str], ...] = (
@@ -50,3 +53,27 @@ def silence(progress: bool | None = None) -> None:
         progress = sys.stderr.isatty()
     if not progress:  # read when huggingface_hub is imported (transformers imports it)
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+@contextlib.contextmanager
+def torch_logs_to(stream: TextIO) -> Iterator[None]:
+    """While the block runs, the lines torch logs through its own handlers (torch.export's
+    guard warnings, draft_export's summary of what it could not capture soundly) go to
+    ``stream`` instead of stderr: torch's handlers hold the stderr of its import, which
+    ``contextlib.redirect_stderr`` does not reach. For a call whose failures onnxmedic
+    reports itself (a capture attempt), the lines are kept for the report."""
+
+    def divert(record: logging.LogRecord) -> bool:
+        stream.write(f"{record.levelname[:1]} {record.name}: {record.getMessage()}\n")
+        return False
+
+    handlers = {id(h): h for name, lg in list(logging.root.manager.loggerDict.items())
+                if (name == "torch" or name.startswith("torch."))
+                and isinstance(lg, logging.Logger) for h in lg.handlers}.values()
+    for h in handlers:
+        h.addFilter(divert)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(divert)
