@@ -92,6 +92,21 @@ def test_the_report_and_json_keep_an_unexpected_exception(tmp_path, capsys, monk
         assert "simulated bug" in d["traceback"] and "Traceback" in d["traceback"]
 
 
+def test_a_report_that_cannot_be_written_sends_the_traceback_to_a_file(tmp_path, capsys,
+                                                                       monkeypatch):
+    def broken(ns):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setitem(cli.COMMANDS, "doctor", broken)
+    rc, _, err = _main(["doctor", "x.onnx", "--report", str(tmp_path / "no" / "r.json")],
+                       tmp_path, capsys)
+    kept = Path(re.search(r"traceback saved in (\S+)", err).group(1))
+    try:
+        assert rc == 3 and kept.parent != tmp_path / "no" and "simulated bug" in kept.read_text()
+    finally:
+        kept.unlink()
+
+
 def test_deep_faults_in_bench_and_optimize_are_om009(tmp_path, capsys, monkeypatch):
     """Where the exception is raised does not matter: bench's timing and optimize's package
     branch (the reference checkpoint's loader) raise; each is OM009, exit 3."""

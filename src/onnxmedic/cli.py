@@ -483,12 +483,17 @@ def internal_error(ns: argparse.Namespace | None, exc: BaseException) -> int:
     result.findings.append(finding)
     bug = "This is a bug in onnxmedic; please report it with the traceback saved in "
     report = getattr(ns, "report", None)
+    written = False
     if report:
         from onnxmedic.report import write_report
 
         finding.suggestion = bug + f"the report {report}"
-        write_report(result, report)  # a path it cannot write: OM006 added, not raised
-    if not report or len(result.findings) > 1:
+        try:
+            write_report(result, report)  # a path it cannot write: OM006 added, not raised
+            written = len(result.findings) == 1
+        except Exception:  # noqa: BLE001 - the report's own bug: the temp file keeps it
+            logging.getLogger(__name__).debug("report not written", exc_info=True)
+    if not written:
         fd, where = tempfile.mkstemp(prefix="onnxmedic-internal-error-", suffix=".txt")
         with os.fdopen(fd, "w") as fh:
             fh.write(tb)
