@@ -43,6 +43,14 @@ MISTAKES: dict[str, tuple[list[str], str, int]] = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _temp_folder(tmp_path, monkeypatch):
+    """The traceback files OM009 writes land in the test's own folder."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
 def _main(args: list[str], tmp: Path, capsys) -> tuple[int, str, str]:
     rc = cli.main([a.replace("{tmp}", str(tmp)) for a in args])
     out, err = capsys.readouterr()
@@ -72,11 +80,7 @@ def test_an_unexpected_exception_is_om009_exit_3_with_its_traceback_kept(
     rc, out, err = _main(args, tmp_path, capsys)
     assert rc == 3 and "OM009" in err and f"simulated bug in {command}" in err, err
     kept = Path(re.search(r"traceback saved in (?:the report )?(\S+)", err).group(1))
-    try:
-        assert "Traceback" in kept.read_text() and "def broken" not in err
-    finally:
-        if kept.parent != tmp_path:
-            kept.unlink()
+    assert kept.parent == tmp_path and "Traceback" in kept.read_text()
 
 
 def test_the_report_and_json_keep_an_unexpected_exception(tmp_path, capsys, monkeypatch):
@@ -101,10 +105,7 @@ def test_a_report_that_cannot_be_written_sends_the_traceback_to_a_file(tmp_path,
     rc, _, err = _main(["doctor", "x.onnx", "--report", str(tmp_path / "no" / "r.json")],
                        tmp_path, capsys)
     kept = Path(re.search(r"traceback saved in (\S+)", err).group(1))
-    try:
-        assert rc == 3 and kept.parent != tmp_path / "no" and "simulated bug" in kept.read_text()
-    finally:
-        kept.unlink()
+    assert rc == 3 and kept.parent == tmp_path and "simulated bug" in kept.read_text()
 
 
 def test_deep_faults_in_bench_and_optimize_are_om009(tmp_path, capsys, monkeypatch):
