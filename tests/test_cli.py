@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import onnx_models as om
+from tests.test_noise import third_party_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = "tests/models.py"
@@ -31,6 +32,7 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
     p = subprocess.run([sys.executable, "-m", "onnxmedic", *args], cwd=ROOT, env=e,
                        capture_output=True, text=True, timeout=timeout)
     assert "Traceback" not in p.stderr, p.stderr
+    assert third_party_lines(p.stderr) == [], p.stderr  # onnxmedic's lines only
     return p
 
 

@@ -58,3 +58,13 @@ def test_cli_page_lists_every_command_and_flag():
         section = text.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
         missing = [f for f in mod.flags(sub) if f not in section]
         assert not missing, f"run: python tools/gen_cli_doc.py ({name}: {missing})"
+
+
+def test_architecture_code_layout_names_every_package():
+    """The hand-written code layout of docs/architecture.md has a line for every package of
+    src/onnxmedic (a folder added without one fails here)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    layout = text.split("## Code layout", 1)[1].split("```", 2)[1]
+    named = set(re.findall(r"^  ([\w.]+/)", layout, re.MULTILINE))
+    packages = {f"{p.parent.name}/" for p in (ROOT / "src" / "onnxmedic").glob("*/__init__.py")}
+    assert packages <= named, sorted(packages - named)

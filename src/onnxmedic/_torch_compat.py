@@ -481,9 +481,18 @@ def is_derived_dim(value: Any) -> bool:
     return isinstance(value, _DerivedDim)
 
 
+# torch.onnx's warning for an axis it names once although two inputs name it: noise when the
+# two names are the same (input_ids' and attention_mask's "batch"), kept when they differ
+SAME_AXIS_NAME = (r"# The axis name: (\S+) will not be used, since it shares the same shape "
+                  r"constraints with another axis: \1\.$")
+
+
 def rename_dynamic_axes(onnx_program: Any, str_dims: Any) -> None:
-    """Name the ONNX model's symbolic dims after the user's strings, as torch.onnx does."""
-    onnx_program._rename_dynamic_axes(str_dims)
+    """Name the ONNX model's symbolic dims after the user's strings, as torch.onnx does
+    (without its warning that a name given twice is used once)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=SAME_AXIS_NAME, category=UserWarning)
+        onnx_program._rename_dynamic_axes(str_dims)
 
 
 def backed_size_oblivious() -> Any:

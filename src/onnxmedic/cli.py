@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from onnxmedic import __version__
@@ -331,27 +332,26 @@ def _hf_export(ns: argparse.Namespace) -> Any:
 def stage_display(model: Any, enabled: bool, console: Any = None) -> Any:
     """A live line on stderr while export runs: the stage, the model's size, time elapsed (a
     silent multi-minute export looks hung). Yields the on_stage callback, or None."""
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from onnxmedic.report.live import live_line
 
     params = getattr(model, "parameters", None)
-    nbytes = sum(p.numel() * p.element_size() for p in params()) if callable(params) else 0
+    nbytes = (sum(p.numel() * p.element_size() for p in params())
+              if enabled and callable(params) else 0)
     size = f"{nbytes / 2**20:,.0f} MiB of weights" if nbytes else "an ExportedProgram"
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=console or Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(f"export ({size})", total=None)
-        yield lambda stage: bar.update(task, description=f"export: {stage} ({size})")
+    with live_line(f"export ({size})", enabled, console=console) as show:
+        yield None if show is None else (
+            lambda stage: show(f"export: {stage} ({size})"))
 
 
 def _run_command(ns: argparse.Namespace) -> Any:
     from onnxmedic import api, inputs
     from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.onnxfile import check_output_path
     from onnxmedic.result import stages_of
 
     try:
+        if ns.save and (unwritable := check_output_path(ns.save, stage="inputs")) is not None:
+            raise OnnxMedicError(unwritable)  # before the model runs
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
     except OnnxMedicError as err:
         result = api.RunResult(command="run", path=ns.onnx, model=ns.onnx,
@@ -380,18 +380,32 @@ def _run_command(ns: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    """Run one command; its exit code. Every command goes through here, and nothing leaves as
+    a traceback: Ctrl-C is exit 130, and an exception onnxmedic did not expect is OM009, exit 3,
+    its traceback kept in the command's report (:func:`internal_error`)."""
+    ns: argparse.Namespace | None = None
+    try:
+        ns = build_parser().parse_args(argv)
+        return _dispatch(ns)
+    except KeyboardInterrupt:
+        sys.stderr.write("onnxmedic: interrupted; nothing was written.\n")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last resort of every command
+        return internal_error(ns, exc)
+
+
+def _flag_error(ns: argparse.Namespace) -> str | None:
+    """What argparse cannot check alone: flags that do not go together."""
     if ns.command == "export" and ns.optimize:
         from onnxmedic.optimize.passes import precision_error
 
-        bad = precision_error(ns.precision, ns.target, flags=True)
-        if bad:
-            build_parser().error(bad)
+        if bad := precision_error(ns.precision, ns.target, flags=True):
+            return bad
     if ns.command == "export":
         from onnxmedic.optimize.cli import calibration_flag_error
 
         if bad := calibration_flag_error(ns) or _hf_flag_error(ns):
-            build_parser().error(bad)
+            return bad
     if (ns.command in ("export", "optimize") and getattr(ns, "accuracy", None) is not None
             and getattr(ns, "precision", "") != "int4"):  # int4: a task budget (optimize/int4)
         from onnxmedic.optimize import parse_accuracy
@@ -399,33 +413,38 @@ def main(argv: list[str] | None = None) -> int:
         try:
             parse_accuracy(ns.accuracy)
         except ValueError as e:
-            build_parser().error(f"--{e}")
+            return f"--{e}"
+    return None
+
+
+def _dispatch(ns: argparse.Namespace) -> int:
+    if bad := _flag_error(ns):
+        build_parser().error(bad)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if ns.command == "optimize":  # hook (issue 17): its own table and exit code
-        from onnxmedic.optimize import cli as optimize_cli
+    from onnxmedic import noise
 
-        return optimize_cli.main(ns)
-    if ns.command == "bench":  # hook (issue 17)
-        from onnxmedic.optimize import cli as optimize_cli
+    noise.silence(progress=not getattr(ns, "no_progress", False) and sys.stderr.isatty())
+    return COMMANDS[ns.command](ns)
 
-        return optimize_cli.bench_main(ns)
+
+def _optimize_command(ns: argparse.Namespace) -> int:  # hook (issue 17): its own table
+    from onnxmedic.optimize import cli as optimize_cli
+
+    return optimize_cli.main(ns)
+
+
+def _bench_command(ns: argparse.Namespace) -> int:  # hook (issue 17)
+    from onnxmedic.optimize import cli as optimize_cli
+
+    return optimize_cli.bench_main(ns)
+
+
+def _result_command(ns: argparse.Namespace) -> int:
+    """export, verify, doctor, run, reduce, sweep: a result rendered on the terminal (and as
+    JSON with --json); its exit code."""
     # torch.export logs graph dumps and guard warnings for failures onnxmedic reports itself
     logging.getLogger("torch").setLevel(logging.ERROR)
-    try:
-        result = _run(ns)
-    except KeyboardInterrupt:
-        sys.stderr.write("onnxmedic: interrupted; nothing was written.\n")
-        return 130
-    except Exception as exc:
-        import tempfile
-
-        fd, path = tempfile.mkstemp(prefix="onnxmedic-internal-error-", suffix=".txt")
-        with os.fdopen(fd, "w") as fh:
-            traceback.print_exc(file=fh)
-        sys.stderr.write(f"onnxmedic: OM009 internal error: {type(exc).__name__}: {exc}\n"
-                         f"This is a bug in onnxmedic; please report it with the traceback "
-                         f"saved in {path}\n")
-        return 3
+    result = _run(ns)
     if ns.command == "sweep":
         from onnxmedic.report.sweep import render_sweep_terminal
 
@@ -437,6 +456,52 @@ def main(argv: list[str] | None = None) -> int:
     if ns.json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     return result.exit_code
+
+
+# every subcommand of build_parser(), and the function that runs it (tests/test_cli_errors.py
+# keeps the two in step)
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "optimize": _optimize_command, "bench": _bench_command,
+    **dict.fromkeys(("export", "verify", "doctor", "run", "reduce", "sweep"), _result_command)}
+
+
+def internal_error(ns: argparse.Namespace | None, exc: BaseException) -> int:
+    """OM009, exit 3, for an exception no command expected (called in its ``except``): one
+    paragraph on stderr; the traceback in the command's ``--report`` when it has one that can
+    be written, else in a file of the temp folder; the result on stdout with ``--json``."""
+    import tempfile
+
+    from onnxmedic.findings import error
+    from onnxmedic.result import ExportResult
+
+    command = ns.command if ns is not None else "onnxmedic"
+    tb = traceback.format_exc()
+    result = ExportResult(command=command, model=getattr(ns, "model", getattr(ns, "onnx", None)),
+                          traceback=tb, stages={})
+    finding = error("OM009", command, f"`onnxmedic {command}` failed internally: "
+                    f"{type(exc).__name__}: {exc}")
+    result.findings.append(finding)
+    bug = "This is a bug in onnxmedic; please report it with the traceback saved in "
+    report = getattr(ns, "report", None)
+    written = False
+    if report:
+        from onnxmedic.report import write_report
+
+        finding.suggestion = bug + f"the report {report}"
+        try:
+            write_report(result, report)  # a path it cannot write: OM006 added, not raised
+            written = len(result.findings) == 1
+        except Exception:  # noqa: BLE001 - the report's own bug: the temp file keeps it
+            logging.getLogger(__name__).debug("report not written", exc_info=True)
+    if not written:
+        fd, where = tempfile.mkstemp(prefix="onnxmedic-internal-error-", suffix=".txt")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(tb)
+        finding.suggestion = bug + where
+    sys.stderr.write(finding.one_paragraph() + "\n")
+    if getattr(ns, "json", False):
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    return 3
 
 
 def entry() -> None:

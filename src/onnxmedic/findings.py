@@ -94,6 +94,12 @@ CODES: dict[str, CodeInfo] = {
         "forward() returns it (the finding names that output); for the others it says so - "
         "return them from forward() if the caller needs them.",
     ),
+    "OM014": CodeInfo(
+        "not a generation package", 1,
+        "The folder given to `onnxmedic optimize` holds no model.onnx: it is not a decoder "
+        "generation package (the folder `onnxmedic export hf:CHECKPOINT --task "
+        "text-generation-with-past -o FOLDER` or onnxruntime-genai's builder writes).",
+    ),
     # OM1xx: preflight and capture
     "OM100": CodeInfo(
         "model fails in PyTorch", 1,
@@ -1145,6 +1151,15 @@ def warning(code: str, stage: str, message: str, **kw: Any) -> Finding:
 
 def info(code: str, stage: str, message: str, **kw: Any) -> Finding:
     return Finding(code, stage, Severity.INFO, message, **kw)
+
+
+def refuse(finding: Finding) -> int:
+    """A command that stops on ``finding`` (a user's mistake, not a result): its one paragraph
+    on stderr; returns its exit code."""
+    import sys
+
+    sys.stderr.write(finding.one_paragraph() + "\n")
+    return finding.exit_code
 
 
 class OnnxMedicError(Exception):

@@ -44,6 +44,7 @@ from onnxmedic.capture.decomps import symbolic_shape_rules
 from onnxmedic.capture.detection import Rewritten
 from onnxmedic.capture.equal import equal_as_guard
 from onnxmedic.findings import Finding, Location, error
+from onnxmedic.noise import torch_logs_to
 
 logger = logging.getLogger(__name__)
 STAGE = "capture"
@@ -113,6 +114,7 @@ class CaptureStrategy:
         state = record_state(model, values=False, reach=True)
         try:
             with warnings.catch_warnings(), contextlib.redirect_stderr(buf), \
+                    torch_logs_to(buf), \
                     record_specialisations(bool(dynamic_shapes), size_guards) as fixed, \
                     unused_constants_dropped(), \
                     (equal_as_guard(equal) if self.equal_as_guard else contextlib.nullcontext()), \

@@ -75,6 +75,8 @@ def add_parser(sub: Any) -> None:
                    "perplexity to the budget (docs/int4.md)")
     o.add_argument("--timeout", type=float, default=600.0, metavar="S")
     o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--no-progress", action="store_true",
+                   help="no live line on stderr (shown on a terminal by default)")
     o.add_argument("--json", action="store_true")
 
 
@@ -107,28 +109,45 @@ def took(res: Any) -> str:
 def main(ns: argparse.Namespace) -> int:
     """Run ``onnxmedic optimize``; print the variant table (or JSON). Exit 0, or 1 for a model
     or input problem (a finding, no traceback)."""
+    from onnxmedic.findings import refuse
+    from onnxmedic.onnxfile import check_output_path, load_onnx
+    from onnxmedic.optimize.passes import precision_error
+    from onnxmedic.report.live import live_line
+
+    bad = precision_error(ns.precision, ns.target, flags=True) or calibration_flag_error(ns)
+    if bad:
+        sys.stderr.write(f"onnxmedic optimize: error: {bad}\n")
+        return 2
+    folder = Path(ns.onnx).is_dir()  # a generation package folder (docs/int4.md)
+    if not folder and (unreadable := load_onnx(ns.onnx, stage="load")[1]) is not None:
+        return refuse(unreadable)  # before the PyTorch model is loaded
+    if (ns.output and not (folder and Path(ns.output).is_dir())  # a folder is replaced
+            and (unwritable := check_output_path(ns.output)) is not None):
+        return refuse(unwritable)
+    with live_line(f"optimize {ns.onnx} ({ns.precision}, {ns.target})",
+                   enabled=not ns.no_progress and sys.stderr.isatty()):
+        if folder:
+            from onnxmedic.optimize.package_cli import cli_package
+
+            return cli_package(ns)
+        if ns.precision == "int4":
+            from onnxmedic.optimize.int4_search import cli_main
+
+            return cli_main(ns)
+        return _optimize_file(ns)
+
+
+def _optimize_file(ns: argparse.Namespace) -> int:
+    """``onnxmedic optimize IN.onnx MODEL`` at fp32, fp16 or int8: the variant table."""
     from onnxmedic import inputs
-    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.findings import OnnxMedicError, refuse
     from onnxmedic.optimize import (
         block_list_findings,
         optimization_finding,
         optimize,
         target_findings,
     )
-    from onnxmedic.optimize.passes import precision_error
 
-    bad = precision_error(ns.precision, ns.target, flags=True) or calibration_flag_error(ns)
-    if bad:
-        sys.stderr.write(f"onnxmedic optimize: error: {bad}\n")
-        return 2
-    if Path(ns.onnx).is_dir():  # a generation package folder (docs/int4.md)
-        from onnxmedic.optimize.package_cli import cli_package
-
-        return cli_package(ns)
-    if ns.precision == "int4":
-        from onnxmedic.optimize.int4_search import cli_main
-
-        return cli_main(ns)
     try:
         model, _ = inputs.load_model(ns.model)
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
@@ -138,8 +157,7 @@ def main(ns: argparse.Namespace) -> int:
                        timeout=ns.timeout, threads=ns.threads, cuda_graph=ns.cuda_graph,
                        calibration=cal)
     except OnnxMedicError as err:
-        sys.stderr.write(err.finding.one_paragraph() + "\n")
-        return err.finding.exit_code
+        return refuse(err.finding)
     if ns.json:
         sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
         return 0
@@ -187,28 +205,30 @@ def add_bench_parser(sub: Any) -> None:
 
 
 def bench_main(ns: argparse.Namespace) -> int:
-    """Run ``onnxmedic bench``: inputs map onto the ONNX inputs in order."""
-    import torch
-
+    """Run ``onnxmedic bench``: inputs map onto the ONNX inputs in order, checked against
+    the file's input contract (OM008) before anything is timed."""
     from onnxmedic import inputs
-    from onnxmedic._tensors import to_numpy
-    from onnxmedic.findings import OnnxMedicError
-    from onnxmedic.optimize import bench, graph_dims
+    from onnxmedic.findings import OnnxMedicError, Severity, refuse
+    from onnxmedic.onnxfile import check_feeds, graph_io, load_onnx, make_feeds
+    from onnxmedic.optimize import bench
 
     graph = {"auto": None, "on": True, "off": False}[ns.cuda_graph]
     if graph and ns.target != "cuda":
         sys.stderr.write("onnxmedic bench: error: --cuda-graph on is for --target cuda\n")
         return 2
+    proto, unreadable = load_onnx(ns.onnx, stage="load")
+    if unreadable is not None:
+        return refuse(unreadable)
     try:
         ex = inputs.load_inputs(ns.input, seed=ns.seed)
+        feeds, found = check_feeds(proto, make_feeds(graph_io(proto)[0], ex.args, ex.kwargs))
     except OnnxMedicError as err:
-        sys.stderr.write(err.finding.one_paragraph() + "\n")
-        return err.finding.exit_code
-    names, _ = graph_dims(ns.onnx)
-    leaves = [x for x in torch.utils._pytree.tree_leaves((ex.args, ex.kwargs))
-              if isinstance(x, torch.Tensor)]
-    res = bench(ns.onnx, {n: to_numpy(t) for n, t in zip(names, leaves)}, target=ns.target,
-                threads=ns.threads, repeats=ns.repeats, cuda_graph=graph)
+        return refuse(err.finding)
+    if bad := [f for f in found if f.severity == Severity.ERROR]:
+        return max(refuse(f) for f in bad)
+    del proto
+    res = bench(ns.onnx, feeds, target=ns.target, threads=ns.threads, repeats=ns.repeats,
+                cuda_graph=graph)
     if ns.json:
         sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
     elif not res.ok:

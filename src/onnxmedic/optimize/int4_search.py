@@ -412,7 +412,7 @@ def cli_main(ns: Any) -> int:
     import sys
 
     from onnxmedic import inputs
-    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.findings import OnnxMedicError, refuse
 
     if ns.target != "cpu":
         sys.stderr.write("onnxmedic optimize: error: --precision int4 is for --target cpu\n")
@@ -428,8 +428,7 @@ def cli_main(ns: Any) -> int:
                                threads=ns.threads, timeout=ns.timeout,
                                calibration=ns.calibration)
     except OnnxMedicError as err:
-        sys.stderr.write(err.finding.one_paragraph() + "\n")
-        return err.finding.exit_code
+        return refuse(err.finding)
     if ns.json:
         sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=str) + "\n")
     else:

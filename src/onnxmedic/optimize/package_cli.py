@@ -43,21 +43,40 @@ def load_reference(spec: str) -> tuple[Any, Any]:
     return model, tok
 
 
+def package_problem(folder: Path) -> Any:
+    """Why ``folder`` is not a decoder generation package that optimize can read: OM014 when
+    it holds no model.onnx, OM007 when that is not ONNX; None when it is one."""
+    from onnxmedic.findings import error, listed
+    from onnxmedic.onnxfile import load_onnx
+    from onnxmedic.optimize.fuse_decoder import GRAPH
+
+    graph = folder / GRAPH
+    if not graph.is_file():
+        held = sorted(p.name for p in folder.iterdir())
+        return error("OM014", "load", f"{str(folder)!r} is not a generation package: it holds "
+                     f"no {GRAPH} ({'it holds ' + listed(held, 6) if held else 'it is empty'}).",
+                     suggestion="Give the folder that `onnxmedic export hf:CHECKPOINT --task "
+                     "text-generation-with-past -o FOLDER` wrote (or onnxruntime-genai's "
+                     "builder), or an ONNX file.")
+    return load_onnx(graph, stage="load")[1]
+
+
 def cli_package(ns: Any) -> int:
     """The package branch of ``onnxmedic optimize``: 0 written, 1 not (a finding says why),
     2 for a bad flag."""
-    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.findings import OnnxMedicError, refuse
     from onnxmedic.optimize.fuse_decoder import fuse_package
 
     if ns.precision not in ("fp32", "int4") or ns.target != "cpu" or not ns.output:
         sys.stderr.write("onnxmedic optimize: error: a generation package folder takes "
                          "--precision fp32 or int4, --target cpu and -o OUT_FOLDER\n")
         return 2
+    if (bad := package_problem(Path(ns.onnx))) is not None:
+        return refuse(bad)  # before the checkpoint is loaded
     try:
         model, tok = load_reference(ns.model)
     except OnnxMedicError as err:
-        sys.stderr.write(err.finding.one_paragraph() + "\n")
-        return err.finding.exit_code
+        return refuse(err.finding)
     out = Path(ns.output)
     if ns.precision == "fp32":
         res = fuse_package(ns.onnx, out, model, tok, timeout=ns.timeout)

@@ -1,0 +1,79 @@
+"""Third-party lines a normal command would print on stderr, silenced where they are emitted.
+
+Each entry of :data:`KNOWN` names the logger that emits one known message, a pattern of that
+message and why it is noise here; :func:`silence` puts a filter on that logger that drops that
+message only, so everything else the library logs still shows. None of them is about the
+user's model or what onnxmedic did with it: they come from importing torchao, which
+transformers does on its first ``from_pretrained`` and onnxruntime-genai's builder does too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterator
+from typing import TextIO
+
+# (logger, pattern of the message, why it is noise)
+KNOWN: tuple[tuple[str, str, str], ...] = (
+    ("torchao", r"^Failed to load .*\.so: Could not load this library",
+     "torchao's optional kernels built for other CUDA/Python versions; onnxmedic uses none"),
+    ("torchao.kernel.intmm", r"Detected no triton",
+     "torchao's GPU int-matmul kernels need Triton; onnxmedic uses none"),
+    ("torch.utils._pytree", r"is an Enum subclass and is now natively supported by "
+     r"torch\.compile", "torchao registers its enums as pytree constants, which torch "
+     "deprecates; nothing onnxmedic can change"),
+)
+
+
+class _Drop(logging.Filter):
+    """Drops the records of one logger whose message matches ``pattern``."""
+
+    def __init__(self, pattern: str) -> None:
+        super().__init__()
+        self.pattern = re.compile(pattern)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.pattern.search(record.getMessage())
+
+
+def silence(progress: bool | None = None) -> None:
+    """Drop the :data:`KNOWN` messages (idempotent). ``progress=False`` also turns off the
+    Hugging Face libraries' progress bars (transformers' "Loading weights" bar) unless
+    ``HF_HUB_DISABLE_PROGRESS_BARS`` is set already; None: off when stderr is not a terminal."""
+    for name, pattern, _why in KNOWN:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) and f.pattern.pattern == pattern
+                   for f in logger.filters):
+            logger.addFilter(_Drop(pattern))
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:  # read when huggingface_hub is imported (transformers imports it)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+@contextlib.contextmanager
+def torch_logs_to(stream: TextIO) -> Iterator[None]:
+    """While the block runs, the lines torch logs through its own handlers (torch.export's
+    guard warnings, draft_export's summary of what it could not capture soundly) go to
+    ``stream`` instead of stderr: torch's handlers hold the stderr of its import, which
+    ``contextlib.redirect_stderr`` does not reach. For a call whose failures onnxmedic
+    reports itself (a capture attempt), the lines are kept for the report."""
+
+    def divert(record: logging.LogRecord) -> bool:
+        stream.write(f"{record.levelname[:1]} {record.name}: {record.getMessage()}\n")
+        return False
+
+    handlers = {id(h): h for name, lg in list(logging.root.manager.loggerDict.items())
+                if (name == "torch" or name.startswith("torch."))
+                and isinstance(lg, logging.Logger) for h in lg.handlers}.values()
+    for h in handlers:
+        h.addFilter(divert)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(divert)
