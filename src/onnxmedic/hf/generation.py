@@ -197,14 +197,14 @@ def io_names(n_cache: int) -> tuple[list[str], list[str]]:
     return past, present
 
 
-TOTAL_TERMS = {"past_sequence_length", "sequence_length"}
-
-
-def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str]) -> None:
+def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str],
+                 past: str = "past_sequence_length", total: str = "total_sequence_length"
+                 ) -> None:
     """Rename the graph's values by ``mapping`` (old -> new: its inputs and outputs, and
-    their uses); a dim of past + new is GenAI's ``total_sequence_length``. Any other sum keeps
-    its expression (a different size: gpt-oss's attention-sink column makes past + new + 1,
-    which named total let ONNX Runtime reuse a buffer one column short, OM511 at step 0)."""
+    their uses); a dim of ``past`` plus the new tokens (two symbols) is GenAI's ``total``. Any
+    other sum keeps its expression (a different size: gpt-oss's attention-sink column makes
+    past + new + 1, which named total let ONNX Runtime reuse a buffer one column short, OM511
+    at step 0)."""
     g = proto.graph
     for node in g.node:
         node.input[:] = [mapping.get(n, n) for n in node.input]
@@ -212,8 +212,9 @@ def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str]) -> None:
     for v in list(g.input) + list(g.output) + list(g.value_info):
         v.name = mapping.get(v.name, v.name)
         for d in v.type.tensor_type.shape.dim:
-            if d.dim_param and {t.strip() for t in d.dim_param.split("+")} == TOTAL_TERMS:
-                d.dim_param = "total_sequence_length"
+            terms = [t.strip() for t in d.dim_param.split("+")] if d.dim_param else []
+            if len(terms) == 2 and past in terms and not any(t.isdigit() for t in terms):
+                d.dim_param = total
 
 
 def rename_io(proto: onnx.ModelProto, positions: bool) -> dict[str, str]:
