@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxmedic.genpackage import read_step
 from onnxmedic.onnxfile import replace_folder
 
 logger = logging.getLogger(__name__)
@@ -97,8 +98,9 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
                    [[int(t) for t in np.random.default_rng(i).integers(4, 64, 4)]
                     for i in range(b.prompts)])
         steps = b.steps
-        step = int4.ort_step(str(tmp / GRAPH), threads)
-        past0 = int4.empty_past(tmp / GRAPH)
+        layout = read_step(tmp / GRAPH)
+        step = int4.ort_step(str(tmp / GRAPH), threads, layout)
+        past0 = layout.empty_past()
         res.tokens_onnx = [int4.generate(step, past0, p, steps) for p in prompts]
         if genai and not _genai_agrees(res, tmp, prompts, steps, timeout):
             return res
