@@ -362,7 +362,7 @@ def test_weights_are_packed_at_load_only_where_they_are_quantized(llama, tmp_pat
 
 def test_fused_package_is_verified_and_served(llama, tmp_path, monkeypatch, capsys):
     from onnxmedic.cli import main
-    from onnxmedic.optimize import fuse_decoder
+    from onnxmedic.hf.transforms import fuse_decoder
 
     model, tok, _, pkg = llama
     results = []
@@ -399,7 +399,7 @@ def test_fused_package_is_verified_and_served(llama, tmp_path, monkeypatch, caps
 
 @pytest.mark.parametrize("fault", ["rotary cache", "kv heads"])
 def test_fused_package_with_a_fault_is_rejected(llama, tmp_path, fault):
-    from onnxmedic.optimize.fuse_decoder import fuse_package
+    from onnxmedic.hf.transforms.fuse_decoder import fuse_package
 
     model, tok, _, pkg = llama
 
@@ -435,7 +435,7 @@ def test_package_without_its_model_is_refused(llama, tmp_path, capsys):
 @pytest.mark.slow
 def test_int4_package_outside_the_budget_writes_nothing(llama, tmp_path):
     from onnxmedic.optimize.int4 import TaskBudget
-    from onnxmedic.optimize.int4_package import int4_package
+    from onnxmedic.hf.transforms.int4_package import int4_package
 
     model, tok, _, pkg = llama
     # random weights: near-uniform logits, every 4-bit head flips greedy picks
@@ -448,7 +448,7 @@ def test_int4_package_outside_the_budget_writes_nothing(llama, tmp_path):
 @pytest.mark.skipif(not gen_verify.genai_available(), reason="needs onnxruntime-genai")
 def test_int4_package_genai_cannot_serve_writes_nothing(llama, tmp_path):
     from onnxmedic.optimize.int4 import TaskBudget
-    from onnxmedic.optimize.int4_package import int4_package
+    from onnxmedic.hf.transforms.int4_package import int4_package
 
     model, tok, _, pkg = llama
     bad = tmp_path / "pkg"
@@ -467,7 +467,7 @@ def test_int4_package_genai_cannot_serve_writes_nothing(llama, tmp_path):
 @pytest.mark.slow
 def test_int4_package_is_served_by_genai(llama, tmp_path):
     from onnxmedic.optimize.int4 import TaskBudget
-    from onnxmedic.optimize.int4_package import int4_package
+    from onnxmedic.hf.transforms.int4_package import int4_package
 
     model, tok, _, pkg = llama
     r = int4_package(pkg, tmp_path / "int4", model, tok, grid=[(32, 0, "fp32")], search=True,
@@ -509,7 +509,7 @@ def test_export_optimize_writes_the_fused_package(llama, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_export_optimize_keeps_the_plain_package_when_the_fused_one_is_wrong(
         llama, tmp_path, monkeypatch):
-    from onnxmedic.optimize import fuse_decoder
+    from onnxmedic.hf.transforms import fuse_decoder
 
     model, tok, _, _ = llama
     real = fuse_decoder.fuse_graph

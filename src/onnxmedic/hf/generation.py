@@ -309,7 +309,7 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
     within the float64 budget. The folder is written only when verified (or with
     ``keep_unverified``); an existing folder is replaced only then. With ``optimize``, the
     verified package's decoder fused by ONNX Runtime's transformer fusions
-    (optimize/fuse_decoder.py) is written instead when its generation verifies against the
+    (hf/transforms/fuse_decoder.py) is written instead when its generation verifies against the
     same PyTorch runs (OM734); else the plain package is (OM735, a warning). ``builder``: a
     gen_builder.BuildJob writing the package (hf/gen_builder.py): its package, verified the
     same way, is written when it verifies (OM836; it is fused already); else this export's
@@ -568,11 +568,11 @@ def _build_and_check(result: ExportResult, model: Any, out: Path, tmp: Path, tok
 def _fused(result: ExportResult, model: Any, tokenizer: Any, folders: tuple[Path, Path],
            how: tuple[int, Any, bool], timeout: float, check: Any) -> Path:
     """The verified package in ``tmp`` (``folders``: tmp, and the package's folder ``out``)
-    fused (optimize/fuse_decoder.py), verified as it was (``how``: steps, prompts, whether in
+    fused (hf/transforms/fuse_decoder.py), verified as it was (``how``: steps, prompts, whether in
     onnxruntime-genai) against the PyTorch runs ``check`` made: the folder to write
     (``tmp/fused``), or ``tmp`` when the fused one does not verify (its OM735 a warning: the
     plain package is written)."""
-    from onnxmedic.optimize.fuse_decoder import fuse_package
+    from onnxmedic.hf.transforms.fuse_decoder import fuse_package
 
     tmp, out = folders
     steps, prompts, genai = how

@@ -122,7 +122,7 @@ def main(ns: argparse.Namespace) -> int:
         sys.stderr.write(f"onnxmedic optimize: error: {bad}\n")
         return 2
     if Path(ns.onnx).is_dir():  # a generation package folder (docs/int4.md)
-        from onnxmedic.optimize.package_cli import cli_package
+        from onnxmedic.hf.transforms.package_cli import cli_package
 
         return cli_package(ns)
     if ns.precision == "int4":

@@ -146,7 +146,7 @@ def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     proto = ir.to_proto(model)
     del model
     if gqa:
-        from onnxmedic.optimize.gqa import to_gqa
+        from onnxmedic.hf.transforms.gqa import to_gqa
 
         counts["group_query_attention"] = to_gqa(proto, max_positions)
     _resave(proto, dst, external)

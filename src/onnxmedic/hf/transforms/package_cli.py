@@ -1,9 +1,9 @@
 """``onnxmedic optimize PACKAGE_FOLDER hf:CHECKPOINT -o OUT_FOLDER [--precision fp32|int4]``:
 a generation package made fast, each step verified (docs/int4.md).
 
-``fp32``: the package fused (optimize/fuse_decoder.py: GroupQueryAttention with a shared KV
+``fp32``: the package fused (hf/transforms/fuse_decoder.py: GroupQueryAttention with a shared KV
 buffer, SkipSimplifiedLayerNormalization), verified against PyTorch token by token. ``int4``:
-the fused package when it verifies (else the plain one) through optimize/int4_package.py's
+the fused package when it verifies (else the plain one) through hf/transforms/int4_package.py's
 candidates and task budget (``--accuracy``). The checkpoint is the PyTorch model the package
 was exported from (a folder written by ``save_pretrained``, ``hf:`` optional).
 """
@@ -47,7 +47,7 @@ def cli_package(ns: Any) -> int:
     """The package branch of ``onnxmedic optimize``: 0 written, 1 not (a finding says why),
     2 for a bad flag."""
     from onnxmedic.findings import OnnxMedicError
-    from onnxmedic.optimize.fuse_decoder import fuse_package
+    from onnxmedic.hf.transforms.fuse_decoder import fuse_package
 
     if ns.precision not in ("fp32", "int4") or ns.target != "cpu" or not ns.output:
         sys.stderr.write("onnxmedic optimize: error: a generation package folder takes "
@@ -67,9 +67,9 @@ def cli_package(ns: Any) -> int:
 
 
 def _int4(ns: Any, model: Any, tok: Any, out: Path) -> int:
+    from onnxmedic.hf.transforms.fuse_decoder import fuse_package
+    from onnxmedic.hf.transforms.int4_package import int4_package
     from onnxmedic.optimize import int4
-    from onnxmedic.optimize.fuse_decoder import fuse_package
-    from onnxmedic.optimize.int4_package import int4_package
     from onnxmedic.optimize.int4_search import print_result
 
     try:
