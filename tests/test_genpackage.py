@@ -176,3 +176,20 @@ def test_flat_decoder_step_by_position(tmp_path):
     onnx.save(helper.make_model(g), str(relu))
     with pytest.raises(gp.NotAStep, match="not a decoder step"):
         gp.read_step(relu)
+
+
+def test_optimize_says_why_it_cannot_feed_a_package_om839(tmp_path, capsys):
+    """A builder-like package whose head size no config states: a finding, exit 1, nothing
+    written, no traceback (the int4 road raised a ValueError here)."""
+    from onnxmedic.cli import main
+
+    pkg = tmp_path / "pkg"
+    _cache_graph(pkg / "model.onnx", gp.cache_names(1), gp.cache_names(1, present=True),
+                 size="kv_cache_dim")
+    for precision in ("int4", "fp32"):
+        rc = main(["optimize", str(pkg), f"hf:{tmp_path / 'ckpt'}", "--precision", precision,
+                   "-o", str(tmp_path / "out")])
+        out, err = capsys.readouterr()
+        assert rc == 1 and "OM839" in out and "kv_cache_dim" not in err
+        assert "Traceback" not in out + err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxmedic.genpackage import read_step
+from onnxmedic.genpackage import NotAStep, decoder_graph, read_package, read_step
 from onnxmedic.onnxfile import replace_folder
 
 logger = logging.getLogger(__name__)
@@ -81,9 +81,14 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
 
     folder, out = Path(folder), Path(out)
     res = Int4PackageResult()
+    try:
+        read_package(folder).empty_past()
+    except NotAStep as e:
+        res.findings.append(not_fed(folder, e))
+        return res
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        search = optimize_int4(folder / GRAPH, PackageReference(model), out=tmp / GRAPH,
+        search = optimize_int4(decoder_graph(folder), PackageReference(model), out=tmp / GRAPH,
                                tokenizer=tokenizer, budget=budget, grid=grid,
                                search=search, threads=threads, timeout=timeout)
         res.search = search
@@ -109,6 +114,16 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         return res
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def not_fed(folder: Path, e: Exception) -> Any:
+    """OM839: the package's decoder cannot be fed a step (the contract says why)."""
+    from onnxmedic.findings import error
+
+    return error("OM839", "optimize", f"cannot transform the package {folder}: its decoder "
+                 f"cannot be fed a step: {e}", suggestion="Give a package folder "
+                 "onnxmedic or onnxruntime-genai's builder wrote (model.onnx with "
+                 "past_key_values.* inputs and genai_config.json beside it).")
 
 
 def save_external(path: str | os.PathLike[str]) -> None:

@@ -47,12 +47,19 @@ def cli_package(ns: Any) -> int:
     """The package branch of ``onnxmedic optimize``: 0 written, 1 not (a finding says why),
     2 for a bad flag."""
     from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.genpackage import NotAStep, read_package
     from onnxmedic.hf.transforms.fuse_decoder import fuse_package
+    from onnxmedic.hf.transforms.int4_package import not_fed
 
     if ns.precision not in ("fp32", "int4") or ns.target != "cpu" or not ns.output:
         sys.stderr.write("onnxmedic optimize: error: a generation package folder takes "
                          "--precision fp32 or int4, --target cpu and -o OUT_FOLDER\n")
         return 2
+    try:  # the package first: a folder its contract cannot feed is said before loading
+        read_package(ns.onnx).empty_past()
+    except NotAStep as e:
+        _print([not_fed(Path(ns.onnx), e)])
+        return 1
     try:
         model, tok = load_reference(ns.model)
     except OnnxMedicError as err:
