@@ -1044,6 +1044,13 @@ CODES: dict[str, CodeInfo] = {
         "without their present outputs, or a symbolic head size that neither "
         "genai_config.json nor config.json in the folder states; nothing was written.",
     ),
+    "OM840": CodeInfo(
+        "int4 asked for a task it does not serve", 1,
+        "export hf:X --precision int4 makes a text-generation-with-past package (the decoder "
+        "judged by the task budget); the checkpoint's task is another one, so nothing was "
+        "exported. Drop --precision int4, or give --task text-generation-with-past for a "
+        "decoder.",
+    ),
 }
 
 

@@ -320,6 +320,11 @@ def export_pretrained(
     except InputError as e:
         result.fail(STAGE, e.finding)
         return _finish(result, report)
+    if loaded.task != "text-generation-with-past" and options.get("precision") == "int4":
+        from onnxmedic.hf.transforms.precision import int4_not_for
+
+        result.fail(STAGE, int4_not_for(loaded.task))
+        return _finish(result, report)
     if loaded.task in GENERATION:
         if backend == "builder" and loaded.builder is None and \
                 loaded.task == "text-generation-with-past":
@@ -365,7 +370,9 @@ def _export_generation(loaded: Loaded, f: Any, opset: Any, verify: bool, report:
             loaded.model, f, tokenizer=loaded.tokenizer, task=loaded.task, verify=verify,
             opset=opset, report=None, timeout=options.get("timeout"),
             optimize=bool(options.get("optimize")) and why is None,
-            builder=loaded.builder, strict=backend == "builder")
+            builder=loaded.builder, strict=backend == "builder",
+            precision="int4" if options.get("precision") == "int4" else "fp32",
+            budget=options.get("accuracy"))
     if why is not None:
         res.findings.append(generation.not_optimized(why))
     return _finish(res, report)
@@ -380,7 +387,7 @@ def _not_fusable(task: str, options: dict[str, Any]) -> str | None:
         return (f"{task} packages have no fused variant (the decoder-only "
                 "text-generation-with-past package has)")
     precision = options.get("precision") or "fp32"
-    if precision != "fp32":
+    if precision not in ("fp32", "int4"):
         return (f"a generation package is optimized at fp32 here (its decoder fused); "
                 f"--precision {precision} for it is `onnxmedic optimize PACKAGE hf:CHECKPOINT "
                 "-o OUT --precision int4` (docs/int4.md)")

@@ -1,0 +1,109 @@
+"""A generation package at a precision: the one road of ``optimize PACKAGE hf:CHECKPOINT
+--precision P`` and ``export hf:CHECKPOINT --precision P`` (any backend's package, read through
+onnxmedic/genpackage.py).
+
+``fp32``: the package fused (fuse_decoder.py), verified token by token against PyTorch.
+``int4``: the fused package where it verifies (else the plain one) through int4_package.py's
+candidates, judged by the task budget (optimize/int4.py) and served by onnxruntime-genai.
+Nothing is written at ``out`` unless verified.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "int4")  # what a generation package can be made at here (CPU)
+
+
+@dataclass
+class PackagePrecision:
+    """The transform's outcome: ``ok`` when ``path`` was written; ``fused`` (fuse_decoder's
+    FuseResult), ``int4`` (int4_package's Int4PackageResult, None at fp32) and every
+    ``findings`` of both."""
+
+    ok: bool = False
+    path: str | None = None
+    fused: Any = None
+    int4: Any = None
+    findings: list[Any] = field(default_factory=list)
+
+
+def precision_problem(precision: str, target: str = "cpu", flags: bool = True) -> str | None:
+    """Why a generation package cannot be made at ``precision`` for ``target`` (None when it
+    can), worded with the CLI's flags (``flags``) or the API's arguments."""
+    p, t = ("--precision ", "--target ") if flags else ("precision=", "target=")
+    if precision not in PRECISIONS:
+        return (f"a generation package is made at {p}{' or '.join(PRECISIONS)} here, not "
+                f"{precision}")
+    if target != "cpu":
+        return f"a generation package is made for {t}cpu here, not {target}"
+    return None
+
+
+def int4_not_for(task: str) -> Any:
+    """OM840: ``precision="int4"`` asked for a task whose export it does not serve."""
+    from onnxmedic.findings import error
+
+    return error("OM840", "preflight", f"--precision int4 makes a text-generation-with-past "
+                 f"package (a decoder judged by the task budget, docs/int4.md), not {task}; "
+                 "nothing was exported.", suggestion="Export it at fp32, or with --optimize "
+                 "--precision int8 (CPU) or fp16 (GPU targets); for a decoder give "
+                 "--task text-generation-with-past.")
+
+
+def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
+                      tokenizer: Any = None, precision: str = "int4", *, budget: Any = None,
+                      threads: int = 2, timeout: float = 600.0, grid: Any = None,
+                      search: bool = True, say: Any = None) -> PackagePrecision:
+    """Write ``out``: the package ``folder`` at ``precision`` (see the module docstring),
+    judged against ``model`` (the PyTorch causal LM it was exported from); ``budget``:
+    int4's TaskBudget or its spec (``"agreement=95%"``; None: optimize/int4.py's default),
+    ``grid`` and ``search`` int4_search's (its default grid and per-layer search); ``say(line)``: progress lines (the
+    CLI prints them). Raises ValueError for a precision :func:`precision_problem` refuses or
+    a budget spec that does not parse."""
+    from onnxmedic.genpackage import NotAStep, read_package
+    from onnxmedic.hf.transforms.fuse_decoder import fuse_package
+    from onnxmedic.hf.transforms.int4_package import int4_package, not_fed
+
+    from onnxmedic.optimize.int4 import TaskBudget, parse_budget
+
+    if (why := precision_problem(precision, flags=False)) is not None:
+        raise ValueError(why)
+    if not isinstance(budget, TaskBudget):
+        budget = parse_budget(budget)
+    folder, out = Path(folder), Path(out)
+    res = PackagePrecision()
+    try:  # the package first: a folder its contract cannot feed is said before any work
+        read_package(folder).empty_past()
+    except NotAStep as e:
+        res.findings.append(not_fed(folder, e))
+        return res
+    if precision == "fp32":
+        res.fused = fuse_package(folder, out, model, tokenizer, timeout=timeout)
+        res.findings.extend(res.fused.findings)
+        res.ok, res.path = res.fused.ok, res.fused.path
+        return res
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.fused-", dir=out.parent))
+    try:
+        res.fused = fuse_package(folder, work / "fused", model, tokenizer, timeout=timeout)
+        src = work / "fused" if res.fused.ok else folder
+        if say is not None:
+            said = "; ".join(f.message for f in res.fused.findings
+                             if f.code in ("OM734", "OM735"))
+            say(f"int4 of the {'fused' if res.fused.ok else 'plain'} package ({said})")
+        res.int4 = int4_package(src, out, model, tokenizer, budget=budget, grid=grid,
+                                search=search, threads=threads, timeout=timeout)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    res.findings.extend(f for f in res.fused.findings if f.code == "OM735")
+    res.findings.extend(res.int4.findings)
+    res.ok, res.path = res.int4.ok, res.int4.path
+    return res

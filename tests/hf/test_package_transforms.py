@@ -1,0 +1,87 @@
+"""One command for a deployment package: ``export hf:X --precision int4`` builds the package
+with either backend (onnxmedic's export, onnxruntime-genai's builder), fuses it and makes it
+int4 through the same road as ``optimize PACKAGE`` (hf/transforms/precision.py), each step
+verified; tasks and flags it does not serve are refused with a finding or a usage error."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+
+pytest.importorskip("transformers")
+
+from onnxmedic.cli import main  # noqa: E402
+from onnxmedic.hf import gen_builder  # noqa: E402
+from onnxmedic.optimize import int4_search  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from bench.zoo.generation import FAMILIES, save_family  # noqa: E402
+
+TASK = "text-generation-with-past"
+# the road is what is judged here, not 4-bit accuracy on random weights: a loose budget, short
+LOOSE = "perplexity=10000%,agreement=1%,steps=4,prompts=1"
+ONE_CELL = [(32, 4, "int4")]
+# both backends over these (the builder where gen_builder.ARCHITECTURES has the family)
+SLOW_FAMILIES = ["llama", "gemma2", "qwen3", "mistral", "phi3"]
+
+
+def _ops(folder: Path) -> set[str]:
+    return {n.op_type for n in onnx.load(str(folder / "model.onnx"),
+                                         load_external_data=False).graph.node}
+
+
+def _export_int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys) -> None:
+    if backend == "builder" and not gen_builder.available():
+        pytest.skip("onnxruntime-genai's model builder not installed")
+    folder = save_family(family, tmp_path / "ckpt")
+    arch = json.loads((folder / "config.json").read_text())["architectures"][0]
+    if backend == "builder" and arch not in gen_builder.ARCHITECTURES:
+        pytest.skip(f"the builder does not build {arch} here")
+    monkeypatch.setattr(int4_search, "DEFAULT_GRID", ONE_CELL)
+    out = tmp_path / "int4"
+    rc = main(["export", f"hf:{folder}", "--task", TASK, "--backend", backend,
+               "--precision", "int4", "--accuracy", LOOSE, "-o", str(out), "--no-progress"])
+    printed = capsys.readouterr()
+    assert rc == 0, printed.out[-3000:] + printed.err[-2000:]
+    assert "Traceback" not in printed.out + printed.err
+    assert {"MatMulNBits", "GroupQueryAttention"} <= _ops(out)
+    assert (out / "genai_config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "int4"]  # no staging left
+
+
+@pytest.mark.slow  # 35 s of CPU: the export, its fusion and an int4 candidate, each verified
+def test_export_precision_int4_in_one_command(tmp_path, monkeypatch, capsys):
+    _export_int4("qwen2", "export", tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["export", "builder"])
+@pytest.mark.parametrize("family", SLOW_FAMILIES)
+def test_export_precision_int4_over_families_and_backends(family, backend, tmp_path,
+                                                          monkeypatch, capsys):
+    assert family in FAMILIES
+    _export_int4(family, backend, tmp_path, monkeypatch, capsys)
+
+
+def test_int4_is_for_decoder_packages_om840(hf_folder, tmp_path):
+    import onnxmedic
+
+    r = onnxmedic.export_pretrained(hf_folder("bert-cls"), tmp_path / "m.onnx", precision="int4")
+    assert not r.ok and [f.code for f in r.errors] == ["OM840"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["export", "model.py:Net", "--precision", "int4"], "only with hf: models"),
+    (["export", "hf:x", "--precision", "int4", "--target", "cuda"], "--target cpu"),
+    (["export", "hf:x", "--precision", "int4", "--no-verify"], "drop --no-verify"),
+])
+def test_export_int4_flags_that_do_not_go(argv, said, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and said in capsys.readouterr().err
