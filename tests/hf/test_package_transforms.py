@@ -85,3 +85,51 @@ def test_export_int4_flags_that_do_not_go(argv, said, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and said in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------
+# the package passes: the contract as their pre- and postcondition
+
+
+def test_a_package_pass_requires_a_package_the_contract_feeds(tmp_path):
+    from onnxmedic.genpackage import cache_names
+    from onnxmedic.hf.transforms.fuse_decoder import FusePass
+    from onnxmedic.optimize.pass_infra import PreconditionError
+    from tests.test_genpackage import _cache_graph
+
+    _cache_graph(tmp_path / "pkg" / "model.onnx", cache_names(1), cache_names(1, present=True),
+                 size="kv_cache_dim")  # the builder's symbolic head size, no config
+    with pytest.raises(PreconditionError, match="kv_cache_dim|symbolic head"):
+        FusePass()(tmp_path / "pkg", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_package_pass_ensures_the_interface_is_kept(tmp_path):
+    """A pass that renames the logits (a package genai_config.json no longer describes) is
+    caught by its postcondition; the same pass keeping the names passes."""
+    from onnxmedic.genpackage import cache_names
+    from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files
+    from onnxmedic.optimize.pass_infra import PassResult, PostconditionError
+    from tests.test_genpackage import _cache_graph
+
+    src = tmp_path / "pkg"
+    _cache_graph(src / "model.onnx", cache_names(1), cache_names(1, present=True))
+    (src / "genai_config.json").write_text("{}")
+
+    class Rename(PackagePass):
+        def __init__(self, new: str) -> None:
+            self.new = new
+
+        def call(self, s: Path, d: Path) -> PassResult:
+            copy_side_files(s, d, "model.onnx")
+            proto = onnx.load(str(s / "model.onnx"))
+            for n in proto.graph.node:
+                n.output[:] = [self.new if o == "logits" else o for o in n.output]
+            proto.graph.output[0].name = self.new
+            onnx.save(proto, str(d / "model.onnx"))
+            return PassResult(d, True)
+
+    assert Rename("logits")(src, tmp_path / "same").modified
+    assert (tmp_path / "same" / "genai_config.json").is_file()
+    with pytest.raises(PostconditionError, match="changed its decoder's interface"):
+        Rename("scores")(src, tmp_path / "renamed")

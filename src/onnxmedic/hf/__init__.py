@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -366,13 +367,15 @@ def _export_generation(loaded: Loaded, f: Any, opset: Any, verify: bool, report:
             task=loaded.task, verify=verify, opset=opset, report=None,
             timeout=options.get("timeout"))
     else:
-        res = generation.export_generation(
+        from onnxmedic.hf.transforms.precision import export_at_precision
+
+        int4 = options.get("precision") == "int4"  # hf/transforms/precision.py: the road
+        res = (partial(export_at_precision, precision="int4", budget=options.get("accuracy"))
+               if int4 else generation.export_generation)(
             loaded.model, f, tokenizer=loaded.tokenizer, task=loaded.task, verify=verify,
             opset=opset, report=None, timeout=options.get("timeout"),
             optimize=bool(options.get("optimize")) and why is None,
-            builder=loaded.builder, strict=backend == "builder",
-            precision="int4" if options.get("precision") == "int4" else "fp32",
-            budget=options.get("accuracy"))
+            builder=loaded.builder, strict=backend == "builder")
     if why is not None:
         res.findings.append(generation.not_optimized(why))
     return _finish(res, report)

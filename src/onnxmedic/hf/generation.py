@@ -299,8 +299,7 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
                       opset: int | None = None, report: str | os.PathLike[str] | None = None,
                       timeout: float | None = None, keep_unverified: bool = False,
                       optimize: bool = False, builder: Any = None,
-                      strict: bool = False, precision: str = "fp32",
-                      budget: Any = None) -> ExportResult:
+                      strict: bool = False) -> ExportResult:
     """Write a generation package for ``model`` (a loaded transformers causal LM) at
     ``out_dir``: one decoder graph with its KV cache serving prefill and decode,
     genai_config.json, the model's configs and the tokenizer's files (see the module
@@ -315,19 +314,12 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
     gen_builder.BuildJob writing the package (hf/gen_builder.py): its package, verified the
     same way, is written when it verifies (OM836; it is fused already); else this export's
     (OM837), or nothing with ``strict`` (OM838). Problems of the model are findings of the
-    returned ExportResult. ``precision`` "int4": the verified package (either backend's)
-    then goes through hf/transforms/precision.py (fused, int4 judged by ``budget``, int4's
-    TaskBudget; served by onnxruntime-genai), and only that package is written at
-    ``out_dir``."""
+    returned ExportResult."""
     if task not in TASKS:
         raise ValueError(f"onnxmedic.export_generation: task must be one of "
                          f"{', '.join(TASKS)}, not {task!r}")
     timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else timeout
     out = Path(out_dir)
-    if precision != "fp32":
-        kw = dict(tokenizer=tokenizer, task=task, verify=verify, steps=steps, prompts=prompts,
-                  opset=opset, timeout=timeout, builder=builder, strict=strict)
-        return _at_precision(model, out, precision, budget, report, kw)
     result = ExportResult(command="export", path=None, model=type(model).__name__,
                           stages=stages_of(*(("build",) if builder is not None else ()),
                                            *STAGES, "generate"))
@@ -345,49 +337,6 @@ def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *
         finally:
             if builder is not None:
                 builder.discard()
-    if report is not None:
-        from onnxmedic.report import write_report
-
-        write_report(result, report)
-    return result
-
-
-def _at_precision(model: Any, out: Path, precision: str, budget: Any, report: Any,
-                  kw: dict[str, Any]) -> ExportResult:
-    """The float32 package exported and verified beside ``out`` (``kw``: export_generation's
-    arguments), then made at ``precision`` into ``out`` (hf/transforms/precision.py): its
-    findings and the "optimize" stage join the export's; nothing is written at ``out``
-    unless both pass."""
-    from onnxmedic.hf.transforms.precision import package_precision, precision_problem
-
-    if (why := precision_problem(precision, flags=False)) is not None:
-        raise ValueError(f"onnxmedic.export_generation: {why}")
-    if not kw["verify"]:
-        raise ValueError(f"onnxmedic.export_generation: precision={precision!r} writes a "
-                         "package judged against PyTorch; it needs verify=True")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.fp32-", dir=out.parent))
-    try:
-        result = export_generation(model, stage / "pkg", **kw)
-        made = None
-        if result.ok:
-            with result.guard(), result.stage("optimize") as st:
-                made = package_precision(stage / "pkg", out, model, kw["tokenizer"], precision,
-                                         budget=budget, timeout=kw["timeout"])
-                result.findings.extend(made.findings)
-                if not made.ok:
-                    st.fail()
-        result.int4 = getattr(made, "int4", None)  # type: ignore[attr-defined]
-        # the float32 package stayed in the staging folder: only the one made is written
-        result.findings = [f for f in result.findings if f.code != "OM819"]
-        result.ok = bool(result.ok and made is not None and made.ok)
-        result.path = str(out) if result.ok else None
-        if result.ok:
-            result.findings.append(info(
-                "OM819", "write", f"{precision} generation package written to {out}: "
-                f"{', '.join(sorted(p.name for p in out.iterdir()))}."))
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
     if report is not None:
         from onnxmedic.report import write_report
 

@@ -107,3 +107,54 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
     res.findings.extend(res.int4.findings)
     res.ok, res.path = res.int4.ok, res.int4.path
     return res
+
+
+def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str = "int4", *,
+                        budget: Any = None, report: str | os.PathLike[str] | None = None,
+                        **export: Any) -> Any:
+    """``export_pretrained(..., precision="int4")`` for text-generation-with-past: the
+    float32 package exported and verified beside ``out`` by hf/generation.py's
+    ``export_generation`` (``export``: its arguments; either backend), then made at
+    ``precision`` into ``out`` by :func:`package_precision` (``budget``: int4's). Its findings
+    and the "optimize" stage join the export's ExportResult; only the package made is written,
+    and only when both passed. Raises ValueError for a precision it does not make or
+    ``verify=False``."""
+    from onnxmedic.findings import info
+    from onnxmedic.hf.generation import export_generation
+
+    if (why := precision_problem(precision, flags=False)) is not None:
+        raise ValueError(f"onnxmedic.export_pretrained: {why}")
+    if not export.get("verify", True):
+        raise ValueError(f"onnxmedic.export_pretrained: precision={precision!r} writes a "
+                         "package judged against PyTorch; it needs verify=True")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.fp32-", dir=out.parent))
+    try:
+        # the road fuses the package itself: the export's own fusion would be done twice
+        result = export_generation(model, stage / "pkg", **{**export, "optimize": False})
+        made = None
+        if result.ok:
+            with result.guard(), result.stage("optimize") as st:
+                made = package_precision(stage / "pkg", out, model, export.get("tokenizer"),
+                                         precision, budget=budget,
+                                         timeout=export.get("timeout") or 600.0)
+                result.findings.extend(made.findings)
+                if not made.ok:
+                    st.fail()
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    result.int4 = getattr(made, "int4", None)  # type: ignore[attr-defined]
+    # the float32 package stayed in the staging folder: only the one made is written
+    result.findings = [f for f in result.findings if f.code != "OM819"]
+    result.ok = bool(result.ok and made is not None and made.ok)
+    result.path = str(out) if result.ok else None
+    if result.ok:
+        result.findings.append(info(
+            "OM819", "write", f"{precision} generation package written to {out}: "
+            f"{', '.join(sorted(p.name for p in out.iterdir()))}."))
+    if report is not None:
+        from onnxmedic.report import write_report
+
+        write_report(result, report)
+    return result
