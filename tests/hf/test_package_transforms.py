@@ -27,7 +27,14 @@ TASK = "text-generation-with-past"
 LOOSE = "perplexity=10000%,agreement=1%,steps=4,prompts=1"
 ONE_CELL = [(32, 4, "int4")]
 # both backends over these (the builder where gen_builder.ARCHITECTURES has the family)
-SLOW_FAMILIES = ["llama", "gemma2", "qwen3", "mistral", "phi3"]
+SLOW_FAMILIES = ["gemma2", "qwen3", "granite", "mistral", "phi3"]
+# builder packages that do not verify (OM838; auto falls back to the export), not the road's
+BUILDER_XFAIL = {
+    "gemma2": "the builder's sliding-window GroupQueryAttention needs a KV buffer of the "
+              "window's capacity at the first step; onnxmedic's own loop feeds an empty past"}
+CASES = [pytest.param(f, b, marks=pytest.mark.xfail(reason=BUILDER_XFAIL[f], strict=True)
+                      if b == "builder" and f in BUILDER_XFAIL else ())
+         for f in SLOW_FAMILIES for b in ("export", "builder")]
 
 
 def _ops(folder: Path) -> set[str]:
@@ -49,7 +56,9 @@ def _export_int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys)
     printed = capsys.readouterr()
     assert rc == 0, printed.out[-3000:] + printed.err[-2000:]
     assert "Traceback" not in printed.out + printed.err
-    assert {"MatMulNBits", "GroupQueryAttention"} <= _ops(out)
+    # fused where the fusion verifies (else the plain package, said in OM735), then int4
+    assert "MatMulNBits" in _ops(out)
+    assert "GroupQueryAttention" in _ops(out) or "OM735" in printed.out
     assert (out / "genai_config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "int4"]  # no staging left
 
@@ -60,8 +69,7 @@ def test_export_precision_int4_in_one_command(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["export", "builder"])
-@pytest.mark.parametrize("family", SLOW_FAMILIES)
+@pytest.mark.parametrize("family, backend", CASES)
 def test_export_precision_int4_over_families_and_backends(family, backend, tmp_path,
                                                           monkeypatch, capsys):
     assert family in FAMILIES
