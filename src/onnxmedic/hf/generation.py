@@ -30,6 +30,7 @@ import torch
 
 from onnxmedic import sandbox
 from onnxmedic.findings import error, info, warning
+from onnxmedic.genpackage import LOGITS, cache_names, present_of
 from onnxmedic.hf.gen_config import write_side_files
 from onnxmedic.hf.gen_verify import genai_check, verify_generation
 from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD, replace_folder
@@ -151,9 +152,8 @@ def example_inputs(model: torch.nn.Module, vocab: int | None = None
 
 def io_names(n_cache: int) -> tuple[list[str], list[str]]:
     """GenAI's and optimum's names: the cache inputs and the outputs, in the graph's order."""
-    past = [f"past_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}"
-            for i in range(n_cache)]
-    present = ["logits"] + [n.replace("past_key_values", "present") for n in past]
+    past = cache_names((n_cache + 1) // 2)[:n_cache]
+    present = [LOGITS] + [present_of(n) for n in past]
     return past, present
 
 

@@ -30,8 +30,9 @@ A candidate outside the budget is never written; the fastest one inside it (deco
 token after a past of :data:`DECODE_PAST`, timed in the sandbox) is. Where none is, nothing is
 written (OM731) and the finding gives each candidate's figures.
 
-This module imports neither torch nor onnxmedic's package at its top: its quantize step and
-its scoring run in optimize's children (``_child.py``).
+This module imports neither torch nor onnxmedic's package at its top (only the package
+contract, genpackage.py, which imports neither): its quantize step and its scoring run in
+optimize's children (``_child.py``).
 """
 
 from __future__ import annotations
