@@ -197,23 +197,24 @@ def test_the_command_starts_the_builder_before_loading_the_exporter(qwen2, tmp_p
 
 @needs_builder
 def test_int4_of_the_builders_package(qwen2, built, tmp_path):
-    """The builder's cache has a symbolic head size (kv_cache_dim): the package road (fusion,
-    then int4 judged by the task budget) reads it from genai_config.json (int4 crashed with a
-    ValueError there), and onnxruntime-genai serves the result."""
+    """The builder's cache has a symbolic head size (kv_cache_dim): int4 reads it from the
+    package's genai_config.json through the contract (it crashed with a ValueError there),
+    and onnxruntime-genai serves the result. (Fusion and int4 together on builder packages:
+    test_package_transforms.py, slow.)"""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from onnxmedic.genpackage import read_package
-    from onnxmedic.hf.transforms.precision import package_precision
+    from onnxmedic.hf.transforms.int4_package import int4_package
     from onnxmedic.optimize.int4 import TaskBudget
 
     pkg = built[1] / "pkg"
     layout = read_package(pkg)
     assert layout.unsized() == [] and layout.sizes_from.endswith("genai_config.json")
     model = AutoModelForCausalLM.from_pretrained(qwen2).eval()
-    r = package_precision(pkg, tmp_path / "int4", model, AutoTokenizer.from_pretrained(qwen2),
-                          "int4", grid=[(32, 4, "int4")], search=False,
-                          budget=TaskBudget(agreement=0.9, steps=8, prompts=2))
-    assert r.ok and r.fused.ok, [f.message for f in r.findings]
-    assert r.int4.tokens_genai == r.int4.tokens_onnx
+    r = int4_package(pkg, tmp_path / "int4", model, AutoTokenizer.from_pretrained(qwen2),
+                     grid=[(32, 4, "int4")], search=False,
+                     budget=TaskBudget(agreement=0.9, steps=8, prompts=2))
+    assert r.ok, [f.message for f in r.findings]
+    assert r.tokens_genai == r.tokens_onnx
     assert {"MatMulNBits", "GroupQueryAttention"} <= ops(tmp_path / "int4")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["int4"]
