@@ -8,9 +8,10 @@ outputs and cache, fed the same way): onnxruntime-genai's config and every loop 
 the package still hold. Whether the transformed package still *computes* what the model does
 is the verification's (fuse_decoder.py: token by token against PyTorch; int4_package.py: the
 task budget), which runs on what the pass wrote. One pass per module: fuse_decoder.py's
-``FusePass`` is ONNX Runtime's fusions with GroupQueryAttention. int4's candidates are passes of optimize's pipeline on the decoder
-file (int4_search.py: the quantize step with the shared 4-bit embedding); int4_package.py
-checks the package it assembles with :func:`interface_change`, as :class:`PackagePass` does.
+``FusePass`` is ONNX Runtime's fusions with GroupQueryAttention. int4's candidates are
+passes of optimize's pipeline on the decoder file (int4_search.py: the quantize step with
+the shared 4-bit embedding); int4_package.py checks the package it assembles with
+:func:`interface_change`, as :class:`PackagePass` does.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from onnxmedic.genpackage import NotAStep, StepLayout, read_package
-from onnxmedic.optimize.pass_infra import PassBase, PassResult, PostconditionError, PreconditionError
+from onnxmedic.optimize.pass_infra import (
+    PassBase,
+    PassResult,
+    PostconditionError,
+    PreconditionError,
+)
 
 
 def copy_side_files(src: Path, dst: Path, graph: str) -> None:

@@ -66,9 +66,9 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
     """Write ``out``: the package ``folder`` at ``precision`` (see the module docstring),
     judged against ``model`` (the PyTorch causal LM it was exported from); ``budget``:
     int4's TaskBudget or its spec (``"agreement=95%"``; None: optimize/int4.py's default),
-    ``grid`` and ``search`` int4_search's (its default grid and per-layer search); ``say(line)``: progress lines (the
-    CLI prints them). Raises ValueError for a precision :func:`precision_problem` refuses or
-    a budget spec that does not parse."""
+    ``grid`` and ``search`` int4_search's (its default grid and per-layer search);
+    ``say(line)``: progress lines (the CLI prints them). Raises ValueError for a precision
+    :func:`precision_problem` refuses or a budget spec that does not parse."""
     from onnxmedic.genpackage import NotAStep, read_package
     from onnxmedic.hf.transforms.fuse_decoder import fuse_package
     from onnxmedic.hf.transforms.int4_package import int4_package, not_fed
