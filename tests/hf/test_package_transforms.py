@@ -52,13 +52,15 @@ def _export_int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys)
     monkeypatch.setattr(int4_search, "DEFAULT_GRID", ONE_CELL)
     out = tmp_path / "int4"
     rc = main(["export", f"hf:{folder}", "--task", TASK, "--backend", backend,
-               "--precision", "int4", "--accuracy", LOOSE, "-o", str(out), "--no-progress"])
+               "--precision", "int4", "--accuracy", LOOSE, "-o", str(out), "--no-progress",
+               "--json"])
     printed = capsys.readouterr()
     assert rc == 0, printed.out[-3000:] + printed.err[-2000:]
     assert "Traceback" not in printed.out + printed.err
-    # fused where the fusion verifies (else the plain package, said in OM735), then int4
-    assert "MatMulNBits" in _ops(out)
-    assert "GroupQueryAttention" in _ops(out) or "OM735" in printed.out
+    # the fusion judged (OM734 fused, OM735 the plain package kept), then int4 (OM732)
+    codes = {f["code"] for f in json.loads(printed.out)["findings"]}
+    assert "MatMulNBits" in _ops(out) and {"OM732", "OM819"} <= codes
+    assert codes & {"OM734", "OM735"}, codes
     assert (out / "genai_config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "int4"]  # no staging left
 

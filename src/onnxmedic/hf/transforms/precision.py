@@ -101,9 +101,12 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
             say(f"int4 of the {'fused' if res.fused.ok else 'plain'} package ({said})")
         res.int4 = int4_package(src, out, model, tokenizer, budget=budget, grid=grid,
                                 search=search, threads=threads, timeout=timeout)
+        for f in res.fused.findings:  # the fusion's verdict, on the package int4 started from
+            if f.code in ("OM734", "OM735"):
+                f.message = f.message.replace(str(work / "fused"), f"{out} (before int4)")
+                res.findings.append(f)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    res.findings.extend(f for f in res.fused.findings if f.code == "OM735")
     res.findings.extend(res.int4.findings)
     res.ok, res.path = res.int4.ok, res.int4.path
     return res
