@@ -141,6 +141,41 @@ def test_no_import_cycle_at_all():
     assert cycle is None, " -> ".join(cycle or [])
 
 
+# the generation domain's layers: hf/ reaches optimize's generic passes only from its package
+# transforms; optimize/ imports nothing of hf/ except the command's dispatch of a package
+# folder; both read a package through the contract (genpackage.py), which imports neither
+LAYERS = {"onnxmedic.hf": ("onnxmedic.optimize", {"onnxmedic.hf.transforms"}),
+          "onnxmedic.optimize": ("onnxmedic.hf", {"onnxmedic.optimize.cli"}),
+          "onnxmedic.genpackage": ("onnxmedic.", set())}
+
+
+def _layer_breaks(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for layer, (forbidden, allowed) in LAYERS.items():
+        for m, deps in graph.items():
+            if not (m == layer or m.startswith(layer + ".")) or any(
+                    m == a or m.startswith(a + ".") for a in allowed):
+                continue
+            out += [f"{m} -> {d}" for d in sorted(deps)
+                    if (d == forbidden or d.startswith(forbidden.rstrip(".") + "."))
+                    and d != m]
+    return out
+
+
+def test_hf_and_optimize_do_not_import_each_other():
+    assert _layer_breaks(_graph(top_level_only=False)) == []
+
+
+def test_the_layer_check_finds_a_break():
+    assert _layer_breaks({"onnxmedic.optimize.int4": {"onnxmedic.hf.gen_verify"},
+                          "onnxmedic.hf.generation": {"onnxmedic.optimize.int4"},
+                          "onnxmedic.hf.transforms.gqa": {"onnxmedic.optimize.int4"},
+                          "onnxmedic.genpackage": {"onnxmedic.findings"}}) == [
+        "onnxmedic.hf.generation -> onnxmedic.optimize.int4",
+        "onnxmedic.optimize.int4 -> onnxmedic.hf.gen_verify",
+        "onnxmedic.genpackage -> onnxmedic.findings"]
+
+
 def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None

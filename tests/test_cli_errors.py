@@ -111,7 +111,7 @@ def test_a_report_that_cannot_be_written_sends_the_traceback_to_a_file(tmp_path,
 def test_deep_faults_in_bench_and_optimize_are_om009(tmp_path, capsys, monkeypatch):
     """Where the exception is raised does not matter: bench's timing and optimize's package
     branch (the reference checkpoint's loader) raise; each is OM009, exit 3."""
-    from onnxmedic.optimize import package_cli
+    from onnxmedic.hf.transforms import package_cli
 
     def broken(*a, **k):
         raise ValueError("past input 'past_key_values.0.key' is not (batch, heads, ...)")

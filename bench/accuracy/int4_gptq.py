@@ -36,6 +36,7 @@ def _load(name: str, path: Path) -> Any:
 
 def run(preset: str, blocks: list[int]) -> list[str]:
     """The table's rows, one per (block, algorithm)."""
+    from onnxmedic.genpackage import read_step
     from onnxmedic.optimize import int4, int4_text
 
     td = _load("train_decoder", ROOT / "bench" / "accuracy" / "train_decoder.py")
@@ -43,7 +44,7 @@ def run(preset: str, blocks: list[int]) -> list[str]:
     step, folder = td.step_model(preset), td.folder(preset)
     path = str(td.export_step(preset, folder / "step.onnx"))
     data = int4.builtin_data(step.tokenizer.encode)
-    past0, ts = int4.empty_past(path), int4.torch_step(step)
+    past0, ts = read_step(path).empty_past(), int4.torch_step(step)
     ref = int4.score(ts, past0, data, 32)
     user = int4_text.load_user_text(peers.calibration_text(folder), step.tokenizer, folder)
     nll, n = int4.mean_nll(ts, past0, user.held)

@@ -97,11 +97,10 @@ def _genai(folder: Path, ids: list[int], steps: int) -> dict[str, Any]:
 def _ort_only(out: Path, ids: list[int], steps: int) -> dict[str, Any]:
     """A package without genai_config.json (OM820: a cache GenAI cannot size): its tokens
     from onnxmedic's ONNX Runtime loop (a sandbox run per step: no tokens/s)."""
-    import onnx
-
+    from onnxmedic.genpackage import read_package
     from onnxmedic.hf import gen_verify
 
-    layout = gen_verify.graph_layout(onnx.load(str(out / "model.onnx"), load_external_data=False))
+    layout = read_package(out)
     check = gen_verify.GenerationCheck()
     tokens, _, _ = gen_verify.onnx_generation(out / "model.onnx", layout, ids, steps, 600.0,
                                               check)
@@ -109,7 +108,7 @@ def _ort_only(out: Path, ids: list[int], steps: int) -> dict[str, Any]:
 
 
 def _onnxmedic(model: Any, tok: Any, folder: Path, out: Path, steps: int) -> dict[str, Any]:
-    from onnxmedic.hf.generation import export_generation
+    from onnxmedic.hf import export_generation
 
     t0 = time.perf_counter()
     r = export_generation(model, out, tokenizer=tok, steps=8)

@@ -195,6 +195,7 @@ def olive_int4(folder: Path, plain: Path) -> tuple[Path | None, str]:
 
 def run(preset: str, olive: bool = False) -> dict[str, Any]:
     """Build the files, measure each in a child, judge each against PyTorch."""
+    from onnxmedic.genpackage import read_step
     from onnxmedic.optimize import int4, int4_text
     from onnxmedic.optimize.int4_search import DEFAULT_GRID, optimize_int4
 
@@ -204,7 +205,7 @@ def run(preset: str, olive: bool = False) -> dict[str, Any]:
     cfg = step.model.config
     plain = td.export_step(preset, folder / "step.onnx")
     data = int4.builtin_data(step.tokenizer.encode)
-    past0 = int4.empty_past(str(plain))
+    past0 = read_step(plain).empty_past()
     ref = int4.score(int4.torch_step(step), past0, data, 32)
     text = calibration_text(folder)
     user = int4_text.load_user_text(text, step.tokenizer, folder)

@@ -9,7 +9,7 @@ random weights; ``--checkpoint``). Packages, cached under ``build/half_b``:
 
 - ``om_fp32``: ``onnxmedic export hf:CKPT --task text-generation-with-past`` (``--plain``
   points at an existing one);
-- ``om_fused``: optimize/fuse_decoder.py's ``fuse_graph`` of it (onnxscript's ORT fusions);
+- ``om_fused``: hf/transforms/fuse_decoder.py's ``fuse_graph`` of it (onnxscript's ORT fusions);
 - ``om_int4`` / ``om_fused_int4``: optimize/int4.py's ``quantize_int4`` of the plain / fused
   graph at the builder's cell (block 32, accuracy_level 4, LM head 4-bit; the tied embedding
   reads the 4-bit head, optimize/int4_embed.py); ``om_fused_int4_b128``: block 128, the cell
@@ -56,9 +56,9 @@ def build(ckpt: Path, plain: Path | None) -> None:
     by hand: python -m onnxruntime_genai.models.builder -i CKPT -o build/half_b/genai_P -p P
     -e cpu)."""
     sys.path.insert(0, str(ROOT / "src"))
-    from onnxmedic.optimize.fuse_decoder import context_length, fuse_graph, share_buffer
+    from onnxmedic.hf.transforms.fuse_decoder import context_length, fuse_graph, share_buffer
+    from onnxmedic.hf.transforms.int4_package import save_external
     from onnxmedic.optimize.int4 import quantize_int4
-    from onnxmedic.optimize.int4_package import save_external
 
     BUILD.mkdir(parents=True, exist_ok=True)
     om = BUILD / "om_fp32"
@@ -108,9 +108,9 @@ def accuracy(trained: Path) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "src"))
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from onnxmedic.hf.generation import export_generation
-    from onnxmedic.optimize.fuse_decoder import fuse_package
-    from onnxmedic.optimize.int4_package import int4_package
+    from onnxmedic.hf import export_generation
+    from onnxmedic.hf.transforms.fuse_decoder import fuse_package
+    from onnxmedic.hf.transforms.int4_package import int4_package
 
     model = AutoModelForCausalLM.from_pretrained(trained).eval()
     tok = AutoTokenizer.from_pretrained(trained)
@@ -152,7 +152,7 @@ def child_ort(folder: str) -> dict[str, Any]:
     import onnxruntime as ort
 
     sys.path.insert(0, str(ROOT / "src"))
-    from onnxmedic.optimize.int4 import step_feeds  # numpy only at import
+    from onnxmedic.genpackage import read_package  # numpy and onnx only at import
 
     Path("/proc/self/clear_refs").write_text("5")
     so = ort.SessionOptions()
@@ -162,15 +162,13 @@ def child_ort(folder: str) -> dict[str, Any]:
     sess = ort.InferenceSession(str(Path(folder) / "model.onnx"), so,
                                 providers=["CPUExecutionProvider"])
     load_s = time.perf_counter() - t
-    names = [i.name for i in sess.get_inputs()]
-    pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
-    dec_cfg = json.loads((Path(folder) / "genai_config.json").read_text())["model"]["decoder"]
-    heads, dim = dec_cfg["num_key_value_heads"], dec_cfg["head_size"]  # the builder's are named
+    layout = read_package(folder)  # the builder's head sizes are named: its configs say them
     rng = np.random.default_rng(0)
-    past = [rng.standard_normal((1, heads, PAST, dim)).astype(np.float32) for _ in pasts]
-    empty = [np.zeros((1, heads, 0, dim), np.float32) for _ in pasts]
-    dec = step_feeds(names, np.asarray([[5]], np.int64), past)
-    pre = step_feeds(names, rng.integers(4, 300, (1, PREFILL)).astype(np.int64), empty)
+    empty = layout.empty_past()
+    past = [rng.standard_normal((1, e.shape[1], PAST, e.shape[3])).astype(e.dtype)
+            for e in empty]
+    dec = layout.feed(np.asarray([[5]], np.int64), past)
+    pre = layout.feed(rng.integers(4, 300, (1, PREFILL)).astype(np.int64), empty)
     decode = _median_ms(lambda: sess.run(None, dec), 20)
     prefill = _median_ms(lambda: sess.run(None, pre), 3)
     return {"decode_tok_s": 1000 / decode, "prefill_tok_s": PREFILL * 1000 / prefill,
@@ -183,7 +181,7 @@ def child_profile(folder: str) -> dict[str, Any]:
     import onnxruntime as ort
 
     sys.path.insert(0, str(ROOT / "src"))
-    from onnxmedic.optimize.int4 import step_feeds
+    from onnxmedic.genpackage import read_package
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
@@ -192,12 +190,11 @@ def child_profile(folder: str) -> dict[str, Any]:
     so.profile_file_prefix = str(BUILD / f"profile_{Path(folder).name}")
     sess = ort.InferenceSession(str(Path(folder) / "model.onnx"), so,
                                 providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values.")]
+    layout = read_package(folder)
     rng = np.random.default_rng(0)
-    past = [rng.standard_normal((1, pasts[0].shape[1], PAST, pasts[0].shape[3]))
-            .astype(np.float32) for _ in pasts]
-    feeds = step_feeds(names, np.asarray([[5]], np.int64), past)
+    past = [rng.standard_normal((1, e.shape[1], PAST, e.shape[3])).astype(e.dtype)
+            for e in layout.empty_past()]
+    feeds = layout.feed(np.asarray([[5]], np.int64), past)
     for _ in range(10):
         sess.run(None, feeds)
     trace = json.loads(Path(sess.end_profiling()).read_text())

@@ -299,7 +299,8 @@ def _hf_flag_error(ns: argparse.Namespace) -> str | None:
     if not ns.model.startswith(HF_PREFIX):
         used = [f for f, v in (("--task", ns.task), ("--dtype", ns.dtype),
                                ("--trust-remote-code", ns.trust_remote_code),
-                               ("--backend", ns.backend)) if v]
+                               ("--backend", ns.backend),
+                               ("--precision int4", ns.precision == "int4")) if v]
         return (f"{', '.join(used)} {'goes' if len(used) == 1 else 'go'} only with hf: models "
                 "(hf:ID_OR_FOLDER)") if used else None
     if ns.input:
@@ -307,6 +308,13 @@ def _hf_flag_error(ns: argparse.Namespace) -> str | None:
                 "checkpoint's tokenizer or processor and its config")
     if ns.repro or ns.calibration is not None:
         return "--repro and --calibration are not available for hf: models"
+    if ns.precision == "int4":  # a generation package (hf/transforms/precision.py)
+        from onnxmedic.hf.transforms.precision import precision_problem
+
+        if bad := precision_problem("int4", ns.target):
+            return bad
+        if ns.no_verify:
+            return "--precision int4 judges the package against PyTorch: drop --no-verify"
     return None
 
 

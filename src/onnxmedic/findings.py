@@ -1075,6 +1075,21 @@ CODES: dict[str, CodeInfo] = {
         "fp32, an opset asked for, remote code), or it failed, or its package did not verify; "
         "nothing was written. Leave --backend out (auto) for onnxmedic's own export.",
     ),
+    "OM839": CodeInfo(
+        "package's decoder cannot be fed", 1,
+        "A package transform (optimize PACKAGE hf:CHECKPOINT) read the package's decoder "
+        "graph and cannot feed it a step (onnxmedic/genpackage.py's contract): no decoder "
+        "graph, cache inputs that are not (batch, heads, past, head size), cache inputs "
+        "without their present outputs, or a symbolic head size that neither "
+        "genai_config.json nor config.json in the folder states; nothing was written.",
+    ),
+    "OM840": CodeInfo(
+        "int4 asked for a task it does not serve", 1,
+        "export hf:X --precision int4 makes a text-generation-with-past package (the decoder "
+        "judged by the task budget); the checkpoint's task is another one, so nothing was "
+        "exported. Drop --precision int4, or give --task text-generation-with-past for a "
+        "decoder.",
+    ),
 }
 
 

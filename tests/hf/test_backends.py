@@ -41,9 +41,16 @@ def qwen2(tmp_path_factory):
     return save_family("qwen2", tmp_path_factory.mktemp("builder") / "ckpt")
 
 
+@pytest.fixture(scope="module")
+def built(qwen2, tmp_path_factory):
+    """(result, folder) of the default backend's (auto: the builder's) package of qwen2."""
+    root = tmp_path_factory.mktemp("auto")
+    return onnxmedic.export_pretrained(qwen2, root / "pkg", task=TASK), root
+
+
 @needs_builder
-def test_auto_writes_the_builders_package_once_verified(qwen2, tmp_path):
-    r = onnxmedic.export_pretrained(qwen2, tmp_path / "pkg", task=TASK)
+def test_auto_writes_the_builders_package_once_verified(built):
+    r, tmp_path = built
     assert r.ok and "OM836" in codes(r), [f.one_paragraph() for f in r.findings]
     said = next(f for f in r.findings if f.code == "OM836")
     assert "GroupQueryAttention x" in said.message
@@ -207,3 +214,28 @@ def test_the_backend_is_read_in_one_place(tmp_path):
     refused = backends.Backend("builder").refusal(TASK, None, "LlamaForCausalLM", False)
     assert refused.code == "OM838" and "object" in refused.message
     assert backends.Backend("auto").refusal(TASK, None, "x", False) is None
+
+
+@needs_builder
+def test_int4_of_the_builders_package(qwen2, built, tmp_path):
+    """The builder's cache has a symbolic head size (kv_cache_dim): int4 reads it from the
+    package's genai_config.json through the contract (it crashed with a ValueError there),
+    and onnxruntime-genai serves the result. (Fusion and int4 together on builder packages:
+    test_package_transforms.py, slow.)"""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from onnxmedic.genpackage import read_package
+    from onnxmedic.hf.transforms.int4_package import int4_package
+    from onnxmedic.optimize.int4 import TaskBudget
+
+    pkg = built[1] / "pkg"
+    layout = read_package(pkg)
+    assert layout.unsized() == [] and layout.sizes_from.endswith("genai_config.json")
+    model = AutoModelForCausalLM.from_pretrained(qwen2).eval()
+    r = int4_package(pkg, tmp_path / "int4", model, AutoTokenizer.from_pretrained(qwen2),
+                     grid=[(32, 4, "int4")], search=False,
+                     budget=TaskBudget(agreement=0.9, steps=8, prompts=2))
+    assert r.ok, [f.message for f in r.findings]
+    assert r.tokens_genai == r.tokens_onnx
+    assert {"MatMulNBits", "GroupQueryAttention"} <= ops(tmp_path / "int4")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["int4"]

@@ -125,11 +125,9 @@ def test_bert_base_real_size(tmp_path):
 
 
 def test_with_past_tasks_go_to_the_generation_package(monkeypatch, hf_folder, tmp_path):
-    """The contract with onnxmedic.hf.generation: export_generation(model, out_dir, *,
+    """The contract with onnxmedic.hf.export_generation(model, out_dir, *,
     tokenizer, task, verify, steps, prompts, opset, report, timeout) gets the loaded model (in
     eval mode) and the folder's tokenizer."""
-    import sys
-    import types
 
     import onnxmedic.hf as hf
     from onnxmedic.result import ExportResult
@@ -140,10 +138,7 @@ def test_with_past_tasks_go_to_the_generation_package(monkeypatch, hf_folder, tm
         calls.append((model, out_dir, kw))
         return ExportResult(ok=True, path=str(out_dir))
 
-    fake = types.ModuleType("onnxmedic.hf.generation")
-    fake.export_generation = export_generation
-    monkeypatch.setitem(sys.modules, "onnxmedic.hf.generation", fake)
-    monkeypatch.setattr(hf, "generation", fake, raising=False)
+    monkeypatch.setattr(hf, "export_generation", export_generation)
     monkeypatch.setattr(hf.load, "generation_available", lambda: True)
     res = onnxmedic.export_pretrained(hf_folder("gpt2"), tmp_path / "pkg", timeout=30)
     assert res.ok and len(calls) == 1

@@ -16,9 +16,11 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from onnxmedic.hf import gen_verify  # noqa: E402
+from onnxmedic.hf import (
+    export_generation,  # noqa: E402
+    gen_verify,  # noqa: E402
+)
 from onnxmedic.hf.gen_verify import GenerationCheck, judge_prompt, verify_generation  # noqa: E402
-from onnxmedic.hf.generation import export_generation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -372,8 +374,7 @@ def test_weights_are_packed_at_load_only_where_they_are_quantized(llama, tmp_pat
     prompts = [[5, 6, 7]]
     spec = json.loads(gen_verify.genai_spec(llama[3], prompts, 4))
     assert spec == {"prompts": prompts, "steps": 4, "prepack": False}
-    assert not gen_verify.graph_layout(onnx.load(str(llama[3] / "model.onnx"),
-                                                 load_external_data=False))["quantized"]
+    assert not gen_verify.quantized_file(llama[3] / "model.onnx")
     onnx.save(_graph("MatMulNBits", "com.microsoft"), str(tmp_path / "model.onnx"))
     assert json.loads(gen_verify.genai_spec(tmp_path, prompts, 4))["prepack"] is True
     # unreadable here: packed as where it is served; the child says what is wrong with it
@@ -391,7 +392,7 @@ def test_weights_are_packed_at_load_only_where_they_are_quantized(llama, tmp_pat
 
 def test_fused_package_is_verified_and_served(llama, tmp_path, monkeypatch, capsys):
     from onnxmedic.cli import main
-    from onnxmedic.optimize import fuse_decoder
+    from onnxmedic.hf.transforms import fuse_decoder
 
     model, tok, _, pkg = llama
     results = []
@@ -428,7 +429,7 @@ def test_fused_package_is_verified_and_served(llama, tmp_path, monkeypatch, caps
 
 @pytest.mark.parametrize("fault", ["rotary cache", "kv heads"])
 def test_fused_package_with_a_fault_is_rejected(llama, tmp_path, fault):
-    from onnxmedic.optimize.fuse_decoder import fuse_package
+    from onnxmedic.hf.transforms.fuse_decoder import fuse_package
 
     model, tok, _, pkg = llama
 
@@ -463,8 +464,8 @@ def test_package_without_its_model_is_refused(llama, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_int4_package_outside_the_budget_writes_nothing(llama, tmp_path):
+    from onnxmedic.hf.transforms.int4_package import int4_package
     from onnxmedic.optimize.int4 import TaskBudget
-    from onnxmedic.optimize.int4_package import int4_package
 
     model, tok, _, pkg = llama
     # random weights: near-uniform logits, every 4-bit head flips greedy picks
@@ -476,8 +477,8 @@ def test_int4_package_outside_the_budget_writes_nothing(llama, tmp_path):
 
 @pytest.mark.skipif(not gen_verify.genai_available(), reason="needs onnxruntime-genai")
 def test_int4_package_genai_cannot_serve_writes_nothing(llama, tmp_path):
+    from onnxmedic.hf.transforms.int4_package import int4_package
     from onnxmedic.optimize.int4 import TaskBudget
-    from onnxmedic.optimize.int4_package import int4_package
 
     model, tok, _, pkg = llama
     bad = tmp_path / "pkg"
@@ -495,8 +496,8 @@ def test_int4_package_genai_cannot_serve_writes_nothing(llama, tmp_path):
 
 @pytest.mark.slow
 def test_int4_package_is_served_by_genai(llama, tmp_path):
+    from onnxmedic.hf.transforms.int4_package import int4_package
     from onnxmedic.optimize.int4 import TaskBudget
-    from onnxmedic.optimize.int4_package import int4_package
 
     model, tok, _, pkg = llama
     r = int4_package(pkg, tmp_path / "int4", model, tok, grid=[(32, 0, "fp32")], search=True,
@@ -538,7 +539,7 @@ def test_export_optimize_writes_the_fused_package(llama, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_export_optimize_keeps_the_plain_package_when_the_fused_one_is_wrong(
         llama, tmp_path, monkeypatch):
-    from onnxmedic.optimize import fuse_decoder
+    from onnxmedic.hf.transforms import fuse_decoder
 
     model, tok, _, _ = llama
     real = fuse_decoder.fuse_graph

@@ -18,6 +18,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
+from onnxmedic.genpackage import read_step
 from onnxmedic.optimize import int4
 from onnxmedic.optimize.int4_search import optimize_int4
 
@@ -49,7 +50,7 @@ def task(decoder):
     """(task data, PyTorch float32's figures on it)."""
     step, path = decoder
     data = int4.builtin_data(step.tokenizer.encode)
-    ref = int4.score(int4.torch_step(step), int4.empty_past(path), data, 32)
+    ref = int4.score(int4.torch_step(step), read_step(path).empty_past(), data, 32)
     return data, ref
 
 

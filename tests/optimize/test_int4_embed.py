@@ -94,7 +94,7 @@ def test_the_int4_package_keeps_its_weights_beside_the_graph(tmp_path):
     """int4_package.save_external: the weights in model.onnx.data (ONNX Runtime builds the
     session without the whole protobuf in memory), the outputs unchanged; a second save
     replaces the data file rather than appending to it."""
-    from onnxmedic.optimize.int4_package import save_external
+    from onnxmedic.hf.transforms.int4_package import save_external
 
     src, dst = tmp_path / "f.onnx", tmp_path / "model.onnx"
     _decoder(src, 64, tied=True)

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 from typing import Any
 
 import torch
 
 from onnxmedic.findings import InputError
-from onnxmedic.hf.backends import Backend
+from onnxmedic.hf.backends import Backend, export_generation
 from onnxmedic.hf.checkpoint import DTYPES, STAGE
 from onnxmedic.hf.load import Loaded, generation_available, load_for_task, spec_name
 from onnxmedic.hf.tasks import ALL_TASKS, GENERATION, TASKS, detect_task, supported_tasks
@@ -29,8 +30,8 @@ from onnxmedic.result import ExportResult, stages_of
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ALL_TASKS", "TASKS", "detect_task", "export_pretrained", "generation_available",
-           "supported_tasks"]
+__all__ = ["ALL_TASKS", "TASKS", "detect_task", "export_generation", "export_pretrained",
+           "generation_available", "supported_tasks"]
 
 # export()'s options export_pretrained passes on
 EXPORT_OPTIONS = ("timeout", "tolerance", "explain", "dtype_policy", "ort_version", "localize",
@@ -110,6 +111,11 @@ def export_pretrained(
     except InputError as e:
         result.fail(STAGE, e.finding)
         return report_to(result, report)
+    if loaded.task != "text-generation-with-past" and options.get("precision") == "int4":
+        from onnxmedic.hf.transforms.precision import int4_not_for
+
+        result.fail(STAGE, int4_not_for(loaded.task))
+        return report_to(result, report)
     if loaded.task in GENERATION:
         from_folder = loaded.ckpt is not None and not isinstance(model, torch.nn.Module)
         refused = chosen.refusal(loaded.task, loaded.build_job, loaded.spec, from_folder)
@@ -149,7 +155,11 @@ def _export_generation(loaded: Loaded, f: Any, opset: Any, verify: bool, report:
             task=loaded.task, verify=verify, opset=opset, report=None,
             timeout=options.get("timeout"))
     else:
-        res = generation.export_generation(
+        from onnxmedic.hf.transforms.precision import export_at_precision
+
+        int4 = options.get("precision") == "int4"  # hf/transforms/precision.py: the road
+        res = (partial(export_at_precision, precision="int4", budget=options.get("accuracy"))
+               if int4 else export_generation)(
             loaded.model, f, tokenizer=loaded.tokenizer, task=loaded.task, verify=verify,
             opset=opset, report=None, timeout=options.get("timeout"),
             optimize=bool(options.get("optimize")) and why is None,
@@ -168,7 +178,7 @@ def _not_fusable(task: str, options: dict[str, Any]) -> str | None:
         return (f"{task} packages have no fused variant (the decoder-only "
                 "text-generation-with-past package has)")
     precision = options.get("precision") or "fp32"
-    if precision != "fp32":
+    if precision not in ("fp32", "int4"):
         return (f"a generation package is optimized at fp32 here (its decoder fused); "
                 f"--precision {precision} for it is `onnxmedic optimize PACKAGE hf:CHECKPOINT "
                 "-o OUT --precision int4` (docs/int4.md)")

@@ -16,6 +16,7 @@ Nothing heavy is imported at this module's top: the builder forks before the exp
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -123,6 +124,46 @@ class Backend:
                if not from_folder else "no package folder was given")
         return _om838(spec, why, "Give a checkpoint folder (hf:FOLDER), or leave backend "
                       "out (auto).")
+
+
+def export_generation(model: Any, out_dir: str | os.PathLike[str], *,
+                      tokenizer: Any = None, task: str = "text-generation-with-past",
+                      verify: bool = True, steps: int = 8, prompts: Any = None,
+                      opset: int | None = None, report: str | os.PathLike[str] | None = None,
+                      timeout: float | None = None, keep_unverified: bool = False,
+                      optimize: bool = False, build_job: Any = None,
+                      strict: bool = False) -> ExportResult:
+    """Write a generation package for ``model`` (a loaded transformers causal LM) at
+    ``out_dir``: one decoder graph with its KV cache serving prefill and decode,
+    genai_config.json, the model's configs and the tokenizer's files (see the module
+    docstring of hf/generation.py). With ``verify``, greedy generation of ``steps`` tokens from each of
+    ``prompts`` (strings through ``tokenizer``, or lists of ids) in ONNX Runtime and in
+    onnxruntime-genai must match PyTorch's ``generate(do_sample=False)``, each step's logits
+    within the float64 budget. The folder is written only when verified (or with
+    ``keep_unverified``); an existing folder is replaced only then. With ``optimize``, the
+    verified package's decoder fused by ONNX Runtime's transformer fusions
+    (hf/transforms/fuse_decoder.py) is written instead when its generation verifies against
+    the same PyTorch runs (OM734); else the plain package is (OM735, a warning).
+    ``build_job``: a builder.BuildJob writing the package (onnxruntime-genai's model builder,
+    hf/backends.py): its package, verified the same way, is written when it verifies (OM836;
+    it is fused already); else this export's (OM837), or nothing with ``strict`` (OM838).
+    Problems of the model are findings of the returned ExportResult."""
+    from onnxmedic import sandbox
+    from onnxmedic.hf import report_to
+    from onnxmedic.hf.generation import TASKS, Request, package_result
+
+    if task not in TASKS:
+        raise ValueError(f"onnxmedic.export_generation: task must be one of "
+                         f"{', '.join(TASKS)}, not {task!r}")
+    req = Request(model, Path(out_dir), tokenizer, steps=steps, prompts=prompts,
+                  timeout=sandbox.DEFAULT_TIMEOUT if timeout is None else timeout,
+                  verify=verify, opset=opset, keep_unverified=keep_unverified,
+                  optimize=optimize, strict=strict)
+    result = package_result(model, *(("build",) if build_job is not None else ()))
+    with result.guard():
+        make_package(result, req, build_job)
+    return report_to(result, report)
+
 
 
 def make_package(result: ExportResult, req: Request, job: BuildJob | None) -> None:

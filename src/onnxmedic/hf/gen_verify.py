@@ -30,6 +30,7 @@ import torch
 
 from onnxmedic import sandbox
 from onnxmedic.findings import Finding, error, info, warning
+from onnxmedic.genpackage import StepLayout, decoder_graph, is_past, read_step
 from onnxmedic.inputs import Inputs
 from onnxmedic.verify.budget import judge_output
 from onnxmedic.verify.compare import OutputComparison
@@ -262,51 +263,12 @@ def quantized_weights(proto: onnx.ModelProto) -> bool:
     return any(n.op_type in QUANTIZED_OPS for nodes in graphs for n in nodes)
 
 
-def graph_layout(proto: onnx.ModelProto) -> dict[str, Any]:
-    """The names, dims and dtypes of a package graph's inputs that generation feeds, and
-    whether its weights are quantized (quantized_weights)."""
-    g = proto.graph
-    past = [i for i in g.input if i.name.startswith("past_key_values.")]
-    dims = [[d.dim_value if d.HasField("dim_value") else None
-             for d in i.type.tensor_type.shape.dim] for i in past]
-    types = [onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in past]
-    return {"inputs": [i.name for i in g.input], "past": [i.name for i in past],
-            "past_dims": dims, "past_types": types, "quantized": quantized_weights(proto)}
+def quantized_file(path: Path) -> bool:
+    """Whether the graph at ``path`` has quantized weights (:func:`quantized_weights`)."""
+    return quantized_weights(onnx.load(str(path), load_external_data=False))
 
 
-def _fill_head_size(layout: dict[str, Any], folder: Path) -> None:
-    """A symbolic head size of the cache inputs (the genai builder's ``kv_cache_dim``) from
-    the folder's genai_config.json: the empty past of the prefill still needs it."""
-    if all(d[3] for d in layout["past_dims"]):
-        return
-    try:
-        cfg = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
-        heads, size = int(cfg["num_key_value_heads"]), int(cfg["head_size"])
-    except (OSError, KeyError, TypeError, ValueError):
-        return
-    for d in layout["past_dims"]:
-        d[1] = d[1] or heads
-        d[3] = d[3] or size
-
-
-def _feed(layout: dict[str, Any], ids: list[int], total: int, past: list[np.ndarray] | None
-          ) -> dict[str, np.ndarray]:
-    n = len(ids)
-    feed = {"input_ids": np.asarray([ids], dtype=np.int64),
-            "attention_mask": np.ones((1, total), dtype=np.int64)}
-    if "position_ids" in layout["inputs"]:
-        feed["position_ids"] = np.arange(total - n, total, dtype=np.int64)[None]
-    for i, name in enumerate(layout["past"]):
-        if past is None:
-            d = layout["past_dims"][i]
-            shape = (1, d[1] or 1, 0, d[3] or 1)
-            feed[name] = np.zeros(shape, dtype=layout["past_types"][i])
-        else:
-            feed[name] = past[i]
-    return feed
-
-
-def onnx_generation(path: Path, layout: dict[str, Any], ids: list[int], steps: int,
+def onnx_generation(path: Path, layout: StepLayout, ids: list[int], steps: int,
                     timeout: float, check: GenerationCheck, threads: int | None = None
                     ) -> tuple[list[int], list[np.ndarray], list[dict[str, np.ndarray]]]:
     """Greedy generation in ONNX Runtime (a sandbox run per step, its own cache fed back; inside
@@ -316,12 +278,13 @@ def onnx_generation(path: Path, layout: dict[str, Any], ids: list[int], steps: i
     logits: list[np.ndarray] = []
     feeds: list[dict[str, np.ndarray]] = []
     past, new = None, list(ids)
+    quantized = quantized_file(path)
     for step in range(steps):
-        feed = _feed(layout, new, len(ids) + step, past)
+        feed = layout.feed(new, past)
         # float weights not packed: the loop's few runs do not repay packing every weight at
         # load (a 0.5 B decoder loads in 0.9 s instead of 2.4; quantized_weights says why)
         sbx = sandbox.run_model(path, [feed], timeout=timeout, keep_session=True,
-                                prepack=bool(layout.get("quantized")), threads=threads)
+                                prepack=quantized, threads=threads)
         if not sbx.ok:
             f = sbx.finding(STAGE, timeout)
             if f is not None:
@@ -330,9 +293,9 @@ def onnx_generation(path: Path, layout: dict[str, Any], ids: list[int], steps: i
             break
         out = dict(zip(sbx.output_names, sbx.outputs[0]))
         feeds.append(feed)
-        logits.append(out["logits"])
-        past = [out[n.replace("past_key_values", "present")] for n in layout["past"]]
-        new = [int(np.argmax(out["logits"][0, -1]))]
+        logits.append(layout.logits(out))
+        past = layout.presents(out)
+        new = [int(np.argmax(logits[-1][0, -1]))]
         tokens.append(new[0])
     return tokens, logits, feeds
 
@@ -397,7 +360,7 @@ def localize_step(check: GenerationCheck, path: Path, program: Any,
     from onnxmedic.verify.localize import localize
 
     if args is None:
-        names = [n for n in feed if n.startswith("past_key_values.")]
+        names = [n for n in feed if is_past(n)]
         args = (torch.from_numpy(feed["input_ids"]), torch.from_numpy(feed["attention_mask"]),
                 torch.from_numpy(feed["position_ids"]) if "position_ids" in feed else None,
                 [torch.from_numpy(feed[n]) for n in names])
@@ -420,8 +383,7 @@ def genai_spec(folder: Path, prompts: list[list[int]], steps: int) -> str:
     """The genai child's JSON spec for ``folder``: its session packs the weights only where
     the graph has quantized ones (:func:`quantized_weights`), like the own loop's."""
     try:
-        prepack = quantized_weights(onnx.load(str(folder / "model.onnx"),
-                                              load_external_data=False))
+        prepack = quantized_file(decoder_graph(folder))
     except Exception:  # noqa: BLE001 - unreadable here: the child says why, packed as served
         prepack = True
     return json.dumps({"prompts": prompts, "steps": steps, "prepack": prepack})
@@ -642,9 +604,8 @@ def onnx_side(folder: Path, prompts: list[list[int]], steps: int, timeout: float
     """The own loop's ONNX Runtime generation of ``prompts`` from the package in ``folder``,
     with nothing of PyTorch's: it can run while PyTorch's side still does
     (verify_generation's ``onnx_ahead``)."""
-    path = Path(folder) / "model.onnx"
-    layout = graph_layout(onnx.load(str(path), load_external_data=False))
-    _fill_head_size(layout, Path(folder))
+    path = decoder_graph(folder)
+    layout = read_step(path, folder)
     scratch, out = GenerationCheck(), OnnxSide([list(p) for p in prompts], steps)
     t0 = time.perf_counter()
     with sandbox.reuse():

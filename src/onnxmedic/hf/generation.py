@@ -32,7 +32,7 @@ import torch
 
 from onnxmedic import sandbox
 from onnxmedic.findings import error, info, warning
-from onnxmedic.hf import report_to
+from onnxmedic.genpackage import LOGITS, cache_names, present_of
 from onnxmedic.hf.gen_verify import genai_check, verify_generation
 from onnxmedic.hf.genai_files import Layout, write_side_files
 from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD, replace_folder
@@ -191,9 +191,8 @@ def example_inputs(model: torch.nn.Module, vocab: int | None = None
 
 def io_names(n_cache: int) -> tuple[list[str], list[str]]:
     """GenAI's and optimum's names: the cache inputs and the outputs, in the graph's order."""
-    past = [f"past_key_values.{i // 2}.{'key' if i % 2 == 0 else 'value'}"
-            for i in range(n_cache)]
-    present = ["logits"] + [n.replace("past_key_values", "present") for n in past]
+    past = cache_names((n_cache + 1) // 2)[:n_cache]
+    present = [LOGITS] + [present_of(n) for n in past]
     return past, present
 
 
@@ -386,45 +385,8 @@ class Request:
     verify: bool = True
     opset: int | None = None
     keep_unverified: bool = False
-    optimize: bool = False  # the decoder fused where it verifies (optimize/fuse_decoder.py)
+    optimize: bool = False  # the decoder fused where it verifies (hf/transforms/fuse_decoder.py)
     strict: bool = False  # the builder's verified package or nothing (backend "builder")
-
-
-def export_generation(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
-                      tokenizer: Any = None, task: str = "text-generation-with-past",
-                      verify: bool = True, steps: int = 8, prompts: Any = None,
-                      opset: int | None = None, report: str | os.PathLike[str] | None = None,
-                      timeout: float | None = None, keep_unverified: bool = False,
-                      optimize: bool = False, build_job: Any = None,
-                      strict: bool = False) -> ExportResult:
-    """Write a generation package for ``model`` (a loaded transformers causal LM) at
-    ``out_dir``: one decoder graph with its KV cache serving prefill and decode,
-    genai_config.json, the model's configs and the tokenizer's files (see the module
-    docstring). With ``verify``, greedy generation of ``steps`` tokens from each of
-    ``prompts`` (strings through ``tokenizer``, or lists of ids) in ONNX Runtime and in
-    onnxruntime-genai must match PyTorch's ``generate(do_sample=False)``, each step's logits
-    within the float64 budget. The folder is written only when verified (or with
-    ``keep_unverified``); an existing folder is replaced only then. With ``optimize``, the
-    verified package's decoder fused by ONNX Runtime's transformer fusions
-    (optimize/fuse_decoder.py) is written instead when its generation verifies against the
-    same PyTorch runs (OM734); else the plain package is (OM735, a warning). ``build_job``: a
-    builder.BuildJob writing the package (onnxruntime-genai's model builder, hf/backends.py):
-    its package, verified the same way, is written when it verifies (OM836; it is fused
-    already); else this export's (OM837), or nothing with ``strict`` (OM838). Problems of the
-    model are findings of the returned ExportResult."""
-    if task not in TASKS:
-        raise ValueError(f"onnxmedic.export_generation: task must be one of "
-                         f"{', '.join(TASKS)}, not {task!r}")
-    req = Request(model, Path(out_dir), tokenizer, steps=steps, prompts=prompts,
-                  timeout=sandbox.DEFAULT_TIMEOUT if timeout is None else timeout,
-                  verify=verify, opset=opset, keep_unverified=keep_unverified,
-                  optimize=optimize, strict=strict)
-    result = package_result(model, *(("build",) if build_job is not None else ()))
-    with result.guard():
-        from onnxmedic.hf.backends import make_package
-
-        make_package(result, req, build_job)
-    return report_to(result, report)
 
 
 def package_result(model: Any, *before: str) -> ExportResult:
@@ -523,11 +485,11 @@ def _build_and_check(result: ExportResult, req: Request, tmp: Path,
 
 
 def _fused(result: ExportResult, req: Request, tmp: Path, genai: bool, check: Any) -> Path:
-    """The verified package in ``tmp`` fused (optimize/fuse_decoder.py), verified as it was
-    (in onnxruntime-genai too with ``genai``) against the PyTorch runs ``check`` made: the
+    """The verified package in ``tmp`` fused (hf/transforms/fuse_decoder.py), verified as it
+    was (in onnxruntime-genai too with ``genai``) against the PyTorch runs ``check`` made: the
     folder to write (``tmp/fused``), or ``tmp`` when the fused one does not verify (its OM735
     a warning: the plain package is written)."""
-    from onnxmedic.optimize.fuse_decoder import fuse_package
+    from onnxmedic.hf.transforms.fuse_decoder import fuse_package
 
     with result.timed("optimize"):
         fused = fuse_package(tmp, tmp / "fused", req.model, req.tokenizer, steps=req.steps,

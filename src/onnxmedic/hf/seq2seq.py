@@ -38,6 +38,7 @@ import torch
 
 from onnxmedic import sandbox
 from onnxmedic.findings import InputError, error, info
+from onnxmedic.genpackage import CROSS, KINDS, SELF, cache_name, cache_names
 from onnxmedic.hf import report_to
 from onnxmedic.hf.genai_files import GENAI_TYPES, Layout, write_side_files
 from onnxmedic.hf.generation import (
@@ -135,10 +136,10 @@ def encoder_shapes(enc: dict[str, torch.Tensor], main: str) -> tuple[Any, ...]:
 
 def io_names(n_layers: int, mask: bool, main: str) -> dict[str, tuple[list[str], list[str]]]:
     """The graphs' input and output names (optimum's), in the wrappers' order."""
-    cross = [f"present.{i}.encoder.{kv}" for i in range(n_layers) for kv in ("key", "value")]
-    past = [f"past_key_values.{i}.{part}.{kv}" for i in range(n_layers)
-            for part in ("decoder", "encoder") for kv in ("key", "value")]
-    present = [f"present.{i}.decoder.{kv}" for i in range(n_layers) for kv in ("key", "value")]
+    cross = cache_names(n_layers, CROSS, present=True)
+    past = [cache_name(i, kv, part) for i in range(n_layers) for part in (SELF, CROSS)
+            for kv in KINDS]
+    present = cache_names(n_layers, SELF, present=True)
     enc_in = [main] + (["attention_mask"] if mask else [])
     dec_in = ["input_ids"] + (["encoder_attention_mask"] if mask else []) + past
     return {"encoder": (enc_in, ["last_hidden_state"] + cross),

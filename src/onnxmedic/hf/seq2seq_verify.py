@@ -28,6 +28,7 @@ import torch
 
 from onnxmedic import sandbox
 from onnxmedic.findings import error
+from onnxmedic.genpackage import StepLayout, parse_cache_name, read_step
 from onnxmedic.hf import gen_verify
 from onnxmedic.hf.gen_verify import GenerationCheck, judge_prompt
 from onnxmedic.hf.seq2seq_inputs import TEXTS, audio_features, default_processor, text_ids
@@ -140,25 +141,7 @@ def judge_encoder(check: GenerationCheck, model: Any, start: int, enc: dict[str,
     return None
 
 
-def _decoder_feed(layout: dict[str, Any], ids: list[int], mask: np.ndarray | None,
-                  selfs: list[np.ndarray] | None, cross: list[np.ndarray]
-                  ) -> dict[str, np.ndarray]:
-    feed = {"input_ids": np.asarray([ids], dtype=np.int64)}
-    if "encoder_attention_mask" in layout["inputs"] and mask is not None:
-        feed["encoder_attention_mask"] = mask
-    for i, name in enumerate(layout["past"]):
-        layer, part = i // 4, i % 4
-        if part >= 2:
-            feed[name] = cross[2 * layer + part - 2]
-        elif selfs is None:
-            d = layout["past_dims"][i]
-            feed[name] = np.zeros((1, d[1] or 1, 0, d[3] or 1), dtype=layout["past_types"][i])
-        else:
-            feed[name] = selfs[2 * layer + part]
-    return feed
-
-
-def onnx_generation(folder: Path, layout: dict[str, Any], enc: dict[str, np.ndarray],
+def onnx_generation(folder: Path, layout: StepLayout, enc: dict[str, np.ndarray],
                     start: int, steps: int, timeout: float, check: GenerationCheck
                     ) -> tuple[list[np.ndarray] | None, list[int], list[np.ndarray],
                                list[dict[str, np.ndarray]]]:
@@ -179,21 +162,20 @@ def onnx_generation(folder: Path, layout: dict[str, Any], enc: dict[str, np.ndar
     if out is None:
         return None, [], [], []
     encoder = list(out.values())
-    cross = [out[n] for n in out if n.startswith("present.")]
+    cross = {n: v for n, v in out.items() if parse_cache_name(n)}
     tokens: list[int] = []
     logits: list[np.ndarray] = []
     feeds: list[dict[str, np.ndarray]] = []
     selfs, new = None, [start]
     for step in range(steps):
-        feed = _decoder_feed(layout, new, enc.get("attention_mask"), selfs, cross)
+        feed = layout.feed(new, selfs, cross=cross, encoder_mask=enc.get("attention_mask"))
         res = run(folder / DECODER, feed, f"generation step {step}")
         if res is None:
             break
         feeds.append(feed)
-        logits.append(res["logits"])
-        selfs = [res[n.replace("past_key_values", "present")] for n in layout["past"]
-                 if ".decoder." in n]
-        new = [int(np.argmax(res["logits"][0, -1]))]
+        logits.append(layout.logits(res))
+        selfs = layout.presents(res)
+        new = [int(np.argmax(logits[-1][0, -1]))]
         tokens.append(new[0])
     return encoder, tokens, logits, feeds
 
@@ -207,7 +189,7 @@ def _args(feed: dict[str, np.ndarray], names: list[str]) -> tuple[Any, ...]:
     return (torch.from_numpy(feed["input_ids"]), torch.from_numpy(mask), past)
 
 
-def _one_item(check: GenerationCheck, folder: Path, model: Any, layout: dict[str, Any],
+def _one_item(check: GenerationCheck, folder: Path, model: Any, layout: StepLayout,
               enc: dict[str, torch.Tensor], p: int, start: int, steps: int, programs: Any,
               timeout: float) -> bool:
     """Generate from one input in both runtimes and judge it; False when the check stops."""
@@ -237,7 +219,7 @@ def _one_item(check: GenerationCheck, folder: Path, model: Any, layout: dict[str
         if programs and programs.get("decoder") is not None:
             gen_verify.localize_step(check, folder / DECODER, programs["decoder"], feeds[bad],
                                      f"prompt {p} step {bad}", timeout,
-                                     args=_args(feeds[bad], layout["past"]))
+                                     args=_args(feeds[bad], layout.past))
         return False
     return True
 
@@ -257,7 +239,7 @@ def verify_seq2seq(folder: str | Path, model: Any, tokenizer: Any = None, proces
     if start is None:
         check.fail(no_start_token(model, STAGE))
         return check
-    layout = gen_verify.graph_layout(onnx.load(str(folder / DECODER), load_external_data=False))
+    layout = read_step(folder / DECODER, folder)
     inputs = items(model, tokenizer, processor, prompts)
     check.prompts = [e["input_ids"][0].tolist() for e in inputs if "input_ids" in e]
     t0 = time.perf_counter()

@@ -17,11 +17,14 @@ def add_export_flags(e: argparse.ArgumentParser) -> None:
     e.add_argument("--optimize", action="store_true",
                    help="write the fastest variant that still verifies (onnxmedic optimize; "
                    "a text-generation-with-past package: its decoder fused, docs/generation.md)")
-    e.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32",
+    e.add_argument("--precision", choices=["fp32", "fp16", "int8", "int4"], default="fp32",
                    help="with --optimize: float32 passes only, or also int8 (CPU) or float16 "
-                   "(GPU targets; float32 I/O, measured block list)")
+                   "(GPU targets; float32 I/O, measured block list); int4 (hf: decoders, "
+                   "text-generation-with-past): the package fused and quantized to 4-bit "
+                   "weights, judged by the task budget (docs/int4.md), as the builder's -p int4")
     e.add_argument("--accuracy", metavar="cosine=X", help="with --optimize: the "
-                   "reduced-precision budget (default cosine=0.999 per output)")
+                   "reduced-precision budget (default cosine=0.999 per output); with "
+                   "--precision int4: the task budget (perplexity=5%%,agreement=95%%)")
     e.add_argument("--cuda-graph", choices=["auto", "deploy", "off"], default="auto",
                    help="with --optimize --target cuda: as `onnxmedic optimize --cuda-graph`")
     e.add_argument("--calibration", metavar="SPEC", help="with --optimize --precision int8: "
@@ -127,7 +130,7 @@ def main(ns: argparse.Namespace) -> int:
     with live_line(f"optimize {ns.onnx} ({ns.precision}, {ns.target})",
                    enabled=not ns.no_progress and sys.stderr.isatty()):
         if folder:
-            from onnxmedic.optimize.package_cli import cli_package
+            from onnxmedic.hf.transforms.package_cli import cli_package
 
             return cli_package(ns)
         if ns.precision == "int4":

@@ -1,8 +1,9 @@
 """``--precision int4`` for decoders: weight-only 4-bit MatMulNBits judged by a task budget.
 
-The input is a *decoder step* ONNX file - ``input_ids`` and the flat past (``[k0, v0, k1, v1,
-...]``, dims ``(batch, heads, past, head_dim)``) in, ``logits`` and the present out, as
-``bench/zoo/hf.py``'s ``DecodeStep`` exports - and a PyTorch reference with the same contract
+The input is a *decoder step* ONNX file - a generation package's decoder, or ``input_ids`` and
+the flat past (``[k0, v0, k1, v1, ...]``, dims ``(batch, heads, past, head_dim)``) in,
+``logits`` and the present out, as ``bench/zoo/hf.py``'s ``DecodeStep`` exports; read and fed
+as onnxmedic/genpackage.py's contract says - and a PyTorch reference with the same contract
 (``reference(input_ids, past) -> (logits, present)``, float32).
 
 Candidates come from ONNX Runtime's own quantizer
@@ -29,8 +30,9 @@ A candidate outside the budget is never written; the fastest one inside it (deco
 token after a past of :data:`DECODE_PAST`, timed in the sandbox) is. Where none is, nothing is
 written (OM731) and the finding gives each candidate's figures.
 
-This module imports neither torch nor onnxmedic's package at its top: its quantize step and
-its scoring run in optimize's children (``_child.py``).
+This module imports neither torch nor onnxmedic's package at its top (only the package
+contract, genpackage.py, which imports neither): its quantize step and its scoring run in
+optimize's children (``_child.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxmedic.genpackage import StepLayout, read_step
 from onnxmedic.optimize._child import run_request
 
 logger = logging.getLogger(__name__)
@@ -277,50 +280,6 @@ def judge(ref: dict[str, Any], got: dict[str, Any], budget: TaskBudget) -> dict[
 # the two sides: PyTorch in this process, ONNX Runtime in a child
 
 
-PACKAGE_PAST = "past_key_values."  # a generation package's past inputs (hf/generation.py)
-
-
-def step_feeds(names: Sequence[str], ids: np.ndarray, past: list[np.ndarray]
-               ) -> dict[str, np.ndarray]:
-    """The feeds of a step file: ``[input_ids, *past]`` in input order for a decoder step; for
-    a generation package's decoder also ``attention_mask`` (ones over past + new) and
-    ``position_ids`` (past .. total - 1), the past by name."""
-    if "attention_mask" not in names:
-        return dict(zip(names, [ids, *past]))
-    total = past[0].shape[2] + ids.shape[1] if past else ids.shape[1]
-    feeds = {"input_ids": ids, "attention_mask": np.ones((ids.shape[0], total), np.int64)}
-    if "position_ids" in names:
-        feeds["position_ids"] = np.broadcast_to(
-            np.arange(total - ids.shape[1], total, dtype=np.int64), ids.shape).copy()
-    feeds.update(zip([n for n in names if n.startswith(PACKAGE_PAST)], past))
-    return feeds
-
-
-def empty_past(onnx_path: str | os.PathLike[str]) -> list[np.ndarray]:
-    """Zero-length past tensors (batch 1) for the step file's past inputs (all but the first
-    input; a generation package's ``past_key_values.*``); raises ValueError when the file is
-    not a decoder step."""
-    import onnx
-
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
-    inits = {i.name for i in graph.initializer}
-    ins = [i for i in graph.input if i.name not in inits]
-    pasts = [i for i in ins if i.name.startswith(PACKAGE_PAST)]
-    if pasts and len(graph.output) == len(pasts) + 1:
-        ins = [ins[0], *pasts]
-    if len(ins) < 2 or len(graph.output) != len(ins):
-        raise ValueError(f"{onnx_path}: not a decoder step (input_ids + past -> logits + "
-                         f"present): {len(ins)} inputs, {len(graph.output)} outputs")
-    past = []
-    for i in ins[1:]:
-        dims = i.type.tensor_type.shape.dim
-        if len(dims) != 4 or not (dims[1].dim_value and dims[3].dim_value):
-            raise ValueError(f"{onnx_path}: past input {i.name!r} is not (batch, heads, "
-                             "past, head_dim) with fixed heads and head_dim")
-        past.append(np.zeros((1, dims[1].dim_value, 0, dims[3].dim_value), np.float32))
-    return past
-
-
 def torch_step(reference: Callable[..., Any]) -> Step:
     """A :data:`Step` over a PyTorch reference ``(input_ids, past) -> (logits, present)``."""
     import torch
@@ -335,19 +294,22 @@ def torch_step(reference: Callable[..., Any]) -> Step:
     return step
 
 
-def ort_step(onnx_path: str, threads: int = 2) -> Step:
-    """A :data:`Step` over an ONNX Runtime CPU session of the step file."""
+def ort_step(onnx_path: str, threads: int = 2, layout: StepLayout | None = None) -> Step:
+    """A :data:`Step` over an ONNX Runtime CPU session of the step file, fed as the package
+    contract says (``layout``: read from the file when None)."""
     import onnxruntime as ort
+
+    layout = layout or read_step(onnx_path)
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
     sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
+    names = [o.name for o in sess.get_outputs()]
 
     def step(ids: np.ndarray, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        out = sess.run(None, step_feeds(names, ids, past))
-        return out[0], out[1:]
+        out = dict(zip(names, sess.run(None, layout.feed(ids, past))))
+        return layout.logits(out), layout.presents(out)
 
     return step
 
@@ -356,24 +318,26 @@ def score_child(req_path: str, res_path: str) -> None:
     """The scoring child (run by _child.py): the request's file scored on its task data."""
     req = json.loads(Path(req_path).read_text())
     try:
-        past0 = empty_past(req["path"])
+        layout = (StepLayout.from_dict(req["layout"]) if req.get("layout")
+                  else read_step(req["path"]))
         data = TaskData(req["prompts"], req["text"])
-        out = {"ok": True, **score(ort_step(req["path"], req["threads"]), past0, data,
-                                   req["steps"], req["reference"])}
+        out = {"ok": True, **score(ort_step(req["path"], req["threads"], layout),
+                                   layout.empty_past(), data, req["steps"], req["reference"])}
     except Exception as e:  # noqa: BLE001 - reported as a rejected candidate
         out = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
     Path(res_path).write_text(json.dumps(out))
 
 
 def score_onnx(onnx_path: str | os.PathLike[str], data: TaskData, steps: int,
-               reference: list[list[int]], *, threads: int = 2, timeout: float = 600.0
-               ) -> dict[str, Any]:
+               reference: list[list[int]], *, threads: int = 2, timeout: float = 600.0,
+               layout: StepLayout | None = None) -> dict[str, Any]:
     """:func:`score` of the step file in ONNX Runtime (its picks along ``reference``, the
     PyTorch model's greedy tokens), in a child process (a crash or a hang past ``timeout`` is
-    ``ok=False`` with the reason)."""
+    ``ok=False`` with the reason). ``layout``: the step's contract where the file alone does
+    not say it (a candidate written away from its package's configs)."""
     request = {"path": str(Path(onnx_path).absolute()), "threads": threads,
                "prompts": data.prompts, "text": data.text, "steps": steps,
-               "reference": reference}
+               "reference": reference, "layout": layout.to_dict() if layout else None}
     with tempfile.TemporaryDirectory(prefix="onnxmedic-int4-") as tmp:
         run = run_request(f"{__name__}:score_child", request, tmp, cwd=tmp, timeout=timeout)
     if run.timed_out:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxmedic.genpackage import StepLayout, read_step
 from onnxmedic.optimize import int4, int4_text
 from onnxmedic.optimize.bench import bench
 from onnxmedic.optimize.passes import Pipeline, run_pipeline
@@ -152,18 +153,16 @@ class Int4Result:
         return d
 
 
-def decode_feeds(onnx_path: str, past: int = int4.DECODE_PAST, seed: int = 0
+def decode_feeds(layout: StepLayout, past: int = int4.DECODE_PAST, seed: int = 0
                  ) -> dict[str, np.ndarray]:
-    """One token after a past of ``past`` positions (random values): a decode step's feeds."""
-    import onnx
-
-    graph = onnx.load(onnx_path, load_external_data=False).graph
-    inits = {i.name for i in graph.initializer}
-    names = [i.name for i in graph.input if i.name not in inits]
+    """One token after a past of ``past`` positions (random values; fewer where the package's
+    context is shorter): a decode step's feeds."""
+    if layout.context:
+        past = max(1, min(past, layout.context - 1))
     rng = np.random.default_rng(seed)
-    pasts = [rng.standard_normal((1, p.shape[1], past, p.shape[3])).astype(np.float32)
-             for p in int4.empty_past(onnx_path)]
-    return int4.step_feeds(names, np.asarray([[5]], np.int64), pasts)
+    pasts = [rng.standard_normal((1, p.shape[1], past, p.shape[3])).astype(p.dtype)
+             for p in layout.empty_past()]
+    return layout.feed(np.asarray([[5]], np.int64), pasts)
 
 
 def file_bytes(path: str) -> int:
@@ -173,12 +172,14 @@ def file_bytes(path: str) -> int:
 
 
 def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: int4.TaskBudget,
-            *, threads: int, timeout: float, user: int4_text.UserText | None = None
-            ) -> Int4Candidate:
+            *, threads: int, timeout: float, user: int4_text.UserText | None = None,
+            layout: StepLayout | None = None) -> Int4Candidate:
     """Score ``c.path`` on the task (and on the held-out part of the ``user``'s text), judge
-    it, and time its decode step."""
+    it, and time its decode step; ``layout``: the step's contract (the file's own when
+    None)."""
+    layout = layout or read_step(c.path)
     got = int4.score_onnx(c.path, data, budget.steps, ref["tokens"], threads=threads,
-                          timeout=timeout)
+                          timeout=timeout, layout=layout)
     if not got.get("ok"):
         c.rejected = got.get("error", "scoring failed")
         return c
@@ -189,18 +190,18 @@ def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: 
     if "margins" in ref:
         c.divergence_margins = int4_text.divergence_margins(ref["margins"], c.first_divergence)
     if user is not None:
-        _judge_user_text(c, user, budget, threads=threads, timeout=timeout)
+        _judge_user_text(c, user, budget, threads=threads, timeout=timeout, layout=layout)
     c.size_bytes = file_bytes(c.path)
-    b = bench(c.path, decode_feeds(c.path), threads=threads, repeats=20, timeout=timeout)
+    b = bench(c.path, decode_feeds(layout), threads=threads, repeats=20, timeout=timeout)
     c.decode_ms = b.median_ms if b.ok else None
     return c
 
 
 def _judge_user_text(c: Int4Candidate, user: int4_text.UserText, budget: int4.TaskBudget, *,
-                     threads: int, timeout: float) -> None:
+                     threads: int, timeout: float, layout: StepLayout) -> None:
     """The candidate's perplexity on the held-out user text, judged by the same budget."""
     got = int4.score_onnx(c.path, int4.TaskData([], user.held), 0, [], threads=threads,
-                          timeout=timeout)
+                          timeout=timeout, layout=layout)
     if not got.get("ok"):
         c.rejected = "; ".join(filter(None, [c.rejected, got.get("error", "scoring failed")]))
         return
@@ -297,7 +298,8 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
     budget = budget or int4.DEFAULT_BUDGET
     src = str(onnx_path)
     t0 = time.perf_counter()
-    past0 = int4.empty_past(src)
+    layout = read_step(src)
+    past0 = layout.empty_past()
     ref_step = int4.torch_step(reference)
     data = data or task_data(src, ref_step, past0, tokenizer, budget)
     data = int4.TaskData(data.prompts[:budget.prompts], data.text, data.source)
@@ -318,7 +320,8 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
             cells += list(GPTQ_GRID if gptq_grid is None else gptq_grid)
         seconds = {"reference": time.perf_counter() - t0}
         t1 = time.perf_counter()
-        kw: dict[str, Any] = {"threads": threads, "timeout": timeout, "user": user}
+        kw: dict[str, Any] = {"threads": threads, "timeout": timeout, "user": user,
+                              "layout": layout}
         res.candidates.append(measure(Int4Candidate("fp32", path=src), ref, data, budget, **kw))
         cal = user.windows_path if user else None
         for cell in cells:
@@ -351,7 +354,7 @@ def optimize_decoder(onnx_path: str | os.PathLike[str], model: Any, *,
 
     budget = accuracy if isinstance(accuracy, int4.TaskBudget) else int4.parse_budget(accuracy)
     try:
-        int4.empty_past(str(onnx_path))
+        read_step(onnx_path).empty_past()
     except ValueError as e:
         raise OnnxMedicError(error("OM733", "optimize", str(e), suggestion="Export one "
                                    "decoding step with its past as bench/zoo/hf.py's DecodeStep "
@@ -457,8 +460,8 @@ def _merit(c: Int4Candidate) -> float:
 def layer_search(src: str, work: str, base: Int4Candidate, ref: dict[str, Any],
                  data: int4.TaskData, budget: int4.TaskBudget, *, threads: int = 2,
                  timeout: float = 600.0, max_keep: int = 16,
-                 user: int4_text.UserText | None = None, calibration: str | None = None
-                 ) -> list[Int4Candidate]:
+                 user: int4_text.UserText | None = None, calibration: str | None = None,
+                 layout: StepLayout | None = None) -> list[Int4Candidate]:
     """The per-layer search of an int4 candidate outside the budget: each layer it quantized
     kept float32 alone ranks the layers by what that buys (agreement minus the perplexity's
     rise); then the top 1, 2, 4, ... stay float32 (their original MatMul) until a candidate is
@@ -475,7 +478,8 @@ def layer_search(src: str, work: str, base: Int4Candidate, ref: dict[str, Any],
         c = build(src, work, cell, base.algo, exclude=[name], timeout=timeout,
                   calibration=calibration)
         if not c.rejected:
-            measure(c, ref, data, budget, threads=threads, timeout=timeout, user=user)
+            measure(c, ref, data, budget, threads=threads, timeout=timeout, user=user,
+                    layout=layout)
         gains[name] = _merit(c) - _merit(base)
     ranked = sorted(layers, key=lambda n: -gains[n])
     curve, k = [], 1
@@ -483,7 +487,8 @@ def layer_search(src: str, work: str, base: Int4Candidate, ref: dict[str, Any],
         c = build(src, work, cell, base.algo, exclude=ranked[:k], timeout=timeout,
                   calibration=calibration)
         if not c.rejected:
-            measure(c, ref, data, budget, threads=threads, timeout=timeout, user=user)
+            measure(c, ref, data, budget, threads=threads, timeout=timeout, user=user,
+                    layout=layout)
         curve.append(c)
         logger.info("int4 layer search: %s", c.figures())
         if c.within:

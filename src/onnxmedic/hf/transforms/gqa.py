@@ -1,5 +1,5 @@
 """MultiHeadAttention with its KV cache -> ONNX Runtime's GroupQueryAttention, on a generation
-package's decoder after onnxscript's fusions (optimize/fuse_decoder.py).
+package's decoder after onnxscript's fusions (hf/transforms/fuse_decoder.py).
 
 After the fusions each layer's attention is ``MultiHeadAttention(q, k, v, mask)`` over
 ``q`` = the rotated query, ``k`` / ``v`` = the KV heads repeated to every query head after

@@ -35,7 +35,10 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxmedic.genpackage import decoder_graph
+from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files
 from onnxmedic.onnxfile import replace_folder
+from onnxmedic.optimize.pass_infra import PassResult
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +149,7 @@ def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     proto = ir.to_proto(model)
     del model
     if gqa:
-        from onnxmedic.optimize.gqa import to_gqa
+        from onnxmedic.hf.transforms.gqa import to_gqa
 
         counts["group_query_attention"] = to_gqa(proto, max_positions)
     _resave(proto, dst, external)
@@ -175,6 +178,25 @@ def _rejected_finding(res: FuseResult, folder: Path) -> Any:
                  "position differ.")
 
 
+class FusePass(PackagePass):
+    """ONNX Runtime's fusions on the package's decoder (fuse_decoder.fuse_graph; with
+    ``gqa``, GroupQueryAttention with its KV cache updated in place: genai_config.json's
+    ``past_present_share_buffer`` on). ``info``: onnxscript's counts (``fusions``) and the
+    constant Wheres folded."""
+
+    def __init__(self, gqa: bool = True) -> None:
+        self.gqa = gqa
+
+    def call(self, src: Path, dst: Path) -> PassResult:
+        graph = decoder_graph(src)
+        copy_side_files(src, dst, graph.name)
+        counts, folded = fuse_graph(graph, dst / graph.name, gqa=self.gqa,
+                                    max_positions=context_length(dst))
+        if counts.get("group_query_attention"):
+            share_buffer(dst)
+        return PassResult(dst, True, {"fusions": counts, "folded_where": folded})
+
+
 def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
                  tokenizer: Any = None, *, steps: int = 8, prompts: Any = None,
                  genai: bool = True, timeout: float | None = None,
@@ -193,18 +215,14 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
     res = FuseResult()
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        for p in folder.iterdir():
-            if p.is_file() and not p.name.startswith(GRAPH):
-                shutil.copy2(p, tmp / p.name)
-        res.fusions, res.folded_where = fuse_graph(folder / GRAPH, tmp / GRAPH,
-                                                   max_positions=context_length(tmp))
-        if res.fusions.get("group_query_attention"):
-            share_buffer(tmp)
+        fused = FusePass()(folder, tmp)
+        res.fusions, res.folded_where = fused.info["fusions"], fused.info["folded_where"]
+        graph = decoder_graph(tmp)
         if mutate is not None:
-            proto = onnx.load(str(tmp / GRAPH))
+            proto = onnx.load(str(graph))
             mutate(proto)
-            _resave(proto, tmp / GRAPH)
-        res.ops = {k: v for k, v in op_counts(onnx.load(str(tmp / GRAPH),
+            _resave(proto, graph)
+        res.ops = {k: v for k, v in op_counts(onnx.load(str(graph),
                                                        load_external_data=False)).items()
                    if k in FUSED_OPS}
         res.check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,

@@ -1,19 +1,16 @@
 """``onnxmedic optimize PACKAGE_FOLDER hf:CHECKPOINT -o OUT_FOLDER [--precision fp32|int4]``:
 a generation package made fast, each step verified (docs/int4.md).
 
-``fp32``: the package fused (optimize/fuse_decoder.py: GroupQueryAttention with a shared KV
-buffer, SkipSimplifiedLayerNormalization), verified against PyTorch token by token. ``int4``:
-the fused package when it verifies (else the plain one) through optimize/int4_package.py's
-candidates and task budget (``--accuracy``). The checkpoint is the PyTorch model the package
-was exported from (a folder written by ``save_pretrained``, ``hf:`` optional).
+The package goes through hf/transforms/precision.py, as ``export hf:X --precision P`` does:
+``fp32`` fused, ``int4`` fused then judged by the task budget (``--accuracy``). The
+checkpoint is the PyTorch model the package was exported from (a folder written by
+``save_pretrained``, ``hf:`` optional).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +44,8 @@ def package_problem(folder: Path) -> Any:
     """Why ``folder`` is not a decoder generation package that optimize can read: OM014 when
     it holds no model.onnx, OM007 when that is not ONNX; None when it is one."""
     from onnxmedic.findings import error, listed
+    from onnxmedic.hf.transforms.fuse_decoder import GRAPH
     from onnxmedic.onnxfile import load_onnx
-    from onnxmedic.optimize.fuse_decoder import GRAPH
 
     graph = folder / GRAPH
     if not graph.is_file():
@@ -65,50 +62,39 @@ def cli_package(ns: Any) -> int:
     """The package branch of ``onnxmedic optimize``: 0 written, 1 not (a finding says why),
     2 for a bad flag."""
     from onnxmedic.findings import OnnxMedicError, refuse
-    from onnxmedic.optimize.fuse_decoder import fuse_package
+    from onnxmedic.genpackage import NotAStep, read_package
+    from onnxmedic.hf.transforms.int4_package import not_fed
+    from onnxmedic.hf.transforms.precision import package_precision, precision_problem
+    from onnxmedic.optimize import int4
+    from onnxmedic.optimize.int4_search import print_result
 
-    if ns.precision not in ("fp32", "int4") or ns.target != "cpu" or not ns.output:
-        sys.stderr.write("onnxmedic optimize: error: a generation package folder takes "
-                         "--precision fp32 or int4, --target cpu and -o OUT_FOLDER\n")
+    bad = precision_problem(ns.precision, ns.target) or (None if ns.output else
+                                                          "-o OUT_FOLDER is required")
+    try:
+        budget = int4.parse_budget(ns.accuracy) if ns.precision == "int4" else None
+    except ValueError as e:
+        bad = str(e)
+    if bad:
+        sys.stderr.write(f"onnxmedic optimize: error: {bad}\n")
         return 2
-    if (bad := package_problem(Path(ns.onnx))) is not None:
-        return refuse(bad)  # before the checkpoint is loaded
+    if (unreadable := package_problem(Path(ns.onnx))) is not None:
+        return refuse(unreadable)  # before the checkpoint is loaded
+    try:  # the package first: a folder its contract cannot feed is said before loading
+        read_package(ns.onnx).empty_past()
+    except NotAStep as e:
+        _print([not_fed(Path(ns.onnx), e)])
+        return 1
     try:
         model, tok = load_reference(ns.model)
     except OnnxMedicError as err:
         return refuse(err.finding)
-    out = Path(ns.output)
-    if ns.precision == "fp32":
-        res = fuse_package(ns.onnx, out, model, tok, timeout=ns.timeout)
-        _print(res.findings)
-        return 0 if res.ok else 1
-    return _int4(ns, model, tok, out)
-
-
-def _int4(ns: Any, model: Any, tok: Any, out: Path) -> int:
-    from onnxmedic.optimize import int4
-    from onnxmedic.optimize.fuse_decoder import fuse_package
-    from onnxmedic.optimize.int4_package import int4_package
-    from onnxmedic.optimize.int4_search import print_result
-
-    try:
-        budget = int4.parse_budget(ns.accuracy)
-    except ValueError as e:
-        sys.stderr.write(f"onnxmedic optimize: error: {e}\n")
-        return 2
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.fused-", dir=out.parent))
-    try:
-        fused = fuse_package(ns.onnx, work / "fused", model, tok, timeout=ns.timeout)
-        src = work / "fused" if fused.ok else Path(ns.onnx)
-        print(f"int4 of the {'fused' if fused.ok else 'plain'} package "
-              f"({'; '.join(f.message for f in fused.findings if f.code in ('OM734', 'OM735'))})")
-        res = int4_package(src, out, model, tok, budget=budget, threads=ns.threads,
-                           timeout=ns.timeout)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    if res.search is not None:
-        print_result(res.search)
-    _print([f for f in res.findings if f.code not in ("OM730", "OM731", "OM732")])
+    res = package_precision(ns.onnx, ns.output, model, tok, ns.precision, budget=budget,
+                            threads=ns.threads, timeout=ns.timeout, say=print)
+    if res.int4 is not None and res.int4.search is not None:
+        print_result(res.int4.search)
+    # OM734/OM735 were said before int4 ran; OM730-OM732 are in the table
+    _print([f for f in res.findings
+            if f.code not in ("OM730", "OM731", "OM732", "OM734", "OM735")])
     return 0 if res.ok else 1
 
 

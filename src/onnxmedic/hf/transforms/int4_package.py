@@ -26,12 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from onnxmedic.genpackage import NotAStep, decoder_graph, read_package, read_step
 from onnxmedic.onnxfile import replace_folder
 
 logger = logging.getLogger(__name__)
-
-GRAPH = "model.onnx"
-
 
 class PackageReference:
     """The PyTorch side of int4's step contract for a generation package's model:
@@ -75,30 +73,42 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
     grid when None; ``search``: its per-layer search where no cell is within the budget).
     Nothing is written at ``out`` unless a candidate is within the budget and
     onnxruntime-genai generates its tokens."""
+    from onnxmedic.hf.transforms.passes import copy_side_files, interface_change
     from onnxmedic.optimize import int4
     from onnxmedic.optimize.int4_search import optimize_int4
 
     folder, out = Path(folder), Path(out)
     res = Int4PackageResult()
+    try:
+        read_package(folder).empty_past()
+    except NotAStep as e:
+        res.findings.append(not_fed(folder, e))
+        return res
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        search = optimize_int4(folder / GRAPH, PackageReference(model), out=tmp / GRAPH,
+        graph = decoder_graph(folder)
+        dst = tmp / graph.name
+        search = optimize_int4(graph, PackageReference(model), out=dst,
                                tokenizer=tokenizer, budget=budget, grid=grid,
                                search=search, threads=threads, timeout=timeout)
         res.search = search
         res.findings.extend(search.findings())
         if not search.ok:
             return res
-        save_external(tmp / GRAPH)
-        _copy_side_files(folder, tmp)
+        save_external(dst)
+        copy_side_files(folder, tmp, graph.name)
+        why = interface_change(folder, tmp)
+        if why is not None:  # the quantizer keeps the graph's inputs and outputs: a bug here
+            raise RuntimeError(f"int4 of the package: {why}")
         b = budget or int4.DEFAULT_BUDGET
         prompts = (int4.builtin_data(tokenizer.encode, b.prompts).prompts
                    if tokenizer is not None else
                    [[int(t) for t in np.random.default_rng(i).integers(4, 64, 4)]
                     for i in range(b.prompts)])
         steps = b.steps
-        step = int4.ort_step(str(tmp / GRAPH), threads)
-        past0 = int4.empty_past(tmp / GRAPH)
+        layout = read_step(dst)
+        step = int4.ort_step(str(dst), threads, layout)
+        past0 = layout.empty_past()
         res.tokens_onnx = [int4.generate(step, past0, p, steps) for p in prompts]
         if genai and not _genai_agrees(res, tmp, prompts, steps, timeout):
             return res
@@ -107,6 +117,16 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         return res
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def not_fed(folder: Path, e: Exception) -> Any:
+    """OM839: the package's decoder cannot be fed a step (the contract says why)."""
+    from onnxmedic.findings import error
+
+    return error("OM839", "optimize", f"cannot transform the package {folder}: its decoder "
+                 f"cannot be fed a step: {e}", suggestion="Give a package folder "
+                 "onnxmedic or onnxruntime-genai's builder wrote (model.onnx with "
+                 "past_key_values.* inputs and genai_config.json beside it).")
 
 
 def save_external(path: str | os.PathLike[str]) -> None:
@@ -122,12 +142,6 @@ def save_external(path: str | os.PathLike[str]) -> None:
     data.unlink(missing_ok=True)  # onnx appends to an existing data file
     onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data.name, size_threshold=1024)
-
-
-def _copy_side_files(folder: Path, tmp: Path) -> None:
-    for p in folder.iterdir():
-        if p.is_file() and not p.name.startswith(GRAPH):
-            shutil.copy2(p, tmp / p.name)
 
 
 def _genai_agrees(res: Int4PackageResult, tmp: Path, prompts: list[list[int]], steps: int,
