@@ -171,7 +171,7 @@ def _export_generation(loaded: Loaded, f: Any, opset: Any, verify: bool, report:
 
 def _not_fusable(task: str, options: dict[str, Any]) -> str | None:
     """Why ``--optimize`` does not apply to this package (None when it does, or when not
-    asked for): a decoder package is fused at float32 (optimize/fuse_decoder.py)."""
+    asked for): a decoder package is fused at float32 (hf/transforms/fuse_decoder.py)."""
     if not options.get("optimize"):
         return None
     if task != "text-generation-with-past":
