@@ -573,6 +573,21 @@ CODES: dict[str, CodeInfo] = {
         "one (the file's metadata onnxmedic.int8.verified_on); its settings do not saturate "
         "here, but it was not verified here.",
     ),
+    "OM546": CodeInfo(
+        "int8 kernels saturate on this CPU: verified with session.x64quantprecision", 0,
+        "verify: a QDQ/QOperator file's outputs differ with ONNX Runtime's default int8 kernels "
+        "and with its session setting session.x64quantprecision=1, so this CPU's u8s8 kernels "
+        "saturate (x86-64 AVX2 without VNNI). The default is outside the budget, the setting "
+        "verifies it: both figures are given, the file's metadata (onnxmedic.ort.session_config)"
+        " records the setting, `onnxmedic run` uses it, and the user's own SessionOptions need "
+        "it on such CPUs. The file is correct; the CPU's default kernels are not exact.",
+    ),
+    "OM547": CodeInfo(
+        "int8 kernels saturate on this CPU, and the file fails with the exact ones too", 0,
+        "verify: as OM546, the u8s8 kernels saturate on this CPU, but the file is outside the "
+        "budget with session.x64quantprecision=1 as well: something besides the instruction "
+        "set is wrong (the OM601 beside it says what).",
+    ),
     # OM6xx: numbers
     "OM601": CodeInfo(
         "output values differ from PyTorch", 1,

@@ -35,6 +35,17 @@ PORTABLE = "portable"
 VERIFIED_KEY = "onnxmedic.int8.verified_on"  # metadata_props: the instruction set verified on
 SETTINGS_KEY = "onnxmedic.int8.settings"  # metadata_props: "portable" or the named isa
 ENV = "ONNXMEDIC_CPU_ISA"
+# ONNX Runtime's session config entry kOrtSessionOptionsAvx2PrecisionMode
+# (onnxruntime_session_options_config_keys.h): "1" makes its x86-64 graph optimizer turn the
+# int8 weights of QLinearConv, MatMulInteger, QGemm, DynamicQuantizeMatMul and QDQ groups into
+# uint8 (Avx2WeightS8ToU8Transformer), so the u8u8 kernels run: no pair of products added in
+# int16, nothing saturates. It acts on every x86-64 CPU with AVX2 (VNNI or not: u8u8 is slower
+# there and computes the same integers), at the default (or extended) optimization level.
+PRECISION_CONFIG = {"session.x64quantprecision": "1"}
+# metadata_props: the session config entries (JSON) the file was verified with and needs
+SESSION_CONFIG_KEY = "onnxmedic.ort.session_config"
+PRECISION_LINE = ('opts.add_session_config_entry("session.x64quantprecision", "1")  '
+                  "# opts = onnxruntime.SessionOptions()")
 INT8_OPS = ("MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "QuantizeLinear",
             "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention",
             "MatMulNBits")
@@ -199,3 +210,78 @@ def target_arg(value: str) -> str:
         raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from cpu, "
                                          f"cpu:{', cpu:'.join(ISAS)}, cuda, tensorrt)")
     return value
+
+
+def integer_kernels(proto: Any) -> bool:
+    """Whether the graph has ops ONNX Runtime may run with its u8s8 integer kernels (QDQ
+    groups, QOperator ops, MatMulInteger...; weight-only MatMulNBits saturates nowhere)."""
+    ops = set(INT8_OPS) - {"MatMulNBits"}
+    return any(n.op_type in ops for n in proto.graph.node)
+
+
+def session_config_of(proto: Any) -> dict[str, str]:
+    """The session config entries the file records (SESSION_CONFIG_KEY), {} when none (or
+    unreadable)."""
+    import json
+
+    text = _meta(proto).get(SESSION_CONFIG_KEY)
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        logger.warning("metadata %s is not JSON: %r", SESSION_CONFIG_KEY, text[:200])
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def precision_findings(stage: str, default: dict[str, Any], precise: dict[str, Any],
+                       verified: bool) -> list[Any]:
+    """verify: the file's outputs with ONNX Runtime's default int8 kernels and with
+    PRECISION_CONFIG differ on this CPU, so its u8s8 kernels saturate (AVX2 without VNNI).
+    ``default`` / ``precise``: the worst output's figures each way (output, max_abs, steps:
+    in quantization steps of its DequantizeLinear or None, ok). OM546 when the default fails
+    and the setting verifies it (the setting is then part of the file: its metadata and
+    ``onnxmedic run`` carry it); OM547 (with OM601) when it fails both ways (the instruction set
+    is not all that is wrong)."""
+    from onnxmedic.findings import info, warning
+
+    def fig(f: dict[str, Any]) -> str:
+        steps = f" ({f['steps']:.3g} quantization steps)" if f.get("steps") is not None else ""
+        return f"max abs error {f['max_abs']:.3g}{steps} on output {f['output']}"
+
+    key, value = next(iter(PRECISION_CONFIG.items()))
+    details = {"isa": "avx2", "setting": f"{key}={value}", "session_config": PRECISION_CONFIG,
+               "default": default, "with_setting": precise, "present": present_isa()}
+    both = (f"With ONNX Runtime's default int8 kernels: {fig(default)}; with the session "
+            f"setting {key}={value} (u8u8 kernels, nothing saturates): {fig(precise)}.")
+    why = ("ONNX Runtime's u8s8 integer kernels compute this file differently with and without "
+           f"{key}, so on this CPU they add pairs of uint8 x int8 products in int16 and "
+           "saturate: an x86-64 CPU with AVX2 and without VNNI (Haswell to Skylake client, AMD "
+           "before Zen 4).")
+    if verified:
+        return [warning(
+            "OM546", stage, f"{why} {both} The file is correct and verifies with the setting; "
+            "it is verified with it, its metadata records it "
+            f"({SESSION_CONFIG_KEY}), and `onnxmedic run` uses it.",
+            suggestion=f"Deploy it with the setting in your own session options: {PRECISION_LINE}"
+            " (it is needed on AVX2 CPUs without VNNI; on others it only slows the int8 "
+            "kernels: docs/optimize-isa.md). Or quantize with 7-bit weights (reduce_range), "
+            "which do not saturate.", details=details)]
+    return [info(
+        "OM547", stage, f"{why} {both} The file fails both ways: besides the saturation, "
+        "its values are wrong (OM601).", details=details,
+        suggestion="Check the quantization parameters (scales, zero points) and the "
+        "translation: `onnxmedic verify --localize`.")]
+
+
+def record_session_config(path: Any, proto: Any, findings: list[Any]) -> None:
+    """A file verified with the setting (OM546) records it in its metadata
+    (SESSION_CONFIG_KEY), for ``onnxmedic run``, verify and the user's own sessions."""
+    import json
+
+    from onnxmedic.onnxfile import append_metadata
+
+    needed = next((f.details["session_config"] for f in findings if f.code == "OM546"), None)
+    if needed and session_config_of(proto) != needed:
+        append_metadata(path, SESSION_CONFIG_KEY, json.dumps(needed, sort_keys=True), proto)

@@ -172,3 +172,52 @@ def quantized_outputs_finding(outputs: list[Any]) -> Finding | None:
         "`y.int_repr()` with its scale and zero point), or use the quantized_decomposed "
         "ops (PT2E form), which export as ONNX QDQ. " + SUGGESTION,
         details={"outputs": bad})
+
+
+class WeightZeroPoints:
+    """Fix: each DequantizeLinear of a constant int8 weight gets a zero point of its own.
+
+    torch.onnx writes one initializer for equal constants, so the weights of a PT2E model share
+    one zero point (int8 0). ONNX Runtime 1.32's x86-64 graph optimizer with
+    session.x64quantprecision=1 (isa.PRECISION_CONFIG) converts each int8 weight and its zero
+    point to uint8 and fails to load such a file ("AddInitializedOrtValue Attempt to replace
+    the existing tensor"): a file that is to be verified and deployed with the setting needs
+    its own zero point per weight. The values are the same; only names change."""
+
+    name = "weight zero points of their own"
+
+    @staticmethod
+    def _shared(graph: Any) -> list[tuple[Any, Any]]:
+        out = []
+        inits = graph.initializers
+        for node in graph:
+            if node.op_type != "DequantizeLinear" or len(node.inputs) < 3:
+                continue
+            w, zp = node.inputs[0], node.inputs[2]
+            if (w is None or zp is None or w.name not in inits or zp.name not in inits
+                    or w.const_value is None or str(w.const_value.dtype) != "INT8"):
+                continue
+            if len(zp.uses()) > 1:
+                out.append((node, zp))
+        return out
+
+    def check(self, model: Any) -> str | None:
+        """None when a constant int8 weight's DequantizeLinear shares its zero point."""
+        if self._shared(model.graph):
+            return None
+        return "no int8 weight's DequantizeLinear shares its zero point"
+
+    def apply(self, model: Any) -> int:
+        """Give each such DequantizeLinear (beyond the first user) its own copy; the count."""
+        import onnx_ir as ir
+
+        graph, n = model.graph, 0
+        for node, zp in self._shared(graph):
+            if len(zp.uses()) < 2:  # the last user keeps the original
+                continue
+            copy = ir.Value(name=f"{zp.name}_{node.name or n}", type=zp.type, shape=zp.shape,
+                            const_value=zp.const_value)
+            graph.register_initializer(copy)
+            node.replace_input_with(2, copy)
+            n += 1
+        return n
