@@ -7,7 +7,10 @@ budget of one quantization step of its DequantizeLinear (a fault beyond it is ca
 
 from __future__ import annotations
 
+import platform
+import shutil
 import warnings
+from typing import Any
 
 import numpy as np
 import onnx
@@ -16,11 +19,19 @@ import torch
 from torch import nn
 
 import onnxmedic
-from onnxmedic import borrow
+from onnxmedic import borrow, isa, sandbox
 from onnxmedic.verify.budget import RULE_QUANT, judge_quantized, quantization_scales
 from onnxmedic.verify.compare import compare_arrays
 
 warnings.filterwarnings("ignore", message=".*quantiz.*")
+
+QEMU = shutil.which("qemu-x86_64")
+QEMU_CPU = "Haswell-noTSX,-pcid,-x2apic,-tsc-deadline,-invpcid"  # what QEMU's TCG emulates
+# the ISA lane: ONNX Runtime as on an AVX2-only CPU (no VNNI), where .ci/run installed QEMU
+needs_qemu = pytest.mark.skipif(
+    QEMU is None or platform.machine() != "x86_64",
+    reason="needs qemu-x86_64 on an x86-64 machine to run ONNX Runtime as on an AVX2-only "
+    "CPU (apt-get install qemu-user; .ci/run does)")
 
 
 class Mlp(nn.Module):
@@ -208,10 +219,9 @@ def test_one_quantization_step_is_the_budget() -> None:
     assert not judge_quantized(compare_arrays("y", exp, act), exp, act, s).ok
 
 
-def test_pt2e_quantized_model_exports_and_verifies(tmp_path) -> None:
-    """The real PT2E flow (torchao's prepare_pt2e / convert_pt2e with the XNNPACK quantizer;
-    torch 2.13 moved PT2E out of torch.ao). The exported module refused eval() with
-    NotImplementedError, which ended in OM009."""
+def _pt2e_model() -> torch.fx.GraphModule:
+    """The real PT2E flow (torchao's prepare_pt2e / convert_pt2e with the XNNPACK quantizer,
+    symmetric int8; torch 2.13 moved PT2E out of torch.ao): int8 activations and weights."""
     pytest.importorskip("torchao")
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.testing.pt2e._xnnpack_quantizer import (
@@ -224,11 +234,120 @@ def test_pt2e_quantized_model_exports_and_verifies(tmp_path) -> None:
     prepared = prepare_pt2e(gm, XNNPACKQuantizer().set_global(
         get_symmetric_quantization_config()))
     prepared(X)
-    model = convert_pt2e(prepared)
-    result = onnxmedic.export(model, (X,), tmp_path / "p.onnx")
+    return convert_pt2e(prepared)
+
+
+def test_pt2e_quantized_model_exports_and_verifies(tmp_path) -> None:
+    """The exported module refused eval() with NotImplementedError, which ended in OM009. It
+    verifies on every x86-64 CPU: where ONNX Runtime's u8s8 kernels add in int32 (VNNI, AMX,
+    arm64) as it is; where they saturate (AVX2 without VNNI: 46 quantization steps off by
+    default) with session.x64quantprecision=1, which OM546 names with both figures and the
+    file's metadata records (the QEMU Haswell test below checks that side everywhere)."""
+    result = onnxmedic.export(_pt2e_model(), (X,), tmp_path / "p.onnx")
     assert result.ok, [(f.code, f.message) for f in result.findings]
-    ops = [n.op_type for n in onnx.load(tmp_path / "p.onnx").graph.node]
+    proto = onnx.load(tmp_path / "p.onnx")
+    ops = [n.op_type for n in proto.graph.node]
     assert "QuantizeLinear" in ops and "DequantizeLinear" in ops
+    codes = [f.code for f in result.findings]
+    assert "OM601" not in codes and "OM610" not in codes
+    saturates = platform.machine() in ("x86_64", "AMD64") and isa.u8s8_saturates()
+    assert ("OM546" in codes) == saturates
+    assert (isa.session_config_of(proto) == isa.PRECISION_CONFIG) == saturates
+
+
+def test_the_setting_loads_a_file_whose_weights_share_a_zero_point(tmp_path) -> None:
+    """torch.onnx writes one int8 zero point for all weights; ONNX Runtime 1.32 with
+    session.x64quantprecision=1 fails to load that on x86-64 ("Attempt to replace the existing
+    tensor"). The written file gives each weight's DequantizeLinear its own (the same values):
+    it loads with the setting and computes what it computes without it (here, within one
+    quantization step of PyTorch on any CPU)."""
+    import onnxruntime as ort
+
+    model = _pt2e_model()
+    path = tmp_path / "p.onnx"
+    assert onnxmedic.export(model, (X,), path).ok
+    proto = onnx.load(path)
+    weight_dqs = [n for n in proto.graph.node if n.op_type == "DequantizeLinear"
+                  and n.input[0].startswith("_frozen_param")]
+    assert len(weight_dqs) == 2 and weight_dqs[0].input[2] != weight_dqs[1].input[2]
+
+    def run(p) -> np.ndarray:
+        opts = ort.SessionOptions()
+        for k, v in isa.PRECISION_CONFIG.items():
+            opts.add_session_config_entry(k, v)
+        sess = ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
+        return sess.run(None, {sess.get_inputs()[0].name: X.numpy()})[0]
+
+    step = next(iter(quantization_scales(proto).values()))
+    assert np.abs(run(path) - model(X).detach().numpy()).max() <= step * (1 + 1e-6)
+    shared = onnx.load(path)  # the same file with the zero point shared again
+    by_dq = [n for n in shared.graph.node if n.op_type == "DequantizeLinear"
+             and n.input[0].startswith("_frozen_param")]
+    by_dq[1].input[2] = by_dq[0].input[2]
+    onnx.save(shared, tmp_path / "shared.onnx")
+    if platform.machine() in ("x86_64", "AMD64"):
+        with pytest.raises(Exception, match="replace the existing tensor"):
+            run(tmp_path / "shared.onnx")
+
+
+def _export_on_haswell(tmp_path, monkeypatch) -> tuple[torch.fx.GraphModule, Any, Any]:
+    """The PT2E model exported with the sandbox's ONNX Runtime under QEMU's Haswell (AVX2, no
+    VNNI), as on the AMD EPYC of issue 53: (model, result, path)."""
+    model = _pt2e_model()
+    monkeypatch.setenv(sandbox.WRAPPER_ENV, f"{QEMU} -cpu {QEMU_CPU}")
+    path = tmp_path / "p.onnx"
+    return model, onnxmedic.export(model, (X,), path), path
+
+
+@needs_qemu
+def test_pt2e_model_on_avx2_verifies_with_the_setting_and_runs_with_it(
+        tmp_path, monkeypatch) -> None:
+    """By default the file's output is ~46 quantization steps off on AVX2 (u8s8 saturates),
+    which was refused as OM601/OM610 ("check the translation of aten::linear"). Now: OM546
+    names the instruction set and the setting with both figures, the file verifies with it
+    and records it, and `onnxmedic run` uses it (within a step of PyTorch)."""
+    model, result, path = _export_on_haswell(tmp_path, monkeypatch)
+    assert result.ok, [(f.code, f.message) for f in result.findings]
+    codes = [f.code for f in result.findings]
+    assert "OM601" not in codes and "OM610" not in codes
+    found = next(f for f in result.findings if f.code == "OM546")
+    default, precise = found.details["default"], found.details["with_setting"]
+    assert not default["ok"] and default["steps"] > 10  # 46 steps on the EPYC
+    assert precise["ok"] and precise["steps"] <= 1
+    assert found.details["isa"] == "avx2" and "session.x64quantprecision" in found.message
+    assert 'add_session_config_entry("session.x64quantprecision", "1")' in found.suggestion
+    proto = onnx.load(path)
+    assert isa.session_config_of(proto) == isa.PRECISION_CONFIG
+
+    ran = onnxmedic.run(path, [X.numpy()])
+    assert ran.ok and "OM548" in [f.code for f in ran.findings]
+    step = next(iter(quantization_scales(proto).values()))
+    out = next(iter(ran.outputs.values()))
+    assert np.abs(out - model(X).detach().numpy()).max() <= step * (1 + 1e-6)
+
+
+@pytest.mark.slow
+@needs_qemu
+def test_a_wrong_scale_on_avx2_fails_with_the_setting_too(tmp_path, monkeypatch) -> None:
+    """Fault injection: the setting does not hide a real fault. The file's output scale 10%
+    off, verified as a user's file (no setting recorded) on the emulated Haswell: it fails
+    both ways - OM601, with OM547 saying the kernels saturate here but that is not all."""
+    model, result, path = _export_on_haswell(tmp_path, monkeypatch)
+    assert result.ok
+    bad = onnx.load(path)
+    del bad.metadata_props[:]
+    out_dq = next(n for n in bad.graph.node if n.output[0] == bad.graph.output[0].name)
+    scale = next(onnx.numpy_helper.to_array(t) for t in bad.graph.initializer
+                 if t.name == out_dq.input[1])
+    bad.graph.initializer.append(onnx.numpy_helper.from_array(
+        (scale * 1.1).astype(np.float32), "bad_scale"))
+    out_dq.input[1] = "bad_scale"
+    onnx.save(bad, tmp_path / "bad_scale.onnx")
+    r = onnxmedic.verify(tmp_path / "bad_scale.onnx", model, (X,))
+    codes = [f.code for f in r.findings]
+    assert not r.ok and "OM601" in codes and "OM547" in codes and "OM546" not in codes
+    found = next(f for f in r.findings if f.code == "OM547")
+    assert not found.details["default"]["ok"] and not found.details["with_setting"]["ok"]
 
 
 def test_an_exported_module_that_refuses_eval_is_exported() -> None:

@@ -588,6 +588,13 @@ CODES: dict[str, CodeInfo] = {
         "budget with session.x64quantprecision=1 as well: something besides the instruction "
         "set is wrong (the OM601 beside it says what).",
     ),
+    "OM548": CodeInfo(
+        "file verified with ONNX Runtime session settings", 0,
+        "doctor/run: the file records the ONNX Runtime session config entries it was verified "
+        "with (metadata onnxmedic.ort.session_config, e.g. session.x64quantprecision=1 after "
+        "OM546); onnxmedic runs it with them, and the finding shows the line a user's own "
+        "SessionOptions need.",
+    ),
     # OM6xx: numbers
     "OM601": CodeInfo(
         "output values differ from PyTorch", 1,

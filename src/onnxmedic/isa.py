@@ -285,3 +285,20 @@ def record_session_config(path: Any, proto: Any, findings: list[Any]) -> None:
     needed = next((f.details["session_config"] for f in findings if f.code == "OM546"), None)
     if needed and session_config_of(proto) != needed:
         append_metadata(path, SESSION_CONFIG_KEY, json.dumps(needed, sort_keys=True), proto)
+
+
+def session_config_finding(proto: Any, stage: str) -> list[Any]:
+    """doctor and run: OM548 when the file records session config entries it was verified with
+    (SESSION_CONFIG_KEY); run and doctor's smoke test use them."""
+    from onnxmedic.findings import info
+
+    config = session_config_of(proto)
+    if not config:
+        return []
+    lines = "; ".join(f'opts.add_session_config_entry("{k}", "{v}")'
+                      for k, v in config.items())
+    return [info(
+        "OM548", stage, f"the file records the ONNX Runtime session settings it was verified "
+        f"with ({SESSION_CONFIG_KEY}: {', '.join(f'{k}={v}' for k, v in config.items())}); "
+        "onnxmedic runs it with them.", details={"session_config": config},
+        suggestion=f"Your own sessions need them too: {lines} (docs/optimize-isa.md).")]
