@@ -86,11 +86,10 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def u8s8_saturates() -> bool:
-    """Whether ONNX Runtime's u8s8 MatMulInteger saturates on this CPU: a model built to
-    (2 x 255 x 127 per pair of products) run in this process."""
+def _probe_model() -> tuple[bytes, dict[str, Any], int]:
+    """A MatMulInteger built to saturate u8s8 (2 x 255 x 127 per pair of products): the
+    model, its feed and the exact result."""
     import numpy as np
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     k = 64
@@ -101,21 +100,53 @@ def u8s8_saturates() -> bool:
         [numpy_helper.from_array(np.full((k, 1), 127, np.int8), "B")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    got = sess.run(None, {"A": np.full((1, k), 255, np.uint8)})[0]
-    return int(got[0, 0]) != 255 * 127 * k
+    return model.SerializeToString(), {"A": np.full((1, k), 255, np.uint8)}, 255 * 127 * k
 
 
-@functools.lru_cache(maxsize=1)
+def u8s8_saturates(in_sandbox: bool = False) -> bool:
+    """Whether ONNX Runtime's u8s8 MatMulInteger saturates on this CPU: a model built to
+    saturate, run in this process, or with ``in_sandbox`` where the sandbox runs ONNX Runtime
+    (under sandbox.WRAPPER_ENV's command, e.g. QEMU's Haswell, where one is set)."""
+    import tempfile
+    from pathlib import Path
+
+    model, feed, exact = _probe_model()
+    if not in_sandbox:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        return int(sess.run(None, feed)[0][0, 0]) != exact
+    from onnxmedic import sandbox
+
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-probe-") as tmp:
+        path = Path(tmp) / "probe.onnx"
+        path.write_bytes(model)
+        out = sandbox.run_model(path, [feed], fresh=True)
+    if not out.ok:
+        raise RuntimeError(f"u8s8 probe: {out.summary()}")
+    return int(out.outputs[0][0][0, 0]) != exact
+
+
 def _detected() -> str:
+    from onnxmedic.sandbox import WRAPPER_ENV
+
+    return _detected_with(os.environ.get(WRAPPER_ENV, ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _detected_with(wrapper: str) -> str:
+    """The instruction set where the sandbox runs ONNX Runtime (in this process when no
+    ``wrapper`` command is set: the same CPU)."""
     machine = platform.machine().lower()
     if machine in ("aarch64", "arm64"):
         return "arm64"
     if machine not in ("x86_64", "amd64"):
         return machine
     try:
-        if u8s8_saturates():
+        if u8s8_saturates(in_sandbox=bool(wrapper)):
             return "avx2"
+        if wrapper:  # an emulated CPU that adds in int32: this machine's flags are not its
+            return "avx512-vnni"
     except Exception as e:  # noqa: BLE001 - no runtime: tell by the flags alone
         logger.debug("u8s8 probe failed: %s", e)
     flags = _cpu_flags()
