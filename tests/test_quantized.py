@@ -1,7 +1,9 @@
-"""Quantized torch.ao models (issue 41). Eager quantize_dynamic, eager prepare + convert and
-FX prepare_fx + convert_fx run PyTorch's own quantized kernels: each ends in a precise finding
-naming the op, the modules and the way around it (OM211; a quantized input tensor: OM212),
-never in an internal error. PT2E-style models (float tensors with quantized_decomposed
+"""Quantized torch.ao models (issues 41, 53). Eager quantize_dynamic (Linear) and eager
+prepare + convert (Quantize, Conv2d, ConvReLU2d, Linear, DeQuantize) export as the arithmetic
+their quantized kernels compute and verify against PyTorch's own quantized run (OM620). What
+has no ONNX form (FX's prepare_fx + convert_fx, QFunctional, a quantized LSTM) ends in a
+precise finding naming the op, the modules and the way around it (OM211; a quantized input
+tensor: OM212), never in an internal error. PT2E-style models (float tensors with quantized_decomposed
 quantize/dequantize ops) export to ONNX QDQ form and verify, each QDQ output judged with a
 budget of one quantization step of its DequantizeLinear (a fault beyond it is caught)."""
 
@@ -73,18 +75,72 @@ def _fx() -> nn.Module:
     return convert_fx(p)
 
 
+class AddStubbed(nn.Module):
+    """Eager static with a FloatFunctional add (QFunctional once converted): no ONNX form."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = torch.ao.quantization.QuantStub()
+        self.fc = nn.Linear(8, 8)
+        self.add = torch.ao.nn.quantized.FloatFunctional()
+        self.dequant = torch.ao.quantization.DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.quant(x)
+        return self.dequant(self.add.add(self.fc(x), x))
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.quant = torch.ao.quantization.QuantStub()
+        self.conv, self.relu = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()
+        self.conv2 = nn.Conv2d(8, 4, 3)
+        self.dequant = torch.ao.quantization.DeQuantStub()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dequant(self.conv2(self.relu(self.conv(self.quant(x)))))
+
+
+XC = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+def _static(model: nn.Module, x: torch.Tensor, fuse: list[list[str]] | None = None
+            ) -> nn.Module:
+    torch.manual_seed(0)
+    m = model.eval()
+    if fuse:
+        m = torch.ao.quantization.fuse_modules(m, fuse)
+    m.qconfig = torch.ao.quantization.get_default_qconfig("x86")
+    torch.ao.quantization.prepare(m, inplace=True)
+    m(x)
+    return torch.ao.quantization.convert(m, inplace=True)
+
+
+def _eager_add() -> nn.Module:
+    torch.manual_seed(0)
+    return _static(AddStubbed(), X)
+
+
+def _eager_lstm() -> nn.Module:
+    torch.manual_seed(0)
+    return torch.ao.quantization.quantize_dynamic(
+        nn.LSTM(8, 16, batch_first=True).eval(), {nn.LSTM}, dtype=torch.qint8)
+
+
 @pytest.mark.parametrize(("make", "op", "modules"), [
-    (_eager_dynamic, "quantized::linear_dynamic", ["fc1", "fc2"]),
-    (_eager_static, "quantized::linear", ["mlp.fc1", "mlp.fc2"]),
     (_fx, "quantized::linear_relu", ["fc1"]),
+    (_eager_add, "quantized::linear", ["fc"]),
 ])
 def test_torch_ao_quantized_models_end_in_a_precise_finding(make, op, modules) -> None:
+    """A quantized op with no ONNX form (FX's graph calls, QFunctional's add) keeps its
+    precise refusal: OM211 for each kernel, never an internal error."""
     model = make()
     given = borrow.copy_inputs((X,))
     result = onnxmedic.export(model, (X,))
     assert not result.ok
     codes = [f.code for f in result.findings]
-    assert "OM009" not in codes and "OM211" in codes
+    assert "OM009" not in codes and "OM211" in codes and "OM620" not in codes
     found = [f for f in result.findings if f.code == "OM211" and f.op == op]
     assert len(found) == 1, [(f.op, f.message) for f in result.findings]
     msg = found[0].message
@@ -95,9 +151,50 @@ def test_torch_ao_quantized_models_end_in_a_precise_finding(make, op, modules) -
 
 
 def test_static_model_names_its_quantize_and_dequantize_modules_too() -> None:
-    result = onnxmedic.export(_eager_static(), (X,))
+    result = onnxmedic.export(_eager_add(), (X,))
     ops = {f.op for f in result.findings if f.code == "OM211"}
-    assert {"aten::quantize_per_tensor", "aten::dequantize", "quantized::linear"} <= ops
+    assert {"aten::quantize_per_tensor", "aten::dequantize", "quantized::linear",
+            "quantized::add / quantized::mul / quantized::cat"} <= ops
+
+
+def _scaled_weight(path, out, factor: float = 1.1) -> None:
+    """The file with its first int8 weight's DequantizeLinear scale ``factor`` off."""
+    proto = onnx.load(path)
+    inits = {t.name: t for t in proto.graph.initializer}
+    dq = next(n for n in proto.graph.node if n.op_type == "DequantizeLinear"
+              and n.input[0] in inits and inits[n.input[0]].data_type == onnx.TensorProto.INT8)
+    scale = onnx.numpy_helper.to_array(inits[dq.input[1]])
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(
+        (scale * factor).astype(np.float32), "bad_weight_scale"))
+    dq.input[1] = "bad_weight_scale"
+    onnx.save(proto, out)
+
+
+@pytest.mark.parametrize(("make", "x"), [
+    (_eager_dynamic, X),
+    (_eager_static, X),
+    (lambda: _static(ConvNet(), XC, [["conv", "relu"]]), XC),
+], ids=["quantize_dynamic-linear", "static-linear", "static-conv"])
+def test_eager_quantized_models_export_and_verify_against_their_own_run(
+        tmp_path, make, x) -> None:
+    """Eager torch.ao models ended in OM211. Now each is exported as the arithmetic its
+    quantized kernels compute (OM620) and verified against PyTorch's own quantized run (a
+    static model's output within one quantization step of its DequantizeLinear, a dynamic
+    Linear's within float32 rounding). Fault injection: a weight scale 10% off is caught."""
+    model = make()
+    given = borrow.copy_inputs((x,))
+    path = tmp_path / "q.onnx"
+    result = onnxmedic.export(model, (x,), path)
+    assert result.ok, [(f.code, f.message) for f in result.findings]
+    assert "OM620" in [f.code for f in result.findings]
+    assert borrow.same_inputs(given, (x,))
+    assert any(type(m).__module__.startswith("torch.ao.nn.quantized")
+               for m in model.modules())  # the user's model keeps its quantized modules
+    ops = {n.op_type for n in onnx.load(path).graph.node}
+    assert "DequantizeLinear" in ops
+    _scaled_weight(path, tmp_path / "bad.onnx")
+    r = onnxmedic.verify(tmp_path / "bad.onnx", model, (x,))
+    assert not r.ok and "OM601" in [f.code for f in r.findings]
 
 
 def test_a_quantized_input_tensor_is_a_finding_not_a_crash() -> None:

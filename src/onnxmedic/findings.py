@@ -676,6 +676,14 @@ CODES: dict[str, CodeInfo] = {
         "R-CNN's keypoints or their scores) differs for a pair of matched detections by more "
         "than the budget (a wrong mask, a shifted keypoint).",
     ),
+    "OM620": CodeInfo(
+        "eager quantized model exported through its float twin", 0,
+        "export: an eager torch.ao quantized model (quantize_dynamic's Linear; static "
+        "Quantize / Conv2d / ConvReLU2d / Linear / LinearReLU / DeQuantize) is exported as the "
+        "arithmetic its quantized kernels compute, in ONNX ops (float ops and QDQ), and "
+        "verified against PyTorch's own quantized run. A quantized module without such a form "
+        "keeps OM211.",
+    ),
     # OM7xx: sweeps over a model zoo
     "OM700": CodeInfo(
         "zoo entry not verified", 1,

@@ -221,3 +221,184 @@ class WeightZeroPoints:
             node.replace_input_with(2, copy)
             n += 1
         return n
+
+
+# -- float twins: what PyTorch's quantized kernels compute, in ops torch.onnx translates ---------
+def _qdq(x: torch.Tensor, scale: float, zp: int, lo: int, hi: int,
+         dtype: torch.dtype) -> torch.Tensor:
+    """quantize + dequantize per tensor with quantized_decomposed ops (ONNX QDQ)."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers the ops
+
+    ops = torch.ops.quantized_decomposed
+    q = ops.quantize_per_tensor.default(x, float(scale), int(zp), lo, hi, dtype)
+    return ops.dequantize_per_tensor.default(q, float(scale), int(zp), lo, hi, dtype)
+
+
+class _Weight(torch.nn.Module):
+    """A quantized weight as QDQ: its integers (an int8 buffer, ONNX initializer) dequantized
+    by quantized_decomposed ops (ONNX DequantizeLinear), per tensor or per channel."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("q", w.int_repr())
+        self.lo, self.hi = (-128, 127) if w.dtype == torch.qint8 else (0, 255)
+        self.dtype = torch.int8 if w.dtype == torch.qint8 else torch.uint8
+        self.axis: int | None = None
+        if w.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            self.axis = int(w.q_per_channel_axis())
+            self.register_buffer("scale", w.q_per_channel_scales().float())
+            self.register_buffer("zp", w.q_per_channel_zero_points().to(torch.int64))
+        else:
+            self.scale_value, self.zp_value = float(w.q_scale()), int(w.q_zero_point())
+
+    def forward(self) -> torch.Tensor:
+        import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers the ops
+
+        ops = torch.ops.quantized_decomposed
+        if self.axis is not None:
+            return ops.dequantize_per_channel.default(self.q, self.scale, self.zp, self.axis,
+                                                      self.lo, self.hi, self.dtype)
+        return ops.dequantize_per_tensor.default(self.q, self.scale_value, self.zp_value,
+                                                 self.lo, self.hi, self.dtype)
+
+
+class _DynamicLinear(torch.nn.Module):
+    """quantized::linear_dynamic (eager quantize_dynamic's Linear, fbgemm/x86) in float ops:
+    the activation quantized per tensor to uint8 with the range PyTorch chooses for it
+    (0..127: reduce_range; the zero point fbgemm's ChooseQuantizationParams nudges), times the
+    dequantized int8 weight, plus the float bias. The integer products are exact in float32
+    (|q| <= 255 x 128), so only the float sum's rounding differs from PyTorch's int32 one."""
+
+    def __init__(self, mod: torch.nn.Module) -> None:
+        super().__init__()
+        self.weight = _Weight(mod.weight())
+        b = mod.bias()
+        self.bias = None if b is None else torch.nn.Parameter(b.detach().clone(), False)
+        self.qmax = 127 if (mod.version is None or mod.version >= 4) else 255
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qmax = float(self.qmax)
+        lo = torch.clamp(x.min(), max=0.0)
+        hi = torch.clamp(x.max(), min=0.0)
+        scale = (hi - lo) / qmax
+        scale = torch.where(scale == 0, torch.full_like(scale, 0.1), scale)
+        zp_lo, zp_hi = -lo / scale, qmax - hi / scale
+        err_lo, err_hi = torch.abs(lo / scale), qmax + torch.abs(hi / scale)
+        zp = torch.clamp(torch.round(torch.where(err_lo < err_hi, zp_lo, zp_hi)), 0.0, qmax)
+        xq = torch.clamp(torch.round(x * (1.0 / scale)) + zp, 0.0, qmax)
+        xd = (xq - zp) * scale
+        return torch.nn.functional.linear(xd, self.weight(), self.bias)
+
+
+class _StaticQuantize(torch.nn.Module):
+    """A QuantStub's Quantize: QDQ with its scale and zero point."""
+
+    def __init__(self, mod: torch.nn.Module) -> None:
+        super().__init__()
+        self.scale, self.zp = float(mod.scale), int(mod.zero_point)
+        self.dtype = mod.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dtype == torch.qint8:
+            return _qdq(x, self.scale, self.zp, -128, 127, torch.int8)
+        return _qdq(x, self.scale, self.zp, 0, 255, torch.uint8)
+
+
+class _StaticOp(torch.nn.Module):
+    """Eager static Conv2d / ConvReLU2d / Linear / LinearReLU (quantized::conv2d...): the float
+    op on the dequantized input and weight, then QDQ with the module's output scale and
+    zero point (uint8)."""
+
+    def __init__(self, mod: torch.nn.Module) -> None:
+        super().__init__()
+        self.weight = _Weight(mod.weight())
+        b = mod.bias()
+        self.bias = None if b is None else torch.nn.Parameter(b.detach().clone(), False)
+        self.relu = "ReLU" in type(mod).__name__
+        self.scale, self.zp = float(mod.scale), int(mod.zero_point)
+        self.conv = None
+        if hasattr(mod, "stride"):
+            self.conv = dict(stride=mod.stride, padding=mod.padding, dilation=mod.dilation,
+                             groups=mod.groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight()
+        y = (torch.nn.functional.conv2d(x, w, self.bias, **self.conv) if self.conv is not None
+             else torch.nn.functional.linear(x, w, self.bias))
+        if self.relu:
+            y = torch.relu(y)
+        return _qdq(y, self.scale, self.zp, 0, 255, torch.uint8)
+
+
+class _Identity(torch.nn.Module):
+    """DeQuantize: the twin's tensors are float (dequantized) already."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _twin_of(mod: torch.nn.Module) -> torch.nn.Module | None:
+    name, package = type(mod).__name__, type(mod).__module__
+    if package.startswith(("torch.ao.nn.quantized.dynamic", "torch.nn.quantized.dynamic")):
+        if name == "Linear" and mod._packed_params.dtype == torch.qint8:
+            return _DynamicLinear(mod)
+        return None
+    if name == "Quantize":
+        return _StaticQuantize(mod)
+    if name == "DeQuantize":
+        return _Identity()
+    if name in ("Conv2d", "ConvReLU2d", "Linear", "LinearReLU") and \
+            getattr(mod, "padding_mode", "zeros") == "zeros":
+        return _StaticOp(mod)
+    return None
+
+
+def float_twin(model: Any) -> torch.nn.Module | None:
+    """A copy of an eager torch.ao quantized model whose quantized modules are replaced by
+    float ops (QDQ) that compute what their kernels compute - exported in its place and
+    verified against the quantized model's own run - or None when one has no twin (an FX
+    model, QFunctional, a quantized LSTM...: OM211 stands) or the model is not quantized."""
+    import copy
+
+    if not isinstance(model, torch.nn.Module) or _fx_quantized_calls(model):
+        return None
+    found: list[tuple[str, torch.nn.Module]] = []
+    for path, mod in model.named_modules():  # the outermost quantized modules
+        if _is_quantized_module(mod) and not any(path.startswith(p + ".") for p, _ in found):
+            found.append((path, mod))
+    if not found or any(t.is_quantized for t in [*model.buffers(), *model.parameters()]):
+        return None
+    twins = {path: _twin_of(mod) for path, mod in found}
+    if any(t is None for t in twins.values()):
+        return None
+    twin = copy.copy(model)
+    twin._modules = dict(model._modules)  # a shallow copy: the user's model is not touched
+    for path, new in sorted(twins.items(), key=lambda kv: kv[0].count(".")):
+        parent = twin
+        *head, last = path.split(".")
+        for part in head:  # copy each parent on the way down once
+            child = copy.copy(parent._modules[part])
+            child._modules = dict(child._modules)
+            parent._modules[part] = child
+            parent = child
+        parent._modules[last] = new
+    return twin
+
+
+def twin_finding(model: torch.nn.Module) -> Finding:
+    """OM620: an eager torch.ao quantized model exported through its float twin."""
+    from onnxmedic.findings import info
+
+    kernels = _quantized_modules(model)
+    where = [f"{op}: {listed(w, 4)}" for op, w in kernels.items()]
+    return info(
+        "OM620", STAGE, "the model is quantized with torch.ao (eager); PyTorch's quantized "
+        f"kernels ({listed(where, 6)}) are exported as the integer arithmetic they compute, "
+        "in ONNX ops: dynamic Linear as the activation's uint8 quantization (PyTorch's range "
+        "and zero point) in float ops times the DequantizeLinear of the int8 weight; static "
+        "modules as QDQ around the float op. The file is verified against the quantized "
+        "model's own run, within one quantization step of a DequantizeLinear output.",
+        details={"kernels": kernels},
+        suggestion="Nothing to do. The dynamic Linear computes in float32 (exact integer "
+        "products), not with ONNX Runtime's int8 kernels; for int8 speed in ONNX Runtime "
+        "export the float model with `--optimize --precision int8`.")

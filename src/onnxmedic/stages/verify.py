@@ -695,7 +695,7 @@ def verify_stage(ctx: ExportContext) -> bool:
         localizer = (Localizer(False, lambda: (decomposed or program, decomposed is not None))
                      if opts.localize and not stand_in else None)
         applied = run_and_compare(
-            result, ctx.model, stand_in[0] if stand_in else ctx.onnx_path,
+            result, ctx.judged_against or ctx.model, stand_in[0] if stand_in else ctx.onnx_path,
             stand_in[1] if stand_in else result.onnx_model, ctx.example, ctx.expected,
             opts.timeout, opts.tolerance, ctx.worker, opts.target, localizer=localizer,
             probe_branches=ctx.branch_probe, rules=guard_rules(ctx),
@@ -753,7 +753,8 @@ def verify_file(result: ExportResult, proto: Any, path: Path, model: Any,
     program = model
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()  # unlifted once, not once per input set (slow for big graphs)
-    expected = preflight_stage(result, model, inputs.args, inputs.kwargs)
+    # a torch.ao quantized model runs in PyTorch: a file is judged against its own run
+    expected = preflight_stage(result, model, inputs.args, inputs.kwargs, quantized_ok=True)
     if expected is None:
         return
     localizer = (Localizer(True, lambda: program_for(program, inputs),
