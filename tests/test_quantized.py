@@ -122,22 +122,36 @@ def _eager_add() -> nn.Module:
     return _static(AddStubbed(), X)
 
 
+class Lstm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(8, 16, num_layers=2, batch_first=True, bidirectional=True)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        return self.lstm(x)
+
+
+XL = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(2))
+
+
 def _eager_lstm() -> nn.Module:
     torch.manual_seed(0)
-    return torch.ao.quantization.quantize_dynamic(
-        nn.LSTM(8, 16, batch_first=True).eval(), {nn.LSTM}, dtype=torch.qint8)
+    return torch.ao.quantization.quantize_dynamic(Lstm().eval(), {nn.LSTM},
+                                                  dtype=torch.qint8)
 
 
-@pytest.mark.parametrize(("make", "op", "modules"), [
-    (_fx, "quantized::linear_relu", ["fc1"]),
-    (_eager_add, "quantized::linear", ["fc"]),
+@pytest.mark.parametrize(("make", "x", "op", "modules"), [
+    (_fx, X, "quantized::linear_relu", ["fc1"]),
+    (_eager_add, X, "quantized::linear", ["fc"]),
+    (_eager_lstm, XL, "quantized::lstm_dynamic", ["lstm"]),
 ])
-def test_torch_ao_quantized_models_end_in_a_precise_finding(make, op, modules) -> None:
-    """A quantized op with no ONNX form (FX's graph calls, QFunctional's add) keeps its
-    precise refusal: OM211 for each kernel, never an internal error."""
+def test_torch_ao_quantized_models_end_in_a_precise_finding(make, x, op, modules) -> None:
+    """A quantized op with no ONNX form here (FX's graph calls, QFunctional's add, a dynamic
+    LSTM: quantized.py says why) keeps its precise refusal: OM211 for each kernel, never an
+    internal error."""
     model = make()
-    given = borrow.copy_inputs((X,))
-    result = onnxmedic.export(model, (X,))
+    given = borrow.copy_inputs((x,))
+    result = onnxmedic.export(model, (x,))
     assert not result.ok
     codes = [f.code for f in result.findings]
     assert "OM009" not in codes and "OM211" in codes and "OM620" not in codes
@@ -147,7 +161,7 @@ def test_torch_ao_quantized_models_end_in_a_precise_finding(make, op, modules) -
     assert all(f"{m} (torch.ao.nn." in msg for m in modules)
     assert "--precision int8" in found[0].suggestion and "dequantize" in found[0].suggestion
     assert result.stages["preflight"] == "failed" and result.stages["capture"] != "failed"
-    assert borrow.same_inputs(given, (X,))
+    assert borrow.same_inputs(given, (x,))
 
 
 def test_static_model_names_its_quantize_and_dequantize_modules_too() -> None:

@@ -277,17 +277,24 @@ class _DynamicLinear(torch.nn.Module):
         self.qmax = 127 if (mod.version is None or mod.version >= 4) else 255
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qmax = float(self.qmax)
-        lo = torch.clamp(x.min(), max=0.0)
-        hi = torch.clamp(x.max(), min=0.0)
-        scale = (hi - lo) / qmax
-        scale = torch.where(scale == 0, torch.full_like(scale, 0.1), scale)
-        zp_lo, zp_hi = -lo / scale, qmax - hi / scale
-        err_lo, err_hi = torch.abs(lo / scale), qmax + torch.abs(hi / scale)
-        zp = torch.clamp(torch.round(torch.where(err_lo < err_hi, zp_lo, zp_hi)), 0.0, qmax)
-        xq = torch.clamp(torch.round(x * (1.0 / scale)) + zp, 0.0, qmax)
-        xd = (xq - zp) * scale
-        return torch.nn.functional.linear(xd, self.weight(), self.bias)
+        return torch.nn.functional.linear(_dynamic_qdq(x, self.qmax), self.weight(), self.bias)
+
+
+def _dynamic_qdq(x: torch.Tensor, qmax: int) -> torch.Tensor:
+    """x quantized and dequantized per tensor to uint8 0..qmax with the scale and zero point
+    fbgemm's dynamic quantization chooses (ChooseQuantizationParams: the range widened to hold
+    0, the zero point taken from the end with the smaller error and rounded; x times the
+    inverse scale rounded half to even), in float ops."""
+    q = float(qmax)
+    lo = torch.clamp(x.min(), max=0.0)
+    hi = torch.clamp(x.max(), min=0.0)
+    scale = (hi - lo) / q
+    scale = torch.where(scale == 0, torch.full_like(scale, 0.1), scale)
+    zp_lo, zp_hi = -lo / scale, q - hi / scale
+    err_lo, err_hi = torch.abs(lo / scale), q + torch.abs(hi / scale)
+    zp = torch.clamp(torch.round(torch.where(err_lo < err_hi, zp_lo, zp_hi)), 0.0, q)
+    xq = torch.clamp(torch.round(x * (1.0 / scale)) + zp, 0.0, q)
+    return (xq - zp) * scale
 
 
 class _StaticQuantize(torch.nn.Module):
@@ -342,6 +349,11 @@ def _twin_of(mod: torch.nn.Module) -> torch.nn.Module | None:
     if package.startswith(("torch.ao.nn.quantized.dynamic", "torch.nn.quantized.dynamic")):
         if name == "Linear" and mod._packed_params.dtype == torch.qint8:
             return _DynamicLinear(mod)
+        # LSTM: the same arithmetic in float ops equals PyTorch's quantized_lstm to 6e-8 in
+        # PyTorch, but in ONNX Runtime (its own sigmoid/tanh) the hidden state's dynamic
+        # quantization rounds some values to the neighbouring step and the recurrence carries
+        # it: 1.5e-3 off (normwise 5e-3), beyond the float32 budget. Judging it needs a budget
+        # in activation steps; until then OM211 stands.
         return None
     if name == "Quantize":
         return _StaticQuantize(mod)
