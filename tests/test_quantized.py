@@ -514,3 +514,23 @@ def test_qdq_ops_translate_after_a_float_export_in_the_same_process() -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_run_and_doctor_use_the_session_settings_a_file_records(tmp_path) -> None:
+    """A file verified with session.x64quantprecision (OM546) records it; run and doctor's
+    smoke test load it with it and say so with the line for the user's own session (OM548).
+    On any CPU the setting computes the exact integers: the same outputs as PyTorch's, within
+    one quantization step."""
+    from onnxmedic.onnxfile import append_metadata
+
+    path = _qdq_files(tmp_path)["good"]
+    append_metadata(path, isa.SESSION_CONFIG_KEY, '{"session.x64quantprecision": "1"}')
+    assert isa.session_config_of(onnx.load(path)) == isa.PRECISION_CONFIG
+    ran = onnxmedic.run(path, [X.numpy()])
+    assert ran.ok
+    found = next(f for f in ran.findings if f.code == "OM548")
+    assert 'add_session_config_entry("session.x64quantprecision", "1")' in found.suggestion
+    step = next(iter(quantization_scales(onnx.load(path)).values()))
+    out = next(iter(ran.outputs.values()))
+    assert np.abs(out - Qdq().eval()(X).detach().numpy()).max() <= step * (1 + 1e-6)
+    assert "OM548" in [f.code for f in onnxmedic.doctor(path).findings]
