@@ -175,7 +175,7 @@ def quantized_outputs_finding(outputs: list[Any]) -> Finding | None:
 
 
 class WeightZeroPoints:
-    """Fix: each DequantizeLinear of a constant int8 weight gets a zero point of its own.
+    """Fix: each constant weight's QuantizeLinear/DequantizeLinear gets a zero point of its own.
 
     torch.onnx writes one initializer for equal constants, so the weights of a PT2E model share
     one zero point (int8 0). ONNX Runtime 1.32's x86-64 graph optimizer with
@@ -187,38 +187,50 @@ class WeightZeroPoints:
     name = "weight zero points of their own"
 
     @staticmethod
-    def _shared(graph: Any) -> list[tuple[Any, Any]]:
+    def _shared(graph: Any) -> list[tuple[list[Any], Any]]:
+        """([the weight's Q/DQ nodes], zero point) for each weight whose zero point other
+        nodes use too: a DequantizeLinear of an int8 initializer, or of a QuantizeLinear of a
+        float initializer (ONNX Runtime folds that into an int8 initializer)."""
         out = []
         inits = graph.initializers
         for node in graph:
             if node.op_type != "DequantizeLinear" or len(node.inputs) < 3:
                 continue
-            w, zp = node.inputs[0], node.inputs[2]
-            if (w is None or zp is None or w.name not in inits or zp.name not in inits
-                    or w.const_value is None or str(w.const_value.dtype) != "INT8"):
+            x, zp = node.inputs[0], node.inputs[2]
+            if x is None or zp is None or zp.name not in inits:
                 continue
-            if len(zp.uses()) > 1:
-                out.append((node, zp))
+            group = [node]
+            q = x.producer()
+            if q is not None and q.op_type == "QuantizeLinear" and len(q.inputs) >= 3 \
+                    and q.inputs[0] is not None and q.inputs[0].name in inits \
+                    and q.inputs[2] is zp:
+                group.append(q)
+            elif x.name not in inits:
+                continue  # an activation's
+            if len(zp.uses()) > len(group):
+                out.append((group, zp))
         return out
 
     def check(self, model: Any) -> str | None:
-        """None when a constant int8 weight's DequantizeLinear shares its zero point."""
+        """None when a weight's Q/DQ shares its zero point with other nodes."""
         if self._shared(model.graph):
             return None
-        return "no int8 weight's DequantizeLinear shares its zero point"
+        return "no weight's QuantizeLinear/DequantizeLinear shares its zero point"
 
     def apply(self, model: Any) -> int:
-        """Give each such DequantizeLinear (beyond the first user) its own copy; the count."""
+        """Give each such weight's Q/DQ a copy of its own (the last users keep the original);
+        the count."""
         import onnx_ir as ir
 
         graph, n = model.graph, 0
-        for node, zp in self._shared(graph):
-            if len(zp.uses()) < 2:  # the last user keeps the original
+        for group, zp in self._shared(graph):
+            if len(zp.uses()) <= len(group):
                 continue
-            copy = ir.Value(name=f"{zp.name}_{node.name or n}", type=zp.type, shape=zp.shape,
-                            const_value=zp.const_value)
+            copy = ir.Value(name=f"{zp.name}_{group[0].name or n}", type=zp.type,
+                            shape=zp.shape, const_value=zp.const_value)
             graph.register_initializer(copy)
-            node.replace_input_with(2, copy)
+            for node in group:
+                node.replace_input_with(2, copy)
             n += 1
         return n
 
