@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from onnxmedic._torch_compat import quantized_decomposed
 from onnxmedic.findings import Finding, error, listed
 
 logger = logging.getLogger(__name__)
@@ -239,9 +240,7 @@ class WeightZeroPoints:
 def _qdq(x: torch.Tensor, scale: float, zp: int, lo: int, hi: int,
          dtype: torch.dtype) -> torch.Tensor:
     """quantize + dequantize per tensor with quantized_decomposed ops (ONNX QDQ)."""
-    import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers the ops
-
-    ops = torch.ops.quantized_decomposed
+    ops = quantized_decomposed()
     q = ops.quantize_per_tensor.default(x, float(scale), int(zp), lo, hi, dtype)
     return ops.dequantize_per_tensor.default(q, float(scale), int(zp), lo, hi, dtype)
 
@@ -264,9 +263,7 @@ class _Weight(torch.nn.Module):
             self.scale_value, self.zp_value = float(w.q_scale()), int(w.q_zero_point())
 
     def forward(self) -> torch.Tensor:
-        import torch.ao.quantization.fx._decomposed  # noqa: F401 - registers the ops
-
-        ops = torch.ops.quantized_decomposed
+        ops = quantized_decomposed()
         if self.axis is not None:
             return ops.dequantize_per_channel.default(self.q, self.scale, self.zp, self.axis,
                                                       self.lo, self.hi, self.dtype)

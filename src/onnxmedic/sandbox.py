@@ -341,8 +341,7 @@ class Worker:
         timing: dict[str, Any] | None = None,
         cuda_tf32: bool = False,
         cuda_options: dict[str, str] | None = None,
-        keep_session: bool = False, prepack: bool = True,
-        session_config: dict[str, str] | None = None,
+        keep_session: bool = False, prepack: bool = True, session_config: dict | None = None,
     ) -> SandboxResult:
         """Send the one request and wait for it, at most ``timeout`` seconds. Feeds after the
         first ``n_required`` are optional: a run error there is recorded in ``run_errors`` and
@@ -361,8 +360,7 @@ class Worker:
         asks so for the same model files and session options (a generation loop's steps:
         loading a 0.5 B decoder takes seconds, a step milliseconds); ``session_reused`` says
         whether it did. ``prepack=False``: no weight repacking at load (a few runs, big model).
-        ``session_config``: session config entries (``SessionOptions.add_session_config_entry``),
-        e.g. ``{"session.x64quantprecision": "1"}`` (isa.PRECISION_CONFIG)."""
+        ``session_config``: session config entries, e.g. isa.PRECISION_CONFIG."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("sandbox worker already used")
@@ -385,12 +383,10 @@ class Worker:
             "disable_optimizations": disable_optimizations,
             "probe_opset": probe_opset,
             "n_required": len(feeds) if n_required is None else n_required,
-            "timing": timing,
-            "cuda_tf32": cuda_tf32,
+            "timing": timing, "cuda_tf32": cuda_tf32,
             "cuda_options": dict(cuda_options or {}),
             "keep_session": keep_session, "no_prepack": not prepack,
-            "session_config": dict(session_config or {}),
-        })
+            "session_config": dict(session_config or {})})
         timed_out, stderr = self._await(proc, timeout, log_at)
         phase_file = req_dir / "phase"
         phase = phase_file.read_text() if phase_file.exists() else "start"

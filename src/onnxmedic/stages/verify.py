@@ -24,7 +24,7 @@ from onnxmedic.context import ExportContext
 from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, warning
 from onnxmedic.inputs import Inputs
 from onnxmedic.onnxfile import graph_io, make_feeds
-from onnxmedic.result import NOT_RUN, PASSED, ExportResult
+from onnxmedic.result import PASSED, ExportResult
 from onnxmedic.stages import check as checks
 from onnxmedic.stages.fix import cpu_stand_in
 from onnxmedic.stages.preflight import preflight_stage
@@ -359,7 +359,7 @@ def _both_ways(result: ExportResult, onnx_path: Path, proto: Any, feeds: list[di
     del result.verification[mark[0]:]
     result.findings[mark[1]:] = [f for f in result.findings[mark[1]:]
                                  if f.stage != "compare" or f.code == "OM605"]
-    result.stages["compare"] = NOT_RUN
+    result.record("compare").reopen()
     judged = compare(precise)
     required = set(sets.labels[:sets.n_required])
     mine = [c for c in result.verification if c.input_set in required]
