@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow test-vision test-vision-slow docs bench bench-overhead bench-zoo \
+.PHONY: demo test test-slow test-isa test-vision test-vision-slow docs bench bench-overhead bench-zoo \
 	bench-eco bench-optimum-venv lint clean
 
 $(STAMP): pyproject.toml
@@ -51,6 +51,16 @@ endif
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal -m slow $(PYTEST_ARGS)
+
+# the ISA lane: the tests that run integer kernels, with the sandbox's ONNX Runtime under QEMU's
+# Haswell (AVX2, no VNNI: apt-get install qemu-user). `make test` runs the minimal QEMU checks;
+# this runs the whole files (about 20 minutes on 2 cores)
+QEMU_HASWELL := qemu-x86_64 -cpu Haswell-noTSX,-pcid,-x2apic,-tsc-deadline,-invpcid
+test-isa: $(STAMP)
+	ONNXMEDIC_SANDBOX_WRAPPER="$(QEMU_HASWELL)" $(PY) -m pytest -n auto --dist worksteal \
+		-m "not slow" tests/test_quantized.py tests/optimize/test_int8_isa.py \
+		tests/optimize/test_int8_search.py tests/optimize/test_static_int8.py \
+		tests/optimize/test_int8_weight_only.py $(PYTEST_ARGS)
 
 # the vision tests (tests/vision: torchvision ops, detection, timm) in .venv-vision
 test-vision: $(VSTAMP)

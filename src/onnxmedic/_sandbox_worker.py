@@ -231,6 +231,8 @@ def load_session(ort, req_dir: str, req: dict, result: dict):
             opts.intra_op_num_threads = int(req["threads"])
         if req.get("disable_optimizations"):
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        for key, value in (req.get("session_config") or {}).items():
+            opts.add_session_config_entry(str(key), str(value))
         disabled = []
         if req.get("no_prepack"):
             opts.add_session_config_entry("session.disable_prepacking", "1")
@@ -448,7 +450,7 @@ def main(req_dir: str, serve: bool = False) -> int:
 
 # what decides a session: a request with ``keep_session`` whose key is the kept one's reuses it
 _SESSION_KEYS = ("model", "lean", "providers", "threads", "disable_optimizations", "cuda_tf32",
-                 "cuda_options", "no_prepack")
+                 "cuda_options", "no_prepack", "session_config")
 _KEPT: dict = {}  # a serving worker's kept session: {"key": ..., "sess": ...}
 
 

@@ -56,6 +56,15 @@ def torchlib_registry(opset_version: int) -> Any:
     return _registration.ONNXRegistry.from_torchlib(opset_version=opset_version)
 
 
+def quantized_decomposed() -> Any:
+    """``torch.ops.quantized_decomposed`` (PT2E's quantize/dequantize ops, which torch.onnx
+    translates to QuantizeLinear/DequantizeLinear), defined first."""
+    import torch
+    import torch.ao.quantization.fx._decomposed  # noqa: F401 - defines quantized_decomposed
+
+    return torch.ops.quantized_decomposed
+
+
 def core_export(program: Any, args: Any, kwargs: Any, *, registry: Any, opset: int,
                 optimize: bool = True) -> Any:
     """torch.onnx's core exporter on an ExportedProgram (what torch.onnx.export(dynamo=True)

@@ -97,6 +97,9 @@ class ExportContext:
     rerun: Rerun | None = None  # set by a stage that asks to run earlier stages again
     # capture on fake weights: the model's real tensors by name, bound in at translation
     real_weights: dict[str, torch.Tensor] | None = None
+    # an eager torch.ao quantized model: capture takes its float twin (quantized.float_twin),
+    # and the file is judged against this, the quantized model's own run
+    judged_against: torch.nn.Module | None = None
 
     @property
     def args(self) -> tuple[Any, ...]:

@@ -26,7 +26,7 @@ from onnxmedic.fixes.kernels import (
     trt_fallback_finding,
 )
 from onnxmedic.fixes.opset import limits
-from onnxmedic.isa import int8_findings
+from onnxmedic.isa import int8_findings, session_config_finding, session_config_of
 from onnxmedic.onnxfile import (
     all_graphs,
     check_feeds,
@@ -164,11 +164,13 @@ def doctor_stages(result: ExportResult, path: Path, target: str, timeout: float,
     if smoke_test and not problems:
         with result.timed("runtime"):
             sbx = sandbox.run_model(path, [feeds], timeout=timeout,
-                                    providers=sandbox.providers(target), probe_opset=True)
+                                    providers=sandbox.providers(target), probe_opset=True,
+                                    session_config=session_config_of(proto))
     with result.stage("lint") as st:
         found = lint(proto, ort_opset=sbx.max_opset if sbx is not None else None)
         found += kernel_lint(proto, target) + ort_version_lint(proto, ort)
         found += int8_findings(proto, "lint") if target == "cpu" else []
+        found += session_config_finding(proto, "lint")
         st.add(*found)
         if any(f.severity == Severity.ERROR for f in found):
             st.fail()
@@ -194,6 +196,7 @@ def run_stages(result: RunResult, onnx_path: Any, feeds: Any, cast: str, target:
             return
         if target == "cpu":  # an int8 file verified on another instruction set
             st.add(*int8_findings(proto, "load"))
+        st.add(*session_config_finding(proto, "load"))
     with result.stage("inputs") as st:
         if isinstance(feeds, (list, tuple)):
             names = input_names(proto)
@@ -209,7 +212,8 @@ def run_stages(result: RunResult, onnx_path: Any, feeds: Any, cast: str, target:
             st.fail()
             return
     sbx = sandbox.run_model(onnx_path, [checked], timeout=timeout,
-                            providers=sandbox.providers(target))
+                            providers=sandbox.providers(target),
+                            session_config=session_config_of(proto))
     if not record_runtime(result, sbx, target, timeout):
         return
     result.outputs = dict(zip(sbx.output_names, sbx.outputs[0]))

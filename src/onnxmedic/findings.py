@@ -595,6 +595,28 @@ CODES: dict[str, CodeInfo] = {
         "one (the file's metadata onnxmedic.int8.verified_on); its settings do not saturate "
         "here, but it was not verified here.",
     ),
+    "OM546": CodeInfo(
+        "int8 kernels saturate on this CPU: verified with session.x64quantprecision", 0,
+        "verify: a QDQ/QOperator file's outputs differ with ONNX Runtime's default int8 kernels "
+        "and with its session setting session.x64quantprecision=1, so this CPU's u8s8 kernels "
+        "saturate (x86-64 AVX2 without VNNI). The default is outside the budget, the setting "
+        "verifies it: both figures are given, the file's metadata (onnxmedic.ort.session_config)"
+        " records the setting, `onnxmedic run` uses it, and the user's own SessionOptions need "
+        "it on such CPUs. The file is correct; the CPU's default kernels are not exact.",
+    ),
+    "OM547": CodeInfo(
+        "int8 kernels saturate on this CPU, and the file fails with the exact ones too", 0,
+        "verify: as OM546, the u8s8 kernels saturate on this CPU, but the file is outside the "
+        "budget with session.x64quantprecision=1 as well: something besides the instruction "
+        "set is wrong (the OM601 beside it says what).",
+    ),
+    "OM548": CodeInfo(
+        "file verified with ONNX Runtime session settings", 0,
+        "doctor/run: the file records the ONNX Runtime session config entries it was verified "
+        "with (metadata onnxmedic.ort.session_config, e.g. session.x64quantprecision=1 after "
+        "OM546); onnxmedic runs it with them, and the finding shows the line a user's own "
+        "SessionOptions need.",
+    ),
     # OM6xx: numbers
     "OM601": CodeInfo(
         "output values differ from PyTorch", 1,
@@ -675,6 +697,14 @@ CODES: dict[str, CodeInfo] = {
         "Detection comparison: an output with a row per detection (Mask R-CNN's masks, Keypoint "
         "R-CNN's keypoints or their scores) differs for a pair of matched detections by more "
         "than the budget (a wrong mask, a shifted keypoint).",
+    ),
+    "OM620": CodeInfo(
+        "eager quantized model exported through its float twin", 0,
+        "export: an eager torch.ao quantized model (quantize_dynamic's Linear; static "
+        "Quantize / Conv2d / ConvReLU2d / Linear / LinearReLU / DeQuantize) is exported as the "
+        "arithmetic its quantized kernels compute, in ONNX ops (float ops and QDQ), and "
+        "verified against PyTorch's own quantized run. A quantized module without such a form "
+        "keeps OM211.",
     ),
     # OM7xx: sweeps over a model zoo
     "OM700": CodeInfo(

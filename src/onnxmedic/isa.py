@@ -35,6 +35,17 @@ PORTABLE = "portable"
 VERIFIED_KEY = "onnxmedic.int8.verified_on"  # metadata_props: the instruction set verified on
 SETTINGS_KEY = "onnxmedic.int8.settings"  # metadata_props: "portable" or the named isa
 ENV = "ONNXMEDIC_CPU_ISA"
+# ONNX Runtime's session config entry kOrtSessionOptionsAvx2PrecisionMode
+# (onnxruntime_session_options_config_keys.h): "1" makes its x86-64 graph optimizer turn the
+# int8 weights of QLinearConv, MatMulInteger, QGemm, DynamicQuantizeMatMul and QDQ groups into
+# uint8 (Avx2WeightS8ToU8Transformer), so the u8u8 kernels run: no pair of products added in
+# int16, nothing saturates. It acts on every x86-64 CPU with AVX2 (VNNI or not: u8u8 is slower
+# there and computes the same integers), at the default (or extended) optimization level.
+PRECISION_CONFIG = {"session.x64quantprecision": "1"}
+# metadata_props: the session config entries (JSON) the file was verified with and needs
+SESSION_CONFIG_KEY = "onnxmedic.ort.session_config"
+PRECISION_LINE = ('opts.add_session_config_entry("session.x64quantprecision", "1")  '
+                  "# opts = onnxruntime.SessionOptions()")
 INT8_OPS = ("MatMulInteger", "ConvInteger", "QLinearMatMul", "QLinearConv", "QuantizeLinear",
             "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm", "QAttention",
             "MatMulNBits")
@@ -75,11 +86,10 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def u8s8_saturates() -> bool:
-    """Whether ONNX Runtime's u8s8 MatMulInteger saturates on this CPU: a model built to
-    (2 x 255 x 127 per pair of products) run in this process."""
+def _probe_model() -> tuple[bytes, dict[str, Any], int]:
+    """A MatMulInteger built to saturate u8s8 (2 x 255 x 127 per pair of products): the
+    model, its feed and the exact result."""
     import numpy as np
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     k = 64
@@ -90,21 +100,53 @@ def u8s8_saturates() -> bool:
         [numpy_helper.from_array(np.full((k, 1), 127, np.int8), "B")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    got = sess.run(None, {"A": np.full((1, k), 255, np.uint8)})[0]
-    return int(got[0, 0]) != 255 * 127 * k
+    return model.SerializeToString(), {"A": np.full((1, k), 255, np.uint8)}, 255 * 127 * k
 
 
-@functools.lru_cache(maxsize=1)
+def u8s8_saturates(in_sandbox: bool = False) -> bool:
+    """Whether ONNX Runtime's u8s8 MatMulInteger saturates on this CPU: a model built to
+    saturate, run in this process, or with ``in_sandbox`` where the sandbox runs ONNX Runtime
+    (under sandbox.WRAPPER_ENV's command, e.g. QEMU's Haswell, where one is set)."""
+    import tempfile
+    from pathlib import Path
+
+    model, feed, exact = _probe_model()
+    if not in_sandbox:
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        return int(sess.run(None, feed)[0][0, 0]) != exact
+    from onnxmedic import sandbox
+
+    with tempfile.TemporaryDirectory(prefix="onnxmedic-probe-") as tmp:
+        path = Path(tmp) / "probe.onnx"
+        path.write_bytes(model)
+        out = sandbox.run_model(path, [feed], fresh=True)
+    if not out.ok:
+        raise RuntimeError(f"u8s8 probe: {out.summary()}")
+    return int(out.outputs[0][0][0, 0]) != exact
+
+
 def _detected() -> str:
+    from onnxmedic.sandbox import WRAPPER_ENV
+
+    return _detected_with(os.environ.get(WRAPPER_ENV, ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _detected_with(wrapper: str) -> str:
+    """The instruction set where the sandbox runs ONNX Runtime (in this process when no
+    ``wrapper`` command is set: the same CPU)."""
     machine = platform.machine().lower()
     if machine in ("aarch64", "arm64"):
         return "arm64"
     if machine not in ("x86_64", "amd64"):
         return machine
     try:
-        if u8s8_saturates():
+        if u8s8_saturates(in_sandbox=bool(wrapper)):
             return "avx2"
+        if wrapper:  # an emulated CPU that adds in int32: this machine's flags are not its
+            return "avx512-vnni"
     except Exception as e:  # noqa: BLE001 - no runtime: tell by the flags alone
         logger.debug("u8s8 probe failed: %s", e)
     flags = _cpu_flags()
@@ -199,3 +241,95 @@ def target_arg(value: str) -> str:
         raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from cpu, "
                                          f"cpu:{', cpu:'.join(ISAS)}, cuda, tensorrt)")
     return value
+
+
+def integer_kernels(proto: Any) -> bool:
+    """Whether the graph has ops ONNX Runtime may run with its u8s8 integer kernels (QDQ
+    groups, QOperator ops, MatMulInteger...; weight-only MatMulNBits saturates nowhere)."""
+    ops = set(INT8_OPS) - {"MatMulNBits"}
+    return any(n.op_type in ops for n in proto.graph.node)
+
+
+def session_config_of(proto: Any) -> dict[str, str]:
+    """The session config entries the file records (SESSION_CONFIG_KEY), {} when none (or
+    unreadable)."""
+    import json
+
+    text = _meta(proto).get(SESSION_CONFIG_KEY)
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        logger.warning("metadata %s is not JSON: %r", SESSION_CONFIG_KEY, text[:200])
+        return {}
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
+
+
+def precision_findings(stage: str, default: dict[str, Any], precise: dict[str, Any],
+                       verified: bool) -> list[Any]:
+    """verify: the file's outputs with ONNX Runtime's default int8 kernels and with
+    PRECISION_CONFIG differ on this CPU, so its u8s8 kernels saturate (AVX2 without VNNI).
+    ``default`` / ``precise``: the worst output's figures each way (output, max_abs, steps:
+    in quantization steps of its DequantizeLinear or None, ok). OM546 when the default fails
+    and the setting verifies it (the setting is then part of the file: its metadata and
+    ``onnxmedic run`` carry it); OM547 (with OM601) when it fails both ways (the instruction set
+    is not all that is wrong)."""
+    from onnxmedic.findings import info, warning
+
+    def fig(f: dict[str, Any]) -> str:
+        steps = f" ({f['steps']:.3g} quantization steps)" if f.get("steps") is not None else ""
+        return f"max abs error {f['max_abs']:.3g}{steps} on output {f['output']}"
+
+    key, value = next(iter(PRECISION_CONFIG.items()))
+    details = {"isa": "avx2", "setting": f"{key}={value}", "session_config": PRECISION_CONFIG,
+               "default": default, "with_setting": precise, "present": present_isa()}
+    both = (f"With ONNX Runtime's default int8 kernels: {fig(default)}; with the session "
+            f"setting {key}={value} (u8u8 kernels, nothing saturates): {fig(precise)}.")
+    why = ("ONNX Runtime's u8s8 integer kernels compute this file differently with and without "
+           f"{key}, so on this CPU they add pairs of uint8 x int8 products in int16 and "
+           "saturate: an x86-64 CPU with AVX2 and without VNNI (Haswell to Skylake client, AMD "
+           "before Zen 4).")
+    if verified:
+        return [warning(
+            "OM546", stage, f"{why} {both} The file is correct and verifies with the setting; "
+            "it is verified with it, its metadata records it "
+            f"({SESSION_CONFIG_KEY}), and `onnxmedic run` uses it.",
+            suggestion=f"Deploy it with the setting in your own session options: {PRECISION_LINE}"
+            " (it is needed on AVX2 CPUs without VNNI; on others it only slows the int8 "
+            "kernels: docs/optimize-isa.md). Or quantize with 7-bit weights (reduce_range), "
+            "which do not saturate.", details=details)]
+    return [info(
+        "OM547", stage, f"{why} {both} The file fails both ways: besides the saturation, "
+        "its values are wrong (OM601).", details=details,
+        suggestion="Check the quantization parameters (scales, zero points) and the "
+        "translation: `onnxmedic verify --localize`.")]
+
+
+def record_session_config(path: Any, proto: Any, findings: list[Any]) -> None:
+    """A file verified with the setting (OM546) records it in its metadata
+    (SESSION_CONFIG_KEY), for ``onnxmedic run``, verify and the user's own sessions."""
+    import json
+
+    from onnxmedic.onnxfile import append_metadata
+
+    needed = next((f.details["session_config"] for f in findings if f.code == "OM546"), None)
+    if needed and session_config_of(proto) != needed:
+        append_metadata(path, SESSION_CONFIG_KEY, json.dumps(needed, sort_keys=True), proto)
+
+
+def session_config_finding(proto: Any, stage: str) -> list[Any]:
+    """doctor and run: OM548 when the file records session config entries it was verified with
+    (SESSION_CONFIG_KEY); run and doctor's smoke test use them."""
+    from onnxmedic.findings import info
+
+    config = session_config_of(proto)
+    if not config:
+        return []
+    lines = "; ".join(f'opts.add_session_config_entry("{k}", "{v}")'
+                      for k, v in config.items())
+    return [info(
+        "OM548", stage, f"the file records the ONNX Runtime session settings it was verified "
+        f"with ({SESSION_CONFIG_KEY}: {', '.join(f'{k}={v}' for k, v in config.items())}); "
+        "onnxmedic runs it with them.", details={"session_config": config},
+        suggestion=f"Your own sessions need them too: {lines} (docs/optimize-isa.md).")]

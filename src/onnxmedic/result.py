@@ -42,6 +42,11 @@ class StageRecord:
         if not self.failed:
             self.result.stages[self.name] = PASSED
 
+    def reopen(self) -> None:
+        """Set the stage back to not run: its verdict is judged again (verify's second run
+        of an int8 file with ONNX Runtime's exact kernels, stages/verify.py)."""
+        self.result.stages[self.name] = NOT_RUN
+
 
 @dataclass
 class ExportResult(ResultCodes):

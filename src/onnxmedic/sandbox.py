@@ -12,6 +12,7 @@ import contextvars
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 120.0
 WORKER = Path(__file__).resolve().parent / "_sandbox_worker.py"
+# a command the sandbox child runs under (split like a shell line), e.g. QEMU's user-mode
+# emulator to run ONNX Runtime as on a CPU this machine is not (docs/optimize-isa.md):
+# ``ONNXMEDIC_SANDBOX_WRAPPER="qemu-x86_64 -cpu Haswell-noTSX"`` verifies as on an AVX2 CPU
+WRAPPER_ENV = "ONNXMEDIC_SANDBOX_WRAPPER"
 
 # A model whose file and external data take more than this share of the memory available gets
 # a memory-lean session (see lean_session). A normal session holds up to twice the weights in
@@ -294,7 +299,8 @@ class Worker:
         # several GiB) are copied and whose pages the child shares until it execs - a
         # multi-GiB resident double in /proc for a moment, and slower.
         self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            [sys.executable, str(WORKER), str(self.dir), str(memory_limit or 0)]
+            shlex.split(os.environ.get(WRAPPER_ENV, ""))
+            + [sys.executable, str(WORKER), str(self.dir), str(memory_limit or 0)]
             + (["serve"] if serve else []),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL if serve else subprocess.PIPE,
             stderr=self.log if serve else subprocess.PIPE,
@@ -335,7 +341,7 @@ class Worker:
         timing: dict[str, Any] | None = None,
         cuda_tf32: bool = False,
         cuda_options: dict[str, str] | None = None,
-        keep_session: bool = False, prepack: bool = True,
+        keep_session: bool = False, prepack: bool = True, session_config: dict | None = None,
     ) -> SandboxResult:
         """Send the one request and wait for it, at most ``timeout`` seconds. Feeds after the
         first ``n_required`` are optional: a run error there is recorded in ``run_errors`` and
@@ -353,7 +359,8 @@ class Worker:
         "1"}``). ``keep_session``: a serving child keeps the session for the next request that
         asks so for the same model files and session options (a generation loop's steps:
         loading a 0.5 B decoder takes seconds, a step milliseconds); ``session_reused`` says
-        whether it did. ``prepack=False``: no weight repacking at load (a few runs, big model)."""
+        whether it did. ``prepack=False``: no weight repacking at load (a few runs, big model).
+        ``session_config``: session config entries, e.g. isa.PRECISION_CONFIG."""
         proc = self.proc
         if proc is None:
             raise RuntimeError("sandbox worker already used")
@@ -376,11 +383,10 @@ class Worker:
             "disable_optimizations": disable_optimizations,
             "probe_opset": probe_opset,
             "n_required": len(feeds) if n_required is None else n_required,
-            "timing": timing,
-            "cuda_tf32": cuda_tf32,
+            "timing": timing, "cuda_tf32": cuda_tf32,
             "cuda_options": dict(cuda_options or {}),
             "keep_session": keep_session, "no_prepack": not prepack,
-        })
+            "session_config": dict(session_config or {})})
         timed_out, stderr = self._await(proc, timeout, log_at)
         phase_file = req_dir / "phase"
         phase = phase_file.read_text() if phase_file.exists() else "start"
@@ -691,10 +697,12 @@ def run_model(
     fresh: bool = False,
     keep_session: bool = False,
     prepack: bool = True,
+    session_config: dict[str, str] | None = None,
 ) -> SandboxResult:
     """Load ``model_path`` in a child ONNX Runtime and run each feed dict; never raises for
     failures of the model or of ONNX Runtime. ``lean``, ``timing``, ``cuda_tf32``,
-    ``cuda_options``, ``keep_session`` (only inside :func:`reuse`), ``prepack``: see
+    ``cuda_options``, ``keep_session`` (only inside :func:`reuse`), ``prepack``,
+    ``session_config``: see
     :meth:`Worker.run`; a default session unless asked (timings, as optimize's, are of the
     session users deploy). Inside :func:`reuse`, a kept child serves it (the default cap)
     unless ``fresh``: timings take a child of their own, as a deployment loads its model into
@@ -704,7 +712,7 @@ def run_model(
                "disable_optimizations": disable_optimizations, "probe_opset": probe_opset,
                "lean": lean, "timing": timing, "cuda_tf32": cuda_tf32,
                "cuda_options": cuda_options, "keep_session": keep_session,
-               "prepack": prepack}
+               "prepack": prepack, "session_config": session_config}
     server = active_server()
     if server is not None and memory_limit == -1 and not fresh:
         return server.run(model_path, feeds, **options)

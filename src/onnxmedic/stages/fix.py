@@ -21,6 +21,7 @@ from onnxmedic.fixes.kernels import (
     trt_fallback_finding,
 )
 from onnxmedic.onnxfile import has_external_data, save_program, saved_proto
+from onnxmedic.quantized import WeightZeroPoints
 from onnxmedic.sandbox import providers
 from onnxmedic.stages import check as checks
 
@@ -32,6 +33,9 @@ def fix_stage(ctx: ExportContext) -> bool:
     policy. False when the model cannot run there and was not repaired."""
     result, target, policy = ctx.result, ctx.opts.target, ctx.opts.dtype_policy
     with result.stage(STAGE, conclude=False) as st:
+        if try_fix(WeightZeroPoints(), ctx.onnx_program.model):  # quantized.py
+            path = save_program(ctx.onnx_program, ctx.tmp_dir, ctx.name)
+            result.onnx_model = saved_proto(ctx.onnx_program, path)
         nodes = {n.name: n for n in result.onnx_model.graph.node}
         report = try_fix(fx.DtypeRepair(target, policy), ctx.onnx_program.model,
                          check_on=result.onnx_model)

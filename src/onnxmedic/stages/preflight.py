@@ -18,7 +18,12 @@ from onnxmedic._locate import attribute_writes, location_from_exception
 from onnxmedic._tensors import describe, flatten_tensors, reference_mode, to_numpy
 from onnxmedic.context import ExportContext
 from onnxmedic.findings import Finding, error, info, listed, warning
-from onnxmedic.quantized import quantized_findings, quantized_outputs_finding
+from onnxmedic.quantized import (
+    float_twin,
+    quantized_findings,
+    quantized_outputs_finding,
+    twin_finding,
+)
 
 STAGE = "preflight"
 
@@ -118,11 +123,12 @@ def run(model: torch.nn.Module | torch.export.ExportedProgram, args: tuple[Any, 
 
 
 def preflight_stage(result: Any, model: Any, args: tuple[Any, ...],
-                    kwargs: dict[str, Any]) -> list[Any] | None:
+                    kwargs: dict[str, Any], quantized_ok: bool = False) -> list[Any] | None:
     """The preflight stage on ``result``: the example's outputs (numpy) in PyTorch, or None
     (and the stage failed with its finding)."""
     with result.stage(STAGE) as st:
-        quantized = quantized_findings(model, args, kwargs)
+        quantized = [f for f in quantized_findings(model, args, kwargs)
+                     if not (quantized_ok and f.code == "OM211")]
         if quantized:  # torch.ao's quantized kernels: no ONNX form (OM211, OM212)
             st.fail(*quantized)
             return None
@@ -289,7 +295,12 @@ def first_call_state(result: Any, model: Any, state: borrow.State | None) -> Non
 def export_preflight(ctx: ExportContext) -> bool:
     """Run the model eagerly on the example inputs; its outputs are the reference the later
     stages compare with."""
-    ctx.expected = preflight_stage(ctx.result, ctx.model, ctx.args, ctx.kwargs)
+    twin = float_twin(ctx.model)  # an eager torch.ao quantized model it can export
+    ctx.expected = preflight_stage(ctx.result, ctx.model, ctx.args, ctx.kwargs,
+                                   quantized_ok=twin is not None)
     if ctx.expected is not None:  # capture sees the state a plain call sees (OM125, OM126)
         first_call_state(ctx.result, ctx.model, ctx.state)
+    if ctx.expected is not None and twin is not None:
+        ctx.result.findings.append(twin_finding(ctx.model))
+        ctx.judged_against, ctx.model = ctx.model, twin
     return ctx.expected is not None

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from onnxmedic import borrow, sandbox
+from onnxmedic import borrow, isa, sandbox
 from onnxmedic._locate import location_from_onnx_node, onnx_neighbourhood, onnx_node_in_error
 from onnxmedic._tensors import flatten_tensors, reference_mode, to_numpy
 from onnxmedic.capture import capture
@@ -280,20 +280,32 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
             st.fail(e.finding)
             return {}
         providers = sandbox.providers(target)
+        config = isa.session_config_of(proto)  # what the file says it needs (OM546)
         if worker is None:
             sbx = sandbox.run_model(onnx_path, feeds, timeout=timeout, providers=providers,
-                                    lean=None)
+                                    lean=None, session_config=config)
         else:
             sbx = worker.run(onnx_path, feeds, timeout=timeout, n_required=sets.n_required,
-                             providers=providers)
+                             providers=providers, session_config=config)
     if not record_runtime(result, sbx, target, timeout):
         return {}
-    with result.stage("compare", conclude=False):
-        shape_failures = _compare(result, model, proto, sbx, sets,
-                                  sbx.output_names or onnx_outputs, tolerance)
-        shape_failures, applied = apply_size_rules(result, rules or {}, sets, shape_failures,
-                                                   dim_symbols(example, onnx_dims))
-    values = judge(result, sets, shape_failures)
+    mark = (len(result.verification), len(result.findings))
+
+    def compare(sbx: sandbox.SandboxResult) -> Compared:
+        with result.stage("compare", conclude=False):
+            shape_failures = _compare(result, model, proto, sbx, sets,
+                                      sbx.output_names or onnx_outputs, tolerance)
+            shape_failures, applied = apply_size_rules(result, rules or {}, sets,
+                                                       shape_failures,
+                                                       dim_symbols(example, onnx_dims))
+        return judge(result, sets, shape_failures), applied, shape_failures
+
+    values, applied, shape_failures = compare(sbx)
+    if values and not config and target.partition(":")[0] == "cpu" \
+            and isa.integer_kernels(proto):
+        values, applied, shape_failures = _both_ways(
+            result, onnx_path, proto, feeds, sets, sbx, timeout,
+            (values, applied, shape_failures), mark, compare)
     if localizer is None:
         return applied
     at_size = _size_failure(shape_failures) if not values else None
@@ -308,6 +320,53 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
         if at_size is not None:
             point_at_first_node(at_size, result.localization)
     return applied
+
+
+def _worst(comps: list[OutputComparison], steps: dict[str, float]) -> dict[str, Any]:
+    """The figures of the worst output (isa.precision_findings)."""
+    c = max(comps, key=lambda c: c.max_abs)
+    step = steps.get(c.name)
+    return {"output": c.name, "input_set": c.input_set, "max_abs": float(c.max_abs),
+            "steps": float(c.max_abs / step) if step else None, "ok": c.ok}
+
+
+# a judgement: the value mismatches, the size rules applied, the shape failures
+Compared = tuple[list[OutputComparison], dict[str, SizeRule], list[Finding]]
+
+
+def _both_ways(result: ExportResult, onnx_path: Path, proto: Any, feeds: list[dict[str, Any]],
+               sets: InputSets, sbx: sandbox.SandboxResult, timeout: float,
+               default: Compared, mark: tuple[int, int], compare: Any) -> Compared:
+    """An integer-kernel file outside the budget run again with isa.PRECISION_CONFIG: where
+    that changes its outputs, this CPU's u8s8 kernels saturate, and the file is judged by the
+    exact kernels' outputs (OM546: verified with the setting; OM547: it fails both ways),
+    both figures given. Where the outputs are the same (no saturation here, or a file the
+    setting does not load) the default verdict stands."""
+    precise = sandbox.run_model(onnx_path, feeds, timeout=timeout, lean=None,
+                                session_config=isa.PRECISION_CONFIG)
+    if not precise.ok:
+        logger.info("with %s: %s", isa.PRECISION_CONFIG, precise.summary())
+        return default
+    if len(precise.outputs) == len(sbx.outputs) and all(
+            len(a) == len(b) and all(np.array_equal(x, y, equal_nan=True)
+                                     for x, y in zip(a, b))
+            for a, b in zip(sbx.outputs, precise.outputs)):
+        return default  # the same integers: nothing saturates here
+    steps = quantization_scales(proto)
+    before = _worst(default[0], steps)
+    # the default's verdict is replaced by the exact kernels' (the float64 reference and
+    # OM605 stay: they are the model's, not this run's)
+    del result.verification[mark[0]:]
+    result.findings[mark[1]:] = [f for f in result.findings[mark[1]:]
+                                 if f.stage != "compare" or f.code == "OM605"]
+    result.record("compare").reopen()
+    judged = compare(precise)
+    required = set(sets.labels[:sets.n_required])
+    mine = [c for c in result.verification if c.input_set in required]
+    with_setting = _worst(judged[0] or mine, steps)
+    result.findings.extend(isa.precision_findings("compare", before, with_setting,
+                                                  verified=not judged[0]))
+    return judged
 
 
 def _variant_sizes(sets: InputSets, name: str) -> list[tuple[int, str]]:
@@ -636,7 +695,7 @@ def verify_stage(ctx: ExportContext) -> bool:
         localizer = (Localizer(False, lambda: (decomposed or program, decomposed is not None))
                      if opts.localize and not stand_in else None)
         applied = run_and_compare(
-            result, ctx.model, stand_in[0] if stand_in else ctx.onnx_path,
+            result, ctx.judged_against or ctx.model, stand_in[0] if stand_in else ctx.onnx_path,
             stand_in[1] if stand_in else result.onnx_model, ctx.example, ctx.expected,
             opts.timeout, opts.tolerance, ctx.worker, opts.target, localizer=localizer,
             probe_branches=ctx.branch_probe, rules=guard_rules(ctx),
@@ -646,6 +705,8 @@ def verify_stage(ctx: ExportContext) -> bool:
     ctx.verified = result.stages.get("compare") == PASSED
     if ctx.verified and applied and ctx.onnx_path is not None:
         append_metadata(ctx.onnx_path, result.onnx_model, applied)
+    if ctx.verified and ctx.onnx_path is not None and not stand_in:
+        isa.record_session_config(ctx.onnx_path, result.onnx_model, result.findings)
     result.ok = ctx.verified
     return True
 
@@ -692,7 +753,8 @@ def verify_file(result: ExportResult, proto: Any, path: Path, model: Any,
     program = model
     if isinstance(model, torch.export.ExportedProgram):
         model = model.module()  # unlifted once, not once per input set (slow for big graphs)
-    expected = preflight_stage(result, model, inputs.args, inputs.kwargs)
+    # a torch.ao quantized model runs in PyTorch: a file is judged against its own run
+    expected = preflight_stage(result, model, inputs.args, inputs.kwargs, quantized_ok=True)
     if expected is None:
         return
     localizer = (Localizer(True, lambda: program_for(program, inputs),
