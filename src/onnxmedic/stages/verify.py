@@ -47,6 +47,7 @@ from onnxmedic.verify.input_sets import (
     shape_variants,
 )
 from onnxmedic.verify.localizer import Localizer
+from onnxmedic.verify.ranking import ranked_outputs, rejudge_rankings
 from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.size_rules import (
     SizeRule,
@@ -444,10 +445,13 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
                        steps)
     shape_failures: list[Finding] = []
     keys = row_keys(proto, len(names))  # which outputs' rows one selection picks
+    ranked = ranked_outputs(proto, len(names))  # integer outputs a top-k/argmax/NMS picks
     for i in ran:  # detection outputs (boxes, scores, labels) are sets, compared as such
         shape_failures += rejudge_detections(
             names, sets.expected[i], sbx.outputs[i], comps[i], keys, sets.labels[i],
             reference=lambda i=i: _reference_of(result, model, sets, i))
+        rejudge_rankings(sets.expected[i], sbx.outputs[i], comps[i], ranked,
+                         reference=lambda i=i: _reference_of(result, model, sets, i))
     for i, label in enumerate(sets.labels[:len(sbx.outputs)]):
         if i in sbx.run_errors:
             shape_failures.append(shape_finding(proto, label, sbx.run_errors[i]))

@@ -346,29 +346,32 @@ class DetectionSet:
         return (*self.triple, *self.rows)
 
 
-def _selected(graph: Any) -> set[str]:
-    """Names of the values of ``graph`` computed from a SELECTING_OPS node (its ancestors
-    include one): rows picked by a top-k, an NMS, a mask or an argmax."""
+def computed_from(graph: Any, ops: frozenset[str]) -> set[str]:
+    """Names of the graph outputs of ``graph`` that a node of one of ``ops`` is among the
+    ancestors of (top-level nodes: a top-k, an NMS, a mask, an argmax)."""
     producer = {o: n for n in graph.node for o in n.output}
     memo: dict[str, bool] = {}
 
-    def from_selection(name: str) -> bool:
-        stack, order = [name], []
-        while stack:  # iterative: detection graphs are deep
-            v = stack.pop()
-            if v in memo or v not in producer:
-                memo.setdefault(v, False)
+    def from_op(name: str) -> bool:
+        stack = [(name, False)]
+        while stack:  # iterative post-order: detection graphs are deep
+            v, done = stack.pop()
+            if done:
+                node = producer[v]
+                memo[v] = node.op_type in ops or any(memo.get(i, False)
+                                                     for i in node.input if i)
+                continue
+            if v in memo:
+                continue
+            if v not in producer:  # a graph input or an initializer
+                memo[v] = False
                 continue
             memo[v] = False  # visiting; a cycle (none in a valid graph) reads False
-            order.append(v)
-            stack.extend(i for i in producer[v].input if i)
-        for v in reversed(order):
-            node = producer[v]
-            memo[v] = node.op_type in SELECTING_OPS or any(memo.get(i, False)
-                                                           for i in node.input if i)
+            stack.append((v, True))
+            stack.extend((i, False) for i in producer[v].input if i and i not in memo)
         return memo[name]
 
-    return {o.name for o in graph.output if from_selection(o.name)}
+    return {o.name for o in graph.output if from_op(o.name)}
 
 
 def row_keys(proto: Any, n: int) -> list[str | None]:
@@ -379,7 +382,7 @@ def row_keys(proto: Any, n: int) -> list[str | None]:
     selection (a top-k of a fixed k): ``"=<size>"``; otherwise None (not a set's member)."""
     keys: list[str | None] = []
     try:
-        selected = _selected(proto.graph)
+        selected = computed_from(proto.graph, SELECTING_OPS)
         for o in list(proto.graph.output)[:n]:
             dims = o.type.tensor_type.shape.dim
             if not dims:
