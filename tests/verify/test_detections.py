@@ -399,3 +399,6 @@ def test_rows_named_apart_from_their_set_still_join_it() -> None:
         DetectionSet(0, 1, 2, (3,))]
     assert detection_sets([b, s, lab, kps[:4]], ["u0", "u0", "u0", "u2"]) == [
         DetectionSet(0, 1, 2)]
+    # the labels' dim proved fixed (a top-k's k), the others data-dependent: one set
+    assert detection_sets([b, lab, s], ["u0", f"={len(b)}", "u0"]) == [DetectionSet(0, 2, 1)]
+    assert detection_sets([b, lab, s], ["u0", None, "u0"]) == []  # not from a selection

@@ -422,7 +422,7 @@ def detection_sets(expected: list[np.ndarray], keys: list[str | None]) -> list[D
     the user's flattening, found from the program (``keys``: :func:`row_keys`): outputs whose
     rows one selection picks (the same symbol for their first dim) holding boxes, scores and
     labels outputs (:func:`_sets_in`). Where the exporter named the dims of one selection
-    differently, the outputs with a data-dependent first dim left over are grouped by their
+    differently (or proved one of them fixed), the outputs left over are grouped by their
     count instead, and one still left over joins, as rows, a set of its count."""
     arrays = {k: np.asarray(a) for k, a in enumerate(expected)
               if k < len(keys) and keys[k] is not None and a is not None and np.ndim(a) >= 1}
@@ -435,7 +435,7 @@ def detection_sets(expected: list[np.ndarray], keys: list[str | None]) -> list[D
     for members in groups.values():
         sets, rest = _sets_in(members, arrays)
         found += sets
-        left += [k for k in rest if not str(keys[k]).startswith("=")]
+        left += rest
     by_count: dict[int, list[int]] = {}
     for k in sorted(left):
         by_count.setdefault(len(arrays[k]), []).append(k)
