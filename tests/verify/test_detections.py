@@ -402,3 +402,24 @@ def test_rows_named_apart_from_their_set_still_join_it() -> None:
     # the labels' dim proved fixed (a top-k's k), the others data-dependent: one set
     assert detection_sets([b, lab, s], ["u0", f"={len(b)}", "u0"]) == [DetectionSet(0, 2, 1)]
     assert detection_sets([b, lab, s], ["u0", None, "u0"]) == []  # not from a selection
+
+
+def test_a_set_tied_throughout_is_judged_by_count_and_scores() -> None:
+    """Fresh weights score every box alike (SSDlite: 1/91): which boxes survive is arbitrary,
+    so the sets may differ whole; a dropped box (the count) or a wrong score is still caught."""
+    from onnxmedic.verify.compare import compare_outputs
+    from onnxmedic.verify.detections import RULE_DETECTIONS_TIED, rejudge_detections
+
+    exp = _dets(10)
+    exp = (exp[0], np.full(10, 1 / 91, np.float32), exp[2])
+    other = _dets(10, seed=7)
+    act = (other[0] + 500, exp[1].copy(), other[2] + 20)  # other boxes, other classes
+    assert compare_detections(exp, act).ok
+    names = ["boxes", "scores", "labels"]
+    comps = compare_outputs(names, list(exp), list(act))
+    assert rejudge_detections(names, list(exp), list(act), comps, ["u0"] * 3, "x") == []
+    assert all(c.ok and c.rule == RULE_DETECTIONS_TIED for c in comps)
+    assert "OM613" in _codes(exp, tuple(a[1:] for a in exp))  # the count differs
+    wrong = (act[0], act[1].copy(), act[2])
+    wrong[1][3] += 0.01
+    assert not compare_detections(exp, wrong).ok
