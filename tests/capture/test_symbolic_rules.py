@@ -313,6 +313,28 @@ def test_len_of_a_tensor_keeps_the_batch_dynamic_in_a_non_strict_capture():
     assert builtins.len is before
 
 
+class PickedByLen(torch.nn.Module):
+    """Rows a mask picks (a data-dependent count) sized by len() - torchvision's
+    MultiScaleRoIAlign: ``len(rois)`` - and the outputs flattened from a dict in sorted order,
+    which TorchDynamo cannot sort (so only non-strict capture is left)."""
+
+    def forward(self, x):
+        rows = x[x[:, 0] > 0]
+        d = {"rows": rows, "out": torch.zeros(len(rows), 2) + rows[:, :1]}
+        return tuple(v for _, v in sorted(d.items()))
+
+
+def test_len_of_a_data_dependent_size_stays_symbolic_without_dynamic_shapes():
+    from onnxmedic.capture.strategies import TorchExportNonStrict, capture
+
+    x = torch.randn(12, 3, generator=torch.Generator().manual_seed(0))
+    res = capture(PickedByLen(), (x,), {}, None, strategies=[TorchExportNonStrict])
+    assert res[-1].ok, res[-1].error
+    out = res[-1].program.module()(x)
+    want = PickedByLen()(x)
+    assert all(torch.equal(a, b) for a, b in zip(out, want))
+
+
 def test_a_strict_capture_after_the_len_stand_in_still_traces_len():
     """TorchDynamo lists the builtins once, lazily: listed while ``symbolic_len`` had its
     stand-in in ``builtins``, the real ``len`` was missing for the rest of the process and every

@@ -127,6 +127,50 @@ def test_mixed_int_float_found_by_doctor_and_repaired(tmp_path):
                                   np.maximum(feeds["x"].astype(np.float32) + feeds["y"], 0))
 
 
+def test_mixed_int32_int64_max_widened(tmp_path):
+    """Mask R-CNN's export leaves a Max of an int32 and an int64 (T bound twice): without a
+    float to cast to, the int32 input is widened to int64, as torch promotes."""
+    x = helper.make_tensor_value_info("x", TensorProto.INT32, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [3])
+    z = helper.make_tensor_value_info("z", TensorProto.INT64, [3])
+    g = helper.make_graph([helper.make_node("Max", ["x", "y"], ["m"], name="max"),
+                           helper.make_node("Neg", ["m"], ["z"], name="neg")], "g", [x, y], [z])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 10
+    p = tmp_path / "imax.onnx"
+    onnx.save(m, p)
+    big = 1 << 40  # beyond int32: a cast the other way would lose it
+    feeds = {"x": np.array([1, -7, 3], np.int32), "y": np.array([2, -9, big], np.int64)}
+    assert not sandbox.run_model(p, [feeds]).ok
+    (gap,) = fx.kernel_gaps(onnx.load(p))
+    assert gap.kind == "mixed" and gap.op == "Max" and set(gap.clashing) == {
+        "tensor(int32)", "tensor(int64)"}
+    irm = ir.from_proto(onnx.load(p))
+    rep = fx.apply_policy(irm, [gap], "upcast")
+    assert rep.fixed == [gap] and rep.casts_added == 1 and not rep.not_fixed
+    fixed = tmp_path / "fixed.onnx"
+    ir.save(irm, fixed)
+    onnx.checker.check_model(onnx.load(fixed), full_check=True)
+    assert fx.kernel_gaps(onnx.load(fixed)) == []
+    after = sandbox.run_model(fixed, [feeds])
+    assert after.ok, after.error
+    np.testing.assert_array_equal(after.outputs[0][0], -np.maximum(feeds["x"], feeds["y"]))
+
+
+def test_mixed_unsigned_int_clash_is_not_guessed(tmp_path):
+    """A clash between a signed and an unsigned integer has no widening that keeps both: it
+    is reported, not repaired."""
+    x = helper.make_tensor_value_info("x", TensorProto.UINT8, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.INT32, [3])
+    z = helper.make_tensor_value_info("z", TensorProto.INT32, [3])
+    g = helper.make_graph([helper.make_node("Max", ["x", "y"], ["z"], name="max")], "g",
+                          [x, y], [z])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    (gap,) = fx.kernel_gaps(m)
+    rep = fx.apply_policy(ir.from_proto(m), [gap], "upcast")
+    assert not rep.fixed and "widen" in rep.not_fixed[0][1]
+
+
 def test_doctor_lists_bf16_nodes_without_kernels(tmp_path):
     m, x = _bf16()
     torch.onnx.export(m, x, dynamo=True, verbose=False).save(tmp_path / "bf16.onnx")

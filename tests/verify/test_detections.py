@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from onnxmedic.findings import CODES
 from onnxmedic.verify.detections import DetectionBudget, compare_detections
@@ -141,13 +142,13 @@ def test_verification_rejudges_reordered_detections_as_a_set() -> None:
     comps = _positional(exp, act)
     assert not all(c.ok for c in comps)
     names = ["boxes", "scores", "labels"]
-    fixed = rejudge_detections(names, list(exp), list(act), comps, [False] * 3, "example")
+    fixed = rejudge_detections(names, list(exp), list(act), comps, [None] * 3, "example")
     assert fixed == [] and not all(c.ok for c in comps)  # a fixed N: not a detection set
-    assert rejudge_detections(names, list(exp), list(act), comps, [True] * 3, "example") == []
+    assert rejudge_detections(names, list(exp), list(act), comps, ["u0"] * 3, "example") == []
     assert all(c.ok and c.rule == RULE_DETECTIONS for c in comps)
     dropped = tuple(a[1:] for a in act)
     comps = _positional(exp, dropped)
-    found = rejudge_detections(names, list(exp), list(dropped), comps, [True] * 3, "example")
+    found = rejudge_detections(names, list(exp), list(dropped), comps, ["u0"] * 3, "example")
     assert [f.code for f in found] == ["OM613"] and not any(c.ok for c in comps)
 
 
@@ -197,7 +198,7 @@ def test_verification_rejudges_masks_with_their_detections() -> None:
             act_masks[2] = np.roll(act_masks[2], 2, axis=-1)
         act = [a[perm] for a in exp] + [act_masks[perm]]
         comps = compare_outputs(names, [*exp, masks], act)
-        found = rejudge_detections(names, [*exp, masks], act, comps, [True] * 4, "example")
+        found = rejudge_detections(names, [*exp, masks], act, comps, ["u0"] * 4, "example")
         assert [f.code for f in found] == (["OM619"] if fault else [])
         assert all(c.ok for c in comps) != fault
 
@@ -241,7 +242,7 @@ def test_verification_rejudges_detections_against_the_float64_run() -> None:
         exp = [*_drop(ref, *drop32), _drop((kps,), *drop32)[0]]
         act = [*_drop(ref, *drop_onnx), _drop((kp_onnx,), *drop_onnx)[0]]
         comps = compare_outputs(names, exp, act)
-        found = rejudge_detections(names, exp, act, comps, [True] * 4, "example",
+        found = rejudge_detections(names, exp, act, comps, ["u0"] * 4, "example",
                                    reference=lambda: asked.append(1) or [*ref, kps])
         assert all(c.ok for c in comps) == (not found)
         assert all(c.rule == RULE_DETECTIONS_F64 for c in comps) == (not found and drop32 != ())
@@ -253,3 +254,172 @@ def test_verification_rejudges_detections_against_the_float64_run() -> None:
     shifted = kps.copy()
     shifted[7, 1, 0] += 1.0
     assert run((3,), (5,), shifted) == ["OM613", "OM614", "OM619"]
+
+
+def test_detection_sets_are_found_in_any_order_and_nesting() -> None:
+    """Sets are found by their shared first dim, not by their place: sorted keys, insertion
+    order, a hand-written order with rows between, two images (two symbols), two sets of one
+    unnamed count; a group without labels is not a set."""
+    from onnxmedic.verify.detections import DetectionSet, detection_sets
+
+    (b, s, lab), masks, kps = _with_rows()
+    assert detection_sets([b, kps, lab, s], ["u0"] * 4) == [DetectionSet(0, 3, 2, (1,))]
+    assert detection_sets([b, s, lab], ["u0"] * 3) == [DetectionSet(0, 1, 2)]
+    assert detection_sets([s, masks, lab, b], ["u3"] * 4) == [DetectionSet(3, 0, 2, (1,))]
+    b2, s2, l2 = (a[:5] for a in (b, s, lab))
+    two = [b, l2, s, b2, s2, lab]
+    assert detection_sets(two, ["u0", "u1", "u0", "u1", "u1", "u0"]) == [
+        DetectionSet(0, 2, 5), DetectionSet(3, 4, 1)]
+    assert detection_sets([b, s, lab, b, s, lab], ["?"] * 6) == [
+        DetectionSet(0, 1, 2), DetectionSet(3, 4, 5)]
+    assert detection_sets([b, s, lab], [None, "u0", "u0"]) == []
+    assert detection_sets([b, s, s], ["u0"] * 3) == []
+
+
+def test_row_keys_come_from_the_program() -> None:
+    """A dynamic first dim keys by its symbol; a fixed one only where a selection (TopK)
+    computes the output; other outputs are no set's members."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from onnxmedic.verify.detections import row_keys
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [10])
+    outs = [helper.make_tensor_value_info("vals", TensorProto.FLOAT, [3]),
+            helper.make_tensor_value_info("idx", TensorProto.INT64, [3]),
+            helper.make_tensor_value_info("plain", TensorProto.FLOAT, [10]),
+            helper.make_tensor_value_info("picked", TensorProto.FLOAT, ["u7"]),
+            helper.make_tensor_value_info("dyn", TensorProto.FLOAT, [None])]
+    k = helper.make_tensor("k", TensorProto.INT64, [1], [3])
+    nodes = [helper.make_node("TopK", ["x", "k"], ["top", "idx"]),
+             helper.make_node("Neg", ["top"], ["vals"]),
+             helper.make_node("Relu", ["x"], ["plain"]),
+             helper.make_node("Gather", ["x", "idx"], ["picked"]),
+             helper.make_node("Identity", ["x"], ["dyn"])]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], outs, [k]))
+    onnx.checker.check_model(m)
+    assert row_keys(m, 5) == ["=3", "=3", None, "u7", "?"]
+    assert row_keys(None, 2) == [None, None]
+
+
+class _Det(torch.nn.Module):
+    """A small detector in plain torch returning torchvision's shape of result, a list with
+    a dict per image: the top k cells' boxes, above a score threshold, with a keypoint row."""
+
+    def __init__(self, classes: int = 4, k: int = 24) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.k = k
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 2, 1), torch.nn.ReLU(),
+                                        torch.nn.Conv2d(8, 6 + classes, 3, 2, 1))
+
+    def forward(self, image: torch.Tensor, threshold: torch.Tensor) -> list[dict]:
+        p = self.body(image)[0].flatten(1).T
+        centre = p[:, :2].sigmoid() * 64
+        size = p[:, 2:4].exp().clamp(max=4.0) * 8
+        boxes = torch.cat([centre - size / 2, centre + size / 2], 1)
+        scores, labels = (p[:, 4:-2] * 8).softmax(1).max(1)
+        top, idx = scores.topk(self.k)
+        keep = top > threshold
+        idx = idx[keep]
+        return [{"boxes": boxes[idx], "labels": labels[idx], "scores": top[keep],
+                 "keypoints": p[idx, -2:] * 10}]
+
+
+class _Layout(torch.nn.Module):
+    """The detector one module deep, its dicts flattened as a user would."""
+
+    def __init__(self, layout: str) -> None:
+        super().__init__()
+        self.layout, self.det = layout, _Det()
+
+    def forward(self, image: torch.Tensor, threshold: torch.Tensor) -> tuple:
+        (d,) = self.det(image, threshold)
+        if self.layout == "sorted":
+            return tuple(v for _, v in sorted(d.items()))
+        if self.layout == "insertion":
+            return tuple(d.values())
+        return d["scores"], (d["labels"], d["keypoints"]), d["boxes"]
+
+
+# the flattened output index of boxes, labels and each set's outputs, per layout
+_LAYOUTS = {"sorted": (0, 2, [0, 1, 2, 3]), "insertion": (0, 1, [0, 1, 2, 3]),
+            "hand": (3, 1, [0, 1, 2, 3])}
+
+
+@pytest.mark.parametrize("layout", [
+    "hand", *(pytest.param(k, marks=pytest.mark.slow) for k in ("sorted", "insertion"))])
+def test_detector_in_any_layout_verifies_and_faults_are_caught(tmp_path, layout: str) -> None:
+    """A detector wrapped in three output layouts exports and verifies; a moved box, a dropped
+    box and a wrong label injected into its ONNX model are each caught as a detection-set
+    finding (not an element-by-element mismatch), whatever the order of the outputs."""
+    import onnx
+
+    import onnxmedic
+    from onnxmedic.verify import faults
+    from onnxmedic.verify.detections import RULE_DETECTIONS
+
+    model = _Layout(layout).eval()
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    args = (image, torch.tensor(0.42))
+    with torch.no_grad():
+        n = len(model.det(*args)[0]["boxes"])
+    assert 3 < n < 24
+    path = tmp_path / "det.onnx"
+    res = onnxmedic.export(model, args, path)
+    assert res.ok, [(f.code, f.message[:300]) for f in res.findings]
+    proto = onnx.load(path)
+    names = [o.name for o in proto.graph.output]
+    b, lab, members = _LAYOUTS[layout]
+    injected = {"moved box": (faults.shift_first_row(proto, names[b], 2.0), "OM616"),
+                "dropped box": (faults.drop_first_row(proto, [names[k] for k in members]),
+                                "OM613"),
+                "wrong label": (faults.shift_first_row(proto, names[lab], 1), "OM615")}
+    for what, (bad, code) in injected.items():
+        bad_path = tmp_path / f"{what.replace(' ', '_')}.onnx"
+        onnx.save(bad, bad_path)
+        r = onnxmedic.verify(bad_path, model, args)
+        codes = [f.code for f in r.findings]
+        assert not r.ok and code in codes, (what, codes)
+        judged = [c for c in r.verification if not c.ok]
+        assert judged and all(c.rule == RULE_DETECTIONS for c in judged), (what, [
+            (c.name, c.input_set, c.rule, c.reason) for c in judged])
+
+
+def test_rows_named_apart_from_their_set_still_join_it() -> None:
+    """The exporter may give one selection's outputs different symbols (keypoints gathered
+    by another index op): a dynamic output left over joins the set of its count as rows;
+    a triple named apart is grouped by its count."""
+    from onnxmedic.verify.detections import DetectionSet, detection_sets
+
+    (b, s, lab), _, kps = _with_rows()
+    assert detection_sets([s, lab, kps, b], ["u0", "u0", "u3", "u0"]) == [
+        DetectionSet(3, 0, 1, (2,))]
+    assert detection_sets([b, s, lab, kps], ["u0", "u1", "u0", "u2"]) == [
+        DetectionSet(0, 1, 2, (3,))]
+    assert detection_sets([b, s, lab, kps[:4]], ["u0", "u0", "u0", "u2"]) == [
+        DetectionSet(0, 1, 2)]
+    # the labels' dim proved fixed (a top-k's k), the others data-dependent: one set
+    assert detection_sets([b, lab, s], ["u0", f"={len(b)}", "u0"]) == [DetectionSet(0, 2, 1)]
+    assert detection_sets([b, lab, s], ["u0", None, "u0"]) == []  # not from a selection
+
+
+def test_a_set_tied_throughout_is_judged_by_count_and_scores() -> None:
+    """Fresh weights score every box alike (SSDlite: 1/91): which boxes survive is arbitrary,
+    so the sets may differ whole; a dropped box (the count) or a wrong score is still caught."""
+    from onnxmedic.verify.compare import compare_outputs
+    from onnxmedic.verify.detections import RULE_DETECTIONS_TIED, rejudge_detections
+
+    exp = _dets(10)
+    exp = (exp[0], np.full(10, 1 / 91, np.float32), exp[2])
+    other = _dets(10, seed=7)
+    act = (other[0] + 500, exp[1].copy(), other[2] + 20)  # other boxes, other classes
+    assert compare_detections(exp, act).ok
+    names = ["boxes", "scores", "labels"]
+    comps = compare_outputs(names, list(exp), list(act))
+    assert rejudge_detections(names, list(exp), list(act), comps, ["u0"] * 3, "x") == []
+    assert all(c.ok and c.rule == RULE_DETECTIONS_TIED for c in comps)
+    assert "OM613" in _codes(exp, tuple(a[1:] for a in exp))  # the count differs
+    wrong = (act[0], act[1].copy(), act[2])
+    wrong[1][3] += 0.01
+    assert not compare_detections(exp, wrong).ok

@@ -55,6 +55,27 @@ def test_heatmaps_to_keypoints_matches_torchvision() -> None:
     assert detection.heatmaps_to_keypoints(maps[:0], boxes[:0])[0].shape == (0, 3, 3)
 
 
+class _Keypoints(nn.Module):
+    """The boxes a score threshold keeps (a data-dependent count) decoded by the rewrite."""
+
+    def forward(self, maps: torch.Tensor, boxes: torch.Tensor, scores: torch.Tensor):
+        keep = scores > 0.5
+        return detection.heatmaps_to_keypoints(maps[keep], boxes[keep])
+
+
+def test_heatmaps_to_keypoints_captures_non_strict() -> None:
+    """Non-strict capture (left when the user's wrapper defeats TorchDynamo) keeps the
+    largest box's size an unbacked size: no int() of it to specialise (was OM112)."""
+    from onnxmedic.capture.strategies import TorchExportNonStrict, capture
+
+    g = torch.Generator().manual_seed(4)
+    args = (torch.randn(9, 3, 56, 56, generator=g), _boxes(9, 3), torch.rand(9, generator=g))
+    res = capture(_Keypoints(), args, {}, None, strategies=[TorchExportNonStrict])
+    assert res[-1].ok, res[-1].error
+    got, want = res[-1].program.module()(*args), _Keypoints()(*args)
+    assert torch.equal(got[0], want[0]) and torch.allclose(got[1], want[1])
+
+
 def test_rewrites_apply_to_models_holding_their_modules_and_are_undone() -> None:
     from torchvision.models.detection import mask_rcnn, transform
 

@@ -103,9 +103,10 @@ def heatmaps_to_keypoints(maps: torch.Tensor, rois: torch.Tensor
     heights = (rois[:, 3] - rois[:, 1]).clamp(min=1)
     wc, hc = widths.ceil(), heights.ceil()
     n, k, size = maps.shape[0], maps.shape[1], maps.shape[-1]
-    # an integer item: torch.export keeps it an unbacked size (a float's int() it cannot)
-    top_h = int(torch.cat([hc, hc.new_ones(1)]).max().to(torch.int64).item())
-    top_w = int(torch.cat([wc, wc.new_ones(1)]).max().to(torch.int64).item())
+    # an integer item: torch.export keeps it an unbacked size (a float's int() it cannot);
+    # no int() around it, which non-strict capture would have to specialise
+    top_h = torch.cat([hc, hc.new_ones(1)]).max().to(torch.int64).item()
+    top_w = torch.cat([wc, wc.new_ones(1)]).max().to(torch.int64).item()
     torch._check(top_h >= 1)
     torch._check(top_w >= 1)
     rows = _bicubic_rows(hc.to(torch.int64), top_h, size).to(maps.dtype)

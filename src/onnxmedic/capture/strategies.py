@@ -142,9 +142,12 @@ def size_oblivious(dynamic_shapes: Any, strict: bool = False, oblivious: bool = 
     fails in ONNX Runtime at other sizes; onnxmedic's size-symbolic shape rules
     (capture.decomps: LSTM/GRU, affine_grid), where torch's own fix a dynamic size; and, when
     Python runs as-is (not ``strict``), ``len(tensor)`` kept symbolic (``symbolic_len``).
-    ``oblivious=False``: all but backed_size_oblivious (SizesBacked)."""
+    ``oblivious=False``: all but backed_size_oblivious (SizesBacked). Without dynamic shapes
+    only ``symbolic_len`` (not ``strict``): a data-dependent size has no example value to be
+    specialised to, so ``len()`` of it must stay symbolic (torchvision's MultiScaleRoIAlign:
+    ``len(rois)``, reached non-strict when the user's wrapper defeats TorchDynamo)."""
     if not dynamic_shapes:
-        return contextlib.nullcontext()
+        return contextlib.nullcontext() if strict else symbolic_len()
     stack = contextlib.ExitStack()
     if oblivious:
         stack.enter_context(backed_size_oblivious())

@@ -8,7 +8,9 @@ finds every such node at once from ONNX Runtime's own kernel registrations
 of the installed build, not a copy of its documentation) and the ONNX schemas, and repairs them with casts:
 
 - ``upcast``: each offending node runs in float32 between casts (PyTorch's own rounding of every
-  intermediate to the low dtype is kept, so results stay close to PyTorch);
+  intermediate to the low dtype is kept, so results stay close to PyTorch); a node binding one
+  type variable to an integer and a float casts the integer to the float, one binding it to two
+  signed integers (``Max`` of int32 and int64) widens the narrower, as PyTorch promotes;
 - ``boundary``: the whole graph computes in float32, with casts only at the graph's inputs and
   outputs (fewest casts, fastest; intermediates are more precise than PyTorch's);
 - ``keep``: nothing is changed; the gaps are reported.
@@ -54,6 +56,9 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
 LOW_FLOATS = {"tensor(bfloat16)", "tensor(float16)"}
 _LOW_IR = {ir.DataType.BFLOAT16, ir.DataType.FLOAT16}
 _FLOAT_RANK = ["tensor(double)", "tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+# signed integers, widest first: an all-integer clash is widened as torch promotes
+_INT_RANK = {"tensor(int64)": ir.DataType.INT64, "tensor(int32)": ir.DataType.INT32,
+             "tensor(int16)": ir.DataType.INT16, "tensor(int8)": ir.DataType.INT8}
 
 
 @dataclass(frozen=True)
@@ -519,6 +524,25 @@ def _upcast_node(graph: ir.Graph, node: ir.Node, taken: set[str],
     return added
 
 
+def _widen_ints(graph: ir.Graph, node: ir.Node, clashing: set[ir.DataType],
+               wide: ir.DataType, taken: set[str]) -> int:
+    """An all-integer node whose type variable is bound to two integer types (``Max`` of an
+    int32 and an int64): its inputs of the narrower clashing type cast to ``wide`` and its
+    outputs of that type declared ``wide``, as PyTorch promotes. Returns the casts added."""
+    added = 0
+    for i, v in enumerate(list(node.inputs)):
+        if v is None or v.dtype not in clashing or v.dtype == wide:
+            continue
+        c = _cast(v, wide, _unique(f"{node.name}_in{i}_{wide.name.lower()}", taken))
+        graph.insert_before(node, c)
+        node.replace_input_with(i, c.outputs[0])
+        added += 1
+    for o in node.outputs:
+        if o.dtype in clashing:
+            o.dtype = wide
+    return added
+
+
 def _boundary(graph: ir.Graph, taken: set[str]) -> int:
     """Compute the whole graph in float32: initializers, constants, casts to a low float and
     every low-float value become float32; graph inputs and outputs keep their dtypes."""
@@ -615,7 +639,14 @@ def apply_policy(model: ir.Model, gaps: list[KernelGap], policy: str) -> FixRepo
             continue
         floats = {t for t in (*g.types.values(), *g.clashing) if t in _FLOAT_RANK}
         if g.kind == "mixed" and not floats:
-            report.not_fixed.append((g, "no floating-point input to cast the integers to"))
+            if set(g.clashing) <= set(_INT_RANK):  # int32 and int64: widen, as torch does
+                wide = next(v for t, v in _INT_RANK.items() if t in g.clashing)
+                report.casts_added += _widen_ints(graph, node, {
+                    _INT_RANK[t] for t in g.clashing}, wide, taken)
+                report.fixed.append(g)
+            else:
+                report.not_fixed.append((g, "no floating-point input to cast the integers "
+                                         "to, nor signed integers to widen"))
             continue
         if g.kind != "mixed" and not floats & LOW_FLOATS:
             report.not_fixed.append((g, "no bfloat16/float16 value to compute in float32"))

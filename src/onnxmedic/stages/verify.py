@@ -39,7 +39,7 @@ from onnxmedic.verify.budget import (
     torch_error_scale,
 )
 from onnxmedic.verify.compare import OutputComparison, compare_outputs
-from onnxmedic.verify.detections import rejudge_detections
+from onnxmedic.verify.detections import RULE_DETECTIONS, rejudge_detections, row_keys
 from onnxmedic.verify.input_sets import (
     branch_probe_sets,
     dim_symbols,
@@ -47,6 +47,7 @@ from onnxmedic.verify.input_sets import (
     shape_variants,
 )
 from onnxmedic.verify.localizer import Localizer
+from onnxmedic.verify.ranking import ranked_outputs, rejudge_rankings
 from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.size_rules import (
     SizeRule,
@@ -502,11 +503,14 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
         judge_pending(result, model, sets, sbx.outputs, names, tolerance, comps, pending,
                        steps)
     shape_failures: list[Finding] = []
-    dynamic = _dynamic_rows(proto, len(names))
+    keys = row_keys(proto, len(names))  # which outputs' rows one selection picks
+    ranked = ranked_outputs(proto, len(names))  # integer outputs a top-k/argmax/NMS picks
     for i in ran:  # detection outputs (boxes, scores, labels) are sets, compared as such
         shape_failures += rejudge_detections(
-            names, sets.expected[i], sbx.outputs[i], comps[i], dynamic, sets.labels[i],
+            names, sets.expected[i], sbx.outputs[i], comps[i], keys, sets.labels[i],
             reference=lambda i=i: _reference_of(result, model, sets, i))
+        rejudge_rankings(sets.expected[i], sbx.outputs[i], comps[i], ranked,
+                         reference=lambda i=i: _reference_of(result, model, sets, i))
     for i, label in enumerate(sets.labels[:len(sbx.outputs)]):
         if i in sbx.run_errors:
             shape_failures.append(shape_finding(proto, label, sbx.run_errors[i]))
@@ -533,19 +537,6 @@ def _reference_of(result: ExportResult, model: Any, sets: InputSets, i: int
     if i not in sets.raw_references:
         add_references(result, model, sets, [i])
     return sets.raw_references.get(i)
-
-
-def _dynamic_rows(proto: Any, n: int) -> list[bool]:
-    """Per graph output: whether its first dim is not a fixed number (data dependent or
-    declared dynamic)."""
-    out = []
-    try:
-        for o in list(proto.graph.output)[:n]:
-            dims = o.type.tensor_type.shape.dim
-            out.append(bool(dims) and not dims[0].HasField("dim_value"))
-    except AttributeError:  # no ONNX graph to read: nothing is judged as a detection set
-        out = []
-    return out + [False] * (n - len(out))
 
 
 def judge_pending(result: ExportResult, model: Any, sets: InputSets, outputs: list[Any],
@@ -648,7 +639,7 @@ def judge(result: ExportResult, sets: InputSets, shape_failures: list[Finding]
         st.fail(error(
             "OM601", "compare",
             f"output {worst.name} differs from PyTorch on input set(s) {', '.join(sets_bad)}: "
-            + (worst.reason if worst.rule == RULE_BUDGET else
+            + (worst.reason if worst.rule in (RULE_BUDGET, RULE_DETECTIONS) else
                f"{worst.mismatched} of {worst.total} elements outside rtol={worst.rtol:g}, "
                f"atol={worst.atol:.3g}" + (" (scaled normwise rule)"
                                             if worst.rule == RULE_NORMWISE else ""))

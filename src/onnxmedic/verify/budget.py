@@ -164,7 +164,8 @@ def _budget(c: OutputComparison, exp: np.ndarray, act: np.ndarray, ref: np.ndarr
             dtype: str, special: int) -> None:
     y, o = exp.astype(np.float64), act.astype(np.float64)
     fin = _finite(y, o, ref)
-    e_t, e_o, r = (y - ref)[fin], (o - ref)[fin], ref[fin]
+    r = ref[fin]  # the finite positions only: no inf - inf (a RuntimeWarning) elsewhere
+    e_t, e_o = y[fin] - r, o[fin] - r
     eps = EPS[dtype]
     norm_r = float(np.linalg.norm(r))
     norm_t, norm_o = float(np.linalg.norm(e_t)), float(np.linalg.norm(e_o))
@@ -261,7 +262,8 @@ def budget_excess(expected: np.ndarray, actual: np.ndarray, reference: np.ndarra
     special = _special_mismatch(exp, act)
     y, o = exp.astype(np.float64), act.astype(np.float64)
     fin = _finite(y, o, ref)
-    e_t, e_o, r = (y - ref)[fin], (o - ref)[fin], ref[fin]
+    r = ref[fin]  # the finite positions only: no inf - inf (a RuntimeWarning) elsewhere
+    e_t, e_o = y[fin] - r, o[fin] - r
     if not e_o.size:
         return (math.inf, special) if special else (0.0, 0)
     eps = EPS[dtype]

@@ -175,15 +175,16 @@ def _tied_pairs(missing: list[int], extra: list[int], exp: tuple[np.ndarray, ...
 def _at_cut(missing: list[int], extra: list[int], es: np.ndarray, as_: np.ndarray,
             budget: DetectionBudget) -> bool:
     """Whether every leftover on both sides scores the lowest kept score, as many on each
-    side, and that score is tied: a matched detection on each side has it too (a top-k cut
-    among equal scores, not one box exchanged for another)."""
+    side, and that score is tied: another detection on each side has it too (a top-k cut
+    among equal scores, not one box exchanged for another). A set tied throughout (every
+    score equal: a detector with fresh weights) may so be exchanged whole."""
     if len(missing) != len(extra) or not missing:
         return False
     cut = min(float(es.min()), float(as_.min()))
     at_e = np.abs(es - cut) <= budget.score_atol
     at_a = np.abs(as_ - cut) <= budget.score_atol
     return bool(at_e[missing].all() and at_a[extra].all() and
-                at_e.sum() > len(missing) and at_a.sum() > len(extra))
+                at_e.sum() >= 2 and at_a.sum() >= 2)
 
 
 def _leftovers(exp: tuple[np.ndarray, ...], act: tuple[np.ndarray, ...], missing: list[int],
@@ -318,38 +319,150 @@ def within_float32_noise(reference: tuple[np.ndarray, np.ndarray, np.ndarray],
 
 RULE_DETECTIONS = "detection set"
 RULE_DETECTIONS_F64 = "detection set, within PyTorch's float32 error against float64"
+# every detection exchanged at a cut among equal scores: only the count and scores tell
+RULE_DETECTIONS_TIED = "detection set, tied throughout: count and scores only"
 
 
-def detection_triples(expected: list[np.ndarray], dynamic_rows: list[bool]) -> list[int]:
-    """Where (boxes [N, 4] float, scores [N] float, labels [N] integer) outputs follow each
-    other with a data-dependent N (``dynamic_rows[j]``: output j's first dim is not static in
-    the ONNX model): the index of each triple's boxes output."""
-    found, j = [], 0
-    while j + 2 < len(expected):
-        b, s, lab = (np.asarray(expected[j + k]) for k in range(3))
-        if (b.ndim == 2 and b.shape[1] == 4 and b.dtype.kind == "f" and s.dtype.kind == "f"
-                and s.shape == b.shape[:1] and lab.shape == b.shape[:1]
-                and lab.dtype.kind in "iu" and all(dynamic_rows[j:j + 3])):
-            found.append(j)
-            j += 3
-        else:
-            j += 1
-    return found
+# ops whose result is a data-dependent selection of rows (indices or a count): outputs
+# gathered through one of them are a selected set, whatever their order
+SELECTING_OPS = frozenset({"TopK", "NonMaxSuppression", "NonZero", "ArgMax", "ArgMin",
+                           "Compress", "Unique"})
 
 
-def _rows_of(expected: list[np.ndarray], actual: list[Any], dynamic_rows: list[bool],
-             j: int, stop: int) -> list[int]:
-    """The outputs after the triple at ``j`` (before ``stop``) with a row per detection: the
-    same data-dependent first dim as its boxes, in PyTorch and ONNX Runtime alike."""
-    n, m = len(expected[j]), (len(actual[j]) if actual[j] is not None else None)
-    return [k for k in range(j + 3, min(stop, len(actual)))
-            if dynamic_rows[k] and np.ndim(expected[k]) >= 1 and actual[k] is not None
-            and len(expected[k]) == n and len(actual[k]) == m]
+@dataclass(frozen=True)
+class DetectionSet:
+    """One detection set among a model's outputs, found from the program: output indices of
+    its boxes [N, 4], scores [N] and labels [N], and of the outputs with a row per detection
+    (masks, keypoints) that share its N."""
+
+    boxes: int
+    scores: int
+    labels: int
+    rows: tuple[int, ...] = ()
+
+    @property
+    def triple(self) -> tuple[int, int, int]:
+        return (self.boxes, self.scores, self.labels)
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return (*self.triple, *self.rows)
+
+
+def computed_from(graph: Any, ops: frozenset[str]) -> set[str]:
+    """Names of the graph outputs of ``graph`` that a node of one of ``ops`` is among the
+    ancestors of (top-level nodes: a top-k, an NMS, a mask, an argmax)."""
+    producer = {o: n for n in graph.node for o in n.output}
+    memo: dict[str, bool] = {}
+
+    def from_op(name: str) -> bool:
+        stack = [(name, False)]
+        while stack:  # iterative post-order: detection graphs are deep
+            v, done = stack.pop()
+            if done:
+                node = producer[v]
+                memo[v] = node.op_type in ops or any(memo.get(i, False)
+                                                     for i in node.input if i)
+                continue
+            if v in memo:
+                continue
+            if v not in producer:  # a graph input or an initializer
+                memo[v] = False
+                continue
+            memo[v] = False  # visiting; a cycle (none in a valid graph) reads False
+            stack.append((v, True))
+            stack.extend((i, False) for i in producer[v].input if i and i not in memo)
+        return memo[name]
+
+    return {o.name for o in graph.output if from_op(o.name)}
+
+
+def row_keys(proto: Any, n: int) -> list[str | None]:
+    """Per graph output of the ONNX model ``proto``: what its first dim is, for finding
+    detection sets from the program - outputs with the same key have their rows selected
+    together. A data-dependent or dynamic first dim: its symbol (outputs gathered by one
+    selection share it; ``"?"`` when unnamed); a fixed first dim of an output computed from a
+    selection (a top-k of a fixed k): ``"=<size>"``; otherwise None (not a set's member)."""
+    keys: list[str | None] = []
+    try:
+        selected = computed_from(proto.graph, SELECTING_OPS)
+        for o in list(proto.graph.output)[:n]:
+            dims = o.type.tensor_type.shape.dim
+            if not dims:
+                keys.append(None)
+            elif not dims[0].HasField("dim_value"):
+                keys.append(dims[0].dim_param or "?")
+            else:
+                keys.append(f"={dims[0].dim_value}" if o.name in selected else None)
+    except AttributeError:  # no ONNX graph to read: nothing is judged as a detection set
+        keys = []
+    return keys + [None] * (n - len(keys))
+
+
+def _sets_in(members: list[int], arrays: dict[int, np.ndarray]
+             ) -> tuple[list[DetectionSet], list[int]]:
+    """The sets among ``members`` (outputs of one count): as many boxes (float [N, 4]) as
+    scores (float [N]) and labels (integer [N]) outputs, paired in output order, each with the
+    other members after its boxes (before the next set's) as rows. Returns the sets and, when
+    there are none, the members left."""
+    boxes = [k for k in members if arrays[k].ndim == 2 and arrays[k].shape[1] == 4
+             and arrays[k].dtype.kind == "f"]
+    scores = [k for k in members if arrays[k].ndim == 1 and arrays[k].dtype.kind == "f"]
+    labels = [k for k in members if arrays[k].ndim == 1 and arrays[k].dtype.kind in "iu"]
+    n = len(boxes)
+    if not n or len(scores) != n or len(labels) != n or len(
+            {len(arrays[k]) for k in members}) != 1:
+        return [], members
+    triples = list(zip(boxes, scores, labels))
+    rest = [k for k in members if k not in {*boxes, *scores, *labels}]
+    return [DetectionSet(b, sc, lab, tuple(
+        k for k in rest if (t == 0 or k > b) and (t + 1 == n or k < triples[t + 1][0])))
+        for t, (b, sc, lab) in enumerate(triples)], []
+
+
+def detection_sets(expected: list[np.ndarray], keys: list[str | None]) -> list[DetectionSet]:
+    """The detection sets among PyTorch's outputs ``expected``, in any order and nesting of
+    the user's flattening, found from the program (``keys``: :func:`row_keys`): outputs whose
+    rows one selection picks (the same symbol for their first dim) holding boxes, scores and
+    labels outputs (:func:`_sets_in`). Where the exporter named the dims of one selection
+    differently (or proved one of them fixed), the outputs left over are grouped by their
+    count instead, and one still left over joins, as rows, a set of its count."""
+    arrays = {k: np.asarray(a) for k, a in enumerate(expected)
+              if k < len(keys) and keys[k] is not None and a is not None and np.ndim(a) >= 1}
+    groups: dict[str, list[int]] = {}
+    for k in arrays:
+        key = keys[k] or "?"
+        groups.setdefault(key if key != "?" else f"?{len(arrays[k])}", []).append(k)
+    found: list[DetectionSet] = []
+    left: list[int] = []
+    for members in groups.values():
+        sets, rest = _sets_in(members, arrays)
+        found += sets
+        left += rest
+    by_count: dict[int, list[int]] = {}
+    for k in sorted(left):
+        by_count.setdefault(len(arrays[k]), []).append(k)
+    still: list[int] = []
+    for members in by_count.values():
+        sets, rest = _sets_in(members, arrays)
+        found += sets
+        still += rest
+    for k in still:  # a row output whose dim the exporter named apart from its set's
+        same = [d for d in found if len(arrays[d.boxes]) == len(arrays[k])]
+        if same:
+            d = max((d for d in same if d.boxes < k), key=lambda d: d.boxes, default=same[0])
+            found[found.index(d)] = DetectionSet(*d.triple, tuple(sorted((*d.rows, k))))
+    return sorted(found, key=lambda d: d.boxes)
 
 
 def _as_comparison(c: Any, res: DetectionComparison) -> Any:
     """``c`` (an OutputComparison) judged as part of a detection set."""
     c.rule = RULE_DETECTIONS_F64 if res.within_float32 else RULE_DETECTIONS
+    if res.ok and res.expected and res.tied_at_cut == res.expected:
+        c.rule = RULE_DETECTIONS_TIED
+        logger.info("%s: every detection has the same score, so which boxes are kept is "
+                    "arbitrary; only the count and the scores are verified (trained or "
+                    "calibrated weights give distinct scores)", c.name)
     c.ok = res.ok
     c.mismatched = 0 if res.ok else len(res.findings)
     c.reason = "" if res.ok else f"the detection set differs ({res.findings[0].code})"
@@ -360,43 +473,47 @@ def _as_comparison(c: Any, res: DetectionComparison) -> Any:
 
 
 def _reference_noise(res: DetectionComparison, reference: Any, expected: list[np.ndarray],
-                     actual: list[Any], j: int, rows: list[int], names: list[str], name: str
+                     actual: list[Any], det: DetectionSet, names: list[str], name: str
                      ) -> DetectionComparison:
     """``res`` cleared where the float64 outputs (``reference()``, fetched only now) show
     ONNX Runtime's set within PyTorch's own float32 noise (within_float32_noise)."""
     refs = reference() if reference is not None else None
-    if not refs or len(refs) < len(expected) or any(
-            refs[k] is None for k in [j, j + 1, j + 2, *rows]):
+    if not refs or len(refs) < len(expected) or any(refs[k] is None for k in det.members):
         return res
-    extras = [(names[k], refs[k], expected[k], actual[k]) for k in rows]
-    if within_float32_noise(tuple(refs[j:j + 3]), tuple(expected[j:j + 3]),
-                            tuple(actual[j:j + 3]), name=name, extras=extras):
+    extras = [(names[k], refs[k], expected[k], actual[k]) for k in det.rows]
+    trio = det.triple
+    if within_float32_noise(tuple(refs[k] for k in trio), tuple(expected[k] for k in trio),
+                            tuple(actual[k] for k in trio), name=name, extras=extras):
         res.findings, res.within_float32 = [], True
     return res
 
 
 def rejudge_detections(names: list[str], expected: list[np.ndarray], actual: list[Any],
-                       comps: list[Any], dynamic_rows: list[bool], label: str,
+                       comps: list[Any], keys: list[str | None], label: str,
                        reference: Any = None) -> list[Finding]:
-    """Judge the detection triples among the outputs as sets where their element-wise
-    comparison failed (the counts or the order of equal scores differ): ``comps`` (one
-    OutputComparison per output) are updated in place; returns the OM613-OM618 findings.
-    ``reference``: a callable returning the set's float64 outputs (or None), asked only when
-    the sets differ, to judge them by the float64-anchored budget (within_float32_noise)."""
+    """Judge the detection sets among the outputs (:func:`detection_sets`, found from the
+    program by ``keys``: :func:`row_keys`) as sets where their element-wise comparison failed
+    (the counts or the order of equal scores differ): ``comps`` (one OutputComparison per
+    output) are updated in place; returns the OM613-OM619 findings. ``reference``: a callable
+    returning the float64 outputs (or None), asked only when the sets differ, to judge them
+    by the float64-anchored budget (within_float32_noise)."""
     findings: list[Finding] = []
-    triples = detection_triples(expected, dynamic_rows)
-    for t, j in enumerate(triples):
-        rows = _rows_of(expected, actual, dynamic_rows, j, (triples + [len(expected)])[t + 1])
-        trio = comps[j:j + 3] + [comps[k] for k in rows]
-        if all(c.ok for c in trio) or j + 2 >= len(actual) or any(
-                actual[j + k] is None for k in range(3)):
+    for det in detection_sets(expected, keys):
+        if any(k >= len(actual) or actual[k] is None for k in det.members):
             continue
-        name = f"{names[j]}/{names[j + 1]}/{names[j + 2]} at {label}"
-        res = compare_detections(tuple(expected[j:j + 3]), tuple(actual[j:j + 3]), name=name,
+        n, m = len(expected[det.boxes]), len(actual[det.boxes])
+        rows = [k for k in det.rows if len(actual[k]) == m and len(expected[k]) == n]
+        group = [comps[k] for k in (*det.triple, *rows)]
+        if all(c.ok for c in group):
+            continue
+        name = "/".join(names[k] for k in det.triple) + f" at {label}"
+        res = compare_detections(tuple(expected[k] for k in det.triple),
+                                 tuple(actual[k] for k in det.triple), name=name,
                                  extras=[(names[k], expected[k], actual[k]) for k in rows])
         if not res.ok:
-            res = _reference_noise(res, reference, expected, actual, j, rows, names, name)
-        for c in trio:
+            res = _reference_noise(res, reference, expected, actual,
+                                   DetectionSet(*det.triple, tuple(rows)), names, name)
+        for c in group:
             _as_comparison(c, res)
         findings += res.findings
     return findings

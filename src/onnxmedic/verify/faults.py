@@ -12,6 +12,13 @@ model has nothing of that kind.
 - ``change_softmax_axis(m)``: the first Softmax over another axis of size > 1
 - ``add_to_sub(m)``: the last Add of two computed float values (a residual sum) turned into
   Sub
+
+Faults in a detector's outputs (a set of rows, verify/detections.py), by graph output name:
+
+- ``shift_first_row(m, output, delta)``: the output's first row plus ``delta`` (a moved box,
+  a wrong label)
+- ``drop_first_row(m, outputs)``: the first row of each of ``outputs`` removed (a dropped
+  detection)
 """
 
 from __future__ import annotations
@@ -170,6 +177,62 @@ def add_to_sub(m: onnx.ModelProto) -> onnx.ModelProto | None:
             n.op_type = "Sub"
             return out
     return None
+
+
+def _rows_rewired(m: onnx.ModelProto, outputs: list[str], tag: str
+                  ) -> tuple[onnx.ModelProto, dict[str, str]] | None:
+    """A copy of ``m`` whose graph outputs ``outputs`` are computed under new names (returned,
+    by output) so that nodes appended to the copy can produce the outputs from them."""
+    names = {o.name for o in m.graph.output}
+    if not outputs or any(o not in names for o in outputs):
+        return None
+    out = _copy(m)
+    inner = {o: f"{o}_{tag}_in" for o in outputs}
+    for node in out.graph.node:
+        node.input[:] = [inner.get(i, i) for i in node.input]
+        node.output[:] = [inner.get(o, o) for o in node.output]
+    return out, inner
+
+
+def _slice_rows(x: str, start: int, end: int, name: str) -> list[onnx.NodeProto]:
+    """Nodes computing ``name = x[start:end]`` along the first axis."""
+    from onnx import helper
+
+    consts = [helper.make_node("Constant", [], [f"{name}_{k}"], value_ints=[v])
+              for k, v in (("s", start), ("e", end), ("a", 0))]
+    return [*consts, helper.make_node("Slice", [x, f"{name}_s", f"{name}_e", f"{name}_a"],
+                                      [name])]
+
+
+def shift_first_row(m: onnx.ModelProto, output: str, delta: float) -> onnx.ModelProto | None:
+    """``output``'s first row plus ``delta`` (in its dtype): a box moved, a label changed."""
+    from onnx import helper
+
+    wired = _rows_rewired(m, [output], "shift")
+    if wired is None:
+        return None
+    out, inner = wired
+    elem = next(o.type.tensor_type.elem_type for o in m.graph.output if o.name == output)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    x = inner[output]
+    nodes = [*_slice_rows(x, 0, 1, f"{x}_head"), *_slice_rows(x, 1, 1 << 62, f"{x}_tail"),
+             helper.make_node("Constant", [], [f"{x}_delta"],
+                              value=numpy_helper.from_array(np.array(delta, dtype))),
+             helper.make_node("Add", [f"{x}_head", f"{x}_delta"], [f"{x}_moved"]),
+             helper.make_node("Concat", [f"{x}_moved", f"{x}_tail"], [output], axis=0)]
+    out.graph.node.extend(nodes)
+    return out
+
+
+def drop_first_row(m: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto | None:
+    """The first row of each of ``outputs`` removed: a detection dropped from its set."""
+    wired = _rows_rewired(m, outputs, "drop")
+    if wired is None:
+        return None
+    out, inner = wired
+    for o in outputs:
+        out.graph.node.extend(_slice_rows(inner[o], 1, 1 << 62, o))
+    return out
 
 
 STRUCTURAL: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto | None]] = {
