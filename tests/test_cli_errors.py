@@ -110,8 +110,8 @@ def test_a_report_that_cannot_be_written_sends_the_traceback_to_a_file(tmp_path,
 
 def test_deep_faults_in_bench_and_optimize_are_om009(tmp_path, capsys, monkeypatch):
     """Where the exception is raised does not matter: bench's timing and optimize's package
-    branch (the reference checkpoint's loader) raise; each is OM009, exit 3."""
-    from onnxmedic.hf.transforms import package_cli
+    branch (reading the package's contract) raise; each is OM009, exit 3."""
+    from onnxmedic import genpackage
 
     def broken(*a, **k):
         raise ValueError("past input 'past_key_values.0.key' is not (batch, heads, ...)")
@@ -120,7 +120,7 @@ def test_deep_faults_in_bench_and_optimize_are_om009(tmp_path, capsys, monkeypat
     model = om.identity_model(tmp_path / "m.onnx")
     rc, _, err = _main(["bench", str(model), "--input", "2x3"], tmp_path, capsys)
     assert rc == 3 and "OM009" in err and "ValueError" in err
-    monkeypatch.setattr(package_cli, "load_reference", broken)
+    monkeypatch.setattr(genpackage, "read_package", broken)
     (tmp_path / "pkg").mkdir()
     om.identity_model(tmp_path / "pkg" / "model.onnx")
     rc, _, err = _main(["optimize", str(tmp_path / "pkg"), "hf:ckpt", "-o",

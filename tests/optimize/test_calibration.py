@@ -22,6 +22,7 @@ from onnxmedic.optimize import (
     optimize,
     passes,
 )
+from tests import onnx_models as om
 from tests.optimize.test_static_int8 import FAST, STATIC
 
 CNN = """
@@ -298,7 +299,8 @@ def test_cli_optimize_table_says_what_static_int8_was_calibrated_on(
     monkeypatch.setattr(sys.modules["onnxmedic.optimize"], "optimize", canned)
     (tmp_path / "m.py").write_text("import torch\nM = torch.nn.ReLU\n")
     torch.save([torch.randn(2), torch.randn(2)], tmp_path / "cal.pt")
-    assert main(["optimize", "in.onnx", f"{tmp_path / 'm.py'}:M", "--input", "2:float32",
+    onnx_file = om.identity_model(tmp_path / "in.onnx", (2,))  # optimize reads it first
+    assert main(["optimize", str(onnx_file), f"{tmp_path / 'm.py'}:M", "--input", "2:float32",
                  "--precision", "int8", "--calibration", str(tmp_path / "cal.pt")]) == 0
     assert len(asked["calibration"]) == 2
     assert ("static int8 calibrated on 2 given set(s) (--calibration); verified, like every "
