@@ -262,7 +262,7 @@ def test_the_coverage_hint_is_for_static_int8_only(monkeypatch: pytest.MonkeyPat
     """Dynamic int8 measures its ranges at run time: calibration sets cannot explain its
     failure."""
     from onnxmedic.optimize import Rejection, Variant, Verifier, Why, candidates
-    from onnxmedic.optimize.builder import Builder
+    from onnxmedic.optimize.maker import CandidateMaker
 
     monkeypatch.setattr(candidates, "int8_with_sensitivity", lambda pipe, *a, **k: (
         Variant(pipe.name, "int8", rejection=Rejection(
@@ -273,7 +273,7 @@ def test_the_coverage_hint_is_for_static_int8_only(monkeypatch: pytest.MonkeyPat
     dynamic = Pipeline("int8-dynamic", [(f"{passes.__name__}:quantize_int8", {})],
                        precision="int8")
     verifier = Verifier(["out"], feeds, [], 0.999, 60.0, None, "cpu")
-    hints = [candidates.candidate(p, Path("m.onnx"), Builder(Path("."), 60.0), verifier,
+    hints = [candidates.candidate(p, Path("m.onnx"), CandidateMaker(Path("."), 60.0), verifier,
                                   cal)[0].rejected
              for p in (STATIC, dynamic)]
     assert "reach beyond the calibration sets' range" in hints[0]

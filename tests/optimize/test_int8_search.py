@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from onnxmedic.optimize import files, int8, int8_search, optimize, passes
-from onnxmedic.optimize.builder import Builder
+from onnxmedic.optimize.maker import CandidateMaker
 
 FAST = {"repeats": 3, "rounds": 1}
 WEIGHT_ONLY = next(p for p in passes.default_pipelines("cpu", "int8")
@@ -63,14 +63,14 @@ def _misleading(tmp_path: Path, third: bool = False
 def _builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The int8 tries the search builds, by suffix ("-keep0", "-keep1" ...)."""
     built: list[str] = []
-    real = Builder.build
+    real = CandidateMaker.build
 
-    def spy(self: Builder, pipe: Any, src: Path, suffix: str = "") -> Any:
+    def spy(self: CandidateMaker, pipe: Any, src: Path, suffix: str = "") -> Any:
         if suffix.startswith("-keep"):
             built.append(suffix)
         return real(self, pipe, src, suffix=suffix)
 
-    monkeypatch.setattr(Builder, "build", spy)
+    monkeypatch.setattr(CandidateMaker, "build", spy)
     return built
 
 

@@ -83,16 +83,16 @@ def test_corrupted_quantized_block_is_rejected(tmp_path: Path,
     judged on the candidate's real outputs: rejected, the plain file kept. Six layers, so the
     sensitivity search (at most 4 kept in float32) cannot exclude every corrupted one; it
     predicts so on the switchable file and builds no other count."""
-    from onnxmedic.optimize.builder import Builder
+    from onnxmedic.optimize.maker import CandidateMaker
 
     built: list[str] = []
-    real = Builder.build
+    real = CandidateMaker.build
 
-    def spy(self: Builder, pipe: Pipeline, src: Path, suffix: str = "") -> Any:
+    def spy(self: CandidateMaker, pipe: Pipeline, src: Path, suffix: str = "") -> Any:
         built.append(f"{pipe.name}{suffix}")
         return real(self, pipe, src, suffix=suffix)
 
-    monkeypatch.setattr(Builder, "build", spy)
+    monkeypatch.setattr(CandidateMaker, "build", spy)
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
     for _ in range(6):

@@ -216,16 +216,16 @@ def test_a_float16_candidate_starts_from_the_float32_candidate_of_its_passes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ort-fusions-fp16 converts the ort-fusions candidate's file (named): the fusions run
     once, and the float16 variant is the one running them again would give."""
-    from onnxmedic.optimize import builder
+    from onnxmedic.optimize import maker
 
     ran: list[list[str]] = []
-    real = builder.run_passes
+    real = maker.run_passes
 
     def spy(pipe: Pipeline, *a: Any, **k: Any) -> Any:
         ran.append([s.rsplit(":", 1)[-1] for s, _ in pipe.steps])
         return real(pipe, *a, **k)
 
-    monkeypatch.setattr(builder, "run_passes", spy)
+    monkeypatch.setattr(maker, "run_passes", spy)
     model = NormAttention().eval()
     x = torch.randn(1, 16, 32)
     src = export_dynamo(model, (x,), tmp_path / "m.onnx")

@@ -116,7 +116,7 @@ def test_static_int8_is_a_candidate_for_convolutional_graphs(
 def test_static_int8_without_calibration_sets_is_rejected_with_the_reason(
         outlier: tuple[torch.nn.Module, torch.Tensor, Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from onnxmedic.optimize.builder import Builder
+    from onnxmedic.optimize.maker import CandidateMaker
 
     model, x, src = outlier
     feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))
@@ -124,7 +124,7 @@ def test_static_int8_without_calibration_sets_is_rejected_with_the_reason(
     def no_prefix(*args: object, **kwargs: object) -> None:
         raise AssertionError("the prefix was built for a candidate rejected without it")
 
-    monkeypatch.setattr(Builder, "prefix", no_prefix)
+    monkeypatch.setattr(CandidateMaker, "prefix", no_prefix)
     res = optimize_file(src, feeds, expected, pipelines=[STATIC], **FAST)
     assert res.chosen == "plain" and "calibration input sets" in res.variants[1].rejected
 

@@ -4,7 +4,7 @@
 Every candidate runs through the same sandbox as an export's verification (a separate ONNX
 Runtime process), on every input set given (verifier.py); timing is in the sandbox too, under
 the noise rule of timing.py. The searches live beside this module: int8_search.py (layers kept
-float32), fp16_search.py (the measured block list), graphs.py (CUDA-graph twins); builder.py
+float32), fp16_search.py (the measured block list), graphs.py (CUDA-graph twins); maker.py
 runs the passes.
 """
 
@@ -26,7 +26,6 @@ import numpy as np
 
 from onnxmedic import sandbox
 from onnxmedic.isa import int8_metadata, split_target
-from onnxmedic.optimize.builder import Builder
 from onnxmedic.optimize.files import has_external_data
 from onnxmedic.optimize.fp16_search import fp16_with_block_list
 from onnxmedic.optimize.graphs import (
@@ -42,6 +41,7 @@ from onnxmedic.optimize.graphs import (
     twin_settings,
 )
 from onnxmedic.optimize.int8_search import coverage_hint, int8_with_sensitivity
+from onnxmedic.optimize.maker import CandidateMaker
 from onnxmedic.optimize.passes import (
     Pipeline,
     default_pipelines,
@@ -208,20 +208,20 @@ def write(src: Path, out: Path, run_settings: dict[str, Any] | None = None,
     os.replace(tmp, out)
 
 
-def candidate(pipe: Pipeline, src: Path, builder: Builder, verifier: Verifier,
+def candidate(pipe: Pipeline, src: Path, maker: CandidateMaker, verifier: Verifier,
                calibration: list[dict[str, np.ndarray]] | None = None
                ) -> tuple[Variant, Path]:
     """Build and verify one pipeline's variant (int8 with its sensitivity search, float16 with
     its measured block list)."""
     if pipe.precision == "int8":
-        v, path = int8_with_sensitivity(pipe, src, builder, verifier, calibration=calibration)
+        v, path = int8_with_sensitivity(pipe, src, maker, verifier, calibration=calibration)
         static = is_static(s for s, _ in pipe.steps)
         if static and calibration and v.is_rejected(Why.OUTSIDE_BUDGET):
             v.note(coverage_hint(calibration, verifier.feeds))
         return v, path
     if pipe.precision == "fp16":
-        return fp16_with_block_list(pipe, src, builder, verifier)
-    v, path = builder.build(pipe, src)
+        return fp16_with_block_list(pipe, src, maker, verifier)
+    v, path = maker.build(pipe, src)
     if v.rejection is None:
         verifier.verify(v, path)
     return v, path
@@ -280,7 +280,7 @@ def optimize_file(onnx_path: str | os.PathLike[str], feeds: list[dict[str, np.nd
         absent = (None if target == "cpu" or wanted in used else
                   f"{wanted} is not available in this ONNX Runtime "
                   f"({', '.join(used) or 'no session'} used instead)")
-        variants, paths, near = _candidates(plain, pipes, src, Builder(folder, timeout),
+        variants, paths, near = _candidates(plain, pipes, src, CandidateMaker(folder, timeout),
                                             verifier, calibration)
         t_built = time.perf_counter()
         timing = {"threads": threads, "warmup": warmup, "repeats": repeats, "rounds": rounds}
@@ -324,14 +324,14 @@ def _scratch() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _candidates(plain: Variant, pipes: list[Pipeline], src: Path, builder: Builder,
+def _candidates(plain: Variant, pipes: list[Pipeline], src: Path, maker: CandidateMaker,
                 verifier: Verifier, calibration: list[dict[str, np.ndarray]] | None
                 ) -> tuple[list[Variant], dict[str, Path], dict[str, Path]]:
     """Each pipeline's variant built and verified (:func:`candidate`), after ``plain``: the
     variants, the verified files and those outside only the accuracy budget (_near_miss)."""
     variants, paths, near = [plain], {"plain": src}, {}
     for pipe in pipes:
-        v, path = candidate(pipe, src, builder, verifier, calibration)
+        v, path = candidate(pipe, src, maker, verifier, calibration)
         variants.append(v)
         if v.verified or _near_miss(v):
             (paths if v.verified else near)[v.name] = path

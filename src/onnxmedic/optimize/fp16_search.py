@@ -12,8 +12,8 @@ from typing import Any
 from onnxmedic import sandbox
 from onnxmedic.findings import listed
 from onnxmedic.optimize import fp16
-from onnxmedic.optimize.builder import Builder
 from onnxmedic.optimize.int8 import next_count
+from onnxmedic.optimize.maker import CandidateMaker
 from onnxmedic.optimize.passes import Pipeline
 from onnxmedic.optimize.variant import Variant, Why
 from onnxmedic.optimize.verifier import Verifier
@@ -24,7 +24,7 @@ RANGE_STATS = "onnxmedic.optimize.fp16:range_stats"
 AMPLIFIERS = "onnxmedic.optimize.fp16:amplifiers"
 
 
-def fp16_with_block_list(base: Pipeline, src: Path, builder: Builder, verifier: Verifier
+def fp16_with_block_list(base: Pipeline, src: Path, maker: CandidateMaker, verifier: Verifier
                          ) -> tuple[Variant, Path]:
     """The steps before the float16 step (and node naming) run first; the float32 values of
     that graph are measured on every feed (fp16.range_stats, in the pass child); the nodes that
@@ -33,10 +33,10 @@ def fp16_with_block_list(base: Pipeline, src: Path, builder: Builder, verifier: 
     float32 keeps every fused attention reading the mask in float32) are first left in
     float16 to saturate (fp16.saturated); where that variant is not verified, the strict
     block list is built instead and says why (``saturation_rejected``)."""
-    v, pre, at = builder.prefix(base, ":float16", src)
+    v, pre, at = maker.prefix(base, ":float16", src)
     if v.rejection:
         return v, pre
-    measured, err = builder.measure(RANGE_STATS, pre, verifier.feeds)
+    measured, err = maker.measure(RANGE_STATS, pre, verifier.feeds)
     if measured is None:
         v.reject(Why.MEASURING_FAILED, f"measuring float32 ranges failed: {err}")
         return v, pre
@@ -50,7 +50,7 @@ def fp16_with_block_list(base: Pipeline, src: Path, builder: Builder, verifier: 
                         len(blocked), ", ".join(blocked))
         conv = Pipeline(base.name, [(s, dict(o, node_block_list=sorted(blocked)))
                                     for s, o in base.steps[at:]], precision="fp16")
-        built, path = builder.build(conv, pre, suffix=suffix)
+        built, path = maker.build(conv, pre, suffix=suffix)
         cv.steps += built.steps
         cv.fusions.update(built.fusions)
         cv.nodes, cv.rejection, cv.path = built.nodes, built.rejection, built.path
@@ -74,11 +74,11 @@ def fp16_with_block_list(base: Pipeline, src: Path, builder: Builder, verifier: 
             sv.rejection.kind, f"leaving {listed(sv.saturated, 4)} in float16 to saturate "
                                "was rejected: ")
     if cv.is_rejected(Why.OUTSIDE_BUDGET):
-        return keep_amplifiers(cv, path, pre, convert, builder, verifier)
+        return keep_amplifiers(cv, path, pre, convert, maker, verifier)
     return cv, path
 
 
-def keep_amplifiers(failed: Variant, path: Path, pre: Path, convert: Any, builder: Builder,
+def keep_amplifiers(failed: Variant, path: Path, pre: Path, convert: Any, maker: CandidateMaker,
                     verifier: Verifier) -> tuple[Variant, Path]:
     """The float16 block list's second rule, where ``failed`` (its file ``path``, built from
     ``pre`` by ``convert(blocked, suffix)``) is outside the budget: rank the nodes that add
@@ -86,7 +86,7 @@ def keep_amplifiers(failed: Variant, path: Path, pre: Path, convert: Any, builde
     the verification sets) and keep the top 1, 2, 4 ... float32 with what they read from,
     each try built and verified. Returns the first try verified; else ``failed``, its
     rejection saying what the search tried."""
-    measured, err = builder.measure(AMPLIFIERS, pre, verifier.feeds,
+    measured, err = maker.measure(AMPLIFIERS, pre, verifier.feeds,
                                     {"float16": str(path),
                                      "providers": sandbox.providers(verifier.target)})
     if measured is None:

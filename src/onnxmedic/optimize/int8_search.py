@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxmedic.optimize.builder import Builder
 from onnxmedic.optimize.int8 import SEARCH_SETS, exclusion_cap, next_count
+from onnxmedic.optimize.maker import CandidateMaker
 from onnxmedic.optimize.passes import QUANTIZE_STEPS, Pipeline, is_static
 from onnxmedic.optimize.variant import NO_CALIBRATION, Variant, Why
 from onnxmedic.optimize.verifier import Verifier
@@ -22,7 +22,7 @@ FLOAT_GAINS = "onnxmedic.optimize.int8:float_gains"
 LAYER_ERRORS = "onnxmedic.optimize.int8:layer_errors"
 
 
-def int8_with_sensitivity(base: Pipeline, src: Path, builder: Builder, verifier: Verifier,
+def int8_with_sensitivity(base: Pipeline, src: Path, maker: CandidateMaker, verifier: Verifier,
                           max_excluded: int | None = None, search_seconds: float = 600.0,
                           calibration: list[dict[str, np.ndarray]] | None = None
                           ) -> tuple[Variant, Path]:
@@ -37,14 +37,14 @@ def int8_with_sensitivity(base: Pipeline, src: Path, builder: Builder, verifier:
     deadline = time.monotonic() + search_seconds
     feeds = verifier.feeds
     qstep, qopts = next((s, o) for s, o in base.steps if s.endswith(QUANTIZE_STEPS))
-    search = Ranking(qstep, dict(qopts), builder, feeds, calibration, verifier.cosine,
+    search = Ranking(qstep, dict(qopts), maker, feeds, calibration, verifier.cosine,
                      max_excluded)
     if not search.step:
         v = Variant(base.name, precision=base.precision, passes=[s for s, _ in base.steps])
         v.reject(Why.NO_CALIBRATION, NO_CALIBRATION)
         return v, src
     suffix = qstep[qstep.index(":"):]
-    v, pre, at = builder.prefix(base, suffix, src)
+    v, pre, at = maker.prefix(base, suffix, src)
     if v.rejection:
         return v, pre
     pre_steps = list(v.steps)
@@ -54,7 +54,7 @@ def int8_with_sensitivity(base: Pipeline, src: Path, builder: Builder, verifier:
         pipe = Pipeline(base.name, [(s, dict(o, nodes_to_exclude=search.kept(k), **search.extra)
                                      if s.endswith(QUANTIZE_STEPS) else o)
                                     for s, o in base.steps[at:]], precision="int8")
-        cv, path = builder.build(pipe, pre, suffix=f"-keep{k}")
+        cv, path = maker.build(pipe, pre, suffix=f"-keep{k}")
         cv.name, cv.passes = base.name, v.passes
         cv.steps = pre_steps + search.report(k) + cv.steps
         if cv.rejection:
@@ -119,11 +119,11 @@ class Ranking:
     ranks by int8.static_errors (each layer's own error in the QDQ graph, calibrated on
     ``calibration``)."""
 
-    def __init__(self, qstep: str, qopts: dict[str, Any], builder: Builder,
+    def __init__(self, qstep: str, qopts: dict[str, Any], maker: CandidateMaker,
                  feeds: list[dict[str, np.ndarray]],
                  calibration: list[dict[str, np.ndarray]] | None, cosine: float,
                  max_excluded: int | None) -> None:
-        self.builder = builder
+        self.maker = maker
         self.feeds = feeds
         self.ranking: list[tuple[str, float]] = []
         self.found: dict[str, Any] = {}  # the switch search's prediction, for the report
@@ -139,7 +139,7 @@ class Ranking:
             return
         self.step, self.options = "", {}
         if calibration:
-            npz = builder.feeds_file(calibration, "calibration.npz")
+            npz = maker.feeds_file(calibration, "calibration.npz")
             self.extra = {"calibration": str(npz)}
             self.step = "onnxmedic.optimize.int8:static_errors"
             self.options = {"per_channel": qopts.get("per_channel", True), **self.extra}
@@ -162,8 +162,8 @@ class Ranking:
         options = dict(self.options, quantized=str(quantized))
         if self.step == FLOAT_GAINS:
             options["seconds"] = max(1.0, min(deadline - time.monotonic(),
-                                              0.8 * self.builder.timeout))
-        measured, err = self.builder.measure(self.step, pre, self.feeds, options)
+                                              0.8 * self.maker.timeout))
+        measured, err = self.maker.measure(self.step, pre, self.feeds, options)
         if self.step == FLOAT_GAINS and not (measured or {}).get("errors"):
             logger.info("int8: the switch search gave no ranking (%s); ranking by each "
                         "layer's own error", err or "no layer it could switch")
@@ -188,7 +188,7 @@ class Ranking:
         if refuted is not None:
             self.found = {"switch_search": {**self.found, "verified_cosine": refuted}}
         self.step, self.options, self.predicted = LAYER_ERRORS, {"scheme": self.scheme}, None
-        measured, err = self.builder.measure(self.step, pre, self.feeds, self.options)
+        measured, err = self.maker.measure(self.step, pre, self.feeds, self.options)
         if measured is None:
             return f" (measuring the layers' quantization error failed: {err})"
         self.ranking = sorted(measured["errors"].items(), key=lambda kv: -kv[1])

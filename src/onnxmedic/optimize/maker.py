@@ -1,4 +1,4 @@
-"""Building candidates: a :class:`Builder` runs pipelines (passes.run_pipeline, in the pass
+"""Building candidates: a :class:`CandidateMaker` runs pipelines (passes.run_pipeline, in the pass
 child) into one scratch folder and remembers every file it built there, so that candidates
 with the same leading steps share that graph (built once)."""
 
@@ -24,7 +24,7 @@ def steps_key(src: Path, steps: list[Any]) -> str:
     return json.dumps([str(src), steps], sort_keys=True, default=str)
 
 
-class Builder:
+class CandidateMaker:
     """Runs pipelines into ``folder`` (each step in the pass child, ``timeout`` each run) and
     keeps what it built: (source, steps) -> (the variant as built, its file)."""
 
