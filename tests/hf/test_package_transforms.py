@@ -101,16 +101,21 @@ def test_export_int4_flags_that_do_not_go(argv, said, capsys):
 # the package passes: the contract as their pre- and postcondition
 
 
-def test_a_package_pass_requires_a_package_the_contract_feeds(tmp_path):
+@pytest.mark.parametrize("kind", ["fuse", "int4"])
+def test_a_package_pass_requires_a_package_the_contract_feeds(tmp_path, kind):
+    """Every package pass (fusion, int4) refuses, before any work, a package whose decoder
+    the contract cannot feed."""
     from onnxmedic.genpackage import cache_names
     from onnxmedic.hf.transforms.fuse_decoder import FusePass
+    from onnxmedic.hf.transforms.int4_package import Int4Pass
     from onnxmedic.optimize.pass_infra import PreconditionError
     from tests.test_genpackage import _cache_graph
 
     _cache_graph(tmp_path / "pkg" / "model.onnx", cache_names(1), cache_names(1, present=True),
                  size="kv_cache_dim")  # the builder's symbolic head size, no config
+    pass_ = FusePass() if kind == "fuse" else Int4Pass(model=None)
     with pytest.raises(PreconditionError, match="kv_cache_dim|symbolic head"):
-        FusePass()(tmp_path / "pkg", tmp_path / "out")
+        pass_(tmp_path / "pkg", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -143,3 +148,17 @@ def test_a_package_pass_ensures_the_interface_is_kept(tmp_path):
     assert (tmp_path / "same" / "genai_config.json").is_file()
     with pytest.raises(PostconditionError, match="changed its decoder's interface"):
         Rename("scores")(src, tmp_path / "renamed")
+
+
+def test_a_staged_package_folder_has_a_new_folders_mode(tmp_path):
+    """The scratch folder a package is verified in becomes the package (renamed into place):
+    it has a new folder's mode, not mkdtemp's 0700."""
+    import os
+
+    from onnxmedic.hf.transforms.passes import staged
+
+    (tmp_path / "new").mkdir()
+    with staged(tmp_path / "out") as tmp:
+        assert tmp.parent == tmp_path and tmp.stat().st_mode == (tmp_path / "new").stat().st_mode
+        os.rename(tmp, tmp_path / "out")
+    assert (tmp_path / "out").is_dir()

@@ -26,8 +26,6 @@ import collections
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ import numpy as np
 import onnx
 
 from onnxmedic.genpackage import decoder_graph
-from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files
+from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
 from onnxmedic.optimize.pass_infra import PassResult
 
@@ -213,8 +211,7 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
 
     folder, out = Path(folder), Path(out)
     res = FuseResult()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged(out) as tmp:
         fused = FusePass()(folder, tmp)
         res.fusions, res.folded_where = fused.info["fusions"], fused.info["folded_where"]
         graph = decoder_graph(tmp)
@@ -236,8 +233,6 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         res.ok, res.path = True, str(out)
         res.findings.append(_fused_finding(res, out))
         return res
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def context_length(folder: Path) -> int:

@@ -1,35 +1,35 @@
 """``--precision int4`` on a generation package: an int4 package folder onnxruntime-genai serves.
 
-The package's decoder (hf/generation.py: ``input_ids``, ``attention_mask``, ``position_ids``
-and ``past_key_values.*`` in) goes through optimize/int4_search.py's candidates and task
+:class:`Int4Pass` (a package pass, passes.py: any backend's package, read through the
+contract) takes the package's decoder through optimize/int4_search.py's candidates and task
 budget unchanged: each candidate (MatMulNBits through ONNX Runtime's quantizer) is judged
 against the PyTorch model the package was exported from (greedy agreement over N steps from
 several prompts, perplexity on the built-in text) and timed; the fastest within the budget
-becomes the new folder's ``model.onnx``. The folder's other files are copied;
-``genai_config.json`` is kept as it is (MatMulNBits is an ONNX Runtime contrib op: the
-graph's inputs, outputs and cache are unchanged, so nothing in it changes). onnxruntime-genai then
-generates from the new folder, and its greedy tokens must be ONNX Runtime's own for the chosen
-file (OM736 when they are not). The folder is built beside ``out`` and renamed into place only
-when all of this passed: nothing half-written on failure (OM731 when no candidate is within
-the budget).
+becomes the new folder's ``model.onnx``, the other files copied (``genai_config.json`` as it
+is: MatMulNBits keeps the graph's inputs, outputs and cache, which the pass ensures).
+onnxruntime-genai then generates from the new folder, and its greedy tokens must be ONNX
+Runtime's own for the chosen file (OM736 when they are not). The folder is built beside
+``out`` and renamed into place only when all of this passed: nothing half-written on failure
+(OM731 when no candidate is within the budget).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from onnxmedic.genpackage import NotAStep, decoder_graph, read_package, read_step
+from onnxmedic.genpackage import decoder_graph, read_step
+from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
+from onnxmedic.optimize.pass_infra import PassResult, PreconditionError
 
 logger = logging.getLogger(__name__)
+
 
 class PackageReference:
     """The PyTorch side of int4's step contract for a generation package's model:
@@ -63,6 +63,35 @@ class Int4PackageResult:
     findings: list[Any] = field(default_factory=list)
 
 
+class Int4Pass(PackagePass):
+    """optimize/int4_search.py's candidates on the package's decoder, judged against
+    ``model`` by the task budget (``search``'s arguments: ``budget``, ``grid``, ``search``,
+    ``threads``, ``timeout``); the fastest within it becomes the new package's decoder, its
+    weights in ``<graph>.data`` (:func:`save_external`), the other files copied.
+    ``modified`` is False, and nothing is written, when no candidate is within the budget;
+    ``info["search"]``: int4_search.Int4Result either way."""
+
+    def __init__(self, model: Any, tokenizer: Any = None, **search: Any) -> None:
+        self.model, self.tokenizer, self.search = model, tokenizer, search
+
+    def call(self, src: Path, dst: Path) -> PassResult:
+        from onnxmedic.optimize.int4_search import optimize_int4
+
+        graph = decoder_graph(src)
+        dst.mkdir(parents=True, exist_ok=True)
+        search = optimize_int4(graph, PackageReference(self.model), out=dst / graph.name,
+                               tokenizer=self.tokenizer, **self.search)
+        if search.ok:
+            save_external(dst / graph.name)
+            copy_side_files(src, dst, graph.name)
+        return PassResult(dst, search.ok, {"search": search})
+
+    def ensures(self, src: Path, result: PassResult) -> None:
+        """A package written keeps ``src``'s interface (PackagePass.ensures)."""
+        if result.modified:
+            super().ensures(src, result)
+
+
 def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
                  tokenizer: Any = None, *, budget: Any = None, grid: Any = None,
                  genai: bool = True, search: bool = True, threads: int = 2,
@@ -73,50 +102,36 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
     grid when None; ``search``: its per-layer search where no cell is within the budget).
     Nothing is written at ``out`` unless a candidate is within the budget and
     onnxruntime-genai generates its tokens."""
-    from onnxmedic.hf.transforms.passes import copy_side_files, interface_change
     from onnxmedic.optimize import int4
-    from onnxmedic.optimize.int4_search import optimize_int4
 
     folder, out = Path(folder), Path(out)
     res = Int4PackageResult()
-    try:
-        read_package(folder).empty_past()
-    except NotAStep as e:
-        res.findings.append(not_fed(folder, e))
-        return res
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        graph = decoder_graph(folder)
-        dst = tmp / graph.name
-        search = optimize_int4(graph, PackageReference(model), out=dst,
-                               tokenizer=tokenizer, budget=budget, grid=grid,
-                               search=search, threads=threads, timeout=timeout)
-        res.search = search
-        res.findings.extend(search.findings())
-        if not search.ok:
+    b = budget or int4.DEFAULT_BUDGET
+    with staged(out) as tmp:
+        try:
+            done = Int4Pass(model, tokenizer, budget=b, grid=grid, search=search,
+                            threads=threads, timeout=timeout)(folder, tmp)
+        except PreconditionError as e:
+            res.findings.append(not_fed(folder, e.__cause__ or e))
             return res
-        save_external(dst)
-        copy_side_files(folder, tmp, graph.name)
-        why = interface_change(folder, tmp)
-        if why is not None:  # the quantizer keeps the graph's inputs and outputs: a bug here
-            raise RuntimeError(f"int4 of the package: {why}")
-        b = budget or int4.DEFAULT_BUDGET
+        res.search = done.info["search"]
+        res.findings.extend(res.search.findings())
+        if not done.modified:
+            return res
         prompts = (int4.builtin_data(tokenizer.encode, b.prompts).prompts
                    if tokenizer is not None else
                    [[int(t) for t in np.random.default_rng(i).integers(4, 64, 4)]
                     for i in range(b.prompts)])
-        steps = b.steps
+        dst = decoder_graph(tmp)
         layout = read_step(dst)
         step = int4.ort_step(str(dst), threads, layout)
         past0 = layout.empty_past()
-        res.tokens_onnx = [int4.generate(step, past0, p, steps) for p in prompts]
-        if genai and not _genai_agrees(res, tmp, prompts, steps, timeout):
+        res.tokens_onnx = [int4.generate(step, past0, p, b.steps) for p in prompts]
+        if genai and not _genai_agrees(res, tmp, prompts, b.steps, timeout):
             return res
         replace_folder(tmp, out)
         res.ok, res.path = True, str(out)
         return res
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def not_fed(folder: Path, e: Exception) -> Any:

@@ -7,20 +7,23 @@ and ensures that the package it writes keeps the input's interface (its decoder'
 outputs and cache, fed the same way): onnxruntime-genai's config and every loop that serves
 the package still hold. Whether the transformed package still *computes* what the model does
 is the verification's (fuse_decoder.py: token by token against PyTorch; int4_package.py: the
-task budget), which runs on what the pass wrote. One pass per module: fuse_decoder.py's
-``FusePass`` is ONNX Runtime's fusions with GroupQueryAttention. int4's candidates are
-passes of optimize's pipeline on the decoder file (int4_search.py: the quantize step with
-the shared 4-bit embedding); int4_package.py checks the package it assembles with
-:func:`interface_change`, as :class:`PackagePass` does.
+task budget), which runs on what the pass wrote, in the folder :func:`staged` made beside
+the output: only a verified package is renamed into place. One pass per module:
+fuse_decoder.py's ``FusePass`` (ONNX Runtime's fusions with GroupQueryAttention),
+int4_package.py's ``Int4Pass`` (int4_search.py's candidates on the decoder file, the fastest
+within the task budget).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-from onnxmedic.genpackage import NotAStep, StepLayout, read_package
+from onnxmedic.genpackage import NotAStep, read_package
 from onnxmedic.optimize.pass_infra import (
     PassBase,
     PassResult,
@@ -38,8 +41,19 @@ def copy_side_files(src: Path, dst: Path, graph: str) -> None:
             shutil.copy2(p, dst / p.name)
 
 
-def _interface(layout: StepLayout) -> tuple[Any, ...]:
-    return (layout.inputs, layout.outputs, [(c.name, c.present) for c in layout.cache])
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A scratch folder beside ``out`` (same file system: renamed into place with
+    onnxfile.replace_folder once verified), removed on the way out. Its mode is a new
+    folder's (mkdtemp's 0700 would stay with the package once renamed)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    mask = os.umask(0)
+    os.umask(mask)
+    tmp.chmod(0o777 & ~mask)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class PackagePass(PassBase):
@@ -53,22 +67,19 @@ class PackagePass(PassBase):
             raise PreconditionError(f"{self.name}: {src}: {e}") from e
 
     def ensures(self, src: Path, result: PassResult) -> None:
-        """The written package keeps ``src``'s interface and can be fed (PostconditionError)."""
-        why = interface_change(src, result.path)
-        if why is not None:
-            raise PostconditionError(f"{self.name}: {why}")
-
-
-def interface_change(src: Path, dst: Path) -> str | None:
-    """Why the package ``dst`` does not serve as ``src`` does (its decoder's inputs, outputs
-    or cache differ, or the contract cannot feed it); None when it does."""
-    try:
-        before, after = read_package(src), read_package(dst)
-        after.empty_past()
-    except (NotAStep, OSError) as e:
-        return f"no package the contract can feed at {dst}: {e}"
-    if _interface(before) != _interface(after):
-        return (f"the package at {dst} changed its decoder's interface (inputs "
+        """The written package keeps ``src``'s decoder interface (inputs, outputs, cache) and
+        the contract feeds it (PostconditionError)."""
+        dst = result.path
+        try:
+            before, after = read_package(src), read_package(dst)
+            after.empty_past()
+        except (NotAStep, OSError) as e:
+            raise PostconditionError(f"{self.name}: no package the contract can feed at "
+                                     f"{dst}: {e}") from e
+        kept = [(x.inputs, x.outputs, [(c.name, c.present) for c in x.cache])
+                for x in (before, after)]
+        if kept[0] != kept[1]:
+            raise PostconditionError(
+                f"{self.name}: the package at {dst} changed its decoder's interface (inputs "
                 f"{before.inputs} -> {after.inputs}, outputs {before.outputs} -> "
                 f"{after.outputs})")
-    return None

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +70,7 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
     from onnxmedic.genpackage import NotAStep, read_package
     from onnxmedic.hf.transforms.fuse_decoder import fuse_package
     from onnxmedic.hf.transforms.int4_package import int4_package, not_fed
+    from onnxmedic.hf.transforms.passes import staged
     from onnxmedic.optimize.int4 import TaskBudget, parse_budget
 
     if (why := precision_problem(precision, flags=False)) is not None:
@@ -90,8 +89,7 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
         res.findings.extend(res.fused.findings)
         res.ok, res.path = res.fused.ok, res.fused.path
         return res
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.fused-", dir=out.parent))
-    try:
+    with staged(out) as work:
         res.fused = fuse_package(folder, work / "fused", model, tokenizer, timeout=timeout)
         src = work / "fused" if res.fused.ok else folder
         if say is not None:
@@ -104,8 +102,6 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
             if f.code in ("OM734", "OM735"):
                 f.message = f.message.replace(str(work / "fused"), f"{out} (before int4)")
                 res.findings.append(f)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     res.findings.extend(res.int4.findings)
     res.ok, res.path = res.int4.ok, res.int4.path
     return res
@@ -123,6 +119,7 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
     ``verify=False``."""
     from onnxmedic.findings import info
     from onnxmedic.hf import export_generation
+    from onnxmedic.hf.transforms.passes import staged
 
     if (why := precision_problem(precision, flags=False)) is not None:
         raise ValueError(f"onnxmedic.export_pretrained: {why}")
@@ -131,8 +128,7 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
                          "package judged against PyTorch; it needs verify=True")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.fp32-", dir=out.parent))
-    try:
+    with staged(out) as stage:
         # the road fuses the package itself: the export's own fusion would be done twice
         result = export_generation(model, stage / "pkg", **{**export, "optimize": False})
         made = None
@@ -144,8 +140,6 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
                 result.findings.extend(made.findings)
                 if not made.ok:
                     st.fail()
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
     result.int4 = getattr(made, "int4", None)  # type: ignore[attr-defined]
     # the float32 package stayed in the staging folder: only the one made is written
     result.findings = [f for f in result.findings if f.code != "OM819"]
