@@ -51,6 +51,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "figures-tied": dict(vocab=2048, hidden=256, layers=4, heads=8, kv_heads=4,
                          intermediate=688, seq=64, batch=8, steps=400, lr=3e-3,
                          chars=1_000_000, threads=1, tied=True),
+    # issue 50's decoder: Qwen2-shaped (4 layers, hidden 256, 8 heads, 2 KV heads, untied
+    # head), ~90 s of CPU time on 1 thread; the one-command int4 package is judged on it
+    # (bench/peers/int4_package.py)
+    "qwen2": dict(arch="qwen2", vocab=2048, hidden=256, layers=4, heads=8, kv_heads=2,
+                  intermediate=688, seq=64, batch=8, steps=360, lr=4e-3, chars=1_000_000,
+                  threads=1),
+    # the same on a small corpus (60 k characters, ~10 passes over it): a decoder that has
+    # learnt its text well (low loss, confident logits)
+    "qwen2-small-corpus": dict(arch="qwen2", vocab=2048, hidden=256, layers=4, heads=8,
+                               kv_heads=2, intermediate=688, seq=64, batch=8, steps=360,
+                               lr=4e-3, chars=60_000, threads=1),
 }
 SEED = 1234
 HELD_OUT = 0.05  # the last 5 % of the token stream: not trained on
@@ -90,16 +101,16 @@ def train_tokenizer(text: str, vocab: int) -> Any:
 
 
 def config_for(p: dict[str, Any]) -> Any:
-    """The Llama config of a preset (untied LM head: its own MatMul, as in most decoders;
-    ``tied``: the embedding's table)."""
-    from transformers import LlamaConfig
+    """The Llama (or ``arch="qwen2"``: Qwen2) config of a preset (untied LM head: its own
+    MatMul, as in most decoders; ``tied``: the embedding's table)."""
+    from transformers import LlamaConfig, Qwen2Config
 
-    return LlamaConfig(vocab_size=p["vocab"], hidden_size=p["hidden"],
-                       num_hidden_layers=p["layers"], num_attention_heads=p["heads"],
-                       num_key_value_heads=p["kv_heads"], intermediate_size=p["intermediate"],
-                       max_position_embeddings=max(256, 2 * p["seq"]),
-                       tie_word_embeddings=p.get("tied", False), bos_token_id=0,
-                       eos_token_id=0)
+    config = Qwen2Config if p.get("arch") == "qwen2" else LlamaConfig
+    return config(vocab_size=p["vocab"], hidden_size=p["hidden"],
+                  num_hidden_layers=p["layers"], num_attention_heads=p["heads"],
+                  num_key_value_heads=p["kv_heads"], intermediate_size=p["intermediate"],
+                  max_position_embeddings=max(256, 2 * p["seq"]),
+                  tie_word_embeddings=p.get("tied", False), bos_token_id=0, eos_token_id=0)
 
 
 def _batches(ids: Any, p: dict[str, Any], gen: Any) -> Any:
@@ -126,7 +137,7 @@ def held_out_ppl(model: Any, ids: Any, seq: int) -> float:
 def train(preset: str, out: Path) -> dict[str, Any]:
     """Train the ``preset`` model and write its folder ``out``; returns train.json's record."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     p = PRESETS[preset]
     t0 = time.perf_counter()
@@ -141,7 +152,7 @@ def train(preset: str, out: Path) -> dict[str, Any]:
         split = int(len(ids) * (1 - HELD_OUT))
         train_ids, test_ids = ids[:split], ids[split:]
         torch.manual_seed(SEED)
-        model = LlamaForCausalLM(config_for(p))
+        model = AutoModelForCausalLM.from_config(config_for(p))
         opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], weight_decay=0.01)
         gen = torch.Generator().manual_seed(SEED)
         losses = []
@@ -169,6 +180,12 @@ def train(preset: str, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save(str(out / "tokenizer.json"))
+    if p.get("arch"):  # AutoTokenizer's files too (onnxruntime-genai's builder reads them)
+        from transformers import PreTrainedTokenizerFast
+
+        first = tok.id_to_token(0)  # the config's bos and eos (id 0: no special tokens)
+        PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=first,
+                                eos_token=first).save_pretrained(out)
     record = {"preset": preset, "settings": p, "seed": SEED,
               "parameters": sum(t.numel() for t in model.parameters()),
               "tokens": len(ids), "seconds": round(time.perf_counter() - t0, 1),
@@ -197,9 +214,9 @@ def folder(preset: str = "test") -> Path:
 def load(path: Path) -> tuple[Any, Any]:
     """(model in eval mode, ``tokenizers.Tokenizer``) of a trained folder."""
     from tokenizers import Tokenizer
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(path).eval()
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
     return model, Tokenizer.from_file(str(path / "tokenizer.json"))
 
 
