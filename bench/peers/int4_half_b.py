@@ -366,10 +366,15 @@ def _accuracy_lines(a: dict[str, Any]) -> list[str]:
              f" M parameters, trained); package fused: {a['fused_ok']} ({a['fused_ops']}); int4 "
              f"package written: {a['int4_ok']} (onnxruntime-genai's tokens = ONNX Runtime's: "
              f"{a['tokens_genai_match']}); chosen: {s.get('chosen')}; PyTorch float32 "
-             f"perplexity {s.get('reference_perplexity', float('nan')):.4g}", "",
-             "| candidate | perplexity delta | greedy agreement (own) | decode ms | MiB | "
+             f"perplexity {s.get('reference_perplexity', float('nan')):.4g}", ""]
+    return lines + candidate_table(s["candidates"])
+
+
+def candidate_table(candidates: list[dict[str, Any]]) -> list[str]:
+    """The int4 search's candidates (int4_search.Int4Result.to_dict()'s), one row each."""
+    lines = ["| candidate | perplexity delta | greedy agreement (own) | decode ms | MiB | "
              "rejected |", "|---|---|---|---|---|---|"]
-    for c in s["candidates"]:
+    for c in candidates:
         if c.get("perplexity") is None:
             lines.append(f"| {c['name']} | - | - | - | - | {c['rejected'][:80]} |")
             continue

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -44,14 +43,6 @@ TABLE = "int4_package"  # bench/results/<TABLE>.md: int4_package_<preset> for an
 RESULTS = ROOT / "bench" / "results"
 PACKAGES = ("onnxmedic", "builder")
 STEPS, PROMPT, DECODE = 32, 64, 64
-
-
-def _train_module() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "train_decoder", ROOT / "bench" / "accuracy" / "train_decoder.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _env() -> dict[str, str]:
@@ -205,17 +196,11 @@ def write(rec: dict[str, Any], cmd: str) -> None:
               f"Median ratio {statistics.median(ratios):.2f}x.", ""]
     c = rec.get("chosen") or {}
     if c:
+        sys.path.insert(0, str(ROOT / "bench" / "peers"))
+        from int4_half_b import candidate_table
+
         lines += [f"int4 search (export's report): chosen {c.get('chosen')}", "",
-                  "| candidate | perplexity delta | agreement (own) | decode ms | rejected |",
-                  "|---|---|---|---|---|"]
-        for k in c.get("candidates", []):
-            if k.get("perplexity") is None:
-                lines.append(f"| {k['name']} | - | - | - | {k.get('rejected', '')[:80]} |")
-                continue
-            dms = f"{k['decode_ms']:.3f}" if k.get("decode_ms") is not None else "-"
-            lines.append(f"| {k['name']} | {(k['perplexity_ratio'] - 1) * 100:+.2f} % | "
-                         f"{k['agreement'] * 100:.1f} % ({k['free_agreement'] * 100:.1f} %) | "
-                         f"{dms} | {k.get('rejected', '')[:80]} |")
+                  *candidate_table(c.get("candidates", []))]
     (RESULTS / f"{TABLE}.md").write_text("\n".join(lines) + "\n")
 
 
@@ -225,6 +210,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", type=Path, help="a trained folder (default: the preset's)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-build", action="store_true", help="measure the packages built before")
+    ap.add_argument("--write", action="store_true", help="rewrite the table from its .json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.child:
@@ -233,7 +219,13 @@ def main() -> None:
     global BUILD, TABLE
     BUILD = BUILD.with_name(ns.preset)
     TABLE = "int4_package" + ("" if ns.preset == "qwen2" else f"_{ns.preset}")
-    td = _train_module()
+    if ns.write:
+        rec = json.loads((RESULTS / f"{TABLE}.json").read_text())
+        write(rec, rec["command"])
+        print((RESULTS / f"{TABLE}.md").read_text())
+        return
+    sys.path.insert(0, str(ROOT / "bench" / "accuracy"))
+    import train_decoder as td
     ckpt = ns.checkpoint or td.folder(ns.preset)
     built = BUILD / "build.json"
     if not ns.no_build:
@@ -243,8 +235,9 @@ def main() -> None:
            "build": json.loads(built.read_text()),
            "chosen": _chosen(BUILD / "onnxmedic.json"),
            "measure": measure(ckpt, ns.rounds)}
-    write(rec, f"python bench/peers/int4_package.py --rounds {ns.rounds}"
-          + (f" --preset {ns.preset}" if ns.preset != "qwen2" else ""))
+    rec["command"] = (f"python bench/peers/int4_package.py --rounds {ns.rounds}"
+                      + (f" --preset {ns.preset}" if ns.preset != "qwen2" else ""))
+    write(rec, rec["command"])
     print((RESULTS / f"{TABLE}.md").read_text())
 
 
