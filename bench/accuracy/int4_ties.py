@@ -83,31 +83,43 @@ def gaps_and_noise(ref: list[list[np.ndarray]], sim: list[list[np.ndarray]]
     return np.asarray(gaps), np.asarray(noise)
 
 
-def files(path: str, work: str) -> dict[str, str]:
-    """The clean cells and the two injected faults of the clean file."""
+# the tests' two injected faults (tests/optimize/test_int4.py): (MatMulNBits input, edit)
+FAULTS: dict[str, tuple[int, Any]] = {
+    "fault: corrupted block": (1, lambda a: a.__setitem__((0, 0, slice(None)), 0xFF)),
+    "fault: scale x16": (2, lambda a: a.reshape(-1).__setitem__(0, a.reshape(-1)[0] * 16)),
+}
+
+
+def inject(clean: str, out: str, fault: str) -> str:
+    """``clean`` with one of :data:`FAULTS` in its 4th MatMulNBits (layer 0's o_proj in a
+    plain decoder step: input 1 its 4-bit blocks, input 2 its scales), saved at ``out``
+    (external data beside it when ``clean`` has some); returns the node's name."""
     import onnx
     from onnx import numpy_helper
 
+    which, fn = FAULTS[fault]
+    m = onnx.load(clean)
+    node = [n for n in m.graph.node if n.op_type == "MatMulNBits"][3]
+    t = next(i for i in m.graph.initializer if i.name == node.input[which])
+    a = numpy_helper.to_array(t).copy()
+    fn(a)
+    t.CopyFrom(numpy_helper.from_array(a, t.name))
+    external = Path(clean).with_name(Path(clean).name + ".data").exists()
+    onnx.save(m, out, save_as_external_data=external, location=Path(out).name + ".data")
+    return node.name
+
+
+def files(path: str, work: str) -> dict[str, str]:
+    """The clean cells and the two injected faults of the clean file."""
     from onnxmedic.optimize import int4
 
     out = {}
     for b, a, head in ((32, 0, "fp32"), (32, 4, "int4"), (128, 4, "int4")):
         out[f"rtn-b{b}-a{a}-head{head}"] = p = os.path.join(work, f"b{b}a{a}{head}.onnx")
         int4.quantize_int4(path, p, b, a, head)
-    clean = out["rtn-b32-a0-headfp32"]
-
-    def edit(name: str, which: int, fn: Any) -> None:
-        m = onnx.load(clean)
-        node = [n for n in m.graph.node if n.op_type == "MatMulNBits"][3]  # layer 0's o_proj
-        t = next(i for i in m.graph.initializer if i.name == node.input[which])
-        a = numpy_helper.to_array(t).copy()
-        fn(a)
-        t.CopyFrom(numpy_helper.from_array(a, t.name))
+    for name in FAULTS:
         out[name] = os.path.join(work, f"{name}.onnx")
-        onnx.save(m, out[name])
-
-    edit("fault: corrupted block", 1, lambda a: a.__setitem__((0, 0, slice(None)), 0xFF))
-    edit("fault: scale x16", 2, lambda a: a.reshape(-1).__setitem__(0, a.reshape(-1)[0] * 16))
+        inject(out["rtn-b32-a0-headfp32"], out[name], name)
     return out
 
 

@@ -56,7 +56,8 @@ def build(ckpt: Path, plain: Path | None) -> None:
     by hand: python -m onnxruntime_genai.models.builder -i CKPT -o build/half_b/genai_P -p P
     -e cpu)."""
     sys.path.insert(0, str(ROOT / "src"))
-    from onnxmedic.hf.transforms.fuse_decoder import context_length, fuse_graph, share_buffer
+    from onnxmedic.genpackage import context_length
+    from onnxmedic.hf.transforms.fuse_decoder import fuse_graph, share_buffer
     from onnxmedic.hf.transforms.int4_package import save_external
     from onnxmedic.optimize.int4 import quantize_int4
 
@@ -74,7 +75,7 @@ def build(ckpt: Path, plain: Path | None) -> None:
                             str(ckpt), "-o", str(BUILD / p), "-p", p.split("_")[1], "-e", "cpu",
                             "-c", str(BUILD / "genai_cache")], check=True)
     def fuse(s: str, d: str) -> None:
-        print(fuse_graph(s, d, max_positions=context_length(om)))
+        print(fuse_graph(s, d, max_positions=context_length(om) or 4096))
         share_buffer(Path(d).parent)
 
     steps = [("om_fused", om, fuse),

@@ -71,34 +71,55 @@ def build(ckpt: Path) -> dict[str, Any]:
     return out
 
 
-def reference(ckpt: Path) -> dict[str, Any]:
+def reference(ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """PyTorch float32's greedy tokens from the built-in prompts (optimize/int4.py's harness
-    over int4_package's step reference of the causal LM)."""
+    over int4_package's step reference of the causal LM), and the task budget's verdict
+    (ONNX Runtime, as the int4 search judges) on onnxmedic's int4 decoder and on two faulted
+    copies of its package (bench/accuracy/int4_ties.py's faults: a corrupted 4-bit block, a
+    block's scale x16)."""
     sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT / "bench" / "accuracy"))
+    from int4_ties import FAULTS, inject
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from onnxmedic.genpackage import read_package
     from onnxmedic.hf.transforms.int4_package import PackageReference
+    from onnxmedic.hf.transforms.passes import copy_side_files
     from onnxmedic.optimize import int4
 
     model = AutoModelForCausalLM.from_pretrained(ckpt).eval()
     tok = AutoTokenizer.from_pretrained(ckpt)
     data = int4.builtin_data(tok.encode)
-    past0 = read_package(BUILD / "onnxmedic").empty_past()
-    ref = int4.score(int4.torch_step(PackageReference(model)), past0, data, STEPS)
+    ours = BUILD / "onnxmedic"
+    ref = int4.score(int4.torch_step(PackageReference(model)), read_package(ours).empty_past(),
+                     data, STEPS)
+    folders = {"onnxmedic": ours}
+    for i, fault in enumerate(FAULTS):
+        folder = BUILD / f"fault{i + 1}"
+        shutil.rmtree(folder, ignore_errors=True)
+        copy_side_files(ours, folder, "model.onnx")
+        node = inject(str(ours / "model.onnx"), str(folder / "model.onnx"), fault)
+        folders[f"onnxmedic, {fault} ({node})"] = folder
+    judged = {}
+    for name, folder in folders.items():
+        got = int4.score_onnx(folder / "model.onnx", data, STEPS, ref["tokens"],
+                              layout=read_package(folder))
+        j = int4.judge(ref, got, int4.DEFAULT_BUDGET)
+        judged[name] = {"folder": str(folder), "agreement": j["agreement"],
+                        "perplexity_ratio": j["perplexity_ratio"], "rejected": j["rejected"]}
     return {"prompts": data.prompts, "tokens": ref["tokens"],
-            "perplexity": ref.get("perplexity")}
+            "perplexity": ref.get("perplexity")}, judged
 
 
 def child(spec_path: str) -> dict[str, Any]:
-    """Both packages in this process: teacher-forced agreement, then alternating timing
-    rounds (imports onnxruntime_genai and numpy only)."""
+    """The packages in this process: teacher-forced agreement (of ``extra``'s too), then
+    alternating timing rounds (imports onnxruntime_genai and numpy only)."""
     import numpy as np
     import onnxruntime_genai as og
 
     spec = json.loads(Path(spec_path).read_text())
     models = {}
-    for name, folder in spec["packages"].items():
+    for name, folder in {**spec["packages"], **spec["extra"]}.items():
         config = og.Config(folder)
         config.overlay(json.dumps({"model": {"decoder": {"session_options": {
             "intra_op_num_threads": 2}}}}))
@@ -110,7 +131,7 @@ def child(spec_path: str) -> dict[str, Any]:
         return og.Generator(model, params)
 
     out: dict[str, Any] = {"version": og.__version__, "agreement": {}, "picks": {},
-                           "ms_per_token": {n: [] for n in models}}
+                           "ms_per_token": {n: [] for n in spec["packages"]}}
     for name, model in models.items():
         picks = []
         for prompt, toks in zip(spec["prompts"], spec["tokens"]):
@@ -127,7 +148,7 @@ def child(spec_path: str) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     prompt = rng.integers(4, 1000, PROMPT).tolist()
     tokens = rng.integers(4, 1000, DECODE).tolist()
-    names = list(models)
+    names = list(spec["packages"])
     for r in range(spec["rounds"]):
         for name in names if r % 2 == 0 else names[::-1]:
             gen = generator(models[name], PROMPT + DECODE + 1)
@@ -144,9 +165,11 @@ def child(spec_path: str) -> dict[str, Any]:
 
 
 def measure(ckpt: Path, rounds: int) -> dict[str, Any]:
-    """The reference, then the genai child over both packages."""
-    ref = reference(ckpt)
-    spec = {"packages": {n: str(BUILD / n) for n in PACKAGES}, "rounds": rounds, **ref}
+    """The reference and the budget's verdicts, then the genai child over both packages and
+    the faulted ones."""
+    ref, judged = reference(ckpt)
+    spec = {"packages": {n: str(BUILD / n) for n in PACKAGES}, "rounds": rounds, **ref,
+            "extra": {n: f for n, f in judged.items() if n != "onnxmedic"}}
     path = BUILD / "spec.json"
     path.write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, __file__, "--child", str(path)], capture_output=True,
@@ -155,6 +178,7 @@ def measure(ckpt: Path, rounds: int) -> dict[str, Any]:
         raise SystemExit(proc.stderr[-2000:])
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     got["reference_perplexity"] = ref["perplexity"]
+    got["judged"] = judged
     return got
 
 
@@ -194,6 +218,19 @@ def write(rec: dict[str, Any], cmd: str) -> None:
         f"{a:.3f} / {b:.3f} = {r:.2f}x" for a, b, r in zip(ms["onnxmedic"], ms["builder"],
                                                           ratios)),
               f"Median ratio {statistics.median(ratios):.2f}x.", ""]
+    if "judged" in m:
+        lines += ["The task budget's verdict (ONNX Runtime, as the int4 search judges: "
+                  "teacher-forced agreement >= 95 %, perplexity <= +5 %), and "
+                  "onnxruntime-genai's agreement, on onnxmedic's package and on copies with "
+                  "an injected fault:", "",
+                  "| package | agreement (ORT) | perplexity delta | within the budget | genai "
+                  "agreement |", "|---|---|---|---|---|"]
+        for n, j in m["judged"].items():
+            lines.append(f"| {n} | {j['agreement'] * 100:.1f} % | "
+                         f"{(j['perplexity_ratio'] - 1) * 100:+.2f} % | "
+                         f"{'no: ' + j['rejected'][:60] if j['rejected'] else 'yes'} | "
+                         f"{m['agreement'][n] * 100:.1f} % |")
+        lines.append("")
     c = rec.get("chosen") or {}
     if c:
         sys.path.insert(0, str(ROOT / "bench" / "peers"))

@@ -92,8 +92,8 @@ def test_an_untied_or_unquantized_head_keeps_the_float_embedding(tmp_path):
 
 def test_the_int4_package_keeps_its_weights_beside_the_graph(tmp_path):
     """int4_package.save_external: the weights in model.onnx.data (ONNX Runtime builds the
-    session without the whole protobuf in memory), the outputs unchanged; a second save
-    replaces the data file rather than appending to it."""
+    session without the whole protobuf in memory), the outputs unchanged, readable as the
+    graph is; a second save replaces the data file rather than appending to it."""
     from onnxmedic.hf.transforms.int4_package import save_external
 
     src, dst = tmp_path / "f.onnx", tmp_path / "model.onnx"
@@ -104,7 +104,7 @@ def test_the_int4_package_keeps_its_weights_beside_the_graph(tmp_path):
     save_external(dst)
     data = tmp_path / "model.onnx.data"
     size = data.stat().st_size
-    assert size > dst.stat().st_size
+    assert size > dst.stat().st_size and data.stat().st_mode == dst.stat().st_mode
     save_external(dst)
     assert data.stat().st_size == size
     for a, b in zip(before, _run(dst, ids)):

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxmedic.genpackage import decoder_graph
+from onnxmedic.genpackage import context_length, decoder_graph
 from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
 from onnxmedic.optimize.pass_infra import PassResult
@@ -189,7 +189,7 @@ class FusePass(PackagePass):
         graph = decoder_graph(src)
         copy_side_files(src, dst, graph.name)
         counts, folded = fuse_graph(graph, dst / graph.name, gqa=self.gqa,
-                                    max_positions=context_length(dst))
+                                    max_positions=context_length(dst) or 4096)
         if counts.get("group_query_attention"):
             share_buffer(dst)
         return PassResult(dst, True, {"fusions": counts, "folded_where": folded})
@@ -233,14 +233,6 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         res.ok, res.path = True, str(out)
         res.findings.append(_fused_finding(res, out))
         return res
-
-
-def context_length(folder: Path) -> int:
-    """The context length of the package's genai_config.json (4096 without one)."""
-    cfg = folder / "genai_config.json"
-    if not cfg.exists():
-        return 4096
-    return int(json.loads(cfg.read_text())["model"].get("context_length") or 4096)
 
 
 def share_buffer(folder: Path) -> None:

@@ -157,6 +157,7 @@ def save_external(path: str | os.PathLike[str]) -> None:
     data.unlink(missing_ok=True)  # onnx appends to an existing data file
     onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=data.name, size_threshold=1024)
+    data.chmod(path.stat().st_mode & 0o777)
 
 
 def _genai_agrees(res: Int4PackageResult, tmp: Path, prompts: list[list[int]], steps: int,
