@@ -169,7 +169,7 @@ def measure(ckpt: Path, rounds: int) -> dict[str, Any]:
     the faulted ones."""
     ref, judged = reference(ckpt)
     spec = {"packages": {n: str(BUILD / n) for n in PACKAGES}, "rounds": rounds, **ref,
-            "extra": {n: f for n, f in judged.items() if n != "onnxmedic"}}
+            "extra": {n: j["folder"] for n, j in judged.items() if n != "onnxmedic"}}
     path = BUILD / "spec.json"
     path.write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, __file__, "--child", str(path)], capture_output=True,
@@ -212,7 +212,8 @@ def write(rec: dict[str, Any], cmd: str) -> None:
              "(median of rounds) |", "|---|---|---|---|---|"]
     for n in PACKAGES:
         b = rec["build"][n]
-        lines.append(f"| {n} | {b['seconds']} | {b['rc']} | {m['agreement'][n] * 100:.1f} % | "
+        lines.append(f"| {n}: `{b['command']}` | {b['seconds']} | {b['rc']} | "
+                     f"{m['agreement'][n] * 100:.1f} % | "
                      f"{statistics.median(ms[n]):.3f} |")
     lines += ["", "Per round (ms/token, onnxmedic / builder, ratio): " + "; ".join(
         f"{a:.3f} / {b:.3f} = {r:.2f}x" for a, b, r in zip(ms["onnxmedic"], ms["builder"],
@@ -273,7 +274,8 @@ def main() -> None:
            "chosen": _chosen(BUILD / "onnxmedic.json"),
            "measure": measure(ckpt, ns.rounds)}
     rec["command"] = (f"python bench/peers/int4_package.py --rounds {ns.rounds}"
-                      + (f" --preset {ns.preset}" if ns.preset != "qwen2" else ""))
+                      + (f" --preset {ns.preset}" if ns.preset != "qwen2" else "")
+                      + (" --no-build" if ns.no_build else ""))
     write(rec, rec["command"])
     print((RESULTS / f"{TABLE}.md").read_text())
 

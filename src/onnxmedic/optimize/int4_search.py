@@ -57,6 +57,7 @@ class Int4Candidate:
     size_bytes: int | None = None
     rejected: str = ""
     path: str = ""  # the built file, in the work folder (gone after optimize_int4)
+    tokens: list[list[int]] = field(default_factory=list)  # its own greedy tokens per prompt
 
     @property
     def within(self) -> bool:
@@ -92,6 +93,7 @@ class Int4Result:
     user_text: str = ""  # --calibration: where the figures on the user's text come from
     user_reference_perplexity: float | None = None
     median_margin: float | None = None  # PyTorch's median top-2 logit gap over the steps
+    prompts: list[list[int]] = field(default_factory=list)  # the task data's prompts
 
     @property
     def ok(self) -> bool:
@@ -148,8 +150,10 @@ class Int4Result:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("prompts")
         for c in d["candidates"]:
             c.pop("path", None)
+            c.pop("tokens", None)
         return d
 
 
@@ -187,6 +191,7 @@ def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: 
     c.perplexity, c.perplexity_ratio = j["perplexity"], j["perplexity_ratio"]
     c.agreement, c.free_agreement = j["agreement"], j["free_agreement"]
     c.first_divergence, c.rejected = j["first_divergence"], j["rejected"]
+    c.tokens = got["tokens"]
     if "margins" in ref:
         c.divergence_margins = int4_text.divergence_margins(ref["margins"], c.first_divergence)
     if user is not None:
@@ -307,7 +312,8 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
     ref.setdefault("margins", int4_text.reference_margins(ref_step, past0, data.prompts,
                                                           ref["tokens"]))
     res = Int4Result(budget, data.source, ref["perplexity"], [],
-                     median_margin=int4_text.median_margin(ref["margins"]))
+                     median_margin=int4_text.median_margin(ref["margins"]),
+                     prompts=data.prompts)
     with tempfile.TemporaryDirectory(prefix="onnxmedic-int4-") as work:
         user = None
         cells = list(grid or DEFAULT_GRID)

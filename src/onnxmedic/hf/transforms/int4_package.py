@@ -21,9 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from onnxmedic.genpackage import decoder_graph, read_step
+from onnxmedic.genpackage import decoder_graph
 from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
 from onnxmedic.optimize.pass_infra import PassResult, PreconditionError
@@ -102,14 +100,11 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
     grid when None; ``search``: its per-layer search where no cell is within the budget).
     Nothing is written at ``out`` unless a candidate is within the budget and
     onnxruntime-genai generates its tokens."""
-    from onnxmedic.optimize import int4
-
     folder, out = Path(folder), Path(out)
     res = Int4PackageResult()
-    b = budget or int4.DEFAULT_BUDGET
     with staged(out) as tmp:
         try:
-            done = Int4Pass(model, tokenizer, budget=b, grid=grid, search=search,
+            done = Int4Pass(model, tokenizer, budget=budget, grid=grid, search=search,
                             threads=threads, timeout=timeout)(folder, tmp)
         except PreconditionError as e:
             res.findings.append(not_fed(folder, e.__cause__ or e))
@@ -118,16 +113,10 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         res.findings.extend(res.search.findings())
         if not done.modified:
             return res
-        prompts = (int4.builtin_data(tokenizer.encode, b.prompts).prompts
-                   if tokenizer is not None else
-                   [[int(t) for t in np.random.default_rng(i).integers(4, 64, 4)]
-                    for i in range(b.prompts)])
-        dst = decoder_graph(tmp)
-        layout = read_step(dst)
-        step = int4.ort_step(str(dst), threads, layout)
-        past0 = layout.empty_past()
-        res.tokens_onnx = [int4.generate(step, past0, p, b.steps) for p in prompts]
-        if genai and not _genai_agrees(res, tmp, prompts, b.steps, timeout):
+        # the chosen file's own greedy tokens in ONNX Runtime, as the search scored it
+        res.tokens_onnx = next(c.tokens for c in res.search.candidates
+                               if c.name == res.search.chosen)
+        if genai and not _genai_agrees(res, tmp, timeout):
             return res
         replace_folder(tmp, out)
         res.ok, res.path = True, str(out)
@@ -160,15 +149,15 @@ def save_external(path: str | os.PathLike[str]) -> None:
     data.chmod(path.stat().st_mode & 0o777)
 
 
-def _genai_agrees(res: Int4PackageResult, tmp: Path, prompts: list[list[int]], steps: int,
-                  timeout: float) -> bool:
-    """onnxruntime-genai generating from ``tmp`` gives ONNX Runtime's own greedy tokens for the
-    chosen file (OM736 when not; OM815 when genai is not installed)."""
+def _genai_agrees(res: Int4PackageResult, tmp: Path, timeout: float) -> bool:
+    """onnxruntime-genai generating from ``tmp`` (the search's prompts and steps) gives ONNX
+    Runtime's own greedy tokens for the chosen file (OM736 when not; OM815 when genai is not
+    installed)."""
     from onnxmedic.findings import error
     from onnxmedic.hf.gen_verify import GenerationCheck, genai_generation
 
-    check = GenerationCheck(prompts=prompts, tokens_torch=res.tokens_onnx)
-    genai_generation(tmp, check, steps, timeout, eos=set())
+    check = GenerationCheck(prompts=res.search.prompts, tokens_torch=res.tokens_onnx)
+    genai_generation(tmp, check, res.search.budget.steps, timeout, eos=set())
     res.tokens_genai = check.tokens_genai
     if check.ok:
         res.findings.extend(check.findings)
