@@ -254,3 +254,30 @@ def test_hqq_candidate_is_built_with_zero_points_and_scored(decoder, task, tmp_p
     assert j["perplexity_ratio"] < 1.05  # its agreement is measured, not asserted
     with pytest.raises(ValueError, match="algo"):
         int4.quantize_int4(decoder[1], str(tmp_path / "x.onnx"), algo="awq")
+
+
+@pytest.mark.parametrize("fault", ["corrupted block", "scale x16", "scale x1.5"])
+def test_the_rounding_check_finds_faults_in_the_weights(decoder, clean, tmp_path, fault):
+    """An RTN file's every weight is within one step of its float32 value; a corrupted block
+    or a wrong scale is found in the weights themselves, whatever it costs on the task (on the
+    trained qwen2 decoders, bench/results/int4_package*.md, both stay inside the task budget).
+    The int4 search rejects an RTN candidate that fails it (int4_search.build)."""
+    assert int4.rounding_problem(decoder[1], clean) is None
+
+    def edit(a):
+        if fault == "corrupted block":
+            a[0, 0, :] = 0xFF
+        else:
+            a.reshape(-1)[0] *= 16 if fault == "scale x16" else 1.5
+
+    edit.pick = lambda m: _o_proj(m).input[1 if fault == "corrupted block" else 2]
+    why = int4.rounding_problem(decoder[1], _edit(clean, tmp_path / "bad.onnx", edit))
+    assert why is not None and _o_proj(onnx.load(str(clean))).name in why, why
+    assert "steps of its block (0)" in why
+
+
+def test_the_search_keeps_rtn_candidates_that_are_roundings(decoder, tmp_path):
+    from onnxmedic.optimize.int4_search import build
+
+    c = build(decoder[1], str(tmp_path), (32, 4, "int8"))
+    assert not c.rejected and Path(c.path).is_file()

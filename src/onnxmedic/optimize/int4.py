@@ -414,6 +414,47 @@ def fold_weight_transposes(graph: Any) -> int:
     return folded
 
 
+def rounding_problem(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str | None:
+    """Where the symmetric block quantization in ``dst`` (MatMulNBits without zero points, as
+    quantize_int4's RTN writes it) is not a rounding of ``src``'s float32 weights: every
+    dequantized weight must lie within one step (its block's scale) of the weight it was made
+    from (rounding to the nearest level: half a step; the clamp of the top level: one). A
+    corrupted block or a wrong scale is caught here whatever it costs on the task. None when
+    every such node whose MatMul has a constant weight in ``src`` holds (a weight the quantizer
+    derived, as a folded tied head, is not checked)."""
+    import onnx
+    from onnx import numpy_helper
+
+    def tensors(path: Path) -> tuple[Any, dict[str, Any]]:
+        m = onnx.load(str(path), load_external_data=False)
+        return m, {i.name: i for i in m.graph.initializer}
+
+    src, dst = Path(src), Path(dst)
+    (sm, sinit), (dm, dinit) = tensors(src), tensors(dst)
+    weights = {n.name: n.input[1] for n in sm.graph.node if n.op_type == "MatMul"}
+    for node in dm.graph.node:
+        w_name = weights.get(node.name.rsplit("_Q", 1)[0])
+        if node.op_type != "MatMulNBits" or w_name not in sinit or (
+                len(node.input) > 3 and node.input[3]):
+            continue
+        at = {a.name: a.i for a in node.attribute}
+        w = numpy_helper.to_array(sinit[w_name], str(src.parent)).astype(np.float64).T
+        q = numpy_helper.to_array(dinit[node.input[1]], str(dst.parent)).reshape(at["N"], -1)
+        if at["bits"] == 4:
+            q = np.stack([q & 15, q >> 4], -1).reshape(at["N"], -1)
+        step = np.repeat(numpy_helper.to_array(dinit[node.input[2]], str(dst.parent)).astype(
+            np.float64).reshape(at["N"], -1), at["block_size"], axis=1)[:, :at["K"]]
+        off = np.abs((q[:, :at["K"]] - 2.0 ** (at["bits"] - 1)) * step - w)
+        bad = off > np.abs(step) * (1 + 1e-3) + 1e-12
+        if bad.any():
+            n, k = np.argwhere(bad)[0]
+            return (f"{node.name}: weight ({k}, {n}) is {off[n, k]:.3g} from its float32 value "
+                    f"{w[n, k]:.3g}, {off[n, k] / max(abs(step[n, k]), 1e-30):.3g} steps of its "
+                    f"block ({k // at['block_size']}) where rounding keeps it within one; "
+                    f"{int(bad.sum())} weights so")
+    return None
+
+
 def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int = 4,
                   lm_head: str = "int4", algo: str = "rtn",
                   nodes_to_exclude: Sequence[str] = (), calibration: str | None = None,

@@ -239,6 +239,8 @@ def build(src: str, work: str, cell: tuple[Any, ...], algo: str = "rtn",
                                        precision="int4"), src, c.path, timeout=timeout)
     if not ok:
         c.rejected = f"not built: {err}"
+    elif algo == "rtn" and (why := int4.rounding_problem(src, c.path)) is not None:
+        c.rejected = f"not a rounding of the float32 weights: {why}"
     return c
 
 
