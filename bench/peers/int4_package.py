@@ -10,7 +10,9 @@ The decoder: bench/accuracy/train_decoder.py's ``qwen2`` preset (Qwen2-shaped, 4
 - ``onnxmedic``: ``python -m onnxmedic export hf:CKPT --precision int4 -o ... --report
   onnxmedic.json`` (one command: exported, fused, int4 judged by the default task budget,
   served by onnxruntime-genai), its wall time;
-- ``builder``: ``python -m onnxruntime_genai.models.builder -i CKPT -o ... -p int4 -e cpu``.
+- ``builder``: ``python -m onnxruntime_genai.models.builder -i CKPT -o ... -p int4 -e cpu``;
+- ``fp32``: ``python -m onnxmedic export hf:CKPT -o ...`` (what the int4 road starts from),
+  for the rounding check.
 
 Accuracy, as docs/int4.md defines it: PyTorch float32 generates 32 tokens greedily from each
 of optimize/int4.py's 4 built-in prompts; each package, in onnxruntime-genai, is appended the
@@ -59,7 +61,11 @@ def build(ckpt: Path) -> dict[str, Any]:
                       str(BUILD / "onnxmedic.json")],
         "builder": [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt),
                     "-o", str(BUILD / "builder"), "-p", "int4", "-e", "cpu", "-c",
-                    str(BUILD / "builder_cache")]}
+                    str(BUILD / "builder_cache")],
+        # the float32 package the int4 road starts from (the same backend, deterministic):
+        # what the rounding check (optimize/int4.py's rounding_problem) compares against
+        "fp32": [sys.executable, "-m", "onnxmedic", "export", f"hf:{ckpt}", "-o",
+                 str(BUILD / "fp32"), "--no-progress"]}
     for name, cmd in cmds.items():
         shutil.rmtree(BUILD / name, ignore_errors=True)
         t = time.perf_counter()
@@ -107,8 +113,19 @@ def reference(ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         j = int4.judge(ref, got, int4.DEFAULT_BUDGET)
         judged[name] = {"folder": str(folder), "agreement": j["agreement"],
                         "perplexity_ratio": j["perplexity_ratio"], "rejected": j["rejected"]}
+    rounding(judged)
     return {"prompts": data.prompts, "tokens": ref["tokens"],
             "perplexity": ref.get("perplexity")}, judged
+
+
+def rounding(judged: dict[str, Any]) -> None:
+    """Each judged package's rounding check against the float32 package (``BUILD/fp32``)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from onnxmedic.optimize.int4 import rounding_problem
+
+    for j in judged.values():
+        j["rounding"] = rounding_problem(BUILD / "fp32" / "model.onnx",
+                                         Path(j["folder"]) / "model.onnx")
 
 
 def child(spec_path: str) -> dict[str, Any]:
@@ -220,17 +237,21 @@ def write(rec: dict[str, Any], cmd: str) -> None:
                                                           ratios)),
               f"Median ratio {statistics.median(ratios):.2f}x.", ""]
     if "judged" in m:
+        if "fp32" in rec["build"]:
+            lines += [f"The float32 package: `{rec['build']['fp32']['command']}`.", ""]
         lines += ["The task budget's verdict (ONNX Runtime, as the int4 search judges: "
                   "teacher-forced agreement >= 95 %, perplexity <= +5 %), and "
                   "onnxruntime-genai's agreement, on onnxmedic's package and on copies with "
                   "an injected fault:", "",
                   "| package | agreement (ORT) | perplexity delta | within the budget | genai "
-                  "agreement |", "|---|---|---|---|---|"]
+                  "agreement | rounding check (against the float32 package) |",
+                  "|---|---|---|---|---|---|"]
         for n, j in m["judged"].items():
             lines.append(f"| {n} | {j['agreement'] * 100:.1f} % | "
                          f"{(j['perplexity_ratio'] - 1) * 100:+.2f} % | "
                          f"{'no: ' + j['rejected'][:60] if j['rejected'] else 'yes'} | "
-                         f"{m['agreement'][n] * 100:.1f} % |")
+                         f"{m['agreement'][n] * 100:.1f} % | "
+                         f"{'fails: ' + j['rounding'][:90] if j.get('rounding') else 'holds'} |")
         lines.append("")
     c = rec.get("chosen") or {}
     if c:
@@ -259,7 +280,9 @@ def main() -> None:
     TABLE = "int4_package" + ("" if ns.preset == "qwen2" else f"_{ns.preset}")
     if ns.write:
         rec = json.loads((RESULTS / f"{TABLE}.json").read_text())
-        write(rec, rec["command"])
+        if (BUILD / "fp32").is_dir():
+            rounding(rec["measure"]["judged"])
+        write(rec, rec["command"] + "`, rounding check by `... --write")
         print((RESULTS / f"{TABLE}.md").read_text())
         return
     sys.path.insert(0, str(ROOT / "bench" / "accuracy"))
