@@ -1,7 +1,8 @@
 """Quantized torch.ao models (issues 41, 53). Eager quantize_dynamic (Linear, LSTM, GRU) and
 eager prepare + convert (Quantize, Conv2d, ConvReLU2d, Linear, DeQuantize) export as the
 arithmetic their quantized kernels compute and verify against PyTorch's own quantized run
-(OM620). What has no ONNX form (FX's prepare_fx + convert_fx, QFunctional) ends in a
+(OM620), and so do FX models (prepare_fx + convert_fx) of those modules. What has no ONNX
+form (QFunctional, FX's quantized add) ends in a
 precise finding naming the op, the modules and the way around it (OM211; a quantized input
 tensor: OM212), never in an internal error. PT2E-style models (float tensors with quantized_decomposed
 quantize/dequantize ops) export to ONNX QDQ form and verify, each QDQ output judged with a
@@ -66,13 +67,37 @@ def _eager_static() -> nn.Module:
     return torch.ao.quantization.convert(m, inplace=True)
 
 
-def _fx() -> nn.Module:
+def _fx(cls: type[nn.Module] = Mlp, x: torch.Tensor = X) -> nn.Module:
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
     torch.manual_seed(0)
-    p = prepare_fx(Mlp().eval(), torch.ao.quantization.get_default_qconfig_mapping("x86"), (X,))
-    p(X)
+    model = cls()
+    p = prepare_fx(model.eval(), torch.ao.quantization.get_default_qconfig_mapping("x86"), (x,))
+    p(x)
     return convert_fx(p)
+
+
+class Residual(nn.Module):
+    """FX: the add of two quantized tensors becomes torch.ops.quantized.add (no twin)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + x
+
+
+class PoolNet(nn.Module):
+    """FX: conv + relu, max pool and flatten on quantized tensors, a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.relu = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()
+        self.pool, self.conv2, self.fc = nn.MaxPool2d(2), nn.Conv2d(8, 4, 3), nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.conv2(self.pool(self.relu(self.conv(x)))), 1))
 
 
 class AddStubbed(nn.Module):
@@ -158,12 +183,12 @@ X3 = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(3))
 
 
 @pytest.mark.parametrize(("make", "x", "op", "modules"), [
-    (_fx, X, "quantized::linear_relu", ["fc1"]),
+    (lambda: _fx(Residual), X, "quantized::add", []),
     (_eager_add, X, "quantized::linear", ["fc"]),
 ])
 def test_torch_ao_quantized_models_end_in_a_precise_finding(make, x, op, modules) -> None:
-    """A quantized op with no ONNX form here (FX's graph calls, QFunctional's add: quantized.py
-    says why) keeps its precise refusal: OM211 for each kernel, never an
+    """A quantized op with no ONNX form here (QFunctional's add, FX's torch.ops.quantized.add:
+    quantized.py says why) keeps its precise refusal: OM211 for each kernel, never an
     internal error."""
     model = make()
     given = borrow.copy_inputs((x,))
@@ -206,10 +231,12 @@ def _scaled_weight(path, out, factor: float = 1.1) -> None:
     (_eager_static, X),
     (lambda: _static(ConvNet(), XC, [["conv", "relu"]]), XC),
     (_eager_dynamic, X3),
+    (_fx, X),
+    (lambda: _fx(PoolNet, XC), XC),
     pytest.param(_eager_lstm, XL, marks=pytest.mark.slow),
     pytest.param(_eager_gru, XL.transpose(0, 1), marks=pytest.mark.slow),
 ], ids=["quantize_dynamic-linear", "static-linear", "static-conv", "quantize_dynamic-linear-3d",
-        "quantize_dynamic-lstm", "quantize_dynamic-gru"])
+        "fx-linear", "fx-conv-pool", "quantize_dynamic-lstm", "quantize_dynamic-gru"])
 def test_eager_quantized_models_export_and_verify_against_their_own_run(
         tmp_path, make, x) -> None:
     """Eager torch.ao models ended in OM211. Now each is exported as the arithmetic its

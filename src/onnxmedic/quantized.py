@@ -113,6 +113,13 @@ def _fx_quantized_calls(model: torch.nn.Module) -> dict[str, list[str]]:
     return out
 
 
+def runs_quantized_kernels(model: Any) -> bool:
+    """Whether ``model`` holds torch.ao quantized modules or quantized tensors, or its FX
+    graph calls quantize/quantized ops (the model computes in PyTorch's quantized kernels)."""
+    return isinstance(model, torch.nn.Module) and bool(
+        _quantized_modules(model) or _fx_quantized_calls(model))
+
+
 def _quantized_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
     flat, _ = torch.utils._pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
     out = []
@@ -467,15 +474,87 @@ def _twin_of(mod: torch.nn.Module) -> torch.nn.Module | None:
     return None
 
 
+# ops that PyTorch computes on a quantized tensor's integers exactly as on its dequantized
+# values (the same scale and zero point out): they may stand between quantized modules in an
+# FX graph and stay as they are in its twin
+_EXACT_FUNCTIONS = (torch.flatten, torch.reshape, torch.relu, torch.nn.functional.relu,
+                    torch.nn.functional.max_pool2d, torch.transpose, torch.permute)
+_EXACT_METHODS = ("flatten", "reshape", "view", "relu", "permute", "transpose", "contiguous")
+_EXACT_MODULES = (torch.nn.ReLU, torch.nn.MaxPool2d, torch.nn.Flatten, torch.nn.Identity)
+
+
+def _fx_twin(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
+    """The float twin of an FX-quantized GraphModule (prepare_fx + convert_fx): each
+    ``torch.quantize_per_tensor`` call becomes QDQ with its scale and zero point, each
+    ``dequantize`` an identity, each quantized module becomes its twin (_twin_of); None when a
+    quantized tensor meets anything else (``torch.ops.quantized.add``, a float op that
+    requantizes, such as sigmoid: OM211 stands)."""
+    import copy
+    import types
+
+    from torch.fx.graph_module import _get_attr
+
+    graph = copy.deepcopy(gm.graph)
+    root: dict[str, Any] = {}
+    quantized: set[torch.fx.Node] = set()
+
+    def value(a: Any) -> Any:
+        return _get_attr(gm, a.target) if isinstance(a, torch.fx.Node) else a
+
+    for node in list(graph.nodes):
+        on_q = any(a in quantized for a in node.all_input_nodes)
+        if node.op == "get_attr":
+            root[node.target] = _get_attr(gm, node.target)
+        elif node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            twin = _twin_of(mod) if _is_quantized_module(mod) else mod
+            if twin is None or (twin is mod and on_q and not isinstance(mod, _EXACT_MODULES)):
+                return None
+            root[node.target] = twin
+            if twin is not mod and type(mod).__name__ != "DeQuantize" or on_q:
+                quantized.add(node)
+        elif node.op == "call_function" and node.target is torch.quantize_per_tensor:
+            x, scale, zp, dtype = [*node.args, *node.kwargs.values()][:4]
+            name = f"onnxmedic_quantize_{len(root)}"
+            root[name] = _StaticQuantize(types.SimpleNamespace(
+                scale=float(value(scale)), zero_point=int(value(zp)), dtype=value(dtype)))
+            with graph.inserting_before(node):
+                new = graph.call_module(name, (x,))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            quantized.add(new)
+        elif node.op == "call_method" and node.target == "dequantize":
+            name = f"onnxmedic_dequantize_{len(root)}"  # float from here on, in both models
+            root[name] = _Identity()
+            with graph.inserting_before(node):
+                new = graph.call_module(name, (node.args[0],))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+        elif on_q:
+            if node.target in _EXACT_FUNCTIONS or node.target in _EXACT_METHODS:
+                quantized.add(node)
+            else:
+                return None
+    twin = torch.fx.GraphModule(root, graph)
+    twin.graph.eliminate_dead_code()  # the scales' and zero points' get_attr
+    twin.recompile()
+    return twin
+
+
 def float_twin(model: Any) -> torch.nn.Module | None:
     """A copy of an eager torch.ao quantized model whose quantized modules are replaced by
     float ops (QDQ) that compute what their kernels compute - exported in its place and
-    verified against the quantized model's own run - or None when one has no twin (an FX
-    model, QFunctional, a float16 dynamic LSTM...: OM211 stands) or the model is not
-    quantized."""
+    verified against the quantized model's own run - or None when one has no twin
+    (QFunctional, an FX graph's quantized add, a float16 dynamic LSTM...: OM211 stands) or
+    the model is not quantized. An FX-quantized model's twin is its graph rewritten
+    (_fx_twin)."""
     import copy
 
-    if not isinstance(model, torch.nn.Module) or _fx_quantized_calls(model):
+    if not isinstance(model, torch.nn.Module):
+        return None
+    if isinstance(model, torch.fx.GraphModule) and _fx_quantized_calls(model):
+        return _fx_twin(model)
+    if _fx_quantized_calls(model):
         return None
     found: list[tuple[str, torch.nn.Module]] = []
     for path, mod in model.named_modules():  # the outermost quantized modules
@@ -501,13 +580,16 @@ def float_twin(model: Any) -> torch.nn.Module | None:
 
 
 def twin_finding(model: torch.nn.Module) -> Finding:
-    """OM620: an eager torch.ao quantized model exported through its float twin."""
+    """OM620: an eager or FX torch.ao quantized model exported through its float twin."""
     from onnxmedic.findings import info
 
     kernels = _quantized_modules(model)
+    for op, at in _fx_quantized_calls(model).items():
+        kernels.setdefault(op, []).extend(at)
     where = [f"{op}: {listed(w, 4)}" for op, w in kernels.items()]
+    mode = "FX" if isinstance(model, torch.fx.GraphModule) else "eager"
     return info(
-        "OM620", STAGE, "the model is quantized with torch.ao (eager); PyTorch's quantized "
+        "OM620", STAGE, f"the model is quantized with torch.ao ({mode}); PyTorch's quantized "
         f"kernels ({listed(where, 6)}) are exported as the integer arithmetic they compute, "
         "in ONNX ops: dynamic Linear as the activation's uint8 quantization (PyTorch's range "
         "and zero point) in float ops times the DequantizeLinear of the int8 weight; a "
