@@ -60,7 +60,7 @@ test-isa: $(STAMP)
 	ONNXMEDIC_SANDBOX_WRAPPER="$(QEMU_HASWELL)" $(PY) -m pytest -n auto --dist worksteal \
 		-m "not slow" tests/test_quantized.py tests/optimize/test_int8_isa.py \
 		tests/optimize/test_int8_search.py tests/optimize/test_static_int8.py \
-		tests/optimize/test_int8_weight_only.py $(PYTEST_ARGS)
+		tests/optimize/test_int8_weight_only.py tests/optimize/test_calibration.py $(PYTEST_ARGS)
 
 # the vision tests (tests/vision: torchvision ops, detection, timm) in .venv-vision
 test-vision: $(VSTAMP)

@@ -1,7 +1,8 @@
-"""Quantized torch.ao models (issues 41, 53). Eager quantize_dynamic (Linear) and eager
-prepare + convert (Quantize, Conv2d, ConvReLU2d, Linear, DeQuantize) export as the arithmetic
-their quantized kernels compute and verify against PyTorch's own quantized run (OM620). What
-has no ONNX form (FX's prepare_fx + convert_fx, QFunctional, a quantized LSTM) ends in a
+"""Quantized torch.ao models (issues 41, 53). Eager quantize_dynamic (Linear, LSTM, GRU) and
+eager prepare + convert (Quantize, Conv2d, ConvReLU2d, Linear, DeQuantize) export as the
+arithmetic their quantized kernels compute and verify against PyTorch's own quantized run
+(OM620), and so do FX models (prepare_fx + convert_fx) of those modules. What has no ONNX
+form (QFunctional, FX's quantized add) ends in a
 precise finding naming the op, the modules and the way around it (OM211; a quantized input
 tensor: OM212), never in an internal error. PT2E-style models (float tensors with quantized_decomposed
 quantize/dequantize ops) export to ONNX QDQ form and verify, each QDQ output judged with a
@@ -66,13 +67,37 @@ def _eager_static() -> nn.Module:
     return torch.ao.quantization.convert(m, inplace=True)
 
 
-def _fx() -> nn.Module:
+def _fx(cls: type[nn.Module] = Mlp, x: torch.Tensor = X) -> nn.Module:
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
     torch.manual_seed(0)
-    p = prepare_fx(Mlp().eval(), torch.ao.quantization.get_default_qconfig_mapping("x86"), (X,))
-    p(X)
+    model = cls()
+    p = prepare_fx(model.eval(), torch.ao.quantization.get_default_qconfig_mapping("x86"), (x,))
+    p(x)
     return convert_fx(p)
+
+
+class Residual(nn.Module):
+    """FX: the add of two quantized tensors becomes torch.ops.quantized.add (no twin)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + x
+
+
+class PoolNet(nn.Module):
+    """FX: conv + relu, max pool and flatten on quantized tensors, a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.relu = nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()
+        self.pool, self.conv2, self.fc = nn.MaxPool2d(2), nn.Conv2d(8, 4, 3), nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.conv2(self.pool(self.relu(self.conv(x)))), 1))
 
 
 class AddStubbed(nn.Module):
@@ -140,14 +165,30 @@ def _eager_lstm() -> nn.Module:
                                                   dtype=torch.qint8)
 
 
+class Gru(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(8, 12, num_layers=2)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.gru(x)
+
+
+def _eager_gru() -> nn.Module:
+    torch.manual_seed(0)
+    return torch.ao.quantization.quantize_dynamic(Gru().eval(), {nn.GRU}, dtype=torch.qint8)
+
+
+X3 = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(3))
+
+
 @pytest.mark.parametrize(("make", "x", "op", "modules"), [
-    (_fx, X, "quantized::linear_relu", ["fc1"]),
+    (lambda: _fx(Residual), X, "quantized::add", []),
     (_eager_add, X, "quantized::linear", ["fc"]),
-    (_eager_lstm, XL, "quantized::lstm_dynamic", ["lstm"]),
 ])
 def test_torch_ao_quantized_models_end_in_a_precise_finding(make, x, op, modules) -> None:
-    """A quantized op with no ONNX form here (FX's graph calls, QFunctional's add, a dynamic
-    LSTM: quantized.py says why) keeps its precise refusal: OM211 for each kernel, never an
+    """A quantized op with no ONNX form here (QFunctional's add, FX's torch.ops.quantized.add:
+    quantized.py says why) keeps its precise refusal: OM211 for each kernel, never an
     internal error."""
     model = make()
     given = borrow.copy_inputs((x,))
@@ -172,11 +213,12 @@ def test_static_model_names_its_quantize_and_dequantize_modules_too() -> None:
 
 
 def _scaled_weight(path, out, factor: float = 1.1) -> None:
-    """The file with its first int8 weight's DequantizeLinear scale ``factor`` off."""
+    """The file with its first 8-bit weight's DequantizeLinear scale ``factor`` off."""
     proto = onnx.load(path)
     inits = {t.name: t for t in proto.graph.initializer}
     dq = next(n for n in proto.graph.node if n.op_type == "DequantizeLinear"
-              and n.input[0] in inits and inits[n.input[0]].data_type == onnx.TensorProto.INT8)
+              and n.input[0] in inits and inits[n.input[0]].data_type in (
+                  onnx.TensorProto.INT8, onnx.TensorProto.UINT8))
     scale = onnx.numpy_helper.to_array(inits[dq.input[1]])
     proto.graph.initializer.append(onnx.numpy_helper.from_array(
         (scale * factor).astype(np.float32), "bad_weight_scale"))
@@ -188,13 +230,22 @@ def _scaled_weight(path, out, factor: float = 1.1) -> None:
     (_eager_dynamic, X),
     (_eager_static, X),
     (lambda: _static(ConvNet(), XC, [["conv", "relu"]]), XC),
-], ids=["quantize_dynamic-linear", "static-linear", "static-conv"])
+    (_eager_dynamic, X3),
+    (_fx, X),
+    (lambda: _fx(PoolNet, XC), XC),
+    pytest.param(_eager_lstm, XL, marks=pytest.mark.slow),
+    pytest.param(_eager_gru, XL.transpose(0, 1), marks=pytest.mark.slow),
+], ids=["quantize_dynamic-linear", "static-linear", "static-conv", "quantize_dynamic-linear-3d",
+        "fx-linear", "fx-conv-pool", "quantize_dynamic-lstm", "quantize_dynamic-gru"])
 def test_eager_quantized_models_export_and_verify_against_their_own_run(
         tmp_path, make, x) -> None:
     """Eager torch.ao models ended in OM211. Now each is exported as the arithmetic its
     quantized kernels compute (OM620) and verified against PyTorch's own quantized run (a
     static model's output within one quantization step of its DequantizeLinear, a dynamic
-    Linear's within float32 rounding). Fault injection: a weight scale 10% off is caught."""
+    Linear's, LSTM's and GRU's within float32 rounding). Fault injection: a weight scale 10%
+    off is caught. A dynamic Linear on a 3-D input (an LSTM's input projection over all
+    time steps) was 1e-3 off in ONNX Runtime, which turned its DequantizeLinear + MatMul into
+    MatMulNBits with int8 activations (quantized._dynamic_linear)."""
     model = make()
     given = borrow.copy_inputs((x,))
     path = tmp_path / "q.onnx"
@@ -540,3 +591,46 @@ def test_run_and_doctor_use_the_session_settings_a_file_records(tmp_path) -> Non
     out = next(iter(ran.outputs.values()))
     assert np.abs(out - Qdq().eval()(X).detach().numpy()).max() <= step * (1 + 1e-6)
     assert "OM548" in [f.code for f in onnxmedic.doctor(path).findings]
+
+
+class SmallLstm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(6, 8, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        return self.lstm(x)
+
+
+def _small_lstm() -> nn.Module:
+    torch.manual_seed(0)
+    return torch.ao.quantization.quantize_dynamic(SmallLstm().eval(), {nn.LSTM},
+                                                  dtype=torch.qint8)
+
+
+@pytest.mark.parametrize(("make", "x", "weight"), [
+    (_small_lstm, XL[:, :3, :6], "lstm.cells.0.w_hh.q"),
+    pytest.param(_eager_gru, XL.transpose(0, 1), "gru.cells.0.w_hh.q",
+                 marks=pytest.mark.slow),
+], ids=["lstm", "gru"])
+def test_dynamic_recurrence_verifies_and_a_wrong_weight_is_caught(tmp_path, make, x,
+                                                                   weight) -> None:
+    """quantize_dynamic's LSTM/GRU ended in OM211; it exports as its kernels' arithmetic
+    (the input projection over all steps, the hidden state quantized at each step: OM620) and
+    verifies against PyTorch's own run. Fault injection: one int8 of a hidden-to-hidden weight
+    4 steps off (carried through every time step), and a weight scale 10% off, are caught."""
+    model = make()
+    path = tmp_path / "q.onnx"
+    result = onnxmedic.export(model, (x,), path)
+    assert result.ok, [(f.code, f.message) for f in result.findings]
+    assert "OM620" in [f.code for f in result.findings]
+    proto = onnx.load(path)
+    init = next(t for t in proto.graph.initializer if t.name == weight)
+    q = onnx.numpy_helper.to_array(init).copy()
+    q.flat[0] = q.flat[0] - 4 if q.flat[0] > 128 else q.flat[0] + 4  # uint8 (q + 128)
+    init.CopyFrom(onnx.numpy_helper.from_array(q, weight))
+    onnx.save(proto, tmp_path / "bad.onnx")
+    _scaled_weight(path, tmp_path / "scaled.onnx")
+    for bad in ("bad.onnx", "scaled.onnx"):
+        r = onnxmedic.verify(tmp_path / bad, model, (x,))
+        assert not r.ok and "OM601" in [f.code for f in r.findings], bad

@@ -700,8 +700,9 @@ CODES: dict[str, CodeInfo] = {
     ),
     "OM620": CodeInfo(
         "eager quantized model exported through its float twin", 0,
-        "export: an eager torch.ao quantized model (quantize_dynamic's Linear; static "
-        "Quantize / Conv2d / ConvReLU2d / Linear / LinearReLU / DeQuantize) is exported as the "
+        "export: an eager torch.ao quantized model (quantize_dynamic's Linear, LSTM, GRU; "
+        "static Quantize / Conv2d / ConvReLU2d / Linear / LinearReLU / DeQuantize), or an FX "
+        "one (prepare_fx + convert_fx) of those modules, is exported as the "
         "arithmetic its quantized kernels compute, in ONNX ops (float ops and QDQ), and "
         "verified against PyTorch's own quantized run. A quantized module without such a form "
         "keeps OM211.",

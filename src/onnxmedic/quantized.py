@@ -1,5 +1,6 @@
 """Quantized PyTorch models (torch.ao eager ``quantize_dynamic``, eager ``prepare`` +
-``convert``, FX ``prepare_fx`` + ``convert_fx``): a precise refusal before anything runs.
+``convert``, FX ``prepare_fx`` + ``convert_fx``): an eager model's float twin (the arithmetic
+its kernels compute, in ONNX ops: ``float_twin``), or a precise refusal before anything runs.
 
 Such a model runs PyTorch's own quantized kernels (``quantized::linear_dynamic``,
 ``quantized::conv2d``...) on QUInt8/QInt8 tensors and packed weights held in TorchScript
@@ -110,6 +111,13 @@ def _fx_quantized_calls(model: torch.nn.Module) -> dict[str, list[str]]:
         if name is not None:
             out.setdefault(name, []).append(f"graph node {node.name}")
     return out
+
+
+def runs_quantized_kernels(model: Any) -> bool:
+    """Whether ``model`` holds torch.ao quantized modules or quantized tensors, or its FX
+    graph calls quantize/quantized ops (the model computes in PyTorch's quantized kernels)."""
+    return isinstance(model, torch.nn.Module) and bool(
+        _quantized_modules(model) or _fx_quantized_calls(model))
 
 
 def _quantized_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
@@ -249,18 +257,28 @@ class _Weight(torch.nn.Module):
     """A quantized weight as QDQ: its integers (an int8 buffer, ONNX initializer) dequantized
     by quantized_decomposed ops (ONNX DequantizeLinear), per tensor or per channel."""
 
-    def __init__(self, w: torch.Tensor) -> None:
+    def __init__(self, w: torch.Tensor, unsigned: bool = False) -> None:
         super().__init__()
-        self.register_buffer("q", w.int_repr())
-        self.lo, self.hi = (-128, 127) if w.dtype == torch.qint8 else (0, 255)
-        self.dtype = torch.int8 if w.dtype == torch.qint8 else torch.uint8
+        # unsigned: an int8 weight held as uint8 q + 128 with its zero point + 128 (the same
+        # values). ONNX Runtime's x86-64 optimizer with session.x64quantprecision converts an
+        # int8 weight to uint8 once per DequantizeLinear, and a weight whose DequantizeLinear
+        # feeds several nodes (a recurrent weight at every time step) is duplicated per node
+        # first: the second conversion fails to load ("Attempt to replace the existing
+        # tensor"). A uint8 weight is not converted.
+        shift = 128 if unsigned and w.dtype == torch.qint8 else 0
+        self.register_buffer("q", (w.int_repr().to(torch.int16) + shift).to(
+            torch.uint8) if shift else w.int_repr())
+        signed = w.dtype == torch.qint8 and not shift
+        self.lo, self.hi = (-128, 127) if signed else (0, 255)
+        self.dtype = torch.int8 if signed else torch.uint8
         self.axis: int | None = None
         if w.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
             self.axis = int(w.q_per_channel_axis())
             self.register_buffer("scale", w.q_per_channel_scales().float())
-            self.register_buffer("zp", w.q_per_channel_zero_points().to(torch.int64))
+            self.register_buffer("zp", w.q_per_channel_zero_points().to(torch.int64) + shift)
         else:
-            self.scale_value, self.zp_value = float(w.q_scale()), int(w.q_zero_point())
+            self.scale_value = float(w.q_scale())
+            self.zp_value = int(w.q_zero_point()) + shift
 
     def forward(self) -> torch.Tensor:
         ops = quantized_decomposed()
@@ -286,7 +304,20 @@ class _DynamicLinear(torch.nn.Module):
         self.qmax = 127 if (mod.version is None or mod.version >= 4) else 255
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(_dynamic_qdq(x, self.qmax), self.weight(), self.bias)
+        return _dynamic_linear(x, self.weight, self.bias, self.qmax)
+
+
+def _dynamic_linear(x: torch.Tensor, w: _Weight, b: torch.Tensor | None, qmax: int
+                    ) -> torch.Tensor:
+    """quantized::linear_dynamic: x quantized per tensor (_dynamic_qdq) times the dequantized
+    weight, plus the bias, as a 2-D product. An input of more dims is flattened to rows first:
+    ONNX Runtime's graph optimizer (extended level) turns a DequantizeLinear feeding a MatMul
+    into com.microsoft MatMulNBits, which by default (session.qdq_matmulnbits_accuracy_level
+    4) quantizes the activation again to int8 per block: 1e-3 off PyTorch's run on a dynamic
+    LSTM's input projection. A Gemm keeps the exact float product."""
+    lead = x.shape[:-1]
+    y = torch.nn.functional.linear(_dynamic_qdq(x, qmax).reshape(-1, x.shape[-1]), w(), b)
+    return y.reshape(*lead, y.shape[-1])
 
 
 def _dynamic_qdq(x: torch.Tensor, qmax: int) -> torch.Tensor:
@@ -304,6 +335,78 @@ def _dynamic_qdq(x: torch.Tensor, qmax: int) -> torch.Tensor:
     zp = torch.clamp(torch.round(torch.where(err_lo < err_hi, zp_lo, zp_hi)), 0.0, q)
     xq = torch.clamp(torch.round(x * (1.0 / scale)) + zp, 0.0, q)
     return (xq - zp) * scale
+
+
+class _DynamicRNN(torch.nn.Module):
+    """quantize_dynamic's LSTM / GRU (quantized::quantized_lstm / quantized_gru, fbgemm/x86)
+    in float ops, as ATen's CPU loop computes it: per layer and direction, the input sequence's
+    projection is one dynamic Linear over all time steps at once (the activation quantized
+    per tensor over the whole sequence), then at each time step the hidden state is quantized
+    on its own for the recurrent Linear, and the gates are float (sigmoid/tanh). The time loop
+    is unrolled at the example's sequence length."""
+
+    def __init__(self, mod: torch.nn.Module) -> None:
+        super().__init__()
+        self.mode = "LSTM" if type(mod).__name__ == "LSTM" else "GRU"
+        self.layers, self.hidden = int(mod.num_layers), int(mod.hidden_size)
+        self.dirs = 2 if mod.bidirectional else 1
+        self.batch_first = bool(mod.batch_first)
+        cells = torch.nn.ModuleList()
+        for i, packed in enumerate(mod._all_weight_values):
+            state = packed.param.__getstate__()[0]
+            lin_ih, lin_hh = state[4][0].__getstate__()[0], state[4][1].__getstate__()[0]
+            reduce_range = bool(state[3][0]) if state[3] else False
+            cell = torch.nn.Module()
+            cell.w_ih, cell.w_hh = _Weight(lin_ih[0], True), _Weight(lin_hh[0], True)
+            for name, b in (("b_ih", lin_ih[1]), ("b_hh", lin_hh[1])):
+                cell.register_buffer(name, None if b is None else b.detach().float().clone())
+            cell.qmax = 127 if reduce_range else 255
+            cells.append(cell)
+        self.cells = cells
+
+    def _step(self, cell: torch.nn.Module, xw: torch.Tensor, h: torch.Tensor,
+              c: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        hw = _dynamic_linear(h, cell.w_hh, cell.b_hh, cell.qmax)
+        if self.mode == "LSTM":
+            i, f, g, o = (hw + xw).chunk(4, 1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            return torch.sigmoid(o) * torch.tanh(c), c
+        xr, xz, xn = xw.chunk(3, 1)
+        hr, hz, hn = hw.chunk(3, 1)
+        z = torch.sigmoid(xz + hz)
+        n = torch.tanh(xn + hn * torch.sigmoid(xr + hr))
+        return (h - n) * z + n, None
+
+    def forward(self, x: torch.Tensor, hx: Any = None) -> Any:
+        if self.batch_first:
+            x = x.transpose(0, 1)
+        n = self.layers * self.dirs
+        zeros = x.new_zeros(n, x.shape[1], self.hidden)
+        if self.mode == "LSTM":
+            h0, c0 = (zeros, zeros) if hx is None else hx
+        else:
+            h0, c0 = (zeros if hx is None else hx), None
+        hs, cs = [], []
+        for layer in range(self.layers):
+            outs = []
+            for d in range(self.dirs):
+                k = layer * self.dirs + d
+                cell = self.cells[k]
+                xw = _dynamic_linear(x, cell.w_ih, cell.b_ih, cell.qmax)  # all steps at once
+                h, c = h0[k], None if c0 is None else c0[k]
+                steps = range(x.shape[0] - 1, -1, -1) if d else range(x.shape[0])
+                ys: list[torch.Tensor] = []
+                for t in steps:
+                    h, c = self._step(cell, xw[t], h, c)
+                    ys.append(h)
+                outs.append(torch.stack(ys[::-1] if d else ys))
+                hs.append(h)
+                cs.append(c)
+            x = torch.cat(outs, 2) if self.dirs > 1 else outs[0]
+        y = x.transpose(0, 1) if self.batch_first else x
+        if self.mode == "LSTM":
+            return y, (torch.stack(hs), torch.stack(cs))
+        return y, torch.stack(hs)
 
 
 class _StaticQuantize(torch.nn.Module):
@@ -358,11 +461,8 @@ def _twin_of(mod: torch.nn.Module) -> torch.nn.Module | None:
     if package.startswith(("torch.ao.nn.quantized.dynamic", "torch.nn.quantized.dynamic")):
         if name == "Linear" and mod._packed_params.dtype == torch.qint8:
             return _DynamicLinear(mod)
-        # LSTM: the same arithmetic in float ops equals PyTorch's quantized_lstm to 6e-8 in
-        # PyTorch, but in ONNX Runtime (its own sigmoid/tanh) the hidden state's dynamic
-        # quantization rounds some values to the neighbouring step and the recurrence carries
-        # it: 1.5e-3 off (normwise 5e-3), beyond the float32 budget. Judging it needs a budget
-        # in activation steps; until then OM211 stands.
+        if name in ("LSTM", "GRU") and mod.dtype == torch.qint8:
+            return _DynamicRNN(mod)
         return None
     if name == "Quantize":
         return _StaticQuantize(mod)
@@ -374,14 +474,87 @@ def _twin_of(mod: torch.nn.Module) -> torch.nn.Module | None:
     return None
 
 
+# ops that PyTorch computes on a quantized tensor's integers exactly as on its dequantized
+# values (the same scale and zero point out): they may stand between quantized modules in an
+# FX graph and stay as they are in its twin
+_EXACT_FUNCTIONS = (torch.flatten, torch.reshape, torch.relu, torch.nn.functional.relu,
+                    torch.nn.functional.max_pool2d, torch.transpose, torch.permute)
+_EXACT_METHODS = ("flatten", "reshape", "view", "relu", "permute", "transpose", "contiguous")
+_EXACT_MODULES = (torch.nn.ReLU, torch.nn.MaxPool2d, torch.nn.Flatten, torch.nn.Identity)
+
+
+def _fx_twin(gm: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
+    """The float twin of an FX-quantized GraphModule (prepare_fx + convert_fx): each
+    ``torch.quantize_per_tensor`` call becomes QDQ with its scale and zero point, each
+    ``dequantize`` an identity, each quantized module becomes its twin (_twin_of); None when a
+    quantized tensor meets anything else (``torch.ops.quantized.add``, a float op that
+    requantizes, such as sigmoid: OM211 stands)."""
+    import copy
+    import types
+
+    from torch.fx.graph_module import _get_attr
+
+    graph = copy.deepcopy(gm.graph)
+    root: dict[str, Any] = {}
+    quantized: set[torch.fx.Node] = set()
+
+    def value(a: Any) -> Any:
+        return _get_attr(gm, a.target) if isinstance(a, torch.fx.Node) else a
+
+    for node in list(graph.nodes):
+        on_q = any(a in quantized for a in node.all_input_nodes)
+        if node.op == "get_attr":
+            root[node.target] = _get_attr(gm, node.target)
+        elif node.op == "call_module":
+            mod = gm.get_submodule(node.target)
+            twin = _twin_of(mod) if _is_quantized_module(mod) else mod
+            if twin is None or (twin is mod and on_q and not isinstance(mod, _EXACT_MODULES)):
+                return None
+            root[node.target] = twin
+            if twin is not mod and type(mod).__name__ != "DeQuantize" or on_q:
+                quantized.add(node)
+        elif node.op == "call_function" and node.target is torch.quantize_per_tensor:
+            x, scale, zp, dtype = [*node.args, *node.kwargs.values()][:4]
+            name = f"onnxmedic_quantize_{len(root)}"
+            root[name] = _StaticQuantize(types.SimpleNamespace(
+                scale=float(value(scale)), zero_point=int(value(zp)), dtype=value(dtype)))
+            with graph.inserting_before(node):
+                new = graph.call_module(name, (x,))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            quantized.add(new)
+        elif node.op == "call_method" and node.target == "dequantize":
+            name = f"onnxmedic_dequantize_{len(root)}"  # float from here on, in both models
+            root[name] = _Identity()
+            with graph.inserting_before(node):
+                new = graph.call_module(name, (node.args[0],))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+        elif on_q:
+            if node.target in _EXACT_FUNCTIONS or node.target in _EXACT_METHODS:
+                quantized.add(node)
+            else:
+                return None
+    twin = torch.fx.GraphModule(root, graph)
+    twin.graph.eliminate_dead_code()  # the scales' and zero points' get_attr
+    twin.recompile()
+    return twin
+
+
 def float_twin(model: Any) -> torch.nn.Module | None:
     """A copy of an eager torch.ao quantized model whose quantized modules are replaced by
     float ops (QDQ) that compute what their kernels compute - exported in its place and
-    verified against the quantized model's own run - or None when one has no twin (an FX
-    model, QFunctional, a quantized LSTM...: OM211 stands) or the model is not quantized."""
+    verified against the quantized model's own run - or None when one has no twin
+    (QFunctional, an FX graph's quantized add, a float16 dynamic LSTM...: OM211 stands) or
+    the model is not quantized. An FX-quantized model's twin is its graph rewritten
+    (_fx_twin)."""
     import copy
 
-    if not isinstance(model, torch.nn.Module) or _fx_quantized_calls(model):
+    if not isinstance(model, torch.nn.Module):
+        return None
+    if isinstance(model, torch.fx.GraphModule) and _fx_quantized_calls(model):
+        return _fx_twin(model)
+    if _fx_quantized_calls(model):
         return None
     found: list[tuple[str, torch.nn.Module]] = []
     for path, mod in model.named_modules():  # the outermost quantized modules
@@ -407,19 +580,25 @@ def float_twin(model: Any) -> torch.nn.Module | None:
 
 
 def twin_finding(model: torch.nn.Module) -> Finding:
-    """OM620: an eager torch.ao quantized model exported through its float twin."""
+    """OM620: an eager or FX torch.ao quantized model exported through its float twin."""
     from onnxmedic.findings import info
 
     kernels = _quantized_modules(model)
+    for op, at in _fx_quantized_calls(model).items():
+        kernels.setdefault(op, []).extend(at)
     where = [f"{op}: {listed(w, 4)}" for op, w in kernels.items()]
+    mode = "FX" if isinstance(model, torch.fx.GraphModule) else "eager"
     return info(
-        "OM620", STAGE, "the model is quantized with torch.ao (eager); PyTorch's quantized "
+        "OM620", STAGE, f"the model is quantized with torch.ao ({mode}); PyTorch's quantized "
         f"kernels ({listed(where, 6)}) are exported as the integer arithmetic they compute, "
         "in ONNX ops: dynamic Linear as the activation's uint8 quantization (PyTorch's range "
-        "and zero point) in float ops times the DequantizeLinear of the int8 weight; static "
-        "modules as QDQ around the float op. The file is verified against the quantized "
+        "and zero point) in float ops times the DequantizeLinear of the int8 weight; a "
+        "dynamic LSTM/GRU as that at each time step of its recurrence (unrolled at the "
+        "example's sequence length), with float gates; static modules as QDQ around the "
+        "float op. The file is verified against the quantized "
         "model's own run, within one quantization step of a DequantizeLinear output.",
         details={"kernels": kernels},
-        suggestion="Nothing to do. The dynamic Linear computes in float32 (exact integer "
+        suggestion="Nothing to do. The dynamic Linear, LSTM and GRU compute in float32 "
+        "(exact integer "
         "products), not with ONNX Runtime's int8 kernels; for int8 speed in ONNX Runtime "
         "export the float model with `--optimize --precision int8`.")

@@ -61,7 +61,14 @@ class Reference:
 def reference_precision(model: Any) -> tuple[torch.dtype | None, str | None]:
     """The dtype the reference runs at, or None with the reason: float32 for a model whose
     weights are float16/bfloat16 (its parameters decide: transformers keeps a bf16 model's
-    rotary frequencies, a buffer, in float32), float64 otherwise."""
+    rotary frequencies, a buffer, in float32), float64 otherwise. None for a model that runs
+    PyTorch's quantized kernels (torch.ao eager or FX), which have no float64 form (and an
+    FX GraphModule would print the failed run's traceback on stderr)."""
+    from onnxmedic.quantized import runs_quantized_kernels
+
+    if runs_quantized_kernels(model):
+        return None, ("the model runs PyTorch's quantized kernels (torch.ao), which compute "
+                      "in float32 only")
     tensors = list(model.parameters()) or list(model.buffers())
     floats = [t.dtype for t in tensors if t.is_floating_point()]
     if not floats:
