@@ -60,7 +60,10 @@ SHAPES: dict[str, dict[str, Any]] = {
                          num_attention_heads=32, num_key_value_heads=8,
                          intermediate_size=14336, head_dim=128, tie_word_embeddings=False),
 }
-TOOLS = ("onnxmedic", "genai-builder")
+# onnxmedic: `export` (the default backend: the builder's package, verified whole-model);
+# genai-builder: the builder alone; builder-stream: the builder, then its package verified
+# streamed (python -m onnxmedic.hf.stream), one process tree; -int4: the builder's -p int4
+TOOLS = ("onnxmedic", "genai-builder", "builder-stream")
 STD = 0.02  # transformers' initializer_range: the weights' normal deviation
 PREFILL = 128
 DECODE = 32
@@ -263,8 +266,12 @@ def tool_command(tool: str, ckpt: Path, out: Path) -> list[str]:
                 "text-generation-with-past", "-o", str(out), "--no-progress", "--report",
                 str(out.parent / f"{out.name}_report.json")]
     precision = "int4" if tool.endswith("int4") else "fp32"
-    return [py, "-m", "onnxruntime_genai.models.builder", "-m", str(ckpt), "-i", str(ckpt),
-            "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(out.parent / "cache")]
+    cmd = [py, "-m", "onnxruntime_genai.models.builder", "-m", str(ckpt), "-i", str(ckpt),
+           "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(out.parent / "cache")]
+    if tool.startswith("builder-stream"):  # then the streamed verification (hf/stream.py)
+        verify = [py, "-m", "onnxmedic.hf.stream", str(out), str(ckpt)]
+        return ["sh", "-c", " ".join(cmd) + " && " + " ".join(verify)]
+    return cmd
 
 
 def build(tool: str, ckpt: Path, out: Path, env: dict[str, str], cap: float
@@ -273,9 +280,16 @@ def build(tool: str, ckpt: Path, out: Path, env: dict[str, str], cap: float
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out.parent / "cache", ignore_errors=True)
     cmd = tool_command(tool, ckpt, out)
-    row = {"tool": tool, "command": " ".join(["python"] + cmd[1:]), **measured(cmd, env, cap)}
+    shown = cmd[-1].replace(sys.executable, "python") if cmd[0] == "sh" else " ".join(
+        ["python"] + cmd[1:])
+    row = {"tool": tool, "command": shown, **measured(cmd, env, cap)}
     row["size_gb"] = _size_gb(out) if out.exists() else None
     row["ok"] = row["rc"] == 0 and (out / "genai_config.json").exists()
+    if tool.startswith("builder-stream") and row["tail"]:
+        try:  # the streamed verification's verdict, its last line
+            row["verdict"] = json.loads(row["tail"][-1])
+        except ValueError:
+            pass
     shutil.rmtree(out.parent / "cache", ignore_errors=True)
     return row
 
@@ -358,7 +372,34 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['file_gib']:.2f} | {r['peak_gib'] / r['weights_gib']:.2f} | "
             f"{f('size_gb', 2)} | {f('prefill_tok_s')} | {f('decode_tok_s')} | {r['date']} | "
             f"`{r['command'].replace(str(ROOT) + '/', '')}` |")
+    lines += slopes(rows)
     return "\n".join(lines) + "\n"
+
+
+def slopes(rows: list[dict[str, Any]]) -> list[str]:
+    """The peak's growth per decoder layer added, for each tool measured at two layer counts
+    of one shape (the checkpoint's name without its -lN), against one layer's bf16 weights."""
+    out = []
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["ok"]:
+            by.setdefault((r["checkpoint"].split("-l")[0], r["tool"]), []).append(r)
+    for (shape, tool), rs in sorted(by.items()):
+        rs = sorted(rs, key=lambda r: r["layers"])
+        if len(rs) < 2 or rs[0]["layers"] == rs[-1]["layers"]:
+            continue
+        a, b = rs[0], rs[-1]
+        dl = b["layers"] - a["layers"]
+        per_layer_w = (b["weights_gib"] - a["weights_gib"]) / dl
+        out.append(f"| {shape} | {tool} | {a['layers']} -> {b['layers']} | "
+                   f"{1024 * (b['peak_gib'] - a['peak_gib']) / dl:.0f} | "
+                   f"{1024 * (b['anon_gib'] - a['anon_gib']) / dl:.0f} | "
+                   f"{1024 * per_layer_w:.0f} | "
+                   f"{(b['peak_gib'] - a['peak_gib']) / (b['weights_gib'] - a['weights_gib']):.2f} |")
+    if out:
+        out = ["", "| shape | tool | layers | peak MiB per layer added | anon MiB per layer | "
+               "one layer's bf16 weights MiB | slope / weights |", "|---" * 7 + "|"] + out
+    return out
 
 
 if __name__ == "__main__":

@@ -85,6 +85,15 @@ def test_a_family_not_streamed_is_said(bf16):
         stream.streamed_logits(_gpt2_folder(bf16[0].parent), [[1, 2]])
 
 
+def test_the_command_refuses_a_folder_it_cannot_stream(bf16, tmp_path, capsys):
+    """``python -m onnxmedic.hf.stream``: exit 1 and the reason, no traceback."""
+    folder = _gpt2_folder(tmp_path)
+    for f in bf16[0].glob("tokenizer*"):
+        shutil.copy(f, folder / f.name)
+    assert stream.main([str(tmp_path / "pkg"), str(folder)]) == 1
+    assert "cannot be streamed" in capsys.readouterr().err
+
+
 def _gpt2_folder(root: Path) -> Path:
     from transformers import AutoConfig
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,11 @@ def verify_package(package: str | Path, checkpoint: str | Path, prompts: list[li
 
     package, checkpoint = Path(package), Path(checkpoint)
     timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else timeout
+    config = AutoConfig.from_pretrained(str(checkpoint))
+    why = streamable(config)  # said before ONNX Runtime's generation is paid for
+    if why is not None:
+        raise ValueError(f"onnxmedic.hf.stream: {checkpoint} cannot be streamed: {why}")
+    Weights(checkpoint).close()  # its safetensors are there
     check = GenerationCheck(prompts=[list(p) for p in prompts])
     ahead = onnx_side(package, check.prompts, steps, timeout)  # its session closed after
     check.seconds["onnx"] = ahead.seconds
@@ -234,7 +240,6 @@ def verify_package(package: str | Path, checkpoint: str | Path, prompts: list[li
         if not genai_available():
             check.findings.append(not_installed())
         else:
-            config = AutoConfig.from_pretrained(str(checkpoint))
             eos = config.eos_token_id
             genai_generation(package, check, steps, timeout,
                              set(eos) if isinstance(eos, list) else
@@ -258,10 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from transformers import AutoConfig, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(a.checkpoint)
-    vocab = int(AutoConfig.from_pretrained(a.checkpoint).vocab_size)
-    check = verify_package(a.package, a.checkpoint,
-                           prompt_ids(tok, list(DEFAULT_PROMPTS[:1]), vocab), steps=a.steps)
+    try:
+        tok = AutoTokenizer.from_pretrained(a.checkpoint)
+        vocab = int(AutoConfig.from_pretrained(a.checkpoint).vocab_size)
+        check = verify_package(a.package, a.checkpoint,
+                               prompt_ids(tok, list(DEFAULT_PROMPTS[:1]), vocab),
+                               steps=a.steps)
+    except (OSError, ValueError) as e:  # a folder that is not a streamable checkpoint
+        print(f"onnxmedic.hf.stream: {e}", file=sys.stderr)
+        return 1
     print(json.dumps({"ok": check.ok, "findings": [f"{f.code} {f.message}" for f in
                                                    check.findings],
                       "tokens_onnx": check.tokens_onnx, "tokens_genai": check.tokens_genai,
