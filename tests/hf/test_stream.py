@@ -31,21 +31,17 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15]]
 @pytest.fixture(scope="module")
 def bf16(tmp_path_factory):
     """A tiny Llama checkpoint saved in bfloat16 (the dtype people publish; plain rotary
-    embedding), with save_family's tokenizer, and the model loaded from it in float32 (as the
-    whole-model verification holds it)."""
+    embedding), and the model loaded from it in float32 (as the whole-model verification
+    holds it)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    root = tmp_path_factory.mktemp("stream")
-    src = save_family("llama", root / "src")
-    folder = root / "bf16"
+    folder = tmp_path_factory.mktemp("stream") / "bf16"
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, intermediate_size=128, vocab_size=384,
                       max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
                       pad_token_id=0)
     AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(folder)
-    for f in src.glob("tokenizer*"):
-        shutil.copy(f, folder / f.name)
     return folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
@@ -88,8 +84,6 @@ def test_a_family_not_streamed_is_said(bf16):
 def test_the_command_refuses_a_folder_it_cannot_stream(bf16, tmp_path, capsys):
     """``python -m onnxmedic.hf.stream``: exit 1 and the reason, no traceback."""
     folder = _gpt2_folder(tmp_path)
-    for f in bf16[0].glob("tokenizer*"):
-        shutil.copy(f, folder / f.name)
     assert stream.main([str(tmp_path / "pkg"), str(folder)]) == 1
     assert "cannot be streamed" in capsys.readouterr().err
 
@@ -104,11 +98,13 @@ def _gpt2_folder(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def package(bf16, tmp_path_factory):
-    """onnxruntime-genai's model builder's package of the bf16 checkpoint (float32): the
-    package the default backend writes, to be verified streamed."""
+    """onnxruntime-genai's model builder's package of the bf16 checkpoint (float32; with
+    save_family's tokenizer): the package the default backend writes, verified streamed."""
     pytest.importorskip("onnxruntime_genai")
     folder, _model = bf16
     out = tmp_path_factory.mktemp("stream-pkg")
+    for f in save_family("llama", out / "src").glob("tokenizer*"):
+        shutil.copy(f, folder / f.name)
     subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m",
                     str(folder), "-i", str(folder), "-o", str(out / "pkg"), "-p", "fp32",
                     "-e", "cpu", "-c", str(out / "cache")], check=True, capture_output=True)

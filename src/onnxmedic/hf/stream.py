@@ -185,6 +185,19 @@ def streamed_logits(folder: str | Path, seqs: list[list[int]],
         weights.close()
 
 
+def checked_config(checkpoint: str | Path) -> Any:
+    """The transformers config of the checkpoint folder ``checkpoint``; ValueError where it
+    cannot be streamed (:func:`streamable`), FileNotFoundError where it has no safetensors."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(checkpoint))
+    why = streamable(config)
+    if why is not None:
+        raise ValueError(f"onnxmedic.hf.stream: {checkpoint} cannot be streamed: {why}")
+    Weights(Path(checkpoint)).close()
+    return config
+
+
 def verify_package(package: str | Path, checkpoint: str | Path, prompts: list[list[int]],
                    *, steps: int = 8, timeout: float | None = None, genai: bool = True
                    ) -> Any:
@@ -194,8 +207,6 @@ def verify_package(package: str | Path, checkpoint: str | Path, prompts: list[li
     over the loop's sequences, each step judged (OM811-OM813, as
     gen_verify.verify_generation), then onnxruntime-genai generating from the folder (OM814-
     OM816). ``prompts``: token ids. Returns gen_verify.GenerationCheck."""
-    from transformers import AutoConfig
-
     from onnxmedic import sandbox
     from onnxmedic.hf.gen_verify import (
         GenerationCheck,
@@ -208,11 +219,7 @@ def verify_package(package: str | Path, checkpoint: str | Path, prompts: list[li
 
     package, checkpoint = Path(package), Path(checkpoint)
     timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else timeout
-    config = AutoConfig.from_pretrained(str(checkpoint))
-    why = streamable(config)  # said before ONNX Runtime's generation is paid for
-    if why is not None:
-        raise ValueError(f"onnxmedic.hf.stream: {checkpoint} cannot be streamed: {why}")
-    Weights(checkpoint).close()  # its safetensors are there
+    config = checked_config(checkpoint)  # before ONNX Runtime's generation is paid for
     check = GenerationCheck(prompts=[list(p) for p in prompts])
     ahead = onnx_side(package, check.prompts, steps, timeout)  # its session closed after
     check.seconds["onnx"] = ahead.seconds
@@ -261,11 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("checkpoint")
     ap.add_argument("--steps", type=int, default=8)
     a = ap.parse_args(argv)
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     try:
+        vocab = int(checked_config(a.checkpoint).vocab_size)
         tok = AutoTokenizer.from_pretrained(a.checkpoint)
-        vocab = int(AutoConfig.from_pretrained(a.checkpoint).vocab_size)
         check = verify_package(a.package, a.checkpoint,
                                prompt_ids(tok, list(DEFAULT_PROMPTS[:1]), vocab),
                                steps=a.steps)
