@@ -365,11 +365,13 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in sorted(rows, key=lambda r: (r["weights_gib"], r["tool"])):
         built = "yes" if r["ok"] else ("no: killed at the cap" if r.get("capped") else
                                        "no: " + " ".join(r.get("tail", []))[:80])
+        at_least = ">= " if r.get("capped") else ""  # killed there: it would have grown
         f = lambda k, p=1: "-" if r.get(k) is None else f"{r[k]:.{p}f}"  # noqa: E731
         lines.append(
             f"| {r['checkpoint']} | {r['layers']} | {r['weights_gib']:.2f} | {r['tool']} | "
-            f"{built} | {r['wall_s']:.0f} | {r['peak_gib']:.2f} | {r['anon_gib']:.2f} | "
-            f"{r['file_gib']:.2f} | {r['peak_gib'] / r['weights_gib']:.2f} | "
+            f"{built} | {r['wall_s']:.0f} | {at_least}{r['peak_gib']:.2f} | "
+            f"{r['anon_gib']:.2f} | {r['file_gib']:.2f} | "
+            f"{at_least}{r['peak_gib'] / r['weights_gib']:.2f} | "
             f"{f('size_gb', 2)} | {f('prefill_tok_s')} | {f('decode_tok_s')} | {r['date']} | "
             f"`{r['command'].replace(str(ROOT) + '/', '')}` |")
     lines += slopes(rows)
