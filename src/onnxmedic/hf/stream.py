@@ -73,7 +73,9 @@ class Weights:
 
         shard = self.index[name]
         if shard not in self._open:
-            self._open[shard] = safe_open(str(self.folder / shard), framework="pt")
+            # one shard mapped at a time: the pages read of the others are unmapped (else
+            # they count in the process's resident memory until the end)
+            self._open = {shard: safe_open(str(self.folder / shard), framework="pt")}
         return self._open[shard].get_tensor(name)
 
     def prefixed(self, prefix: str) -> dict[str, torch.Tensor]:
