@@ -1,0 +1,408 @@
+"""Generation packages at the sizes people deploy: onnxmedic against the onnxruntime-genai
+model builder on bf16 checkpoints of published shapes (random weights, seeded), one tool after
+the other on the same folder.
+
+For each tool, one process of its own (and its children): the wall time, the peak resident
+memory of the process tree, sampled every 0.1 s from /proc/PID/status (VmRSS, and its
+anonymous and file-backed parts, RssAnon and RssFile, each summed over the tree; each column
+is its own peak), the size of the package's ONNX files; then onnxruntime-genai generating from
+the package (a child of its own): the prefill of a 128-token prompt (tokens/s) and the decode
+of the tokens after it (tokens/s), greedy, float32 CPU.
+
+    python bench/peers/generation_scale.py --shape qwen2.5-0.5b [--layers N]
+        [--tools onnxmedic,genai-builder] [--root /tmp/lane52] [--cap-gib 10]
+    python bench/peers/generation_scale.py --shape qwen2.5-1.5b --make-only
+
+A run whose tree passes ``--cap-gib`` is killed (its row says so): the machine is shared.
+``--layers`` overrides the shape's number of decoder layers (the checkpoint is written as
+SHAPE-LN), so that two runs give the peak's slope per layer. The checkpoint is written one
+decoder layer per safetensors shard, each tensor made and written in turn: never the whole
+model in memory (about one layer's float32 weights at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+# the published shapes (the models' own config.json figures)
+_QWEN = dict(model_type="qwen2", max_position_embeddings=32768, rope_theta=1000000.0,
+             rms_norm_eps=1e-6, vocab_size=151936, tie_word_embeddings=True)
+_LLAMA = dict(model_type="llama", max_position_embeddings=131072, rope_theta=500000.0,
+              rms_norm_eps=1e-5, vocab_size=128256,
+              rope_scaling={"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                            "original_max_position_embeddings": 8192,
+                            "rope_type": "llama3"})
+SHAPES: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": dict(_QWEN, hidden_size=896, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2,
+                         intermediate_size=4864),
+    "qwen2.5-1.5b": dict(_QWEN, hidden_size=1536, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2,
+                         intermediate_size=8960),
+    "llama-3.2-3b": dict(_LLAMA, hidden_size=3072, num_hidden_layers=28,
+                         num_attention_heads=24, num_key_value_heads=8,
+                         intermediate_size=8192, head_dim=128, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(_LLAMA, hidden_size=4096, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8,
+                         intermediate_size=14336, head_dim=128, tie_word_embeddings=False),
+}
+# onnxmedic: `export` (the default backend: the builder's package, verified whole-model);
+# genai-builder: the builder alone; builder-stream: the builder, then its package verified
+# streamed (python -m onnxmedic.hf.stream), one process tree; -int4: the builder's -p int4
+TOOLS = ("onnxmedic", "genai-builder", "builder-stream")
+STD = 0.02  # transformers' initializer_range: the weights' normal deviation
+PREFILL = 128
+DECODE = 32
+TOKENIZER_VOCAB = 4096
+
+GENAI_CHILD = r"""
+import json, sys, time
+import onnxruntime_genai as og
+folder, ids, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+model = og.Model(folder)
+def once():
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + steps, do_sample=False)
+    gen = og.Generator(model, params)
+    t0 = time.perf_counter()
+    gen.append_tokens(ids)
+    gen.generate_next_token()
+    t1 = time.perf_counter()
+    n = 0
+    while not gen.is_done() and n < steps - 1:
+        gen.generate_next_token()
+        n += 1
+    return t1 - t0, n, time.perf_counter() - t1
+once()
+runs = [once() for _ in range(2)]
+pre = sorted(r[0] for r in runs)[0]
+dec = sorted(r[2] / max(r[1], 1) for r in runs)[0]
+print(json.dumps({"prefill_tok_s": len(ids) / pre, "decode_tok_s": 1 / dec}))
+"""
+
+
+def shape_config(shape: str, layers: int | None) -> dict[str, Any]:
+    cfg = dict(SHAPES[shape], bos_token_id=1, eos_token_id=2, pad_token_id=0,
+               torch_dtype="bfloat16", initializer_range=STD)
+    if layers is not None:
+        cfg["num_hidden_layers"] = layers
+    return cfg
+
+
+def _init(name: str, shape: tuple[int, ...], seed: int) -> Any:
+    """One tensor as transformers initialises it (normal(0, STD) for matrices and embeddings,
+    ones for norms, zeros for biases), in bf16, made in row chunks (a float32 copy of at most
+    64 Mi elements at a time)."""
+    import torch
+
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, dtype=torch.bfloat16)
+    if name.endswith(".bias"):
+        return torch.zeros(shape, dtype=torch.bfloat16)
+    out = torch.empty(shape, dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(seed)
+    rows = max(1, (64 << 20) // max(1, out[0].numel()))
+    for i in range(0, shape[0], rows):
+        out[i:i + rows] = (torch.randn((min(rows, shape[0] - i),) + shape[1:], generator=g)
+                           * STD).to(torch.bfloat16)
+    return out
+
+
+def make_checkpoint(shape: str, root: Path, layers: int | None = None, seed: int = 0) -> Path:
+    """``root/SHAPE[-LN]``: a bf16 checkpoint of the published shape with seeded random
+    weights and a tokenizer, written layer by layer (one safetensors shard per decoder layer,
+    one for the rest); made once."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from bench.zoo.generation import train_tokenizer
+
+    folder = root / (shape + (f"-l{layers}" if layers is not None else ""))
+    if (folder / "model.safetensors.index.json").exists() and \
+            (folder / "tokenizer.json").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    cfg = shape_config(shape, layers)
+    config = AutoConfig.for_model(**cfg)
+    with torch.device("meta"):  # names and shapes only: no weights
+        meta = AutoModelForCausalLM.from_config(config)
+    config.architectures = [type(meta).__name__]  # what the builder reads the family from
+    names = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
+    if config.tie_word_embeddings:
+        names.pop("lm_head.weight", None)
+    groups: dict[str, list[str]] = {}
+    for k in names:
+        parts = k.split(".")
+        key = parts[2] if k.startswith("model.layers.") else "rest"
+        groups.setdefault(key, []).append(k)
+    keys = sorted(groups, key=lambda g: (g == "rest", int(g) if g.isdigit() else 0))
+    index: dict[str, str] = {}
+    total = 0
+    for n, key in enumerate(keys):
+        shard = f"model-{n + 1:05d}-of-{len(keys):05d}.safetensors"
+        tensors = {k: _init(k, names[k], seed * 1_000_003 + sorted(names).index(k))
+                   for k in groups[key]}
+        save_file(tensors, str(folder / shard), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        index.update(dict.fromkeys(tensors, shard))
+        del tensors
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": index}, indent=1))
+    config.save_pretrained(folder)
+    train_tokenizer(folder, vocab=TOKENIZER_VOCAB)
+    return folder
+
+
+def weight_bytes(folder: Path) -> int:
+    return int(json.loads((folder / "model.safetensors.index.json").read_text())
+               ["metadata"]["total_size"])
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from /proc/*/stat's parent ids)."""
+    parent: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parent.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += parent.get(p, [])
+    return out
+
+
+def _status_kib(pid: int) -> dict[str, int]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                    out[key] = int(val.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+def tree_memory(pid: int) -> dict[str, int]:
+    """VmRSS, RssAnon, RssFile, RssShmem (KiB) summed over ``pid``'s process tree."""
+    total = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "RssShmem": 0}
+    for p in _tree(pid):
+        for k, v in _status_kib(p).items():
+            total[k] += v
+    return total
+
+
+def measured(cmd: list[str], env: dict[str, str], cap_gib: float, timeout: float = 7200
+             ) -> dict[str, Any]:
+    """Run ``cmd``: its wall seconds, exit code, the peaks (GiB) of its process tree's
+    resident memory and of its anonymous and file-backed parts, the last lines of its
+    output; killed (``capped``) when the tree passes ``cap_gib``."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=ROOT, start_new_session=True)
+    peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
+    capped = threading.Event()
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            m = tree_memory(proc.pid)
+            for k in peak:
+                peak[k] = max(peak[k], m[k])
+            if m["VmRSS"] > cap_gib * 2**20:
+                capped.set()
+                os.killpg(proc.pid, 9)
+                return
+            done.wait(0.1)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+    done.set()
+    thread.join()
+    g = 2**20
+    return {"wall_s": time.perf_counter() - t0, "rc": proc.returncode,
+            "capped": capped.is_set(), "peak_gib": peak["VmRSS"] / g,
+            "anon_gib": peak["RssAnon"] / g, "file_gib": peak["RssFile"] / g,
+            "tail": out.strip().splitlines()[-3:]}
+
+
+def _size_gb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.rglob("*") if ".onnx" in p.name) / 1e9
+
+
+def tool_command(tool: str, ckpt: Path, out: Path) -> list[str]:
+    """The command line of ``tool`` building the package of ``ckpt`` at ``out``."""
+    py = sys.executable
+    if tool.startswith("onnxmedic"):
+        return [py, "-m", "onnxmedic", "export", f"hf:{ckpt}", "--task",
+                "text-generation-with-past", "-o", str(out), "--no-progress", "--report",
+                str(out.parent / f"{out.name}_report.json")]
+    precision = "int4" if tool.endswith("int4") else "fp32"
+    cmd = [py, "-m", "onnxruntime_genai.models.builder", "-m", str(ckpt), "-i", str(ckpt),
+           "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(out.parent / "cache")]
+    if tool.startswith("builder-stream"):  # then the streamed verification (hf/stream.py)
+        verify = [py, "-m", "onnxmedic.hf.stream", str(out), str(ckpt)]
+        return ["sh", "-c", " ".join(cmd) + " && " + " ".join(verify)]
+    return cmd
+
+
+def build(tool: str, ckpt: Path, out: Path, env: dict[str, str], cap: float
+          ) -> dict[str, Any]:
+    """One tool's package of ``ckpt`` at ``out``, measured."""
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out.parent / "cache", ignore_errors=True)
+    cmd = tool_command(tool, ckpt, out)
+    shown = cmd[-1].replace(sys.executable, "python") if cmd[0] == "sh" else " ".join(
+        ["python"] + cmd[1:])
+    row = {"tool": tool, "command": shown, **measured(cmd, env, cap)}
+    row["size_gb"] = _size_gb(out) if out.exists() else None
+    row["ok"] = row["rc"] == 0 and (out / "genai_config.json").exists()
+    if tool.startswith("builder-stream") and row["tail"]:
+        try:  # the streamed verification's verdict, its last line
+            row["verdict"] = json.loads(row["tail"][-1])
+        except ValueError:
+            pass
+    shutil.rmtree(out.parent / "cache", ignore_errors=True)
+    return row
+
+
+def genai_speed(folder: Path, env: dict[str, str], cap: float) -> dict[str, Any]:
+    """onnxruntime-genai's prefill of PREFILL tokens and decode of DECODE after it (the
+    better of two runs after a warm-up), and that child's peak."""
+    ids = [4 + (i * 37) % (TOKENIZER_VOCAB - 4) for i in range(PREFILL)]
+    cmd = [sys.executable, "-c", GENAI_CHILD, str(folder), json.dumps(ids), str(DECODE)]
+    m = measured(cmd, env, cap, timeout=1800)
+    if m["rc"] != 0:
+        return {"genai_error": " ".join(m["tail"])[:300], "genai_peak_gib": m["peak_gib"]}
+    return dict(json.loads(m["tail"][-1]), genai_peak_gib=m["peak_gib"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--root", default=str(ROOT / "build" / "gen_scale"))
+    ap.add_argument("--cap-gib", type=float, default=10.0)
+    ap.add_argument("--make-only", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the packages")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "generation_scale.md"))
+    a = ap.parse_args()
+    root = Path(a.root)
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    ckpt = make_checkpoint(a.shape, root / "checkpoints", a.layers)
+    print(f"checkpoint {ckpt} ({weight_bytes(ckpt) / 2**30:.2f} GiB, "
+          f"{time.perf_counter() - t0:.0f} s)", flush=True)
+    if a.make_only:
+        return
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
+    results = root / "results.json"
+    rows: list[dict[str, Any]] = json.loads(results.read_text()) if results.exists() else []
+    for tool in a.tools.split(","):
+        out = root / "packages" / f"{ckpt.name}-{tool}"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        row = build(tool, ckpt, out, env, a.cap_gib)
+        if row["ok"]:
+            row.update(genai_speed(out, env, a.cap_gib))
+        if not a.keep:
+            shutil.rmtree(out, ignore_errors=True)
+        row.update(checkpoint=ckpt.name, weights_gib=weight_bytes(ckpt) / 2**30,
+                   layers=json.loads((ckpt / "config.json").read_text())["num_hidden_layers"],
+                   date=str(datetime.date.today()))
+        print(json.dumps(row), flush=True)
+        rows = [r for r in rows if (r["checkpoint"], r["tool"]) != (ckpt.name, tool)] + [row]
+        results.write_text(json.dumps(rows, indent=1))
+    Path(a.out).write_text(table(rows))
+    print(Path(a.out).read_text())
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The results file as a markdown table (one row per checkpoint and tool)."""
+    import onnxruntime
+    import onnxruntime_genai
+
+    cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo")
+                if x.startswith("model name")), platform.processor())
+    lines = [f"`python bench/peers/generation_scale.py --shape SHAPE [--layers N] --tools "
+             f"TOOLS --root ROOT` (one row per run; its command in the last column) · "
+             f"{cpu}, {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} "
+             f"GiB (shared) · onnxruntime {onnxruntime.__version__}, onnxruntime-genai "
+             f"{onnxruntime_genai.__version__} · peaks: the process tree's, sampled every "
+             f"0.1 s from /proc/PID/status, each column its own peak · genai: float32 CPU, "
+             f"prefill of {PREFILL} tokens, decode of {DECODE} after it", "",
+             "| checkpoint | layers | bf16 weights GiB | tool | built | wall s | peak GiB | "
+             "anon GiB | file GiB | peak / weights | package GB | prefill-128 tok/s | "
+             "decode tok/s | date | command |", "|---" * 15 + "|"]
+    for r in sorted(rows, key=lambda r: (r["weights_gib"], r["tool"])):
+        built = "yes" if r["ok"] else ("no: killed at the cap" if r.get("capped") else
+                                       "no: " + " ".join(r.get("tail", []))[:80])
+        at_least = ">= " if r.get("capped") else ""  # killed there: it would have grown
+        f = lambda k, p=1: "-" if r.get(k) is None else f"{r[k]:.{p}f}"  # noqa: E731
+        lines.append(
+            f"| {r['checkpoint']} | {r['layers']} | {r['weights_gib']:.2f} | {r['tool']} | "
+            f"{built} | {r['wall_s']:.0f} | {at_least}{r['peak_gib']:.2f} | "
+            f"{r['anon_gib']:.2f} | {r['file_gib']:.2f} | "
+            f"{at_least}{r['peak_gib'] / r['weights_gib']:.2f} | "
+            f"{f('size_gb', 2)} | {f('prefill_tok_s')} | {f('decode_tok_s')} | {r['date']} | "
+            f"`{r['command'].replace(str(ROOT) + '/', '')}` |")
+    lines += slopes(rows)
+    return "\n".join(lines) + "\n"
+
+
+def slopes(rows: list[dict[str, Any]]) -> list[str]:
+    """The peak's growth per decoder layer added, for each tool measured at two layer counts
+    of one shape (the checkpoint's name without its -lN), against one layer's bf16 weights."""
+    out = []
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["ok"]:
+            by.setdefault((r["checkpoint"].split("-l")[0], r["tool"]), []).append(r)
+    for (shape, tool), rs in sorted(by.items()):
+        rs = sorted(rs, key=lambda r: r["layers"])
+        if len(rs) < 2 or rs[0]["layers"] == rs[-1]["layers"]:
+            continue
+        a, b = rs[0], rs[-1]
+        dl = b["layers"] - a["layers"]
+        per_layer_w = (b["weights_gib"] - a["weights_gib"]) / dl
+        out.append(f"| {shape} | {tool} | {a['layers']} -> {b['layers']} | "
+                   f"{1024 * (b['peak_gib'] - a['peak_gib']) / dl:.0f} | "
+                   f"{1024 * (b['anon_gib'] - a['anon_gib']) / dl:.0f} | "
+                   f"{1024 * per_layer_w:.0f} | "
+                   f"{(b['peak_gib'] - a['peak_gib']) / (b['weights_gib'] - a['weights_gib']):.2f} |")
+    if out:
+        out = ["", "| shape | tool | layers | peak MiB per layer added | anon MiB per layer | "
+               "one layer's bf16 weights MiB | slope / weights |", "|---" * 7 + "|"] + out
+    return out
+
+
+if __name__ == "__main__":
+    main()

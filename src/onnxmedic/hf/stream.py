@@ -1,0 +1,292 @@
+"""Verification of a generation package that streams the checkpoint: the decoder's weights are
+read one layer at a time from the memory-mapped safetensors, never the whole model in float32
+or float64, and ONNX Runtime's sessions run one at a time.
+
+PyTorch's side is transformers' own decoder layer, built on the meta device and given one
+layer's weights at a time (upcast from the checkpoint's dtype as they are read): every
+sequence (the prompt and the tokens ONNX Runtime generated, all prompts in one right-padded
+batch) runs through it at the package's compute precision (float32: the budget's ``y``) and in
+float64 (its reference ``r``), both from the same streamed weights, before the next layer is
+read; the logits are made over the vocabulary in slices. Without a cache, one pass over the
+ONNX Runtime's sequences gives PyTorch's greedy tokens (the argmax at each step, teacher-forced:
+they are ``generate``'s tokens up to the first step where the two differ, which is where the
+judging stops) and the logits of every step - each judged by the float64 budget of
+verify/budget.py, as gen_verify.verify_generation judges them (gen_verify.judge_prompt).
+
+The budget's ``y`` is a float32 run, not one in the checkpoint's bfloat16: a float32 package is
+judged against float32 rounding (a bfloat16 run's error is 2^16 times larger and would hide a
+wrong weight); the memory is the same, one layer at a time.
+
+Memory: one decoder layer's weights in float64 (and float32), the activations of the
+sequences, a vocabulary slice of the output projection, and the checkpoint's pages that the
+kernel maps in (file-backed, reclaimable); then ONNX Runtime's own loop (a sandbox child) and
+onnxruntime-genai's check (a child) one after the other, never beside each other.
+
+Families streamed: decoders of the llama layout (embed_tokens, layers, norm, lm_head, a rotary
+embedding, full attention) - STREAMABLE; :func:`streamable` says why another is not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+STREAMABLE = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+VOCAB_SLICE = 16384  # rows of the output projection upcast at a time
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+class Weights:
+    """A checkpoint folder's safetensors, memory-mapped: tensors read by name, in the
+    checkpoint's own dtype (a copy of that tensor only)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        if (self.folder / INDEX).is_file():
+            index = json.loads((self.folder / INDEX).read_text())["weight_map"]
+        elif (self.folder / SINGLE).is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(self.folder / SINGLE), framework="pt") as f:
+                index = dict.fromkeys(f.keys(), SINGLE)
+        else:
+            raise FileNotFoundError(f"{self.folder} has no safetensors weights ({INDEX} or "
+                                    f"{SINGLE})")
+        self.index: dict[str, str] = index
+        self._open: dict[str, Any] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.index
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        shard = self.index[name]
+        if shard not in self._open:
+            # one shard mapped at a time: the pages read of the others are unmapped (else
+            # they count in the process's resident memory until the end)
+            self._open = {shard: safe_open(str(self.folder / shard), framework="pt")}
+        return self._open[shard].get_tensor(name)
+
+    def prefixed(self, prefix: str) -> dict[str, torch.Tensor]:
+        """The tensors under ``prefix`` (their names without it)."""
+        return {k[len(prefix):]: self.get(k) for k in self.index if k.startswith(prefix)}
+
+    def close(self) -> None:
+        self._open.clear()
+
+
+def streamable(config: Any) -> str | None:
+    """Why the checkpoint of ``config`` (a transformers config) cannot be streamed, or None."""
+    kind = getattr(config, "model_type", "")
+    if kind not in STREAMABLE:
+        return f"the family {kind!r} is not one streamed ({', '.join(sorted(STREAMABLE))})"
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if types != {"full_attention"}:
+        return f"its layers' attention is {', '.join(sorted(types))}, not full attention only"
+    return None
+
+
+def _mask(lengths: list[int], n: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive 4-D mask of right-padded sequences: causal, the padding's keys hidden."""
+    pos = torch.arange(n)
+    allowed = (pos[None, :] <= pos[:, None])[None] & (
+        pos[None, :] < torch.tensor(lengths)[:, None])[:, None, :]
+    out = torch.zeros(allowed.shape, dtype=dtype)
+    out[~allowed] = torch.finfo(dtype).min
+    return out[:, None]
+
+
+def _rotary(rotary: torch.nn.Module, position_ids: torch.Tensor, dtype: torch.dtype
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotary embedding's (cos, sin) computed in ``dtype``: transformers' own computes
+    them in float32 whatever its input, which would put float32 rounding into the float64
+    reference (its frequencies, inv_freq, are the model's as they are)."""
+    freqs = rotary.inv_freq.to(dtype)[None, :, None] * position_ids[:, None, :].to(dtype)
+    emb = torch.cat((freqs, freqs), dim=1).transpose(1, 2)
+    scale = float(getattr(rotary, "attention_scaling", 1.0))
+    return emb.cos() * scale, emb.sin() * scale
+
+
+def _layer_out(out: Any) -> torch.Tensor:
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _run_module(module: torch.nn.Module, weights: dict[str, torch.Tensor],
+                dtype: torch.dtype, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``module`` (on the meta device) run with ``weights`` upcast to ``dtype``; its
+    parameters are back on the meta device after (the upcast copy freed)."""
+    module.load_state_dict({k: v.to(dtype) for k, v in weights.items()}, assign=True,
+                           strict=True)
+    try:
+        with torch.no_grad():
+            return _layer_out(module(*args, **kwargs))
+    finally:
+        module.to("meta")
+
+
+def streamed_logits(folder: str | Path, seqs: list[list[int]],
+                    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
+                    ) -> dict[torch.dtype, list[np.ndarray]]:
+    """The logits of the checkpoint at ``folder`` over each of ``seqs`` (no cache, all
+    positions), in each of ``dtypes``, the weights streamed one decoder layer at a time
+    (see the module docstring): per dtype, per sequence, an array (1, len, vocab)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(folder)
+    config = AutoConfig.from_pretrained(str(folder))
+    why = streamable(config)
+    if why is not None:
+        raise ValueError(f"onnxmedic.hf.stream: {folder} cannot be streamed: {why}")
+    config._attn_implementation = "eager"  # the additive mask below, no kernel choice
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    base = model.model
+    rotary = type(base.rotary_emb)(config=config)  # its buffers made on the CPU
+    weights = Weights(folder)
+    lengths = [len(s) for s in seqs]
+    n = max(lengths)
+    ids = torch.tensor([s + [s[-1]] * (n - len(s)) for s in seqs])
+    position_ids = torch.arange(n)[None].expand(len(seqs), n)
+    try:
+        embed = weights.get("model.embed_tokens.weight")
+        hidden = {d: embed[ids].to(d) for d in dtypes}
+        del embed
+        state = {d: (_mask(lengths, n, d), _rotary(rotary, position_ids, d)) for d in dtypes}
+        for i, layer in enumerate(base.layers):
+            w = weights.prefixed(f"model.layers.{i}.")
+            for d in dtypes:
+                mask, pe = state[d]
+                hidden[d] = _run_module(layer, w, d, hidden[d], attention_mask=mask,
+                                        position_ids=position_ids, position_embeddings=pe,
+                                        use_cache=False)
+            del w
+        norm_w = weights.prefixed("model.norm.")
+        for d in dtypes:
+            hidden[d] = _run_module(base.norm, norm_w, d, hidden[d])
+        head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+        head_w = weights.get(head)
+        out = {}
+        for d in dtypes:
+            logits = torch.empty((len(seqs), n, head_w.shape[0]), dtype=d)
+            for c in range(0, head_w.shape[0], VOCAB_SLICE):
+                logits[..., c:c + VOCAB_SLICE] = hidden[d] @ head_w[c:c + VOCAB_SLICE].to(d).T
+            out[d] = [logits[i:i + 1, :k].numpy() for i, k in enumerate(lengths)]
+        return out
+    finally:
+        weights.close()
+
+
+def checked_config(checkpoint: str | Path) -> Any:
+    """The transformers config of the checkpoint folder ``checkpoint``; ValueError where it
+    cannot be streamed (:func:`streamable`), FileNotFoundError where it has no safetensors."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(checkpoint))
+    why = streamable(config)
+    if why is not None:
+        raise ValueError(f"onnxmedic.hf.stream: {checkpoint} cannot be streamed: {why}")
+    Weights(Path(checkpoint)).close()
+    return config
+
+
+def verify_package(package: str | Path, checkpoint: str | Path, prompts: list[list[int]],
+                   *, steps: int = 8, timeout: float | None = None, genai: bool = True
+                   ) -> Any:
+    """Verify the generation package in ``package`` against the checkpoint folder
+    ``checkpoint``, streamed (see the module docstring): onnxmedic's own greedy loop in ONNX
+    Runtime (one session), then PyTorch's side and its float64 reference in one streamed pass
+    over the loop's sequences, each step judged (OM811-OM813, as
+    gen_verify.verify_generation), then onnxruntime-genai generating from the folder (OM814-
+    OM816). ``prompts``: token ids. Returns gen_verify.GenerationCheck."""
+    from onnxmedic import sandbox
+    from onnxmedic.hf.gen_verify import (
+        GenerationCheck,
+        genai_available,
+        genai_generation,
+        judge_prompt,
+        not_installed,
+        onnx_side,
+    )
+
+    package, checkpoint = Path(package), Path(checkpoint)
+    timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else timeout
+    config = checked_config(checkpoint)  # before ONNX Runtime's generation is paid for
+    check = GenerationCheck(prompts=[list(p) for p in prompts])
+    ahead = onnx_side(package, check.prompts, steps, timeout)  # its session closed after
+    check.seconds["onnx"] = ahead.seconds
+    ran = [r for r in ahead.runs if len(r[0]) == steps]
+    t0 = time.perf_counter()
+    seqs = [ids + tokens[:-1] for ids, (tokens, _a, _f) in zip(check.prompts, ran)]
+    logits = streamed_logits(checkpoint, seqs) if seqs else {}
+    check.seconds["torch"] = time.perf_counter() - t0
+    for p, (ids, (tokens, actual, _feeds)) in enumerate(zip(check.prompts, ran)):
+        n = len(ids)
+        y, r = logits[torch.float32][p], logits[torch.float64][p]
+        expected = [y[:, :n]] + [y[:, n + k - 1:n + k] for k in range(1, steps)]
+        refs: list[np.ndarray | None] = (
+            [r[:, :n]] + [r[:, n + k - 1:n + k] for k in range(1, steps)])
+        torch_tokens = [int(np.argmax(e[0, -1])) for e in expected]
+        check.tokens_torch.append(torch_tokens)
+        check.tokens_onnx.append(tokens)
+        if judge_prompt(check, p, n, torch_tokens, tokens, expected, actual, refs) is not None:
+            return check
+    if len(ran) < len(check.prompts):  # a failed run: its finding
+        for f in ahead.findings:
+            check.fail(f)
+        return check
+    if genai and check.ok:
+        if not genai_available():
+            check.findings.append(not_installed())
+        else:
+            eos = config.eos_token_id
+            genai_generation(package, check, steps, timeout,
+                             set(eos) if isinstance(eos, list) else
+                             {eos} if eos is not None else set())
+    return check
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m onnxmedic.hf.stream PACKAGE CHECKPOINT [--steps N]``: the streamed
+    verification of a package (the prompt: the checkpoint's tokenizer on the first of
+    gen_verify.DEFAULT_PROMPTS); prints its verdict as JSON, exit 0 when it verifies, 1 when
+    not."""
+    import argparse
+
+    from onnxmedic.hf.gen_verify import DEFAULT_PROMPTS, prompt_ids
+
+    ap = argparse.ArgumentParser(prog="python -m onnxmedic.hf.stream")
+    ap.add_argument("package")
+    ap.add_argument("checkpoint")
+    ap.add_argument("--steps", type=int, default=8)
+    a = ap.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    try:
+        vocab = int(checked_config(a.checkpoint).vocab_size)
+        tok = AutoTokenizer.from_pretrained(a.checkpoint)
+        check = verify_package(a.package, a.checkpoint,
+                               prompt_ids(tok, list(DEFAULT_PROMPTS[:1]), vocab),
+                               steps=a.steps)
+    except (OSError, ValueError) as e:  # a folder that is not a streamable checkpoint
+        print(f"onnxmedic.hf.stream: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"ok": check.ok, "findings": [f"{f.code} {f.message}" for f in
+                                                   check.findings],
+                      "tokens_onnx": check.tokens_onnx, "tokens_genai": check.tokens_genai,
+                      "seconds": {k: round(v, 1) for k, v in check.seconds.items()}}))
+    return 0 if check.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

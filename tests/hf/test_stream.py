@@ -1,0 +1,150 @@
+"""The streamed verification of a generation package (onnxmedic.hf.stream): its PyTorch side
+and float64 reference, one decoder layer at a time from the safetensors, equal the whole
+model's; a wrong weight in one layer of the package is refused."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from onnxmedic.hf import stream  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from bench.zoo.generation import save_family  # noqa: E402
+
+STEPS = 4
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+@pytest.fixture(scope="module")
+def bf16(tmp_path_factory):
+    """A tiny Llama checkpoint saved in bfloat16 (the dtype people publish; plain rotary
+    embedding), and the model loaded from it in float32 (as the whole-model verification
+    holds it)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    folder = tmp_path_factory.mktemp("stream") / "bf16"
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, vocab_size=384,
+                      max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0)
+    AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(folder)
+    return folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def _float64_model(model):
+    """The whole model in float64, its rotary embedding too (transformers' computes it in
+    float32 whatever the input; stream._rotary does not)."""
+    md = copy.deepcopy(model).double()
+    md.config._attn_implementation = "eager"
+    rot = md.model.rotary_emb
+    rot.forward = lambda x, position_ids: stream._rotary(rot, position_ids, torch.float64)
+    return md
+
+
+def test_streamed_logits_equal_the_whole_model(bf16):
+    """float64: bit for bit the whole model's (one batch, right-padded); float32: within
+    float32 rounding of the whole model's own forward (another attention kernel)."""
+    folder, model = bf16
+    out = stream.streamed_logits(folder, PROMPTS)
+    md = _float64_model(model)
+    for i, seq in enumerate(PROMPTS):
+        with torch.no_grad():
+            want64 = md(input_ids=torch.tensor([seq]), use_cache=False).logits.numpy()
+            want32 = model(input_ids=torch.tensor([seq]), use_cache=False).logits.numpy()
+        got64, got32 = out[torch.float64][i], out[torch.float32][i]
+        assert got64.shape == want64.shape == (1, len(seq), model.config.vocab_size)
+        np.testing.assert_array_equal(got64, want64)
+        assert np.abs(got32 - want32).max() <= 16 * np.finfo(np.float32).eps * np.abs(
+            want64).max()
+
+
+def test_a_family_not_streamed_is_said(bf16):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("gpt2")
+    assert "gpt2" in stream.streamable(cfg)
+    with pytest.raises(ValueError, match="cannot be streamed"):
+        stream.streamed_logits(_gpt2_folder(bf16[0].parent), [[1, 2]])
+
+
+def test_the_command_refuses_a_folder_it_cannot_stream(bf16, tmp_path, capsys):
+    """``python -m onnxmedic.hf.stream``: exit 1 and the reason, no traceback."""
+    folder = _gpt2_folder(tmp_path)
+    assert stream.main([str(tmp_path / "pkg"), str(folder)]) == 1
+    assert "cannot be streamed" in capsys.readouterr().err
+
+
+def _gpt2_folder(root: Path) -> Path:
+    from transformers import AutoConfig
+
+    folder = root / "gpt2"
+    AutoConfig.for_model("gpt2", n_layer=1, n_embd=8, n_head=2).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def package(bf16, tmp_path_factory):
+    """onnxruntime-genai's model builder's package of the bf16 checkpoint (float32; with
+    save_family's tokenizer): the package the default backend writes, verified streamed."""
+    pytest.importorskip("onnxruntime_genai")
+    folder, _model = bf16
+    out = tmp_path_factory.mktemp("stream-pkg")
+    for f in save_family("llama", out / "src").glob("tokenizer*"):
+        shutil.copy(f, folder / f.name)
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m",
+                    str(folder), "-i", str(folder), "-o", str(out / "pkg"), "-p", "fp32",
+                    "-e", "cpu", "-c", str(out / "cache")], check=True, capture_output=True)
+    return out / "pkg"
+
+
+def _wrong_weight(pkg: Path, dst: Path, shape: tuple[int, ...], scale: float) -> Path:
+    """A copy of the package whose last initializer of ``shape`` (one layer's MLP weight:
+    the last layer's) is multiplied by ``scale``."""
+    shutil.copytree(pkg, dst)
+    proto = onnx.load(str(dst / "model.onnx"))
+    hits = [t for t in proto.graph.initializer if tuple(t.dims) == shape]
+    assert hits, shape
+    w = onnx.numpy_helper.to_array(hits[-1]) * np.float32(scale)
+    hits[-1].CopyFrom(onnx.numpy_helper.from_array(w, hits[-1].name))
+    onnx.save(proto, str(dst / "model.onnx"))
+    return dst
+
+
+@pytest.mark.slow
+def test_streamed_verification_passes_the_package(bf16, package):
+    folder, model = bf16
+    check = stream.verify_package(package, folder, PROMPTS, steps=STEPS)
+    assert check.ok, [f.message for f in check.findings]
+    assert check.tokens_onnx == check.tokens_torch
+    assert all(c.rule == "float64 budget" for c in check.comparisons)
+    if check.tokens_genai is not None:
+        assert check.tokens_genai == check.tokens_torch
+
+
+@pytest.mark.slow
+def test_a_wrong_weight_in_one_layer_is_refused(bf16, package, tmp_path):
+    """One MLP weight of the last layer off by 1%: the streamed verification refuses the
+    package at the prefill (OM811 or OM812), the logits outside the float64 budget."""
+    folder, model = bf16
+    cfg = model.config
+    bad = _wrong_weight(package, tmp_path / "bad", (cfg.hidden_size, cfg.intermediate_size),
+                        1.01)
+    check = stream.verify_package(bad, folder, PROMPTS, steps=STEPS, genai=False)
+    assert not check.ok
+    assert {f.code for f in check.findings} & {"OM811", "OM812"}
+    assert check.divergence["prompt"] == 0 and check.divergence["step"] == 0
+    assert not check.comparisons[0].ok
