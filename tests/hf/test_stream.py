@@ -47,11 +47,11 @@ def bf16(tmp_path_factory):
 
 def _float64_model(model):
     """The whole model in float64, its rotary embedding too (transformers' computes it in
-    float32 whatever the input; stream._rotary does not)."""
+    float32 whatever the input; stream.rotary does not)."""
     md = copy.deepcopy(model).double()
     md.config._attn_implementation = "eager"
     rot = md.model.rotary_emb
-    rot.forward = lambda x, position_ids: stream._rotary(rot, position_ids, torch.float64)
+    rot.forward = lambda x, position_ids: stream.rotary_embedding(rot, position_ids, torch.float64)
     return md
 
 

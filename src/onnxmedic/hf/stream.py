@@ -107,8 +107,8 @@ def _mask(lengths: list[int], n: int, dtype: torch.dtype) -> torch.Tensor:
     return out[:, None]
 
 
-def _rotary(rotary: torch.nn.Module, position_ids: torch.Tensor, dtype: torch.dtype
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_embedding(rotary: torch.nn.Module, position_ids: torch.Tensor, dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rotary embedding's (cos, sin) computed in ``dtype``: transformers' own computes
     them in float32 whatever its input, which would put float32 rounding into the float64
     reference (its frequencies, inv_freq, are the model's as they are)."""
@@ -162,7 +162,7 @@ def streamed_logits(folder: str | Path, seqs: list[list[int]],
         embed = weights.get("model.embed_tokens.weight")
         hidden = {d: embed[ids].to(d) for d in dtypes}
         del embed
-        state = {d: (_mask(lengths, n, d), _rotary(rotary, position_ids, d)) for d in dtypes}
+        state = {d: (_mask(lengths, n, d), rotary_embedding(rotary, position_ids, d)) for d in dtypes}
         for i, layer in enumerate(base.layers):
             w = weights.prefixed(f"model.layers.{i}.")
             for d in dtypes:
