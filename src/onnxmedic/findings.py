@@ -1100,7 +1100,7 @@ CODES: dict[str, CodeInfo] = {
         "SkipSimplifiedLayerNormalization) and onnxmedic verified it as its own: greedy "
         "generation token for token against PyTorch, each step's logits within the float64 "
         "budget, and in onnxruntime-genai. The default (--backend auto) for the architectures "
-        "whose builder package is known to verify.",
+        "the installed builder has a model class for.",
     ),
     "OM837": CodeInfo(
         "genai builder's package not used", 0,

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,6 +214,8 @@ class GenerationDecoder(torch.nn.Module):
         if kv is not None:
             torch._check(attention_mask.shape[1] == input_ids.shape[1] + past[kv].shape[2],
                          lambda: MASK_RULE)
+        else:  # states only (Mamba): no attention over the past, the mask is the new tokens'
+            attention_mask = attention_mask[:, -input_ids.shape[1]:]
         if self.spec is None:
             cache = DynamicCache([(past[i], past[i + 1]) for i in range(0, len(past), 2)])
         else:
@@ -423,9 +426,13 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
             args, shapes = args[:2] + (None,) + args[3:], shapes[:2] + (None,) + shapes[3:]
         raw = tmp / "graph" / "decoder.onnx"
         raw.parent.mkdir()
-        sub = export(GenerationDecoder(model, positions, spec).eval(), args, raw,
-                     dynamic_shapes=shapes, opset=opset, timeout=timeout,
-                     model_spec=type(model).__name__)
+        with warnings.catch_warnings():
+            # an input the graph does not use (Mamba's mask at one token) is dropped, and
+            # torch.onnx says its dynamic axes are not renamed: the contract names them
+            warnings.filterwarnings("ignore", message=".*different number of inputs than")
+            sub = export(GenerationDecoder(model, positions, spec).eval(), args, raw,
+                         dynamic_shapes=shapes, opset=opset, timeout=timeout,
+                         model_spec=type(model).__name__)
     if sub.onnx_model is not None:  # a failure is reported in the package's names too
         outputs = [o.name for o in sub.onnx_model.graph.output]
         package_names(sub, dict(zip(outputs, io_names(len(outputs) - 1, spec)[1])))
