@@ -270,7 +270,7 @@ def test_state_layers_the_package_cannot_carry_are_om827(tmp_path):
         def forward(self, **kw):
             return SimpleNamespace(past_key_values=cache)
 
-    said = generation._cache_problem(TwoStates())
+    said = generation.cache_problem(TwoStates())
     assert said is not None and said.code == "OM827"
     assert "0 LinearAttentionLayer: conv_states [1, 8, 3]" in said.message
     assert "2 states per layer" in said.message

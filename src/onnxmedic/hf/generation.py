@@ -253,7 +253,7 @@ def _cannot_serve(why: str) -> Any:
                  "pick a task the model serves (feature-extraction for an encoder).")
 
 
-def _cache_problem(model: Any) -> Any:
+def cache_problem(model: Any) -> Any:
     """The finding when ``model``'s own cache cannot be the package's (None when it can, or
     when the call fails: the export reports that): no KV cache at all (OM817: an encoder
     loaded with a language-model head, BERT's BertLMHeadModel without is_decoder, attends both
@@ -569,7 +569,7 @@ def export_package(result: ExportResult, req: Request,
         result.fail("write", no_folder(req.out))
         return
     with building(req) as tmp:
-        problem = _cache_problem(req.model)
+        problem = cache_problem(req.model)
         if problem is not None:
             result.fail("preflight", problem)
             return
