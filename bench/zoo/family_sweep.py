@@ -49,6 +49,22 @@ SHRINK: dict[str, Any] = {
     "n_layers": 2, "n_heads": 4, "max_seq_len": 128, "num_layers_per_block": None,
 }
 
+# configs whose size keys must agree with each other (SHRINK alone breaks them)
+CONFIGS: dict[str, dict[str, Any]] = {
+    "mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4),
+    "mamba2": dict(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, expand=2,
+                   n_groups=1, state_size=16, conv_kernel=4, chunk_size=16),
+    "falcon_mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
+                         conv_kernel=4),
+    "falcon_h1": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                      mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,
+                      mamba_n_groups=1),
+    "lfm2": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=128,
+                 layer_types=["conv", "full_attention"]),
+}
+
 
 def families() -> list[tuple[str, str]]:
     """(model_type, "causal" or "seq2seq") of every architecture transformers maps to the two
@@ -70,6 +86,9 @@ def tiny_model(model_type: str, kind: str) -> Any:
     torch.manual_seed(0)
     if model_type in FAMILIES:
         cfg = AutoConfig.for_model(*[FAMILIES[model_type][0]], **FAMILIES[model_type][1])
+    elif model_type in CONFIGS:
+        cfg = AutoConfig.for_model(model_type, **CONFIGS[model_type], vocab_size=VOCAB,
+                                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
     else:
         base = AutoConfig.for_model(model_type)
         keys = {k: v for k, v in SHRINK.items() if v is not None and hasattr(base, k)}
@@ -142,7 +161,7 @@ def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
         f"- date: {datetime.date.today().isoformat()}",
         f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}, {platform.system()}",
-        f"- totals: " + ", ".join(f"{k} {v}" for k, v in sorted(_counts(rows).items())),
+        "- totals: " + ", ".join(f"{k} {v}" for k, v in sorted(_counts(rows).items())),
         f"- not run: {', '.join(left) if left else 'none'}",
         "",
         "| family | kind | outcome | error codes | task | s | first error |",

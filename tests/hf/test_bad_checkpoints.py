@@ -230,8 +230,8 @@ def test_with_past_on_an_encoder_says_it_keeps_no_cache(hf_folder, out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,kinds", [("lfm2", {"conv", "key"}),
-                                        ("falcon_h1", {"key", "conv", "recurrent"}),
+@pytest.mark.parametrize("name,kinds", [("lfm2", {"conv", "key", "value"}),
+                                        ("falcon_h1", {"key", "value", "conv", "recurrent"}),
                                         ("mamba", {"conv", "recurrent"})])
 def test_with_past_on_a_state_cache_verifies(name, kinds, hf_folder, out):
     """LFM2's convolution state, Falcon-H1's Mamba-2 states beside its keys and values and
@@ -242,7 +242,8 @@ def test_with_past_on_a_state_cache_verifies(name, kinds, hf_folder, out):
 
     res = onnxmedic.export_pretrained(hf_folder(name), out / "pkg", backend="export",
                                       task="text-generation-with-past")
-    assert res.ok and res.exit_code == 0 and "OM829" in _codes(res), _codes(res)
+    codes = [f.code for f in res.findings]
+    assert res.ok and res.exit_code == 0 and "OM829" in codes, codes
     assert res.generation.tokens_onnx == res.generation.tokens_torch
     layout = genpackage.read_package(out / "pkg")
     assert layout.step_tokens == 1 and {c.kind for c in layout.cache} == kinds
