@@ -206,7 +206,7 @@ def test_state_names():
     assert gp.present_of("past.4.recurrent") == "present.4.recurrent"
 
 
-def _state_graph(path: Path, channels: int = 3, width: int = 2) -> Path:
+def _state_graph(path: Path, channels: int = 3, width: int = 2, size: int | str = 1) -> Path:
     """A one-token step with a key/value layer and a convolution state: the key/value grows
     as in _cache_graph; ``present.0.conv`` is ``past.0.conv`` plus the token's id (a running
     sum, so a state that is not fed back shows); logits are the state's sum times a ramp."""
@@ -232,8 +232,9 @@ def _state_graph(path: Path, channels: int = 3, width: int = 2) -> Path:
     f = TensorProto.FLOAT
     ins = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "t"]),
-           helper.make_tensor_value_info("past_key_values.0.key", f, ["batch", 1, "past", 1]),
-           helper.make_tensor_value_info("past_key_values.0.value", f, ["batch", 1, "past", 1]),
+           helper.make_tensor_value_info("past_key_values.0.key", f, ["batch", 1, "past", size]),
+           helper.make_tensor_value_info("past_key_values.0.value", f,
+                                         ["batch", 1, "past", size]),
            helper.make_tensor_value_info("past.0.conv", f, ["batch", channels, width])]
     outs = [helper.make_tensor_value_info("logits", f, ["batch", 1, VOCAB]),
             helper.make_tensor_value_info("present.0.key", f, ["batch", 1, "t", 1]),
@@ -285,3 +286,15 @@ def test_states_only_step_needs_the_past_length(tmp_path):
     assert layout.feed([3], [np.zeros((1, 3, 2), np.float32)],
                        past_length=4)["attention_mask"].shape == (1, 5)
     assert path.exists()
+
+
+def test_builder_state_package_sizes_its_keys_not_its_states(tmp_path):
+    """The builder's LFM2 package: key/value head size symbolic (its genai_config.json says
+    it), convolution state fixed: the sizes are filled for the keys only (the states were read
+    as a key's kind: KeyError 'conv', OM009 under --backend auto)."""
+    _state_graph(tmp_path / "model.onnx", size="kv_cache_dim")
+    (tmp_path / "genai_config.json").write_text(json.dumps(
+        {"model": {"decoder": {"num_key_value_heads": 1, "head_size": 1}}}))
+    layout = gp.read_package(tmp_path)
+    assert layout.sizes_from.endswith("genai_config.json") and not layout.unsized()
+    assert [p.shape for p in layout.empty_past()] == [(1, 1, 0, 1), (1, 1, 0, 1), (1, 3, 2)]

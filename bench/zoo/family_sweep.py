@@ -51,18 +51,10 @@ SHRINK: dict[str, Any] = {
 
 # configs whose size keys must agree with each other (SHRINK alone breaks them)
 CONFIGS: dict[str, dict[str, Any]] = {
-    "mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4),
     "mamba2": dict(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, expand=2,
                    n_groups=1, state_size=16, conv_kernel=4, chunk_size=16),
     "falcon_mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
                          conv_kernel=4),
-    "falcon_h1": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, intermediate_size=128,
-                      mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8,
-                      mamba_n_groups=1),
-    "lfm2": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, intermediate_size=128,
-                 layer_types=["conv", "full_attention"]),
 }
 
 

@@ -423,6 +423,8 @@ def _fill_sizes(layout: StepLayout, folder: Path) -> None:
     if not sizes:
         return
     for c in layout.self_cache:
+        if c.state:  # a state's shape is fixed in the graph
+            continue
         heads, size = sizes[c.kind]
         c.heads, c.head_size = c.heads or heads, c.head_size or size
     layout.sizes_from = str(folder / source)

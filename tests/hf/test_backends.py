@@ -168,6 +168,23 @@ def test_auto_asks_the_installed_builder_what_it_serves():
                             **kw) is None
 
 
+@needs_builder
+@pytest.mark.slow
+def test_auto_builds_lfm2_with_the_builder_and_verifies_its_states(tmp_path):
+    """LFM2 is not in the fixed list, but the installed builder serves it: auto's package is
+    the builder's (past.{i}.conv beside the keys and values, the whole prompt at once),
+    verified token by token in onnxmedic's loop and in onnxruntime-genai (OM836)."""
+    from onnxmedic import genpackage
+
+    folder = save_family("lfm2", tmp_path / "ckpt")
+    r = onnxmedic.export_pretrained(folder, tmp_path / "pkg", task=TASK)
+    found = [f.code for f in r.findings]
+    assert r.ok and "OM836" in found, found
+    assert r.generation.tokens_genai == r.generation.tokens_onnx == r.generation.tokens_torch
+    layout = genpackage.read_package(tmp_path / "pkg")
+    assert layout.states and layout.step_tokens is None
+
+
 def test_served_falls_back_to_the_fixed_list(monkeypatch):
     """A builder whose source names no architecture (another layout): the fixed list."""
     import importlib.util
