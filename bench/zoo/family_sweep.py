@@ -53,6 +53,19 @@ SHRINK: dict[str, Any] = {
 CONFIGS: dict[str, dict[str, Any]] = {
     "mamba2": dict(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, expand=2,
                    n_groups=1, state_size=16, conv_kernel=4, chunk_size=16),
+    "dbrx": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=128,
+                 attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+                 ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2)),
+    # hybrids: an attention layer among the two (their default patterns start at layer 4)
+    "jamba": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, attn_layer_offset=1,
+                  attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2,
+                  num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4,
+                  mamba_expand=2),
+    "bamba": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, attn_layer_indices=[1],
+                  mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
+                  mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16),
     "falcon_mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
                          conv_kernel=4),
 }
@@ -139,6 +152,7 @@ def run(model_type: str, kind: str, timeout: float) -> dict[str, Any]:
                 "first": f"{type(e).__name__}: {e}"[:160]}
     out = OUT / "pkg" / model_type
     shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     row.update(_export(folder, out, timeout))
     shutil.rmtree(out, ignore_errors=True)
     return row

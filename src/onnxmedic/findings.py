@@ -1083,6 +1083,14 @@ CODES: dict[str, CodeInfo] = {
         "so no genai_config.json is written. onnxmedic's own ONNX Runtime loop verifies the "
         "package token by token.",
     ),
+    "OM830": CodeInfo(
+        "the model's own forward with its cache raises", 1,
+        "text-generation-with-past: the model raised in PyTorch itself when called as "
+        "generate() first calls it (a short prompt, use_cache=True, its own cache created by "
+        "the model), e.g. a tiny Jamba or Bamba config whose layer pattern leaves no attention "
+        "layer (transformers' cache then cannot say its length). generate() raises the same; "
+        "nothing is exported. The finding gives PyTorch's error.",
+    ),
     # OM835-OM849: generation packages made fast in one command (hf/generation.py)
     "OM835": CodeInfo(
         "package not optimized", 0,

@@ -279,6 +279,23 @@ def test_state_layers_the_package_cannot_carry_are_om827(tmp_path):
     assert generation.unsupported_states(DynamicCache()) == []
 
 
+def test_a_model_whose_own_cache_raises_is_om830(hf_folder, out):
+    """A tiny Jamba whose layer pattern leaves no attention layer: its own forward with a
+    cache raises in transformers (get_seq_length on state layers only), as generate() does;
+    a finding naming PyTorch's error (was OM009, an internal error, in the example step)."""
+    import transformers
+
+    folder = hf_folder("jamba-noattn")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with pytest.raises(ValueError, match="get_seq_length"):
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2, do_sample=False)
+    res = onnxmedic.export_pretrained(folder, out / "pkg", task="text-generation-with-past",
+                                      backend="export")
+    assert not res.ok and res.exit_code == 1 and _codes(res) == ["OM830"], _codes(res)
+    assert "get_seq_length" in res.errors[0].message
+    assert list(out.iterdir()) == []
+
+
 def test_pytorch_failing_on_onnxmedics_step_inputs_is_om828(hf_folder, out):
     """MiniCPM3 with fewer KV heads than query heads generates in PyTorch, but its attention
     raises on the graph's example step (3 new tokens after a past of 4), a step generate()

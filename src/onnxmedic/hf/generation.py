@@ -254,8 +254,8 @@ def _cannot_serve(why: str) -> Any:
 
 
 def cache_problem(model: Any) -> Any:
-    """The finding when ``model``'s own cache cannot be the package's (None when it can, or
-    when the call fails: the export reports that): no KV cache at all (OM817: an encoder
+    """The finding when ``model``'s own cache cannot be the package's (None when it can): the
+    model's own forward with its cache raises (OM830), no KV cache at all (OM817: an encoder
     loaded with a language-model head, BERT's BertLMHeadModel without is_decoder, attends both
     ways and keeps none), or state layers the package cannot carry (OM827:
     :func:`unsupported_states`). Convolution and state-space states are carried
@@ -279,9 +279,17 @@ def cache_problem(model: Any) -> Any:
                 details={"cache": type(cache).__name__, "layers": states})
         if cache is not None and cache_spec(cache):
             return None
-    except Exception:  # noqa: BLE001 - the graph's export says why it fails
+    except Exception as e:  # noqa: BLE001 - the model's own forward with its cache raised
         logger.debug("generation: the cache probe failed", exc_info=True)
-        return None
+        return error(
+            "OM830", "preflight", f"{type(model).__name__} raised in PyTorch itself when "
+            "called as generate() first calls it (a prompt of 2 tokens, attention_mask, "
+            f"use_cache=True, its own cache created by the model): {type(e).__name__}: "
+            f"{str(e)[:400]}. No package can be verified against a model that cannot keep a "
+            "cache.", suggestion="Check the checkpoint's config (e.g. a hybrid model whose "
+            "layer pattern leaves no attention layer: transformers' cache then cannot say "
+            "its length); model.generate() on a short prompt raises the same error.",
+            details={"exception": f"{type(e).__name__}: {e}"})
     hint = (" (its config has is_decoder=False: an encoder's causal-LM class so configured "
             "attends both ways and keeps no cache)"
             if getattr(model.config, "is_decoder", None) is False else "")
