@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--families", help="comma-separated model types (default: all)")
     ap.add_argument("--limit", type=int, help="at most this many families this run")
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--budget", type=float, help="start no family after this many seconds")
     ns = ap.parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
     results = OUT / "results.jsonl"
@@ -201,13 +202,15 @@ def main(argv: list[str] | None = None) -> None:
         for line in results.read_text().splitlines():
             r = json.loads(line)
             done[r["family"]] = r
-    todo = families()
+    todo = [f for f in families() if f[0] not in done]  # a later run goes on
     if ns.families:
         wanted = set(ns.families.split(","))
-        todo = [f for f in todo if f[0] in wanted]
-    ran = 0
+        todo = [f for f in families() if f[0] in wanted]
+    ran, t0 = 0, time.perf_counter()
     for model_type, kind in todo:
         if ns.limit is not None and ran >= ns.limit:
+            break
+        if ns.budget is not None and time.perf_counter() - t0 > ns.budget:
             break
         row = run(model_type, kind, ns.timeout)
         ran += 1
