@@ -29,9 +29,9 @@ not truncated), and ``present.{i}.conv`` / ``.recurrent``, the states after the 
 A graph whose ``input_ids`` has a fixed sequence length of 1 takes one token per step
 (:attr:`StepLayout.step_tokens`; what a package with states is: the state-space models'
 own code takes a previous state only one token at a time): the loop feeds a prompt token by
-token, its logits being the concatenation of those steps'. A decoder-step file without these names (bench/zoo/hf.py's ``DecodeStep``:
-``input_ids`` and the flat past ``[k0, v0, k1, v1, ...]`` in, ``logits`` and the present in the
-same order out) is read by position.
+token, its logits being the concatenation of those steps'. A decoder-step file without these
+names (bench/zoo/hf.py's ``DecodeStep``: ``input_ids`` and the flat past ``[k0, v0, k1, v1,
+...]`` in, ``logits`` and the present in the same order out) is read by position.
 
 The cache's head count and head size may be symbolic in the graph (the builder's
 ``kv_cache_dim``): they are then taken from the folder's ``genai_config.json``

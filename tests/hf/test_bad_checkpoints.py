@@ -250,6 +250,31 @@ def test_with_past_on_a_state_cache_verifies(name, kinds, hf_folder, out):
     assert not (out / "pkg" / "genai_config.json").exists()
 
 
+@pytest.mark.slow
+def test_a_state_not_fed_back_is_caught_and_localised(hf_folder, out, monkeypatch):
+    """The own loop feeding Mamba's states back as zeros (a loop that drops the state): the
+    logits diverge from PyTorch's at the first token after the first, and the step is
+    localised with the graph's own feeds (Mamba's graph has no attention mask: reading one
+    was a KeyError, OM009)."""
+    import numpy as np
+
+    from onnxmedic import genpackage
+
+    real = genpackage.StepLayout.presents
+
+    def forgetful(self, outputs):
+        return [np.zeros_like(t) if c.state else t
+                for c, t in zip(self.self_cache, real(self, outputs))]
+
+    monkeypatch.setattr(genpackage.StepLayout, "presents", forgetful)
+    res = onnxmedic.export_pretrained(hf_folder("mamba"), out / "pkg", backend="export",
+                                      task="text-generation-with-past")
+    codes = _codes(res)
+    assert not res.ok and res.exit_code == 1 and "OM009" not in codes, codes
+    assert {"OM811", "OM812"} & set(codes) and "OM818" in codes, codes
+    assert list(out.iterdir()) == []
+
+
 def test_state_layers_the_package_cannot_carry_are_om827(tmp_path):
     """A cache layer with two states (the package carries one convolution and one
     state-space state per layer) is refused before any export, the layer named."""
