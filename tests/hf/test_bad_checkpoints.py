@@ -253,9 +253,9 @@ def test_with_past_on_a_state_cache_verifies(name, kinds, hf_folder, out):
 @pytest.mark.slow
 def test_a_state_not_fed_back_is_caught_and_localised(hf_folder, out, monkeypatch):
     """The own loop feeding Mamba's states back as zeros (a loop that drops the state): the
-    logits diverge from PyTorch's at the first token after the first, and the step is
-    localised with the graph's own feeds (Mamba's graph has no attention mask: reading one
-    was a KeyError, OM009)."""
+    prefill's logits diverge from PyTorch's from the prompt's second token on, and the
+    verification fails, nothing written (the acceptance rule for a state carried from one
+    token to the next)."""
     import numpy as np
 
     from onnxmedic import genpackage

@@ -368,10 +368,7 @@ def localize_step(check: GenerationCheck, path: Path, program: Any,
 
     if args is None:
         names = [n for n in feed if is_past(n)]
-        # a states-only graph drops the mask it does not use (Mamba at one token): the
-        # decoder's mask is then the new tokens'
-        mask = feed.get("attention_mask", np.ones_like(feed["input_ids"]))
-        args = (torch.from_numpy(feed["input_ids"]), torch.from_numpy(mask),
+        args = (torch.from_numpy(feed["input_ids"]), torch.from_numpy(feed["attention_mask"]),
                 torch.from_numpy(feed["position_ids"]) if "position_ids" in feed else None,
                 [torch.from_numpy(feed[n]) for n in names])
     try:

@@ -435,8 +435,8 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
         raw = tmp / "graph" / "decoder.onnx"
         raw.parent.mkdir()
         with warnings.catch_warnings():
-            # an input the graph does not use (Mamba's mask at one token) is dropped, and
-            # torch.onnx says its dynamic axes are not renamed: the contract names them
+            # a model without position_ids (Mamba) has a None among the example inputs, and
+            # torch.onnx says its dynamic axes are not renamed: rename_io names them
             warnings.filterwarnings("ignore", message=".*different number of inputs than")
             sub = export(GenerationDecoder(model, positions, spec).eval(), args, raw,
                          dynamic_shapes=shapes, opset=opset, timeout=timeout,
