@@ -193,3 +193,108 @@ def test_optimize_says_why_it_cannot_feed_a_package_om839(tmp_path, capsys):
         assert rc == 1 and "OM839" in out and "kv_cache_dim" not in err
         assert "Traceback" not in out + err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
+
+
+def test_state_names():
+    """A layer's states take onnxruntime-genai's names (past.{i}.conv / .recurrent)."""
+    assert gp.cache_name(2, "conv") == "past.2.conv"
+    assert gp.cache_name(0, "recurrent", present=True) == "present.0.recurrent"
+    assert gp.parse_cache_name("present.1.recurrent") == ("present", 1, None, "recurrent")
+    assert gp.parse_cache_name("past.3.conv") == ("past_key_values", 3, None, "conv")
+    assert gp.is_past("past.0.conv") and not gp.is_past("present.0.conv")
+    assert not gp.is_past("past.0.key") and gp.parse_cache_name("past.0.key") is None
+    assert gp.present_of("past.4.recurrent") == "present.4.recurrent"
+
+
+def _state_graph(path: Path, channels: int = 3, width: int = 2, size: int | str = 1) -> Path:
+    """A one-token step with a key/value layer and a convolution state: the key/value grows
+    as in _cache_graph; ``present.0.conv`` is ``past.0.conv`` plus the token's id (a running
+    sum, so a state that is not fed back shows); logits are the state's sum times a ramp."""
+    nodes = [helper.make_node("Cast", ["input_ids"], ["ids_f"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["ids_f", "ax2"], ["ids3"]),
+             helper.make_node("Add", ["past.0.conv", "ids3"], ["present.0.conv"]),
+             helper.make_node("ReduceSum", ["present.0.conv", "ax12"], ["tot"], keepdims=1),
+             helper.make_node("Mul", ["tot", "ramp"], ["logits"]),
+             helper.make_node("Mul", ["ids3", "zero"], ["z3"]),
+             helper.make_node("Unsqueeze", ["z3", "ax3"], ["z4"]),
+             helper.make_node("Add", ["z4", "one"], ["row"]),
+             helper.make_node("Concat", ["past_key_values.0.key", "row"],
+                              ["present.0.key"], axis=2),
+             helper.make_node("Concat", ["past_key_values.0.value", "row"],
+                              ["present.0.value"], axis=2)]
+    inits = [helper.make_tensor("ax2", TensorProto.INT64, [1], [2]),
+             helper.make_tensor("ax3", TensorProto.INT64, [1], [3]),
+             helper.make_tensor("ax12", TensorProto.INT64, [2], [1, 2]),
+             helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+             helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+             helper.make_tensor("ramp", TensorProto.FLOAT, [1, 1, VOCAB],
+                                [float(v % 5) for v in range(VOCAB)])]
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", 1]),
+           helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "t"]),
+           helper.make_tensor_value_info("past_key_values.0.key", f, ["batch", 1, "past", size]),
+           helper.make_tensor_value_info("past_key_values.0.value", f,
+                                         ["batch", 1, "past", size]),
+           helper.make_tensor_value_info("past.0.conv", f, ["batch", channels, width])]
+    outs = [helper.make_tensor_value_info("logits", f, ["batch", 1, VOCAB]),
+            helper.make_tensor_value_info("present.0.key", f, ["batch", 1, "t", 1]),
+            helper.make_tensor_value_info("present.0.value", f, ["batch", 1, "t", 1]),
+            helper.make_tensor_value_info("present.0.conv", f, ["batch", channels, width])]
+    model = helper.make_model(helper.make_graph(nodes, "step", ins, outs, inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_state_package_is_fed_one_token_at_a_time(tmp_path):
+    """A graph of one token per step with a state: the contract reads the state's fixed
+    shape, starts it at zeros, refuses a step of two tokens, and the own loop feeds a prompt
+    token by token, the state carried from each token to the next (the prefill's logits are
+    those of every prompt token)."""
+    from onnxmedic.hf.gen_verify import GenerationCheck, onnx_generation
+
+    path = _state_graph(tmp_path / "model.onnx")
+    layout = gp.read_package(tmp_path)
+    assert layout.step_tokens == 1 and [c.kind for c in layout.cache] == [
+        "key", "value", "conv"]
+    conv = layout.cache[2]
+    assert conv.state and conv.shape == [3, 2] and conv.present == "present.0.conv"
+    assert [p.shape for p in layout.empty_past()] == [(1, 1, 0, 1), (1, 1, 0, 1), (1, 3, 2)]
+    with pytest.raises(gp.NotAStep, match="token by token"):
+        layout.feed([3, 4])
+    assert layout.feed([3], layout.empty_past(), past_length=5)["attention_mask"].shape == (1, 6)
+    check = GenerationCheck()
+    tokens, logits, _ = onnx_generation(path, layout, [2, 3, 1], 2, 60, check)
+    assert check.ok and len(tokens) == 2
+    # every prompt token's logits: the running sum of the ids so far (6 cells) times the ramp
+    ramp = np.arange(VOCAB) % 5
+    sums = [2, 5, 6]
+    np.testing.assert_allclose(logits[0][0], [np.float32(6 * s) * ramp for s in sums])
+    np.testing.assert_allclose(logits[1][0, 0], 6 * (6 + tokens[0]) * ramp)
+
+
+def test_states_only_step_needs_the_past_length(tmp_path):
+    """A cache of states only has no sequence axis: after the first step the mask's length
+    must be said (the loop counts the tokens), else the contract says why it cannot feed."""
+    path = _state_graph(tmp_path / "model.onnx")
+    layout = gp.read_package(tmp_path)
+    layout.cache = layout.cache[2:]  # as if the graph had only the state
+    with pytest.raises(gp.NotAStep, match="past_length"):
+        layout.feed([3], [np.zeros((1, 3, 2), np.float32)])
+    assert layout.feed([3], [np.zeros((1, 3, 2), np.float32)],
+                       past_length=4)["attention_mask"].shape == (1, 5)
+    assert path.exists()
+
+
+def test_builder_state_package_sizes_its_keys_not_its_states(tmp_path):
+    """The builder's LFM2 package: key/value head size symbolic (its genai_config.json says
+    it), convolution state fixed: the sizes are filled for the keys only (the states were read
+    as a key's kind: KeyError 'conv', OM009 under --backend auto)."""
+    _state_graph(tmp_path / "model.onnx", size="kv_cache_dim")
+    (tmp_path / "genai_config.json").write_text(json.dumps(
+        {"model": {"decoder": {"num_key_value_heads": 1, "head_size": 1}}}))
+    layout = gp.read_package(tmp_path)
+    assert layout.sizes_from.endswith("genai_config.json") and not layout.unsized()
+    assert [p.shape for p in layout.empty_past()] == [(1, 1, 0, 1), (1, 1, 0, 1), (1, 3, 2)]

@@ -75,6 +75,14 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                                         qk_nope_head_dim=8, v_head_dim=16, n_routed_experts=4,
                                         num_experts_per_tok=2, moe_intermediate_size=32,
                                         first_k_dense_replace=1, n_group=1, topk_group=1)),
+    # [caches with states: a convolution state beside keys and values; Mamba-2 states beside
+    # them; Mamba's states alone] packages of one token per step, verified by the own loop
+    "lfm2": ("lfm2", dict(GQA, layer_types=["conv", "full_attention"])),
+    "falcon_h1": ("falcon_h1", dict(GQA, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
+                                    mamba_d_state=8, mamba_n_groups=1)),
+    "mamba": ("mamba", dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
+                            conv_kernel=4, vocab_size=VOCAB, bos_token_id=1, eos_token_id=2,
+                            pad_token_id=0)),
 }
 # the non-slow tests' families: GQA with rotary scaling (the shared package), soft-capping with
 # sliding windows; the rest run in the slow sweep

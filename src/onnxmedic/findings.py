@@ -1058,11 +1058,13 @@ CODES: dict[str, CodeInfo] = {
     ),
     # OM827-OM834: the families of 2025-26 in generation packages (hf/generation.py)
     "OM827": CodeInfo(
-        "cache with convolution or state-space states", 1,
-        "text-generation-with-past: the model's own cache holds states other than keys and "
-        "values (LFM2's convolution state; Mamba's, Falcon-H1's or Jamba's state-space "
-        "states). The package's decoder graph carries key/value caches only, so it is not "
-        "exported; --task text-generation (no cache) exports the model.",
+        "cache layers the package cannot carry", 1,
+        "text-generation-with-past: the model's own cache holds layers that the package's "
+        "cache cannot carry: several states in one layer, a sliding-window attention cache "
+        "beside a state, or a layer with neither keys nor a state. (Keys and values, and one "
+        "convolution and one state-space state per layer, are carried: LFM2, Mamba, Mamba-2, "
+        "Falcon-H1.) Nothing is exported; --task text-generation (no cache) exports the "
+        "model.",
     ),
     "OM828": CodeInfo(
         "PyTorch fails on onnxmedic's step inputs", 1,
@@ -1072,6 +1074,23 @@ CODES: dict[str, CodeInfo] = {
         "does not take (MiniCPM3 with fewer KV heads than query heads): a limit of "
         "onnxmedic's package for this model, not a fault of the model. The finding gives "
         "PyTorch's error; --task text-generation exports the model without its cache.",
+    ),
+    "OM829": CodeInfo(
+        "state cache: no genai_config.json", 0,
+        "text-generation-with-past: the model's cache holds convolution or state-space "
+        "states (past.{i}.conv / past.{i}.recurrent in, present.{i}.* out) and the package's "
+        "graph takes one token per step (the prompt too, from zero states), as these models' "
+        "own code takes a previous state; onnxruntime-genai feeds the whole prompt at once, "
+        "so no genai_config.json is written. onnxmedic's own ONNX Runtime loop verifies the "
+        "package token by token.",
+    ),
+    "OM830": CodeInfo(
+        "the model's own forward with its cache raises", 1,
+        "text-generation-with-past: the model raised in PyTorch itself when called as "
+        "generate() first calls it (a short prompt, use_cache=True, its own cache created by "
+        "the model), e.g. a tiny Jamba or Bamba config whose layer pattern leaves no attention "
+        "layer (transformers' cache then cannot say its length). generate() raises the same; "
+        "nothing is exported. The finding gives PyTorch's error.",
     ),
     # OM835-OM849: generation packages made fast in one command (hf/generation.py)
     "OM835": CodeInfo(
@@ -1090,7 +1109,7 @@ CODES: dict[str, CodeInfo] = {
         "SkipSimplifiedLayerNormalization) and onnxmedic verified it as its own: greedy "
         "generation token for token against PyTorch, each step's logits within the float64 "
         "budget, and in onnxruntime-genai. The default (--backend auto) for the architectures "
-        "whose builder package is known to verify.",
+        "the installed builder has a model class for.",
     ),
     "OM837": CodeInfo(
         "genai builder's package not used", 0,

@@ -15,11 +15,23 @@ write the same layout). Its decoder graph takes
   ``past_key_values.{i}.decoder.*`` (the self-attention cache) and ``.encoder.*`` (the
   cross-attention cache, the encoder graph's ``present.{i}.encoder.*`` outputs),
 
+- a layer's states other than keys and values (convolution and state-space models: LFM2,
+  Mamba, Mamba-2, Falcon-H1, ...), named as onnxruntime-genai's builder names them:
+  ``past.{i}.conv`` (the causal convolution's window, [batch_size, channels, kernel]) and
+  ``past.{i}.recurrent`` (the state-space state, [batch_size, ...] as the model's own cache
+  class holds it); zeros at the first step. A layer may hold keys and values and states
+  (Falcon-H1's attention beside its Mamba-2 mixer): each is one entry of the cache, in
+  layer order, ``key``, ``value``, ``conv``, ``recurrent`` within a layer,
+
 and returns ``logits`` and ``present.{i}.key`` / ``.value`` (``present.{i}.decoder.*``), the
 cache grown by the new tokens (full length also in sliding-window layers: they are masked,
-not truncated). A decoder-step file without these names (bench/zoo/hf.py's ``DecodeStep``:
-``input_ids`` and the flat past ``[k0, v0, k1, v1, ...]`` in, ``logits`` and the present in the
-same order out) is read by position.
+not truncated), and ``present.{i}.conv`` / ``.recurrent``, the states after the new tokens.
+A graph whose ``input_ids`` has a fixed sequence length of 1 takes one token per step
+(:attr:`StepLayout.step_tokens`; what a package with states is: the state-space models'
+own code takes a previous state only one token at a time): the loop feeds a prompt token by
+token, its logits being the concatenation of those steps'. A decoder-step file without these
+names (bench/zoo/hf.py's ``DecodeStep``: ``input_ids`` and the flat past ``[k0, v0, k1, v1,
+...]`` in, ``logits`` and the present in the same order out) is read by position.
 
 The cache's head count and head size may be symbolic in the graph (the builder's
 ``kv_cache_dim``): they are then taken from the folder's ``genai_config.json``
@@ -55,12 +67,15 @@ USE_CACHE_BRANCH = "use_cache_branch"  # optimum's merged decoders (if past then
 LOGITS = "logits"
 PAST, PRESENT = "past_key_values", "present"
 KINDS = ("key", "value")
+STATES = ("conv", "recurrent")  # the kinds of a layer's cache that are states, not K/V
+STATE_PAST, STATE_PRESENT = "past", "present"  # onnxruntime-genai's past.%d.conv
 SELF, CROSS = "decoder", "encoder"  # the parts of an encoder-decoder's cache
 # the decoder graph's file, by who wrote the package: ours and the builder's, optimum's
 DECODER_FILES = ("model.onnx", "decoder_with_past_model.onnx", "decoder_model_merged.onnx")
 ENCODER_FILE = "encoder_model.onnx"
 
 _CACHE = re.compile(rf"^({PAST}|{PRESENT})\.(\d+)\.(?:({SELF}|{CROSS})\.)?(key|value)$")
+_STATE = re.compile(rf"^({STATE_PAST}|{STATE_PRESENT})\.(\d+)\.({'|'.join(STATES)})$")
 
 
 class NotAStep(ValueError):
@@ -69,7 +84,10 @@ class NotAStep(ValueError):
 
 def cache_name(layer: int, kind: str, part: str | None = None, *, present: bool = False
                ) -> str:
-    """``past_key_values.{layer}[.{part}].{kind}`` (``present.`` with ``present``)."""
+    """``past_key_values.{layer}[.{part}].{kind}`` (``present.`` with ``present``); a state
+    (``kind`` in STATES): ``past.{layer}.{kind}`` (``present.{layer}.{kind}``)."""
+    if kind in STATES:
+        return f"{STATE_PRESENT if present else STATE_PAST}.{layer}.{kind}"
     return f"{PRESENT if present else PAST}.{layer}.{f'{part}.' if part else ''}{kind}"
 
 
@@ -85,27 +103,38 @@ def genai_pattern(kind: str, part: str | None = None, *, present: bool = False) 
 
 
 def parse_cache_name(name: str) -> tuple[str, int, str | None, str] | None:
-    """(``past_key_values`` or ``present``, layer, part or None, ``key``/``value``) of a cache
-    name; None when ``name`` is not one."""
+    """(``past_key_values`` or ``present``, layer, part or None, kind) of a cache name (kind:
+    ``key``/``value``, or a state's ``conv``/``recurrent``: ``past.{i}.conv`` reads as
+    ``past_key_values``); None when ``name`` is not one."""
     m = _CACHE.match(name)
-    return (m[1], int(m[2]), m[3], m[4]) if m else None
+    if m:
+        return (m[1], int(m[2]), m[3], m[4])
+    m = _STATE.match(name)
+    return ((PAST if m[1] == STATE_PAST else PRESENT), int(m[2]), None, m[3]) if m else None
 
 
 def is_past(name: str) -> bool:
-    """Whether ``name`` is a cache input (``past_key_values.*``)."""
-    return name.startswith(f"{PAST}.")
+    """Whether ``name`` is a cache input (``past_key_values.*``, or a state's ``past.{i}.*``)."""
+    if name.startswith(f"{PAST}."):
+        return True
+    m = _STATE.match(name)
+    return bool(m) and m[1] == STATE_PAST
 
 
 def present_of(past: str) -> str:
     """The output that returns the cache input ``past`` grown (its ``present.*`` twin)."""
-    return PRESENT + past[len(PAST):] if is_past(past) else past
+    if past.startswith(f"{PAST}."):
+        return PRESENT + past[len(PAST):]
+    m = _STATE.match(past)
+    return f"{STATE_PRESENT}.{m[2]}.{m[3]}" if m and m[1] == STATE_PAST else past
 
 
 @dataclass
 class CacheEntry:
     """One cache input: its name, the output that returns it grown (None: a cross-attention
     cache, which no step grows), its layer, kind, part and its head count and head size (None
-    where neither the graph nor the folder's configs say)."""
+    where neither the graph nor the folder's configs say); a state's (``kind`` in STATES)
+    ``shape``: its fixed dims after the batch."""
 
     name: str
     present: str | None
@@ -115,10 +144,16 @@ class CacheEntry:
     heads: int | None = None
     head_size: int | None = None
     dtype: str = "float32"
+    shape: list[int] | None = None
 
     @property
     def cross(self) -> bool:
         return self.part == CROSS
+
+    @property
+    def state(self) -> bool:
+        """Whether the entry is a convolution or state-space state (not keys or values)."""
+        return self.kind in STATES
 
 
 @dataclass
@@ -133,6 +168,7 @@ class StepLayout:
     named: bool = True
     sizes_from: str = ""  # where symbolic head sizes were read (a config file), "" if none
     context: int | None = None  # the longest past + new the package serves (its configs')
+    step_tokens: int | None = None  # 1: the graph takes one token per step (None: any number)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -149,9 +185,23 @@ class StepLayout:
     def cross_cache(self) -> list[CacheEntry]:
         return [c for c in self.cache if c.cross]
 
+    @property
+    def states(self) -> list[CacheEntry]:
+        """The cache's convolution and state-space states (no sequence axis)."""
+        return [c for c in self.cache if c.state]
+
     def unsized(self) -> list[str]:
         """The cache inputs whose head count or head size is unknown."""
-        return [c.name for c in self.self_cache if not (c.heads and c.head_size)]
+        return [c.name for c in self.self_cache
+                if not c.state and not (c.heads and c.head_size)]
+
+    def past_length(self, past: Sequence[np.ndarray]) -> int | None:
+        """The tokens behind the cache ``past`` (in :attr:`self_cache` order): a key or
+        value's length; None when it has none (states only: the loop counts the tokens)."""
+        for c, t in zip(self.self_cache, past):
+            if not c.state:
+                return int(t.shape[2])
+        return None
 
     def empty_past(self, batch: int = 1) -> list[np.ndarray]:
         """The self-attention cache of the first step: length 0, in input order; raises
@@ -160,22 +210,35 @@ class StepLayout:
             raise NotAStep(f"the cache inputs {', '.join(self.unsized()[:4])} have a symbolic "
                            "head count or head size and no genai_config.json or config.json "
                            "beside the graph says it")
-        return [np.zeros((batch, c.heads, 0, c.head_size), np.dtype(c.dtype))
+        return [np.zeros((batch, *c.shape), np.dtype(c.dtype)) if c.state else
+                np.zeros((batch, c.heads, 0, c.head_size), np.dtype(c.dtype))
                 for c in self.self_cache]
 
     def feed(self, ids: np.ndarray | Sequence[int], past: Sequence[np.ndarray] | None = None,
              *, cross: Mapping[str, np.ndarray] | None = None,
-             encoder_mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+             encoder_mask: np.ndarray | None = None, past_length: int | None = None
+             ) -> dict[str, np.ndarray]:
         """The feeds of one step: ``ids`` (the new tokens, [batch, n] or a list for batch 1)
         after ``past`` (the self cache in :attr:`self_cache` order, as :meth:`presents`
         returns it; None: the first step, an empty past); ``cross``: the encoder graph's
-        outputs (its ``present.{i}.encoder.*``), ``encoder_mask`` its attention mask."""
+        outputs (its ``present.{i}.encoder.*``), ``encoder_mask`` its attention mask;
+        ``past_length``: the tokens behind ``past`` (needed where the cache is states only,
+        which have no sequence axis; else read from a key's length)."""
         ids = np.asarray(ids, np.int64)
         ids = ids[None] if ids.ndim == 1 else ids
+        if self.step_tokens and ids.shape[1] != self.step_tokens:
+            raise NotAStep(f"the graph takes {self.step_tokens} token(s) per step, not "
+                           f"{ids.shape[1]}: feed a prompt token by token")
+        first = past is None
         past = list(past) if past is not None else self.empty_past(ids.shape[0])
         if not self.named:
             return dict(zip(self.inputs, [ids, *past]))
-        total = (past[0].shape[2] if past else 0) + ids.shape[1]
+        if past_length is None:
+            past_length = 0 if first else self.past_length(past)
+        if past_length is None and any(n in self.inputs for n in (ATTENTION_MASK, POSITION_IDS)):
+            raise NotAStep("the cache has no sequence axis (states only): pass past_length, "
+                           "the tokens behind it")
+        total = (past_length or 0) + ids.shape[1]
         feeds: dict[str, np.ndarray] = {INPUT_IDS: ids}
         if ATTENTION_MASK in self.inputs:
             feeds[ATTENTION_MASK] = np.ones((ids.shape[0], total), np.int64)
@@ -247,10 +310,18 @@ def read_step(path: str | os.PathLike[str], config_dir: str | os.PathLike[str] |
     cache = []
     for k, i in enumerate(pasts):
         dims = _dims(i)
+        parsed = parse_cache_name(i.name)
+        if parsed and parsed[3] in STATES:
+            if any(d is None for d in dims[1:]):
+                raise NotAStep(f"{path}: the state input {i.name!r} has symbolic dims after "
+                               f"the batch ({dims}): a state's size is fixed")
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)).name
+            cache.append(CacheEntry(i.name, present_of(i.name), parsed[1], parsed[3],
+                                    dtype=dtype, shape=[int(d) for d in dims[1:]]))
+            continue
         if len(dims) != 4:
             raise NotAStep(f"{path}: cache input {i.name!r} has {len(dims)} dims, not (batch, "
                            "heads, past, head_size)")
-        parsed = parse_cache_name(i.name)
         layer, part, kind = (parsed[1], parsed[2], parsed[3]) if parsed else (k // 2, None,
                                                                             KINDS[k % 2])
         present = (present_of(i.name) if named else outs[k + 1])
@@ -261,6 +332,9 @@ def read_step(path: str | os.PathLike[str], config_dir: str | os.PathLike[str] |
     if missing:
         raise NotAStep(f"{path}: the cache inputs have no present outputs ({missing[:2]})")
     layout = StepLayout([i.name for i in ins], outs, cache, named)
+    ids = next((i for i in ins if i.name == INPUT_IDS), ins[0] if ins else None)
+    if ids is not None and len(_dims(ids)) == 2 and _dims(ids)[1] == 1:
+        layout.step_tokens = 1
     folder = Path(config_dir) if config_dir else path.parent
     if layout.unsized():
         _fill_sizes(layout, folder)
@@ -349,6 +423,8 @@ def _fill_sizes(layout: StepLayout, folder: Path) -> None:
     if not sizes:
         return
     for c in layout.self_cache:
+        if c.state:  # a state's shape is fixed in the graph
+            continue
         heads, size = sizes[c.kind]
         c.heads, c.head_size = c.heads or heads, c.head_size or size
     layout.sizes_from = str(folder / source)

@@ -42,6 +42,15 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
                   dict(SMALL, num_key_value_heads=1, head_dim=16, mamba_d_ssm=32,
                        mamba_n_heads=2, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1,
                        bos_token_id=0, eos_token_id=0)),
+    "mamba": ("mamba", "AutoModelForCausalLM",
+              dict(hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=4,
+                   vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, pad_token_id=0)),
+    # a hybrid whose layer pattern (attention at layer 4 of every 8) leaves 2 layers without
+    # attention: transformers' cache cannot say its length, generate() raises
+    "jamba-noattn": ("jamba", "AutoModelForCausalLM",
+                     dict(SMALL, num_key_value_heads=1, mamba_d_state=8, mamba_d_conv=4,
+                          mamba_expand=2, num_experts=2, num_experts_per_tok=1,
+                          bos_token_id=0, eos_token_id=0, pad_token_id=0)),
     # multi-head latent attention with fewer KV heads than query heads: generate() runs (it
     # prefills, then adds one token at a time), a step of several new tokens after a past
     # raises in transformers' own MiniCPM3 attention

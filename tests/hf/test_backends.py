@@ -146,12 +146,56 @@ def test_when_auto_leaves_the_builder_out():
     available = builder.available()
     assert (backends.why_not(cfg, backend="auto", **kw) is None) == available
     assert "export" in backends.why_not(cfg, backend="export", **kw)
-    assert "not known to verify" in backends.why_not(
-        {"architectures": ["GPT2LMHeadModel"]}, backend="auto", **kw)
+    if available:
+        assert "has no model class for GPT2LMHeadModel" in backends.why_not(
+            {"architectures": ["GPT2LMHeadModel"]}, backend="auto", **kw)
     assert "verif" in backends.why_not(cfg, backend="auto", **{**kw, "verify": False})
-    if available:  # "builder" tries what auto leaves out as not known to verify
+    if available:  # "builder" tries what auto leaves out as not served
         assert backends.why_not({"architectures": ["GPT2LMHeadModel"]},
                                    backend="builder", **kw) is None
+
+
+@needs_builder
+def test_auto_asks_the_installed_builder_what_it_serves():
+    """The families the fixed list lacks but the installed builder has a class for (LFM2,
+    gpt-oss, ERNIE 4.5, Hunyuan) are tried by auto; GPT-2, which it has none for, is not."""
+    served = builder.served()
+    assert {"Lfm2ForCausalLM", "GptOssForCausalLM", "Ernie4_5ForCausalLM",
+            "HunYuanDenseV1ForCausalLM"} <= served and not served & {"GPT2LMHeadModel"}
+    assert not {"Lfm2ForCausalLM", "GptOssForCausalLM"} & builder.ARCHITECTURES
+    kw = dict(folder=Path("."), dtype="fp32", verify=True, opset=None, remote_code=False)
+    assert backends.why_not({"architectures": ["Lfm2ForCausalLM"]}, backend="auto",
+                            **kw) is None
+
+
+@needs_builder
+@pytest.mark.slow
+def test_auto_builds_lfm2_with_the_builder_and_verifies_its_states(tmp_path):
+    """LFM2 is not in the fixed list, but the installed builder serves it: auto's package is
+    the builder's (past.{i}.conv beside the keys and values, the whole prompt at once),
+    verified token by token in onnxmedic's loop and in onnxruntime-genai (OM836)."""
+    from onnxmedic import genpackage
+
+    folder = save_family("lfm2", tmp_path / "ckpt")
+    r = onnxmedic.export_pretrained(folder, tmp_path / "pkg", task=TASK)
+    found = [f.code for f in r.findings]
+    assert r.ok and "OM836" in found, found
+    assert r.generation.tokens_genai == r.generation.tokens_onnx == r.generation.tokens_torch
+    layout = genpackage.read_package(tmp_path / "pkg")
+    assert layout.states and layout.step_tokens is None
+
+
+def test_served_falls_back_to_the_fixed_list(monkeypatch):
+    """A builder whose source names no architecture (another layout): the fixed list."""
+    import importlib.util
+
+    builder.served.cache_clear()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    try:
+        assert builder.served() == builder.ARCHITECTURES
+    finally:
+        monkeypatch.undo()
+        builder.served.cache_clear()
 
 
 def test_the_second_default_prompt_is_for_small_models_only():

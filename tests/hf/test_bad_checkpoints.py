@@ -229,17 +229,95 @@ def test_with_past_on_an_encoder_says_it_keeps_no_cache(hf_folder, out):
     assert list(out.iterdir()) == []
 
 
-@pytest.mark.parametrize("name,state", [("lfm2", "LinearAttentionLayer: conv_states"),
-                                        ("falcon_h1", "recurrent_states")])
-def test_with_past_on_a_state_cache_is_om827(name, state, hf_folder, out):
-    """LFM2's cache holds a convolution state, Falcon-H1's Mamba-2 states beside its keys and
-    values: a precise refusal before any export (LFM2 was OM009, an internal error, reading
-    the keys of its convolution layer; Falcon-H1 OM100, blaming the model)."""
-    res = onnxmedic.export_pretrained(hf_folder(name), out / "pkg",
+@pytest.mark.slow
+@pytest.mark.parametrize("name,kinds", [("lfm2", {"conv", "key", "value"}),
+                                        ("falcon_h1", {"key", "value", "conv", "recurrent"}),
+                                        ("mamba", {"conv", "recurrent"})])
+def test_with_past_on_a_state_cache_verifies(name, kinds, hf_folder, out):
+    """LFM2's convolution state, Falcon-H1's Mamba-2 states beside its keys and values and
+    Mamba's states alone are carried by the package (past.{i}.conv / .recurrent, one token
+    per step), verified token by token in onnxmedic's own loop (OM829: no genai_config.json);
+    they were OM827 refusals (LFM2 before that OM009, Falcon-H1 OM100)."""
+    from onnxmedic import genpackage
+
+    res = onnxmedic.export_pretrained(hf_folder(name), out / "pkg", backend="export",
                                       task="text-generation-with-past")
-    assert not res.ok and _codes(res) == ["OM827"] and res.exit_code == 1, _codes(res)
-    assert state in res.errors[0].message and "--task text-generation" in \
-        res.errors[0].suggestion
+    codes = [f.code for f in res.findings]
+    assert res.ok and res.exit_code == 0 and "OM829" in codes, codes
+    assert res.generation.tokens_onnx == res.generation.tokens_torch
+    layout = genpackage.read_package(out / "pkg")
+    assert layout.step_tokens == 1 and {c.kind for c in layout.cache} == kinds
+    assert not (out / "pkg" / "genai_config.json").exists()
+
+
+@pytest.mark.slow
+def test_a_state_not_fed_back_is_caught_and_localised(hf_folder, out, monkeypatch):
+    """The own loop feeding Mamba's states back as zeros (a loop that drops the state): the
+    prefill's logits diverge from PyTorch's from the prompt's second token on, and the
+    verification fails, nothing written (the acceptance rule for a state carried from one
+    token to the next)."""
+    import numpy as np
+
+    from onnxmedic import genpackage
+
+    real = genpackage.StepLayout.presents
+
+    def forgetful(self, outputs):
+        return [np.zeros_like(t) if c.state else t
+                for c, t in zip(self.self_cache, real(self, outputs))]
+
+    monkeypatch.setattr(genpackage.StepLayout, "presents", forgetful)
+    res = onnxmedic.export_pretrained(hf_folder("mamba"), out / "pkg", backend="export",
+                                      task="text-generation-with-past")
+    codes = _codes(res)
+    assert not res.ok and res.exit_code == 1 and "OM009" not in codes, codes
+    assert {"OM811", "OM812"} & set(codes) and "OM818" in codes, codes
+    assert list(out.iterdir()) == []
+
+
+def test_state_layers_the_package_cannot_carry_are_om827(tmp_path):
+    """A cache layer with two states (the package carries one convolution and one
+    state-space state per layer) is refused before any export, the layer named."""
+    from types import SimpleNamespace
+
+    from transformers import DynamicCache
+    from transformers.cache_utils import LinearAttentionLayer
+
+    from onnxmedic.hf import generation
+
+    layer = LinearAttentionLayer(number_of_states=2)
+    layer.conv_states[0] = layer.conv_states[1] = torch.zeros(1, 8, 3)
+    cache = DynamicCache()
+    cache.layers = [layer]
+
+    class TwoStates(torch.nn.Module):
+        config = SimpleNamespace(vocab_size=10)
+
+        def forward(self, **kw):
+            return SimpleNamespace(past_key_values=cache)
+
+    said = generation.cache_problem(TwoStates())
+    assert said is not None and said.code == "OM827"
+    assert "0 LinearAttentionLayer: conv_states [1, 8, 3]" in said.message
+    assert "2 states per layer" in said.message
+    assert "--task text-generation" in said.suggestion
+    assert generation.unsupported_states(DynamicCache()) == []
+
+
+def test_a_model_whose_own_cache_raises_is_om830(hf_folder, out):
+    """A tiny Jamba whose layer pattern leaves no attention layer: its own forward with a
+    cache raises in transformers (get_seq_length on state layers only), as generate() does;
+    a finding naming PyTorch's error (was OM009, an internal error, in the example step)."""
+    import transformers
+
+    folder = hf_folder("jamba-noattn")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with pytest.raises(ValueError, match="get_seq_length"):
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2, do_sample=False)
+    res = onnxmedic.export_pretrained(folder, out / "pkg", task="text-generation-with-past",
+                                      backend="export")
+    assert not res.ok and res.exit_code == 1 and _codes(res) == ["OM830"], _codes(res)
+    assert "get_seq_length" in res.errors[0].message
     assert list(out.iterdir()) == []
 
 

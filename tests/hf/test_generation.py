@@ -306,6 +306,8 @@ def _family(family, tmp_path):
     if family == "deepseek_v3":  # keys and values of different head sizes: no genai_config
         assert "OM820" in codes(r.findings) and g.tokens_genai is None
         assert not (tmp_path / "pkg" / "genai_config.json").exists()
+    elif family in ("lfm2", "falcon_h1", "mamba"):  # states, one token per step: own loop
+        assert "OM829" in codes(r.findings) and g.tokens_genai is None
     elif gen_verify.genai_available():
         assert g.tokens_genai == g.tokens_torch
     assert torch.is_grad_enabled()

@@ -57,8 +57,8 @@ def why_not(config: dict[str, Any], *, backend: str, folder: Path | None, dtype:
     soft = [
         (not verify, "verification is off, and the builder's package is written only when it "
                      "verifies"),
-        (arch not in builder.ARCHITECTURES,
-         f"the builder's package is not known to verify for {arch}"),
+        (arch not in builder.served(),
+         f"the installed onnxruntime-genai builder has no model class for {arch}"),
     ]
     for bad, why in hard + (soft if backend == "auto" else []):
         if bad:

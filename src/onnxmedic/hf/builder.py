@@ -8,9 +8,11 @@ heavy) and writes while the model loads in the parent.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,8 +28,8 @@ logger = logging.getLogger(__name__)
 # what the builder writes for every architecture it serves
 GRAPH, CONFIG = "model.onnx", "genai_config.json"
 # the architectures whose builder package generates PyTorch's tokens (bench/peers/generation.py
-# over the decoder families: bench/results/generation_peers.md); backends.py's ``"builder"``
-# tries any other too
+# over the decoder families: bench/results/generation_peers.md): what served() says where the
+# installed builder's source cannot be read
 ARCHITECTURES = frozenset({
     "GemmaForCausalLM", "Gemma2ForCausalLM", "GraniteForCausalLM", "LlamaForCausalLM",
     "Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM"})
@@ -40,6 +42,27 @@ def available() -> bool:
         return importlib.util.find_spec("onnxruntime_genai.models.builder") is not None
     except (ImportError, ValueError):
         return False
+
+
+# the builder's dispatch (create_model): `elif config.architectures[0] == "LlamaForCausalLM":`
+_DISPATCH = re.compile(r"config\.architectures\[0\]\s*==\s*[\"'](\w+)[\"']")
+
+
+@functools.lru_cache(maxsize=1)
+def served() -> frozenset[str]:
+    """The architectures the installed builder has a model class for, read from its source
+    (``create_model``'s dispatch on ``config.architectures[0]``) without importing it (it
+    imports torch and transformers); ARCHITECTURES where the source cannot be read or names
+    none (another layout of the builder)."""
+    try:
+        spec = importlib.util.find_spec("onnxruntime_genai.models.builder")
+        text = Path(spec.origin).read_text() if spec and spec.origin else ""
+    except (ImportError, ValueError, OSError, UnicodeDecodeError):
+        text = ""
+    found = frozenset(_DISPATCH.findall(text))
+    if not found:
+        logger.debug("builder: no architectures read from its source; the fixed list")
+    return found or ARCHITECTURES
 
 
 @dataclass

@@ -277,24 +277,31 @@ def onnx_generation(path: Path, layout: StepLayout, ids: list[int], steps: int,
     tokens: list[int] = []
     logits: list[np.ndarray] = []
     feeds: list[dict[str, np.ndarray]] = []
-    past, new = None, list(ids)
+    past, new, fed = None, list(ids), 0
     quantized = quantized_file(path)
     for step in range(steps):
-        feed = layout.feed(new, past)
-        # float weights not packed: the loop's few runs do not repay packing every weight at
-        # load (a 0.5 B decoder loads in 0.9 s instead of 2.4; quantized_weights says why)
-        sbx = sandbox.run_model(path, [feed], timeout=timeout, keep_session=True,
-                                prepack=quantized, threads=threads)
-        if not sbx.ok:
-            f = sbx.finding(STAGE, timeout)
-            if f is not None:
-                f.message = f"generation step {step}: {f.message}"
-                check.fail(f)
-            break
-        out = dict(zip(sbx.output_names, sbx.outputs[0]))
+        # a graph of one token per step (a cache with states) takes the prompt token by
+        # token: the step's logits are theirs concatenated
+        chunks = [[t] for t in new] if layout.step_tokens == 1 else [new]
+        parts = []
+        for chunk in chunks:
+            feed = layout.feed(chunk, past, past_length=fed)
+            # float weights not packed: the loop's few runs do not repay packing every weight
+            # at load (a 0.5 B decoder loads in 0.9 s instead of 2.4; quantized_weights says
+            # why)
+            sbx = sandbox.run_model(path, [feed], timeout=timeout, keep_session=True,
+                                    prepack=quantized, threads=threads)
+            if not sbx.ok:
+                f = sbx.finding(STAGE, timeout)
+                if f is not None:
+                    f.message = f"generation step {step}: {f.message}"
+                    check.fail(f)
+                return tokens, logits, feeds
+            out = dict(zip(sbx.output_names, sbx.outputs[0]))
+            parts.append(layout.logits(out))
+            past, fed = layout.presents(out), fed + len(chunk)
         feeds.append(feed)
-        logits.append(layout.logits(out))
-        past = layout.presents(out)
+        logits.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1))
         new = [int(np.argmax(logits[-1][0, -1]))]
         tokens.append(new[0])
     return tokens, logits, feeds

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ import torch
 
 from onnxmedic import sandbox
 from onnxmedic.findings import error, info, warning
-from onnxmedic.genpackage import LOGITS, cache_names, present_of
+from onnxmedic.genpackage import KINDS, LOGITS, STATES, cache_name, cache_names, present_of
 from onnxmedic.hf.gen_verify import genai_check, verify_generation
 from onnxmedic.hf.genai_files import Layout, write_side_files
 from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD, replace_folder
@@ -49,35 +50,142 @@ EXAMPLE_BATCH, EXAMPLE_NEW, EXAMPLE_PAST = 2, 3, 4
 
 
 STATE_ATTRS = ("conv_states", "recurrent_states", "ssm_states")  # caches' non-K/V states
+# the package's state kinds (genpackage.STATES) -> the attribute of transformers' cache layer
+STATE_OF = dict(zip(STATES, STATE_ATTRS))
+# cache layers that keep a window, not the whole past: with states, their present would not
+# be past + new long (a KV-only cache is a plain DynamicCache instead, GenerationDecoder)
+SLIDING = ("DynamicSlidingWindowLayer", "LinearAttentionAndSlidingWindowAttentionLayer")
+
+STATES_NOT_GENAI = (
+    "its cache holds convolution or state-space states (past.{i}.conv / .recurrent) and the "
+    "graph takes one token per step, while onnxruntime-genai feeds the whole prompt at once")
+CacheSpec = list[tuple[int, str]]  # the cache's entries: (layer, kind) in the graph's order
+
+
+def _layer_states(layer: Any) -> list[tuple[str, list[int]]]:
+    """A cache layer's states: (attribute, shape) of each tensor it holds."""
+    found = []
+    for name in STATE_ATTRS:
+        value = getattr(layer, name, None)
+        values = value.values() if isinstance(value, dict) else (
+            value if isinstance(value, (list, tuple)) else [value])
+        found += [(name, list(t.shape)) for t in values if isinstance(t, torch.Tensor)]
+    return found
 
 
 def state_layers(cache: Any) -> list[str]:
     """The layers of a transformers cache that hold more than keys and values, described
     ("0 LinearAttentionLayer: conv_states [2, 64, 3]"): convolution and state-space states
-    (LFM2, Mamba, Falcon-H1, Jamba ...), which the package's graph does not carry."""
+    (LFM2, Mamba, Falcon-H1, Jamba ...)."""
     layers = getattr(cache, "layers", None)
     holders = list(layers) if layers is not None else [cache]
     said = []
     for i, layer in enumerate(holders):
-        states = []
-        for name in STATE_ATTRS:
-            value = getattr(layer, name, None)
-            values = value.values() if isinstance(value, dict) else (
-                value if isinstance(value, (list, tuple)) else [value])
-            shapes = [list(t.shape) for t in values if isinstance(t, torch.Tensor)]
-            if shapes:
-                states.append(f"{name} {shapes[0]}")
+        states = [f"{name} {shape}" for name, shape in _layer_states(layer)]
         if states or (layers is not None and not hasattr(layer, "keys")):
             said.append(f"{i} {type(layer).__name__}: {', '.join(states) or 'no keys'}")
     return said
 
 
-def flat_cache(cache: Any) -> list[torch.Tensor]:
-    """[k0, v0, k1, v1, ...] of a transformers cache (``DynamicCache`` and its layers)."""
+def cache_spec(cache: Any) -> CacheSpec:
+    """The model's own cache (a transformers ``DynamicCache`` after a forward pass) as the
+    package's entries, (layer, kind) in the graph's order: per layer its ``key`` and
+    ``value`` where it holds them, then its ``conv`` and ``recurrent`` states."""
     layers = getattr(cache, "layers", None)
+    if layers is None:  # legacy ((k, v), ...) tuples
+        return [(i, kind) for i in range(len(cache)) for kind in KINDS]
+    spec: CacheSpec = []
+    for i, layer in enumerate(layers):
+        if isinstance(getattr(layer, "keys", None), torch.Tensor):
+            spec += [(i, kind) for kind in KINDS]
+        for kind in STATES:
+            held = getattr(layer, STATE_OF[kind], None)
+            if isinstance(held, dict) and isinstance(held.get(0), torch.Tensor):
+                spec.append((i, kind))
+    return spec
+
+
+def has_states(spec: CacheSpec | None) -> bool:
+    """Whether a cache spec holds convolution or state-space states."""
+    return bool(spec) and any(kind in STATES for _, kind in spec)
+
+
+def unsupported_states(cache: Any) -> list[str]:
+    """The state layers of ``cache`` the package cannot carry (described as
+    :func:`state_layers` does, with the reason): several states in one layer, a sliding
+    window beside states, a layer holding neither keys nor a state."""
+    said = []
+    for i, layer in enumerate(getattr(cache, "layers", None) or []):
+        states = _layer_states(layer)
+        kv = isinstance(getattr(layer, "keys", None), torch.Tensor)
+        what = f"{i} {type(layer).__name__}: {', '.join(f'{n} {s}' for n, s in states)}"
+        if getattr(layer, "number_of_states", 1) > 1:
+            said.append(f"{what} ({layer.number_of_states} states per layer)")
+        elif states and type(layer).__name__ in SLIDING:
+            said.append(f"{what} (a sliding-window attention cache beside the states)")
+        elif not states and not kv:
+            said.append(f"{i} {type(layer).__name__}: no keys and no state")
+    return said
+
+
+def flat_cache(cache: Any, spec: CacheSpec | None = None) -> list[torch.Tensor]:
+    """[k0, v0, k1, v1, ...] of a transformers cache (``DynamicCache`` and its layers); with
+    ``spec`` (:func:`cache_spec`), its entries in that order, states included."""
+    layers = getattr(cache, "layers", None)
+    if spec is not None and layers is not None:
+        return [getattr(layers[i], "keys" if kind == "key" else "values") if kind in KINDS
+                else getattr(layers[i], STATE_OF[kind])[0] for i, kind in spec]
     if layers is not None:
         return [t for layer in layers for t in (layer.keys, layer.values)]
     return [t for pair in cache for t in pair[:2]]
+
+
+def cache_arg(model: torch.nn.Module) -> str:
+    """The keyword ``model``'s forward takes its cache by: ``past_key_values``, or Mamba's
+    ``cache_params``."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return ("cache_params" if "cache_params" in params and "past_key_values" not in params
+            else "past_key_values")
+
+
+def own_cache(out: Any) -> Any:
+    """The cache a forward pass returned (``past_key_values``, or Mamba's ``cache_params``)."""
+    cache = getattr(out, "past_key_values", None)
+    return cache if cache is not None else getattr(out, "cache_params", None)
+
+
+def state_cache(model: torch.nn.Module, spec: CacheSpec, past: list[torch.Tensor]) -> Any:
+    """The model's own cache class (``DynamicCache(config=...)``, as its forward builds one)
+    holding ``past`` (entries in ``spec`` order): keys and values as a full-length layer's
+    (sliding-window layers without states become plain ones: masked, not truncated), states
+    as after a previous step (copies: the step updates them in place, and a graph input is
+    not written)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    pending: dict[int, torch.Tensor] = {}
+    for (i, kind), t in zip(spec, past):
+        layer = cache.layers[i]
+        if type(layer).__name__ == "DynamicSlidingWindowLayer":
+            layer = cache.layers[i] = DynamicLayer()
+        if kind == "key":
+            pending[i] = t
+        elif kind == "value":
+            layer.update(pending.pop(i), t)
+        else:
+            attr = STATE_OF[kind]
+            getattr(layer, attr)[0] = t.clone()
+            getattr(layer, f"is_{attr}_initialized")[0] = True
+            layer.has_previous_state[0] = True
+            if kind == "conv":
+                layer.conv_kernel_size[0] = int(t.shape[-1])
+            if layer.dtype is None:
+                layer.dtype, layer.device = t.dtype, t.device
+    return cache
 
 
 class GenerationDecoder(torch.nn.Module):
@@ -86,10 +194,13 @@ class GenerationDecoder(torch.nn.Module):
     (full length in every layer: sliding-window layers are masked, not truncated, so every
     present is past + new tokens long, as GenAI's buffers are)."""
 
-    def __init__(self, model: torch.nn.Module, position_ids: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, position_ids: bool = True,
+                 spec: CacheSpec | None = None) -> None:
         super().__init__()
         self.model = model
         self.takes_positions = position_ids
+        # with states (has_states), the model's own cache class holds the past (state_cache)
+        self.spec = spec if has_states(spec) else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 position_ids: torch.Tensor | None, past: list[torch.Tensor]
@@ -98,13 +209,22 @@ class GenerationDecoder(torch.nn.Module):
 
         # the graph's total length is past + new: torch.export keeps the relation, and
         # PyTorch rejects sizes that break it (the verification's shape variants)
-        torch._check(attention_mask.shape[1] == input_ids.shape[1] + past[0].shape[2],
-                     lambda: MASK_RULE)
-        cache = DynamicCache([(past[i], past[i + 1]) for i in range(0, len(past), 2)])
+        kv = next((k for k, (_, kind) in enumerate(self.spec or [(0, "key")])
+                   if kind in KINDS), None)
+        if kv is not None:
+            torch._check(attention_mask.shape[1] == input_ids.shape[1] + past[kv].shape[2],
+                         lambda: MASK_RULE)
+        else:  # states only (Mamba): no attention over the past, the mask is the new tokens'
+            attention_mask = attention_mask[:, -input_ids.shape[1]:]
+        if self.spec is None:
+            cache = DynamicCache([(past[i], past[i + 1]) for i in range(0, len(past), 2)])
+        else:
+            cache = state_cache(self.model, self.spec, past)
         kw: dict[str, Any] = {"position_ids": position_ids} if self.takes_positions else {}
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         past_key_values=cache, use_cache=True, **kw)
-        return out.logits, flat_cache(out.past_key_values)
+        kw[cache_arg(self.model)] = cache
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
+                         **kw)
+        return out.logits, flat_cache(own_cache(out), self.spec)
 
 
 def takes_position_ids(model: torch.nn.Module) -> bool:
@@ -133,32 +253,43 @@ def _cannot_serve(why: str) -> Any:
                  "pick a task the model serves (feature-extraction for an encoder).")
 
 
-def _cache_problem(model: Any) -> Any:
-    """The finding when ``model``'s own cache cannot be the package's (None when it can, or
-    when the call fails: the export reports that): no KV cache at all (OM817: an encoder
+def cache_problem(model: Any) -> Any:
+    """The finding when ``model``'s own cache cannot be the package's (None when it can): the
+    model's own forward with its cache raises (OM830), no KV cache at all (OM817: an encoder
     loaded with a language-model head, BERT's BertLMHeadModel without is_decoder, attends both
-    ways and keeps none), or layers holding convolution or state-space states (OM827)."""
+    ways and keeps none), or state layers the package cannot carry (OM827:
+    :func:`unsupported_states`). Convolution and state-space states are carried
+    (past.{i}.conv / .recurrent, one token per step)."""
     ids = torch.full((1, 2), min(4, int(model.config.vocab_size) - 1), dtype=torch.int64)
     try:
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
-        cache = getattr(out, "past_key_values", None)
-        states = state_layers(cache) if cache is not None else []
+        cache = own_cache(out)
+        states = unsupported_states(cache) if cache is not None else []
         if states:
             return error(
                 "OM827", "preflight", f"cannot export {type(model).__name__} for "
                 "text-generation-with-past: its own cache "
-                f"({type(cache).__name__}) holds states other than keys and values in layers "
-                f"{'; '.join(states)}. The package's decoder graph carries key/value caches "
-                "only (past_key_values.{i}.key/value), so a step could not be fed these.",
+                f"({type(cache).__name__}) holds layers the package cannot carry: "
+                f"{'; '.join(states)}. The package carries per layer keys and values "
+                "(past_key_values.{i}.key/value) and one convolution and one state-space "
+                "state (past.{i}.conv / past.{i}.recurrent), fed one token per step.",
                 suggestion="Export the model without its cache (--task text-generation: "
                 "every step recomputes the whole sequence), or serve it with PyTorch.",
                 details={"cache": type(cache).__name__, "layers": states})
-        if cache is not None and flat_cache(cache):
+        if cache is not None and cache_spec(cache):
             return None
-    except Exception:  # noqa: BLE001 - the graph's export says why it fails
+    except Exception as e:  # noqa: BLE001 - the model's own forward with its cache raised
         logger.debug("generation: the cache probe failed", exc_info=True)
-        return None
+        return error(
+            "OM830", "preflight", f"{type(model).__name__} raised in PyTorch itself when "
+            "called as generate() first calls it (a prompt of 2 tokens, attention_mask, "
+            f"use_cache=True, its own cache created by the model): {type(e).__name__}: "
+            f"{str(e)[:400]}. No package can be verified against a model that cannot keep a "
+            "cache.", suggestion="Check the checkpoint's config (e.g. a hybrid model whose "
+            "layer pattern leaves no attention layer: transformers' cache then cannot say "
+            "its length); model.generate() on a short prompt raises the same error.",
+            details={"exception": f"{type(e).__name__}: {e}"})
     hint = (" (its config has is_decoder=False: an encoder's causal-LM class so configured "
             "attends both ways and keeps no cache)"
             if getattr(model.config, "is_decoder", None) is False else "")
@@ -167,31 +298,51 @@ def _cache_problem(model: Any) -> Any:
                          "back at each step")
 
 
-def example_inputs(model: torch.nn.Module, vocab: int | None = None
-                   ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """The graph's example inputs (a real past of EXAMPLE_PAST tokens) and dynamic shapes."""
+def example_step(model: torch.nn.Module, vocab: int | None = None
+                 ) -> tuple[tuple[Any, ...], tuple[Any, ...], CacheSpec]:
+    """The graph's example inputs, dynamic shapes and cache spec (:func:`cache_spec`): new
+    tokens after a real past of EXAMPLE_PAST tokens (the model's own cache of them). A cache
+    with states takes one new token (the state-space models' code takes a previous state
+    only one token at a time: the graph's sequence length is 1), a key/value cache
+    EXAMPLE_NEW (any number)."""
     from torch.export import Dim
 
     vocab = vocab or int(model.config.vocab_size)
     g = torch.Generator().manual_seed(0)
-    total = EXAMPLE_PAST + EXAMPLE_NEW
-    ids = torch.randint(min(4, vocab - 1), vocab, (EXAMPLE_BATCH, total), generator=g)
-    mask = torch.ones(EXAMPLE_BATCH, total, dtype=torch.int64)
     with torch.no_grad():
-        out = model(input_ids=ids[:, :EXAMPLE_PAST], attention_mask=mask[:, :EXAMPLE_PAST],
-                    use_cache=True)
-    past = [t.detach().clone() for t in flat_cache(out.past_key_values)]
-    pos = torch.arange(EXAMPLE_PAST, total).expand(EXAMPLE_BATCH, EXAMPLE_NEW).contiguous()
+        probe = torch.randint(min(4, vocab - 1), vocab, (EXAMPLE_BATCH, EXAMPLE_PAST),
+                              generator=g)
+        out = model(input_ids=probe, attention_mask=torch.ones_like(probe), use_cache=True)
+    cache = own_cache(out)
+    spec = cache_spec(cache)
+    states = has_states(spec)
+    new = 1 if states else EXAMPLE_NEW
+    total = EXAMPLE_PAST + new
+    ids = torch.cat([probe, torch.randint(min(4, vocab - 1), vocab, (EXAMPLE_BATCH, new),
+                                          generator=g)], 1)
+    mask = torch.ones(EXAMPLE_BATCH, total, dtype=torch.int64)
+    past = [t.detach().clone() for t in flat_cache(cache, spec if states else None)]
+    pos = torch.arange(EXAMPLE_PAST, total).expand(EXAMPLE_BATCH, new).contiguous()
     b, s = Dim("batch_size"), Dim("sequence_length")
     p = Dim("past_sequence_length")
     args = (ids[:, EXAMPLE_PAST:].contiguous(), mask, pos, past)
-    shapes = ({0: b, 1: s}, {0: b, 1: Dim.AUTO}, {0: b, 1: s}, [{0: b, 2: p} for _ in past])
-    return args, shapes
+    tokens = {0: b} if states else {0: b, 1: s}
+    shapes = (tokens, {0: b, 1: Dim.AUTO}, tokens,
+              [{0: b} if kind in STATES else {0: b, 2: p} for _, kind in spec])
+    return args, shapes, spec
 
 
-def io_names(n_cache: int) -> tuple[list[str], list[str]]:
-    """GenAI's and optimum's names: the cache inputs and the outputs, in the graph's order."""
-    past = cache_names((n_cache + 1) // 2)[:n_cache]
+def example_inputs(model: torch.nn.Module, vocab: int | None = None
+                   ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The graph's example inputs and dynamic shapes (:func:`example_step`)."""
+    return example_step(model, vocab)[:2]
+
+
+def io_names(n_cache: int, spec: CacheSpec | None = None) -> tuple[list[str], list[str]]:
+    """GenAI's and optimum's names: the cache inputs and the outputs, in the graph's order
+    (with ``spec``, its entries' names: a state's ``past.{i}.conv``)."""
+    past = ([cache_name(i, kind) for i, kind in spec] if has_states(spec) else
+            cache_names((n_cache + 1) // 2)[:n_cache])
     present = [LOGITS] + [present_of(n) for n in past]
     return past, present
 
@@ -216,13 +367,14 @@ def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str],
                 d.dim_param = total
 
 
-def rename_io(proto: onnx.ModelProto, positions: bool) -> dict[str, str]:
-    """Rename the graph's inputs and outputs (and their uses) to GenAI's names; returns
-    {new name: old name}."""
+def rename_io(proto: onnx.ModelProto, positions: bool, spec: CacheSpec | None = None
+              ) -> dict[str, str]:
+    """Rename the graph's inputs and outputs (and their uses) to GenAI's names (``spec``: the
+    cache's entries, :func:`io_names`); returns {new name: old name}."""
     g = proto.graph
     fixed = ["input_ids", "attention_mask"] + (["position_ids"] if positions else [])
     n_cache = len(g.output) - 1
-    past, present = io_names(n_cache)
+    past, present = io_names(n_cache, spec)
     mapping: dict[str, str] = {}
     inputs = [i.name for i in g.input]
     for old, new in zip(inputs[len(inputs) - n_cache:], past):
@@ -245,13 +397,14 @@ def save_graph(proto: onnx.ModelProto, folder: Path, name: str = GRAPH) -> Path:
     return path
 
 
-def package_graph(raw: Path, folder: Path, positions: bool) -> dict[str, str]:
+def package_graph(raw: Path, folder: Path, positions: bool, spec: CacheSpec | None = None
+                  ) -> dict[str, str]:
     """The verified graph at ``raw`` as ``folder/model.onnx`` with GenAI's names (rename_io;
     returns its {new name: old name}). Weights the export wrote as external data are moved,
     not read and written again (2 GiB at 0.5 B): only the graph is rewritten, its initializers
     pointing at ``model.onnx.data``."""
     proto = onnx.load(str(raw), load_external_data=False)
-    names = rename_io(proto, positions)
+    names = rename_io(proto, positions, spec)
     located = [e for t in proto.graph.initializer for e in t.external_data
                if e.key == "location"]
     files = {e.value for e in located}
@@ -276,17 +429,21 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
 
     positions = takes_position_ids(model)
     with result.stage("capture", conclude=False) as st:
-        args, shapes = example_inputs(model)
+        args, shapes, spec = example_step(model)
         if not positions:
             args, shapes = args[:2] + (None,) + args[3:], shapes[:2] + (None,) + shapes[3:]
         raw = tmp / "graph" / "decoder.onnx"
         raw.parent.mkdir()
-        sub = export(GenerationDecoder(model, positions).eval(), args, raw,
-                     dynamic_shapes=shapes, opset=opset, timeout=timeout,
-                     model_spec=type(model).__name__)
+        with warnings.catch_warnings():
+            # a model without position_ids (Mamba) has a None among the example inputs, and
+            # torch.onnx says its dynamic axes are not renamed: rename_io names them
+            warnings.filterwarnings("ignore", message=".*different number of inputs than")
+            sub = export(GenerationDecoder(model, positions, spec).eval(), args, raw,
+                         dynamic_shapes=shapes, opset=opset, timeout=timeout,
+                         model_spec=type(model).__name__)
     if sub.onnx_model is not None:  # a failure is reported in the package's names too
         outputs = [o.name for o in sub.onnx_model.graph.output]
-        package_names(sub, dict(zip(outputs, io_names(len(outputs) - 1)[1])))
+        package_names(sub, dict(zip(outputs, io_names(len(outputs) - 1, spec)[1])))
     sub.findings[:] = [_our_inputs(f, model) for f in sub.findings]
     merge_graph(result, sub, MASK_RULE)
     # the graph's stages' seconds; "capture" was the whole block (the example cache, the
@@ -301,12 +458,14 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
                       "`onnxmedic.export` on GenerationDecoder(model) reproduces it."))
         return None
     with result.timed("package graph"):
-        package_graph(raw, tmp, positions)
+        package_graph(raw, tmp, positions, spec)
         shutil.rmtree(raw.parent)
-    past = args[3]
-    return Layout(GRAPH, len(past) // 2, int(past[0].shape[1]), int(past[0].shape[3]),
+    kv = [t for t, (_, kind) in zip(args[3], spec) if kind in KINDS]
+    first = kv[0] if kv else torch.zeros(1, 0, 0, 0)
+    layers = len({i for i, _ in spec})
+    return Layout(GRAPH, layers, int(first.shape[1]), int(first.shape[3]),
                   position_ids=positions, programs={"decoder": sub.program},
-                  genai_problem=genai_problem(past))
+                  genai_problem=STATES_NOT_GENAI if has_states(spec) else genai_problem(kv))
 
 
 def merge_graph(result: ExportResult, sub: ExportResult, rule: str, which: str = "") -> None:
@@ -418,7 +577,7 @@ def export_package(result: ExportResult, req: Request,
         result.fail("write", no_folder(req.out))
         return
     with building(req) as tmp:
-        problem = _cache_problem(req.model)
+        problem = cache_problem(req.model)
         if problem is not None:
             result.fail("preflight", problem)
             return
@@ -455,11 +614,16 @@ def _build_and_check(result: ExportResult, req: Request, tmp: Path,
     result.program = layout.programs["decoder"]
     genai = layout.genai_problem is None
     if not genai:
+        states = layout.genai_problem == STATES_NOT_GENAI
         result.findings.append(warning(
-            "OM820", "write", f"no genai_config.json: {layout.genai_problem}. The package "
-            "serves ONNX Runtime (onnxmedic's generation loop verifies it) but not "
-            "onnxruntime-genai.", suggestion="Use the graph with your own generation loop "
-            "(past_key_values.{i}.key/value in, present.{i}.key/value out)."))
+            "OM829" if states else "OM820", "write", f"no genai_config.json: "
+            f"{layout.genai_problem}. The package serves ONNX Runtime (onnxmedic's generation "
+            "loop verifies it) but not onnxruntime-genai.",
+            suggestion="Use the graph with your own generation loop ("
+            + ("one token per step, the prompt too; past.{i}.conv / .recurrent in (zeros at "
+               "the first token), present.{i}.conv / .recurrent out; "
+               if states else "") + "past_key_values.{i}.key/value in, "
+            "present.{i}.key/value out)."))
     with result.stage("write", conclude=False):
         files = write_side_files(model, req.tokenizer, tmp, layout if genai else None)
     verified = True

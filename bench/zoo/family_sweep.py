@@ -1,0 +1,226 @@
+"""Every causal LM and encoder-decoder architecture transformers ships, built from a tiny config,
+through ``onnxmedic export hf:FOLDER`` (the default task and backend): verified, refused with a
+finding code, or an internal error (OM009, which must appear nowhere).
+
+Families come from transformers' own task mappings (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` and
+``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES``). A family's config is bench/zoo/generation.py's
+where it has one, else the config class's defaults with every size key it has shrunk (SHRINK);
+a family whose tiny model cannot be built (a multimodal config, a required sub-config, more
+than MAX_PARAMS parameters) is listed as "no tiny config" with the error. Each export runs in a
+process of its own with a timeout, one at a time.
+
+    python bench/zoo/family_sweep.py [--families lfm2,mamba] [--limit N] [--timeout 300]
+
+Rows go to build/family_sweep/results.jsonl as they finish (a later row for the same family
+replaces the earlier one); the table to bench/results/family_sweep.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
+
+OUT = ROOT / "build" / "family_sweep"
+TABLE = ROOT / "bench" / "results" / "family_sweep.md"
+MAX_PARAMS = 20_000_000
+# size keys of transformers' configs, shrunk where a config has them
+SHRINK: dict[str, Any] = {
+    "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 128,
+    "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 128, "n_inner": 128,
+    "d_model": 64, "d_ff": 128, "d_kv": 16, "num_layers": 2, "num_heads": 4,
+    "num_decoder_layers": 2, "encoder_layers": 2, "decoder_layers": 2,
+    "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128, "ffn_dim": 128, "head_dim": 16, "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64, "num_experts": 4, "num_local_experts": 4,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "ffn_hidden_size": 128,
+    "n_layers": 2, "n_heads": 4, "max_seq_len": 128, "num_layers_per_block": None,
+}
+
+# configs whose size keys must agree with each other (SHRINK alone breaks them)
+CONFIGS: dict[str, dict[str, Any]] = {
+    "mamba2": dict(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, expand=2,
+                   n_groups=1, state_size=16, conv_kernel=4, chunk_size=16),
+    "dbrx": dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=128,
+                 attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+                 ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2)),
+    # hybrids: an attention layer among the two (their default patterns start at layer 4)
+    "jamba": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, attn_layer_offset=1,
+                  attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2,
+                  num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4,
+                  mamba_expand=2),
+    "bamba": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, attn_layer_indices=[1],
+                  mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
+                  mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16),
+    "falcon_mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
+                         conv_kernel=4),
+}
+
+
+def families() -> list[tuple[str, str]]:
+    """(model_type, "causal" or "seq2seq") of every architecture transformers maps to the two
+    generation tasks, sorted."""
+    from transformers.models.auto import modeling_auto as ma
+
+    seq2seq = set(ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+    causal = set(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - seq2seq
+    return sorted([(m, "causal") for m in causal] + [(m, "seq2seq") for m in seq2seq])
+
+
+def tiny_model(model_type: str, kind: str) -> Any:
+    """The family's tiny model (random weights, seeded); raises why it cannot be built."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from bench.zoo.generation import FAMILIES, VOCAB
+
+    torch.manual_seed(0)
+    if model_type in FAMILIES:
+        cfg = AutoConfig.for_model(*[FAMILIES[model_type][0]], **FAMILIES[model_type][1])
+    elif model_type in CONFIGS:
+        cfg = AutoConfig.for_model(model_type, **CONFIGS[model_type], vocab_size=VOCAB,
+                                   bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    else:
+        base = AutoConfig.for_model(model_type)
+        keys = {k: v for k, v in SHRINK.items() if v is not None and hasattr(base, k)}
+        keys.update(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        if "layer_types" in base.to_dict() and isinstance(base.layer_types, list):
+            n = keys.get("num_hidden_layers", len(base.layer_types))
+            kinds = list(dict.fromkeys(base.layer_types))  # one of each kind first
+            keys["layer_types"] = (kinds + list(base.layer_types))[:max(n, len(kinds))]
+            keys["num_hidden_layers"] = len(keys["layer_types"])
+        cfg = AutoConfig.for_model(model_type, **keys)
+    auto = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForCausalLM
+    with torch.device("meta"):  # counted before any memory is taken (a multimodal default
+        n = sum(p.numel() for p in auto.from_config(cfg).parameters())  # is billions)
+    if n > MAX_PARAMS:
+        raise ValueError(f"{n / 1e6:.0f} M parameters after shrinking (> {MAX_PARAMS / 1e6:.0f} M)")
+    torch.manual_seed(0)
+    return auto.from_config(cfg).eval()
+
+
+def _export(folder: Path, out: Path, timeout: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "onnxmedic.cli", "export", f"hf:{folder}", "-o", str(out),
+           "--json"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"outcome": "timeout", "codes": [], "seconds": round(timeout)}
+    seconds = round(time.perf_counter() - t0, 1)
+    try:
+        res = json.loads(p.stdout)
+    except ValueError:
+        return {"outcome": "no JSON", "codes": [], "exit": p.returncode, "seconds": seconds,
+                "stderr": p.stderr[-400:]}
+    errors = [f["code"] for f in res.get("findings", []) if f.get("severity") == "error"]
+    outcome = ("verified" if p.returncode == 0 else "internal error"
+               if p.returncode == 3 or "OM009" in errors else "refused")
+    return {"outcome": outcome, "codes": errors, "exit": p.returncode, "seconds": seconds,
+            "first": next(
+                (f["message"][:160] for f in res.get("findings", [])
+                 if f.get("severity") == "error"), "")}
+
+
+def run(model_type: str, kind: str, timeout: float) -> dict[str, Any]:
+    """One family's row: built and saved (bench/zoo/generation.py's tokenizer), exported."""
+    import shutil
+
+    from bench.zoo.generation import save_checkpoint
+
+    row: dict[str, Any] = {"family": model_type, "kind": kind}
+    try:
+        folder = save_checkpoint(model_type, OUT / "ckpt",
+                                 lambda name: tiny_model(name, kind))
+    except Exception as e:  # noqa: BLE001 - the row says why no tiny model
+        shutil.rmtree(OUT / "ckpt" / model_type, ignore_errors=True)
+        return {**row, "outcome": "no tiny config", "codes": [],
+                "first": f"{type(e).__name__}: {e}"[:160]}
+    out = OUT / "pkg" / model_type
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    row.update(_export(folder, out, timeout))
+    shutil.rmtree(out, ignore_errors=True)
+    return row
+
+
+def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
+    """The markdown table of ``rows``."""
+    lines = [
+        "# Family sweep: every causal LM and encoder-decoder transformers ships, tiny",
+        "",
+        f"- command: `{command}`",
+        f"- date: {datetime.date.today().isoformat()}",
+        f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}, {platform.system()}",
+        "- totals: " + ", ".join(f"{k} {v}" for k, v in sorted(_counts(rows).items())),
+        f"- not run: {', '.join(left) if left else 'none'}",
+        "",
+        "| family | kind | outcome | error codes | s | first error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: r["family"]):
+        first = r.get("first", "").replace("|", "/").replace("\n", " ")
+        lines.append(f"| {r['family']} | {r['kind']} | {r['outcome']} | "
+                     f"{' '.join(r.get('codes', []))} | {r.get('seconds', '')} | {first} |")
+    return "\n".join(lines) + "\n"
+
+
+def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["outcome"]] = out.get(r["outcome"], 0) + 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", help="comma-separated model types (default: all)")
+    ap.add_argument("--limit", type=int, help="at most this many families this run")
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--budget", type=float, help="start no family after this many seconds")
+    ns = ap.parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    results = OUT / "results.jsonl"
+    done: dict[str, dict[str, Any]] = {}
+    if results.exists():
+        for line in results.read_text().splitlines():
+            r = json.loads(line)
+            done[r["family"]] = r
+    todo = [f for f in families() if f[0] not in done]  # a later run goes on
+    if ns.families:
+        wanted = set(ns.families.split(","))
+        todo = [f for f in families() if f[0] in wanted]
+    ran, t0 = 0, time.perf_counter()
+    for model_type, kind in todo:
+        if ns.limit is not None and ran >= ns.limit:
+            break
+        if ns.budget is not None and time.perf_counter() - t0 > ns.budget:
+            break
+        row = run(model_type, kind, ns.timeout)
+        ran += 1
+        done[model_type] = row
+        print(json.dumps(row), flush=True)
+        results.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
+    left = [m for m, _ in families() if m not in done]
+    command = "python bench/zoo/family_sweep.py " + " ".join(argv or sys.argv[1:])
+    TABLE.write_text(table(list(done.values()), command.strip(), left))
+
+
+if __name__ == "__main__":
+    main()
