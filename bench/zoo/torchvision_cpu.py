@@ -144,6 +144,12 @@ def _bin_positions(start: torch.Tensor, bin_size: torch.Tensor, bins: int, grid:
     return (start + b * bin_size + (g + 0.5) * bin_size / grid).reshape(-1)
 
 
+def _read_span(weights: torch.Tensor) -> slice:
+    """The columns of ``weights`` [P, size] between its first and last non-zero one."""
+    used = weights.ne(0).any(0).nonzero()
+    return slice(int(used[0]), int(used[-1]) + 1) if used.numel() else slice(0, 1)
+
+
 def _align_one(image: torch.Tensor, box: torch.Tensor, ph: int, pw: int, sampling_ratio: int,
                clamp_size: bool) -> torch.Tensor:
     """Average-pooled bilinear samples of one RoI (already scaled and shifted): [C, ph, pw]."""
@@ -159,7 +165,9 @@ def _align_one(image: torch.Tensor, box: torch.Tensor, ph: int, pw: int, samplin
         return image.new_zeros(c, ph, pw)
     wy = _axis_weights(_bin_positions(y1, bh, ph, gh), h)  # [ph*gh, H]
     wx = _axis_weights(_bin_positions(x1, bw, pw, gw), w)  # [pw*gw, W]
-    samples = torch.einsum("ph,chw,qw->cpq", wy, image, wx)
+    # only the rows and columns the samples read (a small RoI on a large level reads few)
+    ys, xs = _read_span(wy), _read_span(wx)
+    samples = torch.einsum("ph,chw,qw->cpq", wy[:, ys], image[:, ys, xs], wx[:, xs])
     return samples.reshape(c, ph, gh, pw, gw).sum((2, 4)) / max(gh * gw, 1)
 
 

@@ -127,6 +127,12 @@ def calibrated(m: nn.Module, size: int, seed: int = 5) -> nn.Module:
         for name, p in m.named_parameters():
             if "head" in name or "predictor" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return _measure_batchnorm(m, size, g)
+
+
+def _measure_batchnorm(m: nn.Module, size: int, g: torch.Generator) -> nn.Module:
+    """``m`` in eval mode, its BatchNorm statistics measured on a few random images."""
+    with torch.no_grad():
         bns = [b for b in m.modules() if isinstance(b, nn.BatchNorm2d)]
         for b in bns:
             b.reset_running_stats()
@@ -140,6 +146,56 @@ def calibrated(m: nn.Module, size: int, seed: int = 5) -> nn.Module:
     return m.eval()
 
 
+def confident(m: nn.Module, size: int, seed: int = 5) -> nn.Module:
+    """A detector with random weights that fires like a trained one: many detections with
+    distinct, spread-out scores, its boxes near its anchors or proposals (so that a moved box,
+    a dropped box and a wrong label can be told apart). BatchNorm statistics measured as in
+    ``calibrated``; then each layer of the heads and predictors, in the order one forward pass
+    on a random image meets it, scaled so that its output has unit spread (its classifiers:
+    logits of standard deviation 1, neither saturated nor tied), the box regressors 0.1
+    (small offsets)."""
+    g = torch.Generator().manual_seed(seed)
+    layers = {name: mod for name, mod in m.named_modules()
+              if isinstance(mod, nn.Conv2d | nn.Linear)
+              and ("head" in name or "predictor" in name)}
+    with torch.no_grad():
+        for mod in layers.values():
+            mod.weight.copy_(torch.randn(mod.weight.shape, generator=g))
+            if mod.bias is not None:
+                mod.bias.zero_()
+    m = _measure_batchnorm(m, size, g)
+    done: set[str] = set()
+
+    def scale(name: str, target: float):
+        def hook(mod: nn.Module, args, out: torch.Tensor) -> torch.Tensor:
+            if name in done:  # a head shared by the pyramid's levels: scaled at its first
+                return out
+            done.add(name)
+            factor = target / out.float().std().clamp(min=1e-12)
+            mod.weight.mul_(factor)
+            return out * factor
+        return hook
+
+    with torch.no_grad():
+        last_reg = {_last_of(layers, n) for n in layers if "regression_head.module_list" in n}
+        hooks = [mod.register_forward_hook(scale(n, 0.1 if n in last_reg or n.split(".")[-1]
+                                                 in ("bbox_pred", "bbox_reg") else 1.0))
+                 for n, mod in layers.items()]
+        try:
+            m([torch.rand(3, size, size, generator=g)])
+        finally:
+            for h in hooks:
+                h.remove()
+    return m.eval()
+
+
+def _last_of(layers: dict[str, nn.Module], name: str) -> str:
+    """The last layer of ``layers`` under the same SSD head branch (``...module_list.i``)."""
+    before, after = name.split("module_list.")
+    head = before + "module_list." + after.split(".")[0]
+    return [n for n in layers if n.startswith(head + ".") or n == head][-1]
+
+
 def _segmentation(name: str, size: int = 256) -> Callable[[], ZooCase]:
     def make() -> ZooCase:
         torch.manual_seed(0)
@@ -149,13 +205,22 @@ def _segmentation(name: str, size: int = 256) -> Callable[[], ZooCase]:
     return make
 
 
-def _detection(name: str, size: int, **kw) -> Callable[[], ZooCase]:
+def _detection(name: str, size: int, init: Callable[[nn.Module, int], nn.Module] = calibrated,
+               **kw) -> Callable[[], ZooCase]:
     def make() -> ZooCase:
         torch.manual_seed(0)
-        m = calibrated(_tv(name, weights_backbone=None, num_classes=11, **kw)(), size)
+        m = init(_tv(name, weights_backbone=None, num_classes=11, **kw)(), size)
         return ZooCase(FirstImage(m).eval(), (_image(size, batch=1),), {}, None,
                        note="torchvision detection: one image, data-dependent detections")
     return make
+
+
+def confident_detection(name: str) -> ZooCase:
+    """torchvision's detector ``name`` (e.g. "retinanet_resnet50_fpn", or "ssd300_vgg16",
+    which is no zoo entry for its 136 M parameters) as the zoo builds it (one image of 320x320,
+    300x300 for SSD300; 11 classes), with ``confident`` weights."""
+    kw = dict(min_size=320, max_size=320) if name.endswith("resnet50_fpn") else {}
+    return _detection(name, 300 if name == "ssd300_vgg16" else 320, confident, **kw)()
 
 
 def _yolo(size: int = 320) -> ZooCase:

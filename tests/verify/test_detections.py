@@ -41,6 +41,20 @@ def test_float32_rounding_is_within_budget() -> None:
     assert 0 < res.max_box_error < 1e-3
 
 
+def test_flat_boxes_one_rounding_apart_agree_and_a_moved_one_does_not() -> None:
+    """FCOS R50 at real size (weights that fire): boxes clipped flat at the image's edge, e.g.
+    [304, 269, 304, 272], one float32 rounding apart in ONNX Runtime had no IoU (0/0) and were
+    reported dropped (OM613) and extra (OM614)."""
+    b, s, lab = _dets()
+    b[:3, 2] = b[:3, 0]  # zero width
+    act = b.copy()
+    act[:3, 1] = np.nextafter(act[:3, 1], np.float32(1e9))
+    res = compare_detections((b, s, lab), (act, s, lab))
+    assert res.ok and res.matched == len(b), [f.message for f in res.findings]
+    act[0] += 2.0
+    assert not compare_detections((b, s, lab), (act, s, lab)).ok
+
+
 def test_empty_sets_agree_and_empty_vs_some_does_not() -> None:
     empty = (np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64))
     assert compare_detections(empty, empty).ok

@@ -111,8 +111,8 @@ REAL = ["tv/ssdlite320_mobilenet_v3_large", "tv/fasterrcnn_mobilenet_v3_large_32
 @pytest.mark.parametrize("layout", ["sorted", "insertion", "hand"])
 @pytest.mark.parametrize("name", REAL)
 def test_real_size_detector_in_any_layout(tmp_path, name: str, layout: str) -> None:
+    """With weights that fire (many detections, distinct scores: the zoo's ``confident``), so
+    that each fault is tellable; bench/peers/detection_layouts.py runs one of these alone."""
     vision = import_source(str(ROOT / "bench" / "zoo" / "vision.py"))
-    # SSD300 VGG16 is not a zoo entry (its 136 M parameters): built the zoo's way here
-    make = vision.ZOO.get(name) or vision._detection(name.split("/")[1], 300)
-    case = make()
+    case = vision.confident_detection(name.split("/")[1])
     check_layout(tmp_path, case.model.detector, case.args[0], layout)
