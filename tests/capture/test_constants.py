@@ -84,6 +84,7 @@ def test_only_non_persistent_integer_scalars_are_fixed_and_restored_after_an_err
     assert type(model) is cls and model.stride is model._buffers["stride"]
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: a whole audio codec; the constant rules have their own small models here
 def test_tiny_encodec_exports_with_dynamic_batch(tmp_path):
     transformers = pytest.importorskip("transformers")
 

@@ -25,7 +25,8 @@ class BiRNN(torch.nn.Module):
         return self.head(self.rnn(x)[0])
 
 
-@pytest.mark.parametrize("cell", [torch.nn.LSTM, torch.nn.GRU])
+@pytest.mark.parametrize("cell", [torch.nn.LSTM,  # GRU with -m slow: the same rule (20-minute budget)
+                                  pytest.param(torch.nn.GRU, marks=pytest.mark.slow)])
 def test_rnn_time_dim_declared_dynamic_stays_dynamic(tmp_path, cell):
     torch.manual_seed(0)
     model = BiRNN(cell).eval()

@@ -427,6 +427,7 @@ def test_nodes_that_amplify_float16_error_stay_float32(tmp_path: Path) -> None:
     assert f.code == "OM724" and sub in f.message and "amplifies" in f.message
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: the amplifier rule itself is checked by test_nodes_that_amplify_float16_error_stay_float32
 def test_an_amplifier_search_that_misses_the_budget_is_rejected(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The search only proposes block lists; each is verified. A ranking that names the wrong

@@ -129,6 +129,7 @@ def test_a_wrong_scale_is_rejected(clean, task, tmp_path):
     assert "perplexity" in j["rejected"] and j["perplexity_ratio"] > 1.05, j
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: the int4 search's written candidate is also checked by tests/hf/test_backends.py
 def test_the_fastest_candidate_within_the_budget_is_written_om732(decoder, task, tmp_path):
     step, path = decoder
     out = tmp_path / "q.onnx"

@@ -124,6 +124,7 @@ def test_the_search_keeps_the_layer_the_whole_model_needs(
     assert search["curve"][0][1] < 0.999 <= search["curve"][-1][1]
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: the search's ranking is checked by the other tests of this file
 def test_without_the_switch_search_each_layers_own_error_ranks(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the switch search fails (here: a step that raises), the layers' own errors rank

@@ -37,6 +37,7 @@ def _cosine(src: Path, pipe: Pipeline, feeds: list, expected: list, dst: Path) -
     return min(m["cosine"] for m in acc.values())
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: weight-only int8 is verified, and a fault caught, by test_corrupted_quantized_block_is_rejected
 def test_weight_only_verifies_where_per_tensor_dynamic_fails(tmp_path: Path) -> None:
     model, x, src = sink_model(tmp_path)
     feeds, expected, _, _ = reference_sets(src, model, onnxmedic.inputs.Inputs((x,)))

@@ -26,6 +26,7 @@ from tests.optimize.fixture_models import (
 FAST = {"repeats": 3, "rounds": 1}
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: the transformers optimizer pass is checked by tests/optimize/passes/test_transformers_optimizer.py
 def test_optimize_tries_ort_transformers_for_a_transformers_model(tmp_path: Path) -> None:
     model = FeedForward("roberta").eval()
     x = torch.randn(2, 16, 32)
@@ -212,6 +213,7 @@ def test_a_variant_that_crashes_onnx_runtime_spares_the_others(
     assert res.sandbox["children"] == 3 + timed
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: float16 candidates are checked by tests/optimize/test_fp16.py
 def test_a_float16_candidate_starts_from_the_float32_candidate_of_its_passes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ort-fusions-fp16 converts the ort-fusions candidate's file (named): the fusions run
@@ -318,6 +320,7 @@ class Shift(torch.nn.Module):
         return torch.relu(x) + 1.0
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: test_no_pass_changes_the_model_writes_plain_and_says_so checks the same rule
 def test_export_optimize_on_a_model_no_pass_changes_keeps_plain(tmp_path: Path) -> None:
     out = tmp_path / "m.onnx"
     res = onnxmedic.export(Shift(), (torch.randn(8),), out, optimize=True)
@@ -466,6 +469,7 @@ def test_run_settings_are_written_in_place_and_beside_external_weights(tmp_path:
     assert not list((tmp_path / "a").glob("*.tmp"))
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: a CUDA path; the run settings are checked by the CPU tests of this file
 def test_bench_times_a_cuda_graph_when_the_files_run_settings_say_so(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -143,6 +143,7 @@ def test_cuda_target_without_a_gpu_keeps_plain_and_says_why(tmp_path: Path) -> N
     assert not target_findings(timed)
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: a CUDA path; the CPU fallback is checked by test_cuda_target_without_a_gpu_keeps_plain_and_says_why
 def test_cuda_target_times_with_iobinding_where_its_provider_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The path a GPU takes, on the CPU provider: verified with the target's providers, timed
@@ -388,7 +389,8 @@ def test_cuda_graph_twin_faster_every_round_becomes_the_run_setting(
     assert "plain+cuda-graph" in text
 
 
-@pytest.mark.parametrize("why", ["slower", "lost a round", "wrong replay", "crash", "off"])
+@pytest.mark.parametrize("why", ["slower", "lost a round", "wrong replay", "crash",
+                                 pytest.param("off", marks=pytest.mark.slow)])  # 20-minute budget
 def test_cuda_graph_twin_is_rejected_with_its_reason(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str) -> None:
     """A twin within noise, one that lost a round, one whose replays compute something else, one

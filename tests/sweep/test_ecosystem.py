@@ -41,6 +41,7 @@ def test_zoo_has_sixty_models_from_fifteen_libraries() -> None:
     assert set(zoo.ALL) == set(zoo.ZOO) | {f"{n}@Dim" for n in zoo.ZOO}
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: the ecosystem zoo runs in make test-slow
 def test_fast_subset_exports_and_verifies_at_every_size(tmp_path) -> None:
     for lib in ("kornia", "torch_geometric", "zuko"):
         pytest.importorskip(lib, reason="the ecosystem zoo's fast subset (pip install -e '.[test]')")

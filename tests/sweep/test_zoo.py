@@ -32,6 +32,7 @@ REAL_CASES = {"t5": None, "t5+cache": "OM120", "bart": None, "bart+cache": "OM12
               "whisper": None, "swin": None, "xlnet": "OM123"}
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: the zoo's cases run in make test-slow and bench/zoo
 def test_fast_subset_and_real_cases_export_and_verify(tmp_path):
     fast = import_source(ZOO).FAST
     names = list(dict.fromkeys([*fast, *REAL_CASES]))

@@ -47,6 +47,7 @@ def test_onnxslim_turns_matmul_and_add_into_gemm(tmp_path: Path) -> None:
                for t in ("cpu", "cuda", "tensorrt"))
 
 
+@pytest.mark.slow  # the suite's 20-minute budget: onnxslim's pass is also run by the other tests of this file
 def test_onnxslim_shapes_are_left_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """onnxslim's symbolic inference declared julius' FFT filter bank's frequency-domain values
     (203 bins) and its time-domain blocks (405 samples) with one dim name, and ONNX Runtime's
