@@ -334,20 +334,25 @@ def test_a_qdq_model_exports_to_onnx_qdq_and_verifies(tmp_path) -> None:
         onnx.load(path).graph.output[0].name: pytest.approx(0.02)}
 
 
+def _output_scale_off(proto: onnx.ModelProto) -> None:
+    """The fault: the output DequantizeLinear gets a scale of its own, 10% off (the
+    QuantizeLinear before it shares the original one), so the integers stay right and the
+    values come out up to ~10 steps off."""
+    out_dq = next(n for n in proto.graph.node if n.output[0] == proto.graph.output[0].name)
+    scale = next(onnx.numpy_helper.to_array(t) for t in proto.graph.initializer
+                 if t.name == out_dq.input[1])
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(
+        (scale * 1.1).astype(np.float32), "bad_scale"))
+    out_dq.input[1] = "bad_scale"
+
+
 def _qdq_files(tmp_path) -> dict[str, Any]:
     """The Qdq model's file and two faults: its output scale 10% off (the integers are right,
     the values up to ~10 steps off) and one bias of the last layer three output steps off."""
     path = tmp_path / "q.onnx"
     assert onnxmedic.export(Qdq().eval(), (X,), path).ok
     proto = onnx.load(path)
-    out_dq = next(n for n in proto.graph.node if n.output[0] == proto.graph.output[0].name)
-    scale = next(onnx.numpy_helper.to_array(t) for t in proto.graph.initializer
-                 if t.name == out_dq.input[1])
-    # the output DequantizeLinear gets a scale of its own, 10% off (the QuantizeLinear before
-    # it shares the original one)
-    proto.graph.initializer.append(onnx.numpy_helper.from_array(
-        (scale * 1.1).astype(np.float32), "bad_scale"))
-    out_dq.input[1] = "bad_scale"
+    _output_scale_off(proto)
     onnx.save(proto, tmp_path / "bad_scale.onnx")
     wrong = onnx.load(path)
     b = next(t for t in wrong.graph.initializer if t.name == "fc2.bias")
@@ -519,12 +524,7 @@ def test_a_wrong_scale_on_avx2_fails_with_the_setting_too(tmp_path, monkeypatch)
     assert result.ok
     bad = onnx.load(path)
     del bad.metadata_props[:]
-    out_dq = next(n for n in bad.graph.node if n.output[0] == bad.graph.output[0].name)
-    scale = next(onnx.numpy_helper.to_array(t) for t in bad.graph.initializer
-                 if t.name == out_dq.input[1])
-    bad.graph.initializer.append(onnx.numpy_helper.from_array(
-        (scale * 1.1).astype(np.float32), "bad_scale"))
-    out_dq.input[1] = "bad_scale"
+    _output_scale_off(bad)
     onnx.save(bad, tmp_path / "bad_scale.onnx")
     r = onnxmedic.verify(tmp_path / "bad_scale.onnx", model, (X,))
     codes = [f.code for f in r.findings]
