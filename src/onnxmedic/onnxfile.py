@@ -490,7 +490,11 @@ def not_written_finding(f: Any) -> Finding:
 def replace_folder(tmp: Path, out: Path) -> None:
     """Put the folder ``tmp`` in place as ``out``: an existing ``out`` is moved aside first and
     removed after, so ``out`` is never half-written (generation packages, fused and int4
-    packages)."""
+    packages). ``out`` gets a new folder's mode: ``tmp`` is mkdtemp's (0700), which would stay
+    with the package."""
+    mask = os.umask(0)
+    os.umask(mask)
+    tmp.chmod(0o777 & ~mask)
     old = None
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")

@@ -151,14 +151,17 @@ def test_a_package_pass_ensures_the_interface_is_kept(tmp_path):
 
 
 def test_a_staged_package_folder_has_a_new_folders_mode(tmp_path):
-    """The scratch folder a package is verified in becomes the package (renamed into place):
-    it has a new folder's mode, not mkdtemp's 0700."""
-    import os
-
+    """The scratch folder a package is verified in becomes the package (replace_folder, as
+    every package writer does, over an existing package too): it has a new folder's mode, not
+    mkdtemp's 0700."""
     from onnxmedic.hf.transforms.passes import staged
+    from onnxmedic.onnxfile import replace_folder
 
     (tmp_path / "new").mkdir()
+    (tmp_path / "out").mkdir()
     with staged(tmp_path / "out") as tmp:
-        assert tmp.parent == tmp_path and tmp.stat().st_mode == (tmp_path / "new").stat().st_mode
-        os.rename(tmp, tmp_path / "out")
-    assert (tmp_path / "out").is_dir()
+        assert tmp.parent == tmp_path and tmp.stat().st_mode & 0o777 == 0o700
+        (tmp / "model.onnx").write_bytes(b"")
+        replace_folder(tmp, tmp_path / "out")
+    assert (tmp_path / "out" / "model.onnx").is_file()
+    assert (tmp_path / "out").stat().st_mode == (tmp_path / "new").stat().st_mode

@@ -16,7 +16,6 @@ within the task budget).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -44,12 +43,9 @@ def copy_side_files(src: Path, dst: Path, graph: str) -> None:
 @contextmanager
 def staged(out: Path) -> Iterator[Path]:
     """A scratch folder beside ``out`` (same file system: renamed into place with
-    onnxfile.replace_folder once verified), removed on the way out. Its mode is a new
-    folder's (mkdtemp's 0700 would stay with the package once renamed)."""
+    onnxfile.replace_folder once verified, which gives it a new folder's mode), removed on the
+    way out."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    mask = os.umask(0)
-    os.umask(mask)
-    tmp.chmod(0o777 & ~mask)
     try:
         yield tmp
     finally:
