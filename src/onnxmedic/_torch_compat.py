@@ -75,10 +75,57 @@ def core_export(program: Any, args: Any, kwargs: Any, *, registry: Any, opset: i
     import torch
     from torch.onnx._internal.exporter import _core
 
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), cia_ops_materialized_once():
         warnings.simplefilter("ignore")
         return _core.export(program, args, kwargs, registry=registry, verbose=False,
                             optimize=optimize, opset_version=opset, report=False, verify=False)
+
+
+# the modules that call torch.export's collection of the CompositeImplicitAutograd ops (each
+# imported it by name): ExportedProgram.run_decompositions and its default decomposition table
+_CIA_COLLECTORS = ("torch._export.utils", "torch.export.exported_program",
+                   "torch.export.decomp_utils")
+
+
+@contextlib.contextmanager
+def cia_ops_materialized_once() -> Iterator[None]:
+    """Within the block, each collection of the CompositeImplicitAutograd ops that
+    ``run_decompositions`` does (twice per translation) asks the C++ dispatcher for them once.
+
+    torch's ``_collect_all_valid_cia_ops`` walks every ``torch.ops`` namespace (16 to 30 of
+    them) and, for each, re-materialises the whole dispatcher's CIA list into ``torch.ops``
+    (``_materialize_cpp_cia_ops``: the same list, for every namespace, nothing registered in
+    between), about a third of the time of a small model's translation. Here it is
+    materialised once at the start of each collection and the per-namespace walk is
+    torch's own: the same set of ops, and a registration made before a collection is seen by
+    it, as before. A no-op where a later torch has moved these."""
+    import importlib
+
+    try:
+        utils = importlib.import_module("torch._export.utils")
+    except ImportError:  # pragma: no cover - moved in a later torch
+        yield
+        return
+    materialize = getattr(utils, "_materialize_cpp_cia_ops", None)
+    if materialize is None:  # pragma: no cover - moved in a later torch
+        yield
+        return
+
+    def done(_original: Any) -> Any:
+        return lambda: None
+
+    def once(collect: Any) -> Any:
+        def collect_once() -> Any:
+            materialize()
+            with _replaced_on(utils, "_materialize_cpp_cia_ops", done):
+                return collect()
+
+        return collect_once
+
+    with contextlib.ExitStack() as stack:
+        for module in _CIA_COLLECTORS:
+            stack.enter_context(_replaced(module, "_collect_all_valid_cia_ops", once))
+        yield
 
 
 def is_fake(tensor: Any) -> bool:
@@ -245,7 +292,7 @@ def prepare_for_export(program: Any, registry: Any) -> Any:
     from torch.onnx._internal.exporter import _core
 
     forget_pending_unbacked(program)
-    with warnings.catch_warnings(), torch.no_grad():
+    with warnings.catch_warnings(), torch.no_grad(), cia_ops_materialized_once():
         warnings.simplefilter("ignore")
         return _core._prepare_exported_program_for_export(program, registry=registry)
 
