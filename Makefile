@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-slow test-isa test-vision test-vision-slow docs bench bench-overhead bench-zoo \
-	bench-eco bench-optimum-venv lint clean
+	bench-eco bench-optimum-venv lint clean durations
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,13 @@ test: $(STAMP) docs $(if $(filter 1,$(VISION)),$(VSTAMP))
 ifeq ($(VISION),1)
 	$(VPY) -m pytest -n auto --dist worksteal -m "not slow" tests/vision $(PYTEST_ARGS)
 endif
+
+# the suite as `make test` runs it, with each test's wall and CPU seconds logged to
+# build/durations.tsv (tests/durations.py) and the costliest tests and files listed: where a cut
+# of the suite's 20-minute budget is chosen. CPU seconds hold on a shared machine, wall seconds not
+durations: $(STAMP)
+	ONNXMEDIC_DURATIONS=build/durations.tsv $(PY) -m pytest -n auto --dist worksteal \
+		-m "not slow" -p tests.durations $(PYTEST_ARGS)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -n auto --dist worksteal -m slow $(PYTEST_ARGS)
