@@ -66,3 +66,36 @@ def test_an_op_registered_inside_the_block_is_collected_and_exported():
         assert res.ok, res.error
     finally:
         lib._destroy()
+
+
+class _Small(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # linear, layer_norm, gelu and addmm-like CIA ops that run_decompositions preserves or
+        # decomposes
+        h = torch.nn.functional.layer_norm(x, (4,)) @ x.T
+        return torch.nn.functional.gelu(h).softmax(-1).unflatten(0, (1, 3))
+
+
+def test_py_impl_decorators_kept_give_the_same_program_and_kernels():
+    from torch._ops import OperatorBase
+
+    from onnxmedic._torch_compat import decompositions_sped_up, py_impl_decorators_kept
+
+    ep = torch.export.export(_Small(), (torch.randn(3, 4),), strict=False)
+    op = torch.ops.aten.gelu.default
+    kernels = dict(op.py_kernels)
+    plain = ep.run_decompositions().graph_module.code
+    original = OperatorBase.py_impl
+    with decompositions_sped_up():
+        assert OperatorBase.py_impl is not original
+        fast = ep.run_decompositions().graph_module.code
+        again = ep.run_decompositions().graph_module.code  # decorators kept from the first
+    assert OperatorBase.py_impl is original
+    assert fast == plain and again == plain
+    assert dict(op.py_kernels) == kernels  # run_decompositions restored the op's kernels
+    key = torch._C.DispatchKey.AutogradCPU
+    with py_impl_decorators_kept():
+        first = op.py_impl(key)
+        assert op.py_impl(key) is first
+        assert torch.ops.aten.relu.default.py_impl(key) is not first
+    assert op.py_impl(key) is not first  # torch's own again: a new decorator per call

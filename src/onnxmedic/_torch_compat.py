@@ -75,7 +75,7 @@ def core_export(program: Any, args: Any, kwargs: Any, *, registry: Any, opset: i
     import torch
     from torch.onnx._internal.exporter import _core
 
-    with warnings.catch_warnings(), torch.no_grad(), cia_ops_materialized_once():
+    with warnings.catch_warnings(), torch.no_grad(), decompositions_sped_up():
         warnings.simplefilter("ignore")
         return _core.export(program, args, kwargs, registry=registry, verbose=False,
                             optimize=optimize, opset_version=opset, report=False, verify=False)
@@ -125,6 +125,51 @@ def cia_ops_materialized_once() -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for module in _CIA_COLLECTORS:
             stack.enter_context(_replaced(module, "_collect_all_valid_cia_ops", once))
+        yield
+
+
+# OperatorBase.py_impl(key)'s decorator, by (id(op), key): (op, decorator); the op is kept so
+# that its id is never another's
+_PY_IMPL_DECORATORS: dict[tuple[int, Any], tuple[Any, Any]] = {}
+
+
+@contextlib.contextmanager
+def py_impl_decorators_kept() -> Iterator[None]:
+    """Within the block, ``op.py_impl(key)`` returns the decorator it returned before for the
+    same op and key instead of defining it again.
+
+    ``run_decompositions`` overrides the kernels of every CompositeImplicitAutograd op it
+    preserves (about 500) for the length of its re-trace, twice per translation, with some
+    eleven ``py_impl(key)(kernel)`` each; ``py_impl`` defines its decorator anew on every call
+    and evaluates its ``Callable[_P, _T]`` annotations (typing's generic aliases): most of the
+    cost of those overrides. The decorator is a closure over the op and the key only (it reads
+    the op's kernel tables when it is applied), so the kept one registers exactly what a new
+    one would."""
+    from torch._ops import OperatorBase
+
+    def kept(py_impl: Any) -> Any:
+        def py_impl_kept(self: Any, k: Any) -> Any:
+            try:
+                key = (id(self), k)
+                hit = _PY_IMPL_DECORATORS.get(key)
+            except TypeError:  # an unhashable key: torch's own
+                return py_impl(self, k)
+            if hit is None or hit[0] is not self:
+                hit = _PY_IMPL_DECORATORS[key] = (self, py_impl(self, k))
+            return hit[1]
+
+        return py_impl_kept
+
+    with _replaced_on(OperatorBase, "py_impl", kept):
+        yield
+
+
+@contextlib.contextmanager
+def decompositions_sped_up() -> Iterator[None]:
+    """torch.export's ``run_decompositions`` (in torch.onnx's translation) without the work
+    it repeats for nothing: :func:`cia_ops_materialized_once` and
+    :func:`py_impl_decorators_kept`. The same program comes out."""
+    with cia_ops_materialized_once(), py_impl_decorators_kept():
         yield
 
 
@@ -292,7 +337,7 @@ def prepare_for_export(program: Any, registry: Any) -> Any:
     from torch.onnx._internal.exporter import _core
 
     forget_pending_unbacked(program)
-    with warnings.catch_warnings(), torch.no_grad(), cia_ops_materialized_once():
+    with warnings.catch_warnings(), torch.no_grad(), decompositions_sped_up():
         warnings.simplefilter("ignore")
         return _core._prepare_exported_program_for_export(program, registry=registry)
 
