@@ -1,7 +1,8 @@
-"""_torch_compat.cia_ops_materialized_once: torch.export's collection of the
-CompositeImplicitAutograd ops gives the same set with the dispatcher's list materialised once
-per collection (not once per ``torch.ops`` namespace), sees an op registered between two
-collections, and leaves torch's functions as they were after the block."""
+"""_torch_compat.decompositions_sped_up, the work torch.export's run_decompositions repeats for
+nothing, left out: its collection of the CompositeImplicitAutograd ops gives the same set with
+the dispatcher's list materialised once per collection (not once per ``torch.ops`` namespace)
+and sees an op registered between two collections; ``py_impl`` decorators kept per (op, key)
+give the same program and kernels; torch's functions are as they were after the block."""
 
 from __future__ import annotations
 
