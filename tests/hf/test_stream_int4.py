@@ -102,3 +102,39 @@ def test_the_command_refuses_a_folder_it_cannot_stream(tmp_path, capsys):
     assert stream_int4.main([str(tmp_path / "pkg"), str(tmp_path), "-o",
                              str(tmp_path / "out")]) == 1
     assert "onnxmedic.hf.stream_int4:" in capsys.readouterr().err
+
+
+def test_export_int4_at_size_streams_without_loading_the_model(bf16, package, tmp_path,
+                                                              monkeypatch):
+    """``export_pretrained(FOLDER, precision="int4")`` on a checkpoint at least STREAM_FROM
+    large: the builder's package made int4 and judged streamed, the PyTorch model never
+    loaded (load_for_task would raise)."""
+    import onnxmedic
+    from onnxmedic import hf
+
+    folder, _model = bf16  # its tokenizer copied in by the package fixture
+    monkeypatch.setattr(stream_int4, "STREAM_FROM", 0)
+
+    def no_load(*a, **k):
+        raise AssertionError("the whole-model road loaded the model")
+
+    monkeypatch.setattr(hf, "load_for_task", no_load)
+    res = onnxmedic.export_pretrained(folder, tmp_path / "out", precision="int4",
+                                      accuracy=LOOSE, report=tmp_path / "r.json")
+    assert res.ok, [f.message for f in res.findings]
+    assert res.stages == {"export": "passed", "optimize": "passed"}
+    assert any(f.code == "OM819" and "judged streamed" in f.message for f in res.findings)
+    assert (tmp_path / "out" / "genai_config.json").is_file()
+    assert (tmp_path / "out" / "config.json").is_file()
+    assert (tmp_path / "r.json").is_file()
+
+
+def test_export_int4_below_the_size_keeps_the_whole_model_road(bf16, monkeypatch):
+    folder, _model = bf16
+    assert stream_int4.streamed_road(folder, None, dtype="fp32", verify=True, opset=None,
+                                     backend="auto", remote_code=False) is None
+    monkeypatch.setattr(stream_int4, "STREAM_FROM", 0)
+    assert stream_int4.streamed_road(f"hf:{folder}", None, dtype="fp32", verify=True,
+                                     opset=None, backend="auto", remote_code=False) == folder
+    assert stream_int4.streamed_road(folder, None, dtype="fp32", verify=True, opset=None,
+                                     backend="export", remote_code=False) is None

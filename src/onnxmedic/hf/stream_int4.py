@@ -146,8 +146,15 @@ def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
                 nodes.append(node)
                 continue
             one = onnx.GraphProto()
-            one.initializer.append(onnx.numpy_helper.from_array(
-                tensor_array(w, src.parent).astype(np.float32), w.name))
+            if w.data_type == onnx.TensorProto.FLOAT and _external(w) is not None:
+                # the weight's bytes as they are: one copy of it in memory, not three
+                t = one.initializer.add()
+                t.name, t.data_type = w.name, w.data_type
+                t.dims.extend(w.dims)
+                t.raw_data = _read_raw(w, src.parent)
+            else:
+                one.initializer.append(onnx.numpy_helper.from_array(
+                    tensor_array(w, src.parent).astype(np.float32, copy=False), w.name))
             new = quantizer.quantize_matmul(node, [one])
             nodes.extend(new)
             if new == [node]:  # the quantizer left it (its reason logged)
@@ -322,6 +329,131 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
         replace_folder(tmp, out)
     res.ok, res.path = True, str(out)
     return res
+
+
+# ------------------------------------------------------------------------------------------
+# export hf:DIR --precision int4 at size: the builder's float32 package, then the above
+
+STREAM_FROM = 2 * 2**30  # the checkpoint's weight bytes from which export's int4 streams
+TASK = "text-generation-with-past"
+
+
+def weight_bytes(folder: Path) -> int:
+    """The bytes of the checkpoint folder's safetensors files."""
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def streamed_road(model: Any, task: str | None, *, dtype: str, verify: bool, opset: Any,
+                  backend: str, remote_code: bool) -> Path | None:
+    """The checkpoint folder ``export_pretrained(model, precision="int4", ...)`` takes the
+    streamed road for, or None (the whole-model road, hf/transforms/precision.py): a folder
+    of safetensors of at least :data:`STREAM_FROM` bytes, a causal LM of a family
+    hf/stream.py streams and onnxruntime-genai's builder serves, at fp32, verified, with no
+    opset asked for, no remote code and a backend other than ``"export"``."""
+    from onnxmedic.hf import builder
+    from onnxmedic.hf.stream import streamable
+    from onnxmedic.hf.tasks import detect_task
+
+    if not isinstance(model, (str, os.PathLike)) or dtype != "fp32" or not verify or \
+            opset is not None or backend == "export" or remote_code:
+        return None
+    name = str(model)
+    folder = Path(name[3:] if name.startswith("hf:") else name)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if weight_bytes(folder) < STREAM_FROM or task not in (None, TASK) or \
+            detect_task(config, folder) != TASK or not builder.available() or \
+            (config.get("architectures") or ["?"])[0] not in builder.served():
+        return None
+    from transformers import AutoConfig
+
+    try:
+        why = streamable(AutoConfig.from_pretrained(str(folder)))
+    except (OSError, ValueError) as e:
+        why = str(e)
+    if why is not None:
+        logger.info("export's int4 does not stream %s: %s", folder, why)
+        return None
+    return folder
+
+
+def _side_files(folder: Path) -> tuple[Any, Any]:
+    """What builder.finish writes the package's side files from, without the model: the
+    checkpoint's config and generation config (as ``model.config`` and
+    ``model.generation_config``), and its tokenizer (None without one)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    try:
+        gen = GenerationConfig.from_pretrained(str(folder))
+    except OSError:
+        gen = None
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError):
+        tok = None
+    return SimpleNamespace(config=AutoConfig.from_pretrained(str(folder)),
+                           generation_config=gen), tok
+
+
+def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budget: Any = None,
+                    timeout: float | None = None, strict: bool = False,
+                    report: str | os.PathLike[str] | None = None) -> Any:
+    """``export hf:FOLDER --precision int4`` on the streamed road (``folder``:
+    :func:`streamed_road`'s): onnxruntime-genai's builder writes the float32 package (a
+    child), then :func:`int4_streamed` makes it int4 into ``f`` and judges it against the
+    checkpoint streamed; the PyTorch model is never loaded. Returns the ExportResult, or
+    None where the builder failed and ``strict`` is off (the caller takes the whole-model
+    road, which loads the model)."""
+    from onnxmedic.findings import error, info
+    from onnxmedic.hf import builder
+    from onnxmedic.hf.transforms.passes import staged
+    from onnxmedic.result import ExportResult, stages_of
+
+    out = Path(f)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = ExportResult(command="export", model=spec, stages=stages_of("export", STAGE))
+    wait = 3600.0 if timeout is None else float(timeout)
+    with result.guard(), staged(out) as stage:
+        with result.stage("export") as st:
+            job = builder.start(folder, stage / "pkg")
+            why = job.wait(wait)
+            if why is not None:
+                job.discard()
+                if not strict:
+                    logger.warning("the builder failed (%s): the whole-model road", why)
+                    return None
+                st.fail(error("OM838", "export", f"onnxruntime-genai's model builder "
+                              f"cannot build {spec}: {why}.", suggestion="Leave --backend "
+                              "out (auto) for onnxmedic's own export."))
+        if why is None:
+            builder.finish(job, *_side_files(folder))
+            with result.stage(STAGE) as st:
+                made = int4_streamed(job.out, folder, out, budget=budget,
+                                     timeout=wait)
+                job.discard()
+                result.findings.extend(made.findings)
+                result.timings.update({f"int4 {k}": v for k, v in made.seconds.items()})
+                result.int4 = made  # type: ignore[attr-defined]
+                if not made.ok:
+                    st.fail()
+            result.ok = made.ok
+    result.path = str(out) if result.ok else None
+    if result.ok:
+        result.findings.append(info(
+            "OM819", "write", f"int4 generation package written to {out} (quantized and "
+            f"judged streamed: {made.quantized} MatMuls 4-bit, greedy agreement "
+            f"{made.figures['agreement'] * 100:.1f} %, perplexity "
+            f"{(made.figures['perplexity_ratio'] - 1) * 100:+.2f} % of PyTorch's): "
+            f"{', '.join(sorted(p.name for p in out.iterdir()))}."))
+    if report is not None:
+        from onnxmedic.report import write_report
+
+        write_report(result, report)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
