@@ -1140,7 +1140,7 @@ CODES: dict[str, CodeInfo] = {
         "exported. Drop --precision int4, or give --task text-generation-with-past for a "
         "decoder.",
     ),
-    # OM870-OM879: int4 packages made and judged streamed (hf/stream_int4.py)
+    # OM870-OM879: int4 packages made and judged streamed (hf/transforms/stream_int4.py)
     "OM870": CodeInfo(
         "int4 weights not a rounding of the float32 ones", 3,
         "A 4-bit weight of the int4 package the streamed road wrote lies more than one step "

@@ -37,7 +37,7 @@ def hf_folder(tmp_path_factory):
 def bf16(tmp_path_factory):
     """A tiny Llama checkpoint saved in bfloat16 (the dtype people publish; plain rotary
     embedding), and the model loaded from it in float32 (as the whole-model verification
-    holds it): the streamed roads' checkpoint (hf/stream.py, hf/stream_int4.py)."""
+    holds it): the streamed roads' checkpoint (hf/stream.py, hf/transforms/stream_int4.py)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 

@@ -1,5 +1,5 @@
-"""An int4 package made and judged streamed (onnxmedic.hf.stream_int4): the package written is
-the quantizer's layout, served by onnxruntime-genai; a corrupted 4-bit block, a wrong scale
+"""An int4 package made and judged streamed (onnxmedic.hf.transforms.stream_int4): the package
+written is the quantizer's layout, served by onnxruntime-genai; a corrupted 4-bit block, a wrong scale
 (OM870) and a float32 weight gone wrong beside the 4-bit ones (OM871) are refused, nothing
 written."""
 
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime_genai")
 
-from onnxmedic.hf import stream_int4  # noqa: E402
+from onnxmedic.hf.transforms import stream_int4  # noqa: E402
 from onnxmedic.optimize import int4  # noqa: E402
 
 # the tiny random checkpoint's greedy tokens are near-ties (85 % agree at int4): the rule
@@ -97,11 +97,11 @@ def test_a_wrong_float32_weight_beside_the_int4_ones_is_outside_the_budget(bf16,
 
 
 def test_the_command_refuses_a_folder_it_cannot_stream(tmp_path, capsys):
-    """``python -m onnxmedic.hf.stream_int4`` on folders that are no checkpoint: exit 1 and
-    the reason, no traceback."""
+    """``python -m onnxmedic.hf.transforms.stream_int4`` on folders that are no checkpoint:
+    exit 1 and the reason, no traceback."""
     assert stream_int4.main([str(tmp_path / "pkg"), str(tmp_path), "-o",
                              str(tmp_path / "out")]) == 1
-    assert "onnxmedic.hf.stream_int4:" in capsys.readouterr().err
+    assert "onnxmedic.hf.transforms.stream_int4:" in capsys.readouterr().err
 
 
 def test_export_int4_at_size_streams_without_loading_the_model(bf16, package, tmp_path,

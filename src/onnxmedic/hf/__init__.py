@@ -104,8 +104,8 @@ def export_pretrained(
 
     if report is not None and (bad := report_path_problem(report)) is not None:
         return result.fail("write", bad)
-    if options.get("precision") == "int4" and f is not None:  # at size: hf/stream_int4.py
-        from onnxmedic.hf import stream_int4
+    if options.get("precision") == "int4" and f is not None:  # at size: transforms/stream_int4
+        from onnxmedic.hf.transforms import stream_int4
 
         folder = stream_int4.streamed_road(model, task, dtype=dtype, verify=verify,
                                            opset=opset, backend=chosen.name,

@@ -467,20 +467,25 @@ def block_problem(name: str, w: np.ndarray, q: np.ndarray, scales: np.ndarray,
     n_out, k_in, bits, block = at["N"], at["K"], at["bits"], at["block_size"]
     q = q.reshape(n_out, -1)
     scales = scales.reshape(n_out, -1)
+    nb = scales.shape[1]
+    # float32 arithmetic: its rounding (2^-24 of a step) is far inside the 1e-3 margin
     for r in range(0, n_out, CHECK_ROWS):
-        wr = w[:, r:r + CHECK_ROWS].astype(np.float64).T
+        wr = np.zeros((min(CHECK_ROWS, n_out - r), nb * block), np.float32)
+        wr[:, :k_in] = w[:, r:r + CHECK_ROWS].T  # the padding of the last block: 0
         qr = q[r:r + CHECK_ROWS]
         if bits == 4:
             qr = np.stack([qr & 15, qr >> 4], -1).reshape(len(qr), -1)
-        step = np.repeat(scales[r:r + CHECK_ROWS].astype(np.float64), block,
-                         axis=1)[:, :k_in]
-        off = np.abs((qr[:, :k_in] - 2.0 ** (bits - 1)) * step - wr)
-        bad = off > np.abs(step) * (1 + 1e-3) + 1e-12
+        step = scales[r:r + CHECK_ROWS].astype(np.float32)[:, :, None]
+        level = qr[:, :nb * block].reshape(len(qr), nb, block).astype(np.float32)
+        off = np.abs((level - np.float32(2 ** (bits - 1))) * step - wr.reshape(len(qr), nb, block))
+        bad = (off > np.abs(step) * np.float32(1 + 1e-3) + np.float32(1e-12)).reshape(
+            len(qr), -1)[:, :k_in]
         if bad.any():
             n, k = np.argwhere(bad)[0]
-            return (f"{name}: weight ({k}, {n + r}) is {off[n, k]:.3g} from its float32 value "
-                    f"{wr[n, k]:.3g}, {off[n, k] / max(abs(step[n, k]), 1e-30):.3g} steps of "
-                    f"its block ({k // block}) where rounding keeps it within one; "
+            b, i = divmod(int(k), block)
+            return (f"{name}: weight ({k}, {n + r}) is {off[n, b, i]:.3g} from its float32 "
+                    f"value {wr[n, k]:.3g}, {off[n, b, i] / max(abs(step[n, b, 0]), 1e-30):.3g} "
+                    f"steps of its block ({b}) where rounding keeps it within one; "
                     f"{int(bad.sum())} weights so in columns {r}-{r + len(qr) - 1}")
     return None
 

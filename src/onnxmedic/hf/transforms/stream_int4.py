@@ -161,7 +161,10 @@ def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
                 continue
             for t in one.initializer[1:]:
                 _append(data, t, t.raw_data, location)
-                made.append(t)
+                # a copy: a message of ``one`` would keep ``one`` whole (the weight's
+                # bytes) alive with it
+                made.append(onnx.TensorProto())
+                made[-1].CopyFrom(t)
             del one
             users[w.name] -= 1
             done += 1
@@ -457,12 +460,12 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m onnxmedic.hf.stream_int4 PACKAGE CHECKPOINT -o OUT [--accuracy SPEC]``:
+    """``python -m onnxmedic.hf.transforms.stream_int4 PACKAGE CHECKPOINT -o OUT [--accuracy SPEC]``:
     the float32 package at int4, judged streamed against the checkpoint; prints the verdict
     as JSON, exit 0 when written, 1 when not."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m onnxmedic.hf.stream_int4")
+    ap = argparse.ArgumentParser(prog="python -m onnxmedic.hf.transforms.stream_int4")
     ap.add_argument("package")
     ap.add_argument("checkpoint")
     ap.add_argument("-o", "--out", required=True)
@@ -473,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         res = int4_streamed(a.package, a.checkpoint, a.out, budget=a.accuracy,
                             genai=not a.no_genai)
     except (OSError, ValueError) as e:  # a folder that is not a package or a checkpoint
-        print(f"onnxmedic.hf.stream_int4: {e}", file=sys.stderr)
+        print(f"onnxmedic.hf.transforms.stream_int4: {e}", file=sys.stderr)
         return 1
     figs = {k: v for k, v in res.figures.items() if k != "rejected"}
     print(json.dumps({"ok": res.ok, "path": res.path, "quantized": res.quantized,
