@@ -66,7 +66,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 # stream-int4: the builder's float32 package made int4 and judged streamed
 # (python -m onnxmedic.hf.transforms.stream_int4), one process tree; stream-int4-loose: the
 # same with the budget LOOSE, so that the random checkpoint's package is written and served
-TOOLS = ("onnxmedic", "genai-builder", "builder-stream", "stream-int4", "stream-int4-loose",
+TOOLS = ("onnxmedic", "onnxmedic-int4", "genai-builder", "builder-stream", "stream-int4", "stream-int4-loose",
          "genai-builder-int4")
 # random weights make near-uniform logits over a large vocabulary: greedy picks are ties that
 # int4's rounding flips (Qwen2.5-1.5B's shape: 14 % agreement, perplexity within 3 %); the
@@ -270,10 +270,11 @@ def _size_gb(folder: Path) -> float:
 def tool_command(tool: str, ckpt: Path, out: Path) -> list[str]:
     """The command line of ``tool`` building the package of ``ckpt`` at ``out``."""
     py = sys.executable
-    if tool.startswith("onnxmedic"):
+    if tool.startswith("onnxmedic"):  # onnxmedic-int4: --precision int4 (at size: streamed)
         return [py, "-m", "onnxmedic", "export", f"hf:{ckpt}", "--task",
                 "text-generation-with-past", "-o", str(out), "--no-progress", "--report",
-                str(out.parent / f"{out.name}_report.json")]
+                str(out.parent / f"{out.name}_report.json")] + (
+            ["--precision", "int4", "--accuracy", LOOSE] if tool == "onnxmedic-int4" else [])
     precision = "int4" if tool.endswith("-int4") and not tool.startswith("stream-int4") \
         else "fp32"
     cmd = [py, "-m", "onnxruntime_genai.models.builder", "-m", str(ckpt), "-i", str(ckpt),
