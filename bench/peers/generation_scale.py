@@ -287,7 +287,8 @@ def tool_command(tool: str, ckpt: Path, out: Path) -> list[str]:
         cmd[cmd.index("-o") + 1] = str(fp32)
         int4 = [py, "-m", "onnxmedic.hf.transforms.stream_int4", str(fp32), str(ckpt), "-o",
                 str(out)] + (["--accuracy", LOOSE] if tool.endswith("-loose") else [])
-        return ["sh", "-c", " ".join(cmd) + " && " + " ".join(int4) + f" && rm -r {fp32}"]
+        return ["sh", "-c", " ".join(cmd) + " && " + " ".join(int4) + f"; rc=$?; rm -rf {fp32}; "
+                "exit $rc"]
     return cmd
 
 

@@ -262,14 +262,16 @@ def not_rounded(why: str) -> Any:
 
 def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike[str],
                   out: str | os.PathLike[str], *, budget: Any = None, block_size: int = 32,
-                  accuracy_level: int = 4, genai: bool = True, timeout: float = 1800.0,
+                  accuracy_level: int = 4, genai: bool = True, timeout: float | None = None,
                   tamper: Any = None) -> StreamedInt4:
     """Write ``out``: the float32 generation package ``package`` at int4, judged against the
     checkpoint folder ``checkpoint`` streamed (see the module docstring); ``budget``:
-    int4.TaskBudget or its spec (None: the default). ``tamper(decoder_path)``: called on the
+    int4.TaskBudget or its spec (None: the default); ``timeout``: one ONNX Runtime run's
+    (sandbox.DEFAULT_TIMEOUT when None). ``tamper(decoder_path)``: called on the
     written int4 decoder before it is checked (the tests' fault injection). Nothing is
     written at ``out`` unless every check passed. Raises ValueError for a checkpoint
     hf/stream.py cannot stream or a budget spec that does not parse."""
+    from onnxmedic import sandbox
     from onnxmedic.genpackage import decoder_graph, read_package
     from onnxmedic.hf.stream import checked_config
     from onnxmedic.hf.transforms.int4_package import genai_agrees
@@ -285,6 +287,7 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
 
     if not isinstance(budget, TaskBudget):
         budget = parse_budget(budget)
+    timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else float(timeout)
     package, checkpoint, out = Path(package), Path(checkpoint), Path(out)
     config = checked_config(checkpoint)  # refused before any work
     res = StreamedInt4()
@@ -306,7 +309,9 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
             return res
         t0 = time.perf_counter()
         data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
-        got = score_onnx(tmp / graph.name, data, budget.steps, None, timeout=timeout,
+        # ``timeout`` is a run's: the scoring makes a run per generated token and window
+        runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
+        got = score_onnx(tmp / graph.name, data, budget.steps, None, timeout=timeout * runs,
                          layout=read_package(tmp))
         res.seconds["onnx"] = time.perf_counter() - t0
         if not got.get("ok"):
@@ -324,7 +329,7 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
         if genai:
             t0 = time.perf_counter()
             ok, res.tokens_genai, found = genai_agrees(tmp, data.prompts, res.tokens_onnx,
-                                                       budget.steps, timeout)
+                                                       budget.steps, timeout * runs)
             res.seconds["genai"] = time.perf_counter() - t0
             res.findings.extend(found)
             if not ok:
@@ -337,7 +342,7 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
 # ------------------------------------------------------------------------------------------
 # export hf:DIR --precision int4 at size: the builder's float32 package, then the above
 
-STREAM_FROM = 2 * 2**30  # the checkpoint's weight bytes from which export's int4 streams
+STREAM_FROM = 2**30  # the checkpoint's weight bytes from which export's int4 streams
 TASK = "text-generation-with-past"
 
 
@@ -410,7 +415,7 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
     child), then :func:`int4_streamed` makes it int4 into ``f`` and judges it against the
     checkpoint streamed; the PyTorch model is never loaded. Returns the ExportResult, or
     None where the builder failed and ``strict`` is off (the caller takes the whole-model
-    road, which loads the model)."""
+    road, which loads the model). ``timeout``: the builder's and one ONNX Runtime run's."""
     from onnxmedic.findings import error, info
     from onnxmedic.hf import builder
     from onnxmedic.hf.transforms.passes import staged
@@ -419,7 +424,9 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
     out = Path(f)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = ExportResult(command="export", model=spec, stages=stages_of("export", STAGE))
-    wait = 3600.0 if timeout is None else float(timeout)
+    from onnxmedic import sandbox
+
+    wait = sandbox.DEFAULT_TIMEOUT if timeout is None else float(timeout)  # as backends.py
     with result.guard(), staged(out) as stage:
         with result.stage("export") as st:
             job = builder.start(folder, stage / "pkg")
