@@ -138,3 +138,25 @@ def test_export_int4_below_the_size_keeps_the_whole_model_road(bf16, monkeypatch
                                      opset=None, backend="auto", remote_code=False) == folder
     assert stream_int4.streamed_road(folder, None, dtype="fp32", verify=True, opset=None,
                                      backend="export", remote_code=False) is None
+
+
+@pytest.mark.parametrize("k", [64, 40])  # 40: the last block padded
+def test_the_rounding_rule_of_one_weight(k):
+    """optimize/int4.block_problem on ONNX Runtime's own blocks of a (k, 24) weight: none is
+    off; one 4-bit level moved by two steps, or a scale halved, is found where it is."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+
+    w = np.random.default_rng(0).standard_normal((k, 24)).astype(np.float32)
+    q, scales, _zp = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
+        block_size=32, is_symmetric=True, bits=4)).qbits_block_quant(w)
+    at = {"N": 24, "K": k, "bits": 4, "block_size": 32}
+    assert int4.block_problem("m", w, q, scales, at) is None
+    bad = q.copy()
+    bad[5, 0, 3] = (bad[5, 0, 3] & 0xF0) | ((bad[5, 0, 3] & 15) ^ 2)  # weight (6, 5): 2 steps
+    assert "weight (6, 5)" in int4.block_problem("m", w, bad, scales, at)
+    half = scales.copy()
+    half[7, 1 if k > 32 else 0] /= 2
+    assert "m: weight (" in int4.block_problem("m", w, q, half, at)
