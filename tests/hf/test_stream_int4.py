@@ -29,6 +29,32 @@ def _edit(path, pick, edit) -> None:
     onnx.save(proto, str(path), save_as_external_data=True, location=f"{path.name}.data")
 
 
+@pytest.fixture
+def matmul_package(tmp_path):
+    """A folder whose decoder graph (model.onnx, weights in model.onnx.data) is two MatMuls
+    of constant float32 weights: what the quantization and its rounding rule read, without
+    the builder's package (the fault tests stop before any generation)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 96)).astype(np.float32) * 0.02,
+                                 "layers.0.mlp.up_proj.MatMul.weight")
+    w2 = numpy_helper.from_array(rng.standard_normal((96, 64)).astype(np.float32) * 0.02,
+                                 "layers.0.mlp.down_proj.MatMul.weight")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", w1.name], ["h"], name="/up_proj/MatMul"),
+         helper.make_node("MatMul", ["h", w2.name], ["y"], name="/down_proj/MatMul")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w1, w2])
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              str(folder / "model.onnx"), save_as_external_data=True,
+              location="model.onnx.data", size_threshold=0)
+    return folder
+
+
+@pytest.mark.slow  # the builder's package, then generation in ONNX Runtime, PyTorch and genai
 def test_the_streamed_int4_package_is_written_and_served(bf16, package, tmp_path):
     folder, _model = bf16
     res = stream_int4.int4_streamed(package, folder, tmp_path / "out", budget=LOOSE)
@@ -42,12 +68,13 @@ def test_the_streamed_int4_package_is_written_and_served(bf16, package, tmp_path
     assert int4.rounding_problem(package / "model.onnx", tmp_path / "out" / "model.onnx") is None
 
 
-def test_the_quantization_is_the_quantizers_own(package, tmp_path):
+def test_the_quantization_is_the_quantizers_own(matmul_package, tmp_path):
     """One weight at a time, the same blocks and scales as ONNX Runtime's quantizer over the
     whole file (optimize/int4.py's RTN candidate at block 32, accuracy level 4)."""
     whole = tmp_path / "whole.onnx"
-    int4.quantize_int4(str(package / "model.onnx"), str(whole), tied_embedding=False)
-    stream_int4.quantize_streamed(package / "model.onnx", tmp_path / "streamed.onnx")
+    int4.quantize_int4(str(matmul_package / "model.onnx"), str(whole), tied_embedding=False)
+    assert stream_int4.quantize_streamed(matmul_package / "model.onnx",
+                                         tmp_path / "streamed.onnx") == 2
     a = onnx.load(str(whole))
     b = onnx.load(str(tmp_path / "streamed.onnx"))
     qa = {t.name: onnx.numpy_helper.to_array(t) for t in a.graph.initializer if "_Q4" in t.name
@@ -60,7 +87,8 @@ def test_the_quantization_is_the_quantizers_own(package, tmp_path):
 
 
 @pytest.mark.parametrize("fault", ["block", "scale"])
-def test_a_corrupted_block_or_a_wrong_scale_is_refused(bf16, package, tmp_path, fault):
+def test_a_corrupted_block_or_a_wrong_scale_is_refused(bf16, matmul_package, tmp_path,
+                                                      fault):
     """A 4-bit block of the last MLP weight rewritten, or one of its scales doubled: OM870,
     nothing written (before any generation)."""
     folder, _model = bf16
@@ -75,7 +103,7 @@ def test_a_corrupted_block_or_a_wrong_scale_is_refused(bf16, package, tmp_path, 
                   lambda s: (s * np.where(np.arange(s.size) == 3, 2, 1).reshape(s.shape)
                              ).astype(s.dtype))
 
-    res = stream_int4.int4_streamed(package, folder, tmp_path / "out", budget=LOOSE,
+    res = stream_int4.int4_streamed(matmul_package, folder, tmp_path / "out", budget=LOOSE,
                                     tamper=tamper)
     assert not res.ok and not (tmp_path / "out").exists()
     assert [f.code for f in res.findings] == ["OM870"]
@@ -83,6 +111,7 @@ def test_a_corrupted_block_or_a_wrong_scale_is_refused(bf16, package, tmp_path, 
     assert "onnx" not in res.seconds  # refused before the task was run
 
 
+@pytest.mark.slow  # the builder's package, ONNX Runtime's generation and PyTorch's pass
 def test_a_wrong_float32_weight_beside_the_int4_ones_is_outside_the_budget(bf16, package,
                                                                          tmp_path):
     """The final norm's weight (left float32, so no rounding rule sees it) negated: the task
@@ -104,6 +133,7 @@ def test_the_command_refuses_a_folder_it_cannot_stream(tmp_path, capsys):
     assert "onnxmedic.hf.transforms.stream_int4:" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the builder, generation in ONNX Runtime, PyTorch and genai
 def test_export_int4_at_size_streams_without_loading_the_model(bf16, package, tmp_path,
                                                               monkeypatch):
     """``export_pretrained(FOLDER, precision="int4")`` on a checkpoint at least STREAM_FROM
