@@ -62,8 +62,17 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 # onnxmedic: `export` (the default backend: the builder's package, verified whole-model);
 # genai-builder: the builder alone; builder-stream: the builder, then its package verified
-# streamed (python -m onnxmedic.hf.stream), one process tree; -int4: the builder's -p int4
-TOOLS = ("onnxmedic", "genai-builder", "builder-stream")
+# streamed (python -m onnxmedic.hf.stream), one process tree; -int4: the builder's -p int4;
+# stream-int4: the builder's float32 package made int4 and judged streamed
+# (python -m onnxmedic.hf.transforms.stream_int4), one process tree; stream-int4-loose: the
+# same with the budget LOOSE, so that the random checkpoint's package is written and served
+TOOLS = ("onnxmedic", "onnxmedic-int4", "genai-builder", "builder-stream", "stream-int4", "stream-int4-loose",
+         "genai-builder-int4")
+# random weights make near-uniform logits over a large vocabulary: greedy picks are ties that
+# int4's rounding flips (Qwen2.5-1.5B's shape: 14 % agreement, perplexity within 3 %); the
+# loose budget measures the whole road's cost (genai serving included) on such a checkpoint,
+# not its accuracy
+LOOSE = "agreement=10%"
 STD = 0.02  # transformers' initializer_range: the weights' normal deviation
 PREFILL = 128
 DECODE = 32
@@ -261,16 +270,25 @@ def _size_gb(folder: Path) -> float:
 def tool_command(tool: str, ckpt: Path, out: Path) -> list[str]:
     """The command line of ``tool`` building the package of ``ckpt`` at ``out``."""
     py = sys.executable
-    if tool.startswith("onnxmedic"):
+    if tool.startswith("onnxmedic"):  # onnxmedic-int4: --precision int4 (at size: streamed)
         return [py, "-m", "onnxmedic", "export", f"hf:{ckpt}", "--task",
                 "text-generation-with-past", "-o", str(out), "--no-progress", "--report",
-                str(out.parent / f"{out.name}_report.json")]
-    precision = "int4" if tool.endswith("int4") else "fp32"
+                str(out.parent / f"{out.name}_report.json")] + (
+            ["--precision", "int4", "--accuracy", LOOSE] if tool == "onnxmedic-int4" else [])
+    precision = "int4" if tool.endswith("-int4") and not tool.startswith("stream-int4") \
+        else "fp32"
     cmd = [py, "-m", "onnxruntime_genai.models.builder", "-m", str(ckpt), "-i", str(ckpt),
            "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(out.parent / "cache")]
     if tool.startswith("builder-stream"):  # then the streamed verification (hf/stream.py)
         verify = [py, "-m", "onnxmedic.hf.stream", str(out), str(ckpt)]
         return ["sh", "-c", " ".join(cmd) + " && " + " ".join(verify)]
+    if tool.startswith("stream-int4"):  # the builder's float32 package, then int4 streamed
+        fp32 = out.parent / f"{out.name}-fp32"
+        cmd[cmd.index("-o") + 1] = str(fp32)
+        int4 = [py, "-m", "onnxmedic.hf.transforms.stream_int4", str(fp32), str(ckpt), "-o",
+                str(out)] + (["--accuracy", LOOSE] if tool.endswith("-loose") else [])
+        return ["sh", "-c", " ".join(cmd) + " && " + " ".join(int4) + f"; rc=$?; rm -rf {fp32}; "
+                "exit $rc"]
     return cmd
 
 
@@ -285,7 +303,7 @@ def build(tool: str, ckpt: Path, out: Path, env: dict[str, str], cap: float
     row = {"tool": tool, "command": shown, **measured(cmd, env, cap)}
     row["size_gb"] = _size_gb(out) if out.exists() else None
     row["ok"] = row["rc"] == 0 and (out / "genai_config.json").exists()
-    if tool.startswith("builder-stream") and row["tail"]:
+    if tool.startswith(("builder-stream", "stream-int4")) and row["tail"]:
         try:  # the streamed verification's verdict, its last line
             row["verdict"] = json.loads(row["tail"][-1])
         except ValueError:

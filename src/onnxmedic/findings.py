@@ -1140,6 +1140,21 @@ CODES: dict[str, CodeInfo] = {
         "exported. Drop --precision int4, or give --task text-generation-with-past for a "
         "decoder.",
     ),
+    # OM870-OM879: int4 packages made and judged streamed (hf/transforms/stream_int4.py)
+    "OM870": CodeInfo(
+        "int4 weights not a rounding of the float32 ones", 3,
+        "A 4-bit weight of the int4 package the streamed road wrote lies more than one step "
+        "(its block's scale) from the float32 weight it was made from: a corrupted block or a "
+        "wrong scale, onnxmedic's own fault or the disk's, not the model's; nothing was "
+        "written.",
+    ),
+    "OM871": CodeInfo(
+        "streamed int4 package outside the task budget", 1,
+        "The int4 package's greedy agreement with the checkpoint (streamed, teacher-forced "
+        "along the int4 decoder's tokens) or its perplexity against PyTorch float32's is "
+        "outside the task budget (docs/int4.md); nothing was written. The figures are in the "
+        "finding.",
+    ),
 }
 
 

@@ -31,3 +31,44 @@ def hf_folder(tmp_path_factory):
         return made[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def bf16(tmp_path_factory):
+    """A tiny Llama checkpoint saved in bfloat16 (the dtype people publish; plain rotary
+    embedding), and the model loaded from it in float32 (as the whole-model verification
+    holds it): the streamed roads' checkpoint (hf/stream.py, hf/transforms/stream_int4.py)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    folder = tmp_path_factory.mktemp("stream") / "bf16"
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=128, vocab_size=384,
+                      max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0)
+    AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(folder)
+    return folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def package(bf16, tmp_path_factory):
+    """onnxruntime-genai's model builder's package of the bf16 checkpoint (float32; with
+    save_family's tokenizer, copied into the checkpoint): the package the default backend
+    writes, verified streamed."""
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("onnxruntime_genai")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from bench.zoo.generation import save_family
+
+    folder, _model = bf16
+    out = tmp_path_factory.mktemp("stream-pkg")
+    for f in save_family("llama", out / "src").glob("tokenizer*"):
+        shutil.copy(f, folder / f.name)
+    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m",
+                    str(folder), "-i", str(folder), "-o", str(out / "pkg"), "-p", "fp32",
+                    "-e", "cpu", "-c", str(out / "cache")], check=True, capture_output=True)
+    return out / "pkg"

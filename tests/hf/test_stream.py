@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import copy
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,29 +18,8 @@ import torch  # noqa: E402
 
 from onnxmedic.hf import stream  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from bench.zoo.generation import save_family  # noqa: E402
-
 STEPS = 4
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15]]
-
-
-@pytest.fixture(scope="module")
-def bf16(tmp_path_factory):
-    """A tiny Llama checkpoint saved in bfloat16 (the dtype people publish; plain rotary
-    embedding), and the model loaded from it in float32 (as the whole-model verification
-    holds it)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    folder = tmp_path_factory.mktemp("stream") / "bf16"
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=128, vocab_size=384,
-                      max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
-                      pad_token_id=0)
-    AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(folder)
-    return folder, AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
 def _float64_model(model):
@@ -94,21 +71,6 @@ def _gpt2_folder(root: Path) -> Path:
     folder = root / "gpt2"
     AutoConfig.for_model("gpt2", n_layer=1, n_embd=8, n_head=2).save_pretrained(folder)
     return folder
-
-
-@pytest.fixture(scope="module")
-def package(bf16, tmp_path_factory):
-    """onnxruntime-genai's model builder's package of the bf16 checkpoint (float32; with
-    save_family's tokenizer): the package the default backend writes, verified streamed."""
-    pytest.importorskip("onnxruntime_genai")
-    folder, _model = bf16
-    out = tmp_path_factory.mktemp("stream-pkg")
-    for f in save_family("llama", out / "src").glob("tokenizer*"):
-        shutil.copy(f, folder / f.name)
-    subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m",
-                    str(folder), "-i", str(folder), "-o", str(out / "pkg"), "-p", "fp32",
-                    "-e", "cpu", "-c", str(out / "cache")], check=True, capture_output=True)
-    return out / "pkg"
 
 
 def _wrong_weight(pkg: Path, dst: Path, shape: tuple[int, ...], scale: float) -> Path:

@@ -104,6 +104,19 @@ def export_pretrained(
 
     if report is not None and (bad := report_path_problem(report)) is not None:
         return result.fail("write", bad)
+    if options.get("precision") == "int4" and f is not None:  # at size: transforms/stream_int4
+        from onnxmedic.hf.transforms import stream_int4
+
+        folder = stream_int4.streamed_road(model, task, dtype=dtype, verify=verify,
+                                           opset=opset, backend=chosen.name,
+                                           remote_code=trust_remote_code)
+        if folder is not None:
+            done = stream_int4.export_streamed(
+                folder, f, spec=spec_name(model), budget=options.get("accuracy"),
+                timeout=options.get("timeout"), strict=chosen.strict, report=report)
+            if done is not None:
+                return done
+            chosen = Backend("export")  # the builder failed there: onnxmedic's own export
     try:
         with result.timed(STAGE):
             loaded = load_for_task(model, task, dtype, trust_remote_code,

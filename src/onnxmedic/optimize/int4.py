@@ -421,16 +421,16 @@ def rounding_problem(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
     from (rounding to the nearest level: half a step; the clamp of the top level: one). A
     corrupted block or a wrong scale is caught here whatever it costs on the task. None when
     every such node whose MatMul has a constant weight in ``src`` holds (a weight the quantizer
-    derived, as a folded tied head, is not checked)."""
+    derived, as a folded tied head, is not checked). One weight is read at a time (its
+    float32 copy, checked in slices of :data:`CHECK_ROWS` columns): the memory is one weight's,
+    not the model's."""
     import onnx
-    from onnx import numpy_helper
-
-    def tensors(path: Path) -> tuple[Any, dict[str, Any]]:
-        m = onnx.load(str(path), load_external_data=False)
-        return m, {i.name: i for i in m.graph.initializer}
 
     src, dst = Path(src), Path(dst)
-    (sm, sinit), (dm, dinit) = tensors(src), tensors(dst)
+    sm = onnx.load(str(src), load_external_data=False)
+    dm = onnx.load(str(dst), load_external_data=False)
+    sinit = {i.name: i for i in sm.graph.initializer}
+    dinit = {i.name: i for i in dm.graph.initializer}
     weights = {n.name: n.input[1] for n in sm.graph.node if n.op_type == "MatMul"}
     for node in dm.graph.node:
         w_name = weights.get(node.name.rsplit("_Q", 1)[0])
@@ -438,20 +438,55 @@ def rounding_problem(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
                 len(node.input) > 3 and node.input[3]):
             continue
         at = {a.name: a.i for a in node.attribute}
-        w = numpy_helper.to_array(sinit[w_name], str(src.parent)).astype(np.float64).T
-        q = numpy_helper.to_array(dinit[node.input[1]], str(dst.parent)).reshape(at["N"], -1)
-        if at["bits"] == 4:
-            q = np.stack([q & 15, q >> 4], -1).reshape(at["N"], -1)
-        step = np.repeat(numpy_helper.to_array(dinit[node.input[2]], str(dst.parent)).astype(
-            np.float64).reshape(at["N"], -1), at["block_size"], axis=1)[:, :at["K"]]
-        off = np.abs((q[:, :at["K"]] - 2.0 ** (at["bits"] - 1)) * step - w)
-        bad = off > np.abs(step) * (1 + 1e-3) + 1e-12
+        why = block_problem(node.name, tensor_array(sinit[w_name], src.parent),
+                            tensor_array(dinit[node.input[1]], dst.parent),
+                            tensor_array(dinit[node.input[2]], dst.parent), at)
+        if why is not None:
+            return why
+    return None
+
+
+CHECK_ROWS = 4096  # output columns of a weight checked at a time (float64 copies)
+
+
+def tensor_array(t: Any, base: str | os.PathLike[str]) -> np.ndarray:
+    """The array of the initializer ``t`` (its external data read from ``base``), without
+    loading that data into ``t`` itself (onnx's to_array would keep it there)."""
+    from onnx import TensorProto, numpy_helper
+
+    copy = TensorProto()
+    copy.CopyFrom(t)
+    return numpy_helper.to_array(copy, str(base))
+
+
+def block_problem(name: str, w: np.ndarray, q: np.ndarray, scales: np.ndarray,
+                  at: dict[str, int]) -> str | None:
+    """:func:`rounding_problem`'s rule for one MatMulNBits ``name``: ``w`` its float weight
+    (K, N), ``q`` and ``scales`` its quantized blocks and their scales, ``at`` its
+    attributes (K, N, bits, block_size); why a weight is not a rounding of ``w``, or None."""
+    n_out, k_in, bits, block = at["N"], at["K"], at["bits"], at["block_size"]
+    q = q.reshape(n_out, -1)
+    scales = scales.reshape(n_out, -1)
+    nb = scales.shape[1]
+    # float32 arithmetic: its rounding (2^-24 of a step) is far inside the 1e-3 margin
+    for r in range(0, n_out, CHECK_ROWS):
+        wr = np.zeros((min(CHECK_ROWS, n_out - r), nb * block), np.float32)
+        wr[:, :k_in] = w[:, r:r + CHECK_ROWS].T  # the padding of the last block: 0
+        qr = q[r:r + CHECK_ROWS]
+        if bits == 4:
+            qr = np.stack([qr & 15, qr >> 4], -1).reshape(len(qr), -1)
+        step = scales[r:r + CHECK_ROWS].astype(np.float32)[:, :, None]
+        level = qr[:, :nb * block].reshape(len(qr), nb, block).astype(np.float32)
+        off = np.abs((level - np.float32(2 ** (bits - 1))) * step - wr.reshape(len(qr), nb, block))
+        bad = (off > np.abs(step) * np.float32(1 + 1e-3) + np.float32(1e-12)).reshape(
+            len(qr), -1)[:, :k_in]
         if bad.any():
             n, k = np.argwhere(bad)[0]
-            return (f"{node.name}: weight ({k}, {n}) is {off[n, k]:.3g} from its float32 value "
-                    f"{w[n, k]:.3g}, {off[n, k] / max(abs(step[n, k]), 1e-30):.3g} steps of its "
-                    f"block ({k // at['block_size']}) where rounding keeps it within one; "
-                    f"{int(bad.sum())} weights so")
+            b, i = divmod(int(k), block)
+            return (f"{name}: weight ({k}, {n + r}) is {off[n, b, i]:.3g} from its float32 "
+                    f"value {wr[n, k]:.3g}, {off[n, b, i] / max(abs(step[n, b, 0]), 1e-30):.3g} "
+                    f"steps of its block ({b}) where rounding keeps it within one; "
+                    f"{int(bad.sum())} weights so in columns {r}-{r + len(qr) - 1}")
     return None
 
 

@@ -151,22 +151,28 @@ def save_external(path: str | os.PathLike[str]) -> None:
 
 def _genai_agrees(res: Int4PackageResult, tmp: Path, timeout: float) -> bool:
     """onnxruntime-genai generating from ``tmp`` (the search's prompts and steps) gives ONNX
-    Runtime's own greedy tokens for the chosen file (OM736 when not; OM815 when genai is not
-    installed)."""
+    Runtime's own greedy tokens for the chosen file (:func:`genai_agrees`)."""
+    ok, res.tokens_genai, found = genai_agrees(tmp, res.search.prompts, res.tokens_onnx,
+                                               res.search.budget.steps, timeout)
+    res.findings.extend(found)
+    return ok
+
+
+def genai_agrees(folder: Path, prompts: list[list[int]], tokens: list[list[int]], steps: int,
+                 timeout: float) -> tuple[bool, list[list[int]] | None, list[Any]]:
+    """Whether onnxruntime-genai generating from the int4 package ``folder`` (``prompts``,
+    ``steps``) gives ONNX Runtime's own greedy ``tokens`` for its decoder: (agrees, genai's
+    tokens, findings: OM736 when not; OM815 when genai is not installed)."""
     from onnxmedic.findings import error
     from onnxmedic.hf.gen_verify import GenerationCheck, genai_generation
 
-    check = GenerationCheck(prompts=res.search.prompts, tokens_torch=res.tokens_onnx)
-    genai_generation(tmp, check, res.search.budget.steps, timeout, eos=set())
-    res.tokens_genai = check.tokens_genai
+    check = GenerationCheck(prompts=prompts, tokens_torch=tokens)
+    genai_generation(folder, check, steps, timeout, eos=set())
     if check.ok:
-        res.findings.extend(check.findings)
-        return True
+        return True, check.tokens_genai, list(check.findings)
     why = " ".join(f.message for f in check.findings)[:500]
-    res.findings.append(error(
+    return False, check.tokens_genai, [error(
         "OM736", "optimize", f"the int4 package was not written: onnxruntime-genai did not "
         f"generate ONNX Runtime's tokens for the chosen int4 decoder ({why}).",
         suggestion="Keep the float32 package; run onnxruntime-genai on the folder to see "
-        "why it differs."))
-    return False
-
+        "why it differs.")]

@@ -1,0 +1,498 @@
+"""An int4 generation package made and judged streamed: the float32 package's decoder is
+quantized one weight at a time, and the int4 package is judged against the checkpoint read one
+decoder layer at a time (hf/stream.py) - never the whole model in memory, on either side.
+
+1. **Quantize** (:func:`quantize_streamed`): every MatMul of the decoder with a constant 2-D
+   float weight becomes a MatMulNBits through ONNX Runtime's own quantizer
+   (``DefaultWeightOnlyQuantizer``: symmetric 4-bit, one float32 scale per ``block_size``
+   weights along K, ``accuracy_level`` 4 - the layout optimize/int4.py's RTN candidates and
+   the builder's ``-p int4`` write), one weight read from the package's external data, made
+   and appended to the new package's data file at a time. The embedding's Gather stays
+   float32; the LM head is 4-bit like the rest.
+2. **Rounding** (optimize/int4.py's :func:`~onnxmedic.optimize.int4.rounding_problem`, the
+   rule the int4 search applies to its RTN candidates, one weight at a time): every
+   dequantized weight lies within one step of the float32 weight it was made from. A corrupted
+   block or a wrong scale is refused here (OM870) whatever it costs on the task.
+3. **Task budget** (optimize/int4.py's :class:`~onnxmedic.optimize.int4.TaskBudget` and
+   :func:`~onnxmedic.optimize.int4.judge`): the int4 decoder in ONNX Runtime (a child)
+   generates greedily from the budget's prompts and scores the built-in text; PyTorch's side is
+   one streamed pass (float32, the budget's reference) over the int4 decoder's sequences and
+   the text's windows. Greedy agreement is teacher-forced along the int4 decoder's own tokens
+   (at each step, PyTorch's pick after the same prefix against the int4 decoder's token): one
+   streamed pass instead of one per generated token, which a streamed reference without a
+   cache would need to force the candidate along PyTorch's own tokens (docs/int4.md); the
+   prefix is shared either way, so each step still compares two picks from one context.
+   Perplexity: the int4 decoder's against PyTorch's on the same windows. Outside the budget:
+   OM871.
+4. **Serving**: onnxruntime-genai generates from the new folder, and its greedy tokens must be
+   ONNX Runtime's own for the int4 decoder (OM736, as int4_package.py's check).
+
+The package is written at ``out`` only when all of this passed (built beside it, renamed into
+place: nothing half-written); the findings say what failed.
+
+Memory: one weight (float32) and its blocks at a time while quantizing and checking; then one
+ONNX Runtime session of the int4 package (a child); then one decoder layer of the checkpoint
+(float32), the activations and the logits of the sequences.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+STAGE = "optimize"
+ALIGN = 4096  # offsets of the tensors in the data file (the builder's and onnx's alignment)
+INLINE = 1024  # tensors of fewer bytes stay in the graph file
+
+
+@dataclass
+class StreamedInt4:
+    """The outcome: ``ok`` when ``path`` was written; ``quantized``: MatMuls made 4-bit;
+    ``figures``: the task budget's (optimize/int4.judge's dict); the int4 decoder's own greedy
+    tokens and onnxruntime-genai's; ``seconds`` per phase; ``findings``."""
+
+    ok: bool = False
+    path: str | None = None
+    quantized: int = 0
+    figures: dict[str, Any] = field(default_factory=dict)
+    tokens_onnx: list[list[int]] = field(default_factory=list)
+    tokens_genai: list[list[int]] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    findings: list[Any] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------
+# 1. the quantization, one weight at a time
+
+
+def _external(t: Any) -> dict[str, str] | None:
+    from onnx import TensorProto
+
+    if t.data_location != TensorProto.EXTERNAL:
+        return None
+    return {e.key: e.value for e in t.external_data}
+
+
+def _append(data: BinaryIO, t: Any, payload: bytes, location: str) -> None:
+    """``t`` (a TensorProto) made to point at ``payload``, appended to ``data`` aligned."""
+    from onnx import TensorProto
+
+    pad = -data.tell() % ALIGN
+    data.write(b"\0" * pad)
+    offset = data.tell()
+    data.write(payload)
+    t.ClearField("raw_data")
+    del t.external_data[:]
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(offset)),
+                 ("length", str(len(payload)))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+
+
+def _read_raw(t: Any, base: Path) -> bytes:
+    """The bytes of an external initializer ``t`` (read from its file, nothing kept in ``t``)."""
+    ext = _external(t) or {}
+    with open(base / ext["location"], "rb") as f:
+        f.seek(int(ext.get("offset", 0)))
+        return f.read(int(ext["length"])) if "length" in ext else f.read()
+
+
+def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+                      block_size: int = 32, accuracy_level: int = 4) -> int:
+    """Write the decoder graph file ``dst`` (its weights in ``<dst name>.data``): the decoder
+    ``src`` with every MatMul of a constant 2-D float weight made MatMulNBits (see the module
+    docstring), one weight in memory at a time. Returns the number of MatMuls quantized."""
+    import onnx
+    from onnx import helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+
+    from onnxmedic.optimize.int4 import tensor_array
+
+    src, dst = Path(src), Path(dst)
+    model = onnx.load(str(src), load_external_data=False)
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    users: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            users[i] = users.get(i, 0) + 1
+    quantizer = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
+        block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level or None,
+        bits=4))
+    location = f"{dst.name}.data"
+    nodes: list[Any] = []
+    made: list[Any] = []  # the quantized initializers, already in the data file
+    done = 0
+    with open(dst.parent / location, "wb") as data:
+        for node in graph.node:
+            w = inits.get(node.input[1]) if node.op_type == "MatMul" and \
+                len(node.input) == 2 else None
+            if w is None or len(w.dims) != 2 or w.data_type not in (
+                    onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
+                nodes.append(node)
+                continue
+            one = onnx.GraphProto()
+            if w.data_type == onnx.TensorProto.FLOAT and _external(w) is not None:
+                # the weight's bytes as they are: one copy of it in memory, not three
+                t = one.initializer.add()
+                t.name, t.data_type = w.name, w.data_type
+                t.dims.extend(w.dims)
+                t.raw_data = _read_raw(w, src.parent)
+            else:
+                one.initializer.append(onnx.numpy_helper.from_array(
+                    tensor_array(w, src.parent).astype(np.float32, copy=False), w.name))
+            new = quantizer.quantize_matmul(node, [one])
+            nodes.extend(new)
+            if new == [node]:  # the quantizer left it (its reason logged)
+                continue
+            for t in one.initializer[1:]:
+                _append(data, t, t.raw_data, location)
+                # a copy: a message of ``one`` would keep ``one`` whole (the weight's
+                # bytes) alive with it
+                made.append(onnx.TensorProto())
+                made[-1].CopyFrom(t)
+            del one
+            users[w.name] -= 1
+            done += 1
+        kept = [t for t in graph.initializer if users.get(t.name, 0) > 0]
+        for t in kept:  # the initializers left as they were, copied one at a time
+            if _external(t) is not None:
+                _append(data, t, _read_raw(t, src.parent), location)
+            elif t.ByteSize() > INLINE and t.raw_data:
+                _append(data, t, t.raw_data, location)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.ClearField("initializer")
+    graph.initializer.extend(kept + made)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(dst))
+    return done
+
+
+# ------------------------------------------------------------------------------------------
+# 3. the task budget, streamed
+
+
+def task_data(checkpoint: Path, prompts: int, vocab: int) -> Any:
+    """optimize/int4.py's task data through the checkpoint's tokenizer (the built-in
+    prompts and text); without one, seeded random ids (prompts of 4 ids, a text of
+    int4.SAMPLED_TOKENS ids)."""
+    from onnxmedic.optimize.int4 import SAMPLED_TOKENS, TaskData, builtin_data
+
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(checkpoint))
+    except (OSError, ValueError):
+        rng = np.random.default_rng(0)
+        ids = lambda n: [int(t) for t in rng.integers(4, vocab, n)]  # noqa: E731
+        return TaskData([ids(4) for _ in range(prompts)], ids(SAMPLED_TOKENS),
+                        "random ids (no tokenizer in the checkpoint)")
+    data = builtin_data(lambda s: tok.encode(s, add_special_tokens=False), prompts)
+    data.prompts = [[min(t, vocab - 1) for t in p] for p in data.prompts]
+    data.text = [min(t, vocab - 1) for t in data.text]
+    return data
+
+
+def windows(text: list[int]) -> list[list[int]]:
+    """The perplexity windows of ``text`` (optimize/int4.mean_nll's: WINDOW + 1 tokens, each
+    from an empty past)."""
+    from onnxmedic.optimize.int4 import WINDOW
+
+    return [text[s:s + WINDOW + 1] for s in range(0, max(len(text) - 1, 0), WINDOW)
+            if len(text[s:s + WINDOW + 1]) >= 2]
+
+
+def torch_figures(checkpoint: Path, data: Any, tokens: list[list[int]]) -> dict[str, Any]:
+    """PyTorch's side of the budget, one streamed pass (float32): its greedy pick at each step
+    of the int4 decoder's ``tokens`` (after the same prefix) and its perplexity on the text's
+    windows (optimize/int4.mean_nll over the streamed logits)."""
+    import torch
+
+    from onnxmedic.hf.stream import streamed_logits
+    from onnxmedic.optimize.int4 import mean_nll
+
+    wins = windows(data.text)
+    seqs = [p + t[:-1] for p, t in zip(data.prompts, tokens)] + [w[:-1] for w in wins]
+    logits = streamed_logits(checkpoint, seqs, (torch.float32,))[torch.float32]
+    picks = [[int(np.argmax(logits[i][0, len(p) - 1 + k])) for k in range(len(t))]
+             for i, (p, t) in enumerate(zip(data.prompts, tokens))]
+    by_window = {tuple(w[:-1]): logits[len(tokens) + j] for j, w in enumerate(wins)}
+    nll, n = mean_nll(lambda ids, past: (by_window[tuple(int(i) for i in ids[0])], past), [],
+                      data.text)
+    return {"tokens": picks, "perplexity": float(np.exp(nll / n)) if n else float("nan")}
+
+
+def over_budget(figures: dict[str, Any], budget: Any) -> Any:
+    """OM871: the int4 package outside the task budget (nothing written)."""
+    from onnxmedic.findings import error
+
+    return error("OM871", STAGE, f"the int4 package was not written: it is outside the task "
+                 f"budget ({budget.describe()}): {figures['rejected']}.",
+                 suggestion="Keep the float32 package, or give a looser budget with "
+                 "--accuracy (docs/int4.md); a real checkpoint's tokens are far less tied "
+                 "than a random one's.", details={k: v for k, v in figures.items()
+                                                  if k != "rejected"})
+
+
+def not_rounded(why: str) -> Any:
+    """OM870: a 4-bit weight of the written package is not a rounding of its float32 one."""
+    from onnxmedic.findings import error
+
+    return error("OM870", STAGE, f"the int4 package was not written: its 4-bit weights are "
+                 f"not a rounding of the float32 package's ({why}).",
+                 suggestion="A corrupted block or a wrong scale: rerun the quantization; if it "
+                 "persists, report it with the package.")
+
+
+def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike[str],
+                  out: str | os.PathLike[str], *, budget: Any = None, block_size: int = 32,
+                  accuracy_level: int = 4, genai: bool = True, timeout: float | None = None,
+                  tamper: Any = None) -> StreamedInt4:
+    """Write ``out``: the float32 generation package ``package`` at int4, judged against the
+    checkpoint folder ``checkpoint`` streamed (see the module docstring); ``budget``:
+    int4.TaskBudget or its spec (None: the default); ``timeout``: one ONNX Runtime run's
+    (sandbox.DEFAULT_TIMEOUT when None). ``tamper(decoder_path)``: called on the
+    written int4 decoder before it is checked (the tests' fault injection). Nothing is
+    written at ``out`` unless every check passed. Raises ValueError for a checkpoint
+    hf/stream.py cannot stream or a budget spec that does not parse."""
+    from onnxmedic import sandbox
+    from onnxmedic.genpackage import decoder_graph, read_package
+    from onnxmedic.hf.stream import checked_config
+    from onnxmedic.hf.transforms.int4_package import genai_agrees
+    from onnxmedic.hf.transforms.passes import copy_side_files, staged
+    from onnxmedic.onnxfile import replace_folder
+    from onnxmedic.optimize.int4 import (
+        TaskBudget,
+        judge,
+        parse_budget,
+        rounding_problem,
+        score_onnx,
+    )
+
+    if not isinstance(budget, TaskBudget):
+        budget = parse_budget(budget)
+    timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    package, checkpoint, out = Path(package), Path(checkpoint), Path(out)
+    config = checked_config(checkpoint)  # refused before any work
+    res = StreamedInt4()
+    graph = decoder_graph(package)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with staged(out) as tmp:
+        t0 = time.perf_counter()
+        res.quantized = quantize_streamed(graph, tmp / graph.name, block_size=block_size,
+                                          accuracy_level=accuracy_level)
+        copy_side_files(package, tmp, graph.name)
+        if tamper is not None:
+            tamper(tmp / graph.name)
+        res.seconds["quantize"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        why = rounding_problem(graph, tmp / graph.name)
+        res.seconds["rounding"] = time.perf_counter() - t0
+        if why is not None:
+            res.findings.append(not_rounded(why))
+            return res
+        t0 = time.perf_counter()
+        data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
+        # ``timeout`` is a run's: the scoring makes a run per generated token and window
+        runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
+        got = score_onnx(tmp / graph.name, data, budget.steps, None, timeout=timeout * runs,
+                         layout=read_package(tmp))
+        res.seconds["onnx"] = time.perf_counter() - t0
+        if not got.get("ok"):
+            res.figures = {"rejected": got.get("error", "the scoring failed")}
+            res.findings.append(over_budget(res.figures, budget))
+            return res
+        res.tokens_onnx = got["tokens"]
+        t0 = time.perf_counter()
+        ref = torch_figures(checkpoint, data, got["tokens"])
+        res.seconds["torch"] = time.perf_counter() - t0
+        res.figures = judge(ref, {**got, "picks": got["tokens"]}, budget)
+        if res.figures["rejected"]:
+            res.findings.append(over_budget(res.figures, budget))
+            return res
+        if genai:
+            t0 = time.perf_counter()
+            ok, res.tokens_genai, found = genai_agrees(tmp, data.prompts, res.tokens_onnx,
+                                                       budget.steps, timeout * runs)
+            res.seconds["genai"] = time.perf_counter() - t0
+            res.findings.extend(found)
+            if not ok:
+                return res
+        replace_folder(tmp, out)
+    res.ok, res.path = True, str(out)
+    return res
+
+
+# ------------------------------------------------------------------------------------------
+# export hf:DIR --precision int4 at size: the builder's float32 package, then the above
+
+STREAM_FROM = 2**30  # the checkpoint's weight bytes from which export's int4 streams
+TASK = "text-generation-with-past"
+
+
+def weight_bytes(folder: Path) -> int:
+    """The bytes of the checkpoint folder's safetensors files."""
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def streamed_road(model: Any, task: str | None, *, dtype: str, verify: bool, opset: Any,
+                  backend: str, remote_code: bool) -> Path | None:
+    """The checkpoint folder ``export_pretrained(model, precision="int4", ...)`` takes the
+    streamed road for, or None (the whole-model road, hf/transforms/precision.py): a folder
+    of safetensors of at least :data:`STREAM_FROM` bytes, a causal LM of a family
+    hf/stream.py streams and onnxruntime-genai's builder serves, at fp32, verified, with no
+    opset asked for, no remote code and a backend other than ``"export"``."""
+    from onnxmedic.hf import builder
+    from onnxmedic.hf.stream import streamable
+    from onnxmedic.hf.tasks import detect_task
+
+    if not isinstance(model, (str, os.PathLike)) or dtype != "fp32" or not verify or \
+            opset is not None or backend == "export" or remote_code:
+        return None
+    name = str(model)
+    folder = Path(name[3:] if name.startswith("hf:") else name)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if weight_bytes(folder) < STREAM_FROM or task not in (None, TASK) or \
+            detect_task(config, folder) != TASK or not builder.available() or \
+            (config.get("architectures") or ["?"])[0] not in builder.served():
+        return None
+    from transformers import AutoConfig
+
+    try:
+        why = streamable(AutoConfig.from_pretrained(str(folder)))
+    except (OSError, ValueError) as e:
+        why = str(e)
+    if why is not None:
+        logger.info("export's int4 does not stream %s: %s", folder, why)
+        return None
+    return folder
+
+
+def _side_files(folder: Path) -> tuple[Any, Any]:
+    """What builder.finish writes the package's side files from, without the model: the
+    checkpoint's config and generation config (as ``model.config`` and
+    ``model.generation_config``), and its tokenizer (None without one)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    try:
+        gen = GenerationConfig.from_pretrained(str(folder))
+    except OSError:
+        gen = None
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder))
+    except (OSError, ValueError):
+        tok = None
+    return SimpleNamespace(config=AutoConfig.from_pretrained(str(folder)),
+                           generation_config=gen), tok
+
+
+def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budget: Any = None,
+                    timeout: float | None = None, strict: bool = False,
+                    report: str | os.PathLike[str] | None = None) -> Any:
+    """``export hf:FOLDER --precision int4`` on the streamed road (``folder``:
+    :func:`streamed_road`'s): onnxruntime-genai's builder writes the float32 package (a
+    child), then :func:`int4_streamed` makes it int4 into ``f`` and judges it against the
+    checkpoint streamed; the PyTorch model is never loaded. Returns the ExportResult, or
+    None where the builder failed and ``strict`` is off (the caller takes the whole-model
+    road, which loads the model). ``timeout``: the builder's and one ONNX Runtime run's."""
+    from onnxmedic.findings import error, info
+    from onnxmedic.hf import builder
+    from onnxmedic.hf.transforms.passes import staged
+    from onnxmedic.result import ExportResult, stages_of
+
+    out = Path(f)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = ExportResult(command="export", model=spec, stages=stages_of("export", STAGE))
+    from onnxmedic import sandbox
+
+    wait = sandbox.DEFAULT_TIMEOUT if timeout is None else float(timeout)  # as backends.py
+    with result.guard(), staged(out) as stage:
+        with result.stage("export") as st:
+            job = builder.start(folder, stage / "pkg")
+            why = job.wait(wait)
+            if why is not None:
+                job.discard()
+                if not strict:
+                    logger.warning("the builder failed (%s): the whole-model road", why)
+                    return None
+                st.fail(error("OM838", "export", f"onnxruntime-genai's model builder "
+                              f"cannot build {spec}: {why}.", suggestion="Leave --backend "
+                              "out (auto) for onnxmedic's own export."))
+        if why is None:
+            builder.finish(job, *_side_files(folder))
+            with result.stage(STAGE) as st:
+                made = int4_streamed(job.out, folder, out, budget=budget,
+                                     timeout=wait)
+                job.discard()
+                result.findings.extend(made.findings)
+                result.timings.update({f"int4 {k}": v for k, v in made.seconds.items()})
+                result.int4 = made  # type: ignore[attr-defined]
+                if not made.ok:
+                    st.fail()
+            result.ok = made.ok
+    result.path = str(out) if result.ok else None
+    if result.ok:
+        result.findings.append(info(
+            "OM819", "write", f"int4 generation package written to {out} (quantized and "
+            f"judged streamed: {made.quantized} MatMuls 4-bit, greedy agreement "
+            f"{made.figures['agreement'] * 100:.1f} %, perplexity "
+            f"{(made.figures['perplexity_ratio'] - 1) * 100:+.2f} % of PyTorch's): "
+            f"{', '.join(sorted(p.name for p in out.iterdir()))}."))
+    if report is not None:
+        from onnxmedic.report import write_report
+
+        write_report(result, report)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m onnxmedic.hf.transforms.stream_int4 PACKAGE CHECKPOINT -o OUT [--accuracy SPEC]``:
+    the float32 package at int4, judged streamed against the checkpoint; prints the verdict
+    as JSON, exit 0 when written, 1 when not."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m onnxmedic.hf.transforms.stream_int4")
+    ap.add_argument("package")
+    ap.add_argument("checkpoint")
+    ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--accuracy", default=None, help="the task budget (docs/int4.md)")
+    ap.add_argument("--no-genai", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        res = int4_streamed(a.package, a.checkpoint, a.out, budget=a.accuracy,
+                            genai=not a.no_genai)
+    except (OSError, ValueError) as e:  # a folder that is not a package or a checkpoint
+        print(f"onnxmedic.hf.transforms.stream_int4: {e}", file=sys.stderr)
+        return 1
+    figs = {k: v for k, v in res.figures.items() if k != "rejected"}
+    print(json.dumps({"ok": res.ok, "path": res.path, "quantized": res.quantized,
+                      "findings": [f"{f.code} {f.message}" for f in res.findings],
+                      "figures": figs, "tokens_onnx": res.tokens_onnx,
+                      "tokens_genai": res.tokens_genai,
+                      "seconds": {k: round(v, 1) for k, v in res.seconds.items()}}))
+    return 0 if res.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

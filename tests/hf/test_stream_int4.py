@@ -1,0 +1,192 @@
+"""An int4 package made and judged streamed (onnxmedic.hf.transforms.stream_int4): the package
+written is the quantizer's layout, served by onnxruntime-genai; a corrupted 4-bit block, a wrong scale
+(OM870) and a float32 weight gone wrong beside the 4-bit ones (OM871) are refused, nothing
+written."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime_genai")
+
+from onnxmedic.hf.transforms import stream_int4  # noqa: E402
+from onnxmedic.optimize import int4  # noqa: E402
+
+# the tiny random checkpoint's greedy tokens are near-ties (85 % agree at int4): the rule
+# judged here is each check's, the default budget is the real checkpoints'
+LOOSE = "agreement=60%,steps=8,prompts=2"
+
+
+def _edit(path, pick, edit) -> None:
+    """The first initializer of the decoder at ``path`` that ``pick(name)`` selects,
+    rewritten in place as ``edit(array)`` (its external data too)."""
+    proto = onnx.load(str(path))
+    t = next(t for t in proto.graph.initializer if pick(t.name))
+    t.CopyFrom(onnx.numpy_helper.from_array(edit(onnx.numpy_helper.to_array(t).copy()), t.name))
+    onnx.save(proto, str(path), save_as_external_data=True, location=f"{path.name}.data")
+
+
+@pytest.fixture
+def matmul_package(tmp_path):
+    """A folder whose decoder graph (model.onnx, weights in model.onnx.data) is two MatMuls
+    of constant float32 weights: what the quantization and its rounding rule read, without
+    the builder's package (the fault tests stop before any generation)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 96)).astype(np.float32) * 0.02,
+                                 "layers.0.mlp.up_proj.MatMul.weight")
+    w2 = numpy_helper.from_array(rng.standard_normal((96, 64)).astype(np.float32) * 0.02,
+                                 "layers.0.mlp.down_proj.MatMul.weight")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", w1.name], ["h"], name="/up_proj/MatMul"),
+         helper.make_node("MatMul", ["h", w2.name], ["y"], name="/down_proj/MatMul")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w1, w2])
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+              str(folder / "model.onnx"), save_as_external_data=True,
+              location="model.onnx.data", size_threshold=0)
+    return folder
+
+
+@pytest.mark.slow  # the builder's package, then generation in ONNX Runtime, PyTorch and genai
+def test_the_streamed_int4_package_is_written_and_served(bf16, package, tmp_path):
+    folder, _model = bf16
+    res = stream_int4.int4_streamed(package, folder, tmp_path / "out", budget=LOOSE)
+    assert res.ok, [f.message for f in res.findings]
+    assert res.quantized == 2 * 5 + 1  # qkv, o, gate, up, down per layer, and the head
+    assert res.tokens_genai == res.tokens_onnx
+    assert res.figures["agreement"] >= 0.6 and res.figures["perplexity_ratio"] <= 1.05
+    proto = onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("MatMulNBits") == res.quantized and "MatMul" not in ops
+    assert int4.rounding_problem(package / "model.onnx", tmp_path / "out" / "model.onnx") is None
+
+
+def test_the_quantization_is_the_quantizers_own(matmul_package, tmp_path):
+    """One weight at a time, the same blocks and scales as ONNX Runtime's quantizer over the
+    whole file (optimize/int4.py's RTN candidate at block 32, accuracy level 4)."""
+    whole = tmp_path / "whole.onnx"
+    int4.quantize_int4(str(matmul_package / "model.onnx"), str(whole), tied_embedding=False)
+    assert stream_int4.quantize_streamed(matmul_package / "model.onnx",
+                                         tmp_path / "streamed.onnx") == 2
+    a = onnx.load(str(whole))
+    b = onnx.load(str(tmp_path / "streamed.onnx"))
+    qa = {t.name: onnx.numpy_helper.to_array(t) for t in a.graph.initializer if "_Q4" in t.name
+          or t.name.endswith("_scales")}
+    qb = {t.name: onnx.numpy_helper.to_array(t) for t in b.graph.initializer if "_Q4" in t.name
+          or t.name.endswith("_scales")}
+    assert qa.keys() == qb.keys() and qa
+    for k in qa:
+        np.testing.assert_array_equal(qa[k], qb[k])
+
+
+@pytest.mark.parametrize("fault", ["block", "scale"])
+def test_a_corrupted_block_or_a_wrong_scale_is_refused(bf16, matmul_package, tmp_path,
+                                                      fault):
+    """A 4-bit block of the last MLP weight rewritten, or one of its scales doubled: OM870,
+    nothing written (before any generation)."""
+    folder, _model = bf16
+
+    def tamper(path):
+        if fault == "block":
+            _edit(path, lambda n: "down_proj" in n and n.endswith("_Q4"),
+                  lambda q: np.where(np.arange(q.size).reshape(q.shape) < q.shape[-1], 0x88 ^ q,
+                                     q).astype(q.dtype))
+        else:
+            _edit(path, lambda n: "down_proj" in n and n.endswith("_scales"),
+                  lambda s: (s * np.where(np.arange(s.size) == 3, 2, 1).reshape(s.shape)
+                             ).astype(s.dtype))
+
+    res = stream_int4.int4_streamed(matmul_package, folder, tmp_path / "out", budget=LOOSE,
+                                    tamper=tamper)
+    assert not res.ok and not (tmp_path / "out").exists()
+    assert [f.code for f in res.findings] == ["OM870"]
+    assert "down_proj" in res.findings[0].message
+    assert "onnx" not in res.seconds  # refused before the task was run
+
+
+@pytest.mark.slow  # the builder's package, ONNX Runtime's generation and PyTorch's pass
+def test_a_wrong_float32_weight_beside_the_int4_ones_is_outside_the_budget(bf16, package,
+                                                                         tmp_path):
+    """The final norm's weight (left float32, so no rounding rule sees it) negated: the task
+    budget refuses the package (OM871), its figures in the finding."""
+    folder, _model = bf16
+    res = stream_int4.int4_streamed(
+        package, folder, tmp_path / "out", budget=LOOSE,
+        tamper=lambda p: _edit(p, lambda n: "final_norm" in n, lambda w: -w))
+    assert not res.ok and not (tmp_path / "out").exists()
+    assert [f.code for f in res.findings] == ["OM871"]
+    assert res.figures["agreement"] < 0.6 or res.figures["perplexity_ratio"] > 1.05
+
+
+def test_the_command_refuses_a_folder_it_cannot_stream(tmp_path, capsys):
+    """``python -m onnxmedic.hf.transforms.stream_int4`` on folders that are no checkpoint:
+    exit 1 and the reason, no traceback."""
+    assert stream_int4.main([str(tmp_path / "pkg"), str(tmp_path), "-o",
+                             str(tmp_path / "out")]) == 1
+    assert "onnxmedic.hf.transforms.stream_int4:" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # the builder, generation in ONNX Runtime, PyTorch and genai
+def test_export_int4_at_size_streams_without_loading_the_model(bf16, package, tmp_path,
+                                                              monkeypatch):
+    """``export_pretrained(FOLDER, precision="int4")`` on a checkpoint at least STREAM_FROM
+    large: the builder's package made int4 and judged streamed, the PyTorch model never
+    loaded (load_for_task would raise)."""
+    import onnxmedic
+    from onnxmedic import hf
+
+    folder, _model = bf16  # its tokenizer copied in by the package fixture
+    monkeypatch.setattr(stream_int4, "STREAM_FROM", 0)
+
+    def no_load(*a, **k):
+        raise AssertionError("the whole-model road loaded the model")
+
+    monkeypatch.setattr(hf, "load_for_task", no_load)
+    res = onnxmedic.export_pretrained(folder, tmp_path / "out", precision="int4",
+                                      accuracy=LOOSE, report=tmp_path / "r.json")
+    assert res.ok, [f.message for f in res.findings]
+    assert res.stages == {"export": "passed", "optimize": "passed"}
+    assert any(f.code == "OM819" and "judged streamed" in f.message for f in res.findings)
+    assert (tmp_path / "out" / "genai_config.json").is_file()
+    assert (tmp_path / "out" / "config.json").is_file()
+    assert (tmp_path / "r.json").is_file()
+
+
+def test_export_int4_below_the_size_keeps_the_whole_model_road(bf16, monkeypatch):
+    folder, _model = bf16
+    assert stream_int4.streamed_road(folder, None, dtype="fp32", verify=True, opset=None,
+                                     backend="auto", remote_code=False) is None
+    monkeypatch.setattr(stream_int4, "STREAM_FROM", 0)
+    assert stream_int4.streamed_road(f"hf:{folder}", None, dtype="fp32", verify=True,
+                                     opset=None, backend="auto", remote_code=False) == folder
+    assert stream_int4.streamed_road(folder, None, dtype="fp32", verify=True, opset=None,
+                                     backend="export", remote_code=False) is None
+
+
+@pytest.mark.parametrize("k", [64, 40])  # 40: the last block padded
+def test_the_rounding_rule_of_one_weight(k):
+    """optimize/int4.block_problem on ONNX Runtime's own blocks of a (k, 24) weight: none is
+    off; one 4-bit level moved by two steps, or a scale halved, is found where it is."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+
+    w = np.random.default_rng(0).standard_normal((k, 24)).astype(np.float32)
+    q, scales, _zp = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
+        block_size=32, is_symmetric=True, bits=4)).qbits_block_quant(w)
+    at = {"N": 24, "K": k, "bits": 4, "block_size": 32}
+    assert int4.block_problem("m", w, q, scales, at) is None
+    bad = q.copy()
+    bad[5, 0, 3] = (bad[5, 0, 3] & 0xF0) | ((bad[5, 0, 3] & 15) ^ 2)  # weight (6, 5): 2 steps
+    assert "weight (6, 5)" in int4.block_problem("m", w, bad, scales, at)
+    half = scales.copy()
+    half[7, 1 if k > 32 else 0] /= 2
+    assert "m: weight (" in int4.block_problem("m", w, q, half, at)
