@@ -148,36 +148,14 @@ def onnx_generation(folder: Path, layout: StepLayout, enc: dict[str, np.ndarray]
     """The encoder graph once, then greedy decoding with the decoder graph (a sandbox run per
     step, its own self-attention cache fed back): the encoder's outputs, the tokens, each
     step's logits and feeds. Stops at a failed run (a finding in ``check``)."""
-    def run(path: Path, feed: dict[str, np.ndarray], what: str) -> dict[str, np.ndarray] | None:
-        sbx = sandbox.run_model(path, [feed], timeout=timeout)
-        if not sbx.ok:
-            f = sbx.finding(STAGE, timeout)
-            if f is not None:
-                f.message = f"{what}: {f.message}"
-                check.fail(f)
-            return None
-        return dict(zip(sbx.output_names, sbx.outputs[0]))
-
-    out = run(folder / ENCODER, enc, "the encoder")
+    out = gen_verify.run_step(folder / ENCODER, enc, "the encoder", timeout, check)
     if out is None:
         return None, [], [], []
-    encoder = list(out.values())
     cross = {n: v for n, v in out.items() if parse_cache_name(n)}
-    tokens: list[int] = []
-    logits: list[np.ndarray] = []
-    feeds: list[dict[str, np.ndarray]] = []
-    selfs, new = None, [start]
-    for step in range(steps):
-        feed = layout.feed(new, selfs, cross=cross, encoder_mask=enc.get("attention_mask"))
-        res = run(folder / DECODER, feed, f"generation step {step}")
-        if res is None:
-            break
-        feeds.append(feed)
-        logits.append(layout.logits(res))
-        selfs = layout.presents(res)
-        new = [int(np.argmax(logits[-1][0, -1]))]
-        tokens.append(new[0])
-    return encoder, tokens, logits, feeds
+    tokens, logits, feeds = gen_verify.greedy_steps(
+        folder / DECODER, layout, [start], steps, timeout, check, cross=cross,
+        encoder_mask=enc.get("attention_mask"))
+    return list(out.values()), tokens, logits, feeds
 
 
 def _args(feed: dict[str, np.ndarray], names: list[str]) -> tuple[Any, ...]:
