@@ -31,14 +31,17 @@ from onnxmedic.findings import error
 from onnxmedic.genpackage import StepLayout, parse_cache_name, read_step
 from onnxmedic.hf import gen_verify
 from onnxmedic.hf.gen_verify import GenerationCheck, judge_prompt
-from onnxmedic.hf.seq2seq_inputs import TEXTS, audio_features, default_processor, text_ids
 from onnxmedic.hf.seq2seq_modules import (
     DECODER,
     ENCODER,
+    TEXTS,
     EncoderWithCross,
+    audio_features,
+    default_processor,
     main_input,
     no_start_token,
     start_token,
+    text_ids,
 )
 from onnxmedic.inputs import Inputs
 from onnxmedic.verify.budget import judge_output
