@@ -489,14 +489,16 @@ def not_installed() -> Finding:
 
 
 def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: float,
-                     eos: set[int]) -> None:
-    """onnxruntime-genai generating from ``folder`` (a child process) must give PyTorch's
-    tokens (up to an EOS it stops at)."""
+                     eos: set[int] | None, spec: str | None = None, what: str = "prompt"
+                     ) -> None:
+    """onnxruntime-genai generating from ``folder`` (the genai child, a child process) must
+    give PyTorch's tokens (up to an EOS of ``eos`` it stops at; :func:`genai_tokens`).
+    ``spec``: the child's JSON spec (None: check.prompts, :func:`genai_spec`)."""
     if not genai_available():
         check.findings.append(not_installed())
         return
-    run = start_genai_child(CHILD, folder, genai_spec(folder, check.prompts, steps))
-    genai_tokens(run, check, steps, timeout, eos)
+    run = start_genai_child(CHILD, folder, spec or genai_spec(folder, check.prompts, steps))
+    genai_tokens(run, check, steps, timeout, eos, what)
 
 
 def genai_tokens(run: ChildRun, check: GenerationCheck, steps: int, timeout: float,

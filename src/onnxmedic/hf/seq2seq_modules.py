@@ -8,7 +8,6 @@ feature extractor whose frames the encoder cannot take."""
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -17,8 +16,6 @@ import torch
 
 from onnxmedic.findings import InputError, error
 from onnxmedic.hf.generation import flat_cache
-
-logger = logging.getLogger(__name__)
 
 TASKS = ("text2text-generation-with-past", "automatic-speech-recognition-with-past")
 ENCODER = "encoder_model.onnx"
@@ -153,8 +150,6 @@ def decoder_module(model: torch.nn.Module, mask: bool) -> DecoderWithPast:
     """The decoder step's module: with the encoder mask (text), or without (audio)."""
     return DecoderWithPast(model, True) if mask else AudioDecoderWithPast(model)
 
-
-# -- the encoder inputs ---------------------------------------------------------------------
 
 STAGE = "inputs"
 TEXTS = ("Return the number of items in the list, and the list sorted.",

@@ -240,16 +240,11 @@ def genai_generation(folder: Path, check: GenerationCheck, inputs: list[dict[str
     """onnxruntime-genai generating from the Whisper package in ``folder`` (the genai child,
     hf/genai_child.py), fed each input's features as ONNX Runtime and PyTorch were, must give
     PyTorch's tokens (OM814; OM816 where genai cannot load or run the folder)."""
-    if not gen_verify.genai_available():
-        check.findings.append(gen_verify.not_installed())
-        return
     with tempfile.TemporaryDirectory(prefix="onnxmedic-genai-") as tmp:
         files = []
         for i, enc in enumerate(inputs):
-            path = Path(tmp) / f"features{i}.npy"
-            np.save(path, enc["input_features"].numpy())
+            np.save(path := Path(tmp) / f"features{i}.npy", enc["input_features"].numpy())
             files.append(str(path))
         spec = json.dumps({"features": files, "input": "input_features", "start": start,
                            "steps": steps})
-        run = gen_verify.start_genai_child(gen_verify.CHILD, folder, spec)
-        gen_verify.genai_tokens(run, check, steps, timeout, None, "input")
+        gen_verify.genai_generation(folder, check, steps, timeout, None, spec, "input")
