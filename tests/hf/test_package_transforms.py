@@ -97,6 +97,19 @@ def test_export_int4_flags_that_do_not_go(argv, said, capsys):
     assert e.value.code == 2 and said in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_a_package_at_fp16_or_int8_is_refused_before_any_work(precision, tmp_path, capsys):
+    """fp16 and int8 generation packages are not made (only fp32 and int4 are, on the CPU):
+    ``optimize PACKAGE hf:X --precision fp16|int8`` is a usage error that says so, before the
+    package or the checkpoint is read; nothing is written."""
+    (tmp_path / "pkg").mkdir()
+    rc = main(["optimize", str(tmp_path / "pkg"), "hf:missing", "--precision", precision,
+               "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--precision fp32 or int4 here, not {precision}" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
+
+
 # ------------------------------------------------------------------------------------------
 # the package passes: the contract as their pre- and postcondition
 

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import logging
 import os
-from functools import partial
 from typing import Any
 
 import torch
 
 from onnxmedic.findings import InputError
-from onnxmedic.hf.backends import Backend, export_generation
+from onnxmedic.hf.backends import Backend, export_generation, package_for_task
 from onnxmedic.hf.checkpoint import DTYPES, STAGE
-from onnxmedic.hf.load import Loaded, generation_available, load_for_task, spec_name
+from onnxmedic.hf.load import generation_available, load_for_task, spec_name
 from onnxmedic.hf.tasks import ALL_TASKS, GENERATION, TASKS, detect_task, supported_tasks
 from onnxmedic.result import ExportResult, stages_of
 
@@ -135,7 +134,7 @@ def export_pretrained(
         if refused is not None:
             result.fail(STAGE, refused)
             return report_to(result, report)
-        return _export_generation(loaded, f, opset, verify, report, options, chosen)
+        return report_to(package_for_task(loaded, f, opset, verify, options, chosen), report)
     from onnxmedic.hf.task_export import export_task
 
     return export_task(loaded, f, dynamic, report, dict(
@@ -149,50 +148,3 @@ def report_to(result: ExportResult, report: str | os.PathLike[str] | None) -> Ex
 
         write_report(result, report)
     return result
-
-
-def _export_generation(loaded: Loaded, f: Any, opset: Any, verify: bool, report: Any,
-                       options: dict[str, Any], chosen: Backend) -> ExportResult:
-    """``*-with-past``: a generation package folder (onnxmedic.hf.generation)."""
-    from onnxmedic.hf import generation  # type: ignore[attr-defined]
-
-    if f is None:
-        raise ValueError("onnxmedic.export_pretrained: a *-with-past task writes a folder; "
-                         "give it as f")
-    why = _not_fusable(loaded.task, options)
-    if loaded.task != "text-generation-with-past":  # an encoder-decoder (hf/seq2seq.py)
-        from onnxmedic.hf import seq2seq
-
-        res = seq2seq.export_seq2seq(
-            loaded.model, f, tokenizer=loaded.tokenizer, processor=loaded.processor,
-            task=loaded.task, verify=verify, opset=opset, report=None,
-            timeout=options.get("timeout"))
-    else:
-        from onnxmedic.hf.transforms.precision import export_at_precision
-
-        int4 = options.get("precision") == "int4"  # hf/transforms/precision.py: the road
-        res = (partial(export_at_precision, precision="int4", budget=options.get("accuracy"))
-               if int4 else export_generation)(
-            loaded.model, f, tokenizer=loaded.tokenizer, task=loaded.task, verify=verify,
-            opset=opset, report=None, timeout=options.get("timeout"),
-            optimize=bool(options.get("optimize")) and why is None,
-            build_job=loaded.build_job, strict=chosen.strict)
-    if why is not None:
-        res.findings.append(generation.not_optimized(why))
-    return report_to(res, report)
-
-
-def _not_fusable(task: str, options: dict[str, Any]) -> str | None:
-    """Why ``--optimize`` does not apply to this package (None when it does, or when not
-    asked for): a decoder package is fused at float32 (hf/transforms/fuse_decoder.py)."""
-    if not options.get("optimize"):
-        return None
-    if task != "text-generation-with-past":
-        return (f"{task} packages have no fused variant (the decoder-only "
-                "text-generation-with-past package has)")
-    precision = options.get("precision") or "fp32"
-    if precision not in ("fp32", "int4"):
-        return (f"a generation package is optimized at fp32 here (its decoder fused); "
-                f"--precision {precision} for it is `onnxmedic optimize PACKAGE hf:CHECKPOINT "
-                "-o OUT --precision int4` (docs/int4.md)")
-    return None

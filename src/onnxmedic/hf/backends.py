@@ -1,4 +1,6 @@
-"""Who builds a ``text-generation-with-past`` package: the one place ``backend`` is read.
+"""Who builds a generation package: the one place ``backend`` is read, and where
+``export_pretrained`` picks the road of a ``*-with-past`` task (:func:`package_for_task`: the
+encoder-decoder's export, the int4 road, or :func:`export_generation`).
 
 Two backends write the package, and the same verification judges either (hf/gen_verify.py):
 onnxmedic's own export (hf/generation.py) and onnxruntime-genai's model builder (hf/builder.py
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from onnxmedic.hf.builder import BuildJob
     from onnxmedic.hf.checkpoint import Checkpoint
     from onnxmedic.hf.generation import Request
+    from onnxmedic.hf.load import Loaded
     from onnxmedic.result import ExportResult
 
 logger = logging.getLogger(__name__)
@@ -329,3 +332,55 @@ def _fused_ops(folder: Path) -> str:
         return "?"
     ops = Counter(n.op_type for n in proto.graph.node if n.domain == "com.microsoft")
     return ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) or "none"
+
+
+def package_for_task(loaded: Loaded, f: Any, opset: Any, verify: bool,
+                     options: dict[str, Any], chosen: Backend) -> ExportResult:
+    """``export_pretrained`` of a ``*-with-past`` task: the generation package folder at ``f``
+    by the road the task, ``options["precision"]`` and the backend ``chosen`` pick (the
+    encoder-decoder's export, hf/transforms/precision.py's int4 road, or
+    :func:`export_generation`); ``options``: export_pretrained's."""
+    from functools import partial
+
+    from onnxmedic.hf import generation
+
+    if f is None:
+        raise ValueError("onnxmedic.export_pretrained: a *-with-past task writes a folder; "
+                         "give it as f")
+    why = _not_fusable(loaded.task, options)
+    if loaded.task != "text-generation-with-past":  # an encoder-decoder (hf/seq2seq.py)
+        from onnxmedic.hf import seq2seq
+
+        res = seq2seq.export_seq2seq(
+            loaded.model, f, tokenizer=loaded.tokenizer, processor=loaded.processor,
+            task=loaded.task, verify=verify, opset=opset, report=None,
+            timeout=options.get("timeout"))
+    else:
+        from onnxmedic.hf.transforms.precision import export_at_precision
+
+        int4 = options.get("precision") == "int4"  # hf/transforms/precision.py: the road
+        res = (partial(export_at_precision, precision="int4", budget=options.get("accuracy"))
+               if int4 else export_generation)(
+            loaded.model, f, tokenizer=loaded.tokenizer, task=loaded.task, verify=verify,
+            opset=opset, report=None, timeout=options.get("timeout"),
+            optimize=bool(options.get("optimize")) and why is None,
+            build_job=loaded.build_job, strict=chosen.strict)
+    if why is not None:
+        res.findings.append(generation.not_optimized(why))
+    return res
+
+
+def _not_fusable(task: str, options: dict[str, Any]) -> str | None:
+    """Why ``--optimize`` does not apply to this package (None when it does, or when not
+    asked for): a decoder package is fused at float32 (hf/transforms/fuse_decoder.py)."""
+    if not options.get("optimize"):
+        return None
+    if task != "text-generation-with-past":
+        return (f"{task} packages have no fused variant (the decoder-only "
+                "text-generation-with-past package has)")
+    precision = options.get("precision") or "fp32"
+    if precision not in ("fp32", "int4"):
+        return (f"a generation package is optimized at fp32 here (its decoder fused); "
+                f"--precision {precision} for it is `onnxmedic optimize PACKAGE hf:CHECKPOINT "
+                "-o OUT --precision int4` (docs/int4.md)")
+    return None

@@ -268,36 +268,45 @@ def quantized_file(path: Path) -> bool:
     return quantized_weights(onnx.load(str(path), load_external_data=False))
 
 
-def onnx_generation(path: Path, layout: StepLayout, ids: list[int], steps: int,
-                    timeout: float, check: GenerationCheck, threads: int | None = None
-                    ) -> tuple[list[int], list[np.ndarray], list[dict[str, np.ndarray]]]:
-    """Greedy generation in ONNX Runtime (a sandbox run per step, its own cache fed back; inside
-    :func:`sandbox.reuse` one session serves every step): the tokens, each step's logits and
-    feeds. Stops at a failed run (a finding in ``check``)."""
+def run_step(path: Path, feed: dict[str, np.ndarray], what: str, timeout: float,
+             check: GenerationCheck, **run_kw: Any) -> dict[str, np.ndarray] | None:
+    """One sandbox run of the graph at ``path`` on ``feed``: its outputs by name, or None
+    after failing ``check`` with the run's finding (its message led by ``what``)."""
+    sbx = sandbox.run_model(path, [feed], timeout=timeout, **run_kw)
+    if not sbx.ok:
+        f = sbx.finding(STAGE, timeout)
+        if f is not None:
+            f.message = f"{what}: {f.message}"
+            check.fail(f)
+        return None
+    return dict(zip(sbx.output_names, sbx.outputs[0]))
+
+
+def greedy_steps(path: Path, layout: StepLayout, first: list[int], steps: int, timeout: float,
+                 check: GenerationCheck, cross: dict[str, np.ndarray] | None = None,
+                 encoder_mask: np.ndarray | None = None, **run_kw: Any
+                 ) -> tuple[list[int], list[np.ndarray], list[dict[str, np.ndarray]]]:
+    """Greedy generation with the step graph at ``path`` (a sandbox run per step, its own
+    cache fed back; inside :func:`sandbox.reuse` a kept child serves every step), from the
+    tokens ``first`` (a decoder's prompt, an encoder-decoder's start token; ``cross`` and
+    ``encoder_mask``: the encoder's cross-attention cache and mask): the tokens, each step's
+    logits and feeds. Stops at a failed run (a finding in ``check``). ``run_kw``: the
+    sandbox run's options."""
     tokens: list[int] = []
     logits: list[np.ndarray] = []
     feeds: list[dict[str, np.ndarray]] = []
-    past, new, fed = None, list(ids), 0
-    quantized = quantized_file(path)
+    past, new, fed = None, list(first), 0
     for step in range(steps):
         # a graph of one token per step (a cache with states) takes the prompt token by
         # token: the step's logits are theirs concatenated
         chunks = [[t] for t in new] if layout.step_tokens == 1 else [new]
         parts = []
         for chunk in chunks:
-            feed = layout.feed(chunk, past, past_length=fed)
-            # float weights not packed: the loop's few runs do not repay packing every weight
-            # at load (a 0.5 B decoder loads in 0.9 s instead of 2.4; quantized_weights says
-            # why)
-            sbx = sandbox.run_model(path, [feed], timeout=timeout, keep_session=True,
-                                    prepack=quantized, threads=threads)
-            if not sbx.ok:
-                f = sbx.finding(STAGE, timeout)
-                if f is not None:
-                    f.message = f"generation step {step}: {f.message}"
-                    check.fail(f)
+            feed = layout.feed(chunk, past, past_length=fed, cross=cross,
+                               encoder_mask=encoder_mask)
+            out = run_step(path, feed, f"generation step {step}", timeout, check, **run_kw)
+            if out is None:
                 return tokens, logits, feeds
-            out = dict(zip(sbx.output_names, sbx.outputs[0]))
             parts.append(layout.logits(out))
             past, fed = layout.presents(out), fed + len(chunk)
         feeds.append(feed)
@@ -305,6 +314,17 @@ def onnx_generation(path: Path, layout: StepLayout, ids: list[int], steps: int,
         new = [int(np.argmax(logits[-1][0, -1]))]
         tokens.append(new[0])
     return tokens, logits, feeds
+
+
+def onnx_generation(path: Path, layout: StepLayout, ids: list[int], steps: int,
+                    timeout: float, check: GenerationCheck, threads: int | None = None
+                    ) -> tuple[list[int], list[np.ndarray], list[dict[str, np.ndarray]]]:
+    """A decoder's greedy generation from the prompt ``ids`` (:func:`greedy_steps`), its
+    session kept for every step. Float weights are not packed: the loop's few runs do not
+    repay packing every weight at load (a 0.5 B decoder loads in 0.9 s instead of 2.4;
+    :func:`quantized_weights` says why)."""
+    return greedy_steps(path, layout, ids, steps, timeout, check, keep_session=True,
+                        prepack=quantized_file(path), threads=threads)
 
 
 def top2_gap(logits: np.ndarray) -> float:
@@ -469,14 +489,16 @@ def not_installed() -> Finding:
 
 
 def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: float,
-                     eos: set[int]) -> None:
-    """onnxruntime-genai generating from ``folder`` (a child process) must give PyTorch's
-    tokens (up to an EOS it stops at)."""
+                     eos: set[int] | None, spec: str | None = None, what: str = "prompt"
+                     ) -> None:
+    """onnxruntime-genai generating from ``folder`` (the genai child, a child process) must
+    give PyTorch's tokens (up to an EOS of ``eos`` it stops at; :func:`genai_tokens`).
+    ``spec``: the child's JSON spec (None: check.prompts, :func:`genai_spec`)."""
     if not genai_available():
         check.findings.append(not_installed())
         return
-    run = start_genai_child(CHILD, folder, genai_spec(folder, check.prompts, steps))
-    genai_tokens(run, check, steps, timeout, eos)
+    run = start_genai_child(CHILD, folder, spec or genai_spec(folder, check.prompts, steps))
+    genai_tokens(run, check, steps, timeout, eos, what)
 
 
 def genai_tokens(run: ChildRun, check: GenerationCheck, steps: int, timeout: float,

@@ -66,6 +66,8 @@ from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
     DecoderWithPast,
     EncoderWithCross,
     decoder_module,
+    default_processor,
+    encoder_inputs,
     hidden_size,
     interleave,
     main_input,
@@ -84,9 +86,7 @@ def encoder_example(model: torch.nn.Module, tokenizer: Any = None, processor: An
                     ) -> dict[str, torch.Tensor]:
     """The encoder's example inputs (batch 2): two texts through the tokenizer (padded), ids
     from the config without one; Whisper: two tones through the feature extractor."""
-    from onnxmedic.hf import seq2seq_inputs
-
-    return seq2seq_inputs.encoder_inputs(model, tokenizer, processor, batch=EXAMPLE_BATCH)
+    return encoder_inputs(model, tokenizer, processor, batch=EXAMPLE_BATCH)
 
 
 def decoder_example(model: torch.nn.Module, enc: dict[str, torch.Tensor], start: int
@@ -278,7 +278,6 @@ def _preflight(result: ExportResult, req: Request, task: str) -> bool:
 
 
 def _build_and_check(result: ExportResult, req: Request, tmp: Path) -> None:
-    from onnxmedic.hf.seq2seq_inputs import default_processor
     from onnxmedic.hf.seq2seq_verify import verify_seq2seq
 
     model, audio = req.model, main_input(req.model) == "input_features"

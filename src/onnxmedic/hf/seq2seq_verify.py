@@ -31,14 +31,17 @@ from onnxmedic.findings import error
 from onnxmedic.genpackage import StepLayout, parse_cache_name, read_step
 from onnxmedic.hf import gen_verify
 from onnxmedic.hf.gen_verify import GenerationCheck, judge_prompt
-from onnxmedic.hf.seq2seq_inputs import TEXTS, audio_features, default_processor, text_ids
 from onnxmedic.hf.seq2seq_modules import (
     DECODER,
     ENCODER,
+    TEXTS,
     EncoderWithCross,
+    audio_features,
+    default_processor,
     main_input,
     no_start_token,
     start_token,
+    text_ids,
 )
 from onnxmedic.inputs import Inputs
 from onnxmedic.verify.budget import judge_output
@@ -148,36 +151,14 @@ def onnx_generation(folder: Path, layout: StepLayout, enc: dict[str, np.ndarray]
     """The encoder graph once, then greedy decoding with the decoder graph (a sandbox run per
     step, its own self-attention cache fed back): the encoder's outputs, the tokens, each
     step's logits and feeds. Stops at a failed run (a finding in ``check``)."""
-    def run(path: Path, feed: dict[str, np.ndarray], what: str) -> dict[str, np.ndarray] | None:
-        sbx = sandbox.run_model(path, [feed], timeout=timeout)
-        if not sbx.ok:
-            f = sbx.finding(STAGE, timeout)
-            if f is not None:
-                f.message = f"{what}: {f.message}"
-                check.fail(f)
-            return None
-        return dict(zip(sbx.output_names, sbx.outputs[0]))
-
-    out = run(folder / ENCODER, enc, "the encoder")
+    out = gen_verify.run_step(folder / ENCODER, enc, "the encoder", timeout, check)
     if out is None:
         return None, [], [], []
-    encoder = list(out.values())
     cross = {n: v for n, v in out.items() if parse_cache_name(n)}
-    tokens: list[int] = []
-    logits: list[np.ndarray] = []
-    feeds: list[dict[str, np.ndarray]] = []
-    selfs, new = None, [start]
-    for step in range(steps):
-        feed = layout.feed(new, selfs, cross=cross, encoder_mask=enc.get("attention_mask"))
-        res = run(folder / DECODER, feed, f"generation step {step}")
-        if res is None:
-            break
-        feeds.append(feed)
-        logits.append(layout.logits(res))
-        selfs = layout.presents(res)
-        new = [int(np.argmax(logits[-1][0, -1]))]
-        tokens.append(new[0])
-    return encoder, tokens, logits, feeds
+    tokens, logits, feeds = gen_verify.greedy_steps(
+        folder / DECODER, layout, [start], steps, timeout, check, cross=cross,
+        encoder_mask=enc.get("attention_mask"))
+    return list(out.values()), tokens, logits, feeds
 
 
 def _args(feed: dict[str, np.ndarray], names: list[str]) -> tuple[Any, ...]:
@@ -259,16 +240,11 @@ def genai_generation(folder: Path, check: GenerationCheck, inputs: list[dict[str
     """onnxruntime-genai generating from the Whisper package in ``folder`` (the genai child,
     hf/genai_child.py), fed each input's features as ONNX Runtime and PyTorch were, must give
     PyTorch's tokens (OM814; OM816 where genai cannot load or run the folder)."""
-    if not gen_verify.genai_available():
-        check.findings.append(gen_verify.not_installed())
-        return
     with tempfile.TemporaryDirectory(prefix="onnxmedic-genai-") as tmp:
         files = []
         for i, enc in enumerate(inputs):
-            path = Path(tmp) / f"features{i}.npy"
-            np.save(path, enc["input_features"].numpy())
+            np.save(path := Path(tmp) / f"features{i}.npy", enc["input_features"].numpy())
             files.append(str(path))
         spec = json.dumps({"features": files, "input": "input_features", "start": start,
                            "steps": steps})
-        run = gen_verify.start_genai_child(gen_verify.CHILD, folder, spec)
-        gen_verify.genai_tokens(run, check, steps, timeout, None, "input")
+        gen_verify.genai_generation(folder, check, steps, timeout, None, spec, "input")
