@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "src"))
 OUT = ROOT / "build" / "family_sweep"
 TABLE = ROOT / "bench" / "results" / "family_sweep.md"
 MAX_PARAMS = 20_000_000
+STEPS = 8  # greedy tokens compared with PyTorch's (onnxmedic's own default)
 # size keys of transformers' configs, shrunk where a config has them
 SHRINK: dict[str, Any] = {
     "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -137,13 +138,79 @@ def _export(folder: Path, out: Path, timeout: float) -> dict[str, Any]:
                  if f.get("severity") == "error"), "")}
 
 
-def run(model_type: str, kind: str, timeout: float) -> dict[str, Any]:
-    """One family's row: built and saved (bench/zoo/generation.py's tokenizer), exported."""
+def exporters_child(folder: Path, kind: str, out: Path) -> dict[str, Any]:
+    """transformers.exporters' ``export_for_generation`` on the saved folder and greedy
+    generation through its ONNX Runtime runners, compared with PyTorch's greedy tokens (the
+    peers benches' own calls: bench/peers/generation.py, bench/peers/seq2seq.py)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    if kind == "seq2seq":
+        from bench.peers import seq2seq as peer
+        from onnxmedic.hf.seq2seq import start_token
+        from onnxmedic.hf.seq2seq_verify import torch_generation as torch_seq2seq
+
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+        enc = peer._inputs(model, tok, None)
+        start = start_token(model)
+        want, _ = torch_seq2seq(model, enc, STEPS, start)
+        row = peer._exporters(model, tok, None, folder, out, enc, start, STEPS)
+    else:
+        from bench.peers import generation as peer
+        from onnxmedic.hf.gen_verify import torch_generation
+
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        want, _ = torch_generation(model, [int(t) for t in tok(peer.PROMPT)["input_ids"]],
+                                   STEPS)
+        row = peer._exporters(model, tok, folder, out, STEPS)
+    got = row.get("tokens")
+    row["correct"] = bool(got) and "error" not in row and got == want[:len(got)] and (
+        len(got) == len(want))
+    row["torch_tokens"] = want
+    return row
+
+
+def _exporters(folder: Path, kind: str, timeout: float) -> dict[str, Any]:
+    """:func:`exporters_child` in a process of its own, with a timeout: the ``exporters``
+    column ("correct", "wrong tokens", "fails: ...", "timeout")."""
+    import shutil
+
+    out = OUT / "exporters" / folder.name
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--exporters-child", str(folder),
+           kind, str(out)]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"exporters": "timeout"}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    try:
+        res = json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        lines = [x for x in p.stderr.strip().splitlines() if x.strip()]
+        return {"exporters": "fails: " + (lines[-1] if lines else f"exit {p.returncode}")[:160]}
+    if "error" in res:
+        return {"exporters": "fails: " + res["error"][:160]}
+    return {"exporters": "correct" if res["correct"] else "wrong tokens"}
+
+
+def run(model_type: str, kind: str, timeout: float, row: dict[str, Any] | None = None
+        ) -> dict[str, Any]:
+    """One family's row: built and saved (bench/zoo/generation.py's tokenizer), exported by
+    onnxmedic and by transformers.exporters; the part ``row`` (an earlier run's) already has
+    is kept."""
     import shutil
 
     from bench.zoo.generation import save_checkpoint
 
-    row: dict[str, Any] = {"family": model_type, "kind": kind}
+    row = dict(row or {"family": model_type, "kind": kind})
+    if row.get("outcome") == "no tiny config":
+        return row
     try:
         folder = save_checkpoint(model_type, OUT / "ckpt",
                                  lambda name: tiny_model(name, kind))
@@ -151,16 +218,20 @@ def run(model_type: str, kind: str, timeout: float) -> dict[str, Any]:
         shutil.rmtree(OUT / "ckpt" / model_type, ignore_errors=True)
         return {**row, "outcome": "no tiny config", "codes": [],
                 "first": f"{type(e).__name__}: {e}"[:160]}
-    out = OUT / "pkg" / model_type
-    shutil.rmtree(out, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    row.update(_export(folder, out, timeout))
-    shutil.rmtree(out, ignore_errors=True)
+    if "outcome" not in row:
+        out = OUT / "pkg" / model_type
+        shutil.rmtree(out, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        row.update(_export(folder, out, timeout))
+        shutil.rmtree(out, ignore_errors=True)
+    if "exporters" not in row:
+        row.update(_exporters(folder, kind, timeout))
     return row
 
 
 def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
-    """The markdown table of ``rows``."""
+    """The markdown table of ``rows``: the command, date and machine, the totals, the rows."""
+    ours, peer = _counts(rows, "outcome"), _counts(rows, "exporters")
     lines = [
         "# Family sweep: every causal LM and encoder-decoder transformers ships, tiny",
         "",
@@ -168,23 +239,35 @@ def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
         f"- date: {datetime.date.today().isoformat()}",
         f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}, {platform.system()}",
-        "- totals: " + ", ".join(f"{k} {v}" for k, v in sorted(_counts(rows).items())),
-        f"- not run: {', '.join(left) if left else 'none'}",
         "",
-        "| family | kind | outcome | error codes | s | first error |",
-        "|---|---|---|---|---|---|",
+        "| families run | onnxmedic verified | refused | no tiny config | OM009 "
+        "| transformers.exporters correct | wrong tokens | fails |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {len(rows)} | {ours.get('verified', 0)} | {ours.get('refused', 0)} "
+        f"| {ours.get('no tiny config', 0)} "
+        f"| {sum('OM009' in r.get('codes', []) or r['outcome'] == 'internal error' for r in rows)}"
+        f" | {peer.get('correct', 0)} | {peer.get('wrong tokens', 0)} "
+        f"| {sum(v for k, v in peer.items() if k not in ('correct', 'wrong tokens', '-'))} |",
+        "",
+        f"not run: {', '.join(left) if left else 'none'}",
+        "",
+        "| family | kind | onnxmedic | error codes | s | first error | transformers.exporters |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: r["family"]):
         first = r.get("first", "").replace("|", "/").replace("\n", " ")
+        peer_cell = r.get("exporters", "-").replace("|", "/").replace("\n", " ")
         lines.append(f"| {r['family']} | {r['kind']} | {r['outcome']} | "
-                     f"{' '.join(r.get('codes', []))} | {r.get('seconds', '')} | {first} |")
+                     f"{' '.join(r.get('codes', []))} | {r.get('seconds', '')} | {first} | "
+                     f"{peer_cell} |")
     return "\n".join(lines) + "\n"
 
 
-def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+def _counts(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in rows:
-        out[r["outcome"]] = out.get(r["outcome"], 0) + 1
+        v = r.get(key, "-").split(":")[0]
+        out[v] = out.get(v, 0) + 1
     return out
 
 
@@ -194,7 +277,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, help="at most this many families this run")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--budget", type=float, help="start no family after this many seconds")
+    ap.add_argument("--exporters-child", nargs=3, metavar=("FOLDER", "KIND", "OUT"),
+                    help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
+    if ns.exporters_child:
+        folder, kind, out = ns.exporters_child
+        print(json.dumps(exporters_child(Path(folder), kind, Path(out))), flush=True)
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     results = OUT / "results.jsonl"
     done: dict[str, dict[str, Any]] = {}
@@ -202,17 +291,21 @@ def main(argv: list[str] | None = None) -> None:
         for line in results.read_text().splitlines():
             r = json.loads(line)
             done[r["family"]] = r
-    todo = [f for f in families() if f[0] not in done]  # a later run goes on
+    # a later run goes on: families not run, then those whose exporters column is missing
+    todo = ([f for f in families() if f[0] not in done] +
+            [f for f in families() if f[0] in done and "exporters" not in done[f[0]]])
     if ns.families:
         wanted = set(ns.families.split(","))
         todo = [f for f in families() if f[0] in wanted]
+        for f in todo:  # named families are run again, whole
+            done.pop(f[0], None)
     ran, t0 = 0, time.perf_counter()
     for model_type, kind in todo:
         if ns.limit is not None and ran >= ns.limit:
             break
         if ns.budget is not None and time.perf_counter() - t0 > ns.budget:
             break
-        row = run(model_type, kind, ns.timeout)
+        row = run(model_type, kind, ns.timeout, done.get(model_type))
         ran += 1
         done[model_type] = row
         print(json.dumps(row), flush=True)
