@@ -321,6 +321,26 @@ def test_a_model_whose_own_cache_raises_is_om830(hf_folder, out):
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.parametrize("backend", ["auto", "export"])
+def test_a_model_whose_own_generate_raises_is_om830_on_every_backend(hf_folder, out, backend):
+    """A tiny GraniteMoeHybrid whose layers are all Mamba (its default pattern), which
+    onnxruntime-genai's builder says it serves: generate() raises in transformers (its cache
+    of state layers cannot say its length). Refused with OM830 naming PyTorch's error before
+    the builder is tried (was OM009 on --backend auto: PyTorch's side of the builder's check
+    raised)."""
+    import transformers
+
+    folder = hf_folder("granitemoehybrid-noattn")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with pytest.raises(ValueError, match="get_seq_length"):
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2, do_sample=False)
+    res = onnxmedic.export_pretrained(folder, out / "pkg", task="text-generation-with-past",
+                                      backend=backend)
+    assert not res.ok and res.exit_code == 1 and _codes(res) == ["OM830"], _codes(res)
+    assert "get_seq_length" in res.errors[0].message
+    assert not (out / "pkg").exists()
+
+
 def test_pytorch_failing_on_onnxmedics_step_inputs_is_om828(hf_folder, out):
     """MiniCPM3 with fewer KV heads than query heads generates in PyTorch, but its attention
     raises on the graph's example step (3 new tokens after a past of 4), a step generate()
