@@ -67,6 +67,31 @@ CONFIGS: dict[str, dict[str, Any]] = {
                   num_key_value_heads=2, intermediate_size=128, attn_layer_indices=[1],
                   mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
                   mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16),
+    # zamba ties its hybrid layers' shared block across them: two hybrid layers at least
+    "zamba": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=4, intermediate_size=128, n_mamba_heads=2,
+                  mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+                  layers_block_type=["mamba", "hybrid", "hybrid"], attention_hidden_size=128,
+                  attention_head_dim=32),
+    "zamba2": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=4, intermediate_size=128, n_mamba_heads=8,
+                   mamba_headdim=16, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+                   layers_block_type=["mamba", "hybrid"], chunk_size=16, num_mem_blocks=1,
+                   use_shared_attention_adapter=False, adapter_rank=8, use_mem_rope=False),
+    "granitemoehybrid": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=128,
+                             shared_intermediate_size=64, num_local_experts=4,
+                             num_experts_per_tok=2, layer_types=["mamba", "attention"],
+                             mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
+                             mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+                             mamba_chunk_size=16),
+    "nemotron_h": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, intermediate_size=128,
+                       layers_block_type=["mamba", "moe", "attention", "mlp"],
+                       mamba_num_heads=8, mamba_head_dim=16, n_groups=1, ssm_state_size=8,
+                       conv_kernel=4, expand=2, chunk_size=16, n_routed_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=32,
+                       moe_shared_expert_intermediate_size=64),
     "falcon_mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
                          conv_kernel=4),
 }
@@ -105,6 +130,8 @@ def tiny_model(model_type: str, kind: str) -> Any:
             keys["layer_types"] = (kinds + list(base.layer_types))[:max(n, len(kinds))]
             keys["num_hidden_layers"] = len(keys["layer_types"])
         cfg = AutoConfig.for_model(model_type, **keys)
+    if kind == "seq2seq" and getattr(cfg, "decoder_start_token_id", None) is None:
+        cfg.decoder_start_token_id = cfg.pad_token_id  # as the family's released checkpoints
     auto = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForCausalLM
     with torch.device("meta"):  # counted before any memory is taken (a multimodal default
         n = sum(p.numel() for p in auto.from_config(cfg).parameters())  # is billions)
