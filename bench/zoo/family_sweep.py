@@ -238,6 +238,8 @@ def run(model_type: str, kind: str, timeout: float, row: dict[str, Any] | None =
     row = dict(row or {"family": model_type, "kind": kind})
     if row.get("outcome") == "no tiny config":
         return row
+    if "outcome" not in row:  # run again whole: the checkpoint of today's config
+        shutil.rmtree(OUT / "ckpt" / model_type, ignore_errors=True)
     try:
         folder = save_checkpoint(model_type, OUT / "ckpt",
                                  lambda name: tiny_model(name, kind))
@@ -304,6 +306,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, help="at most this many families this run")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--budget", type=float, help="start no family after this many seconds")
+    ap.add_argument("--table", action="store_true",
+                    help="only write the table from the rows run so far")
     ap.add_argument("--exporters-child", nargs=3, metavar=("FOLDER", "KIND", "OUT"),
                     help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
@@ -318,16 +322,17 @@ def main(argv: list[str] | None = None) -> None:
         for line in results.read_text().splitlines():
             r = json.loads(line)
             done[r["family"]] = r
-    # a later run goes on: families not run, then those whose exporters column is missing
-    todo = ([f for f in families() if f[0] not in done] +
-            [f for f in families() if f[0] in done and "exporters" not in done[f[0]]])
+    # a later run goes on: first the exporters column of families run before it existed
+    # (cheaper: onnxmedic's row is kept), then families not run
+    todo = ([f for f in families() if f[0] in done and "exporters" not in done[f[0]]] +
+            [f for f in families() if f[0] not in done])
     if ns.families:
         wanted = set(ns.families.split(","))
         todo = [f for f in families() if f[0] in wanted]
         for f in todo:  # named families are run again, whole
             done.pop(f[0], None)
     ran, t0 = 0, time.perf_counter()
-    for model_type, kind in todo:
+    for model_type, kind in [] if ns.table else todo:
         if ns.limit is not None and ran >= ns.limit:
             break
         if ns.budget is not None and time.perf_counter() - t0 > ns.budget:
@@ -338,7 +343,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(row), flush=True)
         results.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
     left = [m for m, _ in families() if m not in done]
-    command = "python bench/zoo/family_sweep.py " + " ".join(argv or sys.argv[1:])
+    command = (f"OMP_NUM_THREADS=1 python bench/zoo/family_sweep.py --timeout {ns.timeout:g}"
+               " (repeated: each run adds the rows not yet run)")
     TABLE.write_text(table(list(done.values()), command.strip(), left))
 
 
