@@ -327,8 +327,8 @@ def main(argv: list[str] | None = None) -> None:
     todo = ([f for f in families() if f[0] in done and "exporters" not in done[f[0]]] +
             [f for f in families() if f[0] not in done])
     if ns.families:
-        wanted = set(ns.families.split(","))
-        todo = [f for f in families() if f[0] in wanted]
+        kinds = dict(families())
+        todo = [(m, kinds[m]) for m in ns.families.split(",") if m in kinds]  # in this order
         for f in todo:  # named families are run again, whole
             done.pop(f[0], None)
     ran, t0 = 0, time.perf_counter()
