@@ -226,11 +226,11 @@ def _exporters(folder: Path, kind: str, timeout: float) -> dict[str, Any]:
     return {"exporters": "correct" if res["correct"] else "wrong tokens"}
 
 
-def run(model_type: str, kind: str, timeout: float, row: dict[str, Any] | None = None
-        ) -> dict[str, Any]:
+def run(model_type: str, kind: str, timeout: float, row: dict[str, Any] | None = None,
+        exporters: bool = True) -> dict[str, Any]:
     """One family's row: built and saved (bench/zoo/generation.py's tokenizer), exported by
-    onnxmedic and by transformers.exporters; the part ``row`` (an earlier run's) already has
-    is kept."""
+    onnxmedic and (``exporters``) by transformers.exporters; the part ``row`` (an earlier
+    run's) already has is kept."""
     import shutil
 
     from bench.zoo.generation import save_checkpoint
@@ -253,7 +253,7 @@ def run(model_type: str, kind: str, timeout: float, row: dict[str, Any] | None =
         out.parent.mkdir(parents=True, exist_ok=True)
         row.update(_export(folder, out, timeout))
         shutil.rmtree(out, ignore_errors=True)
-    if "exporters" not in row:
+    if exporters and "exporters" not in row:
         row.update(_exporters(folder, kind, timeout))
     return row
 

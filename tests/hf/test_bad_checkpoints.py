@@ -304,6 +304,26 @@ def test_state_layers_the_package_cannot_carry_are_om827(tmp_path):
     assert generation.unsupported_states(DynamicCache()) == []
 
 
+def test_a_layer_that_needs_no_cache_is_carried_as_nothing():
+    """transformers' DummyLayer (an MLP or MoE layer of a hybrid such as Nemotron-H: no cache
+    at all) is no reason to refuse (was OM827 "no keys and no state"); a layer of another
+    class holding nothing still is."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DummyLayer, LinearAttentionLayer
+
+    from onnxmedic.hf import generation
+
+    state = LinearAttentionLayer()
+    state.conv_states[0] = torch.zeros(1, 8, 3)
+    cache = DynamicCache()
+    cache.layers = [state, DummyLayer()]
+    assert generation.unsupported_states(cache) == []
+    assert generation.cache_spec(cache) == [(0, "conv")]
+    cache.layers = [state, LinearAttentionLayer()]
+    assert generation.unsupported_states(cache) == [
+        "1 LinearAttentionLayer: no keys and no state"]
+
+
 def test_a_model_whose_own_cache_raises_is_om830(hf_folder, out):
     """A tiny Jamba whose layer pattern leaves no attention layer: its own forward with a
     cache raises in transformers (get_seq_length on state layers only), as generate() does;
