@@ -270,13 +270,14 @@ def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
         f"{platform.python_version()}, {platform.system()}",
         "",
         "| families run | onnxmedic verified | refused | no tiny config | OM009 "
-        "| transformers.exporters correct | wrong tokens | fails |",
-        "|---|---|---|---|---|---|---|---|",
+        "| transformers.exporters correct | wrong tokens | fails | not run |",
+        "|---|---|---|---|---|---|---|---|---|",
         f"| {len(rows)} | {ours.get('verified', 0)} | {ours.get('refused', 0)} "
         f"| {ours.get('no tiny config', 0)} "
         f"| {sum('OM009' in r.get('codes', []) or r['outcome'] == 'internal error' for r in rows)}"
         f" | {peer.get('correct', 0)} | {peer.get('wrong tokens', 0)} "
-        f"| {sum(v for k, v in peer.items() if k not in ('correct', 'wrong tokens', '-'))} |",
+        f"| {sum(v for k, v in peer.items() if k not in ('correct', 'wrong tokens', '-'))} "
+        f"| {peer.get('-', 0)} |",
         "",
         f"not run: {', '.join(left) if left else 'none'}",
         "",
