@@ -67,6 +67,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
                   num_key_value_heads=2, intermediate_size=128, attn_layer_indices=[1],
                   mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
                   mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16),
+    # rotary and latent-attention sizes the shrunk head size leaves incoherent by default
+    "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, n_inner=128,
+                    rotary_dim=8),
+    "deepseek_v2": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=32,
+                        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
+                        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1,
+                        topk_group=1),
     # zamba ties its hybrid layers' shared block across them: two hybrid layers at least
     "zamba": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=4, intermediate_size=128, n_mamba_heads=2,
