@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "src"))
 OUT = ROOT / "build" / "family_sweep"
 TABLE = ROOT / "bench" / "results" / "family_sweep.md"
 MAX_PARAMS = 20_000_000
+STEPS = 8  # greedy tokens compared with PyTorch's (onnxmedic's own default)
 # size keys of transformers' configs, shrunk where a config has them
 SHRINK: dict[str, Any] = {
     "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -66,6 +67,40 @@ CONFIGS: dict[str, dict[str, Any]] = {
                   num_key_value_heads=2, intermediate_size=128, attn_layer_indices=[1],
                   mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
                   mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16),
+    # rotary and latent-attention sizes the shrunk head size leaves incoherent by default
+    "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, n_inner=128,
+                    rotary_dim=8),
+    "deepseek_v2": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=32,
+                        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
+                        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1,
+                        topk_group=1),
+    # zamba ties its hybrid layers' shared block across them: two hybrid layers at least
+    "zamba": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=4, intermediate_size=128, n_mamba_heads=2,
+                  mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+                  layers_block_type=["mamba", "hybrid", "hybrid"], attention_hidden_size=128,
+                  attention_head_dim=32),
+    "zamba2": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=4, intermediate_size=128, n_mamba_heads=8,
+                   mamba_headdim=16, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+                   layers_block_type=["mamba", "hybrid"], chunk_size=16, num_mem_blocks=1,
+                   use_shared_attention_adapter=False, adapter_rank=8, use_mem_rope=False),
+    "granitemoehybrid": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=128,
+                             shared_intermediate_size=64, num_local_experts=4,
+                             num_experts_per_tok=2, layer_types=["mamba", "attention"],
+                             mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
+                             mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+                             mamba_chunk_size=16),
+    "nemotron_h": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=16, intermediate_size=128,
+                       layers_block_type=["mamba", "moe", "attention", "mlp"],
+                       mamba_num_heads=8, mamba_head_dim=16, n_groups=1, ssm_state_size=8,
+                       conv_kernel=4, expand=2, chunk_size=16, n_routed_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=32,
+                       moe_shared_expert_intermediate_size=64),
     "falcon_mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
                          conv_kernel=4),
 }
@@ -104,6 +139,8 @@ def tiny_model(model_type: str, kind: str) -> Any:
             keys["layer_types"] = (kinds + list(base.layer_types))[:max(n, len(kinds))]
             keys["num_hidden_layers"] = len(keys["layer_types"])
         cfg = AutoConfig.for_model(model_type, **keys)
+    if kind == "seq2seq" and getattr(cfg, "decoder_start_token_id", None) is None:
+        cfg.decoder_start_token_id = cfg.pad_token_id  # as the family's released checkpoints
     auto = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForCausalLM
     with torch.device("meta"):  # counted before any memory is taken (a multimodal default
         n = sum(p.numel() for p in auto.from_config(cfg).parameters())  # is billions)
@@ -137,13 +174,81 @@ def _export(folder: Path, out: Path, timeout: float) -> dict[str, Any]:
                  if f.get("severity") == "error"), "")}
 
 
-def run(model_type: str, kind: str, timeout: float) -> dict[str, Any]:
-    """One family's row: built and saved (bench/zoo/generation.py's tokenizer), exported."""
+def exporters_child(folder: Path, kind: str, out: Path) -> dict[str, Any]:
+    """transformers.exporters' ``export_for_generation`` on the saved folder and greedy
+    generation through its ONNX Runtime runners, compared with PyTorch's greedy tokens (the
+    peers benches' own calls: bench/peers/generation.py, bench/peers/seq2seq.py)."""
+    import torch
+
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    if kind == "seq2seq":
+        from bench.peers import seq2seq as peer
+        from onnxmedic.hf.seq2seq import start_token
+        from onnxmedic.hf.seq2seq_verify import torch_generation as torch_seq2seq
+
+        model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+        enc = peer._inputs(model, tok, None)
+        start = start_token(model)
+        want, _ = torch_seq2seq(model, enc, STEPS, start)
+        row = peer._exporters(model, tok, None, folder, out, enc, start, STEPS)
+    else:
+        from bench.peers import generation as peer
+        from onnxmedic.hf.gen_verify import torch_generation
+
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        want, _ = torch_generation(model, [int(t) for t in tok(peer.PROMPT)["input_ids"]],
+                                   STEPS)
+        row = peer._exporters(model, tok, folder, out, STEPS)
+    got = row.get("tokens")
+    row["correct"] = bool(got) and "error" not in row and got == want[:len(got)] and (
+        len(got) == len(want))
+    row["torch_tokens"] = want
+    return row
+
+
+def _exporters(folder: Path, kind: str, timeout: float) -> dict[str, Any]:
+    """:func:`exporters_child` in a process of its own, with a timeout: the ``exporters``
+    column ("correct", "wrong tokens", "fails: ...", "timeout")."""
+    import shutil
+
+    out = OUT / "exporters" / folder.name
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--exporters-child", str(folder),
+           kind, str(out)]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"exporters": "timeout"}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    try:
+        res = json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        lines = [x for x in p.stderr.strip().splitlines() if x.strip()]
+        return {"exporters": "fails: " + (lines[-1] if lines else f"exit {p.returncode}")[:160]}
+    if "error" in res:
+        return {"exporters": "fails: " + res["error"][:160]}
+    return {"exporters": "correct" if res["correct"] else "wrong tokens"}
+
+
+def run(model_type: str, kind: str, timeout: float, row: dict[str, Any] | None = None,
+        exporters: bool = True) -> dict[str, Any]:
+    """One family's row: built and saved (bench/zoo/generation.py's tokenizer), exported by
+    onnxmedic and (``exporters``) by transformers.exporters; the part ``row`` (an earlier
+    run's) already has is kept."""
     import shutil
 
     from bench.zoo.generation import save_checkpoint
 
-    row: dict[str, Any] = {"family": model_type, "kind": kind}
+    row = dict(row or {"family": model_type, "kind": kind})
+    if row.get("outcome") == "no tiny config":
+        return row
+    if "outcome" not in row:  # run again whole: the checkpoint of today's config
+        shutil.rmtree(OUT / "ckpt" / model_type, ignore_errors=True)
     try:
         folder = save_checkpoint(model_type, OUT / "ckpt",
                                  lambda name: tiny_model(name, kind))
@@ -151,16 +256,20 @@ def run(model_type: str, kind: str, timeout: float) -> dict[str, Any]:
         shutil.rmtree(OUT / "ckpt" / model_type, ignore_errors=True)
         return {**row, "outcome": "no tiny config", "codes": [],
                 "first": f"{type(e).__name__}: {e}"[:160]}
-    out = OUT / "pkg" / model_type
-    shutil.rmtree(out, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    row.update(_export(folder, out, timeout))
-    shutil.rmtree(out, ignore_errors=True)
+    if "outcome" not in row:
+        out = OUT / "pkg" / model_type
+        shutil.rmtree(out, ignore_errors=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        row.update(_export(folder, out, timeout))
+        shutil.rmtree(out, ignore_errors=True)
+    if exporters and "exporters" not in row:
+        row.update(_exporters(folder, kind, timeout))
     return row
 
 
 def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
-    """The markdown table of ``rows``."""
+    """The markdown table of ``rows``: the command, date and machine, the totals, the rows."""
+    ours, peer = _counts(rows, "outcome"), _counts(rows, "exporters")
     lines = [
         "# Family sweep: every causal LM and encoder-decoder transformers ships, tiny",
         "",
@@ -168,23 +277,36 @@ def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
         f"- date: {datetime.date.today().isoformat()}",
         f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
         f"{platform.python_version()}, {platform.system()}",
-        "- totals: " + ", ".join(f"{k} {v}" for k, v in sorted(_counts(rows).items())),
-        f"- not run: {', '.join(left) if left else 'none'}",
         "",
-        "| family | kind | outcome | error codes | s | first error |",
-        "|---|---|---|---|---|---|",
+        "| families run | onnxmedic verified | refused | no tiny config | OM009 "
+        "| transformers.exporters correct | wrong tokens | fails | not run |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {len(rows)} | {ours.get('verified', 0)} | {ours.get('refused', 0)} "
+        f"| {ours.get('no tiny config', 0)} "
+        f"| {sum('OM009' in r.get('codes', []) or r['outcome'] == 'internal error' for r in rows)}"
+        f" | {peer.get('correct', 0)} | {peer.get('wrong tokens', 0)} "
+        f"| {sum(v for k, v in peer.items() if k not in ('correct', 'wrong tokens', '-'))} "
+        f"| {peer.get('-', 0)} |",
+        "",
+        f"not run: {', '.join(left) if left else 'none'}",
+        "",
+        "| family | kind | onnxmedic | error codes | s | first error | transformers.exporters |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: r["family"]):
         first = r.get("first", "").replace("|", "/").replace("\n", " ")
+        peer_cell = r.get("exporters", "-").replace("|", "/").replace("\n", " ")
         lines.append(f"| {r['family']} | {r['kind']} | {r['outcome']} | "
-                     f"{' '.join(r.get('codes', []))} | {r.get('seconds', '')} | {first} |")
+                     f"{' '.join(r.get('codes', []))} | {r.get('seconds', '')} | {first} | "
+                     f"{peer_cell} |")
     return "\n".join(lines) + "\n"
 
 
-def _counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+def _counts(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in rows:
-        out[r["outcome"]] = out.get(r["outcome"], 0) + 1
+        v = r.get(key, "-").split(":")[0]
+        out[v] = out.get(v, 0) + 1
     return out
 
 
@@ -194,7 +316,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, help="at most this many families this run")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--budget", type=float, help="start no family after this many seconds")
+    ap.add_argument("--table", action="store_true",
+                    help="only write the table from the rows run so far")
+    ap.add_argument("--exporters-child", nargs=3, metavar=("FOLDER", "KIND", "OUT"),
+                    help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
+    if ns.exporters_child:
+        folder, kind, out = ns.exporters_child
+        print(json.dumps(exporters_child(Path(folder), kind, Path(out))), flush=True)
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     results = OUT / "results.jsonl"
     done: dict[str, dict[str, Any]] = {}
@@ -202,23 +332,29 @@ def main(argv: list[str] | None = None) -> None:
         for line in results.read_text().splitlines():
             r = json.loads(line)
             done[r["family"]] = r
-    todo = [f for f in families() if f[0] not in done]  # a later run goes on
+    # a later run goes on: first the exporters column of families run before it existed
+    # (cheaper: onnxmedic's row is kept), then families not run
+    todo = ([f for f in families() if f[0] in done and "exporters" not in done[f[0]]] +
+            [f for f in families() if f[0] not in done])
     if ns.families:
-        wanted = set(ns.families.split(","))
-        todo = [f for f in families() if f[0] in wanted]
+        kinds = dict(families())
+        todo = [(m, kinds[m]) for m in ns.families.split(",") if m in kinds]  # in this order
+        for f in todo:  # named families are run again, whole
+            done.pop(f[0], None)
     ran, t0 = 0, time.perf_counter()
-    for model_type, kind in todo:
+    for model_type, kind in [] if ns.table else todo:
         if ns.limit is not None and ran >= ns.limit:
             break
         if ns.budget is not None and time.perf_counter() - t0 > ns.budget:
             break
-        row = run(model_type, kind, ns.timeout)
+        row = run(model_type, kind, ns.timeout, done.get(model_type))
         ran += 1
         done[model_type] = row
         print(json.dumps(row), flush=True)
         results.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
     left = [m for m, _ in families() if m not in done]
-    command = "python bench/zoo/family_sweep.py " + " ".join(argv or sys.argv[1:])
+    command = (f"OMP_NUM_THREADS=1 python bench/zoo/family_sweep.py --timeout {ns.timeout:g}"
+               " (repeated: each run adds the rows not yet run)")
     TABLE.write_text(table(list(done.values()), command.strip(), left))
 
 

@@ -1140,6 +1140,15 @@ CODES: dict[str, CodeInfo] = {
         "exported. Drop --precision int4, or give --task text-generation-with-past for a "
         "decoder.",
     ),
+    # OM860-OM869: the newest decoder families (issue 51)
+    "OM860": CodeInfo(
+        "TopK over tied values", 1,
+        "Localisation: the first divergence is the indices of a TopK whose PyTorch input holds "
+        "equal values among its k+1 best (e.g. an MoE router with all-zero weights, as "
+        "transformers initialises some routers): which indices win is arbitrary, and PyTorch "
+        "and ONNX Runtime break the tie differently. The model's numerics, not the "
+        "translation; verify with trained weights.",
+    ),
     # OM870-OM879: int4 packages made and judged streamed (hf/transforms/stream_int4.py)
     "OM870": CodeInfo(
         "int4 weights not a rounding of the float32 ones", 3,

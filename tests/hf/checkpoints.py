@@ -51,6 +51,15 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
                      dict(SMALL, num_key_value_heads=1, mamba_d_state=8, mamba_d_conv=4,
                           mamba_expand=2, num_experts=2, num_experts_per_tok=1,
                           bos_token_id=0, eos_token_id=0, pad_token_id=0)),
+    # a hybrid with no attention layer (its default pattern): generate() raises, and
+    # onnxruntime-genai's builder says it serves the architecture
+    "granitemoehybrid-noattn": ("granitemoehybrid", "AutoModelForCausalLM",
+                                dict(SMALL, num_key_value_heads=1, shared_intermediate_size=32,
+                                     num_local_experts=2, num_experts_per_tok=1,
+                                     mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+                                     mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+                                     mamba_chunk_size=16, bos_token_id=0, eos_token_id=0,
+                                     pad_token_id=0)),
     # multi-head latent attention with fewer KV heads than query heads: generate() runs (it
     # prefills, then adds one token at a time), a step of several new tokens after a past
     # raises in transformers' own MiniCPM3 attention

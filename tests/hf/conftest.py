@@ -11,7 +11,7 @@ pytest.importorskip("tokenizers")
 from tests.hf import checkpoints  # noqa: E402
 
 # which tokenizer each tiny checkpoint gets (None: an image or audio model, no tokenizer)
-TOKENIZER = {"gpt2": "bpe", "lfm2": "bpe", "falcon_h1": "bpe", "mamba": "bpe", "jamba-noattn": "bpe", "minicpm3": "bpe", "vit": None, "segformer": None, "wav2vec2": None, "yolos": None}
+TOKENIZER = {"gpt2": "bpe", "lfm2": "bpe", "falcon_h1": "bpe", "mamba": "bpe", "jamba-noattn": "bpe", "granitemoehybrid-noattn": "bpe", "minicpm3": "bpe", "vit": None, "segformer": None, "wav2vec2": None, "yolos": None}
 
 
 @pytest.fixture(scope="session")

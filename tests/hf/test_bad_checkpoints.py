@@ -304,6 +304,26 @@ def test_state_layers_the_package_cannot_carry_are_om827(tmp_path):
     assert generation.unsupported_states(DynamicCache()) == []
 
 
+def test_a_layer_that_needs_no_cache_is_carried_as_nothing():
+    """transformers' DummyLayer (an MLP or MoE layer of a hybrid such as Nemotron-H: no cache
+    at all) is no reason to refuse (was OM827 "no keys and no state"); a layer of another
+    class holding nothing still is."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DummyLayer, LinearAttentionLayer
+
+    from onnxmedic.hf import generation
+
+    state = LinearAttentionLayer()
+    state.conv_states[0] = torch.zeros(1, 8, 3)
+    cache = DynamicCache()
+    cache.layers = [state, DummyLayer()]
+    assert generation.unsupported_states(cache) == []
+    assert generation.cache_spec(cache) == [(0, "conv")]
+    cache.layers = [state, LinearAttentionLayer()]
+    assert generation.unsupported_states(cache) == [
+        "1 LinearAttentionLayer: no keys and no state"]
+
+
 def test_a_model_whose_own_cache_raises_is_om830(hf_folder, out):
     """A tiny Jamba whose layer pattern leaves no attention layer: its own forward with a
     cache raises in transformers (get_seq_length on state layers only), as generate() does;
@@ -319,6 +339,26 @@ def test_a_model_whose_own_cache_raises_is_om830(hf_folder, out):
     assert not res.ok and res.exit_code == 1 and _codes(res) == ["OM830"], _codes(res)
     assert "get_seq_length" in res.errors[0].message
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("backend", ["auto", "export"])
+def test_a_model_whose_own_generate_raises_is_om830_on_every_backend(hf_folder, out, backend):
+    """A tiny GraniteMoeHybrid whose layers are all Mamba (its default pattern), which
+    onnxruntime-genai's builder says it serves: generate() raises in transformers (its cache
+    of state layers cannot say its length). Refused with OM830 naming PyTorch's error before
+    the builder is tried (was OM009 on --backend auto: PyTorch's side of the builder's check
+    raised)."""
+    import transformers
+
+    folder = hf_folder("granitemoehybrid-noattn")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with pytest.raises(ValueError, match="get_seq_length"):
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2, do_sample=False)
+    res = onnxmedic.export_pretrained(folder, out / "pkg", task="text-generation-with-past",
+                                      backend=backend)
+    assert not res.ok and res.exit_code == 1 and _codes(res) == ["OM830"], _codes(res)
+    assert "get_seq_length" in res.errors[0].message
+    assert not (out / "pkg").exists()
 
 
 def test_pytorch_failing_on_onnxmedics_step_inputs_is_om828(hf_folder, out):

@@ -21,10 +21,14 @@ from bench.zoo import family_sweep  # noqa: E402
     ("qwen3_next", "verified", []),  # gated delta-net (conv + recurrent) beside attention
     ("jamba", "verified", []),  # Mamba states, attention, MoE
     ("bamba", "verified", []),  # Mamba-2 states beside attention
+    ("zamba", "verified", []),  # Mamba states, hybrid layers sharing one attention block
+    ("granitemoehybrid", "verified", []),  # Mamba-2 states, attention, MoE
+    # Mamba-2 states, attention, and MoE / MLP layers that keep no cache (DummyLayer)
+    ("nemotron_h", "verified", []),
     # its experts loop over torch.nonzero's rows: Python control flow on tensor values
     ("dbrx", "refused", ["OM112", "OM810", "OM818"]),
 ])
 def test_state_and_hybrid_families(family, outcome, codes, tmp_path, monkeypatch):
     monkeypatch.setattr(family_sweep, "OUT", tmp_path)
-    row = family_sweep.run(family, "causal", timeout=600)
+    row = family_sweep.run(family, "causal", timeout=600, exporters=False)
     assert (row["outcome"], row["codes"]) == (outcome, codes), row

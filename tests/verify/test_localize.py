@@ -625,3 +625,49 @@ def test_localisation_judges_values_by_the_float64_budget(tmp_path):
 
 def clean_scores(loc):
     return [n.score for n in loc.top] or [0.0]
+
+
+class TiedRouter(nn.Module):
+    """An MoE-style router: sigmoid scores of a gate, top-2 experts, a per-expert table. With
+    ``zero`` the gate's weights are all zero (as transformers initialises some routers), so
+    every score ties and the chosen experts are arbitrary."""
+
+    def __init__(self, zero: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.gate = nn.Linear(8, 4, bias=False)
+        if zero:
+            nn.init.zeros_(self.gate.weight)
+        self.table = nn.Parameter(torch.arange(4.0)[:, None] * torch.ones(4, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, idx = torch.topk(torch.sigmoid(self.gate(x)), k=2, dim=-1)
+        return x + self.table[idx].sum(-2)
+
+
+def test_topk_over_tied_scores_is_blamed_on_the_ties_not_the_translation():
+    """A zero router: PyTorch and ONNX Runtime pick different tied experts. Localisation names
+    the TopK and says why (OM860), instead of asking to fix its translation."""
+    tied = onnxmedic.export(TiedRouter(zero=True), (X.repeat(2, 1),))
+    assert not tied.ok
+    codes = [f.code for f in tied.errors]
+    assert "OM860" in codes, [f.one_paragraph() for f in tied.findings]
+    om610 = next(f for f in tied.findings if f.code == "OM610")
+    assert "TopK" in om610.message and "OM860" in om610.suggestion
+
+
+def test_the_same_router_with_untied_scores_verifies():
+    """The translation of the router is right: with random gate weights it verifies."""
+    trained = onnxmedic.export(TiedRouter(zero=False), (X.repeat(2, 1),))
+    assert trained.ok, [f.one_paragraph() for f in trained.findings]
+    assert "OM860" not in [f.code for f in trained.findings]
+
+
+def test_topk_tied_sees_ties_at_the_kth_place_and_within_the_k():
+    x = torch.tensor([[0.9, 0.5, 0.5, 0.1], [0.9, 0.8, 0.5, 0.1]])
+    assert loc_mod.topk_tied(x, 2)  # row 0: the 2nd place ties with the 3rd
+    assert not loc_mod.topk_tied(x[1:], 2)
+    assert loc_mod.topk_tied(torch.tensor([[0.5, 0.5, 0.1]]), 1)  # within the best two
+    assert not loc_mod.topk_tied(torch.tensor([[0.5, 0.5, 0.1]]), 1, largest=False)
+    assert loc_mod.topk_tied(torch.tensor([[0.5, 0.5, 0.1]]), 2, largest=False)
+    assert loc_mod.topk_tied(torch.tensor([[0.5, 0.5, 0.1]]).T, 2, dim=0, largest=True)

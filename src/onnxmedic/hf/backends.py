@@ -173,11 +173,13 @@ def make_package(result: ExportResult, req: Request, job: BuildJob | None) -> No
     """The package at ``req.out`` by the backend chosen: the builder's (``job``, writing in a
     child) verified and written; else, where there is no job or (not ``req.strict``) its
     package fails, onnxmedic's own export, judged against the PyTorch runs made meanwhile."""
-    from onnxmedic.hf.generation import export_package
+    from onnxmedic.hf.generation import cache_problem, export_package
 
     try:
         runs = None
-        if job is not None:
+        # a model whose own generate() cannot run is not handed to the builder: PyTorch's
+        # side of its check would raise; the own export below names the problem (OM830)
+        if job is not None and cache_problem(req.model) is None:
             runs = _from_builder(result, job, req)
             if runs is None:  # written, or (strict) failed
                 return

@@ -113,9 +113,13 @@ def has_states(spec: CacheSpec | None) -> bool:
 def unsupported_states(cache: Any) -> list[str]:
     """The state layers of ``cache`` the package cannot carry (described as
     :func:`state_layers` does, with the reason): several states in one layer, a sliding
-    window beside states, a layer holding neither keys nor a state."""
+    window beside states, a layer holding neither keys nor a state (but transformers'
+    ``DummyLayer``, which a layer keeps that needs no cache: an MLP or MoE layer of a hybrid
+    such as Nemotron-H; the package has no entry for it)."""
     said = []
     for i, layer in enumerate(getattr(cache, "layers", None) or []):
+        if type(layer).__name__ == "DummyLayer":
+            continue
         states = _layer_states(layer)
         kv = isinstance(getattr(layer, "keys", None), torch.Tensor)
         what = f"{i} {type(layer).__name__}: {', '.join(f'{n} {s}' for n, s in states)}"

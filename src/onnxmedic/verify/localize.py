@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import operator
 import shutil
 import tempfile
 import time
@@ -69,6 +70,9 @@ class NodeError:
     onnx_inputs: list[str] = field(default_factory=list)
     location: Location | None = None
     rule: str = "tolerance"  # or RULE_BUDGET: judged against the value's float64 reference
+    # an output of a TopK whose PyTorch input holds equal values among its k+1 best: which
+    # indices win is arbitrary there, and PyTorch and ONNX Runtime choose differently (OM860)
+    tied_topk: bool = False
 
     @property
     def exceeds(self) -> bool:
@@ -307,13 +311,19 @@ class _Comparer(torch.fx.Interpreter):
     cannot takes its float32 value), so each value has its float64 reference: localisation
     judges intermediate values by the same budget as the outputs (verify/budget.py)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, on_value: Any, shadow: bool = False) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, on_value: Any, shadow: bool = False,
+                 tied: set[str] | None = None) -> None:
         super().__init__(gm, garbage_collect_values=True)
         self.on_value = on_value
         self.env64: dict[torch.fx.Node, Any] | None = {} if shadow else None
+        self.tied = tied  # the names of the topk nodes whose input ties (filled here)
 
     def run_node(self, n: torch.fx.Node) -> Any:
         out = super().run_node(n)
+        if self.tied is not None and n.target is torch.ops.aten.topk.default:
+            args, kwargs = self.fetch_args_kwargs_from_env(n)  # still live: freed after
+            if topk_tied(*args, **kwargs):
+                self.tied.add(n.name)
         ref = self._shadow(n, out) if self.env64 is not None else None
         self.on_value(n, out, ref)
         if self.env64 is not None:
@@ -339,6 +349,21 @@ class _Comparer(torch.fx.Interpreter):
               and out.dtype == torch.float32 and ref.dtype == torch.float64
               and ref.shape == out.shape)
         return ref if ok else None
+
+
+def topk_tied(x: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
+              ) -> bool:
+    """Whether ``torch.topk(x, k, dim, largest)`` has a tie that decides its indices: two
+    equal values among the k+1 best of a row (the k-th place, or the order within the k)."""
+    del sorted  # the order asked for does not change which values tie
+    if not isinstance(x, torch.Tensor) or x.numel() == 0 or k <= 0:
+        return False
+    best = torch.sort(x.detach(), dim=dim, descending=largest).values
+    best = best.narrow(dim, 0, min(k + 1, best.shape[dim]))
+    if best.shape[dim] < 2:
+        return False
+    return bool((best.narrow(dim, 1, best.shape[dim] - 1) ==
+                 best.narrow(dim, 0, best.shape[dim] - 1)).any())
 
 
 def _matched_program(program: Any, proto: Any, decomposed: bool
@@ -394,6 +419,7 @@ class _Localize:
         # comparison (counts, relative error): a deep divergent stack has thousands out
         self.top: list[tuple[float, float, int, NodeError]] = []
         self.tol_of: dict[Any, tuple[float, float]] = {}
+        self.tied: set[str] = set()  # topk nodes whose PyTorch input ties (topk_tied)
         self.fx_of: dict[str, torch.fx.Node] = {}
         self.first_exceeding: NodeError | None = None
         self.chunk = -1  # the chunk whose values are loaded
@@ -437,7 +463,7 @@ class _Localize:
             flat = program.flat_inputs if replayed else _flat_inputs(program, args, kwargs)
             with torch.no_grad():
                 outputs = _Comparer(program.graph_module, self.on_value,
-                                    shadow=self.tolerance is None).run(*flat)
+                                    shadow=self.tolerance is None, tied=self.tied).run(*flat)
             if replayed:
                 _check_replay(outputs, reference, self.tolerance)
         except Exception as e:
@@ -522,6 +548,8 @@ class _Localize:
             inputs=ins, onnx_inputs=list(onode.input) if onode else [])
         if judged is not None:
             ne.rule, ne.mismatched = RULE_BUDGET, judged[1]
+        source = n.args[0] if n.target is operator.getitem and n.args else None
+        ne.tied_topk = isinstance(source, torch.fx.Node) and source.name in self.tied
         if self._rank(ne):
             self.fx_of[n.name] = n
             _measure(ne, exp, act, rtol, atol)
@@ -747,10 +775,13 @@ def _findings(loc: Localization) -> list[Finding]:
             suggestion=(f"The ONNX file's weights ({init_names}) feed this node and differ "
                         "from the model's: the file is stale or was exported from other "
                         "weights; export it again." if init_names else
+                        "See OM860: the TopK's input ties." if n.tied_topk else
                         f"Check the translation of {n.aten_op} (ONNX {n.onnx_op}) for these "
                         "dtypes and shapes; rewrite that line with other ops or cast around "
                         "it, and `onnxmedic reduce` the ONNX file for a bug report."),
             details={"node": n.to_dict()}))
+        if n.tied_topk:
+            out.append(_tied_topk_finding(n))
     else:
         out.append(info(
             "OM612", STAGE, f"no intermediate value left its float64 error budget or "
@@ -758,3 +789,22 @@ def _findings(loc: Localization) -> list[Finding]:
             "mismatch comes from values onnxmedic could not match by name, or from the "
             "outputs only." if loc.compared else f"nothing could be compared ({coverage})."))
     return out
+
+
+def _tied_topk_finding(n: NodeError) -> Finding:
+    """OM860: the first divergence is a TopK's indices over tied values (the model's own
+    numerics, not the translation)."""
+    where = f" in {n.location}" if n.location else ""
+    return error(
+        "OM860", STAGE,
+        f"the outputs differ because the TopK at FX node {n.fx_node}{where} (ONNX node "
+        f"{n.onnx_node!r}) chooses among tied values: PyTorch's input to it holds equal "
+        "values among its k+1 best, so which indices win is arbitrary, and PyTorch and ONNX "
+        "Runtime break the tie differently (ONNX's TopK takes the lower index). The "
+        "translation is not at fault: the model's scores tie, e.g. an MoE router whose "
+        "weights are all zero (transformers initialises some routers to zero, so a model "
+        "built from a config and not trained routes every token by ties).",
+        op=n.aten_op, location=n.location,
+        suggestion="Verify the model with its trained weights (scores that do not tie); for "
+        "a test model, give the router random weights.",
+        details={"node": n.to_dict()})
