@@ -115,14 +115,17 @@ def main() -> None:
     print(f"detections: {scores.numel()}, distinct scores: {len(set(scores.tolist()))}")
     start = time.time()
     found: dict[str, list[str]] = {}
+    timings: dict[str, dict[str, float]] = {}
     error = ""
     with tempfile.TemporaryDirectory() as tmp:
         if a.mode == "faults":
             try:
-                found = check_layout(Path(tmp), det, image, a.layout)
+                found = check_layout(Path(tmp), det, image, a.layout, timings)
             except AssertionError as e:  # not verified, or a fault not caught as it should be
                 error = str(e)[:300].replace("|", "/").replace("\n", " ")
             print("faults caught:", found, error)
+            for run, stages in timings.items():
+                print(f"  {run}: " + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()))
         else:
             r = onnxmedic.export(Layout(det, a.layout).eval(), (image,), Path(tmp) / "m.onnx",
                                  localize=False, keep_unverified=True)
@@ -143,7 +146,8 @@ def main() -> None:
         record(a.results, dict(
             model=a.name, layout=a.layout, verified=not error, error=error,
             detections=scores.numel(), distinct=len(set(scores.tolist())), seconds=seconds,
-            peak_mib=peak, child_mib=child, faults=found, commit=commit,
+            peak_mib=peak, child_mib=child, faults=found, timings={run: {k: round(v, 1) for k, v in st.items()}
+                                   for run, st in timings.items()}, commit=commit,
             date=time.strftime("%Y-%m-%d"),
             machine=f"{_cpu()}, {os.cpu_count()} cores, torch {torch.__version__}, "
                     f"torchvision {torchvision.__version__}, onnxruntime {version('onnxruntime')}, "
