@@ -51,7 +51,8 @@ def detector(name: str, weights: str) -> tuple[torch.nn.Module, torch.Tensor]:
     if weights == "confident":
         case = vision.confident_detection(name)
         return case.model.detector, case.args[0]
-    kw = dict(min_size=320, max_size=320) if "resnet50_fpn" in name else {}
+    kw = dict(min_size=320, max_size=320) if name.endswith(
+        ("resnet50_fpn", "resnet50_fpn_v2", "mobilenet_v3_large_fpn")) else {}
     size = 300 if name == "ssd300_vgg16" else 320
     torch.manual_seed(0)
     det = torchvision.models.get_model(name, weights=None, weights_backbone=None, **kw).eval()
