@@ -97,7 +97,12 @@ def record(results: Path, row: dict) -> None:
     machines = sorted({r["machine"] for r in rows})
     results.with_suffix(".md").write_text(
         "# torchvision detectors in three output layouts, faults injected (real size)\n\n"
-        f"`{COMMAND}` (one run at a time; written by that command)\n\n"
+        f"`{COMMAND}` (one run at a time, on 2 cores shared with other agents; written by "
+        "that command): 11 classes, bench/zoo/vision.py's `confident` weights, one image of "
+        "320x320 (300x300 for SSD300); export and verify, then a moved box (+2 on the first "
+        "box), a dropped box (the first row of every output) and a wrong label (+1 on the "
+        "first) injected into the ONNX model, each verified; each fault's column: the finding "
+        "codes of its verification. The stage timings of each run are in the JSON.\n\n"
         f"machine: {'; '.join(machines)}\n\n" + head + "\n".join(lines) + "\n")
 
 
