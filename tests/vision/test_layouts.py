@@ -106,6 +106,7 @@ def test_tiny_rcnn_in_any_layout(tmp_path, kind: str, layout: str) -> None:
 
 
 REAL = ["tv/ssdlite320_mobilenet_v3_large", "tv/fasterrcnn_mobilenet_v3_large_320_fpn",
+        "tv/fasterrcnn_mobilenet_v3_large_fpn",
         "tv/retinanet_resnet50_fpn", "tv/fcos_resnet50_fpn", "tv/ssd300_vgg16",
         "tv/fasterrcnn_resnet50_fpn", "tv/maskrcnn_resnet50_fpn",
         "tv/keypointrcnn_resnet50_fpn"]
