@@ -13,16 +13,24 @@ scores, so that the faults are tellable. One thread (OMP_NUM_THREADS=1): on a sh
 machine, torch's thread pool makes the reference roi_align's small ops ten times slower.
 
 Prints the verdict, the rule that judged each output, the detections, the wall time and the
-peak memory (this process and, separately, its largest child: the ONNX Runtime sandbox).
+peak memory (this process and, separately, its largest child: the ONNX Runtime sandbox). With
+``faults`` and ``--results FILE.json``, the run's row (model, layout: verified, detections,
+seconds, each fault's finding codes) replaces that model and layout's row in FILE.json, and
+FILE.md is written from all its rows: the model x layout matrix.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import resource
+import subprocess
 import sys
 import tempfile
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -43,11 +51,66 @@ def detector(name: str, weights: str) -> tuple[torch.nn.Module, torch.Tensor]:
     if weights == "confident":
         case = vision.confident_detection(name)
         return case.model.detector, case.args[0]
-    kw = dict(min_size=320, max_size=320) if name.endswith("resnet50_fpn") else {}
+    kw = dict(min_size=320, max_size=320) if name.endswith(
+        ("resnet50_fpn", "resnet50_fpn_v2", "mobilenet_v3_large_fpn")) else {}
     size = 300 if name == "ssd300_vgg16" else 320
     torch.manual_seed(0)
     det = torchvision.models.get_model(name, weights=None, weights_backbone=None, **kw).eval()
     return det, torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
+LAYOUTS = ("sorted", "insertion", "hand")
+COMMAND = ("OMP_NUM_THREADS=1 PYTHONPATH=src:. .venv-vision/bin/python "
+           "bench/peers/detection_layouts.py NAME LAYOUT faults --results "
+           "bench/results/detection_layouts.json")
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def record(results: Path, row: dict) -> None:
+    """Replace ``row``'s model x layout row in ``results`` (JSON) and write the matrix next to
+    it (``results`` with the suffix .md)."""
+    rows = json.loads(results.read_text()) if results.exists() else []
+    rows = [r for r in rows if (r["model"], r["layout"]) != (row["model"], row["layout"])]
+    rows.append(row)
+    rows.sort(key=lambda r: (r["model"], LAYOUTS.index(r["layout"])))
+    results.write_text(json.dumps(rows, indent=1) + "\n")
+    head = ("| model | layout | verified | detections (distinct scores) | export + verify + "
+            "3 faults s | peak MiB (ORT sandbox) | moved box | dropped box | wrong label | "
+            "commit, date |\n|---|---|---|---|---|---|---|---|---|---|\n")
+
+    def codes(r: dict, what: str) -> str:
+        if what in r["faults"]:
+            return " ".join(sorted(set(r["faults"][what])))
+        if r["error"].startswith(f"{what} not caught"):
+            return "NOT CAUGHT" + r["error"][len(f"{what} not caught"):]
+        return "not run"
+
+    def verified(r: dict) -> str:  # the export's own verification (a fault not caught: yes)
+        return "yes" if r["verified"] or " not caught" in r["error"] else "NO: " + r["error"]
+
+    lines = [f"| {r['model']} | {r['layout']} | {verified(r)}"
+             f" | {r['detections']} ({r['distinct']}) | {r['seconds']} | {r['peak_mib']} "
+             f"({r['child_mib']}) | {codes(r, 'moved box')} | {codes(r, 'dropped box')} | "
+             f"{codes(r, 'wrong label')} | {r['commit']}, {r['date']} |" for r in rows]
+    machines = sorted({r["machine"] for r in rows})
+    results.with_suffix(".md").write_text(
+        "# torchvision detectors in three output layouts, faults injected (real size)\n\n"
+        f"`{COMMAND}` (one run at a time, on 2 cores shared with other agents; written by "
+        "that command): 11 classes, bench/zoo/vision.py's `confident` weights, one image of "
+        "320x320 (300x300 for SSD300); export and verify, then a moved box (+2 on the first "
+        "box), a dropped box (the first row of every output) and a wrong label (+1 on the "
+        "first) injected into the ONNX model, each verified; each fault's column: the finding "
+        "codes of its verification. The stage timings of each run are in the JSON.\n\n"
+        f"machine: {'; '.join(machines)}\n\n" + head + "\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -57,15 +120,25 @@ def main() -> None:
     ap.add_argument("layout", choices=["sorted", "insertion", "hand"])
     ap.add_argument("mode", choices=["export", "faults"], nargs="?", default="export")
     ap.add_argument("--weights", choices=["confident", "fresh"], default="confident")
+    ap.add_argument("--results", type=Path, help="with faults: the JSON file of rows to update")
     a = ap.parse_args()
     det, image = detector(a.name, a.weights)
     with torch.no_grad():
         scores = det([image[0]])[0]["scores"]
     print(f"detections: {scores.numel()}, distinct scores: {len(set(scores.tolist()))}")
     start = time.time()
+    found: dict[str, list[str]] = {}
+    timings: dict[str, dict[str, float]] = {}
+    error = ""
     with tempfile.TemporaryDirectory() as tmp:
         if a.mode == "faults":
-            print("faults caught:", check_layout(Path(tmp), det, image, a.layout))
+            try:
+                found = check_layout(Path(tmp), det, image, a.layout, timings)
+            except AssertionError as e:  # not verified, or a fault not caught as it should be
+                error = str(e)[:300].replace("|", "/").replace("\n", " ")
+            print("faults caught:", found, error)
+            for run, stages in timings.items():
+                print(f"  {run}: " + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()))
         else:
             r = onnxmedic.export(Layout(det, a.layout).eval(), (image,), Path(tmp) / "m.onnx",
                                  localize=False, keep_unverified=True)
@@ -77,8 +150,21 @@ def main() -> None:
                 print(" ", c.name, c.input_set, c.ok, c.rule, c.expected_shape)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024
-    print(f"{a.name} {a.layout} {a.mode} ({a.weights}): {time.time() - start:.0f} s, "
+    seconds = round(time.time() - start)
+    print(f"{a.name} {a.layout} {a.mode} ({a.weights}): {seconds} s, "
           f"peak {peak} MiB (largest child {child} MiB)")
+    if a.results and a.mode == "faults":
+        commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        record(a.results, dict(
+            model=a.name, layout=a.layout, verified=not error, error=error,
+            detections=scores.numel(), distinct=len(set(scores.tolist())), seconds=seconds,
+            peak_mib=peak, child_mib=child, faults=found, timings={run: {k: round(v, 1) for k, v in st.items()}
+                                   for run, st in timings.items()}, commit=commit,
+            date=time.strftime("%Y-%m-%d"),
+            machine=f"{_cpu()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+                    f"torchvision {torchvision.__version__}, onnxruntime {version('onnxruntime')}, "
+                    f"weights {a.weights}"))
 
 
 if __name__ == "__main__":

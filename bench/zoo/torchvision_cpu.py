@@ -167,8 +167,12 @@ def _align_one(image: torch.Tensor, box: torch.Tensor, ph: int, pw: int, samplin
     wx = _axis_weights(_bin_positions(x1, bw, pw, gw), w)  # [pw*gw, W]
     # only the rows and columns the samples read (a small RoI on a large level reads few)
     ys, xs = _read_span(wy), _read_span(wx)
-    samples = torch.einsum("ph,chw,qw->cpq", wy[:, ys], image[:, ys, xs], wx[:, xs])
-    return samples.reshape(c, ph, gh, pw, gw).sum((2, 4)) / max(gh * gw, 1)
+    # the bin's average is linear in the samples: each bin's grid of weights summed first, so
+    # the product is [ph, H] @ [C, H, W] @ [W, pw] instead of a reduction of every sample (a
+    # strided sum that made this kernel most of an R-CNN's PyTorch run)
+    bin_y = wy[:, ys].reshape(ph, gh, -1).sum(1)
+    bin_x = wx[:, xs].reshape(pw, gw, -1).sum(1)
+    return bin_y @ image[:, ys, xs] @ bin_x.t() / (gh * gw)
 
 
 def roi_align_ref(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float,

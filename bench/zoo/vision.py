@@ -219,7 +219,11 @@ def confident_detection(name: str) -> ZooCase:
     """torchvision's detector ``name`` (e.g. "retinanet_resnet50_fpn", or "ssd300_vgg16",
     which is no zoo entry for its 136 M parameters) as the zoo builds it (one image of 320x320,
     300x300 for SSD300; 11 classes), with ``confident`` weights."""
-    kw = dict(min_size=320, max_size=320) if name.endswith("resnet50_fpn") else {}
+    # the R-CNNs, RetinaNet and FCOS at 320 too (their default resizes to 800): at 800,
+    # Faster R-CNN MobileNetV3-Large FPN's float32 run leaves 10 of its 100 float64
+    # detections, and a one-box fault is within that noise
+    kw = dict(min_size=320, max_size=320) if name.endswith(("resnet50_fpn", "resnet50_fpn_v2",
+                                                             "mobilenet_v3_large_fpn")) else {}
     return _detection(name, 300 if name == "ssd300_vgg16" else 320, confident, **kw)()
 
 

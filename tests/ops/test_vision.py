@@ -153,3 +153,57 @@ def test_position_sensitive_pooling_says_it_has_no_onnx_form() -> None:
     f = next(f for f in res.findings if f.code == "OM220")
     assert "position-sensitive" in f.message and "roi_align" in f.suggestion
     assert res.exit_code == 1
+
+
+def _roi_align_by_sample(x: torch.Tensor, rois: torch.Tensor, scale: float, ph: int, pw: int,
+                         ratio: int, aligned: bool) -> torch.Tensor:
+    """torchvision's CPU roi_align (csrc/ops/cpu/roi_align_kernel.cpp) sample by sample: each
+    bin the average of its grid's bilinear samples, each sample four corners' weighted sum."""
+    import math
+
+    h, w = x.shape[-2:]
+    out = torch.zeros(rois.shape[0], x.shape[1], ph, pw, dtype=torch.float64)
+    off = 0.5 if aligned else 0.0
+
+    def taps(p: float, size: int) -> tuple[int, int, float, float] | None:
+        if p < -1.0 or p > size:
+            return None
+        p = max(p, 0.0)
+        low = int(p)
+        if low >= size - 1:
+            return size - 1, size - 1, 1.0, 0.0
+        return low, low + 1, 1.0 - (p - low), p - low
+
+    for k, (b, x1, y1, x2, y2) in enumerate(rois.double().tolist()):
+        x1, y1, x2, y2 = (v * scale - off for v in (x1, y1, x2, y2))
+        rw, rh = x2 - x1, y2 - y1
+        if not aligned:
+            rw, rh = max(rw, 1.0), max(rh, 1.0)
+        gh = ratio if ratio > 0 else math.ceil(rh / ph)
+        gw = ratio if ratio > 0 else math.ceil(rw / pw)
+        for i in range(ph):
+            for j in range(pw):
+                for a in range(max(gh, 0)):
+                    for c in range(max(gw, 0)):
+                        ty = taps(y1 + i * rh / ph + (a + 0.5) * rh / ph / gh, h)
+                        tx = taps(x1 + j * rw / pw + (c + 0.5) * rw / pw / gw, w)
+                        if ty is None or tx is None:
+                            continue
+                        for yy, wy in ((ty[0], ty[2]), (ty[1], ty[3])):
+                            for xx, wx in ((tx[0], tx[2]), (tx[1], tx[3])):
+                                out[k, :, i, j] += wy * wx * x[int(b), :, yy, xx].double()
+                out[k, :, i, j] /= max(gh * gw, 1)
+    return out
+
+
+def test_roi_align_reference_kernel_samples_as_torchvision() -> None:
+    """The reference kernel (bins' grids of weights summed, then one product per RoI) equals
+    torchvision's sample-by-sample computation on the edge RoIs, in each sampling mode."""
+    from bench.zoo.torchvision_cpu import roi_align_ref
+
+    (x, rois), _ = _rois(torch.float64)[0]
+    for args in ((0.5, 3, 4, -1, False), (0.5, 3, 4, 2, True), (0.25, 2, 2, 1, False),
+                 (0.5, 3, 4, 0, True)):
+        got = roi_align_ref(x, rois, *args)
+        want = _roi_align_by_sample(x, rois, *args)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=str(args))
