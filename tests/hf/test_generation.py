@@ -308,8 +308,11 @@ def _family(family, tmp_path):
         assert not (tmp_path / "pkg" / "genai_config.json").exists()
     elif family in ("lfm2", "falcon_h1", "mamba"):  # states, one token per step: own loop
         assert "OM829" in codes(r.findings) and g.tokens_genai is None
-    elif gen_verify.genai_available():
-        assert g.tokens_genai == g.tokens_torch
+    elif gen_verify.genai_available():  # onnxruntime-genai stops at the model's EOS
+        eos = model.generation_config.eos_token_id
+        eos = set(eos) if isinstance(eos, list) else {eos}
+        assert g.tokens_genai == [t[:len(n)] if n and n[-1] in eos else t
+                                  for n, t in zip(g.tokens_genai, g.tokens_torch)]
     assert torch.is_grad_enabled()
 
 
@@ -577,3 +580,19 @@ def test_export_optimize_at_another_precision_is_said(llama, tmp_path):
     said = [f for f in r.findings if f.code == "OM835"]
     assert said and "--precision int4" in said[0].message, codes(r.findings)
     assert r.path == str(tmp_path / "pkg") and "OM734" not in codes(r.findings)
+
+
+def test_pytorch_generates_every_step_past_the_models_own_eos():
+    """The verification's PyTorch run is greedy search alone, N tokens always: transformers
+    fills the passed config's unset eos_token_id from the model's generation_config, so a
+    model whose config names the token it generates stopped there (a tiny Qwen3-MoE: 2
+    PyTorch tokens against 5 from ONNX Runtime, while the export said verified)."""
+    from onnxmedic.hf.gen_verify import torch_generation
+
+    model = build("gpt2")
+    ids = [5, 6, 7, 8]
+    first, _ = torch_generation(model, ids, 1)
+    model.generation_config.eos_token_id = first[0]
+    tokens, logits = torch_generation(model, ids, 4)
+    assert len(tokens) == 4 and tokens[0] == first[0] and len(logits) == 4
+    assert model.generation_config.eos_token_id == first[0]  # the model's own, given back

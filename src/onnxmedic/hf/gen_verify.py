@@ -13,6 +13,7 @@ onnxruntime-genai cannot load or run the folder.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import json
@@ -20,6 +21,7 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +131,20 @@ def _first(value: Any) -> Any:
     return value[0] if isinstance(value, (list, tuple)) else value
 
 
+@contextlib.contextmanager
+def generation_config_as(model: Any, cfg: Any) -> Iterator[None]:
+    """``cfg`` as the model's own for one generate() call: transformers fills a passed
+    config's unset fields from the model's (its eos_token_id would stop a decoder at EOS,
+    BART's forced_eos_token_id would end every sequence with EOS), and the verification
+    wants greedy search alone, N tokens always."""
+    old = model.generation_config
+    model.generation_config = cfg
+    try:
+        yield
+    finally:
+        model.generation_config = old
+
+
 def torch_generation(model: Any, ids: list[int], steps: int
                      ) -> tuple[list[int], list[np.ndarray]]:
     """PyTorch's greedy tokens and, per step, the logits ONNX Runtime's step returns: all the
@@ -147,9 +163,9 @@ def torch_generation(model: Any, ids: list[int], steps: int
                 inspect.signature(model.forward).parameters else {})
     hook = model.register_forward_hook(prefill_logits)
     try:
-        with torch.no_grad():
-            out = model.generate(x, attention_mask=mask, generation_config=neutral_config(
-                model, steps), **keep_all)
+        cfg = neutral_config(model, steps)
+        with torch.no_grad(), generation_config_as(model, cfg):
+            out = model.generate(x, attention_mask=mask, generation_config=cfg, **keep_all)
     finally:
         hook.remove()
     prefill = first[0] if first and tuple(first[0].shape[:2]) == (1, len(ids)) else None

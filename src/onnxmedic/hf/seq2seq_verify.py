@@ -13,12 +13,10 @@ step is named and localised like the decoder-only case's (OM811 / OM812, OM610).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,19 +50,6 @@ logger = logging.getLogger(__name__)
 STAGE = gen_verify.STAGE
 
 
-@contextlib.contextmanager
-def _generation_config(model: Any, cfg: Any) -> Iterator[None]:
-    """``cfg`` as the model's own for one generate() call: transformers fills a passed
-    config's unset fields from the model's (BART's forced_eos_token_id would end every
-    sequence with EOS), and the verification wants greedy search alone."""
-    old = model.generation_config
-    model.generation_config = cfg
-    try:
-        yield
-    finally:
-        model.generation_config = old
-
-
 def torch_generation(model: Any, enc: dict[str, torch.Tensor], steps: int, start: int
                      ) -> tuple[list[int], list[np.ndarray]]:
     """PyTorch's greedy tokens (GenerationMixin.generate: plain greedy search, also for
@@ -73,7 +58,7 @@ def torch_generation(model: Any, enc: dict[str, torch.Tensor], steps: int, start
     from transformers import GenerationMixin
 
     cfg = gen_verify.neutral_config(model, steps, decoder_start_token_id=start)
-    with torch.no_grad(), _generation_config(model, cfg):
+    with torch.no_grad(), gen_verify.generation_config_as(model, cfg):
         out = GenerationMixin.generate(model, **enc, decoder_input_ids=torch.tensor([[start]]),
                                        generation_config=cfg)
     tokens = out.sequences[0, 1:].tolist()
