@@ -11,6 +11,7 @@ greedy tokens and perplexity would mean nothing. The candidates here compute in 
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -246,9 +247,13 @@ def test_layer_search_keeps_the_costliest_layers_float(decoder, task, tmp_path):
 
 
 def test_hqq_candidate_is_built_with_zero_points_and_scored(decoder, task, tmp_path):
-    # ONNX Runtime's HQQ config: asymmetric 4-bit with a zero point per block (RTN: symmetric)
+    # ONNX Runtime's HQQ config: asymmetric 4-bit with a zero point per block (RTN: symmetric);
+    # no "NumPy array is not writable" warning from torch on stderr (HQQ only reads it)
     out = tmp_path / "hqq.onnx"
-    int4.quantize_int4(decoder[1], str(out), 32, 0, "fp32", algo="hqq")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        int4.quantize_int4(decoder[1], str(out), 32, 0, "fp32", algo="hqq")
+    assert not [w for w in said if "not writable" in str(w.message)]
     nbits = [n for n in onnx.load(str(out)).graph.node if n.op_type == "MatMulNBits"]
     assert nbits and all(len(n.input) >= 4 and n.input[3] for n in nbits)
     j = _judge(out, task)

@@ -42,6 +42,7 @@ import logging
 import math
 import os
 import tempfile
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -540,7 +541,10 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
         q = MatMulNBitsQuantizer(model, bits=4, block_size=block_size, is_symmetric=True,
                                  accuracy_level=accuracy_level or None,
                                  nodes_to_exclude=exclude, algo_config=cfg)
-        q.process()
+        with warnings.catch_warnings():  # HQQ's torch.from_numpy of a read-only weight,
+            # which it only reads: torch's "not writable" warning is noise on stderr
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            q.process()
         out = q.model.model
     if head and lm_head == "int8":  # only the head still has a constant-weight MatMul
         q8 = MatMulNBitsQuantizer(out, bits=8, block_size=block_size, is_symmetric=True,
