@@ -282,6 +282,31 @@ def test_the_rounding_check_finds_faults_in_the_weights(decoder, clean, tmp_path
     assert "steps of its block (0)" in why
 
 
+def test_the_rounding_check_pairs_unnamed_matmuls_by_their_output(decoder, tmp_path):
+    """Node names may be empty (the GQA pass's packed QKV MatMul had none): the quantizer
+    then names no MatMulNBits either, and the check pairs each with its MatMul by the output
+    it keeps, not by the empty name (which paired every one with the last unnamed MatMul's
+    weight and rejected a clean file). A fault is still found, named by its output."""
+    m = onnx.load(decoder[1])
+    for n in m.graph.node:
+        if n.op_type == "MatMul":
+            n.name = ""
+    src = tmp_path / "unnamed.onnx"
+    onnx.save(m, str(src))
+    clean = tmp_path / "clean.onnx"
+    int4.quantize_int4(str(src), str(clean), *CLEAN)
+    nbits = [n for n in onnx.load(str(clean)).graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) > 4 and all(not n.name for n in nbits)
+    assert int4.rounding_problem(src, clean) is None
+
+    def edit(a):
+        a[0, 0, :] = 0xFF
+
+    edit.pick = lambda m: _o_proj(m).input[1]
+    why = int4.rounding_problem(src, _edit(clean, tmp_path / "bad.onnx", edit))
+    assert why is not None and _o_proj(onnx.load(str(clean))).output[0] in why, why
+
+
 def test_the_search_keeps_rtn_candidates_that_are_roundings(decoder, tmp_path):
     from onnxmedic.optimize.int4_search import build
 

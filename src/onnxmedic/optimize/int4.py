@@ -432,14 +432,19 @@ def rounding_problem(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
     dm = onnx.load(str(dst), load_external_data=False)
     sinit = {i.name: i for i in sm.graph.initializer}
     dinit = {i.name: i for i in dm.graph.initializer}
-    weights = {n.name: n.input[1] for n in sm.graph.node if n.op_type == "MatMul"}
+    # a MatMulNBits is paired with its MatMul by the output it keeps (the quantizer names it
+    # "<name>_Q4" only where the MatMul has a name, and writes "<output>_pre_reshape" where
+    # it reshapes after): node names may be empty, and several empty ones are not one node
+    weights = {n.output[0]: n.input[1] for n in sm.graph.node if n.op_type == "MatMul"}
     for node in dm.graph.node:
-        w_name = weights.get(node.name.rsplit("_Q", 1)[0])
+        w_name = weights.get(node.output[0].removesuffix("_pre_reshape")) if node.output \
+            else None
         if node.op_type != "MatMulNBits" or w_name not in sinit or (
                 len(node.input) > 3 and node.input[3]):
             continue
         at = {a.name: a.i for a in node.attribute}
-        why = block_problem(node.name, tensor_array(sinit[w_name], src.parent),
+        why = block_problem(node.name or f"the MatMulNBits of {node.output[0]}",
+                            tensor_array(sinit[w_name], src.parent),
                             tensor_array(dinit[node.input[1]], dst.parent),
                             tensor_array(dinit[node.input[2]], dst.parent), at)
         if why is not None:

@@ -206,12 +206,13 @@ def pack_qkv(graph: Any, names: tuple[str, str, str], prefix: str, new_nodes: li
     w = np.concatenate([numpy_helper.to_array(p[1]) for p in parts], axis=1)
     graph.initializer.append(numpy_helper.from_array(w, f"{prefix}.weight"))
     new_nodes.append(helper.make_node("MatMul", [parts[0][0], f"{prefix}.weight"],
-                                      [f"{prefix}.mm"]))
+                                      [f"{prefix}.mm"], name=f"{prefix}/MatMul"))
     if parts[0][2] is None:
         return f"{prefix}.mm"
     b = np.concatenate([numpy_helper.to_array(p[2]).ravel() for p in parts])
     graph.initializer.append(numpy_helper.from_array(b, f"{prefix}.bias"))
-    new_nodes.append(helper.make_node("Add", [f"{prefix}.mm", f"{prefix}.bias"], [prefix]))
+    new_nodes.append(helper.make_node("Add", [f"{prefix}.mm", f"{prefix}.bias"], [prefix],
+                                      name=f"{prefix}/Add"))
     return prefix
 
 
