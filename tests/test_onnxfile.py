@@ -100,3 +100,28 @@ def test_streamed_single_file_is_the_model_ir_save_writes(tmp_path):
     raw[0] ^= 1
     t.raw_data = bytes(raw)
     assert _normalised(fast) != _normalised(ref)
+
+
+def test_tensor_bytes_and_array_read_external_data_without_keeping_it(tmp_path):
+    """One reader of external data (onnxfile.tensor_bytes / tensor_array): an initializer's
+    bytes and array from its file at its offset, the tensor itself left external; inline data
+    as it is; a location outside the model's folder refused."""
+    import pytest
+
+    from onnxmedic.onnxfile import tensor_array, tensor_bytes
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    (tmp_path / "w.data").write_bytes(b"\0" * 16 + a.tobytes())
+    t = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[3, 4],
+                    data_location=TensorProto.EXTERNAL)
+    for k, v in (("location", "w.data"), ("offset", "16"), ("length", str(a.nbytes))):
+        t.external_data.add(key=k, value=v)
+    assert tensor_bytes(t, tmp_path) == a.tobytes()
+    np.testing.assert_array_equal(tensor_array(t, tmp_path), a)
+    assert t.data_location == TensorProto.EXTERNAL and not t.raw_data
+    inline = numpy_helper.from_array(a, "x")
+    assert tensor_bytes(inline, tmp_path) == a.tobytes()
+    np.testing.assert_array_equal(tensor_array(inline, tmp_path), a)
+    t.external_data[0].value = "../w.data"
+    with pytest.raises(ValueError, match="outside"):
+        tensor_bytes(t, tmp_path)

@@ -7,9 +7,12 @@ any runtime sees them, and a file over protobuf's limit is refused before it is 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -326,6 +329,38 @@ def append_metadata(path: str | os.PathLike[str], key: str, value: str,
         proto.metadata_props.append(entry)
 
 
+def tensor_bytes(t: onnx.TensorProto, base: str | os.PathLike[str]) -> bytes:
+    """The raw bytes of the initializer ``t``: its ``raw_data``, or (external data) read from
+    its file under ``base`` at its offset and length, nothing kept in ``t``. A location that
+    leaves ``base`` is refused (ValueError), as :func:`external_data_findings` refuses it."""
+    ext = {e.key: e.value for e in t.external_data}
+    if t.data_location != onnx.TensorProto.EXTERNAL or "location" not in ext:
+        return t.raw_data
+    root = Path(base).resolve()
+    path = (root / ext["location"]).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"initializer {t.name}: external data {ext['location']!r} is outside "
+                         f"the model's folder {root}")
+    with open(path, "rb") as f:
+        f.seek(int(ext.get("offset", 0)))
+        return f.read(int(ext["length"])) if "length" in ext else f.read()
+
+
+def tensor_array(t: onnx.TensorProto, base: str | os.PathLike[str]) -> np.ndarray:
+    """The array of the initializer ``t``, its external data read by :func:`tensor_bytes`
+    (one reader of external data), without loading that data into ``t`` itself (onnx's
+    to_array with a base folder would keep it there)."""
+    from onnx import numpy_helper
+
+    copy = onnx.TensorProto()
+    copy.CopyFrom(t)
+    if copy.data_location == onnx.TensorProto.EXTERNAL:
+        copy.raw_data = tensor_bytes(t, base)
+        del copy.external_data[:]
+        copy.data_location = onnx.TensorProto.DEFAULT
+    return numpy_helper.to_array(copy)
+
+
 def has_external_data(proto: Any) -> bool:
     return any(t.HasField("data_location") and t.data_location == onnx.TensorProto.EXTERNAL
                for t in proto.graph.initializer)
@@ -485,6 +520,18 @@ def not_written_finding(f: Any) -> Finding:
         "unverified model.")
 
 
+
+
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A scratch folder beside ``out`` (same file system: renamed into place with
+    :func:`replace_folder` once verified, which gives it a new folder's mode), removed on the
+    way out."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def replace_folder(tmp: Path, out: Path) -> None:

@@ -58,7 +58,6 @@ class Checkpoint:
     spec: str
     folder: Path
     config: dict[str, Any]
-    hub_id: str | None = None
     weights: list[Path] = field(default_factory=list)
 
     @property
@@ -92,10 +91,7 @@ def resolve(spec: str) -> Checkpoint:
         raise _err("OM800", f"the checkpoint folder {ref!r} does not exist (and it is not a hub "
                    "id such as org/name).",
                    "Give a folder written by model.save_pretrained(...), or a hub id.")
-    folder = _snapshot(ref)
-    ckpt = _local(spec, folder)
-    ckpt.hub_id = ref
-    return ckpt
+    return _local(spec, _snapshot(ref))
 
 
 def _local(spec: str, path: Path) -> Checkpoint:

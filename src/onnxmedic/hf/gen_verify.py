@@ -14,6 +14,7 @@ onnxruntime-genai cannot load or run the folder.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import inspect
 import json
@@ -21,7 +22,7 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -491,14 +492,6 @@ def finish_genai_child(run: ChildRun, timeout: float, check: GenerationCheck
     return out
 
 
-def run_genai_child(child: Path, folder: Path, spec: str, timeout: float,
-                    check: GenerationCheck) -> dict[str, Any] | None:
-    """Run the onnxruntime-genai child script ``child`` on ``folder`` with the JSON ``spec``;
-    its result (the last line of its stdout), or None after failing ``check`` with OM816 (the
-    child's error, a timeout, or an unreadable result). Its seconds go in check.seconds."""
-    return finish_genai_child(start_genai_child(child, folder, spec), timeout, check)
-
-
 def not_installed() -> Finding:
     return info("OM815", STAGE, "onnxruntime-genai is not installed: the package was not "
                 "generated from with it.", suggestion="pip install onnxruntime-genai")
@@ -538,14 +531,8 @@ def genai_tokens(run: ChildRun, check: GenerationCheck, steps: int, timeout: flo
             return
 
 
-def genai_check(folder: Path, check: GenerationCheck, model: Any, steps: int,
-                timeout: float) -> None:
-    """onnxruntime-genai generating from ``folder`` against ``check``'s PyTorch tokens (what
-    verify_generation does last, with ``genai``), its findings in ``check``."""
-    genai_generation(folder, check, steps, timeout, _eos_ids(model))
-
-
-def _eos_ids(model: Any) -> set[int]:
+def eos_ids(model: Any) -> set[int]:
+    """The model's EOS token ids (its generation config's, else its config's)."""
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None:
         eos = getattr(model.config, "eos_token_id", None)
@@ -623,7 +610,7 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
             run = early or start_genai_child(CHILD, folder, genai_spec(
                 folder, check.prompts, steps))
             early = None
-            genai_tokens(run, check, steps, timeout, _eos_ids(model))
+            genai_tokens(run, check, steps, timeout, eos_ids(model))
     finally:
         if early is not None:
             early.stop()
@@ -667,34 +654,77 @@ def _own_loop(check: GenerationCheck, model: Any, path: Path, steps: int, progra
               timeout: float, threads: int | None = None, ahead: OnnxSide | None = None
               ) -> bool:
     """onnxmedic's own greedy loop over check.prompts (its ONNX Runtime side: ``ahead`` when
-    run already, else :func:`onnx_side` now), each prompt judged step by step; False where a
-    run failed (its finding is in ``check``)."""
+    run already, else :func:`onnx_side` now), each prompt judged by :func:`judge_items`;
+    False where a run or a judgement failed (its finding is in ``check``)."""
     t0 = time.perf_counter()
-    ran = True
+
+    def items() -> Iterator[Judged]:
+        for ids, (tokens, actual, feeds) in zip(check.prompts, ahead.runs):
+            run = _torch_run(check, model, ids, steps)
+            failed = len(tokens) < steps
+            if failed:  # a failed run: its finding
+                for f in ahead.findings:
+                    check.fail(f)
+            yield Judged(run, tokens, actual, feeds, len(ids), failed,
+                         functools.partial(_decoder_refs, check, model, ids, run), path, program)
+
     with sandbox.reuse():
         if ahead is None:
             ahead = onnx_side(path.parent, check.prompts, steps, timeout, threads)
         check.seconds["onnx"] = ahead.seconds
-        for p, (ids, (tokens, actual, feeds)) in enumerate(zip(check.prompts, ahead.runs)):
-            run = _torch_run(check, model, ids, steps)
-            check.tokens_torch.append(run.tokens)
-            check.tokens_onnx.append(tokens)
-            if len(tokens) < steps:  # a failed run: its finding
-                for f in ahead.findings:
-                    check.fail(f)
-                ran = False
-                break
-            if run.refs is None:
-                tt = time.perf_counter()
-                run.refs = reference_steps(model, ids, run.tokens, run.logits)
-                check.seconds["reference"] = (check.seconds.get("reference", 0.0)
-                                              + time.perf_counter() - tt)
-            torch_tokens, expected, refs = run.tokens, run.logits, run.refs
-            bad = judge_prompt(check, p, len(ids), torch_tokens, tokens, expected, actual, refs)
-            if bad is not None:
-                if program is not None:
-                    localize_step(check, path, program, feeds[bad], f"prompt {p} step {bad}",
-                                  timeout)
-                break
+        ran = judge_items(check, items(), timeout)
     check.seconds["verify"] = time.perf_counter() - t0
     return ran
+
+
+def _decoder_refs(check: GenerationCheck, model: Any, ids: list[int], run: TorchRun
+                  ) -> list[np.ndarray | None]:
+    """The float64 references of a decoder prompt's ``run`` (computed once, kept in it)."""
+    if run.refs is None:
+        tt = time.perf_counter()
+        run.refs = reference_steps(model, ids, run.tokens, run.logits)
+        check.seconds["reference"] = (check.seconds.get("reference", 0.0)
+                                      + time.perf_counter() - tt)
+    return run.refs
+
+
+@dataclass
+class Judged:
+    """One generation :func:`judge_items` judges, of either domain: PyTorch's ``run``, ONNX
+    Runtime's ``tokens``, step ``logits`` and ``feeds`` (``failed``: its run stopped); the
+    positions before the first new token; the float64 ``refs`` (computed when judged); the
+    step graph at ``path``, its ``program`` and the program's ``args`` of a feed, to localise a
+    failing step; ``before``: a judgement first (an encoder's outputs), False when it fails."""
+
+    run: TorchRun
+    tokens: list[int]
+    logits: list[np.ndarray]
+    feeds: list[dict[str, np.ndarray]]
+    n_prompt: int
+    failed: bool
+    refs: Callable[[], list[np.ndarray | None]]
+    path: Path
+    program: Any = None
+    args: Callable[[dict[str, np.ndarray]], tuple[Any, ...]] | None = None
+    before: Callable[[], bool] | None = None
+
+
+def judge_items(check: GenerationCheck, items: Iterable[Judged], timeout: float) -> bool:
+    """The one verification loop of every package, decoder and encoder-decoder: each item's
+    tokens recorded in ``check``, its steps judged in order (:func:`judge_prompt`), the first
+    failing step localised (:func:`localize_step`); stops at the first item whose run or
+    judgement failed, and then returns False."""
+    for p, item in enumerate(items):
+        check.tokens_torch.append(item.run.tokens)
+        check.tokens_onnx.append(item.tokens)
+        if item.failed or (item.before is not None and not item.before()):
+            return False
+        bad = judge_prompt(check, p, item.n_prompt, item.run.tokens, item.tokens,
+                           item.run.logits, item.logits, item.refs())
+        if bad is not None:
+            if item.program is not None:
+                feed = item.feeds[bad]
+                localize_step(check, item.path, item.program, feed, f"prompt {p} step {bad}",
+                              timeout, args=item.args(feed) if item.args else None)
+            return False
+    return True

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxmedic.genpackage import CROSS, KINDS, LOGITS, SELF, genai_pattern
+
 logger = logging.getLogger(__name__)
 
 CONFIG = "genai_config.json"
@@ -75,21 +77,28 @@ def _token_ids(model: Any, tokenizer: Any) -> dict[str, Any]:
 
 def _io(layout: Layout) -> tuple[dict[str, str], dict[str, str]]:
     """The decoder section's inputs and outputs: a decoder's (mask, position ids, one cache)
-    or an encoder-decoder's (self-attention cache ``.decoder.``, cross cache ``.encoder.``)."""
-    part = ".decoder" if layout.encoder is not None else ""
+    or an encoder-decoder's (self-attention cache ``.decoder.``, cross cache ``.encoder.``),
+    named by the package contract (genpackage.genai_pattern)."""
+    part = SELF if layout.encoder is not None else None
     inputs = {"input_ids": "input_ids"}
     if layout.encoder is None:
         inputs["attention_mask"] = "attention_mask"
         if layout.position_ids:
             inputs["position_ids"] = "position_ids"
-    inputs.update(past_key_names=f"past_key_values.%d{part}.key",
-                  past_value_names=f"past_key_values.%d{part}.value")
+    inputs.update(past_key_names=genai_pattern("key", part),
+                  past_value_names=genai_pattern("value", part))
     if layout.encoder is not None:
-        inputs.update(cross_past_key_names="past_key_values.%d.encoder.key",
-                      cross_past_value_names="past_key_values.%d.encoder.value")
-    outputs = {"logits": "logits", "present_key_names": f"present.%d{part}.key",
-               "present_value_names": f"present.%d{part}.value"}
+        inputs.update(_cross("past"))
+    outputs = {"logits": LOGITS, "present_key_names": genai_pattern("key", part, present=True),
+               "present_value_names": genai_pattern("value", part, present=True)}
     return inputs, outputs
+
+
+def _cross(io: str) -> dict[str, str]:
+    """The cross-attention cache's names in genai_config.json, ``io`` "past" (the decoder's
+    inputs) or "present" (the encoder's outputs)."""
+    return {f"cross_{io}_{kind}_names": genai_pattern(kind, CROSS, present=io == "present")
+            for kind in KINDS}
 
 
 def genai_config(model: Any, tokenizer: Any, layout: Layout,
@@ -138,9 +147,7 @@ def _encoder_decoder(out: dict[str, Any], cfg: Any, layout: Layout) -> None:
     encoder = {"session_options": dict(dec["session_options"]), "filename": layout.encoder,
                "head_size": int(cfg.d_model) // heads, "hidden_size": int(cfg.d_model),
                "inputs": {"audio_features": layout.main},
-               "outputs": {"encoder_hidden_states": "last_hidden_state",
-                           "cross_present_key_names": "present.%d.encoder.key",
-                           "cross_present_value_names": "present.%d.encoder.value"},
+               "outputs": {"encoder_hidden_states": "last_hidden_state", **_cross("present")},
                "num_attention_heads": heads, "num_hidden_layers": int(cfg.encoder_layers),
                "num_key_value_heads": heads}
     model_part = out["model"]

@@ -16,14 +16,14 @@ generation is verified (hf/gen_verify.py), unless ``keep_unverified``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
 import re
 import shutil
-import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,9 @@ import torch
 from onnxmedic import sandbox
 from onnxmedic.findings import error, info, warning
 from onnxmedic.genpackage import KINDS, LOGITS, STATES, cache_name, cache_names, present_of
-from onnxmedic.hf.gen_verify import genai_check, verify_generation
+from onnxmedic.hf.gen_verify import eos_ids, genai_generation, verify_generation
 from onnxmedic.hf.genai_files import Layout, write_side_files
-from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD, replace_folder
+from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD, replace_folder, staged
 from onnxmedic.result import STAGES, ExportResult, stages_of
 
 logger = logging.getLogger(__name__)
@@ -73,20 +73,6 @@ def _layer_states(layer: Any) -> list[tuple[str, list[int]]]:
     return found
 
 
-def state_layers(cache: Any) -> list[str]:
-    """The layers of a transformers cache that hold more than keys and values, described
-    ("0 LinearAttentionLayer: conv_states [2, 64, 3]"): convolution and state-space states
-    (LFM2, Mamba, Falcon-H1, Jamba ...)."""
-    layers = getattr(cache, "layers", None)
-    holders = list(layers) if layers is not None else [cache]
-    said = []
-    for i, layer in enumerate(holders):
-        states = [f"{name} {shape}" for name, shape in _layer_states(layer)]
-        if states or (layers is not None and not hasattr(layer, "keys")):
-            said.append(f"{i} {type(layer).__name__}: {', '.join(states) or 'no keys'}")
-    return said
-
-
 def cache_spec(cache: Any) -> CacheSpec:
     """The model's own cache (a transformers ``DynamicCache`` after a forward pass) as the
     package's entries, (layer, kind) in the graph's order: per layer its ``key`` and
@@ -111,8 +97,8 @@ def has_states(spec: CacheSpec | None) -> bool:
 
 
 def unsupported_states(cache: Any) -> list[str]:
-    """The state layers of ``cache`` the package cannot carry (described as
-    :func:`state_layers` does, with the reason): several states in one layer, a sliding
+    """The state layers of ``cache`` the package cannot carry ("0 LinearAttentionLayer:
+    conv_states [2, 64, 3]", with the reason): several states in one layer, a sliding
     window beside states, a layer holding neither keys nor a state (but transformers'
     ``DummyLayer``, which a layer keeps that needs no cache: an MLP or MoE layer of a hybrid
     such as Nemotron-H; the package has no entry for it)."""
@@ -585,21 +571,24 @@ def export_package(result: ExportResult, req: Request,
         if problem is not None:
             result.fail("preflight", problem)
             return
-        _build_and_check(result, req, tmp, torch_runs)
+        build_and_check(result, req, tmp, functools.partial(_decoder_graph, req=req, tmp=tmp),
+                        lambda folder, layout, genai: verify_generation(
+                            folder, req.model, req.tokenizer, steps=req.steps,
+                            prompts=req.prompts, program=layout.programs["decoder"],
+                            timeout=req.timeout, genai=genai, torch_runs=torch_runs))
 
 
 @contextlib.contextmanager
 def building(req: Request) -> Iterator[Path]:
     """A temporary folder beside the package's to build it in (removed after), the model in
     eval mode meanwhile (its mode restored after)."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{req.out.name}.tmp-", dir=req.out.parent))
     was_training = req.model.training
     try:
-        req.model.eval()
-        yield tmp
+        with staged(req.out) as tmp:
+            req.model.eval()
+            yield tmp
     finally:
         req.model.train(was_training)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def no_folder(out: Path) -> Any:
@@ -608,37 +597,48 @@ def no_folder(out: Path) -> Any:
                  "exist.")
 
 
-def _build_and_check(result: ExportResult, req: Request, tmp: Path,
-                     torch_runs: dict[Any, Any] | None = None) -> None:
-    model, out = req.model, req.out
-    layout = _graph(result, model, tmp, req.opset, req.timeout)
+def _decoder_graph(result: ExportResult, req: Request, tmp: Path) -> tuple[Layout | None, bool]:
+    """The decoder graph in ``tmp`` (:func:`_graph`) and whether onnxruntime-genai serves it
+    (OM829 / OM820 where not: its cache is one genai_config.json cannot describe)."""
+    layout = _graph(result, req.model, tmp, req.opset, req.timeout)
+    if layout is None or layout.genai_problem is None:
+        return layout, layout is not None
+    states = layout.genai_problem == STATES_NOT_GENAI
+    result.findings.append(warning(
+        "OM829" if states else "OM820", "write", f"no genai_config.json: "
+        f"{layout.genai_problem}. The package serves ONNX Runtime (onnxmedic's generation "
+        "loop verifies it) but not onnxruntime-genai.",
+        suggestion="Use the graph with your own generation loop ("
+        + ("one token per step, the prompt too; past.{i}.conv / .recurrent in (zeros at "
+           "the first token), present.{i}.conv / .recurrent out; "
+           if states else "") + "past_key_values.{i}.key/value in, "
+        "present.{i}.key/value out)."))
+    return layout, False
+
+
+def build_and_check(result: ExportResult, req: Request, tmp: Path,
+                    build: Callable[[ExportResult], tuple[Layout | None, bool]],
+                    verify: Callable[[Path, Layout, bool], Any],
+                    what: str = "generation package", processor: Any = None) -> None:
+    """A package of either domain (the decoder's; the encoder-decoder's, hf/seq2seq.py) built
+    in ``tmp`` and judged: ``build(result)`` exports its graphs (their layout, or None after
+    its findings) and says whether onnxruntime-genai serves it; then its side files
+    (``processor``'s too), ``verify(folder, layout, genai)`` (a GenerationCheck; with
+    ``req.optimize``, onnxruntime-genai generates from the package that is written: the fused
+    one, or this one where the fused one does not verify, :func:`_fused`), and the folder
+    written when verified (:func:`finish_package`)."""
+    layout, genai = build(result)
     if layout is None:
-        result.findings.append(not_written(out))
+        result.findings.append(not_written(req.out, what))
         return
     result.program = layout.programs["decoder"]
-    genai = layout.genai_problem is None
-    if not genai:
-        states = layout.genai_problem == STATES_NOT_GENAI
-        result.findings.append(warning(
-            "OM829" if states else "OM820", "write", f"no genai_config.json: "
-            f"{layout.genai_problem}. The package serves ONNX Runtime (onnxmedic's generation "
-            "loop verifies it) but not onnxruntime-genai.",
-            suggestion="Use the graph with your own generation loop ("
-            + ("one token per step, the prompt too; past.{i}.conv / .recurrent in (zeros at "
-               "the first token), present.{i}.conv / .recurrent out; "
-               if states else "") + "past_key_values.{i}.key/value in, "
-            "present.{i}.key/value out)."))
     with result.stage("write", conclude=False):
-        files = write_side_files(model, req.tokenizer, tmp, layout if genai else None)
+        files = write_side_files(req.model, req.tokenizer, tmp, layout if genai else None,
+                                 processor)
     verified = True
     if req.verify:
         with result.stage("generate") as st:
-            # with optimize, onnxruntime-genai generates from the package that is written:
-            # the fused one, or this one where the fused one does not verify (_fused)
-            check = verify_generation(tmp, model, req.tokenizer, steps=req.steps,
-                                      prompts=req.prompts, program=result.program,
-                                      timeout=req.timeout, genai=genai and not req.optimize,
-                                      torch_runs=torch_runs)
+            check = verify(tmp, layout, genai and not req.optimize)
             add_check(result, check)
             if check.ok and req.optimize:
                 tmp = _fused(result, req, tmp, genai, check)
@@ -649,7 +649,7 @@ def _build_and_check(result: ExportResult, req: Request, tmp: Path,
     elif req.optimize:
         result.findings.append(not_optimized("the package is not verified (verify=False), and "
                                              "a fused package is written only when verified"))
-    finish_package(result, tmp, out, files, verified, req.keep_unverified)
+    finish_package(result, tmp, req.out, files, verified, req.keep_unverified, what)
 
 
 def _fused(result: ExportResult, req: Request, tmp: Path, genai: bool, check: Any) -> Path:
@@ -678,7 +678,7 @@ def _fused(result: ExportResult, req: Request, tmp: Path, genai: bool, check: An
                 "above if the fused decoder should match."))
     if genai:  # the plain package is the one written: onnxruntime-genai generates from it
         known = len(check.findings)
-        genai_check(tmp, check, req.model, req.steps, req.timeout)
+        genai_generation(tmp, check, req.steps, req.timeout, eos_ids(req.model))
         result.findings.extend(check.findings[known:])
     return tmp
 

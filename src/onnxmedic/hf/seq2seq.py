@@ -40,15 +40,13 @@ from onnxmedic import sandbox
 from onnxmedic.findings import InputError, error, info
 from onnxmedic.genpackage import CROSS, KINDS, SELF, cache_name, cache_names
 from onnxmedic.hf import report_to
-from onnxmedic.hf.genai_files import GENAI_TYPES, Layout, write_side_files
+from onnxmedic.hf.genai_files import GENAI_TYPES, Layout
 from onnxmedic.hf.generation import (
     Request,
-    add_check,
+    build_and_check,
     building,
-    finish_package,
     merge_graph,
     no_folder,
-    not_written,
     package_result,
     rename_graph,
     save_graph,
@@ -58,7 +56,6 @@ from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
     DECODER,
     ENCODER,
     EXAMPLE_BATCH,
-    EXAMPLE_ENCODER,
     EXAMPLE_NEW,
     EXAMPLE_PAST,
     TASKS,
@@ -248,7 +245,7 @@ def export_seq2seq(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
     with result.guard():
         if _preflight(result, req, task):
             with building(req) as tmp:
-                _build_and_check(result, req, tmp)
+                _seq2seq_package(result, req, tmp)
     return report_to(result, report)
 
 
@@ -277,37 +274,30 @@ def _preflight(result: ExportResult, req: Request, task: str) -> bool:
     return True
 
 
-def _build_and_check(result: ExportResult, req: Request, tmp: Path) -> None:
+def _seq2seq_package(result: ExportResult, req: Request, tmp: Path) -> None:
+    """The encoder-decoder's package (generation.build_and_check): both graphs, verified by
+    hf/seq2seq_verify.py."""
     from onnxmedic.hf.seq2seq_verify import verify_seq2seq
 
     model, audio = req.model, main_input(req.model) == "input_features"
     processor = req.processor
     if processor is None and audio:
         processor = default_processor(model)
-    layout = build_graphs(result, model, tmp, req.tokenizer, processor, req.opset,
-                          req.timeout)
-    if layout is None:
-        result.findings.append(not_written(req.out, WHAT))
-        return
-    result.program = layout.programs["decoder"]
-    result.programs = layout.programs  # type: ignore[attr-defined]  # both graphs
     genai = getattr(model.config, "model_type", "") in GENAI_TYPES
-    if not genai:
-        result.findings.append(_no_genai(model))
-    with result.stage("write", conclude=False):
-        files = write_side_files(model, req.tokenizer, tmp, layout if genai else None,
-                                 req.processor or (processor if audio else None))
-    verified = True
-    if req.verify:
-        with result.stage("generate") as st:
-            check = verify_seq2seq(tmp, model, req.tokenizer, processor, steps=req.steps,
-                                   prompts=req.prompts, programs=layout.programs,
-                                   timeout=req.timeout)
-            add_check(result, check)
-            if not check.ok:
-                st.fail()
-        verified = check.ok
-    finish_package(result, tmp, req.out, files, verified, req.keep_unverified, WHAT)
+
+    def build(result: ExportResult) -> tuple[Layout | None, bool]:
+        layout = build_graphs(result, model, tmp, req.tokenizer, processor, req.opset,
+                              req.timeout)
+        if layout is not None:
+            result.programs = layout.programs  # type: ignore[attr-defined]  # both graphs
+            if not genai:
+                result.findings.append(_no_genai(model))
+        return layout, genai
+
+    build_and_check(result, req, tmp, build, lambda folder, layout, genai: verify_seq2seq(
+        folder, model, req.tokenizer, processor, steps=req.steps, prompts=req.prompts,
+        programs=layout.programs, timeout=req.timeout, genai=genai), WHAT,
+        req.processor or (processor if audio else None))
 
 
 def _no_genai(model: Any) -> Any:

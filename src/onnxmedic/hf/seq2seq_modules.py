@@ -15,15 +15,15 @@ import numpy as np
 import torch
 
 from onnxmedic.findings import InputError, error
+from onnxmedic.genpackage import DECODER_FILES, ENCODER_FILE
 from onnxmedic.hf.generation import flat_cache
 
 TASKS = ("text2text-generation-with-past", "automatic-speech-recognition-with-past")
-ENCODER = "encoder_model.onnx"
-DECODER = "decoder_with_past_model.onnx"
+ENCODER, DECODER = ENCODER_FILE, DECODER_FILES[1]  # the contract's (optimum's) file names
 CROSS_RULE = "the encoder attention mask and the cross-attention cache cover the same positions"
-# example shapes of the decoder's export: batch 2, 3 new tokens after a past of 4, an encoder
-# output of 9 positions (all different: torch.export must not tie them)
-EXAMPLE_BATCH, EXAMPLE_NEW, EXAMPLE_PAST, EXAMPLE_ENCODER = 2, 3, 4, 9
+# example shapes of the decoder's export: batch 2, 3 new tokens after a past of 4 (all
+# different: torch.export must not tie them)
+EXAMPLE_BATCH, EXAMPLE_NEW, EXAMPLE_PAST = 2, 3, 4
 
 
 def split_cache(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

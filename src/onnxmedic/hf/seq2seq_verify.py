@@ -13,10 +13,12 @@ step is named and localised like the decoder-only case's (OM811 / OM812, OM610).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from onnxmedic import sandbox
 from onnxmedic.findings import error
 from onnxmedic.genpackage import StepLayout, parse_cache_name, read_step
 from onnxmedic.hf import gen_verify
-from onnxmedic.hf.gen_verify import GenerationCheck, judge_prompt
+from onnxmedic.hf.gen_verify import GenerationCheck, Judged, TorchRun, judge_items
 from onnxmedic.hf.seq2seq_modules import (
     DECODER,
     ENCODER,
@@ -155,39 +157,43 @@ def _args(feed: dict[str, np.ndarray], names: list[str]) -> tuple[Any, ...]:
     return (torch.from_numpy(feed["input_ids"]), torch.from_numpy(mask), past)
 
 
-def _one_item(check: GenerationCheck, folder: Path, model: Any, layout: StepLayout,
-              enc: dict[str, torch.Tensor], p: int, start: int, steps: int, programs: Any,
-              timeout: float) -> bool:
-    """Generate from one input in both runtimes and judge it; False when the check stops."""
-    tt = time.perf_counter()
-    torch_tokens, expected = torch_generation(model, enc, steps, start)
-    check.seconds["torch"] = check.seconds.get("torch", 0.0) + time.perf_counter() - tt
-    tt = time.perf_counter()
-    encoder, tokens, actual, feeds = onnx_generation(folder, layout, _np(enc), start, steps,
-                                                     timeout, check)
-    check.seconds["onnx"] = check.seconds.get("onnx", 0.0) + time.perf_counter() - tt
-    check.tokens_torch.append(torch_tokens)
-    check.tokens_onnx.append(tokens)
-    if encoder is None or len(tokens) < steps:  # a failed run: its finding is in check
-        return False
+def _items(check: GenerationCheck, folder: Path, model: Any, layout: StepLayout,
+           inputs: list[dict[str, torch.Tensor]], start: int, steps: int, programs: Any,
+           timeout: float) -> Iterator[Judged]:
+    """Each input generated from in both runtimes, as gen_verify.judge_items judges it: the
+    encoder's outputs first (:func:`_encoder_ok`), then the decoder's steps."""
+    programs = programs or {}
+    for p, enc in enumerate(inputs):
+        tt = time.perf_counter()
+        run = TorchRun(*torch_generation(model, enc, steps, start))
+        check.seconds["torch"] = check.seconds.get("torch", 0.0) + time.perf_counter() - tt
+        tt = time.perf_counter()
+        encoder, tokens, actual, feeds = onnx_generation(folder, layout, _np(enc), start,
+                                                         steps, timeout, check)
+        check.seconds["onnx"] = check.seconds.get("onnx", 0.0) + time.perf_counter() - tt
+        yield Judged(run, tokens, actual, feeds, 1, encoder is None or len(tokens) < steps,
+                     functools.partial(reference_steps, model, enc, start, run.tokens,
+                                       run.logits),
+                     folder / DECODER, programs.get("decoder"),
+                     functools.partial(_args, names=layout.past),
+                     functools.partial(_encoder_ok, check, folder, model, enc, encoder, p,
+                                       start, programs.get("encoder"), timeout))
+
+
+def _encoder_ok(check: GenerationCheck, folder: Path, model: Any, enc: dict[str, torch.Tensor],
+                encoder: list[np.ndarray], p: int, start: int, program: Any, timeout: float
+                ) -> bool:
+    """The encoder graph's outputs for input ``p`` judged (:func:`judge_encoder`), the first
+    one outside its budget localised in the encoder graph; False when one is."""
     names = [o.name for o in onnx.load(str(folder / ENCODER), load_external_data=False)
              .graph.output]
-    bad = judge_encoder(check, model, start, enc, names, encoder, p)
-    if bad is not None:
-        if programs and programs.get("encoder") is not None:
-            args = tuple(enc[k] for k in (main_input(model), "attention_mask") if k in enc)
-            gen_verify.localize_step(check, folder / ENCODER, programs["encoder"], _np(enc),
-                                     f"input {p} encoder", timeout, args=args)
-        return False
-    refs = reference_steps(model, enc, start, torch_tokens, expected)
-    bad = judge_prompt(check, p, 1, torch_tokens, tokens, expected, actual, refs)
-    if bad is not None:
-        if programs and programs.get("decoder") is not None:
-            gen_verify.localize_step(check, folder / DECODER, programs["decoder"], feeds[bad],
-                                     f"prompt {p} step {bad}", timeout,
-                                     args=_args(feeds[bad], layout.past))
-        return False
-    return True
+    if judge_encoder(check, model, start, enc, names, encoder, p) is None:
+        return True
+    if program is not None:
+        args = tuple(enc[k] for k in (main_input(model), "attention_mask") if k in enc)
+        gen_verify.localize_step(check, folder / ENCODER, program, _np(enc),
+                                 f"input {p} encoder", timeout, args=args)
+    return False
 
 
 def verify_seq2seq(folder: str | Path, model: Any, tokenizer: Any = None, processor: Any = None,
@@ -210,10 +216,8 @@ def verify_seq2seq(folder: str | Path, model: Any, tokenizer: Any = None, proces
     check.prompts = [e["input_ids"][0].tolist() for e in inputs if "input_ids" in e]
     t0 = time.perf_counter()
     with sandbox.reuse():
-        for p, enc in enumerate(inputs):
-            if not _one_item(check, folder, model, layout, enc, p, start, steps, programs,
-                             timeout):
-                break
+        judge_items(check, _items(check, folder, model, layout, inputs, start, steps, programs,
+                                  timeout), timeout)
     check.seconds["verify"] = time.perf_counter() - t0
     if genai and check.ok and (folder / "genai_config.json").is_file():
         genai_generation(folder, check, inputs, start, steps, timeout)

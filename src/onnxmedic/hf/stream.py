@@ -141,13 +141,10 @@ def streamed_logits(folder: str | Path, seqs: list[list[int]],
     """The logits of the checkpoint at ``folder`` over each of ``seqs`` (no cache, all
     positions), in each of ``dtypes``, the weights streamed one decoder layer at a time
     (see the module docstring): per dtype, per sequence, an array (1, len, vocab)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
-    config = AutoConfig.from_pretrained(str(folder))
-    why = streamable(config)
-    if why is not None:
-        raise ValueError(f"onnxmedic.hf.stream: {folder} cannot be streamed: {why}")
+    config = checked_config(folder)
     config._attn_implementation = "eager"  # the additive mask below, no kernel choice
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)

@@ -456,13 +456,11 @@ CHECK_ROWS = 4096  # output columns of a weight checked at a time (float64 copie
 
 
 def tensor_array(t: Any, base: str | os.PathLike[str]) -> np.ndarray:
-    """The array of the initializer ``t`` (its external data read from ``base``), without
-    loading that data into ``t`` itself (onnx's to_array would keep it there)."""
-    from onnx import TensorProto, numpy_helper
+    """The array of the initializer ``t`` (onnxfile.tensor_array: the one reader of external
+    data; imported on use, as onnxfile imports torch)."""
+    from onnxmedic.onnxfile import tensor_array as read
 
-    copy = TensorProto()
-    copy.CopyFrom(t)
-    return numpy_helper.to_array(copy, str(base))
+    return read(t, base)
 
 
 def block_problem(name: str, w: np.ndarray, q: np.ndarray, scales: np.ndarray,

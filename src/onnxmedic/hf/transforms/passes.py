@@ -17,12 +17,10 @@ within the task budget).
 from __future__ import annotations
 
 import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from onnxmedic.genpackage import NotAStep, read_package
+from onnxmedic.onnxfile import staged  # noqa: F401  (the package transforms' scratch folder)
 from onnxmedic.optimize.pass_infra import (
     PassBase,
     PassResult,
@@ -38,18 +36,6 @@ def copy_side_files(src: Path, dst: Path, graph: str) -> None:
     for p in src.iterdir():
         if p.is_file() and not p.name.startswith(graph):
             shutil.copy2(p, dst / p.name)
-
-
-@contextmanager
-def staged(out: Path) -> Iterator[Path]:
-    """A scratch folder beside ``out`` (same file system: renamed into place with
-    onnxfile.replace_folder once verified, which gives it a new folder's mode), removed on the
-    way out."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class PackagePass(PassBase):

@@ -118,7 +118,7 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
     and only when both passed. Raises ValueError for a precision it does not make or
     ``verify=False``."""
     from onnxmedic.findings import info
-    from onnxmedic.hf import export_generation
+    from onnxmedic.hf import export_generation, report_to
     from onnxmedic.hf.transforms.passes import staged
 
     if (why := precision_problem(precision, flags=False)) is not None:
@@ -149,8 +149,4 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
         result.findings.append(info(
             "OM819", "write", f"{precision} generation package written to {out}: "
             f"{', '.join(sorted(p.name for p in out.iterdir()))}."))
-    if report is not None:
-        from onnxmedic.report import write_report
-
-        write_report(result, report)
-    return result
+    return report_to(result, report)
