@@ -238,3 +238,27 @@ def test_encoder_decoder_sweep(name, tmp_path):
     else:
         assert "OM825" in codes(r.findings)
     assert torch.is_grad_enabled()
+
+
+def test_the_encoder_graph_keeps_only_what_is_read(tmp_path):
+    """The encoder graph drops the decoder's weights it holds unread (gqa.remove_dead, as
+    build_graphs calls it): an initializer nothing reads goes, one read only inside an If's
+    branch stays, as do the nodes that make the outputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnxmedic.hf.transforms.gqa import remove_dead
+
+    def branch(name):
+        return helper.make_graph([helper.make_node("Identity", ["w_branch"], [name])], name,
+                                 [], [helper.make_tensor_value_info(name, TensorProto.FLOAT,
+                                                                    [1])])
+
+    g = helper.make_graph(
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch("t"), else_branch=branch("e")),
+         helper.make_node("Neg", ["y"], ["unread"])], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [numpy_helper.from_array(np.ones(1, np.float32), n) for n in ("w_branch", "w_unread")])
+    assert remove_dead(g) == 1
+    assert [i.name for i in g.initializer] == ["w_branch"]
+    assert [n.op_type for n in g.node] == ["If"]

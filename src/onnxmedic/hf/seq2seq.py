@@ -72,18 +72,12 @@ from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
     split_cache,
     start_token,
 )
+from onnxmedic.hf.transforms.gqa import remove_dead
 from onnxmedic.result import ExportResult
 
 logger = logging.getLogger(__name__)
 
 WHAT = "encoder-decoder package"
-
-
-def encoder_example(model: torch.nn.Module, tokenizer: Any = None, processor: Any = None
-                    ) -> dict[str, torch.Tensor]:
-    """The encoder's example inputs (batch 2): two texts through the tokenizer (padded), ids
-    from the config without one; Whisper: two tones through the feature extractor."""
-    return encoder_inputs(model, tokenizer, processor, batch=EXAMPLE_BATCH)
 
 
 def decoder_example(model: torch.nn.Module, enc: dict[str, torch.Tensor], start: int
@@ -179,7 +173,7 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
     (file names, programs, heads, sizes) or None (OM821, the export's findings say why)."""
     start = start_token(model)
     with result.stage("capture", conclude=False) as st:
-        enc = encoder_example(model, tokenizer, processor)
+        enc = encoder_inputs(model, tokenizer, processor, batch=EXAMPLE_BATCH)
         main = main_input(model)
         mask = "attention_mask" in enc
         raw = tmp / "graphs"
@@ -209,7 +203,7 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
         rename_graph(proto, {**dict(zip([i.name for i in proto.graph.input], ins)),
                              **dict(zip([o.name for o in proto.graph.output], outs))},
                      "past_decoder_sequence_length", "total_decoder_sequence_length")
-        drop_unused_initializers(proto)
+        remove_dead(proto.graph)  # the encoder graph's copy of the decoder's weights
         save_graph(proto, tmp, fname)
     shutil.rmtree(raw)
     return Layout(DECODER, len(past) // 4, int(past[0].shape[1]), int(past[0].shape[3]),
@@ -266,7 +260,7 @@ def _preflight(result: ExportResult, req: Request, task: str) -> bool:
         result.fail("write", no_folder(req.out))
         return False
     try:  # the inputs the task takes (OM826: audio features the encoder cannot take)
-        encoder_example(model, req.tokenizer, req.processor)
+        encoder_inputs(model, req.tokenizer, req.processor, batch=EXAMPLE_BATCH)
     except InputError as e:
         e.finding.stage = "preflight"
         result.fail("preflight", e.finding)
@@ -309,20 +303,3 @@ def _no_genai(model: Any) -> Any:
         "decoder_with_past_model.onnx per token), verified by onnxmedic's generation loop.",
         suggestion="Run the two graphs with your own loop, or with optimum's "
         "ORTModelForSeq2SeqLM-style code: the names are optimum's.")
-
-
-def drop_unused_initializers(proto: onnx.ModelProto) -> int:
-    """Remove the initializers no node reads (the encoder graph's copy of the decoder's
-    weights that the cross-attention cache does not need); returns how many."""
-    g = proto.graph
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
-    for n in g.node:  # subgraphs (If, Loop) read names of the outer graph too
-        for a in n.attribute:
-            if a.g is not None:
-                used |= {i for m in a.g.node for i in m.input}
-    keep = [t for t in g.initializer if t.name in used]
-    dropped = len(g.initializer) - len(keep)
-    if dropped:
-        del g.initializer[:]
-        g.initializer.extend(keep)
-    return dropped

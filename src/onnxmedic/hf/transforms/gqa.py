@@ -332,13 +332,15 @@ def _toposort(graph: Any) -> None:
 
 
 def remove_dead(graph: Any) -> int:
-    """Remove nodes (and initializers) nothing reads; returns the nodes removed."""
+    """Remove nodes (and initializers) nothing reads (a subgraph of an If or Loop reads names
+    of the outer graph too); returns the nodes removed."""
     needed = {o.name for o in graph.output}
     keep = []
     for n in reversed(list(graph.node)):
         if any(o in needed for o in n.output):
             keep.append(n)
             needed.update(n.input)
+            needed.update(i for a in n.attribute for m in a.g.node for i in m.input)
     removed = len(graph.node) - len(keep)
     del graph.node[:]
     graph.node.extend(reversed(keep))
