@@ -2,8 +2,8 @@
 layer in memory at a time: onnxruntime-genai's model builder makes the graph (``-p int4 -e
 cpu``: its names, its attention and cache layout, its genai_config.json), while
 
-- the weights come from the checkpoint's safetensors by explicit reads (:class:`Shards`: no
-  memory map, so no file-backed pages of the checkpoint stay resident), one unit at a time
+- the weights come from the checkpoint's safetensors by plain reads (hf/stream.py's
+  :class:`~onnxmedic.hf.stream.Weights`, the streamed verification's reader: no memory map, so no file-backed pages of the checkpoint stay resident), one unit at a time
   (the embedding, each decoder layer, the final norm, the head): the model the builder walks
   is built on the meta device and each unit's parameters are read in when the builder reaches
   it and dropped when it moves on;
@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import struct
 from pathlib import Path
 from typing import Any, Callable
 
@@ -42,49 +41,8 @@ INLINE = 1 << 20  # initializers of at most this many bytes stay in the graph fi
 SLICE = 64 << 20  # bytes of float32 made at a time (a weight's output columns, a table's rows)
 VERDICT = "int4_writer.json"  # what the child says of the rounding (in the job's root)
 
-_ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
-              "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-              "BOOL": "bool"}
-
-
 class NotRounded(RuntimeError):
     """A 4-bit weight written is not a rounding of the float weight it was made from."""
-
-
-class Shards:
-    """The tensors of a checkpoint folder's safetensors files, read with explicit reads (one
-    tensor's bytes in anonymous memory, freed with it; nothing memory-mapped)."""
-
-    def __init__(self, folder: str | os.PathLike[str]) -> None:
-        self.index: dict[str, tuple[Path, str, list[int], int, int]] = {}
-        for path in sorted(Path(folder).glob("*.safetensors")):
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-            for name, meta in header.items():
-                if name == "__metadata__":
-                    continue
-                start, end = meta["data_offsets"]
-                self.index[name] = (path, meta["dtype"], list(meta["shape"]), 8 + n + start,
-                                    end - start)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.index
-
-    def get(self, name: str) -> Any:
-        """The tensor ``name`` (a torch tensor of the checkpoint's dtype, its own memory)."""
-        import torch
-
-        path, dtype, shape, offset, length = self.index[name]
-        buf = bytearray(length)
-        with open(path, "rb") as f:
-            f.seek(offset)
-            got = f.readinto(memoryview(buf))
-        if got != length:
-            raise OSError(f"{path.name}: {name} is cut short ({got} of {length} bytes)")
-        if not length:
-            return torch.empty(shape, dtype=getattr(torch, _ST_DTYPES[dtype]))
-        return torch.frombuffer(buf, dtype=getattr(torch, _ST_DTYPES[dtype])).reshape(shape)
 
 
 class _Data:
@@ -129,7 +87,9 @@ class _Streamer:
         )
 
         self.m, self.folder, self.tamper = m, folder, tamper
-        self.shards = Shards(folder)
+        from onnxmedic.hf.stream import Weights
+
+        self.shards = Weights(folder)
         self.location = f"{m.filename}.data"
         self.out = out
         self.data = _Data(out / self.location)

@@ -356,7 +356,8 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     quantized, written and checked against its rounding as the builder makes it: no float32
     package), then judged as :func:`int4_streamed` judges (steps 3 and 4). ``tamper(weight,
     blocks, scales)``: called in the child on each slice of 4-bit blocks before it is written
-    (the tests' faulty quantizer). None when the writer failed for another reason than a
+    (the tests' faulty quantizer). ``timeout``: one ONNX Runtime run's, and the writer's per
+    GiB of the checkpoint's weights. None when the writer failed for another reason than a
     rounding (its log's reason logged): the caller takes the float32 package's road. Nothing
     is written at ``out`` unless every check passed."""
     from functools import partial
@@ -381,7 +382,8 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
         job = builder.start(checkpoint, stage / "pkg",
                             work=partial(int4_writer.build, tamper=tamper))
         try:
-            why = job.wait(timeout)
+            # the writer reads, quantizes and checks every weight: ``timeout`` per GiB
+            why = job.wait(timeout * max(1.0, weight_bytes(checkpoint) / 2**30))
             res.seconds["write"] = time.perf_counter() - t0
             said = int4_writer.verdict(job.root)
             if "not_rounded" in said:
