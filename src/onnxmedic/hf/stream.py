@@ -61,8 +61,12 @@ class Weights:
         import struct
 
         self.folder = Path(folder)
-        files = sorted(self.folder.glob("*.safetensors"))
-        if not files:
+        if (self.folder / INDEX).is_file():  # its files only (not a consolidated copy beside)
+            files = [self.folder / f for f in sorted(set(json.loads(
+                (self.folder / INDEX).read_text())["weight_map"].values()))]
+        elif (self.folder / SINGLE).is_file():
+            files = [self.folder / SINGLE]
+        else:
             raise FileNotFoundError(f"{self.folder} has no safetensors weights ({INDEX} or "
                                     f"{SINGLE})")
         # name -> (file, dtype, shape, offset, length), from each file's header

@@ -3,7 +3,8 @@ layer in memory at a time: onnxruntime-genai's model builder makes the graph (``
 cpu``: its names, its attention and cache layout, its genai_config.json), while
 
 - the weights come from the checkpoint's safetensors by plain reads (hf/stream.py's
-  :class:`~onnxmedic.hf.stream.Weights`, the streamed verification's reader: no memory map, so no file-backed pages of the checkpoint stay resident), one unit at a time
+  :class:`~onnxmedic.hf.stream.Weights`, the streamed verification's reader: no memory map,
+  so no file-backed pages of the checkpoint stay resident), one unit at a time
   (the embedding, each decoder layer, the final norm, the head): the model the builder walks
   is built on the meta device and each unit's parameters are read in when the builder reaches
   it and dropped when it moves on;
@@ -288,10 +289,10 @@ def build(folder: Path, out: Path, cache: Path, *,
     float one raises :class:`NotRounded` after writing the reason to ``out/../VERDICT``.
     ``tamper(weight_name, blocks, scales)``: called on each slice before it is written (the
     tests' faulty quantizer)."""
-    import torch
     from onnxruntime_genai.models import builder as genai_builder
 
-    torch.set_num_threads(os.cpu_count() or 1)  # the parent waits for this child
+    # (torch stays at the one thread builder._child set: an OpenMP team the parent started
+    # must not be used after the fork)
     # the class create_model's families derive from (the builder imports its ``builders``
     # package top-level, so not necessarily onnxruntime_genai.models.builders.base's)
     base = next(c for c in genai_builder.LlamaModel.__mro__ if c.__name__ == "Model")
