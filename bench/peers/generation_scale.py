@@ -61,7 +61,9 @@ SHAPES: dict[str, dict[str, Any]] = {
                          intermediate_size=14336, head_dim=128, tie_word_embeddings=False),
 }
 # onnxmedic: `export` (the default backend: the builder's package, verified whole-model);
-# genai-builder: the builder alone; builder-stream: the builder, then its package verified
+# onnxmedic-int4: `export --precision int4 --accuracy LOOSE` (at size, the streamed road: the
+# builder's int4 graph with the weights quantized from the checkpoint as it makes them,
+# hf/transforms/int4_writer.py, then judged streamed); genai-builder: the builder alone; builder-stream: the builder, then its package verified
 # streamed (python -m onnxmedic.hf.stream), one process tree; -int4: the builder's -p int4;
 # stream-int4: the builder's float32 package made int4 and judged streamed
 # (python -m onnxmedic.hf.transforms.stream_int4), one process tree; stream-int4-loose: the
