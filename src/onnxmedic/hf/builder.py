@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -153,12 +153,17 @@ def _args(folder: Path, out: Path, cache: Path) -> list[str]:
             "-c", str(cache)]
 
 
-def start(folder: Path, dest: Path) -> BuildJob:
+def start(folder: Path, dest: Path, work: Callable[[Path, Path, Path], None] | None = None
+          ) -> BuildJob:
     """Start the builder on the checkpoint ``folder``, writing the package for ``dest`` into
     a temporary folder beside it (with its log and cache): forked where the platform forks -
-    the child has torch and transformers imported already - else a ``python -m`` child."""
+    the child has torch and transformers imported already - else a ``python -m`` child.
+    ``work(folder, out, cache)``: what the forked child runs instead of the float32 builder
+    (hf/transforms/int4_writer.build); ValueError where the platform does not fork."""
     import tempfile
 
+    if work is not None and not hasattr(os, "fork"):
+        raise ValueError("a builder child with work of its own needs os.fork")
     job = BuildJob(Path(tempfile.mkdtemp(prefix=f".{dest.name}.builder-", dir=dest.parent)),
                    time.perf_counter())
     job.out.mkdir()
@@ -173,12 +178,13 @@ def start(folder: Path, dest: Path) -> BuildJob:
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # the child: never returns
-        _child(folder, job.out, cache, job.log)
+        _child(folder, job.out, cache, job.log, work)
     job.pid = pid
     return job
 
 
-def _child(folder: Path, out: Path, cache: Path, log: Path) -> None:
+def _child(folder: Path, out: Path, cache: Path, log: Path,
+           work: Callable[[Path, Path, Path], None] | None = None) -> None:
     code = 1
     try:
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -191,6 +197,10 @@ def _child(folder: Path, out: Path, cache: Path, log: Path) -> None:
         # one thread: the parent computes PyTorch's side meanwhile; and no OpenMP team the
         # parent may have started is used after the fork
         torch.set_num_threads(1)
+        if work is not None:
+            work(folder, out, cache)
+            code = 0
+            return
         from onnxruntime_genai.models import builder
 
         args = _args(folder, out, cache)

@@ -1,5 +1,5 @@
 """Verification of a generation package that streams the checkpoint: the decoder's weights are
-read one layer at a time from the memory-mapped safetensors, never the whole model in float32
+read one layer at a time from the safetensors (plain reads), never the whole model in float32
 or float64, and ONNX Runtime's sessions run one at a time.
 
 PyTorch's side is transformers' own decoder layer, built on the meta device and given one
@@ -18,8 +18,8 @@ judged against float32 rounding (a bfloat16 run's error is 2^16 times larger and
 wrong weight); the memory is the same, one layer at a time.
 
 Memory: one decoder layer's weights in float64 (and float32), the activations of the
-sequences, a vocabulary slice of the output projection, and the checkpoint's pages that the
-kernel maps in (file-backed, reclaimable); then ONNX Runtime's own loop (a sandbox child) and
+sequences, a vocabulary slice of the output projection (none of the checkpoint's pages is
+mapped: :class:`Weights` reads); then ONNX Runtime's own loop (a sandbox child) and
 onnxruntime-genai's check (a child) one after the other, never beside each other.
 
 Families streamed: decoders of the llama layout (embed_tokens, layers, norm, lm_head, a rotary
@@ -46,44 +46,64 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
 
+_ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
+              "F64": torch.float64, "I64": torch.int64, "I32": torch.int32,
+              "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
+
+
 class Weights:
-    """A checkpoint folder's safetensors, memory-mapped: tensors read by name, in the
-    checkpoint's own dtype (a copy of that tensor only)."""
+    """A checkpoint folder's safetensors: tensors read by name, in the checkpoint's own dtype,
+    with plain reads of their bytes (a copy of that tensor only, in the process's own memory
+    and freed with it: no memory map, so none of the checkpoint's pages stay resident as the
+    reads go on, whatever the size of its shards)."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder = Path(folder)
-        if (self.folder / INDEX).is_file():
-            index = json.loads((self.folder / INDEX).read_text())["weight_map"]
-        elif (self.folder / SINGLE).is_file():
-            from safetensors import safe_open
+        import struct
 
-            with safe_open(str(self.folder / SINGLE), framework="pt") as f:
-                index = dict.fromkeys(f.keys(), SINGLE)
+        self.folder = Path(folder)
+        if (self.folder / INDEX).is_file():  # its files only (not a consolidated copy beside)
+            files = [self.folder / f for f in sorted(set(json.loads(
+                (self.folder / INDEX).read_text())["weight_map"].values()))]
+        elif (self.folder / SINGLE).is_file():
+            files = [self.folder / SINGLE]
         else:
             raise FileNotFoundError(f"{self.folder} has no safetensors weights ({INDEX} or "
                                     f"{SINGLE})")
-        self.index: dict[str, str] = index
-        self._open: dict[str, Any] = {}
+        # name -> (file, dtype, shape, offset, length), from each file's header
+        self.index: dict[str, tuple[Path, str, list[int], int, int]] = {}
+        for path in files:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+            for name, meta in header.items():
+                if name != "__metadata__":
+                    start, end = meta["data_offsets"]
+                    self.index[name] = (path, meta["dtype"], list(meta["shape"]),
+                                        8 + n + start, end - start)
 
     def __contains__(self, name: str) -> bool:
         return name in self.index
 
     def get(self, name: str) -> torch.Tensor:
-        from safetensors import safe_open
-
-        shard = self.index[name]
-        if shard not in self._open:
-            # one shard mapped at a time: the pages read of the others are unmapped (else
-            # they count in the process's resident memory until the end)
-            self._open = {shard: safe_open(str(self.folder / shard), framework="pt")}
-        return self._open[shard].get_tensor(name)
+        path, dtype, shape, offset, length = self.index[name]
+        if dtype not in _ST_DTYPES:
+            raise ValueError(f"{path.name}: {name} is of dtype {dtype}, which is not read here")
+        if not length:
+            return torch.empty(shape, dtype=_ST_DTYPES[dtype])
+        buf = bytearray(length)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            got = f.readinto(memoryview(buf))
+        if got != length:
+            raise OSError(f"{path.name}: {name} is cut short ({got} of {length} bytes)")
+        return torch.frombuffer(buf, dtype=_ST_DTYPES[dtype]).reshape(shape)
 
     def prefixed(self, prefix: str) -> dict[str, torch.Tensor]:
         """The tensors under ``prefix`` (their names without it)."""
         return {k[len(prefix):]: self.get(k) for k in self.index if k.startswith(prefix)}
 
     def close(self) -> None:
-        self._open.clear()
+        """Nothing is held open between reads (kept for the callers' ``finally``)."""
 
 
 def streamable(config: Any) -> str | None:

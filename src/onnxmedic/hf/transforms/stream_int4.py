@@ -250,12 +250,12 @@ def over_budget(figures: dict[str, Any], budget: Any) -> Any:
                                                   if k != "rejected"})
 
 
-def not_rounded(why: str) -> Any:
-    """OM870: a 4-bit weight of the written package is not a rounding of its float32 one."""
+def not_rounded(why: str, of: str = "the float32 package's") -> Any:
+    """OM870: a 4-bit weight of the written package is not a rounding of its float one."""
     from onnxmedic.findings import error
 
     return error("OM870", STAGE, f"the int4 package was not written: its 4-bit weights are "
-                 f"not a rounding of the float32 package's ({why}).",
+                 f"not a rounding of {of} ({why}).",
                  suggestion="A corrupted block or a wrong scale: rerun the quantization; if it "
                  "persists, report it with the package.")
 
@@ -272,18 +272,11 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
     written at ``out`` unless every check passed. Raises ValueError for a checkpoint
     hf/stream.py cannot stream or a budget spec that does not parse."""
     from onnxmedic import sandbox
-    from onnxmedic.genpackage import decoder_graph, read_package
+    from onnxmedic.genpackage import decoder_graph
     from onnxmedic.hf.stream import checked_config
-    from onnxmedic.hf.transforms.int4_package import genai_agrees
     from onnxmedic.hf.transforms.passes import copy_side_files, staged
     from onnxmedic.onnxfile import replace_folder
-    from onnxmedic.optimize.int4 import (
-        TaskBudget,
-        judge,
-        parse_budget,
-        rounding_problem,
-        score_onnx,
-    )
+    from onnxmedic.optimize.int4 import TaskBudget, parse_budget, rounding_problem
 
     if not isinstance(budget, TaskBudget):
         budget = parse_budget(budget)
@@ -307,34 +300,107 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
         if why is not None:
             res.findings.append(not_rounded(why))
             return res
-        t0 = time.perf_counter()
-        data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
-        # ``timeout`` is a run's: the scoring makes a run per generated token and window
-        runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
-        got = score_onnx(tmp / graph.name, data, budget.steps, None, timeout=timeout * runs,
-                         layout=read_package(tmp))
-        res.seconds["onnx"] = time.perf_counter() - t0
-        if not got.get("ok"):
-            res.figures = {"rejected": got.get("error", "the scoring failed")}
-            res.findings.append(over_budget(res.figures, budget))
+        if not judged(res, tmp, tmp / graph.name, checkpoint, config, budget, genai=genai,
+                      timeout=timeout):
             return res
-        res.tokens_onnx = got["tokens"]
-        t0 = time.perf_counter()
-        ref = torch_figures(checkpoint, data, got["tokens"])
-        res.seconds["torch"] = time.perf_counter() - t0
-        res.figures = judge(ref, {**got, "picks": got["tokens"]}, budget)
-        if res.figures["rejected"]:
-            res.findings.append(over_budget(res.figures, budget))
-            return res
-        if genai:
-            t0 = time.perf_counter()
-            ok, res.tokens_genai, found = genai_agrees(tmp, data.prompts, res.tokens_onnx,
-                                                       budget.steps, timeout * runs)
-            res.seconds["genai"] = time.perf_counter() - t0
-            res.findings.extend(found)
-            if not ok:
-                return res
         replace_folder(tmp, out)
+    res.ok, res.path = True, str(out)
+    return res
+
+
+def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, config: Any,
+           budget: Any, *, genai: bool, timeout: float) -> bool:
+    """Steps 3 and 4 of the module docstring on the int4 package ``folder`` (its decoder
+    graph ``decoder``): the task budget against the checkpoint streamed, then
+    onnxruntime-genai's tokens; True when both held (``res``: figures, tokens, seconds and
+    findings recorded)."""
+    from onnxmedic.genpackage import read_package
+    from onnxmedic.hf.transforms.int4_package import genai_agrees
+    from onnxmedic.optimize.int4 import judge, score_onnx
+
+    t0 = time.perf_counter()
+    data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
+    # ``timeout`` is a run's: the scoring makes a run per generated token and window
+    runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
+    got = score_onnx(decoder, data, budget.steps, None, timeout=timeout * runs,
+                     layout=read_package(folder))
+    res.seconds["onnx"] = time.perf_counter() - t0
+    if not got.get("ok"):
+        res.figures = {"rejected": got.get("error", "the scoring failed")}
+        res.findings.append(over_budget(res.figures, budget))
+        return False
+    res.tokens_onnx = got["tokens"]
+    t0 = time.perf_counter()
+    ref = torch_figures(checkpoint, data, got["tokens"])
+    res.seconds["torch"] = time.perf_counter() - t0
+    res.figures = judge(ref, {**got, "picks": got["tokens"]}, budget)
+    if res.figures["rejected"]:
+        res.findings.append(over_budget(res.figures, budget))
+        return False
+    if genai:
+        t0 = time.perf_counter()
+        ok, res.tokens_genai, found = genai_agrees(folder, data.prompts, res.tokens_onnx,
+                                                   budget.steps, timeout * runs)
+        res.seconds["genai"] = time.perf_counter() - t0
+        res.findings.extend(found)
+        if not ok:
+            return False
+    return True
+
+
+def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *,
+                 budget: Any = None, genai: bool = True, timeout: float | None = None,
+                 tamper: Any = None) -> StreamedInt4 | None:
+    """Write ``out``: the int4 package of the checkpoint folder ``checkpoint`` made by
+    hf/transforms/int4_writer.py (onnxruntime-genai's builder in a child, each weight read,
+    quantized, written and checked against its rounding as the builder makes it: no float32
+    package), then judged as :func:`int4_streamed` judges (steps 3 and 4). ``tamper(weight,
+    blocks, scales)``: called in the child on each slice of 4-bit blocks before it is written
+    (the tests' faulty quantizer). ``timeout``: one ONNX Runtime run's, and the writer's per
+    GiB of the checkpoint's weights. None when the writer failed for another reason than a
+    rounding (its log's reason logged): the caller takes the float32 package's road. Nothing
+    is written at ``out`` unless every check passed."""
+    from functools import partial
+
+    from onnxmedic import sandbox
+    from onnxmedic.hf import builder
+    from onnxmedic.hf.stream import checked_config
+    from onnxmedic.hf.transforms import int4_writer
+    from onnxmedic.hf.transforms.passes import staged
+    from onnxmedic.onnxfile import replace_folder
+    from onnxmedic.optimize.int4 import TaskBudget, parse_budget
+
+    if not isinstance(budget, TaskBudget):
+        budget = parse_budget(budget)
+    timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    checkpoint, out = Path(checkpoint), Path(out)
+    config = checked_config(checkpoint)  # refused before any work
+    res = StreamedInt4()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with staged(out) as stage:
+        t0 = time.perf_counter()
+        job = builder.start(checkpoint, stage / "pkg",
+                            work=partial(int4_writer.build, tamper=tamper))
+        try:
+            # the writer reads, quantizes and checks every weight: ``timeout`` per GiB
+            why = job.wait(timeout * max(1.0, weight_bytes(checkpoint) / 2**30))
+            res.seconds["write"] = time.perf_counter() - t0
+            said = int4_writer.verdict(job.root)
+            if "not_rounded" in said:
+                res.findings.append(not_rounded(said["not_rounded"], "the checkpoint's"))
+                return res
+            if why is not None or "quantized" not in said:
+                logger.warning("the streamed int4 writer failed (%s): the float32 package's "
+                               "road", why or "it said nothing")
+                return None
+            res.quantized = int(said["quantized"])
+            builder.finish(job, *_side_files(checkpoint))
+            if not judged(res, job.out, job.out / builder.GRAPH, checkpoint, config, budget,
+                          genai=genai, timeout=timeout):
+                return res
+            replace_folder(job.out, out)
+        finally:
+            job.discard()
     res.ok, res.path = True, str(out)
     return res
 
@@ -411,11 +477,13 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
                     timeout: float | None = None, strict: bool = False,
                     report: str | os.PathLike[str] | None = None) -> Any:
     """``export hf:FOLDER --precision int4`` on the streamed road (``folder``:
-    :func:`streamed_road`'s): onnxruntime-genai's builder writes the float32 package (a
-    child), then :func:`int4_streamed` makes it int4 into ``f`` and judges it against the
-    checkpoint streamed; the PyTorch model is never loaded. Returns the ExportResult, or
-    None where the builder failed and ``strict`` is off (the caller takes the whole-model
-    road, which loads the model). ``timeout``: the builder's and one ONNX Runtime run's."""
+    :func:`streamed_road`'s): :func:`int4_written` (the builder's graph, each weight quantized
+    from the checkpoint as it is made, no float32 package), or where that writer fails for
+    another reason than a rounding, onnxruntime-genai's builder's float32 package (a child)
+    made int4 by :func:`int4_streamed`; either way judged against the checkpoint streamed,
+    the PyTorch model never loaded. Returns the ExportResult, or None where the builder
+    failed and ``strict`` is off (the caller takes the whole-model road, which loads the
+    model). ``timeout``: the builder's and one ONNX Runtime run's."""
     from onnxmedic.findings import error, info
     from onnxmedic.hf import builder
     from onnxmedic.hf.transforms.passes import staged
@@ -427,30 +495,45 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
     from onnxmedic import sandbox
 
     wait = sandbox.DEFAULT_TIMEOUT if timeout is None else float(timeout)  # as backends.py
-    with result.guard(), staged(out) as stage:
-        with result.stage("export") as st:
-            job = builder.start(folder, stage / "pkg")
-            why = job.wait(wait)
-            if why is not None:
-                job.discard()
-                if not strict:
-                    logger.warning("the builder failed (%s): the whole-model road", why)
-                    return None
-                st.fail(error("OM838", "export", f"onnxruntime-genai's model builder "
-                              f"cannot build {spec}: {why}.", suggestion="Leave --backend "
-                              "out (auto) for onnxmedic's own export."))
-        if why is None:
-            builder.finish(job, *_side_files(folder))
+    made: StreamedInt4 | None = None
+    with result.guard():
+        if hasattr(os, "fork"):
+            with result.stage("export", conclude=False):
+                made = int4_written(folder, out, budget=budget, timeout=wait)
+        if made is not None:
+            result.record("export").passed()
             with result.stage(STAGE) as st:
-                made = int4_streamed(job.out, folder, out, budget=budget,
-                                     timeout=wait)
-                job.discard()
                 result.findings.extend(made.findings)
                 result.timings.update({f"int4 {k}": v for k, v in made.seconds.items()})
                 result.int4 = made  # type: ignore[attr-defined]
                 if not made.ok:
                     st.fail()
             result.ok = made.ok
+    if made is None and not result.findings:  # (a finding here: the guard caught an error)
+        with result.guard(), staged(out) as stage:
+            with result.stage("export") as st:
+                job = builder.start(folder, stage / "pkg")
+                why = job.wait(wait)
+                if why is not None:
+                    job.discard()
+                    if not strict:
+                        logger.warning("the builder failed (%s): the whole-model road", why)
+                        return None
+                    st.fail(error("OM838", "export", f"onnxruntime-genai's model builder "
+                                  f"cannot build {spec}: {why}.", suggestion="Leave "
+                                  "--backend out (auto) for onnxmedic's own export."))
+            if why is None:
+                builder.finish(job, *_side_files(folder))
+                with result.stage(STAGE) as st:
+                    made = int4_streamed(job.out, folder, out, budget=budget,
+                                         timeout=wait)
+                    job.discard()
+                    result.findings.extend(made.findings)
+                    result.timings.update({f"int4 {k}": v for k, v in made.seconds.items()})
+                    result.int4 = made  # type: ignore[attr-defined]
+                    if not made.ok:
+                        st.fail()
+                result.ok = made.ok
     result.path = str(out) if result.ok else None
     if result.ok:
         result.findings.append(info(

@@ -1,0 +1,176 @@
+"""The int4 package written straight from the checkpoint (onnxruntime-genai's builder making the
+graph, each weight read, quantized, written and checked as it is made:
+onnxmedic.hf.transforms.int4_writer, driven by stream_int4.int4_written): the package is the
+builder's own ``-p int4`` package byte for byte, onnxruntime-genai serves it, and a faulty
+quantizer (a corrupted 4-bit block, a wrong scale) is refused (OM870), nothing written."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime_genai")
+
+from onnxmedic.hf import builder  # noqa: E402
+from onnxmedic.hf.transforms import int4_writer, stream_int4  # noqa: E402
+
+LOOSE = "agreement=60%,steps=8,prompts=2"  # as test_stream_int4.py: the tiny model's ties
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    """A tiny Qwen2 checkpoint in bfloat16 (tied embeddings, q/k/v biases: the shape of the
+    Qwen2.5 checkpoints), with a tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from bench.zoo.generation import save_family
+
+    root = tmp_path_factory.mktemp("int4-writer")
+    folder = root / "qwen"
+    torch.manual_seed(0)
+    cfg = Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=160, vocab_size=384,
+                      max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(folder)
+    for f in save_family("llama", root / "tok").glob("tokenizer*"):
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+def _builder_int4(folder: Path, out: Path, cache: Path) -> None:
+    """The builder's own ``-p int4 -e cpu`` run (``python -m onnxruntime_genai.models.builder``'s
+    create_model), forked as the writer is."""
+    from onnxruntime_genai.models import builder as genai_builder
+
+    opts = genai_builder.parse_extra_options(str(folder), str(folder), str(out), "int4", "cpu",
+                                             str(cache), [])
+    genai_builder.create_model(str(folder), str(folder), str(out), "int4", "cpu", str(cache),
+                               **opts)
+
+
+def _initializers(path: Path) -> dict[str, np.ndarray]:
+    return {t.name: onnx.numpy_helper.to_array(t, str(path.parent))
+            for t in onnx.load(str(path), load_external_data=False).graph.initializer}
+
+
+@pytest.fixture(scope="module")
+def reference(qwen, tmp_path_factory):
+    """The builder's own ``-p int4`` package of the tiny Qwen2 checkpoint."""
+    import onnxruntime_genai.models.builder  # noqa: F401 - imported once, for the children
+
+    theirs = builder.start(qwen, tmp_path_factory.mktemp("int4-ref") / "ref",
+                           work=_builder_int4)
+    assert theirs.wait(300) is None, theirs.log_tail()
+    yield theirs.out
+    theirs.discard()
+
+
+# (INLINE, SLICE): the writer's own sizes; every initializer written by it, in slices of 4 KiB
+@pytest.mark.parametrize("sizes", [None, (0, 4096)], ids=["as-is", "all-sliced"])
+def test_the_written_package_is_the_builders_int4_package(qwen, reference, tmp_path,
+                                                         monkeypatch, sizes):
+    """The writer's package against ``python -m onnxruntime_genai.models.builder -p int4``'s
+    on the same folder: the same nodes, the same initializers byte for byte (the 4-bit
+    blocks, their scales, the norms, biases and rotary caches it writes itself), the same
+    genai_config.json; and onnxruntime-genai loads it."""
+    import onnxruntime_genai as og
+
+    if sizes is not None:
+        monkeypatch.setattr(int4_writer, "INLINE", sizes[0])
+        monkeypatch.setattr(int4_writer, "SLICE", sizes[1])
+    ref = reference
+    job = builder.start(qwen, tmp_path / "ours", work=int4_writer.build)
+    try:
+        assert job.wait(300) is None, job.log_tail()
+        assert int4_writer.verdict(job.root) == {"quantized": 2 * 5 + 1}
+        a = onnx.load(str(ref / "model.onnx"), load_external_data=False)
+        b = onnx.load(str(job.out / "model.onnx"), load_external_data=False)
+        nodes = lambda m: sorted((n.op_type, n.name, tuple(n.input), tuple(n.output),  # noqa: E731
+                                  str(sorted((x.name, x.i) for x in n.attribute)))
+                                 for n in m.graph.node)
+        assert nodes(a) == nodes(b)
+        if sizes is not None:  # none left in the graph file
+            assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in b.graph.initializer)
+        ia, ib = _initializers(ref / "model.onnx"), _initializers(job.out / "model.onnx")
+        assert ia.keys() == ib.keys()
+        for k in ia:
+            assert ia[k].dtype == ib[k].dtype and ia[k].shape == ib[k].shape, k
+            np.testing.assert_array_equal(ia[k], ib[k], err_msg=k)
+        assert (ref / "genai_config.json").read_text() == \
+            (job.out / "genai_config.json").read_text()
+        og.Model(str(job.out))
+    finally:
+        job.discard()
+
+
+def test_the_weights_are_read_as_safetensors_reads_them(qwen):
+    """hf/stream.py's reader (the writer's and the streamed verification's): plain reads of
+    each tensor's bytes, the same tensors as safetensors' own loader."""
+    from safetensors.torch import load_file
+
+    from onnxmedic.hf.stream import Weights
+
+    shards = Weights(qwen)
+    want = {}
+    for p in qwen.glob("*.safetensors"):
+        want.update(load_file(str(p)))
+    assert set(shards.index) == set(want)
+    for k, v in want.items():
+        got = shards.get(k)
+        assert got.dtype == v.dtype and got.shape == v.shape and bool((got == v).all()), k
+
+
+@pytest.mark.parametrize("fault", ["block", "scale"])
+def test_a_faulty_quantizer_is_refused(qwen, tmp_path, fault):
+    """The quantizer's blocks of the last layer's down projection corrupted (one 4-bit level
+    moved in each block of its first output column), or one of its scales doubled, before
+    they are written: the read-back check refuses the package (OM870, the weight named),
+    nothing written, no generation run."""
+
+    def tamper(weight, blocks, scales):
+        if "layers.1.mlp.down_proj" not in weight:
+            return
+        if fault == "block":
+            blocks[0] ^= 0x08
+        else:
+            scales.reshape(-1)[3] *= 2
+
+    res = stream_int4.int4_written(qwen, tmp_path / "out", budget=LOOSE, tamper=tamper)
+    assert res is not None and not res.ok and not (tmp_path / "out").exists()
+    assert [f.code for f in res.findings] == ["OM870"]
+    assert "down_proj" in res.findings[0].message
+    assert "the checkpoint's" in res.findings[0].message
+    assert "onnx" not in res.seconds
+    assert not list(tmp_path.iterdir())  # nothing left beside it either
+
+
+def test_a_writer_that_fails_hands_over_to_the_float32_road(qwen, tmp_path, monkeypatch):
+    """The writer's child failing for another reason than a rounding: None (the caller takes
+    the float32 package's road), nothing written."""
+
+    def broken(folder, out, cache, tamper=None):
+        raise RuntimeError("a family the hooks do not know")
+
+    monkeypatch.setattr(int4_writer, "build", broken)
+    assert stream_int4.int4_written(qwen, tmp_path / "out", budget=LOOSE) is None
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # the writer, then generation in ONNX Runtime, PyTorch and genai
+def test_the_written_package_is_judged_and_served(qwen, tmp_path):
+    res = stream_int4.int4_written(qwen, tmp_path / "out", budget=LOOSE)
+    assert res is not None and res.ok, [f.message for f in res.findings]
+    assert res.quantized == 2 * 5 + 1
+    assert res.tokens_genai == res.tokens_onnx
+    assert res.figures["agreement"] >= 0.6 and res.figures["perplexity_ratio"] <= 1.05
+    assert {"write", "onnx", "torch", "genai"} <= set(res.seconds)
+    assert (tmp_path / "out" / "genai_config.json").is_file()
