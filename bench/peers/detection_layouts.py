@@ -136,6 +136,7 @@ def main() -> None:
                 found = check_layout(Path(tmp), det, image, a.layout, timings)
             except AssertionError as e:  # not verified, or a fault not caught as it should be
                 error = str(e)[:300].replace("|", "/").replace("\n", " ")
+                print("not verified or not caught (in full):", e)  # the table keeps 300 chars
             print("faults caught:", found, error)
             for run, stages in timings.items():
                 print(f"  {run}: " + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()))

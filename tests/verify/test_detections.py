@@ -241,6 +241,44 @@ def test_float32_noise_is_judged_against_the_float64_set() -> None:
     assert not within_float32_noise(ref, torch32, _drop(moved, 3, 5))  # moved + dropped
 
 
+def test_float32_sets_either_side_of_float64_are_judged_against_it() -> None:
+    """Faster and Mask R-CNN R50 FPN v2 (real size, random#1): PyTorch's float32 score 0.468903
+    and ONNX Runtime's 0.469010 are 1.07e-4 apart (OM617 against each other), each within the
+    1e-4 budget of the float64 0.468980, and the sets agree with the float64 one otherwise.
+    Judged against float64 this passes; a moved box, a wrong label and a dropped box are still
+    found, also through the compare stage's hook."""
+    from onnxmedic.verify.compare import compare_outputs
+    from onnxmedic.verify.detections import (
+        RULE_DETECTIONS_F64,
+        rejudge_detections,
+        within_float32_noise,
+    )
+
+    b, s, lab = _dets()
+    ref = (b.astype(np.float64), s.astype(np.float64), lab)
+    ref[1][4] = 0.468980
+    torch32 = (b, s.copy(), lab)
+    torch32[1][4] = np.float32(0.468903)
+    onnx = (b.copy(), s.copy(), lab.copy())
+    onnx[1][4] = np.float32(0.469010)
+    assert _codes(torch32, onnx) == ["OM617"]
+    assert compare_detections(ref, torch32).ok and compare_detections(ref, onnx).ok
+    assert within_float32_noise(ref, torch32, onnx)
+    moved, relabelled = tuple(a.copy() for a in onnx), tuple(a.copy() for a in onnx)
+    moved[0][0] += np.float32(2.0)
+    relabelled[2][0] += 1
+    names = ["boxes", "scores", "labels"]
+    for bad, code in ((onnx, None), (moved, "OM616"), (relabelled, "OM615"),
+                      (_drop(onnx, 0), "OM613")):
+        assert within_float32_noise(ref, torch32, bad) == (code is None)
+        comps = compare_outputs(names, list(torch32), list(bad))
+        found = rejudge_detections(names, list(torch32), list(bad), comps, ["u0"] * 3,
+                                   "random#1", reference=lambda: list(ref))
+        assert (code is None) == (found == []) and (code is None or code in
+                                                    [f.code for f in found]), found
+        assert all(c.ok and c.rule == RULE_DETECTIONS_F64 for c in comps) == (code is None)
+
+
 def test_verification_rejudges_detections_against_the_float64_run() -> None:
     """The compare stage's hook asks for the float64 outputs only when the sets differ, and
     still catches a dropped box (no near-tie in float32) and a moved keypoint (no more boxes

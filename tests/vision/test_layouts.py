@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import onnxmedic
+from onnxmedic.findings import Severity
 from tests.vision.conftest import SKIP_REASON
 
 pytest.importorskip("torchvision", reason=SKIP_REASON)
@@ -68,7 +69,10 @@ def check_layout(tmp_path: Path, detector: nn.Module, image: torch.Tensor, layou
     path = tmp_path / f"{layout}.onnx"
     res = onnxmedic.export(model, (image,), path)
     timings["export"] = res.timings
-    assert res.ok, [(f.code, f.message[:300]) for f in res.findings]
+    # the errors alone: an info finding (OM118, OM221) is no reason, and the bench keeps
+    # only the message's first 300 characters
+    assert res.ok, [(f.code, f.message[:300]) for f in res.findings
+                    if f.severity is Severity.ERROR]
     proto = onnx.load(path)
     names = dict(zip(order, (o.name for o in proto.graph.output)))
     assert len(names) == len(order) == len(proto.graph.output)
@@ -109,7 +113,11 @@ REAL = ["tv/ssdlite320_mobilenet_v3_large", "tv/fasterrcnn_mobilenet_v3_large_32
         "tv/fasterrcnn_mobilenet_v3_large_fpn",
         "tv/retinanet_resnet50_fpn", "tv/fcos_resnet50_fpn", "tv/ssd300_vgg16",
         "tv/fasterrcnn_resnet50_fpn", "tv/maskrcnn_resnet50_fpn",
-        "tv/keypointrcnn_resnet50_fpn"]
+        "tv/keypointrcnn_resnet50_fpn", "tv/retinanet_resnet50_fpn_v2",
+        "tv/fasterrcnn_resnet50_fpn_v2"]
+# not maskrcnn_resnet50_fpn_v2: with these weights ONNX Runtime breaks a near tie at the RPN's
+# top-1000 cut otherwise than PyTorch's float32 and float64 runs, and one detection differs
+# (docs/vision.md; bench/results/detection_layouts.md)
 
 
 @pytest.mark.slow

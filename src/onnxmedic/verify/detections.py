@@ -27,13 +27,17 @@ equal the lowest kept score (within the budget), a score that other kept boxes s
 exchanged for others of that score on the other side, as many dropped as added. Anything else
 left over is a finding.
 
-The float64-anchored budget, for sets: where the model's float64 run is at hand and PyTorch's
-own float32 set already differs from it (near-equal scores flipped by rounding at a top-k or
-NMS: a box dropped, moved or exchanged), ONNX Runtime's set is judged against the float64 set
-instead, and passes when it is no worse than PyTorch's float32 set is - no more float64
-detections left unmatched, no more detections of its own left over, no more per-detection rows
-outside the budget (:func:`within_float32_noise`). Where PyTorch's float32 set agrees with its
-float64 set, nothing changes: every leftover is a finding.
+The float64-anchored budget, for sets: where the sets differ and the model's float64 run is at
+hand, ONNX Runtime's set is judged against the float64 set instead, and passes when it is no
+worse than PyTorch's float32 set is - no more float64 detections left unmatched, no more
+detections of its own left over, no more per-detection rows outside the budget
+(:func:`within_float32_noise`). Where PyTorch's float32 set differs from the float64 one
+(near-equal scores flipped by rounding at a top-k or NMS: a box dropped, moved or exchanged),
+ONNX Runtime may differ as much. Where it agrees, ONNX Runtime's set must agree with the float64
+set too, every detection within the budget: the two float32 sets may then be up to twice the
+budget apart, each rounded to its own side of the float64 value (a deep box head: PyTorch's
+score 0.46890 and ONNX Runtime's 0.46901 around the float64 0.46898), while a dropped, moved,
+extra or relabelled box is a finding as it is against PyTorch's set.
 """
 
 from __future__ import annotations
@@ -305,15 +309,16 @@ def within_float32_noise(reference: tuple[np.ndarray, np.ndarray, np.ndarray],
                          budget: DetectionBudget | None = None, *, name: str = "detections",
                          extras: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] | None
                          = None) -> bool:
-    """Whether ONNX Runtime's set (``actual``) is within the model's own float32 noise:
-    PyTorch's float32 set (``expected``) differs from the float64 set (``reference``), and
-    ``actual`` differs from it no more, count by count (:meth:`DetectionComparison.disagreement`).
-    ``extras``: (name, float64, PyTorch's, ONNX Runtime's) per-detection rows."""
+    """Whether ONNX Runtime's set (``actual``) is within the model's own float32 noise: it
+    differs from the float64 set (``reference``) no more than PyTorch's float32 set
+    (``expected``) does, count by count (:meth:`DetectionComparison.disagreement`). Where
+    PyTorch's set agrees with the float64 one, ``actual`` must agree with it too (a dropped,
+    moved, extra or relabelled box is no float32 noise), each detection within the budget of the
+    float64 value rather than of PyTorch's float32 one. ``extras``: (name, float64, PyTorch's,
+    ONNX Runtime's) per-detection rows."""
     ext = extras or []
     torch_err = compare_detections(reference, expected, budget, name=name,
                                    extras=[(n, r, e) for n, r, e, _ in ext])
-    if torch_err.ok:  # float32 arithmetic itself keeps every detection: no excuse
-        return False
     onnx_err = compare_detections(reference, actual, budget, name=name,
                                   extras=[(n, r, a) for n, r, _, a in ext])
     if any(f.code == "OM618" for f in torch_err.findings + onnx_err.findings):
