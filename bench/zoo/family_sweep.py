@@ -11,8 +11,11 @@ process of its own with a timeout, one at a time.
 
     python bench/zoo/family_sweep.py [--families lfm2,mamba] [--limit N] [--timeout 300]
 
-Rows go to build/family_sweep/results.jsonl as they finish (a later row for the same family
-replaces the earlier one); the table to bench/results/family_sweep.md.
+Rows go to bench/results/family_sweep.jsonl (committed) as they finish, one family a line (a
+later row for the same family replaces the earlier one); the table bench/results/family_sweep.md
+is written from that file alone. A later run resumes from it: a family with a row is not run
+again unless ``--again`` names it (``--families`` then only chooses and orders what is new).
+``--seed-from-table`` rebuilds the rows file from the markdown table (its cells are all it keeps).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 OUT = ROOT / "build" / "family_sweep"
 TABLE = ROOT / "bench" / "results" / "family_sweep.md"
+RESULTS = ROOT / "bench" / "results" / "family_sweep.jsonl"
 MAX_PARAMS = 20_000_000
 STEPS = 8  # greedy tokens compared with PyTorch's (onnxmedic's own default)
 # size keys of transformers' configs, shrunk where a config has them
@@ -310,14 +314,59 @@ def _counts(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
     return out
 
 
+def load_rows(path: Path = RESULTS) -> dict[str, dict[str, Any]]:
+    """The rows of ``path`` by family (a later line replaces an earlier one); empty if none."""
+    done: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done[r["family"]] = r
+    return done
+
+
+def save_rows(done: dict[str, dict[str, Any]], path: Path = RESULTS) -> None:
+    """``done`` to ``path``, sorted by family, written whole through a temporary file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(done[k], sort_keys=True) + "\n" for k in sorted(done)))
+    tmp.replace(path)
+
+
+def rows_from_table(text: str) -> dict[str, dict[str, Any]]:
+    """The rows of a family_sweep.md table (family, kind, outcome, codes, seconds, first error,
+    exporters column; a "-" exporters cell is a row transformers.exporters was not run on)."""
+    done: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 7 or cells[0] in ("family", "---") or cells[1] not in (
+                "causal", "seq2seq"):
+            continue
+        family, kind, outcome, codes, seconds, first, peer = cells
+        row: dict[str, Any] = {"family": family, "kind": kind, "outcome": outcome,
+                               "codes": codes.split(), "first": first}
+        if seconds:
+            row["seconds"] = float(seconds)
+        if peer != "-":
+            row["exporters"] = peer
+        done[family] = row
+    return done
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", help="comma-separated model types (default: all)")
+    ap.add_argument("--families", help="comma-separated model types, run in this order "
+                    "(default: all); those with a row already are skipped")
+    ap.add_argument("--again", action="store_true",
+                    help="run the --families named again, whole, even if they have a row")
     ap.add_argument("--limit", type=int, help="at most this many families this run")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--budget", type=float, help="start no family after this many seconds")
+    ap.add_argument("--no-exporters", action="store_true",
+                    help="leave the transformers.exporters column out of new rows")
     ap.add_argument("--table", action="store_true",
                     help="only write the table from the rows run so far")
+    ap.add_argument("--seed-from-table", action="store_true",
+                    help="write the rows file from the markdown table's rows, then stop")
     ap.add_argument("--exporters-child", nargs=3, metavar=("FOLDER", "KIND", "OUT"),
                     help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
@@ -325,33 +374,36 @@ def main(argv: list[str] | None = None) -> None:
         folder, kind, out = ns.exporters_child
         print(json.dumps(exporters_child(Path(folder), kind, Path(out))), flush=True)
         return
+    if ns.seed_from_table:
+        save_rows(rows_from_table(TABLE.read_text()))
+        return
     OUT.mkdir(parents=True, exist_ok=True)
-    results = OUT / "results.jsonl"
-    done: dict[str, dict[str, Any]] = {}
-    if results.exists():
-        for line in results.read_text().splitlines():
-            r = json.loads(line)
-            done[r["family"]] = r
-    # a later run goes on: first the exporters column of families run before it existed
-    # (cheaper: onnxmedic's row is kept), then families not run
-    todo = ([f for f in families() if f[0] in done and "exporters" not in done[f[0]]] +
-            [f for f in families() if f[0] not in done])
+    done = load_rows()
+    kinds = dict(families())
     if ns.families:
-        kinds = dict(families())
         todo = [(m, kinds[m]) for m in ns.families.split(",") if m in kinds]  # in this order
-        for f in todo:  # named families are run again, whole
-            done.pop(f[0], None)
+        if ns.again:
+            for f in todo:  # named families are run again, whole
+                done.pop(f[0], None)
+        else:
+            todo = [f for f in todo if f[0] not in done]
+    else:
+        # first the exporters column of families run before it existed (cheaper: onnxmedic's
+        # row is kept), then families not run
+        todo = ([f for f in families() if f[0] in done and "exporters" not in done[f[0]]
+                 and not ns.no_exporters] + [f for f in families() if f[0] not in done])
     ran, t0 = 0, time.perf_counter()
     for model_type, kind in [] if ns.table else todo:
         if ns.limit is not None and ran >= ns.limit:
             break
         if ns.budget is not None and time.perf_counter() - t0 > ns.budget:
             break
-        row = run(model_type, kind, ns.timeout, done.get(model_type))
+        row = run(model_type, kind, ns.timeout, done.get(model_type),
+                  exporters=not ns.no_exporters)
         ran += 1
         done[model_type] = row
         print(json.dumps(row), flush=True)
-        results.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
+        save_rows(done)
     left = [m for m, _ in families() if m not in done]
     command = (f"OMP_NUM_THREADS=1 python bench/zoo/family_sweep.py --timeout {ns.timeout:g}"
                " (repeated: each run adds the rows not yet run)")
