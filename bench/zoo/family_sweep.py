@@ -74,6 +74,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # rotary and latent-attention sizes the shrunk head size leaves incoherent by default
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, n_inner=128,
                     rotary_dim=8),
+    "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, n_inner=128, rotary_dim=8),
+    # GPT-Neo's layer pattern must cover its layers (its default names 24); a window shorter
+    # than the sweep's prompt and tokens, as the local layers' of a released checkpoint
+    "gpt_neo": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                    max_position_embeddings=128, attention_types=[[["global", "local"], 1]],
+                    window_size=8),
     "deepseek_v2": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=32,
                         n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
@@ -292,6 +298,8 @@ def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
         f"| {sum(v for k, v in peer.items() if k not in ('correct', 'wrong tokens', '-'))} "
         f"| {peer.get('-', 0)} |",
         "",
+        *_comparison(rows),
+        "",
         f"not run: {', '.join(left) if left else 'none'}",
         "",
         "| family | kind | onnxmedic | error codes | s | first error | transformers.exporters |",
@@ -304,6 +312,29 @@ def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
                      f"{' '.join(r.get('codes', []))} | {r.get('seconds', '')} | {first} | "
                      f"{peer_cell} |")
     return "\n".join(lines) + "\n"
+
+
+def _comparison(rows: list[dict[str, Any]]) -> list[str]:
+    """The lines under the totals: refusals by first error code, and onnxmedic against
+    transformers.exporters on the families both were run on (its cell is not "-")."""
+    refused: dict[str, int] = {}
+    for r in rows:
+        if r["outcome"] == "refused":
+            code = (r.get("codes") or ["(none)"])[0]
+            refused[code] = refused.get(code, 0) + 1
+    both = [r for r in rows if r.get("exporters", "-") != "-"
+            and r["outcome"] != "no tiny config"]
+    ours = {r["family"] for r in both if r["outcome"] == "verified"}
+    peer = {r["family"] for r in both if r["exporters"] == "correct"}
+    return [
+        "refused, by first error code: " + (", ".join(
+            f"{c} {n}" for c, n in sorted(refused.items())) or "none"),
+        "",
+        f"on the {len(both)} families both were run on: onnxmedic verified {len(ours)}, "
+        f"transformers.exporters correct {len(peer)}; onnxmedic only: "
+        f"{', '.join(sorted(ours - peer)) or 'none'}; transformers.exporters only: "
+        f"{', '.join(sorted(peer - ours)) or 'none'}",
+    ]
 
 
 def _counts(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
