@@ -86,6 +86,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
                         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1,
                         topk_group=1),
+    # MiniCPM3's attention takes as many KV heads as query heads (its released checkpoints':
+    # the shrunk 2 of 4 raise in its own attention)
+    "minicpm3": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=4, intermediate_size=128, kv_lora_rank=16,
+                     q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
     # zamba ties its hybrid layers' shared block across them: two hybrid layers at least
     "zamba": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=4, intermediate_size=128, n_mamba_heads=2,
