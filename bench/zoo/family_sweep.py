@@ -350,8 +350,10 @@ def _counts(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
     return out
 
 
-def load_rows(path: Path = RESULTS) -> dict[str, dict[str, Any]]:
-    """The rows of ``path`` by family (a later line replaces an earlier one); empty if none."""
+def load_rows(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The rows of ``path`` (default RESULTS) by family (a later line replaces an earlier
+    one); empty if none."""
+    path = path or RESULTS
     done: dict[str, dict[str, Any]] = {}
     if path.exists():
         for line in path.read_text().splitlines():
@@ -361,8 +363,10 @@ def load_rows(path: Path = RESULTS) -> dict[str, dict[str, Any]]:
     return done
 
 
-def save_rows(done: dict[str, dict[str, Any]], path: Path = RESULTS) -> None:
-    """``done`` to ``path``, sorted by family, written whole through a temporary file."""
+def save_rows(done: dict[str, dict[str, Any]], path: Path | None = None) -> None:
+    """``done`` to ``path`` (default RESULTS), sorted by family, written whole through a
+    temporary file."""
+    path = path or RESULTS
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(done[k], sort_keys=True) + "\n" for k in sorted(done)))
     tmp.replace(path)
