@@ -154,8 +154,11 @@ def tiny_model(model_type: str, kind: str) -> Any:
             keys["layer_types"] = (kinds + list(base.layer_types))[:max(n, len(kinds))]
             keys["num_hidden_layers"] = len(keys["layer_types"])
         cfg = AutoConfig.for_model(model_type, **keys)
-    if kind == "seq2seq" and getattr(cfg, "decoder_start_token_id", None) is None:
-        cfg.decoder_start_token_id = cfg.pad_token_id  # as the family's released checkpoints
+    start = getattr(cfg, "decoder_start_token_id", None)
+    if kind == "seq2seq" and (start is None or start >= cfg.vocab_size):
+        # as the family's released checkpoints (LongT5's config has none; Marian's default is
+        # its pad token, 58100, past the tiny vocabulary)
+        cfg.decoder_start_token_id = cfg.pad_token_id
     auto = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForCausalLM
     with torch.device("meta"):  # counted before any memory is taken (a multimodal default
         n = sum(p.numel() for p in auto.from_config(cfg).parameters())  # is billions)
