@@ -9,7 +9,7 @@ a family whose tiny model cannot be built (a multimodal config, a required sub-c
 than MAX_PARAMS parameters) is listed as "no tiny config" with the error. Each export runs in a
 process of its own with a timeout, one at a time.
 
-    python bench/zoo/family_sweep.py [--families lfm2,mamba] [--limit N] [--timeout 300]
+    python bench/zoo/family_sweep.py [--families lfm2,mamba [--again]] [--limit N] [--timeout 300]
 
 Rows go to bench/results/family_sweep.jsonl (committed) as they finish, one family a line (a
 later row for the same family replaces the earlier one); the table bench/results/family_sweep.md
