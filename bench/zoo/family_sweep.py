@@ -9,10 +9,13 @@ a family whose tiny model cannot be built (a multimodal config, a required sub-c
 than MAX_PARAMS parameters) is listed as "no tiny config" with the error. Each export runs in a
 process of its own with a timeout, one at a time.
 
-    python bench/zoo/family_sweep.py [--families lfm2,mamba] [--limit N] [--timeout 300]
+    python bench/zoo/family_sweep.py [--families lfm2,mamba [--again]] [--limit N] [--timeout 300]
 
-Rows go to build/family_sweep/results.jsonl as they finish (a later row for the same family
-replaces the earlier one); the table to bench/results/family_sweep.md.
+Rows go to bench/results/family_sweep.jsonl (committed) as they finish, one family a line (a
+later row for the same family replaces the earlier one); the table bench/results/family_sweep.md
+is written from that file alone. A later run resumes from it: a family with a row is not run
+again unless ``--again`` names it (``--families`` then only chooses and orders what is new).
+``--seed-from-table`` rebuilds the rows file from the markdown table (its cells are all it keeps).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 OUT = ROOT / "build" / "family_sweep"
 TABLE = ROOT / "bench" / "results" / "family_sweep.md"
+RESULTS = ROOT / "bench" / "results" / "family_sweep.jsonl"
 MAX_PARAMS = 20_000_000
 STEPS = 8  # greedy tokens compared with PyTorch's (onnxmedic's own default)
 # size keys of transformers' configs, shrunk where a config has them
@@ -48,6 +52,12 @@ SHRINK: dict[str, Any] = {
     "shared_expert_intermediate_size": 64, "num_experts": 4, "num_local_experts": 4,
     "n_routed_experts": 4, "num_experts_per_tok": 2, "ffn_hidden_size": 128,
     "n_layers": 2, "n_heads": 4, "max_seq_len": 128, "num_layers_per_block": None,
+}
+
+# SHRINK's keys changed for a family: attention that takes as many KV heads as query heads
+# (the shrunk 2 of 4 raised in PyTorch itself, OM830, a fault of the sweep's config)
+SHRINK_FOR: dict[str, dict[str, Any]] = {
+    "axk2": {"num_key_value_heads": 4}, "bailing_hybrid": {"num_key_value_heads": 4},
 }
 
 # configs whose size keys must agree with each other (SHRINK alone breaks them)
@@ -70,12 +80,23 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # rotary and latent-attention sizes the shrunk head size leaves incoherent by default
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, n_inner=128,
                     rotary_dim=8),
+    "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, n_inner=128, rotary_dim=8),
+    # GPT-Neo's layer pattern must cover its layers (its default names 24); a window shorter
+    # than the sweep's prompt and tokens, as the local layers' of a released checkpoint
+    "gpt_neo": dict(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128,
+                    max_position_embeddings=128, attention_types=[[["global", "local"], 1]],
+                    window_size=8),
     "deepseek_v2": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=32,
                         n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
                         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1,
                         topk_group=1),
+    # MiniCPM3's attention takes as many KV heads as query heads (its released checkpoints':
+    # the shrunk 2 of 4 raise in its own attention)
+    "minicpm3": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=4, intermediate_size=128, kv_lora_rank=16,
+                     q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
     # zamba ties its hybrid layers' shared block across them: two hybrid layers at least
     "zamba": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=4, intermediate_size=128, n_mamba_heads=2,
@@ -131,7 +152,8 @@ def tiny_model(model_type: str, kind: str) -> Any:
                                    bos_token_id=1, eos_token_id=2, pad_token_id=0)
     else:
         base = AutoConfig.for_model(model_type)
-        keys = {k: v for k, v in SHRINK.items() if v is not None and hasattr(base, k)}
+        shrink = {**SHRINK, **SHRINK_FOR.get(model_type, {})}
+        keys = {k: v for k, v in shrink.items() if v is not None and hasattr(base, k)}
         keys.update(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
         if "layer_types" in base.to_dict() and isinstance(base.layer_types, list):
             n = keys.get("num_hidden_layers", len(base.layer_types))
@@ -139,8 +161,11 @@ def tiny_model(model_type: str, kind: str) -> Any:
             keys["layer_types"] = (kinds + list(base.layer_types))[:max(n, len(kinds))]
             keys["num_hidden_layers"] = len(keys["layer_types"])
         cfg = AutoConfig.for_model(model_type, **keys)
-    if kind == "seq2seq" and getattr(cfg, "decoder_start_token_id", None) is None:
-        cfg.decoder_start_token_id = cfg.pad_token_id  # as the family's released checkpoints
+    start = getattr(cfg, "decoder_start_token_id", None)
+    if kind == "seq2seq" and (start is None or start >= cfg.vocab_size):
+        # as the family's released checkpoints (LongT5's config has none; Marian's default is
+        # its pad token, 58100, past the tiny vocabulary)
+        cfg.decoder_start_token_id = cfg.pad_token_id
     auto = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForCausalLM
     with torch.device("meta"):  # counted before any memory is taken (a multimodal default
         n = sum(p.numel() for p in auto.from_config(cfg).parameters())  # is billions)
@@ -288,6 +313,8 @@ def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
         f"| {sum(v for k, v in peer.items() if k not in ('correct', 'wrong tokens', '-'))} "
         f"| {peer.get('-', 0)} |",
         "",
+        *_comparison(rows),
+        "",
         f"not run: {', '.join(left) if left else 'none'}",
         "",
         "| family | kind | onnxmedic | error codes | s | first error | transformers.exporters |",
@@ -302,6 +329,29 @@ def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _comparison(rows: list[dict[str, Any]]) -> list[str]:
+    """The lines under the totals: refusals by first error code, and onnxmedic against
+    transformers.exporters on the families both were run on (its cell is not "-")."""
+    refused: dict[str, int] = {}
+    for r in rows:
+        if r["outcome"] == "refused":
+            code = (r.get("codes") or ["(none)"])[0]
+            refused[code] = refused.get(code, 0) + 1
+    both = [r for r in rows if r.get("exporters", "-") != "-"
+            and r["outcome"] != "no tiny config"]
+    ours = {r["family"] for r in both if r["outcome"] == "verified"}
+    peer = {r["family"] for r in both if r["exporters"] == "correct"}
+    return [
+        "refused, by first error code: " + (", ".join(
+            f"{c} {n}" for c, n in sorted(refused.items())) or "none"),
+        "",
+        f"on the {len(both)} families both were run on: onnxmedic verified {len(ours)}, "
+        f"transformers.exporters correct {len(peer)}; onnxmedic only: "
+        f"{', '.join(sorted(ours - peer)) or 'none'}; transformers.exporters only: "
+        f"{', '.join(sorted(peer - ours)) or 'none'}",
+    ]
+
+
 def _counts(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in rows:
@@ -310,14 +360,63 @@ def _counts(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
     return out
 
 
+def load_rows(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The rows of ``path`` (default RESULTS) by family (a later line replaces an earlier
+    one); empty if none."""
+    path = path or RESULTS
+    done: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done[r["family"]] = r
+    return done
+
+
+def save_rows(done: dict[str, dict[str, Any]], path: Path | None = None) -> None:
+    """``done`` to ``path`` (default RESULTS), sorted by family, written whole through a
+    temporary file."""
+    path = path or RESULTS
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(done[k], sort_keys=True) + "\n" for k in sorted(done)))
+    tmp.replace(path)
+
+
+def rows_from_table(text: str) -> dict[str, dict[str, Any]]:
+    """The rows of a family_sweep.md table (family, kind, outcome, codes, seconds, first error,
+    exporters column; a "-" exporters cell is a row transformers.exporters was not run on)."""
+    done: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 7 or cells[0] in ("family", "---") or cells[1] not in (
+                "causal", "seq2seq"):
+            continue
+        family, kind, outcome, codes, seconds, first, peer = cells
+        row: dict[str, Any] = {"family": family, "kind": kind, "outcome": outcome,
+                               "codes": codes.split(), "first": first}
+        if seconds:
+            row["seconds"] = float(seconds)
+        if peer != "-":
+            row["exporters"] = peer
+        done[family] = row
+    return done
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", help="comma-separated model types (default: all)")
+    ap.add_argument("--families", help="comma-separated model types, run in this order "
+                    "(default: all); those with a row already are skipped")
+    ap.add_argument("--again", action="store_true",
+                    help="run the --families named again, whole, even if they have a row")
     ap.add_argument("--limit", type=int, help="at most this many families this run")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--budget", type=float, help="start no family after this many seconds")
+    ap.add_argument("--no-exporters", action="store_true",
+                    help="leave the transformers.exporters column out of new rows")
     ap.add_argument("--table", action="store_true",
                     help="only write the table from the rows run so far")
+    ap.add_argument("--seed-from-table", action="store_true",
+                    help="write the rows file from the markdown table's rows, then stop")
     ap.add_argument("--exporters-child", nargs=3, metavar=("FOLDER", "KIND", "OUT"),
                     help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
@@ -325,33 +424,36 @@ def main(argv: list[str] | None = None) -> None:
         folder, kind, out = ns.exporters_child
         print(json.dumps(exporters_child(Path(folder), kind, Path(out))), flush=True)
         return
+    if ns.seed_from_table:
+        save_rows(rows_from_table(TABLE.read_text()))
+        return
     OUT.mkdir(parents=True, exist_ok=True)
-    results = OUT / "results.jsonl"
-    done: dict[str, dict[str, Any]] = {}
-    if results.exists():
-        for line in results.read_text().splitlines():
-            r = json.loads(line)
-            done[r["family"]] = r
-    # a later run goes on: first the exporters column of families run before it existed
-    # (cheaper: onnxmedic's row is kept), then families not run
-    todo = ([f for f in families() if f[0] in done and "exporters" not in done[f[0]]] +
-            [f for f in families() if f[0] not in done])
+    done = load_rows()
+    kinds = dict(families())
     if ns.families:
-        kinds = dict(families())
         todo = [(m, kinds[m]) for m in ns.families.split(",") if m in kinds]  # in this order
-        for f in todo:  # named families are run again, whole
-            done.pop(f[0], None)
+        if ns.again:
+            for f in todo:  # named families are run again, whole
+                done.pop(f[0], None)
+        else:
+            todo = [f for f in todo if f[0] not in done]
+    else:
+        # first the exporters column of families run before it existed (cheaper: onnxmedic's
+        # row is kept), then families not run
+        todo = ([f for f in families() if f[0] in done and "exporters" not in done[f[0]]
+                 and not ns.no_exporters] + [f for f in families() if f[0] not in done])
     ran, t0 = 0, time.perf_counter()
     for model_type, kind in [] if ns.table else todo:
         if ns.limit is not None and ran >= ns.limit:
             break
         if ns.budget is not None and time.perf_counter() - t0 > ns.budget:
             break
-        row = run(model_type, kind, ns.timeout, done.get(model_type))
+        row = run(model_type, kind, ns.timeout, done.get(model_type),
+                  exporters=not ns.no_exporters)
         ran += 1
         done[model_type] = row
         print(json.dumps(row), flush=True)
-        results.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
+        save_rows(done)
     left = [m for m, _ in families() if m not in done]
     command = (f"OMP_NUM_THREADS=1 python bench/zoo/family_sweep.py --timeout {ns.timeout:g}"
                " (repeated: each run adds the rows not yet run)")

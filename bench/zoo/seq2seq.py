@@ -1,7 +1,7 @@
-"""Tiny encoder-decoders saved as local checkpoint folders: T5, BART, Marian, mBART and Whisper,
-each with the BPE tokenizer of bench/zoo/generation.py (trained here, no downloads); Whisper
-also with a ``WhisperFeatureExtractor`` built locally (``preprocessor_config.json``) whose
-frames match the tiny encoder's positions.
+"""Tiny encoder-decoders saved as local checkpoint folders: T5 (and a Flan-T5-shaped T5), BART,
+Marian, mBART and Whisper, each with the BPE tokenizer of bench/zoo/generation.py (trained
+here, no downloads); Whisper also with a ``WhisperFeatureExtractor`` built locally
+(``preprocessor_config.json``) whose frames match the tiny encoder's positions.
 
     from bench.zoo.seq2seq import ENCODER_DECODERS, save_encoder_decoder
 """
@@ -35,6 +35,11 @@ ENCODER_DECODERS: dict[str, tuple[str, dict[str, Any]]] = {
     "t5": ("t5", dict(IDS, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
                       num_heads=4, relative_attention_num_buckets=8, initializer_factor=1.5,
                       decoder_start_token_id=0)),  # [relative position bias]
+    # T5 v1.1's shape, Flan-T5's and mT5's: gated GELU (tanh) feed-forward, untied head
+    "flan_t5": ("t5", dict(IDS, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                           num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                           initializer_factor=1.5, feed_forward_proj="gated-gelu",
+                           tie_word_embeddings=False, decoder_start_token_id=0)),
     "bart": ("bart", dict(BARTLIKE, forced_eos_token_id=2)),  # [learned positions, offset 2]
     "marian": ("marian", dict(BARTLIKE, decoder_start_token_id=0)),  # [sinusoidal positions]
     "mbart": ("mbart", dict(BARTLIKE)),  # [pre-norm, final layer norms]

@@ -1,0 +1,59 @@
+"""bench/zoo/family_sweep.py's rows file: the table is written from it, it is rebuilt from the
+table, and a later run resumes from it (families with a row are not run again)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.zoo import family_sweep  # noqa: E402
+
+ROWS = [
+    {"family": "gpt2", "kind": "causal", "outcome": "verified", "codes": [], "first": "",
+     "seconds": 15.8, "exporters": "correct"},
+    {"family": "bert", "kind": "causal", "outcome": "refused", "codes": ["OM817"],
+     "first": "cannot export: a / b", "seconds": 7.4, "exporters": "fails: ValueError: x"},
+    {"family": "blt", "kind": "causal", "outcome": "no tiny config", "codes": [],
+     "first": "ValueError: 4633 M parameters"},
+    {"family": "jamba", "kind": "causal", "outcome": "verified", "codes": [], "first": "",
+     "seconds": 80.9},  # transformers.exporters not run: "-"
+]
+
+
+def test_the_table_round_trips_through_the_rows():
+    text = family_sweep.table(ROWS, "cmd", [])
+    back = family_sweep.rows_from_table(text)
+    assert back == {r["family"]: r for r in ROWS}
+    assert family_sweep.table(list(back.values()), "cmd", []) == text
+    assert "refused, by first error code: OM817 1" in text
+    # both ran on gpt2 and bert (not blt: no model; not jamba: no exporters cell)
+    assert "on the 2 families both were run on: onnxmedic verified 1, " \
+        "transformers.exporters correct 1" in text
+
+
+def test_a_run_resumes_from_the_rows_file(tmp_path, monkeypatch):
+    rows = tmp_path / "rows.jsonl"
+    monkeypatch.setattr(family_sweep, "RESULTS", rows)
+    monkeypatch.setattr(family_sweep, "TABLE", tmp_path / "t.md")
+    monkeypatch.setattr(family_sweep, "OUT", tmp_path / "out")
+    family_sweep.save_rows({r["family"]: r for r in ROWS})
+    ran: list[str] = []
+
+    def fake_run(model_type, kind, timeout, row=None, exporters=True):
+        ran.append(model_type)
+        return {"family": model_type, "kind": kind, "outcome": "verified", "codes": []}
+
+    monkeypatch.setattr(family_sweep, "run", fake_run)
+    family_sweep.main(["--families", "gpt2,llama,bert", "--no-exporters"])
+    assert ran == ["llama"]  # gpt2 and bert have rows: not run again
+    saved = family_sweep.load_rows(rows)
+    assert saved["gpt2"] == ROWS[0] and saved["llama"]["outcome"] == "verified"
+    family_sweep.main(["--families", "bert", "--again", "--no-exporters"])
+    assert ran == ["llama", "bert"]
+    assert family_sweep.load_rows(rows)["bert"]["outcome"] == "verified"
+    assert [json.loads(x)["family"] for x in rows.read_text().splitlines()] == sorted(
+        ["gpt2", "bert", "blt", "jamba", "llama"])
