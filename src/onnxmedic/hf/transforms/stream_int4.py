@@ -473,6 +473,15 @@ def _side_files(folder: Path) -> tuple[Any, Any]:
                            generation_config=gen), tok
 
 
+def _take(result: Any, made: StreamedInt4, stage: Any) -> None:
+    """``made``'s findings, timings and verdict into the export ``result``'s int4 stage."""
+    result.findings.extend(made.findings)
+    result.timings.update({f"int4 {k}": v for k, v in made.seconds.items()})
+    result.int4 = made
+    if not made.ok:
+        stage.fail()
+
+
 def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budget: Any = None,
                     timeout: float | None = None, strict: bool = False,
                     report: str | os.PathLike[str] | None = None) -> Any:
@@ -503,11 +512,7 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
         if made is not None:
             result.record("export").passed()
             with result.stage(STAGE) as st:
-                result.findings.extend(made.findings)
-                result.timings.update({f"int4 {k}": v for k, v in made.seconds.items()})
-                result.int4 = made  # type: ignore[attr-defined]
-                if not made.ok:
-                    st.fail()
+                _take(result, made, st)
             result.ok = made.ok
     if made is None and not result.findings:  # (a finding here: the guard caught an error)
         with result.guard(), staged(out) as stage:
@@ -528,11 +533,7 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
                     made = int4_streamed(job.out, folder, out, budget=budget,
                                          timeout=wait)
                     job.discard()
-                    result.findings.extend(made.findings)
-                    result.timings.update({f"int4 {k}": v for k, v in made.seconds.items()})
-                    result.int4 = made  # type: ignore[attr-defined]
-                    if not made.ok:
-                        st.fail()
+                    _take(result, made, st)
                 result.ok = made.ok
     result.path = str(out) if result.ok else None
     if result.ok:
