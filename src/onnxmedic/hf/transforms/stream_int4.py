@@ -100,14 +100,6 @@ def _append(data: BinaryIO, t: Any, payload: bytes, location: str) -> None:
         e.key, e.value = k, v
 
 
-def _read_raw(t: Any, base: Path) -> bytes:
-    """The bytes of an external initializer ``t`` (read from its file, nothing kept in ``t``)."""
-    ext = _external(t) or {}
-    with open(base / ext["location"], "rb") as f:
-        f.seek(int(ext.get("offset", 0)))
-        return f.read(int(ext["length"])) if "length" in ext else f.read()
-
-
 def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
                       block_size: int = 32, accuracy_level: int = 4) -> int:
     """Write the decoder graph file ``dst`` (its weights in ``<dst name>.data``): the decoder
@@ -120,7 +112,7 @@ def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
         DefaultWeightOnlyQuantizer,
     )
 
-    from onnxmedic.optimize.int4 import tensor_array
+    from onnxmedic.onnxfile import tensor_array, tensor_bytes
 
     src, dst = Path(src), Path(dst)
     model = onnx.load(str(src), load_external_data=False)
@@ -151,7 +143,7 @@ def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
                 t = one.initializer.add()
                 t.name, t.data_type = w.name, w.data_type
                 t.dims.extend(w.dims)
-                t.raw_data = _read_raw(w, src.parent)
+                t.raw_data = tensor_bytes(w, src.parent)
             else:
                 one.initializer.append(onnx.numpy_helper.from_array(
                     tensor_array(w, src.parent).astype(np.float32, copy=False), w.name))
@@ -171,7 +163,7 @@ def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
         kept = [t for t in graph.initializer if users.get(t.name, 0) > 0]
         for t in kept:  # the initializers left as they were, copied one at a time
             if _external(t) is not None:
-                _append(data, t, _read_raw(t, src.parent), location)
+                _append(data, t, tensor_bytes(t, src.parent), location)
             elif t.ByteSize() > INLINE and t.raw_data:
                 _append(data, t, t.raw_data, location)
     del graph.node[:]
