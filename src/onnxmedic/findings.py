@@ -1140,6 +1140,22 @@ CODES: dict[str, CodeInfo] = {
         "exported. Drop --precision int4, or give --task text-generation-with-past for a "
         "decoder.",
     ),
+    # OM850-OM859: a decoder's package stamped from one exported layer (hf/stamp.py)
+    "OM850": CodeInfo(
+        "a stamped part did not export and verify", 1,
+        "The stamped road (a family onnxruntime-genai's builder does not serve, at size) "
+        "exports the prelude (embedding, mask, rotary embedding), one decoder layer and the "
+        "head once, each verified against PyTorch, then stamps the layer once per layer; one "
+        "of those graphs did not export or verify, and the export's findings say why. Nothing "
+        "was written.",
+    ),
+    "OM851": CodeInfo(
+        "decoder graph stamped", 0,
+        "The package's decoder graph was assembled from one exported and verified decoder "
+        "layer, copied once per layer with each layer's weights streamed from the "
+        "checkpoint's safetensors (hf/stamp.py); the whole package is then verified against "
+        "the checkpoint streamed.",
+    ),
     # OM860-OM869: the newest decoder families (issue 51)
     "OM860": CodeInfo(
         "TopK over tied values", 1,

@@ -23,7 +23,9 @@ mapped: :class:`Weights` reads); then ONNX Runtime's own loop (a sandbox child) 
 onnxruntime-genai's check (a child) one after the other, never beside each other.
 
 Families streamed: decoders of the llama layout (embed_tokens, layers, norm, lm_head, a rotary
-embedding, full attention) - STREAMABLE; :func:`streamable` says why another is not.
+embedding, full attention) and GPT-NeoX's (embed_in, layers, final_layer_norm, embed_out; a
+partial rotary embedding, parallel residual) - STREAMABLE, their names in :data:`LAYOUTS`;
+:func:`streamable` says why another is not.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +43,30 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-STREAMABLE = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a family keeps its parts: the base model's attribute of the causal LM (``base``;
+    its checkpoint names start with it), and within it the embedding, the decoder layers and
+    the final norm; ``head``: the output projection's weight (the embedding's where tied)."""
+
+    base: str
+    embed: str
+    layers: str
+    norm: str
+    head: str
+
+    def names(self, part: str) -> str:
+        """A part's prefix in the checkpoint ("gpt_neox.layers.")."""
+        return f"{self.base}.{getattr(self, part)}."
+
+
+LLAMA = Layout("model", "embed_tokens", "layers", "norm", "lm_head.weight")
+LAYOUTS = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA,
+           "gpt_neox": Layout("gpt_neox", "embed_in", "layers", "final_layer_norm",
+                              "embed_out.weight")}
+STREAMABLE = frozenset(LAYOUTS)
 VOCAB_SLICE = 16384  # rows of the output projection upcast at a time
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -145,9 +171,12 @@ def _layer_out(out: Any) -> torch.Tensor:
 def _run_module(module: torch.nn.Module, weights: dict[str, torch.Tensor],
                 dtype: torch.dtype, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``module`` (on the meta device) run with ``weights`` upcast to ``dtype``; its
-    parameters are back on the meta device after (the upcast copy freed)."""
-    module.load_state_dict({k: v.to(dtype) for k, v in weights.items()}, assign=True,
-                           strict=True)
+    parameters are back on the meta device after (the upcast copy freed). Tensors the module
+    does not hold (an old GPT-NeoX checkpoint's ``attention.bias`` mask) are left out; one it
+    holds and ``weights`` lacks is an error."""
+    own = module.state_dict().keys()
+    module.load_state_dict({k: v.to(dtype) for k, v in weights.items() if k in own},
+                           assign=True, strict=True)
     try:
         with torch.no_grad():
             return _layer_out(module(*args, **kwargs))
@@ -168,7 +197,8 @@ def streamed_logits(folder: str | Path, seqs: list[list[int]],
     config._attn_implementation = "eager"  # the additive mask below, no kernel choice
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    base = model.model
+    layout = LAYOUTS[config.model_type]
+    base = getattr(model, layout.base)
     rotary = type(base.rotary_emb)(config=config)  # its buffers made on the CPU
     weights = Weights(folder)
     lengths = [len(s) for s in seqs]
@@ -176,22 +206,22 @@ def streamed_logits(folder: str | Path, seqs: list[list[int]],
     ids = torch.tensor([s + [s[-1]] * (n - len(s)) for s in seqs])
     position_ids = torch.arange(n)[None].expand(len(seqs), n)
     try:
-        embed = weights.get("model.embed_tokens.weight")
+        embed = weights.get(layout.names("embed") + "weight")
         hidden = {d: embed[ids].to(d) for d in dtypes}
         del embed
         state = {d: (_mask(lengths, n, d), rotary_embedding(rotary, position_ids, d)) for d in dtypes}
-        for i, layer in enumerate(base.layers):
-            w = weights.prefixed(f"model.layers.{i}.")
+        for i, layer in enumerate(getattr(base, layout.layers)):
+            w = weights.prefixed(f"{layout.names('layers')}{i}.")
             for d in dtypes:
                 mask, pe = state[d]
                 hidden[d] = _run_module(layer, w, d, hidden[d], attention_mask=mask,
                                         position_ids=position_ids, position_embeddings=pe,
                                         use_cache=False)
             del w
-        norm_w = weights.prefixed("model.norm.")
+        norm_w = weights.prefixed(layout.names("norm"))
         for d in dtypes:
-            hidden[d] = _run_module(base.norm, norm_w, d, hidden[d])
-        head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+            hidden[d] = _run_module(getattr(base, layout.norm), norm_w, d, hidden[d])
+        head = layout.head if layout.head in weights else layout.names("embed") + "weight"
         head_w = weights.get(head)
         out = {}
         for d in dtypes:
