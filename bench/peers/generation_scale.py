@@ -59,6 +59,13 @@ SHAPES: dict[str, dict[str, Any]] = {
     "llama-3.1-8b": dict(_LLAMA, hidden_size=4096, num_hidden_layers=32,
                          num_attention_heads=32, num_key_value_heads=8,
                          intermediate_size=14336, head_dim=128, tie_word_embeddings=False),
+    # a family onnxruntime-genai's builder does not serve: onnxmedic's stamped road
+    # (hf/stamp.py) at size
+    "pythia-1.4b": dict(model_type="gpt_neox", hidden_size=2048, num_hidden_layers=24,
+                        num_attention_heads=16, intermediate_size=8192, vocab_size=50304,
+                        max_position_embeddings=2048, rotary_pct=0.25, rotary_emb_base=10000,
+                        layer_norm_eps=1e-5, use_parallel_residual=True,
+                        tie_word_embeddings=False, hidden_act="gelu"),
 }
 # onnxmedic: `export` (the default backend: the builder's package, verified whole-model);
 # onnxmedic-int4: `export --precision int4 --accuracy LOOSE` (at size, the streamed road: the
@@ -161,7 +168,7 @@ def make_checkpoint(shape: str, root: Path, layers: int | None = None, seed: int
     groups: dict[str, list[str]] = {}
     for k in names:
         parts = k.split(".")
-        key = parts[2] if k.startswith("model.layers.") else "rest"
+        key = parts[2] if len(parts) > 3 and parts[1] == "layers" else "rest"
         groups.setdefault(key, []).append(k)
     keys = sorted(groups, key=lambda g: (g == "rest", int(g) if g.isdigit() else 0))
     index: dict[str, str] = {}

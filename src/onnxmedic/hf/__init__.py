@@ -103,6 +103,17 @@ def export_pretrained(
 
     if report is not None and (bad := report_path_problem(report)) is not None:
         return result.fail("write", bad)
+    if f is not None:  # at size, a family the builder does not serve: hf/stamp.py
+        from onnxmedic.hf import stamp
+
+        folder = stamp.stamp_road(model, task, dtype=dtype, verify=verify, opset=opset,
+                                  backend=chosen.name, remote_code=trust_remote_code,
+                                  options=options)
+        if folder is not None:
+            return stamp.export_stamped(
+                folder, f, precision=options.get("precision") or "fp32",
+                budget=options.get("accuracy"), timeout=options.get("timeout"),
+                spec=spec_name(model), report=report)
     if options.get("precision") == "int4" and f is not None:  # at size: transforms/stream_int4
         from onnxmedic.hf.transforms import stream_int4
 

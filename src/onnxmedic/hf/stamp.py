@@ -37,6 +37,7 @@ while stamping; then the verification's (hf/stream.py: one layer, one ONNX Runti
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -535,3 +536,41 @@ def _done(result: Any, report: str | os.PathLike[str] | None) -> Any:
     from onnxmedic.hf import report_to
 
     return report_to(result, report)
+
+
+def stamp_road(model: Any, task: str | None, *, dtype: str, verify: bool, opset: Any,
+               backend: str, remote_code: bool, options: dict[str, Any]) -> Path | None:
+    """The checkpoint folder ``export_pretrained(model, ...)`` takes the stamped road for, or
+    None (the whole-model road): a folder of safetensors of at least
+    stream_int4.STREAM_FROM bytes, a causal LM of a family stamped (:data:`FAMILIES`) that
+    onnxruntime-genai's builder does not serve, at fp32, verified, at ``precision`` fp32 or
+    int4 without ``optimize``, with no opset asked for, no remote code and a backend other
+    than ``"builder"`` (which refuses such a family: OM838)."""
+    from onnxmedic.hf import builder
+    from onnxmedic.hf.tasks import detect_task
+    from onnxmedic.hf.transforms.stream_int4 import STREAM_FROM, TASK, weight_bytes
+
+    if not isinstance(model, (str, os.PathLike)) or dtype != "fp32" or not verify or \
+            opset is not None or backend == "builder" or remote_code or \
+            options.get("optimize") or options.get("precision") not in (None, "fp32", "int4"):
+        return None
+    name = str(model)
+    folder = Path(name[3:] if name.startswith("hf:") else name)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if config.get("model_type") not in FAMILIES or weight_bytes(folder) < STREAM_FROM or \
+            task not in (None, TASK) or detect_task(config, folder) != TASK or \
+            (config.get("architectures") or ["?"])[0] in builder.served():
+        return None
+    from transformers import AutoConfig
+
+    try:
+        why = stamp_problem(AutoConfig.from_pretrained(str(folder)))
+    except (OSError, ValueError) as e:
+        why = str(e)
+    if why is not None:
+        logger.info("export does not stamp %s: %s", folder, why)
+        return None
+    return folder
