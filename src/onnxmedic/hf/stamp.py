@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,6 @@ def export_parts(folder: Path, config: Any, work: Path, timeout: float) -> Stamp
     from torch.export import Dim
     from transformers import AutoModelForCausalLM
 
-    from onnxmedic.api import export
     from onnxmedic.hf.stream import LAYOUTS, Weights
 
     layout = LAYOUTS[config.model_type]
@@ -184,13 +184,13 @@ def export_parts(folder: Path, config: Any, work: Path, timeout: float) -> Stamp
     mask[1, 0] = 0  # a padded key: the mask's rule exercised
     positions = torch.arange(past, past + new).expand(batch, new).contiguous()
     prelude = Prelude(rotary).eval()
-    example = _example(weights, embed, rows)
-    args: tuple[Any, ...] = (ids, mask, positions, example)
-    with torch.no_grad():
+    args: tuple[Any, ...] = (ids, mask, positions, _example(weights, embed, rows))
+    if not _export_part(res, "prelude", prelude, args,
+                        ({0: b, 1: s}, {0: b, 1: t}, {0: b, 1: s}, None), {"embedding": embed},
+                        work, timeout, type(model).__name__):
+        return res
+    with torch.no_grad():  # the layer's and the head's example inputs (it ran in the export)
         hidden, add_mask, cos, sin = prelude(*args)
-    todo: list[tuple[str, torch.nn.Module, tuple[Any, ...], Any, dict[str, str]]] = [
-        ("prelude", prelude, args, ({0: b, 1: s}, {0: b, 1: t}, {0: b, 1: s}, None),
-         {"embedding": embed})]
 
     layer = getattr(base, layout.layers)[0]
     prefix = layout.names("layers")
@@ -198,41 +198,57 @@ def export_parts(folder: Path, config: Any, work: Path, timeout: float) -> Stamp
     layer_w = [_example(weights, f"{prefix}0.{n}") for n in names]
     layer = type(layer)(config, 0)  # on the CPU: functional_call gives it its weights
     past_kv = [torch.randn(batch, kv_heads, past, head_size, generator=g) for _ in range(2)]
-    todo.append(("layer", LayerStep(layer, names).eval(),
-                 (hidden, add_mask, cos, sin, *past_kv, layer_w),
-                 ({0: b, 1: s}, {0: b, 2: s, 3: t}, {0: b, 1: s}, {0: b, 1: s},
-                  {0: b, 2: p}, {0: b, 2: p}, [None] * len(names)),
-                 {f"weights_{k}": f"{prefix}{{i}}.{n}" for k, n in enumerate(names)}))
+    if not _export_part(res, "layer", LayerStep(layer, names).eval(),
+                        (hidden, add_mask, cos, sin, *past_kv, layer_w),
+                        ({0: b, 1: s}, {0: b, 2: s, 3: t}, {0: b, 1: s}, {0: b, 1: s},
+                         {0: b, 2: p}, {0: b, 2: p}, [None] * len(names)),
+                        {f"weights_{k}": f"{prefix}{{i}}.{n}" for k, n in enumerate(names)},
+                        work, timeout, type(model).__name__):
+        return res
+    del layer_w
 
     norm = getattr(base, layout.norm)
     norm_names = list(norm.state_dict().keys())
     norm = type(norm)(*_norm_args(norm))
-    todo.append(("head", Head(norm, norm_names).eval(),
-                 (hidden, [_example(weights, layout.names("norm") + n) for n in norm_names],
-                  _example(weights, head, rows)),
-                 ({0: b, 1: s}, [None] * len(norm_names), None),
-                 {**{f"weights_{k}": layout.names("norm") + n
-                     for k, n in enumerate(norm_names)}, "projection": head}))
-    for name, module, args, shapes, bound in todo:
-        t0 = time.perf_counter()
-        f = work / f"{name}.onnx"
-        sub = export(module, args, f, dynamic_shapes=shapes, timeout=timeout,
-                     model_spec=f"{type(model).__name__} {name}")
-        res.seconds[f"export {name}"] = time.perf_counter() - t0
-        if not sub.ok or sub.onnx_model is None:
-            res.findings.extend(sub.findings)
-            res.findings.append(error(
-                "OM850", STAGE, f"the {name} graph of {type(model).__name__} (exported once "
-                "and stamped per layer) did not export and verify; the export's findings "
-                "above say why.", suggestion="Fix the first error above, or export the "
-                "model whole: `onnxmedic export hf:DIR --task text-generation-with-past` on "
-                "a checkpoint under the stamping size."))
-            return res
-        import onnx
-
-        res.parts[name] = Part(name, onnx.load(str(f), load_external_data=True), bound)
+    if not _export_part(res, "head", Head(norm, norm_names).eval(),
+                        (hidden, [_example(weights, layout.names("norm") + n)
+                                  for n in norm_names], _example(weights, head, rows)),
+                        ({0: b, 1: s}, [None] * len(norm_names), None),
+                        {**{f"weights_{k}": layout.names("norm") + n
+                            for k, n in enumerate(norm_names)}, "projection": head},
+                        work, timeout, type(model).__name__):
+        return res
     res.ok = True
     return res
+
+
+def _export_part(res: Stamped, name: str, module: torch.nn.Module, args: tuple[Any, ...],
+                 shapes: Any, bound: dict[str, str], work: Path, timeout: float,
+                 model: str) -> bool:
+    """One part exported and verified by onnxmedic.export into ``work`` and kept in ``res``
+    (True), or its findings and OM850 in ``res`` (False)."""
+    import onnx
+
+    from onnxmedic.api import export
+
+    t0 = time.perf_counter()
+    f = work / f"{name}.onnx"
+    with warnings.catch_warnings():
+        # the weights (a list) have no dynamic dims: torch.onnx says it renames none of theirs
+        warnings.filterwarnings("ignore", message=".*different number of inputs than")
+        sub = export(module, args, f, dynamic_shapes=shapes, timeout=timeout,
+                     model_spec=f"{model} {name}")
+    res.seconds[f"export {name}"] = time.perf_counter() - t0
+    if sub.ok and sub.onnx_model is not None:
+        res.parts[name] = Part(name, onnx.load(str(f), load_external_data=True), bound)
+        return True
+    res.findings.extend(sub.findings)
+    res.findings.append(error(
+        "OM850", STAGE, f"the {name} graph of {model} (exported once and stamped per "
+        "layer) did not export and verify; the export's findings above say why.",
+        suggestion="Fix the first error above, or export the model whole: `onnxmedic export "
+        "hf:DIR --task text-generation-with-past` on a checkpoint under the stamping size."))
+    return False
 
 
 def _norm_args(norm: torch.nn.Module) -> tuple[Any, ...]:
@@ -494,6 +510,7 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
             result.timings.update(made.seconds)
             if not made.ok:
                 result.findings.extend(made.findings)
+                result.findings.append(not_written(out))
                 st.fail()
                 return _done(result, report)
             result.findings.append(info(
