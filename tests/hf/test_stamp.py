@@ -201,3 +201,32 @@ def test_export_takes_the_stamped_road_and_refuses_a_wrong_stamp(neox, tmp_path,
     codes = {f.code for f in bad.findings}
     assert not bad.ok and {"OM811", "OM818"} <= codes
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow
+def test_the_stamped_package_equals_the_traced_one(neox, tmp_path):
+    """The same checkpoint's package by onnxmedic's own export (the whole model traced): the
+    stamped one's logits and cache are the traced one's within float32 rounding, prefill and
+    a decode step."""
+    from onnxmedic.hf import export_generation
+
+    root, model = neox
+    traced = export_generation(model, tmp_path / "traced", verify=False, timeout=120)
+    assert (tmp_path / "traced" / "model.onnx").is_file(), [f.message for f in traced.findings]
+    ids = np.array(PROMPT, dtype=np.int64)
+    mask = np.ones_like(ids)
+    pos = np.cumsum(mask, 1) - 1
+    empty = np.zeros((2, 4, 0, 8), np.float32)
+    feeds = {"input_ids": ids, "attention_mask": mask, "position_ids": pos,
+             **{f"past_key_values.{i}.{k}": empty for i in range(3)
+                for k in ("key", "value")}}
+    tol = 64 * np.finfo(np.float32).eps
+    a, b = _run(root / "pkg", feeds), _run(tmp_path / "traced", feeds)
+    for x, y in zip(a, b):
+        assert np.abs(x - y).max() <= tol * np.abs(y).max()
+    feeds = {"input_ids": np.array([[33], [44]], np.int64),
+             "attention_mask": np.ones((2, 8), np.int64), "position_ids": pos[:, -1:] + 1,
+             **{f"past_key_values.{i}.{k}": b[1 + 2 * i + j] for i in range(3)
+                for j, k in enumerate(("key", "value"))}}
+    x, y = _run(root / "pkg", feeds)[0], _run(tmp_path / "traced", feeds)[0]
+    assert np.abs(x - y).max() <= tol * np.abs(y).max()

@@ -428,6 +428,21 @@ def stamp_problem(config: Any) -> str | None:
     return streamable(config)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def side_files(checkpoint: Path) -> tuple[Any, Any]:
+    """The checkpoint's config and generation config (as a model's ``config`` and
+    ``generation_config``) and its tokenizer, None where the folder has no tokenizer's file
+    (transformers would make an empty one of the family's class, whose ids are no prompt)."""
+    from onnxmedic.hf.transforms.stream_int4 import _side_files
+
+    like, tokenizer = _side_files(checkpoint)
+    if not any((checkpoint / name).is_file() for name in TOKENIZER_FILES):
+        tokenizer = None
+    return like, tokenizer
+
+
 def stamp_package(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[str], *,
                   timeout: float = 600.0, order: list[int] | None = None) -> Stamped:
     """Write the float32 generation package of the checkpoint folder ``checkpoint`` into
@@ -442,7 +457,6 @@ def stamp_package(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[
     from onnxmedic.hf.genai_files import Layout, write_side_files
     from onnxmedic.hf.generation import GRAPH
     from onnxmedic.hf.stream import checked_config
-    from onnxmedic.hf.transforms.stream_int4 import _side_files
 
     checkpoint, folder = Path(checkpoint), Path(folder)
     config = AutoConfig.from_pretrained(str(checkpoint))
@@ -469,7 +483,7 @@ def stamp_package(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[
     write_weights(model, weights, folder, checkpoint)
     onnx.save_model(model, str(folder / GRAPH))
     res.seconds["stamp"] = time.perf_counter() - t0
-    like, tokenizer = _side_files(checkpoint)
+    like, tokenizer = side_files(checkpoint)
     write_side_files(like, tokenizer, folder, Layout(GRAPH, layers, kv_heads, head_size,
                                                      position_ids=True))
     res.layers, res.ok = layers, True
@@ -492,7 +506,7 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
     from onnxmedic.hf.gen_verify import DEFAULT_PROMPTS, prompt_ids
     from onnxmedic.hf.generation import add_check, not_written
     from onnxmedic.hf.transforms.passes import staged
-    from onnxmedic.hf.transforms.stream_int4 import _side_files, _take, int4_streamed
+    from onnxmedic.hf.transforms.stream_int4 import _take, int4_streamed
     from onnxmedic.onnxfile import replace_folder
     from onnxmedic.result import ExportResult, stages_of
 
@@ -525,7 +539,7 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
             result.ok = done.ok
         else:
             with result.stage(last) as st:
-                like, tokenizer = _side_files(checkpoint)
+                like, tokenizer = side_files(checkpoint)
                 from onnxmedic.hf.stream import verify_package
 
                 vocab = int(like.config.vocab_size)
