@@ -186,7 +186,7 @@ def test_export_takes_the_stamped_road_and_refuses_a_wrong_stamp(neox, tmp_path,
                                                                  monkeypatch):
     """export_pretrained on the folder (at size: the threshold lowered) writes the stamped
     package, verified (OM851, OM819); export_stamped with two layers stamped swapped writes
-    nothing (OM811, OM818)."""
+    nothing (OM811 or OM812, OM818)."""
     from onnxmedic.hf import export_pretrained
     from onnxmedic.hf.transforms import stream_int4
 
@@ -198,8 +198,8 @@ def test_export_takes_the_stamped_road_and_refuses_a_wrong_stamp(neox, tmp_path,
     assert res.ok and {"OM851", "OM819"} <= codes, [f.message for f in res.findings]
     assert (tmp_path / "out" / "genai_config.json").is_file()
     bad = stamp.export_stamped(root / "ckpt", tmp_path / "bad", order=[1, 0, 2], timeout=120)
-    codes = {f.code for f in bad.findings}
-    assert not bad.ok and {"OM811", "OM818"} <= codes
+    codes = {f.code for f in bad.findings}  # a token or a step's logits refused
+    assert not bad.ok and "OM818" in codes and codes & {"OM811", "OM812"}
     assert not (tmp_path / "bad").exists()
 
 
