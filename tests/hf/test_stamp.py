@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from onnxmedic.hf import stamp, stream  # noqa: E402
+from tests.hf import checkpoints  # noqa: E402
 
 PROMPT = [[5, 9, 11, 40, 3, 17, 8], [7, 8, 21, 30, 31, 60, 2]]
 
@@ -25,8 +26,8 @@ PROMPT = [[5, 9, 11, 40, 3, 17, 8], [7, 8, 21, 30, 31, 60, 2]]
 @pytest.fixture(scope="module")
 def neox(tmp_path_factory):
     """A tiny GPT-NeoX checkpoint saved in bfloat16 (partial rotary, parallel residual, three
-    layers), the model loaded from it in float32, and its stamped package (not yet
-    verified)."""
+    layers) with a BPE tokenizer, the model loaded from it in float32, and its stamped
+    package (not yet verified)."""
     from transformers import AutoModelForCausalLM, GPTNeoXConfig
 
     root = tmp_path_factory.mktemp("stamp")
@@ -39,6 +40,7 @@ def neox(tmp_path_factory):
         for p in model.parameters():  # weight stamped in the wrong place shows
             p.add_(torch.randn_like(p) * 0.05)
     model.to(torch.bfloat16).save_pretrained(root / "ckpt")
+    checkpoints.tokenizer("bpe").save_pretrained(root / "ckpt")
     made = stamp.stamp_package(root / "ckpt", root / "pkg", timeout=120)
     assert made.ok, [f.message for f in made.findings]
     return root, AutoModelForCausalLM.from_pretrained(root / "ckpt",
@@ -158,6 +160,9 @@ def test_the_road_is_taken_for_a_family_the_builder_does_not_serve_at_size(neox,
     assert stamp.stamp_road(f"hf:{ckpt}", None, **kw) == root / "ckpt"
     assert stamp.stamp_road(ckpt, None, **dict(kw, options={"precision": "int4"})) is not None
     assert stamp.stamp_road(str(bf16[0]), None, **kw) is None
+    bare = root / "no-tokenizer"  # the whole-model road says OM806
+    shutil.copytree(root / "ckpt", bare, ignore=shutil.ignore_patterns("tokenizer*"))
+    assert stamp.stamp_road(str(bare), None, **kw) is None
     for change in ({"backend": "builder"}, {"options": {"optimize": True}}, {"opset": 18}):
         assert stamp.stamp_road(ckpt, None, **dict(kw, **change)) is None
     with pytest.raises(ValueError, match="not stamped"):

@@ -428,13 +428,11 @@ def stamp_problem(config: Any) -> str | None:
     return streamable(config)
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
 def side_files(checkpoint: Path) -> tuple[Any, Any]:
     """The checkpoint's config and generation config (as a model's ``config`` and
     ``generation_config``) and its tokenizer, None where the folder has no tokenizer's file
     (transformers would make an empty one of the family's class, whose ids are no prompt)."""
+    from onnxmedic.hf.checkpoint import TOKENIZER_FILES
     from onnxmedic.hf.transforms.stream_int4 import _side_files
 
     like, tokenizer = _side_files(checkpoint)
@@ -577,11 +575,13 @@ def stamp_road(model: Any, task: str | None, *, dtype: str, verify: bool, opset:
                backend: str, remote_code: bool, options: dict[str, Any]) -> Path | None:
     """The checkpoint folder ``export_pretrained(model, ...)`` takes the stamped road for, or
     None (the whole-model road): a folder of safetensors of at least
-    stream_int4.STREAM_FROM bytes, a causal LM of a family stamped (:data:`FAMILIES`) that
-    onnxruntime-genai's builder does not serve, at fp32, verified, at ``precision`` fp32 or
+    stream_int4.STREAM_FROM bytes with its tokenizer (else the whole-model road says OM806), a
+    causal LM of a family stamped (:data:`FAMILIES`) that onnxruntime-genai's builder does not
+    serve, at fp32, verified, at ``precision`` fp32 or
     int4 without ``optimize``, with no opset asked for, no remote code and a backend other
     than ``"builder"`` (which refuses such a family: OM838)."""
     from onnxmedic.hf import builder
+    from onnxmedic.hf.checkpoint import TOKENIZER_FILES
     from onnxmedic.hf.tasks import detect_task
     from onnxmedic.hf.transforms.stream_int4 import STREAM_FROM, TASK, weight_bytes
 
@@ -596,6 +596,7 @@ def stamp_road(model: Any, task: str | None, *, dtype: str, verify: bool, opset:
     except (OSError, ValueError):
         return None
     if config.get("model_type") not in FAMILIES or weight_bytes(folder) < STREAM_FROM or \
+            not any((folder / n).is_file() for n in TOKENIZER_FILES) or \
             task not in (None, TASK) or detect_task(config, folder) != TASK or \
             (config.get("architectures") or ["?"])[0] in builder.served():
         return None
