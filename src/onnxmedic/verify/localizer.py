@@ -43,7 +43,7 @@ class Localizer:
         job = _Job(proto, inputs, feeds, timeout, tolerance, label, model_dir)
         with result.timed(STAGE):
             # it imports ONNX Runtime while the program is rebuilt or captured
-            worker = self.worker if self.worker is not None else sandbox.Worker()
+            worker = self.worker if self.worker is not None else sandbox.worker()
             if self.module is not None and reference is not None:
                 loc, worker = job.replayed(self.module, reference, worker)
                 if loc is not None:
@@ -90,7 +90,7 @@ class _Job:
         except Exception as e:  # NotReplayable, or a bug: capture as before
             logger.debug("localisation captures: the rebuilt program failed: %s", e)
             worker.close()  # used (or closed) by localize(): a fresh one for the capture path
-            return None, sandbox.Worker()
+            return None, sandbox.worker()
         return loc, worker
 
     def captured(self, result: ExportResult, get_program: Callable[[], Any],
