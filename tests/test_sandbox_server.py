@@ -295,6 +295,8 @@ def test_keep_warm_serves_runs_and_exports_in_one_idle_child(tmp_path, monkeypat
         with sandbox.reuse() as server:  # a reuse() block's first run takes it too
             assert sandbox.run_model(a, [X]).ok and _serving() == kept
             assert server.stats["children"] == 1
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test (call)")  # set per test
+        assert sandbox.run_model(a, [X]).ok and _serving() == kept
         monkeypatch.setenv("ONNXMEDIC_TEST_ENV", "changed")
         again = sandbox.run_model(a, [X])
         assert again.ok and len(_serving()) == 1 and not _serving() & kept

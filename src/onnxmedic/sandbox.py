@@ -289,7 +289,7 @@ class Worker:
         self.memory_limit = memory_limit
         self.serve = serve
         self.served = 0  # requests sent to it
-        self.env = dict(os.environ)  # the environment the child starts in (keeps)
+        self.env = dict(os.environ)  # the environment the child starts in (keep_warm)
         self.dir = Path(tempfile.mkdtemp(prefix="onnxmedic-sbx-"))
         # a serving child's stderr goes to a file: a pipe nobody reads until the child exits
         # would fill up and block it
@@ -616,14 +616,8 @@ class Server:
     def start(self, fresh: bool = False) -> None:
         """Start the kept child now, where there is none (a run does so first): a caller
         with time to wait before its first run (the genai builder writing the package) has
-        the child import ONNX Runtime meanwhile. A child started in another environment than
-        os.environ's now (a variable the child reads: ONNX Runtime's, the sandbox wrapper's)
-        is replaced, as a one-shot child would start in the new one. Inside
-        :func:`keep_warm`, the idle child is taken instead of starting one (``fresh``: never
-        taken)."""
-        if self.child is not None and self.child.proc is not None \
-                and self.child.env != os.environ:
-            self.retire()
+        the child import ONNX Runtime meanwhile. Inside :func:`keep_warm`, its idle child is
+        taken instead of starting one (``fresh``: never taken)."""
         if self.child is None or self.child.proc is None:
             self.retire()
             self.child = (_POOL.take() if self.memory_limit == -1 and not fresh else None) \
@@ -696,6 +690,10 @@ def reuse(memory_limit: int | None = -1) -> Iterator[Server]:
         server.close()
 
 
+# os.environ's variables a keep_warm child does not start again for: pytest's name of the test
+# running (set for each test) and torch's compile cache folder (set on a process's first
+# export): neither numpy nor ONNX Runtime reads them
+WARM_ENV_IGNORED = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
 # keep_warm's idle child serves at most this many requests, then a fresh one takes over (what
 # ONNX Runtime and the allocator keep of earlier sessions does not pile up)
 WARM_MAX_RUNS = 100
@@ -718,11 +716,13 @@ class _Pool:
 
     def take(self) -> Worker | None:
         """The idle child (None where there is none or the pool is not in use here); one
-        started in another environment than now, or dead, is killed instead."""
+        started in another environment than os.environ's now (a variable the child reads:
+        the fault injection of the tests, ONNX Runtime's), or dead, is killed instead: a
+        one-shot child would start in the new environment."""
         if not self.usable() or self.idle is None:
             return None
         child, self.idle = self.idle, None
-        if child.proc is None or child.proc.poll() is not None or child.env != os.environ:
+        if child.proc is None or child.proc.poll() is not None or not _same_env(child.env):
             child.close()
             return None
         return child
@@ -732,7 +732,7 @@ class _Pool:
         is not in use here, already keeps one, or the child is dead, started in another
         environment or served WARM_MAX_RUNS requests."""
         if (not self.usable() or self.idle is not None or child.proc is None
-                or child.proc.poll() is not None or child.env != os.environ
+                or child.proc.poll() is not None or not _same_env(child.env)
                 or child.served >= WARM_MAX_RUNS):
             return False
         self.idle = child
@@ -746,6 +746,13 @@ class _Pool:
 
 
 _POOL = _Pool()
+
+
+def _same_env(env: dict[str, str]) -> bool:
+    """Whether ``env`` (a child's at its start) is os.environ now, WARM_ENV_IGNORED aside."""
+    now = os.environ
+    return all(env.get(k) == now.get(k) for k in env.keys() | now.keys()
+               if k not in WARM_ENV_IGNORED)
 
 
 @contextlib.contextmanager
