@@ -370,7 +370,6 @@ class Worker:
         t_start = time.perf_counter()
         req_dir = self.dir
         log_at = 0
-        self.served += 1
         if self.serve:
             _clear(req_dir)  # the previous request's feeds, outputs and result
             log_at = self.log.seek(0, os.SEEK_END) if self.log is not None else 0
@@ -432,6 +431,7 @@ class Worker:
     def _send(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
               options: dict[str, Any]) -> None:
         """Write the feeds, then request.json, which the waiting worker reads."""
+        self.served += 1
         req_dir = self.dir
         feed_dtypes = [_save_feed(req_dir / f"feed_{i}.npz", f) for i, f in enumerate(feeds)]
         request = {
