@@ -820,6 +820,10 @@ def worker() -> Worker | Leased:
     return Leased() if _POOL.usable() else Worker()
 
 
+# what worker() gives: a child of its own or keep_warm's lease, used alike (run once, close)
+Runner = Worker | Leased
+
+
 def active_server() -> Server | None:
     """The Server a surrounding :func:`reuse` keeps in this context (None outside one)."""
     return _SERVER.get()
