@@ -12,6 +12,8 @@ from onnxmedic import sandbox
 from tests import onnx_models as om
 
 X = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+# the sandbox's own children, one per run as outside the suite (conftest's keep_warm off)
+pytestmark = pytest.mark.own_sandbox_children
 
 
 def test_runs_model_on_several_feeds(tmp_path):

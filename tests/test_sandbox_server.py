@@ -14,6 +14,8 @@ from onnxmedic import sandbox
 from tests import onnx_models as om
 
 X = {"x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+# the sandbox's own children, one per run as outside the suite (conftest's keep_warm off)
+pytestmark = pytest.mark.own_sandbox_children
 
 
 def _pid(server: sandbox.Server) -> int | None:
@@ -244,3 +246,95 @@ def test_a_child_started_ahead_serves_the_first_run(tmp_path):
     pid, folder = _pid(idle), idle.child.dir
     idle.close()
     assert not os.path.exists(f"/proc/{pid}") and not folder.exists()
+
+
+def _serving() -> set[int]:
+    """The pids of this process's serving sandbox children (kept ones: keep_warm's, a
+    Server's)."""
+    me, out = os.getpid(), set()
+    for tid in os.listdir(f"/proc/{me}/task"):
+        with open(f"/proc/{me}/task/{tid}/children") as fh:
+            for pid in fh.read().split():
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as c:
+                        args = c.read().split(b"\0")
+                except OSError:  # gone meanwhile
+                    continue
+                if any(a.endswith(b"_sandbox_worker.py") for a in args) and b"serve" in args:
+                    out.add(int(pid))
+    return out
+
+
+def test_keep_warm_serves_runs_and_exports_in_one_idle_child(tmp_path, monkeypatch):
+    """Inside keep_warm, run_model outside reuse() and export's verification (sandbox.worker:
+    a Leased run) take the one idle child and give it back; a changed os.environ starts a
+    new one, as a one-shot child would start in it."""
+    import torch
+
+    import onnxmedic
+    from tests.models import TwoLinear
+
+    a = om.scaled_model(tmp_path / "a.onnx", 2.0)
+    own = sandbox.worker()
+    assert isinstance(own, sandbox.Worker)  # outside keep_warm: a child of its own
+    own.close()
+    model = TwoLinear()
+    with sandbox.keep_warm():
+        leased = sandbox.worker()
+        assert isinstance(leased, sandbox.Leased)
+        leased.close()
+        # (torch sets TORCHINDUCTOR_CACHE_DIR in os.environ on a process's first export)
+        r = onnxmedic.export(model, (torch.randn(2, 10),), tmp_path / "m.onnx")
+        kept = _serving()
+        assert r.ok and r.stages["runtime"] == "passed" and len(kept) == 1
+        first = sandbox.run_model(a, [X])
+        assert first.ok and _serving() == kept
+        np.testing.assert_array_equal(first.outputs[0][0], X["x"] * 2)
+        v = onnxmedic.verify(tmp_path / "m.onnx", model, (torch.randn(2, 10),))
+        assert v.ok and _serving() == kept
+        with sandbox.reuse() as server:  # a reuse() block's first run takes it too
+            assert sandbox.run_model(a, [X]).ok and _serving() == kept
+            assert server.stats["children"] == 1
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test (call)")  # set per test
+        assert sandbox.run_model(a, [X]).ok and _serving() == kept
+        monkeypatch.setenv("ONNXMEDIC_TEST_ENV", "changed")
+        again = sandbox.run_model(a, [X])
+        assert again.ok and len(_serving()) == 1 and not _serving() & kept
+        (old,) = kept
+        assert not os.path.exists(f"/proc/{old}")  # killed and reaped
+
+
+def test_keep_warm_keeps_a_one_shot_childs_verdict(tmp_path, monkeypatch):
+    """A crash in the idle child, which served before, is run again in a fresh one (the
+    verdict is the one-shot child's); the next run still works. A run with a cap of its own
+    and a run in another thread start children of their own."""
+    import threading
+
+    monkeypatch.setenv("ONNXMEDIC_SANDBOX_FAULT", "segv:run@bad.onnx")
+    good = om.identity_model(tmp_path / "good.onnx")
+    bad = om.identity_model(tmp_path / "bad.onnx")
+    alone = sandbox.run_model(bad, [X], memory_limit=2 * 1024**3, timeout=60)
+    with sandbox.keep_warm():
+        assert sandbox.run_model(good, [X]).ok
+        kept = _serving()
+        with sandbox.reuse() as server:
+            r = sandbox.run_model(bad, [X], timeout=60)
+            assert server.stats["runs"] == 2 and server.stats["children"] == 2
+        assert r.status == alone.status == "crash" and r.summary() == alone.summary()
+        assert sandbox.run_model(good, [X]).ok
+        idle = _serving()
+        assert len(idle) == 1 and not idle & kept
+        with sandbox.Server(memory_limit=2 * 1024**3) as capped:
+            assert capped.run(good, [X]).ok and capped.child.proc.pid not in idle
+            assert _serving() == idle | {capped.child.proc.pid}
+        kinds = []
+
+        def in_a_thread():
+            w = sandbox.worker()
+            kinds.append(type(w))
+            w.close()
+
+        t = threading.Thread(target=in_a_thread)
+        t.start()
+        t.join()
+        assert kinds == [sandbox.Worker] and _serving() == idle

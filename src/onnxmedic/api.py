@@ -157,7 +157,7 @@ def _export_in_eval(result: ExportResult, model: Any, args: tuple[Any, ...],
                     "OM011", "preflight", "the model was in training mode; it is exported and "
                     "verified in eval mode (call model.eval() first to silence this)."))
             # the sandbox child imports ONNX Runtime while capture and translation run
-            worker = sandbox.Worker() if opts.verify else None
+            worker = sandbox.worker() if opts.verify else None
             try:
                 run_export(ExportContext(result, model, args, kwargs, opts, worker=worker,
                                          state=state))
@@ -302,9 +302,9 @@ def verify(
         result.opset = opset_of(proto)
         # localisation's worker starts now too: it imports ONNX Runtime while the model is
         # verified, not after (rebuilding the program takes less than that)
-        loc_worker = sandbox.Worker() if localize else None
+        loc_worker = sandbox.worker() if localize else None
         try:
-            with sandbox.Worker() as worker:
+            with sandbox.worker() as worker:
                 # a copy: the caller's inputs are borrowed (each run copies it again)
                 verify_file(result, proto, Path(onnx_path), model,
                             Inputs(*borrow.copy_inputs((args, kwargs))),

@@ -75,7 +75,7 @@ class ExportContext:
     given_kwargs: dict[str, Any]
     opts: ExportOptions
     # started ahead: it imports ONNX Runtime during capture
-    worker: sandbox.Worker | None = None
+    worker: sandbox.Runner | None = None
     state: borrow.State | None = None  # the model as export found it (put back at the end)
     expected: list[np.ndarray] | None = None  # the example's outputs in PyTorch (preflight)
     opset: int | None = None  # the opset to export (stages.plan.plan_opset, fixes.opset.resolve_opset)

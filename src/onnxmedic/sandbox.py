@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -287,6 +288,8 @@ class Worker:
             memory_limit = default_memory_limit()
         self.memory_limit = memory_limit
         self.serve = serve
+        self.served = 0  # requests sent to it
+        self.env = dict(os.environ)  # the environment the child starts in (keep_warm)
         self.dir = Path(tempfile.mkdtemp(prefix="onnxmedic-sbx-"))
         # a serving child's stderr goes to a file: a pipe nobody reads until the child exits
         # would fill up and block it
@@ -428,6 +431,7 @@ class Worker:
     def _send(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
               options: dict[str, Any]) -> None:
         """Write the feeds, then request.json, which the waiting worker reads."""
+        self.served += 1
         req_dir = self.dir
         feed_dtypes = [_save_feed(req_dir / f"feed_{i}.npz", f) for i, f in enumerate(feeds)]
         request = {
@@ -597,18 +601,27 @@ class Server:
         self.close()
 
     def close(self) -> None:
-        if self.child is not None:
-            self.child.close()
-            self.child = None
-        self.unused = False
+        """Kill the kept child and remove its folder - or, inside :func:`keep_warm`, keep a
+        healthy child with the default cap idle for the next Server."""
+        child, self.child, self.unused = self.child, None, False
+        if child is not None and not (self.memory_limit == -1 and _POOL.give(child)):
+            child.close()
 
-    def start(self) -> None:
+    def retire(self) -> None:
+        """Kill the kept child (a failed request's: never kept for another run)."""
+        child, self.child, self.unused = self.child, None, False
+        if child is not None:
+            child.close()
+
+    def start(self, fresh: bool = False) -> None:
         """Start the kept child now, where there is none (a run does so first): a caller
         with time to wait before its first run (the genai builder writing the package) has
-        the child import ONNX Runtime meanwhile."""
+        the child import ONNX Runtime meanwhile. Inside :func:`keep_warm`, its idle child is
+        taken instead of starting one (``fresh``: never taken)."""
         if self.child is None or self.child.proc is None:
-            self.close()
-            self.child = Worker(self.memory_limit, serve=True)
+            self.retire()
+            self.child = (_POOL.take() if self.memory_limit == -1 and not fresh else None) \
+                or Worker(self.memory_limit, serve=True)
             self.unused = True
 
     def count(self, out: SandboxResult, child: bool = False) -> None:
@@ -634,23 +647,25 @@ class Server:
     def run(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
             **options: Any) -> SandboxResult:
         """:meth:`Worker.run` in the kept child (a fresh one where there is none)."""
-        reused = self.child is not None and self.child.proc is not None
+        self.start()
+        assert self.child is not None
+        reused = self.child.served > 0  # a failure in a fresh child is the fresh verdict
         out = self._once(model_path, feeds, options)
         if not out.ok and reused and out.status != "timeout":
             logger.info("sandbox: %s in a reused child; run again in a fresh one",
                         out.summary())
-            out = self._once(model_path, feeds, options)
+            out = self._once(model_path, feeds, options, fresh=True)
         return out
 
     def _once(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
-              options: dict[str, Any]) -> SandboxResult:
-        self.start()  # where there is no child (or a dead one)
+              options: dict[str, Any], fresh: bool = False) -> SandboxResult:
+        self.start(fresh)  # where there is no child (or a dead one)
         started, self.unused = self.unused, False  # this run takes the child start() made
         assert self.child is not None
         out = self.child.run(model_path, feeds, **options)
         self.count(out, child=started)
         if not out.ok:
-            self.close()
+            self.retire()
         return out
 
 
@@ -673,6 +688,140 @@ def reuse(memory_limit: int | None = -1) -> Iterator[Server]:
     finally:
         _SERVER.reset(token)
         server.close()
+
+
+# os.environ's variables a keep_warm child does not start again for: pytest's name of the test
+# running (set for each test) and torch's compile cache folder (set on a process's first
+# export): neither numpy nor ONNX Runtime reads them
+WARM_ENV_IGNORED = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
+# keep_warm's idle child serves at most this many requests, then a fresh one takes over (what
+# ONNX Runtime and the allocator keep of earlier sessions does not pile up)
+WARM_MAX_RUNS = 100
+
+
+class _Pool:
+    """:func:`keep_warm`'s idle child: at most one serving Worker with the default cap, which
+    a Server with the default cap takes on its first run and gives back when it closes. Only
+    the process and thread that entered keep_warm use it (a forked child, a worker thread
+    start children of their own)."""
+
+    def __init__(self) -> None:
+        self.blocks: list[bool] = []  # the keep_warm blocks entered, innermost last
+        self.pid = 0
+        self.idle: Worker | None = None
+
+    def usable(self) -> bool:
+        return (bool(self.blocks) and self.blocks[-1] and self.pid == os.getpid()
+                and threading.current_thread() is threading.main_thread())
+
+    def take(self) -> Worker | None:
+        """The idle child (None where there is none or the pool is not in use here); one
+        started in another environment than os.environ's now (a variable the child reads:
+        the fault injection of the tests, ONNX Runtime's), or dead, is killed instead: a
+        one-shot child would start in the new environment."""
+        if not self.usable() or self.idle is None:
+            return None
+        child, self.idle = self.idle, None
+        if child.proc is None or child.proc.poll() is not None or not _same_env(child.env):
+            child.close()
+            return None
+        return child
+
+    def give(self, child: Worker) -> bool:
+        """Keep ``child`` idle for the next Server: False (the caller kills it) where the pool
+        is not in use here, already keeps one, or the child is dead, started in another
+        environment or served WARM_MAX_RUNS requests."""
+        if (not self.usable() or self.idle is not None or child.proc is None
+                or child.proc.poll() is not None or not _same_env(child.env)
+                or child.served >= WARM_MAX_RUNS):
+            return False
+        self.idle = child
+        return True
+
+    def drop(self) -> None:
+        """Kill the idle child (in the process that started it only)."""
+        child, self.idle = self.idle, None
+        if child is not None and self.pid == os.getpid():
+            child.close()
+
+
+_POOL = _Pool()
+
+
+def _same_env(env: dict[str, str]) -> bool:
+    """Whether ``env`` (a child's at its start) is os.environ now, WARM_ENV_IGNORED aside."""
+    now = os.environ
+    return all(env.get(k) == now.get(k) for k in env.keys() | now.keys()
+               if k not in WARM_ENV_IGNORED)
+
+
+@contextlib.contextmanager
+def keep_warm(enabled: bool = True) -> Iterator[None]:
+    """Within the block, in this process's main thread, the sandbox runs that would each start
+    a child with the default memory cap - export's and verify's (:func:`worker`),
+    :func:`run_model`'s outside :func:`reuse` (unless ``fresh``), and each reuse() block's
+    first - take one idle child instead, which goes back idle after a run that succeeded: a
+    process that verifies many small models one after another (onnxmedic's test suite) pays
+    one child's start (a Python and ONNX Runtime's import) instead of one per run. It is what
+    :class:`Server` does within reuse(), across them: a failed run retires the child, a
+    failure in a child that served before is run again in a fresh one (a timeout excepted),
+    and a child is replaced when os.environ changed since it started - the verdicts are a
+    one-shot child's. Runs with a cap of their own, timings (``fresh``) and
+    :class:`Worker` s made directly start their own child as always. The innermost block
+    decides: ``keep_warm(False)`` inside one, the idle child is not used meanwhile (tests of
+    the sandbox's own children); nested blocks share one idle child, killed when the last
+    ``keep_warm(True)`` block ends."""
+    if _POOL.blocks and _POOL.pid != os.getpid():  # a forked child: a pool of its own
+        _POOL.__init__()
+    _POOL.pid = os.getpid()
+    _POOL.blocks.append(enabled)
+    try:
+        yield
+    finally:
+        _POOL.blocks.pop()
+        if not any(_POOL.blocks):
+            _POOL.drop()
+
+
+class Leased:
+    """A :class:`Worker`'s one run, served inside :func:`keep_warm` by the idle kept child (a
+    Server of its own, that takes it on the run and gives it back after). Same use as a
+    Worker: run once, close (or a ``with`` block)."""
+
+    def __init__(self) -> None:
+        self.server: Server | None = Server()
+
+    def __enter__(self) -> Leased:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def run(self, model_path: str | os.PathLike[str], feeds: list[dict[str, np.ndarray]],
+            **options: Any) -> SandboxResult:
+        """:meth:`Worker.run`'s request, in the kept child; the lease ends with it."""
+        if self.server is None:
+            raise RuntimeError("sandbox worker already used")
+        try:
+            return self.server.run(model_path, feeds, **options)
+        finally:
+            self.close()
+
+
+def worker() -> Worker | Leased:
+    """The sandbox child for one run, started now so that it imports ONNX Runtime while the
+    caller captures and translates (:class:`Worker`); inside :func:`keep_warm`, a
+    :class:`Leased` run of the idle kept child."""
+    return Leased() if _POOL.usable() else Worker()
+
+
+# what worker() gives: a child of its own or keep_warm's lease, used alike (run once, close)
+Runner = Worker | Leased
 
 
 def active_server() -> Server | None:
@@ -716,6 +865,9 @@ def run_model(
     server = active_server()
     if server is not None and memory_limit == -1 and not fresh:
         return server.run(model_path, feeds, **options)
+    if server is None and memory_limit == -1 and not fresh and _POOL.usable():
+        with Leased() as leased:  # keep_warm's idle child
+            return leased.run(model_path, feeds, **options)
     with Worker(memory_limit) as w:
         out = w.run(model_path, feeds, **options)
     if server is not None:  # a fresh child inside reuse(): counted all the same

@@ -481,6 +481,7 @@ def test_replayed_values_are_sized_from_the_inputs():
     assert sized and all(tuple(v.shape) == (40, 8) for v in sized)
 
 
+@pytest.mark.own_sandbox_children  # counts the Workers started
 def test_localisation_worker_starts_with_verify_and_is_always_closed(tmp_path, monkeypatch):
     """verify(localize=True) starts localisation's sandbox worker before verifying (its ONNX
     Runtime import overlaps the verify run) and closes it whether localisation runs or not."""

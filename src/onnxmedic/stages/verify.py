@@ -261,7 +261,7 @@ def _accepted(result: ExportResult, model: Any, probes: list[tuple[str, Inputs]]
 def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: Any,
                     example: Inputs, example_expected: list[np.ndarray] | None,
                     timeout: float, tolerance: tuple[float, float] | None,
-                    worker: sandbox.Worker | None = None, target: str = "cpu",
+                    worker: sandbox.Runner | None = None, target: str = "cpu",
                     localizer: Localizer | None = None, probe_branches: bool = False,
                     rules: dict[str, SizeRule] | None = None, only_allowed: bool = False,
                     probe_masks: bool = False) -> dict[str, SizeRule]:
@@ -731,8 +731,8 @@ def _no_dynamic_dims(proto: Any) -> bool:
 
 def verify_file(result: ExportResult, proto: Any, path: Path, model: Any,
                 inputs: Inputs, timeout: float, tolerance: tuple[float, float] | None,
-                worker: sandbox.Worker, localize: bool = False,
-                loc_worker: sandbox.Worker | None = None) -> None:
+                worker: sandbox.Runner, localize: bool = False,
+                loc_worker: sandbox.Runner | None = None) -> None:
     """The verify command on a loaded file: check, preflight, runtime, compare (and
     localisation, with ``localize``)."""
     with result.stage("check") as st:

@@ -400,7 +400,7 @@ class _Localize:
                  producer: dict[str, Any], *, feeds: dict[str, np.ndarray],
                  tolerance: tuple[float, float] | None, timeout: float,
                  chunk_bytes: int | None, top_k: int, full: bool,
-                 worker: sandbox.Worker | None) -> None:
+                 worker: sandbox.Runner | None) -> None:
         self.proto, self.loc, self.producer = proto, loc, producer
         self.feeds, self.tolerance, self.timeout = feeds, tolerance, timeout
         self.top_k, self.full = top_k, full
@@ -616,7 +616,7 @@ def localize(
     full: bool = True,
     input_set: str = "example",
     decomposed: bool = False,
-    worker: sandbox.Worker | None = None,
+    worker: sandbox.Runner | None = None,
     reference: list[np.ndarray] | None = None,
     model_dir: str | Path | None = None,
 ) -> Localization:

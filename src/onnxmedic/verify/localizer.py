@@ -32,7 +32,7 @@ class Localizer:
     always: bool
     get_program: Callable[[], tuple[Any, bool] | None]
     module: Any = None
-    worker: sandbox.Worker | None = None
+    worker: sandbox.Runner | None = None
 
     def run(self, result: ExportResult, proto: Any, inputs: Inputs,
             feeds: dict[str, np.ndarray], timeout: float,
@@ -43,7 +43,7 @@ class Localizer:
         job = _Job(proto, inputs, feeds, timeout, tolerance, label, model_dir)
         with result.timed(STAGE):
             # it imports ONNX Runtime while the program is rebuilt or captured
-            worker = self.worker if self.worker is not None else sandbox.Worker()
+            worker = self.worker if self.worker is not None else sandbox.worker()
             if self.module is not None and reference is not None:
                 loc, worker = job.replayed(self.module, reference, worker)
                 if loc is not None:
@@ -64,7 +64,7 @@ class _Job:
     label: str
     model_dir: Any = None
 
-    def localize(self, program: Any, worker: sandbox.Worker, **kw: Any) -> Any:
+    def localize(self, program: Any, worker: sandbox.Runner, **kw: Any) -> Any:
         # a copy of its own: a model that writes an input must not change the set's values
         args, kwargs = borrow.copy_inputs((self.inputs.args, self.inputs.kwargs))
         return loc_mod.localize(self.proto, program, args, kwargs,
@@ -72,8 +72,8 @@ class _Job:
                                 timeout=self.timeout, input_set=self.label, worker=worker,
                                 model_dir=self.model_dir, **kw)
 
-    def replayed(self, module: Any, reference: list[np.ndarray], worker: sandbox.Worker
-                 ) -> tuple[Any, sandbox.Worker]:
+    def replayed(self, module: Any, reference: list[np.ndarray], worker: sandbox.Runner
+                 ) -> tuple[Any, sandbox.Runner]:
         """Localisation on the program rebuilt from the ONNX file, or None (and a live worker
         for the capture that follows) where it cannot be rebuilt or does not compute the
         model's outputs."""
@@ -90,11 +90,11 @@ class _Job:
         except Exception as e:  # NotReplayable, or a bug: capture as before
             logger.debug("localisation captures: the rebuilt program failed: %s", e)
             worker.close()  # used (or closed) by localize(): a fresh one for the capture path
-            return None, sandbox.Worker()
+            return None, sandbox.worker()
         return loc, worker
 
     def captured(self, result: ExportResult, get_program: Callable[[], Any],
-                 worker: sandbox.Worker) -> Any:
+                 worker: sandbox.Runner) -> Any:
         """Localisation on a captured program, or None with an OM611 warning."""
         try:
             got = get_program()
