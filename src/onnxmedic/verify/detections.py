@@ -81,6 +81,9 @@ class DetectionComparison:
     findings: list[Finding] = field(default_factory=list)
     # (expected, actual) index of each matched detection
     pairs: list[tuple[int, int]] = field(default_factory=list)
+    # the detections left over, ties tolerated: expected ones unmatched, actual ones extra
+    missing: list[int] = field(default_factory=list)
+    extra: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -299,8 +302,52 @@ def _compare_sets(expected: tuple[np.ndarray, np.ndarray, np.ndarray],
     if _at_cut(missing, extra, exp[1], act[1], budget):
         out.tied_at_cut = len(missing)
         return out
+    out.missing, out.extra = missing, extra
     out.findings = _leftovers(exp, act, missing, extra, budget, scale, name)
     return out
+
+
+def unstable_top(reference: tuple[np.ndarray, np.ndarray, np.ndarray],
+                 expected: tuple[np.ndarray, np.ndarray, np.ndarray],
+                 torch_err: DetectionComparison) -> float | None:
+    """The highest score among the detections PyTorch's float32 set leaves over against the
+    float64 set (``torch_err``: the float64 ones it leaves unmatched, its own extra ones), or
+    None where it reproduces the float64 set. Below that score float32 rounding is seen to
+    exchange detections (a near tie flipped at a top-k or NMS upstream: other proposals, other
+    boxes); above it every float64 detection is reproduced by float32 within the budget."""
+    scores = [float(reference[1][i]) for i in torch_err.missing]
+    scores += [float(expected[1][j]) for j in torch_err.extra]
+    return max(scores, default=None)
+
+
+def float32_judgement(reference: tuple[np.ndarray, np.ndarray, np.ndarray],
+                      expected: tuple[np.ndarray, np.ndarray, np.ndarray],
+                      actual: tuple[np.ndarray, np.ndarray, np.ndarray],
+                      budget: DetectionBudget | None = None, *, name: str = "detections",
+                      extras: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] | None
+                      = None) -> tuple[bool, DetectionComparison, DetectionComparison]:
+    """:func:`within_float32_noise`'s verdict with its two comparisons against the float64
+    set: PyTorch's float32 one and ONNX Runtime's."""
+    budget = budget or DetectionBudget()
+    ext = extras or []
+    torch_err = compare_detections(reference, expected, budget, name=name,
+                                   extras=[(n, r, e) for n, r, e, _ in ext])
+    onnx_err = compare_detections(reference, actual, budget, name=name,
+                                  extras=[(n, r, a) for n, r, _, a in ext])
+    if any(f.code == "OM618" for f in torch_err.findings + onnx_err.findings):
+        return False, torch_err, onnx_err
+    worse = [o > t for o, t in zip(onnx_err.disagreement(), torch_err.disagreement())]
+    top = unstable_top(reference, expected, torch_err)
+    # ONNX Runtime's leftovers must lie where float32 is seen to exchange detections: a
+    # moved, dropped or relabelled detection above that (the best ones) is no rounding
+    left = [float(reference[1][i]) for i in onnx_err.missing]
+    left += [float(actual[1][j]) for j in onnx_err.extra]
+    above = [v for v in left if top is None or v > top + budget.score_atol]
+    logger.info("%s: against the float64 set PyTorch float32 leaves %s, ONNX Runtime %s "
+                "(unmatched, extra, rows); float32 exchanges detections up to score %s, "
+                "ONNX Runtime %d above it", name, torch_err.disagreement(),
+                onnx_err.disagreement(), "none" if top is None else f"{top:.4g}", len(above))
+    return not any(worse) and not above, torch_err, onnx_err
 
 
 def within_float32_noise(reference: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -311,23 +358,16 @@ def within_float32_noise(reference: tuple[np.ndarray, np.ndarray, np.ndarray],
                          = None) -> bool:
     """Whether ONNX Runtime's set (``actual``) is within the model's own float32 noise: it
     differs from the float64 set (``reference``) no more than PyTorch's float32 set
-    (``expected``) does, count by count (:meth:`DetectionComparison.disagreement`). Where
-    PyTorch's set agrees with the float64 one, ``actual`` must agree with it too (a dropped,
-    moved, extra or relabelled box is no float32 noise), each detection within the budget of the
-    float64 value rather than of PyTorch's float32 one. ``extras``: (name, float64, PyTorch's,
-    ONNX Runtime's) per-detection rows."""
-    ext = extras or []
-    torch_err = compare_detections(reference, expected, budget, name=name,
-                                   extras=[(n, r, e) for n, r, e, _ in ext])
-    onnx_err = compare_detections(reference, actual, budget, name=name,
-                                  extras=[(n, r, a) for n, r, _, a in ext])
-    if any(f.code == "OM618" for f in torch_err.findings + onnx_err.findings):
-        return False
-    worse = [o > t for o, t in zip(onnx_err.disagreement(), torch_err.disagreement())]
-    logger.info("%s: against the float64 set PyTorch float32 leaves %s, ONNX Runtime %s "
-                "(unmatched, extra, rows)", name, torch_err.disagreement(),
-                onnx_err.disagreement())
-    return not any(worse)
+    (``expected``) does, count by count (:meth:`DetectionComparison.disagreement`), and only
+    where PyTorch's does: each detection ONNX Runtime leaves over (a float64 one unmatched, one
+    of its own extra) scores no higher than the best one PyTorch's float32 set leaves over
+    (:func:`unstable_top`). Where PyTorch's set agrees with the float64 one, ``actual`` must
+    agree with it too (a dropped, moved, extra or relabelled box is no float32 noise), each
+    detection within the budget of the float64 value rather than of PyTorch's float32 one;
+    where PyTorch's leaves some (at 800 px a MobileNetV3 FPN's float32 run exchanges 12 of 100,
+    the best at rank 6), a fault in a detection above those is still found. ``extras``:
+    (name, float64, PyTorch's, ONNX Runtime's) per-detection rows."""
+    return float32_judgement(reference, expected, actual, budget, name=name, extras=extras)[0]
 
 
 RULE_DETECTIONS = "detection set"
