@@ -330,67 +330,34 @@ def test_float32_exchanges_below_a_score_allow_only_those_below_it() -> None:
     assert "OM616" in [f.code for f in found] and not any(c.ok for c in comps)
 
 
-def test_float32_runs_moved_by_rounding_set_the_noise_floor() -> None:
-    """Mask R-CNN R50 FPN v2 (real size): the RPN's level-1 top-1000 cut falls between float64
-    objectness scores 1.3e-5 apart, while float32's error there is up to 3.5e-4 (PyTorch's) and
-    2.4e-4 (ONNX Runtime's): PyTorch's float32 run happens to keep the float64 proposals,
-    ONNX Runtime exchanges one, and one detection of the final set with it. A float32 run whose
-    ops are moved by rounding that flips the same tie shows the exchange as float32 noise; a
-    fault in the best detection is still found, and without such a run nothing is excused."""
-    from onnxmedic.verify.compare import compare_outputs
-    from onnxmedic.verify.detections import float32_judgement, rejudge_detections
+def test_float32_moves_within_its_own_reach_and_no_further() -> None:
+    """Faster R-CNN MobileNetV3-Large FPN at 800 px (its default): PyTorch's float32 set keeps
+    all 100 float64 detections, 12 of them with scores up to 5e-4 off (the 1e-4 budget), and
+    ONNX Runtime's keeps them all too, 8 with scores up to 1.4e-4 off - its best among them,
+    which PyTorch's has within the budget. Judged by how far float32 moves what it keeps, that
+    passes; a box moved by 2 px, a dropped box and a wrong label are caught (counted by the
+    budget alone, they were within PyTorch's 12)."""
+    from onnxmedic.verify.detections import float32_budget, within_float32_noise
 
-    ref = _dets(20)
-    onnx = _exchange(ref, (9,), 2)
-    rounded = _exchange(ref, (9,), 4)  # the same tie flipped: another box for the same one
-    steady = tuple(a.copy() for a in ref)
-    assert not float32_judgement(ref, ref, onnx)[0]  # PyTorch's float32 alone: no noise
-    assert float32_judgement(ref, ref, onnx, noise=[(steady, []), (rounded, [])])[0]
-    assert not float32_judgement(ref, ref, onnx, noise=[(steady, [])])[0]
-    moved = tuple(a.copy() for a in onnx)
+    b, s, lab = _dets(20)
+    ref = (b.astype(np.float64), s.astype(np.float64), lab)
+    torch32, onnx = (b.copy(), s.copy(), lab.copy()), (b.copy(), s.copy(), lab.copy())
+    torch32[1][[6, 9, 12, 15]] += np.float32(4.9e-4)  # beyond the budget, no exchange
+    torch32[0][9] += np.float32(0.01)
+    onnx[1][[0, 2, 12]] -= np.float32(1.4e-4)
+    assert compare_detections(ref, torch32).disagreement() == (4, 4, 0)
+    assert compare_detections(ref, onnx).disagreement() == (3, 3, 0)
+    wide = float32_budget(ref, torch32, DetectionBudget())
+    assert 4.8e-4 < wide.score_atol < 5e-4  # the corners: within the budget already
+    assert within_float32_noise(ref, torch32, onnx)
+    moved, relabelled = tuple(a.copy() for a in onnx), tuple(a.copy() for a in onnx)
     moved[0][0] += np.float32(2.0)
-    assert not float32_judgement(ref, ref, _drop(ref, 0), noise=[(rounded, [])])[0]
-    assert not float32_judgement(ref, ref, moved, noise=[(rounded, [])])[0]  # 2 > 1
-    names = ["boxes", "scores", "labels"]
-    asked: list[int] = []
-    for act, runs, code in ((onnx, [list(rounded)], None), (onnx, [list(steady)], "OM613"),
-                            (_exchange(ref, (0,), 2), [list(rounded)], "OM613")):
-        comps = compare_outputs(names, list(ref), list(act))
-        found = rejudge_detections(names, list(ref), list(act), comps, ["u0"] * 3, "example",
-                                   reference=lambda: list(ref),
-                                   rounding=lambda runs=runs: asked.append(1) or runs)
-        assert [f.code for f in found][:1] == ([] if code is None else [code]), found
-        assert all(c.ok for c in comps) == (code is None)
-    assert len(asked) == 3
-    comps = compare_outputs(names, list(ref), list(ref))
-    assert rejudge_detections(names, list(ref), list(ref), comps, ["u0"] * 3, "example",
-                              rounding=lambda: asked.append(1)) == [] and len(asked) == 3
-
-
-def test_rounding_runs_move_each_result_by_float32_rounding() -> None:
-    """Each run differs from the plain float32 one by float32 rounding only (a few steps of
-    the output's scale), differs from the other runs, and is the same run again by its seed;
-    a view (no arithmetic) is not moved."""
-    from onnxmedic.inputs import Inputs
-    from onnxmedic.verify.reference import rounding_runs
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                                torch.nn.Linear(64, 8)).eval()
-    x = torch.randn(4, 64)
-    with torch.no_grad():
-        plain = model(x).numpy()
-    runs = rounding_runs(model, Inputs((x,)), n=2)
-    again = rounding_runs(model, Inputs((x,)), n=2)
-    assert len(runs) == 2 and all(len(r) == 1 for r in runs)
-    scale = np.abs(plain).max()
-    for r in runs:
-        diff = np.abs(r[0] - plain).max()
-        assert 0 < diff < 64 * np.finfo(np.float32).eps * scale
-    assert not np.array_equal(runs[0][0], runs[1][0])
-    assert np.array_equal(runs[0][0], again[0][0]) and np.array_equal(runs[1][0], again[1][0])
-    view = torch.nn.Flatten(0).eval()
-    assert np.array_equal(rounding_runs(view, Inputs((x,)), n=1)[0][0], x.flatten().numpy())
+    relabelled[2][0] = relabelled[2][0] % 3 + 1
+    scored = tuple(a.copy() for a in onnx)
+    scored[1][3] += np.float32(2e-3)  # four times float32's reach
+    for bad in (moved, relabelled, _drop(onnx, 0), scored):
+        assert compare_detections(ref, bad).disagreement()[:2] <= (4, 4)  # the counts allow
+        assert not within_float32_noise(ref, torch32, bad)
 
 
 def test_verification_rejudges_detections_against_the_float64_run() -> None:

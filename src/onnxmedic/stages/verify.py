@@ -48,7 +48,7 @@ from onnxmedic.verify.input_sets import (
 )
 from onnxmedic.verify.localizer import Localizer
 from onnxmedic.verify.ranking import ranked_outputs, rejudge_rankings
-from onnxmedic.verify.reference import reference_outputs, rounding_runs
+from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.size_rules import (
     SizeRule,
     append_metadata,
@@ -508,8 +508,7 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
     for i in ran:  # detection outputs (boxes, scores, labels) are sets, compared as such
         shape_failures += rejudge_detections(
             names, sets.expected[i], sbx.outputs[i], comps[i], keys, sets.labels[i],
-            reference=lambda i=i: _reference_of(result, model, sets, i),
-            rounding=lambda i=i: _rounding_of(result, model, sets, i))
+            reference=lambda i=i: _reference_of(result, model, sets, i))
         rejudge_rankings(sets.expected[i], sbx.outputs[i], comps[i], ranked,
                          reference=lambda i=i: _reference_of(result, model, sets, i))
     for i, label in enumerate(sets.labels[:len(sbx.outputs)]):
@@ -538,17 +537,6 @@ def _reference_of(result: ExportResult, model: Any, sets: InputSets, i: int
     if i not in sets.raw_references:
         add_references(result, model, sets, [i])
     return sets.raw_references.get(i)
-
-
-def _rounding_of(result: ExportResult, model: Any, sets: InputSets, i: int
-                 ) -> list[list[np.ndarray]]:
-    """Float32 runs of set ``i`` with each op's results moved by rounding (a detection set's
-    noise floor: verify/reference.rounding_runs), timed with the reference."""
-    fn = model.module() if isinstance(model, torch.export.ExportedProgram) else model
-    if not isinstance(fn, torch.nn.Module):
-        return []
-    with result.timed("reference"):
-        return rounding_runs(fn, sets.sets[i])
 
 
 def judge_pending(result: ExportResult, model: Any, sets: InputSets, outputs: list[Any],

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from onnxmedic._tensors import flatten_tensors, reference_mode, tensor_bytes, to_numpy
 from onnxmedic.borrow import copy_inputs
@@ -341,48 +340,3 @@ def _matched(ref: list[np.ndarray], expected: list[np.ndarray],
 def _is_float(a: np.ndarray) -> bool:
     """A floating array, bfloat16 included (ml_dtypes' bfloat16 is numpy kind 'V')."""
     return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
-
-
-class _Rounding(TorchDispatchMode):
-    """Each float32 result an op computes moved by float32 rounding: by x * u * 2**-23 for a
-    u uniform in [-1, 1] (half the results land on a neighbouring float32 value, as another
-    kernel's order of summation would put them) - a run of the model as another float32
-    implementation could compute it. Views compute nothing and are left alone, and so are
-    0-d results (a resize factor read with .item() decides shapes, not values)."""
-
-    def __init__(self, seed: int) -> None:
-        super().__init__()
-        self.gen = torch.Generator().manual_seed(seed)
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-                           ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if any(r.alias_info is not None and not r.alias_info.is_write
-               for r in func._schema.returns):
-            return out  # a view of an input
-        for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.dim() > 0 \
-                    and t.numel() and t.device.type == "cpu":
-                u = torch.rand(t.shape, generator=self.gen) * 2 - 1
-                t.add_(t * u * 2.0 ** -23)
-        return out
-
-
-def rounding_runs(model: Any, inputs: Inputs, n: int = 3) -> list[list[np.ndarray]]:
-    """``n`` float32 runs of ``model`` (an nn.Module) on ``inputs``, each op's results moved
-    by float32 rounding (a seeded random half of them one float32 step off, _Rounding): how
-    far the model's outputs move under float32 rounding alone - where a near tie at a top-k
-    or NMS upstream flips, a detection set's noise floor (verify/detections.py). Outputs
-    flattened as PyTorch's are; [] where the model does not run so."""
-    runs = []
-    for seed in range(n):
-        try:
-            with reference_mode():  # the inputs copied as they are, the outputs read so
-                args, kwargs = copy_inputs((inputs.args, inputs.kwargs))
-                with _Rounding(seed):
-                    out = model(*args, **kwargs)
-                runs.append([to_numpy(t) for t in flatten_tensors(out)])
-        except Exception:  # a kernel the mode cannot wrap: no noise floor from these runs
-            logger.debug("no float32 rounding run", exc_info=True)
-            return []
-    return runs
