@@ -358,6 +358,13 @@ def test_float32_moves_within_its_own_reach_and_no_further() -> None:
     for bad in (moved, relabelled, _drop(onnx, 0), scored):
         assert compare_detections(ref, bad).disagreement()[:2] <= (4, 4)  # the counts allow
         assert not within_float32_noise(ref, torch32, bad)
+    # a detection of PyTorch's further than REACH budgets off is another one: it widens
+    # nothing, and the 2 px move is still caught
+    far = tuple(a.copy() for a in torch32)
+    far[0][7] += np.float32(1.5)
+    far[1][7] += np.float32(0.01)
+    assert float32_budget(ref, far, DetectionBudget()) == wide
+    assert not within_float32_noise(ref, far, moved)
 
 
 def test_verification_rejudges_detections_against_the_float64_run() -> None:
