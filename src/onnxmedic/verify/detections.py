@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from onnxmedic.findings import Finding, error
+from onnxmedic.verify.budget import BUDGET
 
 logger = logging.getLogger(__name__)
 STAGE = "compare"
@@ -367,8 +368,8 @@ def float32_judgement(reference: Triple, expected: Triple, actual: Triple,
 
 
 # how many budgets float32 may move a detection it keeps, at most (Faster R-CNN MobileNetV3
-# FPN at 800 px: scores 5 budgets off); an exchanged proposal gives boxes pixels and scores
-# 1e-2 apart
+# FPN at 800 px: PyTorch's scores 5 budgets off, ONNX Runtime's 2); an exchanged proposal gives
+# boxes pixels and scores 1e-2 apart, and a box moved by 2 px is 60 budgets at 320 px
 REACH = 10.0
 
 
@@ -379,19 +380,21 @@ def _scale(dets: Triple) -> float:
 
 def float32_budget(reference: Triple, expected: Triple, budget: DetectionBudget
                    ) -> DetectionBudget:
-    """``budget`` widened to how far PyTorch's float32 set (``expected``) is from the float64
-    one (``reference``) on the detections it keeps: each float64 detection paired with one
-    of its class (IoU at least ``budget.min_iou``) within REACH times the budget, the largest
-    corner and score difference of those pairs, where over the budget. A pair further apart
-    is no detection moved by rounding but another one (an exchanged proposal), and widens
-    nothing."""
+    """``budget`` widened to how far float32 moves the detections it keeps, as the float
+    budget does (verify/budget.py: ONNX Runtime's error up to BUDGET times PyTorch's own): each
+    float64 detection (``reference``) paired with one of PyTorch's float32 set (``expected``)
+    of its class (IoU at least ``budget.min_iou``) within REACH times the budget; BUDGET times
+    the largest corner and score difference of those pairs, at least the budget and at most
+    REACH times it. A pair further apart is no detection moved by rounding but another one
+    (an exchanged proposal), and widens nothing."""
     loose = DetectionBudget(box_rtol=REACH * budget.box_rtol,
                             score_atol=REACH * budget.score_atol, min_iou=budget.min_iou)
     kept = compare_detections(reference, expected, loose)
-    slack = 1 + 1e-9  # the largest pair itself stays within, whatever the division rounds
-    return DetectionBudget(box_rtol=max(budget.box_rtol,
-                                        kept.max_box_error * slack / _scale(reference)),
-                           score_atol=max(budget.score_atol, kept.max_score_error * slack),
+    box = BUDGET * kept.max_box_error / _scale(reference)
+    return DetectionBudget(box_rtol=min(REACH * budget.box_rtol, max(budget.box_rtol, box)),
+                           score_atol=min(REACH * budget.score_atol,
+                                          max(budget.score_atol,
+                                              BUDGET * kept.max_score_error)),
                            min_iou=budget.min_iou)
 
 
