@@ -28,16 +28,18 @@ exchanged for others of that score on the other side, as many dropped as added. 
 left over is a finding.
 
 The float64-anchored budget, for sets: where the sets differ and the model's float64 run is at
-hand, ONNX Runtime's set is judged against the float64 set instead, and passes when it is no
-worse than PyTorch's float32 set is - no more float64 detections left unmatched, no more
-detections of its own left over, no more per-detection rows outside the budget
-(:func:`within_float32_noise`). Where PyTorch's float32 set differs from the float64 one
-(near-equal scores flipped by rounding at a top-k or NMS: a box dropped, moved or exchanged),
-ONNX Runtime may differ as much. Where it agrees, ONNX Runtime's set must agree with the float64
-set too, every detection within the budget: the two float32 sets may then be up to twice the
-budget apart, each rounded to its own side of the float64 value (a deep box head: PyTorch's
-score 0.46890 and ONNX Runtime's 0.46901 around the float64 0.46898), while a dropped, moved,
-extra or relabelled box is a finding as it is against PyTorch's set.
+hand, ONNX Runtime's set is judged against the float64 set instead (:func:`within_float32_noise`),
+within float32's reach as PyTorch's float32 set shows it. Its detections kept (paired with float64
+ones by class and IoU) set how far float32 moves a box or a score (:func:`float32_budget`: ten
+times their largest difference, as the float budget, at most ten budgets); beyond that, ONNX
+Runtime may leave no more float64 detections unmatched and no more of its own over than PyTorch's
+set does, only at or below the best score PyTorch's leaves over (:func:`unstable_top`: near-equal
+scores flipped by rounding at a top-k or NMS exchange detections there, and none above), and no
+more per-detection rows outside the budget. Where PyTorch's set agrees with the float64 one, ONNX
+Runtime's must agree with it too, every detection within the budget: the two float32 sets may
+then be up to twice the budget apart, each rounded to its own side of the float64 value (a deep
+box head: PyTorch's score 0.46890 and ONNX Runtime's 0.46901 around the float64 0.46898), while a
+dropped, moved, extra or relabelled box is a finding as it is against PyTorch's set.
 """
 
 from __future__ import annotations
@@ -405,17 +407,18 @@ def within_float32_noise(reference: tuple[np.ndarray, np.ndarray, np.ndarray],
                          budget: DetectionBudget | None = None, *, name: str = "detections",
                          extras: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]] | None
                          = None) -> bool:
-    """Whether ONNX Runtime's set (``actual``) is within the model's own float32 noise: it
-    differs from the float64 set (``reference``) no more than PyTorch's float32 set
-    (``expected``) does, count by count (:meth:`DetectionComparison.disagreement`), and only
-    where PyTorch's does: each detection ONNX Runtime leaves over (a float64 one unmatched, one
-    of its own extra) scores no higher than the best one PyTorch's float32 set leaves over
-    (:func:`unstable_top`). Where PyTorch's set agrees with the float64 one, ``actual`` must
-    agree with it too (a dropped, moved, extra or relabelled box is no float32 noise), each
-    detection within the budget of the float64 value rather than of PyTorch's float32 one;
-    where PyTorch's leaves some (at 800 px a MobileNetV3 FPN's float32 run exchanges 12 of 100,
-    the best at rank 6), a fault in a detection above those is still found. ``extras``:
-    (name, float64, PyTorch's, ONNX Runtime's) per-detection rows."""
+    """Whether ONNX Runtime's set (``actual``) is within the model's own float32 noise: within
+    float32's reach of the float64 set (``reference``: :func:`float32_budget`, from PyTorch's
+    float32 set ``expected``), it differs no more than PyTorch's set does, count by count
+    (:meth:`DetectionComparison.disagreement`), and only where PyTorch's does: each detection
+    ONNX Runtime leaves over (a float64 one unmatched, one of its own extra) scores no higher
+    than the best one PyTorch's leaves over (:func:`unstable_top`). Where PyTorch's set agrees
+    with the float64 one, ``actual`` must agree with it too (a dropped, moved, extra or
+    relabelled box is no float32 noise), each detection within the budget of the float64 value
+    rather than of PyTorch's float32 one; where PyTorch's moves scores further (at 800 px a
+    MobileNetV3 FPN's float32 run moves 12 of 100 by up to 5e-4), ONNX Runtime's may move as
+    far, and a box moved, dropped or relabelled is still found. ``extras``: (name, float64,
+    PyTorch's, ONNX Runtime's) per-detection rows."""
     return float32_judgement(reference, expected, actual, budget, name=name, extras=extras)[0]
 
 
