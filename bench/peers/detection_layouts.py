@@ -4,7 +4,7 @@ hand-written nested tuple), exported and verified by onnxmedic; with ``faults``,
 a dropped box and a wrong label injected into the ONNX model and each verified again.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src:. .venv-vision/bin/python bench/peers/detection_layouts.py \
-        retinanet_resnet50_fpn hand faults [--weights confident|fresh]
+        retinanet_resnet50_fpn hand faults [--weights confident|fresh] [--default-size]
 
 ``--weights fresh``: torchvision's own initialisation (91 classes), which often scores every
 box alike or under the threshold (0 detections); ``confident`` (the default): 11 classes,
@@ -46,8 +46,15 @@ from bench.zoo import vision  # noqa: E402
 from tests.vision.test_layouts import Layout, check_layout  # noqa: E402
 
 
-def detector(name: str, weights: str) -> tuple[torch.nn.Module, torch.Tensor]:
-    """The detector ``name`` with ``weights`` and its image (300x300 for SSD300, else 320)."""
+def detector(name: str, weights: str, default_size: bool = False
+             ) -> tuple[torch.nn.Module, torch.Tensor]:
+    """The detector ``name`` with ``weights`` and its image (300x300 for SSD300, else 320);
+    ``default_size``: the confident detector resizing the image to its own default (800 for
+    the R-CNNs, RetinaNet and FCOS) instead of 320."""
+    if weights == "confident" and default_size:
+        case = vision._detection(name, 300 if name == "ssd300_vgg16" else 320,
+                                 vision.confident)()
+        return case.model.detector, case.args[0]
     if weights == "confident":
         case = vision.confident_detection(name)
         return case.model.detector, case.args[0]
@@ -121,8 +128,11 @@ def main() -> None:
     ap.add_argument("mode", choices=["export", "faults"], nargs="?", default="export")
     ap.add_argument("--weights", choices=["confident", "fresh"], default="confident")
     ap.add_argument("--results", type=Path, help="with faults: the JSON file of rows to update")
+    ap.add_argument("--default-size", action="store_true",
+                    help="the detector at its own default size (800 for the R-CNNs), its row "
+                         "named 'NAME (at 800, its default size)'")
     a = ap.parse_args()
-    det, image = detector(a.name, a.weights)
+    det, image = detector(a.name, a.weights, a.default_size)
     with torch.no_grad():
         scores = det([image[0]])[0]["scores"]
     print(f"detections: {scores.numel()}, distinct scores: {len(set(scores.tolist()))}")
@@ -158,7 +168,7 @@ def main() -> None:
         commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         record(a.results, dict(
-            model=a.name, layout=a.layout, verified=not error, error=error,
+            model=a.name + (" (at 800, its default size)" if a.default_size else ""), layout=a.layout, verified=not error, error=error,
             detections=scores.numel(), distinct=len(set(scores.tolist())), seconds=seconds,
             peak_mib=peak, child_mib=child, faults=found, timings={run: {k: round(v, 1) for k, v in st.items()}
                                    for run, st in timings.items()}, commit=commit,
