@@ -73,6 +73,15 @@ class _Data:
         os.close(self.fd)
 
 
+def _transposed(a: np.ndarray, rows: int = 256) -> np.ndarray:
+    """``a.T`` made contiguous a band of ``rows`` rows at a time (numpy's own copy of a large
+    transposed array walks it element by element across the cache: ~5x slower)."""
+    out = np.empty(a.shape[::-1], a.dtype)
+    for i in range(0, a.shape[0], rows):
+        out[:, i:i + rows] = a[i:i + rows].T
+    return out
+
+
 def _is_layer(module: Any) -> bool:
     return type(module).__name__.endswith("DecoderLayer")  # the builder's is_layer
 
@@ -233,7 +242,7 @@ class _Streamer:
         step = max(1, SLICE // (4 * k_in))
         for c in range(0, n_out, step):
             rows = w[c:c + step].to(torch.float32).numpy()  # (cols, K)
-            wf = np.ascontiguousarray(rows.T)  # (K, cols): the quantizer's layout
+            wf = _transposed(rows)  # (K, cols): the quantizer's layout
             packed, scales, _zp = self.quantizer.qbits_block_quant(wf)
             scales = scales.astype(np.float32, copy=False)
             if self.tamper is not None:
