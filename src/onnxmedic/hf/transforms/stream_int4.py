@@ -16,10 +16,10 @@ decoder layer at a time (hf/stream.py) - never the whole model in memory, on eit
 3. **Task budget** (optimize/int4.py's :class:`~onnxmedic.optimize.int4.TaskBudget` and
    :func:`~onnxmedic.optimize.int4.judge`): the int4 decoder in ONNX Runtime (a child)
    generates greedily from the budget's prompts and scores the built-in text; PyTorch's side is
-   one streamed pass (float32, the budget's reference) over the int4 decoder's sequences and
-   the text's windows. Greedy agreement is teacher-forced along the int4 decoder's own tokens
-   (at each step, PyTorch's pick after the same prefix against the int4 decoder's token): one
-   streamed pass instead of one per generated token, which a streamed reference without a
+   two streamed passes (float32, the budget's reference): over the int4 decoder's sequences,
+   then over the text's windows. Greedy agreement is teacher-forced along the int4 decoder's
+   own tokens (at each step, PyTorch's pick after the same prefix against the int4 decoder's
+   token): one streamed pass instead of one per generated token, which a streamed reference without a
    cache would need to force the candidate along PyTorch's own tokens (docs/int4.md); the
    prefix is shared either way, so each step still compares two picks from one context.
    Perplexity: the int4 decoder's against PyTorch's on the same windows. Outside the budget:
