@@ -336,6 +336,7 @@ def build(tool: str, ckpt: Path, out: Path, env: dict[str, str], cap: float
     row = {"tool": tool, "command": shown, **measured(cmd, env, cap)}
     row["size_gb"] = _size_gb(out) if out.exists() else None
     row["ok"] = row["rc"] == 0 and (out / "genai_config.json").exists()
+    row.update(stages(out.parent / f"{out.name}_report.json"))
     if tool.startswith(("builder-stream", "stream-int4")) and row["tail"]:
         try:  # the streamed verification's verdict, its last line
             row["verdict"] = json.loads(row["tail"][-1])
@@ -343,6 +344,18 @@ def build(tool: str, ckpt: Path, out: Path, env: dict[str, str], cap: float
             pass
     shutil.rmtree(out.parent / "cache", ignore_errors=True)
     return row
+
+
+def stages(report: Path) -> dict[str, Any]:
+    """onnxmedic's seconds per stage of the int4 road (its report's timings: the writer, the
+    int4 decoder's scoring in ONNX Runtime, PyTorch's streamed passes, onnxruntime-genai's
+    check), {} without a report."""
+    try:
+        timings = json.loads(report.read_text()).get("timings") or {}
+    except (OSError, ValueError):
+        return {}
+    got = {k[5:]: round(v, 1) for k, v in timings.items() if k.startswith("int4 ")}
+    return {"stages_s": got} if got else {}
 
 
 def genai_speed(folder: Path, env: dict[str, str], cap: float) -> dict[str, Any]:
@@ -411,10 +424,13 @@ def table(rows: list[dict[str, Any]]) -> str:
              f"GiB (shared) · onnxruntime {onnxruntime.__version__}, onnxruntime-genai "
              f"{onnxruntime_genai.__version__} · peaks: the process tree's, sampled every "
              f"0.1 s from /proc/PID/status, each column its own peak · genai: float32 CPU, "
-             f"prefill of {PREFILL} tokens, decode of {DECODE} after it", "",
+             f"prefill of {PREFILL} tokens, decode of {DECODE} after it · int4 stages: "
+             f"onnxmedic's seconds per stage of the int4 road (write: the writer child; onnx: "
+             f"the int4 decoder's scoring in ONNX Runtime; torch: PyTorch's streamed passes; "
+             f"genai: onnxruntime-genai's check), from its report", "",
              "| checkpoint | layers | bf16 weights GiB | tool | built | wall s | peak GiB | "
              "anon GiB | file GiB | peak / weights | package GB | prefill-128 tok/s | "
-             "decode tok/s | date | command |", "|---" * 15 + "|"]
+             "decode tok/s | int4 stages s | date | command |", "|---" * 16 + "|"]
     for r in sorted(rows, key=lambda r: (r["weights_gib"], r["tool"])):
         built = "yes" if r["ok"] else ("no: killed at the cap" if r.get("capped") else
                                        "no: " + " ".join(r.get("tail", []))[:80])
@@ -425,7 +441,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{built} | {r['wall_s']:.0f} | {at_least}{r['peak_gib']:.2f} | "
             f"{r['anon_gib']:.2f} | {r['file_gib']:.2f} | "
             f"{at_least}{r['peak_gib'] / r['weights_gib']:.2f} | "
-            f"{f('size_gb', 2)} | {f('prefill_tok_s')} | {f('decode_tok_s')} | {r['date']} | "
+            f"{f('size_gb', 2)} | {f('prefill_tok_s')} | {f('decode_tok_s')} | "
+            f"{' '.join(f'{k} {v:.0f}' for k, v in r.get('stages_s', {}).items()) or '-'} | "
+            f"{r['date']} | "
             f"`{r['command'].replace(str(ROOT) + '/', '')}` |")
     if any(r["checkpoint"].endswith("-margin") for r in rows):
         lines += ["", "Checkpoints named -margin: `--init margin` (the random weights drawn so "
