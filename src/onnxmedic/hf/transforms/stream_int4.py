@@ -215,7 +215,7 @@ def torch_figures(checkpoint: Path, data: Any, tokens: list[list[int]]) -> dict[
     int4 decoder's ``tokens`` (after the same prefix) and its perplexity on the text's windows
     (optimize/int4.mean_nll over the streamed logits). The prompts' sequences and the text's
     windows are two streamed passes, each batch padded to its own longest sequence (one
-    batch pads the prompts' ~37 tokens to a window's 129: 903 positions instead of 535 with
+    batch pads the prompts' ~36 tokens to a window's 128: 896 positions instead of ~530 with
     the built-in data; the weights are read twice)."""
     import torch
 
