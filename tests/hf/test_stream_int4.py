@@ -171,10 +171,12 @@ def test_export_int4_below_the_size_keeps_the_whole_model_road(bf16, monkeypatch
                                      backend="export", remote_code=False) is None
 
 
+@pytest.mark.parametrize("view", [False, True], ids=["k-n", "n-k-transposed"])
 @pytest.mark.parametrize("k", [64, 40])  # 40: the last block padded
-def test_the_rounding_rule_of_one_weight(k):
+def test_the_rounding_rule_of_one_weight(k, view):
     """optimize/int4.block_problem on ONNX Runtime's own blocks of a (k, 24) weight: none is
-    off; one 4-bit level moved by two steps, or a scale halved, is found where it is."""
+    off; one 4-bit level moved by two steps, or a scale halved, is found where it is; the
+    same given the weight as the transposed view of an (N, K) array (the int4 writer's)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         DefaultWeightOnlyQuantizer,
@@ -184,6 +186,8 @@ def test_the_rounding_rule_of_one_weight(k):
     q, scales, _zp = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
         block_size=32, is_symmetric=True, bits=4)).qbits_block_quant(w)
     at = {"N": 24, "K": k, "bits": 4, "block_size": 32}
+    if view:
+        w = np.ascontiguousarray(w.T).T
     assert int4.block_problem("m", w, q, scales, at) is None
     bad = q.copy()
     bad[5, 0, 3] = (bad[5, 0, 3] & 0xF0) | ((bad[5, 0, 3] & 15) ^ 2)  # weight (6, 5): 2 steps

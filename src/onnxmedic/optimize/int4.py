@@ -463,34 +463,50 @@ def tensor_array(t: Any, base: str | os.PathLike[str]) -> np.ndarray:
     return read(t, base)
 
 
+def _levels(bits: int) -> np.ndarray:
+    """Each byte's signed levels (its low nibble first for 4 bits), float32: (256, 8 // bits)."""
+    b = np.arange(256)
+    if bits == 4:
+        return np.stack([(b & 15) - 8, (b >> 4) - 8], -1).astype(np.float32)
+    return (b - 2 ** (bits - 1)).astype(np.float32)[:, None]
+
+
 def block_problem(name: str, w: np.ndarray, q: np.ndarray, scales: np.ndarray,
                   at: dict[str, int]) -> str | None:
     """:func:`rounding_problem`'s rule for one MatMulNBits ``name``: ``w`` its float weight
-    (K, N), ``q`` and ``scales`` its quantized blocks and their scales, ``at`` its
-    attributes (K, N, bits, block_size); why a weight is not a rounding of ``w``, or None."""
+    (K, N) (a transposed view of an (N, K) array is read without a copy), ``q`` and
+    ``scales`` its quantized blocks and their scales, ``at`` its attributes (K, N, bits,
+    block_size); why a weight is not a rounding of ``w``, or None."""
     n_out, k_in, bits, block = at["N"], at["K"], at["bits"], at["block_size"]
     q = q.reshape(n_out, -1)
     scales = scales.reshape(n_out, -1)
     nb = scales.shape[1]
+    lut = _levels(bits)
     # float32 arithmetic: its rounding (2^-24 of a step) is far inside the 1e-3 margin
     for r in range(0, n_out, CHECK_ROWS):
-        wr = np.zeros((min(CHECK_ROWS, n_out - r), nb * block), np.float32)
-        wr[:, :k_in] = w[:, r:r + CHECK_ROWS].T  # the padding of the last block: 0
-        qr = q[r:r + CHECK_ROWS]
-        if bits == 4:
-            qr = np.stack([qr & 15, qr >> 4], -1).reshape(len(qr), -1)
-        step = scales[r:r + CHECK_ROWS].astype(np.float32)[:, :, None]
-        level = qr[:, :nb * block].reshape(len(qr), nb, block).astype(np.float32)
-        off = np.abs((level - np.float32(2 ** (bits - 1))) * step - wr.reshape(len(qr), nb, block))
+        rows = min(CHECK_ROWS, n_out - r)
+        if k_in == nb * block:
+            wr = np.ascontiguousarray(w[:, r:r + rows].T, np.float32)  # a view where w is one
+        else:
+            wr = np.zeros((rows, nb * block), np.float32)
+            wr[:, :k_in] = w[:, r:r + rows].T  # the padding of the last block: 0
+        wr = wr.reshape(rows, nb, block)
+        step = scales[r:r + rows].astype(np.float32)[:, :, None]
+        # the dequantized weight minus the float one, in place: |level * step - w|
+        off = lut[q[r:r + rows, :nb * block * bits // 8]].reshape(rows, nb, block)
+        off *= step
+        off -= wr
+        np.abs(off, out=off)
         bad = (off > np.abs(step) * np.float32(1 + 1e-3) + np.float32(1e-12)).reshape(
-            len(qr), -1)[:, :k_in]
+            rows, -1)[:, :k_in]
         if bad.any():
             n, k = np.argwhere(bad)[0]
             b, i = divmod(int(k), block)
             return (f"{name}: weight ({k}, {n + r}) is {off[n, b, i]:.3g} from its float32 "
-                    f"value {wr[n, k]:.3g}, {off[n, b, i] / max(abs(step[n, b, 0]), 1e-30):.3g} "
+                    f"value {wr[n, b, i]:.3g}, "
+                    f"{off[n, b, i] / max(abs(step[n, b, 0]), 1e-30):.3g} "
                     f"steps of its block ({b}) where rounding keeps it within one; "
-                    f"{int(bad.sum())} weights so in columns {r}-{r + len(qr) - 1}")
+                    f"{int(bad.sum())} weights so in columns {r}-{r + rows - 1}")
     return None
 
 

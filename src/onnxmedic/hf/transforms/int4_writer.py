@@ -73,6 +73,15 @@ class _Data:
         os.close(self.fd)
 
 
+def _transposed(a: np.ndarray, rows: int = 256) -> np.ndarray:
+    """``a.T`` made contiguous a band of ``rows`` rows at a time (numpy's own copy of a large
+    transposed array walks it element by element across the cache: ~5x slower)."""
+    out = np.empty(a.shape[::-1], a.dtype)
+    for i in range(0, a.shape[0], rows):
+        out[:, i:i + rows] = a[i:i + rows].T
+    return out
+
+
 def _is_layer(module: Any) -> bool:
     return type(module).__name__.endswith("DecoderLayer")  # the builder's is_layer
 
@@ -232,7 +241,8 @@ class _Streamer:
         s_off = self.data.reserve(n_out * kb * 4)
         step = max(1, SLICE // (4 * k_in))
         for c in range(0, n_out, step):
-            wf = w[c:c + step].to(torch.float32).T.contiguous().numpy()  # (K, cols)
+            rows = w[c:c + step].to(torch.float32).numpy()  # (cols, K)
+            wf = _transposed(rows)  # (K, cols): the quantizer's layout
             packed, scales, _zp = self.quantizer.qbits_block_quant(wf)
             scales = scales.astype(np.float32, copy=False)
             if self.tamper is not None:
@@ -244,10 +254,11 @@ class _Streamer:
             q = np.frombuffer(self.data.read(q_off + c * kb * blob, cols * kb * blob),
                               np.uint8).reshape(cols, kb, blob)
             s = np.frombuffer(self.data.read(s_off + c * kb * 4, cols * kb * 4), np.float32)
-            why = block_problem(f"{name}_Q4", wf, q, s, {**at, "N": cols})
+            # (the rows' transposed view: block_problem reads it without a copy)
+            why = block_problem(f"{name}_Q4", rows.T, q, s, {**at, "N": cols})
             if why is not None:
                 raise NotRounded(why if c == 0 else f"{why} (output columns from {c})")
-            del wf, packed, scales, q, s
+            del rows, wf, packed, scales, q, s
         self._register(f"{weight}_Q4", ir.DataType.UINT8, [n_out, kb, blob], q_off,
                        n_out * kb * blob)
         self._register(f"{weight}_scales", ir.DataType.FLOAT, [n_out, kb], s_off,

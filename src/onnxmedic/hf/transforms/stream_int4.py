@@ -16,10 +16,10 @@ decoder layer at a time (hf/stream.py) - never the whole model in memory, on eit
 3. **Task budget** (optimize/int4.py's :class:`~onnxmedic.optimize.int4.TaskBudget` and
    :func:`~onnxmedic.optimize.int4.judge`): the int4 decoder in ONNX Runtime (a child)
    generates greedily from the budget's prompts and scores the built-in text; PyTorch's side is
-   one streamed pass (float32, the budget's reference) over the int4 decoder's sequences and
-   the text's windows. Greedy agreement is teacher-forced along the int4 decoder's own tokens
-   (at each step, PyTorch's pick after the same prefix against the int4 decoder's token): one
-   streamed pass instead of one per generated token, which a streamed reference without a
+   two streamed passes (float32, the budget's reference): over the int4 decoder's sequences,
+   then over the text's windows. Greedy agreement is teacher-forced along the int4 decoder's
+   own tokens (at each step, PyTorch's pick after the same prefix against the int4 decoder's
+   token): one streamed pass instead of one per generated token, which a streamed reference without a
    cache would need to force the candidate along PyTorch's own tokens (docs/int4.md); the
    prefix is shared either way, so each step still compares two picks from one context.
    Perplexity: the int4 decoder's against PyTorch's on the same windows. Outside the budget:
@@ -211,20 +211,26 @@ def windows(text: list[int]) -> list[list[int]]:
 
 
 def torch_figures(checkpoint: Path, data: Any, tokens: list[list[int]]) -> dict[str, Any]:
-    """PyTorch's side of the budget, one streamed pass (float32): its greedy pick at each step
-    of the int4 decoder's ``tokens`` (after the same prefix) and its perplexity on the text's
-    windows (optimize/int4.mean_nll over the streamed logits)."""
+    """PyTorch's side of the budget, streamed (float32): its greedy pick at each step of the
+    int4 decoder's ``tokens`` (after the same prefix) and its perplexity on the text's windows
+    (optimize/int4.mean_nll over the streamed logits). The prompts' sequences and the text's
+    windows are two streamed passes, each batch padded to its own longest sequence (one
+    batch pads the prompts' ~36 tokens to a window's 128: 896 positions instead of ~530 with
+    the built-in data; the weights are read twice)."""
     import torch
 
     from onnxmedic.hf.stream import streamed_logits
     from onnxmedic.optimize.int4 import mean_nll
 
     wins = windows(data.text)
-    seqs = [p + t[:-1] for p, t in zip(data.prompts, tokens)] + [w[:-1] for w in wins]
-    logits = streamed_logits(checkpoint, seqs, (torch.float32,))[torch.float32]
+    seqs = [p + t[:-1] for p, t in zip(data.prompts, tokens)]
+    logits = streamed_logits(checkpoint, seqs, (torch.float32,))[torch.float32] if seqs else []
     picks = [[int(np.argmax(logits[i][0, len(p) - 1 + k])) for k in range(len(t))]
              for i, (p, t) in enumerate(zip(data.prompts, tokens))]
-    by_window = {tuple(w[:-1]): logits[len(tokens) + j] for j, w in enumerate(wins)}
+    del logits
+    text = streamed_logits(checkpoint, [w[:-1] for w in wins], (torch.float32,))[
+        torch.float32] if wins else []
+    by_window = {tuple(w[:-1]): text[j] for j, w in enumerate(wins)}
     nll, n = mean_nll(lambda ids, past: (by_window[tuple(int(i) for i in ids[0])], past), [],
                       data.text)
     return {"tokens": picks, "perplexity": float(np.exp(nll / n)) if n else float("nan")}
