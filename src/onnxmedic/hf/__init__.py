@@ -103,30 +103,11 @@ def export_pretrained(
 
     if report is not None and (bad := report_path_problem(report)) is not None:
         return result.fail("write", bad)
-    if f is not None:  # at size, a family the builder does not serve: hf/stamp.py
-        from onnxmedic.hf import stamp
-
-        folder = stamp.stamp_road(model, task, dtype=dtype, verify=verify, opset=opset,
-                                  backend=chosen.name, remote_code=trust_remote_code,
-                                  options=options)
-        if folder is not None:
-            return stamp.export_stamped(
-                folder, f, precision=options.get("precision") or "fp32",
-                budget=options.get("accuracy"), timeout=options.get("timeout"),
-                spec=spec_name(model), report=report)
-    if options.get("precision") == "int4" and f is not None:  # at size: transforms/stream_int4
-        from onnxmedic.hf.transforms import stream_int4
-
-        folder = stream_int4.streamed_road(model, task, dtype=dtype, verify=verify,
-                                           opset=opset, backend=chosen.name,
-                                           remote_code=trust_remote_code)
-        if folder is not None:
-            done = stream_int4.export_streamed(
-                folder, f, spec=spec_name(model), budget=options.get("accuracy"),
-                timeout=options.get("timeout"), strict=chosen.strict, report=report)
-            if done is not None:
-                return done
-            chosen = Backend("export")  # the builder failed there: onnxmedic's own export
+    if f is not None:
+        done, chosen = _at_size(model, f, task, dtype, verify, opset, chosen,
+                                trust_remote_code, report, options)
+        if done is not None:
+            return done
     try:
         with result.timed(STAGE):
             loaded = load_for_task(model, task, dtype, trust_remote_code,
@@ -150,6 +131,37 @@ def export_pretrained(
 
     return export_task(loaded, f, dynamic, report, dict(
         options, target=target, opset=opset, verify=verify, keep_unverified=keep_unverified))
+
+
+def _at_size(model: Any, f: str | os.PathLike[str], task: str | None, dtype: str, verify: bool,
+             opset: int | None, chosen: Backend, remote_code: bool,
+             report: str | os.PathLike[str] | None,
+             options: dict[str, Any]) -> tuple[ExportResult | None, Backend]:
+    """The roads that stream a large checkpoint (hf/stamp.py: a family the builder does not
+    serve; transforms/stream_int4: int4 through the builder's graph): their result, or None
+    where neither takes ``model``, with the backend the whole-model road goes on with (the
+    builder's failure at size hands over to onnxmedic's own export)."""
+    from onnxmedic.hf import stamp
+
+    folder = stamp.stamp_road(model, task, dtype=dtype, verify=verify, opset=opset,
+                              backend=chosen.name, remote_code=remote_code, options=options)
+    if folder is not None:
+        return stamp.export_stamped(
+            folder, f, precision=options.get("precision") or "fp32",
+            budget=options.get("accuracy"), timeout=options.get("timeout"),
+            spec=spec_name(model), report=report), chosen
+    if options.get("precision") != "int4":
+        return None, chosen
+    from onnxmedic.hf.transforms import stream_int4
+
+    folder = stream_int4.streamed_road(model, task, dtype=dtype, verify=verify, opset=opset,
+                                       backend=chosen.name, remote_code=remote_code)
+    if folder is None:
+        return None, chosen
+    done = stream_int4.export_streamed(
+        folder, f, spec=spec_name(model), budget=options.get("accuracy"),
+        timeout=options.get("timeout"), strict=chosen.strict, report=report)
+    return done, chosen if done is not None else Backend("export")
 
 
 def report_to(result: ExportResult, report: str | os.PathLike[str] | None) -> ExportResult:

@@ -396,7 +396,7 @@ def write_weights(model: Any, weights: list[Weight], folder: Path, checkpoint: P
     from onnx import TensorProto
 
     from onnxmedic.hf.stream import Weights
-    from onnxmedic.hf.transforms.stream_int4 import _append
+    from onnxmedic.hf.transforms.stream_int4 import append_external
 
     source = Weights(checkpoint)
     with open(folder / DATA, "wb") as data:
@@ -407,7 +407,7 @@ def write_weights(model: Any, weights: list[Weight], folder: Path, checkpoint: P
             arr = np.ascontiguousarray(t.numpy())
             del t
             proto = TensorProto(name=w.name, data_type=TensorProto.FLOAT, dims=arr.shape)
-            _append(data, proto, arr.reshape(-1).view(np.uint8).data, DATA)
+            append_external(data, proto, arr.reshape(-1).view(np.uint8).data, DATA)
             model.graph.initializer.append(proto)
             del arr
         return data.tell()
@@ -428,14 +428,14 @@ def stamp_problem(config: Any) -> str | None:
     return streamable(config)
 
 
-def side_files(checkpoint: Path) -> tuple[Any, Any]:
+def _side_files(checkpoint: Path) -> tuple[Any, Any]:
     """The checkpoint's config and generation config (as a model's ``config`` and
     ``generation_config``) and its tokenizer, None where the folder has no tokenizer's file
     (transformers would make an empty one of the family's class, whose ids are no prompt)."""
     from onnxmedic.hf.checkpoint import TOKENIZER_FILES
-    from onnxmedic.hf.transforms.stream_int4 import _side_files
+    from onnxmedic.hf.transforms.stream_int4 import side_files
 
-    like, tokenizer = _side_files(checkpoint)
+    like, tokenizer = side_files(checkpoint)
     if not any((checkpoint / name).is_file() for name in TOKENIZER_FILES):
         tokenizer = None
     return like, tokenizer
@@ -481,7 +481,7 @@ def stamp_package(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[
     write_weights(model, weights, folder, checkpoint)
     onnx.save_model(model, str(folder / GRAPH))
     res.seconds["stamp"] = time.perf_counter() - t0
-    like, tokenizer = side_files(checkpoint)
+    like, tokenizer = _side_files(checkpoint)
     write_side_files(like, tokenizer, folder, Layout(GRAPH, layers, kv_heads, head_size,
                                                      position_ids=True))
     res.layers, res.ok = layers, True
@@ -504,7 +504,7 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
     from onnxmedic.hf.gen_verify import DEFAULT_PROMPTS, prompt_ids
     from onnxmedic.hf.generation import add_check, not_written
     from onnxmedic.hf.transforms.passes import staged
-    from onnxmedic.hf.transforms.stream_int4 import _take, int4_streamed
+    from onnxmedic.hf.transforms.stream_int4 import int4_streamed, take_verdict
     from onnxmedic.onnxfile import replace_folder
     from onnxmedic.result import ExportResult, stages_of
 
@@ -533,11 +533,11 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
         if precision == "int4":
             with result.stage(last) as st:
                 done = int4_streamed(pkg, checkpoint, out, budget=budget, timeout=wait)
-                _take(result, done, st)
+                take_verdict(result, done, st)
             result.ok = done.ok
         else:
             with result.stage(last) as st:
-                like, tokenizer = side_files(checkpoint)
+                like, tokenizer = _side_files(checkpoint)
                 from onnxmedic.hf.stream import verify_package
 
                 vocab = int(like.config.vocab_size)

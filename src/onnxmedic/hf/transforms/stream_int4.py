@@ -83,7 +83,7 @@ def _external(t: Any) -> dict[str, str] | None:
     return {e.key: e.value for e in t.external_data}
 
 
-def _append(data: BinaryIO, t: Any, payload: bytes, location: str) -> None:
+def append_external(data: BinaryIO, t: Any, payload: bytes, location: str) -> None:
     """``t`` (a TensorProto) made to point at ``payload``, appended to ``data`` aligned."""
     from onnx import TensorProto
 
@@ -152,7 +152,7 @@ def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
             if new == [node]:  # the quantizer left it (its reason logged)
                 continue
             for t in one.initializer[1:]:
-                _append(data, t, t.raw_data, location)
+                append_external(data, t, t.raw_data, location)
                 # a copy: a message of ``one`` would keep ``one`` whole (the weight's
                 # bytes) alive with it
                 made.append(onnx.TensorProto())
@@ -163,9 +163,9 @@ def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
         kept = [t for t in graph.initializer if users.get(t.name, 0) > 0]
         for t in kept:  # the initializers left as they were, copied one at a time
             if _external(t) is not None:
-                _append(data, t, tensor_bytes(t, src.parent), location)
+                append_external(data, t, tensor_bytes(t, src.parent), location)
             elif t.ByteSize() > INLINE and t.raw_data:
-                _append(data, t, t.raw_data, location)
+                append_external(data, t, t.raw_data, location)
     del graph.node[:]
     graph.node.extend(nodes)
     graph.ClearField("initializer")
@@ -392,7 +392,7 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                                "road", why or "it said nothing")
                 return None
             res.quantized = int(said["quantized"])
-            builder.finish(job, *_side_files(checkpoint))
+            builder.finish(job, *side_files(checkpoint))
             if not judged(res, job.out, job.out / builder.GRAPH, checkpoint, config, budget,
                           genai=genai, timeout=timeout):
                 return res
@@ -451,7 +451,7 @@ def streamed_road(model: Any, task: str | None, *, dtype: str, verify: bool, ops
     return folder
 
 
-def _side_files(folder: Path) -> tuple[Any, Any]:
+def side_files(folder: Path) -> tuple[Any, Any]:
     """What builder.finish writes the package's side files from, without the model: the
     checkpoint's config and generation config (as ``model.config`` and
     ``model.generation_config``), and its tokenizer (None without one)."""
@@ -471,7 +471,7 @@ def _side_files(folder: Path) -> tuple[Any, Any]:
                            generation_config=gen), tok
 
 
-def _take(result: Any, made: StreamedInt4, stage: Any) -> None:
+def take_verdict(result: Any, made: StreamedInt4, stage: Any) -> None:
     """``made``'s findings, timings and verdict into the export ``result``'s int4 stage."""
     result.findings.extend(made.findings)
     result.timings.update({f"int4 {k}": v for k, v in made.seconds.items()})
@@ -510,7 +510,7 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
         if made is not None:
             result.record("export").passed()
             with result.stage(STAGE) as st:
-                _take(result, made, st)
+                take_verdict(result, made, st)
             result.ok = made.ok
     if made is None and not result.findings:  # (a finding here: the guard caught an error)
         with result.guard(), staged(out) as stage:
@@ -526,12 +526,12 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
                                   f"cannot build {spec}: {why}.", suggestion="Leave "
                                   "--backend out (auto) for onnxmedic's own export."))
             if why is None:
-                builder.finish(job, *_side_files(folder))
+                builder.finish(job, *side_files(folder))
                 with result.stage(STAGE) as st:
                     made = int4_streamed(job.out, folder, out, budget=budget,
                                          timeout=wait)
                     job.discard()
-                    _take(result, made, st)
+                    take_verdict(result, made, st)
                 result.ok = made.ok
     result.path = str(out) if result.ok else None
     if result.ok:
