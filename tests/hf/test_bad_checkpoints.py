@@ -226,6 +226,8 @@ def test_with_past_on_an_encoder_says_it_keeps_no_cache(hf_folder, out):
     assert not res.ok and _codes(res) == ["OM817"] and res.exit_code == 1
     assert "returns no KV cache" in res.errors[0].message
     assert "is_decoder=False" in res.errors[0].message
+    # the task that serves it (BigBird's tiny checkpoint verifies with it, family sweep)
+    assert "--task text-generation " in res.errors[0].suggestion
     assert list(out.iterdir()) == []
 
 

@@ -243,10 +243,18 @@ def _not_a_decoder(model: Any) -> str | None:
     return None
 
 
-def _cannot_serve(why: str) -> Any:
+NO_CACHE_SUGGESTION = (
+    "Export it without a cache: --task text-generation (task='text-generation': the logits of "
+    "the whole sequence, which each generation step recomputes), as PyTorch's generate() runs "
+    "a model that keeps none; or, if it was trained as a decoder, set is_decoder=True in its "
+    "config so that it attends causally and keeps a cache.")
+
+
+def _cannot_serve(why: str, suggestion: str | None = None) -> Any:
     return error("OM817", "preflight", f"cannot export for text-generation-with-past: {why}.",
-                 suggestion="Load the checkpoint with transformers.AutoModelForCausalLM, or "
-                 "pick a task the model serves (feature-extraction for an encoder).")
+                 suggestion=suggestion or "Load the checkpoint with "
+                 "transformers.AutoModelForCausalLM, or pick a task the model serves "
+                 "(feature-extraction for an encoder).")
 
 
 def cache_problem(model: Any) -> Any:
@@ -291,7 +299,7 @@ def cache_problem(model: Any) -> Any:
             if getattr(model.config, "is_decoder", None) is False else "")
     return _cannot_serve(f"{type(model).__name__} returns no KV cache when called with "
                          f"use_cache=True{hint}; text-generation-with-past feeds the cache "
-                         "back at each step")
+                         "back at each step", NO_CACHE_SUGGESTION)
 
 
 def example_step(model: torch.nn.Module, vocab: int | None = None
