@@ -333,8 +333,9 @@ def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
 
 
 def _comparison(rows: list[dict[str, Any]]) -> list[str]:
-    """The lines under the totals: refusals by first error code, and onnxmedic against
-    transformers.exporters on the families both were run on (its cell is not "-")."""
+    """The lines under the totals: the rows that are neither verified nor refused (a
+    timeout), refusals by first error code, and onnxmedic against transformers.exporters on
+    the families both were run on (its cell is not "-")."""
     refused: dict[str, int] = {}
     for r in rows:
         if r["outcome"] == "refused":
@@ -344,7 +345,12 @@ def _comparison(rows: list[dict[str, Any]]) -> list[str]:
             and r["outcome"] != "no tiny config"]
     ours = {r["family"] for r in both if r["outcome"] == "verified"}
     peer = {r["family"] for r in both if r["exporters"] == "correct"}
+    # rows of no column of the totals: onnxmedic's export past the timeout, or no JSON
+    other = sorted(f"{r['family']} ({r['outcome']})" for r in rows if r["outcome"] not in (
+        "verified", "refused", "no tiny config", "internal error"))
     return [
+        "neither verified nor refused: " + (", ".join(other) or "none"),
+        "",
         "refused, by first error code: " + (", ".join(
             f"{c} {n}" for c, n in sorted(refused.items())) or "none"),
         "",
