@@ -63,6 +63,15 @@ SHRINK_FOR: dict[str, dict[str, Any]] = {
                    "num_encoder_attention_heads": 4, "num_decoder_attention_heads": 4},
 }
 
+# multi-head latent attention (a config with kv_lora_rank: DeepSeek-V3, AXK1...): its latent
+# and per-part head sizes, which SHRINK's head_dim alone leaves incoherent (the rotary part's
+# 64 against a head of 16 raised in PyTorch itself, OM830); as deepseek_v2's below
+SHRINK_MLA: dict[str, Any] = {
+    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+    "qk_head_dim": 16, "v_head_dim": 16, "head_dim": 8, "num_key_value_heads": 4,
+    "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+}
+
 # configs whose size keys must agree with each other (SHRINK alone breaks them)
 CONFIGS: dict[str, dict[str, Any]] = {
     "mamba2": dict(hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, expand=2,
@@ -155,7 +164,8 @@ def tiny_model(model_type: str, kind: str) -> Any:
                                    bos_token_id=1, eos_token_id=2, pad_token_id=0)
     else:
         base = AutoConfig.for_model(model_type)
-        shrink = {**SHRINK, **SHRINK_FOR.get(model_type, {})}
+        mla = SHRINK_MLA if hasattr(base, "kv_lora_rank") else {}
+        shrink = {**SHRINK, **mla, **SHRINK_FOR.get(model_type, {})}
         keys = {k: v for k, v in shrink.items() if v is not None and hasattr(base, k)}
         keys.update(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
         if "layer_types" in base.to_dict() and isinstance(base.layer_types, list):
