@@ -1075,7 +1075,9 @@ CODES: dict[str, CodeInfo] = {
         "cache fed back as a plain DynamicCache of its keys and values), a step generate() "
         "does not take (MiniCPM3 with fewer KV heads than query heads): a limit of "
         "onnxmedic's package for this model, not a fault of the model. The finding gives "
-        "PyTorch's error; --task text-generation exports the model without its cache.",
+        "PyTorch's error; --task text-generation exports the model without its cache. "
+        "text2text-generation-with-past: the same for the decoder step of an encoder-decoder "
+        "(ProphetNet's decoder takes one token per step with its cache).",
     ),
     "OM829": CodeInfo(
         "state cache: no genai_config.json", 0,

@@ -68,6 +68,15 @@ def no_start_token(model: Any, stage: str) -> Any:
                  "from).")
 
 
+def encoder_outputs(hidden: torch.Tensor) -> Any:
+    """The encoder's output as a model's forward takes it back (``encoder_outputs=``):
+    transformers' ``BaseModelOutput``, which a model reads by index (``[0]``) or by name
+    (ProphetNet's ``.last_hidden_state``, where a plain tuple raised AttributeError)."""
+    from transformers.modeling_outputs import BaseModelOutput
+
+    return BaseModelOutput(last_hidden_state=hidden)
+
+
 def hidden_size(model: Any) -> int:
     cfg = model.config
     return int(getattr(cfg, "d_model", None) or getattr(cfg, "hidden_size"))
@@ -93,7 +102,7 @@ class EncoderWithCross(torch.nn.Module):
         hidden = self.model.get_encoder()(**kw).last_hidden_state
         first = torch.full((features.shape[0], 1), self.start, dtype=torch.long,
                            device=features.device)
-        out = self.model(decoder_input_ids=first, encoder_outputs=(hidden,),
+        out = self.model(decoder_input_ids=first, encoder_outputs=encoder_outputs(hidden),
                          attention_mask=attention_mask, use_cache=True)
         return hidden, split_cache(out.past_key_values)[1]
 
@@ -129,7 +138,8 @@ class DecoderWithPast(torch.nn.Module):
         kw: dict[str, Any] = {}
         if self.takes_mask:
             kw["attention_mask"] = encoder_attention_mask
-        out = self.model(decoder_input_ids=input_ids, encoder_outputs=(placeholder,),
+        out = self.model(decoder_input_ids=input_ids,
+                         encoder_outputs=encoder_outputs(placeholder),
                          past_key_values=cache, use_cache=True, **kw)
         return out.logits, split_cache(out.past_key_values)[0]
 
