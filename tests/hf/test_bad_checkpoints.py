@@ -218,6 +218,16 @@ def test_model_object_without_the_task_head_is_om805():
     assert "feature-extraction" in res.errors[0].message
 
 
+def test_a_causal_lm_whose_config_has_no_use_cache_loads(hf_folder, out):
+    """OpenAI GPT keeps no cache and its config has no use_cache: its default task is
+    text-generation, and loading it does not hand use_cache=False to the model's __init__
+    (TypeError, refused as OM808: the folder was blamed)."""
+    res = onnxmedic.export_pretrained(hf_folder("openai-gpt"), out / "m.onnx")
+    assert res.ok and res.exit_code == 0, _codes(res)
+    said = next(f.message for f in res.findings if f.code == "OM809")
+    assert "task text-generation " in said, said
+
+
 def test_with_past_on_an_encoder_says_it_keeps_no_cache(hf_folder, out):
     """BERT has a causal-LM class (BertLMHeadModel), so the task passes the checkpoint's
     checks; loaded without is_decoder it returns no cache: OM817, not an internal error."""
