@@ -276,15 +276,29 @@ def _tiny_prophetnet():
     return ProphetNetForConditionalGeneration(cfg).eval()
 
 
-def test_encoder_output_is_passed_back_as_a_model_output():
-    """ProphetNet reads encoder_outputs.last_hidden_state: onnxmedic's encoder graph module
-    passes the encoder's output back as transformers' BaseModelOutput (a plain tuple raised
-    AttributeError, blamed on the model as OM100)."""
-    model = _tiny_prophetnet()
+def _tiny_switch():
+    from transformers import SwitchTransformersConfig, SwitchTransformersForConditionalGeneration
+
+    torch.manual_seed(0)
+    cfg = SwitchTransformersConfig(vocab_size=64, d_model=32, d_kv=16, d_ff=64, num_layers=2,
+                                   num_decoder_layers=2, num_heads=2, num_experts=2,
+                                   encoder_sparse_step=1, decoder_sparse_step=1,
+                                   pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    return SwitchTransformersForConditionalGeneration(cfg).eval()
+
+
+@pytest.mark.parametrize("make", [_tiny_prophetnet, _tiny_switch])
+def test_encoder_output_is_passed_back_as_a_model_output(make):
+    """ProphetNet reads encoder_outputs.last_hidden_state, Switch Transformers (and NLLB-MoE)
+    .router_logits: onnxmedic's encoder graph module passes the encoder's output back as
+    transformers' MoEModelOutput (a plain tuple raised AttributeError, blamed on the model as
+    OM100)."""
+    model = make()
     ids = torch.randint(3, 64, (2, 5))
     with torch.no_grad():
         hidden, cross = seq2seq.EncoderWithCross(model, 0)(ids, torch.ones_like(ids))
-    assert hidden.shape == (2, 5, 32) and len(cross) == 2
+    assert hidden.shape == (2, 5, 32)
+    assert len(cross) == 2 * model.config.num_decoder_layers  # a key and a value per layer
 
 
 def test_pytorch_raising_on_the_decoder_step_blames_onnxmedics_inputs():

@@ -70,11 +70,13 @@ def no_start_token(model: Any, stage: str) -> Any:
 
 def encoder_outputs(hidden: torch.Tensor) -> Any:
     """The encoder's output as a model's forward takes it back (``encoder_outputs=``):
-    transformers' ``BaseModelOutput``, which a model reads by index (``[0]``) or by name
-    (ProphetNet's ``.last_hidden_state``, where a plain tuple raised AttributeError)."""
-    from transformers.modeling_outputs import BaseModelOutput
+    transformers' ``MoEModelOutput`` (a ``BaseModelOutput`` with the routers' fields, None
+    here), which a model reads by index (``[0]``) or by name (ProphetNet's
+    ``.last_hidden_state``, Switch Transformers' and NLLB-MoE's ``.router_logits``, where a
+    plain tuple raised AttributeError)."""
+    from transformers.modeling_outputs import MoEModelOutput
 
-    return BaseModelOutput(last_hidden_state=hidden)
+    return MoEModelOutput(last_hidden_state=hidden)
 
 
 def hidden_size(model: Any) -> int:
