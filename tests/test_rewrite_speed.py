@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from onnxscript import optimizer, rewriter
@@ -101,3 +102,62 @@ def test_root_filter_gives_the_same_graph_and_tries_each_rule_on_its_op_only(mon
     assert fast.graph == slow.graph
     assert fast_tries * 10 < slow_tries
     assert not any(type(r).__name__ == "RootFiltered" for r in rewriter._DEFAULT_REWRITE_RULES)
+
+
+def _near_identity_model() -> onnx.ModelProto:
+    """y = ((x + 1e-8) * 1.000005 - 1e-9) / 1.000001 + 0, then * 1: the last two are no-ops,
+    the first four are not (an RMSNorm's epsilon of 1e-8, Helium's; scales near 1)."""
+    consts = {"eps": 1e-8, "s": 1.000005, "e9": 1e-9, "d": 1.000001, "zero": 0.0, "one": 1.0}
+    inits = [numpy_helper.from_array(np.array(v, dtype=np.float32), n) for n, v in consts.items()]
+    nodes = [helper.make_node("Add", ["x", "eps"], ["a"]),
+             helper.make_node("Mul", ["s", "a"], ["b"]),
+             helper.make_node("Sub", ["b", "e9"], ["c"]),
+             helper.make_node("Div", ["c", "d"], ["e"]),
+             helper.make_node("Add", ["zero", "e"], ["f"]),
+             helper.make_node("Mul", ["f", "one"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "near", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_no_op_rules_remove_only_exact_zero_and_one():
+    """onnxscript's own rules take 1e-8 for 0 and 1.000005 for 1 (math.isclose's default
+    tolerances) and drop those ops; within sibling_slices only the exact + 0 and * 1 go."""
+    proto = _near_identity_model()
+    loose = [n.op_type for n in _optimized(proto, fast=False).graph.node]
+    assert loose.count("Add") + loose.count("Mul") < 2  # onnxscript's: the epsilon is gone
+    kept = _optimized(proto, fast=True)
+    assert [n.op_type for n in kept.graph.node] == ["Add", "Mul", "Sub", "Div"]
+    x = np.full(4, 3e-4, dtype=np.float32)
+    import onnxruntime as ort
+
+    got = ort.InferenceSession(kept.SerializeToString(),
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ((x.astype(np.float64) + 1e-8) * 1.000005 - 1e-9) / 1.000001
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert rewriter._DEFAULT_REWRITE_RULES[0]._target_pattern.output_nodes[0].inputs[
+        1]._abs_tol > 0  # onnxscript's own rules are back after the block
+
+
+class _RMSNorm(torch.nn.Module):
+    """Helium's RMSNorm: float32 variance plus an epsilon of 1e-8, on activations of a
+    model's scale (variance ~4e-4, where 1e-8 is 2.5e-5 of it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(variance + 1e-8)
+
+
+@pytest.mark.slow  # an export with its verification (~10 s); the rule's own test is above
+def test_rmsnorm_epsilon_of_1e8_is_kept_and_verifies(tmp_path):
+    """onnxmedic.export of an RMSNorm with eps 1e-8 verifies: without the exact no-op rules the
+    optimizer dropped the epsilon and the output was refused (OM601, ~25x PyTorch's float32
+    error)."""
+    import onnxmedic
+
+    x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(0)) * 0.02
+    res = onnxmedic.export(_RMSNorm().eval(), (x,), tmp_path / "rms.onnx")
+    assert res.ok, [f.code for f in res.findings]
+    adds = [n for n in onnx.load(tmp_path / "rms.onnx").graph.node if n.op_type == "Add"]
+    assert adds, "the epsilon's Add was optimized away"

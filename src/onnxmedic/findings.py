@@ -997,8 +997,9 @@ CODES: dict[str, CodeInfo] = {
     "OM817": CodeInfo(
         "model cannot serve the task", 1,
         "text-generation-with-past needs a decoder-only model with a language-model head "
-        "(AutoModelForCausalLM); an encoder, an encoder-decoder or a model without generate() "
-        "cannot serve it.",
+        "(AutoModelForCausalLM) that keeps a cache; an encoder, an encoder-decoder or a model "
+        "without generate() cannot serve it. An encoder's causal-LM class that keeps no cache "
+        "(is_decoder=False) exports with --task text-generation.",
     ),
     "OM818": CodeInfo(
         "generation package not written", 1,
@@ -1061,7 +1062,8 @@ CODES: dict[str, CodeInfo] = {
         "cache layers the package cannot carry", 1,
         "text-generation-with-past: the model's own cache holds layers that the package's "
         "cache cannot carry: several states in one layer, a sliding-window attention cache "
-        "beside a state, or a layer with neither keys nor a state. (Keys and values, and one "
+        "beside a state, a sparse attention's indexer keys beside the keys and values "
+        "(AXK2, DeepSeek-V3.2), or a layer with neither keys nor a state. (Keys and values, and one "
         "convolution and one state-space state per layer, are carried: LFM2, Mamba, Mamba-2, "
         "Falcon-H1.) Nothing is exported; --task text-generation (no cache) exports the "
         "model.",
@@ -1073,7 +1075,9 @@ CODES: dict[str, CodeInfo] = {
         "cache fed back as a plain DynamicCache of its keys and values), a step generate() "
         "does not take (MiniCPM3 with fewer KV heads than query heads): a limit of "
         "onnxmedic's package for this model, not a fault of the model. The finding gives "
-        "PyTorch's error; --task text-generation exports the model without its cache.",
+        "PyTorch's error; --task text-generation exports the model without its cache. "
+        "text2text-generation-with-past: the same for the decoder step of an encoder-decoder "
+        "(ProphetNet's decoder takes one token per step with its cache).",
     ),
     "OM829": CodeInfo(
         "state cache: no genai_config.json", 0,

@@ -26,6 +26,13 @@ with onnxscript's simple matcher), so every rule that can match is tried as befo
 same order. Only when onnxscript is asked to trace or print its matching is every rule tried
 in full (its trace lists the failures too). Anything unexpected in onnxscript's module (a
 release without the rule, another matcher API) leaves its rules as they are.
+
+Within the same block the no-op rules (``x * 1``, ``1 * x``, ``x + 0``, ``0 + x``, ``x - 0``,
+``x / 1`` -> ``x``) match only an exact 0 or 1: onnxscript's constant patterns take a value
+within ``math.isclose(rel_tol=1e-5, abs_tol=1e-8)`` of 0 or 1 as that value, so its optimizer
+dropped an RMSNorm's ``variance + 1e-08`` (Helium's ``rms_norm_eps``: ONNX Runtime's logits
+35x PyTorch's float32 error, refused OM402) and would drop a scale of 1.000005.
+:func:`exact_no_ops` swaps them for the same rules on exact constants.
 """
 
 from __future__ import annotations
@@ -160,17 +167,57 @@ def _sibling_rule(rules: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+NO_OPS = ("Mul", "Add", "Sub", "Div")  # the arithmetic no-op rules' root ops
+
+
+def exact_no_ops(rules: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``rules`` with onnxscript's arithmetic no-op rules (its ``_no_op`` module's on Mul,
+    Add, Sub, Div) replaced, in place of the first, by the same rules whose constant matches
+    only exactly 0 or 1 (as they are where ``rules`` has not the six)."""
+    from onnxscript.rewriter import _pattern_ir, _rewrite_rule
+    from onnxscript.rewriter.rules.common import _no_op
+
+    def exact(value: int) -> Any:
+        return _pattern_ir.Constant(value, rel_tol=0.0, abs_tol=0.0)
+
+    def mul_by_1(op: Any, x: Any) -> Any:
+        return op.Mul(x, exact(1))
+
+    def add_0(op: Any, x: Any) -> Any:
+        return op.Add(x, exact(0))
+
+    def sub_0(op: Any, x: Any) -> Any:
+        return op.Sub(x, exact(0))
+
+    def div_by_1(op: Any, x: Any) -> Any:
+        return op.Div(x, exact(1))
+
+    loose = [r for r in _no_op.rules.rules
+             if r._target_pattern.output_nodes[0].op.value() in NO_OPS]
+    at = [i for i, r in enumerate(rules) if any(r is lo for lo in loose)]
+    if len(loose) != 6 or len(at) != 6:
+        return rules
+    rule = _rewrite_rule.RewriteRule
+    strict = [*rule(mul_by_1, _no_op.identity).commute(),
+              *rule(add_0, _no_op.identity).commute(),
+              rule(sub_0, _no_op.identity), rule(div_by_1, _no_op.identity)]
+    out = [r for i, r in enumerate(rules) if i not in at]
+    out[at[0]:at[0]] = strict
+    return tuple(out)
+
+
 def _fast_rules(rules: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``rules`` with SlicesSplit's rule on the sibling matcher and each rule that can be
-    behind :class:`RootFiltered`."""
-    return tuple(root_filtered(r) for r in _sibling_rule(rules))
+    """``rules`` with SlicesSplit's rule on the sibling matcher, the no-op rules on exact
+    constants (:func:`exact_no_ops`) and each rule that can be behind :class:`RootFiltered`."""
+    return tuple(root_filtered(r) for r in _sibling_rule(exact_no_ops(rules)))
 
 
 @contextlib.contextmanager
 def sibling_slices() -> Iterator[None]:
     """Within the block, onnxscript's optimizer (``optimize_ir``, which reads its default
-    rules when called) matches SlicesSplit among the readers of one value and tries each rule
-    only on nodes of its pattern's root op (see the module docstring)."""
+    rules when called) matches SlicesSplit among the readers of one value, removes ``x + 0``
+    and its kin only for an exact 0 or 1, and tries each rule only on nodes of its pattern's
+    root op (see the module docstring)."""
     try:
         from onnxscript import rewriter
 

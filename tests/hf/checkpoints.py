@@ -33,6 +33,9 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "gpt2": ("gpt2", "AutoModelForCausalLM",
              dict(n_embd=32, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=64,
                   bos_token_id=0, eos_token_id=0)),
+    # a causal LM that keeps no cache (its config has no use_cache): text-generation
+    "openai-gpt": ("openai-gpt", "AutoModelForCausalLM",
+                   dict(n_embd=32, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=64)),
     # decoders whose cache holds more than keys and values: LFM2's convolution state,
     # Falcon-H1's Mamba-2 states beside its keys and values
     "lfm2": ("lfm2", "AutoModelForCausalLM",

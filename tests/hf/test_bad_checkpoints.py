@@ -218,6 +218,16 @@ def test_model_object_without_the_task_head_is_om805():
     assert "feature-extraction" in res.errors[0].message
 
 
+def test_a_causal_lm_whose_config_has_no_use_cache_loads(hf_folder, out):
+    """OpenAI GPT keeps no cache and its config has no use_cache: its default task is
+    text-generation, and loading it does not hand use_cache=False to the model's __init__
+    (TypeError, refused as OM808: the folder was blamed)."""
+    res = onnxmedic.export_pretrained(hf_folder("openai-gpt"), out / "m.onnx")
+    assert res.ok and res.exit_code == 0, _codes(res)
+    said = next(f.message for f in res.findings if f.code == "OM809")
+    assert "task text-generation " in said, said
+
+
 def test_with_past_on_an_encoder_says_it_keeps_no_cache(hf_folder, out):
     """BERT has a causal-LM class (BertLMHeadModel), so the task passes the checkpoint's
     checks; loaded without is_decoder it returns no cache: OM817, not an internal error."""
@@ -226,6 +236,8 @@ def test_with_past_on_an_encoder_says_it_keeps_no_cache(hf_folder, out):
     assert not res.ok and _codes(res) == ["OM817"] and res.exit_code == 1
     assert "returns no KV cache" in res.errors[0].message
     assert "is_decoder=False" in res.errors[0].message
+    # the task that serves it (BigBird's tiny checkpoint verifies with it, family sweep)
+    assert "--task text-generation " in res.errors[0].suggestion
     assert list(out.iterdir()) == []
 
 
@@ -302,6 +314,36 @@ def test_state_layers_the_package_cannot_carry_are_om827(tmp_path):
     assert "2 states per layer" in said.message
     assert "--task text-generation" in said.suggestion
     assert generation.unsupported_states(DynamicCache()) == []
+
+
+def test_indexer_keys_of_a_sparse_attention_cache_are_om827():
+    """transformers' DynamicIndexedLayer (AXK2, DeepSeek-V3.2, GLM-MoE-DSA) holds a sparse
+    attention's indexer keys beside its keys and values; the package has no entry for them:
+    refused before any export with the layer named (was OM828 in the decoder step, the
+    model's update_indexer raising on onnxmedic's plain DynamicCache)."""
+    from types import SimpleNamespace
+
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicIndexedLayer
+
+    from onnxmedic.hf import generation
+
+    layer = DynamicIndexedLayer()
+    layer.update(torch.zeros(1, 2, 2, 16), torch.zeros(1, 2, 2, 16))
+    layer.update_indexer(torch.zeros(1, 2, 8))
+    cache = DynamicCache()
+    cache.layers = [layer]
+
+    class Indexed(torch.nn.Module):
+        config = SimpleNamespace(vocab_size=10)
+
+        def forward(self, **kw):
+            return SimpleNamespace(past_key_values=cache)
+
+    said = generation.cache_problem(Indexed())
+    assert said is not None and said.code == "OM827", said
+    assert "0 DynamicIndexedLayer: indexer_keys [1, 2, 8]" in said.message
+    assert "--task text-generation" in said.suggestion
 
 
 def test_a_layer_that_needs_no_cache_is_carried_as_nothing():

@@ -35,6 +35,16 @@ def test_the_table_round_trips_through_the_rows():
         "transformers.exporters correct 1" in text
 
 
+def test_a_timeout_is_named_under_the_totals():
+    """A row past the timeout is in no column of the totals: the line under them names it."""
+    row = {"family": "led", "kind": "seq2seq", "outcome": "timeout", "codes": [],
+           "first": "", "seconds": 240.0}
+    assert "neither verified nor refused: none" in family_sweep.table(ROWS, "cmd", [])
+    text = family_sweep.table([*ROWS, row], "cmd", [])
+    assert "neither verified nor refused: led (timeout)" in text
+    assert family_sweep.rows_from_table(text)["led"] == row
+
+
 def test_a_run_resumes_from_the_rows_file(tmp_path, monkeypatch):
     rows = tmp_path / "rows.jsonl"
     monkeypatch.setattr(family_sweep, "RESULTS", rows)

@@ -99,9 +99,11 @@ def has_states(spec: CacheSpec | None) -> bool:
 def unsupported_states(cache: Any) -> list[str]:
     """The state layers of ``cache`` the package cannot carry ("0 LinearAttentionLayer:
     conv_states [2, 64, 3]", with the reason): several states in one layer, a sliding
-    window beside states, a layer holding neither keys nor a state (but transformers'
-    ``DummyLayer``, which a layer keeps that needs no cache: an MLP or MoE layer of a hybrid
-    such as Nemotron-H; the package has no entry for it)."""
+    window beside states, a sparse attention's indexer keys beside the keys and values
+    (transformers' ``DynamicIndexedLayer``: AXK2, DeepSeek-V3.2, GLM-MoE-DSA), a layer
+    holding neither keys nor a state (but transformers' ``DummyLayer``, which a layer keeps
+    that needs no cache: an MLP or MoE layer of a hybrid such as Nemotron-H; the package has
+    no entry for it)."""
     said = []
     for i, layer in enumerate(getattr(cache, "layers", None) or []):
         if type(layer).__name__ == "DummyLayer":
@@ -109,7 +111,11 @@ def unsupported_states(cache: Any) -> list[str]:
         states = _layer_states(layer)
         kv = isinstance(getattr(layer, "keys", None), torch.Tensor)
         what = f"{i} {type(layer).__name__}: {', '.join(f'{n} {s}' for n, s in states)}"
-        if getattr(layer, "number_of_states", 1) > 1:
+        indexer = getattr(layer, "indexer_keys", None)
+        if isinstance(indexer, torch.Tensor) and indexer.numel():
+            said.append(f"{i} {type(layer).__name__}: indexer_keys {list(indexer.shape)} (a "
+                        "sparse attention's indexer key cache beside the keys and values)")
+        elif getattr(layer, "number_of_states", 1) > 1:
             said.append(f"{what} ({layer.number_of_states} states per layer)")
         elif states and type(layer).__name__ in SLIDING:
             said.append(f"{what} (a sliding-window attention cache beside the states)")
@@ -237,17 +243,25 @@ def _not_a_decoder(model: Any) -> str | None:
     return None
 
 
-def _cannot_serve(why: str) -> Any:
+NO_CACHE_SUGGESTION = (
+    "Export it without a cache: --task text-generation (task='text-generation': the logits of "
+    "the whole sequence, which each generation step recomputes), as PyTorch's generate() runs "
+    "a model that keeps none; or, if it was trained as a decoder, set is_decoder=True in its "
+    "config so that it attends causally and keeps a cache.")
+
+
+def _cannot_serve(why: str, suggestion: str | None = None) -> Any:
     return error("OM817", "preflight", f"cannot export for text-generation-with-past: {why}.",
-                 suggestion="Load the checkpoint with transformers.AutoModelForCausalLM, or "
-                 "pick a task the model serves (feature-extraction for an encoder).")
+                 suggestion=suggestion or "Load the checkpoint with "
+                 "transformers.AutoModelForCausalLM, or pick a task the model serves "
+                 "(feature-extraction for an encoder).")
 
 
 def cache_problem(model: Any) -> Any:
     """The finding when ``model``'s own cache cannot be the package's (None when it can): the
     model's own forward with its cache raises (OM830), no KV cache at all (OM817: an encoder
     loaded with a language-model head, BERT's BertLMHeadModel without is_decoder, attends both
-    ways and keeps none), or state layers the package cannot carry (OM827:
+    ways and keeps none), or layers the package cannot carry (OM827, indexer keys included:
     :func:`unsupported_states`). Convolution and state-space states are carried
     (past.{i}.conv / .recurrent, one token per step)."""
     ids = torch.full((1, 2), min(4, int(model.config.vocab_size) - 1), dtype=torch.int64)
@@ -285,7 +299,7 @@ def cache_problem(model: Any) -> Any:
             if getattr(model.config, "is_decoder", None) is False else "")
     return _cannot_serve(f"{type(model).__name__} returns no KV cache when called with "
                          f"use_cache=True{hint}; text-generation-with-past feeds the cache "
-                         "back at each step")
+                         "back at each step", NO_CACHE_SUGGESTION)
 
 
 def example_step(model: torch.nn.Module, vocab: int | None = None

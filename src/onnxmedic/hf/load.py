@@ -129,7 +129,10 @@ def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
     if tokenizer is None and _needs_text(task, model_type):
         raise _err("OM806", f"the tokenizer of {ckpt.spec} cannot be loaded (see the log).",
                    "Save it again with tokenizer.save_pretrained(folder).")
-    extra = {"use_cache": False} if task == "text-generation" else {}
+    # no cache for one forward pass; a config without use_cache (OpenAI GPT's, a model that
+    # keeps none) would hand it to the model's __init__, which raises TypeError (was OM808)
+    extra = ({"use_cache": False} if task == "text-generation" and "use_cache" in ckpt.config
+             else {})
     model = checkpoint.load_model(ckpt, tasks.auto_class(task, ckpt.config), dtype, trust, extra)
     kind = {"audio": "audio"}.get(TASKS[task].modality if task in TASKS else "", "")
     if task.startswith("automatic-speech-recognition"):

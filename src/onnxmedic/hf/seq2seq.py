@@ -65,6 +65,7 @@ from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
     decoder_module,
     default_processor,
     encoder_inputs,
+    encoder_outputs,
     hidden_size,
     interleave,
     main_input,
@@ -96,7 +97,8 @@ def decoder_example(model: torch.nn.Module, enc: dict[str, torch.Tensor], start:
         hidden, cross = EncoderWithCross(model, start)(enc[main_input(model)], mask)
         out = DecoderWithPast(model, mask is not None).step(
             ids[:, :1], mask, interleave([c[:, :, :0] for c in cross], cross))
-        past_out = model(decoder_input_ids=ids[:, :EXAMPLE_PAST], encoder_outputs=(hidden,),
+        past_out = model(decoder_input_ids=ids[:, :EXAMPLE_PAST],
+                         encoder_outputs=encoder_outputs(hidden),
                          attention_mask=mask, use_cache=True).past_key_values
     del out
     selfs = [t.detach().clone() for t in split_cache(past_out)[0]]
@@ -163,8 +165,27 @@ def _export_one(result: ExportResult, which: str, module: torch.nn.Module, args:
 
     sub = export(module.eval(), args, path, dynamic_shapes=shapes, opset=opset,
                  timeout=timeout, model_spec=f"{type(module.model).__name__} {which}")
+    if which == "decoder":
+        sub.findings[:] = [_our_step_inputs(f, module.model) for f in sub.findings]
     merge_graph(result, sub, CROSS_RULE, which)
     return sub
+
+
+def _our_step_inputs(finding: Any, model: Any) -> Any:
+    """The decoder graph's finding, blaming onnxmedic's step inputs where PyTorch raised on
+    them (OM100 -> OM828): the encoder ran before; the inputs that fail are the example
+    step onnxmedic built (ProphetNet's decoder takes one token per step with its cache)."""
+    if finding.code != "OM100":
+        return finding
+    exception = finding.details.get("exception", finding.message)
+    return error(
+        "OM828", finding.stage, "PyTorch raised on the decoder step's example inputs that "
+        f"onnxmedic built for {type(model).__name__}: {EXAMPLE_NEW} new decoder tokens after "
+        f"a past of {EXAMPLE_PAST} with the encoder's cross-attention cache "
+        f"({finding.details.get('inputs', '')}): {exception}. These inputs are onnxmedic's, "
+        "not yours: its encoder-decoder package takes several tokens per decoder step.",
+        location=finding.location, suggestion="Report the family to onnxmedic with this "
+        "finding; serve the model with PyTorch meanwhile.", details=dict(finding.details))
 
 
 def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, processor: Any,

@@ -68,6 +68,17 @@ def no_start_token(model: Any, stage: str) -> Any:
                  "from).")
 
 
+def encoder_outputs(hidden: torch.Tensor) -> Any:
+    """The encoder's output as a model's forward takes it back (``encoder_outputs=``):
+    transformers' ``MoEModelOutput`` (a ``BaseModelOutput`` with the routers' fields, None
+    here), which a model reads by index (``[0]``) or by name (ProphetNet's
+    ``.last_hidden_state``, Switch Transformers' and NLLB-MoE's ``.router_logits``, where a
+    plain tuple raised AttributeError)."""
+    from transformers.modeling_outputs import MoEModelOutput
+
+    return MoEModelOutput(last_hidden_state=hidden)
+
+
 def hidden_size(model: Any) -> int:
     cfg = model.config
     return int(getattr(cfg, "d_model", None) or getattr(cfg, "hidden_size"))
@@ -93,7 +104,7 @@ class EncoderWithCross(torch.nn.Module):
         hidden = self.model.get_encoder()(**kw).last_hidden_state
         first = torch.full((features.shape[0], 1), self.start, dtype=torch.long,
                            device=features.device)
-        out = self.model(decoder_input_ids=first, encoder_outputs=(hidden,),
+        out = self.model(decoder_input_ids=first, encoder_outputs=encoder_outputs(hidden),
                          attention_mask=attention_mask, use_cache=True)
         return hidden, split_cache(out.past_key_values)[1]
 
@@ -129,7 +140,8 @@ class DecoderWithPast(torch.nn.Module):
         kw: dict[str, Any] = {}
         if self.takes_mask:
             kw["attention_mask"] = encoder_attention_mask
-        out = self.model(decoder_input_ids=input_ids, encoder_outputs=(placeholder,),
+        out = self.model(decoder_input_ids=input_ids,
+                         encoder_outputs=encoder_outputs(placeholder),
                          past_key_values=cache, use_cache=True, **kw)
         return out.logits, split_cache(out.past_key_values)[0]
 
