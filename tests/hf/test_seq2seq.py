@@ -311,8 +311,8 @@ def test_pytorch_raising_on_the_decoder_step_blames_onnxmedics_inputs():
                    details={"exception": "AssertionError: At the moment `use_cache` is only "
                             "supported for `decoder_input_ids` of length 1",
                             "inputs": "args[0]: int64[2x3]"})
-    said = seq2seq._our_step_inputs(raised, _tiny_prophetnet())
+    said = seq2seq.our_step_inputs(raised, _tiny_prophetnet())
     assert said.code == "OM828" and "ProphetNetForConditionalGeneration" in said.message
     assert "onnxmedic's, not yours" in said.message and "length 1" in said.message
     other = error("OM601", "verify", "differs")
-    assert seq2seq._our_step_inputs(other, None) is other
+    assert seq2seq.our_step_inputs(other, None) is other

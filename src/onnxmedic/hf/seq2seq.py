@@ -166,12 +166,12 @@ def _export_one(result: ExportResult, which: str, module: torch.nn.Module, args:
     sub = export(module.eval(), args, path, dynamic_shapes=shapes, opset=opset,
                  timeout=timeout, model_spec=f"{type(module.model).__name__} {which}")
     if which == "decoder":
-        sub.findings[:] = [_our_step_inputs(f, module.model) for f in sub.findings]
+        sub.findings[:] = [our_step_inputs(f, module.model) for f in sub.findings]
     merge_graph(result, sub, CROSS_RULE, which)
     return sub
 
 
-def _our_step_inputs(finding: Any, model: Any) -> Any:
+def our_step_inputs(finding: Any, model: Any) -> Any:
     """The decoder graph's finding, blaming onnxmedic's step inputs where PyTorch raised on
     them (OM100 -> OM828): the encoder ran before; the inputs that fail are the example
     step onnxmedic built (ProphetNet's decoder takes one token per step with its cache)."""
