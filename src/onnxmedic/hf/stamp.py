@@ -37,7 +37,6 @@ while stamping; then the verification's (hf/stream.py: one layer, one ONNX Runti
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -582,31 +581,13 @@ def stamp_road(model: Any, task: str | None, *, dtype: str, verify: bool, opset:
     than ``"builder"`` (which refuses such a family: OM838)."""
     from onnxmedic.hf import builder
     from onnxmedic.hf.checkpoint import TOKENIZER_FILES
-    from onnxmedic.hf.tasks import detect_task
-    from onnxmedic.hf.transforms.stream_int4 import STREAM_FROM, TASK, weight_bytes
+    from onnxmedic.hf.transforms.stream_int4 import large_folder
 
     if not isinstance(model, (str, os.PathLike)) or dtype != "fp32" or not verify or \
             opset is not None or backend == "builder" or remote_code or \
             options.get("optimize") or options.get("precision") not in (None, "fp32", "int4"):
         return None
-    name = str(model)
-    folder = Path(name[3:] if name.startswith("hf:") else name)
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if config.get("model_type") not in FAMILIES or weight_bytes(folder) < STREAM_FROM or \
-            not any((folder / n).is_file() for n in TOKENIZER_FILES) or \
-            task not in (None, TASK) or detect_task(config, folder) != TASK or \
-            (config.get("architectures") or ["?"])[0] in builder.served():
-        return None
-    from transformers import AutoConfig
-
-    try:
-        why = stamp_problem(AutoConfig.from_pretrained(str(folder)))
-    except (OSError, ValueError) as e:
-        why = str(e)
-    if why is not None:
-        logger.info("export does not stamp %s: %s", folder, why)
-        return None
-    return folder
+    return large_folder(model, task, lambda config, folder: config.get("model_type") in FAMILIES
+                        and any((folder / n).is_file() for n in TOKENIZER_FILES)
+                        and (config.get("architectures") or ["?"])[0] not in builder.served(),
+                        stamp_problem, "export does not stamp")

@@ -424,11 +424,23 @@ def streamed_road(model: Any, task: str | None, *, dtype: str, verify: bool, ops
     opset asked for, no remote code and a backend other than ``"export"``."""
     from onnxmedic.hf import builder
     from onnxmedic.hf.stream import streamable
-    from onnxmedic.hf.tasks import detect_task
 
     if not isinstance(model, (str, os.PathLike)) or dtype != "fp32" or not verify or \
             opset is not None or backend == "export" or remote_code:
         return None
+    return large_folder(model, task, lambda config, folder: builder.available() and (
+        config.get("architectures") or ["?"])[0] in builder.served(), streamable,
+        "export's int4 does not stream")
+
+
+def large_folder(model: Any, task: str | None, takes: Any, problem: Any,
+                 why_not: str) -> Path | None:
+    """The checkpoint folder that ``model`` (a folder, ``hf:`` prefix optional) names, where
+    its safetensors hold at least :data:`STREAM_FROM` bytes, it is a causal LM for ``task``
+    (None or :data:`TASK`), ``takes(config_dict, folder)`` holds and ``problem(config)`` (its
+    transformers config) says None; else None (``why_not``: the log line's start)."""
+    from onnxmedic.hf.tasks import detect_task
+
     name = str(model)
     folder = Path(name[3:] if name.startswith("hf:") else name)
     try:
@@ -436,17 +448,16 @@ def streamed_road(model: Any, task: str | None, *, dtype: str, verify: bool, ops
     except (OSError, ValueError):
         return None
     if weight_bytes(folder) < STREAM_FROM or task not in (None, TASK) or \
-            detect_task(config, folder) != TASK or not builder.available() or \
-            (config.get("architectures") or ["?"])[0] not in builder.served():
+            detect_task(config, folder) != TASK or not takes(config, folder):
         return None
     from transformers import AutoConfig
 
     try:
-        why = streamable(AutoConfig.from_pretrained(str(folder)))
+        why = problem(AutoConfig.from_pretrained(str(folder)))
     except (OSError, ValueError) as e:
         why = str(e)
     if why is not None:
-        logger.info("export's int4 does not stream %s: %s", folder, why)
+        logger.info("%s %s: %s", why_not, folder, why)
         return None
     return folder
 
