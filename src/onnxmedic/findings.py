@@ -1096,6 +1096,14 @@ CODES: dict[str, CodeInfo] = {
         "layer (transformers' cache then cannot say its length). generate() raises the same; "
         "nothing is exported. The finding gives PyTorch's error.",
     ),
+    "OM831": CodeInfo(
+        "tokenizer gives ids the model has no embedding for", 1,
+        "The checkpoint's tokenizer turns the verification's prompts into token ids at or "
+        "beyond the model's vocab_size (its embedding's rows): the tokenizer and the weights "
+        "do not belong together (a tokenizer with a larger vocabulary, or a config whose "
+        "vocab_size was not updated after tokens were added). PyTorch itself cannot run such "
+        "ids; nothing is written. The finding names the ids and the vocabulary sizes.",
+    ),
     # OM835-OM849: generation packages made fast in one command (hf/generation.py)
     "OM835": CodeInfo(
         "package not optimized", 0,

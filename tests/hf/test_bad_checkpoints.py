@@ -534,3 +534,36 @@ def test_cli_flag_misuse_is_exit_2(argv, capsys):
         main(argv)
     assert e.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_a_tokenizer_beyond_the_models_vocabulary_is_om831():
+    """Prompt ids at or beyond the model's vocab_size (a tokenizer that is not the model's)
+    are the checkpoint's OM831, not PyTorch's IndexError inside generate (OM009)."""
+    from onnxmedic.findings import InputError
+    from onnxmedic.hf.gen_verify import prompt_ids
+    from tests.hf import checkpoints
+
+    tok = checkpoints.tokenizer("bpe")
+    assert prompt_ids(tok, ["the cat"], len(tok))  # its own vocabulary: ids as they are
+    with pytest.raises(InputError) as e:
+        prompt_ids(tok, ["The quick brown fox jumps over the lazy dog"], 8)
+    f = e.value.finding
+    assert f.code == "OM831" and "vocab_size 8" in f.message and f.details["tokenizer_size"] == len(tok)
+    assert prompt_ids(None, ["no tokenizer"], 8)[0]  # seeded ids stay inside the vocabulary
+    assert max(prompt_ids(None, ["no tokenizer"], 8)[0]) < 8
+
+
+@pytest.mark.slow
+def test_export_with_a_tokenizer_beyond_the_vocabulary_writes_nothing(tmp_path, out):
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from tests.hf import checkpoints
+
+    torch.manual_seed(0)
+    tok = checkpoints.tokenizer("bpe")
+    cfg = GPT2Config(vocab_size=len(tok) - 32, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "ckpt")
+    tok.save_pretrained(tmp_path / "ckpt")
+    res = onnxmedic.export_pretrained(tmp_path / "ckpt", out / "pkg")
+    assert not res.ok and "OM831" in _codes(res) and "OM009" not in _codes(res)
+    assert res.exit_code == 1 and list(out.iterdir()) == []

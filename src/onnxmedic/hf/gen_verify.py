@@ -108,6 +108,18 @@ def prompt_ids(tokenizer: Any, prompts: Any, vocab: int) -> list[list[int]]:
             ids = torch.randint(min(4, vocab - 1), vocab, (7 + i,), generator=g).tolist()
         else:
             ids = [int(t) for t in p]
+        if tokenizer is not None and isinstance(p, str) and max(ids, default=0) >= vocab:
+            from onnxmedic.findings import InputError
+
+            raise InputError(error(
+                "OM831", "inputs", f"the checkpoint's tokenizer gives the prompt {p!r} the "
+                f"ids {sorted({t for t in ids if t >= vocab})[:8]}, at or beyond the model's "
+                f"vocab_size {vocab} (the tokenizer has {len(tokenizer)} tokens): the tokenizer "
+                "and the weights do not belong together, and PyTorch cannot run these ids.",
+                suggestion="Save the tokenizer the model was trained with beside its weights, "
+                "or resize the model's embeddings to the tokenizer "
+                "(model.resize_token_embeddings(len(tokenizer))) before save_pretrained.",
+                details={"vocab_size": vocab, "tokenizer_size": len(tokenizer)}))
         out.append(ids or [0])
     return out
 
