@@ -136,6 +136,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
                        moe_shared_expert_intermediate_size=64),
     "falcon_mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
                          conv_kernel=4),
+    # transformers' default Lfm2MoeConfig has no layer_types (its __init__ then raises); the
+    # released LFM2-8B-A1B's pattern: convolution layers and attention ones, dense ones first
+    "lfm2_moe": dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                     num_key_value_heads=2, intermediate_size=128, moe_intermediate_size=32,
+                     num_experts=4, num_experts_per_tok=2, num_dense_layers=1,
+                     layer_types=["conv", "full_attention", "conv"]),
 }
 
 
