@@ -364,6 +364,10 @@ def test_a_layer_that_needs_no_cache_is_carried_as_nothing():
     cache.layers = [state, LinearAttentionLayer()]
     assert generation.unsupported_states(cache) == [
         "1 LinearAttentionLayer: no keys and no state"]
+    kv = DynamicCache([(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))])
+    kv.layers.append(DummyLayer())  # Gemma 3n: a layer reading an earlier layer's keys (OM009)
+    said = generation.unsupported_states(kv)
+    assert len(said) == 1 and said[0].startswith("1 DummyLayer") and "KV sharing" in said[0]
 
 
 def test_a_model_whose_own_cache_raises_is_om830(hf_folder, out):

@@ -316,3 +316,23 @@ def test_pytorch_raising_on_the_decoder_step_blames_onnxmedics_inputs():
     assert "onnxmedic's, not yours" in said.message and "length 1" in said.message
     other = error("OM601", "verify", "differs")
     assert seq2seq.our_step_inputs(other, None) is other
+
+
+def test_the_encoders_width_is_read_from_a_nested_config():
+    """EncoderDecoderModel's, T5Gemma's and T5Gemma 2's configs keep the width in their
+    encoder's config (the top one has no hidden_size: AttributeError, OM009 before)."""
+    from types import SimpleNamespace
+
+    from transformers import BertConfig, EncoderDecoderConfig, T5Config
+
+    from onnxmedic.hf.seq2seq_modules import hidden_size
+
+    enc = BertConfig(hidden_size=48, num_hidden_layers=1, num_attention_heads=2)
+    dec = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
+    nested = EncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)
+    assert hidden_size(SimpleNamespace(config=nested)) == 48  # the encoder's, not the decoder's
+    assert hidden_size(SimpleNamespace(config=T5Config(d_model=40))) == 40
+    deeper = SimpleNamespace(encoder=SimpleNamespace(text_config=SimpleNamespace(hidden_size=24)))
+    assert hidden_size(SimpleNamespace(config=deeper)) == 24
+    with pytest.raises(ValueError, match="names no width"):
+        hidden_size(SimpleNamespace(config=SimpleNamespace()))

@@ -103,10 +103,17 @@ def unsupported_states(cache: Any) -> list[str]:
     (transformers' ``DynamicIndexedLayer``: AXK2, DeepSeek-V3.2, GLM-MoE-DSA), a layer
     holding neither keys nor a state (but transformers' ``DummyLayer``, which a layer keeps
     that needs no cache: an MLP or MoE layer of a hybrid such as Nemotron-H; the package has
-    no entry for it)."""
+    no entry for it), a ``DummyLayer`` in a cache of keys and values only (Gemma 3n's layers
+    that read an earlier layer's keys and values)."""
     said = []
-    for i, layer in enumerate(getattr(cache, "layers", None) or []):
+    layers = getattr(cache, "layers", None) or []
+    stateful = any(_layer_states(layer) for layer in layers)
+    for i, layer in enumerate(layers):
         if type(layer).__name__ == "DummyLayer":
+            if not stateful:  # in a key/value cache: Gemma 3n's layers that share KV
+                said.append(f"{i} DummyLayer: no keys and values of its own (a layer that "
+                            "reads an earlier layer's, KV sharing), in a cache of keys and "
+                            "values, which the package carries one pair per layer")
             continue
         states = _layer_states(layer)
         kv = isinstance(getattr(layer, "keys", None), torch.Tensor)

@@ -80,8 +80,16 @@ def encoder_outputs(hidden: torch.Tensor) -> Any:
 
 
 def hidden_size(model: Any) -> int:
-    cfg = model.config
-    return int(getattr(cfg, "d_model", None) or getattr(cfg, "hidden_size"))
+    """The width of the encoder's output: its config's ``d_model`` or ``hidden_size``, read
+    from the encoder's own config where the model nests one (T5Gemma's, EncoderDecoderModel's
+    ``config.encoder``; T5Gemma 2's ``config.encoder.text_config``)."""
+    encoder = getattr(model.config, "encoder", None)
+    for cfg in (model.config, encoder, getattr(encoder, "text_config", None)):
+        width = getattr(cfg, "d_model", None) or getattr(cfg, "hidden_size", None)
+        if isinstance(width, int):
+            return width
+    raise ValueError(f"{type(model.config).__name__} names no width of its encoder's output "
+                     "(d_model, hidden_size, encoder.hidden_size, encoder.text_config.hidden_size)")
 
 
 class EncoderWithCross(torch.nn.Module):
