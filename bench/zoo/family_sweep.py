@@ -142,6 +142,56 @@ CONFIGS: dict[str, dict[str, Any]] = {
                      num_key_value_heads=2, intermediate_size=128, moe_intermediate_size=32,
                      num_experts=4, num_experts_per_tok=2, num_dense_layers=1,
                      layer_types=["conv", "full_attention", "conv"]),
+    # Gemma 3n: sliding layers and a global one, the last layers reusing the KV cache of the
+    # earlier ones of their kind (as E2B's 10 of 30; both kinds must be left unshared or
+    # its config raises), AltUp, LAuReL, per-layer inputs and the sparse MLP of the first ones
+    "gemma3n_text": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                         layer_types=["sliding_attention", "full_attention",
+                                      "sliding_attention", "full_attention"],
+                         num_kv_shared_layers=2, sliding_window=8, max_position_embeddings=128,
+                         vocab_size_per_layer_input=384, hidden_size_per_layer_input=16,
+                         laurel_rank=8, altup_num_inputs=4,
+                         activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0]),
+    # Gemma 4: sliding layers and global ones (the last one global), the global ones with a
+    # head twice as wide (global_head_dim, 512 against 256 by default) and a partial rotary
+    # part; the shrunk head_dim alone is per-layer ambiguous in its config
+    "gemma4_text": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                        intermediate_size=128, max_position_embeddings=128, sliding_window=8,
+                        layer_types=["sliding_attention", "sliding_attention",
+                                     "sliding_attention", "full_attention"],
+                        vocab_size_per_layer_input=384, hidden_size_per_layer_input=16),
+    # Qwen4-Exp: gated-delta-net layers and an indexed (QSA) attention one in four, whose token
+    # indexer's sizes have no default (None // None); MoE with a shared expert, hyper-
+    # connections, and the hashed n-gram per-layer embedding (PLE) on a layer
+    "qwen4_exp_text": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                           linear_key_head_dim=16, linear_value_head_dim=16,
+                           linear_num_key_heads=2, linear_num_value_heads=4,
+                           moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                           num_experts=4, num_experts_per_tok=2, hc_count=4, hc_lowrank=8,
+                           indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16,
+                           indexer_budget=8, indexer_compress_ratio=4, ple_layer_ids=[1],
+                           ple_embed_dim=32, ngram_size=3, heads_per_ngram=2,
+                           ngram_vocab_size_base=97, split_ngram_parts=1),
+    # dots.llm1: MoE (routed and shared experts, none by default: int * None) after a dense
+    # first layer, with as many KV heads as query heads, as its released checkpoint's
+    "dots1": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=32,
+                  n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                  first_k_dense_replace=1, max_position_embeddings=128),
+    # Cohere Compass (North): rotary parameters per layer kind (none by default: KeyError),
+    # sliding layers with rotary positions (M-RoPE sections of the shrunk head) and a global
+    # one without (NoPE), one in four
+    "cohere_compass_text": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                num_key_value_heads=2, intermediate_size=128,
+                                max_position_embeddings=128, sliding_window=8,
+                                layer_types=["sliding_attention", "sliding_attention",
+                                             "sliding_attention", "full_attention"],
+                                rope_parameters={"sliding_attention": dict(
+                                    rope_type="default", rope_theta=10000.0,
+                                    mrope_section=[4, 2, 2]), "full_attention": None}),
 }
 
 
