@@ -192,6 +192,23 @@ CONFIGS: dict[str, dict[str, Any]] = {
                                 rope_parameters={"sliding_attention": dict(
                                     rope_type="default", rope_theta=10000.0,
                                     mrope_section=[4, 2, 2]), "full_attention": None}),
+    # BLT: its byte patcher, local encoder and decoder and global transformer, whose widths
+    # must agree across them (hidden_size_global) and whose hashed n-gram byte embeddings
+    # (500002 rows by default) the shrinker does not know
+    "blt": dict(max_position_embeddings=128, encoder_hash_byte_group_vocab=1024,
+                patcher_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=4, intermediate_size=128, head_dim=16,
+                                    max_position_embeddings=128),
+                encoder_config=dict(hidden_size=64, hidden_size_global=64, num_hidden_layers=1,
+                                    num_attention_heads=4, num_key_value_heads=4,
+                                    intermediate_size=128, max_position_embeddings=128),
+                decoder_config=dict(hidden_size=64, hidden_size_global=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=4,
+                                    intermediate_size=128, head_dim=16,
+                                    max_position_embeddings=128),
+                global_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=4, intermediate_size=128, head_dim=16,
+                                   max_position_embeddings=128)),
 }
 
 
@@ -203,6 +220,31 @@ def families() -> list[tuple[str, str]]:
     seq2seq = set(ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
     causal = set(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - seq2seq
     return sorted([(m, "causal") for m in causal] + [(m, "seq2seq") for m in seq2seq])
+
+
+def _shrunk(base: Any, model_type: str) -> dict[str, Any]:
+    """The size keys of config ``base`` shrunk (SHRINK, SHRINK_MLA, SHRINK_FOR), its layer
+    pattern cut to its layers (one of each kind first), and each nested config (a multimodal
+    one's text and vision towers, an encoder-decoder's two stacks) shrunk alike, as a dict."""
+    from transformers import PretrainedConfig
+
+    from bench.zoo.generation import VOCAB
+
+    mla = SHRINK_MLA if hasattr(base, "kv_lora_rank") else {}
+    shrink = {**SHRINK, **mla, **SHRINK_FOR.get(model_type, {})}
+    keys = {k: v for k, v in shrink.items() if v is not None and hasattr(base, k)}
+    if "layer_types" in base.to_dict() and isinstance(base.layer_types, list):
+        n = keys.get("num_hidden_layers", len(base.layer_types))
+        kinds = list(dict.fromkeys(base.layer_types))  # one of each kind first
+        keys["layer_types"] = (kinds + list(base.layer_types))[:max(n, len(kinds))]
+        keys["num_hidden_layers"] = len(keys["layer_types"])
+    for name, sub in vars(base).items():
+        if isinstance(sub, PretrainedConfig):
+            inner = _shrunk(sub, model_type)
+            if hasattr(sub, "vocab_size"):
+                inner.update(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+            keys[name] = {**sub.to_dict(), **inner}
+    return keys
 
 
 def tiny_model(model_type: str, kind: str) -> Any:
@@ -219,16 +261,8 @@ def tiny_model(model_type: str, kind: str) -> Any:
         cfg = AutoConfig.for_model(model_type, **CONFIGS[model_type], vocab_size=VOCAB,
                                    bos_token_id=1, eos_token_id=2, pad_token_id=0)
     else:
-        base = AutoConfig.for_model(model_type)
-        mla = SHRINK_MLA if hasattr(base, "kv_lora_rank") else {}
-        shrink = {**SHRINK, **mla, **SHRINK_FOR.get(model_type, {})}
-        keys = {k: v for k, v in shrink.items() if v is not None and hasattr(base, k)}
+        keys = _shrunk(AutoConfig.for_model(model_type), model_type)
         keys.update(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-        if "layer_types" in base.to_dict() and isinstance(base.layer_types, list):
-            n = keys.get("num_hidden_layers", len(base.layer_types))
-            kinds = list(dict.fromkeys(base.layer_types))  # one of each kind first
-            keys["layer_types"] = (kinds + list(base.layer_types))[:max(n, len(kinds))]
-            keys["num_hidden_layers"] = len(keys["layer_types"])
         cfg = AutoConfig.for_model(model_type, **keys)
     start = getattr(cfg, "decoder_start_token_id", None)
     if kind == "seq2seq" and (start is None or start >= cfg.vocab_size):
