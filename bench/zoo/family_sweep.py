@@ -142,6 +142,73 @@ CONFIGS: dict[str, dict[str, Any]] = {
                      num_key_value_heads=2, intermediate_size=128, moe_intermediate_size=32,
                      num_experts=4, num_experts_per_tok=2, num_dense_layers=1,
                      layer_types=["conv", "full_attention", "conv"]),
+    # Gemma 3n: sliding layers and a global one, the last layers reusing the KV cache of the
+    # earlier ones of their kind (as E2B's 10 of 30; both kinds must be left unshared or
+    # its config raises), AltUp, LAuReL, per-layer inputs and the sparse MLP of the first ones
+    "gemma3n_text": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                         layer_types=["sliding_attention", "full_attention",
+                                      "sliding_attention", "full_attention"],
+                         num_kv_shared_layers=2, sliding_window=8, max_position_embeddings=128,
+                         vocab_size_per_layer_input=384, hidden_size_per_layer_input=16,
+                         laurel_rank=8, altup_num_inputs=4,
+                         activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0]),
+    # Gemma 4: sliding layers and global ones (the last one global), the global ones with a
+    # head twice as wide (global_head_dim, 512 against 256 by default) and a partial rotary
+    # part; the shrunk head_dim alone is per-layer ambiguous in its config
+    "gemma4_text": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                        intermediate_size=128, max_position_embeddings=128, sliding_window=8,
+                        layer_types=["sliding_attention", "sliding_attention",
+                                     "sliding_attention", "full_attention"],
+                        vocab_size_per_layer_input=384, hidden_size_per_layer_input=16),
+    # Qwen4-Exp: gated-delta-net layers and an indexed (QSA) attention one in four, whose token
+    # indexer's sizes have no default (None // None); MoE with a shared expert, hyper-
+    # connections, and the hashed n-gram per-layer embedding (PLE) on a layer
+    "qwen4_exp_text": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+                           linear_key_head_dim=16, linear_value_head_dim=16,
+                           linear_num_key_heads=2, linear_num_value_heads=4,
+                           moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                           num_experts=4, num_experts_per_tok=2, hc_count=4, hc_lowrank=8,
+                           indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16,
+                           indexer_budget=8, indexer_compress_ratio=4, ple_layer_ids=[1],
+                           ple_embed_dim=32, ngram_size=3, heads_per_ngram=2,
+                           ngram_vocab_size_base=97, split_ngram_parts=1),
+    # dots.llm1: MoE (routed and shared experts, none by default: int * None) after a dense
+    # first layer, with as many KV heads as query heads, as its released checkpoint's
+    "dots1": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=32,
+                  n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                  first_k_dense_replace=1, max_position_embeddings=128),
+    # Cohere Compass (North): rotary parameters per layer kind (none by default: KeyError),
+    # sliding layers with rotary positions (M-RoPE sections of the shrunk head) and a global
+    # one without (NoPE), one in four
+    "cohere_compass_text": dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                num_key_value_heads=2, intermediate_size=128,
+                                max_position_embeddings=128, sliding_window=8,
+                                layer_types=["sliding_attention", "sliding_attention",
+                                             "sliding_attention", "full_attention"],
+                                rope_parameters={"sliding_attention": dict(
+                                    rope_type="default", rope_theta=10000.0,
+                                    mrope_section=[4, 2, 2]), "full_attention": None}),
+    # BLT: its byte patcher, local encoder and decoder and global transformer, whose widths
+    # must agree across them (hidden_size_global) and whose hashed n-gram byte embeddings
+    # (500002 rows by default) the shrinker does not know
+    "blt": dict(max_position_embeddings=128, encoder_hash_byte_group_vocab=1024,
+                patcher_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=4, intermediate_size=128, head_dim=16,
+                                    max_position_embeddings=128),
+                encoder_config=dict(hidden_size=64, hidden_size_global=64, num_hidden_layers=1,
+                                    num_attention_heads=4, num_key_value_heads=4,
+                                    intermediate_size=128, max_position_embeddings=128),
+                decoder_config=dict(hidden_size=64, hidden_size_global=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=4,
+                                    intermediate_size=128, head_dim=16,
+                                    max_position_embeddings=128),
+                global_config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=4, intermediate_size=128, head_dim=16,
+                                   max_position_embeddings=128)),
 }
 
 
@@ -153,6 +220,31 @@ def families() -> list[tuple[str, str]]:
     seq2seq = set(ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
     causal = set(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - seq2seq
     return sorted([(m, "causal") for m in causal] + [(m, "seq2seq") for m in seq2seq])
+
+
+def _shrunk(base: Any, model_type: str) -> dict[str, Any]:
+    """The size keys of config ``base`` shrunk (SHRINK, SHRINK_MLA, SHRINK_FOR), its layer
+    pattern cut to its layers (one of each kind first), and each nested config (a multimodal
+    one's text and vision towers, an encoder-decoder's two stacks) shrunk alike, as a dict."""
+    from transformers import PretrainedConfig
+
+    from bench.zoo.generation import VOCAB
+
+    mla = SHRINK_MLA if hasattr(base, "kv_lora_rank") else {}
+    shrink = {**SHRINK, **mla, **SHRINK_FOR.get(model_type, {})}
+    keys = {k: v for k, v in shrink.items() if v is not None and hasattr(base, k)}
+    if "layer_types" in base.to_dict() and isinstance(base.layer_types, list):
+        n = keys.get("num_hidden_layers", len(base.layer_types))
+        kinds = list(dict.fromkeys(base.layer_types))  # one of each kind first
+        keys["layer_types"] = (kinds + list(base.layer_types))[:max(n, len(kinds))]
+        keys["num_hidden_layers"] = len(keys["layer_types"])
+    for name, sub in vars(base).items():
+        if isinstance(sub, PretrainedConfig):
+            inner = _shrunk(sub, model_type)
+            if hasattr(sub, "vocab_size"):
+                inner.update(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+            keys[name] = {**sub.to_dict(), **inner}
+    return keys
 
 
 def tiny_model(model_type: str, kind: str) -> Any:
@@ -169,16 +261,8 @@ def tiny_model(model_type: str, kind: str) -> Any:
         cfg = AutoConfig.for_model(model_type, **CONFIGS[model_type], vocab_size=VOCAB,
                                    bos_token_id=1, eos_token_id=2, pad_token_id=0)
     else:
-        base = AutoConfig.for_model(model_type)
-        mla = SHRINK_MLA if hasattr(base, "kv_lora_rank") else {}
-        shrink = {**SHRINK, **mla, **SHRINK_FOR.get(model_type, {})}
-        keys = {k: v for k, v in shrink.items() if v is not None and hasattr(base, k)}
+        keys = _shrunk(AutoConfig.for_model(model_type), model_type)
         keys.update(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-        if "layer_types" in base.to_dict() and isinstance(base.layer_types, list):
-            n = keys.get("num_hidden_layers", len(base.layer_types))
-            kinds = list(dict.fromkeys(base.layer_types))  # one of each kind first
-            keys["layer_types"] = (kinds + list(base.layer_types))[:max(n, len(kinds))]
-            keys["num_hidden_layers"] = len(keys["layer_types"])
         cfg = AutoConfig.for_model(model_type, **keys)
     start = getattr(cfg, "decoder_start_token_id", None)
     if kind == "seq2seq" and (start is None or start >= cfg.vocab_size):

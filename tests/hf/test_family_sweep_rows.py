@@ -67,3 +67,17 @@ def test_a_run_resumes_from_the_rows_file(tmp_path, monkeypatch):
     assert family_sweep.load_rows(rows)["bert"]["outcome"] == "verified"
     assert [json.loads(x)["family"] for x in rows.read_text().splitlines()] == sorted(
         ["gpt2", "bert", "blt", "jamba", "llama"])
+
+
+def test_nested_configs_are_shrunk_like_the_top_one():
+    """A multimodal config's towers and an encoder-decoder's two stacks are shrunk too (Gemma 3
+    and T5Gemma were thousands of M parameters with only their top keys shrunk)."""
+    from transformers import AutoConfig
+
+    keys = family_sweep._shrunk(AutoConfig.for_model("gemma3"), "gemma3")
+    assert keys["text_config"]["hidden_size"] == keys["vision_config"]["hidden_size"] == 64
+    assert keys["text_config"]["num_hidden_layers"] == 2
+    assert set(keys["text_config"]["layer_types"]) == {"sliding_attention", "full_attention"}
+    keys = family_sweep._shrunk(AutoConfig.for_model("t5gemma"), "t5gemma")
+    assert keys["encoder"]["hidden_size"] == keys["decoder"]["hidden_size"] == 64
+    assert keys["decoder"]["vocab_size"] == 384
