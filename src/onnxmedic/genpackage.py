@@ -401,21 +401,30 @@ def config_sizes(folder: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, i
         cfg = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
         return {}, ""
-    cfg = cfg.get("text_config") or cfg
+    sizes = cache_sizes(cfg)
+    return sizes, "config.json" if sizes else ""
+
+
+def cache_sizes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """The cache's (heads, head size) per kind (``key``, ``value``) of a model's config (the
+    ``config.json`` dict; a multimodal one's text config): ``num_key_value_heads`` or the
+    attention heads, ``head_dim`` (``d_kv``) or hidden / heads; MLA's key and value sizes.
+    {} when the config does not say."""
+    cfg = config.get("text_config") or config
     heads = (cfg.get("num_attention_heads") or cfg.get("n_head") or cfg.get("num_heads")
              or cfg.get("decoder_attention_heads"))
     kv = cfg.get("num_key_value_heads") or heads
     if not kv:
-        return {}, ""
+        return {}
     if cfg.get("v_head_dim") and cfg.get("qk_rope_head_dim") is not None:  # MLA
         key = int(cfg.get("qk_nope_head_dim") or 0) + int(cfg["qk_rope_head_dim"])
-        return {"key": (int(kv), key), "value": (int(kv), int(cfg["v_head_dim"]))}, "config.json"
+        return {"key": (int(kv), key), "value": (int(kv), int(cfg["v_head_dim"]))}
     hidden = cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("d_model")
     size = (cfg.get("head_dim") or cfg.get("d_kv")
             or (hidden // heads if hidden and heads else None))
     if not size:
-        return {}, ""
-    return {"key": (int(kv), int(size)), "value": (int(kv), int(size))}, "config.json"
+        return {}
+    return {"key": (int(kv), int(size)), "value": (int(kv), int(size))}
 
 
 def _fill_sizes(layout: StepLayout, folder: Path) -> None:

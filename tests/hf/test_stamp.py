@@ -235,3 +235,42 @@ def test_the_stamped_package_equals_the_traced_one(neox, tmp_path):
                 for j, k in enumerate(("key", "value"))}}
     x, y = _run(root / "pkg", feeds)[0], _run(tmp_path / "traced", feeds)[0]
     assert np.abs(x - y).max() <= tol * np.abs(y).max()
+
+
+def test_the_geometry_is_the_package_contracts_and_read_once(neox, tmp_path, monkeypatch):
+    """stamp_package reads the checkpoint's config once and takes the cache's sizes from the
+    package contract's reader (genpackage.cache_sizes), the same for the exported layer and
+    the assembled graph: GPT-NeoX's hidden / heads, a GQA config's key/value heads and
+    head_dim; a config whose keys and values differ in size (MLA) is refused."""
+    from transformers import AutoConfig, GPTNeoXConfig, LlamaConfig
+
+    from onnxmedic.genpackage import cache_sizes
+
+    neo = GPTNeoXConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=3,
+                        vocab_size=128)
+    assert stamp.geometry(neo) == stamp.Geometry(3, 4, 8, 128)
+    gqa = LlamaConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
+                      head_dim=16, num_hidden_layers=2, vocab_size=100)
+    assert stamp.geometry(gqa) == stamp.Geometry(2, 2, 16, 100)
+    assert cache_sizes(gqa.to_dict()) == {"key": (2, 16), "value": (2, 16)}
+    mla = AutoConfig.for_model("deepseek_v3", num_attention_heads=4, num_key_value_heads=4,
+                               qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+    with pytest.raises(ValueError, match="no one"):
+        stamp.geometry(mla)
+
+    root, _ = neox
+    reads, seen = [], []
+    real = AutoConfig.from_pretrained
+
+    def counted(*args, **kwargs):
+        reads.append(args[0])
+        return real(*args, **kwargs)
+
+    def parts(folder, config, work, timeout, shape=None):
+        seen.append(shape)
+        return stamp.Stamped()  # stop after the parts
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", counted)
+    monkeypatch.setattr(stamp, "export_parts", parts)
+    assert not stamp.stamp_package(root / "ckpt", tmp_path / "pkg").ok
+    assert len(reads) == 1 and seen == [stamp.Geometry(3, 4, 8, 128)]

@@ -150,9 +150,36 @@ def _example(weights: Any, name: str, rows: int | None = None) -> torch.Tensor:
     return (t[:rows] if rows is not None else t).to(torch.float32).clone()
 
 
-def export_parts(folder: Path, config: Any, work: Path, timeout: float) -> Stamped:
+@dataclass(frozen=True)
+class Geometry:
+    """What the package's graph takes of the checkpoint's config: its layers, the cache's
+    heads and head size (the package contract's, genpackage.cache_sizes) and the vocabulary."""
+
+    layers: int
+    kv_heads: int
+    head_size: int
+    vocab: int
+
+
+def geometry(config: Any) -> Geometry:
+    """The :class:`Geometry` of a transformers config; ValueError where its config does not
+    say the cache's sizes, or gives keys and values different ones (MLA: not stamped)."""
+    from onnxmedic.genpackage import cache_sizes
+
+    sizes = cache_sizes(config.to_dict())
+    if not sizes or sizes["key"] != sizes["value"]:
+        raise ValueError(f"onnxmedic.hf.stamp: the config of {config.model_type!r} gives no "
+                         f"one (heads, head size) of its cache ({sizes or 'none'})")
+    kv_heads, head_size = sizes["key"]
+    return Geometry(int(config.num_hidden_layers), kv_heads, head_size,
+                    int(config.vocab_size))
+
+
+def export_parts(folder: Path, config: Any, work: Path, timeout: float,
+                 shape: Geometry | None = None) -> Stamped:
     """The prelude, one decoder layer and the head of the checkpoint ``folder`` exported and
-    verified by onnxmedic.export in ``work`` (see the module docstring, step 1)."""
+    verified by onnxmedic.export in ``work`` (see the module docstring, step 1); ``shape``:
+    :func:`geometry` of ``config`` where the caller has it."""
     from torch.export import Dim
     from transformers import AutoModelForCausalLM
 
@@ -167,11 +194,8 @@ def export_parts(folder: Path, config: Any, work: Path, timeout: float) -> Stamp
     res = Stamped()
     g = torch.Generator().manual_seed(0)
     batch, new, past = 2, 3, 4
-    heads = int(config.num_attention_heads)
-    head_size = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    vocab = int(config.vocab_size)
-    rows = min(vocab, EXAMPLE_ROWS)
+    shape = geometry(config) if shape is None else shape
+    rows = min(shape.vocab, EXAMPLE_ROWS)
     b, s, t, p = (Dim("batch_size"), Dim("sequence_length"), Dim("total_sequence_length"),
                   Dim("past_sequence_length"))
     embed = layout.names("embed") + "weight"
@@ -196,7 +220,8 @@ def export_parts(folder: Path, config: Any, work: Path, timeout: float) -> Stamp
     names = list(layer.state_dict().keys())
     layer_w = [_example(weights, f"{prefix}0.{n}") for n in names]
     layer = type(layer)(config, 0)  # on the CPU: functional_call gives it its weights
-    past_kv = [torch.randn(batch, kv_heads, past, head_size, generator=g) for _ in range(2)]
+    past_kv = [torch.randn(batch, shape.kv_heads, past, shape.head_size, generator=g)
+               for _ in range(2)]
     if not _export_part(res, "layer", LayerStep(layer, names).eval(),
                         (hidden, add_mask, cos, sin, *past_kv, layer_w),
                         ({0: b, 1: s}, {0: b, 2: s, 3: t}, {0: b, 1: s}, {0: b, 1: s},
@@ -453,26 +478,23 @@ def stamp_package(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[
 
     from onnxmedic.hf.genai_files import Layout, write_side_files
     from onnxmedic.hf.generation import GRAPH
-    from onnxmedic.hf.stream import checked_config
+    from onnxmedic.hf.stream import Weights
 
     checkpoint, folder = Path(checkpoint), Path(folder)
-    config = AutoConfig.from_pretrained(str(checkpoint))
-    if (why := stamp_problem(config)) is not None:
+    config = AutoConfig.from_pretrained(str(checkpoint))  # read once
+    if (why := stamp_problem(config)) is not None:  # the family, then streamable()
         raise ValueError(f"onnxmedic.hf.stamp: {checkpoint} is not stamped: {why}")
-    config = checked_config(checkpoint)
+    Weights(checkpoint).close()  # FileNotFoundError without safetensors, as checked_config
+    shape = geometry(config)
     folder.mkdir(parents=True, exist_ok=True)
     work = folder / "parts"
     work.mkdir()
-    res = export_parts(checkpoint, config, work, timeout)
+    res = export_parts(checkpoint, config, work, timeout, shape)
     if not res.ok:
         return res
-    layers = int(config.num_hidden_layers)
-    heads = int(config.num_attention_heads)
-    head_size = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    layers, kv_heads, head_size = shape.layers, shape.kv_heads, shape.head_size
     t0 = time.perf_counter()
-    model, weights = assemble(res.parts, layers, kv_heads, head_size, int(config.vocab_size),
-                              order)
+    model, weights = assemble(res.parts, layers, kv_heads, head_size, shape.vocab, order)
     res.parts.clear()
     import shutil
 
