@@ -457,13 +457,24 @@ def test_seq2seq_without_past_is_not_available(tmp_path, out):
     _fails_with(res, "OM807", out)
 
 
-def test_with_past_without_the_generation_module_is_om807(monkeypatch, hf_folder, out):
-    import onnxmedic.hf as hf
+def test_a_task_without_its_cache_is_om807_naming_the_with_past_one():
+    """The with-past tasks are the generation roads (onnxmedic.hf.generation is part of
+    onnxmedic: no install decides it, so none is refused); a generation task without the
+    cache is OM807, its hint the -with-past task where there is one."""
+    from onnxmedic.findings import InputError
+    from onnxmedic.hf import load
+    from onnxmedic.hf.tasks import GENERATION
 
-    monkeypatch.setattr(hf.load, "generation_available", lambda: False)
-    res = onnxmedic.export_pretrained(hf_folder("gpt2"), out / "pkg")
-    _fails_with(res, "OM807", out)
-    assert "text-generation-with-past" in res.errors[0].message
+    for task in GENERATION:
+        if task.endswith("-with-past"):
+            load._check_generation(task)  # not refused
+            continue
+        with pytest.raises(InputError) as caught:
+            load._check_generation(task)
+        finding = caught.value.finding
+        assert finding.code == "OM807" and "text-generation-with-past" in finding.message
+        with_past = f"{task}-with-past"
+        assert (with_past in finding.suggestion) == (with_past in GENERATION), finding
 
 
 def test_corrupt_weights_are_om808(tmp_path, out, hf_folder):

@@ -139,7 +139,6 @@ def test_with_past_tasks_go_to_the_generation_package(monkeypatch, hf_folder, tm
         return ExportResult(ok=True, path=str(out_dir))
 
     monkeypatch.setattr(hf.backends, "export_generation", export_generation)  # its road
-    monkeypatch.setattr(hf.load, "generation_available", lambda: True)
     res = onnxmedic.export_pretrained(hf_folder("gpt2"), tmp_path / "pkg", timeout=30)
     assert res.ok and len(calls) == 1
     model, out_dir, kw = calls[0]

@@ -23,14 +23,14 @@ import torch
 from onnxmedic.findings import InputError
 from onnxmedic.hf.backends import Backend, export_generation, package_for_task
 from onnxmedic.hf.checkpoint import DTYPES, STAGE
-from onnxmedic.hf.load import generation_available, load_for_task, spec_name
+from onnxmedic.hf.load import load_for_task, spec_name
 from onnxmedic.hf.tasks import ALL_TASKS, GENERATION, TASKS, detect_task, supported_tasks
 from onnxmedic.result import ExportResult, stages_of
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ALL_TASKS", "TASKS", "detect_task", "export_generation", "export_pretrained",
-           "generation_available", "supported_tasks"]
+           "supported_tasks"]
 
 # export()'s options export_pretrained passes on
 EXPORT_OPTIONS = ("timeout", "tolerance", "explain", "dtype_policy", "ort_version", "localize",

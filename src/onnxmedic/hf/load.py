@@ -6,7 +6,6 @@ told from config.architectures (tasks.py), its tokenizer and processor; or a loa
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -79,22 +78,16 @@ def _needs_text(task: str, model_type: str) -> bool:
         modality == "any" and tasks.main_input(model_type) in (None, "input_ids"))
 
 
-def generation_available() -> bool:
-    """Whether onnxmedic.hf.generation (the with-past decoder export) is installed."""
-    try:
-        return importlib.util.find_spec("onnxmedic.hf.generation") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 def _check_generation(task: str) -> None:
-    if task in GENERATION and (not task.endswith("-with-past") or not generation_available()):
-        hint = (f"Export {task}-with-past (a generation package)" if
-                f"{task}-with-past" in GENERATION and generation_available() else
+    """OM807 for a generation task exported by no road: one without its cache (the package's
+    step needs it), or image-to-text."""
+    if task in GENERATION and not task.endswith("-with-past"):
+        with_past = f"{task}-with-past"
+        hint = (f"Export {with_past} (a generation package)" if with_past in GENERATION else
                 "Use text-generation (one forward pass, logits) for a decoder's single step")
-        raise _err("OM807", f"the task {task!r} is not available in this onnxmedic "
-                   "(generation packages need onnxmedic.hf.generation"
-                   + ("" if generation_available() else ", which is not installed") + ").",
+        raise _err("OM807", f"the task {task!r} is not available in this onnxmedic: its "
+                   "generation packages are exported with their cache (the -with-past "
+                   f"tasks: {', '.join(t for t in GENERATION if t.endswith('-with-past'))}).",
                    hint + ".")
 
 
