@@ -672,3 +672,41 @@ def test_topk_tied_sees_ties_at_the_kth_place_and_within_the_k():
     assert not loc_mod.topk_tied(torch.tensor([[0.5, 0.5, 0.1]]), 1, largest=False)
     assert loc_mod.topk_tied(torch.tensor([[0.5, 0.5, 0.1]]), 2, largest=False)
     assert loc_mod.topk_tied(torch.tensor([[0.5, 0.5, 0.1]]).T, 2, dim=0, largest=True)
+
+
+def _topk_tied_by_sort(x, k, dim=-1, largest=True):
+    """topk_tied as it was: the whole row sorted, then the k+1 best compared."""
+    best = torch.sort(x, dim=dim, descending=largest).values
+    best = best.narrow(dim, 0, min(k + 1, best.shape[dim]))
+    if best.shape[dim] < 2:
+        return False
+    return bool((best.narrow(dim, 1, best.shape[dim] - 1) ==
+                 best.narrow(dim, 0, best.shape[dim] - 1)).any())
+
+
+def test_topk_tied_by_partial_selection_says_what_the_full_sort_said():
+    """topk_tied selects the k+1 best (torch.topk) instead of sorting each row: the same
+    verdict as the sort on ties, near-ties, NaN, infinities, signed zeros, every k (also k
+    past the row's length), both directions, every dim, integer and half dtypes."""
+    g = torch.Generator().manual_seed(0)
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])
+    seen = set()
+    for trial in range(300):
+        shape = [int(torch.randint(1, 6, (1,), generator=g)) for _ in range(1 + trial % 3)]
+        x = torch.randint(-3, 4, shape, generator=g).to(torch.float32)  # many ties
+        if trial % 2:
+            x = x + torch.rand(shape, generator=g) * 1e-3  # mostly none
+        if trial % 5 == 0:
+            flat = x.view(-1)
+            pos = torch.randint(0, flat.numel(), (2,), generator=g)
+            flat[pos] = specials[torch.randint(0, len(specials), (2,), generator=g)]
+        dtype = (torch.float32, torch.float16, torch.bfloat16, torch.int64)[trial % 4]
+        x = x.to(dtype) if dtype != torch.int64 or not x.isnan().any() else x
+        for dim in range(-x.dim(), x.dim()):
+            for k in range(1, x.shape[dim] + 2):
+                for largest in (True, False):
+                    want = _topk_tied_by_sort(x, k, dim, largest)
+                    assert loc_mod.topk_tied(x, k, dim, largest) == want, (x, k, dim, largest)
+                    seen.add(want)
+    assert seen == {True, False}
+    assert not loc_mod.topk_tied(torch.tensor(3.0), 1)  # a 0-d value ties with nothing

@@ -358,10 +358,13 @@ def topk_tied(x: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool 
     del sorted  # the order asked for does not change which values tie
     if not isinstance(x, torch.Tensor) or x.numel() == 0 or k <= 0:
         return False
-    best = torch.sort(x.detach(), dim=dim, descending=largest).values
-    best = best.narrow(dim, 0, min(k + 1, best.shape[dim]))
-    if best.shape[dim] < 2:
+    if x.dim() == 0:
+        return False  # one value: nothing to tie with
+    n = min(k + 1, x.shape[dim])
+    if n < 2:
         return False
+    # the k+1 best in order (a partial selection, not a sort of the whole row)
+    best = torch.topk(x.detach(), n, dim=dim, largest=largest, sorted=True).values
     return bool((best.narrow(dim, 1, best.shape[dim] - 1) ==
                  best.narrow(dim, 0, best.shape[dim] - 1)).any())
 
