@@ -8,6 +8,7 @@ and tree helpers across the package: torch.export's own documentation uses them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import warnings
 from collections.abc import Iterator
@@ -128,9 +129,9 @@ def cia_ops_materialized_once() -> Iterator[None]:
         yield
 
 
-# OperatorBase.py_impl(key)'s decorator, by (id(op), key): (op, decorator); the op is kept so
-# that its id is never another's
-_PY_IMPL_DECORATORS: dict[tuple[int, Any], tuple[Any, Any]] = {}
+# OperatorBase.py_impl(key)'s decorator, by (id(op), id(key)): (op, key, decorator); the op
+# and the key are kept so that their ids are never another's
+_PY_IMPL_DECORATORS: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
 
 
 @contextlib.contextmanager
@@ -145,18 +146,21 @@ def py_impl_decorators_kept() -> Iterator[None]:
     cost of those overrides. The decorator is a closure over the op and the key only (it reads
     the op's kernel tables when it is applied), so the kept one registers exactly what a new
     one would."""
+    from torch._C import DispatchKey
     from torch._ops import OperatorBase
 
     def kept(py_impl: Any) -> Any:
         def py_impl_kept(self: Any, k: Any) -> Any:
-            try:
-                key = (id(self), k)
-                hit = _PY_IMPL_DECORATORS.get(key)
-            except TypeError:  # an unhashable key: torch's own
-                return py_impl(self, k)
-            if hit is None or hit[0] is not self:
-                hit = _PY_IMPL_DECORATORS[key] = (self, py_impl(self, k))
-            return hit[1]
+            # by identity: hashing a DispatchKey (a pybind11 enum) costs microseconds, and
+            # run_decompositions asks for the same key objects (torch's lists of them)
+            key = (id(self), id(k))
+            hit = _PY_IMPL_DECORATORS.get(key)
+            if hit is None or hit[0] is not self or hit[1] is not k:
+                decorator = py_impl(self, k)  # torch's: it checks the key (and fails as torch)
+                if type(k) is DispatchKey and k != DispatchKey.Python:
+                    decorator = _dispatch_key_registration(self, k)
+                hit = _PY_IMPL_DECORATORS[key] = (self, k, decorator)
+            return hit[2]
 
         return py_impl_kept
 
@@ -164,12 +168,212 @@ def py_impl_decorators_kept() -> Iterator[None]:
         yield
 
 
+def _dispatch_key_registration(op: Any, k: Any) -> Any:
+    """What torch's ``OperatorBase.py_impl(k)`` decorator does for a DispatchKey ``k`` other
+    than Python (torch 2.13, torch/_ops.py): refuse a key that has a kernel, record the kernel,
+    clear the op's dispatch cache - without its checks of ``k``'s kind, made once for the op
+    and key by :func:`py_impl_decorators_kept` (``run_decompositions`` applies some 11,000 of
+    these per translation: two fifths of a small model's)."""
+
+    def register(fn: Any) -> Any:
+        if k in op.py_kernels:
+            raise RuntimeError(f"Trying to override a python impl for {k} on operator "
+                               f"{op.name()}")
+        op.py_kernels[k] = fn
+        op._dispatch_cache.clear()
+        return fn
+
+    return register
+
+
+# torch.onnx's ONNX-friendly decomposition table split as ``run_decompositions`` splits it
+# (CompositeImplicitAutograd ops to override, the rest), by what it is made from; see
+# onnx_decompositions_kept. A short list (one entry per registry in use: an opset, a
+# custom table), compared by equality, not hashed: its fingerprints hold the objects.
+_DECOMPOSITION_SPLITS: list[tuple[tuple[Any, ...], tuple[dict[Any, Any], dict[Any, Any]]]] = []
+_DECOMPOSITION_SPLITS_KEPT = 8
+
+
+def _decomposition_inputs() -> tuple[Any, ...]:
+    """Everything torch.onnx's decomposition table and its split read besides the registry:
+    the CompositeImplicitAutograd ops (collected as torch collects them), the Python CIA
+    kernels of those ops (``_get_decomp_for_cia`` returns one where it is set) and torch's
+    global decomposition table (``register_decomposition`` adds to it)."""
+    import torch
+    import torch._decomp
+    from torch._export import utils
+
+    cia_key = torch._C.DispatchKey.CompositeImplicitAutograd
+    cia = frozenset(utils._collect_all_valid_cia_ops())
+    python_cia = tuple((op, op.py_kernels[cia_key]) for op in cia
+                       if cia_key in op.py_kernels)
+    return cia, frozenset(python_cia), tuple(torch._decomp.decomposition_table.items())
+
+
+def _decomposition_split(registry: Any) -> tuple[dict[Any, Any], dict[Any, Any]]:
+    """``(cia_to_decomp, python_decomp_table)`` for ``registry``, as
+    ``run_decompositions(create_onnx_friendly_decomposition_table(...))`` computes them,
+    made once per registry contents and decomposition inputs; fresh dicts every call."""
+    from torch.export import exported_program
+    from torch.onnx._internal.exporter import _decomp
+
+    registered = frozenset(_decomp.get_onnx_implemented_overloads(registry))
+    key = (registered, *_decomposition_inputs())
+    for i, (known, split) in enumerate(_DECOMPOSITION_SPLITS):
+        if known == key:
+            if i:  # most recent first
+                _DECOMPOSITION_SPLITS.insert(0, _DECOMPOSITION_SPLITS.pop(i))
+            break
+    else:
+        table = _decomp.create_onnx_friendly_decomposition_table(set(registered))
+        split = exported_program._split_decomp_table_to_cia_and_python_decomp(table)
+        _DECOMPOSITION_SPLITS.insert(0, (key, split))
+        del _DECOMPOSITION_SPLITS[_DECOMPOSITION_SPLITS_KEPT:]
+    return dict(split[0]), dict(split[1])
+
+
+@contextlib.contextmanager
+def onnx_decompositions_kept() -> Iterator[None]:
+    """Within the block, torch.onnx's ``decompose_with_registry`` builds its ONNX-friendly
+    decomposition table (torch's default decompositions less the registry's ops) and splits
+    it (``run_decompositions``) once per registry and decomposition inputs, not on every
+    translation (a tenth of a small model's); then it runs the decomposition exactly as
+    ``ExportedProgram.run_decompositions(table)`` does. Nothing is kept that a change of the
+    registry, of the CompositeImplicitAutograd ops or of torch's decomposition table would
+    make stale: they are the cache's key."""
+    from torch.export import exported_program
+
+    decompose = getattr(exported_program, "_decompose_exported_program", None)
+    no_fake = getattr(exported_program, "_disable_prexisiting_fake_mode", None)
+    if decompose is None or no_fake is None:  # pragma: no cover - moved in a later torch
+        yield
+        return
+
+    @no_fake
+    def decompose_with_registry(program: Any, registry: Any) -> Any:
+        cia_to_decomp, python_decomp_table = _decomposition_split(registry)
+        return decompose(program, cia_to_decomp=cia_to_decomp,
+                         python_decomp_table=python_decomp_table, joint_loss_index=None,
+                         decompose_custom_triton_ops=False)
+
+    with _replaced("torch.onnx._internal.exporter._fx_passes", "decompose_with_registry",
+                   lambda _original: decompose_with_registry):
+        yield
+
+
+# sha256 of torch 2.13's _override_composite_implicit_decomp (its source): the function
+# cia_overrides_by_dict does the work of; another torch's runs as it is
+_CIA_OVERRIDE_SOURCE = "4422dc79d0792af728dd8eacf0a2fadcf00195c8802ceca15632b737d9d5c9bd"
+
+
+@functools.cache
+def _cia_override_matches() -> bool:
+    import hashlib
+    import inspect
+
+    from torch.export import exported_program
+
+    try:
+        fn = exported_program._override_composite_implicit_decomp
+        source = inspect.getsource(getattr(fn, "__wrapped__", fn))
+    except (AttributeError, OSError, TypeError):  # pragma: no cover - moved in a later torch
+        return False
+    return hashlib.sha256(source.encode()).hexdigest() == _CIA_OVERRIDE_SOURCE
+
+
+def _to_original_cia(fake_tensor_mode: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    # torch 2.13's _force_dispatch_to_orig_cia_callable, line for line (a fake-tensor rule
+    # that runs the op's own CompositeImplicitAutograd kernel), defined once, not per op
+    orig_cia_callable = kwargs["original_callable"]
+    del kwargs["original_callable"]
+    with fake_tensor_mode:
+        return orig_cia_callable(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _cia_overridden(cia_ops_to_callable: dict[Any, Any]) -> Iterator[None]:
+    """torch 2.13's ``_override_composite_implicit_decomp`` (torch/export/exported_program.py)
+    with the same kernels registered on the same ops, written as dict updates: torch
+    registers each of some 21 kernels per op through ``py_impl`` and tests each key's
+    presence first, and every one of those dict operations hashes a DispatchKey (a pybind11
+    enum: microseconds), some 30,000 per translation; a dict built from a dict of the keys
+    reuses their hashes. An op with kernels of its own, or not an OpOverload, takes torch's
+    steps one by one."""
+    import torch
+    from torch._export.utils import _get_decomp_for_cia
+    from torch._higher_order_ops.utils import autograd_not_implemented
+    from torch._subclasses.fake_impls import (
+        _deregister_op_impl,
+        _is_op_registered_to_fake_rule,
+        register_op_impl,
+    )
+    from torch.export import exported_program
+
+    cia = torch._C.DispatchKey.CompositeImplicitAutograd
+    autograd_keys = dict.fromkeys(exported_program._AUTOGRAD_ALIAS_BACKEND_KEYS_TO_OVERRIDE)
+    backend_keys = dict.fromkeys(exported_program._BACKEND_KEYS_TO_OVERRIDE)
+    cia_only = {cia: None}
+    saved_tables = {}
+    for op, decomp_callable in cia_ops_to_callable.items():
+        kernels = op.py_kernels
+        saved_tables[op] = kernels.copy()
+        plain = not kernels and type(op) is torch._ops.OpOverload
+        blocked = autograd_not_implemented(op, deferred_error=True)
+        if plain:
+            kernels.update(dict.fromkeys(autograd_keys, blocked))
+        else:
+            for key in autograd_keys:
+                if key not in kernels:
+                    op.py_impl(key)(autograd_not_implemented(op, deferred_error=True))
+        orig_cia_callable = _get_decomp_for_cia(op)
+        if plain:
+            kernels.update(dict.fromkeys(cia_only, decomp_callable))
+        else:
+            kernels.pop(cia, None)
+            op.py_impl(cia)(decomp_callable)
+        if not _is_op_registered_to_fake_rule(op):
+            register_op_impl(op)(functools.partial(_to_original_cia,
+                                                   original_callable=orig_cia_callable))
+        if plain:
+            kernels.update(dict.fromkeys(backend_keys, orig_cia_callable))
+            op._dispatch_cache.clear()
+        else:
+            for key in backend_keys:
+                if key not in kernels:
+                    op.py_impl(key)(orig_cia_callable)
+    try:
+        yield
+    finally:
+        for op, table in saved_tables.items():
+            op.py_kernels.clear()
+            op.py_kernels.update(table)
+            op._dispatch_cache.clear()
+            _deregister_op_impl(op)
+
+
+@contextlib.contextmanager
+def cia_overrides_by_dict() -> Iterator[None]:
+    """Within the block, ``run_decompositions``' override of the CompositeImplicitAutograd
+    kernels (torch's ``_override_composite_implicit_decomp``, entered twice per translation:
+    two fifths of a small model's) is :func:`_cia_overridden`: the same kernels on the same
+    ops, restored as torch restores them. Only on the torch whose function it was checked
+    against (its source's hash); another torch's runs as it is."""
+    if not _cia_override_matches():
+        yield
+        return
+    with _replaced("torch.export.exported_program", "_override_composite_implicit_decomp",
+                   lambda _original: _cia_overridden):
+        yield
+
+
 @contextlib.contextmanager
 def decompositions_sped_up() -> Iterator[None]:
     """torch.export's ``run_decompositions`` (in torch.onnx's translation) without the work
-    it repeats for nothing: :func:`cia_ops_materialized_once` and
-    :func:`py_impl_decorators_kept`. The same program comes out."""
-    with cia_ops_materialized_once(), py_impl_decorators_kept():
+    it repeats for nothing: :func:`cia_ops_materialized_once`,
+    :func:`py_impl_decorators_kept`, :func:`onnx_decompositions_kept` and
+    :func:`cia_overrides_by_dict`. The same program comes out."""
+    with cia_ops_materialized_once(), py_impl_decorators_kept(), onnx_decompositions_kept(), \
+            cia_overrides_by_dict():
         yield
 
 
