@@ -494,23 +494,29 @@ def merge_graph(result: ExportResult, sub: ExportResult, rule: str, which: str =
     result.opset = sub.opset
 
 
-def _our_inputs(finding: Any, model: Any) -> Any:
-    """The graph export's finding, blaming onnxmedic's step inputs where PyTorch raised on them
-    (OM100 -> OM828): the model ran with its own cache in the probe before; the inputs that
-    fail are the example step onnxmedic built from that cache."""
+def step_inputs_blamed(finding: Any, model: Any, steps: str, why: str, suggestion: str) -> Any:
+    """A graph export's finding, blaming onnxmedic's step inputs where PyTorch raised on them
+    (OM100 -> OM828): the model ran before (the decoder with its own cache in the probe, an
+    encoder-decoder's encoder); the inputs that fail are the example step onnxmedic built.
+    ``steps`` says which inputs (the exported graph's names follow in parentheses), ``why``
+    what generation takes instead."""
     if finding.code != "OM100":
         return finding
     exception = finding.details.get("exception", finding.message)
     return error(
-        "OM828", finding.stage, f"PyTorch raised on the decoder step's example inputs that "
-        f"onnxmedic built for {type(model).__name__}: {EXAMPLE_NEW} new tokens after a past "
-        f"of {EXAMPLE_PAST} (the model's own cache of those tokens, fed back as a plain "
-        f"DynamicCache of keys and values; {finding.details.get('inputs', '')}): "
-        f"{exception}. generate() takes other steps (the prompt, then one token at a time); "
-        "these inputs are onnxmedic's, not yours.",
-        location=finding.location, suggestion="Export the model without its cache (--task "
-        "text-generation), and report the family to onnxmedic with this finding.",
-        details=dict(finding.details))
+        "OM828", finding.stage, "PyTorch raised on the decoder step's example inputs that "
+        f"onnxmedic built for {type(model).__name__}: {steps}"
+        f"{finding.details.get('inputs', '')}): {exception}. {why}",
+        location=finding.location, suggestion=suggestion, details=dict(finding.details))
+
+
+def _our_inputs(finding: Any, model: Any) -> Any:
+    return step_inputs_blamed(
+        finding, model, f"{EXAMPLE_NEW} new tokens after a past of {EXAMPLE_PAST} (the "
+        "model's own cache of those tokens, fed back as a plain DynamicCache of keys and "
+        "values; ", "generate() takes other steps (the prompt, then one token at a time); "
+        "these inputs are onnxmedic's, not yours.", "Export the model without its cache "
+        "(--task text-generation), and report the family to onnxmedic with this finding.")
 
 
 def package_names(sub: ExportResult, renamed: dict[str, str]) -> None:

@@ -50,6 +50,7 @@ from onnxmedic.hf.generation import (
     package_result,
     rename_graph,
     save_graph,
+    step_inputs_blamed,
 )
 from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
     CROSS_RULE,
@@ -172,20 +173,15 @@ def _export_one(result: ExportResult, which: str, module: torch.nn.Module, args:
 
 
 def our_step_inputs(finding: Any, model: Any) -> Any:
-    """The decoder graph's finding, blaming onnxmedic's step inputs where PyTorch raised on
-    them (OM100 -> OM828): the encoder ran before; the inputs that fail are the example
-    step onnxmedic built (ProphetNet's decoder takes one token per step with its cache)."""
-    if finding.code != "OM100":
-        return finding
-    exception = finding.details.get("exception", finding.message)
-    return error(
-        "OM828", finding.stage, "PyTorch raised on the decoder step's example inputs that "
-        f"onnxmedic built for {type(model).__name__}: {EXAMPLE_NEW} new decoder tokens after "
-        f"a past of {EXAMPLE_PAST} with the encoder's cross-attention cache "
-        f"({finding.details.get('inputs', '')}): {exception}. These inputs are onnxmedic's, "
-        "not yours: its encoder-decoder package takes several tokens per decoder step.",
-        location=finding.location, suggestion="Report the family to onnxmedic with this "
-        "finding; serve the model with PyTorch meanwhile.", details=dict(finding.details))
+    """The decoder graph's finding, blaming onnxmedic's step inputs (generation's
+    :func:`~onnxmedic.hf.generation.step_inputs_blamed`): the encoder ran before (ProphetNet's
+    decoder takes one token per step with its cache)."""
+    return step_inputs_blamed(
+        finding, model, f"{EXAMPLE_NEW} new decoder tokens after a past of {EXAMPLE_PAST} "
+        "with the encoder's cross-attention cache (", "These inputs are onnxmedic's, not "
+        "yours: its encoder-decoder package takes several tokens per decoder step.",
+        "Report the family to onnxmedic with this finding; serve the model with PyTorch "
+        "meanwhile.")
 
 
 def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, processor: Any,
