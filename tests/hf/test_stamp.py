@@ -266,7 +266,7 @@ def test_the_geometry_is_the_package_contracts_and_read_once(neox, tmp_path, mon
         reads.append(args[0])
         return real(*args, **kwargs)
 
-    def parts(folder, config, work, timeout, shape=None):
+    def parts(folder, config, work, timeout, shape):
         seen.append(shape)
         return stamp.Stamped()  # stop after the parts
 

@@ -43,7 +43,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -150,10 +150,9 @@ def _example(weights: Any, name: str, rows: int | None = None) -> torch.Tensor:
     return (t[:rows] if rows is not None else t).to(torch.float32).clone()
 
 
-@dataclass(frozen=True)
-class Geometry:
-    """What the package's graph takes of the checkpoint's config: its layers, the cache's
-    heads and head size (the package contract's, genpackage.cache_sizes) and the vocabulary."""
+class Geometry(NamedTuple):
+    """The config's layers, cache heads and head size (the package contract's reading:
+    genpackage.cache_sizes) and vocabulary."""
 
     layers: int
     kv_heads: int
@@ -162,24 +161,22 @@ class Geometry:
 
 
 def geometry(config: Any) -> Geometry:
-    """The :class:`Geometry` of a transformers config; ValueError where its config does not
-    say the cache's sizes, or gives keys and values different ones (MLA: not stamped)."""
+    """The :class:`Geometry` of a transformers config; ValueError where it gives keys and
+    values no one (heads, head size) (MLA: not stamped)."""
     from onnxmedic.genpackage import cache_sizes
 
     sizes = cache_sizes(config.to_dict())
     if not sizes or sizes["key"] != sizes["value"]:
         raise ValueError(f"onnxmedic.hf.stamp: the config of {config.model_type!r} gives no "
                          f"one (heads, head size) of its cache ({sizes or 'none'})")
-    kv_heads, head_size = sizes["key"]
-    return Geometry(int(config.num_hidden_layers), kv_heads, head_size,
-                    int(config.vocab_size))
+    return Geometry(int(config.num_hidden_layers), *sizes["key"], int(config.vocab_size))
 
 
 def export_parts(folder: Path, config: Any, work: Path, timeout: float,
-                 shape: Geometry | None = None) -> Stamped:
+                 shape: Geometry) -> Stamped:
     """The prelude, one decoder layer and the head of the checkpoint ``folder`` exported and
     verified by onnxmedic.export in ``work`` (see the module docstring, step 1); ``shape``:
-    :func:`geometry` of ``config`` where the caller has it."""
+    :func:`geometry` of ``config``."""
     from torch.export import Dim
     from transformers import AutoModelForCausalLM
 
@@ -194,7 +191,6 @@ def export_parts(folder: Path, config: Any, work: Path, timeout: float,
     res = Stamped()
     g = torch.Generator().manual_seed(0)
     batch, new, past = 2, 3, 4
-    shape = geometry(config) if shape is None else shape
     rows = min(shape.vocab, EXAMPLE_ROWS)
     b, s, t, p = (Dim("batch_size"), Dim("sequence_length"), Dim("total_sequence_length"),
                   Dim("past_sequence_length"))
@@ -492,9 +488,8 @@ def stamp_package(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[
     res = export_parts(checkpoint, config, work, timeout, shape)
     if not res.ok:
         return res
-    layers, kv_heads, head_size = shape.layers, shape.kv_heads, shape.head_size
     t0 = time.perf_counter()
-    model, weights = assemble(res.parts, layers, kv_heads, head_size, shape.vocab, order)
+    model, weights = assemble(res.parts, *shape, order)
     res.parts.clear()
     import shutil
 
@@ -503,9 +498,8 @@ def stamp_package(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[
     onnx.save_model(model, str(folder / GRAPH))
     res.seconds["stamp"] = time.perf_counter() - t0
     like, tokenizer = _side_files(checkpoint)
-    write_side_files(like, tokenizer, folder, Layout(GRAPH, layers, kv_heads, head_size,
-                                                     position_ids=True))
-    res.layers, res.ok = layers, True
+    write_side_files(like, tokenizer, folder, Layout(GRAPH, *shape[:3], position_ids=True))
+    res.layers, res.ok = shape.layers, True
     return res
 
 
