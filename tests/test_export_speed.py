@@ -239,11 +239,22 @@ def test_cia_overrides_by_dict_register_what_torchs_override_registers():
     import onnxmedic._torch_compat as compat
     from onnxmedic.ops import REGISTRY
 
-    assert compat._cia_override_matches()  # this torch's function is the one checked
+    original = exported_program._override_composite_implicit_decomp
+    with pytest.MonkeyPatch.context() as m:  # another torch's function: left as it is
+        m.setattr(compat, "_CIA_OVERRIDE_SOURCE", "0" * 64)
+        compat._cia_override_matches.cache_clear()
+        with compat.cia_overrides_by_dict():
+            assert exported_program._override_composite_implicit_decomp is original
+    compat._cia_override_matches.cache_clear()
+    if not compat._cia_override_matches():
+        pytest.skip("this torch's _override_composite_implicit_decomp is not the one "
+                    "cia_overrides_by_dict was checked against (torch 2.13's): torch's runs")
     with compat.decompositions_sped_up():
         cia, _ = compat._decomposition_split(REGISTRY.onnx_registry(None))
     # both of its paths: ops with kernels of their own (torch's steps) and without
     assert any(op.py_kernels for op in cia) and any(not op.py_kernels for op in cia)
+    with exported_program._override_composite_implicit_decomp(cia):
+        pass  # torch's exit drops fake-tensor rules an op had before (both do): settled
     before = _state(cia)
     with exported_program._override_composite_implicit_decomp(cia):
         torchs = _state(cia)
@@ -256,10 +267,3 @@ def test_cia_overrides_by_dict_register_what_torchs_override_registers():
     assert ours == torchs and ours != before
     key = torch._C.DispatchKey.CompositeImplicitAutograd
     assert all(ours[op][0][key] == _kernel_kind(fn) for op, fn in cia.items())
-    original = exported_program._override_composite_implicit_decomp
-    with pytest.MonkeyPatch.context() as m:  # another torch's function: left as it is
-        m.setattr(compat, "_CIA_OVERRIDE_SOURCE", "0" * 64)
-        compat._cia_override_matches.cache_clear()
-        with compat.cia_overrides_by_dict():
-            assert exported_program._override_composite_implicit_decomp is original
-    compat._cia_override_matches.cache_clear()
