@@ -161,7 +161,7 @@ def test_kept_decompositions_follow_the_registry_and_torchs_tables():
     import torch._decomp
 
     from onnxmedic._torch_compat import (
-        _decomposition_split,
+        decomposition_split,
         decompositions_sped_up,
         prepare_for_export,
     )
@@ -178,7 +178,7 @@ def test_kept_decompositions_follow_the_registry_and_torchs_tables():
     for reg in (ours, plain, ours, plain):
         assert (hypot in targets(reg)) == (reg is ours)
     with decompositions_sped_up():
-        a, b = _decomposition_split(ours), _decomposition_split(ours)
+        a, b = decomposition_split(ours), decomposition_split(ours)
         assert a == b and a[0] is not b[0] and a[1] is not b[1]
     # a decomposition added to torch's table between two translations is used by the next
     @torch.library.custom_op("om_speed_decomp::thrice", mutates_args=())
@@ -241,16 +241,16 @@ def test_cia_overrides_by_dict_register_what_torchs_override_registers():
 
     original = exported_program._override_composite_implicit_decomp
     with pytest.MonkeyPatch.context() as m:  # another torch's function: left as it is
-        m.setattr(compat, "_CIA_OVERRIDE_SOURCE", "0" * 64)
-        compat._cia_override_matches.cache_clear()
+        m.setattr(compat, "CIA_OVERRIDE_SOURCE", "0" * 64)
+        compat.cia_override_matches.cache_clear()
         with compat.cia_overrides_by_dict():
             assert exported_program._override_composite_implicit_decomp is original
-    compat._cia_override_matches.cache_clear()
-    if not compat._cia_override_matches():
+    compat.cia_override_matches.cache_clear()
+    if not compat.cia_override_matches():
         pytest.skip("this torch's _override_composite_implicit_decomp is not the one "
                     "cia_overrides_by_dict was checked against (torch 2.13's): torch's runs")
     with compat.decompositions_sped_up():
-        cia, _ = compat._decomposition_split(REGISTRY.onnx_registry(None))
+        cia, _ = compat.decomposition_split(REGISTRY.onnx_registry(None))
     # both of its paths: ops with kernels of their own (torch's steps) and without
     assert any(op.py_kernels for op in cia) and any(not op.py_kernels for op in cia)
     with exported_program._override_composite_implicit_decomp(cia):
@@ -260,7 +260,7 @@ def test_cia_overrides_by_dict_register_what_torchs_override_registers():
         torchs = _state(cia)
     assert _state(cia) == before
     with compat.cia_overrides_by_dict():
-        assert exported_program._override_composite_implicit_decomp is compat._cia_overridden
+        assert exported_program._override_composite_implicit_decomp is compat.cia_overridden
         with exported_program._override_composite_implicit_decomp(cia):
             ours = _state(cia)
     assert _state(cia) == before

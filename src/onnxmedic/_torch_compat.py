@@ -210,7 +210,7 @@ def _decomposition_inputs() -> tuple[Any, ...]:
     return cia, frozenset(python_cia), tuple(torch._decomp.decomposition_table.items())
 
 
-def _decomposition_split(registry: Any) -> tuple[dict[Any, Any], dict[Any, Any]]:
+def decomposition_split(registry: Any) -> tuple[dict[Any, Any], dict[Any, Any]]:
     """``(cia_to_decomp, python_decomp_table)`` for ``registry``, as
     ``run_decompositions(create_onnx_friendly_decomposition_table(...))`` computes them,
     made once per registry contents and decomposition inputs; fresh dicts every call."""
@@ -251,7 +251,7 @@ def onnx_decompositions_kept() -> Iterator[None]:
 
     @no_fake
     def decompose_with_registry(program: Any, registry: Any) -> Any:
-        cia_to_decomp, python_decomp_table = _decomposition_split(registry)
+        cia_to_decomp, python_decomp_table = decomposition_split(registry)
         return decompose(program, cia_to_decomp=cia_to_decomp,
                          python_decomp_table=python_decomp_table, joint_loss_index=None,
                          decompose_custom_triton_ops=False)
@@ -263,11 +263,11 @@ def onnx_decompositions_kept() -> Iterator[None]:
 
 # sha256 of torch 2.13's _override_composite_implicit_decomp (its source): the function
 # cia_overrides_by_dict does the work of; another torch's runs as it is
-_CIA_OVERRIDE_SOURCE = "4422dc79d0792af728dd8eacf0a2fadcf00195c8802ceca15632b737d9d5c9bd"
+CIA_OVERRIDE_SOURCE = "4422dc79d0792af728dd8eacf0a2fadcf00195c8802ceca15632b737d9d5c9bd"
 
 
 @functools.cache
-def _cia_override_matches() -> bool:
+def cia_override_matches() -> bool:
     import hashlib
     import inspect
 
@@ -278,7 +278,7 @@ def _cia_override_matches() -> bool:
         source = inspect.getsource(getattr(fn, "__wrapped__", fn))
     except (AttributeError, OSError, TypeError):  # pragma: no cover - moved in a later torch
         return False
-    return hashlib.sha256(source.encode()).hexdigest() == _CIA_OVERRIDE_SOURCE
+    return hashlib.sha256(source.encode()).hexdigest() == CIA_OVERRIDE_SOURCE
 
 
 def _to_original_cia(fake_tensor_mode: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
@@ -291,7 +291,7 @@ def _to_original_cia(fake_tensor_mode: Any, op: Any, *args: Any, **kwargs: Any) 
 
 
 @contextlib.contextmanager
-def _cia_overridden(cia_ops_to_callable: dict[Any, Any]) -> Iterator[None]:
+def cia_overridden(cia_ops_to_callable: dict[Any, Any]) -> Iterator[None]:
     """torch 2.13's ``_override_composite_implicit_decomp`` (torch/export/exported_program.py)
     with the same kernels registered on the same ops, written as dict updates: torch
     registers each of some 21 kernels per op through ``py_impl`` and tests each key's
@@ -355,14 +355,14 @@ def _cia_overridden(cia_ops_to_callable: dict[Any, Any]) -> Iterator[None]:
 def cia_overrides_by_dict() -> Iterator[None]:
     """Within the block, ``run_decompositions``' override of the CompositeImplicitAutograd
     kernels (torch's ``_override_composite_implicit_decomp``, entered twice per translation:
-    two fifths of a small model's) is :func:`_cia_overridden`: the same kernels on the same
+    two fifths of a small model's) is :func:`cia_overridden`: the same kernels on the same
     ops, restored as torch restores them. Only on the torch whose function it was checked
     against (its source's hash); another torch's runs as it is."""
-    if not _cia_override_matches():
+    if not cia_override_matches():
         yield
         return
     with _replaced("torch.export.exported_program", "_override_composite_implicit_decomp",
-                   lambda _original: _cia_overridden):
+                   lambda _original: cia_overridden):
         yield
 
 

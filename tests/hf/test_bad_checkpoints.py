@@ -467,10 +467,10 @@ def test_a_task_without_its_cache_is_om807_naming_the_with_past_one():
 
     for task in GENERATION:
         if task.endswith("-with-past"):
-            load._check_generation(task)  # not refused
+            load.check_generation(task)  # not refused
             continue
         with pytest.raises(InputError) as caught:
-            load._check_generation(task)
+            load.check_generation(task)
         finding = caught.value.finding
         assert finding.code == "OM807" and "text-generation-with-past" in finding.message
         with_past = f"{task}-with-past"

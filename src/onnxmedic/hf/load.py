@@ -78,7 +78,7 @@ def _needs_text(task: str, model_type: str) -> bool:
         modality == "any" and tasks.main_input(model_type) in (None, "input_ids"))
 
 
-def _check_generation(task: str) -> None:
+def check_generation(task: str) -> None:
     """OM807 for a generation task exported by no road: one without its cache (the package's
     step needs it), or image-to-text."""
     if task in GENERATION and not task.endswith("-with-past"):
@@ -112,7 +112,7 @@ def _load_checkpoint(spec: Any, task: str | None, dtype: str, trust: bool,
 def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
                    job: Any) -> Loaded:
     task, how = _pick_task(ckpt.config, task, ckpt.folder, known=not ckpt.remote_code)
-    _check_generation(task)
+    check_generation(task)
     model_type = ckpt.config.get("model_type", "")
     if _needs_text(task, model_type) and not ckpt.has_tokenizer:
         raise _err("OM806", f"{ckpt.spec} has no tokenizer, and the task {task!r} takes text "
@@ -166,7 +166,7 @@ def _load_object(model: torch.nn.Module, task: str | None, dtype: str) -> Loaded
                    f"serves: {', '.join(can) or 'none onnxmedic knows'}.",
                    "Load the model with the Auto class of the task (e.g. "
                    "AutoModelForSequenceClassification for text-classification).")
-    _check_generation(task)
+    check_generation(task)
     folder = Path(str(getattr(model, "name_or_path", "") or ""))
     ckpt = None
     if folder.is_dir() and (folder / "config.json").is_file():
