@@ -54,11 +54,15 @@ SHRINK: dict[str, Any] = {
     "n_layers": 2, "n_heads": 4, "max_seq_len": 128, "num_layers_per_block": None,
 }
 
+DSA = {"index_topk": 4, "index_head_dim": 16}
 # SHRINK's keys changed for a family: attention that takes as many KV heads as query heads
 # (the shrunk 2 of 4 raised in PyTorch itself, OM830, a fault of the sweep's config)
 # (ProphetNet's config refuses num_hidden_layers and names its layers and heads per stack)
+# (DeepSeek Sparse Attention, AXK2's and HY-V4's: an indexer keeping fewer tokens than the
+# prompt and the generated ones, so that the sparse selection is exercised, 2048 by default)
 SHRINK_FOR: dict[str, dict[str, Any]] = {
-    "axk2": {"num_key_value_heads": 4}, "bailing_hybrid": {"num_key_value_heads": 4},
+    "axk2": {"num_key_value_heads": 4, **DSA}, "bailing_hybrid": {"num_key_value_heads": 4},
+    "hy_v4": DSA,
     "prophetnet": {"num_hidden_layers": None, "num_encoder_layers": 2,
                    "num_encoder_attention_heads": 4, "num_decoder_attention_heads": 4},
 }
