@@ -1,6 +1,8 @@
-"""A sparse attention's indexer keys (DeepSeek Sparse Attention: AXK2, HY-V4; transformers'
-``DynamicIndexedLayer``) carried as ``past_key_values.{i}.indexer_key`` beside the layer's
-keys and values (were refused, OM827), and what is still refused: an indexer's positions."""
+"""Caches beyond keys, values and a layer's states: a sparse attention's indexer keys
+(DeepSeek Sparse Attention: AXK2, HY-V4; transformers' ``DynamicIndexedLayer``) carried as
+``past_key_values.{i}.indexer_key`` beside the layer's keys and values (were refused, OM827),
+and what is still refused: an indexer's positions; MiniMax's own cache class's linear-attention
+states, carried as ``past.{i}.recurrent``."""
 
 from __future__ import annotations
 
@@ -66,15 +68,11 @@ def test_indexer_keys_are_carried_and_indexer_positions_refused():
     assert "--task text-generation" in said.suggestion
 
 
-def test_the_step_with_indexer_keys_is_the_models_own():
-    """HY-V4 (indexed attention in every layer, an indexer keeping 4 tokens: the sparse
-    selection at work) as the graph's function: the logits of new tokens after a past, fed
-    as flat keys, values and indexer keys, are the model's own on the whole sequence (was a
-    refusal; the plain DynamicCache raised in the model's update_indexer)."""
-    model = family_sweep.tiny_model("hy_v4", "causal")
-    assert model.config.index_topk == 4
+def _step_is_the_models_own(model) -> tuple[list, list]:
+    """GenerationDecoder(model) on example_step's inputs (new tokens after the model's own
+    cache of a past, fed back flat): its logits are the model's own on the whole sequence;
+    returns the spec and the present."""
     args, _, spec = generation.example_step(model)
-    assert (0, gp.INDEXER) in spec and (1, gp.INDEXER) in spec
     ids, mask, pos, past = args
     step = generation.GenerationDecoder(model, True, spec).eval()
     with torch.no_grad():
@@ -84,9 +82,42 @@ def test_the_step_with_indexer_keys_is_the_models_own():
                               (ids.shape[0], generation.EXAMPLE_PAST), generator=g)
         whole = model(input_ids=torch.cat([probe, ids], 1)).logits
     torch.testing.assert_close(logits, whole[:, -ids.shape[1]:], rtol=1e-4, atol=1e-5)
-    total = generation.EXAMPLE_PAST + ids.shape[1]
+    return spec, present
+
+
+def test_the_step_with_indexer_keys_is_the_models_own():
+    """HY-V4 (indexed attention in every layer, an indexer keeping 4 tokens: the sparse
+    selection at work) as the graph's function (was a refusal; the plain DynamicCache raised
+    in the model's update_indexer)."""
+    model = family_sweep.tiny_model("hy_v4", "causal")
+    assert model.config.index_topk == 4
+    spec, present = _step_is_the_models_own(model)
+    assert (0, gp.INDEXER) in spec and (1, gp.INDEXER) in spec
+    total = generation.EXAMPLE_PAST + generation.EXAMPLE_NEW
     indexer = [t for t, (_, kind) in zip(present, spec) if kind == gp.INDEXER]
     assert [t.shape[1] for t in indexer] == [total, total]
+
+
+@pytest.mark.parametrize("layers", [["linear_attention", "full_attention"],
+                                    ["full_attention", "linear_attention"]])
+def test_minimax_linear_attention_state_is_carried(layers):
+    """MiniMax keeps its lightning (linear) attention's state in its own cache class's
+    ``linear_cache``, not in a layer, and its forward takes no other cache (was OM828:
+    "MiniMax uses cache of its own"): the state is the layer's ``recurrent`` entry, fed back
+    in a MiniMaxCache; a linear layer's empty DynamicLayer is no reason to refuse."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(
+        "minimax", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=128, num_local_experts=4,
+        num_experts_per_tok=2, layer_types=layers, vocab_size=384, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    assert generation.cache_problem(model) is None
+    spec, _ = _step_is_the_models_own(model)
+    linear = layers.index("linear_attention")
+    assert (linear, "recurrent") in spec and generation.has_states(spec)
+    assert (1 - linear, "key") in spec
 
 
 def _indexed_step_graph(path: Path) -> Path:
@@ -127,10 +158,10 @@ def test_the_package_contract_reads_and_feeds_indexer_keys(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["axk2", "hy_v4"])
+@pytest.mark.parametrize("family", ["axk2", "hy_v4", "minimax"])
 def test_sparse_attention_families_verify(family, tmp_path, monkeypatch):
-    """AXK2 and HY-V4 through ``onnxmedic export hf:FOLDER``: verified token by token in
-    onnxmedic's own loop (were OM827)."""
+    """AXK2 and HY-V4 (were OM827) and MiniMax (was OM828) through ``onnxmedic export
+    hf:FOLDER``: verified token by token in onnxmedic's own loop."""
     monkeypatch.setattr(family_sweep, "OUT", tmp_path)
     row = family_sweep.run(family, "causal", timeout=600, exporters=False)
     assert (row["outcome"], row["codes"]) == ("verified", []), row

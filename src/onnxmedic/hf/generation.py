@@ -88,12 +88,18 @@ def cache_spec(cache: Any) -> CacheSpec:
     """The model's own cache (a transformers ``DynamicCache`` after a forward pass) as the
     package's entries, (layer, kind) in the graph's order: per layer its ``key`` and
     ``value`` where it holds them, its sparse attention's ``indexer_key``, then its ``conv``
-    and ``recurrent`` states."""
+    and ``recurrent`` states (MiniMax's own cache keeps a linear-attention layer's state in
+    its ``linear_cache``, not in a layer: its ``recurrent``)."""
     layers = getattr(cache, "layers", None)
     if layers is None:  # legacy ((k, v), ...) tuples
         return [(i, kind) for i in range(len(cache)) for kind in KINDS]
+    linear = getattr(cache, "linear_cache", None) or []
     spec: CacheSpec = []
-    for i, layer in enumerate(layers):
+    for i in range(max(len(layers), len(linear))):
+        layer = layers[i] if i < len(layers) else None
+        if i < len(linear) and isinstance(linear[i], torch.Tensor):
+            spec.append((i, "recurrent"))
+            continue
         if isinstance(getattr(layer, "keys", None), torch.Tensor):
             spec += [(i, kind) for kind in KINDS]
         if isinstance(getattr(layer, "indexer_keys", None), torch.Tensor):
@@ -129,8 +135,11 @@ def unsupported_states(cache: Any) -> list[str]:
     that read an earlier layer's keys and values)."""
     said = []
     layers = getattr(cache, "layers", None) or []
+    linear = getattr(cache, "linear_cache", None) or []  # MiniMax's states, beside its layers
     stateful = any(_layer_states(layer) for layer in layers)
     for i, layer in enumerate(layers):
+        if i < len(linear) and isinstance(linear[i], torch.Tensor):
+            continue  # a linear-attention layer: its state is the cache's, this layer empty
         if type(layer).__name__ == "DummyLayer":
             if not stateful:  # in a key/value cache: Gemma 3n's layers that share KV
                 said.append(f"{i} DummyLayer: no keys and values of its own (a layer that "
@@ -159,8 +168,10 @@ def flat_cache(cache: Any, spec: CacheSpec | None = None) -> list[torch.Tensor]:
     ``spec`` (:func:`cache_spec`), its entries in that order, states included."""
     layers = getattr(cache, "layers", None)
     if spec is not None and layers is not None:
+        linear = getattr(cache, "linear_cache", None) or []
         return [getattr(layers[i], "keys" if kind == "key" else "values") if kind in KINDS
                 else layers[i].indexer_keys if kind == INDEXER
+                else linear[i] if i < len(linear) and isinstance(linear[i], torch.Tensor)
                 else getattr(layers[i], STATE_OF[kind])[0] for i, kind in spec]
     if layers is not None:
         return [t for layer in layers for t in (layer.keys, layer.values)]
@@ -184,15 +195,39 @@ def own_cache(out: Any) -> Any:
     return cache if cache is not None else getattr(out, "cache_params", None)
 
 
+def linear_cache_class(model: torch.nn.Module) -> type | None:
+    """The cache class of ``model``'s own module that keeps linear-attention states beside
+    its layers (MiniMax's ``MiniMaxCache``, ``set_linear_cache``: its forward takes no other
+    cache); None for the others."""
+    from transformers import DynamicCache
+
+    module = inspect.getmodule(type(model))
+    return next((c for c in vars(module).values() if isinstance(c, type)
+                 and issubclass(c, DynamicCache) and hasattr(c, "set_linear_cache")), None)
+
+
 def state_cache(model: torch.nn.Module, spec: CacheSpec, past: list[torch.Tensor]) -> Any:
     """The model's own cache class (``DynamicCache(config=...)``, as its forward builds one)
     holding ``past`` (entries in ``spec`` order): keys and values as a full-length layer's
     (sliding-window layers without states become plain ones: masked, not truncated), states
     as after a previous step (copies: the step updates them in place, and a graph input is
-    not written), indexer keys as its ``DynamicIndexedLayer``'s (grown by concatenation)."""
+    not written), indexer keys as its ``DynamicIndexedLayer``'s (grown by concatenation);
+    MiniMax's (:func:`linear_cache_class`) its layers' keys and values and its linear
+    attention's states."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
+    linear = linear_cache_class(model)
+    if linear is not None:
+        cache = linear()
+        for (i, kind), t in zip(spec, past):
+            if kind == "key":
+                key = t
+            elif kind == "value":
+                cache.update(key, t, i)
+            else:
+                cache.set_linear_cache(i, t.clone())
+        return cache
     cache = DynamicCache(config=model.config)
     pending: dict[int, torch.Tensor] = {}
     for (i, kind), t in zip(spec, past):
