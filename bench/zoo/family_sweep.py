@@ -63,6 +63,7 @@ DSA = {"index_topk": 4, "index_head_dim": 16}
 SHRINK_FOR: dict[str, dict[str, Any]] = {
     "axk2": {"num_key_value_heads": 4, **DSA}, "bailing_hybrid": {"num_key_value_heads": 4},
     "hy_v4": DSA,
+    "zaya": {"num_experts_per_tok": 1},  # ZAYA's config takes one expert a token only
     "prophetnet": {"num_hidden_layers": None, "num_encoder_layers": 2,
                    "num_encoder_attention_heads": 4, "num_decoder_attention_heads": 4},
 }
@@ -229,7 +230,8 @@ def families() -> list[tuple[str, str]]:
 def _shrunk(base: Any, model_type: str) -> dict[str, Any]:
     """The size keys of config ``base`` shrunk (SHRINK, SHRINK_MLA, SHRINK_FOR), its layer
     pattern cut to its layers (one of each kind first), and each nested config (a multimodal
-    one's text and vision towers, an encoder-decoder's two stacks) shrunk alike, as a dict."""
+    one's text and vision towers, an encoder-decoder's two stacks) shrunk alike (CONFIGS's
+    where its model type has one), as a dict."""
     from transformers import PretrainedConfig
 
     from bench.zoo.generation import VOCAB
@@ -244,10 +246,15 @@ def _shrunk(base: Any, model_type: str) -> dict[str, Any]:
         keys["num_hidden_layers"] = len(keys["layer_types"])
     for name, sub in vars(base).items():
         if isinstance(sub, PretrainedConfig):
-            inner = _shrunk(sub, model_type)
+            # a text tower whose family has its own tiny config (Gemma 3n's, Gemma 4's,
+            # Qwen4-Exp's: SHRINK alone leaves their per-layer keys incoherent) takes it
+            # (alone: the default tower's per-layer keys would not fit its layers)
+            own = CONFIGS.get(getattr(sub, "model_type", ""))
+            inner = dict(own) if own is not None else _shrunk(sub, model_type)
             if hasattr(sub, "vocab_size"):
                 inner.update(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-            keys[name] = {**sub.to_dict(), **inner}
+            keys[name] = ({"model_type": sub.model_type, **inner} if own is not None
+                          else {**sub.to_dict(), **inner})
     return keys
 
 
