@@ -139,6 +139,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
                        conv_kernel=4, expand=2, chunk_size=16, n_routed_experts=4,
                        num_experts_per_tok=2, moe_intermediate_size=32,
                        moe_shared_expert_intermediate_size=64),
+    # RecurrentGemma: its block pattern (recurrent, recurrent, attention) cut to two layers
+    # left no attention layer (its cache then cannot say its length: OM830, the sweep's
+    # fault); the LRU's width is not a SHRINK key (2560)
+    "recurrent_gemma": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                            lru_width=64, block_types=["recurrent", "attention"],
+                            attention_window_size=128),
     "falcon_mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
                          conv_kernel=4),
     # transformers' default Lfm2MoeConfig has no layer_types (its __init__ then raises); the

@@ -25,3 +25,16 @@ def test_tiny_config_of_a_family_that_had_none(family, tower):
         text = model.config.get_text_config()
         assert text.model_type == tower
         assert text.num_hidden_layers == family_sweep.CONFIGS[tower]["num_hidden_layers"]
+
+
+def test_recurrent_gemma_tiny_config_keeps_an_attention_layer():
+    """RecurrentGemma's pattern cut to two layers had no attention layer: PyTorch itself
+    raised (OM830, the sweep's config at fault). With one, the refusal is the model's: its
+    recurrent blocks keep their state in the module, not in the cache it returns (none):
+    OM817."""
+    from onnxmedic.hf import generation
+
+    model = family_sweep.tiny_model("recurrent_gemma", "causal")
+    assert "attention" in model.config.block_types
+    said = generation.cache_problem(model)
+    assert said is not None and said.code == "OM817", said
