@@ -54,11 +54,16 @@ SHRINK: dict[str, Any] = {
     "n_layers": 2, "n_heads": 4, "max_seq_len": 128, "num_layers_per_block": None,
 }
 
+DSA = {"index_topk": 4, "index_head_dim": 16}
 # SHRINK's keys changed for a family: attention that takes as many KV heads as query heads
 # (the shrunk 2 of 4 raised in PyTorch itself, OM830, a fault of the sweep's config)
 # (ProphetNet's config refuses num_hidden_layers and names its layers and heads per stack)
+# (DeepSeek Sparse Attention, AXK2's and HY-V4's: an indexer keeping fewer tokens than the
+# prompt and the generated ones, so that the sparse selection is exercised, 2048 by default)
 SHRINK_FOR: dict[str, dict[str, Any]] = {
-    "axk2": {"num_key_value_heads": 4}, "bailing_hybrid": {"num_key_value_heads": 4},
+    "axk2": {"num_key_value_heads": 4, **DSA}, "bailing_hybrid": {"num_key_value_heads": 4},
+    "hy_v4": DSA,
+    "zaya": {"num_experts_per_tok": 1},  # ZAYA's config takes one expert a token only
     "prophetnet": {"num_hidden_layers": None, "num_encoder_layers": 2,
                    "num_encoder_attention_heads": 4, "num_decoder_attention_heads": 4},
 }
@@ -134,6 +139,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
                        conv_kernel=4, expand=2, chunk_size=16, n_routed_experts=4,
                        num_experts_per_tok=2, moe_intermediate_size=32,
                        moe_shared_expert_intermediate_size=64),
+    # RecurrentGemma: its block pattern (recurrent, recurrent, attention) cut to two layers
+    # left no attention layer (its cache then cannot say its length: OM830, the sweep's
+    # fault); the LRU's width is not a SHRINK key (2560)
+    "recurrent_gemma": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                            lru_width=64, block_types=["recurrent", "attention"],
+                            attention_window_size=128),
     "falcon_mamba": dict(hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
                          conv_kernel=4),
     # transformers' default Lfm2MoeConfig has no layer_types (its __init__ then raises); the
@@ -225,7 +237,8 @@ def families() -> list[tuple[str, str]]:
 def _shrunk(base: Any, model_type: str) -> dict[str, Any]:
     """The size keys of config ``base`` shrunk (SHRINK, SHRINK_MLA, SHRINK_FOR), its layer
     pattern cut to its layers (one of each kind first), and each nested config (a multimodal
-    one's text and vision towers, an encoder-decoder's two stacks) shrunk alike, as a dict."""
+    one's text and vision towers, an encoder-decoder's two stacks) shrunk alike (CONFIGS's
+    where its model type has one), as a dict."""
     from transformers import PretrainedConfig
 
     from bench.zoo.generation import VOCAB
@@ -240,10 +253,15 @@ def _shrunk(base: Any, model_type: str) -> dict[str, Any]:
         keys["num_hidden_layers"] = len(keys["layer_types"])
     for name, sub in vars(base).items():
         if isinstance(sub, PretrainedConfig):
-            inner = _shrunk(sub, model_type)
+            # a text tower whose family has its own tiny config (Gemma 3n's, Gemma 4's,
+            # Qwen4-Exp's: SHRINK alone leaves their per-layer keys incoherent) takes it
+            # (alone: the default tower's per-layer keys would not fit its layers)
+            own = CONFIGS.get(getattr(sub, "model_type", ""))
+            inner = dict(own) if own is not None else _shrunk(sub, model_type)
             if hasattr(sub, "vocab_size"):
                 inner.update(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-            keys[name] = {**sub.to_dict(), **inner}
+            keys[name] = ({"model_type": sub.model_type, **inner} if own is not None
+                          else {**sub.to_dict(), **inner})
     return keys
 
 

@@ -22,13 +22,17 @@ write the same layout). Its decoder graph takes
   class holds it); zeros at the first step. A layer may hold keys and values and states
   (Falcon-H1's attention beside its Mamba-2 mixer): each is one entry of the cache, in
   layer order, ``key``, ``value``, ``conv``, ``recurrent`` within a layer,
+- a sparse attention's indexer keys (DeepSeek Sparse Attention: AXK2, HY-V4, DeepSeek-V3.2,
+  transformers' ``DynamicIndexedLayer``): ``past_key_values.{i}.indexer_key`` after the
+  layer's key and value, [batch_size, past_sequence_length, index_head_size] (one head, its
+  sequence axis the second), length 0 at the first step, grown by the new tokens as a key,
 
 and returns ``logits`` and ``present.{i}.key`` / ``.value`` (``present.{i}.decoder.*``), the
-cache grown by the new tokens (full length also in sliding-window layers: they are masked,
-not truncated), and ``present.{i}.conv`` / ``.recurrent``, the states after the new tokens.
-A graph whose ``input_ids`` has a fixed sequence length of 1 takes one token per step
-(:attr:`StepLayout.step_tokens`; what a package with states is: the state-space models'
-own code takes a previous state only one token at a time): the loop feeds a prompt token by
+cache grown by the new tokens (``present.{i}.indexer_key`` too; full length also in
+sliding-window layers: they are masked, not truncated), and ``present.{i}.conv`` /
+``.recurrent``, the states after the new tokens. A graph whose ``input_ids`` has a fixed
+sequence length of 1 takes one token per step (:attr:`StepLayout.step_tokens`; what a
+package with states is: the state-space models' own code takes a previous state only one token at a time): the loop feeds a prompt token by
 token, its logits being the concatenation of those steps'. A decoder-step file without these
 names (bench/zoo/hf.py's ``DecodeStep``: ``input_ids`` and the flat past ``[k0, v0, k1, v1,
 ...]`` in, ``logits`` and the present in the same order out) is read by position.
@@ -67,6 +71,7 @@ USE_CACHE_BRANCH = "use_cache_branch"  # optimum's merged decoders (if past then
 LOGITS = "logits"
 PAST, PRESENT = "past_key_values", "present"
 KINDS = ("key", "value")
+INDEXER = "indexer_key"  # a sparse attention's indexer keys, [batch, past, size] (one head)
 STATES = ("conv", "recurrent")  # the kinds of a layer's cache that are states, not K/V
 STATE_PAST, STATE_PRESENT = "past", "present"  # onnxruntime-genai's past.%d.conv
 SELF, CROSS = "decoder", "encoder"  # the parts of an encoder-decoder's cache
@@ -74,7 +79,7 @@ SELF, CROSS = "decoder", "encoder"  # the parts of an encoder-decoder's cache
 DECODER_FILES = ("model.onnx", "decoder_with_past_model.onnx", "decoder_model_merged.onnx")
 ENCODER_FILE = "encoder_model.onnx"
 
-_CACHE = re.compile(rf"^({PAST}|{PRESENT})\.(\d+)\.(?:({SELF}|{CROSS})\.)?(key|value)$")
+_CACHE = re.compile(rf"^({PAST}|{PRESENT})\.(\d+)\.(?:({SELF}|{CROSS})\.)?(key|value|{INDEXER})$")
 _STATE = re.compile(rf"^({STATE_PAST}|{STATE_PRESENT})\.(\d+)\.({'|'.join(STATES)})$")
 
 
@@ -155,6 +160,11 @@ class CacheEntry:
         """Whether the entry is a convolution or state-space state (not keys or values)."""
         return self.kind in STATES
 
+    @property
+    def indexer(self) -> bool:
+        """Whether the entry is a sparse attention's indexer keys ([batch, past, size])."""
+        return self.kind == INDEXER
+
 
 @dataclass
 class StepLayout:
@@ -192,15 +202,15 @@ class StepLayout:
 
     def unsized(self) -> list[str]:
         """The cache inputs whose head count or head size is unknown."""
-        return [c.name for c in self.self_cache
-                if not c.state and not (c.heads and c.head_size)]
+        return [c.name for c in self.self_cache if not c.state and not (
+            c.head_size if c.indexer else c.heads and c.head_size)]
 
     def past_length(self, past: Sequence[np.ndarray]) -> int | None:
         """The tokens behind the cache ``past`` (in :attr:`self_cache` order): a key or
         value's length; None when it has none (states only: the loop counts the tokens)."""
         for c, t in zip(self.self_cache, past):
             if not c.state:
-                return int(t.shape[2])
+                return int(t.shape[1 if c.indexer else 2])
         return None
 
     def empty_past(self, batch: int = 1) -> list[np.ndarray]:
@@ -211,6 +221,7 @@ class StepLayout:
                            "head count or head size and no genai_config.json or config.json "
                            "beside the graph says it")
         return [np.zeros((batch, *c.shape), np.dtype(c.dtype)) if c.state else
+                np.zeros((batch, 0, c.head_size), np.dtype(c.dtype)) if c.indexer else
                 np.zeros((batch, c.heads, 0, c.head_size), np.dtype(c.dtype))
                 for c in self.self_cache]
 
@@ -318,6 +329,14 @@ def read_step(path: str | os.PathLike[str], config_dir: str | os.PathLike[str] |
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)).name
             cache.append(CacheEntry(i.name, present_of(i.name), parsed[1], parsed[3],
                                     dtype=dtype, shape=[int(d) for d in dims[1:]]))
+            continue
+        if parsed and parsed[3] == INDEXER:
+            if len(dims) != 3:
+                raise NotAStep(f"{path}: the indexer key input {i.name!r} has {len(dims)} "
+                               "dims, not (batch, past, size)")
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)).name
+            cache.append(CacheEntry(i.name, present_of(i.name), parsed[1], INDEXER,
+                                    head_size=dims[2], dtype=dtype))
             continue
         if len(dims) != 4:
             raise NotAStep(f"{path}: cache input {i.name!r} has {len(dims)} dims, not (batch, "
@@ -432,8 +451,8 @@ def _fill_sizes(layout: StepLayout, folder: Path) -> None:
     if not sizes:
         return
     for c in layout.self_cache:
-        if c.state:  # a state's shape is fixed in the graph
-            continue
+        if c.state or c.indexer:  # a state's shape is fixed in the graph, as is an indexer's
+            continue  # size (no config names it)
         heads, size = sizes[c.kind]
         c.heads, c.head_size = c.heads or heads, c.head_size or size
     layout.sizes_from = str(folder / source)

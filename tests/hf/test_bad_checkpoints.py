@@ -316,36 +316,6 @@ def test_state_layers_the_package_cannot_carry_are_om827(tmp_path):
     assert generation.unsupported_states(DynamicCache()) == []
 
 
-def test_indexer_keys_of_a_sparse_attention_cache_are_om827():
-    """transformers' DynamicIndexedLayer (AXK2, DeepSeek-V3.2, GLM-MoE-DSA) holds a sparse
-    attention's indexer keys beside its keys and values; the package has no entry for them:
-    refused before any export with the layer named (was OM828 in the decoder step, the
-    model's update_indexer raising on onnxmedic's plain DynamicCache)."""
-    from types import SimpleNamespace
-
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicIndexedLayer
-
-    from onnxmedic.hf import generation
-
-    layer = DynamicIndexedLayer()
-    layer.update(torch.zeros(1, 2, 2, 16), torch.zeros(1, 2, 2, 16))
-    layer.update_indexer(torch.zeros(1, 2, 8))
-    cache = DynamicCache()
-    cache.layers = [layer]
-
-    class Indexed(torch.nn.Module):
-        config = SimpleNamespace(vocab_size=10)
-
-        def forward(self, **kw):
-            return SimpleNamespace(past_key_values=cache)
-
-    said = generation.cache_problem(Indexed())
-    assert said is not None and said.code == "OM827", said
-    assert "0 DynamicIndexedLayer: indexer_keys [1, 2, 8]" in said.message
-    assert "--task text-generation" in said.suggestion
-
-
 def test_a_layer_that_needs_no_cache_is_carried_as_nothing():
     """transformers' DummyLayer (an MLP or MoE layer of a hybrid such as Nemotron-H: no cache
     at all) is no reason to refuse (was OM827 "no keys and no state"); a layer of another

@@ -534,3 +534,16 @@ def test_dynamic_sizes():
     assert res.ok, [f.message for f in res.findings]
     for inp in res.onnx_model.graph.input:
         assert inp.type.tensor_type.shape.dim[0].dim_param, inp.name
+
+
+def test_squeeze_of_a_dim_that_is_not_one():
+    """squeeze(dim) of a dim whose size is not 1 leaves it in place in PyTorch; torchlib's
+    Squeeze of it makes a graph ONNX Runtime cannot load (LongCat-Flash's expert mask,
+    OM510). A dim of 1 beside it is still removed; negative dims too."""
+    def fn(x):
+        return x.squeeze(0) * 2, x.squeeze((0, 1)) + 1, x.squeeze(-3), x.squeeze(1)
+
+    args = (torch.randn(2, 1, 3),)
+    assert check_call(fn, args, registry=None).stage == "runtime"
+    res = check_call(fn, args)
+    assert res.ok, res.error

@@ -33,7 +33,15 @@ import torch
 
 from onnxmedic import sandbox
 from onnxmedic.findings import error, info, warning
-from onnxmedic.genpackage import KINDS, LOGITS, STATES, cache_name, cache_names, present_of
+from onnxmedic.genpackage import (
+    INDEXER,
+    KINDS,
+    LOGITS,
+    STATES,
+    cache_name,
+    cache_names,
+    present_of,
+)
 from onnxmedic.hf.gen_verify import eos_ids, genai_generation, verify_generation
 from onnxmedic.hf.genai_files import Layout, write_side_files
 from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD, replace_folder, staged
@@ -59,6 +67,9 @@ SLIDING = ("DynamicSlidingWindowLayer", "LinearAttentionAndSlidingWindowAttentio
 STATES_NOT_GENAI = (
     "its cache holds convolution or state-space states (past.{i}.conv / .recurrent) and the "
     "graph takes one token per step, while onnxruntime-genai feeds the whole prompt at once")
+INDEXER_NOT_GENAI = (
+    "its cache holds a sparse attention's indexer keys (past_key_values.{i}.indexer_key), "
+    "which onnxruntime-genai's config cannot name")
 CacheSpec = list[tuple[int, str]]  # the cache's entries: (layer, kind) in the graph's order
 
 
@@ -76,14 +87,23 @@ def _layer_states(layer: Any) -> list[tuple[str, list[int]]]:
 def cache_spec(cache: Any) -> CacheSpec:
     """The model's own cache (a transformers ``DynamicCache`` after a forward pass) as the
     package's entries, (layer, kind) in the graph's order: per layer its ``key`` and
-    ``value`` where it holds them, then its ``conv`` and ``recurrent`` states."""
+    ``value`` where it holds them, its sparse attention's ``indexer_key``, then its ``conv``
+    and ``recurrent`` states (MiniMax's own cache keeps a linear-attention layer's state in
+    its ``linear_cache``, not in a layer: its ``recurrent``)."""
     layers = getattr(cache, "layers", None)
     if layers is None:  # legacy ((k, v), ...) tuples
         return [(i, kind) for i in range(len(cache)) for kind in KINDS]
+    linear = getattr(cache, "linear_cache", None) or []
     spec: CacheSpec = []
-    for i, layer in enumerate(layers):
+    for i in range(max(len(layers), len(linear))):
+        layer = layers[i] if i < len(layers) else None
+        if i < len(linear) and isinstance(linear[i], torch.Tensor):
+            spec.append((i, "recurrent"))
+            continue
         if isinstance(getattr(layer, "keys", None), torch.Tensor):
             spec += [(i, kind) for kind in KINDS]
+        if isinstance(getattr(layer, "indexer_keys", None), torch.Tensor):
+            spec.append((i, INDEXER))
         for kind in STATES:
             held = getattr(layer, STATE_OF[kind], None)
             if isinstance(held, dict) and isinstance(held.get(0), torch.Tensor):
@@ -96,19 +116,30 @@ def has_states(spec: CacheSpec | None) -> bool:
     return bool(spec) and any(kind in STATES for _, kind in spec)
 
 
+def own_layers(spec: CacheSpec | None) -> bool:
+    """Whether a cache spec holds more than keys and values (states, indexer keys): the
+    step then rebuilds the model's own cache class (:func:`state_cache`) and names each
+    entry by its kind."""
+    return bool(spec) and any(kind not in KINDS for _, kind in spec)
+
+
 def unsupported_states(cache: Any) -> list[str]:
     """The state layers of ``cache`` the package cannot carry ("0 LinearAttentionLayer:
     conv_states [2, 64, 3]", with the reason): several states in one layer, a sliding
-    window beside states, a sparse attention's indexer keys beside the keys and values
-    (transformers' ``DynamicIndexedLayer``: AXK2, DeepSeek-V3.2, GLM-MoE-DSA), a layer
+    window beside states, a sparse attention's indexer positions (Qwen4-Exp's
+    ``indexer_position_ids``: its indexer keys alone are carried, past_key_values.{i}.
+    indexer_key), a layer
     holding neither keys nor a state (but transformers' ``DummyLayer``, which a layer keeps
     that needs no cache: an MLP or MoE layer of a hybrid such as Nemotron-H; the package has
     no entry for it), a ``DummyLayer`` in a cache of keys and values only (Gemma 3n's layers
     that read an earlier layer's keys and values)."""
     said = []
     layers = getattr(cache, "layers", None) or []
+    linear = getattr(cache, "linear_cache", None) or []  # MiniMax's states, beside its layers
     stateful = any(_layer_states(layer) for layer in layers)
     for i, layer in enumerate(layers):
+        if i < len(linear) and isinstance(linear[i], torch.Tensor):
+            continue  # a linear-attention layer: its state is the cache's, this layer empty
         if type(layer).__name__ == "DummyLayer":
             if not stateful:  # in a key/value cache: Gemma 3n's layers that share KV
                 said.append(f"{i} DummyLayer: no keys and values of its own (a layer that "
@@ -118,10 +149,11 @@ def unsupported_states(cache: Any) -> list[str]:
         states = _layer_states(layer)
         kv = isinstance(getattr(layer, "keys", None), torch.Tensor)
         what = f"{i} {type(layer).__name__}: {', '.join(f'{n} {s}' for n, s in states)}"
-        indexer = getattr(layer, "indexer_keys", None)
-        if isinstance(indexer, torch.Tensor) and indexer.numel():
-            said.append(f"{i} {type(layer).__name__}: indexer_keys {list(indexer.shape)} (a "
-                        "sparse attention's indexer key cache beside the keys and values)")
+        positions = getattr(layer, "indexer_position_ids", None)
+        if isinstance(positions, torch.Tensor):
+            said.append(f"{i} {type(layer).__name__}: indexer_position_ids "
+                        f"{list(positions.shape)} (a sparse attention's indexer positions "
+                        "beside its keys)")
         elif getattr(layer, "number_of_states", 1) > 1:
             said.append(f"{what} ({layer.number_of_states} states per layer)")
         elif states and type(layer).__name__ in SLIDING:
@@ -136,7 +168,10 @@ def flat_cache(cache: Any, spec: CacheSpec | None = None) -> list[torch.Tensor]:
     ``spec`` (:func:`cache_spec`), its entries in that order, states included."""
     layers = getattr(cache, "layers", None)
     if spec is not None and layers is not None:
+        linear = getattr(cache, "linear_cache", None) or []
         return [getattr(layers[i], "keys" if kind == "key" else "values") if kind in KINDS
+                else layers[i].indexer_keys if kind == INDEXER
+                else linear[i] if i < len(linear) and isinstance(linear[i], torch.Tensor)
                 else getattr(layers[i], STATE_OF[kind])[0] for i, kind in spec]
     if layers is not None:
         return [t for layer in layers for t in (layer.keys, layer.values)]
@@ -160,15 +195,39 @@ def own_cache(out: Any) -> Any:
     return cache if cache is not None else getattr(out, "cache_params", None)
 
 
+def linear_cache_class(model: torch.nn.Module) -> type | None:
+    """The cache class of ``model``'s own module that keeps linear-attention states beside
+    its layers (MiniMax's ``MiniMaxCache``, ``set_linear_cache``: its forward takes no other
+    cache); None for the others."""
+    from transformers import DynamicCache
+
+    module = inspect.getmodule(type(model))
+    return next((c for c in vars(module).values() if isinstance(c, type)
+                 and issubclass(c, DynamicCache) and hasattr(c, "set_linear_cache")), None)
+
+
 def state_cache(model: torch.nn.Module, spec: CacheSpec, past: list[torch.Tensor]) -> Any:
     """The model's own cache class (``DynamicCache(config=...)``, as its forward builds one)
     holding ``past`` (entries in ``spec`` order): keys and values as a full-length layer's
     (sliding-window layers without states become plain ones: masked, not truncated), states
     as after a previous step (copies: the step updates them in place, and a graph input is
-    not written)."""
+    not written), indexer keys as its ``DynamicIndexedLayer``'s (grown by concatenation);
+    MiniMax's (:func:`linear_cache_class`) its layers' keys and values and its linear
+    attention's states."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
+    linear = linear_cache_class(model)
+    if linear is not None:
+        cache = linear()
+        for (i, kind), t in zip(spec, past):
+            if kind == "key":
+                key = t
+            elif kind == "value":
+                cache.update(key, t, i)
+            else:
+                cache.set_linear_cache(i, t.clone())
+        return cache
     cache = DynamicCache(config=model.config)
     pending: dict[int, torch.Tensor] = {}
     for (i, kind), t in zip(spec, past):
@@ -179,6 +238,9 @@ def state_cache(model: torch.nn.Module, spec: CacheSpec, past: list[torch.Tensor
             pending[i] = t
         elif kind == "value":
             layer.update(pending.pop(i), t)
+        elif kind == INDEXER:
+            layer.lazy_initialization_indexer(t)
+            layer.indexer_keys = t
         else:
             attr = STATE_OF[kind]
             getattr(layer, attr)[0] = t.clone()
@@ -202,8 +264,9 @@ class GenerationDecoder(torch.nn.Module):
         super().__init__()
         self.model = model
         self.takes_positions = position_ids
-        # with states (has_states), the model's own cache class holds the past (state_cache)
-        self.spec = spec if has_states(spec) else None
+        # with states or indexer keys (own_layers), the model's own cache class holds the
+        # past (state_cache)
+        self.spec = spec if own_layers(spec) else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 position_ids: torch.Tensor | None, past: list[torch.Tensor]
@@ -332,14 +395,15 @@ def example_step(model: torch.nn.Module, vocab: int | None = None
     ids = torch.cat([probe, torch.randint(min(4, vocab - 1), vocab, (EXAMPLE_BATCH, new),
                                           generator=g)], 1)
     mask = torch.ones(EXAMPLE_BATCH, total, dtype=torch.int64)
-    past = [t.detach().clone() for t in flat_cache(cache, spec if states else None)]
+    past = [t.detach().clone() for t in flat_cache(cache, spec if own_layers(spec) else None)]
     pos = torch.arange(EXAMPLE_PAST, total).expand(EXAMPLE_BATCH, new).contiguous()
     b, s = Dim("batch_size"), Dim("sequence_length")
     p = Dim("past_sequence_length")
     args = (ids[:, EXAMPLE_PAST:].contiguous(), mask, pos, past)
     tokens = {0: b} if states else {0: b, 1: s}
     shapes = (tokens, {0: b, 1: Dim.AUTO}, tokens,
-              [{0: b} if kind in STATES else {0: b, 2: p} for _, kind in spec])
+              [{0: b} if kind in STATES else {0: b, 1: p} if kind == INDEXER else {0: b, 2: p}
+               for _, kind in spec])
     return args, shapes, spec
 
 
@@ -352,7 +416,7 @@ def example_inputs(model: torch.nn.Module, vocab: int | None = None
 def io_names(n_cache: int, spec: CacheSpec | None = None) -> tuple[list[str], list[str]]:
     """GenAI's and optimum's names: the cache inputs and the outputs, in the graph's order
     (with ``spec``, its entries' names: a state's ``past.{i}.conv``)."""
-    past = ([cache_name(i, kind) for i, kind in spec] if has_states(spec) else
+    past = ([cache_name(i, kind) for i, kind in spec] if own_layers(spec) else
             cache_names((n_cache + 1) // 2)[:n_cache])
     present = [LOGITS] + [present_of(n) for n in past]
     return past, present
@@ -476,7 +540,8 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
     layers = len({i for i, _ in spec})
     return Layout(GRAPH, layers, int(first.shape[1]), int(first.shape[3]),
                   position_ids=positions, programs={"decoder": sub.program},
-                  genai_problem=STATES_NOT_GENAI if has_states(spec) else genai_problem(kv))
+                  genai_problem=STATES_NOT_GENAI if has_states(spec) else
+                  INDEXER_NOT_GENAI if own_layers(spec) else genai_problem(kv))
 
 
 def merge_graph(result: ExportResult, sub: ExportResult, rule: str, which: str = "") -> None:

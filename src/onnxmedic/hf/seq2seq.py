@@ -144,6 +144,17 @@ def _not_a_seq2seq(model: Any, task: str) -> str | None:
     """Why ``model`` cannot serve ``task`` (None when it can)."""
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
         return f"{type(model).__name__} is not a transformers PreTrainedModel"
+    fed = next((kind for kind in ("audio", "vision") if hasattr(model.config, f"{kind}_config")
+                and hasattr(model.config, "text_config")), None)
+    if fed and not getattr(model.config, "is_encoder_decoder", False):
+        # transformers maps some of these among the seq-to-seq LMs (AudioFlamingo3, Voxtral),
+        # the mapping the task was detected from
+        article = "an" if fed == "audio" else "a"
+        return (f"{type(model).__name__} is a text decoder fed by {article} {fed} encoder (its "
+                f"{fed} features spliced into the decoder's inputs; is_encoder_decoder is "
+                "false), not an encoder-decoder, although transformers lists it among the "
+                f"seq-to-seq LMs (where a detected {task} comes from); onnxmedic's generation "
+                f"packages serve text decoders and encoder-decoders, none a decoder fed {fed}")
     if not getattr(model.config, "is_encoder_decoder", False) or \
             not hasattr(model, "get_encoder"):
         return (f"{type(model).__name__} is not an encoder-decoder; {task} takes one "
@@ -266,7 +277,10 @@ def _preflight(result: ExportResult, req: Request, task: str) -> bool:
     if why is not None:
         result.fail("preflight", error(
             "OM822", "preflight", f"cannot export for {task}: {why}.",
-            suggestion="Load the checkpoint with AutoModelForSeq2SeqLM (text) or "
+            suggestion="Export its parts apart: the text decoder (config.text_config, "
+            "AutoModelForCausalLM: text-generation-with-past) and the encoder as a module; "
+            "or serve it with PyTorch." if " encoder (its " in why else
+            "Load the checkpoint with AutoModelForSeq2SeqLM (text) or "
             "AutoModelForSpeechSeq2Seq (audio), or pick a task the model serves "
             "(text-generation-with-past for a decoder-only model)."))
         return False

@@ -142,10 +142,20 @@ def returns_cache(arch: str) -> bool:
         return True
 
 
+def encoder_as_encoder(config: dict[str, Any]) -> bool:
+    """Whether the config is an encoder family's (a model type with a masked-LM class: BERT,
+    BigBird, RoBERTa...) not configured as a decoder (``is_decoder`` not true): its causal-LM
+    class then attends both ways and returns no cache (BertLMHeadModel, BigBirdForCausalLM),
+    which generate() runs by recomputing the whole sequence."""
+    return (not config.get("is_decoder") and
+            bool(classes_for("MODEL_FOR_MASKED_LM_MAPPING_NAMES", config.get("model_type", ""))))
+
+
 def detect_task(config: dict[str, Any], folder: Path | None = None) -> str | None:
     """The task config.architectures[0] was saved for (None when it names none): a causal LM
     is text-generation-with-past whatever its config's use_cache says (MPT's is off), unless
-    its class cannot return a cache (text-generation); a base model feature-extraction
+    its class cannot return a cache, or an encoder's causal-LM class is not configured as a
+    decoder (:func:`encoder_as_encoder`): text-generation; a base model feature-extraction
     (sentence-similarity in a sentence-transformers folder)."""
     archs = config.get("architectures") or []
     model_type = config.get("model_type", "")
@@ -153,7 +163,8 @@ def detect_task(config: dict[str, Any], folder: Path | None = None) -> str | Non
         return None
     arch = archs[0]
     if arch in classes_for("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", model_type):
-        return "text-generation-with-past" if returns_cache(arch) else "text-generation"
+        return ("text-generation-with-past" if returns_cache(arch)
+                and not encoder_as_encoder(config) else "text-generation")
     for name, (_auto, mapping) in GENERATION.items():
         if name.endswith("-with-past") and arch in classes_for(mapping, model_type):
             return name

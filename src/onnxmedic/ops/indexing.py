@@ -1,7 +1,8 @@
 """Indexing ops torchlib lacks or gets wrong: masked_select, index_reduce, put, take, nonzero
 (0-d), bincount (weights), histc (range from the data), histogram, unique (NaN),
 unique_consecutive, nonzero_static, scatter(reduce=), combinations (which torch.export cannot
-capture without the decomposition registered here).
+capture without the decomposition registered here), squeeze of a dim that is not 1 (left in
+place, as PyTorch leaves it; torchlib's Squeeze of it is a graph ONNX Runtime cannot load).
 
 Data-dependent output sizes (masked_select, nonzero, unique) use ONNX's own dynamic-size ops
 (Compress, NonZero). Scatter-style ops use ScatterElements with its ``reduction`` attribute
@@ -585,3 +586,31 @@ def aten_unique_dim(self, dim: int, sorted: bool = True, return_inverse: bool = 
     zeros = op.Constant(value=ir.tensor(np.zeros(n, dtype=np.int64)))
     inverse = op.ScatterElements(zeros, perm, _group_ids(flag), axis=0)
     return values, inverse, _run_counts(flag, _i64(n))
+
+
+def _squeezed(self, dims):
+    """``self`` with the dims of ``dims`` that are 1 removed: PyTorch leaves a dim of another
+    size in place, which ONNX's Squeeze rejects (ONNX Runtime refuses to load the graph)."""
+    shape = getattr(self, "shape", None)
+    if shape is None or len(shape) == 0:
+        return op.Identity(self)
+    rank = len(shape)
+    keep = [d % rank for d in dims if not (isinstance(shape[d % rank], int)
+                                            and shape[d % rank] != 1)]
+    return op.Squeeze(self, ints(sorted(set(keep)))) if keep else op.Identity(self)
+
+
+@translation(aten.squeeze.dim, overrides_torchlib=True)
+def aten_squeeze_dim(self, dim: int):
+    """squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)
+
+    torchlib's Squeeze also of a dim whose size is known not to be 1 (LongCat-Flash's
+    ``expert_mask[e].squeeze(0)`` of its [top_k, tokens] mask): ONNX Runtime cannot load the
+    graph (OM510). Such a dim is left in place, as PyTorch leaves it."""
+    return _squeezed(self, [dim])
+
+
+@translation(aten.squeeze.dims, overrides_torchlib=True)
+def aten_squeeze_dims(self, dim: list[int]):
+    """squeeze.dims(Tensor(a) self, int[] dim) -> Tensor(a): as :func:`aten_squeeze_dim`."""
+    return _squeezed(self, list(dim))
