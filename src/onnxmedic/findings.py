@@ -288,6 +288,14 @@ CODES: dict[str, CodeInfo] = {
         "the product of the later dims' sizes (what the stride is). A stride of a tensor not "
         "provably contiguous is left and fails translation (OM201).",
     ),
+    "OM215": CodeInfo(
+        "as_strided input put in its storage order", 0,
+        "aten.as_strided (`x.as_strided(size, stride)`) reads the tensor's storage, which ONNX "
+        "does not have: its translation reads the values row-major. Where x is a view laid "
+        "out densely in another order (a transposed tensor that reshape kept as a view, as in "
+        "Longformer's and LED's chunking), onnxmedic permuted x to its storage order and made "
+        "it contiguous first, which PyTorch computes the same.",
+    ),
     "OM207": CodeInfo(
         "packed sequences captured padded", 0,
         "pack_padded_sequence -> nn.RNN/GRU/LSTM -> pad_packed_sequence cannot be traced (the "

@@ -11,7 +11,11 @@ import torch.nn.functional as F
 
 import onnxmedic
 from onnxmedic._torch_compat import prepare_for_export
-from onnxmedic.fixes.rewrites import check_mixed_scalars_crash, strides_from_sizes
+from onnxmedic.fixes.rewrites import (
+    check_mixed_scalars_crash,
+    storage_order_before_as_strided,
+    strides_from_sizes,
+)
 from onnxmedic.ops import REGISTRY
 from onnxmedic.stages.translate import onnx_export
 
@@ -164,3 +168,40 @@ def test_number_outputs_become_0d_tensors_of_torch_tensors_dtype():
     assert [o.dtype for o in out[1:]] == [torch.float32, torch.int64, torch.bool]
     assert [o.item() for o in out[1:]] == [1.5, 2, True]
     assert constant_outputs_as_tensors(ep) == []  # nothing left to do
+
+
+class _Chunks(torch.nn.Module):
+    """Longformer's and LED's ``_chunk``: heads split off a (seq, batch, embed) tensor,
+    ``transpose(1, 2).reshape(...)`` (a view, not a copy: the tensor is not laid out row-major)
+    and overlapping chunks read from it by as_strided with its own strides."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s, b, e = x.shape
+        q = x.view(s, b, 2, e // 2).transpose(0, 1)
+        q = q.transpose(1, 2).reshape(b * 2, s, e // 2)
+        q = q.view(b * 2, s // 4, 4, e // 2)
+        size, stride = list(q.size()), list(q.stride())
+        size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2
+        return q.as_strided(size=size, stride=stride) * 2
+
+
+def test_as_strided_of_a_view_reads_its_storage_order():
+    x = torch.randn(8, 2, 6)
+    assert not _Chunks()(x).eq(0).all()
+    ep = torch.export.export(_Chunks(), (x,), strict=False)
+    plain = onnx_export(ep, (x,), None, registry=REGISTRY)(x)[0]
+    # the fault the rewrite mends: row-major values where PyTorch reads the storage
+    assert not torch.allclose(plain, _Chunks()(x))
+    ep = torch.export.export(_Chunks(), (x,), strict=False)
+    assert storage_order_before_as_strided(ep) == 1
+    torch.testing.assert_close(ep.module()(x), _Chunks()(x), rtol=0, atol=0)
+    prog = onnx_export(ep, (x,), None, registry=REGISTRY)
+    torch.testing.assert_close(prog(x)[0], _Chunks()(x), rtol=0, atol=0)
+    # a contiguous input is left as it is
+    assert storage_order_before_as_strided(_program(_Frames())) == 0
+
+
+def test_export_of_chunks_from_a_view_verifies():
+    result = onnxmedic.export(_Chunks().eval(), (torch.randn(8, 2, 6),))
+    assert result.ok, [(f.code, f.message) for f in result.findings]
+    assert "OM215" in _codes(result)

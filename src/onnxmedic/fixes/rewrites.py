@@ -282,6 +282,72 @@ def strides_from_sizes(program: torch.export.ExportedProgram) -> tuple[int, list
     return count, left
 
 
+def _hint(v: Any) -> int | None:
+    """A size or stride's value at the example (a SymInt's hint), None when it has none."""
+    if isinstance(v, int):
+        return v
+    hint = getattr(getattr(v, "node", None), "hint", None)
+    return int(hint) if hint is not None else None
+
+
+def storage_order(val: Any) -> list[int] | None:
+    """The permutation of ``val``'s dims that lists its elements in storage order (largest
+    stride first), when ``val`` provably fills its storage densely from offset 0 (each stride
+    the product of the sizes after it in that order; dims of size 1 anywhere); None when that
+    is not provable, or when the order is the identity (contiguous)."""
+    from onnxmedic._torch_compat import statically_known_true
+
+    shape, strides = tuple(val.shape), tuple(val.stride())
+    hints = [(_hint(st), _hint(sz)) for st, sz in zip(strides, shape)]
+    if any(h is None for pair in hints for h in pair) or not statically_known_true(
+            val.storage_offset() == 0):
+        return None
+    order = sorted(range(len(shape)), key=lambda d: (-hints[d][0], d))
+    expected: Any = 1
+    for d in reversed(order):
+        if hints[d][1] == 1:
+            continue
+        if not statically_known_true(strides[d] == expected):
+            return None
+        expected = expected * shape[d]
+    moved = [d for d in order if hints[d][1] != 1]
+    if moved == sorted(moved):
+        return None  # already in storage order (size-1 dims aside)
+    return order
+
+
+def storage_order_before_as_strided(program: torch.export.ExportedProgram) -> int:
+    """``aten.as_strided(x, ...)`` reads ``x``'s storage, which ONNX does not have; its
+    translation flattens x's values row-major, which is the storage only when x is contiguous.
+    For an x laid out densely in another order (a transposed view that a ``reshape`` kept as a
+    view: Longformer's and LED's ``_chunk``), x is permuted to its storage order and made
+    contiguous first, which PyTorch reads the same (as_strided's view of the same elements)
+    and ONNX then flattens right. Returns how many as_strided were given such an input."""
+    count = 0
+    for graph, node in _calls(program, lambda t: t is torch.ops.aten.as_strided.default):
+        src = node.args[0]
+        val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            continue
+        try:
+            order = storage_order(val)
+        except Exception as e:  # noqa: BLE001 - sympy could not decide: left as it is
+            logger.debug("as_strided input's storage order not known: %s", e)
+            continue
+        if order is None:
+            continue
+        with graph.inserting_before(node):
+            permuted = graph.call_function(torch.ops.aten.permute.default, (src, order))
+            dense = graph.call_function(torch.ops.aten.clone.default, (permuted,),
+                                        {"memory_format": torch.contiguous_format})
+        permuted.meta = {**src.meta, "val": val.permute(order)}
+        dense.meta = {**src.meta,
+                      "val": val.permute(order).clone(memory_format=torch.contiguous_format)}
+        node.replace_input_with(src, dense)
+        count += 1
+    return count
+
+
 def _meta_val(x: Any) -> Any:
     return x.meta["val"] if isinstance(x, torch.fx.Node) else x
 

@@ -31,7 +31,12 @@ from onnxmedic.findings import Finding, error, info, warning
 from onnxmedic.fixes import opset as opset_fix
 from onnxmedic.fixes import try_fix
 from onnxmedic.fixes.custom_ops import CustomOpInlining
-from onnxmedic.fixes.rewrites import REWRITES, constant_outputs_as_tensors, strides_from_sizes
+from onnxmedic.fixes.rewrites import (
+    REWRITES,
+    constant_outputs_as_tensors,
+    storage_order_before_as_strided,
+    strides_from_sizes,
+)
 from onnxmedic.fixes.shapes import static_dim_params
 from onnxmedic.onnxfile import graph_proto, opset_of
 from onnxmedic.ops import REGISTRY, TranslationRegistry
@@ -190,6 +195,7 @@ def translate(program: torch.export.ExportedProgram, args: tuple[Any, ...],
     forget_pending_unbacked(program)  # left by an earlier translation (OM325's second one)
     program, not_inlined = _inline_custom_ops(program, table, result)
     not_contiguous = _strides_from_sizes(program, result)
+    _storage_order(program, result)
     _constant_outputs(program, result)
     try:
         prog = onnx_export(program, args, kwargs, registry=registry, opset=opset,
@@ -263,6 +269,23 @@ def _strides_from_sizes(program: torch.export.ExportedProgram,
             "computed them from the sizes (the product of the later dims' sizes).",
             op="aten.sym_stride.int", details={"replaced": n, "left": len(left)}))
     return len(left)
+
+
+def _storage_order(program: torch.export.ExportedProgram, result: TranslateResult) -> None:
+    """as_strided of a view not laid out row-major reads it in its storage order (OM215)."""
+    try:
+        n = storage_order_before_as_strided(program)
+    except Exception as e:  # never let the rewrite break translation
+        logger.debug("as_strided storage-order rewrite failed: %s", e)
+        result.not_applied.append(("as_strided inputs in storage order",
+                                   f"{type(e).__name__}: {e}"[:300]))
+        return
+    if n:
+        result.findings.append(info(
+            "OM215", STAGE, f"{n} aten.as_strided read a view that is not laid out row-major "
+            "(its strides are another order's); ONNX has no storage, so onnxmedic permuted the "
+            "view to its storage order and made it contiguous first, as PyTorch reads it.",
+            op="aten.as_strided", details={"rewritten": n}))
 
 
 def _constant_outputs(program: torch.export.ExportedProgram, result: TranslateResult) -> None:
