@@ -47,7 +47,6 @@ from onnxmedic.verify.input_sets import (
     shape_variants,
 )
 from onnxmedic.verify.localizer import Localizer
-from onnxmedic.verify.upstream import upstream_ties
 from onnxmedic.verify.ranking import ranked_outputs, rejudge_rankings
 from onnxmedic.verify.reference import reference_outputs
 from onnxmedic.verify.size_rules import (
@@ -56,6 +55,7 @@ from onnxmedic.verify.size_rules import (
     rules_from_guards,
     rules_from_metadata,
 )
+from onnxmedic.verify.upstream import upstream_ties
 
 logger = logging.getLogger(__name__)
 
