@@ -40,6 +40,14 @@ Runtime's must agree with it too, every detection within the budget: the two flo
 then be up to twice the budget apart, each rounded to its own side of the float64 value (a deep
 box head: PyTorch's score 0.46890 and ONNX Runtime's 0.46901 around the float64 0.46898), while a
 dropped, moved, extra or relabelled box is a finding as it is against PyTorch's set.
+
+A near tie upstream: where the float64 judgement fails too, a TopK inside the model (an RPN's
+pre-NMS top-n) may have broken a near tie otherwise than the float64 run while PyTorch's float32
+run happened to break it as float64 does, so that nothing in the outputs shows float32 to be
+unstable. verify/upstream.py looks for that in the program: the TopK's exchanged items within
+float32's reach of the float64 cut, and ONNX Runtime's detections, run again with the TopK
+picking as float64 does, agreeing by the rules above. Only then is the set verified (OM621
+names the node); a fault anywhere else is in that run too, and still found.
 """
 
 from __future__ import annotations
