@@ -337,11 +337,24 @@ def upstream_ties(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], pro
     if not isinstance(model, torch.nn.Module) or not topk_nodes(proto):
         return None
     try:
-        calls64 = record_topk(model, args, kwargs, torch.float64)
-        calls32 = record_topk(model, args, kwargs, torch.float32)
-    except Exception:  # no float64 kernel, or a model that will not be copied
-        logger.debug("no top-k record", exc_info=True)
+        return _upstream_ties(model, args, kwargs, proto, n_outputs, rerun)
+    except Exception:  # no float64 kernel, a model that will not be copied, a graph not run
+        logger.info("no evidence of a near tie upstream", exc_info=True)
         return None
+
+
+def _upstream_ties(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   proto: Any, n_outputs: int, rerun: Rerun) -> UpstreamTies | None:
+    from onnxmedic._tensors import tensor_bytes
+    from onnxmedic.sandbox import available_memory
+    from onnxmedic.verify.reference import MEMORY_SHARE
+
+    avail = available_memory()
+    if avail is not None and tensor_bytes(model, torch.float64) > MEMORY_SHARE * avail:
+        logger.info("no float64 copy of the model to record its top-k calls: too big")
+        return None
+    calls64 = record_topk(model, args, kwargs, torch.float64)
+    calls32 = record_topk(model, args, kwargs, torch.float32)
     if len(calls32) != len(calls64):
         return None
     match = match_topk(proto, calls64)
