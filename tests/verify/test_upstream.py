@@ -139,6 +139,7 @@ def test_judge_exchange() -> None:
     assert not far.near_tie and "no near tie" in far.why
     xo[5] += 1e-4
     assert not judge_exchange("t", x64, p64, x64, xo, po, 0, True).near_tie
+    assert not judge_exchange("t", x64, p64, x64[:4], xo, po, 0, True).near_tie
     same = judge_exchange("t", x64, p64, x64, x64, p64, 0, True)
     assert same.exchanged == 0 and same.reordered == 0
 

@@ -261,7 +261,8 @@ def judge_exchange(node: str, x64: np.ndarray, picks64: np.ndarray, x32: np.ndar
     k = picks64.shape[axis]
     out = Exchange(node=node, k=k, exchanged=0, reordered=0, cut=float("nan"), gap=0.0,
                    reach=reach, torch_reach=torch_reach, near_tie=False)
-    if xo.shape != x64.shape or picks_onnx.shape != picks64.shape:
+    if xo.shape != x64.shape or picks_onnx.shape != picks64.shape or \
+            not np.isfinite(torch_reach):
         out.why = "shapes differ from the float64 run's"
         return out
     allowed = 2.0 * reach
