@@ -706,6 +706,14 @@ CODES: dict[str, CodeInfo] = {
         "R-CNN's keypoints or their scores) differs for a pair of matched detections by more "
         "than the budget (a wrong mask, a shifted keypoint).",
     ),
+    "OM621": CodeInfo(
+        "near tie upstream of a detection set", 0,
+        "Detection comparison: ONNX Runtime's detections differ from PyTorch's because a TopK "
+        "upstream (an RPN's pre-NMS top-n) picks another item at a near tie: the items it "
+        "exchanges lie, in the float64 run, within ONNX Runtime's float32 error of the cut, and "
+        "that error is within the budget of PyTorch's own. Run once more with that TopK picking "
+        "as the float64 run does, ONNX Runtime's detections agree; the finding names the node.",
+    ),
     "OM620": CodeInfo(
         "eager quantized model exported through its float twin", 0,
         "export: an eager torch.ao quantized model (quantize_dynamic's Linear, LSTM, GRU; "

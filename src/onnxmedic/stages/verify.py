@@ -55,6 +55,7 @@ from onnxmedic.verify.size_rules import (
     rules_from_guards,
     rules_from_metadata,
 )
+from onnxmedic.verify.upstream import upstream_ties
 
 logger = logging.getLogger(__name__)
 
@@ -292,10 +293,24 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
         return {}
     mark = (len(result.verification), len(result.findings))
 
+    def rerun(changed: Any, i: int) -> list[Any] | None:
+        """Set ``i``'s outputs of ``changed`` (a modified copy of the model: a TopK made to
+        pick as float64 does, verify/upstream.py), or None where it does not run."""
+        from onnxmedic.verify.localize import _save, _with_weights
+
+        with tempfile.TemporaryDirectory(prefix="onnxmedic-tie-") as tmp:
+            path = _save(_with_weights(changed, Path(onnx_path).parent), Path(tmp))
+            out = sandbox.run_model(path, [feeds[i]], timeout=timeout, providers=providers,
+                                    lean=None, session_config=config)
+        if not out.ok or not out.outputs:
+            logger.info("the model with a TopK picking as float64 does: %s", out.summary())
+            return None
+        return out.outputs[0]
+
     def compare(sbx: sandbox.SandboxResult) -> Compared:
         with result.stage("compare", conclude=False):
             shape_failures = _compare(result, model, proto, sbx, sets,
-                                      sbx.output_names or onnx_outputs, tolerance)
+                                      sbx.output_names or onnx_outputs, tolerance, rerun)
             shape_failures, applied = apply_size_rules(result, rules or {}, sets,
                                                        shape_failures,
                                                        dim_symbols(example, onnx_dims))
@@ -487,8 +502,8 @@ def point_at_first_node(finding: Finding, loc: Any) -> None:
 
 
 def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxResult,
-             sets: InputSets, names: list[str], tolerance: tuple[float, float] | None
-             ) -> list[Finding]:
+             sets: InputSets, names: list[str], tolerance: tuple[float, float] | None,
+             rerun: Any = None) -> list[Finding]:
     """Every set's outputs compared (into ``result.verification``); the OM402 findings of the
     shape variants that fail. Outputs within a few ulps of PyTorch's are accepted as they are;
     the model runs in float64 only for the sets with outputs that are not (budget.py)."""
@@ -505,12 +520,18 @@ def _compare(result: ExportResult, model: Any, proto: Any, sbx: sandbox.SandboxR
     shape_failures: list[Finding] = []
     keys = row_keys(proto, len(names))  # which outputs' rows one selection picks
     ranked = ranked_outputs(proto, len(names))  # integer outputs a top-k/argmax/NMS picks
+    notes: list[Finding] = []  # near ties upstream that explain a detection set (OM621)
     for i in ran:  # detection outputs (boxes, scores, labels) are sets, compared as such
         shape_failures += rejudge_detections(
             names, sets.expected[i], sbx.outputs[i], comps[i], keys, sets.labels[i],
-            reference=lambda i=i: _reference_of(result, model, sets, i))
+            reference=lambda i=i: _reference_of(result, model, sets, i),
+            upstream=None if rerun is None else lambda i=i: upstream_ties(
+                model, sets.sets[i].args, sets.sets[i].kwargs, proto, len(names),
+                lambda changed: rerun(changed, i)),
+            notes=notes)
         rejudge_rankings(sets.expected[i], sbx.outputs[i], comps[i], ranked,
                          reference=lambda i=i: _reference_of(result, model, sets, i))
+    result.findings.extend(notes)
     for i, label in enumerate(sets.labels[:len(sbx.outputs)]):
         if i in sbx.run_errors:
             shape_failures.append(shape_finding(proto, label, sbx.run_errors[i]))

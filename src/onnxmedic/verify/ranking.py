@@ -26,7 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from onnxmedic.verify.detections import RULE_DETECTIONS, RULE_DETECTIONS_F64, computed_from
+from onnxmedic.verify.detections import (
+    RULE_DETECTIONS,
+    RULE_DETECTIONS_F64,
+    RULE_DETECTIONS_TIE,
+    computed_from,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +79,7 @@ def rejudge_rankings(expected: list[np.ndarray], actual: list[Any], comps: list[
     elements."""
     todo = [k for k, c in enumerate(comps)
             if not c.ok and k < len(ranked) and ranked[k] and k < len(actual)
-            and actual[k] is not None and c.rule not in (RULE_DETECTIONS, RULE_DETECTIONS_F64)
+            and actual[k] is not None and c.rule not in (RULE_DETECTIONS, RULE_DETECTIONS_F64, RULE_DETECTIONS_TIE)
             and np.asarray(expected[k]).dtype.kind in "iu"
             and np.shape(actual[k]) == np.shape(expected[k])]
     if not todo or reference is None:
