@@ -17,8 +17,7 @@ decoder layer at a time (hf/stream.py) - never the whole model in memory, on eit
    :func:`~onnxmedic.optimize.int4.judge`): the int4 decoder in ONNX Runtime (a child)
    generates greedily from the budget's prompts and scores the built-in text; PyTorch's side is
    two streamed passes (float32, the budget's reference): over the int4 decoder's sequences,
-   and over the text's windows (which does not depend on the package: :func:`int4_written`
-   runs it on one thread while its writer child works on the other). Greedy agreement is teacher-forced along the int4 decoder's
+   then over the text's windows. Greedy agreement is teacher-forced along the int4 decoder's
    own tokens (at each step, PyTorch's pick after the same prefix against the int4 decoder's
    token): one streamed pass instead of one per generated token, which a streamed reference without a
    cache would need to force the candidate along PyTorch's own tokens (docs/int4.md); the
@@ -33,8 +32,7 @@ place: nothing half-written); the findings say what failed.
 
 Memory: one weight (float32) and its blocks at a time while quantizing and checking; then one
 ONNX Runtime session of the int4 package (a child); then one decoder layer of the checkpoint
-(float32), the activations and the logits of the sequences (with int4_written's writer, the
-text's pass adds its layer and logits to the writer's weight while both run).
+(float32), the activations and the logits of the sequences.
 """
 
 from __future__ import annotations
@@ -212,44 +210,30 @@ def windows(text: list[int]) -> list[list[int]]:
             if len(text[s:s + WINDOW + 1]) >= 2]
 
 
-def text_perplexity(checkpoint: Path, data: Any) -> float:
-    """PyTorch's perplexity on the text's windows, streamed (float32; optimize/int4.mean_nll
-    over the streamed logits): the half of the budget's reference that does not depend on the
-    int4 package, so the int4 road computes it while its writer works."""
+def torch_figures(checkpoint: Path, data: Any, tokens: list[list[int]]) -> dict[str, Any]:
+    """PyTorch's side of the budget, streamed (float32): its greedy pick at each step of the
+    int4 decoder's ``tokens`` (after the same prefix) and its perplexity on the text's windows
+    (optimize/int4.mean_nll over the streamed logits). The prompts' sequences and the text's
+    windows are two streamed passes, each batch padded to its own longest sequence (one
+    batch pads the prompts' ~36 tokens to a window's 128: 896 positions instead of ~530 with
+    the built-in data; the weights are read twice)."""
     import torch
 
     from onnxmedic.hf.stream import streamed_logits
     from onnxmedic.optimize.int4 import mean_nll
 
     wins = windows(data.text)
-    text = streamed_logits(checkpoint, [w[:-1] for w in wins], (torch.float32,))[
-        torch.float32] if wins else []
-    by_window = {tuple(w[:-1]): text[j] for j, w in enumerate(wins)}
-    nll, n = mean_nll(lambda ids, past: (by_window[tuple(int(i) for i in ids[0])], past), [],
-                      data.text)
-    return float(np.exp(nll / n)) if n else float("nan")
-
-
-def torch_figures(checkpoint: Path, data: Any, tokens: list[list[int]],
-                  perplexity: float | None = None) -> dict[str, Any]:
-    """PyTorch's side of the budget, streamed (float32): its greedy pick at each step of the
-    int4 decoder's ``tokens`` (after the same prefix) and its perplexity on the text's windows
-    (:func:`text_perplexity`, unless given as ``perplexity``). The prompts' sequences and the
-    text's windows are two streamed passes, each batch padded to its own longest sequence (one
-    batch pads the prompts' ~36 tokens to a window's 128: 896 positions instead of ~530 with
-    the built-in data; the weights are read twice)."""
-    import torch
-
-    from onnxmedic.hf.stream import streamed_logits
-
     seqs = [p + t[:-1] for p, t in zip(data.prompts, tokens)]
     logits = streamed_logits(checkpoint, seqs, (torch.float32,))[torch.float32] if seqs else []
     picks = [[int(np.argmax(logits[i][0, len(p) - 1 + k])) for k in range(len(t))]
              for i, (p, t) in enumerate(zip(data.prompts, tokens))]
     del logits
-    if perplexity is None:
-        perplexity = text_perplexity(checkpoint, data)
-    return {"tokens": picks, "perplexity": perplexity}
+    text = streamed_logits(checkpoint, [w[:-1] for w in wins], (torch.float32,))[
+        torch.float32] if wins else []
+    by_window = {tuple(w[:-1]): text[j] for j, w in enumerate(wins)}
+    nll, n = mean_nll(lambda ids, past: (by_window[tuple(int(i) for i in ids[0])], past), [],
+                      data.text)
+    return {"tokens": picks, "perplexity": float(np.exp(nll / n)) if n else float("nan")}
 
 
 def over_budget(figures: dict[str, Any], budget: Any) -> Any:
@@ -323,20 +307,17 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
 
 
 def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, config: Any,
-           budget: Any, *, genai: bool, timeout: float, data: Any = None,
-           perplexity: float | None = None) -> bool:
+           budget: Any, *, genai: bool, timeout: float) -> bool:
     """Steps 3 and 4 of the module docstring on the int4 package ``folder`` (its decoder
     graph ``decoder``): the task budget against the checkpoint streamed, then
     onnxruntime-genai's tokens; True when both held (``res``: figures, tokens, seconds and
-    findings recorded). ``data`` and ``perplexity``: the task data and PyTorch's
-    :func:`text_perplexity` on it, where the caller has them already."""
+    findings recorded)."""
     from onnxmedic.genpackage import read_package
     from onnxmedic.hf.transforms.int4_package import genai_agrees
     from onnxmedic.optimize.int4 import judge, score_onnx
 
     t0 = time.perf_counter()
-    if data is None:
-        data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
+    data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
     # ``timeout`` is a run's: the scoring makes a run per generated token and window
     runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
     got = score_onnx(decoder, data, budget.steps, None, timeout=timeout * runs,
@@ -348,7 +329,7 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
         return False
     res.tokens_onnx = got["tokens"]
     t0 = time.perf_counter()
-    ref = torch_figures(checkpoint, data, got["tokens"], perplexity)
+    ref = torch_figures(checkpoint, data, got["tokens"])
     res.seconds["torch"] = time.perf_counter() - t0
     res.figures = judge(ref, {**got, "picks": got["tokens"]}, budget)
     if res.figures["rejected"]:
@@ -399,12 +380,6 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
         job = builder.start(checkpoint, stage / "pkg",
                             work=partial(int4_writer.build, tamper=tamper))
         try:
-            # while the writer (one thread) works: PyTorch's perplexity on the text, which
-            # does not depend on the package, on one thread of its own
-            t1 = time.perf_counter()
-            data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
-            perplexity = _one_thread(text_perplexity, checkpoint, data)
-            res.seconds["torch text"] = time.perf_counter() - t1
             # the writer reads, quantizes and checks every weight: ``timeout`` per GiB
             why = job.wait(timeout * max(1.0, weight_bytes(checkpoint) / 2**30))
             res.seconds["write"] = time.perf_counter() - t0
@@ -419,25 +394,13 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
             res.quantized = int(said["quantized"])
             builder.finish(job, *side_files(checkpoint))
             if not judged(res, job.out, job.out / builder.GRAPH, checkpoint, config, budget,
-                          genai=genai, timeout=timeout, data=data, perplexity=perplexity):
+                          genai=genai, timeout=timeout):
                 return res
             replace_folder(job.out, out)
         finally:
             job.discard()
     res.ok, res.path = True, str(out)
     return res
-
-
-def _one_thread(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` with PyTorch on one thread (the other core is the writer child's)."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(n)
 
 
 # ------------------------------------------------------------------------------------------
