@@ -956,3 +956,11 @@ class _BelowLevel(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= self.level
+
+
+def dispatch_mode_base() -> type:
+    """torch's TorchDispatchMode (torch.utils._python_dispatch): the base of a mode that sees
+    every aten call, as verify/upstream's TopK recorder does."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode

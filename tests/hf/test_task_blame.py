@@ -46,7 +46,7 @@ def test_a_decoder_fed_by_an_audio_encoder_is_said_to_be_one():
 
     result = ExportResult(command="export", model="fed")
     req = SimpleNamespace(model=Fed())
-    assert not seq2seq._preflight(result, req, "text2text-generation-with-past")
+    assert not seq2seq.preflight_refused(result, req, "text2text-generation-with-past")
     said = result.errors[0]
     assert said.code == "OM822"
     assert "a text decoder fed by a audio encoder" not in said.message

@@ -265,13 +265,13 @@ def export_seq2seq(model: torch.nn.Module, out_dir: str | os.PathLike[str], *,
                   verify=verify, opset=opset, keep_unverified=keep_unverified)
     result = package_result(model)
     with result.guard():
-        if _preflight(result, req, task):
+        if preflight_refused(result, req, task):
             with building(req) as tmp:
                 _seq2seq_package(result, req, tmp)
     return report_to(result, report)
 
 
-def _preflight(result: ExportResult, req: Request, task: str) -> bool:
+def preflight_refused(result: ExportResult, req: Request, task: str) -> bool:
     model = req.model
     why = _not_a_seq2seq(model, task)
     if why is not None:

@@ -296,10 +296,10 @@ def run_and_compare(result: ExportResult, model: Any, onnx_path: Path, proto: An
     def rerun(changed: Any, i: int) -> list[Any] | None:
         """Set ``i``'s outputs of ``changed`` (a modified copy of the model: a TopK made to
         pick as float64 does, verify/upstream.py), or None where it does not run."""
-        from onnxmedic.verify.localize import _save, _with_weights
+        from onnxmedic.verify.localize import save_proto, with_weights
 
         with tempfile.TemporaryDirectory(prefix="onnxmedic-tie-") as tmp:
-            path = _save(_with_weights(changed, Path(onnx_path).parent), Path(tmp))
+            path = save_proto(with_weights(changed, Path(onnx_path).parent), Path(tmp))
             out = sandbox.run_model(path, [feeds[i]], timeout=timeout, providers=providers,
                                     lean=None, session_config=config)
         if not out.ok or not out.outputs:

@@ -233,7 +233,7 @@ def _with_outputs(proto: Any, names: list[str], types: dict[str, int]) -> Any:
     return m
 
 
-def _with_weights(proto: Any, model_dir: str | Path | None) -> Any:
+def with_weights(proto: Any, model_dir: str | Path | None) -> Any:
     """``proto`` itself, or, when it refers to external data in ``model_dir``, a copy with the
     data loaded (localisation saves modified copies of the model elsewhere)."""
     import onnx
@@ -255,7 +255,7 @@ def _value_types(proto: Any) -> dict[str, int]:
     return types
 
 
-def _save(model: Any, folder: Path) -> Path:
+def save_proto(model: Any, folder: Path) -> Path:
     import onnx
 
     path = folder / "exposed.onnx"
@@ -438,7 +438,7 @@ class _Localize:
         """Run ONNX Runtime on the model with chunk ``i``'s values as its outputs."""
         self.values = {}
         names = [n.name for n in self.chunks[i]]
-        path = _save(_with_outputs(self.proto, names, self.types), self.tmp)
+        path = save_proto(_with_outputs(self.proto, names, self.types), self.tmp)
         if self.spare is not None:
             w, self.spare = self.spare, None
             with w:
@@ -645,7 +645,7 @@ def localize(
     """
     from onnxmedic.verify.replay import Replay
 
-    proto = _with_weights(proto, model_dir)
+    proto = with_weights(proto, model_dir)
     replayed = isinstance(program, Replay)
     if replayed and reference is None:
         raise TypeError("localize: a Replay program needs the reference outputs")

@@ -241,7 +241,7 @@ def _largest_bytes(model: Any, dtype: torch.dtype) -> int:
                 if t.is_floating_point()), default=0)
 
 
-def _convert(value: Any, dtype: torch.dtype) -> Any:
+def converted_inputs(value: Any, dtype: torch.dtype) -> Any:
     def cast(t: Any) -> Any:
         return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
     return torch.utils._pytree.tree_map(cast, value)
@@ -320,8 +320,8 @@ def _runs(fn: Any, sets: list[Inputs], expected: list[list[np.ndarray]],
                 out.why_not = (f"the {name} runs took over {limit:.0f} s; the "
                                "remaining input sets are judged without them")
                 continue
-            # a copy of its own (a model may write its inputs; _convert keeps float64 ones)
-            args, kwargs = copy_inputs((_convert(s.args, dtype), _convert(s.kwargs, dtype)))
+            # a copy of its own (a model may write its inputs; converted_inputs keeps float64 ones)
+            args, kwargs = copy_inputs((converted_inputs(s.args, dtype), converted_inputs(s.kwargs, dtype)))
             got = [to_numpy(t) for t in flatten_tensors(fn(*args, **kwargs))]
             out.outputs.append(_matched(got, exp, name))
             out.raw.append(got)

@@ -39,9 +39,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from onnxmedic._tensors import reference_mode
+from onnxmedic._torch_compat import dispatch_mode_base
 from onnxmedic.borrow import copy_inputs
 from onnxmedic.findings import Finding, info
 from onnxmedic.verify.budget import BUDGET
@@ -69,7 +69,7 @@ class TopKCall:
         return (tuple(self.x.shape), self.k, self.largest)
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(dispatch_mode_base()):  # type: ignore[misc]
     """Records every ``aten.topk`` call's input, arguments and indices."""
 
     def __init__(self) -> None:
@@ -97,10 +97,10 @@ def record_topk(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str,
                 dtype: torch.dtype) -> list[TopKCall]:
     """The top-k calls of ``model`` run at ``dtype`` (float64: on a copy) on ``args``/``kwargs``
     (copied; float tensors cast to ``dtype``)."""
-    from onnxmedic.verify.reference import _convert
+    from onnxmedic.verify.reference import converted_inputs
 
     run = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
-    a, kw = copy_inputs((_convert(args, dtype), _convert(kwargs, dtype)))
+    a, kw = copy_inputs((converted_inputs(args, dtype), converted_inputs(kwargs, dtype)))
     rec = _Recorder()
     with reference_mode(), rec:
         run(*a, **kw)
