@@ -96,6 +96,16 @@ def classes_for(mapping: str, model_type: str) -> tuple[str, ...]:
     return () if value is None else (value,) if isinstance(value, str) else tuple(value)
 
 
+def auto_mapped(model_type: str) -> bool:
+    """Whether any of transformers' Auto model classes maps ``model_type`` to a class (a
+    multimodal model's text part saved on its own, Emu3's ``emu3_text_model``, has a config
+    class and no Auto model class)."""
+    from transformers.models.auto import modeling_auto
+
+    return any(model_type in v for n, v in vars(modeling_auto).items()
+               if n.startswith("MODEL_") and n.endswith("_MAPPING_NAMES") and isinstance(v, dict))
+
+
 def main_input(model_type: str) -> str | None:
     """The main input (input_ids, pixel_values, input_values ...) of the model type's base
     class, or None when transformers does not say."""
