@@ -85,8 +85,9 @@ def test_nested_configs_are_shrunk_like_the_top_one():
 
 def test_configs_the_shrinker_alone_cannot_build_are_built(monkeypatch):
     """XLNet (a max_position_embeddings that raises when set), Reformer (a causal LM only with
-    is_decoder, axial positions that must match its sizes) and X-MOD (no language: its forward
-    raises) were "no tiny config" or OM830 with SHRINK alone; config and meta weights only."""
+    is_decoder, axial positions that must match its sizes), dots3 note (per-layer sizes the
+    shrinker's hasattr raised on) and X-MOD (no language: its forward raises) were "no tiny
+    config" or OM830 with SHRINK alone; config and meta weights only."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -100,7 +101,7 @@ def test_configs_the_shrinker_alone_cannot_build_are_built(monkeypatch):
         return model
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_config", on_meta)
-    for family in ("xlnet", "reformer", "xmod"):
+    for family in ("xlnet", "reformer", "dots3_note_text", "xmod"):
         model = family_sweep.tiny_model(family, "causal")
         assert sum(p.numel() for p in model.parameters()) < family_sweep.MAX_PARAMS
     assert built[-1].config.default_language == "en_XX"
