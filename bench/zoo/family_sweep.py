@@ -246,7 +246,18 @@ NO_TINY: dict[str, str] = {
           "(AttributeError: no attribute 'dropout'); its generation is of audio codebooks"
        for m, cls in (("musicgen", "MusicgenForCausalLM"),
                       ("musicgen_melody", "MusicgenMelodyForCausalLM"))},
+    # speculative-decoding drafters: no checkpoint of theirs generates from a prompt alone
+    **{m: f"{cls} is a speculative-decoding drafter: its forward ignores input_ids and takes "
+          "the target model's embeddings (inputs_embeds) and its last layers' keys and values "
+          "(shared_kv_states), every layer reading them (num_kv_shared_layers = "
+          "num_hidden_layers); it does not generate from a prompt on its own"
+       for m, cls in (("gemma4_assistant", "Gemma4AssistantForCausalLM"),
+                      ("gemma4_unified_assistant", "Gemma4UnifiedAssistantForCausalLM"))},
 }
+
+
+# Gemma 4 unified's text model: Gemma 4's text config (per-layer head sizes)
+CONFIGS["gemma4_unified_text"] = CONFIGS["gemma4_text"]
 
 
 def families() -> list[tuple[str, str]]:

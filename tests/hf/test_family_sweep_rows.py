@@ -101,7 +101,7 @@ def test_configs_the_shrinker_alone_cannot_build_are_built(monkeypatch):
         return model
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_config", on_meta)
-    for family in ("xlnet", "reformer", "dots3_note_text", "xmod"):
+    for family in ("xlnet", "reformer", "dots3_note_text", "gemma4_unified_text", "xmod"):
         model = family_sweep.tiny_model(family, "causal")
         assert sum(p.numel() for p in model.parameters()) < family_sweep.MAX_PARAMS
     assert built[-1].config.default_language == "en_XX"
@@ -111,9 +111,13 @@ def test_configs_the_shrinker_alone_cannot_build_are_built(monkeypatch):
 
 def test_a_family_no_config_builds_says_why():
     """MusicGen's causal-LM class takes its decoder's config, which AutoModelForCausalLM does
-    not map: the row names that, not the class's bare AttributeError."""
+    not map; Gemma 4's assistants draft from the target model's states: the row names that,
+    not the class's bare AttributeError or config validation error."""
     import pytest
 
     for family in ("musicgen", "musicgen_melody"):
         with pytest.raises(ValueError, match="takes the decoder's config alone"):
+            family_sweep.tiny_model(family, "causal")
+    for family in ("gemma4_assistant", "gemma4_unified_assistant"):
+        with pytest.raises(ValueError, match="speculative-decoding drafter"):
             family_sweep.tiny_model(family, "causal")
