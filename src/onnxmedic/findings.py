@@ -1064,7 +1064,7 @@ CODES: dict[str, CodeInfo] = {
         "cache cannot carry: several states in one layer, a sliding-window attention cache "
         "beside a state, a sparse attention's indexer keys beside the keys and values "
         "(AXK2, DeepSeek-V3.2), other state beside the keys and values that a step updates "
-        "(DeepSeek-V4's compressor buffers, MiniMax-M3's index keys), or a layer with neither "
+        "(DeepSeek-V4's compressor buffers and compressed entries), or a layer with neither "
         "keys nor a state. (Keys and values, and one "
         "convolution and one state-space state per layer, are carried: LFM2, Mamba, Mamba-2, "
         "Falcon-H1.) Nothing is exported; --task text-generation (no cache) exports the "

@@ -81,8 +81,8 @@ CARRIED_ATTRS = ("keys", "values", "_sliding_window_tensor", "indexer_keys", *ST
 def _extra_state(layer: Any) -> list[str]:
     """A cache layer's tensors beside its keys, values and states, "name [shape]" (a dict's
     "name[key] [shape]"): a compressed attention's compressor buffers (DeepSeek-V4's
-    ``buffer_kv``, ``compressed_kv``...), a sparse attention's index keys (MiniMax-M3's
-    ``idx_keys``). Scalars (counters) are left out."""
+    ``buffer_kv``, ``compressed_kv``...), or any other tensor a layer class keeps beside
+    them. Scalars (counters) are left out."""
     found = []
     for name, value in sorted(vars(layer).items()):
         if name in CARRIED_ATTRS:
@@ -125,7 +125,7 @@ def unsupported_states(cache: Any) -> list[str]:
     that needs no cache: an MLP or MoE layer of a hybrid such as Nemotron-H; the package has
     no entry for it), a ``DummyLayer`` in a cache of keys and values only (Gemma 3n's layers
     that read an earlier layer's keys and values), or other tensors beside the keys and values
-    (:func:`_extra_state`: DeepSeek-V4's compressor buffers, MiniMax-M3's index keys)."""
+    (:func:`_extra_state`: DeepSeek-V4's compressor buffers)."""
     said = []
     layers = getattr(cache, "layers", None) or []
     stateful = any(_layer_states(layer) for layer in layers)
