@@ -25,3 +25,16 @@ def test_a_model_type_no_auto_class_maps_is_om805_naming_it(tmp_path):
     assert "maps no model class to the model type 'emu3_text_model'" in err.message
     assert "Emu3ForCausalLM.from_pretrained(FOLDER)" in err.suggestion
     assert not (tmp_path / "out").exists()
+
+
+def test_a_config_without_a_length_limit_truncates_at_512():
+    """XLNet's max_position_embeddings is -1 (no limit): the example inputs' truncation length
+    was -1, which the tokenizer cannot take (OverflowError, OM009 on `export hf:` of a tiny
+    XLNet); it is 512, as for a config without the key."""
+    from transformers import XLNetConfig
+
+    from onnxmedic.hf import tasks
+
+    cfg = XLNetConfig(d_model=32, n_layer=1, n_head=2, d_inner=64, vocab_size=64)
+    assert cfg.max_position_embeddings == -1
+    assert tasks._max_length(cfg) == 512

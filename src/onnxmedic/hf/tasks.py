@@ -302,7 +302,11 @@ def _accepts(model: torch.nn.Module, name: str) -> bool:
 
 
 def _max_length(config: Any) -> int:
-    return int(getattr(config, "max_position_embeddings", 0) or 512)
+    """The tokenizer's truncation length: the config's max_position_embeddings, 512 where it
+    has none or says no limit (XLNet's -1, which the tokenizer cannot take: OverflowError,
+    OM009 before)."""
+    n = int(getattr(config, "max_position_embeddings", 0) or 0)
+    return n if n > 0 else 512
 
 
 def _tokenize(task: str, tokenizer: Any, config: Any, segments: bool) -> dict[str, torch.Tensor]:
