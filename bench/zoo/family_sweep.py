@@ -66,6 +66,11 @@ SHRINK_FOR: dict[str, dict[str, Any]] = {
     "zaya": {"num_experts_per_tok": 1},  # ZAYA's config takes one expert a token only
     "prophetnet": {"num_hidden_layers": None, "num_encoder_layers": 2,
                    "num_encoder_attention_heads": 4, "num_decoder_attention_heads": 4},
+    # XLNet's max_position_embeddings is a property that raises when set (no length limit)
+    "xlnet": {"max_position_embeddings": None},
+    # X-MOD's adapters need a language (its forward raises without one: a user calls
+    # set_default_language(), or the config names it, as here)
+    "xmod": {"default_language": "en_XX"},
 }
 
 # multi-head latent attention (a config with kv_lora_rank: DeepSeek-V3, AXK1...): its latent
@@ -95,6 +100,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
                   mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
                   mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16),
     # rotary and latent-attention sizes the shrunk head size leaves incoherent by default
+    # Reformer: a causal LM only with is_decoder (its class asserts it), local and LSH
+    # attention layers whose chunks fit the sweep's prompt, axial position embeddings whose
+    # shape multiplies to max_position_embeddings and whose widths add to hidden_size
+    "reformer": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     attention_head_size=16, feed_forward_size=128, max_position_embeddings=128,
+                     axial_pos_shape=[8, 16], axial_pos_embds_dim=[16, 48],
+                     attn_layers=["local", "lsh"], local_attn_chunk_length=8,
+                     lsh_attn_chunk_length=8, num_buckets=4, is_decoder=True),
     "codegen": dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, n_inner=128,
                     rotary_dim=8),
     "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=128, n_inner=128, rotary_dim=8),
@@ -193,6 +206,18 @@ CONFIGS: dict[str, dict[str, Any]] = {
                   num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=32,
                   n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
                   first_k_dense_replace=1, max_position_embeddings=128),
+    # dots3 note: per-layer attention sizes (per_layer_config: the shrinker's MLA keys are
+    # then ambiguous per layer, its hasattr raises), an indexed (sparse) attention layer and a
+    # sliding one, a dense MLP layer and an MoE one
+    "dots3_note_text": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=4, intermediate_size=128,
+                            moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                            n_shared_experts=1, kv_lora_rank=16, q_lora_rank=32,
+                            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=16,
+                            index_head_dim=16, index_n_heads=2, index_topk=8,
+                            layer_types=["indexed_attention", "sliding_attention"],
+                            mlp_layer_types=["dense", "sparse"], per_layer_config={},
+                            max_position_embeddings=128, sliding_window=8),
     # Cohere Compass (North): rotary parameters per layer kind (none by default: KeyError),
     # sliding layers with rotary positions (M-RoPE sections of the shrunk head) and a global
     # one without (NoPE), one in four
@@ -222,6 +247,29 @@ CONFIGS: dict[str, dict[str, Any]] = {
                                    num_key_value_heads=4, intermediate_size=128, head_dim=16,
                                    max_position_embeddings=128)),
 }
+
+
+# families transformers maps to a causal-LM class that no config of theirs builds: the row
+# says why ("no tiny config") instead of the class's own error
+NO_TINY: dict[str, str] = {
+    **{m: f"AutoModelForCausalLM maps {m}'s config (a text encoder, an audio encoder and a "
+          f"decoder) to {cls}, whose __init__ takes the decoder's config alone "
+          f"({m}_decoder, which AutoModelForCausalLM does not map): no {m} config builds it "
+          "(AttributeError: no attribute 'dropout'); its generation is of audio codebooks"
+       for m, cls in (("musicgen", "MusicgenForCausalLM"),
+                      ("musicgen_melody", "MusicgenMelodyForCausalLM"))},
+    # speculative-decoding drafters: no checkpoint of theirs generates from a prompt alone
+    **{m: f"{cls} is a speculative-decoding drafter: its forward ignores input_ids and takes "
+          "the target model's embeddings (inputs_embeds) and its last layers' keys and values "
+          "(shared_kv_states), every layer reading them (num_kv_shared_layers = "
+          "num_hidden_layers); it does not generate from a prompt on its own"
+       for m, cls in (("gemma4_assistant", "Gemma4AssistantForCausalLM"),
+                      ("gemma4_unified_assistant", "Gemma4UnifiedAssistantForCausalLM"))},
+}
+
+
+# Gemma 4 unified's text model: Gemma 4's text config (per-layer head sizes)
+CONFIGS["gemma4_unified_text"] = CONFIGS["gemma4_text"]
 
 
 def families() -> list[tuple[str, str]]:
@@ -272,6 +320,8 @@ def tiny_model(model_type: str, kind: str) -> Any:
 
     from bench.zoo.generation import FAMILIES, VOCAB
 
+    if model_type in NO_TINY:
+        raise ValueError(NO_TINY[model_type])
     torch.manual_seed(0)
     if model_type in FAMILIES:
         cfg = AutoConfig.for_model(*[FAMILIES[model_type][0]], **FAMILIES[model_type][1])

@@ -1078,11 +1078,12 @@ CODES: dict[str, CodeInfo] = {
         "cache layers the package cannot carry", 1,
         "text-generation-with-past: the model's own cache holds layers that the package's "
         "cache cannot carry: several states in one layer, a sliding-window attention cache "
-        "beside a state, a sparse attention's indexer positions (Qwen4-Exp's), or a layer "
-        "with neither keys nor a state. (Keys and values, a sparse attention's indexer keys "
-        "(AXK2, HY-V4), and one convolution and one state-space state per layer are carried: "
-        "LFM2, Mamba, Mamba-2, Falcon-H1, MiniMax.) Nothing is exported; --task "
-        "text-generation (no cache) exports the model.",
+        "beside a state, a sparse attention's indexer positions (Qwen4-Exp's), other state "
+        "beside the keys and values that a step updates (DeepSeek-V4's compressor buffers and "
+        "compressed entries), or a layer with neither keys nor a state. (Keys and values, a "
+        "sparse attention's indexer keys (AXK2, HY-V4), and one convolution and one "
+        "state-space state per layer are carried: LFM2, Mamba, Mamba-2, Falcon-H1, MiniMax.) "
+        "Nothing is exported; --task text-generation (no cache) exports the model.",
     ),
     "OM828": CodeInfo(
         "PyTorch fails on onnxmedic's step inputs", 1,

@@ -81,3 +81,43 @@ def test_nested_configs_are_shrunk_like_the_top_one():
     keys = family_sweep._shrunk(AutoConfig.for_model("t5gemma"), "t5gemma")
     assert keys["encoder"]["hidden_size"] == keys["decoder"]["hidden_size"] == 64
     assert keys["decoder"]["vocab_size"] == 384
+
+
+def test_configs_the_shrinker_alone_cannot_build_are_built(monkeypatch):
+    """XLNet (a max_position_embeddings that raises when set), Reformer (a causal LM only with
+    is_decoder, axial positions that must match its sizes), dots3 note (per-layer sizes the
+    shrinker's hasattr raised on) and X-MOD (no language: its forward raises) were "no tiny
+    config" or OM830 with SHRINK alone; config and meta weights only."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    built = []
+    real = AutoModelForCausalLM.from_config
+
+    def on_meta(cfg, **kw):  # every build on the meta device: sizes checked, no memory
+        with torch.device("meta"):
+            model = real(cfg, **kw)
+        built.append(model)
+        return model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_config", on_meta)
+    for family in ("xlnet", "reformer", "dots3_note_text", "gemma4_unified_text", "xmod"):
+        model = family_sweep.tiny_model(family, "causal")
+        assert sum(p.numel() for p in model.parameters()) < family_sweep.MAX_PARAMS
+    assert built[-1].config.default_language == "en_XX"
+    reformer = next(m for m in built if m.config.model_type == "reformer")
+    assert reformer.config.is_decoder and reformer.config.hidden_size == 64
+
+
+def test_a_family_no_config_builds_says_why():
+    """MusicGen's causal-LM class takes its decoder's config, which AutoModelForCausalLM does
+    not map; Gemma 4's assistants draft from the target model's states: the row names that,
+    not the class's bare AttributeError or config validation error."""
+    import pytest
+
+    for family in ("musicgen", "musicgen_melody"):
+        with pytest.raises(ValueError, match="takes the decoder's config alone"):
+            family_sweep.tiny_model(family, "causal")
+    for family in ("gemma4_assistant", "gemma4_unified_assistant"):
+        with pytest.raises(ValueError, match="speculative-decoding drafter"):
+            family_sweep.tiny_model(family, "causal")

@@ -84,6 +84,26 @@ def _layer_states(layer: Any) -> list[tuple[str, list[int]]]:
     return found
 
 
+# a cache layer's tensors the package carries or that are bookkeeping (the sliding-window
+# layer's window as a tensor); any other is state the package has no entry for
+CARRIED_ATTRS = ("keys", "values", "_sliding_window_tensor", "indexer_keys", *STATE_ATTRS)
+
+
+def _extra_state(layer: Any) -> list[str]:
+    """A cache layer's tensors beside its keys, values and states, "name [shape]" (a dict's
+    "name[key] [shape]"): a compressed attention's compressor buffers (DeepSeek-V4's
+    ``buffer_kv``, ``compressed_kv``...), or any other tensor a layer class keeps beside
+    them. Scalars (counters) are left out."""
+    found = []
+    for name, value in sorted(vars(layer).items()):
+        if name in CARRIED_ATTRS:
+            continue
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        found += [f"{name}{'' if k is None else f'[{k}]'} {list(t.shape)}" for k, t in items
+                  if isinstance(t, torch.Tensor) and t.ndim > 0]
+    return found
+
+
 def cache_spec(cache: Any) -> CacheSpec:
     """The model's own cache (a transformers ``DynamicCache`` after a forward pass) as the
     package's entries, (layer, kind) in the graph's order: per layer its ``key`` and
@@ -132,7 +152,8 @@ def unsupported_states(cache: Any) -> list[str]:
     holding neither keys nor a state (but transformers' ``DummyLayer``, which a layer keeps
     that needs no cache: an MLP or MoE layer of a hybrid such as Nemotron-H; the package has
     no entry for it), a ``DummyLayer`` in a cache of keys and values only (Gemma 3n's layers
-    that read an earlier layer's keys and values)."""
+    that read an earlier layer's keys and values), or other tensors beside the keys and values
+    (:func:`_extra_state`: DeepSeek-V4's compressor buffers)."""
     said = []
     layers = getattr(cache, "layers", None) or []
     linear = getattr(cache, "linear_cache", None) or []  # MiniMax's states, beside its layers
@@ -160,6 +181,10 @@ def unsupported_states(cache: Any) -> list[str]:
             said.append(f"{what} (a sliding-window attention cache beside the states)")
         elif not states and not kv:
             said.append(f"{i} {type(layer).__name__}: no keys and no state")
+        elif extra := _extra_state(layer):
+            said.append(f"{i} {type(layer).__name__}: {', '.join(extra)} (state beside the "
+                        "keys and values that a step updates and the package has no entry "
+                        "for)")
     return said
 
 

@@ -55,6 +55,17 @@ def _pick_task(config: dict[str, Any], task: str | None, folder: Path | None,
         found = detect_task(config, folder)
         if found is None:
             archs = config.get("architectures") or "none"
+            model_type = config.get("model_type")
+            if known and not supported and model_type and not tasks.auto_mapped(model_type):
+                cls = archs[0] if isinstance(archs, list) else "its class"
+                raise _err(
+                    "OM805", f"transformers maps no model class to the model type "
+                    f"{model_type!r} (config.architectures: {archs}): none of its Auto "
+                    "classes loads this folder, so no task can (a multimodal model's text "
+                    "part saved on its own has such a config).",
+                    f"Load the model with its own class ({cls}.from_pretrained(FOLDER)) and "
+                    "export the object: onnxmedic.export_pretrained(model, task=...); or "
+                    "export the whole model's checkpoint.")
             raise _err("OM805", f"the task cannot be told from config.architectures ({archs}); "
                        f"the model type {config.get('model_type')!r} serves: "
                        f"{', '.join(supported) or 'no task onnxmedic knows'}.",

@@ -96,6 +96,16 @@ def classes_for(mapping: str, model_type: str) -> tuple[str, ...]:
     return () if value is None else (value,) if isinstance(value, str) else tuple(value)
 
 
+def auto_mapped(model_type: str) -> bool:
+    """Whether any of transformers' Auto model classes maps ``model_type`` to a class (a
+    multimodal model's text part saved on its own, Emu3's ``emu3_text_model``, has a config
+    class and no Auto model class)."""
+    from transformers.models.auto import modeling_auto
+
+    return any(model_type in v for n, v in vars(modeling_auto).items()
+               if n.startswith("MODEL_") and n.endswith("_MAPPING_NAMES") and isinstance(v, dict))
+
+
 def main_input(model_type: str) -> str | None:
     """The main input (input_ids, pixel_values, input_values ...) of the model type's base
     class, or None when transformers does not say."""
@@ -303,7 +313,11 @@ def _accepts(model: torch.nn.Module, name: str) -> bool:
 
 
 def _max_length(config: Any) -> int:
-    return int(getattr(config, "max_position_embeddings", 0) or 512)
+    """The tokenizer's truncation length: the config's max_position_embeddings, 512 where it
+    has none or says no limit (XLNet's -1, which the tokenizer cannot take: OverflowError,
+    OM009 before)."""
+    n = int(getattr(config, "max_position_embeddings", 0) or 0)
+    return n if n > 0 else 512
 
 
 def _tokenize(task: str, tokenizer: Any, config: Any, segments: bool) -> dict[str, torch.Tensor]:
