@@ -37,4 +37,4 @@ def test_a_config_without_a_length_limit_truncates_at_512():
 
     cfg = XLNetConfig(d_model=32, n_layer=1, n_head=2, d_inner=64, vocab_size=64)
     assert cfg.max_position_embeddings == -1
-    assert tasks._max_length(cfg) == 512
+    assert tasks.text_length_limit(cfg) == 512

@@ -312,7 +312,7 @@ def _accepts(model: torch.nn.Module, name: str) -> bool:
         return False
 
 
-def _max_length(config: Any) -> int:
+def text_length_limit(config: Any) -> int:
     """The tokenizer's truncation length: the config's max_position_embeddings, 512 where it
     has none or says no limit (XLNet's -1, which the tokenizer cannot take: OverflowError,
     OM009 before)."""
@@ -324,7 +324,7 @@ def _tokenize(task: str, tokenizer: Any, config: Any, segments: bool) -> dict[st
     if tokenizer.pad_token is None and getattr(tokenizer, "eos_token", None) is not None:
         tokenizer.pad_token = tokenizer.eos_token
     kw: dict[str, Any] = dict(return_tensors="pt", padding=tokenizer.pad_token is not None,
-                              truncation=True, max_length=_max_length(config))
+                              truncation=True, max_length=text_length_limit(config))
     if segments:  # the model has segment embeddings: the tokenizer's token_type_ids
         kw["return_token_type_ids"] = True
     texts = TEXTS if tokenizer.pad_token is not None else TEXTS[:1]
