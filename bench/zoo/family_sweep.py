@@ -208,13 +208,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
                   first_k_dense_replace=1, max_position_embeddings=128),
     # dots3 note: per-layer attention sizes (per_layer_config: the shrinker's MLA keys are
     # then ambiguous per layer, its hasattr raises), an indexed (sparse) attention layer and a
-    # sliding one, a dense MLP layer and an MoE one
+    # sliding one (an indexer of 16 heads: with 2, its scores tie in TopK, OM860), a dense MLP
+    # layer and an MoE one
     "dots3_note_text": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                             num_key_value_heads=4, intermediate_size=128,
                             moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
                             n_shared_experts=1, kv_lora_rank=16, q_lora_rank=32,
                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=16,
-                            index_head_dim=16, index_n_heads=2, index_topk=8,
+                            index_head_dim=16, index_n_heads=16, index_topk=8,
                             layer_types=["indexed_attention", "sliding_attention"],
                             mlp_layer_types=["dense", "sparse"], per_layer_config={},
                             max_position_embeddings=128, sliding_window=8),
