@@ -252,16 +252,26 @@ def _inline_custom_ops(program: torch.export.ExportedProgram, table: Any,
     return inl.program, inl.failed
 
 
+def _guarded(result: TranslateResult, what: str, rewrite: Any,
+             program: torch.export.ExportedProgram) -> Any:
+    """``rewrite(program)``'s result; None, recorded in ``result.not_applied``, when it raised:
+    a rewrite never breaks translation."""
+    try:
+        return rewrite(program)
+    except Exception as e:  # noqa: BLE001 - the program is translated without it
+        logger.debug("%s failed: %s", what, e)
+        result.not_applied.append((what, f"{type(e).__name__}: {e}"[:300]))
+        return None
+
+
 def _strides_from_sizes(program: torch.export.ExportedProgram,
                         result: TranslateResult) -> int:
     """Stride queries (aten.sym_stride.int) of contiguous tensors become products of sizes
     (OM206); returns how many were left (tensors not provably contiguous)."""
-    try:
-        n, left = strides_from_sizes(program)
-    except Exception as e:  # never let the rewrite break translation
-        logger.debug("stride rewrite failed: %s", e)
-        result.not_applied.append(("stride queries from sizes", f"{type(e).__name__}: {e}"[:300]))
+    done = _guarded(result, "stride queries from sizes", strides_from_sizes, program)
+    if done is None:
         return 0
+    n, left = done
     if n:
         result.findings.append(info(
             "OM206", STAGE, f"{n} stride query(ies) (aten.sym_stride.int, e.g. `x.stride(0)`) "
@@ -273,13 +283,8 @@ def _strides_from_sizes(program: torch.export.ExportedProgram,
 
 def _storage_order(program: torch.export.ExportedProgram, result: TranslateResult) -> None:
     """as_strided of a view not laid out row-major reads it in its storage order (OM215)."""
-    try:
-        n = storage_order_before_as_strided(program)
-    except Exception as e:  # never let the rewrite break translation
-        logger.debug("as_strided storage-order rewrite failed: %s", e)
-        result.not_applied.append(("as_strided inputs in storage order",
-                                   f"{type(e).__name__}: {e}"[:300]))
-        return
+    n = _guarded(result, "as_strided inputs in storage order",
+                 storage_order_before_as_strided, program)
     if n:
         result.findings.append(info(
             "OM215", STAGE, f"{n} aten.as_strided read a view that is not laid out row-major "
@@ -290,12 +295,9 @@ def _storage_order(program: torch.export.ExportedProgram, result: TranslateResul
 
 def _constant_outputs(program: torch.export.ExportedProgram, result: TranslateResult) -> None:
     """Outputs that are Python numbers become 0-d tensors (OM214)."""
-    try:
-        made = constant_outputs_as_tensors(program)
-    except Exception as e:  # never let the rewrite break translation
-        logger.debug("constant outputs not made tensors: %s", e)
-        result.not_applied.append(("Python number outputs as tensors",
-                                   f"{type(e).__name__}: {e}"[:300]))
+    made = _guarded(result, "Python number outputs as tensors", constant_outputs_as_tensors,
+                    program)
+    if made is None:
         return
     for index, value, dtype in made:
         kind = type(value).__name__
