@@ -104,6 +104,14 @@ def _extra_state(layer: Any) -> list[str]:
     return found
 
 
+def _linear_state(cache: Any, i: int) -> torch.Tensor | None:
+    """Layer ``i``'s linear-attention state where the cache keeps it beside its layers
+    (MiniMax's ``MiniMaxCache.linear_cache``), else None."""
+    linear = getattr(cache, "linear_cache", None) or []
+    state = linear[i] if i < len(linear) else None
+    return state if isinstance(state, torch.Tensor) else None
+
+
 def cache_spec(cache: Any) -> CacheSpec:
     """The model's own cache (a transformers ``DynamicCache`` after a forward pass) as the
     package's entries, (layer, kind) in the graph's order: per layer its ``key`` and
@@ -113,11 +121,10 @@ def cache_spec(cache: Any) -> CacheSpec:
     layers = getattr(cache, "layers", None)
     if layers is None:  # legacy ((k, v), ...) tuples
         return [(i, kind) for i in range(len(cache)) for kind in KINDS]
-    linear = getattr(cache, "linear_cache", None) or []
     spec: CacheSpec = []
-    for i in range(max(len(layers), len(linear))):
+    for i in range(max(len(layers), len(getattr(cache, "linear_cache", None) or []))):
         layer = layers[i] if i < len(layers) else None
-        if i < len(linear) and isinstance(linear[i], torch.Tensor):
+        if _linear_state(cache, i) is not None:
             spec.append((i, "recurrent"))
             continue
         if isinstance(getattr(layer, "keys", None), torch.Tensor):
@@ -156,10 +163,9 @@ def unsupported_states(cache: Any) -> list[str]:
     (:func:`_extra_state`: DeepSeek-V4's compressor buffers)."""
     said = []
     layers = getattr(cache, "layers", None) or []
-    linear = getattr(cache, "linear_cache", None) or []  # MiniMax's states, beside its layers
     stateful = any(_layer_states(layer) for layer in layers)
     for i, layer in enumerate(layers):
-        if i < len(linear) and isinstance(linear[i], torch.Tensor):
+        if _linear_state(cache, i) is not None:  # MiniMax's states, beside its layers
             continue  # a linear-attention layer: its state is the cache's, this layer empty
         if type(layer).__name__ == "DummyLayer":
             if not stateful:  # in a key/value cache: Gemma 3n's layers that share KV
@@ -188,16 +194,23 @@ def unsupported_states(cache: Any) -> list[str]:
     return said
 
 
+def _cache_entry(cache: Any, i: int, kind: str) -> torch.Tensor:
+    """Entry (``i``, ``kind``) of a :func:`cache_spec` of ``cache``."""
+    layer = cache.layers[i] if i < len(cache.layers) else None
+    if kind in KINDS:
+        return getattr(layer, "keys" if kind == "key" else "values")
+    if kind == INDEXER:
+        return layer.indexer_keys
+    state = _linear_state(cache, i)
+    return state if state is not None else getattr(layer, STATE_OF[kind])[0]
+
+
 def flat_cache(cache: Any, spec: CacheSpec | None = None) -> list[torch.Tensor]:
     """[k0, v0, k1, v1, ...] of a transformers cache (``DynamicCache`` and its layers); with
     ``spec`` (:func:`cache_spec`), its entries in that order, states included."""
     layers = getattr(cache, "layers", None)
     if spec is not None and layers is not None:
-        linear = getattr(cache, "linear_cache", None) or []
-        return [getattr(layers[i], "keys" if kind == "key" else "values") if kind in KINDS
-                else layers[i].indexer_keys if kind == INDEXER
-                else linear[i] if i < len(linear) and isinstance(linear[i], torch.Tensor)
-                else getattr(layers[i], STATE_OF[kind])[0] for i, kind in spec]
+        return [_cache_entry(cache, i, kind) for i, kind in spec]
     if layers is not None:
         return [t for layer in layers for t in (layer.keys, layer.values)]
     return [t for pair in cache for t in pair[:2]]

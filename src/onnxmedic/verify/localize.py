@@ -247,9 +247,11 @@ def with_weights(proto: Any, model_dir: str | Path | None) -> Any:
     return full
 
 
-def _value_types(proto: Any) -> dict[str, int]:
+def value_types(proto: Any) -> dict[str, int]:
+    """The element type of each value the graph declares (inputs, intermediate values,
+    outputs), by name; values of unknown type left out."""
     types = {}
-    for vi in list(proto.graph.value_info) + list(proto.graph.output):
+    for vi in list(proto.graph.value_info) + list(proto.graph.input) + list(proto.graph.output):
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
     return types
@@ -409,7 +411,7 @@ class _Localize:
         self.top_k, self.full = top_k, full
         self.chunks = value_chunks(nodes, chunk_bytes or DEFAULT_CHUNK_BYTES)
         self.chunk_of = {n.name: i for i, c in enumerate(self.chunks) for n in c}
-        self.types = _value_types(proto)
+        self.types = value_types(proto)
         for n in nodes:
             if n.name not in self.types:
                 t = _onnx_dtype(n.meta["val"].dtype)

@@ -177,6 +177,8 @@ def forced(proto: Any, picks: dict[int, np.ndarray]) -> tuple[Any, list[tuple[st
     import onnx
     from onnx import helper, numpy_helper
 
+    from onnxmedic.verify.localize import value_types
+
     m = onnx.ModelProto()
     m.CopyFrom(proto)
     nodes = topk_nodes(m)
@@ -201,9 +203,7 @@ def forced(proto: Any, picks: dict[int, np.ndarray]) -> tuple[Any, list[tuple[st
         order.extend(after.get(node.output[1] if len(node.output) > 1 else "", []))
     del m.graph.node[:]
     m.graph.node.extend(order)
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in
-             list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output)
-             if vi.type.HasField("tensor_type")}
+    types = value_types(m)
     for x, i in exposed:  # the input's type as the graph has it (float where unknown)
         m.graph.output.append(helper.make_tensor_value_info(
             x, types.get(x) or onnx.TensorProto.FLOAT, None))
