@@ -13,7 +13,6 @@ onnxruntime-genai cannot load or run the folder.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import inspect
@@ -135,27 +134,30 @@ def neutral_config(model: Any, steps: int, **extra: Any) -> Any:
     if pad is None:
         pad = getattr(model.config, "pad_token_id", None) or 0
     return GenerationConfig(max_new_tokens=steps, min_new_tokens=0, do_sample=False,
-                            num_beams=1, eos_token_id=None, pad_token_id=_first(pad),
+                            num_beams=1, eos_token_id=None,
+                            pad_token_id=pad[0] if isinstance(pad, (list, tuple)) else pad,
                             bos_token_id=None, repetition_penalty=1.0, no_repeat_ngram_size=0,
                             output_logits=True, return_dict_in_generate=True, **extra)
 
 
-def _first(value: Any) -> Any:
-    return value[0] if isinstance(value, (list, tuple)) else value
-
-
-@contextlib.contextmanager
-def generation_config_as(model: Any, cfg: Any) -> Iterator[None]:
-    """``cfg`` as the model's own for one generate() call: transformers fills a passed
-    config's unset fields from the model's (its eos_token_id would stop a decoder at EOS,
-    BART's forced_eos_token_id would end every sequence with EOS), and the verification
-    wants greedy search alone, N tokens always."""
-    old = model.generation_config
-    model.generation_config = cfg
+def greedy(model: Any, n: int, steps: int, generate: Callable[..., Any], *args: Any,
+           start: int | None = None, **kw: Any) -> tuple[list[int], list[np.ndarray]]:
+    """``generate(*args, **kw)`` (the model's, or GenerationMixin's) under
+    :func:`neutral_config` (``start``: an encoder-decoder's decoder_start_token_id), that
+    config the model's own for the call: transformers fills a passed config's unset fields
+    from the model's (its eos_token_id would stop a decoder at EOS, BART's
+    forced_eos_token_id would end every sequence with EOS), and the verification wants greedy
+    search alone, N tokens always. Returns the tokens after the sequence's first ``n`` and
+    each step's logits ([1, 1, vocab])."""
+    extra = {} if start is None else {"decoder_start_token_id": start}
+    cfg = neutral_config(model, steps, **extra)
+    old, model.generation_config = model.generation_config, cfg
     try:
-        yield
+        with torch.no_grad():
+            out = generate(*args, generation_config=cfg, **kw)
     finally:
         model.generation_config = old
+    return out.sequences[0, n:].tolist(), [lg[:, None, :].float().numpy() for lg in out.logits]
 
 
 def torch_generation(model: Any, ids: list[int], steps: int
@@ -176,18 +178,15 @@ def torch_generation(model: Any, ids: list[int], steps: int
                 inspect.signature(model.forward).parameters else {})
     hook = model.register_forward_hook(prefill_logits)
     try:
-        cfg = neutral_config(model, steps)
-        with torch.no_grad(), generation_config_as(model, cfg):
-            out = model.generate(x, attention_mask=mask, generation_config=cfg, **keep_all)
+        tokens, logits = greedy(model, len(ids), steps, model.generate, x, attention_mask=mask,
+                                **keep_all)
     finally:
         hook.remove()
     prefill = first[0] if first and tuple(first[0].shape[:2]) == (1, len(ids)) else None
     if prefill is None:  # a model whose generate calls it otherwise: the prompt again
         with torch.no_grad():
             prefill = model(input_ids=x, attention_mask=mask, use_cache=False).logits
-    tokens = out.sequences[0, len(ids):].tolist()
-    logits = [prefill.float().numpy()] + [lg[:, None, :].float().numpy()
-                                          for lg in out.logits[1:]]
+    logits[0] = prefill.float().numpy()
     return tokens, logits
 
 
@@ -231,26 +230,34 @@ def references(model: Any, prompts: list[tuple[list[int], list[int], list[np.nda
         n = max(len(q) for q in seqs)
         ids = torch.tensor([q + [q[-1]] * (n - len(q)) for q in seqs])
         mask = torch.tensor([[1] * len(q) + [0] * (n - len(q)) for q in seqs])
-        # the float32 output's shape and dtype, which reference_outputs matches the
-        # reference against (not a float32 run: the steps' logits are ``expected``)
-        full = np.broadcast_to(np.float32(0), (len(seqs), n, vocab))
-        ref = reference_outputs(wrapped, [Inputs(args=(ids, mask))], [[full]]).outputs
-        if ref and ref[0] and ref[0][0] is not None:
-            whole = [ref[0][0][i:i + 1, :len(q)] for i, q in enumerate(seqs)]
-    for i, q in enumerate(seqs):
-        if whole[i] is None:
-            seq = torch.tensor([q])
-            full = np.broadcast_to(np.float32(0), (1, len(q), vocab))
-            ref = reference_outputs(wrapped, [Inputs(args=(seq,))], [[full]]).outputs
-            whole[i] = ref[0][0] if ref and ref[0] else None
-    out: list[list[np.ndarray | None]] = []
-    for (ids, _tokens, expected), w in zip(prompts, whole):
+        batch = float64_logits(wrapped, (ids, mask), (len(seqs), n, vocab))
+        if batch is not None:
+            whole = [batch[i:i + 1, :len(q)] for i, q in enumerate(seqs)]
+    out = []
+    for (ids, _tokens, expected), q, w in zip(prompts, seqs, whole):
         if w is None:
-            out.append([None] * len(expected))
-            continue
-        n = len(ids)
-        out.append([w[:, :n]] + [w[:, n + k - 1:n + k] for k in range(1, len(expected))])
+            w = float64_logits(wrapped, (torch.tensor([q]),), (1, len(q), vocab))
+        out.append(step_slices(w, len(ids), len(expected)))
     return out
+
+
+def float64_logits(wrapped: Logits, args: tuple[Any, ...], shape: tuple[int, ...]
+                   ) -> np.ndarray | None:
+    """The float64 reference of ``wrapped``'s logits on ``args`` (verify/reference.py), None
+    where there is none. ``shape``: the float32 logits' shape, which reference_outputs matches
+    the reference against (no float32 run: the steps' own logits are the expected ones)."""
+    full = np.broadcast_to(np.float32(0), shape)
+    ref = reference_outputs(wrapped, [Inputs(args=args)], [[full]]).outputs
+    return ref[0][0] if ref and ref[0] else None
+
+
+def step_slices(whole: np.ndarray | None, n: int, count: int) -> list[np.ndarray | None]:
+    """The logits of a whole sequence ([1, length, vocab]) sliced as ``count`` steps return
+    them: its first ``n`` positions (a prompt's, an encoder-decoder's start token) at the
+    prefill, one position a step after; None each where there is no ``whole``."""
+    if whole is None:
+        return [None] * count
+    return [whole[:, :n]] + [whole[:, n + k - 1:n + k] for k in range(1, count)]
 
 
 def torch_side(model: Any, prompts: list[list[int]], steps: int,
@@ -262,13 +269,10 @@ def torch_side(model: Any, prompts: list[list[int]], steps: int,
     package is built (hf/backends.py)."""
     runs = {} if runs is None else runs
     check = GenerationCheck(torch_runs=runs)
-    todo: dict[tuple[int, ...], tuple[list[int], TorchRun]] = {}  # one per prompt
-    for ids in prompts:
-        run = _torch_run(check, model, ids, steps)
-        if run.refs is None:
-            todo.setdefault(tuple(ids), (ids, run))
-    refs = references(model, [(ids, r.tokens, r.logits) for ids, r in todo.values()])
-    for (_ids, run), ref in zip(todo.values(), refs):
+    made = {tuple(ids): _torch_run(check, model, ids, steps) for ids in prompts}
+    todo = {ids: run for ids, run in made.items() if run.refs is None}  # one per prompt
+    refs = references(model, [(list(ids), run.tokens, run.logits) for ids, run in todo.items()])
+    for run, ref in zip(todo.values(), refs):
         run.refs = ref
     return runs
 
@@ -595,29 +599,21 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     prompts and steps; ``onnx_ahead``: the own loop's ONNX Runtime side run already
     (:func:`onnx_side`), used when it ran the same prompts and steps."""
     folder = Path(folder)
-    path = folder / "model.onnx"
-    check = GenerationCheck()
-    if prompts is None:
-        prompts = default_prompts(model)
-    check.prompts = prompt_ids(tokenizer, prompts, int(model.config.vocab_size))
-    if torch_runs is not None:
-        check.torch_runs = torch_runs
+    check = GenerationCheck(torch_runs={} if torch_runs is None else torch_runs)
+    check.prompts = prompt_ids(tokenizer, default_prompts(model) if prompts is None else prompts,
+                               int(model.config.vocab_size))
     if genai and not genai_available():
         check.findings.append(not_installed())
         genai = False
-    early = genai_run if genai else None
     if genai_run is not None and not genai:
         genai_run.stop()
-    if genai and early is None:
-        early = genai_beside(folder, check.prompts, steps)
+    early = (genai_run or genai_beside(folder, check.prompts, steps)) if genai else None
     # the own loop on one thread beside onnxruntime-genai's session (ONNX Runtime's threads
     # spin while they wait: more threads than cores take turns)
     threads = OWN_LOOP_THREADS if early is not None else None
     try:
-        if onnx_ahead is not None and (onnx_ahead.prompts, onnx_ahead.steps) != (
-                check.prompts, steps):
-            onnx_ahead = None
-        ran = _own_loop(check, model, path, steps, program, timeout, threads, onnx_ahead)
+        ran = _own_loop(check, model, folder / "model.onnx", steps, program, timeout, threads,
+                        onnx_ahead)
         if genai and ran and check.ok:
             run = early or start_genai_child(CHILD, folder, genai_spec(
                 folder, check.prompts, steps))
@@ -666,8 +662,9 @@ def _own_loop(check: GenerationCheck, model: Any, path: Path, steps: int, progra
               timeout: float, threads: int | None = None, ahead: OnnxSide | None = None
               ) -> bool:
     """onnxmedic's own greedy loop over check.prompts (its ONNX Runtime side: ``ahead`` when
-    run already, else :func:`onnx_side` now), each prompt judged by :func:`judge_items`;
-    False where a run or a judgement failed (its finding is in ``check``)."""
+    it ran the same prompts and steps already, else :func:`onnx_side` now), each prompt judged
+    by :func:`judge_items`; False where a run or a judgement failed (its finding is in
+    ``check``)."""
     t0 = time.perf_counter()
 
     def items() -> Iterator[Judged]:
@@ -681,7 +678,7 @@ def _own_loop(check: GenerationCheck, model: Any, path: Path, steps: int, progra
                          functools.partial(_decoder_refs, check, model, ids, run), path, program)
 
     with sandbox.reuse():
-        if ahead is None:
+        if ahead is None or (ahead.prompts, ahead.steps) != (check.prompts, steps):
             ahead = onnx_side(path.parent, check.prompts, steps, timeout, threads)
         check.seconds["onnx"] = ahead.seconds
         ran = judge_items(check, items(), timeout)

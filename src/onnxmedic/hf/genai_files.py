@@ -55,23 +55,18 @@ def _first(value: Any) -> Any:
 
 
 def _token_ids(model: Any, tokenizer: Any) -> dict[str, Any]:
-    gen = getattr(model, "generation_config", None)
-    cfg = model.config
-    out: dict[str, Any] = {}
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        value = getattr(gen, key, None) if gen is not None else None
-        if value is None:
-            value = getattr(cfg, key, None)
-        if value is None and tokenizer is not None:
-            value = getattr(tokenizer, key, None)
-        out[key] = value
+    """The BOS, EOS and pad ids: the generation config's, else the config's, else the
+    tokenizer's; a missing pad id is the (first) EOS id or 0, a missing BOS or EOS id the pad
+    id."""
+    parts = (getattr(model, "generation_config", None), model.config, tokenizer)
+    out = {key: next((getattr(x, key) for x in parts if getattr(x, key, None) is not None),
+                     None) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
     if out["pad_token_id"] is None:
-        out["pad_token_id"] = _first(out["eos_token_id"]) if out["eos_token_id"] is not None \
-            else 0
-    if out["bos_token_id"] is None:
-        out["bos_token_id"] = out["pad_token_id"]
-    if out["eos_token_id"] is None:
-        out["eos_token_id"] = out["pad_token_id"]
+        eos = out["eos_token_id"]
+        out["pad_token_id"] = 0 if eos is None else _first(eos)
+    for key in ("bos_token_id", "eos_token_id"):
+        if out[key] is None:
+            out[key] = out["pad_token_id"]
     return out
 
 

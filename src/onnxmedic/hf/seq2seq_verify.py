@@ -59,12 +59,8 @@ def torch_generation(model: Any, enc: dict[str, torch.Tensor], steps: int, start
     ([1, 1, vocab])."""
     from transformers import GenerationMixin
 
-    cfg = gen_verify.neutral_config(model, steps, decoder_start_token_id=start)
-    with torch.no_grad(), gen_verify.generation_config_as(model, cfg):
-        out = GenerationMixin.generate(model, **enc, decoder_input_ids=torch.tensor([[start]]),
-                                       generation_config=cfg)
-    tokens = out.sequences[0, 1:].tolist()
-    return tokens, [lg[:, None, :].float().numpy() for lg in out.logits]
+    return gen_verify.greedy(model, 1, steps, GenerationMixin.generate, model, start=start,
+                             **enc, decoder_input_ids=torch.tensor([[start]]))
 
 
 def reference_steps(model: Any, enc: dict[str, torch.Tensor], start: int, tokens: list[int],
@@ -72,14 +68,9 @@ def reference_steps(model: Any, enc: dict[str, torch.Tensor], start: int, tokens
     """Each step's float64 reference logits, from one float64 run over [start] + tokens."""
     seq = torch.tensor([[start] + tokens[:-1]])
     wrapped = gen_verify.Logits(model, main_input(model)).eval()
-    args = (enc[wrapped.main], enc.get("attention_mask"), seq)
-    with torch.no_grad():
-        full = wrapped(*args).float().numpy()
-    ref = reference_outputs(wrapped, [Inputs(args=args)], [[full]]).outputs
-    whole = ref[0][0] if ref and ref[0] else None
-    if whole is None:
-        return [None] * len(expected)
-    return [whole[:, k:k + 1] for k in range(len(expected))]
+    whole = gen_verify.float64_logits(wrapped, (enc[wrapped.main], enc.get("attention_mask"),
+                                                seq), (*seq.shape, expected[0].shape[-1]))
+    return gen_verify.step_slices(whole, 1, len(expected))
 
 
 def items(model: Any, tokenizer: Any, processor: Any, prompts: Any
@@ -102,33 +93,6 @@ def items(model: Any, tokenizer: Any, processor: Any, prompts: Any
 
 def _np(enc: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in enc.items()}
-
-
-def judge_encoder(check: GenerationCheck, model: Any, start: int, enc: dict[str, torch.Tensor],
-                  names: list[str], actual: list[np.ndarray], p: int) -> int | None:
-    """The encoder graph's outputs (hidden states, cross-attention cache) against PyTorch's,
-    by the float64 budget; returns the index of the first output outside it (OM823)."""
-    module = EncoderWithCross(model, start).eval()
-    args = (enc[module.main], enc.get("attention_mask"))
-    with torch.no_grad():
-        hidden, cross = module(*args)
-    expected = [t.float().numpy() for t in [hidden, *cross]]
-    refs = reference_outputs(module, [Inputs(args=args)], [expected]).outputs
-    ref = refs[0] if refs and refs[0] else [None] * len(expected)
-    for i, (name, exp, act) in enumerate(zip(names, expected, actual)):
-        c = judge_output(name, exp, act, ref[i], input_set=f"input {p} encoder")
-        check.comparisons.append(c)
-        if not c.ok:
-            check.divergence = {"prompt": p, "graph": "encoder", "output": name}
-            check.fail(error(
-                "OM823", STAGE, f"the encoder graph's output {name} for input {p} is outside "
-                f"the float64 budget ({c.rule}: max abs error {c.max_abs:.3g}, {c.mismatched} "
-                f"of {c.total} outside; {c.reason}): every decoder step reads it, so the "
-                "decoder's steps were not judged.", details={"comparison": c.to_dict()},
-                suggestion="The localisation below names the first ONNX node of the encoder "
-                "graph outside its budget."))
-            return i
-    return None
 
 
 def onnx_generation(folder: Path, layout: StepLayout, enc: dict[str, np.ndarray],
@@ -183,17 +147,37 @@ def _items(check: GenerationCheck, folder: Path, model: Any, layout: StepLayout,
 def _encoder_ok(check: GenerationCheck, folder: Path, model: Any, enc: dict[str, torch.Tensor],
                 encoder: list[np.ndarray], p: int, start: int, program: Any, timeout: float
                 ) -> bool:
-    """The encoder graph's outputs for input ``p`` judged (:func:`judge_encoder`), the first
-    one outside its budget localised in the encoder graph; False when one is."""
+    """The encoder graph's outputs for input ``p`` (hidden states, cross-attention cache)
+    against PyTorch's, by the float64 budget; the first one outside it (OM823) localised in
+    the encoder graph, and then False."""
+    module = EncoderWithCross(model, start).eval()
+    args = (enc[module.main], enc.get("attention_mask"))
+    with torch.no_grad():
+        hidden, cross = module(*args)
+    expected = [t.float().numpy() for t in [hidden, *cross]]
+    refs = reference_outputs(module, [Inputs(args=args)], [expected]).outputs
+    ref = refs[0] if refs and refs[0] else [None] * len(expected)
     names = [o.name for o in onnx.load(str(folder / ENCODER), load_external_data=False)
              .graph.output]
-    if judge_encoder(check, model, start, enc, names, encoder, p) is None:
-        return True
-    if program is not None:
-        args = tuple(enc[k] for k in (main_input(model), "attention_mask") if k in enc)
-        gen_verify.localize_step(check, folder / ENCODER, program, _np(enc),
-                                 f"input {p} encoder", timeout, args=args)
-    return False
+    for name, exp, act, r in zip(names, expected, encoder, ref):
+        c = judge_output(name, exp, act, r, input_set=f"input {p} encoder")
+        check.comparisons.append(c)
+        if c.ok:
+            continue
+        check.divergence = {"prompt": p, "graph": "encoder", "output": name}
+        check.fail(error(
+            "OM823", STAGE, f"the encoder graph's output {name} for input {p} is outside "
+            f"the float64 budget ({c.rule}: max abs error {c.max_abs:.3g}, {c.mismatched} "
+            f"of {c.total} outside; {c.reason}): every decoder step reads it, so the "
+            "decoder's steps were not judged.", details={"comparison": c.to_dict()},
+            suggestion="The localisation below names the first ONNX node of the encoder "
+            "graph outside its budget."))
+        if program is not None:
+            args = tuple(enc[k] for k in (main_input(model), "attention_mask") if k in enc)
+            gen_verify.localize_step(check, folder / ENCODER, program, _np(enc),
+                                     f"input {p} encoder", timeout, args=args)
+        return False
+    return True
 
 
 def verify_seq2seq(folder: str | Path, model: Any, tokenizer: Any = None, processor: Any = None,
