@@ -386,7 +386,7 @@ def test_weights_are_packed_at_load_only_where_they_are_quantized(llama, tmp_pat
     assert json.loads(gen_verify.genai_spec(tmp_path / "none", prompts, 4))["prepack"] is True
     if gen_verify.genai_available():  # the child loads the folder either way, same tokens
         runs = [gen_verify.finish_genai_child(gen_verify.start_genai_child(
-            gen_verify.CHILD, llama[3], json.dumps({**spec, "prepack": p})), 120,
+            llama[3], json.dumps({**spec, "prepack": p})), 120,
             GenerationCheck()) for p in (False, True)]
         assert runs[0] and runs[0]["tokens"] == runs[1]["tokens"]
         assert len(runs[0]["tokens"][0]) == 4

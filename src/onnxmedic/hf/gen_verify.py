@@ -470,12 +470,12 @@ class ChildRun:
             self.proc.communicate()
 
 
-def start_genai_child(child: Path, folder: Path, spec: str) -> ChildRun:
-    """Start the onnxruntime-genai child script ``child`` on ``folder`` with the JSON
-    ``spec``; :func:`finish_genai_child` reads its result."""
+def start_genai_child(folder: Path, spec: str) -> ChildRun:
+    """Start the onnxruntime-genai child script (CHILD) on ``folder`` with the JSON ``spec``;
+    :func:`finish_genai_child` reads its result."""
     t0 = time.perf_counter()
     try:
-        proc = subprocess.Popen([sys.executable, str(child), str(folder), spec],
+        proc = subprocess.Popen([sys.executable, str(CHILD), str(folder), spec],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except OSError as e:
         return ChildRun(None, folder, t0, f"cannot start it ({e})")
@@ -522,7 +522,7 @@ def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: 
     if not genai_available():
         check.findings.append(not_installed())
         return
-    run = start_genai_child(CHILD, folder, spec or genai_spec(folder, check.prompts, steps))
+    run = start_genai_child(folder, spec or genai_spec(folder, check.prompts, steps))
     genai_tokens(run, check, steps, timeout, eos, what)
 
 
@@ -580,7 +580,7 @@ def genai_beside(folder: Path, prompts: list[list[int]], steps: int) -> ChildRun
     if not genai_available() or avail is None or \
             avail <= CONCURRENT_MEMORY * sandbox.model_file_bytes(folder / "model.onnx"):
         return None
-    return start_genai_child(CHILD, folder, genai_spec(folder, prompts, steps))
+    return start_genai_child(folder, genai_spec(folder, prompts, steps))
 
 
 def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, steps: int = 8,
@@ -615,8 +615,7 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
         ran = _own_loop(check, model, folder / "model.onnx", steps, program, timeout, threads,
                         onnx_ahead)
         if genai and ran and check.ok:
-            run = early or start_genai_child(CHILD, folder, genai_spec(
-                folder, check.prompts, steps))
+            run = early or start_genai_child(folder, genai_spec(folder, check.prompts, steps))
             early = None
             genai_tokens(run, check, steps, timeout, eos_ids(model))
     finally:
