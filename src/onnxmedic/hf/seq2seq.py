@@ -42,6 +42,9 @@ from onnxmedic.genpackage import CROSS, KINDS, SELF, cache_name, cache_names
 from onnxmedic.hf import report_to
 from onnxmedic.hf.genai_files import GENAI_TYPES, Layout
 from onnxmedic.hf.generation import (
+    EXAMPLE_BATCH,
+    EXAMPLE_NEW,
+    EXAMPLE_PAST,
     Request,
     build_and_check,
     building,
@@ -52,22 +55,16 @@ from onnxmedic.hf.generation import (
     save_graph,
     step_inputs_blamed,
 )
-from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
+from onnxmedic.hf.seq2seq_modules import (
     CROSS_RULE,
     DECODER,
     ENCODER,
-    EXAMPLE_BATCH,
-    EXAMPLE_NEW,
-    EXAMPLE_PAST,
-    TASKS,
-    AudioDecoderWithPast,
     DecoderWithPast,
     EncoderWithCross,
     decoder_module,
     default_processor,
     encoder_inputs,
     encoder_outputs,
-    hidden_size,
     interleave,
     main_input,
     no_start_token,
@@ -79,6 +76,7 @@ from onnxmedic.result import ExportResult
 
 logger = logging.getLogger(__name__)
 
+TASKS = ("text2text-generation-with-past", "automatic-speech-recognition-with-past")
 WHAT = "encoder-decoder package"
 
 
