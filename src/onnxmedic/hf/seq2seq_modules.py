@@ -125,11 +125,6 @@ class DecoderWithPast(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor | None,
                 past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        return self.step(input_ids, encoder_attention_mask, past)
-
-    def step(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor | None,
-             past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The step itself (forward's, with or without the encoder's mask)."""
         from transformers import DynamicCache, EncoderDecoderCache
 
         if encoder_attention_mask is not None:
@@ -157,12 +152,7 @@ class AudioDecoderWithPast(DecoderWithPast):
 
     def forward(self, input_ids: torch.Tensor,  # type: ignore[override]
                 past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        return self.step(input_ids, None, past)
-
-
-def decoder_module(model: torch.nn.Module, mask: bool) -> DecoderWithPast:
-    """The decoder step's module: with the encoder mask (text), or without (audio)."""
-    return DecoderWithPast(model, True) if mask else AudioDecoderWithPast(model)
+        return super().forward(input_ids, None, past)
 
 
 STAGE = "inputs"
