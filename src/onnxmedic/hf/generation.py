@@ -318,10 +318,8 @@ class GenerationDecoder(torch.nn.Module):
                          lambda: MASK_RULE)
         else:  # states only (Mamba): no attention over the past, the mask is the new tokens'
             attention_mask = attention_mask[:, -input_ids.shape[1]:]
-        if self.spec is None:
-            cache = DynamicCache([(past[i], past[i + 1]) for i in range(0, len(past), 2)])
-        else:
-            cache = state_cache(self.model, self.spec, past)
+        cache = (DynamicCache([(past[i], past[i + 1]) for i in range(0, len(past), 2)])
+                 if self.spec is None else state_cache(self.model, self.spec, past))
         kw: dict[str, Any] = {"position_ids": position_ids} if self.takes_positions else {}
         kw[cache_arg(self.model)] = cache
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,

@@ -6,6 +6,7 @@ told from config.architectures (tasks.py), its tokenizer and processor; or a loa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -183,10 +184,8 @@ def _load_object(model: torch.nn.Module, task: str | None, dtype: str) -> Loaded
     folder = Path(str(getattr(model, "name_or_path", "") or ""))
     ckpt = None
     if folder.is_dir() and (folder / "config.json").is_file():
-        try:
+        with contextlib.suppress(InputError):  # a folder it cannot read: no tokenizer from it
             ckpt = checkpoint.resolve(str(folder))
-        except InputError:
-            ckpt = None
     tokenizer = checkpoint.load_tokenizer(ckpt, False) if ckpt is not None else None
     return Loaded(model, task, type(model).__name__, tokenizer, None, ckpt,
                   [f"task {task} ({how})", f"the model object as it is ({model.dtype})"])

@@ -350,8 +350,9 @@ def _synthetic_ids(task: str, config: Any, gen: torch.Generator) -> dict[str, to
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def _image_size(config: Any, pre: dict[str, Any]) -> tuple[int, int]:
-    vcfg = getattr(config, "vision_config", None) or config
+def _image_size(vcfg: Any, pre: dict[str, Any]) -> tuple[int, int]:
+    """(height, width) of the images: preprocessor_config.json's crop or size, else the
+    (vision) config's image_size, else 224 x 224."""
     for key in ("crop_size", "size"):
         s = pre.get(key)
         if isinstance(s, int):
@@ -373,7 +374,7 @@ def _pixels(config: Any, pre: dict[str, Any], dtype: torch.dtype,
             gen: torch.Generator) -> torch.Tensor:
     vcfg = getattr(config, "vision_config", None) or config
     channels = int(getattr(vcfg, "num_channels", 3) or 3)
-    h, w = _image_size(config, pre)
+    h, w = _image_size(vcfg, pre)
     return torch.randn(2, channels, h, w, generator=gen).to(dtype)
 
 
