@@ -28,7 +28,7 @@ from onnxmedic.stages.translate import onnx_registry_plain  # noqa: E402
 
 def main() -> None:
     m = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
-    args, shapes = generation.example_inputs(m)
+    args, shapes = generation.example_step(m)[:2]
     dec = generation.GenerationDecoder(m).eval()
     ep = torch.export.export(dec, args, dynamic_shapes=shapes, strict=False)
     opset = default_opset()

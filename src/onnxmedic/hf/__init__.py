@@ -113,19 +113,16 @@ def export_pretrained(
             loaded = load_for_task(model, task, dtype, trust_remote_code,
                                    chosen.starter(f, dtype, verify, opset))
     except InputError as e:
-        result.fail(STAGE, e.finding)
-        return report_to(result, report)
+        return report_to(result.fail(STAGE, e.finding), report)
     if loaded.task != "text-generation-with-past" and options.get("precision") == "int4":
         from onnxmedic.hf.transforms.precision import int4_not_for
 
-        result.fail(STAGE, int4_not_for(loaded.task))
-        return report_to(result, report)
+        return report_to(result.fail(STAGE, int4_not_for(loaded.task)), report)
     if loaded.task in GENERATION:
         from_folder = loaded.ckpt is not None and not isinstance(model, torch.nn.Module)
         refused = chosen.refusal(loaded.task, loaded.build_job, loaded.spec, from_folder)
         if refused is not None:
-            result.fail(STAGE, refused)
-            return report_to(result, report)
+            return report_to(result.fail(STAGE, refused), report)
         return report_to(package_for_task(loaded, f, opset, verify, options, chosen), report)
     from onnxmedic.hf.task_export import export_task
 

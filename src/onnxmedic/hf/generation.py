@@ -44,6 +44,7 @@ from onnxmedic.genpackage import (
 )
 from onnxmedic.hf.gen_verify import eos_ids, genai_generation, verify_generation
 from onnxmedic.hf.genai_files import Layout, write_side_files
+from onnxmedic.hf.tasks import accepts
 from onnxmedic.onnxfile import EXTERNAL_DATA_THRESHOLD, replace_folder, staged
 from onnxmedic.result import STAGES, ExportResult, stages_of
 
@@ -52,8 +53,9 @@ logger = logging.getLogger(__name__)
 TASKS = ("text-generation-with-past",)
 GRAPH = "model.onnx"
 MASK_RULE = "attention_mask must cover the past and the new tokens"
-# example shapes of the graph's export: batch 2 (1 would be specialised), 3 new tokens after a
-# past of 4 (a real past: the model's own cache of 4 tokens)
+# example shapes of a decoder step's export (the encoder-decoder's too): batch 2 (1 would be
+# specialised), 3 new tokens after a past of 4 (a real past: the model's own cache of 4
+# tokens; all different: torch.export must not tie them)
 EXAMPLE_BATCH, EXAMPLE_NEW, EXAMPLE_PAST = 2, 3, 4
 
 
@@ -219,12 +221,8 @@ def flat_cache(cache: Any, spec: CacheSpec | None = None) -> list[torch.Tensor]:
 def cache_arg(model: torch.nn.Module) -> str:
     """The keyword ``model``'s forward takes its cache by: ``past_key_values``, or Mamba's
     ``cache_params``."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return "past_key_values"
-    return ("cache_params" if "cache_params" in params and "past_key_values" not in params
-            else "past_key_values")
+    return ("cache_params" if accepts(model, "cache_params")
+            and not accepts(model, "past_key_values") else "past_key_values")
 
 
 def own_cache(out: Any) -> Any:
@@ -320,10 +318,8 @@ class GenerationDecoder(torch.nn.Module):
                          lambda: MASK_RULE)
         else:  # states only (Mamba): no attention over the past, the mask is the new tokens'
             attention_mask = attention_mask[:, -input_ids.shape[1]:]
-        if self.spec is None:
-            cache = DynamicCache([(past[i], past[i + 1]) for i in range(0, len(past), 2)])
-        else:
-            cache = state_cache(self.model, self.spec, past)
+        cache = (DynamicCache([(past[i], past[i + 1]) for i in range(0, len(past), 2)])
+                 if self.spec is None else state_cache(self.model, self.spec, past))
         kw: dict[str, Any] = {"position_ids": position_ids} if self.takes_positions else {}
         kw[cache_arg(self.model)] = cache
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
@@ -332,10 +328,7 @@ class GenerationDecoder(torch.nn.Module):
 
 
 def takes_position_ids(model: torch.nn.Module) -> bool:
-    try:
-        return "position_ids" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
+    return accepts(model, "position_ids")
 
 
 def _not_a_decoder(model: Any) -> str | None:
@@ -445,12 +438,6 @@ def example_step(model: torch.nn.Module, vocab: int | None = None
     return args, shapes, spec
 
 
-def example_inputs(model: torch.nn.Module, vocab: int | None = None
-                   ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """The graph's example inputs and dynamic shapes (:func:`example_step`)."""
-    return example_step(model, vocab)[:2]
-
-
 def io_names(n_cache: int, spec: CacheSpec | None = None) -> tuple[list[str], list[str]]:
     """GenAI's and optimum's names: the cache inputs and the outputs, in the graph's order
     (with ``spec``, its entries' names: a state's ``past.{i}.conv``)."""
@@ -488,14 +475,10 @@ def rename_io(proto: onnx.ModelProto, positions: bool, spec: CacheSpec | None = 
     fixed = ["input_ids", "attention_mask"] + (["position_ids"] if positions else [])
     n_cache = len(g.output) - 1
     past, present = io_names(n_cache, spec)
-    mapping: dict[str, str] = {}
     inputs = [i.name for i in g.input]
-    for old, new in zip(inputs[len(inputs) - n_cache:], past):
-        mapping[old] = new
-    for old, new in zip([o.name for o in g.output], present):
-        mapping[old] = new
-    for name in fixed:
-        mapping.setdefault(name, name)
+    mapping = {**{name: name for name in fixed},
+               **dict(zip(inputs[len(inputs) - n_cache:], past)),
+               **dict(zip([o.name for o in g.output], present))}
     rename_graph(proto, mapping)
     return {new: old for old, new in mapping.items()}
 

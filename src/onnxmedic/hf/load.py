@@ -6,6 +6,7 @@ told from config.architectures (tasks.py), its tokenizer and processor; or a loa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -71,14 +72,19 @@ def _pick_task(config: dict[str, Any], task: str | None, folder: Path | None,
                        f"{', '.join(supported) or 'no task onnxmedic knows'}.",
                        "Give the task: --task NAME (task=...).")
         return found, f"detected from config.architectures ({config['architectures'][0]})"
-    if task not in ALL_TASKS:
-        raise _err("OM804", f"unknown task {task!r}.",
-                   f"Tasks (optimum's names): {', '.join(ALL_TASKS)}.")
+    _known_task(task)
     if known and task not in supported:
         raise _err("OM805", f"a {config.get('model_type')!r} model cannot serve the task "
                    f"{task!r}; it serves: {', '.join(supported) or 'none onnxmedic knows'}.",
                    "Choose one of those tasks, or a checkpoint made for this one.")
     return task, "given"
+
+
+def _known_task(task: str) -> None:
+    """OM804: ``task`` is no task name onnxmedic knows."""
+    if task not in ALL_TASKS:
+        raise _err("OM804", f"unknown task {task!r}.",
+                   f"Tasks (optimum's names): {', '.join(ALL_TASKS)}.")
 
 
 def _needs_text(task: str, model_type: str) -> bool:
@@ -138,12 +144,11 @@ def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
     extra = ({"use_cache": False} if task == "text-generation" and "use_cache" in ckpt.config
              else {})
     model = checkpoint.load_model(ckpt, tasks.auto_class(task, ckpt.config), dtype, trust, extra)
-    kind = {"audio": "audio"}.get(TASKS[task].modality if task in TASKS else "", "")
-    if task.startswith("automatic-speech-recognition"):
-        kind = "audio"  # the encoder-decoder's feature extractor
-    if task in TASKS and TASKS[task].modality == "any" and \
-            getattr(model, "main_input_name", "") == "input_values":
-        kind = "audio"
+    modality = TASKS[task].modality if task in TASKS else ""
+    # a feature extractor for an audio task's model, the encoder-decoder's among them
+    audio = modality == "audio" or task.startswith("automatic-speech-recognition") or (
+        modality == "any" and getattr(model, "main_input_name", "") == "input_values")
+    kind = "audio" if audio else ""
     return Loaded(model, task, ckpt.spec, tokenizer, checkpoint.load_processor(ckpt, kind),
                   ckpt, [f"task {task} ({how})", f"loaded in {dtype}"], job)
 
@@ -169,9 +174,7 @@ def _load_object(model: torch.nn.Module, task: str | None, dtype: str) -> Loaded
         how = f"detected from the class {type(model).__name__}"
     else:
         how = "given"
-        if task not in ALL_TASKS:
-            raise _err("OM804", f"unknown task {task!r}.",
-                       f"Tasks (optimum's names): {', '.join(ALL_TASKS)}.")
+        _known_task(task)
     if task is None or task not in can:
         raise _err("OM805", f"a {type(model).__name__} cannot serve the task {task!r}; it "
                    f"serves: {', '.join(can) or 'none onnxmedic knows'}.",
@@ -181,10 +184,8 @@ def _load_object(model: torch.nn.Module, task: str | None, dtype: str) -> Loaded
     folder = Path(str(getattr(model, "name_or_path", "") or ""))
     ckpt = None
     if folder.is_dir() and (folder / "config.json").is_file():
-        try:
+        with contextlib.suppress(InputError):  # a folder it cannot read: no tokenizer from it
             ckpt = checkpoint.resolve(str(folder))
-        except InputError:
-            ckpt = None
     tokenizer = checkpoint.load_tokenizer(ckpt, False) if ckpt is not None else None
     return Loaded(model, task, type(model).__name__, tokenizer, None, ckpt,
                   [f"task {task} ({how})", f"the model object as it is ({model.dtype})"])

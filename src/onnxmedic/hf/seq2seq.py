@@ -42,6 +42,9 @@ from onnxmedic.genpackage import CROSS, KINDS, SELF, cache_name, cache_names
 from onnxmedic.hf import report_to
 from onnxmedic.hf.genai_files import GENAI_TYPES, Layout
 from onnxmedic.hf.generation import (
+    EXAMPLE_BATCH,
+    EXAMPLE_NEW,
+    EXAMPLE_PAST,
     Request,
     build_and_check,
     building,
@@ -52,22 +55,16 @@ from onnxmedic.hf.generation import (
     save_graph,
     step_inputs_blamed,
 )
-from onnxmedic.hf.seq2seq_modules import (  # noqa: F401  (re-exported)
+from onnxmedic.hf.seq2seq_modules import (
     CROSS_RULE,
     DECODER,
     ENCODER,
-    EXAMPLE_BATCH,
-    EXAMPLE_NEW,
-    EXAMPLE_PAST,
-    TASKS,
     AudioDecoderWithPast,
     DecoderWithPast,
     EncoderWithCross,
-    decoder_module,
     default_processor,
     encoder_inputs,
     encoder_outputs,
-    hidden_size,
     interleave,
     main_input,
     no_start_token,
@@ -79,6 +76,7 @@ from onnxmedic.result import ExportResult
 
 logger = logging.getLogger(__name__)
 
+TASKS = ("text2text-generation-with-past", "automatic-speech-recognition-with-past")
 WHAT = "encoder-decoder package"
 
 
@@ -96,12 +94,11 @@ def decoder_example(model: torch.nn.Module, enc: dict[str, torch.Tensor], start:
     mask = enc.get("attention_mask")
     with torch.no_grad():
         hidden, cross = EncoderWithCross(model, start)(enc[main_input(model)], mask)
-        out = DecoderWithPast(model, mask is not None).step(
+        DecoderWithPast(model, mask is not None)(  # the first step, from an empty past, runs
             ids[:, :1], mask, interleave([c[:, :, :0] for c in cross], cross))
         past_out = model(decoder_input_ids=ids[:, :EXAMPLE_PAST],
                          encoder_outputs=encoder_outputs(hidden),
                          attention_mask=mask, use_cache=True).past_key_values
-    del out
     selfs = [t.detach().clone() for t in split_cache(past_out)[0]]
     past = interleave(selfs, [c.detach().clone() for c in cross])
     bd, s = Dim("batch_size"), Dim("decoder_sequence_length")
@@ -211,8 +208,10 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
                                        encoder_shapes(enc, main), raw / ENCODER, opset, timeout)}
         if subs["encoder"].ok:
             dargs, dshapes = decoder_example(model, enc, start)
-            subs["decoder"] = _export_one(result, "decoder", decoder_module(model, mask), dargs,
-                                          dshapes, raw / DECODER, opset, timeout)
+            # the step with the encoder mask (text), or without (audio)
+            step = DecoderWithPast(model) if mask else AudioDecoderWithPast(model)
+            subs["decoder"] = _export_one(result, "decoder", step, dargs, dshapes, raw / DECODER,
+                                          opset, timeout)
     failed = next((k for k, v in subs.items() if not v.ok), None)
     if failed is not None:
         st.fail(error("OM821", "capture", f"the {failed} graph of {type(model).__name__} ("

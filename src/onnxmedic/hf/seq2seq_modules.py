@@ -18,12 +18,8 @@ from onnxmedic.findings import InputError, error
 from onnxmedic.genpackage import DECODER_FILES, ENCODER_FILE
 from onnxmedic.hf.generation import flat_cache
 
-TASKS = ("text2text-generation-with-past", "automatic-speech-recognition-with-past")
 ENCODER, DECODER = ENCODER_FILE, DECODER_FILES[1]  # the contract's (optimum's) file names
 CROSS_RULE = "the encoder attention mask and the cross-attention cache cover the same positions"
-# example shapes of the decoder's export: batch 2, 3 new tokens after a past of 4 (all
-# different: torch.export must not tie them)
-EXAMPLE_BATCH, EXAMPLE_NEW, EXAMPLE_PAST = 2, 3, 4
 
 
 def split_cache(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -59,8 +55,6 @@ def start_token(model: Any) -> int | None:
 
 def no_start_token(model: Any, stage: str) -> Any:
     """OM824: the model names no first decoder token (start_token is None)."""
-    from onnxmedic.findings import error
-
     return error("OM824", stage, f"{type(model).__name__} names no first decoder token "
                  "(decoder_start_token_id in generation_config.json or config.json): "
                  "generation cannot start.", suggestion="Set decoder_start_token_id in the "
@@ -131,11 +125,6 @@ class DecoderWithPast(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor | None,
                 past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        return self.step(input_ids, encoder_attention_mask, past)
-
-    def step(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor | None,
-             past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The step itself (forward's, with or without the encoder's mask)."""
         from transformers import DynamicCache, EncoderDecoderCache
 
         if encoder_attention_mask is not None:
@@ -163,12 +152,7 @@ class AudioDecoderWithPast(DecoderWithPast):
 
     def forward(self, input_ids: torch.Tensor,  # type: ignore[override]
                 past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        return self.step(input_ids, None, past)
-
-
-def decoder_module(model: torch.nn.Module, mask: bool) -> DecoderWithPast:
-    """The decoder step's module: with the encoder mask (text), or without (audio)."""
-    return DecoderWithPast(model, True) if mask else AudioDecoderWithPast(model)
+        return super().forward(input_ids, None, past)
 
 
 STAGE = "inputs"

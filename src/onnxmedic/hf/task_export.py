@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +41,7 @@ def export_task(loaded: Loaded, f: Any, dynamic: Any, report: Any,
                  options: dict[str, Any]) -> ExportResult:
     """One task's module through onnxmedic.export, its outputs named, written atomically."""
     from onnxmedic import api
-    from onnxmedic.onnxfile import check_output_path
+    from onnxmedic.onnxfile import check_output_path, staged
 
     folder = loaded.ckpt.folder if loaded.ckpt is not None else None
     pooling = tasks.Pooling.of_folder(folder) if loaded.task == "sentence-similarity" else None
@@ -59,22 +57,19 @@ def export_task(loaded: Loaded, f: Any, dynamic: Any, report: Any,
     dest = Path(f) if f is not None else None
     if dest is not None and (bad := check_output_path(dest)) is not None:
         return report_to(ExportResult(command="export", model=spec).fail("write", bad), report)
-    tmp = Path(tempfile.mkdtemp(prefix=".onnxmedic-hf-", dir=dest.parent)) if dest else None
-    try:
+    # the file is written in a scratch folder beside dest, then published (_name_outputs)
+    with staged(dest) if dest is not None else contextlib.nullcontext() as tmp:
         target = tmp / dest.name if tmp is not None and dest is not None else None
         batch = {k: {d: n for d, n in v.items() if d == 0} for k, v in ex.dynamic.items()}
         retry = dynamic is True and batch != ex.dynamic
         with _quiet_torch(retry):
             res = api.export(module, (), target, kwargs=ex.kwargs, dynamic_shapes=dyn, **options)
-        if retry and _dims_failed(res):
+        if retry and not res.ok and _dim_codes(res):
             loaded.notes.append("only the batch dims are dynamic: with the others dynamic too "
                                 f"the export failed ({', '.join(sorted(_dim_codes(res)))})")
             res = api.export(module, (), target, kwargs=ex.kwargs, dynamic_shapes=batch,
                              **options)
         _name_outputs(res, module.output_names, target, dest)
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
     return report_to(_annotate(res, loaded, spec, ex, module.output_names), report)
 
 
@@ -94,10 +89,6 @@ def _quiet_torch(quiet: bool) -> Iterator[None]:
 
 def _dim_codes(res: ExportResult) -> set[str]:
     return {x.code for x in res.errors if x.code in _DIM_FAILURES}
-
-
-def _dims_failed(res: ExportResult) -> bool:
-    return not res.ok and bool(_dim_codes(res))
 
 
 def _annotate(res: ExportResult, loaded: Loaded, spec: str, ex: tasks.Example,

@@ -9,7 +9,7 @@ import inspect
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +85,12 @@ CHOICES = [("the model is exported", "to onnx", "to a picture"),
 CLIP_TEXTS = ["a photo of a cat", "a photo of two dogs on the grass"]
 
 
-def _mapping(name: str) -> dict[str, Any]:
+def classes_for(mapping: str, model_type: str) -> tuple[str, ...]:
+    """The class names transformers' ``mapping`` (a ``MODEL_..._MAPPING_NAMES`` of
+    modeling_auto) gives ``model_type``."""
     from transformers.models.auto import modeling_auto
 
-    return getattr(modeling_auto, name, {})
-
-
-def classes_for(mapping: str, model_type: str) -> tuple[str, ...]:
-    value = _mapping(mapping).get(model_type)
+    value = getattr(modeling_auto, mapping, {}).get(model_type)
     return () if value is None else (value,) if isinstance(value, str) else tuple(value)
 
 
@@ -180,11 +178,9 @@ def detect_task(config: dict[str, Any], folder: Path | None = None) -> str | Non
             return name
     # the base model (feature-extraction) last: a CLIPModel is both a base model and the
     # zero-shot-image-classification model
-    order = [t for t in TASKS.values() if t.name != "feature-extraction"] + \
-        [TASKS["feature-extraction"]]
-    for task in order:
-        if task.name == "sentence-similarity":
-            continue
+    order = [t for t in TASKS.values() if t.name not in ("feature-extraction",
+                                                         "sentence-similarity")]
+    for task in order + [TASKS["feature-extraction"]]:
         if any(arch in classes_for(m, model_type) for m in task.mappings) and \
                 _modality_ok(task, model_type):
             if task.name == "feature-extraction" and folder is not None and \
@@ -266,10 +262,8 @@ class TaskModule(torch.nn.Module):
                 token_type_ids: torch.Tensor | None = None,
                 pixel_values: torch.Tensor | None = None,
                 input_values: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        given = {k: v for k, v in (("input_ids", input_ids), ("attention_mask", attention_mask),
-                                   ("token_type_ids", token_type_ids),
-                                   ("pixel_values", pixel_values), ("input_values", input_values))
-                 if v is not None}
+        given = {k: v for k, v in zip(INPUT_ORDER, (input_ids, attention_mask, token_type_ids,
+                                                    pixel_values, input_values)) if v is not None}
         if self.task == "text-generation":
             given["use_cache"] = False  # one forward pass: the logits, no cache
         out = self.model(**given, return_dict=True)
@@ -302,10 +296,11 @@ class Example:
     kwargs: dict[str, torch.Tensor]
     dynamic: dict[str, dict[int, str]]
     source: str
-    notes: list[str] = field(default_factory=list)
 
 
-def _accepts(model: torch.nn.Module, name: str) -> bool:
+def accepts(model: torch.nn.Module, name: str) -> bool:
+    """Whether ``model``'s forward takes the keyword ``name`` (False where its signature
+    cannot be read)."""
     try:
         return name in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -355,8 +350,9 @@ def _synthetic_ids(task: str, config: Any, gen: torch.Generator) -> dict[str, to
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def _image_size(config: Any, pre: dict[str, Any]) -> tuple[int, int]:
-    vcfg = getattr(config, "vision_config", None) or config
+def _image_size(vcfg: Any, pre: dict[str, Any]) -> tuple[int, int]:
+    """(height, width) of the images: preprocessor_config.json's crop or size, else the
+    (vision) config's image_size, else 224 x 224."""
     for key in ("crop_size", "size"):
         s = pre.get(key)
         if isinstance(s, int):
@@ -378,7 +374,7 @@ def _pixels(config: Any, pre: dict[str, Any], dtype: torch.dtype,
             gen: torch.Generator) -> torch.Tensor:
     vcfg = getattr(config, "vision_config", None) or config
     channels = int(getattr(vcfg, "num_channels", 3) or 3)
-    h, w = _image_size(config, pre)
+    h, w = _image_size(vcfg, pre)
     return torch.randn(2, channels, h, w, generator=gen).to(dtype)
 
 
@@ -418,7 +414,7 @@ def example_inputs(task: str, model: torch.nn.Module, tokenizer: Any = None,
     dims: dict[str, dict[int, str]] = {}
     sources = []
     if modality in ("text", "text+vision"):
-        segments = _accepts(model, "token_type_ids") and \
+        segments = accepts(model, "token_type_ids") and \
             int(getattr(config, "type_vocab_size", 0) or 0) > 1
         if tokenizer is not None:
             kwargs.update(_tokenize(task, tokenizer, config, segments))
@@ -426,7 +422,7 @@ def example_inputs(task: str, model: torch.nn.Module, tokenizer: Any = None,
         else:
             kwargs.update(_synthetic_ids(task, config, gen))
             sources.append("token ids from the config (no tokenizer)")
-        kwargs = {k: v for k, v in kwargs.items() if _accepts(model, k)}
+        kwargs = {k: v for k, v in kwargs.items() if accepts(model, k)}
         if "token_type_ids" not in kwargs and segments:
             kwargs["token_type_ids"] = torch.zeros_like(kwargs["input_ids"])
         text_dims = CHOICE_DIMS if task == "multiple-choice" else TEXT_DIMS
