@@ -22,7 +22,6 @@ folder is built beside ``out`` and renamed into place only when verified.
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import os
@@ -34,8 +33,10 @@ import numpy as np
 import onnx
 
 from onnxmedic.genpackage import context_length, decoder_graph
+from onnxmedic.hf.transforms.gqa import rewire, to_gqa
 from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
+from onnxmedic.optimize.files import has_external_data, op_counts
 from onnxmedic.optimize.pass_infra import PassResult
 
 logger = logging.getLogger(__name__)
@@ -80,29 +81,18 @@ def fold_constant_where(proto: onnx.ModelProto) -> int:
                 rename[node.output[0]] = node.input[1 if pick else 2]
                 continue
         keep.append(node)
-    if not rename:
-        return 0
-    outputs = {o.name for o in g.output}
     for name in list(rename):  # follow chains of folded Wheres
         target = rename[name]
         while target in rename:
             target = rename[target]
         rename[name] = target
-    for node in keep:
-        node.input[:] = [rename.get(i, i) for i in node.input]
+    outputs = {o.name for o in g.output}
     # a graph output produced by a folded Where: an Identity keeps its name
     keep += [onnx.helper.make_node("Identity", [target], [name])
              for name, target in rename.items() if name in outputs]
     del g.node[:]
     g.node.extend(keep)
-    return len(rename)
-
-
-def op_counts(proto_or_ir: Any) -> dict[str, int]:
-    """Node count per op type of an ONNX proto's or onnx_ir model's main graph."""
-    graph = getattr(proto_or_ir, "graph", proto_or_ir)
-    nodes = graph.node if hasattr(graph, "node") else graph
-    return dict(collections.Counter(n.op_type for n in nodes))
+    return rewire(g, rename)
 
 
 def _ort_fusions(model: Any) -> dict[str, int]:
@@ -139,18 +129,15 @@ def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     src, dst = Path(src), Path(dst)
     proto = onnx.load(str(src))
     folded = fold_constant_where(proto)
-    external = any(i.data_location == onnx.TensorProto.EXTERNAL
-                   for i in onnx.load(str(src), load_external_data=False).graph.initializer)
+    external = has_external_data(src)
     model = ir.from_proto(proto)
     del proto
     counts = _ort_fusions(model)
     proto = ir.to_proto(model)
     del model
     if gqa:
-        from onnxmedic.hf.transforms.gqa import to_gqa
-
         counts["group_query_attention"] = to_gqa(proto, max_positions)
-    _resave(proto, dst, external)
+    resave(proto, dst, external)
     return counts, folded
 
 
@@ -218,10 +205,8 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         if mutate is not None:
             proto = onnx.load(str(graph))
             mutate(proto)
-            _resave(proto, graph)
-        res.ops = {k: v for k, v in op_counts(onnx.load(str(graph),
-                                                       load_external_data=False)).items()
-                   if k in FUSED_OPS}
+            resave(proto, graph)
+        res.ops = {k: v for k, v in op_counts(graph).items() if k in FUSED_OPS}
         res.check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,
                                       genai=genai, timeout=timeout or sandbox.DEFAULT_TIMEOUT,
                                       torch_runs=torch_runs)
@@ -245,7 +230,9 @@ def share_buffer(folder: Path) -> None:
         cfg.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _resave(proto: onnx.ModelProto, path: Path, big: bool | None = None) -> None:
+def resave(proto: onnx.ModelProto, path: Path, big: bool | None = None) -> None:
+    """Save ``proto`` at ``path``, its weights over 1 KiB in ``<name>.data`` when ``big``
+    (None: when they pass 1 GiB)."""
     if big is None:
         big = sum(len(t.raw_data) for t in proto.graph.initializer) > 2**30
     onnx.save_model(proto, str(path), save_as_external_data=big, all_tensors_to_one_file=True,

@@ -173,7 +173,7 @@ def to_gqa(proto: onnx.ModelProto, max_positions: int) -> int:
     return len(plans)
 
 
-def _projection(graph: Any, name: str, prod: dict[str, Any], inits: dict[str, Any]
+def _projection(name: str, prod: dict[str, Any], inits: dict[str, Any]
                 ) -> tuple[str, Any, Any] | None:
     """(x, W, b or None) when ``name`` is ``MatMul(x, W)`` or ``Add(MatMul(x, W), b)`` with
     constant W (2-D) and b."""
@@ -199,7 +199,7 @@ def pack_qkv(graph: Any, names: tuple[str, str, str], prefix: str, new_nodes: li
     three are not constant projections of the same input."""
     prod = _producers(graph)
     inits = {i.name: i for i in graph.initializer}
-    parts = [_projection(graph, n, prod, inits) for n in names]
+    parts = [_projection(n, prod, inits) for n in names]
     if any(p is None for p in parts) or len({p[0] for p in parts}) != 1 \
             or len({p[2] is None for p in parts}) != 1:
         return None
@@ -237,21 +237,13 @@ def drop_row_guards(graph: Any, attention_outputs: set[str]) -> int:
             name = node.input[0]
         return False
 
-    rename = {}
-    for n in graph.node:
-        if n.op_type == "Where" and n.input[1] in zeros and after_attention(n.input[2]):
-            rename[n.output[0]] = n.input[2]
-    if rename:
-        keep = [n for n in graph.node if n.output[0] not in rename]
-        for n in keep:
-            n.input[:] = [rename.get(i, i) for i in n.input]
-        del graph.node[:]
-        graph.node.extend(keep)
-    return len(rename)
+    rename = {n.output[0]: n.input[2] for n in graph.node if n.op_type == "Where"
+              and n.input[1] in zeros and after_attention(n.input[2])}
+    return rewire(graph, rename, drop=True)
 
 
-def _head_reshapes_end(graph: Any, name: str, hidden: int, users: dict[str, list[Any]],
-                       inits: dict[str, Any]) -> Any:
+def _head_reshapes_end(name: str, hidden: int, users: dict[str, list[Any]],
+                       inits: dict[str, Any], prod: dict[str, Any]) -> Any:
     """The last node of ``Reshape(name, [0, 0, heads, -1])`` -> ``Transpose`` -> ``Transpose``
     (the two perms composing to the identity) -> ``Reshape(.., [b, s, hidden])`` after an
     attention output ``name`` (batch, seq, ``hidden``), each the only reader of the one before;
@@ -270,17 +262,18 @@ def _head_reshapes_end(graph: Any, name: str, hidden: int, users: dict[str, list
     if split is None or len(split) != 4 or split[:2] != [0, 0] or len(p1) != 4 \
             or sorted(p2) != [0, 1, 2, 3] or [p1[i] for i in p2] != [0, 1, 2, 3]:
         return None
-    return last if _restores_hidden(graph, last.input[1], hidden, inits) else None
+    return last if _restores_hidden(last.input[1], hidden, inits, prod) else None
 
 
-def _restores_hidden(graph: Any, shape: str, hidden: int, inits: dict[str, Any]) -> bool:
+def _restores_hidden(shape: str, hidden: int, inits: dict[str, Any], prod: dict[str, Any]
+                     ) -> bool:
     """True when the Reshape target ``shape`` is ``[0, 0, hidden or -1]``, or the Concat of
     two computed dims and a constant ``hidden`` or -1 (the export's ``view(batch, seq, -1)``;
     the fused package's verification against PyTorch catches any other reading)."""
     if shape in inits:
         dims = numpy_helper.to_array(inits[shape]).tolist()
         return len(dims) == 3 and dims[:2] == [0, 0] and dims[2] in (-1, hidden)
-    node = _producers(graph).get(shape)
+    node = prod.get(shape)
     if node is None or node.op_type != "Concat" or len(node.input) != 3:
         return False
     last = node.input[2]
@@ -301,12 +294,22 @@ def drop_head_reshapes(graph: Any, attention_outputs: dict[str, int]) -> int:
     for n in graph.node:
         for i in n.input:
             users.setdefault(i, []).append(n)
-    outputs = {o.name for o in graph.output}
+    outputs, prod = {o.name for o in graph.output}, _producers(graph)
     rename = {}
     for name, hidden in attention_outputs.items():
-        end = _head_reshapes_end(graph, name, hidden, users, inits)
+        end = _head_reshapes_end(name, hidden, users, inits, prod)
         if end is not None and end.output[0] not in outputs:
             rename[end.output[0]] = name
+    return rewire(graph, rename)
+
+
+def rewire(graph: Any, rename: dict[str, str], *, drop: bool = False) -> int:
+    """Make every node read ``rename[x]`` where it read ``x`` (with ``drop``, the nodes that
+    wrote the renamed values are removed first); returns the number of values renamed."""
+    if drop and rename:
+        keep = [n for n in graph.node if n.output[0] not in rename]
+        del graph.node[:]
+        graph.node.extend(keep)
     for n in graph.node:
         n.input[:] = [rename.get(i, i) for i in n.input]
     return len(rename)
