@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 
 from onnxmedic.genpackage import context_length, decoder_graph
-from onnxmedic.hf.transforms.gqa import rewire, to_gqa
+from onnxmedic.hf.transforms.gqa import to_gqa
 from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
 from onnxmedic.optimize.files import has_external_data, op_counts
@@ -86,13 +86,15 @@ def fold_constant_where(proto: onnx.ModelProto) -> int:
         while target in rename:
             target = rename[target]
         rename[name] = target
+    for node in keep:
+        node.input[:] = [rename.get(i, i) for i in node.input]
     outputs = {o.name for o in g.output}
     # a graph output produced by a folded Where: an Identity keeps its name
     keep += [onnx.helper.make_node("Identity", [target], [name])
              for name, target in rename.items() if name in outputs]
     del g.node[:]
     g.node.extend(keep)
-    return rewire(g, rename)
+    return len(rename)
 
 
 def _ort_fusions(model: Any) -> dict[str, int]:
@@ -133,10 +135,10 @@ def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     model = ir.from_proto(proto)
     del proto
     counts = _ort_fusions(model)
+    if gqa:
+        counts["group_query_attention"] = to_gqa(model, max_positions)
     proto = ir.to_proto(model)
     del model
-    if gqa:
-        counts["group_query_attention"] = to_gqa(proto, max_positions)
     resave(proto, dst, external)
     return counts, folded
 
