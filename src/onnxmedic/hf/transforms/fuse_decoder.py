@@ -62,39 +62,35 @@ class FuseResult:
     findings: list[Any] = field(default_factory=list)
 
 
-def fold_constant_where(proto: onnx.ModelProto) -> int:
-    """Replace each ``Where(c, a, b)`` whose condition is one constant boolean (an initializer
-    of one element) and whose other branch is one element by the branch it picks; returns the
-    number folded. (Broadcasting a one-element tensor does not change the picked branch's
-    shape unless it is a scalar, which the verification that follows would catch.)"""
-    g = proto.graph
-    small = {i.name: onnx.numpy_helper.to_array(i) for i in g.initializer
-             if int(np.prod(i.dims)) == 1}
-    rename: dict[str, str] = {}
-    keep = []
-    for node in g.node:
-        if node.op_type == "Where" and node.domain in ("", "ai.onnx") \
-                and node.input[0] in small and small[node.input[0]].dtype == np.bool_:
-            pick = bool(small[node.input[0]].ravel()[0])
-            other = node.input[2 if pick else 1]
-            if other in small:
-                rename[node.output[0]] = node.input[1 if pick else 2]
-                continue
-        keep.append(node)
-    for name in list(rename):  # follow chains of folded Wheres
-        target = rename[name]
-        while target in rename:
-            target = rename[target]
-        rename[name] = target
-    for node in keep:
-        node.input[:] = [rename.get(i, i) for i in node.input]
-    outputs = {o.name for o in g.output}
-    # a graph output produced by a folded Where: an Identity keeps its name
-    keep += [onnx.helper.make_node("Identity", [target], [name])
-             for name, target in rename.items() if name in outputs]
-    del g.node[:]
-    g.node.extend(keep)
-    return len(rename)
+def fold_constant_where(model: Any) -> int:
+    """Replace each ``Where(c, a, b)`` of the onnx_ir ``model`` whose condition is one
+    constant boolean (an initializer of one element) and whose other branch is one element by
+    the branch it picks; returns the number folded. (Broadcasting a one-element tensor does
+    not change the picked branch's shape unless it is a scalar, which the verification that
+    follows would catch.)"""
+    import onnx_ir as ir
+
+    def one(value: Any) -> np.ndarray | None:  # a one-element initializer's array
+        if value is None or not value.is_initializer() or value.const_value.size != 1:
+            return None
+        return value.const_value.numpy()
+
+    folded = []
+    for node in model.graph:
+        cond = one(node.inputs[0]) if node.op_type == "Where" and node.domain in (
+            "", "ai.onnx") else None
+        if cond is None or cond.dtype != np.bool_ \
+                or one(node.inputs[2 if cond.ravel()[0] else 1]) is None:
+            continue
+        out, picked = node.outputs[0], node.inputs[1 if cond.ravel()[0] else 2]
+        if out.is_graph_output():  # an Identity keeps the output's name
+            kept = ir.Value(name=out.name, type=out.type, shape=out.shape)
+            model.graph.insert_after(node, ir.Node("", "Identity", [picked], outputs=[kept]))
+            model.graph.outputs[model.graph.outputs.index(out)] = kept
+        ir.convenience.replace_all_uses_with(out, picked)  # (chains: the next reads ``picked``)
+        folded.append(node)
+    model.graph.remove(folded, safe=True)
+    return len(folded)
 
 
 def _ort_fusions(model: Any) -> dict[str, int]:
@@ -129,17 +125,14 @@ def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     import onnx_ir as ir
 
     src, dst = Path(src), Path(dst)
-    proto = onnx.load(str(src))
-    folded = fold_constant_where(proto)
-    external = has_external_data(src)
-    model = ir.from_proto(proto)
-    del proto
+    model = ir.from_proto(onnx.load(str(src)))
+    folded = fold_constant_where(model)
     counts = _ort_fusions(model)
     if gqa:
         counts["group_query_attention"] = to_gqa(model, max_positions)
     proto = ir.to_proto(model)
     del model
-    resave(proto, dst, external)
+    resave(proto, dst, has_external_data(src))
     return counts, folded
 
 
