@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 
 from onnxmedic.genpackage import context_length, decoder_graph
-from onnxmedic.hf.transforms.gqa import to_gqa
+from onnxmedic.hf.transforms.gqa import const_array, to_gqa
 from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
 from onnxmedic.optimize.files import has_external_data, op_counts
@@ -71,9 +71,8 @@ def fold_constant_where(model: Any) -> int:
     import onnx_ir as ir
 
     def one(value: Any) -> np.ndarray | None:  # a one-element initializer's array
-        if value is None or not value.is_initializer() or value.const_value.size != 1:
-            return None
-        return value.const_value.numpy()
+        array = const_array(value)
+        return array if array is not None and array.size == 1 else None
 
     folded = []
     for node in model.graph:

@@ -69,7 +69,7 @@ def _perm(node: ir.Node) -> list[int]:
     return list(node.attributes.get_ints("perm", None) or [])
 
 
-def _const(value: ir.Value | None) -> np.ndarray | None:
+def const_array(value: ir.Value | None) -> np.ndarray | None:
     """The array of an initializer ``value``; None for anything else."""
     return value.const_value.numpy() if value is not None and value.is_initializer() else None
 
@@ -166,13 +166,13 @@ def _projection(value: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value | None] |
     constant W (2-D) and b."""
     node, bias = value.producer(), None
     if node is not None and node.op_type == "Add":
-        consts = [i for i in node.inputs if _const(i) is not None]
-        others = [i for i in node.inputs if _const(i) is None]
+        consts = [i for i in node.inputs if const_array(i) is not None]
+        others = [i for i in node.inputs if const_array(i) is None]
         if len(consts) != 1 or len(others) != 1:
             return None
         bias, node = consts[0], others[0].producer()
-    if node is None or node.op_type != "MatMul" or _const(node.inputs[1]) is None \
-            or _const(node.inputs[1]).ndim != 2:
+    if node is None or node.op_type != "MatMul" or const_array(node.inputs[1]) is None \
+            or const_array(node.inputs[1]).ndim != 2:
         return None
     return node.inputs[0], node.inputs[1], bias
 
@@ -188,12 +188,12 @@ def pack_qkv(values: tuple[ir.Value, ir.Value, ir.Value], prefix: str, tape: ir.
     if any(p is None for p in parts) or len({p[0] for p in parts}) != 1 \
             or len({p[2] is None for p in parts}) != 1:
         return None
-    w = np.concatenate([_const(p[1]) for p in parts], axis=1)
+    w = np.concatenate([const_array(p[1]) for p in parts], axis=1)
     out = tape.op("MatMul", [parts[0][0], tape.initializer(ir.tensor(w, name=f"{prefix}.weight"))],
                   name=f"{prefix}/MatMul")
     if parts[0][2] is None:
         return out
-    b = np.concatenate([_const(p[2]).ravel() for p in parts])
+    b = np.concatenate([const_array(p[2]).ravel() for p in parts])
     return tape.op("Add", [out, tape.initializer(ir.tensor(b, name=f"{prefix}.bias"))],
                    name=f"{prefix}/Add")
 
@@ -215,7 +215,7 @@ def drop_row_guards(graph: ir.Graph, attention_outputs: set[ir.Value]) -> int:
             value = node.inputs[0]
         return False
 
-    guards = [n for n in graph if n.op_type == "Where" and (zero := _const(n.inputs[1])) is not None
+    guards = [n for n in graph if n.op_type == "Where" and (zero := const_array(n.inputs[1])) is not None
               and zero.size == 1 and not zero.any() and after_attention(n.inputs[2])]
     for n in guards:
         ir.convenience.replace_all_uses_with(n.outputs[0], n.inputs[2])
@@ -236,7 +236,7 @@ def _head_reshapes_end(value: ir.Value, hidden: int) -> ir.Node | None:
         chain.append(uses[0].node)
         cur = uses[0].node.outputs[0]
     first, t1, t2, last = chain
-    split = _const(first.inputs[1])
+    split = const_array(first.inputs[1])
     split = None if split is None else split.tolist()
     p1, p2 = _perm(t1), _perm(t2)
     if split is None or len(split) != 4 or split[:2] != [0, 0] or len(p1) != 4 \
@@ -249,13 +249,13 @@ def _restores_hidden(shape: ir.Value, hidden: int) -> bool:
     """True when the Reshape target ``shape`` is ``[0, 0, hidden or -1]``, or the Concat of
     two computed dims and a constant ``hidden`` or -1 (the export's ``view(batch, seq, -1)``;
     the fused package's verification against PyTorch catches any other reading)."""
-    if (dims := _const(shape)) is not None:
+    if (dims := const_array(shape)) is not None:
         dims = dims.tolist()
         return len(dims) == 3 and dims[:2] == [0, 0] and dims[2] in (-1, hidden)
     node = shape.producer()
     if node is None or node.op_type != "Concat" or len(node.inputs) != 3:
         return False
-    last = _const(node.inputs[2])
+    last = const_array(node.inputs[2])
     return last is not None and last.ravel().tolist() in ([hidden], [-1])
 
 
