@@ -322,31 +322,27 @@ def read_step(path: str | os.PathLike[str], config_dir: str | os.PathLike[str] |
     for k, i in enumerate(pasts):
         dims = _dims(i)
         parsed = parse_cache_name(i.name)
-        if parsed and parsed[3] in STATES:
+        layer, part, kind = parsed[1:] if parsed else (k // 2, None, KINDS[k % 2])
+        entry = CacheEntry(i.name, present_of(i.name) if named else outs[k + 1], layer, kind,
+                           dtype=np.dtype(helper.tensor_dtype_to_np_dtype(
+                               i.type.tensor_type.elem_type)).name)
+        if kind in STATES:
             if any(d is None for d in dims[1:]):
                 raise NotAStep(f"{path}: the state input {i.name!r} has symbolic dims after "
                                f"the batch ({dims}): a state's size is fixed")
-            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)).name
-            cache.append(CacheEntry(i.name, present_of(i.name), parsed[1], parsed[3],
-                                    dtype=dtype, shape=[int(d) for d in dims[1:]]))
-            continue
-        if parsed and parsed[3] == INDEXER:
+            entry.shape = [int(d) for d in dims[1:]]
+        elif kind == INDEXER:
             if len(dims) != 3:
                 raise NotAStep(f"{path}: the indexer key input {i.name!r} has {len(dims)} "
                                "dims, not (batch, past, size)")
-            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)).name
-            cache.append(CacheEntry(i.name, present_of(i.name), parsed[1], INDEXER,
-                                    head_size=dims[2], dtype=dtype))
-            continue
-        if len(dims) != 4:
+            entry.head_size = dims[2]
+        elif len(dims) != 4:
             raise NotAStep(f"{path}: cache input {i.name!r} has {len(dims)} dims, not (batch, "
                            "heads, past, head_size)")
-        layer, part, kind = (parsed[1], parsed[2], parsed[3]) if parsed else (k // 2, None,
-                                                                            KINDS[k % 2])
-        present = (present_of(i.name) if named else outs[k + 1])
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)).name
-        cache.append(CacheEntry(i.name, present if part != CROSS else None, layer, kind,
-                                part, dims[1], dims[3], dtype))
+        else:
+            entry.part, entry.heads, entry.head_size = part, dims[1], dims[3]
+            entry.present = entry.present if part != CROSS else None
+        cache.append(entry)
     missing = [c.present for c in cache if c.present and c.present not in outs]
     if missing:
         raise NotAStep(f"{path}: the cache inputs have no present outputs ({missing[:2]})")
@@ -379,11 +375,20 @@ def read_package(folder: str | os.PathLike[str]) -> StepLayout:
     return read_step(decoder_graph(folder), folder)
 
 
-def _genai_decoder(folder: Path) -> dict[str, Any] | None:
+def _json(folder: Path, name: str, *keys: str) -> Any:
+    """``folder / name``'s JSON, down ``keys``; None when the file, a key or the JSON is
+    missing."""
     try:
-        return json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+        value = json.loads((folder / name).read_text())
+        for key in keys:
+            value = value[key]
+        return value
     except (OSError, KeyError, TypeError, ValueError):
         return None
+
+
+def _genai_decoder(folder: Path) -> dict[str, Any] | None:
+    return _json(folder, "genai_config.json", "model", "decoder")
 
 
 def context_length(folder: str | os.PathLike[str]) -> int | None:
@@ -391,16 +396,15 @@ def context_length(folder: str | os.PathLike[str]) -> int | None:
     else config.json's ``max_position_embeddings``; None when neither says."""
     folder = Path(folder)
     try:
-        n = json.loads((folder / "genai_config.json").read_text())["model"]["context_length"]
-        return int(n)
-    except (OSError, KeyError, TypeError, ValueError):
+        return int(_json(folder, "genai_config.json", "model", "context_length"))
+    except (TypeError, ValueError):
         pass
     try:
-        cfg = json.loads((folder / "config.json").read_text())
+        cfg = _json(folder, "config.json")
         cfg = cfg.get("text_config") or cfg
         n = cfg.get("max_position_embeddings") or cfg.get("n_positions")
         return int(n) if n else None
-    except (OSError, ValueError, TypeError):
+    except (AttributeError, ValueError, TypeError):
         return None
 
 
@@ -409,18 +413,14 @@ def config_sizes(folder: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, i
     genai_config.json, else its config.json (the text config of a multimodal one; MLA's
     key and value sizes), and the file they came from; ({}, "") when neither says."""
     folder = Path(folder)
-    dec = _genai_decoder(folder)
     try:
-        if dec is not None:
-            heads, size = int(dec["num_key_value_heads"]), int(dec["head_size"])
-            return {"key": (heads, size), "value": (heads, size)}, "genai_config.json"
+        dec = _genai_decoder(folder)
+        heads, size = int(dec["num_key_value_heads"]), int(dec["head_size"])
+        return {"key": (heads, size), "value": (heads, size)}, "genai_config.json"
     except (KeyError, TypeError, ValueError):
         pass
-    try:
-        cfg = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}, ""
-    sizes = cache_sizes(cfg)
+    cfg = _json(folder, "config.json")
+    sizes = cache_sizes(cfg) if cfg is not None else {}
     return sizes, "config.json" if sizes else ""
 
 

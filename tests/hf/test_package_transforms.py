@@ -188,3 +188,43 @@ def test_a_staged_package_folder_has_a_new_folders_mode(tmp_path):
         replace_folder(tmp, tmp_path / "out")
     assert (tmp_path / "out" / "model.onnx").is_file()
     assert (tmp_path / "out").stat().st_mode == (tmp_path / "new").stat().st_mode
+
+
+def test_constant_wheres_are_folded_through_chains_and_graph_outputs():
+    """The fusion's first step folds ``Where`` on a one-element constant condition: a chain
+    of them reads the branch at its end, a folded graph output keeps its name (an Identity),
+    a ``Where`` on a computed condition stays; ONNX Runtime gives the same outputs."""
+    import numpy as np
+    import onnx_ir as ir
+    import onnxruntime as ort
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    from onnxmedic.hf.transforms.fuse_decoder import fold_constant_where
+
+    graph = h.make_graph([
+        h.make_node("Relu", ["x"], ["r"]),
+        h.make_node("Where", ["no", "nan", "r"], ["w1"]),  # picks r
+        h.make_node("Where", ["yes", "w1", "zero"], ["w2"]),  # picks w1, so r
+        h.make_node("Add", ["w2", "x"], ["y"]),
+        h.make_node("Where", ["no", "nan", "w2"], ["out"]),  # a graph output
+        h.make_node("Where", ["c", "nan", "r"], ["kept"]),  # a computed condition
+    ], "g", [h.make_tensor_value_info("x", T.FLOAT, [2]),
+             h.make_tensor_value_info("c", T.BOOL, [2])],
+        [h.make_tensor_value_info(n, T.FLOAT, [2]) for n in ("y", "out", "kept")],
+        [nh.from_array(np.array([False]), "no"), nh.from_array(np.array([True]), "yes"),
+         nh.from_array(np.array([np.nan], np.float32), "nan"),
+         nh.from_array(np.array([0.0], np.float32), "zero")])
+    proto = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model = ir.from_proto(proto)
+    assert fold_constant_where(model) == 3
+    folded = ir.to_proto(model)
+    onnx.checker.check_model(folded)
+    assert sorted(n.op_type for n in folded.graph.node) == ["Add", "Identity", "Relu", "Where"]
+    assert [o.name for o in folded.graph.output] == ["y", "out", "kept"]
+    feeds = {"x": np.array([-1.0, 2.0], np.float32), "c": np.array([True, False])}
+    runs = [ort.InferenceSession(p.SerializeToString(), providers=["CPUExecutionProvider"])
+            .run(None, feeds) for p in (proto, folded)]
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)

@@ -22,7 +22,6 @@ folder is built beside ``out`` and renamed into place only when verified.
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import os
@@ -34,8 +33,10 @@ import numpy as np
 import onnx
 
 from onnxmedic.genpackage import context_length, decoder_graph
+from onnxmedic.hf.transforms.gqa import const_array, to_gqa
 from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
+from onnxmedic.optimize.files import has_external_data, op_counts
 from onnxmedic.optimize.pass_infra import PassResult
 
 logger = logging.getLogger(__name__)
@@ -61,48 +62,34 @@ class FuseResult:
     findings: list[Any] = field(default_factory=list)
 
 
-def fold_constant_where(proto: onnx.ModelProto) -> int:
-    """Replace each ``Where(c, a, b)`` whose condition is one constant boolean (an initializer
-    of one element) and whose other branch is one element by the branch it picks; returns the
-    number folded. (Broadcasting a one-element tensor does not change the picked branch's
-    shape unless it is a scalar, which the verification that follows would catch.)"""
-    g = proto.graph
-    small = {i.name: onnx.numpy_helper.to_array(i) for i in g.initializer
-             if int(np.prod(i.dims)) == 1}
-    rename: dict[str, str] = {}
-    keep = []
-    for node in g.node:
-        if node.op_type == "Where" and node.domain in ("", "ai.onnx") \
-                and node.input[0] in small and small[node.input[0]].dtype == np.bool_:
-            pick = bool(small[node.input[0]].ravel()[0])
-            other = node.input[2 if pick else 1]
-            if other in small:
-                rename[node.output[0]] = node.input[1 if pick else 2]
-                continue
-        keep.append(node)
-    if not rename:
-        return 0
-    outputs = {o.name for o in g.output}
-    for name in list(rename):  # follow chains of folded Wheres
-        target = rename[name]
-        while target in rename:
-            target = rename[target]
-        rename[name] = target
-    for node in keep:
-        node.input[:] = [rename.get(i, i) for i in node.input]
-    # a graph output produced by a folded Where: an Identity keeps its name
-    keep += [onnx.helper.make_node("Identity", [target], [name])
-             for name, target in rename.items() if name in outputs]
-    del g.node[:]
-    g.node.extend(keep)
-    return len(rename)
+def fold_constant_where(model: Any) -> int:
+    """Replace each ``Where(c, a, b)`` of the onnx_ir ``model`` whose condition is one
+    constant boolean (an initializer of one element) and whose other branch is one element by
+    the branch it picks; returns the number folded. (Broadcasting a one-element tensor does
+    not change the picked branch's shape unless it is a scalar, which the verification that
+    follows would catch.)"""
+    import onnx_ir as ir
 
+    def one(value: Any) -> np.ndarray | None:  # a one-element initializer's array
+        array = const_array(value)
+        return array if array is not None and array.size == 1 else None
 
-def op_counts(proto_or_ir: Any) -> dict[str, int]:
-    """Node count per op type of an ONNX proto's or onnx_ir model's main graph."""
-    graph = getattr(proto_or_ir, "graph", proto_or_ir)
-    nodes = graph.node if hasattr(graph, "node") else graph
-    return dict(collections.Counter(n.op_type for n in nodes))
+    folded = []
+    for node in model.graph:
+        cond = one(node.inputs[0]) if node.op_type == "Where" and node.domain in (
+            "", "ai.onnx") else None
+        if cond is None or cond.dtype != np.bool_ \
+                or one(node.inputs[2 if cond.ravel()[0] else 1]) is None:
+            continue
+        out, picked = node.outputs[0], node.inputs[1 if cond.ravel()[0] else 2]
+        if out.is_graph_output():  # an Identity keeps the output's name
+            kept = ir.Value(name=out.name, type=out.type, shape=out.shape)
+            model.graph.insert_after(node, ir.Node("", "Identity", [picked], outputs=[kept]))
+            model.graph.outputs[model.graph.outputs.index(out)] = kept
+        ir.convenience.replace_all_uses_with(out, picked)  # (chains: the next reads ``picked``)
+        folded.append(node)
+    model.graph.remove(folded, safe=True)
+    return len(folded)
 
 
 def _ort_fusions(model: Any) -> dict[str, int]:
@@ -137,20 +124,14 @@ def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     import onnx_ir as ir
 
     src, dst = Path(src), Path(dst)
-    proto = onnx.load(str(src))
-    folded = fold_constant_where(proto)
-    external = any(i.data_location == onnx.TensorProto.EXTERNAL
-                   for i in onnx.load(str(src), load_external_data=False).graph.initializer)
-    model = ir.from_proto(proto)
-    del proto
+    model = ir.from_proto(onnx.load(str(src)))
+    folded = fold_constant_where(model)
     counts = _ort_fusions(model)
+    if gqa:
+        counts["group_query_attention"] = to_gqa(model, max_positions)
     proto = ir.to_proto(model)
     del model
-    if gqa:
-        from onnxmedic.hf.transforms.gqa import to_gqa
-
-        counts["group_query_attention"] = to_gqa(proto, max_positions)
-    _resave(proto, dst, external)
+    resave(proto, dst, has_external_data(src))
     return counts, folded
 
 
@@ -218,10 +199,8 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         if mutate is not None:
             proto = onnx.load(str(graph))
             mutate(proto)
-            _resave(proto, graph)
-        res.ops = {k: v for k, v in op_counts(onnx.load(str(graph),
-                                                       load_external_data=False)).items()
-                   if k in FUSED_OPS}
+            resave(proto, graph)
+        res.ops = {k: v for k, v in op_counts(graph).items() if k in FUSED_OPS}
         res.check = verify_generation(tmp, model, tokenizer, steps=steps, prompts=prompts,
                                       genai=genai, timeout=timeout or sandbox.DEFAULT_TIMEOUT,
                                       torch_runs=torch_runs)
@@ -245,7 +224,9 @@ def share_buffer(folder: Path) -> None:
         cfg.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _resave(proto: onnx.ModelProto, path: Path, big: bool | None = None) -> None:
+def resave(proto: onnx.ModelProto, path: Path, big: bool | None = None) -> None:
+    """Save ``proto`` at ``path``, its weights over 1 KiB in ``<name>.data`` when ``big``
+    (None: when they pass 1 GiB)."""
     if big is None:
         big = sum(len(t.raw_data) for t in proto.graph.initializer) > 2**30
     onnx.save_model(proto, str(path), save_as_external_data=big, all_tensors_to_one_file=True,

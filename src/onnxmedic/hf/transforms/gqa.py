@@ -29,266 +29,237 @@ from collections import deque
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+import onnx_ir as ir
 
 logger = logging.getLogger(__name__)
 
 MS = "com.microsoft"
 
 
-def _producers(graph: Any) -> dict[str, Any]:
-    return {o: n for n in graph.node for o in n.output}
-
-
-def _walk_back(name: str, prod: dict[str, Any], match: Any, limit: int = 24) -> Any:
-    """Breadth-first from the value ``name`` up through its producers (at most ``limit``
-    nodes): the first node for which ``match(node)`` is true, or None."""
-    seen, queue = set(), deque([name])
+def _walk_back(value: ir.Value | None, match: Any, limit: int = 24) -> ir.Node | None:
+    """Breadth-first from ``value`` up through its producers (at most ``limit`` values): the
+    first node for which ``match(node)`` is true, or None."""
+    seen, queue = set(), deque([value])
     while queue and len(seen) < limit:
         cur = queue.popleft()
-        node = prod.get(cur)
+        node = cur.producer() if cur is not None else None
         if node is None or cur in seen:
             continue
         seen.add(cur)
         if match(node):
             return node
-        queue.extend(i for i in node.input if i)
+        queue.extend(i for i in node.inputs if i is not None)
     return None
 
 
-def _heads_split(name: str, prod: dict[str, Any], limit: int = 24) -> str | None:
-    """Walking back from ``name``, the input of the first ``Reshape`` that feeds a
+def _heads_split(value: ir.Value) -> ir.Value | None:
+    """Walking back from ``value``, the input of the first ``Reshape`` that feeds a
     ``Transpose(perm=[0, 2, 1, 3])``: the projection before its heads were split."""
-    def split(node: Any) -> bool:
-        if node.op_type != "Transpose" or list(_attr(node, "perm") or []) != [0, 2, 1, 3]:
+    def split(node: ir.Node) -> bool:
+        if node.op_type != "Transpose" or _perm(node) != [0, 2, 1, 3]:
             return False
-        src = prod.get(node.input[0])
+        src = node.inputs[0].producer()
         return src is not None and src.op_type == "Reshape"
 
-    node = _walk_back(name, prod, split, limit)
-    return None if node is None else prod[node.input[0]].input[0]
+    node = _walk_back(value, split)
+    return None if node is None else node.inputs[0].producer().inputs[0]
 
 
-def _attr(node: Any, name: str) -> Any:
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return None
+def _perm(node: ir.Node) -> list[int]:
+    return list(node.attributes.get_ints("perm", None) or [])
 
 
-def _present_concat(name: str, prod: dict[str, Any], outputs: set[str], kind: str,
-                    limit: int = 24) -> Any:
-    """The Concat producing a ``present.{i}.{kind}`` output, walking back from ``name``."""
-    return _walk_back(name, prod, lambda node: node.op_type == "Concat"
-                      and node.output[0] in outputs and node.output[0].endswith(f".{kind}"),
-                      limit)
+def const_array(value: ir.Value | None) -> np.ndarray | None:
+    """The array of an initializer ``value``; None for anything else."""
+    return value.const_value.numpy() if value is not None and value.is_initializer() else None
 
 
-def rotary_caches(graph: Any, max_positions: int) -> tuple[np.ndarray, np.ndarray] | None:
+def _present_concat(value: ir.Value, kind: str) -> ir.Node | None:
+    """The Concat producing a ``present.{i}.{kind}`` output, walking back from ``value``."""
+    return _walk_back(value, lambda node: node.op_type == "Concat"
+                      and node.outputs[0].is_graph_output()
+                      and node.outputs[0].name.endswith(f".{kind}"))
+
+
+def rotary_caches(graph: ir.Graph, max_positions: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(cos, sin) caches ``[max_positions, head_size / 2]`` from the graph's one
     ``*inv_freq`` initializer; None when there is not exactly one."""
-    freqs = [i for i in graph.initializer if i.name.endswith("inv_freq")]
+    freqs = [v for name, v in graph.initializers.items() if name.endswith("inv_freq")]
     if len(freqs) != 1:
         return None
-    inv = numpy_helper.to_array(freqs[0]).astype(np.float64).ravel()
+    inv = freqs[0].const_value.numpy().astype(np.float64).ravel()
     angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv[None, :]
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def _mask_inputs(graph: Any) -> list[Any]:
+def _mask_inputs(tape: ir.tape.Tape, mask: ir.Value) -> tuple[ir.Value, ir.Value]:
     """seqlens_k (int32 [batch]: the attention mask's sum - 1) and total_sequence_length
     (int32 scalar: the mask's length), as the GenAI model builder computes them."""
-    mk = helper.make_node
-    return [
-        numpy_helper.from_array(np.asarray([1], np.int64), "gqa/axes1"),
-        numpy_helper.from_array(np.asarray(1, np.int64), "gqa/one"),
-        mk("ReduceSum", ["attention_mask", "gqa/axes1"], ["gqa/mask_sum"], keepdims=0),
-        mk("Sub", ["gqa/mask_sum", "gqa/one"], ["gqa/seqlens_k64"]),
-        mk("Cast", ["gqa/seqlens_k64"], ["gqa/seqlens_k"], to=onnx.TensorProto.INT32),
-        mk("Shape", ["attention_mask"], ["gqa/mask_shape"], start=1, end=2),
-        mk("Squeeze", ["gqa/mask_shape"], ["gqa/total64"]),
-        mk("Cast", ["gqa/total64"], ["gqa/total"], to=onnx.TensorProto.INT32),
-    ]
+    one = tape.initializer(ir.tensor(np.asarray(1, np.int64), name="gqa/one"))
+    axes = tape.initializer(ir.tensor(np.asarray([1], np.int64), name="gqa/axes1"))
+    mask_sum = tape.op("ReduceSum", [mask, axes], {"keepdims": 0})
+    seqlens_k = tape.op("Cast", [tape.op("Sub", [mask_sum, one])], {"to": ir.DataType.INT32})
+    length = tape.op("Squeeze", [tape.op("Shape", [mask], {"start": 1, "end": 2})])
+    return seqlens_k, tape.op("Cast", [length], {"to": ir.DataType.INT32})
 
 
-def to_gqa(proto: onnx.ModelProto, max_positions: int) -> int:
+def to_gqa(model: ir.Model, max_positions: int) -> int:
     """Rewrite each layer's MultiHeadAttention + KV Concats into GroupQueryAttention (see the
     module docstring); returns the number of layers rewritten (0: the graph is unchanged)."""
-    g = proto.graph
-    prod = _producers(g)
-    outputs = {o.name for o in g.output}
-    inputs = {i.name: i for i in g.input}
+    g = model.graph
+    mask = next((i for i in g.inputs if i.name == "attention_mask"), None)
     caches = rotary_caches(g, max_positions)
-    if caches is None or "attention_mask" not in inputs:
+    if caches is None or mask is None:
         return 0
     plans = []
-    for node in g.node:
-        if node.op_type != "MultiHeadAttention" or len(node.input) < 3:
+    for node in g:
+        if node.op_type != "MultiHeadAttention" or len(node.inputs) < 3:
             continue
-        kc = _present_concat(node.input[1], prod, outputs, "key")
-        vc = _present_concat(node.input[2], prod, outputs, "value")
-        if kc is None or vc is None or kc.input[0] not in inputs or vc.input[0] not in inputs:
+        kc, vc = _present_concat(node.inputs[1], "key"), _present_concat(node.inputs[2], "value")
+        if kc is None or vc is None or not kc.inputs[0].is_graph_input() \
+                or not vc.inputs[0].is_graph_input():
             continue
-        q, k, v = (_heads_split(node.input[0], prod), _heads_split(kc.input[1], prod),
-                   _heads_split(vc.input[1], prod))
-        if None in (q, k, v):
-            continue
-        plans.append((node, kc, vc, q, k, v))
+        qkv = [_heads_split(v) for v in (node.inputs[0], kc.inputs[1], vc.inputs[1])]
+        if None not in qkv:
+            plans.append((node, kc, vc, *qkv))
     if not plans:
         return 0
-    dims = inputs[plans[0][1].input[0]].type.tensor_type.shape.dim
-    kv_heads = dims[1].dim_value
-    cos, sin = caches
-    g.initializer.extend([numpy_helper.from_array(cos, "gqa/cos_cache"),
-                          numpy_helper.from_array(sin, "gqa/sin_cache")])
-    new_nodes = _mask_inputs(g)
-    g.initializer.extend(n for n in new_nodes if isinstance(n, onnx.TensorProto))
-    drop = set()
+    # the past key's (batch, kv heads, past, head size); a symbolic dim reads as 0
+    kv_heads, head_size = (d if isinstance(d, int) else 0
+                           for d in (plans[0][1].inputs[0].shape[i] for i in (1, 3)))
+    tape = ir.tape.Tape()
+    cos, sin = (tape.initializer(ir.tensor(c, name=f"gqa/{n}_cache"))
+                for c, n in zip(caches, ("cos", "sin")))
+    seqlens_k, total = _mask_inputs(tape, mask)
+    attention = {}
     for mha, kc, vc, q, k, v in plans:
-        attrs = {"num_heads": _attr(mha, "num_heads"), "kv_num_heads": kv_heads,
+        attrs = {"num_heads": mha.attributes.get_int("num_heads"), "kv_num_heads": kv_heads,
                  "do_rotary": 1, "rotary_interleaved": 0}
-        if _attr(mha, "scale"):
-            attrs["scale"] = _attr(mha, "scale")
-        packed = pack_qkv(g, (q, k, v), f"gqa/{mha.name}/qkv", new_nodes)
+        if mha.attributes.get_float("scale", None):
+            attrs["scale"] = mha.attributes.get_float("scale")
+        packed = pack_qkv((q, k, v), f"gqa/{mha.name}/qkv", tape)
         if packed is not None:
-            q, k, v = packed, "", ""
-        new_nodes.append(helper.make_node(
-            "GroupQueryAttention", [q, k, v, kc.input[0], vc.input[0], "gqa/seqlens_k",
-                                    "gqa/total", "gqa/cos_cache", "gqa/sin_cache"],
-            [mha.output[0], kc.output[0], vc.output[0]], name=f"gqa/{mha.name}", domain=MS,
-            **attrs))
-        drop.update(id(n) for n in (mha, kc, vc))
-    kept = [n for n in g.node if id(n) not in drop]
-    del g.node[:]
-    g.node.extend(kept + [n for n in new_nodes if isinstance(n, onnx.NodeProto)])
-    drop_row_guards(g, {p[0].output[0] for p in plans})
-    head_size = dims[3].dim_value
-    drop_head_reshapes(g, {p[0].output[0]: _attr(p[0], "num_heads") * head_size
-                           for p in plans})
-    _toposort(g)
-    remove_dead(g)
-    if not any(o.domain == MS for o in proto.opset_import):
-        proto.opset_import.append(helper.make_opsetid(MS, 1))
+            q, k, v = packed, None, None
+        olds = [mha.outputs[0], kc.outputs[0], vc.outputs[0]]
+        news = tape.op_multi_out("GroupQueryAttention", [
+            q, k, v, kc.inputs[0], vc.inputs[0], seqlens_k, total, cos, sin], attrs,
+            num_outputs=3, domain=MS, name=f"gqa/{mha.name}")
+        ir.convenience.replace_all_uses_with(olds, news, replace_graph_outputs=True)
+        for old, new in zip(olds, news):  # the outputs it takes over, names and types
+            new.name, new.type, new.shape = old.name, old.type, old.shape
+        attention[news[0]] = attrs["num_heads"] * head_size
+    for i, value in enumerate(o for n in tape.nodes for o in n.outputs):
+        value.name = value.name or f"gqa/v{i}"  # ours: never a name the graph holds
+    for init in tape.initializers:
+        g.register_initializer(init)
+    g.extend(tape.nodes)
+    drop_row_guards(g, set(attention))
+    drop_head_reshapes(g, attention)
+    ir.passes.common.RemoveUnusedNodesPass()(model)
+    g.sort()
+    model.opset_imports.setdefault(MS, 1)
     return len(plans)
 
 
-def _projection(graph: Any, name: str, prod: dict[str, Any], inits: dict[str, Any]
-                ) -> tuple[str, Any, Any] | None:
-    """(x, W, b or None) when ``name`` is ``MatMul(x, W)`` or ``Add(MatMul(x, W), b)`` with
+def _projection(value: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value | None] | None:
+    """(x, W, b or None) when ``value`` is ``MatMul(x, W)`` or ``Add(MatMul(x, W), b)`` with
     constant W (2-D) and b."""
-    node, bias = prod.get(name), None
+    node, bias = value.producer(), None
     if node is not None and node.op_type == "Add":
-        consts = [i for i in node.input if i in inits]
-        others = [i for i in node.input if i not in inits]
+        consts = [i for i in node.inputs if const_array(i) is not None]
+        others = [i for i in node.inputs if const_array(i) is None]
         if len(consts) != 1 or len(others) != 1:
             return None
-        bias, node = inits[consts[0]], prod.get(others[0])
-    if node is None or node.op_type != "MatMul" or node.input[1] not in inits \
-            or len(inits[node.input[1]].dims) != 2:
+        bias, node = consts[0], others[0].producer()
+    if node is None or node.op_type != "MatMul" or const_array(node.inputs[1]) is None \
+            or const_array(node.inputs[1]).ndim != 2:
         return None
-    return node.input[0], inits[node.input[1]], bias
+    return node.inputs[0], node.inputs[1], bias
 
 
-def pack_qkv(graph: Any, names: tuple[str, str, str], prefix: str, new_nodes: list[Any]
-             ) -> str | None:
+def pack_qkv(values: tuple[ir.Value, ir.Value, ir.Value], prefix: str, tape: ir.tape.Tape
+             ) -> ir.Value | None:
     """The query, key and value projections of one input as one MatMul (+ Add) over the
     concatenated weights, as the GenAI model builder packs them (GroupQueryAttention takes
-    the packed projection with no separate key and value); appends the nodes and
-    initializers to ``new_nodes`` / ``graph`` and returns the packed output, or None when the
-    three are not constant projections of the same input."""
-    prod = _producers(graph)
-    inits = {i.name: i for i in graph.initializer}
-    parts = [_projection(graph, n, prod, inits) for n in names]
+    the packed projection with no separate key and value); records the nodes and
+    initializers on ``tape`` and returns the packed output, or None when the three are not
+    constant projections of the same input."""
+    parts = [_projection(v) for v in values]
     if any(p is None for p in parts) or len({p[0] for p in parts}) != 1 \
             or len({p[2] is None for p in parts}) != 1:
         return None
-    w = np.concatenate([numpy_helper.to_array(p[1]) for p in parts], axis=1)
-    graph.initializer.append(numpy_helper.from_array(w, f"{prefix}.weight"))
-    new_nodes.append(helper.make_node("MatMul", [parts[0][0], f"{prefix}.weight"],
-                                      [f"{prefix}.mm"], name=f"{prefix}/MatMul"))
+    w = np.concatenate([const_array(p[1]) for p in parts], axis=1)
+    out = tape.op("MatMul", [parts[0][0], tape.initializer(ir.tensor(w, name=f"{prefix}.weight"))],
+                  name=f"{prefix}/MatMul")
     if parts[0][2] is None:
-        return f"{prefix}.mm"
-    b = np.concatenate([numpy_helper.to_array(p[2]).ravel() for p in parts])
-    graph.initializer.append(numpy_helper.from_array(b, f"{prefix}.bias"))
-    new_nodes.append(helper.make_node("Add", [f"{prefix}.mm", f"{prefix}.bias"], [prefix],
-                                      name=f"{prefix}/Add"))
-    return prefix
+        return out
+    b = np.concatenate([const_array(p[2]).ravel() for p in parts])
+    return tape.op("Add", [out, tape.initializer(ir.tensor(b, name=f"{prefix}.bias"))],
+                   name=f"{prefix}/Add")
 
 
-def drop_row_guards(graph: Any, attention_outputs: set[str]) -> int:
+def drop_row_guards(graph: ir.Graph, attention_outputs: set[ir.Value]) -> int:
     """Remove ``Where(row fully masked, 0, attention)`` after each attention output (the
     export's guard for rows with no visible key, which give zeros in PyTorch): the causal
     mask GroupQueryAttention applies leaves every real token a key, and the guard's mask,
     computed from the past's length, would tie the graph to a growing past (GenAI's shared
     buffer is max_length long). Only padded positions could differ. Returns the number
     removed."""
-    zeros = {i.name for i in graph.initializer
-             if int(np.prod(i.dims)) == 1 and not numpy_helper.to_array(i).any()}
-    prod = _producers(graph)
-
-    def after_attention(name: str) -> bool:  # through the heads' Reshape / Transpose
+    def after_attention(value: ir.Value) -> bool:  # through the heads' Reshape / Transpose
         for _ in range(4):
-            if name in attention_outputs:
+            if value in attention_outputs:
                 return True
-            node = prod.get(name)
+            node = value.producer()
             if node is None or node.op_type not in ("Reshape", "Transpose"):
                 return False
-            name = node.input[0]
+            value = node.inputs[0]
         return False
 
-    rename = {}
-    for n in graph.node:
-        if n.op_type == "Where" and n.input[1] in zeros and after_attention(n.input[2]):
-            rename[n.output[0]] = n.input[2]
-    if rename:
-        keep = [n for n in graph.node if n.output[0] not in rename]
-        for n in keep:
-            n.input[:] = [rename.get(i, i) for i in n.input]
-        del graph.node[:]
-        graph.node.extend(keep)
-    return len(rename)
+    guards = [n for n in graph if n.op_type == "Where" and (zero := const_array(n.inputs[1])) is not None
+              and zero.size == 1 and not zero.any() and after_attention(n.inputs[2])]
+    for n in guards:
+        ir.convenience.replace_all_uses_with(n.outputs[0], n.inputs[2])
+    graph.remove(guards, safe=True)
+    return len(guards)
 
 
-def _head_reshapes_end(graph: Any, name: str, hidden: int, users: dict[str, list[Any]],
-                       inits: dict[str, Any]) -> Any:
-    """The last node of ``Reshape(name, [0, 0, heads, -1])`` -> ``Transpose`` -> ``Transpose``
+def _head_reshapes_end(value: ir.Value, hidden: int) -> ir.Node | None:
+    """The last node of ``Reshape(value, [0, 0, heads, -1])`` -> ``Transpose`` -> ``Transpose``
     (the two perms composing to the identity) -> ``Reshape(.., [b, s, hidden])`` after an
-    attention output ``name`` (batch, seq, ``hidden``), each the only reader of the one before;
-    None when the chain is not that."""
-    chain, cur = [], name
+    attention output ``value`` (batch, seq, ``hidden``), each the only reader of the one
+    before; None when the chain is not that."""
+    chain, cur = [], value
     for op in ("Reshape", "Transpose", "Transpose", "Reshape"):
-        readers = users.get(cur, [])
-        if len(readers) != 1 or readers[0].op_type != op or readers[0].input[0] != cur:
+        uses = list(cur.uses())
+        if len(uses) != 1 or uses[0].node.op_type != op or uses[0].idx != 0:
             return None
-        chain.append(readers[0])
-        cur = readers[0].output[0]
+        chain.append(uses[0].node)
+        cur = uses[0].node.outputs[0]
     first, t1, t2, last = chain
-    split = (numpy_helper.to_array(inits[first.input[1]]).tolist()
-             if first.input[1] in inits else None)
-    p1, p2 = list(_attr(t1, "perm") or []), list(_attr(t2, "perm") or [])
+    split = const_array(first.inputs[1])
+    split = None if split is None else split.tolist()
+    p1, p2 = _perm(t1), _perm(t2)
     if split is None or len(split) != 4 or split[:2] != [0, 0] or len(p1) != 4 \
             or sorted(p2) != [0, 1, 2, 3] or [p1[i] for i in p2] != [0, 1, 2, 3]:
         return None
-    return last if _restores_hidden(graph, last.input[1], hidden, inits) else None
+    return last if _restores_hidden(last.inputs[1], hidden) else None
 
 
-def _restores_hidden(graph: Any, shape: str, hidden: int, inits: dict[str, Any]) -> bool:
+def _restores_hidden(shape: ir.Value, hidden: int) -> bool:
     """True when the Reshape target ``shape`` is ``[0, 0, hidden or -1]``, or the Concat of
     two computed dims and a constant ``hidden`` or -1 (the export's ``view(batch, seq, -1)``;
     the fused package's verification against PyTorch catches any other reading)."""
-    if shape in inits:
-        dims = numpy_helper.to_array(inits[shape]).tolist()
+    if (dims := const_array(shape)) is not None:
+        dims = dims.tolist()
         return len(dims) == 3 and dims[:2] == [0, 0] and dims[2] in (-1, hidden)
-    node = _producers(graph).get(shape)
-    if node is None or node.op_type != "Concat" or len(node.input) != 3:
+    node = shape.producer()
+    if node is None or node.op_type != "Concat" or len(node.inputs) != 3:
         return False
-    last = node.input[2]
-    return last in inits and numpy_helper.to_array(inits[last]).ravel().tolist() in (
-        [hidden], [-1])
+    last = const_array(node.inputs[2])
+    return last is not None and last.ravel().tolist() in ([hidden], [-1])
 
 
-def drop_head_reshapes(graph: Any, attention_outputs: dict[str, int]) -> int:
+def drop_head_reshapes(graph: ir.Graph, attention_outputs: dict[ir.Value, int]) -> int:
     """Remove the heads' ``Reshape`` -> ``Transpose`` -> ``Transpose`` -> ``Reshape`` after each
     attention output (the export's transposes from and back to (batch, seq, heads, head_size)
     around the attention it computed; GroupQueryAttention already writes (batch, seq,
@@ -296,39 +267,13 @@ def drop_head_reshapes(graph: Any, attention_outputs: dict[str, int]) -> int:
     each output's hidden size (heads x head_size). ONNX Runtime cancels
     the transposes, not the two Reshapes (a kernel each per layer and step). Returns the
     number of chains removed."""
-    inits = {i.name: i for i in graph.initializer}
-    users: dict[str, list[Any]] = {}
-    for n in graph.node:
-        for i in n.input:
-            users.setdefault(i, []).append(n)
-    outputs = {o.name for o in graph.output}
-    rename = {}
-    for name, hidden in attention_outputs.items():
-        end = _head_reshapes_end(graph, name, hidden, users, inits)
-        if end is not None and end.output[0] not in outputs:
-            rename[end.output[0]] = name
-    for n in graph.node:
-        n.input[:] = [rename.get(i, i) for i in n.input]
-    return len(rename)
-
-
-def _toposort(graph: Any) -> None:
-    ready = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    pending, order = list(graph.node), []
-    while pending:
-        rest = []
-        for n in pending:
-            if all(i in ready for i in n.input):
-                order.append(n)
-                ready.update(n.output)
-            else:
-                rest.append(n)
-        if len(rest) == len(pending):  # a cycle or a missing input: leave the rest in order
-            order += rest
-            break
-        pending = rest
-    del graph.node[:]
-    graph.node.extend(order)
+    removed = 0
+    for value, hidden in attention_outputs.items():
+        end = _head_reshapes_end(value, hidden)
+        if end is not None and not end.outputs[0].is_graph_output():
+            ir.convenience.replace_all_uses_with(end.outputs[0], value)
+            removed += 1
+    return removed
 
 
 def remove_dead(graph: Any) -> int:

@@ -84,11 +84,6 @@ class Int4Pass(PackagePass):
             copy_side_files(src, dst, graph.name)
         return PassResult(dst, search.ok, {"search": search})
 
-    def ensures(self, src: Path, result: PassResult) -> None:
-        """A package written keeps ``src``'s interface (PackagePass.ensures)."""
-        if result.modified:
-            super().ensures(src, result)
-
 
 def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
                  tokenizer: Any = None, *, budget: Any = None, grid: Any = None,
@@ -116,8 +111,12 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         # the chosen file's own greedy tokens in ONNX Runtime, as the search scored it
         res.tokens_onnx = next(c.tokens for c in res.search.candidates
                                if c.name == res.search.chosen)
-        if genai and not _genai_agrees(res, tmp, timeout):
-            return res
+        if genai:
+            ok, res.tokens_genai, found = genai_agrees(tmp, res.search.prompts, res.tokens_onnx,
+                                                       res.search.budget.steps, timeout)
+            res.findings.extend(found)
+            if not ok:
+                return res
         replace_folder(tmp, out)
         res.ok, res.path = True, str(out)
         return res
@@ -140,22 +139,14 @@ def save_external(path: str | os.PathLike[str]) -> None:
     session's peak RSS is 635 MB instead of 788 MB, the builder's package 634 MB)."""
     import onnx
 
+    from onnxmedic.hf.transforms.fuse_decoder import resave
+
     path = Path(path)
     proto = onnx.load(str(path))
     data = path.with_name(f"{path.name}.data")
     data.unlink(missing_ok=True)  # onnx appends to an existing data file
-    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=1024)
+    resave(proto, path, big=True)
     data.chmod(path.stat().st_mode & 0o777)
-
-
-def _genai_agrees(res: Int4PackageResult, tmp: Path, timeout: float) -> bool:
-    """onnxruntime-genai generating from ``tmp`` (the search's prompts and steps) gives ONNX
-    Runtime's own greedy tokens for the chosen file (:func:`genai_agrees`)."""
-    ok, res.tokens_genai, found = genai_agrees(tmp, res.search.prompts, res.tokens_onnx,
-                                               res.search.budget.steps, timeout)
-    res.findings.extend(found)
-    return ok
 
 
 def genai_agrees(folder: Path, prompts: list[list[int]], tokens: list[list[int]], steps: int,

@@ -50,7 +50,10 @@ class PackagePass(PassBase):
 
     def ensures(self, src: Path, result: PassResult) -> None:
         """The written package keeps ``src``'s decoder interface (inputs, outputs, cache) and
-        the contract feeds it (PostconditionError)."""
+        the contract feeds it (PostconditionError); a pass that wrote nothing (``modified``
+        False) has nothing to keep."""
+        if not result.modified:
+            return
         dst = result.path
         try:
             before, after = read_package(src), read_package(dst)
