@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -294,11 +294,7 @@ def main() -> None:
     if a.one:
         print(json.dumps(one(a.one[0], a.one[1], root, a.steps)))
         return
-    root.mkdir(parents=True, exist_ok=True)
-    if not (root / "results.jsonl").exists() and Path(a.out).exists():
-        # a fresh root: the committed table's rows stay, the rows measured here replace theirs
-        with open(root / "results.jsonl", "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in _table_rows(Path(a.out).read_text()))
+    seed_from_table(root, Path(a.out), _table_rows)
     command = "python bench/peers/generation.py " + " ".join(sys.argv[1:])
     for family in a.families.split(","):
         for tool in a.tools.split(","):
@@ -333,6 +329,17 @@ def _table_rows(text: str) -> list[dict[str, Any]]:
                 row[key] = float(cell)
         rows.append(row)
     return rows
+
+
+def seed_from_table(root: Path, table: Path,
+                    parse: Callable[[str], list[dict[str, Any]]]) -> None:
+    """A fresh ``root`` (no results.jsonl yet) starts from ``table``'s rows (``parse``
+    reads them back), so that the rows measured there replace theirs and the other tools'
+    rows stay in the table written from ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / "results.jsonl").exists() and table.exists():
+        with open(root / "results.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in parse(table.read_text()))
 
 
 def _rows(root: Path) -> list[dict[str, Any]]:

@@ -59,3 +59,15 @@ def test_a_fresh_root_starts_from_the_table(tmp_path, monkeypatch):
     assert "| llama | onnxmedic | no: boom |" in out.read_text()
     assert len((tmp_path / "r" / "results.jsonl").read_text().splitlines()) == len(ROWS) + 1
     assert json.loads((tmp_path / "r" / "results.jsonl").read_text().splitlines()[-1]) == measured
+
+
+def test_the_seq2seq_table_reads_back_unchanged():
+    """bench/results/seq2seq_peers.md's rows, its onnxruntime-genai column included."""
+    from bench.peers import seq2seq
+
+    text = (ROOT / "bench" / "results" / "seq2seq_peers.md").read_text()
+    rows = seq2seq._table_rows(text)
+    assert len(rows) == 15 and rows[0]["genai_correct"] and rows[0]["genai_tok_s"] == 186
+    assert seq2seq._table(rows, "cmd").splitlines()[1:] == text.splitlines()[1:]
+    wrong = dict(rows[0], genai_correct=False, genai_tok_s=None, correct=False)
+    assert seq2seq._table_rows(seq2seq._table([wrong], "cmd")) == [wrong]
