@@ -30,6 +30,12 @@ ROWS = [
 ]
 
 
+def _rows_part(text: str) -> list[str]:
+    """A table's lines from its header row on (the lines above say how it was made)."""
+    lines = text.splitlines()
+    return lines[next(i for i, x in enumerate(lines) if x.startswith("| ")):]
+
+
 def test_the_table_reads_back_row_for_row():
     text = generation._table(ROWS, "cmd")
     assert generation._table_rows(text) == ROWS
@@ -41,7 +47,7 @@ def test_the_committed_table_reads_back_unchanged():
     text = (ROOT / "bench" / "results" / "generation_peers.md").read_text()
     rows = generation._table_rows(text)
     assert len(rows) > 100
-    assert generation._table(rows, "cmd").splitlines()[1:] == text.splitlines()[1:]
+    assert _rows_part(generation._table(rows, "cmd")) == _rows_part(text)
 
 
 def test_a_fresh_root_starts_from_the_table(tmp_path, monkeypatch):
@@ -67,7 +73,7 @@ def test_the_seq2seq_table_reads_back_unchanged():
 
     text = (ROOT / "bench" / "results" / "seq2seq_peers.md").read_text()
     rows = seq2seq._table_rows(text)
-    assert len(rows) == 15 and rows[0]["genai_correct"] and rows[0]["genai_tok_s"] == 186
-    assert seq2seq._table(rows, "cmd").splitlines()[1:] == text.splitlines()[1:]
+    assert len(rows) == 15 and rows[0]["genai_correct"] and rows[0]["genai_tok_s"] > 0
+    assert _rows_part(seq2seq._table(rows, "cmd")) == _rows_part(text)
     wrong = dict(rows[0], genai_correct=False, genai_tok_s=None, correct=False)
     assert seq2seq._table_rows(seq2seq._table([wrong], "cmd")) == [wrong]
