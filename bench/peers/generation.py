@@ -29,12 +29,13 @@ import argparse
 import datetime
 import json
 import platform
+import re
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -293,7 +294,7 @@ def main() -> None:
     if a.one:
         print(json.dumps(one(a.one[0], a.one[1], root, a.steps)))
         return
-    root.mkdir(parents=True, exist_ok=True)
+    seed_from_table(root, Path(a.out), _table_rows)
     command = "python bench/peers/generation.py " + " ".join(sys.argv[1:])
     for family in a.families.split(","):
         for tool in a.tools.split(","):
@@ -304,6 +305,41 @@ def main() -> None:
             Path(a.out).write_text(_table(_rows(root), command.strip()))
             print(f"{family:12s} {tool:24s} {row['correct']} "
                   f"{row.get('export_s', 0):.1f}s {row.get('error', '')[:120]}", flush=True)
+
+
+def _table_rows(text: str) -> list[dict[str, Any]]:
+    """The rows of a table that ``_table`` wrote, read back (what the table shows: errors and
+    notes as truncated there), so that a run in a fresh ``--root`` keeps the other tools' rows
+    of the committed table."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c[1:-1] for c in line.strip()[1:-1].split("|")]  # "| a | b |": a, b
+        if len(cells) != 7 or cells[1] not in TOOLS:
+            continue
+        family, tool, ok, *nums = cells
+        row: dict[str, Any] = {"tool": tool, "family": family, "correct": ok.startswith("yes")}
+        text_ = ok[len("yes "):] if row["correct"] else ok[len("no: "):]
+        note = re.search(r" ?\(([^()]*(?:\([^()]*\))?[^()]*)\)$", text_)
+        if note and (row["correct"] or note.group(1).startswith("transformers ")):
+            row["note"], text_ = note.group(1), text_[:note.start()]
+        if not row["correct"] and text_ != "tokens differ":
+            row["error"] = text_
+        for key, cell in zip(("export_s", "peak_mib", "size_mb", "tok_s"), nums):
+            if cell != "-":
+                row[key] = float(cell)
+        rows.append(row)
+    return rows
+
+
+def seed_from_table(root: Path, table: Path,
+                    parse: Callable[[str], list[dict[str, Any]]]) -> None:
+    """A fresh ``root`` (no results.jsonl yet) starts from ``table``'s rows (``parse``
+    reads them back), so that the rows measured there replace theirs and the other tools'
+    rows stay in the table written from ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    if not (root / "results.jsonl").exists() and table.exists():
+        with open(root / "results.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in parse(table.read_text()))
 
 
 def _rows(root: Path) -> list[dict[str, Any]]:

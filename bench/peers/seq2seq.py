@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from bench.peers.generation import _peak_mib, _size  # noqa: E402
+from bench.peers.generation import _peak_mib, _size, seed_from_table  # noqa: E402
 
 TOOLS = ("onnxmedic", "transformers.exporters", "genai-builder")
 PROMPT = "Return the number of items in the list"
@@ -256,7 +256,7 @@ def main() -> None:
     if a.one:
         print(json.dumps(one(a.one[0], a.one[1], root, a.steps)))
         return
-    root.mkdir(parents=True, exist_ok=True)
+    seed_from_table(root, Path(a.out), _table_rows)
     command = ("python bench/peers/seq2seq.py " + " ".join(sys.argv[1:])).strip()
     for name in a.models.split(","):
         for tool in a.tools.split(","):
@@ -266,6 +266,29 @@ def main() -> None:
             Path(a.out).write_text(_table(_rows(root), command))
             print(f"{name:8s} {tool:24s} {row['correct']} {row.get('export_s', 0):.1f}s "
                   f"{row.get('error', '')[:120]}", flush=True)
+
+
+def _table_rows(text: str) -> list[dict[str, Any]]:
+    """The rows of a table that ``_table`` wrote, read back (what it shows: errors as
+    truncated there; the onnxruntime-genai column's verdict and tokens/s)."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c[1:-1] for c in line.strip()[1:-1].split("|")]  # "| a | b |": a, b
+        if len(cells) != 8 or cells[1] not in TOOLS:
+            continue
+        name, tool, ok, *nums, genai = cells
+        row: dict[str, Any] = {"tool": tool, "family": name, "correct": ok == "yes"}
+        if not row["correct"] and ok != "no: tokens differ":
+            row["error"] = ok[len("no: "):]
+        for key, cell in zip(("export_s", "peak_mib", "size_mb", "tok_s"), nums):
+            if cell != "-":
+                row[key] = float(cell)
+        if genai.startswith(("yes", "no")) and genai != "yes (its own runtime)":
+            verdict, _, speed = genai.partition(", ")
+            row["genai_correct"] = verdict == "yes"
+            row["genai_tok_s"] = float(speed.split()[0]) if speed else None
+        rows.append(row)
+    return rows
 
 
 def _rows(root: Path) -> list[dict[str, Any]]:

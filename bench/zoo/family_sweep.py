@@ -16,6 +16,13 @@ later row for the same family replaces the earlier one); the table bench/results
 is written from that file alone. A later run resumes from it: a family with a row is not run
 again unless ``--again`` names it (``--families`` then only chooses and orders what is new).
 ``--seed-from-table`` rebuilds the rows file from the markdown table (its cells are all it keeps).
+
+A row records the task the export chose (``task``: what ``export hf:FOLDER`` detects from the
+saved config), and the table says what a verified row was judged on (CHECKS): "tokens", a
+generation package whose greedy tokens equal PyTorch's step by step, or "logits", one forward
+graph (text-generation: an encoder's causal-LM class, a class without a cache) compared on its
+logits alone. Rows from before ``task`` was recorded take the task their first error names,
+else their family's tiny config's (``_fill_tasks``, on the next run or ``--table``).
 """
 
 from __future__ import annotations
@@ -23,14 +30,17 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
@@ -314,16 +324,14 @@ def _shrunk(base: Any, model_type: str) -> dict[str, Any]:
     return keys
 
 
-def tiny_model(model_type: str, kind: str) -> Any:
-    """The family's tiny model (random weights, seeded); raises why it cannot be built."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+def tiny_config(model_type: str, kind: str) -> Any:
+    """The family's tiny config (no weights); raises why it cannot be built."""
+    from transformers import AutoConfig
 
     from bench.zoo.generation import FAMILIES, VOCAB
 
     if model_type in NO_TINY:
         raise ValueError(NO_TINY[model_type])
-    torch.manual_seed(0)
     if model_type in FAMILIES:
         cfg = AutoConfig.for_model(*[FAMILIES[model_type][0]], **FAMILIES[model_type][1])
     elif model_type in CONFIGS:
@@ -338,6 +346,16 @@ def tiny_model(model_type: str, kind: str) -> Any:
         # as the family's released checkpoints (LongT5's config has none; Marian's default is
         # its pad token, 58100, past the tiny vocabulary)
         cfg.decoder_start_token_id = cfg.pad_token_id
+    return cfg
+
+
+def tiny_model(model_type: str, kind: str) -> Any:
+    """The family's tiny model (random weights, seeded); raises why it cannot be built."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    torch.manual_seed(0)
+    cfg = tiny_config(model_type, kind)
     auto = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForCausalLM
     with torch.device("meta"):  # counted before any memory is taken (a multimodal default
         n = sum(p.numel() for p in auto.from_config(cfg).parameters())  # is billions)
@@ -350,6 +368,47 @@ def tiny_model(model_type: str, kind: str) -> Any:
             if p.ndim == 2 and "router" in name and not p.any():  # (OM860); a released
                 p.normal_(0.0, 0.02)  # checkpoint's are trained
     return model
+
+
+# what a verified row was judged on, by the task onnxmedic chose (the column "onnxmedic")
+CHECKS = {
+    "tokens": "a generation package (text-generation-with-past, "
+              "text2text-generation-with-past): its greedy tokens equal PyTorch's, step by step",
+    "logits": "one forward graph (text-generation: an encoder's causal-LM class not "
+              "configured as a decoder, or a class that returns no cache) judged on its "
+              "logits alone; no generation loop ran",
+}
+
+
+def check_of(task: str | None) -> str | None:
+    """What onnxmedic's verification of ``task`` compares: "tokens" for a generation task
+    (a package generated step by step), "logits" for any other (one forward pass); None
+    when the task is not known."""
+    from onnxmedic.hf.tasks import GENERATION
+
+    if not task:
+        return None
+    return "tokens" if task in GENERATION else "logits"
+
+
+def task_of(config: dict[str, Any]) -> str | None:
+    """The task ``export hf:FOLDER`` chooses for a checkpoint of this config.json (the task
+    detection it runs itself, with no --task given)."""
+    from onnxmedic.hf.tasks import detect_task
+
+    return detect_task(config)
+
+
+def tiny_task(model_type: str, kind: str) -> str | None:
+    """The task of the family's tiny checkpoint, from its config alone (no weights): the
+    class its Auto class builds is the architecture its saved config names."""
+    from onnxmedic.hf.tasks import classes_for
+
+    cfg = tiny_config(model_type, kind)
+    mapping = ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES" if kind == "seq2seq"
+               else "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES")
+    arch = classes_for(mapping, cfg.model_type)
+    return task_of({**cfg.to_dict(), "architectures": list(arch[:1])}) if arch else None
 
 
 def _export(folder: Path, out: Path, timeout: float) -> dict[str, Any]:
@@ -459,6 +518,8 @@ def run(model_type: str, kind: str, timeout: float, row: dict[str, Any] | None =
         return {**row, "outcome": "no tiny config", "codes": [],
                 "first": f"{type(e).__name__}: {e}"[:160]}
     if "outcome" not in row:
+        # the task the export below chooses (what its verification compares: check_of)
+        row["task"] = task_of(json.loads((folder / "config.json").read_text()))
         out = OUT / "pkg" / model_type
         shutil.rmtree(out, ignore_errors=True)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -494,16 +555,25 @@ def table(rows: list[dict[str, Any]], command: str, left: list[str]) -> str:
         "",
         f"not run: {', '.join(left) if left else 'none'}",
         "",
-        "| family | kind | onnxmedic | error codes | s | first error | transformers.exporters |",
-        "|---|---|---|---|---|---|---|",
+        *[f"verified ({k}): {v}." for k, v in CHECKS.items()],
+        "",
+        "| family | kind | task | onnxmedic | error codes | s | first error "
+        "| transformers.exporters |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(rows, key=lambda r: r["family"]):
         first = r.get("first", "").replace("|", "/").replace("\n", " ")
         peer_cell = r.get("exporters", "-").replace("|", "/").replace("\n", " ")
-        lines.append(f"| {r['family']} | {r['kind']} | {r['outcome']} | "
+        lines.append(f"| {r['family']} | {r['kind']} | {r.get('task') or ''} | {_outcome(r)} | "
                      f"{' '.join(r.get('codes', []))} | {r.get('seconds', '')} | {first} | "
                      f"{peer_cell} |")
     return "\n".join(lines) + "\n"
+
+
+def _outcome(row: dict[str, Any]) -> str:
+    """The "onnxmedic" cell: the outcome, and for a verified row what it was judged on."""
+    check = check_of(row.get("task")) if row["outcome"] == "verified" else None
+    return f"{row['outcome']} ({check})" if check else row["outcome"]
 
 
 def _comparison(rows: list[dict[str, Any]]) -> list[str]:
@@ -522,7 +592,15 @@ def _comparison(rows: list[dict[str, Any]]) -> list[str]:
     # rows of no column of the totals: onnxmedic's export past the timeout, or no JSON
     other = sorted(f"{r['family']} ({r['outcome']})" for r in rows if r["outcome"] not in (
         "verified", "refused", "no tiny config", "internal error"))
+    verified = [r for r in rows if r["outcome"] == "verified"]
+    by = {k: sorted(r["family"] for r in verified if check_of(r.get("task")) == k)
+          for k in CHECKS}
+    unknown = len(verified) - sum(len(v) for v in by.values())
     return [
+        f"onnxmedic verified by greedy tokens: {len(by['tokens'])}; on logits only: "
+        f"{len(by['logits'])} ({', '.join(by['logits']) or 'none'})"
+        + (f"; task not recorded: {unknown}" if unknown else ""),
+        "",
         "neither verified nor refused: " + (", ".join(other) or "none"),
         "",
         "refused, by first error code: " + (", ".join(
@@ -530,9 +608,16 @@ def _comparison(rows: list[dict[str, Any]]) -> list[str]:
         "",
         f"on the {len(both)} families both were run on: onnxmedic verified {len(ours)}, "
         f"transformers.exporters correct {len(peer)}; onnxmedic only: "
-        f"{', '.join(sorted(ours - peer)) or 'none'}; transformers.exporters only: "
+        f"{', '.join(_judged(sorted(ours - peer), by['logits'])) or 'none'}; "
+        "transformers.exporters only: "
         f"{', '.join(sorted(peer - ours)) or 'none'}",
     ]
+
+
+def _judged(families: list[str], logits: list[str]) -> list[str]:
+    """``families``, those onnxmedic verified on logits only marked so (transformers.exporters'
+    cell is judged on greedy tokens)."""
+    return [f"{f} (logits)" if f in logits else f for f in families]
 
 
 def _counts(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
@@ -566,23 +651,56 @@ def save_rows(done: dict[str, dict[str, Any]], path: Path | None = None) -> None
 
 
 def rows_from_table(text: str) -> dict[str, dict[str, Any]]:
-    """The rows of a family_sweep.md table (family, kind, outcome, codes, seconds, first error,
-    exporters column; a "-" exporters cell is a row transformers.exporters was not run on)."""
+    """The rows of a family_sweep.md table (family, kind, task, outcome, codes, seconds, first
+    error, exporters column; a "-" exporters cell is a row transformers.exporters was not run
+    on; a table from before the task column has seven)."""
     done: dict[str, dict[str, Any]] = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 7 or cells[0] in ("family", "---") or cells[1] not in (
+        if len(cells) not in (7, 8) or cells[0] in ("family", "---") or cells[1] not in (
                 "causal", "seq2seq"):
             continue
-        family, kind, outcome, codes, seconds, first, peer = cells
-        row: dict[str, Any] = {"family": family, "kind": kind, "outcome": outcome,
-                               "codes": codes.split(), "first": first}
+        if len(cells) == 7:
+            cells.insert(2, "")
+        family, kind, task, outcome, codes, seconds, first, peer = cells
+        row: dict[str, Any] = {"family": family, "kind": kind,
+                               "outcome": outcome.split(" (")[0], "codes": codes.split(),
+                               "first": first}
+        if task:
+            row["task"] = task
         if seconds:
             row["seconds"] = float(seconds)
         if peer != "-":
             row["exporters"] = peer
         done[family] = row
     return done
+
+
+def recorded_task(row: dict[str, Any]) -> str | None:
+    """The task a row's first error names ("cannot export for TASK: ..."), None if none."""
+    from onnxmedic.hf.tasks import ALL_TASKS
+
+    named = re.match(r"cannot export for ([a-z0-9-]+):", row.get("first", ""))
+    return named.group(1) if named and named.group(1) in ALL_TASKS else None
+
+
+def _fill_tasks(done: dict[str, dict[str, Any]]) -> bool:
+    """The task of each row from before rows recorded it: the one its first error names
+    (:func:`recorded_task`: the task it ran, which today's detection may no longer choose),
+    else its family's tiny config's (no weights: :func:`tiny_task`); whether any row
+    changed."""
+    changed = False
+    for family, row in done.items():
+        if "task" in row or row["outcome"] == "no tiny config":
+            continue
+        try:
+            task = recorded_task(row) or tiny_task(family, row["kind"])
+        except Exception:  # noqa: BLE001 - a config that no longer builds: left unknown
+            log.warning("%s: no task (its tiny config does not build)", family, exc_info=True)
+            continue
+        if task:
+            row["task"], changed = task, True
+    return changed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -636,6 +754,8 @@ def main(argv: list[str] | None = None) -> None:
         ran += 1
         done[model_type] = row
         print(json.dumps(row), flush=True)
+        save_rows(done)
+    if _fill_tasks(done):
         save_rows(done)
     left = [m for m, _ in families() if m not in done]
     command = (f"OMP_NUM_THREADS=1 python bench/zoo/family_sweep.py --timeout {ns.timeout:g}"
