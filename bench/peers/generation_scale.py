@@ -297,10 +297,17 @@ def tree_memory(pid: int) -> dict[str, int]:
 
 def measured(cmd: list[str], env: dict[str, str], cap_gib: float, timeout: float = 7200
              ) -> dict[str, Any]:
-    """Run ``cmd``: its wall seconds, exit code, the peaks (GiB) of its process tree's
-    resident memory and of its anonymous and file-backed parts, the last lines of its
-    output; killed (``capped``) when the tree passes ``cap_gib``."""
-    t0 = time.perf_counter()
+    """Run ``cmd``: its wall seconds, the CPU seconds of its process tree (user and system,
+    of the processes reaped), exit code, the peaks (GiB) of its process tree's resident
+    memory and of its anonymous and file-backed parts, the last lines of its output; killed
+    (``capped``) when the tree passes ``cap_gib``."""
+    import resource
+
+    def cpu() -> float:
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return ru.ru_utime + ru.ru_stime
+
+    t0, c0 = time.perf_counter(), cpu()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, cwd=ROOT, start_new_session=True)
     peak = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0}
@@ -328,7 +335,7 @@ def measured(cmd: list[str], env: dict[str, str], cap_gib: float, timeout: float
     done.set()
     thread.join()
     g = 2**20
-    return {"wall_s": time.perf_counter() - t0, "rc": proc.returncode,
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": cpu() - c0, "rc": proc.returncode,
             "capped": capped.is_set(), "peak_gib": peak["VmRSS"] / g,
             "anon_gib": peak["RssAnon"] / g, "file_gib": peak["RssFile"] / g,
             "tail": out.strip().splitlines()[-3:]}
@@ -395,6 +402,14 @@ def stages(report: Path) -> dict[str, Any]:
         return {}
     got = {k[5:]: round(v, 1) for k, v in timings.items() if k.startswith("int4 ")}
     return {"stages_s": got} if got else {}
+
+
+def stage_cells(stages: dict[str, float]) -> str:
+    """``write 69/40 onnx 56/30``: each stage's wall seconds, and its CPU seconds where the
+    report has them (``<stage> cpu``)."""
+    return " ".join(f"{k} {v:.0f}" + (f"/{stages[k + ' cpu']:.0f}" if k + " cpu" in stages
+                                      else "")
+                    for k, v in stages.items() if not k.endswith(" cpu"))
 
 
 def genai_speed(folder: Path, env: dict[str, str], cap: float) -> dict[str, Any]:
@@ -466,10 +481,12 @@ def table(rows: list[dict[str, Any]]) -> str:
              f"prefill of {PREFILL} tokens, decode of {DECODE} after it · int4 stages: "
              f"onnxmedic's seconds per stage of the int4 road (write: the writer child; onnx: "
              f"the int4 decoder's scoring in ONNX Runtime; torch: PyTorch's streamed passes; "
-             f"genai: onnxruntime-genai's check), from its report", "",
-             "| checkpoint | layers | bf16 weights GiB | tool | built | wall s | peak GiB | "
+             f"genai: onnxruntime-genai's check), from its report, each as wall/CPU seconds (CPU: "
+             f"its process's and the children's it reaped) · cpu s: the process tree's user "
+             f"and system seconds", "",
+             "| checkpoint | layers | bf16 weights GiB | tool | built | wall s | cpu s | peak GiB | "
              "anon GiB | file GiB | peak / weights | package GB | prefill-128 tok/s | "
-             "decode tok/s | int4 stages s | date | command |", "|---" * 16 + "|"]
+             "decode tok/s | int4 stages s | date | command |", "|---" * 17 + "|"]
     for r in sorted(rows, key=lambda r: (r["weights_gib"], r["tool"])):
         built = "yes" if r["ok"] else ("no: killed at the cap" if r.get("capped") else
                                        "no: " + " ".join(r.get("tail", []))[:80])
@@ -477,11 +494,11 @@ def table(rows: list[dict[str, Any]]) -> str:
         f = lambda k, p=1: "-" if r.get(k) is None else f"{r[k]:.{p}f}"  # noqa: E731
         lines.append(
             f"| {r['checkpoint']} | {r['layers']} | {r['weights_gib']:.2f} | {r['tool']} | "
-            f"{built} | {r['wall_s']:.0f} | {at_least}{r['peak_gib']:.2f} | "
+            f"{built} | {r['wall_s']:.0f} | {f('cpu_s', 0)} | {at_least}{r['peak_gib']:.2f} | "
             f"{r['anon_gib']:.2f} | {r['file_gib']:.2f} | "
             f"{at_least}{r['peak_gib'] / r['weights_gib']:.2f} | "
             f"{f('size_gb', 2)} | {f('prefill_tok_s')} | {f('decode_tok_s')} | "
-            f"{' '.join(f'{k} {v:.0f}' for k, v in r.get('stages_s', {}).items()) or '-'} | "
+            f"{stage_cells(r.get('stages_s', {})) or '-'} | "
             f"{r['date']} | "
             f"`{r['command'].replace(str(ROOT) + '/', '')}` |")
     if any(r["checkpoint"].endswith("-margin") for r in rows):

@@ -49,6 +49,19 @@ def test_streamed_logits_equal_the_whole_model(bf16):
             want64).max()
 
 
+def test_batches_in_one_pass_are_each_batch_alone(bf16):
+    """streamed_batches (each layer's weights read and upcast once for every batch): each
+    batch's logits are bit for bit those of its own streamed_logits pass."""
+    folder, _model = bf16
+    texts = [[20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30], [31, 32, 33, 34, 35, 36, 37, 38, 39]]
+    both = stream.streamed_batches(folder, [PROMPTS, texts], (torch.float32,))[torch.float32]
+    for batch, got in zip((PROMPTS, texts), both):
+        alone = stream.streamed_logits(folder, batch, (torch.float32,))[torch.float32]
+        assert len(got) == len(alone) == len(batch)
+        for g, a in zip(got, alone):
+            np.testing.assert_array_equal(g, a)
+
+
 def test_a_family_not_streamed_is_said(bf16):
     from transformers import AutoConfig
 

@@ -155,6 +155,7 @@ def test_export_int4_at_size_streams_without_loading_the_model(bf16, package, tm
     assert res.stages == {"export": "passed", "optimize": "passed"}
     assert any(f.code == "OM819" and "judged streamed" in f.message for f in res.findings)
     assert "int4 write" in res.timings  # the writer's road (int4_writer), no float32 package
+    assert {"int4 write cpu", "int4 torch cpu"} <= set(res.timings)  # CPU seconds beside
     assert (tmp_path / "out" / "genai_config.json").is_file()
     assert (tmp_path / "out" / "config.json").is_file()
     assert (tmp_path / "r.json").is_file()

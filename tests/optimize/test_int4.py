@@ -112,6 +112,28 @@ def test_clean_int4_is_within_the_budget(clean, task):
     assert 1.0 <= j["perplexity_ratio"] < 1.05 and j["agreement"] >= 0.95
 
 
+def test_the_scoring_session_computes_what_a_default_session_computes(clean, task):
+    """ort_step's session does not spin between runs (a speed setting): its greedy tokens and
+    perplexity are bit for bit those of a default ONNX Runtime session of the same file."""
+    import onnxruntime as ort
+
+    data, _ref = task
+    layout = read_step(str(clean))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = ort.InferenceSession(str(clean), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+
+    def default(ids, past):
+        out = dict(zip(names, sess.run(None, layout.feed(ids, past))))
+        return layout.logits(out), layout.presents(out)
+
+    short = int4.TaskData(data.prompts[:2], data.text[:int4.WINDOW + 1])
+    got = int4.score(int4.ort_step(str(clean), 2, layout), layout.empty_past(), short, 8)
+    want = int4.score(default, layout.empty_past(), short, 8)
+    assert got == want
+
+
 def test_a_corrupted_block_of_4bit_weights_is_rejected(clean, task, tmp_path):
     def fill(a):  # one block (32 weights, 16 bytes) of column 0: every nibble 15 (+7 * scale)
         a[0, 0, :] = 0xFF

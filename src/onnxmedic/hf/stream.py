@@ -168,20 +168,24 @@ def _layer_out(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-def _run_module(module: torch.nn.Module, weights: dict[str, torch.Tensor],
-                dtype: torch.dtype, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """``module`` (on the meta device) run with ``weights`` upcast to ``dtype``; its
-    parameters are back on the meta device after (the upcast copy freed). Tensors the module
-    does not hold (an old GPT-NeoX checkpoint's ``attention.bias`` mask) are left out; one it
-    holds and ``weights`` lacks is an error."""
-    own = module.state_dict().keys()
-    module.load_state_dict({k: v.to(dtype) for k, v in weights.items() if k in own},
-                           assign=True, strict=True)
-    try:
-        with torch.no_grad():
-            return _layer_out(module(*args, **kwargs))
-    finally:
-        module.to("meta")
+class _Loaded:
+    """``module`` (on the meta device) with ``weights`` upcast to ``dtype`` while inside;
+    back on the meta device after (the upcast copy freed). Tensors the module does not hold
+    (an old GPT-NeoX checkpoint's ``attention.bias`` mask) are left out; one it holds and
+    ``weights`` lacks is an error."""
+
+    def __init__(self, module: torch.nn.Module, weights: dict[str, torch.Tensor],
+                 dtype: torch.dtype) -> None:
+        self.module, self.weights, self.dtype = module, weights, dtype
+
+    def __enter__(self) -> torch.nn.Module:
+        own = self.module.state_dict().keys()
+        self.module.load_state_dict({k: v.to(self.dtype) for k, v in self.weights.items()
+                                     if k in own}, assign=True, strict=True)
+        return self.module
+
+    def __exit__(self, *exc: Any) -> None:
+        self.module.to("meta")
 
 
 def streamed_logits(folder: str | Path, seqs: list[list[int]],
@@ -190,6 +194,16 @@ def streamed_logits(folder: str | Path, seqs: list[list[int]],
     """The logits of the checkpoint at ``folder`` over each of ``seqs`` (no cache, all
     positions), in each of ``dtypes``, the weights streamed one decoder layer at a time
     (see the module docstring): per dtype, per sequence, an array (1, len, vocab)."""
+    return {d: got[0] for d, got in streamed_batches(folder, [seqs], dtypes).items()}
+
+
+def streamed_batches(folder: str | Path, batches: list[list[list[int]]],
+                     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float64)
+                     ) -> dict[torch.dtype, list[list[np.ndarray]]]:
+    """:func:`streamed_logits` of several batches of sequences (each padded to its own
+    longest) in one streamed pass: each decoder layer's weights are read and upcast once
+    and run on every batch in turn, so a batch's logits are those it gets alone. Per dtype,
+    per batch, per sequence, an array (1, len, vocab)."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
@@ -201,37 +215,42 @@ def streamed_logits(folder: str | Path, seqs: list[list[int]],
     base = getattr(model, layout.base)
     rotary = type(base.rotary_emb)(config=config)  # its buffers made on the CPU
     weights = Weights(folder)
-    lengths = [len(s) for s in seqs]
-    n = max(lengths)
-    ids = torch.tensor([s + [s[-1]] * (n - len(s)) for s in seqs])
-    position_ids = torch.arange(n)[None].expand(len(seqs), n)
-    try:
-        embed = weights.get(layout.names("embed") + "weight")
-        hidden = {d: embed[ids].to(d) for d in dtypes}
-        del embed
-        state = {d: (_mask(lengths, n, d), rotary_embedding(rotary, position_ids, d)) for d in dtypes}
+    lengths = [[len(s) for s in seqs] for seqs in batches]
+    ids, positions = [], []
+    for seqs, ls in zip(batches, lengths):
+        n = max(ls)
+        ids.append(torch.tensor([s + [s[-1]] * (n - len(s)) for s in seqs]))
+        positions.append(torch.arange(n)[None].expand(len(seqs), n))
+    embed = weights.get(layout.names("embed") + "weight")
+    hidden = {d: [embed[i].to(d) for i in ids] for d in dtypes}
+    del embed
+    state = {d: [(_mask(ls, int(i.shape[1]), d), rotary_embedding(rotary, pos, d))
+                 for ls, i, pos in zip(lengths, ids, positions)] for d in dtypes}
+    with torch.no_grad():
         for i, layer in enumerate(getattr(base, layout.layers)):
             w = weights.prefixed(f"{layout.names('layers')}{i}.")
             for d in dtypes:
-                mask, pe = state[d]
-                hidden[d] = _run_module(layer, w, d, hidden[d], attention_mask=mask,
-                                        position_ids=position_ids, position_embeddings=pe,
-                                        use_cache=False)
+                with _Loaded(layer, w, d) as run:
+                    hidden[d] = [_layer_out(run(h, attention_mask=mask, position_ids=pos,
+                                                position_embeddings=pe, use_cache=False))
+                                 for h, (mask, pe), pos in zip(hidden[d], state[d], positions)]
             del w
         norm_w = weights.prefixed(layout.names("norm"))
         for d in dtypes:
-            hidden[d] = _run_module(getattr(base, layout.norm), norm_w, d, hidden[d])
+            with _Loaded(getattr(base, layout.norm), norm_w, d) as run:
+                hidden[d] = [_layer_out(run(h)) for h in hidden[d]]
         head = layout.head if layout.head in weights else layout.names("embed") + "weight"
         head_w = weights.get(head)
         out = {}
         for d in dtypes:
-            logits = torch.empty((len(seqs), n, head_w.shape[0]), dtype=d)
+            logits = [torch.empty((*h.shape[:2], head_w.shape[0]), dtype=d) for h in hidden[d]]
             for c in range(0, head_w.shape[0], VOCAB_SLICE):
-                logits[..., c:c + VOCAB_SLICE] = hidden[d] @ head_w[c:c + VOCAB_SLICE].to(d).T
-            out[d] = [logits[i:i + 1, :k].numpy() for i, k in enumerate(lengths)]
-        return out
-    finally:
-        weights.close()
+                part = head_w[c:c + VOCAB_SLICE].to(d).T
+                for h, lg in zip(hidden[d], logits):
+                    lg[..., c:c + VOCAB_SLICE] = h @ part
+            out[d] = [[lg[j:j + 1, :k].numpy() for j, k in enumerate(ls)]
+                      for lg, ls in zip(logits, lengths)]
+    return out
 
 
 def checked_config(checkpoint: str | Path) -> Any:

@@ -42,6 +42,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -59,7 +61,9 @@ INLINE = 1024  # tensors of fewer bytes stay in the graph file
 class StreamedInt4:
     """The outcome: ``ok`` when ``path`` was written; ``quantized``: MatMuls made 4-bit;
     ``figures``: the task budget's (optimize/int4.judge's dict); the int4 decoder's own greedy
-    tokens and onnxruntime-genai's; ``seconds`` per phase; ``findings``."""
+    tokens and onnxruntime-genai's; ``seconds`` per phase (wall) and ``cpu`` (CPU seconds of
+    this process and of the children it reaped meanwhile: the writer's, ONNX Runtime's,
+    onnxruntime-genai's); ``findings``."""
 
     ok: bool = False
     path: str | None = None
@@ -68,7 +72,18 @@ class StreamedInt4:
     tokens_onnx: list[list[int]] = field(default_factory=list)
     tokens_genai: list[list[int]] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
     findings: list[Any] = field(default_factory=list)
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the block's wall and CPU seconds to ``phase``'s."""
+        t0, c0 = time.perf_counter(), sum(os.times()[:4])
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+            self.cpu[phase] = self.cpu.get(phase, 0.0) + sum(os.times()[:4]) - c0
 
 
 # ------------------------------------------------------------------------------------------
@@ -213,23 +228,26 @@ def windows(text: list[int]) -> list[list[int]]:
 def torch_figures(checkpoint: Path, data: Any, tokens: list[list[int]]) -> dict[str, Any]:
     """PyTorch's side of the budget, streamed (float32): its greedy pick at each step of the
     int4 decoder's ``tokens`` (after the same prefix) and its perplexity on the text's windows
-    (optimize/int4.mean_nll over the streamed logits). The prompts' sequences and the text's
-    windows are two streamed passes, each batch padded to its own longest sequence (one
-    batch pads the prompts' ~36 tokens to a window's 128: 896 positions instead of ~530 with
-    the built-in data; the weights are read twice)."""
+    (optimize/int4.mean_nll over the streamed logits). One streamed pass (hf/stream.py's
+    :func:`~onnxmedic.hf.stream.streamed_batches`: each layer's weights read and upcast once)
+    over two batches, each padded to its own longest sequence: the prompts' sequences and the
+    text's windows (one batch would pad the prompts' ~36 tokens to a window's 128: 896
+    positions instead of ~530 with the built-in data)."""
     import torch
 
-    from onnxmedic.hf.stream import streamed_logits
+    from onnxmedic.hf.stream import streamed_batches
     from onnxmedic.optimize.int4 import mean_nll
 
     wins = windows(data.text)
     seqs = [p + t[:-1] for p, t in zip(data.prompts, tokens)]
-    logits = streamed_logits(checkpoint, seqs, (torch.float32,))[torch.float32] if seqs else []
+    batches = [b for b in (seqs, [w[:-1] for w in wins]) if b]
+    got = streamed_batches(checkpoint, batches, (torch.float32,))[torch.float32] \
+        if batches else []
+    logits = got[0] if seqs else []
     picks = [[int(np.argmax(logits[i][0, len(p) - 1 + k])) for k in range(len(t))]
              for i, (p, t) in enumerate(zip(data.prompts, tokens))]
-    del logits
-    text = streamed_logits(checkpoint, [w[:-1] for w in wins], (torch.float32,))[
-        torch.float32] if wins else []
+    text = got[-1] if wins else []
+    del got, logits
     by_window = {tuple(w[:-1]): text[j] for j, w in enumerate(wins)}
     nll, n = mean_nll(lambda ids, past: (by_window[tuple(int(i) for i in ids[0])], past), [],
                       data.text)
@@ -285,16 +303,14 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
     graph = decoder_graph(package)
     out.parent.mkdir(parents=True, exist_ok=True)
     with staged(out) as tmp:
-        t0 = time.perf_counter()
-        res.quantized = quantize_streamed(graph, tmp / graph.name, block_size=block_size,
-                                          accuracy_level=accuracy_level)
-        copy_side_files(package, tmp, graph.name)
-        if tamper is not None:
-            tamper(tmp / graph.name)
-        res.seconds["quantize"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        why = rounding_problem(graph, tmp / graph.name)
-        res.seconds["rounding"] = time.perf_counter() - t0
+        with res.timed("quantize"):
+            res.quantized = quantize_streamed(graph, tmp / graph.name, block_size=block_size,
+                                              accuracy_level=accuracy_level)
+            copy_side_files(package, tmp, graph.name)
+            if tamper is not None:
+                tamper(tmp / graph.name)
+        with res.timed("rounding"):
+            why = rounding_problem(graph, tmp / graph.name)
         if why is not None:
             res.findings.append(not_rounded(why))
             return res
@@ -316,30 +332,27 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     from onnxmedic.hf.transforms.int4_package import genai_agrees
     from onnxmedic.optimize.int4 import judge, score_onnx
 
-    t0 = time.perf_counter()
-    data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
-    # ``timeout`` is a run's: the scoring makes a run per generated token and window
-    runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
-    got = score_onnx(decoder, data, budget.steps, None, timeout=timeout * runs,
-                     layout=read_package(folder))
-    res.seconds["onnx"] = time.perf_counter() - t0
+    with res.timed("onnx"):
+        data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
+        # ``timeout`` is a run's: the scoring makes a run per generated token and window
+        runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
+        got = score_onnx(decoder, data, budget.steps, None, timeout=timeout * runs,
+                         layout=read_package(folder))
     if not got.get("ok"):
         res.figures = {"rejected": got.get("error", "the scoring failed")}
         res.findings.append(over_budget(res.figures, budget))
         return False
     res.tokens_onnx = got["tokens"]
-    t0 = time.perf_counter()
-    ref = torch_figures(checkpoint, data, got["tokens"])
-    res.seconds["torch"] = time.perf_counter() - t0
+    with res.timed("torch"):
+        ref = torch_figures(checkpoint, data, got["tokens"])
     res.figures = judge(ref, {**got, "picks": got["tokens"]}, budget)
     if res.figures["rejected"]:
         res.findings.append(over_budget(res.figures, budget))
         return False
     if genai:
-        t0 = time.perf_counter()
-        ok, res.tokens_genai, found = genai_agrees(folder, data.prompts, res.tokens_onnx,
-                                                   budget.steps, timeout * runs)
-        res.seconds["genai"] = time.perf_counter() - t0
+        with res.timed("genai"):
+            ok, res.tokens_genai, found = genai_agrees(folder, data.prompts, res.tokens_onnx,
+                                                       budget.steps, timeout * runs)
         res.findings.extend(found)
         if not ok:
             return False
@@ -360,6 +373,8 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     is written at ``out`` unless every check passed."""
     from functools import partial
 
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
     from onnxmedic import sandbox
     from onnxmedic.hf import builder
     from onnxmedic.hf.stream import checked_config
@@ -376,13 +391,16 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     res = StreamedInt4()
     out.parent.mkdir(parents=True, exist_ok=True)
     with staged(out) as stage:
-        t0 = time.perf_counter()
-        job = builder.start(checkpoint, stage / "pkg",
-                            work=partial(int4_writer.build, tamper=tamper))
+        with res.timed("write"):
+            # the family's modeling module imported before the fork: the writer child's model
+            # (on the meta device) and PyTorch's streamed side share one import of it
+            MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+            job = builder.start(checkpoint, stage / "pkg",
+                                work=partial(int4_writer.build, tamper=tamper))
         try:
-            # the writer reads, quantizes and checks every weight: ``timeout`` per GiB
-            why = job.wait(timeout * max(1.0, weight_bytes(checkpoint) / 2**30))
-            res.seconds["write"] = time.perf_counter() - t0
+            with res.timed("write"):
+                # the writer reads, quantizes and checks every weight: ``timeout`` per GiB
+                why = job.wait(timeout * max(1.0, weight_bytes(checkpoint) / 2**30))
             said = int4_writer.verdict(job.root)
             if "not_rounded" in said:
                 res.findings.append(not_rounded(said["not_rounded"], "the checkpoint's"))
@@ -392,7 +410,8 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                                "road", why or "it said nothing")
                 return None
             res.quantized = int(said["quantized"])
-            builder.finish(job, *side_files(checkpoint))
+            with res.timed("write"):
+                builder.finish(job, *side_files(checkpoint))
             if not judged(res, job.out, job.out / builder.GRAPH, checkpoint, config, budget,
                           genai=genai, timeout=timeout):
                 return res
@@ -486,6 +505,7 @@ def take_verdict(result: Any, made: StreamedInt4, stage: Any) -> None:
     """``made``'s findings, timings and verdict into the export ``result``'s int4 stage."""
     result.findings.extend(made.findings)
     result.timings.update({f"int4 {k}": v for k, v in made.seconds.items()})
+    result.timings.update({f"int4 {k} cpu": v for k, v in made.cpu.items()})
     result.int4 = made
     if not made.ok:
         stage.fail()
