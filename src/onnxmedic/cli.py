@@ -223,6 +223,7 @@ def _run(ns: argparse.Namespace) -> Any:
         # builder (a forked child) as soon as the checkpoint's config is read, and imports
         # the rest while it writes
         try:
+            _package_output(ns.output)
             return _hf_export(ns)
         except OnnxMedicError as err:
             return _inputs_failed(ns, err)
@@ -271,6 +272,18 @@ def _run(ns: argparse.Namespace) -> Any:
         return res
     except OnnxMedicError as err:
         return _inputs_failed(ns, err)
+
+
+def _package_output(out: str | None) -> None:
+    """OnnxMedicError (OM738) before anything is loaded when ``-o`` is an existing folder that
+    is not a package: a package replaces the whole folder (a model file's -o cannot be a
+    folder either); an existing file is refused where the package is put in place."""
+    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.onnxfile import package_output_problem
+
+    if out is not None and os.path.isdir(out) and (
+            bad := package_output_problem(out, stage="inputs")) is not None:
+        raise OnnxMedicError(bad)
 
 
 def _inputs_failed(ns: argparse.Namespace, err: Any) -> Any:
@@ -408,6 +421,11 @@ def _flag_error(ns: argparse.Namespace) -> str | None:
         from onnxmedic.optimize.passes import precision_error
 
         if bad := precision_error(ns.precision, ns.target, flags=True):
+            return bad
+    if ns.command == "export":
+        from onnxmedic.optimize.passes import unused_precision
+
+        if bad := unused_precision(ns.precision, ns.optimize, flags=True):
             return bad
     if ns.command == "export":
         from onnxmedic.optimize.cli import calibration_flag_error

@@ -897,6 +897,13 @@ CODES: dict[str, CodeInfo] = {
         "the checkpoint it was exported from, and MODEL (a folder written by save_pretrained, "
         "hf: optional) could not be loaded as a causal LM. Nothing was written.",
     ),
+    "OM738": CodeInfo(
+        "package output is not a package folder", 1,
+        "A generation package (export hf:... -o FOLDER, optimize PACKAGE ... -o FOLDER) replaces "
+        "the whole folder it is written to; -o named an existing file, or a non-empty folder "
+        "that is not a package (no ONNX graph, no genai_config.json, or a subfolder), whose "
+        "files would be lost. Nothing was built or written.",
+    ),
     "OM742": CodeInfo(
         "int4 calibration text unusable", 1,
         "--precision int4 --calibration TEXT: the text cannot calibrate GPTQ or be measured "

@@ -21,7 +21,7 @@ import onnx
 import torch
 
 from onnxmedic._tensors import to_numpy
-from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info
+from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, listed
 
 logger = logging.getLogger(__name__)
 
@@ -534,11 +534,42 @@ def staged(out: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# what an existing folder holds when a package may replace it: a graph or onnxruntime-genai's
+# config (ours, the builder's, optimum's layout: all flat folders)
+PACKAGE_MARKS = ("*.onnx", "genai_config.json")
+
+
+def package_output_problem(out: str | os.PathLike[str], stage: str = "write") -> Finding | None:
+    """OM738 when the package folder ``out`` exists and is not one a package may replace: a
+    file, or a non-empty folder that holds no ONNX graph nor ``genai_config.json`` or holds a
+    subfolder (a package is written whole, so whatever ``out`` held is removed); None when
+    ``out`` is new, empty or a package. Checked before anything is built, and again by
+    :func:`replace_folder`."""
+    p = Path(out)
+    if not p.exists() and not p.is_symlink():
+        return None
+    if p.is_dir() and not p.is_symlink():
+        held = sorted(p.iterdir())
+        if not held or (not any(e.is_dir() for e in held)
+                        and any(e.match(m) for e in held for m in PACKAGE_MARKS)):
+            return None
+        what = f"a folder that is not a package (it holds {listed([e.name for e in held], 6)})"
+    else:
+        what = "a file" if p.is_file() else "not a folder"
+    return error("OM738", stage, f"{str(out)!r} exists and is {what}: a package replaces the "
+                 "whole folder it is written to, so nothing was written.",
+                 suggestion="Give a new folder (or an empty one, or a package to replace) as "
+                 "-o.")
+
+
 def replace_folder(tmp: Path, out: Path) -> None:
     """Put the folder ``tmp`` in place as ``out``: an existing ``out`` is moved aside first and
     removed after, so ``out`` is never half-written (generation packages, fused and int4
     packages). ``out`` gets a new folder's mode: ``tmp`` is mkdtemp's (0700), which would stay
-    with the package."""
+    with the package. An ``out`` that is not a package (:func:`package_output_problem`) is
+    never replaced: OnnxMedicError (OM738)."""
+    if (bad := package_output_problem(out)) is not None:
+        raise OnnxMedicError(bad)
     mask = os.umask(0)
     os.umask(mask)
     tmp.chmod(0o777 & ~mask)

@@ -113,7 +113,7 @@ def main(ns: argparse.Namespace) -> int:
     """Run ``onnxmedic optimize``; print the variant table (or JSON). Exit 0, or 1 for a model
     or input problem (a finding, no traceback)."""
     from onnxmedic.findings import refuse
-    from onnxmedic.onnxfile import check_output_path, load_onnx
+    from onnxmedic.onnxfile import check_output_path, load_onnx, package_output_problem
     from onnxmedic.optimize.passes import precision_error
     from onnxmedic.report.live import live_line
 
@@ -127,6 +127,8 @@ def main(ns: argparse.Namespace) -> int:
     if (ns.output and not (folder and Path(ns.output).is_dir())  # a folder is replaced
             and (unwritable := check_output_path(ns.output)) is not None):
         return refuse(unwritable)
+    if folder and ns.output and (bad := package_output_problem(ns.output, "load")) is not None:
+        return refuse(bad)  # a package replaces the whole folder: never the user's files
     with live_line(f"optimize {ns.onnx} ({ns.precision}, {ns.target})",
                    enabled=not ns.no_progress and sys.stderr.isatty()):
         if folder:

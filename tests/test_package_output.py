@@ -1,0 +1,94 @@
+"""A generation package replaces the whole folder ``-o`` names: an existing folder that is not a
+package (the user's own files) or an existing file is refused (OM738) and left as it was, by
+the command line before anything is loaded and by ``replace_folder`` itself; ``--precision
+fp16|int8`` without ``--optimize`` is a usage error instead of a float32 model written as if it
+had been honoured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from onnxmedic import cli
+from onnxmedic.findings import OnnxMedicError
+from onnxmedic.onnxfile import package_output_problem, replace_folder
+
+
+def _user_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "thesis.tex").write_text("years of work")
+    return folder
+
+
+def _package(tmp_path: Path, name: str = "pkg") -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"old")
+    (folder / "genai_config.json").write_text("{}")
+    return folder
+
+
+def test_what_a_package_may_replace(tmp_path):
+    assert package_output_problem(tmp_path / "new") is None
+    (tmp_path / "empty").mkdir()
+    assert package_output_problem(tmp_path / "empty") is None
+    assert package_output_problem(_package(tmp_path)) is None
+    mine = package_output_problem(_user_folder(tmp_path))
+    assert mine is not None and mine.code == "OM738" and "thesis.tex" in mine.message
+    (tmp_path / "file").write_text("x")
+    assert package_output_problem(tmp_path / "file").code == "OM738"
+    nested = _package(tmp_path, "nested")
+    (nested / "sub").mkdir()  # packages are flat: a subfolder is not one of ours
+    assert package_output_problem(nested).code == "OM738"
+
+
+def test_replace_folder_never_removes_the_users_files(tmp_path):
+    mine = _user_folder(tmp_path)
+    built = tmp_path / "built"
+    built.mkdir()
+    (built / "model.onnx").write_bytes(b"new")
+    with pytest.raises(OnnxMedicError) as caught:
+        replace_folder(built, mine)
+    assert caught.value.finding.code == "OM738"
+    assert sorted(p.name for p in mine.iterdir()) == ["thesis.tex"]
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(OnnxMedicError):
+        replace_folder(built, tmp_path / "file")
+    assert (tmp_path / "file").read_text() == "mine"
+    old = _package(tmp_path)  # a package is replaced, as before
+    replace_folder(built, old)
+    assert (old / "model.onnx").read_bytes() == b"new" and not built.exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["export", "hf:{tmp}/ckpt", "-o", "{out}"],
+    ["optimize", "{tmp}/pkg", "hf:{tmp}/ckpt", "-o", "{out}"],
+])
+def test_cli_refuses_a_users_folder_before_loading(tmp_path, capsys, command):
+    mine = _user_folder(tmp_path)
+    _package(tmp_path)
+    rc = cli.main([a.format(tmp=tmp_path, out=mine) for a in command])
+    err = capsys.readouterr().err
+    assert rc == 1 and "OM738" in err and "thesis.tex" in err and "Traceback" not in err
+    assert sorted(p.name for p in mine.iterdir()) == ["thesis.tex"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_precision_without_optimize_is_a_usage_error(tmp_path, capsys, precision):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["export", "hf:{}".format(tmp_path), "--precision", precision,
+                  "-o", str(tmp_path / "pkg")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--optimize" in err and "int4" in err
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_precision_without_optimize_is_refused_by_the_api():
+    import torch
+
+    import onnxmedic
+
+    with pytest.raises(ValueError, match="optimize=True"):
+        onnxmedic.export(torch.nn.Identity(), (torch.ones(2),), precision="fp16")
