@@ -92,3 +92,35 @@ def test_precision_without_optimize_is_refused_by_the_api():
 
     with pytest.raises(ValueError, match="optimize=True"):
         onnxmedic.export(torch.nn.Identity(), (torch.ones(2),), precision="fp16")
+
+
+def _config(tmp_path: Path, arch: str, model_type: str) -> Path:
+    import json
+
+    folder = tmp_path / model_type
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": [arch],
+                                                    "model_type": model_type}))
+    return folder
+
+
+@pytest.mark.parametrize("arch,model_type", [("Qwen2ForCausalLM", "qwen2"),
+                                             ("T5ForConditionalGeneration", "t5")])
+def test_target_cuda_for_a_package_is_a_usage_error(tmp_path, capsys, arch, model_type):
+    """A generation package is made and verified for the CPU: --target cuda wrote a CPU
+    package (its genai_config.json naming no provider) as if the target had been honoured."""
+    folder = _config(tmp_path, arch, model_type)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["export", f"hf:{folder}", "--target", "cuda", "-o", str(tmp_path / "pkg")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--target cpu" in err and "-with-past" in err
+    assert "Failed to load" not in err and "deprecated" not in err  # no third-party lines
+
+
+def test_target_cuda_stays_for_other_tasks(tmp_path):
+    folder = _config(tmp_path, "BertForSequenceClassification", "bert")
+    ns = cli.build_parser().parse_args(["export", f"hf:{folder}", "--target", "cuda"])
+    assert cli._flag_error(ns) is None
+    ns = cli.build_parser().parse_args(["export", "hf:org/name", "--target", "cuda",
+                                        "--task", "text-generation-with-past"])
+    assert "--target cpu" in cli._flag_error(ns)

@@ -12,6 +12,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from onnxmedic import __version__
@@ -328,7 +329,33 @@ def _hf_flag_error(ns: argparse.Namespace) -> str | None:
             return bad
         if ns.no_verify:
             return "--precision int4 judges the package against PyTorch: drop --no-verify"
+    if ns.target != "cpu" and (task := _package_task(ns)) is not None:
+        from onnxmedic.hf.transforms.precision import precision_problem
+
+        return (f"{precision_problem('fp32', ns.target)} ({task}: the package is verified "
+                "and served on the CPU; drop --target)")
     return None
+
+
+def _package_task(ns: argparse.Namespace) -> str | None:
+    """The generation task (a package) an hf: export of a local checkpoint folder makes, read
+    from --task or the folder's config.json; None for another task, or a hub id (its config
+    is not fetched to check flags)."""
+    from onnxmedic.hf.checkpoint import strip_prefix
+
+    folder = Path(strip_prefix(ns.model))
+    task = ns.task
+    if task is None:
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        from onnxmedic.hf.tasks import detect_task
+
+        task = detect_task(config, folder)
+    from onnxmedic.hf.tasks import GENERATION
+
+    return task if task in GENERATION else None
 
 
 def _hf_export(ns: argparse.Namespace) -> Any:
@@ -444,12 +471,13 @@ def _flag_error(ns: argparse.Namespace) -> str | None:
 
 
 def _dispatch(ns: argparse.Namespace) -> int:
-    if bad := _flag_error(ns):
-        build_parser().error(bad)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from onnxmedic import noise
 
+    # first: checking the flags may import transformers (the task of an hf: folder)
     noise.silence(progress=not getattr(ns, "no_progress", False) and sys.stderr.isatty())
+    if bad := _flag_error(ns):
+        build_parser().error(bad)
     return COMMANDS[ns.command](ns)
 
 
