@@ -1,0 +1,74 @@
+"""What ``onnxmedic optimize PACKAGE hf:CHECKPOINT -o OUT`` tells its user, run as docs/int4.md
+says: the folder written named as ``OUT`` (not the scratch folder it was built in), each
+finding once, and ``--json`` a JSON result on stdout as every other command gives.
+
+Defects found trying the documented commands as a new user (lane 82); the fixes belong in
+hf/transforms/package_cli.py (see the xfail reasons)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from onnxmedic.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from bench.zoo.generation import save_family  # noqa: E402
+
+LOOSE = "perplexity=10000%,agreement=1%,steps=4,prompts=1"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny qwen2 checkpoint and its package (onnxmedic's own export)."""
+    root = tmp_path_factory.mktemp("pkgcli")
+    ckpt = save_family("qwen2", root / "ckpt")
+    rc = main(["export", f"hf:{ckpt}", "--backend", "export", "-o", str(root / "pkg"),
+               "--no-progress"])
+    assert rc == 0
+    return ckpt, root / "pkg"
+
+
+@pytest.mark.slow  # the export and the fusion, each verified token by token (~40 s)
+@pytest.mark.xfail(strict=True, reason="package_cli.cli_package prints each fusion finding "
+                   "twice (package_precision's say=print, then _print of res.findings) and "
+                   "ignores --json (no JSON result on stdout); fix: with --json print "
+                   "json.dumps(res.to_dict()-like record of res.findings, res.ok, output) and "
+                   "say=None, else print the findings once")
+def test_fused_package_findings_once_and_json(exported, tmp_path, capsys):
+    ckpt, pkg = exported
+    capsys.readouterr()
+    out = tmp_path / "fused"
+    rc = main(["optimize", str(pkg), f"hf:{ckpt}", "-o", str(out), "--no-progress", "--json"])
+    printed = capsys.readouterr().out
+    assert rc == 0 and (out / "model.onnx").is_file()
+    result = json.loads(printed)  # --json: the result, machine-readable
+    assert "OM734" in {f["code"] for f in result["findings"]}
+
+
+@pytest.mark.slow  # the export, the fusion and one int4 candidate (~60 s)
+@pytest.mark.xfail(strict=True, reason="optimize PACKAGE --precision int4 names only scratch "
+                   "folders (.OUT.tmp-XXXX/fused, .OUT.tmp-XXXX/model.onnx) that are gone "
+                   "when it returns, never OUT; fix in hf/transforms/precision.py or "
+                   "package_cli.py: rewrite the staged path to OUT in the OM732/OM734 "
+                   "messages (or say them after replace_folder), and print OM819-like "
+                   "'int4 package written to OUT'")
+def test_int4_package_names_the_folder_written(exported, tmp_path, capsys, monkeypatch):
+    from onnxmedic.optimize import int4_search
+
+    monkeypatch.setattr(int4_search, "DEFAULT_GRID", [(32, 4, "int4")])
+    ckpt, pkg = exported
+    capsys.readouterr()
+    out = tmp_path / "int4"
+    rc = main(["optimize", str(pkg), f"hf:{ckpt}", "--precision", "int4", "--accuracy", LOOSE,
+               "-o", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert rc == 0 and (out / "model.onnx").is_file()
+    assert ".tmp-" not in printed, printed
+    assert f"written to {out}" in printed, printed
