@@ -124,3 +124,13 @@ def test_target_cuda_stays_for_other_tasks(tmp_path):
     ns = cli.build_parser().parse_args(["export", "hf:org/name", "--target", "cuda",
                                         "--task", "text-generation-with-past"])
     assert "--target cpu" in cli._flag_error(ns)
+
+
+@pytest.mark.parametrize("command", [["doctor"], ["run"], ["bench"]])
+def test_a_package_folder_given_as_the_onnx_file(tmp_path, capsys, command):
+    """doctor/run/bench PACKAGE_FOLDER said the folder "does not exist"; it names the graph."""
+    pkg = _package(tmp_path)
+    rc = cli.main([*command, str(pkg)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "OM007" in err and "is a folder" in err and "does not exist" not in err
+    assert str(pkg / "model.onnx") in err

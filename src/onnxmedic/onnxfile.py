@@ -106,6 +106,12 @@ def load_onnx(path: str | Path, stage: str = "check") -> tuple[onnx.ModelProto |
                                                               Finding | None]:
     """Load an ONNX file given by the user (without external data) or explain why not."""
     p = Path(path)
+    if p.is_dir():
+        graphs = sorted(g.name for g in p.glob("*.onnx"))
+        return None, error("OM007", stage, f"{str(path)!r} is a folder, not an ONNX file"
+                           + (f" (it holds {listed(graphs, 4)})." if graphs else "."),
+                           suggestion=f"Give the graph's file: {p / graphs[0]}" if graphs else
+                           "Give the path of an .onnx file.")
     if not p.is_file():
         return None, error("OM007", stage, f"ONNX file {str(path)!r} does not exist.")
     size = p.stat().st_size
