@@ -117,13 +117,15 @@ def test_target_cuda_for_a_package_is_a_usage_error(tmp_path, capsys, arch, mode
     assert "Failed to load" not in err and "deprecated" not in err  # no third-party lines
 
 
-def test_target_cuda_stays_for_other_tasks(tmp_path):
+def test_target_cuda_stays_for_other_tasks(tmp_path, capsys):
     folder = _config(tmp_path, "BertForSequenceClassification", "bert")
-    ns = cli.build_parser().parse_args(["export", f"hf:{folder}", "--target", "cuda"])
-    assert cli._flag_error(ns) is None
-    ns = cli.build_parser().parse_args(["export", "hf:org/name", "--target", "cuda",
-                                        "--task", "text-generation-with-past"])
-    assert "--target cpu" in cli._flag_error(ns)
+    rc = cli.main(["export", f"hf:{folder}", "--target", "cuda", "-o", str(tmp_path / "m.onnx")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "OM800" in err  # past the flags: a folder without weights
+    with pytest.raises(SystemExit) as stop:  # a hub id's task given: refused as well
+        cli.main(["export", "hf:org/name", "--target", "cuda",
+                  "--task", "text-generation-with-past"])
+    assert stop.value.code == 2 and "--target cpu" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", [["doctor"], ["run"], ["bench"]])

@@ -904,6 +904,13 @@ CODES: dict[str, CodeInfo] = {
         "that is not a package (no ONNX graph, no genai_config.json, or a subfolder), whose "
         "files would be lost. Nothing was built or written.",
     ),
+    "OM739": CodeInfo(
+        "ONNX Runtime's own operators in the ONNX domain", 0,
+        "Nodes of the ONNX domain that are no ONNX operator but one ONNX Runtime defines there "
+        "(onnxruntime-genai's builder writes SimplifiedLayerNormalization so): onnx.checker "
+        "cannot judge them, so the rest of the graph is checked around them instead of the "
+        "file being rejected (OM501); ONNX Runtime runs it, other runtimes will refuse it.",
+    ),
     "OM742": CodeInfo(
         "int4 calibration text unusable", 1,
         "--precision int4 --calibration TEXT: the text cannot calibrate GPTQ or be measured "

@@ -134,7 +134,7 @@ def render_terminal(result: Any, console: Console | None = None, verbose: bool =
     console = console or Console(stderr=True, soft_wrap=True)
     good, bad = (("reduced", "not reduced") if result.command == "reduce"
                  else ("verified", "not verified"))
-    checks = [result.stages[s] for s in _VERIFYING if s in result.stages]
+    checks = [result.stages.get(s) for s in _VERIFYING if s in result.stages]
     if checks and checks[-1] != "passed":  # --no-verify: written, its last check not run
         good = "written, not verified"
     verdict = (f"[bold green]{good}[/]" if result.ok else f"[bold red]{bad}[/]")
