@@ -136,3 +136,17 @@ def test_a_package_folder_given_as_the_onnx_file(tmp_path, capsys, command):
     err = capsys.readouterr().err
     assert rc == 1 and "OM007" in err and "is a folder" in err and "does not exist" not in err
     assert str(pkg / "model.onnx") in err
+
+
+@pytest.mark.parametrize("make", ["missing", "no-weights"])
+def test_optimize_package_names_what_is_wrong_with_the_checkpoint(tmp_path, capsys, make):
+    """optimize PACKAGE hf:FOLDER said OM737 with transformers' "Repo id must be in the form
+    'repo_name'" for a folder that does not exist; it says what export hf: says (OM800)."""
+    ckpt = tmp_path / "ckpt"
+    if make == "no-weights":
+        _config(tmp_path, "Qwen2ForCausalLM", "qwen2").rename(ckpt)
+    rc = cli.main(["optimize", str(_package(tmp_path)), f"hf:{ckpt}", "-o",
+                   str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "OM800" in err and "Repo id" not in err, err
+    assert not (tmp_path / "out").exists()
