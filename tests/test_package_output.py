@@ -150,3 +150,12 @@ def test_optimize_package_names_what_is_wrong_with_the_checkpoint(tmp_path, caps
     err = capsys.readouterr().err
     assert rc == 1 and "OM800" in err and "Repo id" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_verify_with_an_hf_checkpoint_says_what_verifies_one(tmp_path, capsys):
+    """verify PKG/model.onnx hf:CKPT said "cannot read model spec" and "Use path/file.py:Attr";
+    it says which commands verify a checkpoint's export and a package."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["verify", str(_package(tmp_path) / "model.onnx"), f"hf:{tmp_path}"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "onnxmedic.hf.stream" in err and "export hf:" in err

@@ -449,6 +449,11 @@ def _flag_error(ns: argparse.Namespace) -> str | None:
 
         if bad := precision_error(ns.precision, ns.target, flags=True):
             return bad
+    if ns.command == "verify" and ns.model.startswith(HF_PREFIX):
+        return ("verify takes the PyTorch model as file.py:Attr, pkg.module:Attr or model.pt2, "
+                "not hf:; `onnxmedic export hf:ID_OR_FOLDER` verifies what it writes, and a "
+                "generation package is verified against its checkpoint folder with `python -m "
+                "onnxmedic.hf.stream PACKAGE_DIR CHECKPOINT_DIR` (docs/generation.md)")
     if ns.command == "export":
         from onnxmedic.optimize.passes import unused_precision
 
