@@ -228,8 +228,8 @@ def make_feeds(onnx_inputs: list[str], args: tuple[Any, ...], kwargs: dict[str, 
         raise OnnxMedicError(error(
             "OM008", "runtime", f"the ONNX model has {len(onnx_inputs)} input(s) "
             f"({', '.join(onnx_inputs)}) but {len(tensors)} tensor(s) were given.",
-            suggestion="Give one --input per model input, in the order of forward()'s "
-            "parameters."))
+            suggestion="Give one --input per ONNX input, in the order above (an export's "
+            "inputs are forward()'s parameters, in order)."))
     return {n: to_numpy(v) for n, v in zip(onnx_inputs, values)}
 
 

@@ -72,3 +72,24 @@ def test_int4_package_names_the_folder_written(exported, tmp_path, capsys, monke
     assert rc == 0 and (out / "model.onnx").is_file()
     assert ".tmp-" not in printed, printed
     assert f"written to {out}" in printed, printed
+
+
+@pytest.mark.slow  # a child interpreter importing torch and transformers (~15 s)
+@pytest.mark.xfail(strict=True, reason="python -m onnxmedic.hf.stream (hf/stream.py's main) "
+                   "calls no noise.silence (torchao's 'Failed to load' and torch's pytree "
+                   "deprecation lines on stderr), and a missing checkpoint folder is "
+                   "transformers' 'Repo id must be in the form' with no finding code; fix: "
+                   "noise.silence() first in main, and resolve the folder with "
+                   "hf.checkpoint.resolve (OM800) before loading")
+def test_stream_module_missing_checkpoint_is_a_clear_finding(tmp_path):
+    import subprocess
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "model.onnx").write_bytes(b"")
+    p = subprocess.run([sys.executable, "-m", "onnxmedic.hf.stream", str(pkg),
+                        str(tmp_path / "missing")], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert "Failed to load" not in p.stderr and "deprecated" not in p.stderr, p.stderr
+    assert "OM800" in p.stderr, p.stderr
