@@ -159,3 +159,18 @@ def test_verify_with_an_hf_checkpoint_says_what_verifies_one(tmp_path, capsys):
         cli.main(["verify", str(_package(tmp_path) / "model.onnx"), f"hf:{tmp_path}"])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "onnxmedic.hf.stream" in err and "export hf:" in err
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "missing-parent", "proc"])
+def test_package_parent_that_cannot_take_it_is_om006_before_loading(tmp_path, capsys, where):
+    """-o under a file said its folder "does not exist" after the model loaded; under /proc
+    (a folder no one can make folders in) the builder's staging raised: OM009, exit 3."""
+    if where == "proc" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc")
+    (tmp_path / "afile").write_text("x")
+    out = {"under-a-file": tmp_path / "afile" / "pkg", "missing-parent": tmp_path / "no" / "pkg",
+           "proc": Path("/proc/onnxmedic-test-pkg")}[where]
+    rc = cli.main(["export", f"hf:{tmp_path}/ckpt-never-read", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "OM006" in err and "Traceback" not in err, err
+    assert ("is a file" in err) == (where == "under-a-file")

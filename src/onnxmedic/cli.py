@@ -276,13 +276,14 @@ def _run(ns: argparse.Namespace) -> Any:
 
 
 def _package_output(out: str | None) -> None:
-    """OnnxMedicError (OM738) before anything is loaded when ``-o`` is an existing folder that
-    is not a package: a package replaces the whole folder (a model file's -o cannot be a
-    folder either); an existing file is refused where the package is put in place."""
+    """OnnxMedicError before anything is loaded when ``-o`` is an existing folder that is not a
+    package (OM738: a package replaces the whole folder; a model file's -o cannot be a folder
+    either) or a new one whose parent cannot take it (OM006: missing, a file, not writable);
+    an existing file is refused where the package is put in place."""
     from onnxmedic.findings import OnnxMedicError
     from onnxmedic.onnxfile import package_output_problem
 
-    if out is not None and os.path.isdir(out) and (
+    if out is not None and (os.path.isdir(out) or not os.path.exists(out)) and (
             bad := package_output_problem(out, stage="inputs")) is not None:
         raise OnnxMedicError(bad)
 

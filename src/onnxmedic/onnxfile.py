@@ -548,12 +548,12 @@ PACKAGE_MARKS = ("*.onnx", "genai_config.json")
 def package_output_problem(out: str | os.PathLike[str], stage: str = "write") -> Finding | None:
     """OM738 when the package folder ``out`` exists and is not one a package may replace: a
     file, or a non-empty folder that holds no ONNX graph nor ``genai_config.json`` or holds a
-    subfolder (a package is written whole, so whatever ``out`` held is removed); None when
-    ``out`` is new, empty or a package. Checked before anything is built, and again by
+    subfolder (a package is written whole, so whatever ``out`` held is removed); OM006 when a
+    new ``out`` cannot be made in its parent; None when ``out`` is new, empty or a package. Checked before anything is built, and again by
     :func:`replace_folder`."""
     p = Path(out)
     if not p.exists() and not p.is_symlink():
-        return None
+        return _parent_problem(p, stage)
     if p.is_dir() and not p.is_symlink():
         held = sorted(p.iterdir())
         if not held or (not any(e.is_dir() for e in held)
@@ -566,6 +566,24 @@ def package_output_problem(out: str | os.PathLike[str], stage: str = "write") ->
                  "whole folder it is written to, so nothing was written.",
                  suggestion="Give a new folder (or an empty one, or a package to replace) as "
                  "-o.")
+
+
+def _parent_problem(out: Path, stage: str) -> Finding | None:
+    """OM006 when the folder ``out`` cannot be made in its parent (missing, a file, not
+    writable: tried, since permissions alone do not say it, e.g. under /proc)."""
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        what = "is a file" if parent.exists() else "does not exist"
+        return error("OM006", stage, f"cannot write {str(out)!r}: {str(parent)!r} {what}.",
+                     suggestion=f"Create the folder first (mkdir -p {parent}) or choose "
+                     "another path." if what == "does not exist" else "Choose another path.")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=parent))
+    except OSError as e:
+        return error("OM006", stage, f"cannot write {str(out)!r}: a folder cannot be made in "
+                     f"{str(parent)!r} ({e.strerror or e}).",
+                     suggestion="Choose an output folder you can write to.")
+    return None
 
 
 def replace_folder(tmp: Path, out: Path) -> None:
