@@ -22,7 +22,7 @@ from onnxmedic.findings import info, listed
 from onnxmedic.fixes.opset import parse_ort_version
 from onnxmedic.inputs import Inputs, dynamic_names_problem
 from onnxmedic.onnxfile import load_checked, opset_of
-from onnxmedic.optimize.passes import calibration_error, precision_error
+from onnxmedic.optimize.passes import calibration_error, precision_error, unused_precision
 from onnxmedic.pipeline import run_export
 from onnxmedic.reduction import reduce_stages
 from onnxmedic.report import write_report
@@ -124,6 +124,8 @@ def _optimize_request(optimize: bool, precision: str, target: str,
     ``optimize``."""
     _check_choice("export", "precision", precision, ("fp32", "fp16", "int8"))
     if calibration is not None and (bad := calibration_error(precision, optimize)):
+        raise ValueError(f"onnxmedic.export: {bad}")
+    if bad := unused_precision(precision, optimize):
         raise ValueError(f"onnxmedic.export: {bad}")
     if not optimize:
         return None

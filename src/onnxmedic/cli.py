@@ -12,6 +12,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from onnxmedic import __version__
@@ -223,6 +224,7 @@ def _run(ns: argparse.Namespace) -> Any:
         # builder (a forked child) as soon as the checkpoint's config is read, and imports
         # the rest while it writes
         try:
+            _package_output(ns.output)
             return _hf_export(ns)
         except OnnxMedicError as err:
             return _inputs_failed(ns, err)
@@ -273,6 +275,19 @@ def _run(ns: argparse.Namespace) -> Any:
         return _inputs_failed(ns, err)
 
 
+def _package_output(out: str | None) -> None:
+    """OnnxMedicError before anything is loaded when ``-o`` is an existing folder that is not a
+    package (OM738: a package replaces the whole folder; a model file's -o cannot be a folder
+    either) or a new one whose parent cannot take it (OM006: missing, a file, not writable);
+    an existing file is refused where the package is put in place."""
+    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.onnxfile import package_output_problem
+
+    if out is not None and (os.path.isdir(out) or not os.path.exists(out)) and (
+            bad := package_output_problem(out, stage="inputs")) is not None:
+        raise OnnxMedicError(bad)
+
+
 def _inputs_failed(ns: argparse.Namespace, err: Any) -> Any:
     """The export or verify command's result when its model or inputs cannot be loaded
     (``err``: the OnnxMedicError), its report written."""
@@ -315,7 +330,33 @@ def _hf_flag_error(ns: argparse.Namespace) -> str | None:
             return bad
         if ns.no_verify:
             return "--precision int4 judges the package against PyTorch: drop --no-verify"
+    if ns.target != "cpu" and (task := _package_task(ns)) is not None:
+        from onnxmedic.hf.transforms.precision import precision_problem
+
+        return (f"{precision_problem('fp32', ns.target)} ({task}: the package is verified "
+                "and served on the CPU; drop --target)")
     return None
+
+
+def _package_task(ns: argparse.Namespace) -> str | None:
+    """The generation task (a package) an hf: export of a local checkpoint folder makes, read
+    from --task or the folder's config.json; None for another task, or a hub id (its config
+    is not fetched to check flags)."""
+    from onnxmedic.hf.checkpoint import strip_prefix
+
+    folder = Path(strip_prefix(ns.model))
+    task = ns.task
+    if task is None:
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        from onnxmedic.hf.tasks import detect_task
+
+        task = detect_task(config, folder)
+    from onnxmedic.hf.tasks import GENERATION
+
+    return task if task in GENERATION else None
 
 
 def _hf_export(ns: argparse.Namespace) -> Any:
@@ -409,6 +450,16 @@ def _flag_error(ns: argparse.Namespace) -> str | None:
 
         if bad := precision_error(ns.precision, ns.target, flags=True):
             return bad
+    if ns.command == "verify" and ns.model.startswith(HF_PREFIX):
+        return ("verify takes the PyTorch model as file.py:Attr, pkg.module:Attr or model.pt2, "
+                "not hf:; `onnxmedic export hf:ID_OR_FOLDER` verifies what it writes, and a "
+                "generation package is verified against its checkpoint folder with `python -m "
+                "onnxmedic.hf.stream PACKAGE_DIR CHECKPOINT_DIR` (docs/generation.md)")
+    if ns.command == "export":
+        from onnxmedic.optimize.passes import unused_precision
+
+        if bad := unused_precision(ns.precision, ns.optimize, flags=True):
+            return bad
     if ns.command == "export":
         from onnxmedic.optimize.cli import calibration_flag_error
 
@@ -426,12 +477,13 @@ def _flag_error(ns: argparse.Namespace) -> str | None:
 
 
 def _dispatch(ns: argparse.Namespace) -> int:
-    if bad := _flag_error(ns):
-        build_parser().error(bad)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from onnxmedic import noise
 
+    # first: checking the flags may import transformers (the task of an hf: folder)
     noise.silence(progress=not getattr(ns, "no_progress", False) and sys.stderr.isatty())
+    if bad := _flag_error(ns):
+        build_parser().error(bad)
     return COMMANDS[ns.command](ns)
 
 

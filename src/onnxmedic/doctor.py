@@ -143,6 +143,26 @@ def kernel_lint(proto: Any, target: str) -> list[Finding]:
                if off_trt else []))
 
 
+def smoke_feeds(proto: onnx.ModelProto, path: Path) -> tuple[dict[str, Any], list[str]]:
+    """The smoke test's inputs: random ones (dynamic dims at 2), except for a generation
+    package's decoder step, whose cache is fed as the package contract says (genpackage: a
+    prefill of 3 tokens after an empty past, a symbolic head size read from the folder's
+    config): random sizes there break the graph's own contract (a builder package's
+    ``kv_cache_dim`` at 2), and the run's failure would blame the file for doctor's inputs."""
+    feeds, problems = random_feeds(proto)
+    from onnxmedic.genpackage import NotAStep, is_past, read_step
+
+    if not any(is_past(v.name) for v in proto.graph.input):
+        return feeds, problems
+    try:
+        layout = read_step(path)
+        step = layout.feed(np.arange(1, (layout.step_tokens or 3) + 1, dtype=np.int64))
+    except (NotAStep, ValueError, KeyError, OSError):  # not a step it can feed: random inputs
+        return feeds, problems
+    feeds.update(step)
+    return feeds, [p for p in problems if p.partition(":")[0] not in step]
+
+
 def doctor_stages(result: ExportResult, path: Path, target: str, timeout: float,
                   smoke_test: bool, ort: tuple[int, int] | None = None) -> None:
     """doctor's stages: load, check, runtime (the smoke test), lint."""
@@ -159,7 +179,7 @@ def doctor_stages(result: ExportResult, path: Path, target: str, timeout: float,
         st.add(*found)
         if any(f.severity == Severity.ERROR for f in found):
             st.fail()
-    feeds, problems = random_feeds(proto)
+    feeds, problems = smoke_feeds(proto, path)
     sbx = None
     if smoke_test and not problems:
         with result.timed("runtime"):

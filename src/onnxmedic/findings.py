@@ -897,6 +897,20 @@ CODES: dict[str, CodeInfo] = {
         "the checkpoint it was exported from, and MODEL (a folder written by save_pretrained, "
         "hf: optional) could not be loaded as a causal LM. Nothing was written.",
     ),
+    "OM738": CodeInfo(
+        "package output is not a package folder", 1,
+        "A generation package (export hf:... -o FOLDER, optimize PACKAGE ... -o FOLDER) replaces "
+        "the whole folder it is written to; -o named an existing file, or a non-empty folder "
+        "that is not a package (no ONNX graph, no genai_config.json, or a subfolder), whose "
+        "files would be lost. Nothing was built or written.",
+    ),
+    "OM739": CodeInfo(
+        "ONNX Runtime's own operators in the ONNX domain", 0,
+        "Nodes of the ONNX domain that are no ONNX operator but one ONNX Runtime defines there "
+        "(onnxruntime-genai's builder writes SimplifiedLayerNormalization so): onnx.checker "
+        "cannot judge them, so the rest of the graph is checked around them instead of the "
+        "file being rejected (OM501); ONNX Runtime runs it, other runtimes will refuse it.",
+    ),
     "OM742": CodeInfo(
         "int4 calibration text unusable", 1,
         "--precision int4 --calibration TEXT: the text cannot calibrate GPTQ or be measured "

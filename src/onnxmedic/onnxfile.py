@@ -21,7 +21,7 @@ import onnx
 import torch
 
 from onnxmedic._tensors import to_numpy
-from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info
+from onnxmedic.findings import Finding, OnnxMedicError, Severity, error, info, listed
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,12 @@ def load_onnx(path: str | Path, stage: str = "check") -> tuple[onnx.ModelProto |
                                                               Finding | None]:
     """Load an ONNX file given by the user (without external data) or explain why not."""
     p = Path(path)
+    if p.is_dir():
+        graphs = sorted(g.name for g in p.glob("*.onnx"))
+        return None, error("OM007", stage, f"{str(path)!r} is a folder, not an ONNX file"
+                           + (f" (it holds {listed(graphs, 4)})." if graphs else "."),
+                           suggestion=f"Give the graph's file: {p / graphs[0]}" if graphs else
+                           "Give the path of an .onnx file.")
     if not p.is_file():
         return None, error("OM007", stage, f"ONNX file {str(path)!r} does not exist.")
     size = p.stat().st_size
@@ -222,8 +228,8 @@ def make_feeds(onnx_inputs: list[str], args: tuple[Any, ...], kwargs: dict[str, 
         raise OnnxMedicError(error(
             "OM008", "runtime", f"the ONNX model has {len(onnx_inputs)} input(s) "
             f"({', '.join(onnx_inputs)}) but {len(tensors)} tensor(s) were given.",
-            suggestion="Give one --input per model input, in the order of forward()'s "
-            "parameters."))
+            suggestion="Give one --input per ONNX input, in the order above (an export's "
+            "inputs are forward()'s parameters, in order)."))
     return {n: to_numpy(v) for n, v in zip(onnx_inputs, values)}
 
 
@@ -534,11 +540,60 @@ def staged(out: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# what an existing folder holds when a package may replace it: a graph or onnxruntime-genai's
+# config (ours, the builder's, optimum's layout: all flat folders)
+PACKAGE_MARKS = ("*.onnx", "genai_config.json")
+
+
+def package_output_problem(out: str | os.PathLike[str], stage: str = "write") -> Finding | None:
+    """OM738 when the package folder ``out`` exists and is not one a package may replace: a
+    file, or a non-empty folder that holds no ONNX graph nor ``genai_config.json`` or holds a
+    subfolder (a package is written whole, so whatever ``out`` held is removed); OM006 when a
+    new ``out`` cannot be made in its parent; None when ``out`` is new, empty or a package. Checked before anything is built, and again by
+    :func:`replace_folder`."""
+    p = Path(out)
+    if not p.exists() and not p.is_symlink():
+        return _parent_problem(p, stage)
+    if p.is_dir() and not p.is_symlink():
+        held = sorted(p.iterdir())
+        if not held or (not any(e.is_dir() for e in held)
+                        and any(e.match(m) for e in held for m in PACKAGE_MARKS)):
+            return None
+        what = f"a folder that is not a package (it holds {listed([e.name for e in held], 6)})"
+    else:
+        what = "a file" if p.is_file() else "not a folder"
+    return error("OM738", stage, f"{str(out)!r} exists and is {what}: a package replaces the "
+                 "whole folder it is written to, so nothing was written.",
+                 suggestion="Give a new folder (or an empty one, or a package to replace) as "
+                 "-o.")
+
+
+def _parent_problem(out: Path, stage: str) -> Finding | None:
+    """OM006 when the folder ``out`` cannot be made in its parent (missing, a file, not
+    writable: tried, since permissions alone do not say it, e.g. under /proc)."""
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        what = "is a file" if parent.exists() else "does not exist"
+        return error("OM006", stage, f"cannot write {str(out)!r}: {str(parent)!r} {what}.",
+                     suggestion=f"Create the folder first (mkdir -p {parent}) or choose "
+                     "another path." if what == "does not exist" else "Choose another path.")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=parent))
+    except OSError as e:
+        return error("OM006", stage, f"cannot write {str(out)!r}: a folder cannot be made in "
+                     f"{str(parent)!r} ({e.strerror or e}).",
+                     suggestion="Choose an output folder you can write to.")
+    return None
+
+
 def replace_folder(tmp: Path, out: Path) -> None:
     """Put the folder ``tmp`` in place as ``out``: an existing ``out`` is moved aside first and
     removed after, so ``out`` is never half-written (generation packages, fused and int4
     packages). ``out`` gets a new folder's mode: ``tmp`` is mkdtemp's (0700), which would stay
-    with the package."""
+    with the package. An ``out`` that is not a package (:func:`package_output_problem`) is
+    never replaced: OnnxMedicError (OM738)."""
+    if (bad := package_output_problem(out)) is not None:
+        raise OnnxMedicError(bad)
     mask = os.umask(0)
     os.umask(mask)
     tmp.chmod(0o777 & ~mask)

@@ -96,3 +96,22 @@ def test_render_terminal_of_a_real_result_at_80_columns(tmp_path):
     render_terminal(result, Console(file=buf, width=80, soft_wrap=True))
     out = buf.getvalue()
     assert "…" not in out and "verification against PyTorch" in out
+
+
+def test_no_verify_is_not_called_verified():
+    """--no-verify writes the model without comparing it: the verdict says so instead of
+    "verified"; a package whose graph was compared but not generated from is not verified."""
+    from onnxmedic.result import ExportResult
+
+    def head(stages: dict[str, str]) -> str:
+        buf = io.StringIO()
+        result = ExportResult(command="export", model="m", stages=stages)
+        result.ok, result.path = True, "out.onnx"
+        render_terminal(result, Console(file=buf, width=120))
+        return buf.getvalue().splitlines()[0]
+
+    assert "— verified → out.onnx" in head({"runtime": "passed", "compare": "passed"})
+    assert "written, not verified → out.onnx" in head({"runtime": "not run",
+                                                        "compare": "not run"})
+    assert "not verified" in head({"compare": "passed", "generate": "not run"})
+    assert "— verified" in head({"compare": "passed", "generate": "passed"})

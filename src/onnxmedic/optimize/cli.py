@@ -113,7 +113,7 @@ def main(ns: argparse.Namespace) -> int:
     """Run ``onnxmedic optimize``; print the variant table (or JSON). Exit 0, or 1 for a model
     or input problem (a finding, no traceback)."""
     from onnxmedic.findings import refuse
-    from onnxmedic.onnxfile import check_output_path, load_onnx
+    from onnxmedic.onnxfile import check_output_path, load_onnx, package_output_problem
     from onnxmedic.optimize.passes import precision_error
     from onnxmedic.report.live import live_line
 
@@ -127,6 +127,10 @@ def main(ns: argparse.Namespace) -> int:
     if (ns.output and not (folder and Path(ns.output).is_dir())  # a folder is replaced
             and (unwritable := check_output_path(ns.output)) is not None):
         return refuse(unwritable)
+    if folder and ns.output and (bad := package_output_problem(ns.output, "load")) is not None:
+        return refuse(bad)  # a package replaces the whole folder: never the user's files
+    if folder and (bad := _checkpoint_problem(ns.model)) is not None:
+        return refuse(bad)
     with live_line(f"optimize {ns.onnx} ({ns.precision}, {ns.target})",
                    enabled=not ns.no_progress and sys.stderr.isatty()):
         if folder:
@@ -138,6 +142,23 @@ def main(ns: argparse.Namespace) -> int:
 
             return cli_main(ns)
         return _optimize_file(ns)
+
+
+def _checkpoint_problem(spec: str) -> Any:
+    """Why the checkpoint folder of ``optimize PACKAGE hf:FOLDER`` is not one, as ``export
+    hf:`` says it (OM800: missing, no config.json, no weights), before anything is loaded;
+    None for a checkpoint, or a hub id (fetched where the model is loaded)."""
+    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.hf.checkpoint import resolve, strip_prefix
+
+    ref = strip_prefix(spec)
+    if not (Path(ref).expanduser().exists() or ref.startswith((".", "/", "~"))):
+        return None
+    try:
+        resolve(spec)
+    except OnnxMedicError as e:
+        return e.finding
+    return None
 
 
 def _optimize_file(ns: argparse.Namespace) -> int:

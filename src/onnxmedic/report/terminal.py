@@ -16,6 +16,9 @@ from rich.table import Table
 from rich.text import Text
 
 _MARK = {"passed": "[green]✔[/]", "failed": "[red]✘[/]", "not run": "[dim]·[/]"}
+# the stages whose passing is what "verified" says, the last one present deciding: an export's
+# comparison with PyTorch, a generation package's token-by-token generation
+_VERIFYING = ("compare", "generate")
 _SEV = {"error": "red", "warning": "yellow", "info": "blue"}
 
 # each table's columns, then the ones left out first when the console is too narrow
@@ -131,6 +134,9 @@ def render_terminal(result: Any, console: Console | None = None, verbose: bool =
     console = console or Console(stderr=True, soft_wrap=True)
     good, bad = (("reduced", "not reduced") if result.command == "reduce"
                  else ("verified", "not verified"))
+    checks = [result.stages.get(s) for s in _VERIFYING if s in result.stages]
+    if checks and checks[-1] != "passed":  # --no-verify: written, its last check not run
+        good = "written, not verified"
     verdict = (f"[bold green]{good}[/]" if result.ok else f"[bold red]{bad}[/]")
     head = f"onnxmedic {result.command}: {escape(str(result.model))} — {verdict}"
     if result.path and result.ok:

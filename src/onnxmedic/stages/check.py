@@ -9,9 +9,15 @@ from typing import Any
 
 import onnx
 
-from onnxmedic.findings import Finding, Severity, error, warning
+from onnxmedic.findings import Finding, Severity, error, info, warning
+from onnxmedic.onnxfile import (
+    all_graphs,
+    has_external_data_file,
+    save_program,
+    saved_proto,
+    skeleton,
+)
 from onnxmedic.onnxfile import first_lines as _first
-from onnxmedic.onnxfile import has_external_data_file, save_program, saved_proto, skeleton
 
 STAGE = "check"
 
@@ -22,6 +28,8 @@ def check_model(proto: onnx.ModelProto) -> list[Finding]:
     the weights and a model over 2 GiB needs no second copy."""
     findings: list[Finding] = []
     model = skeleton(proto)
+    if ort_ops := _ort_defined(model):
+        findings.append(ort_ops)
     try:
         onnx.checker.check_model(model, full_check=False)
     except Exception as e:
@@ -38,6 +46,45 @@ def check_model(proto: onnx.ModelProto) -> list[Finding]:
                                 "checked next); other runtimes may refuse it.",
                                 details={"error": str(e)[-4000:]}))
     return findings
+
+
+# where the checker is pointed for ops ONNX Runtime defines in the ONNX domain (no schema of
+# onnx's own there, so it checks the rest of the graph around them)
+ORT_DOMAIN = "com.microsoft"
+
+
+def _ort_defined(model: onnx.ModelProto) -> Finding | None:
+    """OM739 (info) for nodes of the ONNX domain that are no ONNX operator but one ONNX Runtime
+    defines there (onnxruntime-genai's builder writes SimplifiedLayerNormalization so): they
+    are moved to ONNX Runtime's contrib domain in ``model`` (the checker's skeleton), whose
+    ops the checker does not judge, so that the rest of the graph is checked instead of the
+    file being rejected (OM501) for what ONNX Runtime runs. None when there are none."""
+    graphs = all_graphs(model.graph)
+    unknown = {n.op_type for g in graphs for n in g.node
+               if n.domain in ("", "ai.onnx") and not onnx.defs.has(n.op_type)}
+    if not unknown:
+        return None
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
+
+        ort_ops = {s.name for s in ort_c.get_all_operator_schema() if s.domain in ("", "ai.onnx")}
+    except Exception:  # noqa: BLE001 - without ONNX Runtime's schemas the checker judges alone
+        return None
+    moved = sorted(unknown & ort_ops)
+    if not moved:
+        return None
+    count = 0
+    for g in graphs:
+        for n in g.node:
+            if n.domain in ("", "ai.onnx") and n.op_type in moved:
+                n.domain, count = ORT_DOMAIN, count + 1
+    if not any(o.domain == ORT_DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(ORT_DOMAIN, 1))
+    return info("OM739", STAGE, f"{count} node(s) of ONNX Runtime's own operators in the ONNX "
+                f"domain ({', '.join(moved)}): no ONNX operator, so onnx.checker cannot judge "
+                "them; ONNX Runtime defines and runs them, other runtimes will refuse the file.",
+                suggestion="Serve it with ONNX Runtime (onnxruntime-genai's builder writes "
+                "these ops so), or export with onnxmedic's own backend for a portable file.")
 
 
 def check_file(path: str | Path) -> list[Finding]:

@@ -44,8 +44,8 @@ __all__ = [
     "ort_model_type", "STATIC_OPS", "feed_reader", "is_convolutional",
     # the pipelines and how they run
     "DEFAULT_PASS_TIMEOUT", "CHILD", "STATIC_STEP", "QUANTIZE_STEPS", "Pipeline", "PipelineRun",
-    "default_pipelines", "is_static", "precision_error", "calibration_error", "run_passes",
-    "run_pipeline", "run_child", "step_error",
+    "default_pipelines", "is_static", "precision_error", "unused_precision", "calibration_error",
+    "run_passes", "run_pipeline", "run_child", "step_error",
 ]
 
 DEFAULT_PASS_TIMEOUT = 600.0
@@ -69,6 +69,19 @@ def precision_error(precision: str, target: str, flags: bool = False) -> str | N
     p, t, q = ("--precision ", "--target ", str) if flags else ("precision=", "target=", repr)
     return (f"{p}{q('int8')} is for {t}{q('cpu')} (ONNX Runtime's dynamic and weight-only int8 "
             f"kernels run on the CPU); use {p}{q('fp16')} for {t}{q(target)}")
+
+
+def unused_precision(precision: str, optimize: bool, flags: bool = False) -> str | None:
+    """Why export at ``precision`` fp16 or int8 without ``optimize`` is refused (None when it is
+    not): the precision is that of optimize's candidates, so the float32 model would be
+    written, verified, as if it had been honoured. Worded with the CLI's flags (``flags``) or
+    the API's arguments."""
+    if optimize or precision not in ("fp16", "int8"):
+        return None
+    p, o = ("--precision ", "--optimize") if flags else ("precision=", "optimize=True")
+    return (f"{p}{precision} takes effect with {o} (the fastest variant at {precision} that "
+            f"still verifies); without it the float32 model would be written. A generation "
+            f"package (text-generation-with-past) is made at {p}fp32 or {p}int4.")
 
 
 def calibration_error(precision: str, optimize: bool = True, flags: bool = False) -> str | None:
