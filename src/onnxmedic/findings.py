@@ -911,6 +911,14 @@ CODES: dict[str, CodeInfo] = {
         "cannot judge them, so the rest of the graph is checked around them instead of the "
         "file being rejected (OM501); ONNX Runtime runs it, other runtimes will refuse it.",
     ),
+    "OM740": CodeInfo(
+        "an encoder-decoder package has no optimized variant", 1,
+        "`onnxmedic optimize PACKAGE hf:CHECKPOINT` was given an encoder-decoder generation "
+        "package (encoder_model.onnx and decoder_with_past_model.onnx, as export hf: writes "
+        "T5, BART, Whisper): optimize fuses and quantizes decoder-only packages (model.onnx); "
+        "an encoder-decoder package is served as export wrote it, verified at float32. "
+        "Nothing is written.",
+    ),
     "OM742": CodeInfo(
         "int4 calibration text unusable", 1,
         "--precision int4 --calibration TEXT: the text cannot calibrate GPTQ or be measured "

@@ -2,8 +2,10 @@
 says: the folder written named as ``OUT`` (not the scratch folder it was built in), each
 finding once, and ``--json`` a JSON result on stdout as every other command gives.
 
-Defects found trying the documented commands as a new user (lane 82); the fixes belong in
-hf/transforms/package_cli.py (see the xfail reasons)."""
+Each test is a defect found trying the documented commands as a new user: findings said
+twice and --json ignored, the scratch folder named instead of OUT, an encoder-decoder package
+called "not a generation package", ``python -m onnxmedic.hf.stream``'s third-party lines and
+missing-checkpoint text, the builder's traceback quoted as OM838's message."""
 
 from __future__ import annotations
 
@@ -36,11 +38,6 @@ def exported(tmp_path_factory):
 
 
 @pytest.mark.slow  # the export and the fusion, each verified token by token (~40 s)
-@pytest.mark.xfail(strict=True, reason="package_cli.cli_package prints each fusion finding "
-                   "twice (package_precision's say=print, then _print of res.findings) and "
-                   "ignores --json (no JSON result on stdout); fix: with --json print "
-                   "json.dumps(res.to_dict()-like record of res.findings, res.ok, output) and "
-                   "say=None, else print the findings once")
 def test_fused_package_findings_once_and_json(exported, tmp_path, capsys):
     ckpt, pkg = exported
     capsys.readouterr()
@@ -53,12 +50,6 @@ def test_fused_package_findings_once_and_json(exported, tmp_path, capsys):
 
 
 @pytest.mark.slow  # the export, the fusion and one int4 candidate (~60 s)
-@pytest.mark.xfail(strict=True, reason="optimize PACKAGE --precision int4 names only scratch "
-                   "folders (.OUT.tmp-XXXX/fused, .OUT.tmp-XXXX/model.onnx) that are gone "
-                   "when it returns, never OUT; fix in hf/transforms/precision.py or "
-                   "package_cli.py: rewrite the staged path to OUT in the OM732/OM734 "
-                   "messages (or say them after replace_folder), and print OM819-like "
-                   "'int4 package written to OUT'")
 def test_int4_package_names_the_folder_written(exported, tmp_path, capsys, monkeypatch):
     from onnxmedic.optimize import int4_search
 
@@ -75,12 +66,6 @@ def test_int4_package_names_the_folder_written(exported, tmp_path, capsys, monke
 
 
 @pytest.mark.slow  # a child interpreter importing torch and transformers (~15 s)
-@pytest.mark.xfail(strict=True, reason="python -m onnxmedic.hf.stream (hf/stream.py's main) "
-                   "calls no noise.silence (torchao's 'Failed to load' and torch's pytree "
-                   "deprecation lines on stderr), and a missing checkpoint folder is "
-                   "transformers' 'Repo id must be in the form' with no finding code; fix: "
-                   "noise.silence() first in main, and resolve the folder with "
-                   "hf.checkpoint.resolve (OM800) before loading")
 def test_stream_module_missing_checkpoint_is_a_clear_finding(tmp_path):
     import subprocess
 
@@ -95,13 +80,6 @@ def test_stream_module_missing_checkpoint_is_a_clear_finding(tmp_path):
     assert "OM800" in p.stderr, p.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="package_cli.package_problem says an encoder-decoder "
-                   "package (encoder_model.onnx + decoder_with_past_model.onnx, as export "
-                   "hf: writes T5/BART/Whisper) 'is not a generation package: it holds no "
-                   "model.onnx'; fix there: when the folder holds encoder_model.onnx, say "
-                   "that optimize fuses and quantizes decoder-only packages and that an "
-                   "encoder-decoder package has no fused or int4 variant (as OM835 says for "
-                   "export --optimize)")
 def test_optimize_an_encoder_decoder_package_says_what_it_is(tmp_path, capsys):
     pkg = tmp_path / "t5"
     pkg.mkdir()
@@ -109,16 +87,10 @@ def test_optimize_an_encoder_decoder_package_says_what_it_is(tmp_path, capsys):
         (pkg / name).write_bytes(b"")
     rc = main(["optimize", str(pkg), "hf:unused", "-o", str(tmp_path / "out")])
     err = capsys.readouterr().err
-    assert rc == 1 and "not a generation package" not in err and "encoder-decoder" in err, err
+    assert rc == 1 and "OM740" in err and "not a generation package" not in err, err
 
 
 @pytest.mark.slow  # the builder's child process refusing GPT-2 (~15 s)
-@pytest.mark.xfail(strict=True, reason="OM838 quotes the builder's traceback lines ('File "
-                   "\".../torch/utils/_contextlib.py\", line 124, in decorate_context | return "
-                   "func(*args ...') to the user; fix in hf/builder.py where the child's "
-                   "stderr becomes the message: keep its last exception line ('NotImplementedError"
-                   ": The ... model is not currently supported.') and leave the traceback to "
-                   "the report")
 def test_builder_refusal_is_its_message_not_its_traceback(tmp_path):
     from onnxmedic.hf import builder, export_pretrained
 

@@ -338,11 +338,6 @@ def test_the_encoders_width_is_read_from_a_nested_config():
         hidden_size(SimpleNamespace(config=SimpleNamespace()))
 
 
-@pytest.mark.xfail(strict=True, reason="the encoder and decoder graphs' own verification rows "
-                   "name their outputs by the FX graph (clone_9, cat_2, linear_16 ...), names "
-                   "that are in no package graph; fix in hf/seq2seq.py: rename the comparisons "
-                   "of each graph's export (result.verification) to the package's names, as "
-                   "hf/generation.py does for decoders (logits, present.0.key ...)")
 def test_graph_verification_rows_name_the_package_outputs(bart):
     """docs/generation.md: the verification names the outputs as the package does."""
     _, _, result, pkg, _ = bart

@@ -122,11 +122,16 @@ class BuildJob:
         return f"it exited with {self.code}" + (f": {tail}" if tail else "")
 
     def log_tail(self) -> str:
+        """The builder's last log lines; when it ended in a Python traceback, the exception's
+        own lines only (its frames are not the user's to read)."""
         try:
-            lines = [ln.strip() for ln in self.log.read_text(errors="replace").splitlines()
-                     if ln.strip()]
+            raw = self.log.read_text(errors="replace").splitlines()
         except OSError:
             return ""
+        heads = [i for i, ln in enumerate(raw) if ln.startswith("Traceback (most recent call")]
+        if heads:  # frames and their source lines are indented; the exception is not
+            raw = [ln for ln in raw[heads[-1] + 1:] if ln[:1] not in ("", " ", "\t")]
+        lines = [ln.strip() for ln in raw if ln.strip()]
         return " | ".join(lines[-LOG_TAIL:])[:600]
 
     def kill(self) -> None:

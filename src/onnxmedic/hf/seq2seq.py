@@ -50,6 +50,7 @@ from onnxmedic.hf.generation import (
     building,
     merge_graph,
     no_folder,
+    package_names,
     package_result,
     rename_graph,
     save_graph,
@@ -227,9 +228,10 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
     for which, fname in (("encoder", ENCODER), ("decoder", DECODER)):
         proto = onnx.load(str(raw / fname))
         ins, outs = names[which]
-        rename_graph(proto, {**dict(zip([i.name for i in proto.graph.input], ins)),
-                             **dict(zip([o.name for o in proto.graph.output], outs))},
+        renamed = dict(zip([o.name for o in proto.graph.output], outs))
+        rename_graph(proto, {**dict(zip([i.name for i in proto.graph.input], ins)), **renamed},
                      "past_decoder_sequence_length", "total_decoder_sequence_length")
+        package_names(subs[which], renamed)  # its comparisons and findings in these names
         remove_dead(proto.graph)  # the encoder graph's copy of the decoder's weights
         save_graph(proto, tmp, fname)
     shutil.rmtree(raw)

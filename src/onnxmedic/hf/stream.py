@@ -336,8 +336,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("checkpoint")
     ap.add_argument("--steps", type=int, default=8)
     a = ap.parse_args(argv)
+    from onnxmedic import noise
+    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.hf.checkpoint import resolve
+
+    noise.silence()  # before transformers is imported: no third-party lines on stderr
     from transformers import AutoTokenizer
 
+    try:
+        resolve(a.checkpoint)  # OM800/OM801 before anything is loaded
+    except OnnxMedicError as e:
+        print(f"{e.finding.code} {e.finding.message}", file=sys.stderr)
+        return 1
     try:
         vocab = int(checked_config(a.checkpoint).vocab_size)
         tok = AutoTokenizer.from_pretrained(a.checkpoint)
@@ -345,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
                                prompt_ids(tok, list(DEFAULT_PROMPTS[:1]), vocab),
                                steps=a.steps)
     except (OSError, ValueError) as e:  # a folder that is not a streamable checkpoint
-        print(f"onnxmedic.hf.stream: {e}", file=sys.stderr)
+        said = str(e)
+        prog = "onnxmedic.hf.stream: "
+        print(said if said.startswith(prog) else prog + said, file=sys.stderr)
         return 1
     print(json.dumps({"ok": check.ok, "findings": [f"{f.code} {f.message}" for f in
                                                    check.findings],

@@ -9,7 +9,11 @@ checkpoint is the PyTorch model the package was exported from (a folder written 
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,13 +45,21 @@ def load_reference(spec: str) -> tuple[Any, Any]:
 
 
 def package_problem(folder: Path) -> Any:
-    """Why ``folder`` is not a decoder generation package that optimize can read: OM014 when
-    it holds no model.onnx, OM007 when that is not ONNX; None when it is one."""
+    """Why ``folder`` is not a decoder generation package that optimize can read: OM740 for an
+    encoder-decoder package, OM014 when it holds no model.onnx, OM007 when that is not ONNX;
+    None when it is one."""
     from onnxmedic.findings import error, listed
     from onnxmedic.hf.transforms.fuse_decoder import GRAPH
     from onnxmedic.onnxfile import load_onnx
 
     graph = folder / GRAPH
+    if not graph.is_file() and (folder / "encoder_model.onnx").is_file():
+        return error("OM740", "load", f"{str(folder)!r} is an encoder-decoder generation "
+                     "package (encoder_model.onnx, decoder_with_past_model.onnx): optimize "
+                     "fuses and quantizes decoder-only packages (model.onnx); an "
+                     "encoder-decoder package has no fused or int4 variant here.",
+                     suggestion="Serve the package as export hf: wrote it (it is verified "
+                     "at float32).")
     if not graph.is_file():
         held = sorted(p.name for p in folder.iterdir())
         return error("OM014", "load", f"{str(folder)!r} is not a generation package: it holds "
@@ -88,14 +100,40 @@ def cli_package(ns: Any) -> int:
         model, tok = load_reference(ns.model)
     except OnnxMedicError as err:
         return refuse(err.finding)
+    quiet = bool(getattr(ns, "json", False))
     res = package_precision(ns.onnx, ns.output, model, tok, ns.precision, budget=budget,
-                            threads=ns.threads, timeout=ns.timeout, say=print)
+                            threads=ns.threads, timeout=ns.timeout,
+                            say=None if quiet else print)
+    out = Path(ns.output)
+    for f in res.findings:  # the folder written is OUT, not the scratch folder it was built in
+        f.message = _staged_as_out(f.message, out)
+    if quiet:
+        print(json.dumps({"ok": res.ok, "path": str(out) if res.ok else None,
+                          "precision": ns.precision,
+                          "findings": [f.to_dict() for f in res.findings]}, indent=2,
+                         default=str))
+        return 0 if res.ok else 1
+    said: tuple[str, ...] = ()
     if res.int4 is not None and res.int4.search is not None:
-        print_result(res.int4.search)
-    # with int4, OM734/OM735 were said before it ran, and OM730-OM732 are in its table
-    said = ("OM730", "OM731", "OM732", "OM734", "OM735") if res.int4 is not None else ()
+        table = io.StringIO()
+        with contextlib.redirect_stdout(table):  # its table (OM730's rejections), findings
+            print_result(res.int4.search)
+        print(_staged_as_out(table.getvalue(), out), end="")
+        # OM734/OM735 were said before int4 ran (package_precision's say line)
+        said = tuple({f.code for f in res.int4.search.findings()}) + (
+            "OM734", "OM735")
     _print([f for f in res.findings if f.code not in said])
+    if res.ok:
+        print(f"{ns.precision} generation package written to {out}: "
+              f"{', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0 if res.ok else 1
+
+
+def _staged_as_out(message: str, out: Path) -> str:
+    """``message`` with the scratch folder ``onnxfile.staged`` made beside ``out``
+    (``.OUT.tmp-XXXX``, gone once the package is in place) named as ``out``."""
+    return re.sub(re.escape(str(out.parent / f".{out.name}.tmp-")) + r"[^/\s]+",
+                  str(out).replace("\\", "\\\\"), message)
 
 
 def _print(findings: list[Any]) -> None:

@@ -93,14 +93,14 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
         res.fused = fuse_package(folder, work / "fused", model, tokenizer, timeout=timeout)
         src = work / "fused" if res.fused.ok else folder
         verdict = [f for f in res.fused.findings if f.code in ("OM734", "OM735")]
+        for f in verdict:  # the fusion's verdict, on the package int4 started from
+            f.message = f.message.replace(str(work / "fused"), f"{out} (before int4)")
         if say is not None:
             said = "; ".join(f.message for f in verdict)
             say(f"int4 of the {'fused' if res.fused.ok else 'plain'} package ({said})")
         res.int4 = int4_package(src, out, model, tokenizer, budget=budget, grid=grid,
                                 search=search, threads=threads, timeout=timeout)
-        for f in verdict:  # the fusion's verdict, on the package int4 started from
-            f.message = f.message.replace(str(work / "fused"), f"{out} (before int4)")
-            res.findings.append(f)
+        res.findings.extend(verdict)
     res.findings.extend(res.int4.findings)
     res.ok, res.path = res.int4.ok, res.int4.path
     return res
