@@ -460,10 +460,18 @@ def test_fused_package_with_a_fault_is_rejected(llama, tmp_path, fault):
 
 
 def test_package_without_its_model_is_refused(llama, tmp_path, capsys):
+    """No checkpoint folder: OM800, as export hf: says it; a checkpoint that is no causal LM
+    (an encoder-decoder's): OM737. Nothing is written either way."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
     from onnxmedic.cli import main
 
     rc = main(["optimize", str(llama[3]), f"hf:{tmp_path / 'nowhere'}", "-o",
                str(tmp_path / "out")])
+    assert rc == 1 and "OM800" in capsys.readouterr().err
+    T5ForConditionalGeneration(T5Config(d_model=16, d_ff=32, num_layers=1, num_heads=2,
+                                        d_kv=8, vocab_size=64)).save_pretrained(tmp_path / "t5")
+    rc = main(["optimize", str(llama[3]), f"hf:{tmp_path / 't5'}", "-o", str(tmp_path / "out")])
     assert rc == 1 and "OM737" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 

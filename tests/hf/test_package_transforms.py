@@ -6,6 +6,7 @@ verified; tasks and flags it does not serve are refused with a finding or a usag
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -105,6 +106,22 @@ def test_export_int4_flags_that_do_not_go(argv, said, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"precision": "fp16"}, "precision=fp16 takes effect with optimize=True"),
+    ({"precision": "int8"}, "precision=int8 takes effect with optimize=True"),
+    ({"task": "text-generation-with-past", "target": "cuda"}, "target='cpu' here, not 'cuda'"),
+])
+def test_export_pretrained_refuses_what_it_would_not_honour(kwargs, said, tmp_path):
+    """The API refuses, before loading anything, a precision without optimize (the float32
+    package would be written as if honoured) and a generation package for another target
+    (it would be a CPU one): the CLI's usage errors, for API callers."""
+    import onnxmedic
+
+    with pytest.raises(ValueError, match=re.escape(said)):
+        onnxmedic.export_pretrained(str(tmp_path / "missing"), tmp_path / "out", **kwargs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int8"])

@@ -57,6 +57,18 @@ def _check_args(model: Any, task: Any, dtype: Any, dynamic: Any, options: dict[s
     if unknown:
         raise TypeError(f"onnxmedic.export_pretrained: unexpected keyword argument(s) "
                         f"{', '.join(sorted(unknown))}")
+    from onnxmedic.optimize.passes import unused_precision
+
+    if bad := unused_precision(options.get("precision") or "fp32", bool(options.get("optimize"))):
+        raise ValueError(f"onnxmedic.export_pretrained: {bad}")
+
+
+def _cpu_package(task: str | None, target: str) -> None:
+    """A generation package is a CPU package here: ValueError for another ``target`` (the
+    package written would not be one for it)."""
+    if task in GENERATION and target != "cpu":
+        raise ValueError(f"onnxmedic.export_pretrained: a generation package ({task}) is made "
+                         f"for target='cpu' here, not {target!r}")
 
 
 def export_pretrained(
@@ -97,6 +109,7 @@ def export_pretrained(
     ``options``: further :func:`onnxmedic.export` options (timeout, tolerance, ...).
     """
     _check_args(model, task, dtype, dynamic, options)
+    _cpu_package(task, target)
     chosen = Backend(backend)
     result = ExportResult(command="export", model=spec_name(model), stages=stages_of(STAGE))
     from onnxmedic.report.files import report_path_problem
@@ -119,6 +132,7 @@ def export_pretrained(
 
         return report_to(result.fail(STAGE, int4_not_for(loaded.task)), report)
     if loaded.task in GENERATION:
+        _cpu_package(loaded.task, target)
         from_folder = loaded.ckpt is not None and not isinstance(model, torch.nn.Module)
         refused = chosen.refusal(loaded.task, loaded.build_job, loaded.spec, from_folder)
         if refused is not None:
