@@ -57,9 +57,9 @@ def _check_args(model: Any, task: Any, dtype: Any, dynamic: Any, options: dict[s
     if unknown:
         raise TypeError(f"onnxmedic.export_pretrained: unexpected keyword argument(s) "
                         f"{', '.join(sorted(unknown))}")
-    from onnxmedic.optimize.passes import unused_precision
+    from onnxmedic.hf.transforms.precision import unhonoured_precision
 
-    if bad := unused_precision(options.get("precision") or "fp32", bool(options.get("optimize"))):
+    if bad := unhonoured_precision(options):
         raise ValueError(f"onnxmedic.export_pretrained: {bad}")
 
 

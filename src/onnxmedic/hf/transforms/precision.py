@@ -46,6 +46,15 @@ def precision_problem(precision: str, target: str = "cpu", flags: bool = True) -
     return None
 
 
+def unhonoured_precision(options: dict[str, Any]) -> str | None:
+    """export_pretrained's ``precision`` fp16/int8 without ``optimize`` (optimize/passes'
+    :func:`~onnxmedic.optimize.passes.unused_precision`, in the API's words): why it would not
+    be honoured, None when it would."""
+    from onnxmedic.optimize.passes import unused_precision
+
+    return unused_precision(options.get("precision") or "fp32", bool(options.get("optimize")))
+
+
 def int4_not_for(task: str) -> Any:
     """OM840: ``precision="int4"`` asked for a task whose export it does not serve."""
     from onnxmedic.findings import error
