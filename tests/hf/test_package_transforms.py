@@ -34,9 +34,24 @@ ROADS = ("export-int4", "optimize-int4")  # export hf:X --precision int4; export
 BUILDER_XFAIL = {
     "gemma2": "the builder's sliding-window GroupQueryAttention needs a KV buffer of the "
               "window's capacity at the first step; onnxmedic's own loop feeds an empty past"}
+BUILDER_XFAIL["llama"] = (
+    "the builder's package of the linear-rope-scaled (factor 2) llama does not verify: its "
+    "logits are outside the float64 budget at the first step (OM812, then OM838)")
+# packages onnxruntime-genai cannot load (no genai_config.json); the int4 road is judged by genai
+NO_GENAI = {
+    "deepseek_v3": "MLA's keys and values differ in head size, so the package has no "
+                   "genai_config.json (OM820): the fusion (OM735) and int4 (OM736) are refused "
+                   "since onnxruntime-genai cannot open the folder",
+    **dict.fromkeys(("lfm2", "falcon_h1", "mamba"),
+                    "a cache of convolution/state-space states has no genai_config.json "
+                    "(OM829), and the int4 road's PyTorch reference (int4_package.py's decoder "
+                    "call into hf/generation.py's wrapper) builds a DynamicCache of key/value "
+                    "pairs from it: OM009 internal error (IndexError for lfm2, 'Cannot get conv "
+                    "state' for mamba and falcon_h1), exit 3")}
 # (family, backend, road) -> why it fails today (None: any road, any backend)
 XFAIL: dict[tuple[str, str | None, str | None], str] = {
-    **{(f, "builder", None): why for f, why in BUILDER_XFAIL.items()}}
+    **{(f, "builder", None): why for f, why in BUILDER_XFAIL.items()},
+    **{(f, "export", None): why for f, why in NO_GENAI.items()}}
 
 
 def _xfail(family: str, backend: str, road: str) -> str | None:
@@ -103,7 +118,7 @@ def _int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys,
         rc = main([*export, "-o", str(pkg), "--json"])
         printed = capsys.readouterr()
         assert rc == 0, _failure(printed.out) + printed.err[-2000:]
-        assert (pkg / "genai_config.json").is_file() and not made
+        assert (pkg / "model.onnx").is_file() and not made
         argv, left = ["optimize", str(pkg), f"hf:{folder}", "--no-progress", *int4], left + ["pkg"]
     else:
         argv = [*export, *int4, "--json"]
@@ -130,7 +145,7 @@ def test_export_precision_int4_in_one_command(tmp_path, monkeypatch, capsys):
     _int4("qwen2", "export", tmp_path, monkeypatch, capsys)
 
 
-@pytest.mark.slow  # the whole zoo: ~30-60 s a case; a subset with -k (e.g. SLOW_FAMILIES)
+@pytest.mark.slow  # the whole zoo: ~15-60 s a case; a subset with -k "qwen3 or phi3"
 @pytest.mark.parametrize("road, family, backend", CASES)
 def test_int4_over_the_zoo_both_backends_both_roads(road, family, backend, tmp_path,
                                                     monkeypatch, capsys):
