@@ -298,3 +298,35 @@ def test_builder_state_package_sizes_its_keys_not_its_states(tmp_path):
     layout = gp.read_package(tmp_path)
     assert layout.sizes_from.endswith("genai_config.json") and not layout.unsized()
     assert [p.shape for p in layout.empty_past()] == [(1, 1, 0, 1), (1, 1, 0, 1), (1, 3, 2)]
+
+
+def test_a_package_the_transforms_cannot_take_is_said_before_any_work_om741(tmp_path, capsys):
+    """optimize PACKAGE: a package without genai_config.json (every transform is judged by
+    onnxruntime-genai), and at int4 a package with state caches (LFM2, Mamba: the int4
+    reference crashed with an internal error, OM009), are OM741 before the checkpoint is read
+    (it does not exist here); nothing is written, no traceback. With the config and no
+    states, the road goes on to the checkpoint (OM800: missing)."""
+    from onnxmedic.cli import main
+
+    plain, states = tmp_path / "plain", tmp_path / "states"
+    plain.mkdir()
+    states.mkdir()
+    _cache_graph(plain / "model.onnx", gp.cache_names(1), gp.cache_names(1, present=True))
+    _state_graph(states / "model.onnx")
+    (states / "genai_config.json").write_text('{"model": {"decoder": {}}}')
+
+    def run(pkg: Path, precision: str) -> tuple[int, str]:
+        rc = main(["optimize", str(pkg), f"hf:{tmp_path / 'ckpt'}", "--precision", precision,
+                   "-o", str(tmp_path / "out")])
+        out, err = capsys.readouterr()
+        assert "Traceback" not in out + err
+        return rc, out + err
+
+    for precision in ("int4", "fp32"):
+        rc, said = run(plain, precision)
+        assert rc == 1 and "OM741" in said and "genai_config.json" in said, said
+    rc, said = run(states, "int4")
+    assert rc == 1 and "OM741" in said and "past.0.conv" in said, said
+    rc, said = run(states, "fp32")  # fusion takes state packages: on to the checkpoint
+    assert rc == 1 and "OM741" not in said and "OM800" in said, said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain", "states"]

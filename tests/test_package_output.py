@@ -145,8 +145,13 @@ def test_optimize_package_names_what_is_wrong_with_the_checkpoint(tmp_path, caps
     ckpt = tmp_path / "ckpt"
     if make == "no-weights":
         _config(tmp_path, "Qwen2ForCausalLM", "qwen2").rename(ckpt)
-    rc = cli.main(["optimize", str(_package(tmp_path)), f"hf:{ckpt}", "-o",
-                   str(tmp_path / "out")])
+    from onnxmedic import genpackage as gp
+    from tests.test_genpackage import _cache_graph
+
+    pkg = tmp_path / "pkg"  # a package the contract reads: the checkpoint is what is wrong
+    _cache_graph(pkg / "model.onnx", gp.cache_names(1), gp.cache_names(1, present=True))
+    (pkg / "genai_config.json").write_text("{}")
+    rc = cli.main(["optimize", str(pkg), f"hf:{ckpt}", "-o", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert rc == 1 and "OM800" in err and "Repo id" not in err, err
     assert not (tmp_path / "out").exists()

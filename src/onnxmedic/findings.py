@@ -919,6 +919,15 @@ CODES: dict[str, CodeInfo] = {
         "an encoder-decoder package is served as export wrote it, verified at float32. "
         "Nothing is written.",
     ),
+    "OM741": CodeInfo(
+        "package cannot be transformed here", 1,
+        "optimize PACKAGE --precision fp32|int4, or export hf:... --precision int4: the "
+        "package cannot be made at that precision here, said before any work: it has no "
+        "genai_config.json (onnxruntime-genai cannot serve it, and every transformed package "
+        "is judged by onnxruntime-genai generating from it), or, for int4, its cache holds "
+        "convolution or state-space states (LFM2, Mamba, Falcon-H1), which the task budget's "
+        "PyTorch reference does not feed. Nothing is written; the float32 package stands.",
+    ),
     "OM742": CodeInfo(
         "int4 calibration text unusable", 1,
         "--precision int4 --calibration TEXT: the text cannot calibrate GPTQ or be measured "

@@ -129,8 +129,6 @@ def main(ns: argparse.Namespace) -> int:
         return refuse(unwritable)
     if folder and ns.output and (bad := package_output_problem(ns.output, "load")) is not None:
         return refuse(bad)  # a package replaces the whole folder: never the user's files
-    if folder and (bad := _checkpoint_problem(ns.model)) is not None:
-        return refuse(bad)
     with live_line(f"optimize {ns.onnx} ({ns.precision}, {ns.target})",
                    enabled=not ns.no_progress and sys.stderr.isatty()):
         if folder:
@@ -142,23 +140,6 @@ def main(ns: argparse.Namespace) -> int:
 
             return cli_main(ns)
         return _optimize_file(ns)
-
-
-def _checkpoint_problem(spec: str) -> Any:
-    """Why the checkpoint folder of ``optimize PACKAGE hf:FOLDER`` is not one, as ``export
-    hf:`` says it (OM800: missing, no config.json, no weights), before anything is loaded;
-    None for a checkpoint, or a hub id (fetched where the model is loaded)."""
-    from onnxmedic.findings import OnnxMedicError
-    from onnxmedic.hf.checkpoint import resolve, strip_prefix
-
-    ref = strip_prefix(spec)
-    if not (Path(ref).expanduser().exists() or ref.startswith((".", "/", "~"))):
-        return None
-    try:
-        resolve(spec)
-    except OnnxMedicError as e:
-        return e.finding
-    return None
 
 
 def _optimize_file(ns: argparse.Namespace) -> int:

@@ -44,6 +44,23 @@ def load_reference(spec: str) -> tuple[Any, Any]:
     return model, tok
 
 
+def checkpoint_problem(spec: str) -> Any:
+    """Why the checkpoint folder of ``optimize PACKAGE hf:FOLDER`` is not one, as ``export
+    hf:`` says it (OM800: missing, no config.json, no weights), before anything is loaded;
+    None for a checkpoint, or a hub id (fetched where the model is loaded)."""
+    from onnxmedic.findings import OnnxMedicError
+    from onnxmedic.hf.checkpoint import resolve, strip_prefix
+
+    ref = strip_prefix(spec)
+    if not (Path(ref).expanduser().exists() or ref.startswith((".", "/", "~"))):
+        return None
+    try:
+        resolve(spec)
+    except OnnxMedicError as e:
+        return e.finding
+    return None
+
+
 def package_problem(folder: Path) -> Any:
     """Why ``folder`` is not a decoder generation package that optimize can read: OM740 for an
     encoder-decoder package, OM014 when it holds no model.onnx, OM007 when that is not ONNX;
@@ -76,7 +93,11 @@ def cli_package(ns: Any) -> int:
     from onnxmedic.findings import OnnxMedicError, refuse
     from onnxmedic.genpackage import NotAStep, read_package
     from onnxmedic.hf.transforms.int4_package import not_fed
-    from onnxmedic.hf.transforms.precision import package_precision, precision_problem
+    from onnxmedic.hf.transforms.precision import (
+        package_precision,
+        precision_problem,
+        transform_problem,
+    )
     from onnxmedic.optimize import int4
     from onnxmedic.optimize.int4_search import print_result
 
@@ -96,6 +117,11 @@ def cli_package(ns: Any) -> int:
     except NotAStep as e:
         _print([not_fed(Path(ns.onnx), e)])
         return 1
+    if (bad := transform_problem(Path(ns.onnx), ns.precision)) is not None:
+        _print([bad])  # before the checkpoint is loaded
+        return 1
+    if (bad := checkpoint_problem(ns.model)) is not None:
+        return refuse(bad)  # after the package's own checks, before anything is loaded
     try:
         model, tok = load_reference(ns.model)
     except OnnxMedicError as err:

@@ -46,6 +46,31 @@ def precision_problem(precision: str, target: str = "cpu", flags: bool = True) -
     return None
 
 
+def transform_problem(folder: Path, precision: str) -> Any:
+    """OM741 when the package at ``folder`` cannot be made at ``precision`` here, before any
+    work: it has no genai_config.json (every transform is judged by onnxruntime-genai
+    generating from it: the export said why it has none), or, for int4, its cache holds
+    convolution or state-space states (the task budget's PyTorch reference feeds key/value
+    caches only). None when it can."""
+    from onnxmedic.findings import error
+    from onnxmedic.genpackage import read_package
+
+    why = None
+    if not (folder / "genai_config.json").is_file():
+        why = ("it has no genai_config.json: onnxruntime-genai cannot serve it (its export "
+               "said why, OM820/OM829), and a transformed package is judged by onnxruntime-genai "
+               "generating from it")
+    elif precision == "int4" and (states := read_package(folder).states):
+        why = (f"its cache holds states ({', '.join(s.name for s in states[:2])}"
+               f"{' ...' if len(states) > 2 else ''}): the int4 task budget's PyTorch "
+               "reference feeds key/value caches only")
+    if why is None:
+        return None
+    return error("OM741", "preflight", f"{folder} cannot be made {precision} here: {why}; "
+                 "nothing was written.", suggestion="Serve the package as export hf: wrote "
+                 "it (verified at float32).")
+
+
 def unhonoured_precision(options: dict[str, Any]) -> str | None:
     """export_pretrained's ``precision`` fp16/int8 without ``optimize`` (optimize/passes'
     :func:`~onnxmedic.optimize.passes.unused_precision`, in the API's words): why it would not
@@ -92,6 +117,9 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
         read_package(folder).empty_past()
     except NotAStep as e:
         res.findings.append(not_fed(folder, e))
+        return res
+    if (bad := transform_problem(folder, precision)) is not None:
+        res.findings.append(bad)
         return res
     if precision == "fp32":
         res.fused = fuse_package(folder, out, model, tokenizer, timeout=timeout)
