@@ -76,13 +76,17 @@ def test_the_command_refuses_a_folder_it_cannot_stream(bf16, tmp_path, capsys):
     folder = _gpt2_folder(tmp_path)
     assert stream.main([str(tmp_path / "pkg"), str(folder)]) == 1
     assert "cannot be streamed" in capsys.readouterr().err
+    assert stream.main([str(tmp_path / "pkg"), str(tmp_path / "missing")]) == 1
+    assert "OM800" in capsys.readouterr().err  # not a checkpoint: said before loading
 
 
 def _gpt2_folder(root: Path) -> Path:
-    from transformers import AutoConfig
+    """A checkpoint (config and weights) of a family hf/stream.py has no layout for."""
+    from transformers import AutoConfig, GPT2LMHeadModel
 
     folder = root / "gpt2"
-    AutoConfig.for_model("gpt2", n_layer=1, n_embd=8, n_head=2).save_pretrained(folder)
+    GPT2LMHeadModel(AutoConfig.for_model("gpt2", n_layer=1, n_embd=8, n_head=2,
+                                         vocab_size=64)).save_pretrained(folder)
     return folder
 
 
