@@ -68,6 +68,132 @@ def test_the_streamed_int4_package_is_written_and_served(bf16, package, tmp_path
     assert int4.rounding_problem(package / "model.onnx", tmp_path / "out" / "model.onnx") is None
 
 
+def _sequential(folder, out, budget):
+    """The figures of the road that ran one check after the other: ONNX Runtime decoding
+    greedily on its own (a cache, step by step) and scoring the text in one child, then
+    PyTorch's streamed passes along its tokens and over the text's windows."""
+    from onnxmedic.genpackage import read_package
+    from onnxmedic.hf.stream import checked_config
+
+    budget = int4.parse_budget(budget)
+    data = stream_int4.task_data(folder, budget.prompts, checked_config(folder).vocab_size)
+    got = int4.score_onnx(out / "model.onnx", data, budget.steps, None,
+                          layout=read_package(out))
+    ref = {"tokens": stream_int4.torch_picks(folder, data.prompts, got["tokens"]),
+           "perplexity": stream_int4.torch_perplexity(folder, data.text)}
+    return got["tokens"], int4.judge(ref, {**got, "picks": got["tokens"]}, budget)
+
+
+@pytest.mark.slow  # the builder's package, then both roads' generation and PyTorch passes
+def test_the_overlapped_checks_give_the_sequential_roads_figures(bf16, package, tmp_path):
+    """genai generating beside ONNX Runtime's text scoring, ONNX Runtime confirming genai's
+    tokens in one prefill per prompt beside PyTorch's pass along them: the same tokens,
+    greedy agreement and perplexities as ONNX Runtime decoding on its own, then PyTorch."""
+    folder, _model = bf16
+    res = stream_int4.int4_streamed(package, folder, tmp_path / "out", budget=LOOSE)
+    assert res.ok, [f.message for f in res.findings]
+    assert "genai+onnx-windows" in res.seconds and "onnx" not in res.seconds
+    tokens, figures = _sequential(folder, tmp_path / "out", LOOSE)
+    assert res.tokens_onnx == res.tokens_genai == tokens
+    assert res.figures == figures
+
+
+def _genai_says(monkeypatch, edit):
+    """onnxruntime-genai's tokens, as the road reads them from its child, passed through
+    ``edit(tokens)``."""
+    from onnxmedic.hf import gen_verify
+
+    real = gen_verify.finish_genai_child
+
+    def finish(*a, **k):
+        out = real(*a, **k)
+        if out is not None:
+            out = {**out, "tokens": edit([list(t) for t in out["tokens"]])}
+        return out
+
+    monkeypatch.setattr(gen_verify, "finish_genai_child", finish)
+
+
+@pytest.mark.slow  # the builder's package, generation in ONNX Runtime, PyTorch and genai
+def test_genai_tokens_that_are_not_onnx_runtimes_are_refused(bf16, package, tmp_path,
+                                                            monkeypatch):
+    """genai's second prompt's fourth token changed: ONNX Runtime's prefill does not pick
+    it, its step-by-step decode decides (its own tokens, judged by the budget along them),
+    and genai's differ from them: OM736, nothing written."""
+    folder, _model = bf16
+
+    def edit(tokens):
+        tokens[1][3] = (tokens[1][3] + 1) % 384
+        return tokens
+
+    _genai_says(monkeypatch, edit)
+    res = stream_int4.int4_streamed(package, folder, tmp_path / "out", budget=LOOSE)
+    assert not res.ok and not (tmp_path / "out").exists()
+    assert [f.code for f in res.findings] == ["OM736"]
+    assert "at step 3" in res.findings[0].message
+    assert res.decoded == [1] and res.tokens_genai[1] != res.tokens_onnx[1]
+    assert res.tokens_genai[0] == res.tokens_onnx[0]
+    assert res.figures["agreement"] >= 0.6  # judged along ONNX Runtime's own tokens
+
+
+@pytest.mark.slow  # the builder's package, generation in ONNX Runtime, PyTorch and genai
+def test_a_prefill_pick_the_decode_does_not_make_is_no_disagreement(bf16, package, tmp_path,
+                                                                   monkeypatch):
+    """ONNX Runtime's prefill picks made to differ from genai's tokens (a near tie between
+    the prefill's kernels and the decode's): the step-by-step decode decides, gives genai's
+    tokens, and the package is written (no OM736), its figures the sequential road's."""
+    folder, _model = bf16
+
+    def in_process(path, data, steps, reference, *, layout=None, given=None, **_):
+        """score_onnx in this process, with prefill picks one token off."""
+        monkeypatch.setattr(int4, "prefill_picks",
+                            lambda step, past0, prompt, tokens: [t + 1 for t in tokens])
+        step = int4.ort_step(str(path), 1, layout)
+        return {"ok": True, **int4.score(step, layout.empty_past(), data, steps, reference,
+                                         given)}
+
+    monkeypatch.setattr(int4, "score_onnx", in_process)
+    seen = []
+    _genai_says(monkeypatch, lambda t: seen.append(t) or t)
+    res = stream_int4.int4_streamed(package, folder, tmp_path / "out", budget=LOOSE)
+    assert res.ok, [f.message for f in res.findings]
+    assert res.decoded == [0, 1] and seen and res.tokens_onnx == res.tokens_genai == seen[0]
+    monkeypatch.undo()
+    tokens, figures = _sequential(folder, tmp_path / "out", LOOSE)
+    assert res.tokens_onnx == tokens and res.figures == figures
+
+
+def test_onnx_runtimes_greedy_tokens_confirmed_or_decoded():
+    """optimize/int4.greedy on a step function whose prefill and decode differ where told:
+    given tokens equal to its prefill picks are its tokens, nothing decoded; given tokens it
+    would not pick are replaced by its decode's; a prefill pick off where the decode agrees
+    is decided by the decode (the given tokens kept, decoded)."""
+    vocab, off = 16, set()
+
+    def step(ids, past):
+        """The next token is (the last + 3) % vocab; positions in ``off`` (of a prefill of
+        several tokens) pick one more."""
+        n = past[0].shape[0] + ids.shape[1]
+        logits = np.zeros((1, ids.shape[1], vocab), np.float32)
+        for i, t in enumerate(ids[0]):
+            pos = n - ids.shape[1] + i
+            logits[0, i, (int(t) + 3 + (ids.shape[1] > 1 and pos in off)) % vocab] = 1
+        return logits, [np.zeros(n)]
+
+    past0, prompt = [np.zeros(0)], [1, 2]
+    want = int4.generate(step, past0, prompt, 4)
+    assert want == [5, 8, 11, 14]
+    assert int4.greedy(step, past0, prompt, 4, want) == (want, False)
+    assert int4.greedy(step, past0, prompt, 4, [5, 8, 12, 15]) == (want, True)
+    assert int4.greedy(step, past0, prompt, 4, want[:3]) == (want, True)  # genai stopped
+    off.add(3)  # the prefill's pick after the second token is off, the decode's is not
+    assert int4.prefill_picks(step, past0, prompt, want) != want
+    assert int4.greedy(step, past0, prompt, 4, want) == (want, True)
+    got = int4.score(step, past0, int4.TaskData([prompt, [3]], []), 4, given=[want, None])
+    assert got["tokens"] == [want, int4.generate(step, past0, [3], 4)]
+    assert got["decoded"] == [0, 1]
+
+
 def test_the_quantization_is_the_quantizers_own(matmul_package, tmp_path):
     """One weight at a time, the same blocks and scales as ONNX Runtime's quantizer over the
     whole file (optimize/int4.py's RTN candidate at block 32, accuracy level 4)."""
@@ -108,7 +234,7 @@ def test_a_corrupted_block_or_a_wrong_scale_is_refused(bf16, matmul_package, tmp
     assert not res.ok and not (tmp_path / "out").exists()
     assert [f.code for f in res.findings] == ["OM870"]
     assert "down_proj" in res.findings[0].message
-    assert "onnx" not in res.seconds  # refused before the task was run
+    assert set(res.seconds) == {"quantize", "rounding"}  # refused before the task was run
 
 
 @pytest.mark.slow  # the builder's package, ONNX Runtime's generation and PyTorch's pass
@@ -154,8 +280,10 @@ def test_export_int4_at_size_streams_without_loading_the_model(bf16, package, tm
     assert res.ok, [f.message for f in res.findings]
     assert res.stages == {"export": "passed", "optimize": "passed"}
     assert any(f.code == "OM819" and "judged streamed" in f.message for f in res.findings)
-    assert "int4 write" in res.timings  # the writer's road (int4_writer), no float32 package
-    assert {"int4 write cpu", "int4 torch cpu"} <= set(res.timings)  # CPU seconds beside
+    # the writer's road (int4_writer), no float32 package, with PyTorch's perplexity beside
+    assert "int4 write+torch-windows" in res.timings
+    assert {"int4 write+torch-windows cpu", "int4 onnx-confirm+torch-picks cpu"} <= set(
+        res.timings)  # CPU seconds beside the wall seconds
     assert (tmp_path / "out" / "genai_config.json").is_file()
     assert (tmp_path / "out" / "config.json").is_file()
     assert (tmp_path / "r.json").is_file()

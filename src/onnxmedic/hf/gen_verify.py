@@ -439,14 +439,19 @@ def localize_step(check: GenerationCheck, path: Path, program: Any,
             check.findings.append(f)
 
 
-def genai_spec(folder: Path, prompts: list[list[int]], steps: int) -> str:
+def genai_spec(folder: Path, prompts: list[list[int]], steps: int,
+               threads: int | None = None) -> str:
     """The genai child's JSON spec for ``folder``: its session packs the weights only where
-    the graph has quantized ones (:func:`quantized_weights`), like the own loop's."""
+    the graph has quantized ones (:func:`quantized_weights`), like the own loop's;
+    ``threads``: its session's intra-op threads (None: the package's genai_config says)."""
     try:
         prepack = quantized_file(decoder_graph(folder))
     except Exception:  # noqa: BLE001 - unreadable here: the child says why, packed as served
         prepack = True
-    return json.dumps({"prompts": prompts, "steps": steps, "prepack": prepack})
+    spec: dict[str, Any] = {"prompts": prompts, "steps": steps, "prepack": prepack}
+    if threads is not None:
+        spec["threads"] = threads
+    return json.dumps(spec)
 
 
 def genai_available() -> bool:
@@ -532,8 +537,14 @@ def genai_tokens(run: ChildRun, check: GenerationCheck, steps: int, timeout: flo
     differ, OM816 where it failed): fewer tokens are a stop at one of ``eos`` (None: at any
     token), ``what`` names the generation's items (prompts, an encoder-decoder's inputs)."""
     out = finish_genai_child(run, timeout, check)
-    if out is None:
-        return
+    if out is not None:
+        genai_compare(check, out, eos, what)
+
+
+def genai_compare(check: GenerationCheck, out: dict[str, Any], eos: set[int] | None,
+                  what: str = "prompt") -> None:
+    """The genai child's result ``out`` (:func:`finish_genai_child`'s) against
+    check.tokens_torch, as :func:`genai_tokens` judges it (OM814 where they differ)."""
     check.tokens_genai = out["tokens"]
     check.seconds["genai_generate"] = out["seconds"]
     for p, (got, want) in enumerate(zip(out["tokens"], check.tokens_torch)):

@@ -7,7 +7,8 @@ Run as ``python genai_child.py FOLDER SPEC_JSON``; SPEC_JSON: {"steps": N, and e
 input_features, one input each], "input": the encoder graph's input name, "start": the
 decoder's start token (an encoder-decoder: each input's features set, then the start token);
 "prepack": bool (optional, default true; false: the decoder's session packs no weights,
-session.disable_prepacking - gen_verify.quantized_weights says when)}. Prints {"tokens":
+session.disable_prepacking - gen_verify.quantized_weights says when), "threads": n (optional:
+the decoder session's intra-op threads, where the caller runs another process beside)}. Prints {"tokens":
 [[ids]], "seconds": s, "generated": n, "version": v} as JSON on stdout.
 Imports only onnxruntime_genai (and numpy for features; never torch or onnxmedic).
 """
@@ -20,12 +21,16 @@ import time
 from typing import Any
 
 
-def _model(og: Any, folder: str, prepack: bool) -> Any:
-    if prepack:
+def _model(og: Any, folder: str, prepack: bool, threads: int | None = None) -> Any:
+    options: dict[str, Any] = {}
+    if not prepack:
+        options["session.disable_prepacking"] = "1"
+    if threads is not None:
+        options["intra_op_num_threads"] = int(threads)
+    if not options:
         return og.Model(folder)
     config = og.Config(folder)
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-        "session.disable_prepacking": "1"}}}}))
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
     return og.Model(config)
 
 
@@ -33,7 +38,7 @@ def main() -> None:
     import onnxruntime_genai as og
 
     folder, spec = sys.argv[1], json.loads(sys.argv[2])
-    model = _model(og, folder, spec.get("prepack", True))
+    model = _model(og, folder, spec.get("prepack", True), spec.get("threads"))
     features = "features" in spec
     tokens, seconds, generated = [], 0.0, 0
     for item in spec["features"] if features else spec["prompts"]:

@@ -229,16 +229,48 @@ def forced(step: Step, past0: list[np.ndarray], prompt: list[int], ref: list[int
     return picks
 
 
+def prefill_picks(step: Step, past0: list[np.ndarray], prompt: list[int],
+                  tokens: list[int]) -> list[int]:
+    """Teacher-forced greedy picks in one run: ``prompt`` and ``tokens`` (but the last) fed
+    at once from ``past0`` (the prefill path), the token ``step`` picks after the prompt and
+    after each of ``tokens``' prefixes."""
+    if not tokens:
+        return []
+    logits, _ = step(np.asarray([prompt + tokens[:-1]], np.int64), past0)
+    return [int(t) for t in np.argmax(logits[0, len(prompt) - 1:], -1)]
+
+
+def greedy(step: Step, past0: list[np.ndarray], prompt: list[int], steps: int,
+           given: list[int] | None) -> tuple[list[int], bool]:
+    """``step``'s greedy ``steps`` tokens after ``prompt``, and whether they were decoded.
+    ``given``: tokens that another runtime generated from the same decoder (onnxruntime-genai);
+    where ``step``'s prefill picks along them (:func:`prefill_picks`) are those very tokens,
+    they are its greedy tokens (each pick follows the same prefix as in :func:`generate`) and
+    nothing is decoded; else :func:`generate` decides, one cached step at a time, so that a
+    near tie between the prefill's kernels and the decode's is settled by the decode path,
+    as generation takes it."""
+    if given is not None and len(given) == steps and \
+            prefill_picks(step, past0, prompt, given) == given:
+        return list(given), False
+    return generate(step, past0, prompt, steps), True
+
+
 def score(step: Step, past0: list[np.ndarray], data: TaskData, steps: int,
-          reference: list[list[int]] | None = None) -> dict[str, Any]:
+          reference: list[list[int]] | None = None,
+          given: list[list[int]] | None = None) -> dict[str, Any]:
     """The task figures of ``step``: its own greedy tokens per prompt, its picks along the
-    ``reference`` tokens (teacher-forced; its own tokens when None) and its perplexity."""
-    tokens = [generate(step, past0, p, steps) for p in data.prompts]
+    ``reference`` tokens (teacher-forced; its own tokens when None) and its perplexity.
+    ``given``: per prompt, tokens to confirm as its greedy ones (:func:`greedy`); ``decoded``:
+    the prompts whose tokens were decoded step by step instead."""
+    runs = [greedy(step, past0, p, steps, given[i] if given is not None else None)
+            for i, p in enumerate(data.prompts)]
+    tokens = [t for t, _ in runs]
     picks = ([forced(step, past0, p, r) for p, r in zip(data.prompts, reference)]
              if reference is not None else tokens)
     nll, n = mean_nll(step, past0, data.text)
     return {"tokens": tokens, "picks": picks,
-            "perplexity": math.exp(nll / n) if n else float("nan"), "text_tokens": n}
+            "perplexity": math.exp(nll / n) if n else float("nan"), "text_tokens": n,
+            "decoded": [i for i, (_, d) in enumerate(runs) if d]}
 
 
 def agreement(ref: list[list[int]], got: list[list[int]]) -> float:
@@ -328,22 +360,26 @@ def score_child(req_path: str, res_path: str) -> None:
                   else read_step(req["path"]))
         data = TaskData(req["prompts"], req["text"])
         out = {"ok": True, **score(ort_step(req["path"], req["threads"], layout),
-                                   layout.empty_past(), data, req["steps"], req["reference"])}
+                                   layout.empty_past(), data, req["steps"], req["reference"],
+                                   req.get("given"))}
     except Exception as e:  # noqa: BLE001 - reported as a rejected candidate
         out = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
     Path(res_path).write_text(json.dumps(out))
 
 
 def score_onnx(onnx_path: str | os.PathLike[str], data: TaskData, steps: int,
-               reference: list[list[int]], *, threads: int = 2, timeout: float = 600.0,
-               layout: StepLayout | None = None) -> dict[str, Any]:
+               reference: list[list[int]] | None, *, threads: int = 2,
+               timeout: float = 600.0, layout: StepLayout | None = None,
+               given: list[list[int]] | None = None) -> dict[str, Any]:
     """:func:`score` of the step file in ONNX Runtime (its picks along ``reference``, the
-    PyTorch model's greedy tokens), in a child process (a crash or a hang past ``timeout`` is
-    ``ok=False`` with the reason). ``layout``: the step's contract where the file alone does
-    not say it (a candidate written away from its package's configs)."""
+    PyTorch model's greedy tokens; ``given``: tokens to confirm as its greedy ones), in a
+    child process (a crash or a hang past ``timeout`` is ``ok=False`` with the reason).
+    ``layout``: the step's contract where the file alone does not say it (a candidate
+    written away from its package's configs)."""
     request = {"path": str(Path(onnx_path).absolute()), "threads": threads,
                "prompts": data.prompts, "text": data.text, "steps": steps,
-               "reference": reference, "layout": layout.to_dict() if layout else None}
+               "reference": reference, "layout": layout.to_dict() if layout else None,
+               "given": given}
     with tempfile.TemporaryDirectory(prefix="onnxmedic-int4-") as tmp:
         run = run_request(f"{__name__}:score_child", request, tmp, cwd=tmp, timeout=timeout)
     if run.timed_out:

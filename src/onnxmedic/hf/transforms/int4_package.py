@@ -150,15 +150,25 @@ def save_external(path: str | os.PathLike[str]) -> None:
 
 
 def genai_agrees(folder: Path, prompts: list[list[int]], tokens: list[list[int]], steps: int,
-                 timeout: float) -> tuple[bool, list[list[int]] | None, list[Any]]:
+                 timeout: float, ran: tuple[Any, dict[str, Any] | None] | None = None
+                 ) -> tuple[bool, list[list[int]] | None, list[Any]]:
     """Whether onnxruntime-genai generating from the int4 package ``folder`` (``prompts``,
     ``steps``) gives ONNX Runtime's own greedy ``tokens`` for its decoder: (agrees, genai's
-    tokens, findings: OM736 when not; OM815 when genai is not installed)."""
+    tokens, findings: OM736 when not; OM815 when genai is not installed). ``ran``: a genai
+    child that generated already, as (its gen_verify.GenerationCheck, gen_verify's
+    finish_genai_child result: None where it failed, OM816 in the check), judged instead of
+    generating now."""
     from onnxmedic.findings import error
-    from onnxmedic.hf.gen_verify import GenerationCheck, genai_generation
+    from onnxmedic.hf.gen_verify import GenerationCheck, genai_compare, genai_generation
 
-    check = GenerationCheck(prompts=prompts, tokens_torch=tokens)
-    genai_generation(folder, check, steps, timeout, eos=set())
+    if ran is None:
+        check = GenerationCheck(prompts=prompts, tokens_torch=tokens)
+        genai_generation(folder, check, steps, timeout, eos=set())
+    else:
+        check, out = ran
+        check.tokens_torch = tokens
+        if out is not None:
+            genai_compare(check, out, eos=set())
     if check.ok:
         return True, check.tokens_genai, list(check.findings)
     why = " ".join(f.message for f in check.findings)[:500]

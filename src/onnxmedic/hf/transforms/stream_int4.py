@@ -74,6 +74,8 @@ class StreamedInt4:
     seconds: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
     findings: list[Any] = field(default_factory=list)
+    parts: dict[str, float] = field(default_factory=dict)
+    decoded: list[int] = field(default_factory=list)
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -84,6 +86,17 @@ class StreamedInt4:
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
             self.cpu[phase] = self.cpu.get(phase, 0.0) + sum(os.times()[:4]) - c0
+
+    @contextmanager
+    def part(self, name: str, *, own: bool) -> Iterator[None]:
+        """Add to ``parts[name]`` the block's CPU seconds of this process (``own``) or of the
+        children it reaped meanwhile: a phase's pieces that ran beside each other."""
+        i = slice(0, 2) if own else slice(2, 4)
+        c0 = sum(os.times()[i])
+        try:
+            yield
+        finally:
+            self.parts[name] = self.parts.get(name, 0.0) + sum(os.times()[i]) - c0
 
 
 # ------------------------------------------------------------------------------------------
@@ -225,33 +238,56 @@ def windows(text: list[int]) -> list[list[int]]:
             if len(text[s:s + WINDOW + 1]) >= 2]
 
 
-def torch_figures(checkpoint: Path, data: Any, tokens: list[list[int]]) -> dict[str, Any]:
-    """PyTorch's side of the budget, streamed (float32): its greedy pick at each step of the
-    int4 decoder's ``tokens`` (after the same prefix) and its perplexity on the text's windows
-    (optimize/int4.mean_nll over the streamed logits). One streamed pass (hf/stream.py's
-    :func:`~onnxmedic.hf.stream.streamed_batches`: each layer's weights read and upcast once)
-    over two batches, each padded to its own longest sequence: the prompts' sequences and the
-    text's windows (one batch would pad the prompts' ~36 tokens to a window's 128: 896
-    positions instead of ~530 with the built-in data)."""
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """PyTorch's intra-op threads set to ``n`` inside, restored after (the caller's setting is
+    borrowed, not taken): a streamed pass beside another process (the writer child, ONNX
+    Runtime's) takes one core of the two, not both."""
+    import torch
+
+    was = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(was)
+
+
+def torch_perplexity(checkpoint: Path, text: list[int]) -> float:
+    """PyTorch's perplexity on ``text``'s windows (optimize/int4.mean_nll over the logits of
+    one streamed pass, hf/stream.py's :func:`~onnxmedic.hf.stream.streamed_batches`, float32):
+    the budget's reference, which needs nothing of the int4 package."""
     import torch
 
     from onnxmedic.hf.stream import streamed_batches
     from onnxmedic.optimize.int4 import mean_nll
 
-    wins = windows(data.text)
-    seqs = [p + t[:-1] for p, t in zip(data.prompts, tokens)]
-    batches = [b for b in (seqs, [w[:-1] for w in wins]) if b]
-    got = streamed_batches(checkpoint, batches, (torch.float32,))[torch.float32] \
-        if batches else []
-    logits = got[0] if seqs else []
-    picks = [[int(np.argmax(logits[i][0, len(p) - 1 + k])) for k in range(len(t))]
-             for i, (p, t) in enumerate(zip(data.prompts, tokens))]
-    text = got[-1] if wins else []
-    del got, logits
-    by_window = {tuple(w[:-1]): text[j] for j, w in enumerate(wins)}
+    wins = windows(text)
+    if not wins:
+        return float("nan")
+    got = streamed_batches(checkpoint, [[w[:-1] for w in wins]], (torch.float32,))
+    by_window = {tuple(w[:-1]): got[torch.float32][0][j] for j, w in enumerate(wins)}
+    del got
     nll, n = mean_nll(lambda ids, past: (by_window[tuple(int(i) for i in ids[0])], past), [],
-                      data.text)
-    return {"tokens": picks, "perplexity": float(np.exp(nll / n)) if n else float("nan")}
+                      text)
+    return float(np.exp(nll / n)) if n else float("nan")
+
+
+def torch_picks(checkpoint: Path, prompts: list[list[int]], tokens: list[list[int]]
+                ) -> list[list[int]]:
+    """PyTorch's greedy pick at each step of the int4 decoder's ``tokens`` after the same
+    prefix (teacher-forced): one streamed pass (float32) over the prompts' sequences, padded
+    to the longest."""
+    import torch
+
+    from onnxmedic.hf.stream import streamed_batches
+
+    seqs = [p + t[:-1] for p, t in zip(prompts, tokens)]
+    if not seqs:
+        return []
+    logits = streamed_batches(checkpoint, [seqs], (torch.float32,))[torch.float32][0]
+    return [[int(np.argmax(logits[i][0, len(p) - 1 + k])) for k in range(len(t))]
+            for i, (p, t) in enumerate(zip(prompts, tokens))]
 
 
 def over_budget(figures: dict[str, Any], budget: Any) -> Any:
@@ -323,40 +359,118 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
 
 
 def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, config: Any,
-           budget: Any, *, genai: bool, timeout: float) -> bool:
+           budget: Any, *, genai: bool, timeout: float, data: Any = None,
+           perplexity: float | None = None) -> bool:
     """Steps 3 and 4 of the module docstring on the int4 package ``folder`` (its decoder
     graph ``decoder``): the task budget against the checkpoint streamed, then
     onnxruntime-genai's tokens; True when both held (``res``: figures, tokens, seconds and
-    findings recorded)."""
-    from onnxmedic.genpackage import read_package
-    from onnxmedic.hf.transforms.int4_package import genai_agrees
-    from onnxmedic.optimize.int4 import judge, score_onnx
+    findings recorded). ``data``: the task data (:func:`task_data` when None);
+    ``perplexity``: PyTorch's on its text (:func:`torch_perplexity`, run now when None).
 
-    with res.timed("onnx"):
+    With onnxruntime-genai: it generates (a child) while ONNX Runtime scores the text's
+    windows (another child), one thread each; then ONNX Runtime confirms genai's tokens as
+    its own greedy ones (optimize/int4.greedy: one prefill per prompt, decoding step by step
+    only where a pick differs) while PyTorch's streamed pass runs along them, one thread
+    each. Without it, ONNX Runtime decodes on its own, then PyTorch runs."""
+    from functools import partial
+
+    from onnxmedic.genpackage import read_package
+    from onnxmedic.hf.gen_verify import (
+        GenerationCheck,
+        finish_genai_child,
+        genai_available,
+        genai_spec,
+        start_genai_child,
+    )
+    from onnxmedic.hf.transforms.int4_package import genai_agrees
+    from onnxmedic.optimize.int4 import TaskData, judge, score_onnx
+
+    if data is None:
         data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
-        # ``timeout`` is a run's: the scoring makes a run per generated token and window
-        runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
-        got = score_onnx(decoder, data, budget.steps, None, timeout=timeout * runs,
-                         layout=read_package(folder))
+    if perplexity is None:
+        with res.timed("torch-windows"), res.part("torch-windows", own=True):
+            perplexity = torch_perplexity(checkpoint, data.text)
+    # ``timeout`` is a run's: the scoring makes a run per generated token and window
+    runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
+    score = partial(score_onnx, decoder, steps=budget.steps, reference=None,
+                    timeout=timeout * runs, layout=read_package(folder))
+    served = genai and genai_available()
+    check, out, picks = GenerationCheck(prompts=data.prompts), None, None
+    if served:
+        with res.timed("genai+onnx-windows"):
+            run = start_genai_child(folder, genai_spec(folder, data.prompts, budget.steps,
+                                                       threads=1))
+            with res.part("onnx-windows", own=False):  # the genai child is not reaped yet
+                text = score(data=TaskData([], data.text), threads=1)
+            if not text.get("ok"):
+                run.stop()
+            with res.part("genai", own=False):
+                out = finish_genai_child(run, timeout * runs, check) if text.get("ok") \
+                    else None
+        got = text
+        if text.get("ok"):
+            given = out["tokens"] if out is not None else None
+            with res.timed("onnx-confirm+torch-picks"), \
+                    res.part("onnx-confirm", own=False), res.part("torch-picks", own=True):
+                pending = beside(score, data=TaskData(data.prompts, []), threads=1,
+                                 given=given)
+                if given is not None:
+                    with torch_threads(1):
+                        picks = torch_picks(checkpoint, data.prompts, given)
+                confirmed = pending()
+            got = {**confirmed, "perplexity": text["perplexity"],
+                   "text_tokens": text["text_tokens"]} if confirmed.get("ok") else confirmed
+            if confirmed.get("ok") and given is not None and confirmed["tokens"] != given:
+                picks = None  # ONNX Runtime's own tokens are others: PyTorch along those
+    else:
+        with res.timed("onnx"), res.part("onnx", own=False):
+            got = score(data=data)
     if not got.get("ok"):
         res.figures = {"rejected": got.get("error", "the scoring failed")}
         res.findings.append(over_budget(res.figures, budget))
         return False
-    res.tokens_onnx = got["tokens"]
-    with res.timed("torch"):
-        ref = torch_figures(checkpoint, data, got["tokens"])
-    res.figures = judge(ref, {**got, "picks": got["tokens"]}, budget)
+    res.tokens_onnx, res.decoded = got["tokens"], got["decoded"]
+    if picks is None:
+        with res.timed("torch-picks"), res.part("torch-picks", own=True):
+            picks = torch_picks(checkpoint, data.prompts, got["tokens"])
+    res.figures = judge({"tokens": picks, "perplexity": perplexity},
+                        {**got, "picks": got["tokens"]}, budget)
     if res.figures["rejected"]:
         res.findings.append(over_budget(res.figures, budget))
         return False
     if genai:
-        with res.timed("genai"):
-            ok, res.tokens_genai, found = genai_agrees(folder, data.prompts, res.tokens_onnx,
-                                                       budget.steps, timeout * runs)
+        ok, res.tokens_genai, found = genai_agrees(folder, data.prompts, res.tokens_onnx,
+                                                   budget.steps, timeout * runs,
+                                                   ran=(check, out) if served else None)
         res.findings.extend(found)
         if not ok:
             return False
     return True
+
+
+def beside(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` started in a thread (it waits on a child process: the GIL is
+    free meanwhile); returns the call that waits for its result (its exception re-raised)."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+
+    def result() -> Any:
+        t.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return result
 
 
 def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *,
@@ -391,14 +505,20 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     res = StreamedInt4()
     out.parent.mkdir(parents=True, exist_ok=True)
     with staged(out) as stage:
-        with res.timed("write"):
-            # the family's modeling module imported before the fork: the writer child's model
-            # (on the meta device) and PyTorch's streamed side share one import of it
-            MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        # the family's modeling module imported before the fork: the writer child's model
+        # (on the meta device) and PyTorch's streamed side share one import of it
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        phase = "write+torch-windows"
+        with res.timed(phase), res.part("write", own=False):
             job = builder.start(checkpoint, stage / "pkg",
                                 work=partial(int4_writer.build, tamper=tamper))
         try:
-            with res.timed("write"):
+            with res.timed(phase), res.part("write", own=False):
+                # PyTorch's perplexity needs nothing of the package: computed while the
+                # writer writes (it takes one core, this one thread)
+                with res.part("torch-windows", own=True), torch_threads(1):
+                    data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
+                    perplexity = torch_perplexity(checkpoint, data.text)
                 # the writer reads, quantizes and checks every weight: ``timeout`` per GiB
                 why = job.wait(timeout * max(1.0, weight_bytes(checkpoint) / 2**30))
             said = int4_writer.verdict(job.root)
@@ -410,10 +530,10 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                                "road", why or "it said nothing")
                 return None
             res.quantized = int(said["quantized"])
-            with res.timed("write"):
+            with res.timed("finish"):
                 builder.finish(job, *side_files(checkpoint))
             if not judged(res, job.out, job.out / builder.GRAPH, checkpoint, config, budget,
-                          genai=genai, timeout=timeout):
+                          genai=genai, timeout=timeout, data=data, perplexity=perplexity):
                 return res
             replace_folder(job.out, out)
         finally:
