@@ -405,11 +405,18 @@ def stages(report: Path) -> dict[str, Any]:
 
 
 def stage_cells(stages: dict[str, float]) -> str:
-    """``write 69/40 onnx 56/30``: each stage's wall seconds, and its CPU seconds where the
-    report has them (``<stage> cpu``)."""
-    return " ".join(f"{k} {v:.0f}" + (f"/{stages[k + ' cpu']:.0f}" if k + " cpu" in stages
-                                      else "")
-                    for k, v in stages.items() if not k.endswith(" cpu"))
+    """``write+torch-windows 69/70 (40+28) genai+onnx-windows 30/33 (14+19)``: each stage's
+    wall seconds, and its CPU seconds where the report has them (``<stage> cpu``); a stage
+    of sides that ran beside each other (``a+b``) with each side's own CPU seconds
+    (``<side> own cpu``) in brackets."""
+    def cell(k: str, v: float) -> str:
+        own = [stages.get(f"{p} own cpu") for p in k.split("+")]
+        return (f"{k} {v:.0f}" + (f"/{stages[k + ' cpu']:.0f}" if k + " cpu" in stages
+                                  else "")
+                + (f" ({'+'.join(f'{c:.0f}' for c in own)})"
+                   if "+" in k and None not in own else ""))
+
+    return " ".join(cell(k, v) for k, v in stages.items() if not k.endswith(" cpu"))
 
 
 def genai_speed(folder: Path, env: dict[str, str], cap: float) -> dict[str, Any]:
@@ -481,9 +488,11 @@ def table(rows: list[dict[str, Any]]) -> str:
              f"prefill of {PREFILL} tokens, decode of {DECODE} after it · int4 stages: "
              f"onnxmedic's seconds per stage of the int4 road (write: the writer child; onnx: "
              f"the int4 decoder's scoring in ONNX Runtime; torch: PyTorch's streamed passes; "
-             f"genai: onnxruntime-genai's check), from its report, each as wall/CPU seconds (CPU: "
-             f"its process's and the children's it reaped) · cpu s: the process tree's user "
-             f"and system seconds", "",
+             f"genai: onnxruntime-genai's check; a+b: a and b beside each other, -windows: "
+             f"over the text's windows, onnx-confirm: ONNX Runtime confirming genai's tokens, "
+             f"torch-picks: PyTorch along them), from its report, each as wall/CPU seconds "
+             f"(CPU: its process's and the children's it reaped; for a+b, each side's own in "
+             f"brackets) · cpu s: the process tree's user and system seconds", "",
              "| checkpoint | layers | bf16 weights GiB | tool | built | wall s | cpu s | peak GiB | "
              "anon GiB | file GiB | peak / weights | package GB | prefill-128 tok/s | "
              "decode tok/s | int4 stages s | date | command |", "|---" * 17 + "|"]

@@ -62,6 +62,24 @@ def test_batches_in_one_pass_are_each_batch_alone(bf16):
             np.testing.assert_array_equal(g, a)
 
 
+def test_the_head_read_in_slices_and_the_embeddings_rows_only(bf16, monkeypatch):
+    """The output projection read VOCAB_SLICE rows at a time (100: four slices of the tiny
+    vocabulary, the last one short) and the embedding's rows of the tokens only: the logits
+    bit for bit those of one slice over the whole table; a row range is the tensor's rows."""
+    folder, _model = bf16
+    whole = stream.streamed_logits(folder, PROMPTS)
+    monkeypatch.setattr(stream, "VOCAB_SLICE", 100)
+    sliced = stream.streamed_logits(folder, PROMPTS)
+    for d in (torch.float32, torch.float64):
+        for a, b in zip(whole[d], sliced[d]):
+            np.testing.assert_array_equal(a, b)
+    w = stream.Weights(folder)
+    table = w.get("model.embed_tokens.weight")
+    assert torch.equal(w.get("model.embed_tokens.weight", (350, 400)), table[350:])
+    ids = torch.tensor([[5, 3, 5], [383, 0, 3]])
+    assert torch.equal(w.take("model.embed_tokens.weight", ids), table[ids])
+
+
 def test_a_family_not_streamed_is_said(bf16):
     from transformers import AutoConfig
 

@@ -18,9 +18,10 @@ judged against float32 rounding (a bfloat16 run's error is 2^16 times larger and
 wrong weight); the memory is the same, one layer at a time.
 
 Memory: one decoder layer's weights in float64 (and float32), the activations of the
-sequences, a vocabulary slice of the output projection (none of the checkpoint's pages is
-mapped: :class:`Weights` reads); then ONNX Runtime's own loop (a sandbox child) and
-onnxruntime-genai's check (a child) one after the other, never beside each other.
+sequences, the embedding's rows of their tokens, a vocabulary slice of the output projection
+(read a slice at a time; none of the checkpoint's pages is mapped: :class:`Weights` reads);
+then ONNX Runtime's own loop (a sandbox child) and onnxruntime-genai's check (a child) one
+after the other, never beside each other.
 
 Families streamed: decoders of the llama layout (embed_tokens, layers, norm, lm_head, a rotary
 embedding, full attention) and GPT-NeoX's (embed_in, layers, final_layer_norm, embed_out; a
@@ -110,10 +111,17 @@ class Weights:
     def __contains__(self, name: str) -> bool:
         return name in self.index
 
-    def get(self, name: str) -> torch.Tensor:
+    def get(self, name: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """The tensor ``name``; ``rows``: only its rows ``[start, stop)`` along the first
+        dimension (a slice of the output projection, read without the rest)."""
         path, dtype, shape, offset, length = self.index[name]
         if dtype not in _ST_DTYPES:
             raise ValueError(f"{path.name}: {name} is of dtype {dtype}, which is not read here")
+        if rows is not None and shape and shape[0]:
+            row = length // shape[0]
+            start, stop = max(0, rows[0]), min(shape[0], rows[1])
+            offset, length = offset + start * row, max(0, stop - start) * row
+            shape = [max(0, stop - start), *shape[1:]]
         if not length:
             return torch.empty(shape, dtype=_ST_DTYPES[dtype])
         buf = bytearray(length)
@@ -123,6 +131,17 @@ class Weights:
         if got != length:
             raise OSError(f"{path.name}: {name} is cut short ({got} of {length} bytes)")
         return torch.frombuffer(buf, dtype=_ST_DTYPES[dtype]).reshape(shape)
+
+    def shape(self, name: str) -> list[int]:
+        return list(self.index[name][2])
+
+    def take(self, name: str, ids: torch.Tensor) -> torch.Tensor:
+        """The rows ``ids`` (any shape) of the 2-D tensor ``name`` - an embedding's lookup -
+        each distinct row read once: (*ids.shape, dim), without reading the whole table."""
+        rows, inverse = torch.unique(ids, return_inverse=True)
+        table = torch.stack([self.get(name, (int(r), int(r) + 1))[0] for r in rows]) \
+            if rows.numel() else torch.empty((0, *self.shape(name)[1:]))
+        return table[inverse]
 
     def prefixed(self, prefix: str) -> dict[str, torch.Tensor]:
         """The tensors under ``prefix`` (their names without it)."""
@@ -221,9 +240,9 @@ def streamed_batches(folder: str | Path, batches: list[list[list[int]]],
         n = max(ls)
         ids.append(torch.tensor([s + [s[-1]] * (n - len(s)) for s in seqs]))
         positions.append(torch.arange(n)[None].expand(len(seqs), n))
-    embed = weights.get(layout.names("embed") + "weight")
-    hidden = {d: [embed[i].to(d) for i in ids] for d in dtypes}
-    del embed
+    # the embedding's rows of the sequences' tokens only, not its whole table
+    hidden = {d: [weights.take(layout.names("embed") + "weight", i).to(d) for i in ids]
+              for d in dtypes}
     state = {d: [(_mask(ls, int(i.shape[1]), d), rotary_embedding(rotary, pos, d))
                  for ls, i, pos in zip(lengths, ids, positions)] for d in dtypes}
     with torch.no_grad():
@@ -240,17 +259,18 @@ def streamed_batches(folder: str | Path, batches: list[list[list[int]]],
             with _Loaded(getattr(base, layout.norm), norm_w, d) as run:
                 hidden[d] = [_layer_out(run(h)) for h in hidden[d]]
         head = layout.head if layout.head in weights else layout.names("embed") + "weight"
-        head_w = weights.get(head)
-        out = {}
-        for d in dtypes:
-            logits = [torch.empty((*h.shape[:2], head_w.shape[0]), dtype=d) for h in hidden[d]]
-            for c in range(0, head_w.shape[0], VOCAB_SLICE):
-                part = head_w[c:c + VOCAB_SLICE].to(d).T
-                for h, lg in zip(hidden[d], logits):
+        vocab = weights.shape(head)[0]
+        logits = {d: [torch.empty((*h.shape[:2], vocab), dtype=d) for h in hidden[d]]
+                  for d in dtypes}
+        for c in range(0, vocab, VOCAB_SLICE):  # the head read a slice at a time
+            part_w = weights.get(head, (c, c + VOCAB_SLICE))
+            for d in dtypes:
+                part = part_w.to(d).T
+                for h, lg in zip(hidden[d], logits[d]):
                     lg[..., c:c + VOCAB_SLICE] = h @ part
-            out[d] = [[lg[j:j + 1, :k].numpy() for j, k in enumerate(ls)]
-                      for lg, ls in zip(logits, lengths)]
-    return out
+            del part_w
+    return {d: [[lg[j:j + 1, :k].numpy() for j, k in enumerate(ls)]
+                for lg, ls in zip(logits[d], lengths)] for d in dtypes}
 
 
 def checked_config(checkpoint: str | Path) -> Any:

@@ -14,25 +14,45 @@ decoder layer at a time (hf/stream.py) - never the whole model in memory, on eit
    dequantized weight lies within one step of the float32 weight it was made from. A corrupted
    block or a wrong scale is refused here (OM870) whatever it costs on the task.
 3. **Task budget** (optimize/int4.py's :class:`~onnxmedic.optimize.int4.TaskBudget` and
-   :func:`~onnxmedic.optimize.int4.judge`): the int4 decoder in ONNX Runtime (a child)
-   generates greedily from the budget's prompts and scores the built-in text; PyTorch's side is
-   two streamed passes (float32, the budget's reference): over the int4 decoder's sequences,
-   then over the text's windows. Greedy agreement is teacher-forced along the int4 decoder's
-   own tokens (at each step, PyTorch's pick after the same prefix against the int4 decoder's
-   token): one streamed pass instead of one per generated token, which a streamed reference without a
+   :func:`~onnxmedic.optimize.int4.judge`): the int4 decoder's greedy tokens from the
+   budget's prompts and its perplexity on the built-in text, in ONNX Runtime (a child),
+   against PyTorch's, streamed (float32, the budget's reference): its perplexity over the
+   text's windows, and its greedy pick teacher-forced along the int4 decoder's own tokens (at
+   each step, PyTorch's pick after the same prefix against the int4 decoder's token): one
+   streamed pass instead of one per generated token, which a streamed reference without a
    cache would need to force the candidate along PyTorch's own tokens (docs/int4.md); the
    prefix is shared either way, so each step still compares two picks from one context.
-   Perplexity: the int4 decoder's against PyTorch's on the same windows. Outside the budget:
-   OM871.
+   Outside the budget: OM871.
 4. **Serving**: onnxruntime-genai generates from the new folder, and its greedy tokens must be
    ONNX Runtime's own for the int4 decoder (OM736, as int4_package.py's check).
+
+Steps 3 and 4 compute each thing once, and what does not wait on another runs beside it, one
+thread each (:func:`judged`):
+
+- PyTorch's perplexity (it needs nothing of the package) while the writer child writes
+  (:func:`int4_written`; on the float32 package's road, before the rest);
+- onnxruntime-genai generating (a child) while ONNX Runtime scores the text's windows
+  (another child);
+- ONNX Runtime confirming genai's tokens as its greedy ones (optimize/int4.greedy: one prefill
+  per prompt over the prompt and genai's tokens, its pick after every prefix; where one
+  differs it decodes that prompt step by step with its cache, as generation does, and that
+  decides) while PyTorch's pass runs along genai's tokens. Where ONNX Runtime's own tokens are
+  others, PyTorch runs again along those, the budget judges them, and genai's differ: OM736. A
+  near tie between the prefill's kernels and the decode's is thus never an OM736, a real
+  disagreement always is, and the figures are those of the checks run one after the other.
+
+Without onnxruntime-genai ONNX Runtime decodes greedily on its own (with the text, one child),
+then PyTorch runs along its tokens. ``seconds`` and ``cpu`` are per phase, named after what
+overlapped (``write+torch-windows``, ``genai+onnx-windows``, ``onnx-confirm+torch-picks``);
+``parts``: each side's own CPU seconds.
 
 The package is written at ``out`` only when all of this passed (built beside it, renamed into
 place: nothing half-written); the findings say what failed.
 
-Memory: one weight (float32) and its blocks at a time while quantizing and checking; then one
-ONNX Runtime session of the int4 package (a child); then one decoder layer of the checkpoint
-(float32), the activations and the logits of the sequences.
+Memory: one weight (float32) and its blocks at a time while quantizing and checking, beside
+one decoder layer of the checkpoint (float32), the text windows' activations and logits; then
+the int4 package's session in ONNX Runtime and in onnxruntime-genai (two children); then one
+session beside one decoder layer, the activations and the logits of the prompts' sequences.
 """
 
 from __future__ import annotations
@@ -61,9 +81,11 @@ INLINE = 1024  # tensors of fewer bytes stay in the graph file
 class StreamedInt4:
     """The outcome: ``ok`` when ``path`` was written; ``quantized``: MatMuls made 4-bit;
     ``figures``: the task budget's (optimize/int4.judge's dict); the int4 decoder's own greedy
-    tokens and onnxruntime-genai's; ``seconds`` per phase (wall) and ``cpu`` (CPU seconds of
-    this process and of the children it reaped meanwhile: the writer's, ONNX Runtime's,
-    onnxruntime-genai's); ``findings``."""
+    tokens and onnxruntime-genai's (``decoded``: the prompts whose tokens ONNX Runtime decoded
+    step by step, its prefill not confirming genai's); ``seconds`` per phase (wall) and
+    ``cpu`` (CPU seconds of this process and of the children it reaped meanwhile: the
+    writer's, ONNX Runtime's, onnxruntime-genai's), a phase named after the sides that ran
+    beside each other in it; ``parts``: each side's own CPU seconds; ``findings``."""
 
     ok: bool = False
     path: str | None = None
@@ -626,6 +648,8 @@ def take_verdict(result: Any, made: StreamedInt4, stage: Any) -> None:
     result.findings.extend(made.findings)
     result.timings.update({f"int4 {k}": v for k, v in made.seconds.items()})
     result.timings.update({f"int4 {k} cpu": v for k, v in made.cpu.items()})
+    # each side's own CPU seconds, where a phase ran several beside each other
+    result.timings.update({f"int4 {k} own cpu": v for k, v in made.parts.items()})
     result.int4 = made
     if not made.ok:
         stage.fail()
