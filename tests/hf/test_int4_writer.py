@@ -149,10 +149,9 @@ def test_a_faulty_quantizer_is_refused(qwen, tmp_path, fault):
     assert [f.code for f in res.findings] == ["OM870"]
     assert "down_proj" in res.findings[0].message
     assert "the checkpoint's" in res.findings[0].message
-    # the writer's wall and CPU seconds (the child's, reaped; PyTorch's perplexity beside
-    # it), nothing after it
-    assert set(res.cpu) == set(res.seconds) == {"write+torch-windows"}
-    assert res.parts["write"] > 0 and res.cpu["write+torch-windows"] >= res.parts["write"]
+    assert "onnx" not in res.seconds
+    # the writer's wall and CPU seconds (the child's, reaped), nothing after it
+    assert set(res.cpu) == set(res.seconds) == {"write"} and res.cpu["write"] > 0
     assert not list(tmp_path.iterdir())  # nothing left beside it either
 
 
@@ -175,7 +174,7 @@ def test_the_written_package_is_judged_and_served(qwen, tmp_path):
     assert res.quantized == 2 * 5 + 1
     assert res.tokens_genai == res.tokens_onnx
     assert res.figures["agreement"] >= 0.6 and res.figures["perplexity_ratio"] <= 1.05
-    assert {"write+torch-windows", "finish", "genai+onnx-windows",
-            "onnx-confirm+torch-picks"} == set(res.seconds) == set(res.cpu)
+    assert {"write", "genai+torch-windows",
+            "onnx+torch-picks"} == set(res.seconds) == set(res.cpu)
     assert res.decoded == []  # ONNX Runtime's prefill confirmed genai's tokens
     assert (tmp_path / "out" / "genai_config.json").is_file()

@@ -86,16 +86,24 @@ def _sequential(folder, out, budget):
 
 @pytest.mark.slow  # the builder's package, then both roads' generation and PyTorch passes
 def test_the_overlapped_checks_give_the_sequential_roads_figures(bf16, package, tmp_path):
-    """genai generating beside ONNX Runtime's text scoring, ONNX Runtime confirming genai's
-    tokens in one prefill per prompt beside PyTorch's pass along them: the same tokens,
-    greedy agreement and perplexities as ONNX Runtime decoding on its own, then PyTorch."""
+    """genai generating beside PyTorch's perplexity, ONNX Runtime scoring the text and
+    confirming genai's tokens in one prefill per prompt beside PyTorch's pass along them: the
+    same tokens, greedy agreement and perplexities as ONNX Runtime decoding on its own, then
+    PyTorch."""
     folder, _model = bf16
     res = stream_int4.int4_streamed(package, folder, tmp_path / "out", budget=LOOSE)
     assert res.ok, [f.message for f in res.findings]
-    assert "genai+onnx-windows" in res.seconds and "onnx" not in res.seconds
+    assert {"genai+torch-windows", "onnx+torch-picks"} <= set(res.seconds)
+    assert "torch-picks" not in res.seconds and res.decoded == []  # nothing done twice
     tokens, figures = _sequential(folder, tmp_path / "out", LOOSE)
     assert res.tokens_onnx == res.tokens_genai == tokens
     assert res.figures == figures
+    # without genai: ONNX Runtime decodes on its own beside PyTorch's perplexity
+    alone = stream_int4.int4_streamed(package, folder, tmp_path / "alone", budget=LOOSE,
+                                      genai=False)
+    assert alone.ok and alone.tokens_genai is None and alone.decoded == [0, 1]
+    assert {"onnx+torch-windows", "torch-picks"} <= set(alone.seconds)
+    assert alone.tokens_onnx == tokens and alone.figures == figures
 
 
 def _genai_says(monkeypatch, edit):
@@ -281,9 +289,10 @@ def test_export_int4_at_size_streams_without_loading_the_model(bf16, package, tm
     assert res.stages == {"export": "passed", "optimize": "passed"}
     assert any(f.code == "OM819" and "judged streamed" in f.message for f in res.findings)
     # the writer's road (int4_writer), no float32 package, with PyTorch's perplexity beside
-    assert "int4 write+torch-windows" in res.timings
-    assert {"int4 write+torch-windows cpu", "int4 onnx-confirm+torch-picks cpu"} <= set(
-        res.timings)  # CPU seconds beside the wall seconds
+    assert "int4 write" in res.timings
+    assert {"int4 write cpu", "int4 genai+torch-windows cpu", "int4 onnx+torch-picks cpu",
+            "int4 genai own cpu", "int4 torch-windows own cpu"} <= set(
+        res.timings)  # CPU seconds beside the wall seconds, each side's own too
     assert (tmp_path / "out" / "genai_config.json").is_file()
     assert (tmp_path / "out" / "config.json").is_file()
     assert (tmp_path / "r.json").is_file()

@@ -27,32 +27,34 @@ decoder layer at a time (hf/stream.py) - never the whole model in memory, on eit
    ONNX Runtime's own for the int4 decoder (OM736, as int4_package.py's check).
 
 Steps 3 and 4 compute each thing once, and what does not wait on another runs beside it, one
-thread each (:func:`judged`):
+int4 session at a time (:func:`judged`):
 
-- PyTorch's perplexity (it needs nothing of the package) while the writer child writes
-  (:func:`int4_written`; on the float32 package's road, before the rest);
-- onnxruntime-genai generating (a child) while ONNX Runtime scores the text's windows
-  (another child);
-- ONNX Runtime confirming genai's tokens as its greedy ones (optimize/int4.greedy: one prefill
-  per prompt over the prompt and genai's tokens, its pick after every prefix; where one
-  differs it decodes that prompt step by step with its cache, as generation does, and that
-  decides) while PyTorch's pass runs along genai's tokens. Where ONNX Runtime's own tokens are
-  others, PyTorch runs again along those, the budget judges them, and genai's differ: OM736. A
-  near tie between the prefill's kernels and the decode's is thus never an OM736, a real
-  disagreement always is, and the figures are those of the checks run one after the other.
+- onnxruntime-genai generating (a child, one thread) while PyTorch computes its perplexity
+  (this process, one thread; it needs nothing of the package);
+- ONNX Runtime (a child) scoring the text and confirming genai's tokens as its greedy ones
+  (optimize/int4.greedy: one prefill per prompt over the prompt and genai's tokens, its pick
+  after every prefix; where one differs it decodes that prompt step by step with its cache,
+  as generation does, and that decides) while PyTorch's pass runs along genai's tokens.
+  Where ONNX Runtime's own tokens are others, PyTorch runs again along those, the budget
+  judges them, and genai's differ: OM736. A near tie between the prefill's kernels and the
+  decode's is thus never an OM736, a real disagreement always is, and the figures are those
+  of the checks run one after the other.
 
-Without onnxruntime-genai ONNX Runtime decodes greedily on its own (with the text, one child),
-then PyTorch runs along its tokens. ``seconds`` and ``cpu`` are per phase, named after what
-overlapped (``write+torch-windows``, ``genai+onnx-windows``, ``onnx-confirm+torch-picks``);
-``parts``: each side's own CPU seconds.
+Without onnxruntime-genai (or where it failed) ONNX Runtime decodes greedily on its own while
+PyTorch computes its perplexity, then PyTorch runs along its tokens. ``seconds`` and ``cpu``
+are per phase, named after the sides that overlapped (``genai+torch-windows``,
+``onnx+torch-picks``); ``parts``: each side's own CPU seconds. The writer is not given a
+side beside it: PyTorch's pass there met the writer's head (the vocabulary's float32 rows)
+in memory, and both int4 sessions beside each other (genai's and ONNX Runtime's) took the
+peak to 1.56x the checkpoint's weights at Qwen2.5-1.5B's shape with 14 layers.
 
 The package is written at ``out`` only when all of this passed (built beside it, renamed into
 place: nothing half-written); the findings say what failed.
 
-Memory: one weight (float32) and its blocks at a time while quantizing and checking, beside
-one decoder layer of the checkpoint (float32), the text windows' activations and logits; then
-the int4 package's session in ONNX Runtime and in onnxruntime-genai (two children); then one
-session beside one decoder layer, the activations and the logits of the prompts' sequences.
+Memory: one weight (float32) and its blocks at a time while quantizing and checking; then
+one int4 session (onnxruntime-genai's, then ONNX Runtime's, each a child) beside one decoder
+layer of the checkpoint (float32), the activations and the logits of the text's windows or
+of the prompts' sequences.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -381,21 +383,20 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
 
 
 def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, config: Any,
-           budget: Any, *, genai: bool, timeout: float, data: Any = None,
-           perplexity: float | None = None) -> bool:
+           budget: Any, *, genai: bool, timeout: float) -> bool:
     """Steps 3 and 4 of the module docstring on the int4 package ``folder`` (its decoder
     graph ``decoder``): the task budget against the checkpoint streamed, then
     onnxruntime-genai's tokens; True when both held (``res``: figures, tokens, seconds and
-    findings recorded). ``data``: the task data (:func:`task_data` when None);
-    ``perplexity``: PyTorch's on its text (:func:`torch_perplexity`, run now when None).
+    findings recorded).
 
-    With onnxruntime-genai: it generates (a child) while ONNX Runtime scores the text's
-    windows (another child), one thread each; then ONNX Runtime confirms genai's tokens as
-    its own greedy ones (optimize/int4.greedy: one prefill per prompt, decoding step by step
-    only where a pick differs) while PyTorch's streamed pass runs along them, one thread
-    each. Without it, ONNX Runtime decodes on its own, then PyTorch runs."""
-    from functools import partial
-
+    With onnxruntime-genai: it generates (a child, one thread) while PyTorch computes its
+    perplexity (this process, one thread); then ONNX Runtime (a child) scores the text and
+    confirms genai's tokens as its own greedy ones (optimize/int4.greedy: one prefill per
+    prompt, decoding step by step only where a pick differs) while PyTorch's streamed pass
+    runs along them. Without it (or where it failed), ONNX Runtime decodes on its own while
+    PyTorch computes its perplexity, then PyTorch runs along its tokens. One int4 session
+    at a time: the package's session in ONNX Runtime and in genai are never beside each
+    other."""
     from onnxmedic.genpackage import read_package
     from onnxmedic.hf.gen_verify import (
         GenerationCheck,
@@ -405,54 +406,47 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
         start_genai_child,
     )
     from onnxmedic.hf.transforms.int4_package import genai_agrees
-    from onnxmedic.optimize.int4 import TaskData, judge, score_onnx
+    from onnxmedic.optimize.int4 import judge, score_onnx
 
-    if data is None:
-        data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
-    if perplexity is None:
-        with res.timed("torch-windows"), res.part("torch-windows", own=True):
-            perplexity = torch_perplexity(checkpoint, data.text)
+    data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
     # ``timeout`` is a run's: the scoring makes a run per generated token and window
     runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
-    score = partial(score_onnx, decoder, steps=budget.steps, reference=None,
-                    timeout=timeout * runs, layout=read_package(folder))
+    layout = read_package(folder)
     served = genai and genai_available()
-    check, out, picks = GenerationCheck(prompts=data.prompts), None, None
+    check, out, perplexity = GenerationCheck(prompts=data.prompts), None, None
     if served:
-        with res.timed("genai+onnx-windows"):
+        with res.timed("genai+torch-windows"), res.part("genai", own=False), \
+                res.part("torch-windows", own=True):
             run = start_genai_child(folder, genai_spec(folder, data.prompts, budget.steps,
                                                        threads=1))
-            with res.part("onnx-windows", own=False):  # the genai child is not reaped yet
-                text = score(data=TaskData([], data.text), threads=1)
-            if not text.get("ok"):
+            try:
+                with torch_threads(1):
+                    perplexity = torch_perplexity(checkpoint, data.text)
+            except BaseException:
                 run.stop()
-            with res.part("genai", own=False):
-                out = finish_genai_child(run, timeout * runs, check) if text.get("ok") \
-                    else None
-        got = text
-        if text.get("ok"):
-            given = out["tokens"] if out is not None else None
-            with res.timed("onnx-confirm+torch-picks"), \
-                    res.part("onnx-confirm", own=False), res.part("torch-picks", own=True):
-                pending = beside(score, data=TaskData(data.prompts, []), threads=1,
-                                 given=given)
-                if given is not None:
-                    with torch_threads(1):
-                        picks = torch_picks(checkpoint, data.prompts, given)
-                confirmed = pending()
-            got = {**confirmed, "perplexity": text["perplexity"],
-                   "text_tokens": text["text_tokens"]} if confirmed.get("ok") else confirmed
-            if confirmed.get("ok") and given is not None and confirmed["tokens"] != given:
-                picks = None  # ONNX Runtime's own tokens are others: PyTorch along those
-    else:
-        with res.timed("onnx"), res.part("onnx", own=False):
-            got = score(data=data)
+                raise
+            out = finish_genai_child(run, timeout * runs, check)
+    given = out["tokens"] if out is not None else None
+    picks = None
+    # PyTorch's side beside ONNX Runtime's: its perplexity where genai did not run, else its
+    # picks along genai's tokens (none where genai failed)
+    side = "torch-windows" if perplexity is None else "torch-picks" if given else ""
+    with res.timed("+".join(["onnx"] + [side] * bool(side))), res.part("onnx", own=False), \
+            (res.part(side, own=True) if side else nullcontext()):
+        pending = beside(score_onnx, decoder, data, budget.steps, None, given=given,
+                         timeout=timeout * runs, layout=layout)
+        with torch_threads(1):
+            if perplexity is None:
+                perplexity = torch_perplexity(checkpoint, data.text)
+            elif given is not None:
+                picks = torch_picks(checkpoint, data.prompts, given)
+        got = pending()
     if not got.get("ok"):
         res.figures = {"rejected": got.get("error", "the scoring failed")}
         res.findings.append(over_budget(res.figures, budget))
         return False
     res.tokens_onnx, res.decoded = got["tokens"], got["decoded"]
-    if picks is None:
+    if picks is None or got["tokens"] != given:  # PyTorch along ONNX Runtime's own tokens
         with res.timed("torch-picks"), res.part("torch-picks", own=True):
             picks = torch_picks(checkpoint, data.prompts, got["tokens"])
     res.figures = judge({"tokens": picks, "perplexity": perplexity},
@@ -530,17 +524,11 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
         # the family's modeling module imported before the fork: the writer child's model
         # (on the meta device) and PyTorch's streamed side share one import of it
         MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-        phase = "write+torch-windows"
-        with res.timed(phase), res.part("write", own=False):
+        with res.timed("write"):
             job = builder.start(checkpoint, stage / "pkg",
                                 work=partial(int4_writer.build, tamper=tamper))
         try:
-            with res.timed(phase), res.part("write", own=False):
-                # PyTorch's perplexity needs nothing of the package: computed while the
-                # writer writes (it takes one core, this one thread)
-                with res.part("torch-windows", own=True), torch_threads(1):
-                    data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
-                    perplexity = torch_perplexity(checkpoint, data.text)
+            with res.timed("write"):
                 # the writer reads, quantizes and checks every weight: ``timeout`` per GiB
                 why = job.wait(timeout * max(1.0, weight_bytes(checkpoint) / 2**30))
             said = int4_writer.verdict(job.root)
@@ -552,10 +540,10 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                                "road", why or "it said nothing")
                 return None
             res.quantized = int(said["quantized"])
-            with res.timed("finish"):
+            with res.timed("write"):
                 builder.finish(job, *side_files(checkpoint))
             if not judged(res, job.out, job.out / builder.GRAPH, checkpoint, config, budget,
-                          genai=genai, timeout=timeout, data=data, perplexity=perplexity):
+                          genai=genai, timeout=timeout):
                 return res
             replace_folder(job.out, out)
         finally:
