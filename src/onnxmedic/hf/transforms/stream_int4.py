@@ -43,10 +43,10 @@ int4 session at a time (:func:`judged`):
 Without onnxruntime-genai (or where it failed) ONNX Runtime decodes greedily on its own while
 PyTorch computes its perplexity, then PyTorch runs along its tokens. ``seconds`` and ``cpu``
 are per phase, named after the sides that overlapped (``genai+torch-windows``,
-``onnx+torch-picks``); ``parts``: each side's own CPU seconds. The writer is not given a
-side beside it: PyTorch's pass there met the writer's head (the vocabulary's float32 rows)
-in memory, and both int4 sessions beside each other (genai's and ONNX Runtime's) took the
-peak to 1.56x the checkpoint's weights at Qwen2.5-1.5B's shape with 14 layers.
+``onnx+torch-picks``); ``parts``: each side's own CPU seconds. Measured at Qwen2.5-1.5B's
+shape with 14 layers, PyTorch's perplexity beside the writer and genai's session beside ONNX
+Runtime's took the process tree's peak to 1.76x the checkpoint's weights (1.13x one after the
+other): hence one int4 session at a time, and the writer alone.
 
 The package is written at ``out`` only when all of this passed (built beside it, renamed into
 place: nothing half-written); the findings say what failed.
