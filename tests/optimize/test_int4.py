@@ -99,6 +99,37 @@ def test_budget_parse_and_describe():
             int4.parse_budget(bad)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 16, 1000])
+def test_the_perplexity_made_a_few_positions_at_a_time_is_the_whole_windows(monkeypatch,
+                                                                           rows):
+    """mean_nll's float64 log-softmax made NLL_ROWS positions at a time (the memory of a few
+    rows of the vocabulary, not a window's): bit for bit the figure of the whole window's
+    log-softmax at once, windows cut short included."""
+    rng = np.random.default_rng(0)
+    table = {}
+
+    def step(ids, past):
+        key = tuple(int(i) for i in ids[0])
+        if key not in table:
+            table[key] = (rng.standard_normal((1, ids.shape[1], 384)) * 7).astype(np.float32)
+        return table[key], past
+
+    def whole(text):
+        total = 0.0
+        for start in range(0, len(text) - 1, int4.WINDOW):
+            chunk = text[start:start + int4.WINDOW + 1]
+            lg = step(np.asarray([chunk[:-1]], np.int64), [])[0][0].astype(np.float64)
+            lg = lg - lg.max(-1, keepdims=True)
+            logp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
+            total -= float(logp[np.arange(len(chunk) - 1), chunk[1:]].sum())
+        return total, len(text) - 1
+
+    monkeypatch.setattr(int4, "NLL_ROWS", rows)
+    for n in (2, 17, 129, 300):
+        text = [int(t) for t in rng.integers(0, 384, n)]
+        assert int4.mean_nll(step, [], text) == whole(text)
+
+
 def test_the_trained_decoder_has_learnt_something(task):
     data, ref = task
     # a uniform guess over the 384 tokens is perplexity 384; the trained model is far below

@@ -68,7 +68,9 @@ LAYOUTS = {"llama": LLAMA, "qwen2": LLAMA, "qwen3": LLAMA, "mistral": LLAMA,
            "gpt_neox": Layout("gpt_neox", "embed_in", "layers", "final_layer_norm",
                               "embed_out.weight")}
 STREAMABLE = frozenset(LAYOUTS)
-VOCAB_SLICE = 16384  # rows of the output projection upcast at a time
+# rows of the output projection read and upcast at a time (4096: 24 MiB in float32 at
+# hidden 1536; the logits are the same bit for bit as with the whole table at once)
+VOCAB_SLICE = 4096
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
@@ -191,15 +193,19 @@ class _Loaded:
     """``module`` (on the meta device) with ``weights`` upcast to ``dtype`` while inside;
     back on the meta device after (the upcast copy freed). Tensors the module does not hold
     (an old GPT-NeoX checkpoint's ``attention.bias`` mask) are left out; one it holds and
-    ``weights`` lacks is an error."""
+    ``weights`` lacks is an error. ``consume``: each tensor taken out of ``weights`` as it is
+    upcast (the last dtype's pass: the checkpoint's copy freed one tensor at a time, not held
+    beside the whole upcast layer)."""
 
     def __init__(self, module: torch.nn.Module, weights: dict[str, torch.Tensor],
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, consume: bool = False) -> None:
         self.module, self.weights, self.dtype = module, weights, dtype
+        self.consume = consume
 
     def __enter__(self) -> torch.nn.Module:
         own = self.module.state_dict().keys()
-        self.module.load_state_dict({k: v.to(self.dtype) for k, v in self.weights.items()
+        take = self.weights.pop if self.consume else self.weights.__getitem__
+        self.module.load_state_dict({k: take(k).to(self.dtype) for k in list(self.weights)
                                      if k in own}, assign=True, strict=True)
         return self.module
 
@@ -249,7 +255,7 @@ def streamed_batches(folder: str | Path, batches: list[list[list[int]]],
         for i, layer in enumerate(getattr(base, layout.layers)):
             w = weights.prefixed(f"{layout.names('layers')}{i}.")
             for d in dtypes:
-                with _Loaded(layer, w, d) as run:
+                with _Loaded(layer, w, d, consume=d == dtypes[-1]) as run:
                     hidden[d] = [_layer_out(run(h, attention_mask=mask, position_ids=pos,
                                                 position_embeddings=pe, use_cache=False))
                                  for h, (mask, pe), pos in zip(hidden[d], state[d], positions)]
