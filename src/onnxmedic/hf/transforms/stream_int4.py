@@ -521,10 +521,10 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     res = StreamedInt4()
     out.parent.mkdir(parents=True, exist_ok=True)
     with staged(out) as stage:
-        # the family's modeling module imported before the fork: the writer child's model
-        # (on the meta device) and PyTorch's streamed side share one import of it
-        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
         with res.timed("write"):
+            # the family's modeling module imported before the fork: the writer child's model
+            # (on the meta device) and PyTorch's streamed side share one import of it
+            MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
             job = builder.start(checkpoint, stage / "pkg",
                                 work=partial(int4_writer.build, tamper=tamper))
         try:
