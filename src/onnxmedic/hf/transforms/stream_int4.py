@@ -65,6 +65,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -433,14 +434,16 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     side = "torch-windows" if perplexity is None else "torch-picks" if given else ""
     with res.timed("+".join(["onnx"] + [side] * bool(side))), res.part("onnx", own=False), \
             (res.part(side, own=True) if side else nullcontext()):
-        pending = beside(score_onnx, decoder, data, budget.steps, None, given=given,
-                         timeout=timeout * runs, layout=layout)
-        with torch_threads(1):
-            if perplexity is None:
-                perplexity = torch_perplexity(checkpoint, data.text)
-            elif given is not None:
-                picks = torch_picks(checkpoint, data.prompts, given)
-        got = pending()
+        # the scoring waits on its child in a thread (the GIL is free meanwhile)
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(score_onnx, decoder, data, budget.steps, None, given=given,
+                                  timeout=timeout * runs, layout=layout)
+            with torch_threads(1):
+                if perplexity is None:
+                    perplexity = torch_perplexity(checkpoint, data.text)
+                elif given is not None:
+                    picks = torch_picks(checkpoint, data.prompts, given)
+            got = pending.result()
     if not got.get("ok"):
         res.figures = {"rejected": got.get("error", "the scoring failed")}
         res.findings.append(over_budget(res.figures, budget))
@@ -462,31 +465,6 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
         if not ok:
             return False
     return True
-
-
-def beside(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` started in a thread (it waits on a child process: the GIL is
-    free meanwhile); returns the call that waits for its result (its exception re-raised)."""
-    import threading
-
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = e
-
-    t = threading.Thread(target=work, daemon=True)
-    t.start()
-
-    def result() -> Any:
-        t.join()
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
-
-    return result
 
 
 def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *,
