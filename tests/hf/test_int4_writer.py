@@ -74,8 +74,10 @@ def reference(qwen, tmp_path_factory):
     theirs.discard()
 
 
-# (INLINE, SLICE): the writer's own sizes; every initializer written by it, in slices of 4 KiB
-@pytest.mark.parametrize("sizes", [None, (0, 4096)], ids=["as-is", "all-sliced"])
+# (INLINE, SLICE, TILE): the writer's own sizes; every initializer written by it, in slices of
+# 4 KiB, each weight's slice made float32 and transposed 5 output columns at a time (the last
+# tile of a slice shorter)
+@pytest.mark.parametrize("sizes", [None, (0, 4096, 5)], ids=["as-is", "all-sliced"])
 def test_the_written_package_is_the_builders_int4_package(qwen, reference, tmp_path,
                                                          monkeypatch, sizes):
     """The writer's package against ``python -m onnxruntime_genai.models.builder -p int4``'s
@@ -87,6 +89,7 @@ def test_the_written_package_is_the_builders_int4_package(qwen, reference, tmp_p
     if sizes is not None:
         monkeypatch.setattr(int4_writer, "INLINE", sizes[0])
         monkeypatch.setattr(int4_writer, "SLICE", sizes[1])
+        monkeypatch.setattr(int4_writer, "TILE", sizes[2])
     ref = reference
     job = builder.start(qwen, tmp_path / "ours", work=int4_writer.build)
     try:
