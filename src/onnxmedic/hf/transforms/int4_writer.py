@@ -14,7 +14,12 @@ cpu``: its names, its attention and cache layout, its genai_config.json), while
   node ``<MatMul>_Q4``), in slices of output columns, and appended to the package's data
   file; each slice is read back from the file and checked against the float weight it was
   made from (optimize/int4.py's rounding rule, :func:`~onnxmedic.optimize.int4.block_problem`):
-  a corrupted block or a wrong scale stops the build (:class:`NotRounded`, OM870 upstream);
+  a corrupted block or a wrong scale stops the build (:class:`NotRounded`, OM870 upstream).
+  What it costs beside the quantizer's own call (the same one the builder's ``-p int4``
+  makes, per weight): the slice's float32 transpose, the quantizer's (K, N) layout, made from
+  the checkpoint's rows in tiles (:func:`_transposed`) into one buffer kept for every slice,
+  and the check, which reads the checkpoint's rows a cached chunk at a time; no float32 copy
+  of a whole weight is made;
 - every other initializer of more than :data:`INLINE` bytes (the embedding, the rotary
   caches) is converted to its graph dtype in row slices and appended to the data file as it
   is made; the graph file is written last, its initializers pointing into the data file.
