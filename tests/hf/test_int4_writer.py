@@ -115,6 +115,26 @@ def test_the_written_package_is_the_builders_int4_package(qwen, reference, tmp_p
         job.discard()
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_the_quantizers_input_is_the_float32_transpose(dtype, monkeypatch):
+    """_transposed, the quantizer's (K, cols) float32 input made from a slice's rows in the
+    checkpoint's dtype a tile at a time (7 columns here: the last tile shorter), is torch's
+    float32 upcast of the rows transposed, bit for bit."""
+    import torch
+
+    from onnxmedic._tensors import to_numpy
+
+    monkeypatch.setattr(int4_writer, "TILE", 7)
+    torch.manual_seed(0)
+    rows = (torch.randn(40, 96) * 0.02).to(getattr(torch, dtype))
+    rows[3, 5] = float("inf")
+    out = np.full((96, 40), np.nan, np.float32)
+    got = int4_writer._transposed(to_numpy(rows), out)
+    assert got is out
+    want = rows.to(torch.float32).t().contiguous().numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_the_weights_are_read_as_safetensors_reads_them(qwen):
     """hf/stream.py's reader (the writer's and the streamed verification's): plain reads of
     each tensor's bytes, the same tensors as safetensors' own loader."""
