@@ -74,8 +74,10 @@ def reference(qwen, tmp_path_factory):
     theirs.discard()
 
 
-# (INLINE, SLICE): the writer's own sizes; every initializer written by it, in slices of 4 KiB
-@pytest.mark.parametrize("sizes", [None, (0, 4096)], ids=["as-is", "all-sliced"])
+# (INLINE, SLICE, TILE): the writer's own sizes; every initializer written by it, in slices of
+# 4 KiB, each weight's slice made float32 and transposed 5 output columns at a time (the last
+# tile of a slice shorter)
+@pytest.mark.parametrize("sizes", [None, (0, 4096, 5)], ids=["as-is", "all-sliced"])
 def test_the_written_package_is_the_builders_int4_package(qwen, reference, tmp_path,
                                                          monkeypatch, sizes):
     """The writer's package against ``python -m onnxruntime_genai.models.builder -p int4``'s
@@ -87,6 +89,7 @@ def test_the_written_package_is_the_builders_int4_package(qwen, reference, tmp_p
     if sizes is not None:
         monkeypatch.setattr(int4_writer, "INLINE", sizes[0])
         monkeypatch.setattr(int4_writer, "SLICE", sizes[1])
+        monkeypatch.setattr(int4_writer, "TILE", sizes[2])
     ref = reference
     job = builder.start(qwen, tmp_path / "ours", work=int4_writer.build)
     try:
@@ -110,6 +113,26 @@ def test_the_written_package_is_the_builders_int4_package(qwen, reference, tmp_p
         og.Model(str(job.out))
     finally:
         job.discard()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_the_quantizers_input_is_the_float32_transpose(dtype, monkeypatch):
+    """_transposed, the quantizer's (K, cols) float32 input made from a slice's rows in the
+    checkpoint's dtype a tile at a time (7 columns here: the last tile shorter), is torch's
+    float32 upcast of the rows transposed, bit for bit."""
+    import torch
+
+    from onnxmedic._tensors import to_numpy
+
+    monkeypatch.setattr(int4_writer, "TILE", 7)
+    torch.manual_seed(0)
+    rows = (torch.randn(40, 96) * 0.02).to(getattr(torch, dtype))
+    rows[3, 5] = float("inf")
+    out = np.full((96, 40), np.nan, np.float32)
+    got = int4_writer._transposed(to_numpy(rows), out)
+    assert got is out
+    want = rows.to(torch.float32).t().contiguous().numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_the_weights_are_read_as_safetensors_reads_them(qwen):

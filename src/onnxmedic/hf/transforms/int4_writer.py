@@ -14,7 +14,12 @@ cpu``: its names, its attention and cache layout, its genai_config.json), while
   node ``<MatMul>_Q4``), in slices of output columns, and appended to the package's data
   file; each slice is read back from the file and checked against the float weight it was
   made from (optimize/int4.py's rounding rule, :func:`~onnxmedic.optimize.int4.block_problem`):
-  a corrupted block or a wrong scale stops the build (:class:`NotRounded`, OM870 upstream);
+  a corrupted block or a wrong scale stops the build (:class:`NotRounded`, OM870 upstream).
+  What it costs beside the quantizer's own call (the same one the builder's ``-p int4``
+  makes, per weight): the slice's float32 transpose, the quantizer's (K, N) layout, made from
+  the checkpoint's rows in tiles (:func:`_transposed`) into one buffer kept for every slice,
+  and the check, which reads the checkpoint's rows a cached chunk at a time; no float32 copy
+  of a whole weight is made;
 - every other initializer of more than :data:`INLINE` bytes (the embedding, the rotary
   caches) is converted to its graph dtype in row slices and appended to the data file as it
   is made; the graph file is written last, its initializers pointing into the data file.
@@ -40,6 +45,7 @@ logger = logging.getLogger(__name__)
 ALIGN = 4096  # offsets of the tensors in the data file (the builder's and onnx's alignment)
 INLINE = 1 << 20  # initializers of at most this many bytes stay in the graph file
 SLICE = 64 << 20  # bytes of float32 made at a time (a weight's output columns, a table's rows)
+TILE = 128  # output columns made float32 and transposed at a time (_transposed)
 VERDICT = "int4_writer.json"  # what the child says of the rounding (in the job's root)
 
 class NotRounded(RuntimeError):
@@ -73,6 +79,17 @@ class _Data:
         os.close(self.fd)
 
 
+def _transposed(rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """(cols, K) in any float dtype -> its float32 (K, cols) copy in ``out``, :data:`TILE` rows
+    at a time: each tile made float32 where it lies (bfloat16 too: ml_dtypes casts contiguous
+    runs fast, strided ones slowly), then copied transposed while its rows are in the cache (a
+    whole large array's transposed copy, numpy's or torch's, strides across memory for each
+    element)."""
+    for c in range(0, rows.shape[0], TILE):
+        out[:, c:c + TILE] = rows[c:c + TILE].astype(np.float32, copy=False).T
+    return out
+
+
 def _is_layer(module: Any) -> bool:
     return type(module).__name__.endswith("DecoderLayer")  # the builder's is_layer
 
@@ -101,6 +118,9 @@ class _Streamer:
             block_size=self.at["block_size"], is_symmetric=True,
             accuracy_level=self.accuracy_level or None, bits=4))
         self.quantized = 0
+        # the quantizer's float32 input, one buffer for every slice: a fresh 64 MiB array
+        # each time is a fresh mapping, every page of it faulted in and zeroed by the kernel
+        self.wf = np.empty(0, np.float32)
         self.orig_initializer = m.make_initializer
         self.orig_matmul_float = m.make_matmul_float
 
@@ -213,8 +233,8 @@ class _Streamer:
 
     def make_matmul_float(self, matmul: Any, name: str, root_input: str, **kwargs: Any) -> str:
         import onnx_ir as ir
-        import torch
 
+        from onnxmedic._tensors import to_numpy
         from onnxmedic.optimize.int4 import block_problem
 
         m = self.m
@@ -232,27 +252,28 @@ class _Streamer:
         s_off = self.data.reserve(n_out * kb * 4)
         step = max(1, SLICE // (4 * k_in))
         for c in range(0, n_out, step):
-            part = w[c:c + step].to(torch.float32)  # (cols, K)
-            rows = part.numpy()
-            # (K, cols): the quantizer's layout (torch's blocked transpose: numpy's copy of a
-            # large transposed array walks it element by element across the cache)
-            wf = part.t().contiguous().numpy()
+            rows = to_numpy(w[c:c + step])  # (cols, K), the checkpoint's dtype: no copy
+            cols = rows.shape[0]
+            if self.wf.size < k_in * cols:
+                self.wf = np.empty(max(k_in * cols, SLICE // 4), np.float32)
+            # (K, cols) float32: the quantizer's layout
+            wf = _transposed(rows, self.wf[:k_in * cols].reshape(k_in, cols))
             packed, scales, _zp = self.quantizer.qbits_block_quant(wf)
             scales = scales.astype(np.float32, copy=False)
             if self.tamper is not None:
                 self.tamper(weight, packed, scales)
-            cols = wf.shape[1]
             self.data.write(q_off + c * kb * blob, np.ascontiguousarray(packed))
             self.data.write(s_off + c * kb * 4, np.ascontiguousarray(scales))
             # read back as written, judged against the float weight it was made from
             q = np.frombuffer(self.data.read(q_off + c * kb * blob, cols * kb * blob),
                               np.uint8).reshape(cols, kb, blob)
             s = np.frombuffer(self.data.read(s_off + c * kb * 4, cols * kb * 4), np.float32)
-            # (the rows' transposed view: block_problem reads it without a copy)
+            # (the rows' transposed view: block_problem reads it a cached chunk at a time,
+            # made float32 there)
             why = block_problem(f"{name}_Q4", rows.T, q, s, {**at, "N": cols})
             if why is not None:
                 raise NotRounded(why if c == 0 else f"{why} (output columns from {c})")
-            del part, rows, wf, packed, scales, q, s
+            del rows, wf, packed, scales, q, s
         self._register(f"{weight}_Q4", ir.DataType.UINT8, [n_out, kb, blob], q_off,
                        n_out * kb * blob)
         self._register(f"{weight}_scales", ir.DataType.FLOAT, [n_out, kb], s_off,
