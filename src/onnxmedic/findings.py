@@ -926,8 +926,8 @@ CODES: dict[str, CodeInfo] = {
         "genai_config.json (onnxruntime-genai cannot serve it, and every transformed package "
         "is judged by onnxruntime-genai generating from it): our export's packages whose cache "
         "onnxruntime-genai cannot name or feed (MLA's different key and value sizes, OM820; "
-        "Mamba's and Falcon-H1's states, taken one token per step, OM829). Nothing is "
-        "written; the float32 package stands.",
+        "LFM2's, Mamba's and Falcon-H1's states, taken one token per step, OM829; the "
+        "builder's LFM2 package has one). Nothing is written; the float32 package stands.",
     ),
     "OM742": CodeInfo(
         "int4 calibration text unusable", 1,
