@@ -347,3 +347,23 @@ def test_a_past_of_any_length_from_the_contract(tmp_path):
     out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
     assert out[0].shape == (1, 1, VOCAB)
 
+
+
+def test_int4s_onnx_step_feeds_a_prompt_token_by_token(tmp_path):
+    """int4's ONNX Runtime step (optimize/int4.ort_step) on a graph of one token per step:
+    the prompt in one call is fed token by token (StepLayout.chunks), the state carried,
+    the logits of every token returned (a prompt fed whole was refused: NotAStep, each
+    candidate rejected); greedy generation and teacher-forced picks run on it."""
+    from onnxmedic.optimize import int4
+
+    path = _state_graph(tmp_path / "model.onnx")
+    layout = gp.read_package(tmp_path)
+    assert [c.tolist() for c in layout.chunks([2, 3, 1])] == [[[2]], [[3]], [[1]]]
+    step = int4.ort_step(str(path), 1, layout)
+    logits, past = step(np.asarray([[2, 3, 1]], np.int64), layout.empty_past())
+    ramp = np.arange(VOCAB) % 5
+    np.testing.assert_allclose(logits[0], [np.float32(6 * s) * ramp for s in (2, 5, 6)])
+    assert [p.shape for p in past] == [(1, 1, 3, 1), (1, 1, 3, 1), (1, 3, 2)]
+    tokens = int4.generate(step, layout.empty_past(), [2, 3, 1], 3)
+    assert tokens == [4, 4, 4]  # the ramp's largest entry, whatever the sum
+    assert int4.forced(step, layout.empty_past(), [2, 3, 1], tokens) == tokens

@@ -240,6 +240,17 @@ class StepLayout:
                        else np.zeros(shape, empty.dtype))
         return out
 
+    def chunks(self, ids: np.ndarray | Sequence[int]) -> list[np.ndarray]:
+        """The new tokens ``ids`` ([batch, n] or a list for batch 1) as the graph takes them:
+        one step of all of them, or one step per token where the graph takes one
+        (:attr:`step_tokens`: a cache with states); a step's logits are its steps'
+        concatenated along the sequence, its cache the last step's."""
+        ids = np.asarray(ids, np.int64)
+        ids = ids[None] if ids.ndim == 1 else ids
+        if self.step_tokens == 1:
+            return [ids[:, i:i + 1] for i in range(ids.shape[1])]
+        return [ids]
+
     def feed(self, ids: np.ndarray | Sequence[int], past: Sequence[np.ndarray] | None = None,
              *, cross: Mapping[str, np.ndarray] | None = None,
              encoder_mask: np.ndarray | None = None, past_length: int | None = None

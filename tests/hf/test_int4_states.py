@@ -137,3 +137,36 @@ def test_a_corrupted_block_of_the_convolution_layer_is_refused(lfm2, tmp_path, m
     cand = next(c for c in r.search.candidates if c.name != "fp32")
     assert "not a rounding" in cand.rejected and "in_proj" in cand.rejected, cand.rejected
     assert not (tmp_path / "int4").exists()
+
+
+def test_the_reference_takes_a_package_of_one_token_per_step(tmp_path):
+    """Our export's Falcon-H1 package (keys and values, a convolution and a state-space
+    state per layer, one token per step; no genai_config.json, OM829): the reference and
+    int4's ONNX Runtime step both feed a prompt token by token as the contract says, and
+    generate the same greedy tokens with the same states."""
+    from transformers import AutoModelForCausalLM
+
+    from onnxmedic.cli import main
+    from onnxmedic.genpackage import read_package
+    from onnxmedic.hf.transforms.int4_package import PackageReference
+    from onnxmedic.optimize import int4
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from bench.zoo.generation import save_family
+
+    folder = save_family("falcon_h1", tmp_path / "ckpt")
+    pkg = tmp_path / "pkg"
+    assert main(["export", f"hf:{folder}", "--task", "text-generation-with-past", "--backend",
+                 "export", "--no-progress", "-o", str(pkg)]) == 0
+    layout = read_package(pkg)
+    assert layout.step_tokens == 1 and {c.kind for c in layout.states} == {"conv", "recurrent"}
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ref = int4.torch_step(PackageReference(model, layout))
+    ort = int4.ort_step(str(pkg / "model.onnx"), 1, layout)
+    prompt = [5, 17, 33, 90, 4]
+    (lr, pr), (lo, po) = (s(np.asarray([prompt]), layout.empty_past()) for s in (ref, ort))
+    assert lr.shape == lo.shape == (1, len(prompt), model.config.vocab_size)
+    assert [p.shape for p in pr] == [p.shape for p in po]
+    np.testing.assert_allclose(lr, lo, rtol=1e-4, atol=1e-5)
+    assert int4.generate(ref, layout.empty_past(), prompt, 6) == int4.generate(
+        ort, layout.empty_past(), prompt, 6)

@@ -54,13 +54,23 @@ class PackageReference:
     def __call__(self, input_ids: Any, past: list[Any]) -> tuple[Any, list[Any]]:
         import torch
 
+        ids = input_ids.numpy()
+        logits = []
+        for chunk in self.layout.chunks(ids) if self.layout is not None else [ids]:
+            out, past = self._step(torch.from_numpy(chunk), list(past))  # a step per token
+            logits.append(out)  # where the package takes one
+        return (torch.cat(logits, dim=1) if len(logits) > 1 else logits[0]), past
+
+    def _step(self, input_ids: Any, past: list[Any]) -> tuple[Any, list[Any]]:
+        import torch
+
         n = input_ids.shape[1]
         behind = (self.layout.past_length(past) if self.layout is not None
                   else past[0].shape[2])
-        if behind is None:  # states only: no length in them; the mask is the new tokens'
-            if self.decoder.takes_positions:  # (GenerationDecoder keeps only those), but
+        if behind is None:  # states only: no length in them (GenerationDecoder masks the
+            if self.decoder.takes_positions:  # new tokens alone), but positions need it
                 raise NotAStep("the cache is states only and the model takes positions: "
-                               "the tokens behind it are not in the cache")  # positions
+                               "the tokens behind it are not in the cache")
             behind = 0
         total = behind + n
         mask = torch.ones(input_ids.shape[0], total, dtype=torch.int64)
