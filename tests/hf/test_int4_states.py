@@ -112,10 +112,13 @@ def test_the_reference_is_the_packages_step_states_included(lfm2):
     assert np.abs(ref(ids, zero)[0] - lo).max() > 100 * np.abs(lr - lo).max()
 
 
-def test_a_corrupted_block_of_the_convolution_layer_is_refused(lfm2, tmp_path, monkeypatch):
-    """One 4-bit block of the convolution layer's input projection corrupted (each level 8
-    steps off) after the quantizer wrote it: not a rounding of the float32 weight, refused
-    before it is scored, even under a budget that takes any candidate; nothing written."""
+@pytest.mark.parametrize("fault", ["levels", "scale"])
+def test_a_corrupted_block_of_the_convolution_layer_is_refused(lfm2, tmp_path, monkeypatch,
+                                                               fault):
+    """One 4-bit block of the convolution layer's input projection corrupted after the
+    quantizer wrote it (``levels``: each level 8 steps off; ``scale``: its block's scale
+    doubled): not a rounding of the float32 weight, refused before it is scored, even under
+    a budget that takes any candidate; nothing written."""
     from onnxmedic.hf.transforms.int4_package import int4_package
     from onnxmedic.optimize.int4 import TaskBudget
 
@@ -124,10 +127,14 @@ def test_a_corrupted_block_of_the_convolution_layer_is_refused(lfm2, tmp_path, m
     def corrupt(m):
         node = next(n for n in m.graph.node if n.op_type == "MatMulNBits"
                     and "layers.0" in n.name and "in_proj" in n.name)
-        init = next(i for i in m.graph.initializer if i.name == node.input[1])
-        q = onnx.numpy_helper.to_array(init).copy()
-        q.reshape(-1)[:16] ^= 0x88
-        init.CopyFrom(onnx.numpy_helper.from_array(q, init.name))
+        init = next(i for i in m.graph.initializer
+                    if i.name == node.input[1 if fault == "levels" else 2])
+        t = onnx.numpy_helper.to_array(init).copy()
+        if fault == "levels":
+            t.reshape(-1)[:16] ^= 0x88
+        else:
+            t.reshape(-1)[0] *= 2
+        init.CopyFrom(onnx.numpy_helper.from_array(t, init.name))
 
     _tampered(monkeypatch, corrupt)
     loose = TaskBudget(perplexity=100.0, agreement=0.01, steps=4, prompts=1)
