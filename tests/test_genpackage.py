@@ -302,10 +302,10 @@ def test_builder_state_package_sizes_its_keys_not_its_states(tmp_path):
 
 def test_a_package_the_transforms_cannot_take_is_said_before_any_work_om741(tmp_path, capsys):
     """optimize PACKAGE: a package without genai_config.json (every transform is judged by
-    onnxruntime-genai), and at int4 a package with state caches (LFM2, Mamba: the int4
-    reference crashed with an internal error, OM009), are OM741 before the checkpoint is read
-    (it does not exist here); nothing is written, no traceback. With the config and no
-    states, the road goes on to the checkpoint (OM800: missing)."""
+    onnxruntime-genai) is OM741 before the checkpoint is read (it does not exist here), at
+    int4 and fp32; nothing is written, no traceback. With the config the road goes on to the
+    checkpoint (OM800: missing), a cache of states too (the builder's LFM2 package: its int4
+    reference feeds the states; it was OM741 at int4, and an internal error, OM009, before)."""
     from onnxmedic.cli import main
 
     plain, states = tmp_path / "plain", tmp_path / "states"
@@ -325,8 +325,45 @@ def test_a_package_the_transforms_cannot_take_is_said_before_any_work_om741(tmp_
     for precision in ("int4", "fp32"):
         rc, said = run(plain, precision)
         assert rc == 1 and "OM741" in said and "genai_config.json" in said, said
-    rc, said = run(states, "int4")
-    assert rc == 1 and "OM741" in said and "past.0.conv" in said, said
-    rc, said = run(states, "fp32")  # fusion takes state packages: on to the checkpoint
-    assert rc == 1 and "OM741" not in said and "OM800" in said, said
+        rc, said = run(states, precision)  # on to the checkpoint
+        assert rc == 1 and "OM741" not in said and "OM800" in said, said
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain", "states"]
+
+
+def test_a_past_of_any_length_from_the_contract(tmp_path):
+    """The past int4 times a decode step after (int4_search.decode_feeds): keys and values
+    of the length asked, a state in its fixed shape (it was read as a key, (batch, heads,
+    past, head_size): IndexError on the state's three dims); the graph runs on the feeds."""
+    from onnxmedic.optimize.int4_search import decode_feeds
+
+    path = _state_graph(tmp_path / "model.onnx")
+    layout = gp.read_package(tmp_path)
+    past = layout.past_of(7, seed=0)
+    assert [p.shape for p in past] == [(1, 1, 7, 1), (1, 1, 7, 1), (1, 3, 2)]
+    assert all(p.dtype == np.float32 and p.any() for p in past)
+    assert not any(p.any() for p in layout.past_of(7))  # zeros without a seed
+    feeds = decode_feeds(layout, past=7)
+    assert feeds["attention_mask"].shape == (1, 8) and feeds["past.0.conv"].shape == (1, 3, 2)
+    out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert out[0].shape == (1, 1, VOCAB)
+
+
+
+def test_int4s_onnx_step_feeds_a_prompt_token_by_token(tmp_path):
+    """int4's ONNX Runtime step (optimize/int4.ort_step) on a graph of one token per step:
+    the prompt in one call is fed token by token (StepLayout.chunks), the state carried,
+    the logits of every token returned (a prompt fed whole was refused: NotAStep, each
+    candidate rejected); greedy generation and teacher-forced picks run on it."""
+    from onnxmedic.optimize import int4
+
+    path = _state_graph(tmp_path / "model.onnx")
+    layout = gp.read_package(tmp_path)
+    assert [c.tolist() for c in layout.chunks([2, 3, 1])] == [[[2]], [[3]], [[1]]]
+    step = int4.ort_step(str(path), 1, layout)
+    logits, past = step(np.asarray([[2, 3, 1]], np.int64), layout.empty_past())
+    ramp = np.arange(VOCAB) % 5
+    np.testing.assert_allclose(logits[0], [np.float32(6 * s) * ramp for s in (2, 5, 6)])
+    assert [p.shape for p in past] == [(1, 1, 3, 1), (1, 1, 3, 1), (1, 3, 2)]
+    tokens = int4.generate(step, layout.empty_past(), [2, 3, 1], 3)
+    assert tokens == [4, 4, 4]  # the ramp's largest entry, whatever the sum
+    assert int4.forced(step, layout.empty_past(), [2, 3, 1], tokens) == tokens

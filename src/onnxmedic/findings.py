@@ -924,9 +924,10 @@ CODES: dict[str, CodeInfo] = {
         "optimize PACKAGE --precision fp32|int4, or export hf:... --precision int4: the "
         "package cannot be made at that precision here, said before any work: it has no "
         "genai_config.json (onnxruntime-genai cannot serve it, and every transformed package "
-        "is judged by onnxruntime-genai generating from it), or, for int4, its cache holds "
-        "convolution or state-space states (LFM2, Mamba, Falcon-H1), which the task budget's "
-        "PyTorch reference does not feed. Nothing is written; the float32 package stands.",
+        "is judged by onnxruntime-genai generating from it): our export's packages whose cache "
+        "onnxruntime-genai cannot name or feed (MLA's different key and value sizes, OM820; "
+        "LFM2's, Mamba's and Falcon-H1's states, taken one token per step, OM829; the "
+        "builder's LFM2 package has one). Nothing is written; the float32 package stands.",
     ),
     "OM742": CodeInfo(
         "int4 calibration text unusable", 1,

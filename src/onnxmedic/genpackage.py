@@ -225,6 +225,32 @@ class StepLayout:
                 np.zeros((batch, c.heads, 0, c.head_size), np.dtype(c.dtype))
                 for c in self.self_cache]
 
+    def past_of(self, length: int, batch: int = 1, seed: int | None = None
+                ) -> list[np.ndarray]:
+        """A self cache of ``length`` positions in :attr:`self_cache` order (random normal
+        values from ``seed``; zeros when None): keys, values and indexer keys ``length``
+        long, states in their fixed shapes."""
+        rng = np.random.default_rng(seed) if seed is not None else None
+        out = []
+        for c, empty in zip(self.self_cache, self.empty_past(batch)):
+            shape = list(empty.shape)
+            if not c.state:
+                shape[1 if c.indexer else 2] = length
+            out.append(rng.standard_normal(shape).astype(empty.dtype) if rng is not None
+                       else np.zeros(shape, empty.dtype))
+        return out
+
+    def chunks(self, ids: np.ndarray | Sequence[int]) -> list[np.ndarray]:
+        """The new tokens ``ids`` ([batch, n] or a list for batch 1) as the graph takes them:
+        one step of all of them, or one step per token where the graph takes one
+        (:attr:`step_tokens`: a cache with states); a step's logits are its steps'
+        concatenated along the sequence, its cache the last step's."""
+        ids = np.asarray(ids, np.int64)
+        ids = ids[None] if ids.ndim == 1 else ids
+        if self.step_tokens == 1:
+            return [ids[:, i:i + 1] for i in range(ids.shape[1])]
+        return [ids]
+
     def feed(self, ids: np.ndarray | Sequence[int], past: Sequence[np.ndarray] | None = None,
              *, cross: Mapping[str, np.ndarray] | None = None,
              encoder_mask: np.ndarray | None = None, past_length: int | None = None

@@ -332,16 +332,15 @@ def greedy_steps(path: Path, layout: StepLayout, first: list[int], steps: int, t
     for step in range(steps):
         # a graph of one token per step (a cache with states) takes the prompt token by
         # token: the step's logits are theirs concatenated
-        chunks = [[t] for t in new] if layout.step_tokens == 1 else [new]
         parts = []
-        for chunk in chunks:
+        for chunk in layout.chunks(new):
             feed = layout.feed(chunk, past, past_length=fed, cross=cross,
                                encoder_mask=encoder_mask)
             out = run_step(path, feed, f"generation step {step}", timeout, check, **run_kw)
             if out is None:
                 return tokens, logits, feeds
             parts.append(layout.logits(out))
-            past, fed = layout.presents(out), fed + len(chunk)
+            past, fed = layout.presents(out), fed + chunk.shape[1]
         feeds.append(feed)
         logits.append(parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1))
         new = [int(np.argmax(logits[-1][0, -1]))]

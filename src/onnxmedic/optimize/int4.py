@@ -357,8 +357,12 @@ def ort_step(onnx_path: str, threads: int = 2, layout: StepLayout | None = None)
     names = [o.name for o in sess.get_outputs()]
 
     def step(ids: np.ndarray, past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        out = dict(zip(names, sess.run(None, layout.feed(ids, past))))
-        return layout.logits(out), layout.presents(out)
+        logits = []
+        for chunk in layout.chunks(ids):  # one run per token where the graph takes one
+            out = dict(zip(names, sess.run(None, layout.feed(chunk, past))))
+            logits.append(layout.logits(out))
+            past = layout.presents(out)
+        return np.concatenate(logits, axis=1) if len(logits) > 1 else logits[0], past
 
     return step
 

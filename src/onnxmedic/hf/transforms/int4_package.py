@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from onnxmedic.genpackage import decoder_graph
+from onnxmedic.genpackage import NotAStep, StepLayout, decoder_graph, read_step
 from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
 from onnxmedic.optimize.pass_infra import PassResult, PreconditionError
@@ -31,19 +31,48 @@ logger = logging.getLogger(__name__)
 
 class PackageReference:
     """The PyTorch side of int4's step contract for a generation package's model:
-    ``(input_ids, past [k0, v0, ...]) -> (logits, present)``, with the attention mask and the
-    positions the package's loop feeds (all ones; past .. total - 1)."""
+    ``(input_ids, past) -> (logits, present)``, ``past`` the package's self cache as its
+    contract (genpackage.py's :class:`StepLayout`) feeds it: its entries in the graph's order,
+    keys and values ``(batch, heads, past, head_size)`` and convolution and state-space
+    states in the package's fixed shapes, held by the model's own cache class as the export's
+    step holds them (hf/generation.py's ``GenerationDecoder`` over the layout's entries); the
+    attention mask and the positions the package's loop feeds (all ones; past .. total - 1).
+    ``layout`` None: a cache of keys and values in layer order (``[k0, v0, k1, v1, ...]``).
+    A convolution state narrower than the model's kernel (the builder's: the kernel - 1
+    inputs the next step needs) is what the model's own update keeps of it: transformers'
+    ``causal_conv1d_update`` and its prefill take a previous window of any width."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, layout: StepLayout | None = None) -> None:
         from onnxmedic.hf.generation import GenerationDecoder, takes_position_ids
 
-        self.decoder = GenerationDecoder(model, takes_position_ids(model)).eval()
+        self.layout = layout
+        spec = ([(c.layer, c.kind) for c in layout.self_cache] if layout is not None
+                else None)
+        self.decoder = GenerationDecoder(model, takes_position_ids(model), spec).eval()
         self.model = model
 
     def __call__(self, input_ids: Any, past: list[Any]) -> tuple[Any, list[Any]]:
         import torch
 
-        n, total = input_ids.shape[1], past[0].shape[2] + input_ids.shape[1]
+        ids = input_ids.numpy()
+        logits = []
+        for chunk in self.layout.chunks(ids) if self.layout is not None else [ids]:
+            out, past = self._step(torch.from_numpy(chunk), list(past))  # a step per token
+            logits.append(out)  # where the package takes one
+        return (torch.cat(logits, dim=1) if len(logits) > 1 else logits[0]), past
+
+    def _step(self, input_ids: Any, past: list[Any]) -> tuple[Any, list[Any]]:
+        import torch
+
+        n = input_ids.shape[1]
+        behind = (self.layout.past_length(past) if self.layout is not None
+                  else past[0].shape[2])
+        if behind is None:  # states only: no length in them (GenerationDecoder masks the
+            if self.decoder.takes_positions:  # new tokens alone), but positions need it
+                raise NotAStep("the cache is states only and the model takes positions: "
+                               "the tokens behind it are not in the cache")
+            behind = 0
+        total = behind + n
         mask = torch.ones(input_ids.shape[0], total, dtype=torch.int64)
         pos = torch.arange(total - n, total).expand(input_ids.shape[0], n)
         return self.decoder(input_ids, mask, pos, list(past))
@@ -77,7 +106,8 @@ class Int4Pass(PackagePass):
 
         graph = decoder_graph(src)
         dst.mkdir(parents=True, exist_ok=True)
-        search = optimize_int4(graph, PackageReference(self.model), out=dst / graph.name,
+        reference = PackageReference(self.model, read_step(graph, src))
+        search = optimize_int4(graph, reference, out=dst / graph.name,
                                tokenizer=self.tokenizer, **self.search)
         if search.ok:
             save_external(dst / graph.name)

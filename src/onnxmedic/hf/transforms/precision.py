@@ -49,23 +49,16 @@ def precision_problem(precision: str, target: str = "cpu", flags: bool = True) -
 def transform_problem(folder: Path, precision: str) -> Any:
     """OM741 when the package at ``folder`` cannot be made at ``precision`` here, before any
     work: it has no genai_config.json (every transform is judged by onnxruntime-genai
-    generating from it: the export said why it has none), or, for int4, its cache holds
-    convolution or state-space states (the task budget's PyTorch reference feeds key/value
-    caches only). None when it can."""
+    generating from it: the export said why it has none, OM820/OM829). None when it can: at
+    int4 too for a cache of convolution or state-space states (LFM2's builder package), which
+    the task budget's PyTorch reference feeds as the package's contract does."""
     from onnxmedic.findings import error
-    from onnxmedic.genpackage import read_package
 
-    why = None
-    if not (folder / "genai_config.json").is_file():
-        why = ("it has no genai_config.json: onnxruntime-genai cannot serve it (its export "
-               "said why, OM820/OM829), and a transformed package is judged by onnxruntime-genai "
-               "generating from it")
-    elif precision == "int4" and (states := read_package(folder).states):
-        why = (f"its cache holds states ({', '.join(s.name for s in states[:2])}"
-               f"{' ...' if len(states) > 2 else ''}): the int4 task budget's PyTorch "
-               "reference feeds key/value caches only")
-    if why is None:
+    if (folder / "genai_config.json").is_file():
         return None
+    why = ("it has no genai_config.json: onnxruntime-genai cannot serve it (its export said "
+           "why, OM820/OM829), and a transformed package is judged by onnxruntime-genai "
+           "generating from it")
     return error("OM741", "preflight", f"{folder} cannot be made {precision} here: {why}; "
                  "nothing was written.", suggestion="Serve the package as export hf: wrote "
                  "it (verified at float32).")
