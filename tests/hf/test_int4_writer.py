@@ -117,7 +117,7 @@ def test_the_written_package_is_the_builders_int4_package(qwen, reference, tmp_p
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_the_quantizers_input_is_the_float32_transpose(dtype, monkeypatch):
-    """_transposed, the quantizer's (K, cols) float32 input made from a slice's rows in the
+    """transposed, the quantizer's (K, cols) float32 input made from a slice's rows in the
     checkpoint's dtype a tile at a time (7 columns here: the last tile shorter), is torch's
     float32 upcast of the rows transposed, bit for bit."""
     import torch
@@ -129,7 +129,7 @@ def test_the_quantizers_input_is_the_float32_transpose(dtype, monkeypatch):
     rows = (torch.randn(40, 96) * 0.02).to(getattr(torch, dtype))
     rows[3, 5] = float("inf")
     out = np.full((96, 40), np.nan, np.float32)
-    got = int4_writer._transposed(to_numpy(rows), out)
+    got = int4_writer.transposed(to_numpy(rows), out)
     assert got is out
     want = rows.to(torch.float32).t().contiguous().numpy()
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -17,7 +17,7 @@ cpu``: its names, its attention and cache layout, its genai_config.json), while
   a corrupted block or a wrong scale stops the build (:class:`NotRounded`, OM870 upstream).
   What it costs beside the quantizer's own call (the same one the builder's ``-p int4``
   makes, per weight): the slice's float32 transpose, the quantizer's (K, N) layout, made from
-  the checkpoint's rows in tiles (:func:`_transposed`) into one buffer kept for every slice,
+  the checkpoint's rows in tiles (:func:`transposed`) into one buffer kept for every slice,
   and the check, which reads the checkpoint's rows a cached chunk at a time; no float32 copy
   of a whole weight is made;
 - every other initializer of more than :data:`INLINE` bytes (the embedding, the rotary
@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 ALIGN = 4096  # offsets of the tensors in the data file (the builder's and onnx's alignment)
 INLINE = 1 << 20  # initializers of at most this many bytes stay in the graph file
 SLICE = 64 << 20  # bytes of float32 made at a time (a weight's output columns, a table's rows)
-TILE = 128  # output columns made float32 and transposed at a time (_transposed)
+TILE = 128  # output columns made float32 and transposed at a time (transposed)
 VERDICT = "int4_writer.json"  # what the child says of the rounding (in the job's root)
 
 class NotRounded(RuntimeError):
@@ -79,7 +79,7 @@ class _Data:
         os.close(self.fd)
 
 
-def _transposed(rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+def transposed(rows: np.ndarray, out: np.ndarray) -> np.ndarray:
     """(cols, K) in any float dtype -> its float32 (K, cols) copy in ``out``, :data:`TILE` rows
     at a time: each tile made float32 where it lies (bfloat16 too: ml_dtypes casts contiguous
     runs fast, strided ones slowly), then copied transposed while its rows are in the cache (a
@@ -257,7 +257,7 @@ class _Streamer:
             if self.wf.size < k_in * cols:
                 self.wf = np.empty(max(k_in * cols, SLICE // 4), np.float32)
             # (K, cols) float32: the quantizer's layout
-            wf = _transposed(rows, self.wf[:k_in * cols].reshape(k_in, cols))
+            wf = transposed(rows, self.wf[:k_in * cols].reshape(k_in, cols))
             packed, scales, _zp = self.quantizer.qbits_block_quant(wf)
             scales = scales.astype(np.float32, copy=False)
             if self.tamper is not None:
