@@ -27,23 +27,39 @@ TASK = "text-generation-with-past"
 # the road is what is judged here, not 4-bit accuracy on random weights: a loose budget, short
 LOOSE = "perplexity=10000%,agreement=1%,steps=4,prompts=1"
 ONE_CELL = [(32, 4, "int4")]
-# the whole zoo (bench/zoo/generation.py FAMILIES) with both backends (the builder where
-# builder.ARCHITECTURES has the family) on both roads; a subset with -k, e.g. -k "qwen3 or phi3"
+# the whole zoo (bench/zoo/generation.py FAMILIES) with both backends (the builder where the
+# installed builder serves the family, builder.served(): what backend auto hands it to) on
+# both roads; a subset with -k, e.g. -k "qwen3 or phi3"
 ROADS = ("export-int4", "optimize-int4")  # export hf:X --precision int4; export, then optimize
-# builder packages that do not verify (OM838; auto falls back to the export), not the road's
-BUILDER_XFAIL = {
-    "gemma2": "the builder's sliding-window GroupQueryAttention needs a KV buffer of the "
-              "window's capacity at the first step; onnxmedic's own loop feeds an empty past"}
-BUILDER_XFAIL["llama"] = (
-    "the builder's package of the linear-rope-scaled (factor 2) llama does not verify: its "
-    "logits are outside the float64 budget at the first step (OM812, then OM838)")
+# the families the builder serves whose builder package does not verify here (family ->
+# the verification's own finding, None where the builder fails before, and why): the export
+# with --backend builder refuses (OM838, exit 1), so does its int4 road, nothing written;
+# auto, the default, falls back to onnxmedic's export (OM837), which both roads then take
+BUILDER_UNVERIFIED: dict[str, tuple[str | None, str]] = {
+    "llama": ("OM812", "linear rope scaling (factor 2): its logits are outside the float64 "
+                       "budget at the first step"),
+    "mistral": ("OM811", "its sliding window (8) is not applied to a longer prompt: the "
+                         "first token differs"),
+    "olmo": ("OM811", "its q/k/v are not clipped (clip_qkv): the first token differs"),
+    "phi": ("OM511", "partial rotary (8 of 16): ONNX Runtime's GroupQueryAttention refuses "
+                     "its cos_cache (a multiple of 8 at most head_size / 2)"),
+    "phi3": (None, "the builder exits 1 on the config without rope scaling (KeyError "
+                   "'multi_cache')"),
+    "gemma3_text": (None, "the builder exits 1 on the config (KeyError 'rope_type')"),
+    # onnxruntime-genai generates PyTorch's tokens from these: their sliding layers' cache is
+    # a buffer of the window's capacity shared between past and present
+    # (past_present_share_buffer); onnxmedic's own loop feeds a growing cache, empty at the
+    # first step, which GroupQueryAttention's sliding_window_cache refuses
+    "gemma2": ("OM511", "a shared sliding-window cache buffer onnxmedic's loop does not feed"),
+    "gpt_oss": ("OM511", "a shared sliding-window cache buffer onnxmedic's loop does not feed"),
+}
 # packages with no genai_config.json (onnxruntime-genai cannot load them: MLA's different key
 # and value head sizes, OM820; convolution/state-space caches, OM829): every transform is
-# judged by genai, so both roads refuse them before any work (OM741), nothing written
+# judged by genai, so both roads refuse them before any work (OM741), nothing written; the
+# builder's lfm2 package verifies and is refused at int4 the same way (its convolution states)
 NO_GENAI = ("deepseek_v3", "lfm2", "falcon_h1", "mamba")
-# (family, backend, road) -> why it fails today (None: any road, any backend)
-XFAIL: dict[tuple[str, str | None, str | None], str] = {
-    **{(f, "builder", None): why for f, why in BUILDER_XFAIL.items()}}
+# (family, backend, road) -> why it fails today (None: any road, any backend); none now
+XFAIL: dict[tuple[str, str | None, str | None], str] = {}
 
 
 def _xfail(family: str, backend: str, road: str) -> str | None:
@@ -94,30 +110,41 @@ def _int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys,
         pytest.skip("onnxruntime-genai's model builder not installed")
     folder = save_family(family, tmp_path / "ckpt")
     arch = json.loads((folder / "config.json").read_text())["architectures"][0]
-    if backend == "builder" and arch not in builder.ARCHITECTURES:
-        pytest.skip(f"the builder does not build {arch} here")
+    if backend == "builder" and arch not in builder.served():
+        pytest.skip(f"the installed builder does not build {arch}")
     monkeypatch.setattr(int4_search, "DEFAULT_GRID", ONE_CELL)
     made = []  # the road's PackagePrecision (both roads go through package_precision)
     real = precision.package_precision
     monkeypatch.setattr(precision, "package_precision",
                         lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
     out = tmp_path / "int4"
-    export = ["export", f"hf:{folder}", "--task", TASK, "--backend", backend, "--no-progress"]
+    export = ["export", f"hf:{folder}", "--task", TASK, "--no-progress"]
     int4 = ["--precision", "int4", "--accuracy", LOOSE, "-o", str(out)]
     left = ["ckpt", "int4"]
+    fallback = backend == "builder" and family in BUILDER_UNVERIFIED
+    if fallback and road == "export-int4":  # --backend builder: its refusal, then auto's road
+        rc = main([*export, "--backend", "builder", *int4, "--json"])
+        printed = capsys.readouterr()
+        codes = _codes(printed.out)
+        assert rc == 1 and "OM838" in codes, _failure(printed.out) + printed.err[-2000:]
+        assert BUILDER_UNVERIFIED[family][0] in codes | {None}, codes
+        assert "Traceback" not in printed.out + printed.err and not made
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing written
+    export += ["--backend", "auto" if fallback else backend]
     if road == "optimize-int4":  # the package on disk first, then optimize PACKAGE hf:X
         pkg = tmp_path / "pkg"
         rc = main([*export, "-o", str(pkg), "--json"])
         printed = capsys.readouterr()
         assert rc == 0, _failure(printed.out) + printed.err[-2000:]
         assert (pkg / "model.onnx").is_file() and not made
+        assert not fallback or "OM837" in _codes(printed.out)  # auto fell back to the export
         argv, left = ["optimize", str(pkg), f"hf:{folder}", "--no-progress", *int4], left + ["pkg"]
     else:
         argv = [*export, *int4, "--json"]
     rc = main(argv)
     printed = capsys.readouterr()
     assert "Traceback" not in printed.out + printed.err
-    if backend == "export" and family in NO_GENAI:  # refused before any work, said why
+    if family in NO_GENAI:  # refused before any work, said why
         assert rc == 1 and "OM741" in printed.out + printed.err, printed.out[-3000:]
         assert "OM009" not in printed.out + printed.err and not out.exists()
         return
@@ -128,6 +155,7 @@ def _int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys,
     assert found & {"OM734", "OM735"}, found  # the fusion judged, said before int4 ran
     if road == "export-int4":
         assert "OM819" in _codes(printed.out)
+        assert not fallback or "OM837" in _codes(printed.out)  # auto fell back to the export
     else:
         assert re.search(r"^int4 of the (fused|plain) package", printed.out, re.M)
     assert "MatMulNBits" in _ops(out) and (out / "genai_config.json").is_file()
