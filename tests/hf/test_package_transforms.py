@@ -332,3 +332,27 @@ def test_constant_wheres_are_folded_through_chains_and_graph_outputs():
             .run(None, feeds) for p in (proto, folded)]
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+def test_export_int4_refusal_names_the_package_not_its_staging_folder(tmp_path, monkeypatch):
+    """``export --precision int4`` exports the float32 package into a staging folder that is
+    removed: a refusal of that package (OM741, here: no genai_config.json) names the package
+    asked for, not the staging folder; nothing is written."""
+    from onnxmedic import hf
+    from onnxmedic.genpackage import cache_names
+    from onnxmedic.hf.generation import package_result
+    from onnxmedic.hf.transforms import precision
+    from tests.test_genpackage import _cache_graph
+
+    def export(model, out, **kw):  # a verified float32 package without genai_config.json
+        _cache_graph(Path(out) / "model.onnx", cache_names(1), cache_names(1, present=True))
+        result = package_result(model)
+        result.ok = True
+        return result
+
+    monkeypatch.setattr(hf, "export_generation", export)
+    r = precision.export_at_precision(object(), tmp_path / "int4")
+    said = [f.message for f in r.findings if f.code == "OM741"]
+    assert not r.ok and said and ".tmp" not in said[0], [f.message for f in r.findings]
+    assert said[0].startswith(f"the float32 package of {tmp_path / 'int4'} cannot be made")
+    assert list(tmp_path.iterdir()) == []
