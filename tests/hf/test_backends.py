@@ -185,6 +185,49 @@ def test_auto_builds_lfm2_with_the_builder_and_verifies_its_states(tmp_path):
     assert layout.states and layout.step_tokens is None
 
 
+def _gqa_package(folder: Path, **attrs) -> Path:
+    """A package folder whose model.onnx is one GroupQueryAttention with ``attrs``."""
+    from onnx import TensorProto, helper
+
+    folder.mkdir()
+    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_len"]
+    node = helper.make_node("GroupQueryAttention", names, ["out", "present_key",
+                            "present_value"], name="layers.0/attn", domain="com.microsoft",
+                            num_heads=4, kv_num_heads=2, **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(
+        n, TensorProto.FLOAT, None) for n in names], [helper.make_tensor_value_info(
+            n, TensorProto.FLOAT, None) for n in node.output])
+    onnx.save(helper.make_model(graph), str(folder / builder.GRAPH))
+    return folder
+
+
+def test_a_builder_package_the_own_loop_cannot_feed_is_said_before_it_runs(
+        tmp_path, monkeypatch):
+    """The builder's sliding-window GroupQueryAttention (sliding_window_cache: a buffer of the
+    window's capacity shared between past and present, which onnxruntime-genai manages; its
+    Gemma 2 and gpt-oss packages) is not run in onnxmedic's loop, which feeds a cache growing
+    from empty (ONNX Runtime's "KV cache capacity (0)" error, said as the package not
+    verifying): the builder's verdict says so, nothing is run; a window without that cache is
+    run."""
+    from types import SimpleNamespace
+
+    sliding = _gqa_package(tmp_path / "sliding", local_window_size=8, sliding_window_cache=1)
+    assert "onnxmedic's loop does not feed" in backends.unfed_cache(sliding)
+    assert "window 8" in backends.unfed_cache(sliding)
+    assert backends.unfed_cache(_gqa_package(tmp_path / "plain", local_window_size=8)) is None
+    assert backends.unfed_cache(tmp_path / "missing") is None  # the verification says it
+    ran = []
+    monkeypatch.setattr(builder, "finish", lambda job, model, tok: [])
+    monkeypatch.setattr(gen_verify, "genai_beside", lambda *a: ran.append("genai"))
+    monkeypatch.setattr(gen_verify, "onnx_side", lambda *a: ran.append("onnx"))
+    job = SimpleNamespace(out=sliding, wait=lambda timeout: None)
+    req = SimpleNamespace(timeout=1.0, model=None, tokenizer=None, steps=1)
+    watch = backends._BuildWatch(job, req, [[1, 2]])
+    watch._run()
+    assert watch.why.startswith("onnxmedic's own loop cannot verify its package: its "
+                                "sliding-window layers") and ran == []
+
+
 def test_served_falls_back_to_the_fixed_list(monkeypatch):
     """A builder whose source names no architecture (another layout): the fixed list."""
     import importlib.util

@@ -27,16 +27,31 @@ TASK = "text-generation-with-past"
 # the road is what is judged here, not 4-bit accuracy on random weights: a loose budget, short
 LOOSE = "perplexity=10000%,agreement=1%,steps=4,prompts=1"
 ONE_CELL = [(32, 4, "int4")]
-# the whole zoo (bench/zoo/generation.py FAMILIES) with both backends (the builder where
-# builder.ARCHITECTURES has the family) on both roads; a subset with -k, e.g. -k "qwen3 or phi3"
+# the whole zoo (bench/zoo/generation.py FAMILIES) with both backends (the builder where the
+# installed builder serves the family, builder.served(): what backend auto hands it to) on
+# both roads; a subset with -k, e.g. -k "qwen3 or phi3"
 ROADS = ("export-int4", "optimize-int4")  # export hf:X --precision int4; export, then optimize
-# builder packages that do not verify (OM838; auto falls back to the export), not the road's
-BUILDER_XFAIL = {
-    "gemma2": "the builder's sliding-window GroupQueryAttention needs a KV buffer of the "
-              "window's capacity at the first step; onnxmedic's own loop feeds an empty past"}
-BUILDER_XFAIL["llama"] = (
-    "the builder's package of the linear-rope-scaled (factor 2) llama does not verify: its "
-    "logits are outside the float64 budget at the first step (OM812, then OM838)")
+# the families the builder serves whose builder package does not verify here (family ->
+# what the refusal says: the verification's finding, the builder's error; and why): the
+# export with --backend builder refuses (OM838, exit 1), so does its int4 road, nothing
+# written; auto, the default, falls back to onnxmedic's export (OM837), which both roads take
+BUILDER_UNVERIFIED: dict[str, tuple[str, str]] = {
+    "llama": ("OM812", "linear rope scaling (factor 2): its logits are outside the float64 "
+                       "budget at the first step"),
+    "mistral": ("OM811", "its sliding window (8) is not applied to a longer prompt: the "
+                         "first token differs"),
+    "olmo": ("OM811", "its q/k/v are not clipped (clip_qkv): the first token differs"),
+    "phi": ("OM511", "partial rotary (8 of 16): ONNX Runtime's GroupQueryAttention refuses "
+                     "its cos_cache (a multiple of 8 at most head_size / 2)"),
+    "phi3": ("KeyError: 'multi_cache'", "the builder exits 1 on the config without rope "
+                                        "scaling"),
+    "gemma3_text": ("KeyError: 'rope_type'", "the builder exits 1 on the config"),
+    # onnxruntime-genai generates PyTorch's tokens from these, but their sliding layers'
+    # cache is a buffer of the window's capacity shared between past and present, which
+    # onnxmedic's own loop does not feed (backends.unfed_cache): not run, said so
+    "gemma2": ("own loop cannot verify", "a shared sliding-window cache buffer"),
+    "gpt_oss": ("own loop cannot verify", "a shared sliding-window cache buffer"),
+}
 # our export's packages with no genai_config.json (onnxruntime-genai cannot load them: MLA's
 # different key and value head sizes, OM820; convolution/state-space states taken one token
 # per step, OM829): every transform is judged by genai, so both roads refuse them before any
@@ -44,9 +59,8 @@ BUILDER_XFAIL["llama"] = (
 # genai) goes through both roads (its int4 reference feeds the state; tests/hf/
 # test_int4_states.py); the builder builds neither Falcon-H1 nor Mamba
 NO_GENAI = ("deepseek_v3", "lfm2", "falcon_h1", "mamba")
-# (family, backend, road) -> why it fails today (None: any road, any backend)
-XFAIL: dict[tuple[str, str | None, str | None], str] = {
-    **{(f, "builder", None): why for f, why in BUILDER_XFAIL.items()}}
+# (family, backend, road) -> why it fails today (None: any road, any backend); none now
+XFAIL: dict[tuple[str, str | None, str | None], str] = {}
 
 
 def _xfail(family: str, backend: str, road: str) -> str | None:
@@ -97,23 +111,35 @@ def _int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys,
         pytest.skip("onnxruntime-genai's model builder not installed")
     folder = save_family(family, tmp_path / "ckpt")
     arch = json.loads((folder / "config.json").read_text())["architectures"][0]
-    if backend == "builder" and arch not in builder.ARCHITECTURES:
-        pytest.skip(f"the builder does not build {arch} here")
+    if backend == "builder" and arch not in builder.served():
+        pytest.skip(f"the installed builder does not build {arch}")
     monkeypatch.setattr(int4_search, "DEFAULT_GRID", ONE_CELL)
     made = []  # the road's PackagePrecision (both roads go through package_precision)
     real = precision.package_precision
     monkeypatch.setattr(precision, "package_precision",
                         lambda *a, **kw: made.append(real(*a, **kw)) or made[-1])
     out = tmp_path / "int4"
-    export = ["export", f"hf:{folder}", "--task", TASK, "--backend", backend, "--no-progress"]
+    export = ["export", f"hf:{folder}", "--task", TASK, "--no-progress"]
     int4 = ["--precision", "int4", "--accuracy", LOOSE, "-o", str(out)]
     left = ["ckpt", "int4"]
+    fallback = backend == "builder" and family in BUILDER_UNVERIFIED
+    if fallback and road == "export-int4":  # --backend builder: its refusal, then auto's road
+        rc = main([*export, "--backend", "builder", *int4, "--json"])
+        printed = capsys.readouterr()
+        codes = _codes(printed.out)
+        assert rc == 1 and "OM838" in codes, _failure(printed.out) + printed.err[-2000:]
+        said = BUILDER_UNVERIFIED[family][0]
+        assert said in codes or said in printed.out, _failure(printed.out)
+        assert "Traceback" not in printed.out + printed.err and not made
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing written
+    export += ["--backend", "auto" if fallback else backend]
     if road == "optimize-int4":  # the package on disk first, then optimize PACKAGE hf:X
         pkg = tmp_path / "pkg"
         rc = main([*export, "-o", str(pkg), "--json"])
         printed = capsys.readouterr()
         assert rc == 0, _failure(printed.out) + printed.err[-2000:]
         assert (pkg / "model.onnx").is_file() and not made
+        assert not fallback or "OM837" in _codes(printed.out)  # auto fell back to the export
         argv, left = ["optimize", str(pkg), f"hf:{folder}", "--no-progress", *int4], left + ["pkg"]
     else:
         argv = [*export, *int4, "--json"]
@@ -132,6 +158,7 @@ def _int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys,
     assert found & {"OM734", "OM735"}, found  # the fusion judged, said before int4 ran
     if road == "export-int4":
         assert "OM819" in _codes(printed.out)
+        assert not fallback or "OM837" in _codes(printed.out)  # auto fell back to the export
     else:
         assert re.search(r"^int4 of the (fused|plain) package", printed.out, re.M)
     assert "MatMulNBits" in _ops(out) and (out / "genai_config.json").is_file()
@@ -308,3 +335,27 @@ def test_constant_wheres_are_folded_through_chains_and_graph_outputs():
             .run(None, feeds) for p in (proto, folded)]
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+def test_export_int4_refusal_names_the_package_not_its_staging_folder(tmp_path, monkeypatch):
+    """``export --precision int4`` exports the float32 package into a staging folder that is
+    removed: a refusal of that package (OM741, here: no genai_config.json) names the package
+    asked for, not the staging folder; nothing is written."""
+    from onnxmedic import hf
+    from onnxmedic.genpackage import cache_names
+    from onnxmedic.hf.generation import package_result
+    from onnxmedic.hf.transforms import precision
+    from tests.test_genpackage import _cache_graph
+
+    def export(model, out, **kw):  # a verified float32 package without genai_config.json
+        _cache_graph(Path(out) / "model.onnx", cache_names(1), cache_names(1, present=True))
+        result = package_result(model)
+        result.ok = True
+        return result
+
+    monkeypatch.setattr(hf, "export_generation", export)
+    r = precision.export_at_precision(object(), tmp_path / "int4")
+    said = [f.message for f in r.findings if f.code == "OM741"]
+    assert not r.ok and said and ".tmp" not in said[0], [f.message for f in r.findings]
+    assert said[0].startswith(f"the float32 package of {tmp_path / 'int4'} cannot be made")
+    assert list(tmp_path.iterdir()) == []

@@ -261,6 +261,9 @@ class _BuildWatch(threading.Thread):
                 logger.info("generation: completing the builder's package", exc_info=True)
                 self.why = f"its package could not be completed ({type(e).__name__}: {e})"
                 return
+            if (unfed := unfed_cache(self.job.out)) is not None:
+                self.why = f"onnxmedic's own loop cannot verify its package: {unfed}"
+                return
             self.genai = genai_beside(self.job.out, self.ids, req.steps)
             try:
                 self.onnx = onnx_side(self.job.out, self.ids, req.steps, req.timeout,
@@ -320,6 +323,31 @@ def _verdict(result: ExportResult, job: BuildJob, watch: _BuildWatch, req: Reque
         f"({why}); onnxmedic's own export writes it instead.",
         details={"builder_seconds": job.seconds, "log": job.log_tail()}))
     return runs
+
+
+def unfed_cache(folder: Path) -> str | None:
+    """Why onnxmedic's own loop cannot feed the builder's package at ``folder`` (None when
+    it can): a GroupQueryAttention with ``sliding_window_cache`` keeps its sliding window's
+    keys and values in a buffer of the window's capacity, shared between past and present,
+    that onnxruntime-genai manages; the own loop feeds a cache that grows from empty, which
+    ONNX Runtime refuses at the first step (the builder's Gemma 2 and gpt-oss packages)."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(folder / builder.GRAPH), load_external_data=False)
+    except Exception:  # noqa: BLE001 - an unreadable graph is the verification's to say
+        return None
+    for node in proto.graph.node:
+        if node.op_type != "GroupQueryAttention":
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("sliding_window_cache"):
+            return (f"its sliding-window layers ({node.name or 'GroupQueryAttention'}, window "
+                    f"{attrs.get('local_window_size', '?')}) keep their keys and values in a "
+                    "buffer of the window's capacity shared between past and present "
+                    "(GroupQueryAttention sliding_window_cache), which onnxruntime-genai "
+                    "manages and onnxmedic's loop does not feed")
+    return None
 
 
 def _fused_ops(folder: Path) -> str:

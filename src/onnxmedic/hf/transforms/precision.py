@@ -166,6 +166,9 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
                 made = package_precision(stage / "pkg", out, model, export.get("tokenizer"),
                                          precision, budget=budget,
                                          timeout=export.get("timeout") or 600.0)
+                for f in made.findings:  # the staging folder is removed: name the package
+                    f.message = f.message.replace(str(stage / "pkg"),
+                                                  f"the float32 package of {out}")
                 result.findings.extend(made.findings)
                 if not made.ok:
                     st.fail()
