@@ -31,8 +31,9 @@ int4 session at a time (:func:`judged`):
 
 - PyTorch's perplexity (this process, one thread; it needs nothing of the package) while the
   package is made: beside :func:`int4_written`'s writer (a child), so that onnxruntime-genai
-  then generates (a child, one thread) alone; on the float32 package's road
-  (:func:`int4_streamed`), beside onnxruntime-genai's generation;
+  then generates (a child, on the package's threads: the cores) alone; on the float32
+  package's road (:func:`int4_streamed`), beside onnxruntime-genai's generation (one thread
+  each);
 - ONNX Runtime (a child) scoring the text and confirming genai's tokens as its greedy ones
   (optimize/int4.greedy: one prefill per prompt over the prompt and genai's tokens, its pick
   after every prefix; where one differs it decodes that prompt step by step with its cache,
@@ -408,7 +409,7 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     at a time: the package's session in ONNX Runtime and in genai are never beside each
     other. ``data`` and ``perplexity``: the task data and PyTorch's perplexity on its text
     where they are known already (:func:`int4_written` computes them beside its writer);
-    genai then generates alone, nothing of PyTorch's waiting on nothing."""
+    genai then generates alone, on the package's threads (the cores)."""
     from onnxmedic.genpackage import read_package
     from onnxmedic.hf.gen_verify import (
         GenerationCheck,
@@ -433,8 +434,9 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
         with res.timed("+".join(["genai"] + [side] * bool(side))), \
                 res.part("genai", own=False), \
                 (res.part(side, own=True) if side else nullcontext()):
+            # one thread beside PyTorch's; alone, the package's own setting (the cores)
             run = start_genai_child(folder, genai_spec(folder, data.prompts, budget.steps,
-                                                       threads=1))
+                                                       threads=1 if side else None))
             try:
                 if side:
                     with torch_threads(1):
