@@ -6,8 +6,10 @@ quantizer (a corrupted 4-bit block, a wrong scale) is refused (OM870), nothing w
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ pytest.importorskip("onnxruntime_genai")
 
 from onnxmedic.hf import builder  # noqa: E402
 from onnxmedic.hf.transforms import int4_writer, stream_int4  # noqa: E402
+from tests.hf.test_stream_int4 import _sequential  # noqa: E402
 
 LOOSE = "agreement=60%,steps=8,prompts=2"  # as test_stream_int4.py: the tiny model's ties
 
@@ -173,9 +176,73 @@ def test_a_faulty_quantizer_is_refused(qwen, tmp_path, fault):
     assert "down_proj" in res.findings[0].message
     assert "the checkpoint's" in res.findings[0].message
     assert "onnx" not in res.seconds
-    # the writer's wall and CPU seconds (the child's, reaped), nothing after it
-    assert set(res.cpu) == set(res.seconds) == {"write"} and res.cpu["write"] > 0
+    # the writer's wall and CPU seconds (the child's, reaped) beside PyTorch's perplexity
+    # (its result dropped), nothing after them
+    assert set(res.cpu) == set(res.seconds) == {"write+torch-windows"}
+    assert res.parts["write"] > 0 and set(res.parts) == {"write", "torch-windows"}
     assert not list(tmp_path.iterdir())  # nothing left beside it either
+
+
+def _watched(monkeypatch):
+    """The writer's jobs that int4_written starts, kept to look at after it returned."""
+    jobs = []
+    real = builder.start
+
+    def start(*a, **k):
+        jobs.append(real(*a, **k))
+        return jobs[-1]
+
+    monkeypatch.setattr(builder, "start", start)
+    return jobs
+
+
+def test_a_writer_that_fails_while_pytorch_runs_leaves_nothing(qwen, tmp_path, monkeypatch):
+    """The writer's child ending in an error while PyTorch's perplexity runs beside it (the
+    pass waits for the child's end before it computes): the pass's result dropped, None (the
+    float32 package's road), the child reaped and its folder gone, nothing written."""
+
+    def broken(folder, out, cache, tamper=None):
+        raise RuntimeError("a family the hooks do not know")
+
+    monkeypatch.setattr(int4_writer, "build", broken)
+    jobs = _watched(monkeypatch)
+    real = stream_int4.torch_perplexity
+    seen = []
+
+    def perplexity(*a, **k):
+        while jobs[0]._poll() is None:  # the writer has failed before the pass ends
+            time.sleep(0.01)
+        seen.append(jobs[0].code)
+        return real(*a, **k)
+
+    monkeypatch.setattr(stream_int4, "torch_perplexity", perplexity)
+    assert stream_int4.int4_written(qwen, tmp_path / "out", budget=LOOSE) is None
+    assert seen and seen[0] != 0  # it failed while PyTorch's pass ran
+    assert not jobs[0].root.exists() and not list(tmp_path.iterdir())
+
+
+def test_an_error_in_pytorchs_pass_stops_the_writer(qwen, tmp_path, monkeypatch):
+    """PyTorch's perplexity raising while the writer's child runs: the child is killed and
+    reaped and its folder removed before the error goes on, nothing written."""
+
+    def slow(folder, out, cache, tamper=None):
+        time.sleep(600)  # the writer still running when PyTorch's pass fails
+
+    monkeypatch.setattr(int4_writer, "build", slow)
+    jobs = _watched(monkeypatch)
+
+    def perplexity(*a, **k):
+        raise RuntimeError("PyTorch's pass failed")
+
+    monkeypatch.setattr(stream_int4, "torch_perplexity", perplexity)
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match="PyTorch's pass failed"):
+        stream_int4.int4_written(qwen, tmp_path / "out", budget=LOOSE)
+    assert time.perf_counter() - t0 < 60  # not the writer's 600 s
+    assert jobs[0].code is not None and jobs[0].code != 0  # killed, reaped
+    with pytest.raises(ChildProcessError):
+        os.waitpid(jobs[0].pid, os.WNOHANG)
+    assert not jobs[0].root.exists() and not list(tmp_path.iterdir())
 
 
 def test_a_writer_that_fails_hands_over_to_the_float32_road(qwen, tmp_path, monkeypatch):
@@ -197,7 +264,11 @@ def test_the_written_package_is_judged_and_served(qwen, tmp_path):
     assert res.quantized == 2 * 5 + 1
     assert res.tokens_genai == res.tokens_onnx
     assert res.figures["agreement"] >= 0.6 and res.figures["perplexity_ratio"] <= 1.05
-    assert {"write", "genai+torch-windows",
+    # PyTorch's perplexity beside the writer, genai alone, ONNX Runtime beside PyTorch's picks
+    assert {"write+torch-windows", "genai",
             "onnx+torch-picks"} == set(res.seconds) == set(res.cpu)
     assert res.decoded == []  # ONNX Runtime's prefill confirmed genai's tokens
+    # the figures of the checks run one after the other, on the package written
+    tokens, figures = _sequential(qwen, tmp_path / "out", LOOSE)
+    assert res.tokens_onnx == tokens and res.figures == figures
     assert (tmp_path / "out" / "genai_config.json").is_file()

@@ -29,8 +29,11 @@ decoder layer at a time (hf/stream.py) - never the whole model in memory, on eit
 Steps 3 and 4 compute each thing once, and what does not wait on another runs beside it, one
 int4 session at a time (:func:`judged`):
 
-- onnxruntime-genai generating (a child, one thread) while PyTorch computes its perplexity
-  (this process, one thread; it needs nothing of the package);
+- PyTorch's perplexity (this process, one thread; it needs nothing of the package) while the
+  package is made: beside :func:`int4_written`'s writer (a child), so that onnxruntime-genai
+  then generates (a child, on the package's threads: the cores) alone; on the float32
+  package's road (:func:`int4_streamed`), beside onnxruntime-genai's generation (one thread
+  each);
 - ONNX Runtime (a child) scoring the text and confirming genai's tokens as its greedy ones
   (optimize/int4.greedy: one prefill per prompt over the prompt and genai's tokens, its pick
   after every prefix; where one differs it decodes that prompt step by step with its cache,
@@ -40,19 +43,25 @@ int4 session at a time (:func:`judged`):
   decode's is thus never an OM736, a real disagreement always is, and the figures are those
   of the checks run one after the other.
 
-Without onnxruntime-genai (or where it failed) ONNX Runtime decodes greedily on its own while
-PyTorch computes its perplexity, then PyTorch runs along its tokens. ``seconds`` and ``cpu``
-are per phase, named after the sides that overlapped (``genai+torch-windows``,
-``onnx+torch-picks``); ``parts``: each side's own CPU seconds. Measured at Qwen2.5-1.5B's
-shape with 14 layers, PyTorch's perplexity beside the writer and genai's session beside ONNX
-Runtime's took the process tree's peak to 1.76x the checkpoint's weights (1.13x one after the
-other): hence one int4 session at a time, and the writer alone.
+Without onnxruntime-genai (or where it failed) ONNX Runtime decodes greedily on its own
+(beside PyTorch's perplexity where that is not known yet), then PyTorch runs along its
+tokens. ``seconds`` and ``cpu`` are per phase, named after the sides that overlapped
+(``write+torch-windows``, ``genai``, ``onnx+torch-picks``; on the float32 road
+``genai+torch-windows``); ``parts``: each side's own CPU seconds. Where the writer fails,
+PyTorch's perplexity is dropped (a rounding: OM870; another reason: the float32 road, which
+computes its own); where PyTorch's pass raises, the writer's child is stopped first. Measured
+at Qwen2.5-1.5B's shape with 14 layers, PyTorch's perplexity beside the writer AND genai's
+session beside ONNX Runtime's took the process tree's peak to 1.76x the checkpoint's weights
+(1.13x one after the other): hence one int4 session at a time; PyTorch's pass (0.5 GiB over
+its start since its log-softmax is chunked) beside the writer (one weight at a time) is not
+an int4 session.
 
 The package is written at ``out`` only when all of this passed (built beside it, renamed into
 place: nothing half-written); the findings say what failed.
 
-Memory: one weight (float32) and its blocks at a time while quantizing and checking; then
-one int4 session (onnxruntime-genai's, then ONNX Runtime's, each a child) beside one decoder
+Memory: one weight (float32) and its blocks at a time while quantizing and checking (beside
+it, on the writer's road, one decoder layer of the checkpoint in float32 and the logits of the
+text's windows: PyTorch's perplexity); then one int4 session (onnxruntime-genai's, then ONNX Runtime's, each a child) beside one decoder
 layer of the checkpoint (float32), the activations and the logits of the text's windows or
 of the prompts' sequences.
 """
@@ -384,7 +393,8 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
 
 
 def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, config: Any,
-           budget: Any, *, genai: bool, timeout: float) -> bool:
+           budget: Any, *, genai: bool, timeout: float, data: Any = None,
+           perplexity: float | None = None) -> bool:
     """Steps 3 and 4 of the module docstring on the int4 package ``folder`` (its decoder
     graph ``decoder``): the task budget against the checkpoint streamed, then
     onnxruntime-genai's tokens; True when both held (``res``: figures, tokens, seconds and
@@ -397,7 +407,9 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     runs along them. Without it (or where it failed), ONNX Runtime decodes on its own while
     PyTorch computes its perplexity, then PyTorch runs along its tokens. One int4 session
     at a time: the package's session in ONNX Runtime and in genai are never beside each
-    other."""
+    other. ``data`` and ``perplexity``: the task data and PyTorch's perplexity on its text
+    where they are known already (:func:`int4_written` computes them beside its writer);
+    genai then generates alone, on the package's threads (the cores)."""
     from onnxmedic.genpackage import read_package
     from onnxmedic.hf.gen_verify import (
         GenerationCheck,
@@ -409,20 +421,26 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     from onnxmedic.hf.transforms.int4_package import genai_agrees
     from onnxmedic.optimize.int4 import judge, score_onnx
 
-    data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
+    if data is None:
+        data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
     # ``timeout`` is a run's: the scoring makes a run per generated token and window
     runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
     layout = read_package(folder)
     served = genai and genai_available()
-    check, out, perplexity = GenerationCheck(prompts=data.prompts), None, None
+    check, out = GenerationCheck(prompts=data.prompts), None
     if served:
-        with res.timed("genai+torch-windows"), res.part("genai", own=False), \
-                res.part("torch-windows", own=True):
+        # PyTorch's perplexity beside genai's generation, unless it is known already
+        side = "torch-windows" if perplexity is None else ""
+        with res.timed("+".join(["genai"] + [side] * bool(side))), \
+                res.part("genai", own=False), \
+                (res.part(side, own=True) if side else nullcontext()):
+            # one thread beside PyTorch's; alone, the package's own setting (the cores)
             run = start_genai_child(folder, genai_spec(folder, data.prompts, budget.steps,
-                                                       threads=1))
+                                                       threads=1 if side else None))
             try:
-                with torch_threads(1):
-                    perplexity = torch_perplexity(checkpoint, data.text)
+                if side:
+                    with torch_threads(1):
+                        perplexity = torch_perplexity(checkpoint, data.text)
             except BaseException:
                 run.stop()
                 raise
@@ -473,7 +491,10 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     """Write ``out``: the int4 package of the checkpoint folder ``checkpoint`` made by
     hf/transforms/int4_writer.py (onnxruntime-genai's builder in a child, each weight read,
     quantized, written and checked against its rounding as the builder makes it: no float32
-    package), then judged as :func:`int4_streamed` judges (steps 3 and 4). ``tamper(weight,
+    package), then judged as :func:`int4_streamed` judges (steps 3 and 4), PyTorch's
+    perplexity computed in this process (one thread) while the writer's child runs: it needs
+    nothing of the package; dropped where the writer fails, and an error in it stops the
+    writer before it goes on. ``tamper(weight,
     blocks, scales)``: called in the child on each slice of 4-bit blocks before it is written
     (the tests' faulty quantizer). ``timeout``: one ONNX Runtime run's, and the writer's per
     GiB of the checkpoint's weights. None when the writer failed for another reason than a
@@ -498,16 +519,24 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
     config = checked_config(checkpoint)  # refused before any work
     res = StreamedInt4()
     out.parent.mkdir(parents=True, exist_ok=True)
+    # PyTorch's perplexity (this process, one thread) beside the writer (a child): it needs
+    # nothing of the package
+    phase = "write+torch-windows"
     with staged(out) as stage:
-        with res.timed("write"):
+        with res.timed(phase):
             # the family's modeling module imported before the fork: the writer child's model
             # (on the meta device) and PyTorch's streamed side share one import of it
             MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
             job = builder.start(checkpoint, stage / "pkg",
                                 work=partial(int4_writer.build, tamper=tamper))
         try:
-            with res.timed("write"):
+            with res.timed(phase), res.part("write", own=False):
+                # after the fork: the child has no tokenizer's nor PyTorch's threads
+                with res.part("torch-windows", own=True), torch_threads(1):
+                    data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
+                    perplexity = torch_perplexity(checkpoint, data.text)
                 # the writer reads, quantizes and checks every weight: ``timeout`` per GiB
+                # (from its start, PyTorch's pass included)
                 why = job.wait(timeout * max(1.0, weight_bytes(checkpoint) / 2**30))
             said = int4_writer.verdict(job.root)
             if "not_rounded" in said:
@@ -518,10 +547,10 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
                                "road", why or "it said nothing")
                 return None
             res.quantized = int(said["quantized"])
-            with res.timed("write"):
+            with res.timed(phase):
                 builder.finish(job, *side_files(checkpoint))
             if not judged(res, job.out, job.out / builder.GRAPH, checkpoint, config, budget,
-                          genai=genai, timeout=timeout):
+                          genai=genai, timeout=timeout, data=data, perplexity=perplexity):
                 return res
             replace_folder(job.out, out)
         finally:
