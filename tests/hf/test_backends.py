@@ -222,7 +222,7 @@ def test_a_builder_package_the_own_loop_cannot_feed_is_said_before_it_runs(
     monkeypatch.setattr(gen_verify, "onnx_side", lambda *a: ran.append("onnx"))
     job = SimpleNamespace(out=sliding, wait=lambda timeout: None)
     req = SimpleNamespace(timeout=1.0, model=None, tokenizer=None, steps=1)
-    watch = backends._BuildWatch(job, req, [[1, 2]])
+    watch = backends.BuildWatch(job, req, [[1, 2]])
     watch._run()
     assert watch.why.startswith("onnxmedic's own loop cannot verify its package: its "
                                 "sliding-window layers") and ran == []

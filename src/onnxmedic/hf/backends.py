@@ -204,7 +204,7 @@ def _from_builder(result: ExportResult, job: BuildJob, req: Request) -> dict[Any
                      else req.prompts, int(model.config.vocab_size))
     # onnxruntime-genai's check starts as soon as the package is there, while PyTorch's side
     # may still run here
-    watch = _BuildWatch(job, req, ids)
+    watch = BuildWatch(job, req, ids)
     watch.start()
     try:
         # one core each: the builder's child and PyTorch here (two threads here would take
@@ -228,7 +228,7 @@ def _from_builder(result: ExportResult, job: BuildJob, req: Request) -> dict[Any
         model.train(was_training)
 
 
-class _BuildWatch(threading.Thread):
+class BuildWatch(threading.Thread):
     """Waits for the builder's ``job``; once its package is there, starts onnxruntime-genai's
     check of it (gen_verify.genai_beside: ``genai``) and runs onnxmedic's own loop's ONNX
     Runtime side (gen_verify.onnx_side: ``onnx``), while PyTorch's side may still run in the
@@ -272,7 +272,7 @@ class _BuildWatch(threading.Thread):
                 logger.info("generation: the own loop ahead failed", exc_info=True)
 
 
-def _verdict(result: ExportResult, job: BuildJob, watch: _BuildWatch, req: Request,
+def _verdict(result: ExportResult, job: BuildJob, watch: BuildWatch, req: Request,
              runs: dict[Any, Any]) -> dict[Any, Any] | None:
     """The builder's package (``watch`` waited for it) verified against PyTorch's ``runs``
     and written (OM836), or failed (``req.strict``: OM838), or PyTorch's runs returned for

@@ -411,15 +411,9 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     where they are known already (:func:`int4_written` computes them beside its writer);
     genai then generates alone, on the package's threads (the cores)."""
     from onnxmedic.genpackage import read_package
-    from onnxmedic.hf.gen_verify import (
-        GenerationCheck,
-        finish_genai_child,
-        genai_available,
-        genai_spec,
-        start_genai_child,
-    )
+    from onnxmedic.hf.gen_verify import GenerationCheck, genai_available
     from onnxmedic.hf.transforms.int4_package import genai_agrees
-    from onnxmedic.optimize.int4 import judge, score_onnx
+    from onnxmedic.optimize.int4 import judge
 
     if data is None:
         data = task_data(checkpoint, budget.prompts, int(config.vocab_size))
@@ -429,39 +423,11 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     served = genai and genai_available()
     check, out = GenerationCheck(prompts=data.prompts), None
     if served:
-        # PyTorch's perplexity beside genai's generation, unless it is known already
-        side = "torch-windows" if perplexity is None else ""
-        with res.timed("+".join(["genai"] + [side] * bool(side))), \
-                res.part("genai", own=False), \
-                (res.part(side, own=True) if side else nullcontext()):
-            # one thread beside PyTorch's; alone, the package's own setting (the cores)
-            run = start_genai_child(folder, genai_spec(folder, data.prompts, budget.steps,
-                                                       threads=1 if side else None))
-            try:
-                if side:
-                    with torch_threads(1):
-                        perplexity = torch_perplexity(checkpoint, data.text)
-            except BaseException:
-                run.stop()
-                raise
-            out = finish_genai_child(run, timeout * runs, check)
+        out, perplexity = genai_phase(res, folder, checkpoint, data, budget, check,
+                                      timeout * runs, perplexity)
     given = out["tokens"] if out is not None else None
-    picks = None
-    # PyTorch's side beside ONNX Runtime's: its perplexity where genai did not run, else its
-    # picks along genai's tokens (none where genai failed)
-    side = "torch-windows" if perplexity is None else "torch-picks" if given else ""
-    with res.timed("+".join(["onnx"] + [side] * bool(side))), res.part("onnx", own=False), \
-            (res.part(side, own=True) if side else nullcontext()):
-        # the scoring waits on its child in a thread (the GIL is free meanwhile)
-        with ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(score_onnx, decoder, data, budget.steps, None, given=given,
-                                  timeout=timeout * runs, layout=layout)
-            with torch_threads(1):
-                if perplexity is None:
-                    perplexity = torch_perplexity(checkpoint, data.text)
-                elif given is not None:
-                    picks = torch_picks(checkpoint, data.prompts, given)
-            got = pending.result()
+    got, picks, perplexity = onnx_phase(res, decoder, checkpoint, data, budget, layout, given,
+                                        timeout * runs, perplexity)
     if not got.get("ok"):
         res.figures = {"rejected": got.get("error", "the scoring failed")}
         res.findings.append(over_budget(res.figures, budget))
@@ -483,6 +449,55 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
         if not ok:
             return False
     return True
+
+
+def genai_phase(res: StreamedInt4, folder: Path, checkpoint: Path, data: Any, budget: Any,
+                check: Any, timeout: float, perplexity: float | None
+                ) -> tuple[dict[str, Any] | None, float | None]:
+    """onnxruntime-genai generating from ``folder`` (a child: its run's output, None where it
+    failed, ``check`` said why), with PyTorch's perplexity beside it unless it is known
+    already (``perplexity``; returned either way)."""
+    from onnxmedic.hf.gen_verify import finish_genai_child, genai_spec, start_genai_child
+
+    side = "torch-windows" if perplexity is None else ""
+    with res.timed("+".join(["genai"] + [side] * bool(side))), res.part("genai", own=False), \
+            (res.part(side, own=True) if side else nullcontext()):
+        # one thread beside PyTorch's; alone, the package's own setting (the cores)
+        run = start_genai_child(folder, genai_spec(folder, data.prompts, budget.steps,
+                                                   threads=1 if side else None))
+        try:
+            if side:
+                with torch_threads(1):
+                    perplexity = torch_perplexity(checkpoint, data.text)
+        except BaseException:
+            run.stop()
+            raise
+        return finish_genai_child(run, timeout, check), perplexity
+
+
+def onnx_phase(res: StreamedInt4, decoder: Path, checkpoint: Path, data: Any, budget: Any,
+               layout: Any, given: list[list[int]] | None, timeout: float,
+               perplexity: float | None) -> tuple[dict[str, Any], Any, float | None]:
+    """ONNX Runtime scoring the int4 ``decoder`` (a child: the text, and its greedy tokens,
+    confirming genai's ``given`` where there are some) beside PyTorch's side: its perplexity
+    where it is not known yet, else its picks along ``given``. (the scoring's result, PyTorch's
+    picks or None, the perplexity)."""
+    from onnxmedic.optimize.int4 import score_onnx
+
+    picks = None
+    side = "torch-windows" if perplexity is None else "torch-picks" if given else ""
+    with res.timed("+".join(["onnx"] + [side] * bool(side))), res.part("onnx", own=False), \
+            (res.part(side, own=True) if side else nullcontext()):
+        # the scoring waits on its child in a thread (the GIL is free meanwhile)
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(score_onnx, decoder, data, budget.steps, None, given=given,
+                                  timeout=timeout, layout=layout)
+            with torch_threads(1):
+                if perplexity is None:
+                    perplexity = torch_perplexity(checkpoint, data.text)
+                elif given is not None:
+                    picks = torch_picks(checkpoint, data.prompts, given)
+            return pending.result(), picks, perplexity
 
 
 def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *,
