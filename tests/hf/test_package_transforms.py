@@ -113,10 +113,14 @@ def _int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys,
         assert (pkg / "model.onnx").is_file() and not made
         argv, left = ["optimize", str(pkg), f"hf:{folder}", "--no-progress", *int4], left + ["pkg"]
     else:
-        argv = [*export, *int4, "--json"]
+        report = tmp_path / "report.json"
+        argv, left = [*export, *int4, "--json", "--report", str(report)], left + [report.name]
     rc = main(argv)
     printed = capsys.readouterr()
     assert "Traceback" not in printed.out + printed.err
+    # the folder written is named as OUT, never the scratch folder it was built in
+    said = printed.out + (report.read_text() if road == "export-int4" else "")
+    assert ".tmp-" not in said, re.findall(r"\S*\.tmp-\S*", said)
     if backend == "export" and family in NO_GENAI:  # refused before any work, said why
         assert rc == 1 and "OM741" in printed.out + printed.err, printed.out[-3000:]
         assert "OM009" not in printed.out + printed.err and not out.exists()
@@ -125,6 +129,7 @@ def _int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys,
     assert len(made) == 1 and made[0].ok and made[0].path == str(out)
     found = {f.code for f in made[0].findings}
     assert "OM732" in found and "OM732" in _codes(printed.out)
+    assert f"written to {out / 'model.onnx'}" in printed.out, printed.out[-3000:]
     assert found & {"OM734", "OM735"}, found  # the fusion judged, said before int4 ran
     if road == "export-int4":
         assert "OM819" in _codes(printed.out)
