@@ -5,6 +5,9 @@ message and why it is noise here; :func:`silence` puts a filter on that logger t
 message only, so everything else the library logs still shows. None of them is about the
 user's model or what onnxmedic did with it: they come from importing torchao, which
 transformers does on its first ``from_pretrained`` and onnxruntime-genai's builder does too.
+A message that is about the user's model, but that onnxmedic says itself in its own words
+(:data:`SAID_INSTEAD`), is dropped only while onnxmedic does what makes the library say it
+(:func:`said_instead`).
 """
 
 from __future__ import annotations
