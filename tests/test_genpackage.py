@@ -195,6 +195,24 @@ def test_optimize_says_why_it_cannot_feed_a_package_om839(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
 
 
+def test_the_api_road_refuses_what_the_command_refuses_before_any_work(tmp_path):
+    """package_precision called directly runs the package's own checks (the command asks
+    them before it loads the checkpoint and tells it so): OM839 for a decoder the contract
+    cannot feed, OM741 for a package without genai_config.json; nothing written."""
+    from onnxmedic.hf.transforms.precision import package_precision
+
+    unfed, plain = tmp_path / "unfed", tmp_path / "plain"
+    _cache_graph(unfed / "model.onnx", gp.cache_names(1), gp.cache_names(1, present=True),
+                 size="kv_cache_dim")
+    plain.mkdir()
+    _cache_graph(plain / "model.onnx", gp.cache_names(1), gp.cache_names(1, present=True))
+    for folder, code in ((unfed, "OM839"), (plain, "OM741")):
+        for precision in ("int4", "fp32"):
+            res = package_precision(folder, tmp_path / "out", None, precision=precision)
+            assert not res.ok and [f.code for f in res.findings] == [code], res.findings
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain", "unfed"]
+
+
 def test_state_names():
     """A layer's states take onnxruntime-genai's names (past.{i}.conv / .recurrent)."""
     assert gp.cache_name(2, "conv") == "past.2.conv"

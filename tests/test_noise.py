@@ -145,3 +145,30 @@ def test_a_normal_hf_export_and_optimize_print_onnxmedics_lines_only(tmp_path):
                            capture_output=True, text=True, timeout=900)
         assert p.returncode == 0, p.stderr[-3000:]
         assert third_party_lines(p.stderr) == [], p.stderr[-3000:]
+
+
+def test_a_message_onnxmedic_says_instead_is_dropped_in_its_block_only():
+    """transformers' "add `is_decoder=True`" comes from ~17 module loggers and reaches stderr
+    through the handler on transformers' own root logger: dropped there while the block runs
+    (the with-past load, which OM817 then refuses in its own words); every other transformers
+    warning still shows, and the same line outside the block (--task text-generation, where
+    nothing of onnxmedic repeats it)."""
+    import io
+
+    said = io.StringIO()
+    root, handler = logging.getLogger("transformers"), logging.StreamHandler(said)
+    root.addHandler(handler)
+    level, root.level = root.level, logging.WARNING
+    bert = logging.getLogger("transformers.models.bert.modeling_bert")
+    standalone = "If you want to use `BertLMHeadModel` as a standalone, add `is_decoder=True.`"
+    try:
+        with noise.said_instead("is_decoder"):
+            bert.warning(standalone)
+            bert.warning("Some weights of BertLMHeadModel were not initialized")
+        assert not handler.filters
+        bert.warning(standalone)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    assert said.getvalue().splitlines() == [
+        "Some weights of BertLMHeadModel were not initialized", standalone]

@@ -1328,6 +1328,13 @@ def refuse(finding: Finding) -> int:
     return finding.exit_code
 
 
+def print_findings(findings: Any) -> None:
+    """Each of ``findings`` as the commands print their results: its code and message, a line
+    each, on stdout."""
+    for f in findings:
+        print(f"{f.code} {f.message}")
+
+
 class OnnxMedicError(Exception):
     """A user-facing failure carrying a finding. Raised inside onnxmedic, caught by the API."""
 

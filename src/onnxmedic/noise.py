@@ -5,6 +5,9 @@ message and why it is noise here; :func:`silence` puts a filter on that logger t
 message only, so everything else the library logs still shows. None of them is about the
 user's model or what onnxmedic did with it: they come from importing torchao, which
 transformers does on its first ``from_pretrained`` and onnxruntime-genai's builder does too.
+A message that is about the user's model, but that onnxmedic says itself in its own words
+(:data:`SAID_INSTEAD`), is dropped only while onnxmedic does what makes the library say it
+(:func:`said_instead`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,18 @@ KNOWN: tuple[tuple[str, str, str], ...] = (
      r"torch\.compile", "torchao registers its enums as pytree constants, which torch "
      "deprecates; nothing onnxmedic can change"),
 )
+
+
+# (library, pattern of the message, why onnxmedic says it instead): a message that many of
+# the library's module loggers emit, which reaches stderr through the handler the library puts
+# on its own root logger on first use; dropped there by :func:`said_instead` while onnxmedic
+# does what makes the library say it, and only then
+SAID_INSTEAD: dict[str, tuple[str, str, str]] = {
+    "is_decoder": (
+        "transformers", r"as a standalone, add `is_decoder=True",
+        "an encoder's causal-LM class (BertLMHeadModel ...) built without is_decoder keeps no "
+        "cache: for text-generation-with-past OM817 says so, with the fix"),
+}
 
 
 class _Drop(logging.Filter):
@@ -53,6 +68,27 @@ def silence(progress: bool | None = None) -> None:
         progress = sys.stderr.isatty()
     if not progress:  # read when huggingface_hub is imported (transformers imports it)
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+@contextlib.contextmanager
+def said_instead(key: str) -> Iterator[None]:
+    """While the block runs, the message :data:`SAID_INSTEAD` names by ``key`` is dropped on the
+    handlers its library's loggers reach (the library's root logger's, and its ancestors' while
+    it propagates): onnxmedic says it in its own words. Every other message still shows, and
+    the same message outside the block."""
+    library, pattern, _why = SAID_INSTEAD[key]
+    drop = _Drop(pattern)
+    handlers, log = [], logging.getLogger(library)
+    while log is not None:
+        handlers += [h for h in log.handlers if h not in handlers]
+        log = log.parent if log.propagate else None
+    for h in handlers:
+        h.addFilter(drop)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(drop)
 
 
 @contextlib.contextmanager

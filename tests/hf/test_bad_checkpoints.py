@@ -241,6 +241,20 @@ def test_with_past_on_an_encoder_says_it_keeps_no_cache(hf_folder, out):
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.slow  # a fresh interpreter (transformers' own stderr handler), ~15 s
+def test_with_past_on_an_encoder_is_said_once_in_our_words(hf_folder, tmp_path):
+    """The refusal (OM817: set is_decoder=True) without transformers' "add `is_decoder=True`"
+    line on stderr, which says the same."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "onnxmedic", "export", f"hf:{hf_folder('bert')}",
+                        "--task", "text-generation-with-past", "-o", str(tmp_path / "pkg"),
+                        "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 1 and "OM817" in p.stdout + p.stderr, p.stderr[-2000:]
+    assert "is_decoder=True." not in p.stderr and "[transformers]" not in p.stderr, p.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,kinds", [("lfm2", {"conv", "key", "value"}),
                                         ("falcon_h1", {"key", "value", "conv", "recurrent"}),

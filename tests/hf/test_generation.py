@@ -505,6 +505,9 @@ def test_int4_package_genai_cannot_serve_writes_nothing(llama, tmp_path):
                      budget=loose)
     assert r.search.ok and not r.ok and "OM736" in codes(r.findings)
     assert not (tmp_path / "int4").exists()
+    # the chosen candidate is said (OM732) but not as written: nothing was, anywhere
+    om732 = next(f for f in r.findings if f.code == "OM732")
+    assert r.search.written is None and "written to" not in om732.message, om732.message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg"]
 
 

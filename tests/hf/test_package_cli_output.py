@@ -49,20 +49,37 @@ def test_fused_package_findings_once_and_json(exported, tmp_path, capsys):
     assert "OM734" in {f["code"] for f in result["findings"]}
 
 
-@pytest.mark.slow  # the export, the fusion and one int4 candidate (~60 s)
+@pytest.mark.slow  # the export, and twice the fusion and one int4 candidate (~90 s)
 def test_int4_package_names_the_folder_written(exported, tmp_path, capsys, monkeypatch):
+    """The int4 package is named as OUT (OM732: where its decoder was written), never the
+    scratch folder it was built in, in the printed table and in --json; the package's own
+    checks run once (before the checkpoint loads), not again when it is transformed."""
+    from onnxmedic.hf.transforms import precision
     from onnxmedic.optimize import int4_search
 
     monkeypatch.setattr(int4_search, "DEFAULT_GRID", [(32, 4, "int4")])
+    checked = []
+    real = precision.preflight
+    monkeypatch.setattr(precision, "preflight", lambda *a: checked.append(a) or real(*a))
     ckpt, pkg = exported
     capsys.readouterr()
     out = tmp_path / "int4"
-    rc = main(["optimize", str(pkg), f"hf:{ckpt}", "--precision", "int4", "--accuracy", LOOSE,
-               "-o", str(out), "--no-progress"])
+    argv = ["optimize", str(pkg), f"hf:{ckpt}", "--precision", "int4", "--accuracy", LOOSE,
+            "-o", str(out), "--no-progress"]
+    rc = main(argv)
     printed = capsys.readouterr().out
     assert rc == 0 and (out / "model.onnx").is_file()
     assert ".tmp-" not in printed, printed
-    assert f"written to {out}" in printed, printed
+    assert f"written to {out / 'model.onnx'}" in printed, printed
+    assert len(checked) == 1, checked
+    rc = main([*argv, "--json"])
+    printed = capsys.readouterr().out
+    assert rc == 0 and ".tmp-" not in printed, printed
+    result = json.loads(printed)
+    assert result["path"] == str(out)
+    om732 = next(f for f in result["findings"] if f["code"] == "OM732")
+    assert om732["message"].endswith(f"written to {out / 'model.onnx'}"), om732["message"]
+    assert om732["details"]["written"] == str(out / "model.onnx")
 
 
 @pytest.mark.slow  # a child interpreter importing torch and transformers (~15 s)

@@ -142,10 +142,14 @@ def _int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys,
         assert not fallback or "OM837" in _codes(printed.out)  # auto fell back to the export
         argv, left = ["optimize", str(pkg), f"hf:{folder}", "--no-progress", *int4], left + ["pkg"]
     else:
-        argv = [*export, *int4, "--json"]
+        report = tmp_path / "report.json"
+        argv, left = [*export, *int4, "--json", "--report", str(report)], left + [report.name]
     rc = main(argv)
     printed = capsys.readouterr()
     assert "Traceback" not in printed.out + printed.err
+    # the folder written is named as OUT, never the scratch folder it was built in
+    said = printed.out + (report.read_text() if road == "export-int4" else "")
+    assert ".tmp-" not in said, re.findall(r"\S*\.tmp-\S*", said)
     if backend == "export" and family in NO_GENAI:  # refused before any work, said why
         said = printed.out + printed.err
         assert rc == 1 and "OM741" in said and "int4 here: it has no genai_config.json" in said, said[-3000:]
@@ -155,6 +159,7 @@ def _int4(family: str, backend: str, tmp_path: Path, monkeypatch, capsys,
     assert len(made) == 1 and made[0].ok and made[0].path == str(out)
     found = {f.code for f in made[0].findings}
     assert "OM732" in found and "OM732" in _codes(printed.out)
+    assert f"written to {out / 'model.onnx'}" in printed.out, printed.out[-3000:]
     assert found & {"OM734", "OM735"}, found  # the fusion judged, said before int4 ran
     if road == "export-int4":
         assert "OM819" in _codes(printed.out)
@@ -357,5 +362,5 @@ def test_export_int4_refusal_names_the_package_not_its_staging_folder(tmp_path, 
     r = precision.export_at_precision(object(), tmp_path / "int4")
     said = [f.message for f in r.findings if f.code == "OM741"]
     assert not r.ok and said and ".tmp" not in said[0], [f.message for f in r.findings]
-    assert said[0].startswith(f"the float32 package of {tmp_path / 'int4'} cannot be made")
+    assert said[0].startswith(f"the float32 package exported for {tmp_path / 'int4'} cannot be made")
     assert list(tmp_path.iterdir()) == []

@@ -5,6 +5,8 @@ written."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -59,6 +61,8 @@ def test_the_streamed_int4_package_is_written_and_served(bf16, package, tmp_path
     folder, _model = bf16
     res = stream_int4.int4_streamed(package, folder, tmp_path / "out", budget=LOOSE)
     assert res.ok, [f.message for f in res.findings]
+    said = json.dumps([f.to_dict() for f in res.findings], default=str)
+    assert ".tmp-" not in said and res.path == str(tmp_path / "out"), said
     assert res.quantized == 2 * 5 + 1  # qkv, o, gate, up, down per layer, and the head
     assert res.tokens_genai == res.tokens_onnx
     assert res.figures["agreement"] >= 0.6 and res.figures["perplexity_ratio"] <= 1.05
@@ -295,7 +299,7 @@ def test_export_int4_at_size_streams_without_loading_the_model(bf16, package, tm
         res.timings)  # CPU seconds beside the wall seconds, each side's own too
     assert (tmp_path / "out" / "genai_config.json").is_file()
     assert (tmp_path / "out" / "config.json").is_file()
-    assert (tmp_path / "r.json").is_file()
+    assert ".tmp-" not in (tmp_path / "r.json").read_text()  # OUT named, not its scratch
 
 
 def test_export_int4_below_the_size_keeps_the_whole_model_road(bf16, monkeypatch):

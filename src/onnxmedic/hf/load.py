@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from onnxmedic import noise
 from onnxmedic.findings import InputError
 from onnxmedic.hf import checkpoint, tasks
 from onnxmedic.hf.checkpoint import DTYPES, Checkpoint
@@ -143,7 +144,12 @@ def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
     # keeps none) would hand it to the model's __init__, which raises TypeError (was OM808)
     extra = ({"use_cache": False} if task == "text-generation" and "use_cache" in ckpt.config
              else {})
-    model = checkpoint.load_model(ckpt, tasks.auto_class(task, ckpt.config), dtype, trust, extra)
+    # an encoder's causal-LM class without is_decoder keeps no cache: the export refuses it
+    # (OM817, with the fix), so transformers' "add `is_decoder=True`" line is not said too
+    with (noise.said_instead("is_decoder") if task == "text-generation-with-past"
+          else contextlib.nullcontext()):
+        model = checkpoint.load_model(ckpt, tasks.auto_class(task, ckpt.config), dtype, trust,
+                                      extra)
     modality = TASKS[task].modality if task in TASKS else ""
     # a feature extractor for an audio task's model, the encoder-decoder's among them
     audio = modality == "audio" or task.startswith("automatic-speech-recognition") or (

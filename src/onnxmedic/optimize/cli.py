@@ -145,7 +145,7 @@ def main(ns: argparse.Namespace) -> int:
 def _optimize_file(ns: argparse.Namespace) -> int:
     """``onnxmedic optimize IN.onnx MODEL`` at fp32, fp16 or int8: the variant table."""
     from onnxmedic import inputs
-    from onnxmedic.findings import OnnxMedicError, refuse
+    from onnxmedic.findings import OnnxMedicError, print_findings, refuse
     from onnxmedic.optimize import (
         block_list_findings,
         optimization_finding,
@@ -182,8 +182,7 @@ def _optimize_file(ns: argparse.Namespace) -> int:
         fus = ",".join(f"{k}={n}" for k, n in v.fusions.items())
         print(f"{v.name:24} {v.precision:5} {'yes' if v.verified else 'no':8} {med:>10} "
               f"{p90:>8} {sp:>8} {_accuracy(v):>16}  {fus} {v.rejected}".rstrip())
-    for b in target_findings(res) + block_list_findings(res):
-        print(f"{b.code} {b.message}")
+    print_findings(target_findings(res) + block_list_findings(res))
     if res.seconds:
         print(took(res))
     if res.written:

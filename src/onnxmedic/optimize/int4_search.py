@@ -87,8 +87,8 @@ class Int4Result:
     reference_perplexity: float
     candidates: list[Int4Candidate]
     chosen: str | None = None
-    written: str | None = None
-    message: str = ""
+    written: str | None = None  # where the chosen file is (None: nowhere, or not yet)
+    message: str = ""  # the verdict and its figures (OM732 adds where it was written)
     seconds: dict[str, float] = field(default_factory=dict)
     user_text: str = ""  # --calibration: where the figures on the user's text come from
     user_reference_perplexity: float | None = None
@@ -110,7 +110,8 @@ class Int4Result:
                     details={k: v for k, v in asdict(c).items() if k != "path"})
                for c in self.candidates if c.name != "fp32" and c.rejected]
         if self.chosen:
-            out.insert(0, info("OM732", stage, self.message, details=self.to_dict()))
+            where = f"; written to {self.written}" if self.written else ""
+            out.insert(0, info("OM732", stage, self.message + where, details=self.to_dict()))
             drift = self.free_running_finding(stage)
             if drift is not None:
                 out.insert(1, drift)
@@ -277,8 +278,7 @@ def choose(res: Int4Result, out: str | os.PathLike[str] | None) -> None:
         tmp = f"{out}.tmp-int4"
         shutil.copyfile(best.path, tmp)
         os.replace(tmp, out)
-        res.written = str(out)
-        res.message += f"; written to {out}"
+        res.written = str(out)  # OM732 says where (findings())
 
 
 def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., Any], *,
@@ -392,11 +392,14 @@ def _row(c: Int4Candidate, user: bool) -> str:
             f"{mib:>7}  {c.rejected}").rstrip()
 
 
-def print_result(res: Int4Result) -> None:
+def print_result(res: Int4Result, findings: list[Any] | None = None) -> None:
     """The int4 candidate table (``onnxmedic optimize --precision int4``): per candidate the
     perplexity and its delta (built-in text; the user's held-out text with --calibration),
     greedy agreement teacher-forced (``forced``: the budget's figure) and generating on its own
-    (``own``), decode-step time and size."""
+    (``own``), decode-step time and size; then ``findings`` (``res.findings()`` when None)
+    but OM730, whose rejections the table shows."""
+    from onnxmedic.findings import print_findings
+
     print(f"int4 judged by the task budget: {res.budget.describe()} (--accuracy); text: "
           f"{res.data_source}; PyTorch float32 perplexity {res.reference_perplexity:.4g}")
     user = bool(res.user_text)
@@ -408,9 +411,8 @@ def print_result(res: Int4Result) -> None:
           f"{'decode ms':>9} {'MiB':>7}  why rejected")
     for c in res.candidates:
         print(_row(c, user))
-    for f in res.findings():
-        if f.code != "OM730":
-            print(f"{f.code} {f.message}")
+    print_findings([f for f in (res.findings() if findings is None else findings)
+                    if f.code != "OM730"])
 
 
 def cli_main(ns: Any) -> int:

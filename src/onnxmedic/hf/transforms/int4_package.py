@@ -135,20 +135,23 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
             res.findings.append(not_fed(folder, e.__cause__ or e))
             return res
         res.search = done.info["search"]
-        res.findings.extend(res.search.findings())
-        if not done.modified:
-            return res
-        # the chosen file's own greedy tokens in ONNX Runtime, as the search scored it
-        res.tokens_onnx = next(c.tokens for c in res.search.candidates
-                               if c.name == res.search.chosen)
-        if genai:
-            ok, res.tokens_genai, found = genai_agrees(tmp, res.search.prompts, res.tokens_onnx,
-                                                       res.search.budget.steps, timeout)
-            res.findings.extend(found)
-            if not ok:
-                return res
-        replace_folder(tmp, out)
-        res.ok, res.path = True, str(out)
+        # the chosen file is in the scratch folder, gone on the way out: it is written only
+        # once the package is in place, and then named where it is (OM732, --json, --report)
+        chosen, res.search.written = res.search.written, None
+        found: list[Any] = []
+        if done.modified:
+            # the chosen file's own greedy tokens in ONNX Runtime, as the search scored it
+            res.tokens_onnx = next(c.tokens for c in res.search.candidates
+                                   if c.name == res.search.chosen)
+            ok = True
+            if genai:
+                ok, res.tokens_genai, found = genai_agrees(
+                    tmp, res.search.prompts, res.tokens_onnx, res.search.budget.steps, timeout)
+            if ok:
+                replace_folder(tmp, out)
+                res.search.written = str(out / Path(chosen).name)
+                res.ok, res.path = True, str(out)
+        res.findings = [*res.search.findings(), *found]
         return res
 
 

@@ -9,11 +9,8 @@ checkpoint is the PyTorch model the package was exported from (a folder written 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,14 +87,8 @@ def package_problem(folder: Path) -> Any:
 def cli_package(ns: Any) -> int:
     """The package branch of ``onnxmedic optimize``: 0 written, 1 not (a finding says why),
     2 for a bad flag."""
-    from onnxmedic.findings import OnnxMedicError, refuse
-    from onnxmedic.genpackage import NotAStep, read_package
-    from onnxmedic.hf.transforms.int4_package import not_fed
-    from onnxmedic.hf.transforms.precision import (
-        package_precision,
-        precision_problem,
-        transform_problem,
-    )
+    from onnxmedic.findings import OnnxMedicError, print_findings, refuse
+    from onnxmedic.hf.transforms.precision import package_precision, precision_problem, preflight
     from onnxmedic.optimize import int4
     from onnxmedic.optimize.int4_search import print_result
 
@@ -112,13 +103,8 @@ def cli_package(ns: Any) -> int:
         return 2
     if (unreadable := package_problem(Path(ns.onnx))) is not None:
         return refuse(unreadable)  # before the checkpoint is loaded
-    try:  # the package first: a folder its contract cannot feed is said before loading
-        read_package(ns.onnx).empty_past()
-    except NotAStep as e:
-        _print([not_fed(Path(ns.onnx), e)])
-        return 1
-    if (bad := transform_problem(Path(ns.onnx), ns.precision)) is not None:
-        _print([bad])  # before the checkpoint is loaded
+    if (bad := preflight(Path(ns.onnx), ns.precision)) is not None:
+        print_findings([bad])  # the package's own checks, before the checkpoint is loaded
         return 1
     if (bad := checkpoint_problem(ns.model)) is not None:
         return refuse(bad)  # after the package's own checks, before anything is loaded
@@ -129,39 +115,21 @@ def cli_package(ns: Any) -> int:
     quiet = bool(getattr(ns, "json", False))
     res = package_precision(ns.onnx, ns.output, model, tok, ns.precision, budget=budget,
                             threads=ns.threads, timeout=ns.timeout,
-                            say=None if quiet else print)
+                            say=None if quiet else print, checked=True)
     out = Path(ns.output)
-    for f in res.findings:  # the folder written is OUT, not the scratch folder it was built in
-        f.message = _staged_as_out(f.message, out)
     if quiet:
-        print(json.dumps({"ok": res.ok, "path": str(out) if res.ok else None,
-                          "precision": ns.precision,
+        print(json.dumps({"ok": res.ok, "path": res.path, "precision": ns.precision,
                           "findings": [f.to_dict() for f in res.findings]}, indent=2,
                          default=str))
         return 0 if res.ok else 1
-    said: tuple[str, ...] = ()
     if res.int4 is not None and res.int4.search is not None:
-        table = io.StringIO()
-        with contextlib.redirect_stdout(table):  # its table (OM730's rejections), findings
-            print_result(res.int4.search)
-        print(_staged_as_out(table.getvalue(), out), end="")
-        # OM734/OM735 were said before int4 ran (package_precision's say line)
-        said = tuple({f.code for f in res.int4.search.findings()}) + (
-            "OM734", "OM735")
-    _print([f for f in res.findings if f.code not in said])
+        # the candidate table, then the road's findings but the fusion's verdict (OM734,
+        # OM735), said before int4 ran (package_precision's say line)
+        print_result(res.int4.search, [f for f in res.findings
+                                       if f.code not in ("OM734", "OM735")])
+    else:
+        print_findings(res.findings)
     if res.ok:
         print(f"{ns.precision} generation package written to {out}: "
               f"{', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0 if res.ok else 1
-
-
-def _staged_as_out(message: str, out: Path) -> str:
-    """``message`` with the scratch folder ``onnxfile.staged`` made beside ``out``
-    (``.OUT.tmp-XXXX``, gone once the package is in place) named as ``out``."""
-    return re.sub(re.escape(str(out.parent / f".{out.name}.tmp-")) + r"[^/\s]+",
-                  str(out).replace("\\", "\\\\"), message)
-
-
-def _print(findings: list[Any]) -> None:
-    for f in findings:
-        print(f"{f.code} {f.message}")

@@ -64,6 +64,20 @@ def transform_problem(folder: Path, precision: str) -> Any:
                  "it (verified at float32).")
 
 
+def preflight(folder: Path, precision: str) -> Any:
+    """Why the package at ``folder`` cannot be made at ``precision``, before any work (the
+    checkpoint not loaded yet): OM839 when the contract cannot feed its decoder a step, OM741
+    (:func:`transform_problem`); None when it can."""
+    from onnxmedic.genpackage import NotAStep, read_package
+    from onnxmedic.hf.transforms.int4_package import not_fed
+
+    try:  # the package first: a folder its contract cannot feed is said before any work
+        read_package(folder).empty_past()
+    except NotAStep as e:
+        return not_fed(folder, e)
+    return transform_problem(folder, precision)
+
+
 def unhonoured_precision(options: dict[str, Any]) -> str | None:
     """export_pretrained's ``precision`` fp16/int8 without ``optimize`` (optimize/passes'
     :func:`~onnxmedic.optimize.passes.unused_precision`, in the API's words): why it would not
@@ -87,16 +101,18 @@ def int4_not_for(task: str) -> Any:
 def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
                       tokenizer: Any = None, precision: str = "int4", *, budget: Any = None,
                       threads: int = 2, timeout: float = 600.0, grid: Any = None,
-                      search: bool = True, say: Any = None) -> PackagePrecision:
+                      search: bool = True, say: Any = None,
+                      checked: bool = False) -> PackagePrecision:
     """Write ``out``: the package ``folder`` at ``precision`` (see the module docstring),
     judged against ``model`` (the PyTorch causal LM it was exported from); ``budget``:
     int4's TaskBudget or its spec (``"agreement=95%"``; None: optimize/int4.py's default),
     ``grid`` and ``search`` int4_search's (its default grid and per-layer search);
-    ``say(line)``: progress lines (the CLI prints them). Raises ValueError for a precision
+    ``say(line)``: progress lines (the CLI prints them); ``checked``: :func:`preflight` has
+    already said None for ``folder`` at ``precision`` (the CLI asks it before it loads the
+    checkpoint), so it is not asked again. Raises ValueError for a precision
     :func:`precision_problem` refuses or a budget spec that does not parse."""
-    from onnxmedic.genpackage import NotAStep, read_package
     from onnxmedic.hf.transforms.fuse_decoder import fuse_package
-    from onnxmedic.hf.transforms.int4_package import int4_package, not_fed
+    from onnxmedic.hf.transforms.int4_package import int4_package
     from onnxmedic.hf.transforms.passes import staged
     from onnxmedic.optimize.int4 import TaskBudget, parse_budget
 
@@ -106,12 +122,7 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
         budget = parse_budget(budget)
     folder, out = Path(folder), Path(out)
     res = PackagePrecision()
-    try:  # the package first: a folder its contract cannot feed is said before any work
-        read_package(folder).empty_past()
-    except NotAStep as e:
-        res.findings.append(not_fed(folder, e))
-        return res
-    if (bad := transform_problem(folder, precision)) is not None:
+    if not checked and (bad := preflight(folder, precision)) is not None:
         res.findings.append(bad)
         return res
     if precision == "fp32":
@@ -166,9 +177,9 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
                 made = package_precision(stage / "pkg", out, model, export.get("tokenizer"),
                                          precision, budget=budget,
                                          timeout=export.get("timeout") or 600.0)
-                for f in made.findings:  # the staging folder is removed: name the package
+                for f in made.findings:  # a refusal names the package it took: made here
                     f.message = f.message.replace(str(stage / "pkg"),
-                                                  f"the float32 package of {out}")
+                                                  f"the float32 package exported for {out}")
                 result.findings.extend(made.findings)
                 if not made.ok:
                     st.fail()
