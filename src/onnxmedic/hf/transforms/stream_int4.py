@@ -26,18 +26,22 @@ decoder layer at a time (hf/stream.py) - never the whole model in memory, on eit
 4. **Serving**: onnxruntime-genai generates from the new folder, and its greedy tokens must be
    ONNX Runtime's own for the int4 decoder (OM736, as int4_package.py's check).
 
-Steps 3 and 4 compute each thing once, and what does not wait on another runs beside it, one
-int4 session at a time (:func:`judged`):
+Steps 3 and 4 compute each thing once, and what does not wait on another runs beside it
+(:func:`judged`):
 
 - PyTorch's perplexity (this process, one thread; it needs nothing of the package) while the
-  package is made: beside :func:`int4_written`'s writer (a child), so that onnxruntime-genai
-  then generates (a child, on the package's threads: the cores) alone; on the float32
-  package's road (:func:`int4_streamed`), beside onnxruntime-genai's generation (one thread
-  each);
-- ONNX Runtime (a child) scoring the text and confirming genai's tokens as its greedy ones
-  (optimize/int4.greedy: one prefill per prompt over the prompt and genai's tokens, its pick
-  after every prefix; where one differs it decodes that prompt step by step with its cache,
-  as generation does, and that decides) while PyTorch's pass runs along genai's tokens.
+  package is made: beside :func:`int4_written`'s writer (a child); on the float32 package's
+  road (:func:`int4_streamed`), beside onnxruntime-genai's generation (one thread each);
+- on the writer's road, onnxruntime-genai generating (a child) beside ONNX Runtime scoring
+  the text's windows (a child; one thread each) where two int4 sessions fit
+  (:func:`sessions_fit`: this process, the scoring child's own and each session
+  :data:`SESSION_FACTOR` x the package's files within :data:`PEAK_BOUND` x the checkpoint's
+  weights); else genai alone (on the package's threads: the cores), the text scored with
+  the confirmation below;
+- ONNX Runtime (a child) confirming genai's tokens as its greedy ones (optimize/int4.greedy:
+  one prefill per prompt over the prompt and genai's tokens, its pick after every prefix;
+  where one differs it decodes that prompt step by step with its cache, as generation does,
+  and that decides) while PyTorch's pass runs along genai's tokens.
   Where ONNX Runtime's own tokens are others, PyTorch runs again along those, the budget
   judges them, and genai's differ: OM736. A near tie between the prefill's kernels and the
   decode's is thus never an OM736, a real disagreement always is, and the figures are those
@@ -46,13 +50,14 @@ int4 session at a time (:func:`judged`):
 Without onnxruntime-genai (or where it failed) ONNX Runtime decodes greedily on its own
 (beside PyTorch's perplexity where that is not known yet), then PyTorch runs along its
 tokens. ``seconds`` and ``cpu`` are per phase, named after the sides that overlapped
-(``write+torch-windows``, ``genai``, ``onnx+torch-picks``; on the float32 road
-``genai+torch-windows``); ``parts``: each side's own CPU seconds. Where the writer fails,
-PyTorch's perplexity is dropped (a rounding: OM870; another reason: the float32 road, which
-computes its own); where PyTorch's pass raises, the writer's child is stopped first. Measured
-at Qwen2.5-1.5B's shape with 14 layers, PyTorch's perplexity beside the writer AND genai's
-session beside ONNX Runtime's took the process tree's peak to 1.76x the checkpoint's weights
-(1.13x one after the other): hence one int4 session at a time; PyTorch's pass (0.5 GiB over
+(``write+torch-windows``, ``genai+onnx-windows`` or ``genai``, ``onnx+torch-picks``; on the
+float32 road ``genai+torch-windows``); ``parts``: each side's own CPU seconds. Where the
+writer fails, PyTorch's perplexity is dropped (a rounding: OM870; another reason: the
+float32 road, which computes its own); where PyTorch's pass raises, the writer's child is
+stopped first. Measured at Qwen2.5-1.5B's shape with 14 layers (the embedding's share is
+large), genai's session beside ONNX Runtime's would take the process tree's peak over 1.3x
+the checkpoint's weights: one int4 session at a time there; with 28 layers, 1.22x (3.52 GiB,
+ONNX Runtime's scoring child 1.9 GiB for a 0.91 GiB package). PyTorch's pass (0.5 GiB over
 its start since its log-softmax is chunked) beside the writer (one weight at a time) is not
 an int4 session.
 
@@ -61,7 +66,9 @@ place: nothing half-written); the findings say what failed.
 
 Memory: one weight (float32) and its blocks at a time while quantizing and checking (beside
 it, on the writer's road, one decoder layer of the checkpoint in float32 and the logits of the
-text's windows: PyTorch's perplexity); then one int4 session (onnxruntime-genai's, then ONNX Runtime's, each a child) beside one decoder
+text's windows: PyTorch's perplexity); then onnxruntime-genai's int4 session beside ONNX
+Runtime's where they fit (:func:`sessions_fit`), else one at a time; then ONNX Runtime's
+int4 session (a child) beside one decoder
 layer of the checkpoint (float32), the activations and the logits of the text's windows or
 of the prompts' sequences.
 """
@@ -401,15 +408,17 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     findings recorded).
 
     With onnxruntime-genai: it generates (a child, one thread) while PyTorch computes its
-    perplexity (this process, one thread); then ONNX Runtime (a child) scores the text and
+    perplexity (this process, one thread) or, where that is known already and two int4
+    sessions fit (:func:`sessions_fit`), while ONNX Runtime (a child, one thread) scores the
+    text; then ONNX Runtime (a child) scores the text (where not scored yet) and
     confirms genai's tokens as its own greedy ones (optimize/int4.greedy: one prefill per
     prompt, decoding step by step only where a pick differs) while PyTorch's streamed pass
     runs along them. Without it (or where it failed), ONNX Runtime decodes on its own while
-    PyTorch computes its perplexity, then PyTorch runs along its tokens. One int4 session
-    at a time: the package's session in ONNX Runtime and in genai are never beside each
-    other. ``data`` and ``perplexity``: the task data and PyTorch's perplexity on its text
-    where they are known already (:func:`int4_written` computes them beside its writer);
-    genai then generates alone, on the package's threads (the cores)."""
+    PyTorch computes its perplexity, then PyTorch runs along its tokens. ``data`` and
+    ``perplexity``: the task data and PyTorch's perplexity on its text where they are known
+    already (:func:`int4_written` computes them beside its writer); genai then generates
+    beside ONNX Runtime's scoring of the text (one thread each), or alone, on the package's
+    threads (the cores)."""
     from onnxmedic.genpackage import read_package
     from onnxmedic.hf.gen_verify import GenerationCheck, genai_available
     from onnxmedic.hf.transforms.int4_package import genai_agrees
