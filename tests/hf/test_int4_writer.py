@@ -257,18 +257,67 @@ def test_a_writer_that_fails_hands_over_to_the_float32_road(qwen, tmp_path, monk
     assert not list(tmp_path.iterdir())
 
 
+def test_two_int4_sessions_side_by_side_only_where_they_fit(tmp_path, monkeypatch):
+    """sessions_fit: this process, the scoring child's own and two sessions of the package's
+    files x SESSION_FACTOR against PEAK_BOUND x the checkpoint's weights (sizes made up)."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    with open(pkg / "model.onnx.data", "wb") as f:
+        f.truncate(2**30)  # 1 GiB of package, sparse
+    monkeypatch.setattr(stream_int4, "resident", lambda: 2**30 // 2)
+    need = 2**30 // 2 + stream_int4.CHILD_BASE + 2 * stream_int4.SESSION_FACTOR * 2**30
+    weights = {}
+    monkeypatch.setattr(stream_int4, "weight_bytes", lambda folder: weights["n"])
+    weights["n"] = int(need / stream_int4.PEAK_BOUND) + 1
+    assert stream_int4.sessions_fit(pkg, tmp_path)
+    weights["n"] = int(need / stream_int4.PEAK_BOUND) - 2**20
+    assert not stream_int4.sessions_fit(pkg, tmp_path)
+
+
+def test_this_process_resident_bytes_are_read():
+    assert 2**20 < stream_int4.resident() < 2**40
+
+
 @pytest.mark.slow  # the writer, then generation in ONNX Runtime, PyTorch and genai
-def test_the_written_package_is_judged_and_served(qwen, tmp_path):
+@pytest.mark.parametrize("fit", [False, True], ids=["one-session", "two-sessions"])
+def test_the_written_package_is_judged_and_served(qwen, tmp_path, monkeypatch, fit):
+    """Whether ONNX Runtime scores the text beside genai (two int4 sessions fit) or after
+    it, the same verdict and the figures of the checks run one after the other."""
+    monkeypatch.setattr(stream_int4, "sessions_fit", lambda folder, checkpoint: fit)
     res = stream_int4.int4_written(qwen, tmp_path / "out", budget=LOOSE)
     assert res is not None and res.ok, [f.message for f in res.findings]
     assert res.quantized == 2 * 5 + 1
     assert res.tokens_genai == res.tokens_onnx
     assert res.figures["agreement"] >= 0.6 and res.figures["perplexity_ratio"] <= 1.05
-    # PyTorch's perplexity beside the writer, genai alone, ONNX Runtime beside PyTorch's picks
-    assert {"write+torch-windows", "genai",
+    # PyTorch's perplexity beside the writer, genai alone or beside ONNX Runtime's scoring of
+    # the text, ONNX Runtime (confirming genai's tokens) beside PyTorch's picks
+    assert {"write+torch-windows", "genai+onnx-windows" if fit else "genai",
             "onnx+torch-picks"} == set(res.seconds) == set(res.cpu)
     assert res.decoded == []  # ONNX Runtime's prefill confirmed genai's tokens
     # the figures of the checks run one after the other, on the package written
     tokens, figures = _sequential(qwen, tmp_path / "out", LOOSE)
     assert res.tokens_onnx == tokens and res.figures == figures
     assert (tmp_path / "out" / "genai_config.json").is_file()
+
+
+@pytest.mark.slow  # the writer, then genai beside ONNX Runtime's scoring of the text
+def test_a_failed_scoring_beside_genai_writes_nothing(qwen, tmp_path, monkeypatch):
+    """ONNX Runtime's scoring of the text beside genai failing (its child crashed): OM871
+    with its reason, nothing written."""
+    from onnxmedic.optimize import int4
+
+    scored = int4.score_onnx
+
+    def crashing(path, data, *args, **kw):
+        """The text's scoring (no prompts) crashes; the confirmation runs."""
+        if not data.prompts:
+            return {"ok": False, "error": "scoring crashed (exit -9): killed"}
+        return scored(path, data, *args, **kw)
+
+    monkeypatch.setattr(stream_int4, "sessions_fit", lambda folder, checkpoint: True)
+    monkeypatch.setattr(int4, "score_onnx", crashing)
+    res = stream_int4.int4_written(qwen, tmp_path / "out", budget=LOOSE)
+    assert res is not None and not res.ok
+    assert [f.code for f in res.findings] == ["OM871"]
+    assert "scoring crashed" in res.findings[0].message
+    assert not (tmp_path / "out").exists() and not list(tmp_path.iterdir())

@@ -26,18 +26,22 @@ decoder layer at a time (hf/stream.py) - never the whole model in memory, on eit
 4. **Serving**: onnxruntime-genai generates from the new folder, and its greedy tokens must be
    ONNX Runtime's own for the int4 decoder (OM736, as int4_package.py's check).
 
-Steps 3 and 4 compute each thing once, and what does not wait on another runs beside it, one
-int4 session at a time (:func:`judged`):
+Steps 3 and 4 compute each thing once, and what does not wait on another runs beside it
+(:func:`judged`):
 
 - PyTorch's perplexity (this process, one thread; it needs nothing of the package) while the
-  package is made: beside :func:`int4_written`'s writer (a child), so that onnxruntime-genai
-  then generates (a child, on the package's threads: the cores) alone; on the float32
-  package's road (:func:`int4_streamed`), beside onnxruntime-genai's generation (one thread
-  each);
-- ONNX Runtime (a child) scoring the text and confirming genai's tokens as its greedy ones
-  (optimize/int4.greedy: one prefill per prompt over the prompt and genai's tokens, its pick
-  after every prefix; where one differs it decodes that prompt step by step with its cache,
-  as generation does, and that decides) while PyTorch's pass runs along genai's tokens.
+  package is made: beside :func:`int4_written`'s writer (a child); on the float32 package's
+  road (:func:`int4_streamed`), beside onnxruntime-genai's generation (one thread each);
+- on the writer's road, onnxruntime-genai generating (a child) beside ONNX Runtime scoring
+  the text's windows (a child; one thread each) where two int4 sessions fit
+  (:func:`sessions_fit`: this process, the scoring child's own and each session
+  :data:`SESSION_FACTOR` x the package's files within :data:`PEAK_BOUND` x the checkpoint's
+  weights); else genai alone (on the package's threads: the cores), the text scored with
+  the confirmation below;
+- ONNX Runtime (a child) confirming genai's tokens as its greedy ones (optimize/int4.greedy:
+  one prefill per prompt over the prompt and genai's tokens, its pick after every prefix;
+  where one differs it decodes that prompt step by step with its cache, as generation does,
+  and that decides) while PyTorch's pass runs along genai's tokens.
   Where ONNX Runtime's own tokens are others, PyTorch runs again along those, the budget
   judges them, and genai's differ: OM736. A near tie between the prefill's kernels and the
   decode's is thus never an OM736, a real disagreement always is, and the figures are those
@@ -46,13 +50,14 @@ int4 session at a time (:func:`judged`):
 Without onnxruntime-genai (or where it failed) ONNX Runtime decodes greedily on its own
 (beside PyTorch's perplexity where that is not known yet), then PyTorch runs along its
 tokens. ``seconds`` and ``cpu`` are per phase, named after the sides that overlapped
-(``write+torch-windows``, ``genai``, ``onnx+torch-picks``; on the float32 road
-``genai+torch-windows``); ``parts``: each side's own CPU seconds. Where the writer fails,
-PyTorch's perplexity is dropped (a rounding: OM870; another reason: the float32 road, which
-computes its own); where PyTorch's pass raises, the writer's child is stopped first. Measured
-at Qwen2.5-1.5B's shape with 14 layers, PyTorch's perplexity beside the writer AND genai's
-session beside ONNX Runtime's took the process tree's peak to 1.76x the checkpoint's weights
-(1.13x one after the other): hence one int4 session at a time; PyTorch's pass (0.5 GiB over
+(``write+torch-windows``, ``genai+onnx-windows`` or ``genai``, ``onnx+torch-picks``; on the
+float32 road ``genai+torch-windows``); ``parts``: each side's own CPU seconds. Where the
+writer fails, PyTorch's perplexity is dropped (a rounding: OM870; another reason: the
+float32 road, which computes its own); where PyTorch's pass raises, the writer's child is
+stopped first. Measured at Qwen2.5-1.5B's shape with 14 layers (the embedding's share is
+large), genai's session beside ONNX Runtime's would take the process tree's peak over 1.3x
+the checkpoint's weights: one int4 session at a time there; with 28 layers, 1.22x (3.52 GiB,
+ONNX Runtime's scoring child 1.9 GiB for a 0.91 GiB package). PyTorch's pass (0.5 GiB over
 its start since its log-softmax is chunked) beside the writer (one weight at a time) is not
 an int4 session.
 
@@ -61,7 +66,9 @@ place: nothing half-written); the findings say what failed.
 
 Memory: one weight (float32) and its blocks at a time while quantizing and checking (beside
 it, on the writer's road, one decoder layer of the checkpoint in float32 and the logits of the
-text's windows: PyTorch's perplexity); then one int4 session (onnxruntime-genai's, then ONNX Runtime's, each a child) beside one decoder
+text's windows: PyTorch's perplexity); then onnxruntime-genai's int4 session beside ONNX
+Runtime's where they fit (:func:`sessions_fit`), else one at a time; then ONNX Runtime's
+int4 session (a child) beside one decoder
 layer of the checkpoint (float32), the activations and the logits of the text's windows or
 of the prompts' sequences.
 """
@@ -401,15 +408,17 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     findings recorded).
 
     With onnxruntime-genai: it generates (a child, one thread) while PyTorch computes its
-    perplexity (this process, one thread); then ONNX Runtime (a child) scores the text and
+    perplexity (this process, one thread) or, where that is known already and two int4
+    sessions fit (:func:`sessions_fit`), while ONNX Runtime (a child, one thread) scores the
+    text; then ONNX Runtime (a child) scores the text (where not scored yet) and
     confirms genai's tokens as its own greedy ones (optimize/int4.greedy: one prefill per
     prompt, decoding step by step only where a pick differs) while PyTorch's streamed pass
     runs along them. Without it (or where it failed), ONNX Runtime decodes on its own while
-    PyTorch computes its perplexity, then PyTorch runs along its tokens. One int4 session
-    at a time: the package's session in ONNX Runtime and in genai are never beside each
-    other. ``data`` and ``perplexity``: the task data and PyTorch's perplexity on its text
-    where they are known already (:func:`int4_written` computes them beside its writer);
-    genai then generates alone, on the package's threads (the cores)."""
+    PyTorch computes its perplexity, then PyTorch runs along its tokens. ``data`` and
+    ``perplexity``: the task data and PyTorch's perplexity on its text where they are known
+    already (:func:`int4_written` computes them beside its writer); genai then generates
+    beside ONNX Runtime's scoring of the text (one thread each), or alone, on the package's
+    threads (the cores)."""
     from onnxmedic.genpackage import read_package
     from onnxmedic.hf.gen_verify import GenerationCheck, genai_available
     from onnxmedic.hf.transforms.int4_package import genai_agrees
@@ -421,13 +430,17 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     runs = budget.prompts * (budget.steps + 1) + len(windows(data.text))
     layout = read_package(folder)
     served = genai and genai_available()
-    check, out = GenerationCheck(prompts=data.prompts), None
+    check, out, text = GenerationCheck(prompts=data.prompts), None, None
     if served:
-        out, perplexity = genai_phase(res, folder, checkpoint, data, budget, check,
-                                      timeout * runs, perplexity)
+        # ONNX Runtime's scoring of the text beside genai where PyTorch's perplexity is known
+        # and two int4 sessions fit (:func:`sessions_fit`)
+        beside = (decoder, layout) if perplexity is not None and sessions_fit(
+            folder, checkpoint) else None
+        out, perplexity, text = genai_phase(res, folder, checkpoint, data, budget, check,
+                                            timeout * runs, perplexity, beside)
     given = out["tokens"] if out is not None else None
     got, picks, perplexity = onnx_phase(res, decoder, checkpoint, data, budget, layout, given,
-                                        timeout * runs, perplexity)
+                                        timeout * runs, perplexity, text)
     if not got.get("ok"):
         res.figures = {"rejected": got.get("error", "the scoring failed")}
         res.findings.append(over_budget(res.figures, budget))
@@ -452,52 +465,110 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
 
 
 def genai_phase(res: StreamedInt4, folder: Path, checkpoint: Path, data: Any, budget: Any,
-                check: Any, timeout: float, perplexity: float | None
-                ) -> tuple[dict[str, Any] | None, float | None]:
+                check: Any, timeout: float, perplexity: float | None,
+                beside: tuple[Path, Any] | None = None
+                ) -> tuple[dict[str, Any] | None, float | None, dict[str, Any] | None]:
     """onnxruntime-genai generating from ``folder`` (a child: its run's output, None where it
     failed, ``check`` said why), with PyTorch's perplexity beside it unless it is known
-    already (``perplexity``; returned either way)."""
+    already (``perplexity``; returned either way), else with ONNX Runtime (a child) scoring
+    the text's windows where ``beside`` (the decoder graph and its layout) says so: its
+    result, else None."""
     from onnxmedic.hf.gen_verify import finish_genai_child, genai_spec, start_genai_child
+    from onnxmedic.optimize.int4 import TaskData, score_onnx
 
-    side = "torch-windows" if perplexity is None else ""
-    with res.timed("+".join(["genai"] + [side] * bool(side))), res.part("genai", own=False), \
-            (res.part(side, own=True) if side else nullcontext()):
-        # one thread beside PyTorch's; alone, the package's own setting (the cores)
+    side = "torch-windows" if perplexity is None else "onnx-windows" if beside else ""
+    text = None
+    with res.timed("+".join(["genai"] + [side] * bool(side))):
+        # one thread beside the other side; alone, the package's own setting (the cores)
         run = start_genai_child(folder, genai_spec(folder, data.prompts, budget.steps,
                                                    threads=1 if side else None))
         try:
-            if side:
-                with torch_threads(1):
+            if perplexity is None:
+                with res.part(side, own=True), torch_threads(1):
                     perplexity = torch_perplexity(checkpoint, data.text)
+            elif beside is not None:
+                with res.part(side, own=False):  # the scoring's child, reaped here
+                    text = score_onnx(beside[0], TaskData([], data.text), budget.steps, None,
+                                      threads=1, timeout=timeout, layout=beside[1])
         except BaseException:
             run.stop()
             raise
-        return finish_genai_child(run, timeout, check), perplexity
+        with res.part("genai", own=False):
+            return finish_genai_child(run, timeout, check), perplexity, text
 
 
 def onnx_phase(res: StreamedInt4, decoder: Path, checkpoint: Path, data: Any, budget: Any,
                layout: Any, given: list[list[int]] | None, timeout: float,
-               perplexity: float | None) -> tuple[dict[str, Any], Any, float | None]:
-    """ONNX Runtime scoring the int4 ``decoder`` (a child: the text, and its greedy tokens,
-    confirming genai's ``given`` where there are some) beside PyTorch's side: its perplexity
-    where it is not known yet, else its picks along ``given``. (the scoring's result, PyTorch's
-    picks or None, the perplexity)."""
-    from onnxmedic.optimize.int4 import score_onnx
+               perplexity: float | None, text: dict[str, Any] | None = None
+               ) -> tuple[dict[str, Any], Any, float | None]:
+    """ONNX Runtime scoring the int4 ``decoder`` (a child: the text unless ``text`` is its
+    scoring already, and its greedy tokens, confirming genai's ``given`` where there are some)
+    beside PyTorch's side: its perplexity where it is not known yet, else its picks along
+    ``given``. (the scoring's result, PyTorch's picks or None, the perplexity)."""
+    from onnxmedic.optimize.int4 import TaskData, score_onnx
 
     picks = None
     side = "torch-windows" if perplexity is None else "torch-picks" if given else ""
+    asked = data if text is None else TaskData(data.prompts, [])
     with res.timed("+".join(["onnx"] + [side] * bool(side))), res.part("onnx", own=False), \
             (res.part(side, own=True) if side else nullcontext()):
         # the scoring waits on its child in a thread (the GIL is free meanwhile)
         with ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(score_onnx, decoder, data, budget.steps, None, given=given,
+            pending = pool.submit(score_onnx, decoder, asked, budget.steps, None, given=given,
                                   timeout=timeout, layout=layout)
             with torch_threads(1):
                 if perplexity is None:
                     perplexity = torch_perplexity(checkpoint, data.text)
                 elif given is not None:
                     picks = torch_picks(checkpoint, data.prompts, given)
-            return pending.result(), picks, perplexity
+            got = pending.result()
+    if text is not None:  # the text's figures from its own scoring (its error where it failed)
+        got = text if not text.get("ok") else got if not got.get("ok") else {
+            **got, "perplexity": text["perplexity"], "text_tokens": text["text_tokens"]}
+    return got, picks, perplexity
+
+
+# an int4 session's resident bytes per byte of its package's files (ONNX Runtime's, one
+# thread, MatMulNBits prepacked: measured 1.55 at Qwen2.5-1.5B's shape, 28 layers, 1.64 at 14)
+SESSION_FACTOR = 1.5
+# the scoring child's own: its interpreter and ONNX Runtime (0.27 GiB), the windows'
+# activations and logits (0.22 GiB at a 152k vocabulary)
+CHILD_BASE = 2**29
+PEAK_BOUND = 1.3  # the process tree's peak the overlap keeps within, x the checkpoint's weights
+
+
+def resident() -> int:
+    """This process's resident bytes, after handing the heap it freed back to the system
+    (glibc's malloc_trim; PyTorch's streamed pass frees a layer's weights at a time); its peak
+    where the current figure is not readable."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGESIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def sessions_fit(folder: Path, checkpoint: Path) -> bool:
+    """Whether onnxruntime-genai's int4 session and ONNX Runtime's side by side (each
+    :data:`SESSION_FACTOR` x the package's files, the scoring child's own
+    :data:`CHILD_BASE`), with this process, stay within :data:`PEAK_BOUND` x the
+    checkpoint's weight bytes. Where not, one int4 session at a time."""
+    package = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    here = resident()
+    need = here + CHILD_BASE + 2 * SESSION_FACTOR * package
+    fit = need <= PEAK_BOUND * weight_bytes(checkpoint)
+    logger.info("two int4 sessions side by side: ~%.2f GiB (this process %.2f GiB, the "
+                "package %.2f GiB), bound %.2f GiB: %s", need / 2**30, here / 2**30,
+                package / 2**30, PEAK_BOUND * weight_bytes(checkpoint) / 2**30,
+                "beside each other" if fit else "one after the other")
+    return fit
 
 
 def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str], *,
