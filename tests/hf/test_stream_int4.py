@@ -56,8 +56,42 @@ def matmul_package(tmp_path):
     return folder
 
 
+@pytest.fixture(params=[True, False], ids=["bf16-reference", "fp32-reference"])
+def reference(request, bf16, monkeypatch):
+    """PyTorch's reference in the checkpoint's bfloat16 (a CPU with a bfloat16 multiply) and
+    in float32 (one without), whatever this CPU has: each check holds with either."""
+    import torch
+
+    monkeypatch.setattr("onnxmedic.isa.computes_natively", lambda dtype: request.param)
+    want = torch.bfloat16 if request.param else torch.float32
+    assert stream_int4.reference_dtype(bf16[0]) == want
+    return want
+
+
+def test_the_reference_is_the_checkpoints_half_type_where_the_cpu_multiplies_it(
+        bf16, tmp_path, monkeypatch):
+    """A bfloat16 checkpoint: bfloat16 where the CPU has the multiply, else float32; a
+    float32 checkpoint and one of mixed dtypes: float32 everywhere."""
+    import torch
+    from safetensors.torch import save_file
+
+    asked = []
+    monkeypatch.setattr("onnxmedic.isa.computes_natively",
+                        lambda dtype: asked.append(dtype) or True)
+    assert stream_int4.reference_dtype(bf16[0]) == torch.bfloat16 and asked == ["bfloat16"]
+    monkeypatch.setattr("onnxmedic.isa.computes_natively", lambda dtype: False)
+    assert stream_int4.reference_dtype(bf16[0]) == torch.float32
+    monkeypatch.setattr("onnxmedic.isa.computes_natively", lambda dtype: True)
+    for kinds in ((torch.float32,), (torch.bfloat16, torch.float32)):
+        folder = tmp_path / str(len(kinds))
+        folder.mkdir()
+        save_file({f"w{i}": torch.zeros(2, dtype=k) for i, k in enumerate(kinds)},
+                  str(folder / "model.safetensors"))
+        assert stream_int4.reference_dtype(folder) == torch.float32
+
+
 @pytest.mark.slow  # the builder's package, then generation in ONNX Runtime, PyTorch and genai
-def test_the_streamed_int4_package_is_written_and_served(bf16, package, tmp_path):
+def test_the_streamed_int4_package_is_written_and_served(bf16, package, tmp_path, reference):
     folder, _model = bf16
     res = stream_int4.int4_streamed(package, folder, tmp_path / "out", budget=LOOSE)
     assert res.ok, [f.message for f in res.findings]
@@ -251,7 +285,7 @@ def test_a_corrupted_block_or_a_wrong_scale_is_refused(bf16, matmul_package, tmp
 
 @pytest.mark.slow  # the builder's package, ONNX Runtime's generation and PyTorch's pass
 def test_a_wrong_float32_weight_beside_the_int4_ones_is_outside_the_budget(bf16, package,
-                                                                         tmp_path):
+                                                                         tmp_path, reference):
     """The final norm's weight (left float32, so no rounding rule sees it) negated: the task
     budget refuses the package (OM871), its figures in the finding."""
     folder, _model = bf16

@@ -178,7 +178,12 @@ def rotary_embedding(rotary: torch.nn.Module, position_ids: torch.Tensor, dtype:
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rotary embedding's (cos, sin) computed in ``dtype``: transformers' own computes
     them in float32 whatever its input, which would put float32 rounding into the float64
-    reference (its frequencies, inv_freq, are the model's as they are)."""
+    reference (its frequencies, inv_freq, are the model's as they are). A half type's (bfloat16,
+    float16) are transformers' own: made in float32, then rounded (positions past 256 are not
+    even representable in bfloat16)."""
+    if dtype.itemsize < 4:  # as transformers: made in float32, rounded to the half type
+        cos, sin = rotary_embedding(rotary, position_ids, torch.float32)
+        return cos.to(dtype), sin.to(dtype)
     freqs = rotary.inv_freq.to(dtype)[None, :, None] * position_ids[:, None, :].to(dtype)
     emb = torch.cat((freqs, freqs), dim=1).transpose(1, 2)
     scale = float(getattr(rotary, "attention_scaling", 1.0))
@@ -228,7 +233,9 @@ def streamed_batches(folder: str | Path, batches: list[list[list[int]]],
     """:func:`streamed_logits` of several batches of sequences (each padded to its own
     longest) in one streamed pass: each decoder layer's weights are read and upcast once
     and run on every batch in turn, so a batch's logits are those it gets alone. Per dtype,
-    per batch, per sequence, an array (1, len, vocab)."""
+    per batch, per sequence, an array (1, len, vocab). A half type's pass (bfloat16, float16)
+    runs its output projection in float32, and its logits are float32: rounded to 8 bits,
+    its top picks would tie."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
@@ -264,14 +271,16 @@ def streamed_batches(folder: str | Path, batches: list[list[list[int]]],
         for d in dtypes:
             with _Loaded(getattr(base, layout.norm), norm_w, d) as run:
                 hidden[d] = [_layer_out(run(h)) for h in hidden[d]]
-        head = layout.head if layout.head in weights else layout.names("embed") + "weight"
-        vocab = weights.shape(head)[0]
-        logits = {d: [torch.empty((*h.shape[:2], vocab), dtype=d) for h in hidden[d]]
+        name = layout.head if layout.head in weights else layout.names("embed") + "weight"
+        vocab = weights.shape(name)[0]
+        out = {d: d if d.itemsize >= 4 else torch.float32 for d in dtypes}
+        hidden = {d: [h.to(out[d]) for h in hidden[d]] for d in dtypes}
+        logits = {d: [torch.empty((*h.shape[:2], vocab), dtype=out[d]) for h in hidden[d]]
                   for d in dtypes}
         for c in range(0, vocab, VOCAB_SLICE):  # the head read a slice at a time
-            part_w = weights.get(head, (c, c + VOCAB_SLICE))
+            part_w = weights.get(name, (c, c + VOCAB_SLICE))
             for d in dtypes:
-                part = part_w.to(d).T
+                part = part_w.to(out[d]).T
                 for h, lg in zip(hidden[d], logits[d]):
                     lg[..., c:c + VOCAB_SLICE] = h @ part
             del part_w

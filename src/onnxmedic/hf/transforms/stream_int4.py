@@ -16,9 +16,11 @@ decoder layer at a time (hf/stream.py) - never the whole model in memory, on eit
 3. **Task budget** (optimize/int4.py's :class:`~onnxmedic.optimize.int4.TaskBudget` and
    :func:`~onnxmedic.optimize.int4.judge`): the int4 decoder's greedy tokens from the
    budget's prompts and its perplexity on the built-in text, in ONNX Runtime (a child),
-   against PyTorch's, streamed (float32, the budget's reference): its perplexity over the
-   text's windows, and its greedy pick teacher-forced along the int4 decoder's own tokens (at
-   each step, PyTorch's pick after the same prefix against the int4 decoder's token): one
+   against PyTorch's, streamed (the budget's reference: in the checkpoint's half type where
+   the CPU multiplies it in hardware, else float32, :func:`reference_dtype`): its perplexity
+   over the text's windows, and its greedy pick teacher-forced along the int4 decoder's own
+   tokens (at each step, PyTorch's pick after the same prefix against the int4 decoder's
+   token): one
    streamed pass instead of one per generated token, which a streamed reference without a
    cache would need to force the candidate along PyTorch's own tokens (docs/int4.md); the
    prefix is shared either way, so each step still compares two picks from one context.
@@ -65,11 +67,12 @@ The package is written at ``out`` only when all of this passed (built beside it,
 place: nothing half-written); the findings say what failed.
 
 Memory: one weight (float32) and its blocks at a time while quantizing and checking (beside
-it, on the writer's road, one decoder layer of the checkpoint in float32 and the logits of the
+it, on the writer's road, one decoder layer of the checkpoint (float32, or its half type:
+:func:`reference_dtype`) and the logits of the
 text's windows: PyTorch's perplexity); then onnxruntime-genai's int4 session beside ONNX
 Runtime's where they fit (:func:`sessions_fit`), else one at a time; then ONNX Runtime's
 int4 session (a child) beside one decoder
-layer of the checkpoint (float32), the activations and the logits of the text's windows or
+layer of the checkpoint, the activations and the logits of the text's windows or
 of the prompts' sequences.
 """
 
@@ -101,7 +104,8 @@ class StreamedInt4:
     """The outcome: ``ok`` when ``path`` was written; ``quantized``: MatMuls made 4-bit;
     ``figures``: the task budget's (optimize/int4.judge's dict); the int4 decoder's own greedy
     tokens and onnxruntime-genai's (``decoded``: the prompts whose tokens ONNX Runtime decoded
-    step by step, its prefill not confirming genai's); ``seconds`` per phase (wall) and
+    step by step, its prefill not confirming genai's); ``reference``: the dtype PyTorch's
+    side ran in (:func:`reference_dtype`); ``seconds`` per phase (wall) and
     ``cpu`` (CPU seconds of this process and of the children it reaped meanwhile: the
     writer's, ONNX Runtime's, onnxruntime-genai's), a phase named after the sides that ran
     beside each other in it; ``parts``: each side's own CPU seconds; ``findings``."""
@@ -117,6 +121,7 @@ class StreamedInt4:
     findings: list[Any] = field(default_factory=list)
     parts: dict[str, float] = field(default_factory=dict)
     decoded: list[int] = field(default_factory=list)
+    reference: str = ""  # the dtype PyTorch's side ran in (reference_dtype)
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
@@ -294,20 +299,42 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(was)
 
 
-def torch_perplexity(checkpoint: Path, text: list[int]) -> float:
-    """PyTorch's perplexity on ``text``'s windows (optimize/int4.mean_nll over the logits of
-    one streamed pass, hf/stream.py's :func:`~onnxmedic.hf.stream.streamed_batches`, float32):
-    the budget's reference, which needs nothing of the int4 package."""
+def reference_dtype(checkpoint: Path) -> Any:
+    """The dtype PyTorch's streamed passes run the budget's reference in: the checkpoint's
+    own half type (every weight bfloat16, or every weight float16) where this CPU multiplies
+    it in hardware (isa.computes_natively: bfloat16 2.5x float32's speed on AVX-512 BF16), as
+    transformers runs such a checkpoint, its output projection in float32 (hf/stream.py);
+    else float32. Its rounding is far under int4's: at Llama-3.1-8B's shape (2 layers, the
+    built-in text's windows) its logits are 0.74 % from float32's, the int4 package's 21.9 %
+    (relative distance), so it hides no fault the budget would see in float32; a wrong weight
+    is refused by the rounding check (OM870) before any run."""
     import torch
 
+    from onnxmedic.hf.stream import Weights
+    from onnxmedic.isa import computes_natively
+
+    kinds = {meta[1] for meta in Weights(checkpoint).index.values()}
+    half = {"BF16": torch.bfloat16, "F16": torch.float16}.get(kinds.pop()) \
+        if len(kinds) == 1 else None
+    if half is not None and computes_natively(str(half).removeprefix("torch.")):
+        return half
+    return torch.float32
+
+
+def torch_perplexity(checkpoint: Path, text: list[int]) -> float:
+    """PyTorch's perplexity on ``text``'s windows (optimize/int4.mean_nll over the logits of
+    one streamed pass, hf/stream.py's :func:`~onnxmedic.hf.stream.streamed_batches`, in
+    :func:`reference_dtype`): the budget's reference, which needs nothing of the int4
+    package."""
     from onnxmedic.hf.stream import streamed_batches
     from onnxmedic.optimize.int4 import mean_nll
 
     wins = windows(text)
     if not wins:
         return float("nan")
-    got = streamed_batches(checkpoint, [[w[:-1] for w in wins]], (torch.float32,))
-    by_window = {tuple(w[:-1]): got[torch.float32][0][j] for j, w in enumerate(wins)}
+    dtype = reference_dtype(checkpoint)
+    got = streamed_batches(checkpoint, [[w[:-1] for w in wins]], (dtype,))
+    by_window = {tuple(w[:-1]): got[dtype][0][j] for j, w in enumerate(wins)}
     del got
     nll, n = mean_nll(lambda ids, past: (by_window[tuple(int(i) for i in ids[0])], past), [],
                       text)
@@ -317,16 +344,15 @@ def torch_perplexity(checkpoint: Path, text: list[int]) -> float:
 def torch_picks(checkpoint: Path, prompts: list[list[int]], tokens: list[list[int]]
                 ) -> list[list[int]]:
     """PyTorch's greedy pick at each step of the int4 decoder's ``tokens`` after the same
-    prefix (teacher-forced): one streamed pass (float32) over the prompts' sequences, padded
-    to the longest."""
-    import torch
-
+    prefix (teacher-forced): one streamed pass (in :func:`reference_dtype`) over the prompts'
+    sequences, padded to the longest."""
     from onnxmedic.hf.stream import streamed_batches
 
     seqs = [p + t[:-1] for p, t in zip(prompts, tokens)]
     if not seqs:
         return []
-    logits = streamed_batches(checkpoint, [seqs], (torch.float32,))[torch.float32][0]
+    dtype = reference_dtype(checkpoint)
+    logits = streamed_batches(checkpoint, [seqs], (dtype,))[dtype][0]
     return [[int(np.argmax(logits[i][0, len(p) - 1 + k])) for k in range(len(t))]
             for i, (p, t) in enumerate(zip(prompts, tokens))]
 
@@ -451,8 +477,9 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
             picks = torch_picks(checkpoint, data.prompts, got["tokens"])
     res.figures = judge({"tokens": picks, "perplexity": perplexity},
                         {**got, "picks": got["tokens"]}, budget)
+    res.reference = str(reference_dtype(checkpoint)).removeprefix("torch.")
     if res.figures["rejected"]:
-        res.findings.append(over_budget(res.figures, budget))
+        res.findings.append(over_budget({**res.figures, "reference": res.reference}, budget))
         return False
     if genai:
         ok, res.tokens_genai, found = genai_agrees(folder, data.prompts, res.tokens_onnx,
@@ -537,16 +564,19 @@ CHILD_BASE = 2**29
 PEAK_BOUND = 1.3  # the process tree's peak the overlap keeps within, x the checkpoint's weights
 
 
-def resident() -> int:
-    """This process's resident bytes, after handing the heap it freed back to the system
-    (glibc's malloc_trim; PyTorch's streamed pass frees a layer's weights at a time); its peak
-    where the current figure is not readable."""
+def release_heap() -> None:
+    """Hand the heap this process freed back to the system (glibc's malloc_trim; PyTorch's
+    streamed pass frees a layer's weights at a time, which glibc keeps); nothing elsewhere."""
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def resident() -> int:
+    """This process's resident bytes; its peak where the current figure is not readable."""
     try:
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGESIZE")
     except (OSError, ValueError, IndexError):
@@ -561,6 +591,7 @@ def sessions_fit(folder: Path, checkpoint: Path) -> bool:
     :data:`CHILD_BASE`), with this process, stay within :data:`PEAK_BOUND` x the
     checkpoint's weight bytes. Where not, one int4 session at a time."""
     package = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    release_heap()  # what PyTorch's pass freed is not this process's any more
     here = resident()
     need = here + CHILD_BASE + 2 * SESSION_FACTOR * package
     fit = need <= PEAK_BOUND * weight_bytes(checkpoint)
@@ -795,7 +826,8 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
             "OM819", "write", f"int4 generation package written to {out} (quantized and "
             f"judged streamed: {made.quantized} MatMuls 4-bit, greedy agreement "
             f"{made.figures['agreement'] * 100:.1f} %, perplexity "
-            f"{(made.figures['perplexity_ratio'] - 1) * 100:+.2f} % of PyTorch's): "
+            f"{(made.figures['perplexity_ratio'] - 1) * 100:+.2f} % of PyTorch's, "
+            f"{made.reference}): "
             f"{', '.join(sorted(p.name for p in out.iterdir()))}."))
     if report is not None:
         from onnxmedic.report import write_report
