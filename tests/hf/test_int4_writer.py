@@ -138,6 +138,46 @@ def test_the_quantizers_input_is_the_float32_transpose(dtype, monkeypatch):
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+def test_the_halves_of_a_slice_are_its_whole():
+    """The writer's own steps on a slice's two halves (two threads): the quantizer's input
+    is the whole slice's transpose bit for bit (an uneven split of 300 columns), and the
+    rounding check finds a corrupted block or a wrong scale in either half, naming the
+    weight's columns; a clean slice passes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ml_dtypes
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+
+    rng = np.random.default_rng(0)
+    rows = (rng.standard_normal((300, 64)) * 0.02).astype(ml_dtypes.bfloat16)
+    at = {"bits": 4, "block_size": 32, "K": 64, "N": 300}
+    with ThreadPoolExecutor(1) as pool:
+        wf = np.full((64, 300), np.nan, np.float32)
+        said = int4_writer.halves(lambda a, b: int4_writer.transposed(rows[a:b], wf[:, a:b]),
+                                  300, pool)
+        assert said[0][1] == 0 and said[1][1] % int4_writer.TILE == 0 and \
+            0 < said[1][1] < 300
+        np.testing.assert_array_equal(wf, rows.astype(np.float32).T)
+        quantizer = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
+            block_size=32, is_symmetric=True, accuracy_level=4, bits=4))
+        packed, scales, _ = quantizer.qbits_block_quant(wf)
+        q = packed.reshape(300, 2, 16)
+        s = scales.astype(np.float32).ravel()
+        assert int4_writer.rounding_of("w_Q4", rows, q, s, at, pool, 1000) is None
+        for col in (5, 290):
+            bad = q.copy()
+            bad[col, 1] ^= 0x77  # a corrupted block
+            why = int4_writer.rounding_of("w_Q4", rows, bad, s, at, pool, 1000)
+            half = 0 if col < said[1][1] else said[1][1]
+            assert why is not None and why.endswith(f"(output columns from {1000 + half})")
+            wrong = s.copy()
+            wrong[col * 2] *= 3  # a wrong scale
+            assert int4_writer.rounding_of("w_Q4", rows, q, wrong, at, pool) is not None
+
+
 def test_the_weights_are_read_as_safetensors_reads_them(qwen):
     """hf/stream.py's reader (the writer's and the streamed verification's): plain reads of
     each tensor's bytes, the same tensors as safetensors' own loader."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -90,6 +91,39 @@ def transposed(rows: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def halves(work: Callable[[int, int], Any], cols: int, pool: ThreadPoolExecutor
+           ) -> list[tuple[Any, int]]:
+    """``work(a, b)`` over the columns ``[0, cols)`` in two halves, the second on ``pool``'s
+    thread (numpy lets the GIL go in its casts and copies: the writer's own steps beside the
+    quantizer's call then take both cores where PyTorch's pass beside it is done), or whole
+    where there are fewer than two tiles: each result with its half's first column."""
+    if cols < 2 * TILE:
+        return [(work(0, cols), 0)]
+    mid = (cols // 2 + TILE - 1) // TILE * TILE
+    other = pool.submit(work, mid, cols)
+    first = work(0, mid)
+    return [(first, 0), (other.result(), mid)]
+
+
+def rounding_of(name: str, rows: np.ndarray, q: np.ndarray, scales: np.ndarray,
+                at: dict[str, int], pool: ThreadPoolExecutor, first: int = 0) -> str | None:
+    """optimize/int4.py's :func:`~onnxmedic.optimize.int4.block_problem` on a slice of a
+    weight's output columns (``rows``: (cols, K), the checkpoint's; ``q``: (cols, blocks,
+    bytes); ``scales``: cols x blocks), in :func:`halves`; ``first``: the slice's first
+    column in the weight, named where it is not the weight's first. Why it is not a rounding,
+    or None."""
+    from onnxmedic.optimize.int4 import block_problem
+
+    kb = q.shape[1]
+    said = halves(lambda a, b: block_problem(name, rows[a:b].T, q[a:b],
+                                             scales[a * kb:b * kb], {**at, "N": b - a}),
+                  rows.shape[0], pool)
+    for why, a in said:
+        if why is not None:
+            return why if first + a == 0 else f"{why} (output columns from {first + a})"
+    return None
+
+
 def _is_layer(module: Any) -> bool:
     return type(module).__name__.endswith("DecoderLayer")  # the builder's is_layer
 
@@ -121,6 +155,8 @@ class _Streamer:
         # the quantizer's float32 input, one buffer for every slice: a fresh 64 MiB array
         # each time is a fresh mapping, every page of it faulted in and zeroed by the kernel
         self.wf = np.empty(0, np.float32)
+        # the second half's thread of each slice's own steps (halves); made in the child
+        self.pool = ThreadPoolExecutor(1)
         self.orig_initializer = m.make_initializer
         self.orig_matmul_float = m.make_matmul_float
 
@@ -235,7 +271,6 @@ class _Streamer:
         import onnx_ir as ir
 
         from onnxmedic._tensors import to_numpy
-        from onnxmedic.optimize.int4 import block_problem
 
         m = self.m
         if name in m.quant_attrs["nodes_to_exclude"] or \
@@ -257,7 +292,8 @@ class _Streamer:
             if self.wf.size < k_in * cols:
                 self.wf = np.empty(max(k_in * cols, SLICE // 4), np.float32)
             # (K, cols) float32: the quantizer's layout
-            wf = transposed(rows, self.wf[:k_in * cols].reshape(k_in, cols))
+            wf = self.wf[:k_in * cols].reshape(k_in, cols)
+            halves(lambda a, b, r=rows, o=wf: transposed(r[a:b], o[:, a:b]), cols, self.pool)
             packed, scales, _zp = self.quantizer.qbits_block_quant(wf)
             scales = scales.astype(np.float32, copy=False)
             if self.tamper is not None:
@@ -270,9 +306,9 @@ class _Streamer:
             s = np.frombuffer(self.data.read(s_off + c * kb * 4, cols * kb * 4), np.float32)
             # (the rows' transposed view: block_problem reads it a cached chunk at a time,
             # made float32 there)
-            why = block_problem(f"{name}_Q4", rows.T, q, s, {**at, "N": cols})
+            why = rounding_of(f"{name}_Q4", rows, q, s, {**at, "N": cols}, self.pool, c)
             if why is not None:
-                raise NotRounded(why if c == 0 else f"{why} (output columns from {c})")
+                raise NotRounded(why)
             del rows, wf, packed, scales, q, s
         self._register(f"{weight}_Q4", ir.DataType.UINT8, [n_out, kb, blob], q_off,
                        n_out * kb * blob)
@@ -344,6 +380,8 @@ def build(folder: Path, out: Path, cache: Path, *,
         raise
     finally:
         base.make_model = original
+        for streamer in made:
+            streamer.pool.shutdown()
 
 
 def verdict(root: Path) -> dict[str, Any]:
