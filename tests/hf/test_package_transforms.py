@@ -59,20 +59,7 @@ BUILDER_UNVERIFIED: dict[str, tuple[str, str]] = {
 # genai) goes through both roads (its int4 reference feeds the state; tests/hf/
 # test_int4_states.py); the builder builds neither Falcon-H1 nor Mamba
 NO_GENAI = ("deepseek_v3", "lfm2", "falcon_h1", "mamba")
-# (family, backend, road) -> why it fails today (None: any road, any backend); none now
-XFAIL: dict[tuple[str, str | None, str | None], str] = {}
-
-
-def _xfail(family: str, backend: str, road: str) -> str | None:
-    for key in ((family, backend, road), (family, backend, None), (family, None, road),
-                (family, None, None)):
-        if key in XFAIL:
-            return XFAIL[key]
-    return None
-
-
-CASES = [pytest.param(road, f, b, marks=pytest.mark.xfail(reason=why, strict=True)
-                      if (why := _xfail(f, b, road)) else (), id=f"{road}-{f}-{b}")
+CASES = [pytest.param(road, f, b, id=f"{road}-{f}-{b}")
          for road in ROADS for f in FAMILIES for b in ("export", "builder")]
 
 
