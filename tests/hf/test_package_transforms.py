@@ -59,20 +59,7 @@ BUILDER_UNVERIFIED: dict[str, tuple[str, str]] = {
 # genai) goes through both roads (its int4 reference feeds the state; tests/hf/
 # test_int4_states.py); the builder builds neither Falcon-H1 nor Mamba
 NO_GENAI = ("deepseek_v3", "lfm2", "falcon_h1", "mamba")
-# (family, backend, road) -> why it fails today (None: any road, any backend); none now
-XFAIL: dict[tuple[str, str | None, str | None], str] = {}
-
-
-def _xfail(family: str, backend: str, road: str) -> str | None:
-    for key in ((family, backend, road), (family, backend, None), (family, None, road),
-                (family, None, None)):
-        if key in XFAIL:
-            return XFAIL[key]
-    return None
-
-
-CASES = [pytest.param(road, f, b, marks=pytest.mark.xfail(reason=why, strict=True)
-                      if (why := _xfail(f, b, road)) else (), id=f"{road}-{f}-{b}")
+CASES = [pytest.param(road, f, b, id=f"{road}-{f}-{b}")
          for road in ROADS for f in FAMILIES for b in ("export", "builder")]
 
 
@@ -342,25 +329,41 @@ def test_constant_wheres_are_folded_through_chains_and_graph_outputs():
         np.testing.assert_array_equal(a, b)
 
 
-def test_export_int4_refusal_names_the_package_not_its_staging_folder(tmp_path, monkeypatch):
+@pytest.mark.parametrize("code", ["OM741", "OM839"])
+def test_export_int4_refusal_names_the_package_not_its_staging_folder(tmp_path, monkeypatch,
+                                                                      code):
     """``export --precision int4`` exports the float32 package into a staging folder that is
-    removed: a refusal of that package (OM741, here: no genai_config.json) names the package
-    asked for, not the staging folder; nothing is written."""
+    removed: a refusal of that package (OM741: no genai_config.json; OM839: a decoder the
+    contract cannot feed, whose reason names the graph file) names the package asked for,
+    not the staging folder; nothing is written."""
     from onnxmedic import hf
     from onnxmedic.genpackage import cache_names
     from onnxmedic.hf.generation import package_result
     from onnxmedic.hf.transforms import precision
     from tests.test_genpackage import _cache_graph
 
-    def export(model, out, **kw):  # a verified float32 package without genai_config.json
-        _cache_graph(Path(out) / "model.onnx", cache_names(1), cache_names(1, present=True))
+    def export(model, out, **kw):  # a verified float32 package the transforms refuse
+        if code == "OM741":
+            _cache_graph(Path(out) / "model.onnx", cache_names(1), cache_names(1, present=True))
+        else:  # a graph that is not a decoder step
+            Path(out).mkdir(parents=True)
+            g = onnx.helper.make_graph(
+                [onnx.helper.make_node("Relu", ["x"], ["y"])], "g",
+                [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+            onnx.save(onnx.helper.make_model(g), str(Path(out) / "model.onnx"))
         result = package_result(model)
         result.ok = True
         return result
 
     monkeypatch.setattr(hf, "export_generation", export)
     r = precision.export_at_precision(object(), tmp_path / "int4")
-    said = [f.message for f in r.findings if f.code == "OM741"]
+    said = [f.message for f in r.findings if f.code == code]
     assert not r.ok and said and ".tmp" not in said[0], [f.message for f in r.findings]
-    assert said[0].startswith(f"the float32 package exported for {tmp_path / 'int4'} cannot be made")
+    named = f"the float32 package exported for {tmp_path / 'int4'}"
+    if code == "OM741":
+        assert said[0].startswith(f"{named} cannot be made"), said[0]
+    else:  # the graph named within the package, the package by what it stands for
+        assert said[0].startswith(f"cannot transform {named}: its decoder cannot be fed a "
+                                  "step: model.onnx: not a decoder step"), said[0]
     assert list(tmp_path.iterdir()) == []

@@ -773,20 +773,17 @@ def _fused(result: ExportResult, req: Request, tmp: Path, genai: bool, check: An
     from onnxmedic.hf.transforms.fuse_decoder import fuse_package
 
     with result.timed("optimize"):
+        # the verdict names the package at req.out, where it is once in place
         fused = fuse_package(tmp, tmp / "fused", req.model, req.tokenizer, steps=req.steps,
                              prompts=req.prompts, genai=genai, timeout=req.timeout,
-                             torch_runs=check.torch_runs)
+                             torch_runs=check.torch_runs, shown=str(req.out))
     if fused.ok:
-        for f in fused.findings:
-            if f.code == "OM734":  # the folder it names is the package's, once in place
-                f.message = f.message.replace(str(tmp / "fused"), str(req.out))
-                result.findings.append(f)
+        result.findings.extend(f for f in fused.findings if f.code == "OM734")
         return tmp / "fused"
     for f in fused.findings:
         if f.code == "OM735":
             result.findings.append(warning(
-                "OM735", "optimize", f.message.replace(str(tmp / "fused"), str(req.out))
-                + "; the plain package is written instead.",
+                "OM735", "optimize", f.message + "; the plain package is written instead.",
                 suggestion="Nothing to do: the plain package is verified. Report the figures "
                 "above if the fused decoder should match."))
     if genai:  # the plain package is the one written: onnxruntime-genai generates from it

@@ -135,7 +135,7 @@ def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     return counts, folded
 
 
-def _fused_finding(res: FuseResult, folder: Path) -> Any:
+def _fused_finding(res: FuseResult, folder: str) -> Any:
     from onnxmedic.findings import info
 
     ops = ", ".join(f"{n} x{c}" for n, c in sorted(res.ops.items())) or "none"
@@ -144,7 +144,7 @@ def _fused_finding(res: FuseResult, folder: Path) -> Any:
                 "token by token against PyTorch within the float32 budget.")
 
 
-def _rejected_finding(res: FuseResult, folder: Path) -> Any:
+def _rejected_finding(res: FuseResult, folder: str) -> Any:
     from onnxmedic.findings import error
 
     why = "; ".join(f.message for f in res.check.findings
@@ -179,14 +179,17 @@ class FusePass(PackagePass):
 def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
                  tokenizer: Any = None, *, steps: int = 8, prompts: Any = None,
                  genai: bool = True, timeout: float | None = None,
-                 mutate: Any = None, torch_runs: dict[Any, Any] | None = None) -> FuseResult:
+                 mutate: Any = None, torch_runs: dict[Any, Any] | None = None,
+                 shown: str | None = None) -> FuseResult:
     """Write ``out``: the generation package ``folder`` with its decoder fused (see the module
     docstring), verified against ``model`` (the PyTorch causal LM the package was exported
     from) by greedy generation of ``steps`` tokens per prompt in ONNX Runtime and, with
     ``genai``, onnxruntime-genai. ``mutate(proto)`` (tests) edits the fused graph before it
     is verified. ``torch_runs``: the plain package's check's (gen_verify.GenerationCheck
-    ``torch_runs``): PyTorch's tokens, logits and references, not computed again. Nothing is
-    written at ``out`` unless verified."""
+    ``torch_runs``): PyTorch's tokens, logits and references, not computed again. ``shown``:
+    how the verdict (OM734/OM735) names ``out`` (default: its path; a caller that fuses into
+    a scratch folder names the package it becomes). Nothing is written at ``out`` unless
+    verified."""
     from onnxmedic import sandbox
     from onnxmedic.hf.gen_verify import verify_generation
 
@@ -206,11 +209,11 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
                                       torch_runs=torch_runs)
         res.findings.extend(res.check.findings)
         if not res.check.ok:
-            res.findings.append(_rejected_finding(res, out))
+            res.findings.append(_rejected_finding(res, shown or str(out)))
             return res
         replace_folder(tmp, out)
         res.ok, res.path = True, str(out)
-        res.findings.append(_fused_finding(res, out))
+        res.findings.append(_fused_finding(res, shown or str(out)))
         return res
 
 

@@ -118,13 +118,14 @@ class Int4Pass(PackagePass):
 def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
                  tokenizer: Any = None, *, budget: Any = None, grid: Any = None,
                  genai: bool = True, search: bool = True, threads: int = 2,
-                 timeout: float = 600.0) -> Int4PackageResult:
+                 timeout: float = 600.0, shown: str | None = None) -> Int4PackageResult:
     """Write ``out``: the generation package ``folder`` at int4 (see the module docstring),
     judged against ``model`` (the PyTorch causal LM) with ``budget`` (int4.TaskBudget;
     default +5 % perplexity, 95 % greedy agreement) over ``grid`` (int4_search's default
     grid when None; ``search``: its per-layer search where no cell is within the budget).
     Nothing is written at ``out`` unless a candidate is within the budget and
-    onnxruntime-genai generates its tokens."""
+    onnxruntime-genai generates its tokens. ``shown``: how a refusal names ``folder``
+    (default: its path)."""
     folder, out = Path(folder), Path(out)
     res = Int4PackageResult()
     with staged(out) as tmp:
@@ -132,7 +133,7 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
             done = Int4Pass(model, tokenizer, budget=budget, grid=grid, search=search,
                             threads=threads, timeout=timeout)(folder, tmp)
         except PreconditionError as e:
-            res.findings.append(not_fed(folder, e.__cause__ or e))
+            res.findings.append(not_fed(folder, e.__cause__ or e, shown))
             return res
         res.search = done.info["search"]
         # the chosen file is in the scratch folder, gone on the way out: it is written only
@@ -155,12 +156,15 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
         return res
 
 
-def not_fed(folder: Path, e: Exception) -> Any:
-    """OM839: the package's decoder cannot be fed a step (the contract says why)."""
+def not_fed(folder: Path, e: Exception, shown: str | None = None) -> Any:
+    """OM839: the package's decoder cannot be fed a step (the contract says why, its files
+    named within the package). ``shown``: how it names the package (default: ``the package
+    <folder>``)."""
     from onnxmedic.findings import error
 
-    return error("OM839", "optimize", f"cannot transform the package {folder}: its decoder "
-                 f"cannot be fed a step: {e}", suggestion="Give a package folder "
+    why = str(e).replace(f"{folder}{os.sep}", "").removeprefix(f"{folder}: ")
+    return error("OM839", "optimize", f"cannot transform {shown or f'the package {folder}'}: "
+                 f"its decoder cannot be fed a step: {why}", suggestion="Give a package folder "
                  "onnxmedic or onnxruntime-genai's builder wrote (model.onnx with "
                  "past_key_values.* inputs and genai_config.json beside it).")
 

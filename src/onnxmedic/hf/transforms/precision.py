@@ -46,12 +46,13 @@ def precision_problem(precision: str, target: str = "cpu", flags: bool = True) -
     return None
 
 
-def transform_problem(folder: Path, precision: str) -> Any:
+def transform_problem(folder: Path, precision: str, shown: str | None = None) -> Any:
     """OM741 when the package at ``folder`` cannot be made at ``precision`` here, before any
     work: it has no genai_config.json (every transform is judged by onnxruntime-genai
     generating from it: the export said why it has none, OM820/OM829). None when it can: at
     int4 too for a cache of convolution or state-space states (LFM2's builder package), which
-    the task budget's PyTorch reference feeds as the package's contract does."""
+    the task budget's PyTorch reference feeds as the package's contract does. ``shown``: how
+    the finding names the package (default: ``folder``)."""
     from onnxmedic.findings import error
 
     if (folder / "genai_config.json").is_file():
@@ -59,23 +60,24 @@ def transform_problem(folder: Path, precision: str) -> Any:
     why = ("it has no genai_config.json: onnxruntime-genai cannot serve it (its export said "
            "why, OM820/OM829), and a transformed package is judged by onnxruntime-genai "
            "generating from it")
-    return error("OM741", "preflight", f"{folder} cannot be made {precision} here: {why}; "
-                 "nothing was written.", suggestion="Serve the package as export hf: wrote "
+    return error("OM741", "preflight", f"{shown or folder} cannot be made {precision} here: "
+                 f"{why}; nothing was written.", suggestion="Serve the package as export hf: wrote "
                  "it (verified at float32).")
 
 
-def preflight(folder: Path, precision: str) -> Any:
+def preflight(folder: Path, precision: str, shown: str | None = None) -> Any:
     """Why the package at ``folder`` cannot be made at ``precision``, before any work (the
     checkpoint not loaded yet): OM839 when the contract cannot feed its decoder a step, OM741
-    (:func:`transform_problem`); None when it can."""
+    (:func:`transform_problem`); None when it can. ``shown``: how the findings name the
+    package (default: ``folder``)."""
     from onnxmedic.genpackage import NotAStep, read_package
     from onnxmedic.hf.transforms.int4_package import not_fed
 
     try:  # the package first: a folder its contract cannot feed is said before any work
         read_package(folder).empty_past()
     except NotAStep as e:
-        return not_fed(folder, e)
-    return transform_problem(folder, precision)
+        return not_fed(folder, e, shown)
+    return transform_problem(folder, precision, shown)
 
 
 def unhonoured_precision(options: dict[str, Any]) -> str | None:
@@ -102,15 +104,17 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
                       tokenizer: Any = None, precision: str = "int4", *, budget: Any = None,
                       threads: int = 2, timeout: float = 600.0, grid: Any = None,
                       search: bool = True, say: Any = None,
-                      checked: bool = False) -> PackagePrecision:
+                      checked: bool = False, shown: str | None = None) -> PackagePrecision:
     """Write ``out``: the package ``folder`` at ``precision`` (see the module docstring),
     judged against ``model`` (the PyTorch causal LM it was exported from); ``budget``:
     int4's TaskBudget or its spec (``"agreement=95%"``; None: optimize/int4.py's default),
     ``grid`` and ``search`` int4_search's (its default grid and per-layer search);
     ``say(line)``: progress lines (the CLI prints them); ``checked``: :func:`preflight` has
     already said None for ``folder`` at ``precision`` (the CLI asks it before it loads the
-    checkpoint), so it is not asked again. Raises ValueError for a precision
-    :func:`precision_problem` refuses or a budget spec that does not parse."""
+    checkpoint), so it is not asked again; ``shown``: how the findings name ``folder``
+    (default: its path; a caller whose ``folder`` is a scratch folder names what it stands
+    for). Raises ValueError for a precision :func:`precision_problem` refuses or a budget spec
+    that does not parse."""
     from onnxmedic.hf.transforms.fuse_decoder import fuse_package
     from onnxmedic.hf.transforms.int4_package import int4_package
     from onnxmedic.hf.transforms.passes import staged
@@ -122,7 +126,7 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
         budget = parse_budget(budget)
     folder, out = Path(folder), Path(out)
     res = PackagePrecision()
-    if not checked and (bad := preflight(folder, precision)) is not None:
+    if not checked and (bad := preflight(folder, precision, shown)) is not None:
         res.findings.append(bad)
         return res
     if precision == "fp32":
@@ -131,16 +135,18 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
         res.ok, res.path = res.fused.ok, res.fused.path
         return res
     with staged(out) as work:
-        res.fused = fuse_package(folder, work / "fused", model, tokenizer, timeout=timeout)
-        src = work / "fused" if res.fused.ok else folder
+        before = f"{out} (before int4)"  # the fused package lives in the scratch folder
+        res.fused = fuse_package(folder, work / "fused", model, tokenizer, timeout=timeout,
+                                 shown=before)
+        src, src_shown = (work / "fused", before) if res.fused.ok else (folder, shown)
+        # the fusion's verdict, on the package int4 started from
         verdict = [f for f in res.fused.findings if f.code in ("OM734", "OM735")]
-        for f in verdict:  # the fusion's verdict, on the package int4 started from
-            f.message = f.message.replace(str(work / "fused"), f"{out} (before int4)")
         if say is not None:
             said = "; ".join(f.message for f in verdict)
             say(f"int4 of the {'fused' if res.fused.ok else 'plain'} package ({said})")
         res.int4 = int4_package(src, out, model, tokenizer, budget=budget, grid=grid,
-                                search=search, threads=threads, timeout=timeout)
+                                search=search, threads=threads, timeout=timeout,
+                                shown=src_shown)
         res.findings.extend(verdict)
     res.findings.extend(res.int4.findings)
     res.ok, res.path = res.int4.ok, res.int4.path
@@ -174,12 +180,11 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
         made = None
         if result.ok:
             with result.guard(), result.stage("optimize") as st:
+                # a refusal names the package it took, not the scratch folder it is in
                 made = package_precision(stage / "pkg", out, model, export.get("tokenizer"),
                                          precision, budget=budget,
-                                         timeout=export.get("timeout") or 600.0)
-                for f in made.findings:  # a refusal names the package it took: made here
-                    f.message = f.message.replace(str(stage / "pkg"),
-                                                  f"the float32 package exported for {out}")
+                                         timeout=export.get("timeout") or 600.0,
+                                         shown=f"the float32 package exported for {out}")
                 result.findings.extend(made.findings)
                 if not made.ok:
                     st.fail()
