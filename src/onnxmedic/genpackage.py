@@ -120,11 +120,9 @@ def parse_cache_name(name: str) -> tuple[str, int, str | None, str] | None:
 
 
 def is_past(name: str) -> bool:
-    """Whether ``name`` is a cache input (``past_key_values.*``, or a state's ``past.{i}.*``)."""
-    if name.startswith(f"{PAST}."):
-        return True
-    m = _STATE.match(name)
-    return bool(m) and m[1] == STATE_PAST
+    """Whether ``name`` is a cache input (``past_key_values.*``, or a state's ``past.{i}.*``):
+    one that has a ``present`` twin (:func:`present_of`)."""
+    return present_of(name) != name
 
 
 def present_of(past: str) -> str:

@@ -31,7 +31,7 @@ import onnx
 import torch
 
 from onnxmedic import sandbox
-from onnxmedic.findings import Finding, error, info, warning
+from onnxmedic.findings import Finding, InputError, error, info, warning
 from onnxmedic.genpackage import StepLayout, decoder_graph, is_past, read_step
 from onnxmedic.inputs import Inputs
 from onnxmedic.verify.budget import judge_output
@@ -108,8 +108,6 @@ def prompt_ids(tokenizer: Any, prompts: Any, vocab: int) -> list[list[int]]:
         else:
             ids = [int(t) for t in p]
         if tokenizer is not None and isinstance(p, str) and max(ids, default=0) >= vocab:
-            from onnxmedic.findings import InputError
-
             raise InputError(error(
                 "OM831", "inputs", f"the checkpoint's tokenizer gives the prompt {p!r} the "
                 f"ids {sorted({t for t in ids if t >= vocab})[:8]}, at or beyond the model's "
