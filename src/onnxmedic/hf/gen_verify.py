@@ -525,11 +525,11 @@ def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: 
         check.findings.append(not_installed())
         return
     run = start_genai_child(folder, spec or genai_spec(folder, check.prompts, steps))
-    genai_tokens(run, check, steps, timeout, eos, what)
+    genai_tokens(run, check, timeout, eos, what)
 
 
-def genai_tokens(run: ChildRun, check: GenerationCheck, steps: int, timeout: float,
-                 eos: set[int] | None, what: str = "prompt") -> None:
+def genai_tokens(run: ChildRun, check: GenerationCheck, timeout: float, eos: set[int] | None,
+                 what: str = "prompt") -> None:
     """The tokens of the genai child ``run`` against check.tokens_torch (OM814 where they
     differ, OM816 where it failed): fewer tokens are a stop at one of ``eos`` (None: at any
     token), ``what`` names the generation's items (prompts, an encoder-decoder's inputs)."""
@@ -625,7 +625,7 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
         if genai and ran and check.ok:
             run = early or start_genai_child(folder, genai_spec(folder, check.prompts, steps))
             early = None
-            genai_tokens(run, check, steps, timeout, eos_ids(model))
+            genai_tokens(run, check, timeout, eos_ids(model))
     finally:
         if early is not None:
             early.stop()
