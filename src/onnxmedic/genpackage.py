@@ -50,12 +50,13 @@ torch nor the rest of onnxmedic, so the children that score a candidate read it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -119,11 +120,9 @@ def parse_cache_name(name: str) -> tuple[str, int, str | None, str] | None:
 
 
 def is_past(name: str) -> bool:
-    """Whether ``name`` is a cache input (``past_key_values.*``, or a state's ``past.{i}.*``)."""
-    if name.startswith(f"{PAST}."):
-        return True
-    m = _STATE.match(name)
-    return bool(m) and m[1] == STATE_PAST
+    """Whether ``name`` is a cache input (``past_key_values.*``, or a state's ``past.{i}.*``):
+    one that has a ``present`` twin (:func:`present_of`)."""
+    return present_of(name) != name
 
 
 def present_of(past: str) -> str:
@@ -179,7 +178,6 @@ class StepLayout:
     sizes_from: str = ""  # where symbolic head sizes were read (a config file), "" if none
     context: int | None = None  # the longest past + new the package serves (its configs')
     step_tokens: int | None = None  # 1: the graph takes one token per step (None: any number)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def past(self) -> list[str]:
@@ -421,10 +419,8 @@ def context_length(folder: str | os.PathLike[str]) -> int | None:
     """The longest sequence the package serves: its genai_config.json's ``context_length``,
     else config.json's ``max_position_embeddings``; None when neither says."""
     folder = Path(folder)
-    try:
+    with contextlib.suppress(TypeError, ValueError):
         return int(_json(folder, "genai_config.json", "model", "context_length"))
-    except (TypeError, ValueError):
-        pass
     try:
         cfg = _json(folder, "config.json")
         cfg = cfg.get("text_config") or cfg
@@ -439,12 +435,10 @@ def config_sizes(folder: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, i
     genai_config.json, else its config.json (the text config of a multimodal one; MLA's
     key and value sizes), and the file they came from; ({}, "") when neither says."""
     folder = Path(folder)
-    try:
+    with contextlib.suppress(KeyError, TypeError, ValueError):
         dec = _genai_decoder(folder)
         heads, size = int(dec["num_key_value_heads"]), int(dec["head_size"])
         return {"key": (heads, size), "value": (heads, size)}, "genai_config.json"
-    except (KeyError, TypeError, ValueError):
-        pass
     cfg = _json(folder, "config.json")
     sizes = cache_sizes(cfg) if cfg is not None else {}
     return sizes, "config.json" if sizes else ""

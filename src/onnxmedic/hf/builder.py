@@ -8,6 +8,7 @@ heavy) and writes while the model loads in the parent.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -145,10 +146,8 @@ class BuildJob:
                 self.proc.kill()
                 self.proc.wait()
             elif self.pid is not None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 os.waitpid(self.pid, 0)
             self.code = -signal.SIGKILL
 

@@ -31,7 +31,7 @@ import onnx
 import torch
 
 from onnxmedic import sandbox
-from onnxmedic.findings import Finding, error, info, warning
+from onnxmedic.findings import Finding, InputError, error, info, warning
 from onnxmedic.genpackage import StepLayout, decoder_graph, is_past, read_step
 from onnxmedic.inputs import Inputs
 from onnxmedic.verify.budget import judge_output
@@ -108,8 +108,6 @@ def prompt_ids(tokenizer: Any, prompts: Any, vocab: int) -> list[list[int]]:
         else:
             ids = [int(t) for t in p]
         if tokenizer is not None and isinstance(p, str) and max(ids, default=0) >= vocab:
-            from onnxmedic.findings import InputError
-
             raise InputError(error(
                 "OM831", "inputs", f"the checkpoint's tokenizer gives the prompt {p!r} the "
                 f"ids {sorted({t for t in ids if t >= vocab})[:8]}, at or beyond the model's "
@@ -527,11 +525,11 @@ def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: 
         check.findings.append(not_installed())
         return
     run = start_genai_child(folder, spec or genai_spec(folder, check.prompts, steps))
-    genai_tokens(run, check, steps, timeout, eos, what)
+    genai_tokens(run, check, timeout, eos, what)
 
 
-def genai_tokens(run: ChildRun, check: GenerationCheck, steps: int, timeout: float,
-                 eos: set[int] | None, what: str = "prompt") -> None:
+def genai_tokens(run: ChildRun, check: GenerationCheck, timeout: float, eos: set[int] | None,
+                 what: str = "prompt") -> None:
     """The tokens of the genai child ``run`` against check.tokens_torch (OM814 where they
     differ, OM816 where it failed): fewer tokens are a stop at one of ``eos`` (None: at any
     token), ``what`` names the generation's items (prompts, an encoder-decoder's inputs)."""
@@ -627,7 +625,7 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
         if genai and ran and check.ok:
             run = early or start_genai_child(folder, genai_spec(folder, check.prompts, steps))
             early = None
-            genai_tokens(run, check, steps, timeout, eos_ids(model))
+            genai_tokens(run, check, timeout, eos_ids(model))
     finally:
         if early is not None:
             early.stop()

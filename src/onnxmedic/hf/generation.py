@@ -327,10 +327,6 @@ class GenerationDecoder(torch.nn.Module):
         return out.logits, flat_cache(own_cache(out), self.spec)
 
 
-def takes_position_ids(model: torch.nn.Module) -> bool:
-    return accepts(model, "position_ids")
-
-
 def _not_a_decoder(model: Any) -> str | None:
     """Why ``model`` cannot serve text-generation-with-past (None when it can)."""
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
@@ -523,7 +519,7 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
     None (OM810)."""
     from onnxmedic.api import export
 
-    positions = takes_position_ids(model)
+    positions = accepts(model, "position_ids")
     with result.stage("capture", conclude=False) as st:
         args, shapes, spec = example_step(model)
         if not positions:

@@ -37,17 +37,34 @@ while stamping; then the verification's (hf/stream.py: one layer, one ONNX Runti
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import shutil
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+import onnx
 import torch
+from onnx import TensorProto, helper
 
 from onnxmedic.findings import error, info
+from onnxmedic.genpackage import LOGITS, cache_name, cache_sizes, present_of
+from onnxmedic.hf import builder, report_to
+from onnxmedic.hf.checkpoint import TOKENIZER_FILES
+from onnxmedic.hf.genai_files import Layout, write_side_files
+from onnxmedic.hf.stream import LAYOUTS, Weights, streamable, verify_package
+from onnxmedic.hf.transforms.stream_int4 import (
+    append_external,
+    int4_streamed,
+    large_folder,
+    side_files,
+    take_verdict,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +180,6 @@ class Geometry(NamedTuple):
 def geometry(config: Any) -> Geometry:
     """The :class:`Geometry` of a transformers config; ValueError where it gives keys and
     values no one (heads, head size) (MLA: not stamped)."""
-    from onnxmedic.genpackage import cache_sizes
-
     sizes = cache_sizes(config.to_dict())
     if not sizes or sizes["key"] != sizes["value"]:
         raise ValueError(f"onnxmedic.hf.stamp: the config of {config.model_type!r} gives no "
@@ -180,7 +195,6 @@ def export_parts(folder: Path, config: Any, work: Path, timeout: float,
     from torch.export import Dim
     from transformers import AutoModelForCausalLM
 
-    from onnxmedic.hf.stream import LAYOUTS, Weights
 
     layout = LAYOUTS[config.model_type]
     config._attn_implementation = "eager"  # the prelude's additive mask, no kernel choice
@@ -204,9 +218,10 @@ def export_parts(folder: Path, config: Any, work: Path, timeout: float,
     positions = torch.arange(past, past + new).expand(batch, new).contiguous()
     prelude = Prelude(rotary).eval()
     args: tuple[Any, ...] = (ids, mask, positions, _example(weights, embed, rows))
-    if not _export_part(res, "prelude", prelude, args,
-                        ({0: b, 1: s}, {0: b, 1: t}, {0: b, 1: s}, None), {"embedding": embed},
-                        work, timeout, type(model).__name__):
+    part = functools.partial(_export_part, res, work=work, timeout=timeout,
+                             model=type(model).__name__)
+    if not part("prelude", prelude, args, ({0: b, 1: s}, {0: b, 1: t}, {0: b, 1: s}, None),
+                {"embedding": embed}):
         return res
     with torch.no_grad():  # the layer's and the head's example inputs (it ran in the export)
         hidden, add_mask, cos, sin = prelude(*args)
@@ -218,25 +233,23 @@ def export_parts(folder: Path, config: Any, work: Path, timeout: float,
     layer = type(layer)(config, 0)  # on the CPU: functional_call gives it its weights
     past_kv = [torch.randn(batch, shape.kv_heads, past, shape.head_size, generator=g)
                for _ in range(2)]
-    if not _export_part(res, "layer", LayerStep(layer, names).eval(),
-                        (hidden, add_mask, cos, sin, *past_kv, layer_w),
-                        ({0: b, 1: s}, {0: b, 2: s, 3: t}, {0: b, 1: s}, {0: b, 1: s},
-                         {0: b, 2: p}, {0: b, 2: p}, [None] * len(names)),
-                        {f"weights_{k}": f"{prefix}{{i}}.{n}" for k, n in enumerate(names)},
-                        work, timeout, type(model).__name__):
+    if not part("layer", LayerStep(layer, names).eval(),
+                (hidden, add_mask, cos, sin, *past_kv, layer_w),
+                ({0: b, 1: s}, {0: b, 2: s, 3: t}, {0: b, 1: s}, {0: b, 1: s}, {0: b, 2: p},
+                 {0: b, 2: p}, [None] * len(names)),
+                {f"weights_{k}": f"{prefix}{{i}}.{n}" for k, n in enumerate(names)}):
         return res
     del layer_w
 
     norm = getattr(base, layout.norm)
     norm_names = list(norm.state_dict().keys())
     norm = type(norm)(*_norm_args(norm))
-    if not _export_part(res, "head", Head(norm, norm_names).eval(),
-                        (hidden, [_example(weights, layout.names("norm") + n)
-                                  for n in norm_names], _example(weights, head, rows)),
-                        ({0: b, 1: s}, [None] * len(norm_names), None),
-                        {**{f"weights_{k}": layout.names("norm") + n
-                            for k, n in enumerate(norm_names)}, "projection": head},
-                        work, timeout, type(model).__name__):
+    if not part("head", Head(norm, norm_names).eval(),
+                (hidden, [_example(weights, layout.names("norm") + n) for n in norm_names],
+                 _example(weights, head, rows)),
+                ({0: b, 1: s}, [None] * len(norm_names), None),
+                {**{f"weights_{k}": layout.names("norm") + n for k, n in enumerate(norm_names)},
+                 "projection": head}):
         return res
     res.ok = True
     return res
@@ -247,8 +260,6 @@ def _export_part(res: Stamped, name: str, module: torch.nn.Module, args: tuple[A
                  model: str) -> bool:
     """One part exported and verified by onnxmedic.export into ``work`` and kept in ``res``
     (True), or its findings and OM850 in ``res`` (False)."""
-    import onnx
-
     from onnxmedic.api import export
 
     t0 = time.perf_counter()
@@ -300,8 +311,6 @@ def _copy(part: Part, prefix: str, binds: dict[str, str], layer: int | None,
     tensor and orientation: ``seen``), a weight only transposed the transposed initializer
     (the Transpose dropped), its constants ``{part.name}/`` (the same for every copy), every
     other value ``prefix``."""
-    import onnx
-
     g = part.proto.graph
     mapping = dict(binds)
     consumers: dict[str, list[Any]] = {}
@@ -344,10 +353,8 @@ def _copy(part: Part, prefix: str, binds: dict[str, str], layer: int | None,
     return nodes
 
 
-def _value(name: str, dims: list[Any], elem: int | None = None) -> Any:
-    from onnx import TensorProto, helper
-
-    return helper.make_tensor_value_info(name, elem or TensorProto.FLOAT, dims)
+def _value(name: str, dims: list[Any]) -> Any:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)
 
 
 def assemble(parts: dict[str, Part], layers: int, kv_heads: int, head_size: int, vocab: int,
@@ -357,11 +364,6 @@ def assemble(parts: dict[str, Part], layers: int, kv_heads: int, head_size: int,
     prelude, the layer once per layer (copy ``i`` takes the checkpoint's layer ``order[i]``:
     the tests' wrong stamp), the head; its inputs and outputs the package contract's
     (genpackage.py)."""
-    import onnx
-    from onnx import helper
-
-    from onnxmedic.genpackage import LOGITS, cache_name, present_of
-
     order = list(range(layers)) if order is None else order
     pre, layer, head = parts["prelude"].proto.graph, parts["layer"].proto.graph, \
         parts["head"].proto.graph
@@ -412,12 +414,6 @@ def write_weights(model: Any, weights: list[Weight], folder: Path, checkpoint: P
     """``weights`` read from ``checkpoint`` one tensor at a time, in float32 (transposed where
     so recorded), appended to ``folder/model.onnx.data`` and added to ``model``'s graph as
     external initializers; returns the bytes written."""
-    import numpy as np
-    from onnx import TensorProto
-
-    from onnxmedic.hf.stream import Weights
-    from onnxmedic.hf.transforms.stream_int4 import append_external
-
     source = Weights(checkpoint)
     with open(folder / DATA, "wb") as data:
         for w in weights:
@@ -440,8 +436,6 @@ def write_weights(model: Any, weights: list[Weight], folder: Path, checkpoint: P
 def stamp_problem(config: Any) -> str | None:
     """Why the checkpoint of ``config`` (a transformers config) is not stamped (None when it
     is): a family of :data:`FAMILIES` that hf/stream.py streams."""
-    from onnxmedic.hf.stream import streamable
-
     kind = getattr(config, "model_type", "")
     if kind not in FAMILIES:
         return f"the family {kind!r} is not one stamped ({', '.join(sorted(FAMILIES))})"
@@ -452,9 +446,6 @@ def _side_files(checkpoint: Path) -> tuple[Any, Any]:
     """The checkpoint's config and generation config (as a model's ``config`` and
     ``generation_config``) and its tokenizer, None where the folder has no tokenizer's file
     (transformers would make an empty one of the family's class, whose ids are no prompt)."""
-    from onnxmedic.hf.checkpoint import TOKENIZER_FILES
-    from onnxmedic.hf.transforms.stream_int4 import side_files
-
     like, tokenizer = side_files(checkpoint)
     if not any((checkpoint / name).is_file() for name in TOKENIZER_FILES):
         tokenizer = None
@@ -469,12 +460,9 @@ def stamp_package(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[
     configs and the tokenizer's files. ``order``: the checkpoint's layer each stamped copy
     takes (the tests' wrong stamp; None: its own). Raises ValueError for a checkpoint not
     stamped (:func:`stamp_problem`)."""
-    import onnx
     from transformers import AutoConfig
 
-    from onnxmedic.hf.genai_files import Layout, write_side_files
     from onnxmedic.hf.generation import GRAPH
-    from onnxmedic.hf.stream import Weights
 
     checkpoint, folder = Path(checkpoint), Path(folder)
     config = AutoConfig.from_pretrained(str(checkpoint))  # read once
@@ -491,8 +479,6 @@ def stamp_package(checkpoint: str | os.PathLike[str], folder: str | os.PathLike[
     t0 = time.perf_counter()
     model, weights = assemble(res.parts, *shape, order)
     res.parts.clear()
-    import shutil
-
     shutil.rmtree(work)
     write_weights(model, weights, folder, checkpoint)
     onnx.save_model(model, str(folder / GRAPH))
@@ -519,7 +505,6 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
     from onnxmedic.hf.gen_verify import DEFAULT_PROMPTS, prompt_ids
     from onnxmedic.hf.generation import add_check, not_written
     from onnxmedic.hf.transforms.passes import staged
-    from onnxmedic.hf.transforms.stream_int4 import int4_streamed, take_verdict
     from onnxmedic.onnxfile import replace_folder
     from onnxmedic.result import ExportResult, stages_of
 
@@ -539,7 +524,7 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
                 result.findings.extend(made.findings)
                 result.findings.append(not_written(out))
                 st.fail()
-                return _done(result, report)
+                return report_to(result, report)
             result.findings.append(info(
                 "OM851", STAGE, f"the decoder graph was stamped: its prelude, one decoder "
                 f"layer and its head exported and verified once, the layer copied "
@@ -553,8 +538,6 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
         else:
             with result.stage(last) as st:
                 like, tokenizer = _side_files(checkpoint)
-                from onnxmedic.hf.stream import verify_package
-
                 vocab = int(like.config.vocab_size)
                 check = verify_package(pkg, checkpoint,
                                        prompt_ids(tokenizer, list(DEFAULT_PROMPTS[:1]), vocab),
@@ -577,12 +560,6 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
             f"{', '.join(sorted(p.name for p in out.iterdir()))}."))
     else:
         result.findings.append(not_written(out))
-    return _done(result, report)
-
-
-def _done(result: Any, report: str | os.PathLike[str] | None) -> Any:
-    from onnxmedic.hf import report_to
-
     return report_to(result, report)
 
 
@@ -595,10 +572,6 @@ def stamp_road(model: Any, task: str | None, *, dtype: str, verify: bool, opset:
     serve, at fp32, verified, at ``precision`` fp32 or
     int4 without ``optimize``, with no opset asked for, no remote code and a backend other
     than ``"builder"`` (which refuses such a family: OM838)."""
-    from onnxmedic.hf import builder
-    from onnxmedic.hf.checkpoint import TOKENIZER_FILES
-    from onnxmedic.hf.transforms.stream_int4 import large_folder
-
     if not isinstance(model, (str, os.PathLike)) or dtype != "fp32" or not verify or \
             opset is not None or backend == "builder" or remote_code or \
             options.get("optimize") or options.get("precision") not in (None, "fp32", "int4"):

@@ -13,12 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import onnx
 import torch
 
 from onnxmedic.findings import InputError, info
 from onnxmedic.hf import checkpoint, report_to, tasks
 from onnxmedic.hf.checkpoint import STAGE
 from onnxmedic.hf.load import Loaded, spec_name
+from onnxmedic.onnxfile import check_output_path, not_written_finding, publish, staged
 from onnxmedic.result import ExportResult, stages_of
 
 logger = logging.getLogger(__name__)
@@ -41,7 +43,6 @@ def export_task(loaded: Loaded, f: Any, dynamic: Any, report: Any,
                  options: dict[str, Any]) -> ExportResult:
     """One task's module through onnxmedic.export, its outputs named, written atomically."""
     from onnxmedic import api
-    from onnxmedic.onnxfile import check_output_path, staged
 
     folder = loaded.ckpt.folder if loaded.ckpt is not None else None
     pooling = tasks.Pooling.of_folder(folder) if loaded.task == "sentence-similarity" else None
@@ -111,15 +112,11 @@ def _name_outputs(res: ExportResult, names: list[str], written: Path | None,
                   dest: Path | None) -> None:
     """Name the graph outputs as the task's (Identity nodes: nothing else changes), then
     move the written file (and its external data) to ``dest``, the model file last."""
-    from onnxmedic.onnxfile import not_written_finding, publish
-
     renamed: dict[str, str] = {}
     if res.onnx_model is not None:
         renamed = rename_outputs(res.onnx_model, names)
     if written is not None and dest is not None and res.path is not None \
             and Path(res.path) == written and written.is_file():
-        import onnx
-
         proto = onnx.load(str(written), load_external_data=False)
         rename_outputs(proto, names)
         onnx.save(proto, str(written))
@@ -135,8 +132,6 @@ def _name_outputs(res: ExportResult, names: list[str], written: Path | None,
 def rename_outputs(proto: Any, names: list[str]) -> dict[str, str]:
     """Give the graph outputs of ``proto`` the ``names`` (in order) with Identity nodes; a name
     already taken inside the graph is left as it was. Returns old -> new."""
-    import onnx
-
     graph = proto.graph
     if len(graph.output) != len(names):
         logger.warning("the graph has %d outputs, the task %d names; left unnamed",

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxmedic.findings import error, info
 from onnxmedic.genpackage import context_length, decoder_graph
 from onnxmedic.hf.transforms.gqa import const_array, to_gqa
 from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
@@ -136,8 +137,6 @@ def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
 
 
 def _fused_finding(res: FuseResult, folder: str) -> Any:
-    from onnxmedic.findings import info
-
     ops = ", ".join(f"{n} x{c}" for n, c in sorted(res.ops.items())) or "none"
     return info("OM734", "optimize", f"fused decoder package written to {folder}: ONNX "
                 f"Runtime's fusions ({ops}; onnxscript's counts {res.fusions}) verified "
@@ -145,8 +144,6 @@ def _fused_finding(res: FuseResult, folder: str) -> Any:
 
 
 def _rejected_finding(res: FuseResult, folder: str) -> Any:
-    from onnxmedic.findings import error
-
     why = "; ".join(f.message for f in res.check.findings
                     if f.severity == "error")[:600] if res.check is not None else ""
     div = res.check.divergence if res.check is not None else None

@@ -154,7 +154,7 @@ def to_gqa(model: ir.Model, max_positions: int) -> int:
         g.register_initializer(init)
     g.extend(tape.nodes)
     drop_row_guards(g, set(attention))
-    drop_head_reshapes(g, attention)
+    drop_head_reshapes(attention)
     ir.passes.common.RemoveUnusedNodesPass()(model)
     g.sort()
     model.opset_imports.setdefault(MS, 1)
@@ -198,13 +198,12 @@ def pack_qkv(values: tuple[ir.Value, ir.Value, ir.Value], prefix: str, tape: ir.
                    name=f"{prefix}/Add")
 
 
-def drop_row_guards(graph: ir.Graph, attention_outputs: set[ir.Value]) -> int:
+def drop_row_guards(graph: ir.Graph, attention_outputs: set[ir.Value]) -> None:
     """Remove ``Where(row fully masked, 0, attention)`` after each attention output (the
     export's guard for rows with no visible key, which give zeros in PyTorch): the causal
     mask GroupQueryAttention applies leaves every real token a key, and the guard's mask,
     computed from the past's length, would tie the graph to a growing past (GenAI's shared
-    buffer is max_length long). Only padded positions could differ. Returns the number
-    removed."""
+    buffer is max_length long). Only padded positions could differ."""
     def after_attention(value: ir.Value) -> bool:  # through the heads' Reshape / Transpose
         for _ in range(4):
             if value in attention_outputs:
@@ -220,7 +219,6 @@ def drop_row_guards(graph: ir.Graph, attention_outputs: set[ir.Value]) -> int:
     for n in guards:
         ir.convenience.replace_all_uses_with(n.outputs[0], n.inputs[2])
     graph.remove(guards, safe=True)
-    return len(guards)
 
 
 def _head_reshapes_end(value: ir.Value, hidden: int) -> ir.Node | None:
@@ -259,21 +257,17 @@ def _restores_hidden(shape: ir.Value, hidden: int) -> bool:
     return last is not None and last.ravel().tolist() in ([hidden], [-1])
 
 
-def drop_head_reshapes(graph: ir.Graph, attention_outputs: dict[ir.Value, int]) -> int:
+def drop_head_reshapes(attention_outputs: dict[ir.Value, int]) -> None:
     """Remove the heads' ``Reshape`` -> ``Transpose`` -> ``Transpose`` -> ``Reshape`` after each
     attention output (the export's transposes from and back to (batch, seq, heads, head_size)
     around the attention it computed; GroupQueryAttention already writes (batch, seq,
     hidden)): the readers of the chain's end read the attention output. ``attention_outputs``:
     each output's hidden size (heads x head_size). ONNX Runtime cancels
-    the transposes, not the two Reshapes (a kernel each per layer and step). Returns the
-    number of chains removed."""
-    removed = 0
+    the transposes, not the two Reshapes (a kernel each per layer and step)."""
     for value, hidden in attention_outputs.items():
         end = _head_reshapes_end(value, hidden)
         if end is not None and not end.outputs[0].is_graph_output():
             ir.convenience.replace_all_uses_with(end.outputs[0], value)
-            removed += 1
-    return removed
 
 
 def remove_dead(graph: Any) -> int:

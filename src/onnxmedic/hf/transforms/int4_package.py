@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxmedic.findings import error
 from onnxmedic.genpackage import NotAStep, StepLayout, decoder_graph, read_step
 from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
@@ -43,13 +44,13 @@ class PackageReference:
     ``causal_conv1d_update`` and its prefill take a previous window of any width."""
 
     def __init__(self, model: Any, layout: StepLayout | None = None) -> None:
-        from onnxmedic.hf.generation import GenerationDecoder, takes_position_ids
+        from onnxmedic.hf.generation import GenerationDecoder
+        from onnxmedic.hf.tasks import accepts
 
         self.layout = layout
         spec = ([(c.layer, c.kind) for c in layout.self_cache] if layout is not None
                 else None)
-        self.decoder = GenerationDecoder(model, takes_position_ids(model), spec).eval()
-        self.model = model
+        self.decoder = GenerationDecoder(model, accepts(model, "position_ids"), spec).eval()
 
     def __call__(self, input_ids: Any, past: list[Any]) -> tuple[Any, list[Any]]:
         import torch
@@ -160,8 +161,6 @@ def not_fed(folder: Path, e: Exception, shown: str | None = None) -> Any:
     """OM839: the package's decoder cannot be fed a step (the contract says why, its files
     named within the package). ``shown``: how it names the package (default: ``the package
     <folder>``)."""
-    from onnxmedic.findings import error
-
     why = str(e).replace(f"{folder}{os.sep}", "").removeprefix(f"{folder}: ")
     return error("OM839", "optimize", f"cannot transform {shown or f'the package {folder}'}: "
                  f"its decoder cannot be fed a step: {why}", suggestion="Give a package folder "
@@ -195,7 +194,6 @@ def genai_agrees(folder: Path, prompts: list[list[int]], tokens: list[list[int]]
     child that generated already, as (its gen_verify.GenerationCheck, gen_verify's
     finish_genai_child result: None where it failed, OM816 in the check), judged instead of
     generating now."""
-    from onnxmedic.findings import error
     from onnxmedic.hf.gen_verify import GenerationCheck, genai_compare, genai_generation
 
     if ran is None:

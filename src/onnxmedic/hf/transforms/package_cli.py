@@ -15,14 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from onnxmedic.findings import OnnxMedicError, error, listed, print_findings, refuse
+
 logger = logging.getLogger(__name__)
 
 
 def load_reference(spec: str) -> tuple[Any, Any]:
     """(causal LM in eval mode, tokenizer or None) of a checkpoint folder; raises
     OnnxMedicError (OM737) when it cannot be loaded."""
-    from onnxmedic.findings import OnnxMedicError, error
-
     folder = spec[3:] if spec.startswith("hf:") else spec
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -45,7 +45,6 @@ def checkpoint_problem(spec: str) -> Any:
     """Why the checkpoint folder of ``optimize PACKAGE hf:FOLDER`` is not one, as ``export
     hf:`` says it (OM800: missing, no config.json, no weights), before anything is loaded;
     None for a checkpoint, or a hub id (fetched where the model is loaded)."""
-    from onnxmedic.findings import OnnxMedicError
     from onnxmedic.hf.checkpoint import resolve, strip_prefix
 
     ref = strip_prefix(spec)
@@ -62,7 +61,6 @@ def package_problem(folder: Path) -> Any:
     """Why ``folder`` is not a decoder generation package that optimize can read: OM740 for an
     encoder-decoder package, OM014 when it holds no model.onnx, OM007 when that is not ONNX;
     None when it is one."""
-    from onnxmedic.findings import error, listed
     from onnxmedic.hf.transforms.fuse_decoder import GRAPH
     from onnxmedic.onnxfile import load_onnx
 
@@ -87,7 +85,6 @@ def package_problem(folder: Path) -> Any:
 def cli_package(ns: Any) -> int:
     """The package branch of ``onnxmedic optimize``: 0 written, 1 not (a finding says why),
     2 for a bad flag."""
-    from onnxmedic.findings import OnnxMedicError, print_findings, refuse
     from onnxmedic.hf.transforms.precision import package_precision, precision_problem, preflight
     from onnxmedic.optimize import int4
     from onnxmedic.optimize.int4_search import print_result
