@@ -27,6 +27,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -464,7 +465,7 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
         row.update(checkpoint=ckpt.name, weights_gib=weight_bytes(ckpt) / 2**30,
                    layers=json.loads((ckpt / "config.json").read_text())["num_hidden_layers"],
-                   date=str(datetime.date.today()))
+                   date=str(datetime.date.today()), cpu=cpu_name())
         print(json.dumps(row), flush=True)
         rows = [r for r in rows if (r["checkpoint"], r["tool"]) != (ckpt.name, tool)] + [row]
         results.write_text(json.dumps(rows, indent=1))
@@ -472,17 +473,23 @@ def main() -> None:
     print(Path(a.out).read_text())
 
 
+def cpu_name() -> str:
+    """This machine's CPU model name (/proc/cpuinfo's)."""
+    with open("/proc/cpuinfo") as fh:
+        return next((x.split(":", 1)[1].strip() for x in fh if x.startswith("model name")),
+                    platform.processor())
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The results file as a markdown table (one row per checkpoint and tool)."""
     import onnxruntime
     import onnxruntime_genai
 
-    cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo")
-                if x.startswith("model name")), platform.processor())
     lines = [f"`python bench/peers/generation_scale.py --shape SHAPE [--layers N] --tools "
              f"TOOLS --root ROOT` (one row per run; its command in the last column) · "
-             f"{cpu}, {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} "
-             f"GiB (shared) · onnxruntime {onnxruntime.__version__}, onnxruntime-genai "
+             f"{os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} "
+             f"GiB (shared); the CPU each row ran on in its machine column (compare rows of one "
+             f"machine only) · onnxruntime {onnxruntime.__version__}, onnxruntime-genai "
              f"{onnxruntime_genai.__version__} · peaks: the process tree's, sampled every "
              f"0.1 s from /proc/PID/status, each column its own peak · genai: float32 CPU, "
              f"prefill of {PREFILL} tokens, decode of {DECODE} after it · int4 stages: "
@@ -495,7 +502,7 @@ def table(rows: list[dict[str, Any]]) -> str:
              f"brackets) · cpu s: the process tree's user and system seconds", "",
              "| checkpoint | layers | bf16 weights GiB | tool | built | wall s | cpu s | peak GiB | "
              "anon GiB | file GiB | peak / weights | package GB | prefill-128 tok/s | "
-             "decode tok/s | int4 stages s | date | command |", "|---" * 17 + "|"]
+             "decode tok/s | int4 stages s | date | machine | command |", "|---" * 18 + "|"]
     for r in sorted(rows, key=lambda r: (r["weights_gib"], r["tool"])):
         built = "yes" if r["ok"] else ("no: killed at the cap" if r.get("capped") else
                                        "no: " + " ".join(r.get("tail", []))[:80])
@@ -508,7 +515,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{at_least}{r['peak_gib'] / r['weights_gib']:.2f} | "
             f"{f('size_gb', 2)} | {f('prefill_tok_s')} | {f('decode_tok_s')} | "
             f"{stage_cells(r.get('stages_s', {})) or '-'} | "
-            f"{r['date']} | "
+            f"{r['date']} | {r.get('cpu', 'not recorded')} | "
             f"`{r['command'].replace(str(ROOT) + '/', '')}` |")
     if any(r["checkpoint"].endswith("-margin") for r in rows):
         lines += ["", "Checkpoints named -margin: `--init margin` (the random weights drawn so "
@@ -540,9 +547,8 @@ def slopes(rows: list[dict[str, Any]]) -> list[str]:
     by: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         if r["ok"]:
-            name = r["checkpoint"]  # its shape (and its init: -margin)
-            shape = name.split("-l")[0] + next(
-                (f"-{i}" for i in INITS if name.endswith(f"-{i}")), "")
+            name = r["checkpoint"]  # its shape (and its init: -margin), its -lN dropped
+            shape = re.sub(r"-l\d+(?=-|$)", "", name)
             by.setdefault((shape, r["tool"]), []).append(r)
     for (shape, tool), rs in sorted(by.items()):
         rs = sorted(rs, key=lambda r: r["layers"])
