@@ -779,7 +779,7 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
     failed and ``strict`` is off (the caller takes the whole-model road, which loads the
     model). ``timeout``: the builder's and one ONNX Runtime run's."""
     from onnxmedic.findings import error, info
-    from onnxmedic.hf import builder
+    from onnxmedic.hf import builder, report_to
     from onnxmedic.hf.transforms.passes import staged
     from onnxmedic.result import ExportResult, stages_of
 
@@ -829,11 +829,7 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
             f"{(made.figures['perplexity_ratio'] - 1) * 100:+.2f} % of PyTorch's, "
             f"{made.reference}): "
             f"{', '.join(sorted(p.name for p in out.iterdir()))}."))
-    if report is not None:
-        from onnxmedic.report import write_report
-
-        write_report(result, report)
-    return result
+    return report_to(result, report)
 
 
 def main(argv: list[str] | None = None) -> int:
