@@ -134,6 +134,10 @@ class Weights:
             raise OSError(f"{path.name}: {name} is cut short ({got} of {length} bytes)")
         return torch.frombuffer(buf, dtype=_ST_DTYPES[dtype]).reshape(shape)
 
+    def dtypes(self) -> set[Any]:
+        """The dtypes its tensors are stored in (torch's; None for one not read here)."""
+        return {_ST_DTYPES.get(meta[1]) for meta in self.index.values()}
+
     def shape(self, name: str) -> list[int]:
         return list(self.index[name][2])
 

@@ -313,10 +313,10 @@ def reference_dtype(checkpoint: Path) -> Any:
     from onnxmedic.hf.stream import Weights
     from onnxmedic.isa import computes_natively
 
-    kinds = {meta[1] for meta in Weights(checkpoint).index.values()}
-    half = {"BF16": torch.bfloat16, "F16": torch.float16}.get(kinds.pop()) \
-        if len(kinds) == 1 else None
-    if half is not None and computes_natively(str(half).removeprefix("torch.")):
+    kinds = Weights(checkpoint).dtypes()
+    half = kinds.pop() if len(kinds) == 1 else None
+    if half in (torch.bfloat16, torch.float16) and \
+            computes_natively(str(half).removeprefix("torch.")):
         return half
     return torch.float32
 
