@@ -124,10 +124,6 @@ def rounding_of(name: str, rows: np.ndarray, q: np.ndarray, scales: np.ndarray,
     return None
 
 
-def _is_layer(module: Any) -> bool:
-    return type(module).__name__.endswith("DecoderLayer")  # the builder's is_layer
-
-
 class _Streamer:
     """The hooks installed on one builder Model instance (see the module docstring)."""
 
@@ -195,7 +191,8 @@ class _Streamer:
                 for prefix, mod in walk(model):
                     within = inside is not None and (inside == "" or
                                                      prefix.startswith(inside + "."))
-                    if not within and (_is_layer(mod) or any(
+                    # a decoder layer (the builder's is_layer) or a module of its own weights
+                    if not within and (type(mod).__name__.endswith("DecoderLayer") or any(
                             p is not None for p in mod._parameters.values())):
                         self._release(unit)
                         unit, inside = self._materialise(mod, names), prefix
