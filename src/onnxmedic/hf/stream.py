@@ -319,6 +319,7 @@ def verify_package(package: str | Path, checkpoint: str | Path, prompts: list[li
         judge_prompt,
         not_installed,
         onnx_side,
+        step_slices,
     )
 
     package, checkpoint = Path(package), Path(checkpoint)
@@ -334,10 +335,8 @@ def verify_package(package: str | Path, checkpoint: str | Path, prompts: list[li
     check.seconds["torch"] = time.perf_counter() - t0
     for p, (ids, (tokens, actual, _feeds)) in enumerate(zip(check.prompts, ran)):
         n = len(ids)
-        y, r = logits[torch.float32][p], logits[torch.float64][p]
-        expected = [y[:, :n]] + [y[:, n + k - 1:n + k] for k in range(1, steps)]
-        refs: list[np.ndarray | None] = (
-            [r[:, :n]] + [r[:, n + k - 1:n + k] for k in range(1, steps)])
+        expected = step_slices(logits[torch.float32][p], n, steps)
+        refs = step_slices(logits[torch.float64][p], n, steps)
         torch_tokens = [int(np.argmax(e[0, -1])) for e in expected]
         check.tokens_torch.append(torch_tokens)
         check.tokens_onnx.append(tokens)
