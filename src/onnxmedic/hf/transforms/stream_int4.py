@@ -83,6 +83,7 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -174,24 +175,16 @@ def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
     import onnx
     from onnx import helper
     from onnx.external_data_helper import uses_external_data
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        DefaultWeightOnlyQuantizer,
-    )
 
+    from onnxmedic.hf.transforms.int4_writer import rtn_quantizer
     from onnxmedic.onnxfile import tensor_array, tensor_bytes
 
     src, dst = Path(src), Path(dst)
     model = onnx.load(str(src), load_external_data=False)
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    users: dict[str, int] = {}
-    for n in graph.node:
-        for i in n.input:
-            users[i] = users.get(i, 0) + 1
-    quantizer = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
-        block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level or None,
-        bits=4))
+    users = Counter(i for n in graph.node for i in n.input)  # the readers of each value
+    quantizer = rtn_quantizer(block_size, accuracy_level)
     location = f"{dst.name}.data"
     nodes: list[Any] = []
     made: list[Any] = []  # the quantized initializers, already in the data file
