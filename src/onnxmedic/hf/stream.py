@@ -35,6 +35,8 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,28 +200,23 @@ def _layer_out(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
-class _Loaded:
+@contextmanager
+def _loaded(module: torch.nn.Module, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+            consume: bool = False) -> Iterator[torch.nn.Module]:
     """``module`` (on the meta device) with ``weights`` upcast to ``dtype`` while inside;
     back on the meta device after (the upcast copy freed). Tensors the module does not hold
     (an old GPT-NeoX checkpoint's ``attention.bias`` mask) are left out; one it holds and
     ``weights`` lacks is an error. ``consume``: each tensor taken out of ``weights`` as it is
     upcast (the last dtype's pass: the checkpoint's copy freed one tensor at a time, not held
     beside the whole upcast layer)."""
-
-    def __init__(self, module: torch.nn.Module, weights: dict[str, torch.Tensor],
-                 dtype: torch.dtype, consume: bool = False) -> None:
-        self.module, self.weights, self.dtype = module, weights, dtype
-        self.consume = consume
-
-    def __enter__(self) -> torch.nn.Module:
-        own = self.module.state_dict().keys()
-        take = self.weights.pop if self.consume else self.weights.__getitem__
-        self.module.load_state_dict({k: take(k).to(self.dtype) for k in list(self.weights)
-                                     if k in own}, assign=True, strict=True)
-        return self.module
-
-    def __exit__(self, *exc: Any) -> None:
-        self.module.to("meta")
+    own = module.state_dict().keys()
+    take = weights.pop if consume else weights.__getitem__
+    module.load_state_dict({k: take(k).to(dtype) for k in list(weights) if k in own},
+                           assign=True, strict=True)
+    try:
+        yield module
+    finally:
+        module.to("meta")
 
 
 def streamed_logits(folder: str | Path, seqs: list[list[int]],
@@ -266,14 +263,14 @@ def streamed_batches(folder: str | Path, batches: list[list[list[int]]],
         for i, layer in enumerate(getattr(base, layout.layers)):
             w = weights.prefixed(f"{layout.names('layers')}{i}.")
             for d in dtypes:
-                with _Loaded(layer, w, d, consume=d == dtypes[-1]) as run:
+                with _loaded(layer, w, d, consume=d == dtypes[-1]) as run:
                     hidden[d] = [_layer_out(run(h, attention_mask=mask, position_ids=pos,
                                                 position_embeddings=pe, use_cache=False))
                                  for h, (mask, pe), pos in zip(hidden[d], state[d], positions)]
             del w
         norm_w = weights.prefixed(layout.names("norm"))
         for d in dtypes:
-            with _Loaded(getattr(base, layout.norm), norm_w, d) as run:
+            with _loaded(getattr(base, layout.norm), norm_w, d) as run:
                 hidden[d] = [_layer_out(run(h)) for h in hidden[d]]
         name = layout.head if layout.head in weights else layout.names("embed") + "weight"
         vocab = weights.shape(name)[0]
@@ -322,6 +319,7 @@ def verify_package(package: str | Path, checkpoint: str | Path, prompts: list[li
         judge_prompt,
         not_installed,
         onnx_side,
+        step_slices,
     )
 
     package, checkpoint = Path(package), Path(checkpoint)
@@ -337,10 +335,8 @@ def verify_package(package: str | Path, checkpoint: str | Path, prompts: list[li
     check.seconds["torch"] = time.perf_counter() - t0
     for p, (ids, (tokens, actual, _feeds)) in enumerate(zip(check.prompts, ran)):
         n = len(ids)
-        y, r = logits[torch.float32][p], logits[torch.float64][p]
-        expected = [y[:, :n]] + [y[:, n + k - 1:n + k] for k in range(1, steps)]
-        refs: list[np.ndarray | None] = (
-            [r[:, :n]] + [r[:, n + k - 1:n + k] for k in range(1, steps)])
+        expected = step_slices(logits[torch.float32][p], n, steps)
+        refs = step_slices(logits[torch.float64][p], n, steps)
         torch_tokens = [int(np.argmax(e[0, -1])) for e in expected]
         check.tokens_torch.append(torch_tokens)
         check.tokens_onnx.append(tokens)

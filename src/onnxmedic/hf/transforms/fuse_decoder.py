@@ -117,56 +117,34 @@ def _ort_fusions(model: Any) -> dict[str, int]:
 
 
 def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
-               gqa: bool = True, max_positions: int = 4096) -> tuple[dict[str, int], int]:
+               max_positions: int = 4096) -> tuple[dict[str, int], int]:
     """Fuse the decoder graph at ``src`` into ``dst`` (weights over 1 KiB as external data
-    ``dst.data`` when the source has external data); with ``gqa``, each MultiHeadAttention
-    with its KV cache becomes GroupQueryAttention (:func:`to_gqa`, rotary caches of
-    ``max_positions``). Returns (the fusion counts, the number of constant Wheres folded)."""
+    ``dst.data`` when the source has external data); each MultiHeadAttention with its KV
+    cache becomes GroupQueryAttention (:func:`to_gqa`, rotary caches of ``max_positions``).
+    Returns (the fusion counts, the number of constant Wheres folded)."""
     import onnx_ir as ir
 
     src, dst = Path(src), Path(dst)
     model = ir.from_proto(onnx.load(str(src)))
     folded = fold_constant_where(model)
     counts = _ort_fusions(model)
-    if gqa:
-        counts["group_query_attention"] = to_gqa(model, max_positions)
+    counts["group_query_attention"] = to_gqa(model, max_positions)
     proto = ir.to_proto(model)
     del model
     resave(proto, dst, has_external_data(src))
     return counts, folded
 
 
-def _fused_finding(res: FuseResult, folder: str) -> Any:
-    ops = ", ".join(f"{n} x{c}" for n, c in sorted(res.ops.items())) or "none"
-    return info("OM734", "optimize", f"fused decoder package written to {folder}: ONNX "
-                f"Runtime's fusions ({ops}; onnxscript's counts {res.fusions}) verified "
-                "token by token against PyTorch within the float32 budget.")
-
-
-def _rejected_finding(res: FuseResult, folder: str) -> Any:
-    why = "; ".join(f.message for f in res.check.findings
-                    if f.severity == "error")[:600] if res.check is not None else ""
-    div = res.check.divergence if res.check is not None else None
-    return error("OM735", "optimize", f"the fused decoder package was not written to {folder}: "
-                 f"its generation is outside the float32 budget ({why or 'no figure'}; "
-                 f"first divergence: {div})",
-                 suggestion="Keep the plain package; the figures above say which step and "
-                 "position differ.")
-
-
 class FusePass(PackagePass):
-    """ONNX Runtime's fusions on the package's decoder (fuse_decoder.fuse_graph; with
-    ``gqa``, GroupQueryAttention with its KV cache updated in place: genai_config.json's
+    """ONNX Runtime's fusions on the package's decoder (fuse_decoder.fuse_graph: with
+    GroupQueryAttention, its KV cache updated in place: genai_config.json's
     ``past_present_share_buffer`` on). ``info``: onnxscript's counts (``fusions``) and the
     constant Wheres folded."""
-
-    def __init__(self, gqa: bool = True) -> None:
-        self.gqa = gqa
 
     def call(self, src: Path, dst: Path) -> PassResult:
         graph = decoder_graph(src)
         copy_side_files(src, dst, graph.name)
-        counts, folded = fuse_graph(graph, dst / graph.name, gqa=self.gqa,
+        counts, folded = fuse_graph(graph, dst / graph.name,
                                     max_positions=context_length(dst) or 4096)
         if counts.get("group_query_attention"):
             share_buffer(dst)
@@ -205,12 +183,22 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
                                       genai=genai, timeout=timeout or sandbox.DEFAULT_TIMEOUT,
                                       torch_runs=torch_runs)
         res.findings.extend(res.check.findings)
+        shown = shown or str(out)
         if not res.check.ok:
-            res.findings.append(_rejected_finding(res, shown or str(out)))
+            why = "; ".join(f.message for f in res.check.findings if f.severity == "error")
+            res.findings.append(error(
+                "OM735", "optimize", f"the fused decoder package was not written to {shown}: "
+                f"its generation is outside the float32 budget ({why[:600] or 'no figure'}; "
+                f"first divergence: {res.check.divergence})", suggestion="Keep the plain "
+                "package; the figures above say which step and position differ."))
             return res
         replace_folder(tmp, out)
         res.ok, res.path = True, str(out)
-        res.findings.append(_fused_finding(res, shown or str(out)))
+        ops = ", ".join(f"{n} x{c}" for n, c in sorted(res.ops.items())) or "none"
+        res.findings.append(info(
+            "OM734", "optimize", f"fused decoder package written to {shown}: ONNX Runtime's "
+            f"fusions ({ops}; onnxscript's counts {res.fusions}) verified token by token "
+            "against PyTorch within the float32 budget."))
         return res
 
 

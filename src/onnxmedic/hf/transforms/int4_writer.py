@@ -91,6 +91,20 @@ def transposed(rows: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def rtn_quantizer(block_size: int, accuracy_level: int) -> Any:
+    """ONNX Runtime's ``DefaultWeightOnlyQuantizer`` as the builder's ``-p int4`` and
+    optimize/int4.py's RTN candidates make it: symmetric 4-bit, one float32 scale per
+    ``block_size`` weights along K, ``accuracy_level`` (0: the kernel's default)."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        DefaultWeightOnlyQuantizer,
+    )
+
+    return DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
+        block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level or None,
+        bits=4))
+
+
 def halves(work: Callable[[int, int], Any], cols: int, pool: ThreadPoolExecutor
            ) -> list[tuple[Any, int]]:
     """``work(a, b)`` over the columns ``[0, cols)`` in two halves, the second on ``pool``'s
@@ -124,22 +138,14 @@ def rounding_of(name: str, rows: np.ndarray, q: np.ndarray, scales: np.ndarray,
     return None
 
 
-def _is_layer(module: Any) -> bool:
-    return type(module).__name__.endswith("DecoderLayer")  # the builder's is_layer
-
-
 class _Streamer:
     """The hooks installed on one builder Model instance (see the module docstring)."""
 
     def __init__(self, m: Any, folder: Path, out: Path,
                  tamper: Callable[[str, np.ndarray, np.ndarray], None] | None) -> None:
-        from onnxruntime.quantization.matmul_nbits_quantizer import (
-            DefaultWeightOnlyQuantConfig,
-            DefaultWeightOnlyQuantizer,
-        )
+        from onnxmedic.hf.stream import Weights
 
         self.m, self.folder, self.tamper = m, folder, tamper
-        from onnxmedic.hf.stream import Weights
 
         self.shards = Weights(folder)
         self.location = f"{m.filename}.data"
@@ -148,9 +154,7 @@ class _Streamer:
         qa = m.quant_attrs
         self.at = {"bits": int(qa["bits"]), "block_size": int(qa["matmul_block_size"])}
         self.accuracy_level = int(qa["accuracy_level"] or 0)
-        self.quantizer = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
-            block_size=self.at["block_size"], is_symmetric=True,
-            accuracy_level=self.accuracy_level or None, bits=4))
+        self.quantizer = rtn_quantizer(self.at["block_size"], self.accuracy_level)
         self.quantized = 0
         # the quantizer's float32 input, one buffer for every slice: a fresh 64 MiB array
         # each time is a fresh mapping, every page of it faulted in and zeroed by the kernel
@@ -195,7 +199,8 @@ class _Streamer:
                 for prefix, mod in walk(model):
                     within = inside is not None and (inside == "" or
                                                      prefix.startswith(inside + "."))
-                    if not within and (_is_layer(mod) or any(
+                    # a decoder layer (the builder's is_layer) or a module of its own weights
+                    if not within and (type(mod).__name__.endswith("DecoderLayer") or any(
                             p is not None for p in mod._parameters.values())):
                         self._release(unit)
                         unit, inside = self._materialise(mod, names), prefix

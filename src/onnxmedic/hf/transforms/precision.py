@@ -46,15 +46,22 @@ def precision_problem(precision: str, target: str = "cpu", flags: bool = True) -
     return None
 
 
-def transform_problem(folder: Path, precision: str, shown: str | None = None) -> Any:
-    """OM741 when the package at ``folder`` cannot be made at ``precision`` here, before any
-    work: it has no genai_config.json (every transform is judged by onnxruntime-genai
-    generating from it: the export said why it has none, OM820/OM829). None when it can: at
+def preflight(folder: Path, precision: str, shown: str | None = None) -> Any:
+    """Why the package at ``folder`` cannot be made at ``precision``, before any work (the
+    checkpoint not loaded yet): OM839 when the contract cannot feed its decoder a step, OM741
+    when it has no genai_config.json (every transform is judged by onnxruntime-genai
+    generating from it: the export said why it has none, OM820/OM829); None when it can: at
     int4 too for a cache of convolution or state-space states (LFM2's builder package), which
     the task budget's PyTorch reference feeds as the package's contract does. ``shown``: how
-    the finding names the package (default: ``folder``)."""
+    the findings name the package (default: ``folder``)."""
     from onnxmedic.findings import error
+    from onnxmedic.genpackage import NotAStep, read_package
+    from onnxmedic.hf.transforms.int4_package import not_fed
 
+    try:  # the package first: a folder its contract cannot feed is said before any work
+        read_package(folder).empty_past()
+    except NotAStep as e:
+        return not_fed(folder, e, shown)
     if (folder / "genai_config.json").is_file():
         return None
     why = ("it has no genai_config.json: onnxruntime-genai cannot serve it (its export said "
@@ -63,21 +70,6 @@ def transform_problem(folder: Path, precision: str, shown: str | None = None) ->
     return error("OM741", "preflight", f"{shown or folder} cannot be made {precision} here: "
                  f"{why}; nothing was written.", suggestion="Serve the package as export hf: wrote "
                  "it (verified at float32).")
-
-
-def preflight(folder: Path, precision: str, shown: str | None = None) -> Any:
-    """Why the package at ``folder`` cannot be made at ``precision``, before any work (the
-    checkpoint not loaded yet): OM839 when the contract cannot feed its decoder a step, OM741
-    (:func:`transform_problem`); None when it can. ``shown``: how the findings name the
-    package (default: ``folder``)."""
-    from onnxmedic.genpackage import NotAStep, read_package
-    from onnxmedic.hf.transforms.int4_package import not_fed
-
-    try:  # the package first: a folder its contract cannot feed is said before any work
-        read_package(folder).empty_past()
-    except NotAStep as e:
-        return not_fed(folder, e, shown)
-    return transform_problem(folder, precision, shown)
 
 
 def unhonoured_precision(options: dict[str, Any]) -> str | None:

@@ -83,6 +83,7 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
@@ -149,14 +150,6 @@ class StreamedInt4:
 # 1. the quantization, one weight at a time
 
 
-def _external(t: Any) -> dict[str, str] | None:
-    from onnx import TensorProto
-
-    if t.data_location != TensorProto.EXTERNAL:
-        return None
-    return {e.key: e.value for e in t.external_data}
-
-
 def append_external(data: BinaryIO, t: Any, payload: bytes, location: str) -> None:
     """``t`` (a TensorProto) made to point at ``payload``, appended to ``data`` aligned."""
     from onnx import TensorProto
@@ -181,24 +174,17 @@ def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
     docstring), one weight in memory at a time. Returns the number of MatMuls quantized."""
     import onnx
     from onnx import helper
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        DefaultWeightOnlyQuantizer,
-    )
+    from onnx.external_data_helper import uses_external_data
 
+    from onnxmedic.hf.transforms.int4_writer import rtn_quantizer
     from onnxmedic.onnxfile import tensor_array, tensor_bytes
 
     src, dst = Path(src), Path(dst)
     model = onnx.load(str(src), load_external_data=False)
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    users: dict[str, int] = {}
-    for n in graph.node:
-        for i in n.input:
-            users[i] = users.get(i, 0) + 1
-    quantizer = DefaultWeightOnlyQuantizer(DefaultWeightOnlyQuantConfig(
-        block_size=block_size, is_symmetric=True, accuracy_level=accuracy_level or None,
-        bits=4))
+    users = Counter(i for n in graph.node for i in n.input)  # the readers of each value
+    quantizer = rtn_quantizer(block_size, accuracy_level)
     location = f"{dst.name}.data"
     nodes: list[Any] = []
     made: list[Any] = []  # the quantized initializers, already in the data file
@@ -212,7 +198,7 @@ def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
                 nodes.append(node)
                 continue
             one = onnx.GraphProto()
-            if w.data_type == onnx.TensorProto.FLOAT and _external(w) is not None:
+            if w.data_type == onnx.TensorProto.FLOAT and uses_external_data(w):
                 # the weight's bytes as they are: one copy of it in memory, not three
                 t = one.initializer.add()
                 t.name, t.data_type = w.name, w.data_type
@@ -236,7 +222,7 @@ def quantize_streamed(src: str | os.PathLike[str], dst: str | os.PathLike[str], 
             done += 1
         kept = [t for t in graph.initializer if users.get(t.name, 0) > 0]
         for t in kept:  # the initializers left as they were, copied one at a time
-            if _external(t) is not None:
+            if uses_external_data(t):
                 append_external(data, t, tensor_bytes(t, src.parent), location)
             elif t.ByteSize() > INLINE and t.raw_data:
                 append_external(data, t, t.raw_data, location)
@@ -390,19 +376,12 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
     written int4 decoder before it is checked (the tests' fault injection). Nothing is
     written at ``out`` unless every check passed. Raises ValueError for a checkpoint
     hf/stream.py cannot stream or a budget spec that does not parse."""
-    from onnxmedic import sandbox
     from onnxmedic.genpackage import decoder_graph
-    from onnxmedic.hf.stream import checked_config
     from onnxmedic.hf.transforms.passes import copy_side_files, staged
-    from onnxmedic.onnxfile import replace_folder
-    from onnxmedic.optimize.int4 import TaskBudget, parse_budget, rounding_problem
+    from onnxmedic.optimize.int4 import rounding_problem
 
-    if not isinstance(budget, TaskBudget):
-        budget = parse_budget(budget)
-    timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else float(timeout)
-    package, checkpoint, out = Path(package), Path(checkpoint), Path(out)
-    config = checked_config(checkpoint)  # refused before any work
-    res = StreamedInt4()
+    checkpoint, config, budget, timeout = begun(checkpoint, budget, timeout)
+    package, out, res = Path(package), Path(out), StreamedInt4()
     graph = decoder_graph(package)
     out.parent.mkdir(parents=True, exist_ok=True)
     with staged(out) as tmp:
@@ -417,21 +396,36 @@ def int4_streamed(package: str | os.PathLike[str], checkpoint: str | os.PathLike
         if why is not None:
             res.findings.append(not_rounded(why))
             return res
-        if not judged(res, tmp, tmp / graph.name, checkpoint, config, budget, genai=genai,
-                      timeout=timeout):
-            return res
-        replace_folder(tmp, out)
-    res.ok, res.path = True, str(out)
+        judged(res, tmp, tmp / graph.name, checkpoint, config, budget, genai=genai,
+               timeout=timeout, into=out)
     return res
 
 
+def begun(checkpoint: str | os.PathLike[str], budget: Any, timeout: float | None
+          ) -> tuple[Path, Any, Any, float]:
+    """What :func:`int4_streamed` and :func:`int4_written` start from: (the checkpoint
+    folder, its transformers config, the task budget parsed, ``timeout`` or
+    sandbox.DEFAULT_TIMEOUT). Raises ValueError for a checkpoint hf/stream.py cannot stream
+    (before any work) or a budget spec that does not parse."""
+    from onnxmedic import sandbox
+    from onnxmedic.hf.stream import checked_config
+    from onnxmedic.optimize.int4 import TaskBudget, parse_budget
+
+    if not isinstance(budget, TaskBudget):
+        budget = parse_budget(budget)
+    timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    checkpoint = Path(checkpoint)
+    return checkpoint, checked_config(checkpoint), budget, timeout
+
+
 def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, config: Any,
-           budget: Any, *, genai: bool, timeout: float, data: Any = None,
+           budget: Any, *, genai: bool, timeout: float, into: Path, data: Any = None,
            perplexity: float | None = None) -> bool:
     """Steps 3 and 4 of the module docstring on the int4 package ``folder`` (its decoder
     graph ``decoder``): the task budget against the checkpoint streamed, then
-    onnxruntime-genai's tokens; True when both held (``res``: figures, tokens, seconds and
-    findings recorded).
+    onnxruntime-genai's tokens; True when both held, and then ``folder`` renamed into place at
+    ``into`` (``res``: figures, tokens, seconds and findings recorded; ``ok`` and ``path``
+    once written).
 
     With onnxruntime-genai: it generates (a child, one thread) while PyTorch computes its
     perplexity (this process, one thread) or, where that is known already and two int4
@@ -448,6 +442,7 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     from onnxmedic.genpackage import read_package
     from onnxmedic.hf.gen_verify import GenerationCheck, genai_available
     from onnxmedic.hf.transforms.int4_package import genai_agrees
+    from onnxmedic.onnxfile import replace_folder
     from onnxmedic.optimize.int4 import judge
 
     if data is None:
@@ -488,6 +483,8 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
         res.findings.extend(found)
         if not ok:
             return False
+    replace_folder(folder, into)
+    res.ok, res.path = True, str(into)
     return True
 
 
@@ -621,20 +618,12 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
 
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from onnxmedic import sandbox
     from onnxmedic.hf import builder
-    from onnxmedic.hf.stream import checked_config
     from onnxmedic.hf.transforms import int4_writer
     from onnxmedic.hf.transforms.passes import staged
-    from onnxmedic.onnxfile import replace_folder
-    from onnxmedic.optimize.int4 import TaskBudget, parse_budget
 
-    if not isinstance(budget, TaskBudget):
-        budget = parse_budget(budget)
-    timeout = sandbox.DEFAULT_TIMEOUT if timeout is None else float(timeout)
-    checkpoint, out = Path(checkpoint), Path(out)
-    config = checked_config(checkpoint)  # refused before any work
-    res = StreamedInt4()
+    checkpoint, config, budget, timeout = begun(checkpoint, budget, timeout)
+    out, res = Path(out), StreamedInt4()
     out.parent.mkdir(parents=True, exist_ok=True)
     # PyTorch's perplexity (this process, one thread) beside the writer (a child): it needs
     # nothing of the package
@@ -666,13 +655,10 @@ def int4_written(checkpoint: str | os.PathLike[str], out: str | os.PathLike[str]
             res.quantized = int(said["quantized"])
             with res.timed(phase):
                 builder.finish(job, *side_files(checkpoint))
-            if not judged(res, job.out, job.out / builder.GRAPH, checkpoint, config, budget,
-                          genai=genai, timeout=timeout, data=data, perplexity=perplexity):
-                return res
-            replace_folder(job.out, out)
+            judged(res, job.out, job.out / builder.GRAPH, checkpoint, config, budget,
+                   genai=genai, timeout=timeout, into=out, data=data, perplexity=perplexity)
         finally:
             job.discard()
-    res.ok, res.path = True, str(out)
     return res
 
 
@@ -756,13 +742,15 @@ def side_files(folder: Path) -> tuple[Any, Any]:
 
 
 def take_verdict(result: Any, made: StreamedInt4, stage: Any) -> None:
-    """``made``'s findings, timings and verdict into the export ``result``'s int4 stage."""
+    """``made``'s findings, timings and verdict into the export ``result``'s int4 stage, and
+    ``result.ok``: ``made.ok``."""
     result.findings.extend(made.findings)
     result.timings.update({f"int4 {k}": v for k, v in made.seconds.items()})
     result.timings.update({f"int4 {k} cpu": v for k, v in made.cpu.items()})
     # each side's own CPU seconds, where a phase ran several beside each other
     result.timings.update({f"int4 {k} own cpu": v for k, v in made.parts.items()})
     result.int4 = made
+    result.ok = made.ok
     if not made.ok:
         stage.fail()
 
@@ -798,7 +786,6 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
             result.record("export").passed()
             with result.stage(STAGE) as st:
                 take_verdict(result, made, st)
-            result.ok = made.ok
     if made is None and not result.findings:  # (a finding here: the guard caught an error)
         with result.guard(), staged(out) as stage:
             with result.stage("export") as st:
@@ -819,7 +806,6 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
                                          timeout=wait)
                     job.discard()
                     take_verdict(result, made, st)
-                result.ok = made.ok
     result.path = str(out) if result.ok else None
     if result.ok:
         result.findings.append(info(
