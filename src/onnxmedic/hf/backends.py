@@ -333,11 +333,7 @@ def unfed_cache(folder: Path) -> str | None:
     ONNX Runtime refuses at the first step (the builder's Gemma 2 and gpt-oss packages)."""
     import onnx
 
-    try:
-        proto = onnx.load(str(folder / builder.GRAPH), load_external_data=False)
-    except Exception:  # noqa: BLE001 - an unreadable graph is the verification's to say
-        return None
-    for node in proto.graph.node:
+    for node in _graph_nodes(folder) or []:  # (unreadable: the verification says why)
         if node.op_type != "GroupQueryAttention":
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -354,14 +350,22 @@ def _fused_ops(folder: Path) -> str:
     """The contrib ops of a package's graph (what the builder fused), for OM836."""
     from collections import Counter
 
+    nodes = _graph_nodes(folder)
+    if nodes is None:
+        return "?"
+    ops = Counter(n.op_type for n in nodes if n.domain == "com.microsoft")
+    return ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) or "none"
+
+
+def _graph_nodes(folder: Path) -> Any:
+    """The nodes of the builder's package graph at ``folder`` (not its weights), or None when
+    it cannot be read."""
     import onnx
 
     try:
-        proto = onnx.load(str(folder / builder.GRAPH), load_external_data=False)
-    except Exception:  # noqa: BLE001 - a help in a message
-        return "?"
-    ops = Counter(n.op_type for n in proto.graph.node if n.domain == "com.microsoft")
-    return ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) or "none"
+        return onnx.load(str(folder / builder.GRAPH), load_external_data=False).graph.node
+    except Exception:  # noqa: BLE001 - the callers say what an unreadable graph means
+        return None
 
 
 def package_for_task(loaded: Loaded, f: Any, opset: Any, verify: bool,

@@ -220,14 +220,7 @@ def load_tokenizer(ckpt: Checkpoint, trust_remote_code: bool) -> Any:
     """The folder's tokenizer, or None when it has none (or it cannot be loaded: logged)."""
     if not ckpt.has_tokenizer:
         return None
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(ckpt.folder),
-                                             trust_remote_code=trust_remote_code)
-    except Exception:
-        logger.warning("the tokenizer of %s cannot be loaded", ckpt.spec, exc_info=True)
-        return None
+    return _load_part(ckpt, "AutoTokenizer", "tokenizer", trust_remote_code=trust_remote_code)
 
 
 def load_processor(ckpt: Checkpoint, kind: str) -> Any:
@@ -235,12 +228,18 @@ def load_processor(ckpt: Checkpoint, kind: str) -> Any:
     Pillow or torchvision, so images are made from the config and preprocessor_config.json."""
     if kind != "audio" or not (ckpt.folder / "preprocessor_config.json").is_file():
         return None
-    from transformers import AutoFeatureExtractor
+    return _load_part(ckpt, "AutoFeatureExtractor", "feature extractor")
+
+
+def _load_part(ckpt: Checkpoint, auto_class: str, what: str, **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained`` on the folder (a tokenizer, a feature extractor), or None
+    when it cannot be loaded (logged: the task says whether it needs it)."""
+    import transformers
 
     try:
-        return AutoFeatureExtractor.from_pretrained(str(ckpt.folder))
+        return getattr(transformers, auto_class).from_pretrained(str(ckpt.folder), **kwargs)
     except Exception:
-        logger.warning("the feature extractor of %s cannot be loaded", ckpt.spec, exc_info=True)
+        logger.warning("the %s of %s cannot be loaded", what, ckpt.spec, exc_info=True)
         return None
 
 

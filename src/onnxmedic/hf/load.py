@@ -159,14 +159,6 @@ def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
                   ckpt, [f"task {task} ({how})", f"loaded in {dtype}"], job)
 
 
-def _object_tasks(model: torch.nn.Module) -> list[str]:
-    name, model_type = type(model).__name__, getattr(model.config, "model_type", "")
-    out = [t.name for t in TASKS.values()
-           if any(name in tasks.classes_for(m, model_type) for m in t.mappings)]
-    out += [g for g, (_a, m) in GENERATION.items() if name in tasks.classes_for(m, model_type)]
-    return out
-
-
 def _load_object(model: torch.nn.Module, task: str | None, dtype: str) -> Loaded:
     """A PreTrainedModel the caller loaded: used as it is (borrowed, not converted)."""
     if dtype != "fp32" and DTYPES[dtype] != getattr(model, "dtype", None):
@@ -174,7 +166,7 @@ def _load_object(model: torch.nn.Module, task: str | None, dtype: str) -> Loaded
                          "loaded in; convert a model object yourself (model.to(dtype))")
     config = model.config.to_dict()
     config["architectures"] = [type(model).__name__]
-    can = _object_tasks(model)
+    can = supported_tasks(config, type(model).__name__)
     if task is None:
         task = detect_task(config)
         how = f"detected from the class {type(model).__name__}"

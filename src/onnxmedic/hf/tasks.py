@@ -128,12 +128,18 @@ def _modality_ok(task: Task, model_type: str) -> bool:
     return main is None or main == want
 
 
-def supported_tasks(config: dict[str, Any]) -> list[str]:
-    """The tasks (optimum's names) the config's model type can serve, in TASKS order."""
+def supported_tasks(config: dict[str, Any], arch: str | None = None) -> list[str]:
+    """The tasks (optimum's names) the config's model type can serve, in TASKS order; with
+    ``arch``, those its class ``arch`` serves (a model object's: whatever its modality)."""
     model_type = config.get("model_type", "")
-    out = [t.name for t in TASKS.values()
-           if any(classes_for(m, model_type) for m in t.mappings) and _modality_ok(t, model_type)]
-    out += [name for name, (_auto, mapping) in GENERATION.items() if classes_for(mapping, model_type)]
+
+    def serves(mapping: str) -> bool:
+        classes = classes_for(mapping, model_type)
+        return arch in classes if arch is not None else bool(classes)
+
+    out = [t.name for t in TASKS.values() if any(serves(m) for m in t.mappings)
+           and (arch is not None or _modality_ok(t, model_type))]
+    out += [name for name, (_auto, mapping) in GENERATION.items() if serves(mapping)]
     return out
 
 
@@ -144,10 +150,7 @@ def returns_cache(arch: str) -> bool:
     import transformers
 
     cls = getattr(transformers, arch, None)
-    try:
-        return cls is None or "past_key_values" in inspect.signature(cls.forward).parameters
-    except (TypeError, ValueError):
-        return True
+    return cls is None or accepts(cls, "past_key_values", unreadable=True)
 
 
 def encoder_as_encoder(config: dict[str, Any]) -> bool:
@@ -298,13 +301,13 @@ class Example:
     source: str
 
 
-def accepts(model: torch.nn.Module, name: str) -> bool:
-    """Whether ``model``'s forward takes the keyword ``name`` (False where its signature
-    cannot be read)."""
+def accepts(model: torch.nn.Module | type, name: str, unreadable: bool = False) -> bool:
+    """Whether ``model``'s (a module or its class) forward takes the keyword ``name``
+    (``unreadable`` where its signature cannot be read)."""
     try:
         return name in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
-        return False
+        return unreadable
 
 
 def text_length_limit(config: Any) -> int:
