@@ -201,16 +201,7 @@ def _child(folder: Path, out: Path, cache: Path, log: Path,
         # one thread: the parent computes PyTorch's side meanwhile; and no OpenMP team the
         # parent may have started is used after the fork
         torch.set_num_threads(1)
-        if work is not None:
-            work(folder, out, cache)
-            code = 0
-            return
-        from onnxruntime_genai.models import builder
-
-        args = _args(folder, out, cache)
-        opts = builder.parse_extra_options(args[1], args[3], args[5], "fp32", "cpu", args[11],
-                                           [])
-        builder.create_model(args[1], args[3], args[5], "fp32", "cpu", args[11], **opts)
+        (work or _build)(folder, out, cache)
         code = 0
     except BaseException:  # noqa: BLE001 - the log says why; the parent reads it
         import traceback
@@ -222,6 +213,15 @@ def _child(folder: Path, out: Path, cache: Path, log: Path,
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _build(folder: Path, out: Path, cache: Path) -> None:
+    """The float32 CPU package of onnxruntime-genai's model builder (:func:`_args` called in
+    the process): the child's work unless it is given another."""
+    from onnxruntime_genai.models import builder
+
+    where = (str(folder), str(folder), str(out), "fp32", "cpu", str(cache))
+    builder.create_model(*where, **builder.parse_extra_options(*where, []))
 
 
 def finish(job: BuildJob, model: Any, tokenizer: Any) -> list[str]:
