@@ -396,7 +396,7 @@ def read_package(folder: str | os.PathLike[str]) -> StepLayout:
     return read_step(decoder_graph(folder), folder)
 
 
-def _json(folder: Path, name: str, *keys: str) -> Any:
+def read_json(folder: Path, name: str, *keys: str) -> Any:
     """``folder / name``'s JSON, down ``keys``; None when the file, a key or the JSON is
     missing."""
     try:
@@ -409,7 +409,7 @@ def _json(folder: Path, name: str, *keys: str) -> Any:
 
 
 def _genai_decoder(folder: Path) -> dict[str, Any] | None:
-    return _json(folder, "genai_config.json", "model", "decoder")
+    return read_json(folder, "genai_config.json", "model", "decoder")
 
 
 def context_length(folder: str | os.PathLike[str]) -> int | None:
@@ -417,9 +417,9 @@ def context_length(folder: str | os.PathLike[str]) -> int | None:
     else config.json's ``max_position_embeddings``; None when neither says."""
     folder = Path(folder)
     with contextlib.suppress(TypeError, ValueError):
-        return int(_json(folder, "genai_config.json", "model", "context_length"))
+        return int(read_json(folder, "genai_config.json", "model", "context_length"))
     try:
-        cfg = _json(folder, "config.json")
+        cfg = read_json(folder, "config.json")
         cfg = cfg.get("text_config") or cfg
         n = cfg.get("max_position_embeddings") or cfg.get("n_positions")
         return int(n) if n else None
@@ -436,7 +436,7 @@ def config_sizes(folder: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, i
         dec = _genai_decoder(folder)
         heads, size = int(dec["num_key_value_heads"]), int(dec["head_size"])
         return dict.fromkeys(KINDS, (heads, size)), "genai_config.json"
-    cfg = _json(folder, "config.json")
+    cfg = read_json(folder, "config.json")
     sizes = cache_sizes(cfg) if cfg is not None else {}
     return sizes, "config.json" if sizes else ""
 

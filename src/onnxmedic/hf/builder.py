@@ -216,8 +216,8 @@ def _child(folder: Path, out: Path, cache: Path, log: Path,
 
 
 def _build(folder: Path, out: Path, cache: Path) -> None:
-    """The float32 CPU package of onnxruntime-genai's model builder (:func:`_args` called in
-    the process): the child's work unless it is given another."""
+    """The float32 CPU package of onnxruntime-genai's model builder (:func:`_args`'s options,
+    called in the process): the child's work unless it is given another."""
     from onnxruntime_genai.models import builder
 
     where = (str(folder), str(folder), str(out), "fp32", "cpu", str(cache))

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from onnxmedic.findings import InputError, error
+from onnxmedic.genpackage import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -245,11 +246,5 @@ def _load_part(ckpt: Checkpoint, auto_class: str, what: str, **kwargs: Any) -> A
 
 def preprocessor_config(ckpt: Checkpoint | None) -> dict[str, Any]:
     """preprocessor_config.json as a dict ({} when there is none or it is unreadable)."""
-    p = ckpt.folder / "preprocessor_config.json" if ckpt is not None else None
-    if p is None or not p.is_file():
-        return {}
-    try:
-        data = json.loads(p.read_text())
-    except (ValueError, OSError):
-        return {}
+    data = read_json(ckpt.folder, "preprocessor_config.json") if ckpt is not None else None
     return data if isinstance(data, dict) else {}
