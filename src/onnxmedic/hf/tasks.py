@@ -168,22 +168,19 @@ def detect_task(config: dict[str, Any], folder: Path | None = None) -> str | Non
     its class cannot return a cache, or an encoder's causal-LM class is not configured as a
     decoder (:func:`encoder_as_encoder`): text-generation; a base model feature-extraction
     (sentence-similarity in a sentence-transformers folder)."""
-    archs = config.get("architectures") or []
-    model_type = config.get("model_type", "")
-    if not archs:
+    if not config.get("architectures"):
         return None
-    arch = archs[0]
+    arch, model_type = config["architectures"][0], config.get("model_type", "")
     if arch in classes_for("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", model_type):
         return ("text-generation-with-past" if returns_cache(arch)
                 and not encoder_as_encoder(config) else "text-generation")
     for name, (_auto, mapping) in GENERATION.items():
         if name.endswith("-with-past") and arch in classes_for(mapping, model_type):
             return name
-    # the base model (feature-extraction) last: a CLIPModel is both a base model and the
-    # zero-shot-image-classification model
-    order = [t for t in TASKS.values() if t.name not in ("feature-extraction",
-                                                         "sentence-similarity")]
-    for task in order + [TASKS["feature-extraction"]]:
+    # the base model's tasks last (feature-extraction first: sentence-similarity's classes are
+    # the same, and it is told by modules.json below): a CLIPModel is both a base model and
+    # the zero-shot-image-classification model
+    for task in sorted(TASKS.values(), key=lambda t: t.auto == "AutoModel"):
         if any(arch in classes_for(m, model_type) for m in task.mappings) and \
                 _modality_ok(task, model_type):
             if task.name == "feature-extraction" and folder is not None and \
