@@ -131,13 +131,13 @@ def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
                    job: Any) -> Loaded:
     task, how = _pick_task(ckpt.config, task, ckpt.folder, known=not ckpt.remote_code)
     check_generation(task)
-    model_type = ckpt.config.get("model_type", "")
-    if _needs_text(task, model_type) and not ckpt.has_tokenizer:
+    text = _needs_text(task, ckpt.config.get("model_type", ""))
+    if text and not ckpt.has_tokenizer:
         raise _err("OM806", f"{ckpt.spec} has no tokenizer, and the task {task!r} takes text "
                    f"(looked for {', '.join(checkpoint.TOKENIZER_FILES[:4])} ...).",
                    "Save the tokenizer beside the model: tokenizer.save_pretrained(folder).")
     tokenizer = checkpoint.load_tokenizer(ckpt, trust)
-    if tokenizer is None and _needs_text(task, model_type):
+    if tokenizer is None and text:
         raise _err("OM806", f"the tokenizer of {ckpt.spec} cannot be loaded (see the log).",
                    "Save it again with tokenizer.save_pretrained(folder).")
     # no cache for one forward pass; a config without use_cache (OpenAI GPT's, a model that
