@@ -72,7 +72,12 @@ class Checkpoint:
 
     @property
     def has_tokenizer(self) -> bool:
-        return any((self.folder / n).is_file() for n in TOKENIZER_FILES)
+        return has_tokenizer(self.folder)
+
+
+def has_tokenizer(folder: Path) -> bool:
+    """Whether the checkpoint ``folder`` holds a tokenizer's file (:data:`TOKENIZER_FILES`)."""
+    return any((folder / n).is_file() for n in TOKENIZER_FILES)
 
 
 def resolve(spec: str) -> Checkpoint:

@@ -55,7 +55,7 @@ from onnx import TensorProto, helper
 from onnxmedic.findings import error, info
 from onnxmedic.genpackage import KINDS, LOGITS, cache_name, cache_names, cache_sizes
 from onnxmedic.hf import builder, report_to
-from onnxmedic.hf.checkpoint import TOKENIZER_FILES
+from onnxmedic.hf.checkpoint import has_tokenizer
 from onnxmedic.hf.genai_files import Layout, write_side_files
 from onnxmedic.hf.stream import LAYOUTS, Weights, streamable, verify_package
 from onnxmedic.hf.transforms.stream_int4 import (
@@ -436,7 +436,7 @@ def _side_files(checkpoint: Path) -> tuple[Any, Any]:
     ``generation_config``) and its tokenizer, None where the folder has no tokenizer's file
     (transformers would make an empty one of the family's class, whose ids are no prompt)."""
     like, tokenizer = side_files(checkpoint)
-    if not any((checkpoint / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(checkpoint):
         tokenizer = None
     return like, tokenizer
 
@@ -566,6 +566,6 @@ def stamp_road(model: Any, task: str | None, *, dtype: str, verify: bool, opset:
             options.get("optimize") or options.get("precision") not in (None, "fp32", "int4"):
         return None
     return large_folder(model, task, lambda config, folder: config.get("model_type") in FAMILIES
-                        and any((folder / n).is_file() for n in TOKENIZER_FILES)
+                        and has_tokenizer(folder)
                         and (config.get("architectures") or ["?"])[0] not in builder.served(),
                         stamp_problem, "export does not stamp")
