@@ -11,7 +11,8 @@ also writes the package where the builder fails or its package does not verify (
 
 The builder starts as soon as the checkpoint is resolved (:meth:`Backend.starter`); PyTorch's
 side of the verification runs while it writes, onnxruntime-genai's check and the own loop's
-ONNX Runtime side as soon as its package is there, then the judging (:func:`make_package`).
+ONNX Runtime side as soon as its package is there, then the judging
+(:func:`export_generation`).
 Nothing heavy is imported at this module's top: the builder forks before the exporter loads.
 """
 
@@ -152,7 +153,7 @@ def export_generation(model: Any, out_dir: str | os.PathLike[str], *,
     it is fused already); else this export's (OM837), or nothing with ``strict`` (OM838).
     Problems of the model are findings of the returned ExportResult."""
     from onnxmedic import sandbox
-    from onnxmedic.hf import report_to
+    from onnxmedic.hf import generation, report_to
     from onnxmedic.hf.generation import TASKS, Request, package_result
 
     if task not in TASKS:
@@ -164,29 +165,20 @@ def export_generation(model: Any, out_dir: str | os.PathLike[str], *,
                   optimize=optimize, strict=strict)
     result = package_result(model, *(("build",) if build_job is not None else ()))
     with result.guard():
-        make_package(result, req, build_job)
+        try:
+            # the builder's package verified and written; else, where there is no job or (not
+            # strict) its package fails, onnxmedic's own export, judged against the PyTorch
+            # runs made meanwhile. A model whose own generate() cannot run is not handed to the
+            # builder: PyTorch's side of its check would raise; the own export names the
+            # problem (OM830)
+            built = build_job is not None and generation.cache_problem(model) is None
+            runs = _from_builder(result, build_job, req) if built else None
+            if not built or runs is not None:  # (None: written, or (strict) failed)
+                generation.export_package(result, req, runs)
+        finally:
+            if build_job is not None:
+                build_job.discard()
     return report_to(result, report)
-
-
-
-def make_package(result: ExportResult, req: Request, job: BuildJob | None) -> None:
-    """The package at ``req.out`` by the backend chosen: the builder's (``job``, writing in a
-    child) verified and written; else, where there is no job or (not ``req.strict``) its
-    package fails, onnxmedic's own export, judged against the PyTorch runs made meanwhile."""
-    from onnxmedic.hf.generation import cache_problem, export_package
-
-    try:
-        runs = None
-        # a model whose own generate() cannot run is not handed to the builder: PyTorch's
-        # side of its check would raise; the own export below names the problem (OM830)
-        if job is not None and cache_problem(req.model) is None:
-            runs = _from_builder(result, job, req)
-            if runs is None:  # written, or (strict) failed
-                return
-        export_package(result, req, runs)
-    finally:
-        if job is not None:
-            job.discard()
 
 
 def _from_builder(result: ExportResult, job: BuildJob, req: Request) -> dict[Any, Any] | None:
