@@ -118,9 +118,8 @@ class BuildJob:
         if self.code == 0 and not missing:
             return None
         tail = self.log_tail()
-        if self.code == 0:
-            return f"it wrote no {', '.join(missing)}" + (f": {tail}" if tail else "")
-        return f"it exited with {self.code}" + (f": {tail}" if tail else "")
+        why = f"it exited with {self.code}" if self.code else f"it wrote no {', '.join(missing)}"
+        return why + (f": {tail}" if tail else "")
 
     def log_tail(self) -> str:
         """The builder's last log lines; when it ended in a Python traceback, the exception's
