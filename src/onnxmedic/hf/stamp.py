@@ -358,8 +358,7 @@ def assemble(parts: dict[str, Part], layers: int, kv_heads: int, head_size: int,
     the tests' wrong stamp), the head; its inputs and outputs the package contract's
     (genpackage.py)."""
     order = list(range(layers)) if order is None else order
-    pre, layer, head = parts["prelude"].proto.graph, parts["layer"].proto.graph, \
-        parts["head"].proto.graph
+    pre, layer, head = (parts[name].proto.graph for name in ("prelude", "layer", "head"))
     weights: list[Weight] = []
     seen: dict[tuple[str, bool], str] = {}
     fixed = [i.name for i in pre.input[:3]]  # input_ids, attention_mask, position_ids
