@@ -185,9 +185,8 @@ def _from_builder(result: ExportResult, job: BuildJob, req: Request) -> dict[Any
     """The builder's package verified and written; None when it is (or, ``req.strict``, when
     it fails: OM838), else PyTorch's runs for the export that writes the package instead
     (OM837). PyTorch's side of the verification runs here while the builder writes."""
-    import torch
-
     from onnxmedic.hf.gen_verify import default_prompts, prompt_ids, torch_side
+    from onnxmedic.hf.transforms.stream_int4 import torch_threads
 
     model = req.model
     was_training = model.training
@@ -201,13 +200,8 @@ def _from_builder(result: ExportResult, job: BuildJob, req: Request) -> dict[Any
     try:
         # one core each: the builder's child and PyTorch here (two threads here would take
         # turns with the child on two cores)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            with result.timed("generate: torch"):
-                runs = torch_side(model, ids, req.steps)
-        finally:
-            torch.set_num_threads(threads)
+        with torch_threads(1), result.timed("generate: torch"):
+            runs = torch_side(model, ids, req.steps)
         with result.timed("build wait"):
             watch.join()
         return _verdict(result, job, watch, req, runs)
