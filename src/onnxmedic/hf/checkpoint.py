@@ -92,8 +92,9 @@ def resolve(spec: str) -> Checkpoint:
     path = Path(ref).expanduser()
     if path.exists():
         return _local(spec, path)
-    if ref.startswith((".", "/", "~")) or ref.count("/") > 1 or os.sep != "/" and os.sep in ref \
-            or not _HUB_ID.match(ref):
+    # a hub id (org/name) is no path: it starts with none of ".", "/", "~" and has one "/" at
+    # most and no other separator
+    if not _HUB_ID.match(ref):
         raise _err("OM800", f"the checkpoint folder {ref!r} does not exist (and it is not a hub "
                    "id such as org/name).",
                    "Give a folder written by model.save_pretrained(...), or a hub id.")
