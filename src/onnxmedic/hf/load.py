@@ -45,8 +45,7 @@ class Loaded:
 def spec_name(model: Any) -> str:
     if isinstance(model, torch.nn.Module):
         return type(model).__name__
-    text = os.fspath(model)
-    return text if text.startswith(checkpoint.PREFIX) else checkpoint.PREFIX + text
+    return checkpoint.PREFIX + checkpoint.strip_prefix(os.fspath(model))
 
 
 def _pick_task(config: dict[str, Any], task: str | None, folder: Path | None,
