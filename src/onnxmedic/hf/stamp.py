@@ -163,8 +163,8 @@ class Stamped:
 
 
 def _example(weights: Any, name: str, rows: int | None = None) -> torch.Tensor:
-    t = weights.get(name)
-    return (t[:rows] if rows is not None else t).to(torch.float32).clone()
+    """The checkpoint's tensor ``name`` (its first ``rows`` rows; None: all) in float32."""
+    return weights.get(name)[:rows].to(torch.float32).clone()
 
 
 class Geometry(NamedTuple):
