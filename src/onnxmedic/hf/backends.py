@@ -296,8 +296,7 @@ def _verdict(result: ExportResult, job: BuildJob, watch: BuildWatch, req: Reques
         result.fail("build", error(
             "OM838", "build", f"onnxruntime-genai's model builder did not give a verified "
             f"package: {why}", suggestion="Leave --backend out (auto): onnxmedic's own "
-            "export writes the package where the builder's does not verify."))
-        result.findings.append(not_written(req.out))
+            "export writes the package where the builder's does not verify."), not_written(req.out))
         return None
     # the export writes the package: its stages as without the builder, whose verdict stays
     # as a warning

@@ -508,10 +508,8 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
         with result.stage(STAGE) as st:
             made = stamp_package(checkpoint, pkg, timeout=wait, order=order)
             result.timings.update(made.seconds)
-            if not made.ok:
-                result.findings.extend(made.findings)
-                result.findings.append(not_written(out))
-                st.fail()
+            if not made.ok:  # the parts' findings, then OM818
+                st.fail(*made.findings, not_written(out))
                 return report_to(result, report)
             result.findings.append(info(
                 "OM851", STAGE, f"the decoder graph was stamped: its prelude, one decoder "
