@@ -151,11 +151,6 @@ class BuildJob:
             self.code = -signal.SIGKILL
 
 
-def _args(folder: Path, out: Path, cache: Path) -> list[str]:
-    return ["-m", str(folder), "-i", str(folder), "-o", str(out), "-p", "fp32", "-e", "cpu",
-            "-c", str(cache)]
-
-
 def start(folder: Path, dest: Path, work: Callable[[Path, Path, Path], None] | None = None
           ) -> BuildJob:
     """Start the builder on the checkpoint ``folder``, writing the package for ``dest`` into
@@ -174,8 +169,9 @@ def start(folder: Path, dest: Path, work: Callable[[Path, Path, Path], None] | N
     if not hasattr(os, "fork"):
         with open(job.log, "wb") as f:
             job.proc = subprocess.Popen(
-                [sys.executable, "-m", "onnxruntime_genai.models.builder",
-                 *_args(folder, job.out, cache)], stdout=f, stderr=subprocess.STDOUT)
+                [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(folder),
+                 "-i", str(folder), "-o", str(job.out), "-p", "fp32", "-e", "cpu",
+                 "-c", str(cache)], stdout=f, stderr=subprocess.STDOUT)
         return job
     sys.stdout.flush()
     sys.stderr.flush()
@@ -215,8 +211,9 @@ def _child(folder: Path, out: Path, cache: Path, log: Path,
 
 
 def _build(folder: Path, out: Path, cache: Path) -> None:
-    """The float32 CPU package of onnxruntime-genai's model builder (:func:`_args`'s options,
-    called in the process): the child's work unless it is given another."""
+    """The float32 CPU package of onnxruntime-genai's model builder (the options of
+    :func:`start`'s ``python -m`` command, called in the process): the child's work unless it
+    is given another."""
     from onnxruntime_genai.models import builder
 
     where = (str(folder), str(folder), str(out), "fp32", "cpu", str(cache))

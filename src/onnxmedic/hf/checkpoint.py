@@ -183,9 +183,7 @@ def check_pickles(ckpt: Checkpoint) -> None:
     unpickled); read with weights_only=True and memory-mapped, so nothing is copied."""
     if any(p.suffix == ".safetensors" for p in ckpt.weights):
         return  # transformers prefers safetensors when both exist
-    for p in ckpt.weights:
-        if p.suffix != ".bin":
-            continue
+    for p in [w for w in ckpt.weights if w.suffix == ".bin"]:
         try:
             torch.load(p, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:
