@@ -212,30 +212,28 @@ class StepLayout:
         return None
 
     def empty_past(self, batch: int = 1) -> list[np.ndarray]:
-        """The self-attention cache of the first step: length 0, in input order; raises
-        :class:`NotAStep` when a head count or size is neither in the graph nor in a config."""
-        if self.unsized():
-            raise NotAStep(f"the cache inputs {', '.join(self.unsized()[:4])} have a symbolic "
-                           "head count or head size and no genai_config.json or config.json "
-                           "beside the graph says it")
-        return [np.zeros((batch, *c.shape), np.dtype(c.dtype)) if c.state else
-                np.zeros((batch, 0, c.head_size), np.dtype(c.dtype)) if c.indexer else
-                np.zeros((batch, c.heads, 0, c.head_size), np.dtype(c.dtype))
-                for c in self.self_cache]
+        """The self-attention cache of the first step: length 0, in input order (see
+        :meth:`past_of`)."""
+        return self.past_of(0, batch)
 
     def past_of(self, length: int, batch: int = 1, seed: int | None = None
                 ) -> list[np.ndarray]:
         """A self cache of ``length`` positions in :attr:`self_cache` order (random normal
         values from ``seed``; zeros when None): keys, values and indexer keys ``length``
-        long, states in their fixed shapes."""
+        long, states in their fixed shapes; raises :class:`NotAStep` when a head count or
+        size is neither in the graph nor in a config."""
+        if self.unsized():
+            raise NotAStep(f"the cache inputs {', '.join(self.unsized()[:4])} have a symbolic "
+                           "head count or head size and no genai_config.json or config.json "
+                           "beside the graph says it")
         rng = np.random.default_rng(seed) if seed is not None else None
         out = []
-        for c, empty in zip(self.self_cache, self.empty_past(batch)):
-            shape = list(empty.shape)
-            if not c.state:
-                shape[1 if c.indexer else 2] = length
-            out.append(rng.standard_normal(shape).astype(empty.dtype) if rng is not None
-                       else np.zeros(shape, empty.dtype))
+        for c in self.self_cache:
+            shape = ((batch, *c.shape) if c.state else
+                     (batch, length, c.head_size) if c.indexer else
+                     (batch, c.heads, length, c.head_size))
+            out.append(rng.standard_normal(shape).astype(c.dtype) if rng is not None
+                       else np.zeros(shape, np.dtype(c.dtype)))
         return out
 
     def chunks(self, ids: np.ndarray | Sequence[int]) -> list[np.ndarray]:
@@ -370,10 +368,9 @@ def read_step(path: str | os.PathLike[str], config_dir: str | os.PathLike[str] |
     missing = [c.present for c in cache if c.present and c.present not in outs]
     if missing:
         raise NotAStep(f"{path}: the cache inputs have no present outputs ({missing[:2]})")
-    layout = StepLayout([i.name for i in ins], outs, cache, named)
-    ids = next((i for i in ins if i.name == INPUT_IDS), ins[0] if ins else None)
-    if ids is not None and len(_dims(ids)) == 2 and _dims(ids)[1] == 1:
-        layout.step_tokens = 1
+    ids = next((i for i in ins if i.name == INPUT_IDS), ins[0])  # (ins: two at least)
+    layout = StepLayout([i.name for i in ins], outs, cache, named,
+                        step_tokens=1 if _dims(ids)[1:] == [1] else None)
     folder = Path(config_dir) if config_dir else path.parent
     if layout.unsized():
         _fill_sizes(layout, folder)
@@ -399,7 +396,7 @@ def read_package(folder: str | os.PathLike[str]) -> StepLayout:
     return read_step(decoder_graph(folder), folder)
 
 
-def _json(folder: Path, name: str, *keys: str) -> Any:
+def read_json(folder: Path, name: str, *keys: str) -> Any:
     """``folder / name``'s JSON, down ``keys``; None when the file, a key or the JSON is
     missing."""
     try:
@@ -412,7 +409,7 @@ def _json(folder: Path, name: str, *keys: str) -> Any:
 
 
 def _genai_decoder(folder: Path) -> dict[str, Any] | None:
-    return _json(folder, "genai_config.json", "model", "decoder")
+    return read_json(folder, "genai_config.json", "model", "decoder")
 
 
 def context_length(folder: str | os.PathLike[str]) -> int | None:
@@ -420,9 +417,9 @@ def context_length(folder: str | os.PathLike[str]) -> int | None:
     else config.json's ``max_position_embeddings``; None when neither says."""
     folder = Path(folder)
     with contextlib.suppress(TypeError, ValueError):
-        return int(_json(folder, "genai_config.json", "model", "context_length"))
+        return int(read_json(folder, "genai_config.json", "model", "context_length"))
     try:
-        cfg = _json(folder, "config.json")
+        cfg = read_json(folder, "config.json")
         cfg = cfg.get("text_config") or cfg
         n = cfg.get("max_position_embeddings") or cfg.get("n_positions")
         return int(n) if n else None
@@ -438,8 +435,8 @@ def config_sizes(folder: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, i
     with contextlib.suppress(KeyError, TypeError, ValueError):
         dec = _genai_decoder(folder)
         heads, size = int(dec["num_key_value_heads"]), int(dec["head_size"])
-        return {"key": (heads, size), "value": (heads, size)}, "genai_config.json"
-    cfg = _json(folder, "config.json")
+        return dict.fromkeys(KINDS, (heads, size)), "genai_config.json"
+    cfg = read_json(folder, "config.json")
     sizes = cache_sizes(cfg) if cfg is not None else {}
     return sizes, "config.json" if sizes else ""
 
@@ -457,13 +454,14 @@ def cache_sizes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
         return {}
     if cfg.get("v_head_dim") and cfg.get("qk_rope_head_dim") is not None:  # MLA
         key = int(cfg.get("qk_nope_head_dim") or 0) + int(cfg["qk_rope_head_dim"])
-        return {"key": (int(kv), key), "value": (int(kv), int(cfg["v_head_dim"]))}
-    hidden = cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("d_model")
-    size = (cfg.get("head_dim") or cfg.get("d_kv")
-            or (hidden // heads if hidden and heads else None))
-    if not size:
+        value = cfg["v_head_dim"]
+    else:
+        hidden = cfg.get("hidden_size") or cfg.get("n_embd") or cfg.get("d_model")
+        key = value = (cfg.get("head_dim") or cfg.get("d_kv")
+                       or (hidden // heads if hidden and heads else None))
+    if not value:
         return {}
-    return {"key": (int(kv), int(size)), "value": (int(kv), int(size))}
+    return {"key": (int(kv), int(key)), "value": (int(kv), int(value))}
 
 
 def _fill_sizes(layout: StepLayout, folder: Path) -> None:

@@ -11,7 +11,8 @@ also writes the package where the builder fails or its package does not verify (
 
 The builder starts as soon as the checkpoint is resolved (:meth:`Backend.starter`); PyTorch's
 side of the verification runs while it writes, onnxruntime-genai's check and the own loop's
-ONNX Runtime side as soon as its package is there, then the judging (:func:`make_package`).
+ONNX Runtime side as soon as its package is there, then the judging
+(:func:`export_generation`).
 Nothing heavy is imported at this module's top: the builder forks before the exporter loads.
 """
 
@@ -152,7 +153,7 @@ def export_generation(model: Any, out_dir: str | os.PathLike[str], *,
     it is fused already); else this export's (OM837), or nothing with ``strict`` (OM838).
     Problems of the model are findings of the returned ExportResult."""
     from onnxmedic import sandbox
-    from onnxmedic.hf import report_to
+    from onnxmedic.hf import generation, report_to
     from onnxmedic.hf.generation import TASKS, Request, package_result
 
     if task not in TASKS:
@@ -164,38 +165,28 @@ def export_generation(model: Any, out_dir: str | os.PathLike[str], *,
                   optimize=optimize, strict=strict)
     result = package_result(model, *(("build",) if build_job is not None else ()))
     with result.guard():
-        make_package(result, req, build_job)
+        try:
+            # the builder's package verified and written; else, where there is no job or (not
+            # strict) its package fails, onnxmedic's own export, judged against the PyTorch
+            # runs made meanwhile. A model whose own generate() cannot run is not handed to the
+            # builder: PyTorch's side of its check would raise; the own export names the
+            # problem (OM830)
+            built = build_job is not None and generation.cache_problem(model) is None
+            runs = _from_builder(result, build_job, req) if built else None
+            if not built or runs is not None:  # (None: written, or (strict) failed)
+                generation.export_package(result, req, runs)
+        finally:
+            if build_job is not None:
+                build_job.discard()
     return report_to(result, report)
-
-
-
-def make_package(result: ExportResult, req: Request, job: BuildJob | None) -> None:
-    """The package at ``req.out`` by the backend chosen: the builder's (``job``, writing in a
-    child) verified and written; else, where there is no job or (not ``req.strict``) its
-    package fails, onnxmedic's own export, judged against the PyTorch runs made meanwhile."""
-    from onnxmedic.hf.generation import cache_problem, export_package
-
-    try:
-        runs = None
-        # a model whose own generate() cannot run is not handed to the builder: PyTorch's
-        # side of its check would raise; the own export below names the problem (OM830)
-        if job is not None and cache_problem(req.model) is None:
-            runs = _from_builder(result, job, req)
-            if runs is None:  # written, or (strict) failed
-                return
-        export_package(result, req, runs)
-    finally:
-        if job is not None:
-            job.discard()
 
 
 def _from_builder(result: ExportResult, job: BuildJob, req: Request) -> dict[Any, Any] | None:
     """The builder's package verified and written; None when it is (or, ``req.strict``, when
     it fails: OM838), else PyTorch's runs for the export that writes the package instead
     (OM837). PyTorch's side of the verification runs here while the builder writes."""
-    import torch
-
     from onnxmedic.hf.gen_verify import default_prompts, prompt_ids, torch_side
+    from onnxmedic.hf.transforms.stream_int4 import torch_threads
 
     model = req.model
     was_training = model.training
@@ -209,13 +200,8 @@ def _from_builder(result: ExportResult, job: BuildJob, req: Request) -> dict[Any
     try:
         # one core each: the builder's child and PyTorch here (two threads here would take
         # turns with the child on two cores)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            with result.timed("generate: torch"):
-                runs = torch_side(model, ids, req.steps)
-        finally:
-            torch.set_num_threads(threads)
+        with torch_threads(1), result.timed("generate: torch"):
+            runs = torch_side(model, ids, req.steps)
         with result.timed("build wait"):
             watch.join()
         return _verdict(result, job, watch, req, runs)
@@ -310,8 +296,7 @@ def _verdict(result: ExportResult, job: BuildJob, watch: BuildWatch, req: Reques
         result.fail("build", error(
             "OM838", "build", f"onnxruntime-genai's model builder did not give a verified "
             f"package: {why}", suggestion="Leave --backend out (auto): onnxmedic's own "
-            "export writes the package where the builder's does not verify."))
-        result.findings.append(not_written(req.out))
+            "export writes the package where the builder's does not verify."), not_written(req.out))
         return None
     # the export writes the package: its stages as without the builder, whose verdict stays
     # as a warning
@@ -333,11 +318,7 @@ def unfed_cache(folder: Path) -> str | None:
     ONNX Runtime refuses at the first step (the builder's Gemma 2 and gpt-oss packages)."""
     import onnx
 
-    try:
-        proto = onnx.load(str(folder / builder.GRAPH), load_external_data=False)
-    except Exception:  # noqa: BLE001 - an unreadable graph is the verification's to say
-        return None
-    for node in proto.graph.node:
+    for node in _graph_nodes(folder) or []:  # (unreadable: the verification says why)
         if node.op_type != "GroupQueryAttention":
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -354,14 +335,22 @@ def _fused_ops(folder: Path) -> str:
     """The contrib ops of a package's graph (what the builder fused), for OM836."""
     from collections import Counter
 
+    nodes = _graph_nodes(folder)
+    if nodes is None:
+        return "?"
+    ops = Counter(n.op_type for n in nodes if n.domain == "com.microsoft")
+    return ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) or "none"
+
+
+def _graph_nodes(folder: Path) -> Any:
+    """The nodes of the builder's package graph at ``folder`` (not its weights), or None when
+    it cannot be read."""
     import onnx
 
     try:
-        proto = onnx.load(str(folder / builder.GRAPH), load_external_data=False)
-    except Exception:  # noqa: BLE001 - a help in a message
-        return "?"
-    ops = Counter(n.op_type for n in proto.graph.node if n.domain == "com.microsoft")
-    return ", ".join(f"{k} x{v}" for k, v in sorted(ops.items())) or "none"
+        return onnx.load(str(folder / builder.GRAPH), load_external_data=False).graph.node
+    except Exception:  # noqa: BLE001 - the callers say what an unreadable graph means
+        return None
 
 
 def package_for_task(loaded: Loaded, f: Any, opset: Any, verify: bool,

@@ -118,9 +118,8 @@ class BuildJob:
         if self.code == 0 and not missing:
             return None
         tail = self.log_tail()
-        if self.code == 0:
-            return f"it wrote no {', '.join(missing)}" + (f": {tail}" if tail else "")
-        return f"it exited with {self.code}" + (f": {tail}" if tail else "")
+        why = f"it exited with {self.code}" if self.code else f"it wrote no {', '.join(missing)}"
+        return why + (f": {tail}" if tail else "")
 
     def log_tail(self) -> str:
         """The builder's last log lines; when it ended in a Python traceback, the exception's
@@ -152,11 +151,6 @@ class BuildJob:
             self.code = -signal.SIGKILL
 
 
-def _args(folder: Path, out: Path, cache: Path) -> list[str]:
-    return ["-m", str(folder), "-i", str(folder), "-o", str(out), "-p", "fp32", "-e", "cpu",
-            "-c", str(cache)]
-
-
 def start(folder: Path, dest: Path, work: Callable[[Path, Path, Path], None] | None = None
           ) -> BuildJob:
     """Start the builder on the checkpoint ``folder``, writing the package for ``dest`` into
@@ -175,8 +169,9 @@ def start(folder: Path, dest: Path, work: Callable[[Path, Path, Path], None] | N
     if not hasattr(os, "fork"):
         with open(job.log, "wb") as f:
             job.proc = subprocess.Popen(
-                [sys.executable, "-m", "onnxruntime_genai.models.builder",
-                 *_args(folder, job.out, cache)], stdout=f, stderr=subprocess.STDOUT)
+                [sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(folder),
+                 "-i", str(folder), "-o", str(job.out), "-p", "fp32", "-e", "cpu",
+                 "-c", str(cache)], stdout=f, stderr=subprocess.STDOUT)
         return job
     sys.stdout.flush()
     sys.stderr.flush()
@@ -201,16 +196,7 @@ def _child(folder: Path, out: Path, cache: Path, log: Path,
         # one thread: the parent computes PyTorch's side meanwhile; and no OpenMP team the
         # parent may have started is used after the fork
         torch.set_num_threads(1)
-        if work is not None:
-            work(folder, out, cache)
-            code = 0
-            return
-        from onnxruntime_genai.models import builder
-
-        args = _args(folder, out, cache)
-        opts = builder.parse_extra_options(args[1], args[3], args[5], "fp32", "cpu", args[11],
-                                           [])
-        builder.create_model(args[1], args[3], args[5], "fp32", "cpu", args[11], **opts)
+        (work or _build)(folder, out, cache)
         code = 0
     except BaseException:  # noqa: BLE001 - the log says why; the parent reads it
         import traceback
@@ -222,6 +208,16 @@ def _child(folder: Path, out: Path, cache: Path, log: Path,
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _build(folder: Path, out: Path, cache: Path) -> None:
+    """The float32 CPU package of onnxruntime-genai's model builder (the options of
+    :func:`start`'s ``python -m`` command, called in the process): the child's work unless it
+    is given another."""
+    from onnxruntime_genai.models import builder
+
+    where = (str(folder), str(folder), str(out), "fp32", "cpu", str(cache))
+    builder.create_model(*where, **builder.parse_extra_options(*where, []))
 
 
 def finish(job: BuildJob, model: Any, tokenizer: Any) -> list[str]:

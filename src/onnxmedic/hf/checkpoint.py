@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from onnxmedic.findings import InputError, error
+from onnxmedic.genpackage import read_json
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,12 @@ class Checkpoint:
 
     @property
     def has_tokenizer(self) -> bool:
-        return any((self.folder / n).is_file() for n in TOKENIZER_FILES)
+        return has_tokenizer(self.folder)
+
+
+def has_tokenizer(folder: Path) -> bool:
+    """Whether the checkpoint ``folder`` holds a tokenizer's file (:data:`TOKENIZER_FILES`)."""
+    return any((folder / n).is_file() for n in TOKENIZER_FILES)
 
 
 def resolve(spec: str) -> Checkpoint:
@@ -86,8 +92,9 @@ def resolve(spec: str) -> Checkpoint:
     path = Path(ref).expanduser()
     if path.exists():
         return _local(spec, path)
-    if ref.startswith((".", "/", "~")) or ref.count("/") > 1 or os.sep != "/" and os.sep in ref \
-            or not _HUB_ID.match(ref):
+    # a hub id (org/name) is no path: it starts with none of ".", "/", "~" and has one "/" at
+    # most and no other separator
+    if not _HUB_ID.match(ref):
         raise _err("OM800", f"the checkpoint folder {ref!r} does not exist (and it is not a hub "
                    "id such as org/name).",
                    "Give a folder written by model.save_pretrained(...), or a hub id.")
@@ -176,9 +183,7 @@ def check_pickles(ckpt: Checkpoint) -> None:
     unpickled); read with weights_only=True and memory-mapped, so nothing is copied."""
     if any(p.suffix == ".safetensors" for p in ckpt.weights):
         return  # transformers prefers safetensors when both exist
-    for p in ckpt.weights:
-        if p.suffix != ".bin":
-            continue
+    for p in [w for w in ckpt.weights if w.suffix == ".bin"]:
         try:
             torch.load(p, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:
@@ -220,14 +225,7 @@ def load_tokenizer(ckpt: Checkpoint, trust_remote_code: bool) -> Any:
     """The folder's tokenizer, or None when it has none (or it cannot be loaded: logged)."""
     if not ckpt.has_tokenizer:
         return None
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(ckpt.folder),
-                                             trust_remote_code=trust_remote_code)
-    except Exception:
-        logger.warning("the tokenizer of %s cannot be loaded", ckpt.spec, exc_info=True)
-        return None
+    return _load_part(ckpt, "AutoTokenizer", "tokenizer", trust_remote_code=trust_remote_code)
 
 
 def load_processor(ckpt: Checkpoint, kind: str) -> Any:
@@ -235,22 +233,22 @@ def load_processor(ckpt: Checkpoint, kind: str) -> Any:
     Pillow or torchvision, so images are made from the config and preprocessor_config.json."""
     if kind != "audio" or not (ckpt.folder / "preprocessor_config.json").is_file():
         return None
-    from transformers import AutoFeatureExtractor
+    return _load_part(ckpt, "AutoFeatureExtractor", "feature extractor")
+
+
+def _load_part(ckpt: Checkpoint, auto_class: str, what: str, **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained`` on the folder (a tokenizer, a feature extractor), or None
+    when it cannot be loaded (logged: the task says whether it needs it)."""
+    import transformers
 
     try:
-        return AutoFeatureExtractor.from_pretrained(str(ckpt.folder))
+        return getattr(transformers, auto_class).from_pretrained(str(ckpt.folder), **kwargs)
     except Exception:
-        logger.warning("the feature extractor of %s cannot be loaded", ckpt.spec, exc_info=True)
+        logger.warning("the %s of %s cannot be loaded", what, ckpt.spec, exc_info=True)
         return None
 
 
 def preprocessor_config(ckpt: Checkpoint | None) -> dict[str, Any]:
     """preprocessor_config.json as a dict ({} when there is none or it is unreadable)."""
-    p = ckpt.folder / "preprocessor_config.json" if ckpt is not None else None
-    if p is None or not p.is_file():
-        return {}
-    try:
-        data = json.loads(p.read_text())
-    except (ValueError, OSError):
-        return {}
+    data = read_json(ckpt.folder, "preprocessor_config.json") if ckpt is not None else None
     return data if isinstance(data, dict) else {}

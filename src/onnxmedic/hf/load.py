@@ -45,8 +45,7 @@ class Loaded:
 def spec_name(model: Any) -> str:
     if isinstance(model, torch.nn.Module):
         return type(model).__name__
-    text = os.fspath(model)
-    return text if text.startswith(checkpoint.PREFIX) else checkpoint.PREFIX + text
+    return checkpoint.PREFIX + checkpoint.strip_prefix(os.fspath(model))
 
 
 def _pick_task(config: dict[str, Any], task: str | None, folder: Path | None,
@@ -131,13 +130,13 @@ def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
                    job: Any) -> Loaded:
     task, how = _pick_task(ckpt.config, task, ckpt.folder, known=not ckpt.remote_code)
     check_generation(task)
-    model_type = ckpt.config.get("model_type", "")
-    if _needs_text(task, model_type) and not ckpt.has_tokenizer:
+    text = _needs_text(task, ckpt.config.get("model_type", ""))
+    if text and not ckpt.has_tokenizer:
         raise _err("OM806", f"{ckpt.spec} has no tokenizer, and the task {task!r} takes text "
                    f"(looked for {', '.join(checkpoint.TOKENIZER_FILES[:4])} ...).",
                    "Save the tokenizer beside the model: tokenizer.save_pretrained(folder).")
     tokenizer = checkpoint.load_tokenizer(ckpt, trust)
-    if tokenizer is None and _needs_text(task, model_type):
+    if tokenizer is None and text:
         raise _err("OM806", f"the tokenizer of {ckpt.spec} cannot be loaded (see the log).",
                    "Save it again with tokenizer.save_pretrained(folder).")
     # no cache for one forward pass; a config without use_cache (OpenAI GPT's, a model that
@@ -159,14 +158,6 @@ def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
                   ckpt, [f"task {task} ({how})", f"loaded in {dtype}"], job)
 
 
-def _object_tasks(model: torch.nn.Module) -> list[str]:
-    name, model_type = type(model).__name__, getattr(model.config, "model_type", "")
-    out = [t.name for t in TASKS.values()
-           if any(name in tasks.classes_for(m, model_type) for m in t.mappings)]
-    out += [g for g, (_a, m) in GENERATION.items() if name in tasks.classes_for(m, model_type)]
-    return out
-
-
 def _load_object(model: torch.nn.Module, task: str | None, dtype: str) -> Loaded:
     """A PreTrainedModel the caller loaded: used as it is (borrowed, not converted)."""
     if dtype != "fp32" and DTYPES[dtype] != getattr(model, "dtype", None):
@@ -174,7 +165,7 @@ def _load_object(model: torch.nn.Module, task: str | None, dtype: str) -> Loaded
                          "loaded in; convert a model object yourself (model.to(dtype))")
     config = model.config.to_dict()
     config["architectures"] = [type(model).__name__]
-    can = _object_tasks(model)
+    can = supported_tasks(config, type(model).__name__)
     if task is None:
         task = detect_task(config)
         how = f"detected from the class {type(model).__name__}"

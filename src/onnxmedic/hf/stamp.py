@@ -53,9 +53,9 @@ import torch
 from onnx import TensorProto, helper
 
 from onnxmedic.findings import error, info
-from onnxmedic.genpackage import LOGITS, cache_name, cache_sizes, present_of
+from onnxmedic.genpackage import KINDS, LOGITS, cache_name, cache_names, cache_sizes
 from onnxmedic.hf import builder, report_to
-from onnxmedic.hf.checkpoint import TOKENIZER_FILES
+from onnxmedic.hf.checkpoint import has_tokenizer
 from onnxmedic.hf.genai_files import Layout, write_side_files
 from onnxmedic.hf.stream import LAYOUTS, Weights, streamable, verify_package
 from onnxmedic.hf.transforms.stream_int4 import (
@@ -163,8 +163,8 @@ class Stamped:
 
 
 def _example(weights: Any, name: str, rows: int | None = None) -> torch.Tensor:
-    t = weights.get(name)
-    return (t[:rows] if rows is not None else t).to(torch.float32).clone()
+    """The checkpoint's tensor ``name`` (its first ``rows`` rows; None: all) in float32."""
+    return weights.get(name)[:rows].to(torch.float32).clone()
 
 
 class Geometry(NamedTuple):
@@ -243,7 +243,8 @@ def export_parts(folder: Path, config: Any, work: Path, timeout: float,
 
     norm = getattr(base, layout.norm)
     norm_names = list(norm.state_dict().keys())
-    norm = type(norm)(*_norm_args(norm))
+    # on the CPU (functional_call gives it its weights): GPT-NeoX's final norm, a LayerNorm
+    norm = torch.nn.LayerNorm(norm.normalized_shape, norm.eps, norm.elementwise_affine)
     if not part("head", Head(norm, norm_names).eval(),
                 (hidden, [_example(weights, layout.names("norm") + n) for n in norm_names],
                  _example(weights, head, rows)),
@@ -280,14 +281,6 @@ def _export_part(res: Stamped, name: str, module: torch.nn.Module, args: tuple[A
         suggestion="Fix the first error above, or export the model whole: `onnxmedic export "
         "hf:DIR --task text-generation-with-past` on a checkpoint under the stamping size."))
     return False
-
-
-def _norm_args(norm: torch.nn.Module) -> tuple[Any, ...]:
-    """The constructor arguments of the final norm (a LayerNorm here) made again on the CPU."""
-    if isinstance(norm, torch.nn.LayerNorm):
-        return (norm.normalized_shape, norm.eps, norm.elementwise_affine)
-    raise ValueError(f"onnxmedic.hf.stamp: the final norm {type(norm).__name__} is not one "
-                     "stamped (LayerNorm)")
 
 
 # ------------------------------------------------------------------------------------------
@@ -365,8 +358,7 @@ def assemble(parts: dict[str, Part], layers: int, kv_heads: int, head_size: int,
     the tests' wrong stamp), the head; its inputs and outputs the package contract's
     (genpackage.py)."""
     order = list(range(layers)) if order is None else order
-    pre, layer, head = parts["prelude"].proto.graph, parts["layer"].proto.graph, \
-        parts["head"].proto.graph
+    pre, layer, head = (parts[name].proto.graph for name in ("prelude", "layer", "head"))
     weights: list[Weight] = []
     seen: dict[tuple[str, bool], str] = {}
     fixed = [i.name for i in pre.input[:3]]  # input_ids, attention_mask, position_ids
@@ -380,10 +372,8 @@ def assemble(parts: dict[str, Part], layers: int, kv_heads: int, head_size: int,
     for i in range(layers):
         out = f"layers.{i}/hidden"
         nodes += _copy(parts["layer"], f"layers.{i}/", {
-            **dict(zip(layer_in, [hidden, *shared[1:], cache_name(i, "key"),
-                                  cache_name(i, "value")])),
-            **dict(zip(layer_out, [out, present_of(cache_name(i, "key")),
-                                   present_of(cache_name(i, "value"))]))},
+            **dict(zip(layer_in, [hidden, *shared[1:], *(cache_name(i, k) for k in KINDS)])),
+            **dict(zip(layer_out, [out, *(cache_name(i, k, present=True) for k in KINDS)]))},
             order[i], weights, seen)
         hidden = out
     nodes += _copy(parts["head"], "head/", {head.input[0].name: hidden,
@@ -397,11 +387,9 @@ def assemble(parts: dict[str, Part], layers: int, kv_heads: int, head_size: int,
             consts[c.name] = c
     past = ["batch_size", kv_heads, "past_sequence_length", head_size]
     total = ["batch_size", kv_heads, "total_sequence_length", head_size]
-    inputs = [i for i in pre.input[:3]] + [
-        _value(cache_name(i, kind), past) for i in range(layers) for kind in ("key", "value")]
+    inputs = list(pre.input[:3]) + [_value(n, past) for n in cache_names(layers)]
     outputs = [_value(LOGITS, ["batch_size", "sequence_length", vocab])] + [
-        _value(present_of(cache_name(i, kind)), total) for i in range(layers)
-        for kind in ("key", "value")]
+        _value(n, total) for n in cache_names(layers, present=True)]
     graph = helper.make_graph(nodes, "decoder", inputs, outputs, list(consts.values()))
     functions = {(f.domain, f.name): f for p in parts.values() for f in p.proto.functions}
     model = helper.make_model(graph, opset_imports=list(parts["prelude"].proto.opset_import),
@@ -447,7 +435,7 @@ def _side_files(checkpoint: Path) -> tuple[Any, Any]:
     ``generation_config``) and its tokenizer, None where the folder has no tokenizer's file
     (transformers would make an empty one of the family's class, whose ids are no prompt)."""
     like, tokenizer = side_files(checkpoint)
-    if not any((checkpoint / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(checkpoint):
         tokenizer = None
     return like, tokenizer
 
@@ -520,10 +508,8 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
         with result.stage(STAGE) as st:
             made = stamp_package(checkpoint, pkg, timeout=wait, order=order)
             result.timings.update(made.seconds)
-            if not made.ok:
-                result.findings.extend(made.findings)
-                result.findings.append(not_written(out))
-                st.fail()
+            if not made.ok:  # the parts' findings, then OM818
+                st.fail(*made.findings, not_written(out))
                 return report_to(result, report)
             result.findings.append(info(
                 "OM851", STAGE, f"the decoder graph was stamped: its prelude, one decoder "
@@ -577,6 +563,6 @@ def stamp_road(model: Any, task: str | None, *, dtype: str, verify: bool, opset:
             options.get("optimize") or options.get("precision") not in (None, "fp32", "int4"):
         return None
     return large_folder(model, task, lambda config, folder: config.get("model_type") in FAMILIES
-                        and any((folder / n).is_file() for n in TOKENIZER_FILES)
+                        and has_tokenizer(folder)
                         and (config.get("architectures") or ["?"])[0] not in builder.served(),
                         stamp_problem, "export does not stamp")

@@ -80,8 +80,7 @@ def _quiet_torch(quiet: bool) -> Iterator[None]:
     failure is retried with fewer dynamic dims keeps that out of the user's terminal."""
     log = logging.getLogger("torch._guards")
     level = log.level
-    if quiet:
-        log.setLevel(logging.CRITICAL)
+    log.setLevel(logging.CRITICAL if quiet else level)
     try:
         yield
     finally:
@@ -112,9 +111,7 @@ def _name_outputs(res: ExportResult, names: list[str], written: Path | None,
                   dest: Path | None) -> None:
     """Name the graph outputs as the task's (Identity nodes: nothing else changes), then
     move the written file (and its external data) to ``dest``, the model file last."""
-    renamed: dict[str, str] = {}
-    if res.onnx_model is not None:
-        renamed = rename_outputs(res.onnx_model, names)
+    renamed = rename_outputs(res.onnx_model, names) if res.onnx_model is not None else {}
     if written is not None and dest is not None and res.path is not None \
             and Path(res.path) == written and written.is_file():
         proto = onnx.load(str(written), load_external_data=False)

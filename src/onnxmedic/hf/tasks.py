@@ -128,12 +128,18 @@ def _modality_ok(task: Task, model_type: str) -> bool:
     return main is None or main == want
 
 
-def supported_tasks(config: dict[str, Any]) -> list[str]:
-    """The tasks (optimum's names) the config's model type can serve, in TASKS order."""
+def supported_tasks(config: dict[str, Any], arch: str | None = None) -> list[str]:
+    """The tasks (optimum's names) the config's model type can serve, in TASKS order; with
+    ``arch``, those its class ``arch`` serves (a model object's: whatever its modality)."""
     model_type = config.get("model_type", "")
-    out = [t.name for t in TASKS.values()
-           if any(classes_for(m, model_type) for m in t.mappings) and _modality_ok(t, model_type)]
-    out += [name for name, (_auto, mapping) in GENERATION.items() if classes_for(mapping, model_type)]
+
+    def serves(mapping: str) -> bool:
+        classes = classes_for(mapping, model_type)
+        return arch in classes if arch is not None else bool(classes)
+
+    out = [t.name for t in TASKS.values() if any(serves(m) for m in t.mappings)
+           and (arch is not None or _modality_ok(t, model_type))]
+    out += [name for name, (_auto, mapping) in GENERATION.items() if serves(mapping)]
     return out
 
 
@@ -144,10 +150,7 @@ def returns_cache(arch: str) -> bool:
     import transformers
 
     cls = getattr(transformers, arch, None)
-    try:
-        return cls is None or "past_key_values" in inspect.signature(cls.forward).parameters
-    except (TypeError, ValueError):
-        return True
+    return cls is None or accepts(cls, "past_key_values", unreadable=True)
 
 
 def encoder_as_encoder(config: dict[str, Any]) -> bool:
@@ -165,22 +168,19 @@ def detect_task(config: dict[str, Any], folder: Path | None = None) -> str | Non
     its class cannot return a cache, or an encoder's causal-LM class is not configured as a
     decoder (:func:`encoder_as_encoder`): text-generation; a base model feature-extraction
     (sentence-similarity in a sentence-transformers folder)."""
-    archs = config.get("architectures") or []
-    model_type = config.get("model_type", "")
-    if not archs:
+    if not config.get("architectures"):
         return None
-    arch = archs[0]
+    arch, model_type = config["architectures"][0], config.get("model_type", "")
     if arch in classes_for("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", model_type):
         return ("text-generation-with-past" if returns_cache(arch)
                 and not encoder_as_encoder(config) else "text-generation")
     for name, (_auto, mapping) in GENERATION.items():
         if name.endswith("-with-past") and arch in classes_for(mapping, model_type):
             return name
-    # the base model (feature-extraction) last: a CLIPModel is both a base model and the
-    # zero-shot-image-classification model
-    order = [t for t in TASKS.values() if t.name not in ("feature-extraction",
-                                                         "sentence-similarity")]
-    for task in order + [TASKS["feature-extraction"]]:
+    # the base model's tasks last (feature-extraction first: sentence-similarity's classes are
+    # the same, and it is told by modules.json below): a CLIPModel is both a base model and
+    # the zero-shot-image-classification model
+    for task in sorted(TASKS.values(), key=lambda t: t.auto == "AutoModel"):
         if any(arch in classes_for(m, model_type) for m in task.mappings) and \
                 _modality_ok(task, model_type):
             if task.name == "feature-extraction" and folder is not None and \
@@ -298,13 +298,13 @@ class Example:
     source: str
 
 
-def accepts(model: torch.nn.Module, name: str) -> bool:
-    """Whether ``model``'s forward takes the keyword ``name`` (False where its signature
-    cannot be read)."""
+def accepts(model: torch.nn.Module | type, name: str, unreadable: bool = False) -> bool:
+    """Whether ``model``'s (a module or its class) forward takes the keyword ``name``
+    (``unreadable`` where its signature cannot be read)."""
     try:
         return name in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
-        return False
+        return unreadable
 
 
 def text_length_limit(config: Any) -> int:
