@@ -207,19 +207,14 @@ class Logits(torch.nn.Module):
         return self.model(**kw).logits
 
 
-def reference_steps(model: Any, ids: list[int], tokens: list[int], expected: list[np.ndarray]
-                    ) -> list[np.ndarray | None]:
-    """The float64 reference of each step's logits: the model in float64 over the whole
-    sequence (prompt and generated tokens), sliced as the steps return them."""
-    return references(model, [(ids, tokens, expected)])[0]
-
-
 def references(model: Any, prompts: list[tuple[list[int], list[int], list[np.ndarray]]]
                ) -> list[list[np.ndarray | None]]:
-    """:func:`reference_steps` of several prompts ((ids, tokens, expected) each) in one
-    float64 pass: the sequences right-padded into one batch (a causal decoder's logits at a
-    sequence's own positions do not see the padding after it), so the weights are upcast and
-    read once for all of them - per prompt where the batch gets no reference."""
+    """The float64 reference of each step's logits, for several prompts ((ids, tokens,
+    expected) each): the model in float64 over each whole sequence (prompt and generated
+    tokens), sliced as the steps return them, in one float64 pass: the sequences
+    right-padded into one batch (a causal decoder's logits at a sequence's own positions do
+    not see the padding after it), so the weights are upcast and read once for all of them -
+    per prompt where the batch gets no reference."""
     seqs = [ids + tokens[:-1] for ids, tokens, _ in prompts]
     vocab = prompts[0][2][0].shape[-1] if prompts else 0
     wrapped = Logits(model).eval()
@@ -519,20 +514,12 @@ def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: 
                      eos: set[int] | None, spec: str | None = None, what: str = "prompt"
                      ) -> None:
     """onnxruntime-genai generating from ``folder`` (the genai child, a child process) must
-    give PyTorch's tokens (up to an EOS of ``eos`` it stops at; :func:`genai_tokens`).
+    give PyTorch's tokens (up to an EOS of ``eos`` it stops at; :func:`genai_compare`).
     ``spec``: the child's JSON spec (None: check.prompts, :func:`genai_spec`)."""
     if not genai_available():
         check.findings.append(not_installed())
         return
     run = start_genai_child(folder, spec or genai_spec(folder, check.prompts, steps))
-    genai_tokens(run, check, timeout, eos, what)
-
-
-def genai_tokens(run: ChildRun, check: GenerationCheck, timeout: float, eos: set[int] | None,
-                 what: str = "prompt") -> None:
-    """The tokens of the genai child ``run`` against check.tokens_torch (OM814 where they
-    differ, OM816 where it failed): fewer tokens are a stop at one of ``eos`` (None: at any
-    token), ``what`` names the generation's items (prompts, an encoder-decoder's inputs)."""
     out = finish_genai_child(run, timeout, check)
     if out is not None:
         genai_compare(check, out, eos, what)
@@ -541,7 +528,9 @@ def genai_tokens(run: ChildRun, check: GenerationCheck, timeout: float, eos: set
 def genai_compare(check: GenerationCheck, out: dict[str, Any], eos: set[int] | None,
                   what: str = "prompt") -> None:
     """The genai child's result ``out`` (:func:`finish_genai_child`'s) against
-    check.tokens_torch, as :func:`genai_tokens` judges it (OM814 where they differ)."""
+    check.tokens_torch (OM814 where they differ): fewer tokens are a stop at one of ``eos``
+    (None: at any token), ``what`` names the generation's items (prompts, an
+    encoder-decoder's inputs)."""
     check.tokens_genai = out["tokens"]
     check.seconds["genai_generate"] = out["seconds"]
     for p, (got, want) in enumerate(zip(out["tokens"], check.tokens_torch)):
@@ -625,7 +614,9 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
         if genai and ran and check.ok:
             run = early or start_genai_child(folder, genai_spec(folder, check.prompts, steps))
             early = None
-            genai_tokens(run, check, timeout, eos_ids(model))
+            out = finish_genai_child(run, timeout, check)
+            if out is not None:
+                genai_compare(check, out, eos_ids(model))
     finally:
         if early is not None:
             early.stop()
@@ -698,7 +689,7 @@ def _decoder_refs(check: GenerationCheck, model: Any, ids: list[int], run: Torch
     """The float64 references of a decoder prompt's ``run`` (computed once, kept in it)."""
     if run.refs is None:
         tt = time.perf_counter()
-        run.refs = reference_steps(model, ids, run.tokens, run.logits)
+        run.refs = references(model, [(ids, run.tokens, run.logits)])[0]
         check.seconds["reference"] = (check.seconds.get("reference", 0.0)
                                       + time.perf_counter() - tt)
     return run.refs
