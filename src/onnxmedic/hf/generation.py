@@ -463,10 +463,9 @@ def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str],
                 d.dim_param = total
 
 
-def rename_io(proto: onnx.ModelProto, positions: bool, spec: CacheSpec | None = None
-              ) -> dict[str, str]:
+def rename_io(proto: onnx.ModelProto, positions: bool, spec: CacheSpec | None = None) -> None:
     """Rename the graph's inputs and outputs (and their uses) to GenAI's names (``spec``: the
-    cache's entries, :func:`io_names`); returns {new name: old name}."""
+    cache's entries, :func:`io_names`)."""
     g = proto.graph
     fixed = ["input_ids", "attention_mask"] + (["position_ids"] if positions else [])
     n_cache = len(g.output) - 1
@@ -476,7 +475,6 @@ def rename_io(proto: onnx.ModelProto, positions: bool, spec: CacheSpec | None = 
                **dict(zip(inputs[len(inputs) - n_cache:], past)),
                **dict(zip([o.name for o in g.output], present))}
     rename_graph(proto, mapping)
-    return {new: old for old, new in mapping.items()}
 
 
 def save_graph(proto: onnx.ModelProto, folder: Path, name: str = GRAPH) -> Path:
@@ -490,13 +488,13 @@ def save_graph(proto: onnx.ModelProto, folder: Path, name: str = GRAPH) -> Path:
 
 
 def package_graph(raw: Path, folder: Path, positions: bool, spec: CacheSpec | None = None
-                  ) -> dict[str, str]:
-    """The verified graph at ``raw`` as ``folder/model.onnx`` with GenAI's names (rename_io;
-    returns its {new name: old name}). Weights the export wrote as external data are moved,
+                  ) -> None:
+    """The verified graph at ``raw`` as ``folder/model.onnx`` with GenAI's names
+    (:func:`rename_io`). Weights the export wrote as external data are moved,
     not read and written again (2 GiB at 0.5 B): only the graph is rewritten, its initializers
     pointing at ``model.onnx.data``."""
     proto = onnx.load(str(raw), load_external_data=False)
-    names = rename_io(proto, positions, spec)
+    rename_io(proto, positions, spec)
     located = [e for t in proto.graph.initializer for e in t.external_data
                if e.key == "location"]
     files = {e.value for e in located}
@@ -504,12 +502,11 @@ def package_graph(raw: Path, folder: Path, positions: bool, spec: CacheSpec | No
         if files:  # several files (not what the export writes): the weights read and saved
             onnx.load_external_data_for_model(proto, str(raw.parent))
         save_graph(proto, folder)
-        return names
+        return
     os.replace(raw.parent / files.pop(), folder / f"{GRAPH}.data")
     for e in located:
         e.value = f"{GRAPH}.data"
     onnx.save_model(proto, folder / GRAPH)
-    return names
 
 
 def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int | None,
