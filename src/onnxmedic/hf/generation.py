@@ -254,26 +254,19 @@ def state_cache(model: torch.nn.Module, spec: CacheSpec, past: list[torch.Tensor
     from transformers.cache_utils import DynamicLayer
 
     linear = linear_cache_class(model)
-    if linear is not None:
-        cache = linear()
-        for (i, kind), t in zip(spec, past):
-            if kind == "key":
-                key = t
-            elif kind == "value":
-                cache.update(key, t, i)
-            else:
-                cache.set_linear_cache(i, t.clone())
-        return cache
-    cache = DynamicCache(config=model.config)
+    # MiniMax's cache is made without a config: its layers are added as they are updated
+    cache = linear() if linear is not None else DynamicCache(config=model.config)
     pending: dict[int, torch.Tensor] = {}
     for (i, kind), t in zip(spec, past):
-        layer = cache.layers[i]
+        layer = cache.layers[i] if i < len(cache.layers) else None
         if type(layer).__name__ == "DynamicSlidingWindowLayer":
             layer = cache.layers[i] = DynamicLayer()
         if kind == "key":
             pending[i] = t
         elif kind == "value":
-            layer.update(pending.pop(i), t)
+            cache.update(pending.pop(i), t, i)
+        elif linear is not None:  # a linear-attention layer's state, beside the layers
+            cache.set_linear_cache(i, t.clone())
         elif kind == INDEXER:
             layer.lazy_initialization_indexer(t)
             layer.indexer_keys = t
