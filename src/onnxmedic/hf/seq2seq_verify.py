@@ -39,7 +39,6 @@ from onnxmedic.hf.seq2seq_modules import (
     main_input,
     no_start_token,
     start_token,
-    text_ids,
 )
 from onnxmedic.inputs import Inputs
 from onnxmedic.verify.budget import judge_output
@@ -81,11 +80,9 @@ def items(model: Any, tokenizer: Any, processor: Any, prompts: Any
         feats = encoder_inputs(model, tokenizer, processor, batch=n)["input_features"]
         return [{"input_features": feats[i:i + 1]} for i in range(n)]
     prompts = list(TEXTS) if prompts is None else list(prompts)
-    vocab = int(model.config.vocab_size)
-    ids = [p if not isinstance(p, str) else text_ids(tokenizer, [p], vocab)[0] for p in prompts]
-    return [{"input_ids": torch.tensor([list(x)]), "attention_mask": torch.ones(1, len(x),
-                                                                                dtype=torch.long)}
-            for x in ids]
+    return [encoder_inputs(model, tokenizer, batch=1, texts=[p]) if isinstance(p, str) else
+            {"input_ids": torch.tensor([list(p)]),
+             "attention_mask": torch.ones(1, len(p), dtype=torch.long)} for p in prompts]
 
 
 def _np(enc: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
