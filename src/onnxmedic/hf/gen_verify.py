@@ -511,15 +511,16 @@ def not_installed() -> Finding:
 
 
 def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: float,
-                     eos: set[int] | None, spec: str | None = None, what: str = "prompt"
-                     ) -> None:
+                     eos: set[int] | None, spec: str | None = None, what: str = "prompt",
+                     run: ChildRun | None = None) -> None:
     """onnxruntime-genai generating from ``folder`` (the genai child, a child process) must
     give PyTorch's tokens (up to an EOS of ``eos`` it stops at; :func:`genai_compare`).
-    ``spec``: the child's JSON spec (None: check.prompts, :func:`genai_spec`)."""
-    if not genai_available():
+    ``spec``: the child's JSON spec (None: check.prompts, :func:`genai_spec`); ``run``: that
+    child started already (:func:`genai_beside`), None to start it now."""
+    if run is None and not genai_available():
         check.findings.append(not_installed())
         return
-    run = start_genai_child(folder, spec or genai_spec(folder, check.prompts, steps))
+    run = run or start_genai_child(folder, spec or genai_spec(folder, check.prompts, steps))
     out = finish_genai_child(run, timeout, check)
     if out is not None:
         genai_compare(check, out, eos, what)
@@ -611,12 +612,9 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     try:
         ran = _own_loop(check, model, folder / "model.onnx", steps, program, timeout, threads,
                         onnx_ahead)
-        if genai and ran and check.ok:
-            run = early or start_genai_child(folder, genai_spec(folder, check.prompts, steps))
-            early = None
-            out = finish_genai_child(run, timeout, check)
-            if out is not None:
-                genai_compare(check, out, eos_ids(model))
+        if genai and ran and check.ok:  # the child beside it, or one started now
+            run, early = early, None
+            genai_generation(folder, check, steps, timeout, eos_ids(model), run=run)
     finally:
         if early is not None:
             early.stop()
