@@ -412,14 +412,13 @@ def example_step(model: torch.nn.Module, vocab: int | None = None
     states = has_states(spec)
     new = 1 if states else EXAMPLE_NEW
     total = EXAMPLE_PAST + new
-    ids = torch.cat([probe, torch.randint(min(4, vocab - 1), vocab, (EXAMPLE_BATCH, new),
-                                          generator=g)], 1)
+    ids = torch.randint(min(4, vocab - 1), vocab, (EXAMPLE_BATCH, new), generator=g)
     mask = torch.ones(EXAMPLE_BATCH, total, dtype=torch.int64)
     past = [t.detach().clone() for t in flat_cache(cache, spec if own_layers(spec) else None)]
     pos = torch.arange(EXAMPLE_PAST, total).expand(EXAMPLE_BATCH, new).contiguous()
     b, s = Dim("batch_size"), Dim("sequence_length")
     p = Dim("past_sequence_length")
-    args = (ids[:, EXAMPLE_PAST:].contiguous(), mask, pos, past)
+    args = (ids, mask, pos, past)
     tokens = {0: b} if states else {0: b, 1: s}
     shapes = (tokens, {0: b, 1: Dim.AUTO}, tokens,
               [{0: b} if kind in STATES else {0: b, 1: p} if kind == INDEXER else {0: b, 2: p}
