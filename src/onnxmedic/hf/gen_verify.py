@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import inspect
 import json
 import logging
 import subprocess
@@ -33,6 +32,7 @@ import torch
 from onnxmedic import sandbox
 from onnxmedic.findings import Finding, InputError, error, info, warning
 from onnxmedic.genpackage import StepLayout, decoder_graph, is_past, read_step
+from onnxmedic.hf.tasks import accepts
 from onnxmedic.inputs import Inputs
 from onnxmedic.verify.budget import judge_output
 from onnxmedic.verify.compare import OutputComparison
@@ -172,8 +172,7 @@ def torch_generation(model: Any, ids: list[int], steps: int
         if not first:
             first.append(out.logits if hasattr(out, "logits") else out[0])
 
-    keep_all = ({"logits_to_keep": 0} if "logits_to_keep" in
-                inspect.signature(model.forward).parameters else {})
+    keep_all = {"logits_to_keep": 0} if accepts(model, "logits_to_keep") else {}
     hook = model.register_forward_hook(prefill_logits)
     try:
         tokens, logits = greedy(model, len(ids), steps, model.generate, x, attention_mask=mask,
