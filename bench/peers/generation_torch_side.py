@@ -70,7 +70,8 @@ def main() -> None:
         tb, (tokens_b, logits_b) = timed(before_generation, model, ids, a.steps)
         ta, (tokens_a, logits_a) = timed(gen_verify.torch_generation, model, ids, a.steps)
         rb, refs_b = timed(before_reference, model, ids, tokens_b, logits_b)
-        ra, refs_a = timed(gen_verify.reference_steps, model, ids, tokens_a, logits_a)
+        ra, refs_a = timed(lambda *prompt: gen_verify.references(model, [prompt])[0], ids,
+                           tokens_a, logits_a)
         dl = max(float(np.abs(x - y).max()) for x, y in zip(logits_a, logits_b))
         dr = max(float(np.abs(x - y).max()) for x, y in zip(refs_a, refs_b))
         print(f"| {p} | {len(ids)} | {tb:.2f} | {ta:.2f} | {rb:.2f} | {ra:.2f} | "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import inspect
 import json
 import logging
 import subprocess
@@ -33,6 +32,7 @@ import torch
 from onnxmedic import sandbox
 from onnxmedic.findings import Finding, InputError, error, info, warning
 from onnxmedic.genpackage import StepLayout, decoder_graph, is_past, read_step
+from onnxmedic.hf.tasks import accepts
 from onnxmedic.inputs import Inputs
 from onnxmedic.verify.budget import judge_output
 from onnxmedic.verify.compare import OutputComparison
@@ -172,8 +172,7 @@ def torch_generation(model: Any, ids: list[int], steps: int
         if not first:
             first.append(out.logits if hasattr(out, "logits") else out[0])
 
-    keep_all = ({"logits_to_keep": 0} if "logits_to_keep" in
-                inspect.signature(model.forward).parameters else {})
+    keep_all = {"logits_to_keep": 0} if accepts(model, "logits_to_keep") else {}
     hook = model.register_forward_hook(prefill_logits)
     try:
         tokens, logits = greedy(model, len(ids), steps, model.generate, x, attention_mask=mask,
@@ -207,19 +206,14 @@ class Logits(torch.nn.Module):
         return self.model(**kw).logits
 
 
-def reference_steps(model: Any, ids: list[int], tokens: list[int], expected: list[np.ndarray]
-                    ) -> list[np.ndarray | None]:
-    """The float64 reference of each step's logits: the model in float64 over the whole
-    sequence (prompt and generated tokens), sliced as the steps return them."""
-    return references(model, [(ids, tokens, expected)])[0]
-
-
 def references(model: Any, prompts: list[tuple[list[int], list[int], list[np.ndarray]]]
                ) -> list[list[np.ndarray | None]]:
-    """:func:`reference_steps` of several prompts ((ids, tokens, expected) each) in one
-    float64 pass: the sequences right-padded into one batch (a causal decoder's logits at a
-    sequence's own positions do not see the padding after it), so the weights are upcast and
-    read once for all of them - per prompt where the batch gets no reference."""
+    """The float64 reference of each step's logits, for several prompts ((ids, tokens,
+    expected) each): the model in float64 over each whole sequence (prompt and generated
+    tokens), sliced as the steps return them, in one float64 pass: the sequences
+    right-padded into one batch (a causal decoder's logits at a sequence's own positions do
+    not see the padding after it), so the weights are upcast and read once for all of them -
+    per prompt where the batch gets no reference."""
     seqs = [ids + tokens[:-1] for ids, tokens, _ in prompts]
     vocab = prompts[0][2][0].shape[-1] if prompts else 0
     wrapped = Logits(model).eval()
@@ -516,23 +510,16 @@ def not_installed() -> Finding:
 
 
 def genai_generation(folder: Path, check: GenerationCheck, steps: int, timeout: float,
-                     eos: set[int] | None, spec: str | None = None, what: str = "prompt"
-                     ) -> None:
+                     eos: set[int] | None, spec: str | None = None, what: str = "prompt",
+                     run: ChildRun | None = None) -> None:
     """onnxruntime-genai generating from ``folder`` (the genai child, a child process) must
-    give PyTorch's tokens (up to an EOS of ``eos`` it stops at; :func:`genai_tokens`).
-    ``spec``: the child's JSON spec (None: check.prompts, :func:`genai_spec`)."""
-    if not genai_available():
+    give PyTorch's tokens (up to an EOS of ``eos`` it stops at; :func:`genai_compare`).
+    ``spec``: the child's JSON spec (None: check.prompts, :func:`genai_spec`); ``run``: that
+    child started already (:func:`genai_beside`), None to start it now."""
+    if run is None and not genai_available():
         check.findings.append(not_installed())
         return
-    run = start_genai_child(folder, spec or genai_spec(folder, check.prompts, steps))
-    genai_tokens(run, check, timeout, eos, what)
-
-
-def genai_tokens(run: ChildRun, check: GenerationCheck, timeout: float, eos: set[int] | None,
-                 what: str = "prompt") -> None:
-    """The tokens of the genai child ``run`` against check.tokens_torch (OM814 where they
-    differ, OM816 where it failed): fewer tokens are a stop at one of ``eos`` (None: at any
-    token), ``what`` names the generation's items (prompts, an encoder-decoder's inputs)."""
+    run = run or start_genai_child(folder, spec or genai_spec(folder, check.prompts, steps))
     out = finish_genai_child(run, timeout, check)
     if out is not None:
         genai_compare(check, out, eos, what)
@@ -541,7 +528,9 @@ def genai_tokens(run: ChildRun, check: GenerationCheck, timeout: float, eos: set
 def genai_compare(check: GenerationCheck, out: dict[str, Any], eos: set[int] | None,
                   what: str = "prompt") -> None:
     """The genai child's result ``out`` (:func:`finish_genai_child`'s) against
-    check.tokens_torch, as :func:`genai_tokens` judges it (OM814 where they differ)."""
+    check.tokens_torch (OM814 where they differ): fewer tokens are a stop at one of ``eos``
+    (None: at any token), ``what`` names the generation's items (prompts, an
+    encoder-decoder's inputs)."""
     check.tokens_genai = out["tokens"]
     check.seconds["genai_generate"] = out["seconds"]
     for p, (got, want) in enumerate(zip(out["tokens"], check.tokens_torch)):
@@ -622,10 +611,9 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     try:
         ran = _own_loop(check, model, folder / "model.onnx", steps, program, timeout, threads,
                         onnx_ahead)
-        if genai and ran and check.ok:
-            run = early or start_genai_child(folder, genai_spec(folder, check.prompts, steps))
-            early = None
-            genai_tokens(run, check, timeout, eos_ids(model))
+        if genai and ran and check.ok:  # the child beside it, or one started now
+            run, early = early, None
+            genai_generation(folder, check, steps, timeout, eos_ids(model), run=run)
     finally:
         if early is not None:
             early.stop()
@@ -698,7 +686,7 @@ def _decoder_refs(check: GenerationCheck, model: Any, ids: list[int], run: Torch
     """The float64 references of a decoder prompt's ``run`` (computed once, kept in it)."""
     if run.refs is None:
         tt = time.perf_counter()
-        run.refs = reference_steps(model, ids, run.tokens, run.logits)
+        run.refs = references(model, [(ids, run.tokens, run.logits)])[0]
         check.seconds["reference"] = (check.seconds.get("reference", 0.0)
                                       + time.perf_counter() - tt)
     return run.refs

@@ -254,26 +254,19 @@ def state_cache(model: torch.nn.Module, spec: CacheSpec, past: list[torch.Tensor
     from transformers.cache_utils import DynamicLayer
 
     linear = linear_cache_class(model)
-    if linear is not None:
-        cache = linear()
-        for (i, kind), t in zip(spec, past):
-            if kind == "key":
-                key = t
-            elif kind == "value":
-                cache.update(key, t, i)
-            else:
-                cache.set_linear_cache(i, t.clone())
-        return cache
-    cache = DynamicCache(config=model.config)
+    # MiniMax's cache is made without a config: its layers are added as they are updated
+    cache = linear() if linear is not None else DynamicCache(config=model.config)
     pending: dict[int, torch.Tensor] = {}
     for (i, kind), t in zip(spec, past):
-        layer = cache.layers[i]
+        layer = cache.layers[i] if i < len(cache.layers) else None
         if type(layer).__name__ == "DynamicSlidingWindowLayer":
             layer = cache.layers[i] = DynamicLayer()
         if kind == "key":
             pending[i] = t
         elif kind == "value":
-            layer.update(pending.pop(i), t)
+            cache.update(pending.pop(i), t, i)
+        elif linear is not None:  # a linear-attention layer's state, beside the layers
+            cache.set_linear_cache(i, t.clone())
         elif kind == INDEXER:
             layer.lazy_initialization_indexer(t)
             layer.indexer_keys = t
@@ -419,14 +412,13 @@ def example_step(model: torch.nn.Module, vocab: int | None = None
     states = has_states(spec)
     new = 1 if states else EXAMPLE_NEW
     total = EXAMPLE_PAST + new
-    ids = torch.cat([probe, torch.randint(min(4, vocab - 1), vocab, (EXAMPLE_BATCH, new),
-                                          generator=g)], 1)
+    ids = torch.randint(min(4, vocab - 1), vocab, (EXAMPLE_BATCH, new), generator=g)
     mask = torch.ones(EXAMPLE_BATCH, total, dtype=torch.int64)
     past = [t.detach().clone() for t in flat_cache(cache, spec if own_layers(spec) else None)]
     pos = torch.arange(EXAMPLE_PAST, total).expand(EXAMPLE_BATCH, new).contiguous()
     b, s = Dim("batch_size"), Dim("sequence_length")
     p = Dim("past_sequence_length")
-    args = (ids[:, EXAMPLE_PAST:].contiguous(), mask, pos, past)
+    args = (ids, mask, pos, past)
     tokens = {0: b} if states else {0: b, 1: s}
     shapes = (tokens, {0: b, 1: Dim.AUTO}, tokens,
               [{0: b} if kind in STATES else {0: b, 1: p} if kind == INDEXER else {0: b, 2: p}
@@ -463,10 +455,9 @@ def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str],
                 d.dim_param = total
 
 
-def rename_io(proto: onnx.ModelProto, positions: bool, spec: CacheSpec | None = None
-              ) -> dict[str, str]:
+def rename_io(proto: onnx.ModelProto, positions: bool, spec: CacheSpec | None = None) -> None:
     """Rename the graph's inputs and outputs (and their uses) to GenAI's names (``spec``: the
-    cache's entries, :func:`io_names`); returns {new name: old name}."""
+    cache's entries, :func:`io_names`)."""
     g = proto.graph
     fixed = ["input_ids", "attention_mask"] + (["position_ids"] if positions else [])
     n_cache = len(g.output) - 1
@@ -476,7 +467,6 @@ def rename_io(proto: onnx.ModelProto, positions: bool, spec: CacheSpec | None = 
                **dict(zip(inputs[len(inputs) - n_cache:], past)),
                **dict(zip([o.name for o in g.output], present))}
     rename_graph(proto, mapping)
-    return {new: old for old, new in mapping.items()}
 
 
 def save_graph(proto: onnx.ModelProto, folder: Path, name: str = GRAPH) -> Path:
@@ -490,13 +480,13 @@ def save_graph(proto: onnx.ModelProto, folder: Path, name: str = GRAPH) -> Path:
 
 
 def package_graph(raw: Path, folder: Path, positions: bool, spec: CacheSpec | None = None
-                  ) -> dict[str, str]:
-    """The verified graph at ``raw`` as ``folder/model.onnx`` with GenAI's names (rename_io;
-    returns its {new name: old name}). Weights the export wrote as external data are moved,
+                  ) -> None:
+    """The verified graph at ``raw`` as ``folder/model.onnx`` with GenAI's names
+    (:func:`rename_io`). Weights the export wrote as external data are moved,
     not read and written again (2 GiB at 0.5 B): only the graph is rewritten, its initializers
     pointing at ``model.onnx.data``."""
     proto = onnx.load(str(raw), load_external_data=False)
-    names = rename_io(proto, positions, spec)
+    rename_io(proto, positions, spec)
     located = [e for t in proto.graph.initializer for e in t.external_data
                if e.key == "location"]
     files = {e.value for e in located}
@@ -504,12 +494,11 @@ def package_graph(raw: Path, folder: Path, positions: bool, spec: CacheSpec | No
         if files:  # several files (not what the export writes): the weights read and saved
             onnx.load_external_data_for_model(proto, str(raw.parent))
         save_graph(proto, folder)
-        return names
+        return
     os.replace(raw.parent / files.pop(), folder / f"{GRAPH}.data")
     for e in located:
         e.value = f"{GRAPH}.data"
     onnx.save_model(proto, folder / GRAPH)
-    return names
 
 
 def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int | None,

@@ -305,9 +305,8 @@ def _seq2seq_package(result: ExportResult, req: Request, tmp: Path) -> None:
     hf/seq2seq_verify.py."""
     from onnxmedic.hf.seq2seq_verify import verify_seq2seq
 
-    model, audio = req.model, main_input(req.model) == "input_features"
-    processor = req.processor
-    if processor is None and audio:
+    model, processor = req.model, req.processor
+    if processor is None and main_input(model) == "input_features":
         processor = default_processor(model)
     genai = getattr(model.config, "model_type", "") in GENAI_TYPES
 
@@ -322,8 +321,7 @@ def _seq2seq_package(result: ExportResult, req: Request, tmp: Path) -> None:
 
     build_and_check(result, req, tmp, build, lambda folder, layout, genai: verify_seq2seq(
         folder, model, req.tokenizer, processor, steps=req.steps, prompts=req.prompts,
-        programs=layout.programs, timeout=req.timeout, genai=genai), WHAT,
-        req.processor or (processor if audio else None))
+        programs=layout.programs, timeout=req.timeout, genai=genai), WHAT, processor)
 
 
 def _no_genai(model: Any) -> Any:

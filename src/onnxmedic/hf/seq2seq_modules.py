@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from onnxmedic.findings import InputError, error
 from onnxmedic.genpackage import DECODER_FILES, ENCODER_FILE
@@ -243,10 +244,6 @@ def encoder_inputs(model: Any, tokenizer: Any = None, processor: Any = None, bat
     ids = text_ids(tokenizer, texts + [texts[-1]] * (batch - len(texts)),
                    int(model.config.vocab_size))
     pad = int(getattr(model.config, "pad_token_id", None) or 0)
-    n = max(len(x) for x in ids)
-    out = torch.full((len(ids), n), pad, dtype=torch.long)
-    mask = torch.zeros((len(ids), n), dtype=torch.long)
-    for i, x in enumerate(ids):
-        out[i, :len(x)] = torch.tensor(x)
-        mask[i, :len(x)] = 1
-    return {"input_ids": out, "attention_mask": mask}
+    seqs = [torch.tensor(x, dtype=torch.long) for x in ids]
+    return {"input_ids": pad_sequence(seqs, batch_first=True, padding_value=pad),
+            "attention_mask": pad_sequence([torch.ones_like(s) for s in seqs], batch_first=True)}

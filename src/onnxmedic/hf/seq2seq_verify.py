@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 
 from onnxmedic import sandbox
@@ -36,12 +35,10 @@ from onnxmedic.hf.seq2seq_modules import (
     ENCODER,
     TEXTS,
     EncoderWithCross,
-    audio_features,
-    default_processor,
+    encoder_inputs,
     main_input,
     no_start_token,
     start_token,
-    text_ids,
 )
 from onnxmedic.inputs import Inputs
 from onnxmedic.verify.budget import judge_output
@@ -79,37 +76,17 @@ def items(model: Any, tokenizer: Any, processor: Any, prompts: Any
     ids; default two texts) through the tokenizer; for audio models, two waveforms through
     the feature extractor (``prompts``: a number of them)."""
     if main_input(model) == "input_features":
-        processor = processor if processor is not None else default_processor(model)
         n = prompts if isinstance(prompts, int) else 2
-        feats = audio_features(model, processor, n)
+        feats = encoder_inputs(model, tokenizer, processor, batch=n)["input_features"]
         return [{"input_features": feats[i:i + 1]} for i in range(n)]
     prompts = list(TEXTS) if prompts is None else list(prompts)
-    vocab = int(model.config.vocab_size)
-    ids = [p if not isinstance(p, str) else text_ids(tokenizer, [p], vocab)[0] for p in prompts]
-    return [{"input_ids": torch.tensor([list(x)]), "attention_mask": torch.ones(1, len(x),
-                                                                                dtype=torch.long)}
-            for x in ids]
+    return [encoder_inputs(model, tokenizer, batch=1, texts=[p]) if isinstance(p, str) else
+            {"input_ids": torch.tensor([list(p)]),
+             "attention_mask": torch.ones(1, len(p), dtype=torch.long)} for p in prompts]
 
 
 def _np(enc: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in enc.items()}
-
-
-def onnx_generation(folder: Path, layout: StepLayout, enc: dict[str, np.ndarray],
-                    start: int, steps: int, timeout: float, check: GenerationCheck
-                    ) -> tuple[list[np.ndarray] | None, list[int], list[np.ndarray],
-                               list[dict[str, np.ndarray]]]:
-    """The encoder graph once, then greedy decoding with the decoder graph (a sandbox run per
-    step, its own self-attention cache fed back): the encoder's outputs, the tokens, each
-    step's logits and feeds. Stops at a failed run (a finding in ``check``)."""
-    out = gen_verify.run_step(folder / ENCODER, enc, "the encoder", timeout, check)
-    if out is None:
-        return None, [], [], []
-    cross = {n: v for n, v in out.items() if parse_cache_name(n)}
-    tokens, logits, feeds = gen_verify.greedy_steps(
-        folder / DECODER, layout, [start], steps, timeout, check, cross=cross,
-        encoder_mask=enc.get("attention_mask"))
-    return list(out.values()), tokens, logits, feeds
 
 
 def _args(feed: dict[str, np.ndarray], names: list[str]) -> tuple[Any, ...]:
@@ -125,15 +102,24 @@ def _items(check: GenerationCheck, folder: Path, model: Any, layout: StepLayout,
            inputs: list[dict[str, torch.Tensor]], start: int, steps: int, programs: Any,
            timeout: float) -> Iterator[Judged]:
     """Each input generated from in both runtimes, as gen_verify.judge_items judges it: the
-    encoder's outputs first (:func:`_encoder_ok`), then the decoder's steps."""
+    encoder's outputs first (:func:`_encoder_ok`), then the decoder's steps. ONNX Runtime
+    runs the encoder graph once, then greedy decoding with the decoder graph fed the encoder's
+    cross-attention cache (gen_verify.greedy_steps); a failed run stops it (its finding in
+    ``check``)."""
     programs = programs or {}
     for p, enc in enumerate(inputs):
         tt = time.perf_counter()
         run = TorchRun(*torch_generation(model, enc, steps, start))
         check.seconds["torch"] = check.seconds.get("torch", 0.0) + time.perf_counter() - tt
         tt = time.perf_counter()
-        encoder, tokens, actual, feeds = onnx_generation(folder, layout, _np(enc), start,
-                                                         steps, timeout, check)
+        feed = _np(enc)
+        encoder = gen_verify.run_step(folder / ENCODER, feed, "the encoder", timeout, check)
+        tokens, actual, feeds = [], [], []
+        if encoder is not None:  # its outputs by name: the hidden states, the cross cache
+            cross = {n: v for n, v in encoder.items() if parse_cache_name(n)}
+            tokens, actual, feeds = gen_verify.greedy_steps(
+                folder / DECODER, layout, [start], steps, timeout, check, cross=cross,
+                encoder_mask=feed.get("attention_mask"))
         check.seconds["onnx"] = check.seconds.get("onnx", 0.0) + time.perf_counter() - tt
         yield Judged(run, tokens, actual, feeds, 1, encoder is None or len(tokens) < steps,
                      functools.partial(reference_steps, model, enc, start, run.tokens,
@@ -145,11 +131,11 @@ def _items(check: GenerationCheck, folder: Path, model: Any, layout: StepLayout,
 
 
 def _encoder_ok(check: GenerationCheck, folder: Path, model: Any, enc: dict[str, torch.Tensor],
-                encoder: list[np.ndarray], p: int, start: int, program: Any, timeout: float
+                encoder: dict[str, np.ndarray], p: int, start: int, program: Any, timeout: float
                 ) -> bool:
-    """The encoder graph's outputs for input ``p`` (hidden states, cross-attention cache)
-    against PyTorch's, by the float64 budget; the first one outside it (OM823) localised in
-    the encoder graph, and then False."""
+    """The encoder graph's outputs for input ``p`` (``encoder``: hidden states, cross-attention
+    cache, by name) against PyTorch's, by the float64 budget; the first one outside it (OM823)
+    localised in the encoder graph, and then False."""
     module = EncoderWithCross(model, start).eval()
     args = (enc[module.main], enc.get("attention_mask"))
     with torch.no_grad():
@@ -157,9 +143,7 @@ def _encoder_ok(check: GenerationCheck, folder: Path, model: Any, enc: dict[str,
     expected = [t.float().numpy() for t in [hidden, *cross]]
     refs = reference_outputs(module, [Inputs(args=args)], [expected]).outputs
     ref = refs[0] if refs and refs[0] else [None] * len(expected)
-    names = [o.name for o in onnx.load(str(folder / ENCODER), load_external_data=False)
-             .graph.output]
-    for name, exp, act, r in zip(names, expected, encoder, ref):
+    for (name, act), exp, r in zip(encoder.items(), expected, ref):
         c = judge_output(name, exp, act, r, input_set=f"input {p} encoder")
         check.comparisons.append(c)
         if c.ok:
