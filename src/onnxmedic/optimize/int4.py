@@ -43,7 +43,7 @@ import math
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -189,15 +189,26 @@ WINDOW = 128  # perplexity windows (tokens), each from an empty past
 SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime's session config key
 
 
+def decode(step: Step, past0: list[np.ndarray], prompt: list[int], feed: Iterable[int]
+           ) -> Iterator[np.ndarray]:
+    """The decode path: ``step``'s logits after ``prompt``, then after each token of ``feed``
+    fed one at a time with its past. ``feed`` is read lazily, so that a caller may append
+    the token it picks from the logits just yielded (greedy or sampled generation)."""
+    logits, past = step(np.asarray([prompt], np.int64), past0)
+    yield logits
+    for tok in feed:
+        logits, past = step(np.asarray([[tok]], np.int64), past)
+        yield logits
+
+
 def generate(step: Step, past0: list[np.ndarray], prompt: list[int], steps: int
              ) -> list[int]:
     """Greedy decoding: ``steps`` tokens after ``prompt``, each step fed its own token."""
-    logits, past = step(np.asarray([prompt], np.int64), past0)
     out: list[int] = []
-    for _ in range(steps):
-        tok = int(np.argmax(logits[0, -1]))
-        out.append(tok)
-        logits, past = step(np.asarray([[tok]], np.int64), past)
+    for logits in decode(step, past0, prompt, out):
+        if len(out) == steps:
+            break
+        out.append(int(np.argmax(logits[0, -1])))
     return out
 
 
@@ -232,12 +243,7 @@ def forced(step: Step, past0: list[np.ndarray], prompt: list[int], ref: list[int
            ) -> list[int]:
     """Teacher-forced greedy picks: after ``prompt``, fed ``ref``'s tokens one at a time (the
     decode path, with its past), the token ``step`` would pick at each position."""
-    logits, past = step(np.asarray([prompt], np.int64), past0)
-    picks = [int(np.argmax(logits[0, -1]))]
-    for tok in ref[:-1]:
-        logits, past = step(np.asarray([[tok]], np.int64), past)
-        picks.append(int(np.argmax(logits[0, -1])))
-    return picks
+    return [int(np.argmax(logits[0, -1])) for logits in decode(step, past0, prompt, ref[:-1])]
 
 
 def prefill_picks(step: Step, past0: list[np.ndarray], prompt: list[int],
@@ -411,14 +417,14 @@ def sampled_data(reference: Step, past0: list[np.ndarray], vocab: int, prompts: 
     :data:`SAMPLED_TOKENS` tokens sampled (temperature 1, seeded) from the reference itself."""
     rng = np.random.default_rng(seed)
     ps = [[int(t) for t in rng.integers(4, vocab, 4)] for _ in range(prompts)]
-    text = list(ps[0])
-    logits, past = reference(np.asarray([text], np.int64), past0)
-    while len(text) < SAMPLED_TOKENS:
+    sampled: list[int] = []
+    for logits in decode(reference, past0, ps[0], sampled):
+        if len(ps[0]) + len(sampled) >= SAMPLED_TOKENS:
+            break
         lg = logits[0, -1].astype(np.float64)
         p = np.exp(lg - lg.max())
-        tok = int(rng.choice(len(p), p=p / p.sum()))
-        text.append(tok)
-        logits, past = reference(np.asarray([[tok]], np.int64), past)
+        sampled.append(int(rng.choice(len(p), p=p / p.sum())))
+    text = ps[0] + sampled
     return TaskData(ps, text, f"{prompts} random prompts and {SAMPLED_TOKENS} tokens sampled "
                     "from the PyTorch model (no tokenizer known: give the model a `tokenizer`)")
 
