@@ -43,6 +43,7 @@ import math
 import os
 import tempfile
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -168,16 +169,17 @@ class TaskData:
     source: str = ""
 
 
+def encode_ids(encode: Callable[[str], Any], text: str) -> list[int]:
+    """``text`` through ``encode`` (a tokenizer's encode: a list of ids or an object with
+    ``.ids``, as ``tokenizers`` returns) as a list of ints."""
+    e = encode(text)
+    return [int(i) for i in getattr(e, "ids", e)]
+
+
 def builtin_data(encode: Callable[[str], Any], prompts: int = 4) -> TaskData:
-    """The built-in prompts and text through ``encode`` (a tokenizer's encode: a list of ids
-    or an object with ``.ids``, as ``tokenizers`` returns)."""
-
-    def ids(s: str) -> list[int]:
-        e = encode(s)
-        return [int(i) for i in getattr(e, "ids", e)]
-
-    ps = [ids(p) for p in BUILTIN_PROMPTS[:prompts]]
-    return TaskData(ps, ids(BUILTIN_TEXT), "the built-in text (a Python class, "
+    """The built-in prompts and text through ``encode`` (:func:`encode_ids`)."""
+    ps = [encode_ids(encode, p) for p in BUILTIN_PROMPTS[:prompts]]
+    return TaskData(ps, encode_ids(encode, BUILTIN_TEXT), "the built-in text (a Python class, "
                     f"{len(BUILTIN_TEXT)} characters) and {len(ps)} built-in prompts")
 
 
@@ -458,15 +460,12 @@ def fold_weight_transposes(graph: Any) -> int:
 
     inits = {i.name: i for i in graph.initializer}
     prod = {o: n for n in graph.node for o in n.output}
-    users: dict[str, int] = {}
-    for n in graph.node:
-        for i in n.input:
-            users[i] = users.get(i, 0) + 1
+    users = Counter(i for n in graph.node for i in n.input)
     folded = 0
     for n in graph.node:
         t = prod.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) == 2 else None
         if t is None or t.op_type != "Transpose" or t.input[0] not in inits \
-                or len(inits[t.input[0]].dims) != 2 or users.get(t.output[0]) != 1:
+                or len(inits[t.input[0]].dims) != 2 or users[t.output[0]] != 1:
             continue
         w = numpy_helper.to_array(inits[t.input[0]])
         name = f"{t.input[0]}.T"
@@ -488,6 +487,10 @@ def rounding_problem(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
     float32 copy, checked :data:`CHECK_WEIGHTS` weights at a time): the memory is one weight's,
     not the model's."""
     import onnx
+
+    # onnxfile's reader is the one reader of external data (imported on use: onnxfile imports
+    # torch)
+    from onnxmedic.onnxfile import tensor_array
 
     src, dst = Path(src), Path(dst)
     sm = onnx.load(str(src), load_external_data=False)
@@ -517,14 +520,6 @@ def rounding_problem(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
 # weights checked at a time (whole output columns): the float32 temporaries stay in the
 # cache (~15 % faster than 4096 columns at once)
 CHECK_WEIGHTS = 1 << 18
-
-
-def tensor_array(t: Any, base: str | os.PathLike[str]) -> np.ndarray:
-    """The array of the initializer ``t`` (onnxfile.tensor_array: the one reader of external
-    data; imported on use, as onnxfile imports torch)."""
-    from onnxmedic.onnxfile import tensor_array as read
-
-    return read(t, base)
 
 
 def _levels(bits: int) -> np.ndarray:
@@ -600,6 +595,16 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
     from onnxmedic.optimize import int4_embed
     from onnxmedic.optimize.files import op_count_diff, op_counts, save_proto
 
+    def nbits(m: Any, bits: int, exclude: list[str], cfg: Any = None) -> Any:
+        q = MatMulNBitsQuantizer(m, bits=bits, block_size=block_size, is_symmetric=True,
+                                 accuracy_level=accuracy_level or None,
+                                 nodes_to_exclude=exclude, algo_config=cfg)
+        with warnings.catch_warnings():  # HQQ's torch.from_numpy of a read-only weight,
+            # which it only reads: torch's "not writable" warning is noise on stderr
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            q.process()
+        return q.model.model
+
     if lm_head not in LM_HEADS:
         raise ValueError(f"lm_head {lm_head!r}: choose one of {', '.join(LM_HEADS)}")
     before = op_counts(src)
@@ -624,20 +629,9 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
                                                accuracy_level=accuracy_level or None, bits=4)
         else:
             raise ValueError(f"algo {algo!r}: choose rtn, hqq or gptq")
-        q = MatMulNBitsQuantizer(model, bits=4, block_size=block_size, is_symmetric=True,
-                                 accuracy_level=accuracy_level or None,
-                                 nodes_to_exclude=exclude, algo_config=cfg)
-        with warnings.catch_warnings():  # HQQ's torch.from_numpy of a read-only weight,
-            # which it only reads: torch's "not writable" warning is noise on stderr
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            q.process()
-        out = q.model.model
+        out = nbits(model, 4, exclude, cfg)
     if head and lm_head == "int8":  # only the head still has a constant-weight MatMul
-        q8 = MatMulNBitsQuantizer(out, bits=8, block_size=block_size, is_symmetric=True,
-                                  accuracy_level=accuracy_level or None,
-                                  nodes_to_exclude=list(nodes_to_exclude))
-        q8.process()
-        out = q8.model.model
+        out = nbits(out, 8, list(nodes_to_exclude))
     shared = int4_embed.share_with_head(out.graph, *tie) if tie else None
     save_proto(out, dst)
     info = op_count_diff(before, op_counts(dst))

@@ -71,10 +71,8 @@ def load_user_text(path: str | os.PathLike[str], tokenizer: Any, work: str | os.
     except (OSError, UnicodeDecodeError) as e:
         raise calibration_error(path, f"cannot be read as UTF-8 text ({type(e).__name__}: "
                                 f"{e})") from e
-    e = encode(text)
-    ids = [int(i) for i in getattr(e, "ids", e)]
     try:
-        windows, held = split_text(ids)
+        windows, held = split_text(int4.encode_ids(encode, text))
     except ValueError as err:
         raise calibration_error(path, str(err)) from err
     held = held[:MAX_HELD_WINDOWS * WINDOW]
