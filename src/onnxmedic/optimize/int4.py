@@ -224,9 +224,7 @@ def mean_nll(step: Step, past0: list[np.ndarray], text: list[int]) -> tuple[floa
     row's figures are the same either way), the window's log-likelihoods summed at once."""
     total, count = 0.0, 0
     for start in range(0, max(len(text) - 1, 0), WINDOW):
-        chunk = text[start:start + WINDOW + 1]
-        if len(chunk) < 2:
-            break
+        chunk = text[start:start + WINDOW + 1]  # 2 tokens at least: start < len(text) - 1
         logits, _ = step(np.asarray([chunk[:-1]], np.int64), past0)
         n = len(chunk) - 1
         picked = np.empty(n, np.float64)

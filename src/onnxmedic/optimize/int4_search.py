@@ -180,10 +180,8 @@ def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: 
     if not got.get("ok"):
         c.rejected = got.get("error", "scoring failed")
         return c
-    j = int4.judge(ref, got, budget)
-    c.perplexity, c.perplexity_ratio = j["perplexity"], j["perplexity_ratio"]
-    c.agreement, c.free_agreement = j["agreement"], j["free_agreement"]
-    c.first_divergence, c.rejected = j["first_divergence"], j["rejected"]
+    for figure, value in int4.judge(ref, got, budget).items():  # named as c's fields
+        setattr(c, figure, value)
     c.tokens = got["tokens"]
     if "margins" in ref:
         c.divergence_margins = int4_text.divergence_margins(ref["margins"], c.first_divergence)
@@ -209,13 +207,13 @@ def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: 
     return c
 
 
-def build(src: str, work: str, cell: tuple[Any, ...], algo: str = "rtn",
-          exclude: Sequence[str] = (), timeout: float = 600.0,
+def build(src: str, work: str, cell: tuple[Any, ...], exclude: Sequence[str] = (),
+          timeout: float = 600.0,
           calibration: str | None = None) -> Int4Candidate:
     """Quantize ``src`` at one grid cell (block, accuracy_level, lm_head[, algo]) in the pass
     child; ``calibration``: the windows file GPTQ reads (int4_text.UserText.windows_path)."""
     block, level, head = cell[:3]
-    algo = cell[3] if len(cell) > 3 else algo
+    algo = cell[3] if len(cell) > 3 else "rtn"
     name = f"int4-b{block}-a{level}-head{head}" + (f"-{algo}" if algo != "rtn" else "")
     if exclude:
         name += f"-keep{len(exclude)}"
@@ -275,9 +273,8 @@ def choose(res: Int4Result, out: str | os.PathLike[str] | None) -> None:
 def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., Any], *,
                   out: str | os.PathLike[str] | None = None, tokenizer: Any = None,
                   data: int4.TaskData | None = None, budget: int4.TaskBudget | None = None,
-                  grid: Sequence[tuple[Any, ...]] | None = None, algo: str = "rtn",
-                  threads: int = 2, timeout: float = 600.0,
-                  reference_scores: dict[str, Any] | None = None,
+                  grid: Sequence[tuple[Any, ...]] | None = None, threads: int = 2,
+                  timeout: float = 600.0, reference_scores: dict[str, Any] | None = None,
                   search: bool = True, calibration: str | os.PathLike[str] | None = None,
                   gptq_grid: Sequence[tuple[Any, ...]] | None = None) -> Int4Result:
     """Weight-only int4 candidates of the decoder step ``onnx_path`` (see optimize/int4.py),
@@ -322,7 +319,7 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
         res.candidates.append(measure(Int4Candidate("fp32", path=src), ref, data, budget, **kw))
 
         def trial(cell: tuple[Any, ...], exclude: Sequence[str] = ()) -> Int4Candidate:
-            c = build(src, work, cell, algo, exclude, timeout=timeout,
+            c = build(src, work, cell, exclude, timeout=timeout,
                       calibration=user.windows_path if user else None)
             return c if c.rejected else measure(c, ref, data, budget, **kw)
 
