@@ -585,7 +585,6 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
     (optimize/int4_embed.py, as the builder shares them)."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
         HQQWeightOnlyQuantConfig,
         MatMulNBitsQuantizer,
     )
@@ -619,15 +618,11 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
             raise ValueError("algo gptq needs calibration windows (--calibration TEXT)")
         hs = int4_gptq.cached_hessians(model, src, calibration)
         out = int4_gptq.gptq_model(model, hs, block_size, accuracy_level, exclude)
+    elif algo in ("rtn", "hqq"):  # rtn: the quantizer's default config (from its arguments)
+        hqq = HQQWeightOnlyQuantConfig(block_size=block_size, bits=4) if algo == "hqq" else None
+        out = nbits(model, 4, exclude, hqq)
     else:
-        if algo == "hqq":
-            cfg: Any = HQQWeightOnlyQuantConfig(block_size=block_size, bits=4)
-        elif algo == "rtn":
-            cfg = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True,
-                                               accuracy_level=accuracy_level or None, bits=4)
-        else:
-            raise ValueError(f"algo {algo!r}: choose rtn, hqq or gptq")
-        out = nbits(model, 4, exclude, cfg)
+        raise ValueError(f"algo {algo!r}: choose rtn, hqq or gptq")
     if head and lm_head == "int8":  # only the head still has a constant-weight MatMul
         out = nbits(out, 8, list(nodes_to_exclude))
     shared = int4_embed.share_with_head(out.graph, *tie) if tie else None
