@@ -126,6 +126,15 @@ class TaskBudget:
                 f"and >= {self.agreement * 100:.3g} % of greedy tokens identical over "
                 f"{self.steps} steps from {self.prompts} prompts{free}")
 
+    def perplexity_problem(self, got: float, ref: float, what: str = "perplexity") -> str:
+        """Why the perplexity ``got`` is outside the budget against PyTorch's ``ref`` ("" when
+        within; NaN is outside)."""
+        ratio = got / ref
+        if ratio <= self.perplexity:
+            return ""
+        return (f"{what} {got:.4g} is {(ratio - 1) * 100:+.2f} % of PyTorch's {ref:.4g} "
+                f"(budget +{(self.perplexity - 1) * 100:.3g} %)")
+
 
 DEFAULT_BUDGET = TaskBudget()
 
@@ -310,11 +319,7 @@ def judge(ref: dict[str, Any], got: dict[str, Any], budget: TaskBudget) -> dict[
     agree = agreement(ref["tokens"], got["picks"])
     free = agreement(ref["tokens"], got["tokens"])
     div = first_divergence(ref["tokens"], got["tokens"])
-    why = []
-    if not ratio <= budget.perplexity:  # NaN too
-        why.append(f"perplexity {got['perplexity']:.4g} is {(ratio - 1) * 100:+.2f} % of "
-                   f"PyTorch's {ref['perplexity']:.4g} (budget "
-                   f"+{(budget.perplexity - 1) * 100:.3g} %)")
+    why = [budget.perplexity_problem(got["perplexity"], ref["perplexity"])]
     if not agree >= budget.agreement:
         why.append(f"greedy agreement {agree * 100:.1f} % (budget {budget.agreement * 100:.3g} "
                    f"%; generating on its own, {free * 100:.1f} % of tokens identical, first "
@@ -324,7 +329,8 @@ def judge(ref: dict[str, Any], got: dict[str, Any], budget: TaskBudget) -> dict[
                    f"(budget {budget.free * 100:.3g} %; first divergence per prompt at step "
                    f"{div})")
     return {"perplexity": got["perplexity"], "perplexity_ratio": ratio, "agreement": agree,
-            "free_agreement": free, "first_divergence": div, "rejected": "; ".join(why)}
+            "free_agreement": free, "first_divergence": div,
+            "rejected": "; ".join(filter(None, why))}
 
 
 # ------------------------------------------------------------------------------------------

@@ -194,11 +194,8 @@ def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: 
         else:
             c.user_perplexity = mine["perplexity"]
             c.user_perplexity_ratio = mine["perplexity"] / user.reference_perplexity
-            if not c.user_perplexity_ratio <= budget.perplexity:  # NaN too
-                why.append(f"perplexity on your text {c.user_perplexity:.4g} is "
-                           f"{(c.user_perplexity_ratio - 1) * 100:+.2f} % of PyTorch's "
-                           f"{user.reference_perplexity:.4g} (budget "
-                           f"+{(budget.perplexity - 1) * 100:.3g} %)")
+            why.append(budget.perplexity_problem(mine["perplexity"], user.reference_perplexity,
+                                                 "perplexity on your text"))
         c.rejected = "; ".join(filter(None, why))
     p = Path(c.path)  # its size with its external data
     c.size_bytes = sum(f.stat().st_size for f in (p, *p.parent.glob(p.name + ".data")))
