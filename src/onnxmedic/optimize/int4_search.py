@@ -205,8 +205,7 @@ def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: 
 
 
 def build(src: str, work: str, cell: tuple[Any, ...], exclude: Sequence[str] = (),
-          timeout: float = 600.0,
-          calibration: str | None = None) -> Int4Candidate:
+          timeout: float = 600.0, calibration: str | None = None) -> Int4Candidate:
     """Quantize ``src`` at one grid cell (block, accuracy_level, lm_head[, algo]) in the pass
     child; ``calibration``: the windows file GPTQ reads (int4_text.UserText.windows_path)."""
     block, level, head = cell[:3]
@@ -217,9 +216,7 @@ def build(src: str, work: str, cell: tuple[Any, ...], exclude: Sequence[str] = (
     c = Int4Candidate(name, block, level, head, algo, list(exclude),
                       path=str(Path(work) / f"{name}.onnx"))
     opts = {"block_size": block, "accuracy_level": level, "lm_head": head, "algo": algo,
-            "nodes_to_exclude": list(exclude)}
-    if algo == "gptq":
-        opts["calibration"] = calibration
+            "nodes_to_exclude": list(exclude), "calibration": calibration}  # GPTQ reads it
     ok, _, err = run_pipeline(Pipeline(name, [("onnxmedic.optimize.int4:quantize_int4", opts)],
                                        precision="int4"), src, c.path, timeout=timeout)
     if not ok:
