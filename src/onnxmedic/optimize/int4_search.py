@@ -169,12 +169,11 @@ def decode_feeds(layout: StepLayout, past: int = int4.DECODE_PAST, seed: int = 0
 
 
 def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: int4.TaskBudget,
-            *, threads: int, timeout: float, user: int4_text.UserText | None = None,
-            layout: StepLayout | None = None) -> Int4Candidate:
+            *, threads: int, timeout: float, user: int4_text.UserText | None,
+            layout: StepLayout) -> Int4Candidate:
     """Score ``c.path`` on the task (and its perplexity on the held-out part of the ``user``'s
     text, judged by the same budget), judge it, and time its decode step; ``layout``: the
-    step's contract (the file's own when None)."""
-    layout = layout or read_step(c.path)
+    step's contract (the source file's: a candidate keeps its inputs and outputs)."""
     got = int4.score_onnx(c.path, data, budget.steps, ref["tokens"], threads=threads,
                           timeout=timeout, layout=layout)
     if not got.get("ok"):
@@ -306,7 +305,7 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
             res.user_text, res.user_reference_perplexity = (user.describe(),
                                                             user.reference_perplexity)
             cells += list(GPTQ_GRID if gptq_grid is None else gptq_grid)
-        seconds = {"reference": time.perf_counter() - t0}
+        res.seconds["reference"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         kw: dict[str, Any] = {"threads": threads, "timeout": timeout, "user": user,
                               "layout": layout}
@@ -323,9 +322,8 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
         tried = [c for c in res.candidates[1:] if c.perplexity is not None]
         if search and tried and not any(c.within for c in tried):
             res.candidates += layer_search(src, max(tried, key=_merit), trial)
-        seconds["candidates"] = time.perf_counter() - t1
+        res.seconds["candidates"] = time.perf_counter() - t1
         choose(res, out)
-    res.seconds = seconds
     return res
 
 
