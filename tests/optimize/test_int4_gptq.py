@@ -19,6 +19,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from onnxmedic.findings import OnnxMedicError
+from onnxmedic.genpackage import read_step
 from onnxmedic.optimize import int4, int4_gptq, int4_text
 from onnxmedic.optimize.int4_search import Int4Candidate, Int4Result, optimize_int4
 from tests.optimize import test_int4 as base
@@ -94,8 +95,9 @@ def test_gptq_with_an_identity_hessian_is_onnx_runtimes_rtn_bit_for_bit(k, n, bl
 def test_gptq_lowers_every_layers_output_error_on_text_it_was_not_calibrated_on(decoder,
                                                                                 windows):
     model = onnx.load(decoder[1])
-    cal = int4_gptq.hessians(model, windows[0])
-    held = int4_gptq.hessians(model, windows[1])
+    layout = read_step(decoder[1])
+    cal = int4_gptq.hessians(model, windows[0], layout)
+    held = int4_gptq.hessians(model, windows[1], layout)
     weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     layers = int4_gptq.quantizable_layers(model.graph)
     assert len(layers) == 15  # 2 x (q, k, v, o, gate, up, down) + the LM head

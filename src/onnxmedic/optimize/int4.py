@@ -43,7 +43,8 @@ import math
 import os
 import tempfile
 import warnings
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,15 @@ class TaskBudget:
                 f"and >= {self.agreement * 100:.3g} % of greedy tokens identical over "
                 f"{self.steps} steps from {self.prompts} prompts{free}")
 
+    def perplexity_problem(self, got: float, ref: float, what: str = "perplexity") -> str:
+        """Why the perplexity ``got`` is outside the budget against PyTorch's ``ref`` ("" when
+        within; NaN is outside)."""
+        ratio = got / ref
+        if ratio <= self.perplexity:
+            return ""
+        return (f"{what} {got:.4g} is {(ratio - 1) * 100:+.2f} % of PyTorch's {ref:.4g} "
+                f"(budget +{(self.perplexity - 1) * 100:.3g} %)")
+
 
 DEFAULT_BUDGET = TaskBudget()
 
@@ -168,16 +178,17 @@ class TaskData:
     source: str = ""
 
 
+def encode_ids(encode: Callable[[str], Any], text: str) -> list[int]:
+    """``text`` through ``encode`` (a tokenizer's encode: a list of ids or an object with
+    ``.ids``, as ``tokenizers`` returns) as a list of ints."""
+    e = encode(text)
+    return [int(i) for i in getattr(e, "ids", e)]
+
+
 def builtin_data(encode: Callable[[str], Any], prompts: int = 4) -> TaskData:
-    """The built-in prompts and text through ``encode`` (a tokenizer's encode: a list of ids
-    or an object with ``.ids``, as ``tokenizers`` returns)."""
-
-    def ids(s: str) -> list[int]:
-        e = encode(s)
-        return [int(i) for i in getattr(e, "ids", e)]
-
-    ps = [ids(p) for p in BUILTIN_PROMPTS[:prompts]]
-    return TaskData(ps, ids(BUILTIN_TEXT), "the built-in text (a Python class, "
+    """The built-in prompts and text through ``encode`` (:func:`encode_ids`)."""
+    ps = [encode_ids(encode, p) for p in BUILTIN_PROMPTS[:prompts]]
+    return TaskData(ps, encode_ids(encode, BUILTIN_TEXT), "the built-in text (a Python class, "
                     f"{len(BUILTIN_TEXT)} characters) and {len(ps)} built-in prompts")
 
 
@@ -189,15 +200,26 @@ WINDOW = 128  # perplexity windows (tokens), each from an empty past
 SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime's session config key
 
 
+def decode(step: Step, past0: list[np.ndarray], prompt: list[int], feed: Iterable[int]
+           ) -> Iterator[np.ndarray]:
+    """The decode path: ``step``'s logits after ``prompt``, then after each token of ``feed``
+    fed one at a time with its past. ``feed`` is read lazily, so that a caller may append
+    the token it picks from the logits just yielded (greedy or sampled generation)."""
+    logits, past = step(np.asarray([prompt], np.int64), past0)
+    yield logits
+    for tok in feed:
+        logits, past = step(np.asarray([[tok]], np.int64), past)
+        yield logits
+
+
 def generate(step: Step, past0: list[np.ndarray], prompt: list[int], steps: int
              ) -> list[int]:
     """Greedy decoding: ``steps`` tokens after ``prompt``, each step fed its own token."""
-    logits, past = step(np.asarray([prompt], np.int64), past0)
     out: list[int] = []
-    for _ in range(steps):
-        tok = int(np.argmax(logits[0, -1]))
-        out.append(tok)
-        logits, past = step(np.asarray([[tok]], np.int64), past)
+    for logits in decode(step, past0, prompt, out):
+        if len(out) == steps:
+            break
+        out.append(int(np.argmax(logits[0, -1])))
     return out
 
 
@@ -211,9 +233,7 @@ def mean_nll(step: Step, past0: list[np.ndarray], text: list[int]) -> tuple[floa
     row's figures are the same either way), the window's log-likelihoods summed at once."""
     total, count = 0.0, 0
     for start in range(0, max(len(text) - 1, 0), WINDOW):
-        chunk = text[start:start + WINDOW + 1]
-        if len(chunk) < 2:
-            break
+        chunk = text[start:start + WINDOW + 1]  # 2 tokens at least: start < len(text) - 1
         logits, _ = step(np.asarray([chunk[:-1]], np.int64), past0)
         n = len(chunk) - 1
         picked = np.empty(n, np.float64)
@@ -232,12 +252,7 @@ def forced(step: Step, past0: list[np.ndarray], prompt: list[int], ref: list[int
            ) -> list[int]:
     """Teacher-forced greedy picks: after ``prompt``, fed ``ref``'s tokens one at a time (the
     decode path, with its past), the token ``step`` would pick at each position."""
-    logits, past = step(np.asarray([prompt], np.int64), past0)
-    picks = [int(np.argmax(logits[0, -1]))]
-    for tok in ref[:-1]:
-        logits, past = step(np.asarray([[tok]], np.int64), past)
-        picks.append(int(np.argmax(logits[0, -1])))
-    return picks
+    return [int(np.argmax(logits[0, -1])) for logits in decode(step, past0, prompt, ref[:-1])]
 
 
 def prefill_picks(step: Step, past0: list[np.ndarray], prompt: list[int],
@@ -304,11 +319,7 @@ def judge(ref: dict[str, Any], got: dict[str, Any], budget: TaskBudget) -> dict[
     agree = agreement(ref["tokens"], got["picks"])
     free = agreement(ref["tokens"], got["tokens"])
     div = first_divergence(ref["tokens"], got["tokens"])
-    why = []
-    if not ratio <= budget.perplexity:  # NaN too
-        why.append(f"perplexity {got['perplexity']:.4g} is {(ratio - 1) * 100:+.2f} % of "
-                   f"PyTorch's {ref['perplexity']:.4g} (budget "
-                   f"+{(budget.perplexity - 1) * 100:.3g} %)")
+    why = [budget.perplexity_problem(got["perplexity"], ref["perplexity"])]
     if not agree >= budget.agreement:
         why.append(f"greedy agreement {agree * 100:.1f} % (budget {budget.agreement * 100:.3g} "
                    f"%; generating on its own, {free * 100:.1f} % of tokens identical, first "
@@ -318,7 +329,8 @@ def judge(ref: dict[str, Any], got: dict[str, Any], budget: TaskBudget) -> dict[
                    f"(budget {budget.free * 100:.3g} %; first divergence per prompt at step "
                    f"{div})")
     return {"perplexity": got["perplexity"], "perplexity_ratio": ratio, "agreement": agree,
-            "free_agreement": free, "first_divergence": div, "rejected": "; ".join(why)}
+            "free_agreement": free, "first_divergence": div,
+            "rejected": "; ".join(filter(None, why))}
 
 
 # ------------------------------------------------------------------------------------------
@@ -411,14 +423,14 @@ def sampled_data(reference: Step, past0: list[np.ndarray], vocab: int, prompts: 
     :data:`SAMPLED_TOKENS` tokens sampled (temperature 1, seeded) from the reference itself."""
     rng = np.random.default_rng(seed)
     ps = [[int(t) for t in rng.integers(4, vocab, 4)] for _ in range(prompts)]
-    text = list(ps[0])
-    logits, past = reference(np.asarray([text], np.int64), past0)
-    while len(text) < SAMPLED_TOKENS:
+    sampled: list[int] = []
+    for logits in decode(reference, past0, ps[0], sampled):
+        if len(ps[0]) + len(sampled) >= SAMPLED_TOKENS:
+            break
         lg = logits[0, -1].astype(np.float64)
         p = np.exp(lg - lg.max())
-        tok = int(rng.choice(len(p), p=p / p.sum()))
-        text.append(tok)
-        logits, past = reference(np.asarray([[tok]], np.int64), past)
+        sampled.append(int(rng.choice(len(p), p=p / p.sum())))
+    text = ps[0] + sampled
     return TaskData(ps, text, f"{prompts} random prompts and {SAMPLED_TOKENS} tokens sampled "
                     "from the PyTorch model (no tokenizer known: give the model a `tokenizer`)")
 
@@ -452,15 +464,12 @@ def fold_weight_transposes(graph: Any) -> int:
 
     inits = {i.name: i for i in graph.initializer}
     prod = {o: n for n in graph.node for o in n.output}
-    users: dict[str, int] = {}
-    for n in graph.node:
-        for i in n.input:
-            users[i] = users.get(i, 0) + 1
+    users = Counter(i for n in graph.node for i in n.input)
     folded = 0
     for n in graph.node:
         t = prod.get(n.input[1]) if n.op_type == "MatMul" and len(n.input) == 2 else None
         if t is None or t.op_type != "Transpose" or t.input[0] not in inits \
-                or len(inits[t.input[0]].dims) != 2 or users.get(t.output[0]) != 1:
+                or len(inits[t.input[0]].dims) != 2 or users[t.output[0]] != 1:
             continue
         w = numpy_helper.to_array(inits[t.input[0]])
         name = f"{t.input[0]}.T"
@@ -482,6 +491,10 @@ def rounding_problem(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
     float32 copy, checked :data:`CHECK_WEIGHTS` weights at a time): the memory is one weight's,
     not the model's."""
     import onnx
+
+    # onnxfile's reader is the one reader of external data (imported on use: onnxfile imports
+    # torch)
+    from onnxmedic.onnxfile import tensor_array
 
     src, dst = Path(src), Path(dst)
     sm = onnx.load(str(src), load_external_data=False)
@@ -511,14 +524,6 @@ def rounding_problem(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
 # weights checked at a time (whole output columns): the float32 temporaries stay in the
 # cache (~15 % faster than 4096 columns at once)
 CHECK_WEIGHTS = 1 << 18
-
-
-def tensor_array(t: Any, base: str | os.PathLike[str]) -> np.ndarray:
-    """The array of the initializer ``t`` (onnxfile.tensor_array: the one reader of external
-    data; imported on use, as onnxfile imports torch)."""
-    from onnxmedic.onnxfile import tensor_array as read
-
-    return read(t, base)
 
 
 def _levels(bits: int) -> np.ndarray:
@@ -586,13 +591,22 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
     (optimize/int4_embed.py, as the builder shares them)."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
         HQQWeightOnlyQuantConfig,
         MatMulNBitsQuantizer,
     )
 
     from onnxmedic.optimize import int4_embed
     from onnxmedic.optimize.files import op_count_diff, op_counts, save_proto
+
+    def nbits(m: Any, bits: int, exclude: list[str], cfg: Any = None) -> Any:
+        q = MatMulNBitsQuantizer(m, bits=bits, block_size=block_size, is_symmetric=True,
+                                 accuracy_level=accuracy_level or None,
+                                 nodes_to_exclude=exclude, algo_config=cfg)
+        with warnings.catch_warnings():  # HQQ's torch.from_numpy of a read-only weight,
+            # which it only reads: torch's "not writable" warning is noise on stderr
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            q.process()
+        return q.model.model
 
     if lm_head not in LM_HEADS:
         raise ValueError(f"lm_head {lm_head!r}: choose one of {', '.join(LM_HEADS)}")
@@ -610,28 +624,13 @@ def quantize_int4(src: str, dst: str, block_size: int = 32, accuracy_level: int 
             raise ValueError("algo gptq needs calibration windows (--calibration TEXT)")
         hs = int4_gptq.cached_hessians(model, src, calibration)
         out = int4_gptq.gptq_model(model, hs, block_size, accuracy_level, exclude)
+    elif algo in ("rtn", "hqq"):  # rtn: the quantizer's default config (from its arguments)
+        hqq = HQQWeightOnlyQuantConfig(block_size=block_size, bits=4) if algo == "hqq" else None
+        out = nbits(model, 4, exclude, hqq)
     else:
-        if algo == "hqq":
-            cfg: Any = HQQWeightOnlyQuantConfig(block_size=block_size, bits=4)
-        elif algo == "rtn":
-            cfg = DefaultWeightOnlyQuantConfig(block_size=block_size, is_symmetric=True,
-                                               accuracy_level=accuracy_level or None, bits=4)
-        else:
-            raise ValueError(f"algo {algo!r}: choose rtn, hqq or gptq")
-        q = MatMulNBitsQuantizer(model, bits=4, block_size=block_size, is_symmetric=True,
-                                 accuracy_level=accuracy_level or None,
-                                 nodes_to_exclude=exclude, algo_config=cfg)
-        with warnings.catch_warnings():  # HQQ's torch.from_numpy of a read-only weight,
-            # which it only reads: torch's "not writable" warning is noise on stderr
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            q.process()
-        out = q.model.model
+        raise ValueError(f"algo {algo!r}: choose rtn, hqq or gptq")
     if head and lm_head == "int8":  # only the head still has a constant-weight MatMul
-        q8 = MatMulNBitsQuantizer(out, bits=8, block_size=block_size, is_symmetric=True,
-                                  accuracy_level=accuracy_level or None,
-                                  nodes_to_exclude=list(nodes_to_exclude))
-        q8.process()
-        out = q8.model.model
+        out = nbits(out, 8, list(nodes_to_exclude))
     shared = int4_embed.share_with_head(out.graph, *tie) if tie else None
     save_proto(out, dst)
     info = op_count_diff(before, op_counts(dst))

@@ -51,10 +51,10 @@ def tied_embedding(graph: Any, head: str | None) -> tuple[str, str] | None:
 
 
 def share_with_head(graph: Any, gather: str, head_output: str) -> dict[str, Any] | None:
-    """Replace the embedding Gather writing ``gather`` by ``GatherBlockQuantized`` over the 4-bit weights and
-    scales of the MatMulNBits writing ``head_output`` (see the module docstring); the float32
-    table is removed when nothing else reads it. Returns what was done, or None (graph
-    unchanged) when the head is not a symmetric 4-bit MatMulNBits."""
+    """Replace the embedding Gather writing ``gather`` by ``GatherBlockQuantized`` over the
+    4-bit weights and scales of the MatMulNBits writing ``head_output`` (see the module
+    docstring); the float32 table is removed when nothing else reads it. Returns what was
+    done, or None (graph unchanged) when the head is not a symmetric 4-bit MatMulNBits."""
     prod = {o: n for n in graph.node for o in n.output}
     head = prod.get(head_output)
     g = prod.get(gather)

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxmedic.genpackage import StepLayout, read_step
+
 logger = logging.getLogger(__name__)
 
 WINDOW = 128  # tokens per calibration window, each run from an empty past
@@ -75,10 +77,12 @@ def quantizable_layers(graph: Any, exclude: Sequence[str] = ()) -> list[Any]:
             and inits[n.input[1]].data_type == TensorProto.FLOAT and n.name not in exclude]
 
 
-def hessians(model: Any, windows: list[list[int]], threads: int = 2) -> dict[str, np.ndarray]:
+def hessians(model: Any, windows: list[list[int]], layout: StepLayout, threads: int = 2
+             ) -> dict[str, np.ndarray]:
     """``H = 2/n sum x x^T`` (float64, K x K) of each quantizable MatMul's input over every
-    token of ``windows`` (each fed as input_ids from an empty past), keyed by the input's
-    name. ``model``: the float32 decoder step (a ModelProto; not modified)."""
+    token of ``windows`` (each fed as a first step, from an empty past, as the package
+    contract ``layout`` says), keyed by the input's name. ``model``: the float32 decoder step
+    (a ModelProto; not modified)."""
     import onnx
     import onnxruntime as ort
 
@@ -92,13 +96,10 @@ def hessians(model: Any, windows: list[list[int]], threads: int = 2) -> dict[str
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    inputs = sess.get_inputs()
-    past = [np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32) for i in inputs[1:]]
     acc: dict[str, np.ndarray] = {}
     count = 0
     for w in windows:
-        feeds = dict(zip([i.name for i in inputs], [np.asarray([w], np.int64), *past]))
-        outs = sess.run(names, feeds)
+        outs = sess.run(names, layout.feed(w))
         for name, x in zip(names, outs):
             x = x.reshape(-1, x.shape[-1]).astype(np.float64)
             acc[name] = acc.get(name, 0.0) + x.T @ x
@@ -118,7 +119,7 @@ def cached_hessians(model: Any, src: str, calibration: str) -> dict[str, np.ndar
         with np.load(cache) as z:
             return {k: z[k] for k in z.files}
     windows = json.loads(Path(calibration).read_text())["windows"]
-    hs = hessians(model, windows)
+    hs = hessians(model, windows, read_step(src))
     tmp = cache.with_name(cache.name + f".tmp{os.getpid()}.npz")
     np.savez(tmp, **hs)
     os.replace(tmp, cache)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from onnxmedic.genpackage import StepLayout, read_step
-from onnxmedic.optimize import int4, int4_text
+from onnxmedic.optimize import int4, int4_gptq, int4_text
 from onnxmedic.optimize.bench import bench
 from onnxmedic.optimize.passes import Pipeline, run_pipeline
 
@@ -168,72 +168,54 @@ def decode_feeds(layout: StepLayout, past: int = int4.DECODE_PAST, seed: int = 0
                        past_length=past)
 
 
-def file_bytes(path: str) -> int:
-    """The file's size with its external data."""
-    p = Path(path)
-    return p.stat().st_size + sum(f.stat().st_size for f in p.parent.glob(p.name + ".data"))
-
-
 def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: int4.TaskBudget,
-            *, threads: int, timeout: float, user: int4_text.UserText | None = None,
-            layout: StepLayout | None = None) -> Int4Candidate:
-    """Score ``c.path`` on the task (and on the held-out part of the ``user``'s text), judge
-    it, and time its decode step; ``layout``: the step's contract (the file's own when
-    None)."""
-    layout = layout or read_step(c.path)
+            *, threads: int, timeout: float, user: int4_text.UserText | None,
+            layout: StepLayout) -> Int4Candidate:
+    """Score ``c.path`` on the task (and its perplexity on the held-out part of the ``user``'s
+    text, judged by the same budget), judge it, and time its decode step; ``layout``: the
+    step's contract (the source file's: a candidate keeps its inputs and outputs)."""
     got = int4.score_onnx(c.path, data, budget.steps, ref["tokens"], threads=threads,
                           timeout=timeout, layout=layout)
     if not got.get("ok"):
         c.rejected = got.get("error", "scoring failed")
         return c
-    j = int4.judge(ref, got, budget)
-    c.perplexity, c.perplexity_ratio = j["perplexity"], j["perplexity_ratio"]
-    c.agreement, c.free_agreement = j["agreement"], j["free_agreement"]
-    c.first_divergence, c.rejected = j["first_divergence"], j["rejected"]
+    for figure, value in int4.judge(ref, got, budget).items():  # named as c's fields
+        setattr(c, figure, value)
     c.tokens = got["tokens"]
     if "margins" in ref:
         c.divergence_margins = int4_text.divergence_margins(ref["margins"], c.first_divergence)
     if user is not None:
-        _judge_user_text(c, user, budget, threads=threads, timeout=timeout, layout=layout)
-    c.size_bytes = file_bytes(c.path)
+        mine = int4.score_onnx(c.path, int4.TaskData([], user.held), 0, [], threads=threads,
+                               timeout=timeout, layout=layout)
+        why = [c.rejected]
+        if not mine.get("ok"):
+            why.append(mine.get("error", "scoring failed"))
+        else:
+            c.user_perplexity = mine["perplexity"]
+            c.user_perplexity_ratio = mine["perplexity"] / user.reference_perplexity
+            why.append(budget.perplexity_problem(mine["perplexity"], user.reference_perplexity,
+                                                 "perplexity on your text"))
+        c.rejected = "; ".join(filter(None, why))
+    p = Path(c.path)  # its size with its external data
+    c.size_bytes = sum(f.stat().st_size for f in (p, *p.parent.glob(p.name + ".data")))
     b = bench(c.path, decode_feeds(layout), threads=threads, repeats=20, timeout=timeout)
     c.decode_ms = b.median_ms if b.ok else None
     return c
 
 
-def _judge_user_text(c: Int4Candidate, user: int4_text.UserText, budget: int4.TaskBudget, *,
-                     threads: int, timeout: float, layout: StepLayout) -> None:
-    """The candidate's perplexity on the held-out user text, judged by the same budget."""
-    got = int4.score_onnx(c.path, int4.TaskData([], user.held), 0, [], threads=threads,
-                          timeout=timeout, layout=layout)
-    if not got.get("ok"):
-        c.rejected = "; ".join(filter(None, [c.rejected, got.get("error", "scoring failed")]))
-        return
-    c.user_perplexity = got["perplexity"]
-    c.user_perplexity_ratio = got["perplexity"] / user.reference_perplexity
-    if not c.user_perplexity_ratio <= budget.perplexity:  # NaN too
-        c.rejected = "; ".join(filter(None, [c.rejected, (
-            f"perplexity on your text {c.user_perplexity:.4g} is "
-            f"{(c.user_perplexity_ratio - 1) * 100:+.2f} % of PyTorch's "
-            f"{user.reference_perplexity:.4g} (budget +{(budget.perplexity - 1) * 100:.3g} %)")]))
-
-
-def build(src: str, work: str, cell: tuple[Any, ...], algo: str = "rtn",
-          exclude: Sequence[str] = (), timeout: float = 600.0,
-          calibration: str | None = None) -> Int4Candidate:
+def build(src: str, work: str, cell: tuple[Any, ...], exclude: Sequence[str] = (),
+          timeout: float = 600.0, calibration: str | None = None) -> Int4Candidate:
     """Quantize ``src`` at one grid cell (block, accuracy_level, lm_head[, algo]) in the pass
     child; ``calibration``: the windows file GPTQ reads (int4_text.UserText.windows_path)."""
     block, level, head = cell[:3]
-    algo = cell[3] if len(cell) > 3 else algo
+    algo = cell[3] if len(cell) > 3 else "rtn"
     name = f"int4-b{block}-a{level}-head{head}" + (f"-{algo}" if algo != "rtn" else "")
     if exclude:
         name += f"-keep{len(exclude)}"
     c = Int4Candidate(name, block, level, head, algo, list(exclude),
                       path=str(Path(work) / f"{name}.onnx"))
     opts = {"block_size": block, "accuracy_level": level, "lm_head": head, "algo": algo,
-            "nodes_to_exclude": list(exclude)}
-    if algo == "gptq":
-        opts["calibration"] = calibration
+            "nodes_to_exclude": list(exclude), "calibration": calibration}  # GPTQ reads it
     ok, _, err = run_pipeline(Pipeline(name, [("onnxmedic.optimize.int4:quantize_int4", opts)],
                                        precision="int4"), src, c.path, timeout=timeout)
     if not ok:
@@ -284,9 +266,8 @@ def choose(res: Int4Result, out: str | os.PathLike[str] | None) -> None:
 def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., Any], *,
                   out: str | os.PathLike[str] | None = None, tokenizer: Any = None,
                   data: int4.TaskData | None = None, budget: int4.TaskBudget | None = None,
-                  grid: Sequence[tuple[Any, ...]] | None = None, algo: str = "rtn",
-                  threads: int = 2, timeout: float = 600.0,
-                  reference_scores: dict[str, Any] | None = None,
+                  grid: Sequence[tuple[Any, ...]] | None = None, threads: int = 2,
+                  timeout: float = 600.0, reference_scores: dict[str, Any] | None = None,
                   search: bool = True, calibration: str | os.PathLike[str] | None = None,
                   gptq_grid: Sequence[tuple[Any, ...]] | None = None) -> Int4Result:
     """Weight-only int4 candidates of the decoder step ``onnx_path`` (see optimize/int4.py),
@@ -324,26 +305,25 @@ def optimize_int4(onnx_path: str | os.PathLike[str], reference: Callable[..., An
             res.user_text, res.user_reference_perplexity = (user.describe(),
                                                             user.reference_perplexity)
             cells += list(GPTQ_GRID if gptq_grid is None else gptq_grid)
-        seconds = {"reference": time.perf_counter() - t0}
+        res.seconds["reference"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         kw: dict[str, Any] = {"threads": threads, "timeout": timeout, "user": user,
                               "layout": layout}
         res.candidates.append(measure(Int4Candidate("fp32", path=src), ref, data, budget, **kw))
-        cal = user.windows_path if user else None
+
+        def trial(cell: tuple[Any, ...], exclude: Sequence[str] = ()) -> Int4Candidate:
+            c = build(src, work, cell, exclude, timeout=timeout,
+                      calibration=user.windows_path if user else None)
+            return c if c.rejected else measure(c, ref, data, budget, **kw)
+
         for cell in cells:
-            c = build(src, work, cell, algo, timeout=timeout, calibration=cal)
-            if not c.rejected:
-                measure(c, ref, data, budget, **kw)
-            res.candidates.append(c)
-            logger.info("int4: %s", c.figures())
+            res.candidates.append(trial(cell))
+            logger.info("int4: %s", res.candidates[-1].figures())
         tried = [c for c in res.candidates[1:] if c.perplexity is not None]
         if search and tried and not any(c.within for c in tried):
-            best = max(tried, key=_merit)
-            res.candidates += layer_search(src, work, best, ref, data, budget,
-                                           calibration=cal, **kw)
-        seconds["candidates"] = time.perf_counter() - t1
+            res.candidates += layer_search(src, max(tried, key=_merit), trial)
+        res.seconds["candidates"] = time.perf_counter() - t1
         choose(res, out)
-    res.seconds = seconds
     return res
 
 
@@ -447,17 +427,6 @@ def cli_main(ns: Any) -> int:
     return 0 if res.ok else 1
 
 
-def quantizable(src: str) -> list[str]:
-    """Names of the MatMuls with a constant 2-D weight (what the quantizer turns into
-    MatMulNBits), in graph order."""
-    import onnx
-
-    graph = onnx.load(src, load_external_data=False).graph
-    weights = {i.name for i in graph.initializer if len(i.dims) == 2}
-    return [n.name for n in graph.node
-            if n.op_type == "MatMul" and n.name and len(n.input) > 1 and n.input[1] in weights]
-
-
 def _merit(c: Int4Candidate) -> float:
     """One number to rank by: agreement minus the perplexity's relative rise."""
     if c.perplexity is None:
@@ -465,41 +434,29 @@ def _merit(c: Int4Candidate) -> float:
     return (c.agreement or 0.0) - ((c.perplexity_ratio or 1.0) - 1.0)
 
 
-def layer_search(src: str, work: str, base: Int4Candidate, ref: dict[str, Any],
-                 data: int4.TaskData, budget: int4.TaskBudget, *, threads: int = 2,
-                 timeout: float = 600.0, max_keep: int = 16,
-                 user: int4_text.UserText | None = None, calibration: str | None = None,
-                 layout: StepLayout | None = None) -> list[Int4Candidate]:
+def layer_search(src: str, base: Int4Candidate,
+                 trial: Callable[[tuple[Any, ...], Sequence[str]], Int4Candidate],
+                 max_keep: int = 16) -> list[Int4Candidate]:
     """The per-layer search of an int4 candidate outside the budget: each layer it quantized
     kept float32 alone ranks the layers by what that buys (agreement minus the perplexity's
     rise); then the top 1, 2, 4, ... stay float32 (their original MatMul) until a candidate is
-    within the budget or ``max_keep`` is reached. Returns that curve's candidates."""
-    cell = (base.block_size or 32, base.accuracy_level or 0, base.lm_head or "int4")
-    layers = quantizable(src)
+    within the budget or ``max_keep`` is reached. ``trial(cell, exclude)``: the candidate
+    built at ``base``'s grid cell with ``exclude`` left float32, and measured. Returns that
+    curve's candidates."""
     import onnx
 
-    head = int4.lm_head_node(onnx.load(src, load_external_data=False).graph)
-    if cell[2] != "int4":
-        layers = [n for n in layers if n != head]
-    gains = {}
-    for name in layers:
-        c = build(src, work, cell, base.algo, exclude=[name], timeout=timeout,
-                  calibration=calibration)
-        if not c.rejected:
-            measure(c, ref, data, budget, threads=threads, timeout=timeout, user=user,
-                    layout=layout)
-        gains[name] = _merit(c) - _merit(base)
+    cell = (base.block_size or 32, base.accuracy_level or 0, base.lm_head or "int4", base.algo)
+    graph = onnx.load(src, load_external_data=False).graph
+    # what the quantizer turns into MatMulNBits, in graph order (the head only at 4 bits)
+    head = int4.lm_head_node(graph) if cell[2] != "int4" else None
+    layers = [n.name for n in int4_gptq.quantizable_layers(graph) if n.name and n.name != head]
+    gains = {name: _merit(trial(cell, [name])) - _merit(base) for name in layers}
     ranked = sorted(layers, key=lambda n: -gains[n])
     curve, k = [], 1
     while k <= min(max_keep, len(ranked)):
-        c = build(src, work, cell, base.algo, exclude=ranked[:k], timeout=timeout,
-                  calibration=calibration)
-        if not c.rejected:
-            measure(c, ref, data, budget, threads=threads, timeout=timeout, user=user,
-                    layout=layout)
-        curve.append(c)
-        logger.info("int4 layer search: %s", c.figures())
-        if c.within:
+        curve.append(trial(cell, ranked[:k]))
+        logger.info("int4 layer search: %s", curve[-1].figures())
+        if curve[-1].within:
             break
         k *= 2
     return curve

@@ -71,10 +71,8 @@ def load_user_text(path: str | os.PathLike[str], tokenizer: Any, work: str | os.
     except (OSError, UnicodeDecodeError) as e:
         raise calibration_error(path, f"cannot be read as UTF-8 text ({type(e).__name__}: "
                                 f"{e})") from e
-    e = encode(text)
-    ids = [int(i) for i in getattr(e, "ids", e)]
     try:
-        windows, held = split_text(ids)
+        windows, held = split_text(int4.encode_ids(encode, text))
     except ValueError as err:
         raise calibration_error(path, str(err)) from err
     held = held[:MAX_HELD_WINDOWS * WINDOW]
@@ -89,13 +87,10 @@ def reference_margins(step: int4.Step, past0: list[np.ndarray], prompts: list[li
     ``tokens`` greedily (small: a near tie, where any rounding may pick the other token)."""
     out = []
     for prompt, toks in zip(prompts, tokens):
-        logits, past = step(np.asarray([prompt], np.int64), past0)
-        gaps = []
-        for tok in toks:
-            top = np.sort(logits[0, -1].astype(np.float64))[-2:]
-            gaps.append(float(top[1] - top[0]))
-            logits, past = step(np.asarray([[tok]], np.int64), past)
-        out.append(gaps)
+        # the logits before each of ``toks`` (zip stops the decode at the last)
+        tops = [np.sort(logits[0, -1].astype(np.float64))[-2:]
+                for logits, _ in zip(int4.decode(step, past0, prompt, toks[:-1]), toks)]
+        out.append([float(top[1] - top[0]) for top in tops])
     return out
 
 
