@@ -143,37 +143,29 @@ def supported_tasks(config: dict[str, Any], arch: str | None = None) -> list[str
     return out
 
 
-def returns_cache(arch: str) -> bool:
-    """Whether the transformers class ``arch`` can return a KV cache: its forward takes
-    ``past_key_values`` (OpenAI GPT's and RWKV's do not; True for a class transformers does
-    not have: the export says what it finds)."""
-    import transformers
-
-    cls = getattr(transformers, arch, None)
-    return cls is None or accepts(cls, "past_key_values", unreadable=True)
-
-
-def encoder_as_encoder(config: dict[str, Any]) -> bool:
-    """Whether the config is an encoder family's (a model type with a masked-LM class: BERT,
-    BigBird, RoBERTa...) not configured as a decoder (``is_decoder`` not true): its causal-LM
-    class then attends both ways and returns no cache (BertLMHeadModel, BigBirdForCausalLM),
-    which generate() runs by recomputing the whole sequence."""
-    return (not config.get("is_decoder") and
-            bool(classes_for("MODEL_FOR_MASKED_LM_MAPPING_NAMES", config.get("model_type", ""))))
-
-
 def detect_task(config: dict[str, Any], folder: Path | None = None) -> str | None:
     """The task config.architectures[0] was saved for (None when it names none): a causal LM
     is text-generation-with-past whatever its config's use_cache says (MPT's is off), unless
     its class cannot return a cache, or an encoder's causal-LM class is not configured as a
-    decoder (:func:`encoder_as_encoder`): text-generation; a base model feature-extraction
-    (sentence-similarity in a sentence-transformers folder)."""
+    decoder: text-generation; a base model feature-extraction (sentence-similarity in a
+    sentence-transformers folder)."""
     if not config.get("architectures"):
         return None
     arch, model_type = config["architectures"][0], config.get("model_type", "")
     if arch in classes_for("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", model_type):
-        return ("text-generation-with-past" if returns_cache(arch)
-                and not encoder_as_encoder(config) else "text-generation")
+        # a class can return a cache when its forward takes past_key_values (OpenAI GPT's and
+        # RWKV's do not; True for a class transformers does not have: the export says what it
+        # finds); an encoder family's (a model type with a masked-LM class: BERT, BigBird,
+        # RoBERTa...) not configured as a decoder (is_decoder not true) attends both ways and
+        # returns none (BertLMHeadModel, BigBirdForCausalLM): generate() recomputes the whole
+        # sequence
+        import transformers
+
+        cls = getattr(transformers, arch, None)
+        cache = cls is None or accepts(cls, "past_key_values", unreadable=True)
+        encoder = not config.get("is_decoder") and \
+            bool(classes_for("MODEL_FOR_MASKED_LM_MAPPING_NAMES", model_type))
+        return "text-generation-with-past" if cache and not encoder else "text-generation"
     for name, (_auto, mapping) in GENERATION.items():
         if name.endswith("-with-past") and arch in classes_for(mapping, model_type):
             return name
@@ -370,14 +362,6 @@ def _image_size(vcfg: Any, pre: dict[str, Any]) -> tuple[int, int]:
     return 224, 224
 
 
-def _pixels(config: Any, pre: dict[str, Any], dtype: torch.dtype,
-            gen: torch.Generator) -> torch.Tensor:
-    vcfg = getattr(config, "vision_config", None) or config
-    channels = int(getattr(vcfg, "num_channels", 3) or 3)
-    h, w = _image_size(vcfg, pre)
-    return torch.randn(2, channels, h, w, generator=gen).to(dtype)
-
-
 def _audio(processor: Any, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], str]:
     rate = int(getattr(processor, "sampling_rate", 16000) or 16000)
     t = torch.arange(rate // 2, dtype=torch.float64) / rate
@@ -430,8 +414,10 @@ def example_inputs(task: str, model: torch.nn.Module, tokenizer: Any = None,
             text_dims = {0: "text_batch_size", 1: "sequence_length"}
         dims.update({k: dict(text_dims) for k in kwargs})
     if modality in ("vision", "text+vision"):
-        kwargs["pixel_values"] = _pixels(config, preprocessor or {}, dtype, gen)
-        h, w = kwargs["pixel_values"].shape[2:]
+        vcfg = getattr(config, "vision_config", None) or config
+        h, w = _image_size(vcfg, preprocessor or {})
+        channels = int(getattr(vcfg, "num_channels", 3) or 3)
+        kwargs["pixel_values"] = torch.randn(2, channels, h, w, generator=gen).to(dtype)
         dims["pixel_values"] = ({0: "image_batch_size"} if modality == "text+vision" else
                                 {0: "batch_size", 2: "height", 3: "width"})
         sources.append(f"random {h}x{w} images (normalised pixel values)")
