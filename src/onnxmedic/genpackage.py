@@ -370,8 +370,15 @@ def read_step(path: str | os.PathLike[str], config_dir: str | os.PathLike[str] |
     layout = StepLayout([i.name for i in ins], outs, cache, named,
                         step_tokens=1 if _dims(ids)[1:] == [1] else None)
     folder = Path(config_dir) if config_dir else path.parent
-    if layout.unsized():
-        _fill_sizes(layout, folder)
+    sizes, source = config_sizes(folder) if layout.unsized() else ({}, "")
+    if sizes:
+        layout.sizes_from = str(folder / source)
+        logger.debug("package: the cache's head sizes from %s", layout.sizes_from)
+    for c in layout.self_cache:
+        # a state's shape is fixed in the graph, as is an indexer's size (no config names it)
+        if sizes and not (c.state or c.indexer):
+            heads, size = sizes[c.kind]
+            c.heads, c.head_size = c.heads or heads, c.head_size or size
     layout.context = context_length(folder)
     return layout
 
@@ -457,15 +464,3 @@ def cache_sizes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
         return {}
     return {"key": (int(kv), int(key)), "value": (int(kv), int(value))}
 
-
-def _fill_sizes(layout: StepLayout, folder: Path) -> None:
-    sizes, source = config_sizes(folder)
-    if not sizes:
-        return
-    for c in layout.self_cache:
-        if c.state or c.indexer:  # a state's shape is fixed in the graph, as is an indexer's
-            continue  # size (no config names it)
-        heads, size = sizes[c.kind]
-        c.heads, c.head_size = c.heads or heads, c.head_size or size
-    layout.sizes_from = str(folder / source)
-    logger.debug("package: the cache's head sizes from %s", layout.sizes_from)
