@@ -99,24 +99,6 @@ def check_generation(task: str) -> None:
                    hint + ".")
 
 
-def _load_checkpoint(spec: Any, task: str | None, dtype: str, trust: bool,
-                     build: Any = None) -> Loaded:
-    ckpt = checkpoint.resolve(os.fspath(spec))
-    job = None
-    if build is not None and not ckpt.remote_code:
-        # the genai builder (a child) starts first: it writes the package while the code is
-        # checked, the task too, and the model loads here (a causal LM's task is told from
-        # its class alone)
-        job = build(ckpt, task if task is not None else detect_task(ckpt.config, ckpt.folder))
-    try:
-        checkpoint.check_code(ckpt, trust)
-        return _load_for_task(ckpt, task, dtype, trust, job)
-    except BaseException:
-        if job is not None:
-            job.discard()
-        raise
-
-
 def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
                    job: Any) -> Loaded:
     task, how = _pick_task(ckpt.config, task, ckpt.folder, known=not ckpt.remote_code)
@@ -195,4 +177,17 @@ def load_for_task(model: Any, task: str | None, dtype: str, trust: bool,
                    "pip install 'onnxmedic[hf]'.") from e
     if isinstance(model, torch.nn.Module):
         return _load_object(model, task, dtype)
-    return _load_checkpoint(model, task, dtype, trust, build)
+    ckpt = checkpoint.resolve(os.fspath(model))
+    job = None
+    if build is not None and not ckpt.remote_code:
+        # the genai builder (a child) starts first: it writes the package while the code is
+        # checked, the task too, and the model loads here (a causal LM's task is told from
+        # its class alone)
+        job = build(ckpt, task if task is not None else detect_task(ckpt.config, ckpt.folder))
+    try:
+        checkpoint.check_code(ckpt, trust)
+        return _load_for_task(ckpt, task, dtype, trust, job)
+    except BaseException:
+        if job is not None:
+            job.discard()
+        raise
