@@ -95,7 +95,7 @@ def decoder_example(model: torch.nn.Module, enc: dict[str, torch.Tensor], start:
     mask = enc.get("attention_mask")
     with torch.no_grad():
         hidden, cross = EncoderWithCross(model, start)(enc[main_input(model)], mask)
-        DecoderWithPast(model, mask is not None)(  # the first step, from an empty past, runs
+        DecoderWithPast(model)(  # the first step, from an empty past, runs
             ids[:, :1], mask, interleave([c[:, :, :0] for c in cross], cross))
         past_out = model(decoder_input_ids=ids[:, :EXAMPLE_PAST],
                          encoder_outputs=encoder_outputs(hidden),
