@@ -62,7 +62,19 @@ def export_task(loaded: Loaded, f: Any, dynamic: Any, report: Any,
             res = api.export(module, (), target, kwargs=ex.kwargs, dynamic_shapes=batch,
                              **options)
         _name_outputs(res, module.output_names, target, dest)
-    return report_to(_annotate(res, loaded, spec, ex, module.output_names), report)
+    # the export's result as the checkpoint's: its name, the inputs stage, OM809 first
+    outputs = module.output_names
+    res.model = spec
+    res.inputs = [f"{k}: {list(v.shape)} {str(v.dtype).replace('torch.', '')}"
+                  for k, v in ex.kwargs.items()]
+    res.stages = {**stages_of(STAGE), **res.stages}
+    res.record(STAGE).passed()
+    res.findings.insert(0, info(
+        "OM809", STAGE, f"{spec}: " + "; ".join(loaded.notes) + f"; inputs: {ex.source} "
+        f"({', '.join(ex.kwargs)}); outputs: {', '.join(outputs) or 'none'}.",
+        details={"task": loaded.task, "inputs": list(ex.kwargs), "outputs": outputs,
+                 "dynamic": {k: {str(d): n for d, n in v.items()} for k, v in ex.dynamic.items()}}))
+    return report_to(res, report)
 
 
 @contextlib.contextmanager
@@ -76,22 +88,6 @@ def _quiet_torch(quiet: bool) -> Iterator[None]:
         yield
     finally:
         log.setLevel(level)
-
-
-def _annotate(res: ExportResult, loaded: Loaded, spec: str, ex: tasks.Example,
-              outputs: list[str]) -> ExportResult:
-    """The export's result as the checkpoint's: its name, the inputs stage, OM809 first."""
-    res.model = spec
-    res.inputs = [f"{k}: {list(v.shape)} {str(v.dtype).replace('torch.', '')}"
-                  for k, v in ex.kwargs.items()]
-    res.stages = {**stages_of(STAGE), **res.stages}
-    res.record(STAGE).passed()
-    res.findings.insert(0, info(
-        "OM809", STAGE, f"{spec}: " + "; ".join(loaded.notes) + f"; inputs: {ex.source} "
-        f"({', '.join(ex.kwargs)}); outputs: {', '.join(outputs) or 'none'}.",
-        details={"task": loaded.task, "inputs": list(ex.kwargs), "outputs": outputs,
-                 "dynamic": {k: {str(d): n for d, n in v.items()} for k, v in ex.dynamic.items()}}))
-    return res
 
 
 def _name_outputs(res: ExportResult, names: list[str], written: Path | None,
