@@ -246,7 +246,13 @@ class TaskModule(torch.nn.Module):
         self.model = model
         self.task = task
         self.pooling = pooling
-        self.output_names = output_names(task, model)
+        # named as optimum names them; image-segmentation: a semantic-segmentation model's
+        # logits, or DETR's logits, boxes and masks
+        self.output_names = list(TASKS[task].outputs)
+        if task == "image-segmentation" and type(model).__name__ in classes_for(
+                "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+                getattr(model.config, "model_type", "")):
+            self.output_names = self.output_names[:1]
         self.training = model.training  # export() switches (and restores) the modes itself
 
     def forward(self, input_ids: torch.Tensor | None = None,
@@ -263,17 +269,6 @@ class TaskModule(torch.nn.Module):
             tokens = out["last_hidden_state"]
             return tokens, self.pooling(tokens, attention_mask)
         return tuple(out[k] for k in self.output_names)
-
-
-def output_names(task: str, model: torch.nn.Module) -> list[str]:
-    """The outputs the task exports, named as optimum names them; image-segmentation: a
-    semantic-segmentation model's logits, or DETR's logits, boxes and masks."""
-    names = list(TASKS[task].outputs)
-    if task == "image-segmentation":
-        semantic = classes_for("MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
-                               getattr(model.config, "model_type", ""))
-        return names[:1] if type(model).__name__ in semantic else names
-    return names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,19 +322,6 @@ def _tokenize(task: str, tokenizer: Any, config: Any, segments: bool) -> dict[st
     if task == "zero-shot-image-classification":
         return dict(tokenizer(CLIP_TEXTS, **kw))
     return dict(tokenizer(texts, **kw))
-
-
-def _synthetic_ids(task: str, config: Any, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """Token ids from the config alone (a model object with no tokenizer): seeded, clear of the
-    first ids (special tokens), the second row's last two positions padding."""
-    text_cfg = getattr(config, "text_config", None) or config
-    vocab = int(getattr(text_cfg, "vocab_size", 0) or 100)
-    shape = (2, 2, 8) if task == "multiple-choice" else (2, 8)
-    ids = torch.randint(min(4, vocab - 1), vocab, shape, generator=gen)
-    mask = torch.ones_like(ids)
-    if task != "multiple-choice":
-        mask[1, -2:] = 0
-    return {"input_ids": ids, "attention_mask": mask}
 
 
 def _image_size(vcfg: Any, pre: dict[str, Any]) -> tuple[int, int]:
@@ -403,8 +385,15 @@ def example_inputs(task: str, model: torch.nn.Module, tokenizer: Any = None,
         if tokenizer is not None:
             kwargs.update(_tokenize(task, tokenizer, config, segments))
             sources.append("text through the folder's tokenizer")
-        else:
-            kwargs.update(_synthetic_ids(task, config, gen))
+        else:  # ids from the config alone (a model object with no tokenizer): seeded, clear
+            # of the first ids (special tokens), the second row's last two positions padding
+            text_cfg = getattr(config, "text_config", None) or config
+            vocab = int(getattr(text_cfg, "vocab_size", 0) or 100)
+            shape = (2, 2, 8) if task == "multiple-choice" else (2, 8)
+            kwargs["input_ids"] = torch.randint(min(4, vocab - 1), vocab, shape, generator=gen)
+            kwargs["attention_mask"] = torch.ones_like(kwargs["input_ids"])
+            if task != "multiple-choice":
+                kwargs["attention_mask"][1, -2:] = 0
             sources.append("token ids from the config (no tokenizer)")
         kwargs = {k: v for k, v in kwargs.items() if accepts(model, k)}
         if "token_type_ids" not in kwargs and segments:
