@@ -241,8 +241,7 @@ class StepLayout:
         one step of all of them, or one step per token where the graph takes one
         (:attr:`step_tokens`: a cache with states); a step's logits are its steps'
         concatenated along the sequence, its cache the last step's."""
-        ids = np.asarray(ids, np.int64)
-        ids = ids[None] if ids.ndim == 1 else ids
+        ids = np.atleast_2d(np.asarray(ids, np.int64))
         if self.step_tokens == 1:
             return [ids[:, i:i + 1] for i in range(ids.shape[1])]
         return [ids]
@@ -257,8 +256,7 @@ class StepLayout:
         outputs (its ``present.{i}.encoder.*``), ``encoder_mask`` its attention mask;
         ``past_length``: the tokens behind ``past`` (needed where the cache is states only,
         which have no sequence axis; else read from a key's length)."""
-        ids = np.asarray(ids, np.int64)
-        ids = ids[None] if ids.ndim == 1 else ids
+        ids = np.atleast_2d(np.asarray(ids, np.int64))
         if self.step_tokens and ids.shape[1] != self.step_tokens:
             raise NotAStep(f"the graph takes {self.step_tokens} token(s) per step, not "
                            f"{ids.shape[1]}: feed a prompt token by token")
@@ -372,8 +370,15 @@ def read_step(path: str | os.PathLike[str], config_dir: str | os.PathLike[str] |
     layout = StepLayout([i.name for i in ins], outs, cache, named,
                         step_tokens=1 if _dims(ids)[1:] == [1] else None)
     folder = Path(config_dir) if config_dir else path.parent
-    if layout.unsized():
-        _fill_sizes(layout, folder)
+    sizes, source = config_sizes(folder) if layout.unsized() else ({}, "")
+    if sizes:
+        layout.sizes_from = str(folder / source)
+        logger.debug("package: the cache's head sizes from %s", layout.sizes_from)
+    for c in layout.self_cache:
+        # a state's shape is fixed in the graph, as is an indexer's size (no config names it)
+        if sizes and not (c.state or c.indexer):
+            heads, size = sizes[c.kind]
+            c.heads, c.head_size = c.heads or heads, c.head_size or size
     layout.context = context_length(folder)
     return layout
 
@@ -383,7 +388,7 @@ def decoder_graph(folder: str | os.PathLike[str]) -> Path:
     optimum's ``decoder_with_past_model.onnx`` or ``decoder_model_merged.onnx``; the
     ``decoder.filename`` of its genai_config.json first)."""
     folder = Path(folder)
-    cfg = _genai_decoder(folder)
+    cfg = read_json(folder, "genai_config.json", "model", "decoder")
     names = ([cfg["filename"]] if cfg and cfg.get("filename") else []) + list(DECODER_FILES)
     for name in names:
         if (folder / name).is_file():
@@ -408,10 +413,6 @@ def read_json(folder: Path, name: str, *keys: str) -> Any:
         return None
 
 
-def _genai_decoder(folder: Path) -> dict[str, Any] | None:
-    return read_json(folder, "genai_config.json", "model", "decoder")
-
-
 def context_length(folder: str | os.PathLike[str]) -> int | None:
     """The longest sequence the package serves: its genai_config.json's ``context_length``,
     else config.json's ``max_position_embeddings``; None when neither says."""
@@ -433,7 +434,7 @@ def config_sizes(folder: str | os.PathLike[str]) -> tuple[dict[str, tuple[int, i
     key and value sizes), and the file they came from; ({}, "") when neither says."""
     folder = Path(folder)
     with contextlib.suppress(KeyError, TypeError, ValueError):
-        dec = _genai_decoder(folder)
+        dec = read_json(folder, "genai_config.json", "model", "decoder")
         heads, size = int(dec["num_key_value_heads"]), int(dec["head_size"])
         return dict.fromkeys(KINDS, (heads, size)), "genai_config.json"
     cfg = read_json(folder, "config.json")
@@ -463,15 +464,3 @@ def cache_sizes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
         return {}
     return {"key": (int(kv), int(key)), "value": (int(kv), int(value))}
 
-
-def _fill_sizes(layout: StepLayout, folder: Path) -> None:
-    sizes, source = config_sizes(folder)
-    if not sizes:
-        return
-    for c in layout.self_cache:
-        if c.state or c.indexer:  # a state's shape is fixed in the graph, as is an indexer's
-            continue  # size (no config names it)
-        heads, size = sizes[c.kind]
-        c.heads, c.head_size = c.heads or heads, c.head_size or size
-    layout.sizes_from = str(folder / source)
-    logger.debug("package: the cache's head sizes from %s", layout.sizes_from)

@@ -70,10 +70,6 @@ class Checkpoint:
 
         return self.config.get("model_type") not in CONFIG_MAPPING_NAMES
 
-    @property
-    def has_tokenizer(self) -> bool:
-        return has_tokenizer(self.folder)
-
 
 def has_tokenizer(folder: Path) -> bool:
     """Whether the checkpoint ``folder`` holds a tokenizer's file (:data:`TOKENIZER_FILES`)."""
@@ -223,7 +219,7 @@ def load_model(ckpt: Checkpoint, auto_class: str, dtype: str, trust_remote_code:
 
 def load_tokenizer(ckpt: Checkpoint, trust_remote_code: bool) -> Any:
     """The folder's tokenizer, or None when it has none (or it cannot be loaded: logged)."""
-    if not ckpt.has_tokenizer:
+    if not has_tokenizer(ckpt.folder):
         return None
     return _load_part(ckpt, "AutoTokenizer", "tokenizer", trust_remote_code=trust_remote_code)
 

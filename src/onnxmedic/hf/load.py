@@ -26,7 +26,6 @@ from onnxmedic.hf.tasks import ALL_TASKS, GENERATION, TASKS, detect_task, suppor
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass
 class Loaded:
     """A checkpoint loaded for one task."""
@@ -87,14 +86,6 @@ def _known_task(task: str) -> None:
                    f"Tasks (optimum's names): {', '.join(ALL_TASKS)}.")
 
 
-def _needs_text(task: str, model_type: str) -> bool:
-    if task in GENERATION:
-        return task.startswith("text")
-    modality = TASKS[task].modality
-    return modality in ("text", "text+vision") or (
-        modality == "any" and tasks.main_input(model_type) in (None, "input_ids"))
-
-
 def check_generation(task: str) -> None:
     """OM807 for a generation task exported by no road: one without its cache (the package's
     step needs it), or image-to-text."""
@@ -108,30 +99,16 @@ def check_generation(task: str) -> None:
                    hint + ".")
 
 
-def _load_checkpoint(spec: Any, task: str | None, dtype: str, trust: bool,
-                     build: Any = None) -> Loaded:
-    ckpt = checkpoint.resolve(os.fspath(spec))
-    job = None
-    if build is not None and not ckpt.remote_code:
-        # the genai builder (a child) starts first: it writes the package while the code is
-        # checked, the task too, and the model loads here (a causal LM's task is told from
-        # its class alone)
-        job = build(ckpt, task if task is not None else detect_task(ckpt.config, ckpt.folder))
-    try:
-        checkpoint.check_code(ckpt, trust)
-        return _load_for_task(ckpt, task, dtype, trust, job)
-    except BaseException:
-        if job is not None:
-            job.discard()
-        raise
-
-
 def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
                    job: Any) -> Loaded:
     task, how = _pick_task(ckpt.config, task, ckpt.folder, known=not ckpt.remote_code)
     check_generation(task)
-    text = _needs_text(task, ckpt.config.get("model_type", ""))
-    if text and not ckpt.has_tokenizer:
+    modality = TASKS[task].modality if task in TASKS else ""
+    # a generation task takes text when its name says so
+    text = (task.startswith("text") if task in GENERATION else
+            modality in ("text", "text+vision") or (modality == "any" and tasks.main_input(
+                ckpt.config.get("model_type", "")) in (None, "input_ids")))
+    if text and not checkpoint.has_tokenizer(ckpt.folder):
         raise _err("OM806", f"{ckpt.spec} has no tokenizer, and the task {task!r} takes text "
                    f"(looked for {', '.join(checkpoint.TOKENIZER_FILES[:4])} ...).",
                    "Save the tokenizer beside the model: tokenizer.save_pretrained(folder).")
@@ -149,7 +126,6 @@ def _load_for_task(ckpt: Checkpoint, task: str | None, dtype: str, trust: bool,
           else contextlib.nullcontext()):
         model = checkpoint.load_model(ckpt, tasks.auto_class(task, ckpt.config), dtype, trust,
                                       extra)
-    modality = TASKS[task].modality if task in TASKS else ""
     # a feature extractor for an audio task's model, the encoder-decoder's among them
     audio = modality == "audio" or task.startswith("automatic-speech-recognition") or (
         modality == "any" and getattr(model, "main_input_name", "") == "input_values")
@@ -201,4 +177,17 @@ def load_for_task(model: Any, task: str | None, dtype: str, trust: bool,
                    "pip install 'onnxmedic[hf]'.") from e
     if isinstance(model, torch.nn.Module):
         return _load_object(model, task, dtype)
-    return _load_checkpoint(model, task, dtype, trust, build)
+    ckpt = checkpoint.resolve(os.fspath(model))
+    job = None
+    if build is not None and not ckpt.remote_code:
+        # the genai builder (a child) starts first: it writes the package while the code is
+        # checked, the task too, and the model loads here (a causal LM's task is told from
+        # its class alone)
+        job = build(ckpt, task if task is not None else detect_task(ckpt.config, ckpt.folder))
+    try:
+        checkpoint.check_code(ckpt, trust)
+        return _load_for_task(ckpt, task, dtype, trust, job)
+    except BaseException:
+        if job is not None:
+            job.discard()
+        raise

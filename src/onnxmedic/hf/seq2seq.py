@@ -95,7 +95,7 @@ def decoder_example(model: torch.nn.Module, enc: dict[str, torch.Tensor], start:
     mask = enc.get("attention_mask")
     with torch.no_grad():
         hidden, cross = EncoderWithCross(model, start)(enc[main_input(model)], mask)
-        DecoderWithPast(model, mask is not None)(  # the first step, from an empty past, runs
+        DecoderWithPast(model)(  # the first step, from an empty past, runs
             ids[:, :1], mask, interleave([c[:, :, :0] for c in cross], cross))
         past_out = model(decoder_input_ids=ids[:, :EXAMPLE_PAST],
                          encoder_outputs=encoder_outputs(hidden),
@@ -107,23 +107,11 @@ def decoder_example(model: torch.nn.Module, enc: dict[str, torch.Tensor], start:
     # audio: the encoder's output length is fixed (Whisper's max_source_positions)
     cross_dims = {0: bd, 2: e} if mask is not None else {0: bd}
     past_dims = [{0: bd, 2: p} if i % 4 < 2 else cross_dims for i in range(len(past))]
-    if mask is None:
-        return (ids[:, EXAMPLE_PAST:].contiguous(), past), ({0: bd, 1: s}, past_dims)
-    return (ids[:, EXAMPLE_PAST:].contiguous(), mask, past), ({0: bd, 1: s}, {0: bd, 1: e},
-                                                             past_dims)
-
-
-def encoder_shapes(enc: dict[str, torch.Tensor], main: str) -> tuple[Any, ...]:
-    """The encoder's dynamic dims: text [batch_size, encoder_sequence_length]; audio features
-    [batch_size, feature_size, frames] with the frames fixed (Whisper's encoder takes exactly
-    2 x max_source_positions of them)."""
-    from torch.export import Dim
-
-    b = Dim("batch_size")
-    if main == "input_ids":
-        e = Dim("encoder_sequence_length")
-        return ({0: b, 1: e}, {0: b, 1: e}) if "attention_mask" in enc else ({0: b, 1: e},)
-    return ({0: b},)
+    args = (ids[:, EXAMPLE_PAST:].contiguous(), mask, past)
+    shapes = ({0: bd, 1: s}, {0: bd, 1: e}, past_dims)
+    if mask is None:  # an audio decoder takes no encoder mask: the new tokens and the past
+        return args[::2], shapes[::2]
+    return args, shapes
 
 
 def io_names(n_layers: int, mask: bool, main: str) -> dict[str, tuple[list[str], list[str]]]:
@@ -197,6 +185,8 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
                  opset: int | None, timeout: float) -> Layout | None:
     """Export and verify both graphs into ``tmp`` with optimum's names; returns the layout
     (file names, programs, heads, sizes) or None (OM821, the export's findings say why)."""
+    from torch.export import Dim
+
     start = start_token(model)
     with result.stage("capture", conclude=False) as st:
         enc = encoder_inputs(model, tokenizer, processor, batch=EXAMPLE_BATCH)
@@ -204,9 +194,15 @@ def build_graphs(result: ExportResult, model: Any, tmp: Path, tokenizer: Any, pr
         mask = "attention_mask" in enc
         raw = tmp / "graphs"
         raw.mkdir()
-        args = (enc[main],) + ((enc["attention_mask"],) if mask else ())
+        args = tuple(enc[k] for k in (main, "attention_mask") if k in enc)
+        # text and its mask [batch_size, encoder_sequence_length]; audio features [batch_size,
+        # feature_size, frames] with the frames fixed (Whisper's encoder takes exactly 2 x
+        # max_source_positions of them)
+        dims = {0: Dim("batch_size")}
+        if main == "input_ids":
+            dims[1] = Dim("encoder_sequence_length")
         subs = {"encoder": _export_one(result, "encoder", EncoderWithCross(model, start), args,
-                                       encoder_shapes(enc, main), raw / ENCODER, opset, timeout)}
+                                       (dims,) * len(args), raw / ENCODER, opset, timeout)}
         if subs["encoder"].ok:
             dargs, dshapes = decoder_example(model, enc, start)
             # the step with the encoder mask (text), or without (audio)
@@ -315,21 +311,18 @@ def _seq2seq_package(result: ExportResult, req: Request, tmp: Path) -> None:
                               req.timeout)
         if layout is not None:
             result.programs = layout.programs  # type: ignore[attr-defined]  # both graphs
-            if not genai:
-                result.findings.append(_no_genai(model))
+            if not genai:  # OM825: onnxruntime-genai has no model type for it
+                result.findings.append(info(
+                    "OM825", "write", "no genai_config.json: onnxruntime-genai has no model "
+                    f"type for the encoder-decoder {getattr(model.config, 'model_type', '')!r} "
+                    "(it serves Whisper alone among them). The package serves ONNX Runtime "
+                    "(encoder_model.onnx once, decoder_with_past_model.onnx per token), "
+                    "verified by onnxmedic's generation loop.",
+                    suggestion="Run the two graphs with your own loop, or with optimum's "
+                    "ORTModelForSeq2SeqLM-style code: the names are optimum's."))
         return layout, genai
 
     build_and_check(result, req, tmp, build, lambda folder, layout, genai: verify_seq2seq(
         folder, model, req.tokenizer, processor, steps=req.steps, prompts=req.prompts,
         programs=layout.programs, timeout=req.timeout, genai=genai), WHAT, processor)
 
-
-def _no_genai(model: Any) -> Any:
-    """OM825: onnxruntime-genai has no model type for this encoder-decoder."""
-    return info(
-        "OM825", "write", f"no genai_config.json: onnxruntime-genai has no model type for the "
-        f"encoder-decoder {getattr(model.config, 'model_type', '')!r} (it serves Whisper alone "
-        "among them). The package serves ONNX Runtime (encoder_model.onnx once, "
-        "decoder_with_past_model.onnx per token), verified by onnxmedic's generation loop.",
-        suggestion="Run the two graphs with your own loop, or with optimum's "
-        "ORTModelForSeq2SeqLM-style code: the names are optimum's.")

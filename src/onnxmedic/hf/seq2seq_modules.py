@@ -31,10 +31,8 @@ def split_cache(cache: Any) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 def interleave(selfs: list[torch.Tensor], cross: list[torch.Tensor]) -> list[torch.Tensor]:
     """optimum's order: per layer decoder key, decoder value, encoder key, encoder value."""
-    out: list[torch.Tensor] = []
-    for i in range(0, len(selfs), 2):
-        out += [selfs[i], selfs[i + 1], cross[i], cross[i + 1]]
-    return out
+    return [t for i in range(0, len(selfs), 2)
+            for t in (selfs[i], selfs[i + 1], cross[i], cross[i + 1])]
 
 
 def main_input(model: torch.nn.Module) -> str:
@@ -118,10 +116,9 @@ class DecoderWithPast(torch.nn.Module):
     cross-attention layers read the cache (a placeholder of the encoder output's shape tells
     the model that cross-attention runs; no value of it is read)."""
 
-    def __init__(self, model: torch.nn.Module, mask: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.takes_mask = mask
         self.hidden = hidden_size(model)
 
     def forward(self, input_ids: torch.Tensor, encoder_attention_mask: torch.Tensor | None,
@@ -135,21 +132,16 @@ class DecoderWithPast(torch.nn.Module):
         cross = [(past[i + 2], past[i + 3]) for i in range(0, len(past), 4)]
         cache = EncoderDecoderCache(DynamicCache(selfs), DynamicCache(cross))
         placeholder = past[2].new_zeros(input_ids.shape[0], past[2].shape[2], self.hidden)
-        kw: dict[str, Any] = {}
-        if self.takes_mask:
-            kw["attention_mask"] = encoder_attention_mask
-        out = self.model(decoder_input_ids=input_ids,
+        # None (an audio model's) is the model's own default, as EncoderWithCross passes it
+        out = self.model(decoder_input_ids=input_ids, attention_mask=encoder_attention_mask,
                          encoder_outputs=encoder_outputs(placeholder),
-                         past_key_values=cache, use_cache=True, **kw)
+                         past_key_values=cache, use_cache=True)
         return out.logits, split_cache(out.past_key_values)[0]
 
 
 class AudioDecoderWithPast(DecoderWithPast):
     """An audio encoder-decoder's step (Whisper): no encoder mask among the inputs - the
     encoder's output has a fixed length and no padding."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model, mask=False)
 
     def forward(self, input_ids: torch.Tensor,  # type: ignore[override]
                 past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -91,11 +91,9 @@ def _np(enc: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 def _args(feed: dict[str, np.ndarray], names: list[str]) -> tuple[Any, ...]:
     """The decoder program's arguments for a step's feed."""
-    mask = feed.get("encoder_attention_mask")
-    past = [torch.from_numpy(feed[n]) for n in names]
-    if mask is None:  # an audio decoder (AudioDecoderWithPast)
-        return (torch.from_numpy(feed["input_ids"]), past)
-    return (torch.from_numpy(feed["input_ids"]), torch.from_numpy(mask), past)
+    # an audio decoder (AudioDecoderWithPast) takes no encoder_attention_mask
+    fed = [torch.from_numpy(feed[n]) for n in ("input_ids", "encoder_attention_mask") if n in feed]
+    return (*fed, [torch.from_numpy(feed[n]) for n in names])
 
 
 def _items(check: GenerationCheck, folder: Path, model: Any, layout: StepLayout,
@@ -137,7 +135,7 @@ def _encoder_ok(check: GenerationCheck, folder: Path, model: Any, enc: dict[str,
     cache, by name) against PyTorch's, by the float64 budget; the first one outside it (OM823)
     localised in the encoder graph, and then False."""
     module = EncoderWithCross(model, start).eval()
-    args = (enc[module.main], enc.get("attention_mask"))
+    args = tuple(enc[k] for k in (module.main, "attention_mask") if k in enc)
     with torch.no_grad():
         hidden, cross = module(*args)
     expected = [t.float().numpy() for t in [hidden, *cross]]
@@ -157,7 +155,6 @@ def _encoder_ok(check: GenerationCheck, folder: Path, model: Any, enc: dict[str,
             suggestion="The localisation below names the first ONNX node of the encoder "
             "graph outside its budget."))
         if program is not None:
-            args = tuple(enc[k] for k in (main_input(model), "attention_mask") if k in enc)
             gen_verify.localize_step(check, folder / ENCODER, program, _np(enc),
                                      f"input {p} encoder", timeout, args=args)
         return False
@@ -188,20 +185,16 @@ def verify_seq2seq(folder: str | Path, model: Any, tokenizer: Any = None, proces
                                   timeout), timeout)
     check.seconds["verify"] = time.perf_counter() - t0
     if genai and check.ok and (folder / "genai_config.json").is_file():
-        genai_generation(folder, check, inputs, start, steps, timeout)
+        # onnxruntime-genai generating from the Whisper package (the genai child,
+        # hf/genai_child.py), fed each input's features as ONNX Runtime and PyTorch were, must
+        # give PyTorch's tokens (OM814; OM816 where genai cannot load or run the folder)
+        with tempfile.TemporaryDirectory(prefix="onnxmedic-genai-") as tmp:
+            files = []
+            for i, enc in enumerate(inputs):
+                np.save(path := Path(tmp) / f"features{i}.npy", enc["input_features"].numpy())
+                files.append(str(path))
+            spec = json.dumps({"features": files, "input": "input_features", "start": start,
+                               "steps": steps})
+            gen_verify.genai_generation(folder, check, steps, timeout, None, spec, "input")
     return check
 
-
-def genai_generation(folder: Path, check: GenerationCheck, inputs: list[dict[str, Any]],
-                     start: int, steps: int, timeout: float) -> None:
-    """onnxruntime-genai generating from the Whisper package in ``folder`` (the genai child,
-    hf/genai_child.py), fed each input's features as ONNX Runtime and PyTorch were, must give
-    PyTorch's tokens (OM814; OM816 where genai cannot load or run the folder)."""
-    with tempfile.TemporaryDirectory(prefix="onnxmedic-genai-") as tmp:
-        files = []
-        for i, enc in enumerate(inputs):
-            np.save(path := Path(tmp) / f"features{i}.npy", enc["input_features"].numpy())
-            files.append(str(path))
-        spec = json.dumps({"features": files, "input": "input_features", "start": start,
-                           "steps": steps})
-        gen_verify.genai_generation(folder, check, steps, timeout, None, spec, "input")

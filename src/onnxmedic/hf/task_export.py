@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-import torch
 
 from onnxmedic.findings import InputError, info
 from onnxmedic.hf import checkpoint, report_to, tasks
@@ -29,20 +28,10 @@ logger = logging.getLogger(__name__)
 _DIM_FAILURES = {"OM111", "OM401", "OM402", "OM407"}
 
 
-def _dynamic(dynamic: Any, module: torch.nn.Module, ex: tasks.Example) -> Any:
-    if dynamic is True:
-        return ex.dynamic
-    if not dynamic:
-        return None
-    from onnxmedic import inputs
-
-    return inputs.complete_dynamic_shapes(module, dynamic, (), ex.kwargs)
-
-
 def export_task(loaded: Loaded, f: Any, dynamic: Any, report: Any,
                  options: dict[str, Any]) -> ExportResult:
     """One task's module through onnxmedic.export, its outputs named, written atomically."""
-    from onnxmedic import api
+    from onnxmedic import api, inputs
 
     folder = loaded.ckpt.folder if loaded.ckpt is not None else None
     pooling = tasks.Pooling.of_folder(folder) if loaded.task == "sentence-similarity" else None
@@ -50,8 +39,9 @@ def export_task(loaded: Loaded, f: Any, dynamic: Any, report: Any,
     ex = tasks.example_inputs(loaded.task, loaded.model, loaded.tokenizer, loaded.processor,
                               checkpoint.preprocessor_config(loaded.ckpt))
     spec = spec_name(loaded.spec) if loaded.ckpt is not None else loaded.spec
-    try:
-        dyn = _dynamic(dynamic, module, ex)
+    try:  # True: the task's dims as optimum names them
+        dyn = (ex.dynamic if dynamic is True else None if not dynamic else
+               inputs.complete_dynamic_shapes(module, dynamic, (), ex.kwargs))
     except InputError as e:
         return report_to(ExportResult(command="export", model=spec, stages=stages_of(STAGE)
                                     ).fail(STAGE, e.finding), report)
@@ -65,13 +55,26 @@ def export_task(loaded: Loaded, f: Any, dynamic: Any, report: Any,
         retry = dynamic is True and batch != ex.dynamic
         with _quiet_torch(retry):
             res = api.export(module, (), target, kwargs=ex.kwargs, dynamic_shapes=dyn, **options)
-        if retry and not res.ok and _dim_codes(res):
+        fixed = {x.code for x in res.errors if x.code in _DIM_FAILURES}
+        if retry and not res.ok and fixed:
             loaded.notes.append("only the batch dims are dynamic: with the others dynamic too "
-                                f"the export failed ({', '.join(sorted(_dim_codes(res)))})")
+                                f"the export failed ({', '.join(sorted(fixed))})")
             res = api.export(module, (), target, kwargs=ex.kwargs, dynamic_shapes=batch,
                              **options)
         _name_outputs(res, module.output_names, target, dest)
-    return report_to(_annotate(res, loaded, spec, ex, module.output_names), report)
+    # the export's result as the checkpoint's: its name, the inputs stage, OM809 first
+    outputs = module.output_names
+    res.model = spec
+    res.inputs = [f"{k}: {list(v.shape)} {str(v.dtype).replace('torch.', '')}"
+                  for k, v in ex.kwargs.items()]
+    res.stages = {**stages_of(STAGE), **res.stages}
+    res.record(STAGE).passed()
+    res.findings.insert(0, info(
+        "OM809", STAGE, f"{spec}: " + "; ".join(loaded.notes) + f"; inputs: {ex.source} "
+        f"({', '.join(ex.kwargs)}); outputs: {', '.join(outputs) or 'none'}.",
+        details={"task": loaded.task, "inputs": list(ex.kwargs), "outputs": outputs,
+                 "dynamic": {k: {str(d): n for d, n in v.items()} for k, v in ex.dynamic.items()}}))
+    return report_to(res, report)
 
 
 @contextlib.contextmanager
@@ -85,26 +88,6 @@ def _quiet_torch(quiet: bool) -> Iterator[None]:
         yield
     finally:
         log.setLevel(level)
-
-
-def _dim_codes(res: ExportResult) -> set[str]:
-    return {x.code for x in res.errors if x.code in _DIM_FAILURES}
-
-
-def _annotate(res: ExportResult, loaded: Loaded, spec: str, ex: tasks.Example,
-              outputs: list[str]) -> ExportResult:
-    """The export's result as the checkpoint's: its name, the inputs stage, OM809 first."""
-    res.model = spec
-    res.inputs = [f"{k}: {list(v.shape)} {str(v.dtype).replace('torch.', '')}"
-                  for k, v in ex.kwargs.items()]
-    res.stages = {**stages_of(STAGE), **res.stages}
-    res.record(STAGE).passed()
-    res.findings.insert(0, info(
-        "OM809", STAGE, f"{spec}: " + "; ".join(loaded.notes) + f"; inputs: {ex.source} "
-        f"({', '.join(ex.kwargs)}); outputs: {', '.join(outputs) or 'none'}.",
-        details={"task": loaded.task, "inputs": list(ex.kwargs), "outputs": outputs,
-                 "dynamic": {k: {str(d): n for d, n in v.items()} for k, v in ex.dynamic.items()}}))
-    return res
 
 
 def _name_outputs(res: ExportResult, names: list[str], written: Path | None,

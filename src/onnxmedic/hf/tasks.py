@@ -143,37 +143,29 @@ def supported_tasks(config: dict[str, Any], arch: str | None = None) -> list[str
     return out
 
 
-def returns_cache(arch: str) -> bool:
-    """Whether the transformers class ``arch`` can return a KV cache: its forward takes
-    ``past_key_values`` (OpenAI GPT's and RWKV's do not; True for a class transformers does
-    not have: the export says what it finds)."""
-    import transformers
-
-    cls = getattr(transformers, arch, None)
-    return cls is None or accepts(cls, "past_key_values", unreadable=True)
-
-
-def encoder_as_encoder(config: dict[str, Any]) -> bool:
-    """Whether the config is an encoder family's (a model type with a masked-LM class: BERT,
-    BigBird, RoBERTa...) not configured as a decoder (``is_decoder`` not true): its causal-LM
-    class then attends both ways and returns no cache (BertLMHeadModel, BigBirdForCausalLM),
-    which generate() runs by recomputing the whole sequence."""
-    return (not config.get("is_decoder") and
-            bool(classes_for("MODEL_FOR_MASKED_LM_MAPPING_NAMES", config.get("model_type", ""))))
-
-
 def detect_task(config: dict[str, Any], folder: Path | None = None) -> str | None:
     """The task config.architectures[0] was saved for (None when it names none): a causal LM
     is text-generation-with-past whatever its config's use_cache says (MPT's is off), unless
     its class cannot return a cache, or an encoder's causal-LM class is not configured as a
-    decoder (:func:`encoder_as_encoder`): text-generation; a base model feature-extraction
-    (sentence-similarity in a sentence-transformers folder)."""
+    decoder: text-generation; a base model feature-extraction (sentence-similarity in a
+    sentence-transformers folder)."""
     if not config.get("architectures"):
         return None
     arch, model_type = config["architectures"][0], config.get("model_type", "")
     if arch in classes_for("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", model_type):
-        return ("text-generation-with-past" if returns_cache(arch)
-                and not encoder_as_encoder(config) else "text-generation")
+        # a class can return a cache when its forward takes past_key_values (OpenAI GPT's and
+        # RWKV's do not; True for a class transformers does not have: the export says what it
+        # finds); an encoder family's (a model type with a masked-LM class: BERT, BigBird,
+        # RoBERTa...) not configured as a decoder (is_decoder not true) attends both ways and
+        # returns none (BertLMHeadModel, BigBirdForCausalLM): generate() recomputes the whole
+        # sequence
+        import transformers
+
+        cls = getattr(transformers, arch, None)
+        cache = cls is None or accepts(cls, "past_key_values", unreadable=True)
+        encoder = not config.get("is_decoder") and \
+            bool(classes_for("MODEL_FOR_MASKED_LM_MAPPING_NAMES", model_type))
+        return "text-generation-with-past" if cache and not encoder else "text-generation"
     for name, (_auto, mapping) in GENERATION.items():
         if name.endswith("-with-past") and arch in classes_for(mapping, model_type):
             return name
@@ -254,7 +246,13 @@ class TaskModule(torch.nn.Module):
         self.model = model
         self.task = task
         self.pooling = pooling
-        self.output_names = output_names(task, model)
+        # named as optimum names them; image-segmentation: a semantic-segmentation model's
+        # logits, or DETR's logits, boxes and masks
+        self.output_names = list(TASKS[task].outputs)
+        if task == "image-segmentation" and type(model).__name__ in classes_for(
+                "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+                getattr(model.config, "model_type", "")):
+            self.output_names = self.output_names[:1]
         self.training = model.training  # export() switches (and restores) the modes itself
 
     def forward(self, input_ids: torch.Tensor | None = None,
@@ -271,17 +269,6 @@ class TaskModule(torch.nn.Module):
             tokens = out["last_hidden_state"]
             return tokens, self.pooling(tokens, attention_mask)
         return tuple(out[k] for k in self.output_names)
-
-
-def output_names(task: str, model: torch.nn.Module) -> list[str]:
-    """The outputs the task exports, named as optimum names them; image-segmentation: a
-    semantic-segmentation model's logits, or DETR's logits, boxes and masks."""
-    names = list(TASKS[task].outputs)
-    if task == "image-segmentation":
-        semantic = classes_for("MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
-                               getattr(model.config, "model_type", ""))
-        return names[:1] if type(model).__name__ in semantic else names
-    return names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,19 +324,6 @@ def _tokenize(task: str, tokenizer: Any, config: Any, segments: bool) -> dict[st
     return dict(tokenizer(texts, **kw))
 
 
-def _synthetic_ids(task: str, config: Any, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """Token ids from the config alone (a model object with no tokenizer): seeded, clear of the
-    first ids (special tokens), the second row's last two positions padding."""
-    text_cfg = getattr(config, "text_config", None) or config
-    vocab = int(getattr(text_cfg, "vocab_size", 0) or 100)
-    shape = (2, 2, 8) if task == "multiple-choice" else (2, 8)
-    ids = torch.randint(min(4, vocab - 1), vocab, shape, generator=gen)
-    mask = torch.ones_like(ids)
-    if task != "multiple-choice":
-        mask[1, -2:] = 0
-    return {"input_ids": ids, "attention_mask": mask}
-
-
 def _image_size(vcfg: Any, pre: dict[str, Any]) -> tuple[int, int]:
     """(height, width) of the images: preprocessor_config.json's crop or size, else the
     (vision) config's image_size, else 224 x 224."""
@@ -368,14 +342,6 @@ def _image_size(vcfg: Any, pre: dict[str, Any]) -> tuple[int, int]:
     if isinstance(size, (list, tuple)) and len(size) == 2:
         return int(size[0]), int(size[1])
     return 224, 224
-
-
-def _pixels(config: Any, pre: dict[str, Any], dtype: torch.dtype,
-            gen: torch.Generator) -> torch.Tensor:
-    vcfg = getattr(config, "vision_config", None) or config
-    channels = int(getattr(vcfg, "num_channels", 3) or 3)
-    h, w = _image_size(vcfg, pre)
-    return torch.randn(2, channels, h, w, generator=gen).to(dtype)
 
 
 def _audio(processor: Any, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], str]:
@@ -419,8 +385,15 @@ def example_inputs(task: str, model: torch.nn.Module, tokenizer: Any = None,
         if tokenizer is not None:
             kwargs.update(_tokenize(task, tokenizer, config, segments))
             sources.append("text through the folder's tokenizer")
-        else:
-            kwargs.update(_synthetic_ids(task, config, gen))
+        else:  # ids from the config alone (a model object with no tokenizer): seeded, clear
+            # of the first ids (special tokens), the second row's last two positions padding
+            text_cfg = getattr(config, "text_config", None) or config
+            vocab = int(getattr(text_cfg, "vocab_size", 0) or 100)
+            shape = (2, 2, 8) if task == "multiple-choice" else (2, 8)
+            kwargs["input_ids"] = torch.randint(min(4, vocab - 1), vocab, shape, generator=gen)
+            kwargs["attention_mask"] = torch.ones_like(kwargs["input_ids"])
+            if task != "multiple-choice":
+                kwargs["attention_mask"][1, -2:] = 0
             sources.append("token ids from the config (no tokenizer)")
         kwargs = {k: v for k, v in kwargs.items() if accepts(model, k)}
         if "token_type_ids" not in kwargs and segments:
@@ -430,8 +403,10 @@ def example_inputs(task: str, model: torch.nn.Module, tokenizer: Any = None,
             text_dims = {0: "text_batch_size", 1: "sequence_length"}
         dims.update({k: dict(text_dims) for k in kwargs})
     if modality in ("vision", "text+vision"):
-        kwargs["pixel_values"] = _pixels(config, preprocessor or {}, dtype, gen)
-        h, w = kwargs["pixel_values"].shape[2:]
+        vcfg = getattr(config, "vision_config", None) or config
+        h, w = _image_size(vcfg, preprocessor or {})
+        channels = int(getattr(vcfg, "num_channels", 3) or 3)
+        kwargs["pixel_values"] = torch.randn(2, channels, h, w, generator=gen).to(dtype)
         dims["pixel_values"] = ({0: "image_batch_size"} if modality == "text+vision" else
                                 {0: "batch_size", 2: "height", 3: "width"})
         sources.append(f"random {h}x{w} images (normalised pixel values)")
