@@ -127,19 +127,14 @@ def genai_config(model: Any, tokenizer: Any, layout: Layout,
                    "past_present_share_buffer": False, "repetition_penalty": 1.0,
                    "temperature": 1.0, "top_k": 1, "top_p": 1.0},
     }
-    if layout.encoder is not None:
-        _encoder_decoder(out, cfg, layout)
-    return out
-
-
-def _encoder_decoder(out: dict[str, Any], cfg: Any, layout: Layout) -> None:
-    """genai_config.json of an encoder-decoder (Whisper's model type): the decoder's sizes
-    from its own config fields, the encoder's section, the context of the decoder."""
-    dec = out["model"]["decoder"]
-    dec["hidden_size"] = int(cfg.d_model)
-    dec["num_attention_heads"] = int(cfg.decoder_attention_heads)
+    if layout.encoder is None:
+        return out
+    # an encoder-decoder (Whisper's model type): the decoder's sizes from its own config
+    # fields, the encoder's section, the context of the decoder
+    decoder["hidden_size"] = int(cfg.d_model)
+    decoder["num_attention_heads"] = int(cfg.decoder_attention_heads)
     heads = int(cfg.encoder_attention_heads)
-    encoder = {"session_options": dict(dec["session_options"]), "filename": layout.encoder,
+    encoder = {"session_options": dict(decoder["session_options"]), "filename": layout.encoder,
                "head_size": int(cfg.d_model) // heads, "hidden_size": int(cfg.d_model),
                "inputs": {"audio_features": layout.main},
                "outputs": {"encoder_hidden_states": "last_hidden_state", **_cross("present")},
@@ -150,6 +145,7 @@ def _encoder_decoder(out: dict[str, Any], cfg: Any, layout: Layout) -> None:
                       context_length=int(getattr(cfg, "max_target_positions", 448)),
                       bos_token_id=layout.start)
     out["search"]["max_length"] = model_part["context_length"]
+    return out
 
 
 def write_side_files(model: Any, tokenizer: Any, folder: Path, layout: Layout | None = None,

@@ -455,18 +455,16 @@ def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str],
                 d.dim_param = total
 
 
-def rename_io(proto: onnx.ModelProto, positions: bool, spec: CacheSpec | None = None) -> None:
-    """Rename the graph's inputs and outputs (and their uses) to GenAI's names (``spec``: the
-    cache's entries, :func:`io_names`)."""
+def rename_io(proto: onnx.ModelProto, spec: CacheSpec | None = None) -> None:
+    """Rename the graph's cache inputs and its outputs (and their uses) to GenAI's names
+    (``spec``: the cache's entries, :func:`io_names`); input_ids, attention_mask and
+    position_ids keep theirs."""
     g = proto.graph
-    fixed = ["input_ids", "attention_mask"] + (["position_ids"] if positions else [])
     n_cache = len(g.output) - 1
     past, present = io_names(n_cache, spec)
     inputs = [i.name for i in g.input]
-    mapping = {**{name: name for name in fixed},
-               **dict(zip(inputs[len(inputs) - n_cache:], past)),
-               **dict(zip([o.name for o in g.output], present))}
-    rename_graph(proto, mapping)
+    rename_graph(proto, {**dict(zip(inputs[len(inputs) - n_cache:], past)),
+                         **dict(zip([o.name for o in g.output], present))})
 
 
 def save_graph(proto: onnx.ModelProto, folder: Path, name: str = GRAPH) -> Path:
@@ -479,14 +477,13 @@ def save_graph(proto: onnx.ModelProto, folder: Path, name: str = GRAPH) -> Path:
     return path
 
 
-def package_graph(raw: Path, folder: Path, positions: bool, spec: CacheSpec | None = None
-                  ) -> None:
+def package_graph(raw: Path, folder: Path, spec: CacheSpec | None = None) -> None:
     """The verified graph at ``raw`` as ``folder/model.onnx`` with GenAI's names
     (:func:`rename_io`). Weights the export wrote as external data are moved,
     not read and written again (2 GiB at 0.5 B): only the graph is rewritten, its initializers
     pointing at ``model.onnx.data``."""
     proto = onnx.load(str(raw), load_external_data=False)
-    rename_io(proto, positions, spec)
+    rename_io(proto, spec)
     located = [e for t in proto.graph.initializer for e in t.external_data
                if e.key == "location"]
     files = {e.value for e in located}
@@ -539,7 +536,7 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
                       "`onnxmedic.export` on GenerationDecoder(model) reproduces it."))
         return None
     with result.timed("package graph"):
-        package_graph(raw, tmp, positions, spec)
+        package_graph(raw, tmp, spec)
         shutil.rmtree(raw.parent)
     kv = [t for t, (_, kind) in zip(args[3], spec) if kind in KINDS]
     first = kv[0] if kv else torch.zeros(1, 0, 0, 0)
