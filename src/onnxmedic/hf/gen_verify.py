@@ -594,8 +594,11 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     memory holds both (:func:`genai_beside`); its verdict counts only when the own loop's is
     good. ``genai_run``: that child started already (:func:`genai_beside`), on the same
     prompts and steps; ``onnx_ahead``: the own loop's ONNX Runtime side run already
-    (:func:`onnx_side`), used when it ran the same prompts and steps."""
+    (:func:`onnx_side`), used when it ran the same prompts and steps, else run now. Each
+    prompt is judged by :func:`judge_items`; onnxruntime-genai's verdict is asked only where
+    every run and judgement passed (a failure's finding is in the check)."""
     folder = Path(folder)
+    path = folder / "model.onnx"
     check = GenerationCheck(torch_runs={} if torch_runs is None else torch_runs)
     check.prompts = prompt_ids(tokenizer, default_prompts(model) if prompts is None else prompts,
                                int(model.config.vocab_size))
@@ -608,9 +611,26 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     # the own loop on one thread beside onnxruntime-genai's session (ONNX Runtime's threads
     # spin while they wait: more threads than cores take turns)
     threads = OWN_LOOP_THREADS if early is not None else None
+
+    def items(ahead: OnnxSide) -> Iterator[Judged]:
+        for ids, (tokens, actual, feeds) in zip(check.prompts, ahead.runs):
+            run = _torch_run(check, model, ids, steps)
+            failed = len(tokens) < steps
+            if failed:  # a failed run: its finding
+                for f in ahead.findings:
+                    check.fail(f)
+            yield Judged(run, tokens, actual, feeds, len(ids), failed,
+                         functools.partial(_decoder_refs, check, model, ids, run), path, program)
+
     try:
-        ran = _own_loop(check, model, folder / "model.onnx", steps, program, timeout, threads,
-                        onnx_ahead)
+        t0 = time.perf_counter()
+        with sandbox.reuse():
+            ahead = onnx_ahead
+            if ahead is None or (ahead.prompts, ahead.steps) != (check.prompts, steps):
+                ahead = onnx_side(folder, check.prompts, steps, timeout, threads)
+            check.seconds["onnx"] = ahead.seconds
+            ran = judge_items(check, items(ahead), timeout)
+        check.seconds["verify"] = time.perf_counter() - t0
         if genai and ran and check.ok:  # the child beside it, or one started now
             run, early = early, None
             genai_generation(folder, check, steps, timeout, eos_ids(model), run=run)
@@ -651,34 +671,6 @@ def onnx_side(folder: Path, prompts: list[list[int]], steps: int, timeout: float
                 break
     out.findings, out.seconds = scratch.findings, time.perf_counter() - t0
     return out
-
-
-def _own_loop(check: GenerationCheck, model: Any, path: Path, steps: int, program: Any,
-              timeout: float, threads: int | None = None, ahead: OnnxSide | None = None
-              ) -> bool:
-    """onnxmedic's own greedy loop over check.prompts (its ONNX Runtime side: ``ahead`` when
-    it ran the same prompts and steps already, else :func:`onnx_side` now), each prompt judged
-    by :func:`judge_items`; False where a run or a judgement failed (its finding is in
-    ``check``)."""
-    t0 = time.perf_counter()
-
-    def items() -> Iterator[Judged]:
-        for ids, (tokens, actual, feeds) in zip(check.prompts, ahead.runs):
-            run = _torch_run(check, model, ids, steps)
-            failed = len(tokens) < steps
-            if failed:  # a failed run: its finding
-                for f in ahead.findings:
-                    check.fail(f)
-            yield Judged(run, tokens, actual, feeds, len(ids), failed,
-                         functools.partial(_decoder_refs, check, model, ids, run), path, program)
-
-    with sandbox.reuse():
-        if ahead is None or (ahead.prompts, ahead.steps) != (check.prompts, steps):
-            ahead = onnx_side(path.parent, check.prompts, steps, timeout, threads)
-        check.seconds["onnx"] = ahead.seconds
-        ran = judge_items(check, items(), timeout)
-    check.seconds["verify"] = time.perf_counter() - t0
-    return ran
 
 
 def _decoder_refs(check: GenerationCheck, model: Any, ids: list[int], run: TorchRun
