@@ -47,7 +47,6 @@ class Layout:
     main: str = "input_ids"  # the encoder's main input (input_features: Whisper)
     start: int | None = None  # the decoder's first token
     programs: dict[str, Any] = field(default_factory=dict, repr=False)  # by graph
-    genai_problem: str | None = None  # why genai_config.json cannot describe it
 
 
 def _first(value: Any) -> Any:

@@ -498,13 +498,14 @@ def package_graph(raw: Path, folder: Path, spec: CacheSpec | None = None) -> Non
     onnx.save_model(proto, folder / GRAPH)
 
 
-def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int | None,
-           timeout: float) -> Layout | None:
+def _decoder_graph(result: ExportResult, req: Request, tmp: Path) -> tuple[Layout | None, bool]:
     """Export and verify the decoder graph with onnxmedic.export, then give it GenAI's names
-    in ``tmp/model.onnx``; returns its layout (its ExportedProgram as programs["decoder"]) or
-    None (OM810)."""
+    in ``tmp/model.onnx``: its layout (its ExportedProgram as programs["decoder"]) or None
+    (OM810), and whether onnxruntime-genai serves it (OM829 / OM820 where not: its cache is
+    one genai_config.json cannot describe)."""
     from onnxmedic.api import export
 
+    model = req.model
     positions = accepts(model, "position_ids")
     with result.stage("capture", conclude=False) as st:
         args, shapes, spec = example_step(model)
@@ -517,12 +518,18 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
             # torch.onnx says its dynamic axes are not renamed: rename_io names them
             warnings.filterwarnings("ignore", message=".*different number of inputs than")
             sub = export(GenerationDecoder(model, positions, spec).eval(), args, raw,
-                         dynamic_shapes=shapes, opset=opset, timeout=timeout,
+                         dynamic_shapes=shapes, opset=req.opset, timeout=req.timeout,
                          model_spec=type(model).__name__)
     if sub.onnx_model is not None:  # a failure is reported in the package's names too
         outputs = [o.name for o in sub.onnx_model.graph.output]
         package_names(sub, dict(zip(outputs, io_names(len(outputs) - 1, spec)[1])))
-    sub.findings[:] = [_our_inputs(f, model) for f in sub.findings]
+    sub.findings[:] = [step_inputs_blamed(
+        f, model, f"{EXAMPLE_NEW} new tokens after a past of {EXAMPLE_PAST} (the "
+        "model's own cache of those tokens, fed back as a plain DynamicCache of keys and "
+        "values; ", "generate() takes other steps (the prompt, then one token at a time); "
+        "these inputs are onnxmedic's, not yours.", "Export the model without its cache "
+        "(--task text-generation), and report the family to onnxmedic with this finding.")
+        for f in sub.findings]
     merge_graph(result, sub, MASK_RULE)
     # the graph's stages' seconds; "capture" was the whole block (the example cache, the
     # graph's export)
@@ -534,17 +541,28 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
                       "(one step with its cache) did not export and verify; the export's "
                       "findings above say why.", suggestion="Fix the first error above; "
                       "`onnxmedic.export` on GenerationDecoder(model) reproduces it."))
-        return None
+        return None, False
     with result.timed("package graph"):
         package_graph(raw, tmp, spec)
         shutil.rmtree(raw.parent)
     kv = [t for t, (_, kind) in zip(args[3], spec) if kind in KINDS]
     first = kv[0] if kv else torch.zeros(1, 0, 0, 0)
-    layers = len({i for i, _ in spec})
-    return Layout(GRAPH, layers, int(first.shape[1]), int(first.shape[3]),
-                  position_ids=positions, programs={"decoder": sub.program},
-                  genai_problem=STATES_NOT_GENAI if has_states(spec) else
-                  INDEXER_NOT_GENAI if own_layers(spec) else genai_problem(kv))
+    problem = (STATES_NOT_GENAI if has_states(spec) else INDEXER_NOT_GENAI if own_layers(spec)
+               else genai_problem(kv))
+    layout = Layout(GRAPH, len({i for i, _ in spec}), int(first.shape[1]), int(first.shape[3]),
+                    position_ids=positions, programs={"decoder": sub.program})
+    if problem is None:
+        return layout, True
+    result.findings.append(warning(
+        "OM829" if problem == STATES_NOT_GENAI else "OM820", "write", f"no genai_config.json: "
+        f"{problem}. The package serves ONNX Runtime (onnxmedic's generation "
+        "loop verifies it) but not onnxruntime-genai.",
+        suggestion="Use the graph with your own generation loop ("
+        + ("one token per step, the prompt too; past.{i}.conv / .recurrent in (zeros at "
+           "the first token), present.{i}.conv / .recurrent out; "
+           if problem == STATES_NOT_GENAI else "") + "past_key_values.{i}.key/value in, "
+        "present.{i}.key/value out)."))
+    return layout, False
 
 
 def merge_graph(result: ExportResult, sub: ExportResult, rule: str, which: str = "") -> None:
@@ -576,15 +594,6 @@ def step_inputs_blamed(finding: Any, model: Any, steps: str, why: str, suggestio
         f"onnxmedic built for {type(model).__name__}: {steps}"
         f"{finding.details.get('inputs', '')}): {exception}. {why}",
         location=finding.location, suggestion=suggestion, details=dict(finding.details))
-
-
-def _our_inputs(finding: Any, model: Any) -> Any:
-    return step_inputs_blamed(
-        finding, model, f"{EXAMPLE_NEW} new tokens after a past of {EXAMPLE_PAST} (the "
-        "model's own cache of those tokens, fed back as a plain DynamicCache of keys and "
-        "values; ", "generate() takes other steps (the prompt, then one token at a time); "
-        "these inputs are onnxmedic's, not yours.", "Export the model without its cache "
-        "(--task text-generation), and report the family to onnxmedic with this finding.")
 
 
 def package_names(sub: ExportResult, renamed: dict[str, str]) -> None:
@@ -690,25 +699,6 @@ def no_folder(out: Path) -> Any:
     """OM006: the package's parent folder does not exist."""
     return error("OM006", "write", f"cannot write {out}: the folder {out.parent} does not "
                  "exist.")
-
-
-def _decoder_graph(result: ExportResult, req: Request, tmp: Path) -> tuple[Layout | None, bool]:
-    """The decoder graph in ``tmp`` (:func:`_graph`) and whether onnxruntime-genai serves it
-    (OM829 / OM820 where not: its cache is one genai_config.json cannot describe)."""
-    layout = _graph(result, req.model, tmp, req.opset, req.timeout)
-    if layout is None or layout.genai_problem is None:
-        return layout, layout is not None
-    states = layout.genai_problem == STATES_NOT_GENAI
-    result.findings.append(warning(
-        "OM829" if states else "OM820", "write", f"no genai_config.json: "
-        f"{layout.genai_problem}. The package serves ONNX Runtime (onnxmedic's generation "
-        "loop verifies it) but not onnxruntime-genai.",
-        suggestion="Use the graph with your own generation loop ("
-        + ("one token per step, the prompt too; past.{i}.conv / .recurrent in (zeros at "
-           "the first token), present.{i}.conv / .recurrent out; "
-           if states else "") + "past_key_values.{i}.key/value in, "
-        "present.{i}.key/value out)."))
-    return layout, False
 
 
 def build_and_check(result: ExportResult, req: Request, tmp: Path,
