@@ -252,21 +252,18 @@ def step_slices(whole: np.ndarray | None, n: int, count: int) -> list[np.ndarray
     return [whole[:, :n]] + [whole[:, n + k - 1:n + k] for k in range(1, count)]
 
 
-def torch_side(model: Any, prompts: list[list[int]], steps: int,
-               runs: dict[tuple[Any, ...], TorchRun] | None = None
+def torch_side(model: Any, prompts: list[list[int]], steps: int
                ) -> dict[tuple[Any, ...], TorchRun]:
-    """PyTorch's side of every prompt before any ONNX run: its greedy tokens and logits, and
-    their float64 references in one pass (:func:`references`); ``runs`` (filled in place)
-    keeps those already made. It needs nothing of the package, so it can run while the
-    package is built (hf/backends.py)."""
-    runs = {} if runs is None else runs
-    check = GenerationCheck(torch_runs=runs)
+    """PyTorch's side of every prompt before any ONNX run (a verification's ``torch_runs``):
+    its greedy tokens and logits, and their float64 references in one pass
+    (:func:`references`; a prompt given twice is run once). It needs nothing of the package,
+    so it can run while the package is built (hf/backends.py)."""
+    check = GenerationCheck()
     made = {tuple(ids): _torch_run(check, model, ids, steps) for ids in prompts}
-    todo = {ids: run for ids, run in made.items() if run.refs is None}  # one per prompt
-    refs = references(model, [(list(ids), run.tokens, run.logits) for ids, run in todo.items()])
-    for run, ref in zip(todo.values(), refs):
+    refs = references(model, [(list(ids), run.tokens, run.logits) for ids, run in made.items()])
+    for run, ref in zip(made.values(), refs):
         run.refs = ref
-    return runs
+    return check.torch_runs
 
 
 # ops whose weights are quantized: their kernels compute otherwise once the weights are packed
