@@ -95,12 +95,11 @@ def _cross(io: str) -> dict[str, str]:
             for kind in KINDS}
 
 
-def genai_config(model: Any, tokenizer: Any, layout: Layout,
-                 context_length: int | None = None) -> dict[str, Any]:
+def genai_config(model: Any, tokenizer: Any, layout: Layout) -> dict[str, Any]:
     """The genai_config.json dict for the package ``layout``: model type ``decoder``, or the
     encoder-decoder's (GENAI_TYPES) with its encoder section."""
     cfg = model.config
-    ctx = context_length or getattr(cfg, "max_position_embeddings", None) or 2048
+    ctx = getattr(cfg, "max_position_embeddings", None) or 2048
     heads = getattr(cfg, "num_attention_heads", None) or layout.kv_heads
     inputs, outputs = _io(layout)
     decoder = {
