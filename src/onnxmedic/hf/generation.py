@@ -177,22 +177,21 @@ def unsupported_states(cache: Any) -> list[str]:
             continue
         states = _layer_states(layer)
         kv = isinstance(getattr(layer, "keys", None), torch.Tensor)
-        what = f"{i} {type(layer).__name__}: {', '.join(f'{n} {s}' for n, s in states)}"
+        head = f"{i} {type(layer).__name__}:"
+        what = f"{head} {', '.join(f'{n} {s}' for n, s in states)}"
         positions = getattr(layer, "indexer_position_ids", None)
         if isinstance(positions, torch.Tensor):
-            said.append(f"{i} {type(layer).__name__}: indexer_position_ids "
-                        f"{list(positions.shape)} (a sparse attention's indexer positions "
-                        "beside its keys)")
+            said.append(f"{head} indexer_position_ids {list(positions.shape)} (a sparse "
+                        "attention's indexer positions beside its keys)")
         elif getattr(layer, "number_of_states", 1) > 1:
             said.append(f"{what} ({layer.number_of_states} states per layer)")
         elif states and type(layer).__name__ in SLIDING:
             said.append(f"{what} (a sliding-window attention cache beside the states)")
         elif not states and not kv:
-            said.append(f"{i} {type(layer).__name__}: no keys and no state")
+            said.append(f"{head} no keys and no state")
         elif extra := _extra_state(layer):
-            said.append(f"{i} {type(layer).__name__}: {', '.join(extra)} (state beside the "
-                        "keys and values that a step updates and the package has no entry "
-                        "for)")
+            said.append(f"{head} {', '.join(extra)} (state beside the keys and values that a "
+                        "step updates and the package has no entry for)")
     return said
 
 
@@ -734,7 +733,7 @@ def build_and_check(result: ExportResult, req: Request, tmp: Path,
     elif req.optimize:
         result.findings.append(not_optimized("the package is not verified (verify=False), and "
                                              "a fused package is written only when verified"))
-    finish_package(result, tmp, req.out, files, verified, req.keep_unverified, what)
+    finish_package(result, req, tmp, files, verified, what)
 
 
 def _fused(result: ExportResult, req: Request, tmp: Path, genai: bool, check: Any) -> Path:
@@ -772,19 +771,19 @@ def not_optimized(why: str) -> Any:
                    "exported as without --optimize.")
 
 
-def finish_package(result: ExportResult, tmp: Path, out: Path, files: list[str], verified: bool,
-                   keep_unverified: bool, what: str = "generation package") -> None:
-    """The write stage's end for a package built in ``tmp``: put in place as ``out`` when
+def finish_package(result: ExportResult, req: Request, tmp: Path, files: list[str],
+                   verified: bool, what: str = "generation package") -> None:
+    """The write stage's end for a package built in ``tmp``: put in place as ``req.out`` when
     verified (or kept unverified on request, said in OM819), else nothing written (OM818)."""
-    if not verified and not keep_unverified:
-        result.fail("write", not_written(out, what))
+    if not verified and not req.keep_unverified:
+        result.fail("write", not_written(req.out, what))
         return
-    replace_folder(tmp, out)
+    replace_folder(tmp, req.out)
     result.record("write").passed()
-    result.path = str(out)
+    result.path = str(req.out)
     result.ok = verified and not result.errors
     result.findings.append(info(
-        "OM819", "write", f"{what} written to {out}: {', '.join(files)}"
+        "OM819", "write", f"{what} written to {req.out}: {', '.join(files)}"
         + ("" if verified else " (NOT verified: keep_unverified)") + "."))
 
 
