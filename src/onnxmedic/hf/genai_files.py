@@ -79,19 +79,18 @@ def _io(layout: Layout) -> tuple[dict[str, str], dict[str, str]]:
         inputs["attention_mask"] = "attention_mask"
         if layout.position_ids:
             inputs["position_ids"] = "position_ids"
-    inputs.update(past_key_names=genai_pattern("key", part),
-                  past_value_names=genai_pattern("value", part))
+    inputs.update(_cache_names("past", part))
     if layout.encoder is not None:
-        inputs.update(_cross("past"))
-    outputs = {"logits": LOGITS, "present_key_names": genai_pattern("key", part, present=True),
-               "present_value_names": genai_pattern("value", part, present=True)}
-    return inputs, outputs
+        inputs.update(_cache_names("past", CROSS))
+    return inputs, {"logits": LOGITS, **_cache_names("present", part)}
 
 
-def _cross(io: str) -> dict[str, str]:
-    """The cross-attention cache's names in genai_config.json, ``io`` "past" (the decoder's
-    inputs) or "present" (the encoder's outputs)."""
-    return {f"cross_{io}_{kind}_names": genai_pattern(kind, CROSS, present=io == "present")
+def _cache_names(io: str, part: str | None) -> dict[str, str]:
+    """A cache's names in genai_config.json, ``io`` "past" (the decoder's inputs) or "present"
+    (its outputs; the encoder's for the cross-attention cache, ``part`` CROSS, whose keys are
+    ``cross_``-prefixed)."""
+    prefix = "cross_" if part == CROSS else ""
+    return {f"{prefix}{io}_{kind}_names": genai_pattern(kind, part, present=io == "present")
             for kind in KINDS}
 
 
@@ -135,7 +134,8 @@ def genai_config(model: Any, tokenizer: Any, layout: Layout) -> dict[str, Any]:
     encoder = {"session_options": dict(decoder["session_options"]), "filename": layout.encoder,
                "head_size": int(cfg.d_model) // heads, "hidden_size": int(cfg.d_model),
                "inputs": {"audio_features": layout.main},
-               "outputs": {"encoder_hidden_states": "last_hidden_state", **_cross("present")},
+               "outputs": {"encoder_hidden_states": "last_hidden_state",
+                           **_cache_names("present", CROSS)},
                "num_attention_heads": heads, "num_hidden_layers": int(cfg.encoder_layers),
                "num_key_value_heads": heads}
     model_part = out["model"]

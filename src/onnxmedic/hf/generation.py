@@ -391,8 +391,7 @@ def cache_problem(model: Any) -> Any:
                          "back at each step", NO_CACHE_SUGGESTION)
 
 
-def example_step(model: torch.nn.Module, vocab: int | None = None
-                 ) -> tuple[tuple[Any, ...], tuple[Any, ...], CacheSpec]:
+def example_step(model: torch.nn.Module) -> tuple[tuple[Any, ...], tuple[Any, ...], CacheSpec]:
     """The graph's example inputs, dynamic shapes and cache spec (:func:`cache_spec`): new
     tokens after a real past of EXAMPLE_PAST tokens (the model's own cache of them). A cache
     with states takes one new token (the state-space models' code takes a previous state
@@ -400,7 +399,7 @@ def example_step(model: torch.nn.Module, vocab: int | None = None
     EXAMPLE_NEW (any number)."""
     from torch.export import Dim
 
-    vocab = vocab or int(model.config.vocab_size)
+    vocab = int(model.config.vocab_size)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         probe = torch.randint(min(4, vocab - 1), vocab, (EXAMPLE_BATCH, EXAMPLE_PAST),
@@ -417,12 +416,11 @@ def example_step(model: torch.nn.Module, vocab: int | None = None
     pos = torch.arange(EXAMPLE_PAST, total).expand(EXAMPLE_BATCH, new).contiguous()
     b, s = Dim("batch_size"), Dim("sequence_length")
     p = Dim("past_sequence_length")
-    args = (ids, mask, pos, past)
     tokens = {0: b} if states else {0: b, 1: s}
     shapes = (tokens, {0: b, 1: Dim.AUTO}, tokens,
               [{0: b} if kind in STATES else {0: b, 1: p} if kind == INDEXER else {0: b, 2: p}
                for _, kind in spec])
-    return args, shapes, spec
+    return (ids, mask, pos, past), shapes, spec
 
 
 def io_names(n_cache: int, spec: CacheSpec | None = None) -> tuple[list[str], list[str]]:
