@@ -114,6 +114,26 @@ def _linear_state(cache: Any, i: int) -> torch.Tensor | None:
     return state if isinstance(state, torch.Tensor) else None
 
 
+# the layer attribute of each kind of entry that a cache layer holds as a tensor
+ENTRY_ATTRS = {"key": "keys", "value": "values", INDEXER: "indexer_keys"}
+
+
+def _cache_entry(cache: Any, i: int, kind: str) -> torch.Tensor | None:
+    """Entry (``i``, ``kind``) of ``cache`` (a :func:`cache_spec` entry), None where layer
+    ``i`` holds none of that kind: a state is held in a dict at 0; MiniMax's linear-attention
+    layer holds its ``recurrent`` state alone, beside the layers (:func:`_linear_state`)."""
+    layer = cache.layers[i] if i < len(cache.layers) else None
+    linear = _linear_state(cache, i)
+    if linear is not None:
+        return linear if kind == "recurrent" else None
+    if kind in ENTRY_ATTRS:
+        value = getattr(layer, ENTRY_ATTRS[kind], None)
+    else:
+        held = getattr(layer, STATE_OF[kind], None)
+        value = held.get(0) if isinstance(held, dict) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def cache_spec(cache: Any) -> CacheSpec:
     """The model's own cache (a transformers ``DynamicCache`` after a forward pass) as the
     package's entries, (layer, kind) in the graph's order: per layer its ``key`` and
@@ -123,21 +143,9 @@ def cache_spec(cache: Any) -> CacheSpec:
     layers = getattr(cache, "layers", None)
     if layers is None:  # legacy ((k, v), ...) tuples
         return [(i, kind) for i in range(len(cache)) for kind in KINDS]
-    spec: CacheSpec = []
-    for i in range(max(len(layers), len(getattr(cache, "linear_cache", None) or []))):
-        layer = layers[i] if i < len(layers) else None
-        if _linear_state(cache, i) is not None:
-            spec.append((i, "recurrent"))
-            continue
-        if isinstance(getattr(layer, "keys", None), torch.Tensor):
-            spec += [(i, kind) for kind in KINDS]
-        if isinstance(getattr(layer, "indexer_keys", None), torch.Tensor):
-            spec.append((i, INDEXER))
-        for kind in STATES:
-            held = getattr(layer, STATE_OF[kind], None)
-            if isinstance(held, dict) and isinstance(held.get(0), torch.Tensor):
-                spec.append((i, kind))
-    return spec
+    n = max(len(layers), len(getattr(cache, "linear_cache", None) or []))
+    return [(i, kind) for i in range(n) for kind in (*KINDS, INDEXER, *STATES)
+            if _cache_entry(cache, i, kind) is not None]
 
 
 def has_states(spec: CacheSpec | None) -> bool:
@@ -193,17 +201,6 @@ def unsupported_states(cache: Any) -> list[str]:
             said.append(f"{head} {', '.join(extra)} (state beside the keys and values that a "
                         "step updates and the package has no entry for)")
     return said
-
-
-def _cache_entry(cache: Any, i: int, kind: str) -> torch.Tensor:
-    """Entry (``i``, ``kind``) of a :func:`cache_spec` of ``cache``."""
-    layer = cache.layers[i] if i < len(cache.layers) else None
-    if kind in KINDS:
-        return getattr(layer, "keys" if kind == "key" else "values")
-    if kind == INDEXER:
-        return layer.indexer_keys
-    state = _linear_state(cache, i)
-    return state if state is not None else getattr(layer, STATE_OF[kind])[0]
 
 
 def flat_cache(cache: Any, spec: CacheSpec | None = None) -> list[torch.Tensor]:
