@@ -408,10 +408,9 @@ def localize_step(check: GenerationCheck, path: Path, program: Any,
     from onnxmedic.verify.localize import localize
 
     if args is None:
-        names = [n for n in feed if is_past(n)]
         args = (torch.from_numpy(feed["input_ids"]), torch.from_numpy(feed["attention_mask"]),
                 torch.from_numpy(feed["position_ids"]) if "position_ids" in feed else None,
-                [torch.from_numpy(feed[n]) for n in names])
+                [torch.from_numpy(feed[n]) for n in feed if is_past(n)])
     try:
         loc = localize(onnx.load(str(path), load_external_data=False), program, args,
                        feeds=feed, timeout=timeout, input_set=label, full=False,

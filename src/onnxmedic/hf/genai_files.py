@@ -155,11 +155,7 @@ def write_side_files(model: Any, tokenizer: Any, folder: Path, layout: Layout | 
     if layout is not None:
         (folder / CONFIG).write_text(
             json.dumps(genai_config(model, tokenizer, layout), indent=2) + "\n")
-    model.config.save_pretrained(folder)
-    gen = getattr(model, "generation_config", None)
-    if gen is not None:
-        gen.save_pretrained(folder)
-    for part in (tokenizer, processor):
+    for part in (model.config, getattr(model, "generation_config", None), tokenizer, processor):
         if part is not None:
             part.save_pretrained(folder)
     return sorted(p.name for p in folder.iterdir())
