@@ -363,7 +363,7 @@ def judge_prompt(check: GenerationCheck, p: int, n_prompt: int, torch_tokens: li
     for k, (exp, act, ref) in enumerate(zip(expected, actual, refs)):
         c = judge_output("logits", exp, act, ref, input_set=f"prompt {p} step {k}")
         check.comparisons.append(c)
-        position = n_prompt + k - 1 if k else n_prompt - 1
+        position = n_prompt + k - 1  # the prefill's last position, then each new token's
         same = k >= len(torch_tokens) or torch_tokens[k] == onnx_tokens[k]
         where = f"prompt {p}, step {k} (position {position})"
         if not same:

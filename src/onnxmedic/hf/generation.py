@@ -355,7 +355,7 @@ def cache_problem(model: Any) -> Any:
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
         cache = own_cache(out)
-        states = unsupported_states(cache) if cache is not None else []
+        states = unsupported_states(cache)  # none in no cache
         if states:
             return error(
                 "OM827", "preflight", f"cannot export {type(model).__name__} for "
