@@ -425,8 +425,7 @@ def io_names(n_cache: int, spec: CacheSpec | None = None) -> tuple[list[str], li
     (with ``spec``, its entries' names: a state's ``past.{i}.conv``)."""
     past = ([cache_name(i, kind) for i, kind in spec] if own_layers(spec) else
             cache_names((n_cache + 1) // 2)[:n_cache])
-    present = [LOGITS] + [present_of(n) for n in past]
-    return past, present
+    return past, [LOGITS] + [present_of(n) for n in past]
 
 
 def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str],
