@@ -206,7 +206,7 @@ def test_external_weights_are_moved_into_the_package(llama, tmp_path):
     data = (raw.parent / "decoder.onnx.data").stat()
     out = tmp_path / "pkg"
     shutil.copytree(pkg, out, ignore=shutil.ignore_patterns("model.onnx"))
-    generation.package_graph(raw, out, positions=True)
+    generation.package_graph(raw, out)
     assert not (raw.parent / "decoder.onnx.data").exists()
     moved = (out / "model.onnx.data").stat()
     assert (moved.st_ino, moved.st_size) == (data.st_ino, data.st_size)
@@ -346,7 +346,7 @@ def test_only_past_plus_new_is_named_total_sequence_length():
          info("pv", "b", 2, f"{new} + {past}", 4)],
         value_info=[info("sinks", "b", 2, new, f"{past} + {new} + 1")])
     proto = helper.make_model(graph)
-    rename_io(proto, positions=False)
+    rename_io(proto)
     dims = {v.name: [d.dim_param for d in v.type.tensor_type.shape.dim]
             for v in list(proto.graph.output) + list(proto.graph.value_info)}
     assert dims["present.0.key"][2] == dims["present.0.value"][2] == "total_sequence_length"

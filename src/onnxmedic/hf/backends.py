@@ -288,7 +288,7 @@ def _verdict(result: ExportResult, job: BuildJob, watch: BuildWatch, req: Reques
                 "and verified by onnxmedic: greedy generation token for token against "
                 "PyTorch, each step's logits within the float64 budget, and in "
                 "onnxruntime-genai.", details={"seconds": job.seconds}))
-            finish_package(result, job.out, req.out, watch.files, True, req.keep_unverified)
+            finish_package(result, req, job.out, watch.files, True)
             return None
         errors = [f for f in check.findings if f.severity.value == "error"]
         why = "its package does not verify: " + (errors[0].message if errors else "?")

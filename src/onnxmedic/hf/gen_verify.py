@@ -252,21 +252,18 @@ def step_slices(whole: np.ndarray | None, n: int, count: int) -> list[np.ndarray
     return [whole[:, :n]] + [whole[:, n + k - 1:n + k] for k in range(1, count)]
 
 
-def torch_side(model: Any, prompts: list[list[int]], steps: int,
-               runs: dict[tuple[Any, ...], TorchRun] | None = None
+def torch_side(model: Any, prompts: list[list[int]], steps: int
                ) -> dict[tuple[Any, ...], TorchRun]:
-    """PyTorch's side of every prompt before any ONNX run: its greedy tokens and logits, and
-    their float64 references in one pass (:func:`references`); ``runs`` (filled in place)
-    keeps those already made. It needs nothing of the package, so it can run while the
-    package is built (hf/backends.py)."""
-    runs = {} if runs is None else runs
-    check = GenerationCheck(torch_runs=runs)
+    """PyTorch's side of every prompt before any ONNX run (a verification's ``torch_runs``):
+    its greedy tokens and logits, and their float64 references in one pass
+    (:func:`references`; a prompt given twice is run once). It needs nothing of the package,
+    so it can run while the package is built (hf/backends.py)."""
+    check = GenerationCheck()
     made = {tuple(ids): _torch_run(check, model, ids, steps) for ids in prompts}
-    todo = {ids: run for ids, run in made.items() if run.refs is None}  # one per prompt
-    refs = references(model, [(list(ids), run.tokens, run.logits) for ids, run in todo.items()])
-    for run, ref in zip(todo.values(), refs):
+    refs = references(model, [(list(ids), run.tokens, run.logits) for ids, run in made.items()])
+    for run, ref in zip(made.values(), refs):
         run.refs = ref
-    return runs
+    return check.torch_runs
 
 
 # ops whose weights are quantized: their kernels compute otherwise once the weights are packed
@@ -366,7 +363,7 @@ def judge_prompt(check: GenerationCheck, p: int, n_prompt: int, torch_tokens: li
     for k, (exp, act, ref) in enumerate(zip(expected, actual, refs)):
         c = judge_output("logits", exp, act, ref, input_set=f"prompt {p} step {k}")
         check.comparisons.append(c)
-        position = n_prompt + k - 1 if k else n_prompt - 1
+        position = n_prompt + k - 1  # the prefill's last position, then each new token's
         same = k >= len(torch_tokens) or torch_tokens[k] == onnx_tokens[k]
         where = f"prompt {p}, step {k} (position {position})"
         if not same:
@@ -411,10 +408,9 @@ def localize_step(check: GenerationCheck, path: Path, program: Any,
     from onnxmedic.verify.localize import localize
 
     if args is None:
-        names = [n for n in feed if is_past(n)]
         args = (torch.from_numpy(feed["input_ids"]), torch.from_numpy(feed["attention_mask"]),
                 torch.from_numpy(feed["position_ids"]) if "position_ids" in feed else None,
-                [torch.from_numpy(feed[n]) for n in names])
+                [torch.from_numpy(feed[n]) for n in feed if is_past(n)])
     try:
         loc = localize(onnx.load(str(path), load_external_data=False), program, args,
                        feeds=feed, timeout=timeout, input_set=label, full=False,
@@ -594,8 +590,11 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     memory holds both (:func:`genai_beside`); its verdict counts only when the own loop's is
     good. ``genai_run``: that child started already (:func:`genai_beside`), on the same
     prompts and steps; ``onnx_ahead``: the own loop's ONNX Runtime side run already
-    (:func:`onnx_side`), used when it ran the same prompts and steps."""
+    (:func:`onnx_side`), used when it ran the same prompts and steps, else run now. Each
+    prompt is judged by :func:`judge_items`; onnxruntime-genai's verdict is asked only where
+    every run and judgement passed (a failure's finding is in the check)."""
     folder = Path(folder)
+    path = folder / "model.onnx"
     check = GenerationCheck(torch_runs={} if torch_runs is None else torch_runs)
     check.prompts = prompt_ids(tokenizer, default_prompts(model) if prompts is None else prompts,
                                int(model.config.vocab_size))
@@ -608,9 +607,26 @@ def verify_generation(folder: str | Path, model: Any, tokenizer: Any = None, *, 
     # the own loop on one thread beside onnxruntime-genai's session (ONNX Runtime's threads
     # spin while they wait: more threads than cores take turns)
     threads = OWN_LOOP_THREADS if early is not None else None
+
+    def items(ahead: OnnxSide) -> Iterator[Judged]:
+        for ids, (tokens, actual, feeds) in zip(check.prompts, ahead.runs):
+            run = _torch_run(check, model, ids, steps)
+            failed = len(tokens) < steps
+            if failed:  # a failed run: its finding
+                for f in ahead.findings:
+                    check.fail(f)
+            yield Judged(run, tokens, actual, feeds, len(ids), failed,
+                         functools.partial(_decoder_refs, check, model, ids, run), path, program)
+
     try:
-        ran = _own_loop(check, model, folder / "model.onnx", steps, program, timeout, threads,
-                        onnx_ahead)
+        t0 = time.perf_counter()
+        with sandbox.reuse():
+            ahead = onnx_ahead
+            if ahead is None or (ahead.prompts, ahead.steps) != (check.prompts, steps):
+                ahead = onnx_side(folder, check.prompts, steps, timeout, threads)
+            check.seconds["onnx"] = ahead.seconds
+            ran = judge_items(check, items(ahead), timeout)
+        check.seconds["verify"] = time.perf_counter() - t0
         if genai and ran and check.ok:  # the child beside it, or one started now
             run, early = early, None
             genai_generation(folder, check, steps, timeout, eos_ids(model), run=run)
@@ -651,34 +667,6 @@ def onnx_side(folder: Path, prompts: list[list[int]], steps: int, timeout: float
                 break
     out.findings, out.seconds = scratch.findings, time.perf_counter() - t0
     return out
-
-
-def _own_loop(check: GenerationCheck, model: Any, path: Path, steps: int, program: Any,
-              timeout: float, threads: int | None = None, ahead: OnnxSide | None = None
-              ) -> bool:
-    """onnxmedic's own greedy loop over check.prompts (its ONNX Runtime side: ``ahead`` when
-    it ran the same prompts and steps already, else :func:`onnx_side` now), each prompt judged
-    by :func:`judge_items`; False where a run or a judgement failed (its finding is in
-    ``check``)."""
-    t0 = time.perf_counter()
-
-    def items() -> Iterator[Judged]:
-        for ids, (tokens, actual, feeds) in zip(check.prompts, ahead.runs):
-            run = _torch_run(check, model, ids, steps)
-            failed = len(tokens) < steps
-            if failed:  # a failed run: its finding
-                for f in ahead.findings:
-                    check.fail(f)
-            yield Judged(run, tokens, actual, feeds, len(ids), failed,
-                         functools.partial(_decoder_refs, check, model, ids, run), path, program)
-
-    with sandbox.reuse():
-        if ahead is None or (ahead.prompts, ahead.steps) != (check.prompts, steps):
-            ahead = onnx_side(path.parent, check.prompts, steps, timeout, threads)
-        check.seconds["onnx"] = ahead.seconds
-        ran = judge_items(check, items(), timeout)
-    check.seconds["verify"] = time.perf_counter() - t0
-    return ran
 
 
 def _decoder_refs(check: GenerationCheck, model: Any, ids: list[int], run: TorchRun

@@ -21,24 +21,19 @@ import time
 from typing import Any
 
 
-def _model(og: Any, folder: str, prepack: bool, threads: int | None = None) -> Any:
-    options: dict[str, Any] = {}
-    if not prepack:
-        options["session.disable_prepacking"] = "1"
-    if threads is not None:
-        options["intra_op_num_threads"] = int(threads)
-    if not options:
-        return og.Model(folder)
-    config = og.Config(folder)
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
-    return og.Model(config)
-
-
 def main() -> None:
     import onnxruntime_genai as og
 
     folder, spec = sys.argv[1], json.loads(sys.argv[2])
-    model = _model(og, folder, spec.get("prepack", True), spec.get("threads"))
+    options: dict[str, Any] = {}  # the decoder session's, over its genai_config's
+    if not spec.get("prepack", True):
+        options["session.disable_prepacking"] = "1"
+    if spec.get("threads") is not None:
+        options["intra_op_num_threads"] = int(spec["threads"])
+    if options:
+        config = og.Config(folder)
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+    model = og.Model(config if options else folder)
     features = "features" in spec
     tokens, seconds, generated = [], 0.0, 0
     for item in spec["features"] if features else spec["prompts"]:

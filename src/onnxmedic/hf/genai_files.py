@@ -47,7 +47,6 @@ class Layout:
     main: str = "input_ids"  # the encoder's main input (input_features: Whisper)
     start: int | None = None  # the decoder's first token
     programs: dict[str, Any] = field(default_factory=dict, repr=False)  # by graph
-    genai_problem: str | None = None  # why genai_config.json cannot describe it
 
 
 def _first(value: Any) -> Any:
@@ -80,28 +79,26 @@ def _io(layout: Layout) -> tuple[dict[str, str], dict[str, str]]:
         inputs["attention_mask"] = "attention_mask"
         if layout.position_ids:
             inputs["position_ids"] = "position_ids"
-    inputs.update(past_key_names=genai_pattern("key", part),
-                  past_value_names=genai_pattern("value", part))
+    inputs.update(_cache_names("past", part))
     if layout.encoder is not None:
-        inputs.update(_cross("past"))
-    outputs = {"logits": LOGITS, "present_key_names": genai_pattern("key", part, present=True),
-               "present_value_names": genai_pattern("value", part, present=True)}
-    return inputs, outputs
+        inputs.update(_cache_names("past", CROSS))
+    return inputs, {"logits": LOGITS, **_cache_names("present", part)}
 
 
-def _cross(io: str) -> dict[str, str]:
-    """The cross-attention cache's names in genai_config.json, ``io`` "past" (the decoder's
-    inputs) or "present" (the encoder's outputs)."""
-    return {f"cross_{io}_{kind}_names": genai_pattern(kind, CROSS, present=io == "present")
+def _cache_names(io: str, part: str | None) -> dict[str, str]:
+    """A cache's names in genai_config.json, ``io`` "past" (the decoder's inputs) or "present"
+    (its outputs; the encoder's for the cross-attention cache, ``part`` CROSS, whose keys are
+    ``cross_``-prefixed)."""
+    prefix = "cross_" if part == CROSS else ""
+    return {f"{prefix}{io}_{kind}_names": genai_pattern(kind, part, present=io == "present")
             for kind in KINDS}
 
 
-def genai_config(model: Any, tokenizer: Any, layout: Layout,
-                 context_length: int | None = None) -> dict[str, Any]:
+def genai_config(model: Any, tokenizer: Any, layout: Layout) -> dict[str, Any]:
     """The genai_config.json dict for the package ``layout``: model type ``decoder``, or the
     encoder-decoder's (GENAI_TYPES) with its encoder section."""
     cfg = model.config
-    ctx = context_length or getattr(cfg, "max_position_embeddings", None) or 2048
+    ctx = getattr(cfg, "max_position_embeddings", None) or 2048
     heads = getattr(cfg, "num_attention_heads", None) or layout.kv_heads
     inputs, outputs = _io(layout)
     decoder = {
@@ -127,22 +124,18 @@ def genai_config(model: Any, tokenizer: Any, layout: Layout,
                    "past_present_share_buffer": False, "repetition_penalty": 1.0,
                    "temperature": 1.0, "top_k": 1, "top_p": 1.0},
     }
-    if layout.encoder is not None:
-        _encoder_decoder(out, cfg, layout)
-    return out
-
-
-def _encoder_decoder(out: dict[str, Any], cfg: Any, layout: Layout) -> None:
-    """genai_config.json of an encoder-decoder (Whisper's model type): the decoder's sizes
-    from its own config fields, the encoder's section, the context of the decoder."""
-    dec = out["model"]["decoder"]
-    dec["hidden_size"] = int(cfg.d_model)
-    dec["num_attention_heads"] = int(cfg.decoder_attention_heads)
+    if layout.encoder is None:
+        return out
+    # an encoder-decoder (Whisper's model type): the decoder's sizes from its own config
+    # fields, the encoder's section, the context of the decoder
+    decoder["hidden_size"] = int(cfg.d_model)
+    decoder["num_attention_heads"] = int(cfg.decoder_attention_heads)
     heads = int(cfg.encoder_attention_heads)
-    encoder = {"session_options": dict(dec["session_options"]), "filename": layout.encoder,
+    encoder = {"session_options": dict(decoder["session_options"]), "filename": layout.encoder,
                "head_size": int(cfg.d_model) // heads, "hidden_size": int(cfg.d_model),
                "inputs": {"audio_features": layout.main},
-               "outputs": {"encoder_hidden_states": "last_hidden_state", **_cross("present")},
+               "outputs": {"encoder_hidden_states": "last_hidden_state",
+                           **_cache_names("present", CROSS)},
                "num_attention_heads": heads, "num_hidden_layers": int(cfg.encoder_layers),
                "num_key_value_heads": heads}
     model_part = out["model"]
@@ -150,6 +143,7 @@ def _encoder_decoder(out: dict[str, Any], cfg: Any, layout: Layout) -> None:
                       context_length=int(getattr(cfg, "max_target_positions", 448)),
                       bos_token_id=layout.start)
     out["search"]["max_length"] = model_part["context_length"]
+    return out
 
 
 def write_side_files(model: Any, tokenizer: Any, folder: Path, layout: Layout | None = None,
@@ -161,11 +155,7 @@ def write_side_files(model: Any, tokenizer: Any, folder: Path, layout: Layout | 
     if layout is not None:
         (folder / CONFIG).write_text(
             json.dumps(genai_config(model, tokenizer, layout), indent=2) + "\n")
-    model.config.save_pretrained(folder)
-    gen = getattr(model, "generation_config", None)
-    if gen is not None:
-        gen.save_pretrained(folder)
-    for part in (tokenizer, processor):
+    for part in (model.config, getattr(model, "generation_config", None), tokenizer, processor):
         if part is not None:
             part.save_pretrained(folder)
     return sorted(p.name for p in folder.iterdir())

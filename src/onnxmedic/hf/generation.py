@@ -114,6 +114,26 @@ def _linear_state(cache: Any, i: int) -> torch.Tensor | None:
     return state if isinstance(state, torch.Tensor) else None
 
 
+# the layer attribute of each kind of entry that a cache layer holds as a tensor
+ENTRY_ATTRS = {"key": "keys", "value": "values", INDEXER: "indexer_keys"}
+
+
+def _cache_entry(cache: Any, i: int, kind: str) -> torch.Tensor | None:
+    """Entry (``i``, ``kind``) of ``cache`` (a :func:`cache_spec` entry), None where layer
+    ``i`` holds none of that kind: a state is held in a dict at 0; MiniMax's linear-attention
+    layer holds its ``recurrent`` state alone, beside the layers (:func:`_linear_state`)."""
+    layer = cache.layers[i] if i < len(cache.layers) else None
+    linear = _linear_state(cache, i)
+    if linear is not None:
+        return linear if kind == "recurrent" else None
+    if kind in ENTRY_ATTRS:
+        value = getattr(layer, ENTRY_ATTRS[kind], None)
+    else:
+        held = getattr(layer, STATE_OF[kind], None)
+        value = held.get(0) if isinstance(held, dict) else None
+    return value if isinstance(value, torch.Tensor) else None
+
+
 def cache_spec(cache: Any) -> CacheSpec:
     """The model's own cache (a transformers ``DynamicCache`` after a forward pass) as the
     package's entries, (layer, kind) in the graph's order: per layer its ``key`` and
@@ -123,21 +143,9 @@ def cache_spec(cache: Any) -> CacheSpec:
     layers = getattr(cache, "layers", None)
     if layers is None:  # legacy ((k, v), ...) tuples
         return [(i, kind) for i in range(len(cache)) for kind in KINDS]
-    spec: CacheSpec = []
-    for i in range(max(len(layers), len(getattr(cache, "linear_cache", None) or []))):
-        layer = layers[i] if i < len(layers) else None
-        if _linear_state(cache, i) is not None:
-            spec.append((i, "recurrent"))
-            continue
-        if isinstance(getattr(layer, "keys", None), torch.Tensor):
-            spec += [(i, kind) for kind in KINDS]
-        if isinstance(getattr(layer, "indexer_keys", None), torch.Tensor):
-            spec.append((i, INDEXER))
-        for kind in STATES:
-            held = getattr(layer, STATE_OF[kind], None)
-            if isinstance(held, dict) and isinstance(held.get(0), torch.Tensor):
-                spec.append((i, kind))
-    return spec
+    n = max(len(layers), len(getattr(cache, "linear_cache", None) or []))
+    return [(i, kind) for i in range(n) for kind in (*KINDS, INDEXER, *STATES)
+            if _cache_entry(cache, i, kind) is not None]
 
 
 def has_states(spec: CacheSpec | None) -> bool:
@@ -177,34 +185,22 @@ def unsupported_states(cache: Any) -> list[str]:
             continue
         states = _layer_states(layer)
         kv = isinstance(getattr(layer, "keys", None), torch.Tensor)
-        what = f"{i} {type(layer).__name__}: {', '.join(f'{n} {s}' for n, s in states)}"
+        head = f"{i} {type(layer).__name__}:"
+        what = f"{head} {', '.join(f'{n} {s}' for n, s in states)}"
         positions = getattr(layer, "indexer_position_ids", None)
         if isinstance(positions, torch.Tensor):
-            said.append(f"{i} {type(layer).__name__}: indexer_position_ids "
-                        f"{list(positions.shape)} (a sparse attention's indexer positions "
-                        "beside its keys)")
+            said.append(f"{head} indexer_position_ids {list(positions.shape)} (a sparse "
+                        "attention's indexer positions beside its keys)")
         elif getattr(layer, "number_of_states", 1) > 1:
             said.append(f"{what} ({layer.number_of_states} states per layer)")
         elif states and type(layer).__name__ in SLIDING:
             said.append(f"{what} (a sliding-window attention cache beside the states)")
         elif not states and not kv:
-            said.append(f"{i} {type(layer).__name__}: no keys and no state")
+            said.append(f"{head} no keys and no state")
         elif extra := _extra_state(layer):
-            said.append(f"{i} {type(layer).__name__}: {', '.join(extra)} (state beside the "
-                        "keys and values that a step updates and the package has no entry "
-                        "for)")
+            said.append(f"{head} {', '.join(extra)} (state beside the keys and values that a "
+                        "step updates and the package has no entry for)")
     return said
-
-
-def _cache_entry(cache: Any, i: int, kind: str) -> torch.Tensor:
-    """Entry (``i``, ``kind``) of a :func:`cache_spec` of ``cache``."""
-    layer = cache.layers[i] if i < len(cache.layers) else None
-    if kind in KINDS:
-        return getattr(layer, "keys" if kind == "key" else "values")
-    if kind == INDEXER:
-        return layer.indexer_keys
-    state = _linear_state(cache, i)
-    return state if state is not None else getattr(layer, STATE_OF[kind])[0]
 
 
 def flat_cache(cache: Any, spec: CacheSpec | None = None) -> list[torch.Tensor]:
@@ -359,7 +355,7 @@ def cache_problem(model: Any) -> Any:
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
         cache = own_cache(out)
-        states = unsupported_states(cache) if cache is not None else []
+        states = unsupported_states(cache)  # none in no cache
         if states:
             return error(
                 "OM827", "preflight", f"cannot export {type(model).__name__} for "
@@ -392,8 +388,7 @@ def cache_problem(model: Any) -> Any:
                          "back at each step", NO_CACHE_SUGGESTION)
 
 
-def example_step(model: torch.nn.Module, vocab: int | None = None
-                 ) -> tuple[tuple[Any, ...], tuple[Any, ...], CacheSpec]:
+def example_step(model: torch.nn.Module) -> tuple[tuple[Any, ...], tuple[Any, ...], CacheSpec]:
     """The graph's example inputs, dynamic shapes and cache spec (:func:`cache_spec`): new
     tokens after a real past of EXAMPLE_PAST tokens (the model's own cache of them). A cache
     with states takes one new token (the state-space models' code takes a previous state
@@ -401,7 +396,7 @@ def example_step(model: torch.nn.Module, vocab: int | None = None
     EXAMPLE_NEW (any number)."""
     from torch.export import Dim
 
-    vocab = vocab or int(model.config.vocab_size)
+    vocab = int(model.config.vocab_size)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         probe = torch.randint(min(4, vocab - 1), vocab, (EXAMPLE_BATCH, EXAMPLE_PAST),
@@ -418,12 +413,11 @@ def example_step(model: torch.nn.Module, vocab: int | None = None
     pos = torch.arange(EXAMPLE_PAST, total).expand(EXAMPLE_BATCH, new).contiguous()
     b, s = Dim("batch_size"), Dim("sequence_length")
     p = Dim("past_sequence_length")
-    args = (ids, mask, pos, past)
     tokens = {0: b} if states else {0: b, 1: s}
     shapes = (tokens, {0: b, 1: Dim.AUTO}, tokens,
               [{0: b} if kind in STATES else {0: b, 1: p} if kind == INDEXER else {0: b, 2: p}
                for _, kind in spec])
-    return args, shapes, spec
+    return (ids, mask, pos, past), shapes, spec
 
 
 def io_names(n_cache: int, spec: CacheSpec | None = None) -> tuple[list[str], list[str]]:
@@ -431,8 +425,7 @@ def io_names(n_cache: int, spec: CacheSpec | None = None) -> tuple[list[str], li
     (with ``spec``, its entries' names: a state's ``past.{i}.conv``)."""
     past = ([cache_name(i, kind) for i, kind in spec] if own_layers(spec) else
             cache_names((n_cache + 1) // 2)[:n_cache])
-    present = [LOGITS] + [present_of(n) for n in past]
-    return past, present
+    return past, [LOGITS] + [present_of(n) for n in past]
 
 
 def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str],
@@ -455,18 +448,16 @@ def rename_graph(proto: onnx.ModelProto, mapping: dict[str, str],
                 d.dim_param = total
 
 
-def rename_io(proto: onnx.ModelProto, positions: bool, spec: CacheSpec | None = None) -> None:
-    """Rename the graph's inputs and outputs (and their uses) to GenAI's names (``spec``: the
-    cache's entries, :func:`io_names`)."""
+def rename_io(proto: onnx.ModelProto, spec: CacheSpec | None = None) -> None:
+    """Rename the graph's cache inputs and its outputs (and their uses) to GenAI's names
+    (``spec``: the cache's entries, :func:`io_names`); input_ids, attention_mask and
+    position_ids keep theirs."""
     g = proto.graph
-    fixed = ["input_ids", "attention_mask"] + (["position_ids"] if positions else [])
     n_cache = len(g.output) - 1
     past, present = io_names(n_cache, spec)
     inputs = [i.name for i in g.input]
-    mapping = {**{name: name for name in fixed},
-               **dict(zip(inputs[len(inputs) - n_cache:], past)),
-               **dict(zip([o.name for o in g.output], present))}
-    rename_graph(proto, mapping)
+    rename_graph(proto, {**dict(zip(inputs[len(inputs) - n_cache:], past)),
+                         **dict(zip([o.name for o in g.output], present))})
 
 
 def save_graph(proto: onnx.ModelProto, folder: Path, name: str = GRAPH) -> Path:
@@ -479,14 +470,13 @@ def save_graph(proto: onnx.ModelProto, folder: Path, name: str = GRAPH) -> Path:
     return path
 
 
-def package_graph(raw: Path, folder: Path, positions: bool, spec: CacheSpec | None = None
-                  ) -> None:
+def package_graph(raw: Path, folder: Path, spec: CacheSpec | None = None) -> None:
     """The verified graph at ``raw`` as ``folder/model.onnx`` with GenAI's names
     (:func:`rename_io`). Weights the export wrote as external data are moved,
     not read and written again (2 GiB at 0.5 B): only the graph is rewritten, its initializers
     pointing at ``model.onnx.data``."""
     proto = onnx.load(str(raw), load_external_data=False)
-    rename_io(proto, positions, spec)
+    rename_io(proto, spec)
     located = [e for t in proto.graph.initializer for e in t.external_data
                if e.key == "location"]
     files = {e.value for e in located}
@@ -501,13 +491,14 @@ def package_graph(raw: Path, folder: Path, positions: bool, spec: CacheSpec | No
     onnx.save_model(proto, folder / GRAPH)
 
 
-def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int | None,
-           timeout: float) -> Layout | None:
+def _decoder_graph(result: ExportResult, req: Request, tmp: Path) -> tuple[Layout | None, bool]:
     """Export and verify the decoder graph with onnxmedic.export, then give it GenAI's names
-    in ``tmp/model.onnx``; returns its layout (its ExportedProgram as programs["decoder"]) or
-    None (OM810)."""
+    in ``tmp/model.onnx``: its layout (its ExportedProgram as programs["decoder"]) or None
+    (OM810), and whether onnxruntime-genai serves it (OM829 / OM820 where not: its cache is
+    one genai_config.json cannot describe)."""
     from onnxmedic.api import export
 
+    model = req.model
     positions = accepts(model, "position_ids")
     with result.stage("capture", conclude=False) as st:
         args, shapes, spec = example_step(model)
@@ -520,12 +511,18 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
             # torch.onnx says its dynamic axes are not renamed: rename_io names them
             warnings.filterwarnings("ignore", message=".*different number of inputs than")
             sub = export(GenerationDecoder(model, positions, spec).eval(), args, raw,
-                         dynamic_shapes=shapes, opset=opset, timeout=timeout,
+                         dynamic_shapes=shapes, opset=req.opset, timeout=req.timeout,
                          model_spec=type(model).__name__)
     if sub.onnx_model is not None:  # a failure is reported in the package's names too
         outputs = [o.name for o in sub.onnx_model.graph.output]
         package_names(sub, dict(zip(outputs, io_names(len(outputs) - 1, spec)[1])))
-    sub.findings[:] = [_our_inputs(f, model) for f in sub.findings]
+    sub.findings[:] = [step_inputs_blamed(
+        f, model, f"{EXAMPLE_NEW} new tokens after a past of {EXAMPLE_PAST} (the "
+        "model's own cache of those tokens, fed back as a plain DynamicCache of keys and "
+        "values; ", "generate() takes other steps (the prompt, then one token at a time); "
+        "these inputs are onnxmedic's, not yours.", "Export the model without its cache "
+        "(--task text-generation), and report the family to onnxmedic with this finding.")
+        for f in sub.findings]
     merge_graph(result, sub, MASK_RULE)
     # the graph's stages' seconds; "capture" was the whole block (the example cache, the
     # graph's export)
@@ -537,17 +534,28 @@ def _graph(result: ExportResult, model: torch.nn.Module, tmp: Path, opset: int |
                       "(one step with its cache) did not export and verify; the export's "
                       "findings above say why.", suggestion="Fix the first error above; "
                       "`onnxmedic.export` on GenerationDecoder(model) reproduces it."))
-        return None
+        return None, False
     with result.timed("package graph"):
-        package_graph(raw, tmp, positions, spec)
+        package_graph(raw, tmp, spec)
         shutil.rmtree(raw.parent)
     kv = [t for t, (_, kind) in zip(args[3], spec) if kind in KINDS]
     first = kv[0] if kv else torch.zeros(1, 0, 0, 0)
-    layers = len({i for i, _ in spec})
-    return Layout(GRAPH, layers, int(first.shape[1]), int(first.shape[3]),
-                  position_ids=positions, programs={"decoder": sub.program},
-                  genai_problem=STATES_NOT_GENAI if has_states(spec) else
-                  INDEXER_NOT_GENAI if own_layers(spec) else genai_problem(kv))
+    problem = (STATES_NOT_GENAI if has_states(spec) else INDEXER_NOT_GENAI if own_layers(spec)
+               else genai_problem(kv))
+    layout = Layout(GRAPH, len({i for i, _ in spec}), int(first.shape[1]), int(first.shape[3]),
+                    position_ids=positions, programs={"decoder": sub.program})
+    if problem is None:
+        return layout, True
+    result.findings.append(warning(
+        "OM829" if problem == STATES_NOT_GENAI else "OM820", "write", f"no genai_config.json: "
+        f"{problem}. The package serves ONNX Runtime (onnxmedic's generation "
+        "loop verifies it) but not onnxruntime-genai.",
+        suggestion="Use the graph with your own generation loop ("
+        + ("one token per step, the prompt too; past.{i}.conv / .recurrent in (zeros at "
+           "the first token), present.{i}.conv / .recurrent out; "
+           if problem == STATES_NOT_GENAI else "") + "past_key_values.{i}.key/value in, "
+        "present.{i}.key/value out)."))
+    return layout, False
 
 
 def merge_graph(result: ExportResult, sub: ExportResult, rule: str, which: str = "") -> None:
@@ -579,15 +587,6 @@ def step_inputs_blamed(finding: Any, model: Any, steps: str, why: str, suggestio
         f"onnxmedic built for {type(model).__name__}: {steps}"
         f"{finding.details.get('inputs', '')}): {exception}. {why}",
         location=finding.location, suggestion=suggestion, details=dict(finding.details))
-
-
-def _our_inputs(finding: Any, model: Any) -> Any:
-    return step_inputs_blamed(
-        finding, model, f"{EXAMPLE_NEW} new tokens after a past of {EXAMPLE_PAST} (the "
-        "model's own cache of those tokens, fed back as a plain DynamicCache of keys and "
-        "values; ", "generate() takes other steps (the prompt, then one token at a time); "
-        "these inputs are onnxmedic's, not yours.", "Export the model without its cache "
-        "(--task text-generation), and report the family to onnxmedic with this finding.")
 
 
 def package_names(sub: ExportResult, renamed: dict[str, str]) -> None:
@@ -695,25 +694,6 @@ def no_folder(out: Path) -> Any:
                  "exist.")
 
 
-def _decoder_graph(result: ExportResult, req: Request, tmp: Path) -> tuple[Layout | None, bool]:
-    """The decoder graph in ``tmp`` (:func:`_graph`) and whether onnxruntime-genai serves it
-    (OM829 / OM820 where not: its cache is one genai_config.json cannot describe)."""
-    layout = _graph(result, req.model, tmp, req.opset, req.timeout)
-    if layout is None or layout.genai_problem is None:
-        return layout, layout is not None
-    states = layout.genai_problem == STATES_NOT_GENAI
-    result.findings.append(warning(
-        "OM829" if states else "OM820", "write", f"no genai_config.json: "
-        f"{layout.genai_problem}. The package serves ONNX Runtime (onnxmedic's generation "
-        "loop verifies it) but not onnxruntime-genai.",
-        suggestion="Use the graph with your own generation loop ("
-        + ("one token per step, the prompt too; past.{i}.conv / .recurrent in (zeros at "
-           "the first token), present.{i}.conv / .recurrent out; "
-           if states else "") + "past_key_values.{i}.key/value in, "
-        "present.{i}.key/value out)."))
-    return layout, False
-
-
 def build_and_check(result: ExportResult, req: Request, tmp: Path,
                     build: Callable[[ExportResult], tuple[Layout | None, bool]],
                     verify: Callable[[Path, Layout, bool], Any],
@@ -747,7 +727,7 @@ def build_and_check(result: ExportResult, req: Request, tmp: Path,
     elif req.optimize:
         result.findings.append(not_optimized("the package is not verified (verify=False), and "
                                              "a fused package is written only when verified"))
-    finish_package(result, tmp, req.out, files, verified, req.keep_unverified, what)
+    finish_package(result, req, tmp, files, verified, what)
 
 
 def _fused(result: ExportResult, req: Request, tmp: Path, genai: bool, check: Any) -> Path:
@@ -785,19 +765,19 @@ def not_optimized(why: str) -> Any:
                    "exported as without --optimize.")
 
 
-def finish_package(result: ExportResult, tmp: Path, out: Path, files: list[str], verified: bool,
-                   keep_unverified: bool, what: str = "generation package") -> None:
-    """The write stage's end for a package built in ``tmp``: put in place as ``out`` when
+def finish_package(result: ExportResult, req: Request, tmp: Path, files: list[str],
+                   verified: bool, what: str = "generation package") -> None:
+    """The write stage's end for a package built in ``tmp``: put in place as ``req.out`` when
     verified (or kept unverified on request, said in OM819), else nothing written (OM818)."""
-    if not verified and not keep_unverified:
-        result.fail("write", not_written(out, what))
+    if not verified and not req.keep_unverified:
+        result.fail("write", not_written(req.out, what))
         return
-    replace_folder(tmp, out)
+    replace_folder(tmp, req.out)
     result.record("write").passed()
-    result.path = str(out)
+    result.path = str(req.out)
     result.ok = verified and not result.errors
     result.findings.append(info(
-        "OM819", "write", f"{what} written to {out}: {', '.join(files)}"
+        "OM819", "write", f"{what} written to {req.out}: {', '.join(files)}"
         + ("" if verified else " (NOT verified: keep_unverified)") + "."))
 
 
