@@ -122,26 +122,23 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
         res.findings.append(bad)
         return res
     if precision == "fp32":
-        res.fused = fuse_package(folder, out, model, tokenizer, timeout=timeout)
-        res.findings.extend(res.fused.findings)
-        res.ok, res.path = res.fused.ok, res.fused.path
-        return res
-    with staged(out) as work:
-        before = f"{out} (before int4)"  # the fused package lives in the scratch folder
-        res.fused = fuse_package(folder, work / "fused", model, tokenizer, timeout=timeout,
-                                 shown=before)
-        src, src_shown = (work / "fused", before) if res.fused.ok else (folder, shown)
-        # the fusion's verdict, on the package int4 started from
-        verdict = [f for f in res.fused.findings if f.code in ("OM734", "OM735")]
-        if say is not None:
-            said = "; ".join(f.message for f in verdict)
-            say(f"int4 of the {'fused' if res.fused.ok else 'plain'} package ({said})")
-        res.int4 = int4_package(src, out, model, tokenizer, budget=budget, grid=grid,
-                                search=search, threads=threads, timeout=timeout,
-                                shown=src_shown)
-        res.findings.extend(verdict)
-    res.findings.extend(res.int4.findings)
-    res.ok, res.path = res.int4.ok, res.int4.path
+        res.fused = made = fuse_package(folder, out, model, tokenizer, timeout=timeout)
+    else:
+        with staged(out) as work:
+            before = f"{out} (before int4)"  # the fused package lives in the scratch folder
+            res.fused = fuse_package(folder, work / "fused", model, tokenizer, timeout=timeout,
+                                     shown=before)
+            src, src_shown = (work / "fused", before) if res.fused.ok else (folder, shown)
+            # the fusion's verdict, on the package int4 started from
+            res.findings = [f for f in res.fused.findings if f.code in ("OM734", "OM735")]
+            if say is not None:
+                said = "; ".join(f.message for f in res.findings)
+                say(f"int4 of the {'fused' if res.fused.ok else 'plain'} package ({said})")
+            res.int4 = made = int4_package(src, out, model, tokenizer, budget=budget,
+                                           grid=grid, search=search, threads=threads,
+                                           timeout=timeout, shown=src_shown)
+    res.findings.extend(made.findings)
+    res.ok, res.path = made.ok, made.path
     return res
 
 
@@ -183,7 +180,7 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
     result.int4 = getattr(made, "int4", None)  # type: ignore[attr-defined]
     # the float32 package stayed in the staging folder: only the one made is written
     result.findings = [f for f in result.findings if f.code != "OM819"]
-    result.ok = bool(result.ok and made is not None and made.ok)
+    # (result.ok: the package made, and written; a refusal or a failure failed the stage)
     result.path = str(out) if result.ok else None
     if result.ok:
         result.findings.append(info(
