@@ -38,45 +38,36 @@ class PackageReference:
     states in the package's fixed shapes, held by the model's own cache class as the export's
     step holds them (hf/generation.py's ``GenerationDecoder`` over the layout's entries); the
     attention mask and the positions the package's loop feeds (all ones; past .. total - 1).
-    ``layout`` None: a cache of keys and values in layer order (``[k0, v0, k1, v1, ...]``).
     A convolution state narrower than the model's kernel (the builder's: the kernel - 1
     inputs the next step needs) is what the model's own update keeps of it: transformers'
     ``causal_conv1d_update`` and its prefill take a previous window of any width."""
 
-    def __init__(self, model: Any, layout: StepLayout | None = None) -> None:
+    def __init__(self, model: Any, layout: StepLayout) -> None:
         from onnxmedic.hf.generation import GenerationDecoder
         from onnxmedic.hf.tasks import accepts
 
         self.layout = layout
-        spec = ([(c.layer, c.kind) for c in layout.self_cache] if layout is not None
-                else None)
+        spec = [(c.layer, c.kind) for c in layout.self_cache]
         self.decoder = GenerationDecoder(model, accepts(model, "position_ids"), spec).eval()
 
     def __call__(self, input_ids: Any, past: list[Any]) -> tuple[Any, list[Any]]:
         import torch
 
-        ids = input_ids.numpy()
         logits = []
-        for chunk in self.layout.chunks(ids) if self.layout is not None else [ids]:
-            out, past = self._step(torch.from_numpy(chunk), list(past))  # a step per token
-            logits.append(out)  # where the package takes one
+        for chunk in self.layout.chunks(input_ids.numpy()):  # a step per token where the
+            # package takes one
+            n = chunk.shape[1]
+            behind = self.layout.past_length(past)
+            if behind is None:  # states only: no length in them (GenerationDecoder masks the
+                if self.decoder.takes_positions:  # new tokens alone), but positions need it
+                    raise NotAStep("the cache is states only and the model takes positions: "
+                                   "the tokens behind it are not in the cache")
+                behind = 0
+            mask = torch.ones(chunk.shape[0], behind + n, dtype=torch.int64)
+            pos = torch.arange(behind, behind + n).expand(chunk.shape[0], n)
+            out, past = self.decoder(torch.from_numpy(chunk), mask, pos, list(past))
+            logits.append(out)
         return (torch.cat(logits, dim=1) if len(logits) > 1 else logits[0]), past
-
-    def _step(self, input_ids: Any, past: list[Any]) -> tuple[Any, list[Any]]:
-        import torch
-
-        n = input_ids.shape[1]
-        behind = (self.layout.past_length(past) if self.layout is not None
-                  else past[0].shape[2])
-        if behind is None:  # states only: no length in them (GenerationDecoder masks the
-            if self.decoder.takes_positions:  # new tokens alone), but positions need it
-                raise NotAStep("the cache is states only and the model takes positions: "
-                               "the tokens behind it are not in the cache")
-            behind = 0
-        total = behind + n
-        mask = torch.ones(input_ids.shape[0], total, dtype=torch.int64)
-        pos = torch.arange(total - n, total).expand(input_ids.shape[0], n)
-        return self.decoder(input_ids, mask, pos, list(past))
 
 
 @dataclass
@@ -118,8 +109,8 @@ class Int4Pass(PackagePass):
 
 def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
                  tokenizer: Any = None, *, budget: Any = None, grid: Any = None,
-                 genai: bool = True, search: bool = True, threads: int = 2,
-                 timeout: float = 600.0, shown: str | None = None) -> Int4PackageResult:
+                 search: bool = True, threads: int = 2, timeout: float = 600.0,
+                 shown: str | None = None) -> Int4PackageResult:
     """Write ``out``: the generation package ``folder`` at int4 (see the module docstring),
     judged against ``model`` (the PyTorch causal LM) with ``budget`` (int4.TaskBudget;
     default +5 % perplexity, 95 % greedy agreement) over ``grid`` (int4_search's default
@@ -145,10 +136,8 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
             # the chosen file's own greedy tokens in ONNX Runtime, as the search scored it
             res.tokens_onnx = next(c.tokens for c in res.search.candidates
                                    if c.name == res.search.chosen)
-            ok = True
-            if genai:
-                ok, res.tokens_genai, found = genai_agrees(
-                    tmp, res.search.prompts, res.tokens_onnx, res.search.budget.steps, timeout)
+            ok, res.tokens_genai, found = genai_agrees(
+                tmp, res.search.prompts, res.tokens_onnx, res.search.budget.steps, timeout)
             if ok:
                 replace_folder(tmp, out)
                 res.search.written = str(out / Path(chosen).name)
