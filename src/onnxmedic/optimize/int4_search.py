@@ -102,52 +102,44 @@ class Int4Result:
 
     def findings(self, stage: str = "optimize") -> list[Any]:
         """OM732 (written) or OM731 (none within the budget, nothing written), and OM730 for
-        each int4 candidate outside the budget."""
-        from onnxmedic.findings import error, info
+        each int4 candidate outside the budget; after OM732, OM743 when the written candidate,
+        generating on its own, keeps fewer than the budget's share of PyTorch's greedy tokens
+        (the budget reads teacher-forced agreement): where it diverges and how close
+        PyTorch's own two best tokens were."""
+        from onnxmedic.findings import error, info, warning
 
         out = [info("OM730", stage, f"int4 candidate {c.name} outside the budget "
                     f"({self.budget.describe()}): {c.rejected}",
                     details={k: v for k, v in asdict(c).items() if k != "path"})
                for c in self.candidates if c.name != "fp32" and c.rejected]
-        if self.chosen:
-            where = f"; written to {self.written}" if self.written else ""
-            out.insert(0, info("OM732", stage, self.message + where, details=self.to_dict()))
-            drift = self.free_running_finding(stage)
-            if drift is not None:
-                out.insert(1, drift)
-        else:
-            out.insert(0, error("OM731", stage, self.message, details=self.to_dict(),
-                                suggestion="Keep the float32 file, or loosen the budget "
-                                "(--accuracy perplexity=10%,agreement=90%) if the figures "
-                                "above are acceptable for your task."))
-        return out
-
-    def free_running_finding(self, stage: str = "optimize") -> Any:
-        """OM743 when the written candidate, generating on its own, keeps fewer than the
-        budget's share of PyTorch's greedy tokens (the budget reads teacher-forced
-        agreement): where it diverges and how close PyTorch's own two best tokens were."""
-        from onnxmedic.findings import warning
-
+        if not self.chosen:
+            return [error("OM731", stage, self.message, details=self.to_dict(),
+                          suggestion="Keep the float32 file, or loosen the budget "
+                          "(--accuracy perplexity=10%,agreement=90%) if the figures above are "
+                          "acceptable for your task."), *out]
+        where = f"; written to {self.written}" if self.written else ""
+        out.insert(0, info("OM732", stage, self.message + where, details=self.to_dict()))
         c = next((c for c in self.candidates if c.name == self.chosen), None)
         if c is None or c.free_agreement is None or c.free_agreement >= self.budget.agreement:
-            return None
+            return out
         where = ", ".join(f"prompt {i + 1} at step {d} (PyTorch's top-2 logit gap there "
                           f"{m:.3g})" for i, (d, m) in enumerate(zip(c.first_divergence,
                                                                      c.divergence_margins))
                           if d is not None and m is not None)
         median = f"{self.median_margin:.3g}" if self.median_margin is not None else "?"
-        return warning("OM743", stage, f"the written int4 file {c.name}, generating on its own "
-                       f"for {self.budget.steps} steps, keeps {c.free_agreement * 100:.1f} % of "
-                       f"PyTorch float32's greedy tokens (teacher-forced: "
-                       f"{c.agreement * 100:.1f} %, the figure the budget reads); it first "
-                       f"diverges at {where}; PyTorch's median gap over all steps is {median}",
-                       details={"free_agreement": c.free_agreement,
-                                "first_divergence": c.first_divergence,
-                                "divergence_margins": c.divergence_margins,
-                                "median_margin": self.median_margin},
-                       suggestion="A divergence where the gap is far below the median is a "
-                       "near tie of the float32 model itself; if your task needs PyTorch's own "
-                       "text, require it with --accuracy free=95% (judged like the rest).")
+        out.insert(1, warning(
+            "OM743", stage, f"the written int4 file {c.name}, generating on its own for "
+            f"{self.budget.steps} steps, keeps {c.free_agreement * 100:.1f} % of PyTorch "
+            f"float32's greedy tokens (teacher-forced: {c.agreement * 100:.1f} %, the figure the "
+            f"budget reads); it first diverges at {where}; PyTorch's median gap over all steps "
+            f"is {median}", details={"free_agreement": c.free_agreement,
+                                    "first_divergence": c.first_divergence,
+                                    "divergence_margins": c.divergence_margins,
+                                    "median_margin": self.median_margin},
+            suggestion="A divergence where the gap is far below the median is a near tie of "
+            "the float32 model itself; if your task needs PyTorch's own text, require it with "
+            "--accuracy free=95% (judged like the rest)."))
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

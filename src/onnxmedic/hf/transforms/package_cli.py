@@ -118,15 +118,14 @@ def cli_package(ns: Any) -> int:
         print(json.dumps({"ok": res.ok, "path": res.path, "precision": ns.precision,
                           "findings": [f.to_dict() for f in res.findings]}, indent=2,
                          default=str))
-        return 0 if res.ok else 1
-    if res.int4 is not None and res.int4.search is not None:
+    elif res.int4 is not None and res.int4.search is not None:
         # the candidate table, then the road's findings but the fusion's verdict (OM734,
         # OM735), said before int4 ran (package_precision's say line)
         print_result(res.int4.search, [f for f in res.findings
                                        if f.code not in ("OM734", "OM735")])
     else:
         print_findings(res.findings)
-    if res.ok:
+    if res.ok and not quiet:
         print(f"{ns.precision} generation package written to {out}: "
               f"{', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0 if res.ok else 1
