@@ -212,14 +212,15 @@ def decode(step: Step, past0: list[np.ndarray], prompt: list[int], feed: Iterabl
         yield logits
 
 
-def generate(step: Step, past0: list[np.ndarray], prompt: list[int], steps: int
-             ) -> list[int]:
-    """Greedy decoding: ``steps`` tokens after ``prompt``, each step fed its own token."""
+def generate(step: Step, past0: list[np.ndarray], prompt: list[int], steps: int,
+             pick: Callable[[np.ndarray], int] | None = None) -> list[int]:
+    """Decoding: ``steps`` tokens after ``prompt``, each step fed its own token: the greedy
+    one, or ``pick(logits)``'s (the last position's logits)."""
     out: list[int] = []
     for logits in decode(step, past0, prompt, out):
         if len(out) == steps:
             break
-        out.append(int(np.argmax(logits[0, -1])))
+        out.append(int(np.argmax(logits[0, -1])) if pick is None else pick(logits[0, -1]))
     return out
 
 
@@ -423,14 +424,13 @@ def sampled_data(reference: Step, past0: list[np.ndarray], vocab: int, prompts: 
     :data:`SAMPLED_TOKENS` tokens sampled (temperature 1, seeded) from the reference itself."""
     rng = np.random.default_rng(seed)
     ps = [[int(t) for t in rng.integers(4, vocab, 4)] for _ in range(prompts)]
-    sampled: list[int] = []
-    for logits in decode(reference, past0, ps[0], sampled):
-        if len(ps[0]) + len(sampled) >= SAMPLED_TOKENS:
-            break
-        lg = logits[0, -1].astype(np.float64)
+
+    def sample(logits: np.ndarray) -> int:  # temperature 1
+        lg = logits.astype(np.float64)
         p = np.exp(lg - lg.max())
-        sampled.append(int(rng.choice(len(p), p=p / p.sum())))
-    text = ps[0] + sampled
+        return int(rng.choice(len(p), p=p / p.sum()))
+
+    text = ps[0] + generate(reference, past0, ps[0], SAMPLED_TOKENS - len(ps[0]), sample)
     return TaskData(ps, text, f"{prompts} random prompts and {SAMPLED_TOKENS} tokens sampled "
                     "from the PyTorch model (no tokenizer known: give the model a `tokenizer`)")
 
