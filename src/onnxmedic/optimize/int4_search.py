@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxmedic.findings import OnnxMedicError, error, info, print_findings, refuse, warning
 from onnxmedic.genpackage import StepLayout, read_step
 from onnxmedic.optimize import int4, int4_gptq, int4_text
 from onnxmedic.optimize.bench import bench
@@ -106,8 +107,6 @@ class Int4Result:
         generating on its own, keeps fewer than the budget's share of PyTorch's greedy tokens
         (the budget reads teacher-forced agreement): where it diverges and how close
         PyTorch's own two best tokens were."""
-        from onnxmedic.findings import error, info, warning
-
         out = [info("OM730", stage, f"int4 candidate {c.name} outside the budget "
                     f"({self.budget.describe()}): {c.rejected}",
                     details={k: v for k, v in asdict(c).items() if k != "path"})
@@ -328,8 +327,6 @@ def optimize_decoder(onnx_path: str | os.PathLike[str], model: Any, *,
     it has one; ``calibration``: a text file for GPTQ and a perplexity on the user's text. A
     file that is not a decoder step raises OnnxMedicError (OM733), an unusable calibration
     text OnnxMedicError (OM742)."""
-    from onnxmedic.findings import OnnxMedicError, error
-
     budget = accuracy if isinstance(accuracy, int4.TaskBudget) else int4.parse_budget(accuracy)
     try:
         read_step(onnx_path).empty_past()
@@ -370,8 +367,6 @@ def print_result(res: Int4Result, findings: list[Any] | None = None) -> None:
     greedy agreement teacher-forced (``forced``: the budget's figure) and generating on its own
     (``own``), decode-step time and size; then ``findings`` (``res.findings()`` when None)
     but OM730, whose rejections the table shows."""
-    from onnxmedic.findings import print_findings
-
     print(f"int4 judged by the task budget: {res.budget.describe()} (--accuracy); text: "
           f"{res.data_source}; PyTorch float32 perplexity {res.reference_perplexity:.4g}")
     user = bool(res.user_text)
@@ -395,7 +390,6 @@ def cli_main(ns: Any) -> int:
     import sys
 
     from onnxmedic import inputs
-    from onnxmedic.findings import OnnxMedicError, refuse
 
     if ns.target != "cpu":
         sys.stderr.write("onnxmedic optimize: error: --precision int4 is for --target cpu\n")
