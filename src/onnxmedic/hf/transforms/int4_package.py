@@ -23,7 +23,7 @@ from typing import Any
 
 from onnxmedic.findings import error
 from onnxmedic.genpackage import NotAStep, StepLayout, decoder_graph, read_step
-from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
+from onnxmedic.hf.transforms.passes import PackageOutcome, PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
 from onnxmedic.optimize.pass_infra import PassResult, PreconditionError
 
@@ -71,15 +71,12 @@ class PackageReference:
 
 
 @dataclass
-class Int4PackageResult:
+class Int4PackageResult(PackageOutcome):
     """The int4 search (``search``: int4_search.Int4Result), the genai check, findings."""
 
-    ok: bool = False
-    path: str | None = None
     search: Any = None
     tokens_onnx: list[list[int]] = field(default_factory=list)
     tokens_genai: list[list[int]] | None = None
-    findings: list[Any] = field(default_factory=list)
 
 
 class Int4Pass(PackagePass):

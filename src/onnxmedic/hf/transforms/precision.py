@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from onnxmedic.findings import error, info
+from onnxmedic.hf.transforms.passes import PackageOutcome, staged
 
 logger = logging.getLogger(__name__)
 
@@ -22,16 +25,13 @@ PRECISIONS = ("fp32", "int4")  # what a generation package can be made at here (
 
 
 @dataclass
-class PackagePrecision:
+class PackagePrecision(PackageOutcome):
     """The transform's outcome: ``ok`` when ``path`` was written; ``fused`` (fuse_decoder's
     FuseResult), ``int4`` (int4_package's Int4PackageResult, None at fp32) and every
     ``findings`` of both."""
 
-    ok: bool = False
-    path: str | None = None
     fused: Any = None
     int4: Any = None
-    findings: list[Any] = field(default_factory=list)
 
 
 def precision_problem(precision: str, target: str = "cpu", flags: bool = True) -> str | None:
@@ -54,7 +54,6 @@ def preflight(folder: Path, precision: str, shown: str | None = None) -> Any:
     int4 too for a cache of convolution or state-space states (LFM2's builder package), which
     the task budget's PyTorch reference feeds as the package's contract does. ``shown``: how
     the findings name the package (default: ``folder``)."""
-    from onnxmedic.findings import error
     from onnxmedic.genpackage import NotAStep, read_package
     from onnxmedic.hf.transforms.int4_package import not_fed
 
@@ -83,8 +82,6 @@ def unhonoured_precision(options: dict[str, Any]) -> str | None:
 
 def int4_not_for(task: str) -> Any:
     """OM840: ``precision="int4"`` asked for a task whose export it does not serve."""
-    from onnxmedic.findings import error
-
     return error("OM840", "preflight", f"--precision int4 makes a text-generation-with-past "
                  f"package (a decoder judged by the task budget, docs/int4.md), not {task}; "
                  "nothing was exported.", suggestion="Export it at fp32, or with --optimize "
@@ -109,7 +106,6 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
     that does not parse."""
     from onnxmedic.hf.transforms.fuse_decoder import fuse_package
     from onnxmedic.hf.transforms.int4_package import int4_package
-    from onnxmedic.hf.transforms.passes import staged
     from onnxmedic.optimize.int4 import TaskBudget, parse_budget
 
     if (why := precision_problem(precision, flags=False)) is not None:
@@ -152,9 +148,7 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
     and the "optimize" stage join the export's ExportResult; only the package made is written,
     and only when both passed. Raises ValueError for a precision it does not make or
     ``verify=False``."""
-    from onnxmedic.findings import info
     from onnxmedic.hf import export_generation, report_to
-    from onnxmedic.hf.transforms.passes import staged
 
     if (why := precision_problem(precision, flags=False)) is not None:
         raise ValueError(f"onnxmedic.export_pretrained: {why}")
