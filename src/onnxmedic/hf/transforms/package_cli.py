@@ -22,8 +22,14 @@ logger = logging.getLogger(__name__)
 
 def load_reference(spec: str) -> tuple[Any, Any]:
     """(causal LM in eval mode, tokenizer or None) of a checkpoint folder; raises
-    OnnxMedicError (OM737) when it cannot be loaded."""
-    folder = spec[3:] if spec.startswith("hf:") else spec
+    OnnxMedicError: OM800 when a folder given is not a checkpoint (missing, no config.json, no
+    weights), said as ``export hf:`` says it, before anything is loaded (a hub id is fetched
+    by the loader); OM737 when it cannot be loaded."""
+    from onnxmedic.hf.checkpoint import resolve, strip_prefix
+
+    folder = strip_prefix(spec)
+    if Path(folder).expanduser().exists() or folder.startswith((".", "/", "~")):
+        resolve(spec)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -39,22 +45,6 @@ def load_reference(spec: str) -> tuple[Any, Any]:
     except Exception:  # noqa: BLE001 - no tokenizer: int4 samples its text from the model
         tok = None
     return model, tok
-
-
-def checkpoint_problem(spec: str) -> Any:
-    """Why the checkpoint folder of ``optimize PACKAGE hf:FOLDER`` is not one, as ``export
-    hf:`` says it (OM800: missing, no config.json, no weights), before anything is loaded;
-    None for a checkpoint, or a hub id (fetched where the model is loaded)."""
-    from onnxmedic.hf.checkpoint import resolve, strip_prefix
-
-    ref = strip_prefix(spec)
-    if not (Path(ref).expanduser().exists() or ref.startswith((".", "/", "~"))):
-        return None
-    try:
-        resolve(spec)
-    except OnnxMedicError as e:
-        return e.finding
-    return None
 
 
 def package_problem(folder: Path) -> Any:
@@ -103,9 +93,7 @@ def cli_package(ns: Any) -> int:
     if (bad := preflight(Path(ns.onnx), ns.precision)) is not None:
         print_findings([bad])  # the package's own checks, before the checkpoint is loaded
         return 1
-    if (bad := checkpoint_problem(ns.model)) is not None:
-        return refuse(bad)  # after the package's own checks, before anything is loaded
-    try:
+    try:  # after the package's own checks
         model, tok = load_reference(ns.model)
     except OnnxMedicError as err:
         return refuse(err.finding)
