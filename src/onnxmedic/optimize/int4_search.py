@@ -173,8 +173,7 @@ def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: 
     for figure, value in int4.judge(ref, got, budget).items():  # named as c's fields
         setattr(c, figure, value)
     c.tokens = got["tokens"]
-    if "margins" in ref:
-        c.divergence_margins = int4_text.divergence_margins(ref["margins"], c.first_divergence)
+    c.divergence_margins = int4_text.divergence_margins(ref["margins"], c.first_divergence)
     if user is not None:
         mine = int4.score_onnx(c.path, int4.TaskData([], user.held), 0, [], threads=threads,
                                timeout=timeout, layout=layout)
