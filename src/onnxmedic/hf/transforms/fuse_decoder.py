@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir  # (loaded by gqa.py, imported below, already)
 
 from onnxmedic.findings import error, info
 from onnxmedic.genpackage import context_length, decoder_graph
@@ -66,7 +67,6 @@ def fold_constant_where(model: Any) -> int:
     the branch it picks; returns the number folded. (Broadcasting a one-element tensor does
     not change the picked branch's shape unless it is a scalar, which the verification that
     follows would catch.)"""
-    import onnx_ir as ir
 
     def one(value: Any) -> np.ndarray | None:  # a one-element initializer's array
         array = const_array(value)
@@ -99,7 +99,6 @@ def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
     MultiHeadAttention with its KV cache becomes GroupQueryAttention (:func:`to_gqa`, rotary
     caches of ``max_positions``). Returns (the fusion counts, the number of constant Wheres
     folded)."""
-    import onnx_ir as ir
     import onnx_ir.passes.common as common_passes
     from onnxscript.rewriter import rewrite
     from onnxscript.rewriter.ort_fusions import _core, softmax
