@@ -75,12 +75,12 @@ def package_problem(folder: Path) -> Any:
 def cli_package(ns: Any) -> int:
     """The package branch of ``onnxmedic optimize``: 0 written, 1 not (a finding says why),
     2 for a bad flag."""
-    from onnxmedic.hf.transforms.precision import package_precision, precision_problem, preflight
+    from onnxmedic.hf.transforms import precision
     from onnxmedic.optimize import int4
     from onnxmedic.optimize.int4_search import print_result
 
-    bad = precision_problem(ns.precision, ns.target) or (None if ns.output else
-                                                          "-o OUT_FOLDER is required")
+    bad = precision.precision_problem(ns.precision, ns.target) or (
+        None if ns.output else "-o OUT_FOLDER is required")
     try:
         budget = int4.parse_budget(ns.accuracy) if ns.precision == "int4" else None
     except ValueError as e:
@@ -90,7 +90,7 @@ def cli_package(ns: Any) -> int:
         return 2
     if (unreadable := package_problem(Path(ns.onnx))) is not None:
         return refuse(unreadable)  # before the checkpoint is loaded
-    if (bad := preflight(Path(ns.onnx), ns.precision)) is not None:
+    if (bad := precision.preflight(Path(ns.onnx), ns.precision)) is not None:
         print_findings([bad])  # the package's own checks, before the checkpoint is loaded
         return 1
     try:  # after the package's own checks
@@ -98,9 +98,9 @@ def cli_package(ns: Any) -> int:
     except OnnxMedicError as err:
         return refuse(err.finding)
     quiet = bool(getattr(ns, "json", False))
-    res = package_precision(ns.onnx, ns.output, model, tok, ns.precision, budget=budget,
-                            threads=ns.threads, timeout=ns.timeout,
-                            say=None if quiet else print, checked=True)
+    res = precision.package_precision(ns.onnx, ns.output, model, tok, ns.precision,
+                                      budget=budget, threads=ns.threads, timeout=ns.timeout,
+                                      say=None if quiet else print, checked=True)
     out = Path(ns.output)
     if quiet:
         print(json.dumps({"ok": res.ok, "path": res.path, "precision": ns.precision,
@@ -114,6 +114,5 @@ def cli_package(ns: Any) -> int:
     else:
         print_findings(res.findings)
     if res.ok and not quiet:
-        print(f"{ns.precision} generation package written to {out}: "
-              f"{', '.join(sorted(p.name for p in out.iterdir()))}")
+        print(precision.written(ns.precision, out))
     return 0 if res.ok else 1

@@ -177,7 +177,12 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
     # (result.ok: the package made, and written; a refusal or a failure failed the stage)
     result.path = str(out) if result.ok else None
     if result.ok:
-        result.findings.append(info(
-            "OM819", "write", f"{precision} generation package written to {out}: "
-            f"{', '.join(sorted(p.name for p in out.iterdir()))}."))
+        result.findings.append(info("OM819", "write", f"{written(precision, out)}."))
     return report_to(result, report)
+
+
+def written(precision: str, out: Path) -> str:
+    """Where the package made at ``precision`` was written, and its files (OM819's words and
+    the optimize command's last line)."""
+    return (f"{precision} generation package written to {out}: "
+            f"{', '.join(sorted(p.name for p in out.iterdir()))}")
