@@ -159,10 +159,8 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
     from onnxmedic.hf.gen_verify import verify_generation
 
     folder, out = Path(folder), Path(out)
-    res = FuseResult()
     with staged(out) as tmp:
-        fused = FusePass()(folder, tmp)
-        res.fusions, res.folded_where = fused.info["fusions"], fused.info["folded_where"]
+        res = FuseResult(**FusePass()(folder, tmp).info)  # its fusions and Wheres folded
         graph = decoder_graph(tmp)
         if mutate is not None:
             proto = onnx.load(str(graph))

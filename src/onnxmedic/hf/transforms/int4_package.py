@@ -116,15 +116,13 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
     onnxruntime-genai generates its tokens. ``shown``: how a refusal names ``folder``
     (default: its path)."""
     folder, out = Path(folder), Path(out)
-    res = Int4PackageResult()
     with staged(out) as tmp:
         try:
             done = Int4Pass(model, tokenizer, budget=budget, grid=grid, search=search,
                             threads=threads, timeout=timeout)(folder, tmp)
         except PreconditionError as e:
-            res.findings.append(not_fed(folder, e.__cause__ or e, shown))
-            return res
-        res.search = done.info["search"]
+            return Int4PackageResult(findings=[not_fed(folder, e.__cause__ or e, shown)])
+        res = Int4PackageResult(**done.info)  # its search
         # the chosen file is in the scratch folder, gone on the way out: it is written only
         # once the package is in place, and then named where it is (OM732, --json, --report)
         chosen, res.search.written = res.search.written, None

@@ -113,10 +113,9 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
     if not isinstance(budget, TaskBudget):
         budget = parse_budget(budget)
     folder, out = Path(folder), Path(out)
-    res = PackagePrecision()
     if not checked and (bad := preflight(folder, precision, shown)) is not None:
-        res.findings.append(bad)
-        return res
+        return PackagePrecision(findings=[bad])
+    res = PackagePrecision()
     if precision == "fp32":
         res.fused = made = fuse_package(folder, out, model, tokenizer, timeout=timeout)
     else:
