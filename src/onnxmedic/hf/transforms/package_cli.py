@@ -101,7 +101,6 @@ def cli_package(ns: Any) -> int:
     res = precision.package_precision(ns.onnx, ns.output, model, tok, ns.precision,
                                       budget=budget, threads=ns.threads, timeout=ns.timeout,
                                       say=None if quiet else print, checked=True)
-    out = Path(ns.output)
     if quiet:
         print(json.dumps({"ok": res.ok, "path": res.path, "precision": ns.precision,
                           "findings": [f.to_dict() for f in res.findings]}, indent=2,
@@ -114,5 +113,5 @@ def cli_package(ns: Any) -> int:
     else:
         print_findings(res.findings)
     if res.ok and not quiet:
-        print(precision.written(ns.precision, out))
+        print(precision.written(ns.precision, Path(ns.output)))
     return 0 if res.ok else 1
