@@ -43,7 +43,6 @@ from onnxmedic.optimize.pass_infra import PassResult
 
 logger = logging.getLogger(__name__)
 
-GRAPH = "model.onnx"
 # the ops the fusions produce, counted in the result
 FUSED_OPS = ("SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
              "MultiHeadAttention", "GroupQueryAttention", "RotaryEmbedding", "FusedMatMul")

@@ -51,7 +51,7 @@ def package_problem(folder: Path) -> Any:
     """Why ``folder`` is not a decoder generation package that optimize can read: OM740 for an
     encoder-decoder package, OM014 when it holds no model.onnx, OM007 when that is not ONNX;
     None when it is one."""
-    from onnxmedic.hf.transforms.fuse_decoder import GRAPH
+    from onnxmedic.hf.generation import GRAPH  # the decoder file the export writes
     from onnxmedic.onnxfile import load_onnx
 
     graph = folder / GRAPH
