@@ -197,7 +197,6 @@ def builtin_data(encode: Callable[[str], Any], prompts: int = 4) -> TaskData:
 
 Step = Callable[[np.ndarray, list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]]
 WINDOW = 128  # perplexity windows (tokens), each from an empty past
-SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime's session config key
 
 
 def decode(step: Step, past0: list[np.ndarray], prompt: list[int], feed: Iterable[int]
@@ -365,7 +364,7 @@ def ort_step(onnx_path: str, threads: int = 2, layout: StepLayout | None = None)
     # no spinning: the scoring is a Python loop of small runs (a decode step's ops are short)
     # and the other cores may be busy; spinning workers cost ~30 % more CPU and time there
     # (measured: 32 greedy steps of Qwen2.5-1.5B's 14-layer int4 package on 2 shared cores)
-    so.add_session_config_entry(SPINNING, "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
 
