@@ -81,14 +81,15 @@ class Int4PackageResult(PackageOutcome):
 
 class Int4Pass(PackagePass):
     """optimize/int4_search.py's candidates on the package's decoder, judged against
-    ``model`` by the task budget (``search``'s arguments: ``budget``, ``grid``, ``search``,
-    ``threads``, ``timeout``); the fastest within it becomes the new package's decoder, its
-    weights in ``<graph>.data`` (:func:`save_external`), the other files copied.
+    ``model`` by the task budget (``search``: optimize_int4's arguments, ``tokenizer``,
+    ``budget``, ``grid``, ``search``, ``threads``, ``timeout``); the fastest within it
+    becomes the new package's decoder, its weights in ``<graph>.data``
+    (:func:`save_external`), the other files copied.
     ``modified`` is False, and nothing is written, when no candidate is within the budget;
     ``info["search"]``: int4_search.Int4Result either way."""
 
-    def __init__(self, model: Any, tokenizer: Any = None, **search: Any) -> None:
-        self.model, self.tokenizer, self.search = model, tokenizer, search
+    def __init__(self, model: Any, **search: Any) -> None:
+        self.model, self.search = model, search
 
     def call(self, src: Path, dst: Path) -> PassResult:
         from onnxmedic.optimize.int4_search import optimize_int4
@@ -96,8 +97,7 @@ class Int4Pass(PackagePass):
         graph = decoder_graph(src)
         dst.mkdir(parents=True, exist_ok=True)
         reference = PackageReference(self.model, read_step(graph, src))
-        search = optimize_int4(graph, reference, out=dst / graph.name,
-                               tokenizer=self.tokenizer, **self.search)
+        search = optimize_int4(graph, reference, out=dst / graph.name, **self.search)
         if search.ok:
             save_external(dst / graph.name)
             copy_side_files(src, dst, graph.name)
@@ -118,7 +118,7 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
     folder, out = Path(folder), Path(out)
     with staged(out) as tmp:
         try:
-            done = Int4Pass(model, tokenizer, budget=budget, grid=grid, search=search,
+            done = Int4Pass(model, tokenizer=tokenizer, budget=budget, grid=grid, search=search,
                             threads=threads, timeout=timeout)(folder, tmp)
         except PreconditionError as e:
             return Int4PackageResult(findings=[not_fed(folder, e.__cause__ or e, shown)])
