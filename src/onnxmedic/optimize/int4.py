@@ -385,10 +385,9 @@ def score_child(req_path: str, res_path: str) -> None:
     try:
         layout = (StepLayout.from_dict(req["layout"]) if req.get("layout")
                   else read_step(req["path"]))
-        data = TaskData(req["prompts"], req["text"])
         out = {"ok": True, **score(ort_step(req["path"], req["threads"], layout),
-                                   layout.empty_past(), data, req["steps"], req["reference"],
-                                   req.get("given"))}
+                                   layout.empty_past(), TaskData(req["prompts"], req["text"]),
+                                   req["steps"], req["reference"], req.get("given"))}
     except Exception as e:  # noqa: BLE001 - reported as a rejected candidate
         out = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
     Path(res_path).write_text(json.dumps(out))
