@@ -144,14 +144,22 @@ def to_gqa(model: ir.Model, max_positions: int) -> int:
         ir.convenience.replace_all_uses_with(olds, news, replace_graph_outputs=True)
         for old, new in zip(olds, news):  # the outputs it takes over, names and types
             new.name, new.type, new.shape = old.name, old.type, old.shape
-        attention[news[0]] = attrs["num_heads"] * head_size
+        attention[news[0]] = attrs["num_heads"] * head_size  # its hidden size
     for i, value in enumerate(o for n in tape.nodes for o in n.outputs):
         value.name = value.name or f"gqa/v{i}"  # ours: never a name the graph holds
     for init in tape.initializers:
         g.register_initializer(init)
     g.extend(tape.nodes)
     drop_row_guards(g, set(attention))
-    drop_head_reshapes(attention)
+    # the heads' Reshape -> Transpose -> Transpose -> Reshape after each attention output (the
+    # export's transposes from and back to (batch, seq, heads, head_size) around the attention
+    # it computed; GroupQueryAttention writes (batch, seq, hidden) already) go: the chain's
+    # readers read the attention output. (ONNX Runtime cancels the transposes, not the two
+    # Reshapes: a kernel each per layer and step.)
+    for value, hidden in attention.items():
+        end = _head_reshapes_end(value, hidden)
+        if end is not None and not end.outputs[0].is_graph_output():
+            ir.convenience.replace_all_uses_with(end.outputs[0], value)
     ir.passes.common.RemoveUnusedNodesPass()(model)
     g.sort()
     model.opset_imports.setdefault(MS, 1)
@@ -253,19 +261,6 @@ def _restores_hidden(shape: ir.Value, hidden: int) -> bool:
         return False
     last = const_array(node.inputs[2])
     return last is not None and last.ravel().tolist() in ([hidden], [-1])
-
-
-def drop_head_reshapes(attention_outputs: dict[ir.Value, int]) -> None:
-    """Remove the heads' ``Reshape`` -> ``Transpose`` -> ``Transpose`` -> ``Reshape`` after each
-    attention output (the export's transposes from and back to (batch, seq, heads, head_size)
-    around the attention it computed; GroupQueryAttention already writes (batch, seq,
-    hidden)): the readers of the chain's end read the attention output. ``attention_outputs``:
-    each output's hidden size (heads x head_size). ONNX Runtime cancels
-    the transposes, not the two Reshapes (a kernel each per layer and step)."""
-    for value, hidden in attention_outputs.items():
-        end = _head_reshapes_end(value, hidden)
-        if end is not None and not end.outputs[0].is_graph_output():
-            ir.convenience.replace_all_uses_with(end.outputs[0], value)
 
 
 def remove_dead(graph: Any) -> int:
