@@ -97,8 +97,9 @@ def reference(ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     tok = AutoTokenizer.from_pretrained(ckpt)
     data = int4.builtin_data(tok.encode)
     ours = BUILD / "onnxmedic"
-    ref = int4.score(int4.torch_step(PackageReference(model)), read_package(ours).empty_past(),
-                     data, STEPS)
+    layout = read_package(ours)
+    ref = int4.score(int4.torch_step(PackageReference(model, layout)), layout.empty_past(), data,
+                     STEPS)
     folders = {"onnxmedic": ours}
     for i, fault in enumerate(FAULTS):
         folder = BUILD / f"fault{i + 1}"

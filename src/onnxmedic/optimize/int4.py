@@ -197,7 +197,6 @@ def builtin_data(encode: Callable[[str], Any], prompts: int = 4) -> TaskData:
 
 Step = Callable[[np.ndarray, list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]]
 WINDOW = 128  # perplexity windows (tokens), each from an empty past
-SPINNING = "session.intra_op.allow_spinning"  # ONNX Runtime's session config key
 
 
 def decode(step: Step, past0: list[np.ndarray], prompt: list[int], feed: Iterable[int]
@@ -212,14 +211,15 @@ def decode(step: Step, past0: list[np.ndarray], prompt: list[int], feed: Iterabl
         yield logits
 
 
-def generate(step: Step, past0: list[np.ndarray], prompt: list[int], steps: int
-             ) -> list[int]:
-    """Greedy decoding: ``steps`` tokens after ``prompt``, each step fed its own token."""
+def generate(step: Step, past0: list[np.ndarray], prompt: list[int], steps: int,
+             pick: Callable[[np.ndarray], int] | None = None) -> list[int]:
+    """Decoding: ``steps`` tokens after ``prompt``, each step fed its own token: the greedy
+    one, or ``pick(logits)``'s (the last position's logits)."""
     out: list[int] = []
     for logits in decode(step, past0, prompt, out):
         if len(out) == steps:
             break
-        out.append(int(np.argmax(logits[0, -1])))
+        out.append(int(np.argmax(logits[0, -1])) if pick is None else pick(logits[0, -1]))
     return out
 
 
@@ -364,7 +364,7 @@ def ort_step(onnx_path: str, threads: int = 2, layout: StepLayout | None = None)
     # no spinning: the scoring is a Python loop of small runs (a decode step's ops are short)
     # and the other cores may be busy; spinning workers cost ~30 % more CPU and time there
     # (measured: 32 greedy steps of Qwen2.5-1.5B's 14-layer int4 package on 2 shared cores)
-    so.add_session_config_entry(SPINNING, "0")
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
 
@@ -385,10 +385,9 @@ def score_child(req_path: str, res_path: str) -> None:
     try:
         layout = (StepLayout.from_dict(req["layout"]) if req.get("layout")
                   else read_step(req["path"]))
-        data = TaskData(req["prompts"], req["text"])
         out = {"ok": True, **score(ort_step(req["path"], req["threads"], layout),
-                                   layout.empty_past(), data, req["steps"], req["reference"],
-                                   req.get("given"))}
+                                   layout.empty_past(), TaskData(req["prompts"], req["text"]),
+                                   req["steps"], req["reference"], req.get("given"))}
     except Exception as e:  # noqa: BLE001 - reported as a rejected candidate
         out = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
     Path(res_path).write_text(json.dumps(out))
@@ -423,14 +422,13 @@ def sampled_data(reference: Step, past0: list[np.ndarray], vocab: int, prompts: 
     :data:`SAMPLED_TOKENS` tokens sampled (temperature 1, seeded) from the reference itself."""
     rng = np.random.default_rng(seed)
     ps = [[int(t) for t in rng.integers(4, vocab, 4)] for _ in range(prompts)]
-    sampled: list[int] = []
-    for logits in decode(reference, past0, ps[0], sampled):
-        if len(ps[0]) + len(sampled) >= SAMPLED_TOKENS:
-            break
-        lg = logits[0, -1].astype(np.float64)
+
+    def sample(logits: np.ndarray) -> int:  # temperature 1
+        lg = logits.astype(np.float64)
         p = np.exp(lg - lg.max())
-        sampled.append(int(rng.choice(len(p), p=p / p.sum())))
-    text = ps[0] + sampled
+        return int(rng.choice(len(p), p=p / p.sum()))
+
+    text = ps[0] + generate(reference, past0, ps[0], SAMPLED_TOKENS - len(ps[0]), sample)
     return TaskData(ps, text, f"{prompts} random prompts and {SAMPLED_TOKENS} tokens sampled "
                     "from the PyTorch model (no tokenizer known: give the model a `tokenizer`)")
 

@@ -23,7 +23,6 @@ from onnx import helper, numpy_helper
 
 logger = logging.getLogger(__name__)
 
-MS = "com.microsoft"
 
 
 def tied_embedding(graph: Any, head: str | None) -> tuple[str, str] | None:
@@ -80,7 +79,7 @@ def share_with_head(graph: Any, gather: str, head_output: str) -> dict[str, Any]
                               name=f"{base}/Reshape"),
              helper.make_node("GatherBlockQuantized", [f"{base}/table", g.input[1], s.name],
                               [f"{base}/rows" if padded else out],
-                              name=f"{base}/GatherBlockQuantized", domain=MS, bits=4,
+                              name=f"{base}/GatherBlockQuantized", domain="com.microsoft", bits=4,
                               block_size=attrs["block_size"], gather_axis=0, quantize_axis=1)]
     new_inits = [shape]
     if padded:  # the head pads K to whole blocks: slice the padding off each row

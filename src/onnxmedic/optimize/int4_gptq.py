@@ -97,13 +97,12 @@ def hessians(model: Any, windows: list[list[int]], layout: StepLayout, threads: 
     so.log_severity_level = 3
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
     acc: dict[str, np.ndarray] = {}
-    count = 0
     for w in windows:
         outs = sess.run(names, layout.feed(w))
         for name, x in zip(names, outs):
             x = x.reshape(-1, x.shape[-1]).astype(np.float64)
             acc[name] = acc.get(name, 0.0) + x.T @ x
-        count += len(w)
+    count = sum(len(w) for w in windows)  # the tokens
     return {k: v * (2.0 / count) for k, v in acc.items()}
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxmedic.findings import OnnxMedicError, error, info, print_findings, refuse, warning
 from onnxmedic.genpackage import StepLayout, read_step
 from onnxmedic.optimize import int4, int4_gptq, int4_text
 from onnxmedic.optimize.bench import bench
@@ -102,52 +103,42 @@ class Int4Result:
 
     def findings(self, stage: str = "optimize") -> list[Any]:
         """OM732 (written) or OM731 (none within the budget, nothing written), and OM730 for
-        each int4 candidate outside the budget."""
-        from onnxmedic.findings import error, info
-
+        each int4 candidate outside the budget; after OM732, OM743 when the written candidate,
+        generating on its own, keeps fewer than the budget's share of PyTorch's greedy tokens
+        (the budget reads teacher-forced agreement): where it diverges and how close
+        PyTorch's own two best tokens were."""
         out = [info("OM730", stage, f"int4 candidate {c.name} outside the budget "
                     f"({self.budget.describe()}): {c.rejected}",
                     details={k: v for k, v in asdict(c).items() if k != "path"})
                for c in self.candidates if c.name != "fp32" and c.rejected]
-        if self.chosen:
-            where = f"; written to {self.written}" if self.written else ""
-            out.insert(0, info("OM732", stage, self.message + where, details=self.to_dict()))
-            drift = self.free_running_finding(stage)
-            if drift is not None:
-                out.insert(1, drift)
-        else:
-            out.insert(0, error("OM731", stage, self.message, details=self.to_dict(),
-                                suggestion="Keep the float32 file, or loosen the budget "
-                                "(--accuracy perplexity=10%,agreement=90%) if the figures "
-                                "above are acceptable for your task."))
-        return out
-
-    def free_running_finding(self, stage: str = "optimize") -> Any:
-        """OM743 when the written candidate, generating on its own, keeps fewer than the
-        budget's share of PyTorch's greedy tokens (the budget reads teacher-forced
-        agreement): where it diverges and how close PyTorch's own two best tokens were."""
-        from onnxmedic.findings import warning
-
+        if not self.chosen:
+            return [error("OM731", stage, self.message, details=self.to_dict(),
+                          suggestion="Keep the float32 file, or loosen the budget "
+                          "(--accuracy perplexity=10%,agreement=90%) if the figures above are "
+                          "acceptable for your task."), *out]
+        where = f"; written to {self.written}" if self.written else ""
+        out.insert(0, info("OM732", stage, self.message + where, details=self.to_dict()))
         c = next((c for c in self.candidates if c.name == self.chosen), None)
         if c is None or c.free_agreement is None or c.free_agreement >= self.budget.agreement:
-            return None
+            return out
         where = ", ".join(f"prompt {i + 1} at step {d} (PyTorch's top-2 logit gap there "
                           f"{m:.3g})" for i, (d, m) in enumerate(zip(c.first_divergence,
                                                                      c.divergence_margins))
                           if d is not None and m is not None)
         median = f"{self.median_margin:.3g}" if self.median_margin is not None else "?"
-        return warning("OM743", stage, f"the written int4 file {c.name}, generating on its own "
-                       f"for {self.budget.steps} steps, keeps {c.free_agreement * 100:.1f} % of "
-                       f"PyTorch float32's greedy tokens (teacher-forced: "
-                       f"{c.agreement * 100:.1f} %, the figure the budget reads); it first "
-                       f"diverges at {where}; PyTorch's median gap over all steps is {median}",
-                       details={"free_agreement": c.free_agreement,
-                                "first_divergence": c.first_divergence,
-                                "divergence_margins": c.divergence_margins,
-                                "median_margin": self.median_margin},
-                       suggestion="A divergence where the gap is far below the median is a "
-                       "near tie of the float32 model itself; if your task needs PyTorch's own "
-                       "text, require it with --accuracy free=95% (judged like the rest).")
+        out.insert(1, warning(
+            "OM743", stage, f"the written int4 file {c.name}, generating on its own for "
+            f"{self.budget.steps} steps, keeps {c.free_agreement * 100:.1f} % of PyTorch "
+            f"float32's greedy tokens (teacher-forced: {c.agreement * 100:.1f} %, the figure the "
+            f"budget reads); it first diverges at {where}; PyTorch's median gap over all steps "
+            f"is {median}", details={"free_agreement": c.free_agreement,
+                                    "first_divergence": c.first_divergence,
+                                    "divergence_margins": c.divergence_margins,
+                                    "median_margin": self.median_margin},
+            suggestion="A divergence where the gap is far below the median is a near tie of "
+            "the float32 model itself; if your task needs PyTorch's own text, require it with "
+            "--accuracy free=95% (judged like the rest)."))
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -182,8 +173,7 @@ def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: 
     for figure, value in int4.judge(ref, got, budget).items():  # named as c's fields
         setattr(c, figure, value)
     c.tokens = got["tokens"]
-    if "margins" in ref:
-        c.divergence_margins = int4_text.divergence_margins(ref["margins"], c.first_divergence)
+    c.divergence_margins = int4_text.divergence_margins(ref["margins"], c.first_divergence)
     if user is not None:
         mine = int4.score_onnx(c.path, int4.TaskData([], user.held), 0, [], threads=threads,
                                timeout=timeout, layout=layout)
@@ -336,8 +326,6 @@ def optimize_decoder(onnx_path: str | os.PathLike[str], model: Any, *,
     it has one; ``calibration``: a text file for GPTQ and a perplexity on the user's text. A
     file that is not a decoder step raises OnnxMedicError (OM733), an unusable calibration
     text OnnxMedicError (OM742)."""
-    from onnxmedic.findings import OnnxMedicError, error
-
     budget = accuracy if isinstance(accuracy, int4.TaskBudget) else int4.parse_budget(accuracy)
     try:
         read_step(onnx_path).empty_past()
@@ -378,8 +366,6 @@ def print_result(res: Int4Result, findings: list[Any] | None = None) -> None:
     greedy agreement teacher-forced (``forced``: the budget's figure) and generating on its own
     (``own``), decode-step time and size; then ``findings`` (``res.findings()`` when None)
     but OM730, whose rejections the table shows."""
-    from onnxmedic.findings import print_findings
-
     print(f"int4 judged by the task budget: {res.budget.describe()} (--accuracy); text: "
           f"{res.data_source}; PyTorch float32 perplexity {res.reference_perplexity:.4g}")
     user = bool(res.user_text)
@@ -403,7 +389,6 @@ def cli_main(ns: Any) -> int:
     import sys
 
     from onnxmedic import inputs
-    from onnxmedic.findings import OnnxMedicError, refuse
 
     if ns.target != "cpu":
         sys.stderr.write("onnxmedic optimize: error: --precision int4 is for --target cpu\n")

@@ -31,36 +31,33 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir  # (loaded by gqa.py, imported below, already)
 
 from onnxmedic.findings import error, info
 from onnxmedic.genpackage import context_length, decoder_graph
 from onnxmedic.hf.transforms.gqa import const_array, to_gqa
-from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
+from onnxmedic.hf.transforms.passes import PackageOutcome, PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
 from onnxmedic.optimize.files import has_external_data, op_counts
 from onnxmedic.optimize.pass_infra import PassResult
 
 logger = logging.getLogger(__name__)
 
-GRAPH = "model.onnx"
 # the ops the fusions produce, counted in the result
 FUSED_OPS = ("SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
              "MultiHeadAttention", "GroupQueryAttention", "RotaryEmbedding", "FusedMatMul")
 
 
 @dataclass
-class FuseResult:
+class FuseResult(PackageOutcome):
     """The fusion candidate's outcome: ``fusions`` (onnxscript's count per fusion), ``ops``
     (the fused ops in the written graph), ``check`` (gen_verify's GenerationCheck) and
     ``findings``; ``ok`` when the fused package was written."""
 
-    ok: bool = False
-    path: str | None = None
     fusions: dict[str, int] = field(default_factory=dict)
     ops: dict[str, int] = field(default_factory=dict)
     folded_where: int = 0
     check: Any = None
-    findings: list[Any] = field(default_factory=list)
 
 
 def fold_constant_where(model: Any) -> int:
@@ -69,7 +66,6 @@ def fold_constant_where(model: Any) -> int:
     the branch it picks; returns the number folded. (Broadcasting a one-element tensor does
     not change the picked branch's shape unless it is a scalar, which the verification that
     follows would catch.)"""
-    import onnx_ir as ir
 
     def one(value: Any) -> np.ndarray | None:  # a one-element initializer's array
         array = const_array(value)
@@ -93,11 +89,15 @@ def fold_constant_where(model: Any) -> int:
     return len(folded)
 
 
-def _ort_fusions(model: Any) -> dict[str, int]:
-    """onnxscript's ``optimize_for_ort`` without its FusedMatMul rules (a transposed weight
-    in FusedMatMul is no longer a MatMul the int4 quantizer takes; ONNX Runtime folds the
-    constant Transpose itself)."""
-    import onnx_ir as ir
+def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
+               max_positions: int = 4096) -> tuple[dict[str, int], int]:
+    """Fuse the decoder graph at ``src`` into ``dst`` (weights over 1 KiB as external data
+    ``dst.data`` when the source has external data): onnxscript's ``optimize_for_ort``
+    without its FusedMatMul rules (a transposed weight in FusedMatMul is no longer a MatMul
+    the int4 quantizer takes; ONNX Runtime folds the constant Transpose itself), then each
+    MultiHeadAttention with its KV cache becomes GroupQueryAttention (:func:`to_gqa`, rotary
+    caches of ``max_positions``). Returns (the fusion counts, the number of constant Wheres
+    folded)."""
     import onnx_ir.passes.common as common_passes
     from onnxscript.rewriter import rewrite
     from onnxscript.rewriter.ort_fusions import _core, softmax
@@ -105,6 +105,9 @@ def _ort_fusions(model: Any) -> dict[str, int]:
 
     from onnxmedic.rewrite_speed import sibling_slices
 
+    src, dst = Path(src), Path(dst)
+    model = ir.from_proto(onnx.load(str(src)))
+    folded = fold_constant_where(model)
     rewrite(model, [_gemm_to_matmul_add.gemm_to_matmul_add_rule])
     with sibling_slices():  # fuse_xformers runs onnxscript's optimizer twice
         model, counts = _core.fuse_xformers(model)
@@ -113,21 +116,7 @@ def _ort_fusions(model: Any) -> dict[str, int]:
         common_passes.LiftConstantsToInitializersPass(lift_all_constants=False, size_limit=1),
         common_passes.RemoveInitializersFromInputsPass(),
         common_passes.ShapeInferencePass())(model)
-    return {k: int(v) for k, v in counts.items() if v}
-
-
-def fuse_graph(src: str | os.PathLike[str], dst: str | os.PathLike[str], *,
-               max_positions: int = 4096) -> tuple[dict[str, int], int]:
-    """Fuse the decoder graph at ``src`` into ``dst`` (weights over 1 KiB as external data
-    ``dst.data`` when the source has external data); each MultiHeadAttention with its KV
-    cache becomes GroupQueryAttention (:func:`to_gqa`, rotary caches of ``max_positions``).
-    Returns (the fusion counts, the number of constant Wheres folded)."""
-    import onnx_ir as ir
-
-    src, dst = Path(src), Path(dst)
-    model = ir.from_proto(onnx.load(str(src)))
-    folded = fold_constant_where(model)
-    counts = _ort_fusions(model)
+    counts = {k: int(v) for k, v in counts.items() if v}
     counts["group_query_attention"] = to_gqa(model, max_positions)
     proto = ir.to_proto(model)
     del model
@@ -169,10 +158,8 @@ def fuse_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
     from onnxmedic.hf.gen_verify import verify_generation
 
     folder, out = Path(folder), Path(out)
-    res = FuseResult()
     with staged(out) as tmp:
-        fused = FusePass()(folder, tmp)
-        res.fusions, res.folded_where = fused.info["fusions"], fused.info["folded_where"]
+        res = FuseResult(**FusePass()(folder, tmp).info)  # its fusions and Wheres folded
         graph = decoder_graph(tmp)
         if mutate is not None:
             proto = onnx.load(str(graph))

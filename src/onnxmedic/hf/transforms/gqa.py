@@ -13,8 +13,9 @@ are found by walking back from the MHA's query and from the two Concats to the
 ``Transpose(perm 0, 2, 1, 3)`` of a ``Reshape`` (the heads split), and the layer becomes one
 GroupQueryAttention writing the MHA's output and the two presents; what fed only the old path
 is removed. Where the three projections are constant MatMuls (+ bias) of one input they are
-packed into one (:func:`pack_qkv`), as the GenAI model builder packs them. The cos / sin caches are computed from the graph's own rotary frequencies (the
-initializer ``*inv_freq``) for positions ``0 .. max_positions - 1``.
+packed into one (:func:`pack_qkv`), as the GenAI model builder packs them. The cos / sin
+caches are computed from the graph's own rotary frequencies (the initializer ``*inv_freq``)
+for positions ``0 .. max_positions - 1``.
 
 Only what the rewrite can see is checked here (one frequency initializer, the head counts from
 the past's shape); the fused package is then verified against PyTorch like any candidate, so a
@@ -92,17 +93,6 @@ def rotary_caches(graph: ir.Graph, max_positions: int) -> tuple[np.ndarray, np.n
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def _mask_inputs(tape: ir.tape.Tape, mask: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """seqlens_k (int32 [batch]: the attention mask's sum - 1) and total_sequence_length
-    (int32 scalar: the mask's length), as the GenAI model builder computes them."""
-    one = tape.initializer(ir.tensor(np.asarray(1, np.int64), name="gqa/one"))
-    axes = tape.initializer(ir.tensor(np.asarray([1], np.int64), name="gqa/axes1"))
-    mask_sum = tape.op("ReduceSum", [mask, axes], {"keepdims": 0})
-    seqlens_k = tape.op("Cast", [tape.op("Sub", [mask_sum, one])], {"to": ir.DataType.INT32})
-    length = tape.op("Squeeze", [tape.op("Shape", [mask], {"start": 1, "end": 2})])
-    return seqlens_k, tape.op("Cast", [length], {"to": ir.DataType.INT32})
-
-
 def to_gqa(model: ir.Model, max_positions: int) -> int:
     """Rewrite each layer's MultiHeadAttention + KV Concats into GroupQueryAttention (see the
     module docstring); returns the number of layers rewritten (0: the graph is unchanged)."""
@@ -130,7 +120,14 @@ def to_gqa(model: ir.Model, max_positions: int) -> int:
     tape = ir.tape.Tape()
     cos, sin = (tape.initializer(ir.tensor(c, name=f"gqa/{n}_cache"))
                 for c, n in zip(caches, ("cos", "sin")))
-    seqlens_k, total = _mask_inputs(tape, mask)
+    # seqlens_k (int32 [batch]: the attention mask's sum - 1) and total_sequence_length (int32
+    # scalar: the mask's length), as the GenAI model builder computes them
+    one = tape.initializer(ir.tensor(np.asarray(1, np.int64), name="gqa/one"))
+    axes = tape.initializer(ir.tensor(np.asarray([1], np.int64), name="gqa/axes1"))
+    mask_sum = tape.op("ReduceSum", [mask, axes], {"keepdims": 0})
+    seqlens_k = tape.op("Cast", [tape.op("Sub", [mask_sum, one])], {"to": ir.DataType.INT32})
+    length = tape.op("Squeeze", [tape.op("Shape", [mask], {"start": 1, "end": 2})])
+    total = tape.op("Cast", [length], {"to": ir.DataType.INT32})
     attention = {}
     for mha, kc, vc, q, k, v in plans:
         attrs = {"num_heads": mha.attributes.get_int("num_heads"), "kv_num_heads": kv_heads,
@@ -147,14 +144,22 @@ def to_gqa(model: ir.Model, max_positions: int) -> int:
         ir.convenience.replace_all_uses_with(olds, news, replace_graph_outputs=True)
         for old, new in zip(olds, news):  # the outputs it takes over, names and types
             new.name, new.type, new.shape = old.name, old.type, old.shape
-        attention[news[0]] = attrs["num_heads"] * head_size
+        attention[news[0]] = attrs["num_heads"] * head_size  # its hidden size
     for i, value in enumerate(o for n in tape.nodes for o in n.outputs):
         value.name = value.name or f"gqa/v{i}"  # ours: never a name the graph holds
     for init in tape.initializers:
         g.register_initializer(init)
     g.extend(tape.nodes)
     drop_row_guards(g, set(attention))
-    drop_head_reshapes(attention)
+    # the heads' Reshape -> Transpose -> Transpose -> Reshape after each attention output (the
+    # export's transposes from and back to (batch, seq, heads, head_size) around the attention
+    # it computed; GroupQueryAttention writes (batch, seq, hidden) already) go: the chain's
+    # readers read the attention output. (ONNX Runtime cancels the transposes, not the two
+    # Reshapes: a kernel each per layer and step.)
+    for value, hidden in attention.items():
+        end = _head_reshapes_end(value, hidden)
+        if end is not None and not end.outputs[0].is_graph_output():
+            ir.convenience.replace_all_uses_with(end.outputs[0], value)
     ir.passes.common.RemoveUnusedNodesPass()(model)
     g.sort()
     model.opset_imports.setdefault(MS, 1)
@@ -214,7 +219,8 @@ def drop_row_guards(graph: ir.Graph, attention_outputs: set[ir.Value]) -> None:
             value = node.inputs[0]
         return False
 
-    guards = [n for n in graph if n.op_type == "Where" and (zero := const_array(n.inputs[1])) is not None
+    guards = [n for n in graph if n.op_type == "Where"
+              and (zero := const_array(n.inputs[1])) is not None
               and zero.size == 1 and not zero.any() and after_attention(n.inputs[2])]
     for n in guards:
         ir.convenience.replace_all_uses_with(n.outputs[0], n.inputs[2])
@@ -255,19 +261,6 @@ def _restores_hidden(shape: ir.Value, hidden: int) -> bool:
         return False
     last = const_array(node.inputs[2])
     return last is not None and last.ravel().tolist() in ([hidden], [-1])
-
-
-def drop_head_reshapes(attention_outputs: dict[ir.Value, int]) -> None:
-    """Remove the heads' ``Reshape`` -> ``Transpose`` -> ``Transpose`` -> ``Reshape`` after each
-    attention output (the export's transposes from and back to (batch, seq, heads, head_size)
-    around the attention it computed; GroupQueryAttention already writes (batch, seq,
-    hidden)): the readers of the chain's end read the attention output. ``attention_outputs``:
-    each output's hidden size (heads x head_size). ONNX Runtime cancels
-    the transposes, not the two Reshapes (a kernel each per layer and step)."""
-    for value, hidden in attention_outputs.items():
-        end = _head_reshapes_end(value, hidden)
-        if end is not None and not end.outputs[0].is_graph_output():
-            ir.convenience.replace_all_uses_with(end.outputs[0], value)
 
 
 def remove_dead(graph: Any) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 
 from onnxmedic.findings import error
 from onnxmedic.genpackage import NotAStep, StepLayout, decoder_graph, read_step
-from onnxmedic.hf.transforms.passes import PackagePass, copy_side_files, staged
+from onnxmedic.hf.transforms.passes import PackageOutcome, PackagePass, copy_side_files, staged
 from onnxmedic.onnxfile import replace_folder
 from onnxmedic.optimize.pass_infra import PassResult, PreconditionError
 
@@ -38,69 +38,58 @@ class PackageReference:
     states in the package's fixed shapes, held by the model's own cache class as the export's
     step holds them (hf/generation.py's ``GenerationDecoder`` over the layout's entries); the
     attention mask and the positions the package's loop feeds (all ones; past .. total - 1).
-    ``layout`` None: a cache of keys and values in layer order (``[k0, v0, k1, v1, ...]``).
     A convolution state narrower than the model's kernel (the builder's: the kernel - 1
     inputs the next step needs) is what the model's own update keeps of it: transformers'
     ``causal_conv1d_update`` and its prefill take a previous window of any width."""
 
-    def __init__(self, model: Any, layout: StepLayout | None = None) -> None:
+    def __init__(self, model: Any, layout: StepLayout) -> None:
         from onnxmedic.hf.generation import GenerationDecoder
         from onnxmedic.hf.tasks import accepts
 
         self.layout = layout
-        spec = ([(c.layer, c.kind) for c in layout.self_cache] if layout is not None
-                else None)
+        spec = [(c.layer, c.kind) for c in layout.self_cache]
         self.decoder = GenerationDecoder(model, accepts(model, "position_ids"), spec).eval()
 
     def __call__(self, input_ids: Any, past: list[Any]) -> tuple[Any, list[Any]]:
         import torch
 
-        ids = input_ids.numpy()
         logits = []
-        for chunk in self.layout.chunks(ids) if self.layout is not None else [ids]:
-            out, past = self._step(torch.from_numpy(chunk), list(past))  # a step per token
-            logits.append(out)  # where the package takes one
+        for chunk in self.layout.chunks(input_ids.numpy()):  # a step per token where the
+            # package takes one
+            n = chunk.shape[1]
+            behind = self.layout.past_length(past)
+            if behind is None:  # states only: no length in them (GenerationDecoder masks the
+                if self.decoder.takes_positions:  # new tokens alone), but positions need it
+                    raise NotAStep("the cache is states only and the model takes positions: "
+                                   "the tokens behind it are not in the cache")
+                behind = 0
+            mask = torch.ones(chunk.shape[0], behind + n, dtype=torch.int64)
+            pos = torch.arange(behind, behind + n).expand(chunk.shape[0], n)
+            out, past = self.decoder(torch.from_numpy(chunk), mask, pos, list(past))
+            logits.append(out)
         return (torch.cat(logits, dim=1) if len(logits) > 1 else logits[0]), past
-
-    def _step(self, input_ids: Any, past: list[Any]) -> tuple[Any, list[Any]]:
-        import torch
-
-        n = input_ids.shape[1]
-        behind = (self.layout.past_length(past) if self.layout is not None
-                  else past[0].shape[2])
-        if behind is None:  # states only: no length in them (GenerationDecoder masks the
-            if self.decoder.takes_positions:  # new tokens alone), but positions need it
-                raise NotAStep("the cache is states only and the model takes positions: "
-                               "the tokens behind it are not in the cache")
-            behind = 0
-        total = behind + n
-        mask = torch.ones(input_ids.shape[0], total, dtype=torch.int64)
-        pos = torch.arange(total - n, total).expand(input_ids.shape[0], n)
-        return self.decoder(input_ids, mask, pos, list(past))
 
 
 @dataclass
-class Int4PackageResult:
+class Int4PackageResult(PackageOutcome):
     """The int4 search (``search``: int4_search.Int4Result), the genai check, findings."""
 
-    ok: bool = False
-    path: str | None = None
     search: Any = None
     tokens_onnx: list[list[int]] = field(default_factory=list)
     tokens_genai: list[list[int]] | None = None
-    findings: list[Any] = field(default_factory=list)
 
 
 class Int4Pass(PackagePass):
     """optimize/int4_search.py's candidates on the package's decoder, judged against
-    ``model`` by the task budget (``search``'s arguments: ``budget``, ``grid``, ``search``,
-    ``threads``, ``timeout``); the fastest within it becomes the new package's decoder, its
-    weights in ``<graph>.data`` (:func:`save_external`), the other files copied.
+    ``model`` by the task budget (``search``: optimize_int4's arguments, ``tokenizer``,
+    ``budget``, ``grid``, ``search``, ``threads``, ``timeout``); the fastest within it
+    becomes the new package's decoder, its weights in ``<graph>.data``
+    (:func:`save_external`), the other files copied.
     ``modified`` is False, and nothing is written, when no candidate is within the budget;
     ``info["search"]``: int4_search.Int4Result either way."""
 
-    def __init__(self, model: Any, tokenizer: Any = None, **search: Any) -> None:
-        self.model, self.tokenizer, self.search = model, tokenizer, search
+    def __init__(self, model: Any, **search: Any) -> None:
+        self.model, self.search = model, search
 
     def call(self, src: Path, dst: Path) -> PassResult:
         from onnxmedic.optimize.int4_search import optimize_int4
@@ -108,8 +97,7 @@ class Int4Pass(PackagePass):
         graph = decoder_graph(src)
         dst.mkdir(parents=True, exist_ok=True)
         reference = PackageReference(self.model, read_step(graph, src))
-        search = optimize_int4(graph, reference, out=dst / graph.name,
-                               tokenizer=self.tokenizer, **self.search)
+        search = optimize_int4(graph, reference, out=dst / graph.name, **self.search)
         if search.ok:
             save_external(dst / graph.name)
             copy_side_files(src, dst, graph.name)
@@ -118,8 +106,8 @@ class Int4Pass(PackagePass):
 
 def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], model: Any,
                  tokenizer: Any = None, *, budget: Any = None, grid: Any = None,
-                 genai: bool = True, search: bool = True, threads: int = 2,
-                 timeout: float = 600.0, shown: str | None = None) -> Int4PackageResult:
+                 search: bool = True, threads: int = 2, timeout: float = 600.0,
+                 shown: str | None = None) -> Int4PackageResult:
     """Write ``out``: the generation package ``folder`` at int4 (see the module docstring),
     judged against ``model`` (the PyTorch causal LM) with ``budget`` (int4.TaskBudget;
     default +5 % perplexity, 95 % greedy agreement) over ``grid`` (int4_search's default
@@ -128,15 +116,13 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
     onnxruntime-genai generates its tokens. ``shown``: how a refusal names ``folder``
     (default: its path)."""
     folder, out = Path(folder), Path(out)
-    res = Int4PackageResult()
     with staged(out) as tmp:
         try:
-            done = Int4Pass(model, tokenizer, budget=budget, grid=grid, search=search,
+            done = Int4Pass(model, tokenizer=tokenizer, budget=budget, grid=grid, search=search,
                             threads=threads, timeout=timeout)(folder, tmp)
         except PreconditionError as e:
-            res.findings.append(not_fed(folder, e.__cause__ or e, shown))
-            return res
-        res.search = done.info["search"]
+            return Int4PackageResult(findings=[not_fed(folder, e.__cause__ or e, shown)])
+        res = Int4PackageResult(**done.info)  # its search
         # the chosen file is in the scratch folder, gone on the way out: it is written only
         # once the package is in place, and then named where it is (OM732, --json, --report)
         chosen, res.search.written = res.search.written, None
@@ -145,10 +131,8 @@ def int4_package(folder: str | os.PathLike[str], out: str | os.PathLike[str], mo
             # the chosen file's own greedy tokens in ONNX Runtime, as the search scored it
             res.tokens_onnx = next(c.tokens for c in res.search.candidates
                                    if c.name == res.search.chosen)
-            ok = True
-            if genai:
-                ok, res.tokens_genai, found = genai_agrees(
-                    tmp, res.search.prompts, res.tokens_onnx, res.search.budget.steps, timeout)
+            ok, res.tokens_genai, found = genai_agrees(
+                tmp, res.search.prompts, res.tokens_onnx, res.search.budget.steps, timeout)
             if ok:
                 replace_folder(tmp, out)
                 res.search.written = str(out / Path(chosen).name)

@@ -22,8 +22,14 @@ logger = logging.getLogger(__name__)
 
 def load_reference(spec: str) -> tuple[Any, Any]:
     """(causal LM in eval mode, tokenizer or None) of a checkpoint folder; raises
-    OnnxMedicError (OM737) when it cannot be loaded."""
-    folder = spec[3:] if spec.startswith("hf:") else spec
+    OnnxMedicError: OM800 when a folder given is not a checkpoint (missing, no config.json, no
+    weights), said as ``export hf:`` says it, before anything is loaded (a hub id is fetched
+    by the loader); OM737 when it cannot be loaded."""
+    from onnxmedic.hf.checkpoint import resolve, strip_prefix
+
+    folder = strip_prefix(spec)
+    if Path(folder).expanduser().exists() or folder.startswith((".", "/", "~")):
+        resolve(spec)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -41,27 +47,11 @@ def load_reference(spec: str) -> tuple[Any, Any]:
     return model, tok
 
 
-def checkpoint_problem(spec: str) -> Any:
-    """Why the checkpoint folder of ``optimize PACKAGE hf:FOLDER`` is not one, as ``export
-    hf:`` says it (OM800: missing, no config.json, no weights), before anything is loaded;
-    None for a checkpoint, or a hub id (fetched where the model is loaded)."""
-    from onnxmedic.hf.checkpoint import resolve, strip_prefix
-
-    ref = strip_prefix(spec)
-    if not (Path(ref).expanduser().exists() or ref.startswith((".", "/", "~"))):
-        return None
-    try:
-        resolve(spec)
-    except OnnxMedicError as e:
-        return e.finding
-    return None
-
-
 def package_problem(folder: Path) -> Any:
     """Why ``folder`` is not a decoder generation package that optimize can read: OM740 for an
     encoder-decoder package, OM014 when it holds no model.onnx, OM007 when that is not ONNX;
     None when it is one."""
-    from onnxmedic.hf.transforms.fuse_decoder import GRAPH
+    from onnxmedic.hf.generation import GRAPH  # the decoder file the export writes
     from onnxmedic.onnxfile import load_onnx
 
     graph = folder / GRAPH
@@ -85,12 +75,12 @@ def package_problem(folder: Path) -> Any:
 def cli_package(ns: Any) -> int:
     """The package branch of ``onnxmedic optimize``: 0 written, 1 not (a finding says why),
     2 for a bad flag."""
-    from onnxmedic.hf.transforms.precision import package_precision, precision_problem, preflight
+    from onnxmedic.hf.transforms import precision
     from onnxmedic.optimize import int4
     from onnxmedic.optimize.int4_search import print_result
 
-    bad = precision_problem(ns.precision, ns.target) or (None if ns.output else
-                                                          "-o OUT_FOLDER is required")
+    bad = precision.precision_problem(ns.precision, ns.target) or (
+        None if ns.output else "-o OUT_FOLDER is required")
     try:
         budget = int4.parse_budget(ns.accuracy) if ns.precision == "int4" else None
     except ValueError as e:
@@ -100,33 +90,28 @@ def cli_package(ns: Any) -> int:
         return 2
     if (unreadable := package_problem(Path(ns.onnx))) is not None:
         return refuse(unreadable)  # before the checkpoint is loaded
-    if (bad := preflight(Path(ns.onnx), ns.precision)) is not None:
+    if (bad := precision.preflight(Path(ns.onnx), ns.precision)) is not None:
         print_findings([bad])  # the package's own checks, before the checkpoint is loaded
         return 1
-    if (bad := checkpoint_problem(ns.model)) is not None:
-        return refuse(bad)  # after the package's own checks, before anything is loaded
-    try:
+    try:  # after the package's own checks
         model, tok = load_reference(ns.model)
     except OnnxMedicError as err:
         return refuse(err.finding)
     quiet = bool(getattr(ns, "json", False))
-    res = package_precision(ns.onnx, ns.output, model, tok, ns.precision, budget=budget,
-                            threads=ns.threads, timeout=ns.timeout,
-                            say=None if quiet else print, checked=True)
-    out = Path(ns.output)
+    res = precision.package_precision(ns.onnx, ns.output, model, tok, ns.precision,
+                                      budget=budget, threads=ns.threads, timeout=ns.timeout,
+                                      say=None if quiet else print, checked=True)
     if quiet:
         print(json.dumps({"ok": res.ok, "path": res.path, "precision": ns.precision,
                           "findings": [f.to_dict() for f in res.findings]}, indent=2,
                          default=str))
-        return 0 if res.ok else 1
-    if res.int4 is not None and res.int4.search is not None:
+    elif res.int4 is not None and res.int4.search is not None:
         # the candidate table, then the road's findings but the fusion's verdict (OM734,
         # OM735), said before int4 ran (package_precision's say line)
         print_result(res.int4.search, [f for f in res.findings
                                        if f.code not in ("OM734", "OM735")])
     else:
         print_findings(res.findings)
-    if res.ok:
-        print(f"{ns.precision} generation package written to {out}: "
-              f"{', '.join(sorted(p.name for p in out.iterdir()))}")
+    if res.ok and not quiet:
+        print(precision.written(ns.precision, Path(ns.output)))
     return 0 if res.ok else 1

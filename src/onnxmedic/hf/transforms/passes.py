@@ -17,7 +17,9 @@ within the task budget).
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from onnxmedic.genpackage import NotAStep, read_package
 from onnxmedic.onnxfile import staged  # noqa: F401  (the package transforms' scratch folder)
@@ -27,6 +29,16 @@ from onnxmedic.optimize.pass_infra import (
     PostconditionError,
     PreconditionError,
 )
+
+
+@dataclass
+class PackageOutcome:
+    """What a package transform returns: ``ok`` when it wrote the package at ``path``, and
+    its ``findings`` (why not, or what it wrote)."""
+
+    ok: bool = False
+    path: str | None = None
+    findings: list[Any] = field(default_factory=list)
 
 
 def copy_side_files(src: Path, dst: Path, graph: str) -> None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from onnxmedic.findings import error, info
+from onnxmedic.hf.transforms.passes import PackageOutcome, staged
 
 logger = logging.getLogger(__name__)
 
@@ -22,16 +25,13 @@ PRECISIONS = ("fp32", "int4")  # what a generation package can be made at here (
 
 
 @dataclass
-class PackagePrecision:
+class PackagePrecision(PackageOutcome):
     """The transform's outcome: ``ok`` when ``path`` was written; ``fused`` (fuse_decoder's
     FuseResult), ``int4`` (int4_package's Int4PackageResult, None at fp32) and every
     ``findings`` of both."""
 
-    ok: bool = False
-    path: str | None = None
     fused: Any = None
     int4: Any = None
-    findings: list[Any] = field(default_factory=list)
 
 
 def precision_problem(precision: str, target: str = "cpu", flags: bool = True) -> str | None:
@@ -54,7 +54,6 @@ def preflight(folder: Path, precision: str, shown: str | None = None) -> Any:
     int4 too for a cache of convolution or state-space states (LFM2's builder package), which
     the task budget's PyTorch reference feeds as the package's contract does. ``shown``: how
     the findings name the package (default: ``folder``)."""
-    from onnxmedic.findings import error
     from onnxmedic.genpackage import NotAStep, read_package
     from onnxmedic.hf.transforms.int4_package import not_fed
 
@@ -83,8 +82,6 @@ def unhonoured_precision(options: dict[str, Any]) -> str | None:
 
 def int4_not_for(task: str) -> Any:
     """OM840: ``precision="int4"`` asked for a task whose export it does not serve."""
-    from onnxmedic.findings import error
-
     return error("OM840", "preflight", f"--precision int4 makes a text-generation-with-past "
                  f"package (a decoder judged by the task budget, docs/int4.md), not {task}; "
                  "nothing was exported.", suggestion="Export it at fp32, or with --optimize "
@@ -109,7 +106,6 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
     that does not parse."""
     from onnxmedic.hf.transforms.fuse_decoder import fuse_package
     from onnxmedic.hf.transforms.int4_package import int4_package
-    from onnxmedic.hf.transforms.passes import staged
     from onnxmedic.optimize.int4 import TaskBudget, parse_budget
 
     if (why := precision_problem(precision, flags=False)) is not None:
@@ -117,31 +113,27 @@ def package_precision(folder: str | os.PathLike[str], out: str | os.PathLike[str
     if not isinstance(budget, TaskBudget):
         budget = parse_budget(budget)
     folder, out = Path(folder), Path(out)
-    res = PackagePrecision()
     if not checked and (bad := preflight(folder, precision, shown)) is not None:
-        res.findings.append(bad)
-        return res
+        return PackagePrecision(findings=[bad])
+    res = PackagePrecision()
     if precision == "fp32":
-        res.fused = fuse_package(folder, out, model, tokenizer, timeout=timeout)
-        res.findings.extend(res.fused.findings)
-        res.ok, res.path = res.fused.ok, res.fused.path
-        return res
-    with staged(out) as work:
-        before = f"{out} (before int4)"  # the fused package lives in the scratch folder
-        res.fused = fuse_package(folder, work / "fused", model, tokenizer, timeout=timeout,
-                                 shown=before)
-        src, src_shown = (work / "fused", before) if res.fused.ok else (folder, shown)
-        # the fusion's verdict, on the package int4 started from
-        verdict = [f for f in res.fused.findings if f.code in ("OM734", "OM735")]
-        if say is not None:
-            said = "; ".join(f.message for f in verdict)
-            say(f"int4 of the {'fused' if res.fused.ok else 'plain'} package ({said})")
-        res.int4 = int4_package(src, out, model, tokenizer, budget=budget, grid=grid,
-                                search=search, threads=threads, timeout=timeout,
-                                shown=src_shown)
-        res.findings.extend(verdict)
-    res.findings.extend(res.int4.findings)
-    res.ok, res.path = res.int4.ok, res.int4.path
+        res.fused = made = fuse_package(folder, out, model, tokenizer, timeout=timeout)
+    else:
+        with staged(out) as work:
+            before = f"{out} (before int4)"  # the fused package lives in the scratch folder
+            res.fused = fuse_package(folder, work / "fused", model, tokenizer, timeout=timeout,
+                                     shown=before)
+            src, src_shown = (work / "fused", before) if res.fused.ok else (folder, shown)
+            # the fusion's verdict, on the package int4 started from
+            res.findings = [f for f in res.fused.findings if f.code in ("OM734", "OM735")]
+            if say is not None:
+                said = "; ".join(f.message for f in res.findings)
+                say(f"int4 of the {'fused' if res.fused.ok else 'plain'} package ({said})")
+            res.int4 = made = int4_package(src, out, model, tokenizer, budget=budget,
+                                           grid=grid, search=search, threads=threads,
+                                           timeout=timeout, shown=src_shown)
+    res.findings.extend(made.findings)
+    res.ok, res.path = made.ok, made.path
     return res
 
 
@@ -155,9 +147,7 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
     and the "optimize" stage join the export's ExportResult; only the package made is written,
     and only when both passed. Raises ValueError for a precision it does not make or
     ``verify=False``."""
-    from onnxmedic.findings import info
     from onnxmedic.hf import export_generation, report_to
-    from onnxmedic.hf.transforms.passes import staged
 
     if (why := precision_problem(precision, flags=False)) is not None:
         raise ValueError(f"onnxmedic.export_pretrained: {why}")
@@ -183,10 +173,15 @@ def export_at_precision(model: Any, out: str | os.PathLike[str], precision: str 
     result.int4 = getattr(made, "int4", None)  # type: ignore[attr-defined]
     # the float32 package stayed in the staging folder: only the one made is written
     result.findings = [f for f in result.findings if f.code != "OM819"]
-    result.ok = bool(result.ok and made is not None and made.ok)
+    # (result.ok: the package made, and written; a refusal or a failure failed the stage)
     result.path = str(out) if result.ok else None
     if result.ok:
-        result.findings.append(info(
-            "OM819", "write", f"{precision} generation package written to {out}: "
-            f"{', '.join(sorted(p.name for p in out.iterdir()))}."))
+        result.findings.append(info("OM819", "write", f"{written(precision, out)}."))
     return report_to(result, report)
+
+
+def written(precision: str, out: Path) -> str:
+    """Where the package made at ``precision`` was written, and its files (OM819's words and
+    the optimize command's last line)."""
+    return (f"{precision} generation package written to {out}: "
+            f"{', '.join(sorted(p.name for p in out.iterdir()))}")
