@@ -77,7 +77,7 @@ def _inputs(folder: Path, task: str) -> tuple[Any, dict[str, torch.Tensor], list
     tok = checkpoint.load_tokenizer(ckpt, False)
     ex = tasks.example_inputs(task, model, tok, None, checkpoint.preprocessor_config(ckpt))
     names = (["last_hidden_state"] if task == "sentence-similarity"
-             else tasks.output_names(task, model))
+             else tasks.TaskModule(model, task).output_names)
     return model, ex.kwargs, names
 
 
