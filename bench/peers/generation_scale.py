@@ -542,29 +542,30 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def slopes(rows: list[dict[str, Any]]) -> list[str]:
     """The peak's growth per decoder layer added, for each tool measured at two layer counts
-    of one shape (the checkpoint's name without its -lN), against one layer's bf16 weights."""
+    of one shape (the checkpoint's name without its -lN) on one machine (rows of different
+    CPUs are not paired), against one layer's bf16 weights."""
     out = []
-    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    by: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
         if r["ok"]:
             name = r["checkpoint"]  # its shape (and its init: -margin), its -lN dropped
             shape = re.sub(r"-l\d+(?=-|$)", "", name)
-            by.setdefault((shape, r["tool"]), []).append(r)
-    for (shape, tool), rs in sorted(by.items()):
+            by.setdefault((shape, r["tool"], r.get("cpu", "not recorded")), []).append(r)
+    for (shape, tool, cpu), rs in sorted(by.items()):
         rs = sorted(rs, key=lambda r: r["layers"])
         if len(rs) < 2 or rs[0]["layers"] == rs[-1]["layers"]:
             continue
         a, b = rs[0], rs[-1]
         dl = b["layers"] - a["layers"]
         per_layer_w = (b["weights_gib"] - a["weights_gib"]) / dl
-        out.append(f"| {shape} | {tool} | {a['layers']} -> {b['layers']} | "
+        out.append(f"| {shape} | {tool} | {cpu} | {a['layers']} -> {b['layers']} | "
                    f"{1024 * (b['peak_gib'] - a['peak_gib']) / dl:.0f} | "
                    f"{1024 * (b['anon_gib'] - a['anon_gib']) / dl:.0f} | "
                    f"{1024 * per_layer_w:.0f} | "
                    f"{(b['peak_gib'] - a['peak_gib']) / (b['weights_gib'] - a['weights_gib']):.2f} |")
     if out:
-        out = ["", "| shape | tool | layers | peak MiB per layer added | anon MiB per layer | "
-               "one layer's bf16 weights MiB | slope / weights |", "|---" * 7 + "|"] + out
+        out = ["", "| shape | tool | machine | layers | peak MiB per layer added | anon MiB per "
+               "layer | one layer's bf16 weights MiB | slope / weights |", "|---" * 8 + "|"] + out
     return out
 
 
