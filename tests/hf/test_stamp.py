@@ -202,6 +202,13 @@ def test_export_takes_the_stamped_road_and_refuses_a_wrong_stamp(neox, tmp_path,
     codes = {f.code for f in res.findings}
     assert res.ok and {"OM851", "OM819"} <= codes, [f.message for f in res.findings]
     assert (tmp_path / "out" / "genai_config.json").is_file()
+    # at int4: the stamped float32 package quantized and judged streamed, OM819 saying so as
+    # the streamed int4 road's does (its figures and PyTorch's reference dtype)
+    four = stamp.export_stamped(root / "ckpt", tmp_path / "int4", precision="int4",
+                                budget="agreement=1%", timeout=120)
+    said = [f.message for f in four.findings if f.code == "OM819"]
+    assert four.ok and four.path == str(tmp_path / "int4"), [f.message for f in four.findings]
+    assert said and "judged streamed" in said[0] and four.int4.reference in said[0], said
     bad = stamp.export_stamped(root / "ckpt", tmp_path / "bad", order=[1, 0, 2], timeout=120)
     codes = {f.code for f in bad.findings}  # a token or a step's logits refused
     assert not bad.ok and "OM818" in codes and codes & {"OM811", "OM812"}

@@ -520,7 +520,6 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
             with result.stage(last) as st:
                 done = int4_streamed(pkg, checkpoint, out, budget=budget, timeout=wait)
                 take_verdict(result, done, st)
-            result.ok = done.ok
         else:
             with result.stage(last) as st:
                 like, tokenizer = _side_files(checkpoint)
@@ -537,10 +536,7 @@ def export_stamped(checkpoint: str | os.PathLike[str], out: str | os.PathLike[st
             result.ok = check.ok
     result.path = str(out) if result.ok else None
     if result.ok:
-        judged = "" if precision != "int4" else (
-            f" (quantized and judged streamed: {done.quantized} MatMuls 4-bit, greedy "
-            f"agreement {done.figures['agreement'] * 100:.1f} %, perplexity "
-            f"{(done.figures['perplexity_ratio'] - 1) * 100:+.2f} % of PyTorch's)")
+        judged = "" if precision != "int4" else f" ({done.judged_note()})"
         result.findings.append(info(
             "OM819", "write", f"{precision} generation package written to {out}{judged}: "
             f"{', '.join(sorted(p.name for p in out.iterdir()))}."))

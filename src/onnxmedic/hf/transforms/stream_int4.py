@@ -124,6 +124,14 @@ class StreamedInt4:
     decoded: list[int] = field(default_factory=list)
     reference: str = ""  # the dtype PyTorch's side ran in (reference_dtype)
 
+    def judged_note(self) -> str:
+        """What OM819 says of a package written here: its MatMuls made 4-bit, the budget's
+        figures and the reference's dtype."""
+        return (f"quantized and judged streamed: {self.quantized} MatMuls 4-bit, greedy "
+                f"agreement {self.figures['agreement'] * 100:.1f} %, perplexity "
+                f"{(self.figures['perplexity_ratio'] - 1) * 100:+.2f} % of PyTorch's, "
+                f"{self.reference}")
+
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
         """Add the block's wall and CPU seconds to ``phase``'s."""
@@ -809,12 +817,8 @@ def export_streamed(folder: Path, f: str | os.PathLike[str], *, spec: str, budge
     result.path = str(out) if result.ok else None
     if result.ok:
         result.findings.append(info(
-            "OM819", "write", f"int4 generation package written to {out} (quantized and "
-            f"judged streamed: {made.quantized} MatMuls 4-bit, greedy agreement "
-            f"{made.figures['agreement'] * 100:.1f} %, perplexity "
-            f"{(made.figures['perplexity_ratio'] - 1) * 100:+.2f} % of PyTorch's, "
-            f"{made.reference}): "
-            f"{', '.join(sorted(p.name for p in out.iterdir()))}."))
+            "OM819", "write", f"int4 generation package written to {out} "
+            f"({made.judged_note()}): {', '.join(sorted(p.name for p in out.iterdir()))}."))
     return report_to(result, report)
 
 
