@@ -163,8 +163,9 @@ class Stamped:
 
 
 def _example(weights: Any, name: str, rows: int | None = None) -> torch.Tensor:
-    """The checkpoint's tensor ``name`` (its first ``rows`` rows; None: all) in float32."""
-    return weights.get(name)[:rows].to(torch.float32).clone()
+    """The checkpoint's tensor ``name`` (its first ``rows`` rows, read without the rest;
+    None: all) in float32."""
+    return weights.get(name, None if rows is None else (0, rows)).to(torch.float32).clone()
 
 
 class Geometry(NamedTuple):
