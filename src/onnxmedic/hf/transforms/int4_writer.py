@@ -311,7 +311,7 @@ class _Streamer:
             s = np.frombuffer(self.data.read(s_off + c * kb * 4, cols * kb * 4), np.float32)
             # (the rows' transposed view: block_problem reads it a cached chunk at a time,
             # made float32 there)
-            why = rounding_of(f"{name}_Q4", rows, q, s, {**at, "N": cols}, self.pool, c)
+            why = rounding_of(f"{name}_Q4", rows, q, s, at, self.pool, c)
             if why is not None:
                 raise NotRounded(why)
             del rows, wf, packed, scales, q, s

@@ -428,12 +428,12 @@ def begun(checkpoint: str | os.PathLike[str], budget: Any, timeout: float | None
 
 def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, config: Any,
            budget: Any, *, genai: bool, timeout: float, into: Path, data: Any = None,
-           perplexity: float | None = None) -> bool:
+           perplexity: float | None = None) -> None:
     """Steps 3 and 4 of the module docstring on the int4 package ``folder`` (its decoder
     graph ``decoder``): the task budget against the checkpoint streamed, then
-    onnxruntime-genai's tokens; True when both held, and then ``folder`` renamed into place at
-    ``into`` (``res``: figures, tokens, seconds and findings recorded; ``ok`` and ``path``
-    once written).
+    onnxruntime-genai's tokens; where both held, ``folder`` renamed into place at ``into``
+    (``res``: figures, tokens, seconds and findings recorded; ``ok`` and ``path`` once
+    written).
 
     With onnxruntime-genai: it generates (a child, one thread) while PyTorch computes its
     perplexity (this process, one thread) or, where that is known already and two int4
@@ -473,7 +473,7 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     if not got.get("ok"):
         res.figures = {"rejected": got.get("error", "the scoring failed")}
         res.findings.append(over_budget(res.figures, budget))
-        return False
+        return
     res.tokens_onnx, res.decoded = got["tokens"], got["decoded"]
     if picks is None or got["tokens"] != given:  # PyTorch along ONNX Runtime's own tokens
         with res.timed("torch-picks"), res.part("torch-picks", own=True):
@@ -483,17 +483,16 @@ def judged(res: StreamedInt4, folder: Path, decoder: Path, checkpoint: Path, con
     res.reference = str(reference_dtype(checkpoint)).removeprefix("torch.")
     if res.figures["rejected"]:
         res.findings.append(over_budget({**res.figures, "reference": res.reference}, budget))
-        return False
+        return
     if genai:
         ok, res.tokens_genai, found = genai_agrees(folder, data.prompts, res.tokens_onnx,
                                                    budget.steps, timeout * runs,
                                                    ran=(check, out) if served else None)
         res.findings.extend(found)
         if not ok:
-            return False
+            return
     replace_folder(folder, into)
     res.ok, res.path = True, str(into)
-    return True
 
 
 def genai_phase(res: StreamedInt4, folder: Path, checkpoint: Path, data: Any, budget: Any,
