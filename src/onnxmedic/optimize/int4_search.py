@@ -20,6 +20,7 @@ from onnxmedic.genpackage import StepLayout, read_step
 from onnxmedic.optimize import int4, int4_gptq, int4_text
 from onnxmedic.optimize.bench import bench
 from onnxmedic.optimize.passes import Pipeline, run_pipeline
+from onnxmedic.sandbox import model_file_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +187,7 @@ def measure(c: Int4Candidate, ref: dict[str, Any], data: int4.TaskData, budget: 
             why.append(budget.perplexity_problem(mine["perplexity"], user.reference_perplexity,
                                                  "perplexity on your text"))
         c.rejected = "; ".join(filter(None, why))
-    p = Path(c.path)  # its size with its external data
-    c.size_bytes = sum(f.stat().st_size for f in (p, *p.parent.glob(p.name + ".data")))
+    c.size_bytes = model_file_bytes(c.path)  # its size with its external data
     b = bench(c.path, decode_feeds(layout), threads=threads, repeats=20, timeout=timeout)
     c.decode_ms = b.median_ms if b.ok else None
     return c
