@@ -16,6 +16,10 @@ The instruction set present (:func:`present_isa`) is told from the CPU's flags a
 by running a model built to saturate: the kernels ONNX Runtime actually picks decide it (an
 emulator or a hypervisor can hide a flag). ``ONNXMEDIC_CPU_ISA`` overrides it (tests, and the
 question "what would doctor say on that machine").
+
+Whether the CPU multiplies a half type in hardware (:func:`computes_natively`, which picks the
+streamed int4 reference's dtype: a matter of speed, not of results) is told from its flags
+alone; under an emulator those are the host's.
 """
 
 from __future__ import annotations
